@@ -1,0 +1,89 @@
+"""The read contract's envelope (SPEC §8): one rendering for search excerpts and full reads.
+
+    <document title="Refund policy" path="/documents/Licenses/Refund policy.md" cite="[3]" view="excerpts" revision="9f2c…">
+        12  ## Annual plans
+        13  Annual subscriptions may be refunded within 30 days…
+    </document>
+
+Line numbers are the document's true 1-based line numbers at that revision. Excerpts from chunks
+without spans (legacy rows, §9) render un-numbered, and the envelope says ``numbered="false"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from html import escape
+
+GAP = "   ⋮"
+
+
+def document_lines(data: bytes | str) -> list[str]:
+    """The lines of a document as a reader counts them: split on ``\\n``, a trailing ``\\r`` dropped.
+
+    ``lines[n - 1]`` is line ``n``. A final newline does not start an extra line.
+    """
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    lines = text.split("\n")
+    if lines and lines[-1] == "" and len(lines) > 1:
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+@dataclass
+class Envelope:
+    """One document as shown to a reader: numbered lines (``line_no`` None when un-numbered)."""
+
+    path: str
+    title: str
+    revision: str | None
+    view: str
+    lines: list[tuple[int | None, str]] = field(default_factory=list)
+    cite: int | None = None
+    score: float | None = None
+
+    @property
+    def numbered(self) -> bool:
+        """True when every line carries its true line number."""
+        return all(n is not None for n, _ in self.lines)
+
+    def render(self) -> str:
+        """The envelope text (SPEC §8); non-contiguous excerpt ranges are separated by ``⋮``."""
+        attrs = {"title": self.title, "path": self.path}
+        if self.cite is not None:
+            attrs["cite"] = f"[{self.cite}]"
+        attrs["view"] = self.view
+        attrs["revision"] = self.revision or ""
+        if not self.numbered:
+            attrs["numbered"] = "false"
+        head = " ".join(f'{k}="{escape(str(v), quote=True)}"' for k, v in attrs.items())
+        body: list[str] = []
+        previous: int | None = None
+        for number, text in self.lines:
+            if number is None:
+                body.append(f"    {text}")
+                continue
+            if previous is not None and number != previous + 1:
+                body.append(GAP)
+            body.append(f"{number:>6}  {text}")
+            previous = number
+        return "\n".join([f"<document {head}>", *body, "</document>"])
+
+    def as_json(self) -> dict:
+        """``{path, title, revision, cite, lines: [[line_no, text], ...], score}`` (``--json``)."""
+        return {
+            "path": self.path,
+            "title": self.title,
+            "revision": self.revision,
+            "cite": None if self.cite is None else f"[{self.cite}]",
+            "view": self.view,
+            "lines": [[n, t] for n, t in self.lines],
+            "score": self.score,
+        }
+
+
+def excerpt_lines(lines: list[str], spans: list[tuple[int, int]]) -> list[tuple[int, str]]:
+    """Numbered lines covered by the union of 1-based inclusive ``spans``, in order, clamped."""
+    wanted: set[int] = set()
+    for start, end in spans:
+        wanted.update(range(max(1, start), min(len(lines), end) + 1))
+    return [(n, lines[n - 1]) for n in sorted(wanted)]

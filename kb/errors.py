@@ -1,0 +1,91 @@
+"""The one error hierarchy of kb.
+
+Every error a user can hit derives from :class:`KbError` and carries a message that says what was
+wrong and what to do about it. The CLI prints ``str(error)`` as a one-line reason and exits
+non-zero; library users catch the class that matches the condition (psycopg style: one class per
+condition).
+"""
+
+from __future__ import annotations
+
+
+class KbError(Exception):
+    """Base class of every error kb raises on purpose."""
+
+
+class ConfigurationError(KbError):
+    """A setting is missing or invalid (SPEC §13)."""
+
+
+class DatabaseUnavailable(KbError):
+    """The configured Postgres server cannot be reached or started."""
+
+
+class DatabaseNotReady(KbError):
+    """The database is reachable but lacks something kb needs (pgvector, schema, migrations)."""
+
+
+class MigrationError(KbError):
+    """A migration failed, or an applied migration's checksum no longer matches its file (SPEC §12)."""
+
+
+class InvalidWorkspace(KbError):
+    """A workspace id is not a positive integer (SPEC §2.1)."""
+
+
+class WorkspaceNotFound(KbError):
+    """The workspace does not exist yet (import into it first)."""
+
+
+class InvalidPath(KbError):
+    """A caller path violates the path law (SPEC §2.3). ``path`` holds the offending path."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"invalid path {path!r}: {reason}")
+
+
+class DocumentNotFound(KbError):
+    """No document exists at that path (at that revision)."""
+
+
+class PathExists(KbError):
+    """A move or write would replace an existing document without ``overwrite=True``."""
+
+
+class RevisionNotFound(KbError):
+    """The revision id is unknown in this workspace."""
+
+
+class LockTimeout(KbError):
+    """The workspace write lock was not acquired within the configured wait (SPEC §4)."""
+
+    def __init__(self, workspace_id: int, waited_seconds: float, backend: str = "postgres") -> None:
+        self.workspace_id = workspace_id
+        self.waited_seconds = waited_seconds
+        self.backend = backend
+        super().__init__(
+            f"workspace {workspace_id}: write lock ({backend}) not acquired within "
+            f"{waited_seconds:g}s; another writer holds it. Retry, or raise KB_LOCK_TIMEOUT."
+        )
+
+
+class LockUnavailable(KbError):
+    """The lock backend (Postgres or Redis) cannot be reached; no write happened (fail closed)."""
+
+
+class EmbeddingError(KbError):
+    """The embedder failed or returned an unusable vector (NaN/inf, wrong dimension)."""
+
+
+class DimensionMismatch(EmbeddingError):
+    """The database's vector dimension differs from the active embedding model's (SPEC §7)."""
+
+
+class UnindexableDocument(KbError):
+    """A document cannot be indexed (NUL bytes, invalid UTF-8); it stays in git untouched (SPEC §7)."""
+
+
+class ImportSourceError(KbError):
+    """The folder handed to ``kb import`` does not exist or is not a directory."""

@@ -1,0 +1,218 @@
+"""``KnowledgeBase``: the one facade the CLI, the jobs and library users call (issue 2).
+
+Open it from settings (``KnowledgeBase.open()``): it resolves the database (embedded by default),
+applies the schema, and hands out per-workspace stores. Each public method names the SPEC section
+whose rule it implements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import getpass
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from kb import database
+from kb.chunking import Chunker
+from kb.citations import Envelope, document_lines
+from kb.embedding import Embedder, make_embedder
+from kb.errors import DimensionMismatch
+from kb.importer import ImportReport, import_folder
+from kb.indexer import Indexer, IndexReport
+from kb.migrations import MigrationReport, apply_migrations
+from kb.paths import StorePath
+from kb.projection import ProjectionResult, project
+from kb.search import search as hybrid_search
+from kb.settings import Settings
+from kb.sql import queries
+from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
+
+
+def default_author() -> str:
+    """The OS user name, used when a caller names no author."""
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "kb"
+
+
+class KnowledgeBase:
+    """kb's public surface over one database and one storage root."""
+
+    def __init__(self, settings: Settings, database_url: str) -> None:
+        self.settings = settings
+        self.database_url = database_url
+        self._stores: dict[int, KnowledgeStore] = {}
+        self._embedder: Embedder | None = None
+
+    @classmethod
+    def open(cls, settings: Settings | None = None, *, migrate: bool = True) -> "KnowledgeBase":
+        """Open kb from settings (environment ``KB_*`` when None), applying pending migrations.
+
+        Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError.
+        """
+        settings = settings or Settings()
+        kb = cls(settings, database.resolve_database_url(settings))
+        if migrate:
+            kb.migrate()
+        return kb
+
+    def migrate(self) -> MigrationReport:
+        """Apply the schema and pending migrations, Procrastinate's included (SPEC §12)."""
+        with database.connect(self.database_url) as conn:
+            database.require_pgvector(conn, self.database_url)
+            conn.commit()
+            return apply_migrations(conn)
+
+    # -- workspaces and the store (SPEC §2, §3) ------------------------------------------
+    def store(self, workspace_id: int) -> KnowledgeStore:
+        """The store of one workspace (raises InvalidWorkspace for a non-positive id)."""
+        check_workspace_id(workspace_id)
+        if workspace_id not in self._stores:
+            self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
+        return self._stores[workspace_id]
+
+    def create_workspace(self, workspace_id: int) -> bool:
+        """Create a workspace (repo + row); True when it did not exist."""
+        return self.store(workspace_id).create()
+
+    def workspaces(self) -> list[dict]:
+        """All workspace rows."""
+        with database.transaction(self.database_url) as conn:
+            return conn.execute(queries["list_workspaces"]).fetchall()
+
+    @contextlib.contextmanager
+    def transaction(
+        self, workspace_id: int, message: str | None = None, author: str | None = None,
+        committer: str | None = None,
+    ) -> Iterator[Draft]:
+        """``with kb.transaction(1, "msg", "alice") as tx: tx.write(...)`` → ``tx.revision``.
+
+        Operations apply in call order; one revision per clean exit, None when net-empty, nothing
+        on exception (SPEC §3).
+        """
+        author = author or default_author()
+        with self.store(workspace_id).transaction(message, author, committer) as draft:
+            yield draft
+
+    def head(self, workspace_id: int) -> str | None:
+        """Newest revision id of a workspace (None when empty)."""
+        return self.store(workspace_id).head()
+
+    def read(self, workspace_id: int, path: str, revision: str | None = None) -> bytes:
+        """Bytes of a document at HEAD or ``revision`` (SPEC §3)."""
+        return self.store(workspace_id).read(path, revision)
+
+    def read_as_of(self, workspace_id: int, revision: str, path: str) -> bytes:
+        """Bytes of a document at ``revision`` (SPEC §3, §8)."""
+        return self.store(workspace_id).read_as_of(revision, path)
+
+    def list_paths(self, workspace_id: int, revision: str | None = None) -> dict[str, str]:
+        """``{virtual path: content id}`` at HEAD or ``revision``."""
+        return self.store(workspace_id).list_paths(revision)
+
+    def list_changes(self, workspace_id: int, revision: str) -> list[PathChange]:
+        """Changes a revision made, recorded moves included."""
+        return self.store(workspace_id).list_changes(revision)
+
+    def history(self, workspace_id: int, path: str | None = None, limit: int = 50) -> list[Revision]:
+        """Revisions newest first, from Postgres; for a path, following its moves (SPEC §3)."""
+        return self.store(workspace_id).history(path, limit)
+
+    def import_folder(
+        self, source: Path | str, workspace_id: int, *, prefix: str | None = None, prune: bool = False,
+        message: str | None = None, author: str | None = None,
+    ) -> ImportReport:
+        """Import a folder of markdown as one revision (``kb import``)."""
+        return import_folder(
+            self.store(workspace_id), Path(source), prefix=prefix, prune=prune, message=message,
+            author=author or default_author(),
+        )
+
+    # -- derived index (SPEC §6, §7) -----------------------------------------------------
+    @property
+    def embedder(self) -> Embedder:
+        """The active embedder (loaded on first use); checks the database's vector dimension."""
+        if self._embedder is None:
+            embedder = make_embedder(self.settings)
+            with database.connect(self.database_url) as conn:
+                dim = conn.execute(queries["chunk_vector_dimension"]).fetchone()["dim"]
+            if dim is not None and dim != embedder.dim:
+                raise DimensionMismatch(
+                    f"the database stores {dim}-d vectors (kb.chunks.embedding) but the embedding "
+                    f"model {embedder.model!r} makes {embedder.dim}-d vectors; choose a {dim}-d "
+                    "model (KB_EMBEDDING_MODEL) or migrate the column"
+                )
+            self._embedder = embedder
+        return self._embedder
+
+    @functools.cached_property
+    def chunker(self) -> Chunker:
+        """The chunker (chunk size in model tokens, SPEC §7)."""
+        return Chunker(self.settings.chunk_size)
+
+    def project(self, workspace_id: int) -> ProjectionResult:
+        """Converge documents/folders rows to HEAD (SPEC §6)."""
+        store = self.store(workspace_id)
+        with database.transaction(self.database_url) as conn:
+            workspace = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
+            return project(conn, store.repository, workspace)
+
+    def index(self, workspace_id: int, progress: Callable[[int, int], None] | None = None) -> IndexReport:
+        """Project and index a workspace up to HEAD in this process (what the index job runs)."""
+        self.store(workspace_id).repository  # raises WorkspaceNotFound early
+        indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
+        return indexer.converge(workspace_id)
+
+    def run_worker(self, until_idle: bool = False, concurrency: int = 1) -> None:
+        """Run the Procrastinate worker for kb's queues (``kb worker``)."""
+        from kb import jobs
+
+        jobs.run_worker(self, until_idle=until_idle, concurrency=concurrency)
+
+    # -- reads for people and agents (SPEC §8) -------------------------------------------
+    def search(self, workspace_id: int, query: str, k: int = 5) -> list[Envelope]:
+        """Hybrid search → excerpt envelopes with true line numbers (SPEC §8)."""
+        store = self.store(workspace_id)
+        repo = store.repository
+        with database.connect(self.database_url) as conn:
+            return hybrid_search(conn, repo, self.embedder, workspace_id, query, k, self.settings.fts_config)
+
+    def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
+        """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""
+        store = self.store(workspace_id)
+        target = StorePath.parse(path)
+        revision = revision or store.head()
+        data = store.read(target, revision)
+        with database.connect(self.database_url) as conn:
+            row = conn.execute(
+                queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
+            ).fetchone()
+        title = row["title"] if row else target.name.removesuffix(".md")
+        lines = list(enumerate(document_lines(data), start=1))
+        return Envelope(target.virtual, title, revision, "full", lines)
+
+    def status(self, workspace_id: int | None = None) -> dict:
+        """Head, index stamp, job counts, chunk and document counts (``kb status``)."""
+        result: dict = {"database": database.redact(self.database_url),
+                        "storage_root": str(self.settings.storage_root),
+                        "embedding_model": self.settings.embedding_model}
+        with database.connect(self.database_url) as conn:
+            jobs = conn.execute(queries["job_counts"], {"workspace_id": workspace_id}).fetchall()
+            result["jobs"] = [dict(j) for j in jobs]
+            if workspace_id is not None:
+                store = self.store(workspace_id)
+                row = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
+                if row is None or not store.exists():
+                    store.repository  # raises WorkspaceNotFound with the fix
+                result["workspace"] = {
+                    "id": workspace_id,
+                    "head": store.head(),
+                    "recorded_head": row["head_revision"],
+                    "index_stamp": row["last_indexed_revision"],
+                    "projected": row["last_projected_revision"],
+                    **conn.execute(queries["workspace_counts"], {"workspace_id": workspace_id}).fetchone(),
+                    "problems": conn.execute(queries["problem_documents"], {"workspace_id": workspace_id}).fetchall(),
+                }
+        return result

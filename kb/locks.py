@@ -1,0 +1,57 @@
+"""Workspace locks (SPEC §4).
+
+The default write lock is ``pg_advisory_xact_lock(WRITE_LOCK_NAMESPACE, workspace_id)`` taken
+inside the Postgres transaction that records the revision: it is released with that transaction
+(or with a crashed holder's connection), so there is no TTL to outlive. The wait is bounded by
+``KB_LOCK_TIMEOUT`` (seconds) and then raises LockTimeout. If Postgres is unreachable the
+transaction never opens, so no git write happens (fail closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+
+from kb.errors import LockTimeout, LockUnavailable
+from kb.settings import Settings
+from kb.sql import queries
+
+WRITE_LOCK_NAMESPACE = 7101
+"""Advisory-lock namespace of the per-workspace write lock."""
+INDEX_LOCK_NAMESPACE = 7102
+"""Advisory-lock namespace of the per-workspace index lock (distinct from the write lock, §4)."""
+
+
+def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: int, timeout: float) -> None:
+    """Take ``pg_advisory_xact_lock(namespace, workspace_id)`` in ``conn``'s open transaction.
+
+    Waits at most ``timeout`` seconds, then raises LockTimeout (the transaction is then aborted
+    and must be rolled back by the caller's context). Raises LockUnavailable if the connection died.
+    """
+    try:
+        conn.execute(queries["set_lock_timeout"], {"timeout": f"{int(timeout * 1000)}ms"})
+        conn.execute(queries["lock_workspace_write"], {"namespace": namespace, "workspace_id": workspace_id})
+        conn.execute(queries["set_lock_timeout"], {"timeout": "0"})
+    except psycopg.errors.LockNotAvailable:
+        raise LockTimeout(workspace_id, timeout) from None
+    except psycopg.OperationalError as exc:
+        raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
+
+
+@contextlib.contextmanager
+def write_lock(conn: psycopg.Connection, workspace_id: int, settings: Settings) -> Iterator[None]:
+    """Hold the workspace write lock for the duration of the block (SPEC §4).
+
+    With ``KB_LOCK_BACKEND=postgres`` (default) this is the transaction-scoped advisory lock in
+    ``conn``; with ``redis`` a token-owned Redis lock is held as well, around the same block.
+    """
+    if settings.lock_backend == "redis":
+        from kb.redis_lock import RedisLock
+
+        with RedisLock(settings).hold(workspace_id):
+            yield
+        return
+    advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
+    yield

@@ -1,0 +1,97 @@
+"""The migration runner with a ledger (SPEC §12).
+
+A fresh database gets ``sql/schema.sql`` and every migration file is recorded as applied; an
+existing one gets the migrations it lacks, in order. Each file's sha256 is stored in
+``kb.schema_migrations``; a changed file that was already applied is a MigrationError (migrations
+are append-only). Procrastinate's own schema is applied and recorded by the same runner under the
+name ``procrastinate/<version>``. Everything runs in one transaction under an advisory lock, so
+two ``kb init`` at once are safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from kb.errors import MigrationError
+from kb.sql import migrations_dir, queries, sql_root
+
+MIGRATION_LOCK_NAMESPACE = 7301
+"""Advisory-lock namespace of the migration runner (the write and index locks use others, §4)."""
+
+
+@dataclass
+class MigrationReport:
+    """What ``apply_migrations`` did: names applied now, and whether the database was fresh."""
+
+    fresh: bool
+    applied: list[str] = field(default_factory=list)
+
+
+def checksum(path: Path) -> str:
+    """sha256 hex of a migration file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def migration_files() -> list[Path]:
+    """Migration files ``NNNN_*.sql`` in order."""
+    return sorted(migrations_dir().glob("[0-9][0-9][0-9][0-9]_*.sql"))
+
+
+def _procrastinate_schema() -> tuple[str, str]:
+    import procrastinate
+    from procrastinate.schema import SchemaManager
+
+    return f"procrastinate/{procrastinate.__version__}", SchemaManager.get_schema()
+
+
+def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False) -> MigrationReport:
+    """Bring the database to the current schema; returns what was applied.
+
+    ``from_migrations=True`` builds a fresh database by replaying every migration instead of
+    ``schema.sql`` (used by the test that proves the two agree). Raises MigrationError when an
+    applied migration's file changed, or a statement fails (nothing is applied then).
+    """
+    report = MigrationReport(fresh=False)
+    try:
+        with conn.transaction():
+            conn.execute(queries["create_ledger"])
+            conn.execute(queries["lock_migrations"], {"namespace": MIGRATION_LOCK_NAMESPACE})
+            applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
+            files = migration_files()
+            kb_applied = [name for name in applied if not name.startswith("procrastinate/")]
+            if not kb_applied and not from_migrations:
+                report.fresh = True
+                conn.execute((sql_root() / "schema.sql").read_text())
+                for path in files:
+                    conn.execute(queries["record_migration"], {"name": path.name, "checksum": checksum(path)})
+                report.applied.append("schema.sql")
+            else:
+                report.fresh = not kb_applied
+                for path in files:
+                    digest = checksum(path)
+                    if path.name in applied:
+                        if applied[path.name] != digest:
+                            raise MigrationError(
+                                f"migration {path.name} changed after it was applied (checksum "
+                                f"{applied[path.name][:12]} in the ledger, {digest[:12]} on disk). "
+                                "Migrations are append-only: restore the file and add a new one."
+                            )
+                        continue
+                    conn.execute(path.read_text())
+                    conn.execute(queries["record_migration"], {"name": path.name, "checksum": digest})
+                    report.applied.append(path.name)
+            name, schema = _procrastinate_schema()
+            if not conn.execute(queries["procrastinate_installed"]).fetchone()["installed"]:
+                conn.execute(schema)
+                conn.execute(
+                    queries["record_migration"],
+                    {"name": name, "checksum": hashlib.sha256(schema.encode()).hexdigest()},
+                )
+                report.applied.append(name)
+    except psycopg.Error as exc:
+        raise MigrationError(f"applying the schema failed: {exc}".strip()) from exc
+    return report

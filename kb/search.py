@@ -1,0 +1,72 @@
+"""Hybrid search (SPEC §8): one query embedding, a vector leg and a full-text leg over the
+workspace's chunks, one global reciprocal-rank fusion (k=60), grouped by document into envelopes
+whose lines are the document's true lines at the indexed revision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from kb.citations import Envelope, document_lines, excerpt_lines
+from kb.embedding import Embedder, vector_literal
+from kb.repository import Repository
+from kb.sql import queries
+
+RRF_K = 60
+LEG_LIMIT = 100
+
+
+@dataclass
+class _Group:
+    row: dict
+    score: float
+    spans: list[tuple[int, int]]
+    unnumbered: list[str]
+
+
+def search(
+    conn: psycopg.Connection,
+    repo: Repository,
+    embedder: Embedder,
+    workspace_id: int,
+    query: str,
+    k: int = 5,
+    fts_config: str = "english",
+) -> list[Envelope]:
+    """Top ``k`` documents for ``query`` as excerpt envelopes, best first, cites numbered 1..k.
+
+    A document's score is its best chunk's fused score; several chunks of one document collapse
+    into one envelope.
+    """
+    vector = vector_literal(embedder.embed([query])[0])
+    rows = conn.execute(
+        queries["hybrid_search"],
+        {"workspace_id": workspace_id, "embedding": vector, "query": query, "fts_config": fts_config,
+         "rrf_k": RRF_K, "leg_limit": max(LEG_LIMIT, 4 * k), "limit": 2 * max(LEG_LIMIT, 4 * k)},
+    ).fetchall()
+    groups: dict[int, _Group] = {}
+    for row in rows:
+        group = groups.get(row["document_id"])
+        if group is None:
+            if len(groups) >= k:
+                continue
+            group = groups[row["document_id"]] = _Group(row, row["score"], [], [])
+        if len(group.spans) + len(group.unnumbered) >= 3:
+            continue  # the best three excerpts per document
+        if row["start_line"] is None:
+            group.unnumbered.append(row["text"])
+        else:
+            group.spans.append((row["start_line"], row["end_line"]))
+    envelopes = []
+    for cite, group in enumerate(groups.values(), start=1):
+        row = group.row
+        envelope = Envelope(row["path"], row["title"], row["indexed_revision"], "excerpts",
+                            cite=cite, score=round(group.score, 6))
+        if group.spans:
+            lines = document_lines(repo.blob(row["indexed_content_id"]))
+            envelope.lines = excerpt_lines(lines, group.spans)
+        envelope.lines += [(None, line) for text in group.unnumbered for line in text.split("\n")]
+        envelopes.append(envelope)
+    return envelopes

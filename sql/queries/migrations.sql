@@ -1,0 +1,21 @@
+-- Named queries of the migration runner (kb/migrations.py).
+
+-- name: create_ledger
+CREATE SCHEMA IF NOT EXISTS kb;
+CREATE TABLE IF NOT EXISTS kb.schema_migrations (
+    name text PRIMARY KEY,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: lock_migrations
+SELECT pg_advisory_xact_lock(%(namespace)s, 0);
+
+-- name: applied_migrations
+SELECT name, checksum FROM kb.schema_migrations ORDER BY name;
+
+-- name: record_migration
+INSERT INTO kb.schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
+
+-- name: procrastinate_installed
+SELECT to_regclass('public.procrastinate_jobs') IS NOT NULL AS installed;

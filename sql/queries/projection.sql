@@ -1,0 +1,55 @@
+-- Named queries of the projection (kb/projection.py): documents and folders rows from git (SPEC §6).
+
+-- name: lock_projection
+SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
+
+-- name: revision_seq
+SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;
+
+-- name: document_paths
+SELECT id, path, content_id FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: move_document
+UPDATE kb.documents SET path = %(new_path)s, updated_at = now()
+WHERE workspace_id = %(workspace_id)s AND path = %(old_path)s
+RETURNING id;
+
+-- name: upsert_document
+-- A new file becomes a NOTE titled from its file name; an existing row keeps its type, metadata
+-- and title (they are Postgres' own, SPEC §1). A content change resets the index state.
+INSERT INTO kb.documents (workspace_id, path, title, document_type, unique_identifier_hash,
+                          content_id, revision_id)
+VALUES (%(workspace_id)s, %(path)s, %(title)s, 'NOTE', %(uid_hash)s, %(content_id)s, %(revision_id)s)
+ON CONFLICT (workspace_id, path) DO UPDATE
+SET content_id = EXCLUDED.content_id,
+    revision_id = EXCLUDED.revision_id,
+    status = CASE WHEN kb.documents.content_id IS DISTINCT FROM EXCLUDED.content_id
+                  THEN 'pending' ELSE kb.documents.status END,
+    index_attempts = CASE WHEN kb.documents.content_id IS DISTINCT FROM EXCLUDED.content_id
+                          THEN 0 ELSE kb.documents.index_attempts END,
+    updated_at = now()
+WHERE kb.documents.content_id IS DISTINCT FROM EXCLUDED.content_id
+RETURNING id, (xmax = 0) AS inserted;
+
+-- name: delete_document
+DELETE FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id;
+
+-- name: folder_paths
+SELECT id, path FROM kb.folders WHERE workspace_id = %(workspace_id)s;
+
+-- name: insert_folder
+INSERT INTO kb.folders (workspace_id, path, name, parent_path)
+VALUES (%(workspace_id)s, %(path)s, %(name)s, %(parent_path)s)
+ON CONFLICT (workspace_id, path) DO NOTHING
+RETURNING id;
+
+-- name: move_folder
+UPDATE kb.folders SET path = %(new_path)s, name = %(name)s, parent_path = %(parent_path)s
+WHERE workspace_id = %(workspace_id)s AND path = %(old_path)s
+RETURNING id;
+
+-- name: delete_folder
+DELETE FROM kb.folders WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id;
+
+-- name: set_projected_revision
+UPDATE kb.workspaces SET last_projected_revision = %(revision_id)s WHERE id = %(workspace_id)s;

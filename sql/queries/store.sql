@@ -1,0 +1,71 @@
+-- Named queries of the store (kb/store.py): workspaces, revisions, per-path history (SPEC §3).
+
+-- name: ensure_workspace
+INSERT INTO kb.workspaces (id) VALUES (%(workspace_id)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: get_workspace
+SELECT * FROM kb.workspaces WHERE id = %(workspace_id)s;
+
+-- name: list_workspaces
+SELECT * FROM kb.workspaces ORDER BY id;
+
+-- name: lock_workspace_write
+SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
+
+-- name: set_lock_timeout
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
+-- name: insert_revision
+INSERT INTO kb.revisions (workspace_id, id, seq, parent_id, author, committer, message, committed_at)
+VALUES (%(workspace_id)s, %(id)s, %(seq)s, %(parent_id)s, %(author)s, %(committer)s, %(message)s,
+        to_timestamp(%(committed_at)s));
+
+-- name: insert_path_change
+INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
+VALUES (%(workspace_id)s, %(revision_id)s, %(seq)s, %(path)s, %(change)s, %(old_path)s, %(new_path)s,
+        %(content_id)s);
+
+-- name: advance_workspace_head
+UPDATE kb.workspaces
+SET head_revision = %(revision_id)s, revision_count = %(seq)s
+WHERE id = %(workspace_id)s;
+
+-- name: revision_exists
+SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;
+
+-- name: workspace_history
+SELECT r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
+       coalesce(array_agg(c.path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS paths
+FROM kb.revisions r
+LEFT JOIN kb.path_changes c ON c.workspace_id = r.workspace_id AND c.revision_id = r.id
+WHERE r.workspace_id = %(workspace_id)s
+GROUP BY r.workspace_id, r.id
+ORDER BY r.seq DESC
+LIMIT %(limit)s;
+
+-- name: path_history
+-- Rows touching one path, newest first, at or below a sequence number (moves are followed by
+-- the caller, which re-queries with old_path below the move's seq).
+SELECT r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
+       c.path, c.change, c.old_path, c.new_path, c.content_id
+FROM kb.path_changes c
+JOIN kb.revisions r ON r.workspace_id = c.workspace_id AND r.id = c.revision_id
+WHERE c.workspace_id = %(workspace_id)s AND c.path = %(path)s AND c.seq <= %(max_seq)s
+ORDER BY c.seq DESC
+LIMIT %(limit)s;
+
+-- name: revision_changes
+SELECT path, change, old_path, new_path, content_id
+FROM kb.path_changes
+WHERE workspace_id = %(workspace_id)s AND revision_id = %(revision_id)s
+ORDER BY path;
+
+-- name: moves_since
+-- Recorded moves after a sequence number, oldest first (projection keeps document ids, SPEC §6).
+SELECT seq, old_path, path AS new_path
+FROM kb.path_changes
+WHERE workspace_id = %(workspace_id)s AND change = 'moved' AND seq > %(after_seq)s
+      AND seq <= %(upto_seq)s
+ORDER BY seq, path;
