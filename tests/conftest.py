@@ -1,0 +1,132 @@
+"""Test harness: a real Postgres with pgvector, one fresh database per test.
+
+The server is ``KB_TEST_DATABASE_URL`` (a role allowed to CREATE DATABASE) or, when unset, an
+embedded Postgres 18 + pgvector started for the session in a temporary directory. A template
+database gets kb's schema once; each test gets ``CREATE DATABASE … TEMPLATE`` (a file copy, a few
+milliseconds) and its own storage root, so tests never see each other's rows or repositories.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from kb.database import start_embedded
+from kb.knowledge_base import KnowledgeBase
+from kb.migrations import apply_migrations
+from kb.settings import Settings
+from kb.sql import queries
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+CORPUS = SHARED / "corpus"
+TEMPLATE = "kb_test_template"
+_counter = itertools.count()
+
+
+def corpus_path(*parts: str) -> Path:
+    """A folder of ../shared/corpus, or skip the test with the reason."""
+    path = CORPUS.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"test corpus {path} is absent (it lives in ../shared/corpus beside the repo)")
+    return path
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointed at database ``name``."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def run_admin(admin_url: str, query: str, **identifiers: str) -> None:
+    """Run a named query of sql/queries/testing.sql with its ``{identifiers}`` filled in."""
+    statement = sql.SQL(queries[query]).format(**{k: sql.Identifier(v) for k, v in identifiers.items()})
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if query == "drop_database":
+            conn.execute(queries["terminate_connections"], {"database": identifiers["database"]})
+        conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory) -> str:
+    """Admin URL of the test Postgres server (database ``postgres``)."""
+    configured = os.environ.get("KB_TEST_DATABASE_URL")
+    if configured:
+        return with_database(configured, "postgres")
+    root = Path(tempfile.mkdtemp(prefix="kbpg-"))
+    url = start_embedded(root / "data", database="postgres")
+    yield url
+    from kb.database import stop_embedded
+
+    stop_embedded(root / "data")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_url(pg_server: str) -> str:
+    """A database holding kb's full schema, used as the template of every test database."""
+    run_admin(pg_server, "drop_database", database=TEMPLATE)
+    run_admin(pg_server, "create_database", database=TEMPLATE)
+    url = with_database(pg_server, TEMPLATE)
+    with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
+        apply_migrations(conn)
+    return url
+
+
+@pytest.fixture
+def database_url(pg_server: str, template_url: str) -> str:
+    """URL of a fresh database with kb's schema, dropped after the test."""
+    name = f"kb_test_{os.getpid()}_{next(_counter)}"
+    run_admin(pg_server, "create_database_from_template", database=name, template=TEMPLATE)
+    yield with_database(pg_server, name)
+    run_admin(pg_server, "drop_database", database=name)
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    """Settings for one test: its own database and storage root, the hashing embedder."""
+    return Settings(database_url=database_url, storage_root=tmp_path / "storage", embedding_model="hashing")
+
+
+@pytest.fixture
+def kb(settings: Settings) -> KnowledgeBase:
+    """A KnowledgeBase over the test's database and storage root."""
+    return KnowledgeBase.open(settings)
+
+
+@pytest.fixture
+def kb_env(settings: Settings) -> dict[str, str]:
+    """Environment for running the ``kb`` CLI against the test's database and storage root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env.update(
+        KB_DATABASE_URL=settings.database_url,
+        KB_STORAGE_ROOT=str(settings.storage_root),
+        KB_EMBEDDING_MODEL="hashing",
+    )
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -m kb.cli ARGS`` with ``env``; returns the completed process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kb.cli", *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"kb {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run the real git CLI in ``repo``; returns stdout (raises on failure)."""
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout

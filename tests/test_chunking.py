@@ -1,0 +1,35 @@
+"""SPEC §7: chunks carry exact offsets and true line spans, computed at cut time."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import corpus_path
+
+from kb.chunking import Chunker, line_of, line_starts
+from kb.citations import document_lines
+
+
+def test_line_of():
+    text = "a\nbb\n\nccc"
+    starts = line_starts(text)
+    assert [line_of(starts, i) for i in range(len(text))] == [1, 1, 2, 2, 2, 3, 4, 4, 4]
+
+
+@pytest.mark.parametrize("language", ["en", "ja", "ar"])
+def test_spans_match_the_file_on_real_corpus(language):
+    chunker = Chunker(64)
+    for path in sorted(corpus_path("obsidian-help", language).rglob("*.md"))[:60]:
+        text = path.read_text(encoding="utf-8")
+        lines = document_lines(text)
+        for chunk in chunker.chunk(text):
+            assert text[chunk.start_char : chunk.end_char] == chunk.text
+            assert chunk.text.strip() == chunk.text and chunk.text
+            # the span's lines, joined, contain the chunk; the first and last lines hold its ends
+            covered = "\n".join(lines[chunk.start_line - 1 : chunk.end_line])
+            assert chunk.text.replace("\r", "") in covered.replace("\r", "")
+            assert chunk.text.split("\n")[0].rstrip("\r") in lines[chunk.start_line - 1]
+            assert chunk.text.split("\n")[-1].rstrip("\r") in lines[chunk.end_line - 1]
+
+
+def test_whitespace_only_documents_have_no_chunks():
+    assert Chunker().chunk("  \n\n\t\n") == []

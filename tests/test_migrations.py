@@ -1,0 +1,88 @@
+"""SPEC §12: schema.sql equals all migrations applied; the ledger; every SQL file parses."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+import sqlglot
+from conftest import run_admin, with_database
+
+from kb.errors import MigrationError
+from kb.migrations import apply_migrations, migration_files
+from kb.sql import load_queries, sql_root
+
+CATALOG = """
+SELECT 'column' AS kind, table_schema || '.' || table_name || '.' || column_name || ' ' || data_type
+       || ' ' || coalesce(udt_name, '') || ' null=' || is_nullable || ' default=' || coalesce(column_default, '')
+FROM information_schema.columns WHERE table_schema = 'kb'
+UNION ALL
+SELECT 'index', schemaname || '.' || indexname || ' ' || indexdef FROM pg_indexes WHERE schemaname = 'kb'
+UNION ALL
+SELECT 'constraint', conrelid::regclass::text || ' ' || pg_get_constraintdef(oid)
+FROM pg_constraint WHERE connamespace = 'kb'::regnamespace
+UNION ALL
+SELECT 'view', schemaname || '.' || viewname || ' ' || definition FROM pg_views WHERE schemaname = 'kb'
+UNION ALL
+SELECT 'function', p.oid::regprocedure::text || ' ' || pg_get_functiondef(p.oid)
+FROM pg_proc p WHERE p.pronamespace = 'kb'::regnamespace
+ORDER BY 1, 2
+"""
+
+
+def _catalog(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(CATALOG).fetchall()
+
+
+def test_fresh_schema_equals_all_migrations(pg_server):
+    urls = {}
+    for name, replay in (("kb_t_fresh", False), ("kb_t_replay", True)):
+        run_admin(pg_server, "drop_database", database=name)
+        run_admin(pg_server, "create_database", database=name)
+        urls[name] = with_database(pg_server, name)
+        with psycopg.connect(urls[name], row_factory=psycopg.rows.dict_row) as conn:
+            report = apply_migrations(conn, from_migrations=replay)
+            assert report.fresh
+    try:
+        assert _catalog(urls["kb_t_fresh"]) == _catalog(urls["kb_t_replay"])
+    finally:
+        for name in urls:
+            run_admin(pg_server, "drop_database", database=name)
+
+
+def test_ledger_is_idempotent_and_detects_edits(database_url, monkeypatch, tmp_path):
+    with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
+        assert apply_migrations(conn).applied == []
+        names = [r["name"] for r in conn.execute("SELECT name FROM kb.schema_migrations")]
+    assert {p.name for p in migration_files()} <= set(names)
+    assert any(n.startswith("procrastinate/") for n in names)
+
+    edited = tmp_path / "migrations"
+    edited.mkdir()
+    for path in migration_files():
+        (edited / path.name).write_text(path.read_text() + "\n-- edited\n")
+    monkeypatch.setattr("kb.migrations.migrations_dir", lambda: edited)
+    with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
+        with pytest.raises(MigrationError, match="changed after it was applied"):
+            apply_migrations(conn)
+
+
+def _sql_files():
+    root = sql_root()
+    return sorted([*root.glob("*.sql"), *root.glob("queries/*.sql"), *migration_files()])
+
+
+@pytest.mark.parametrize("path", _sql_files(), ids=lambda p: p.name)
+def test_every_sql_file_parses(path):
+    text = path.read_text()
+    text = re.sub(r"%\((\w+)\)s", "NULL", text)  # psycopg placeholders
+    text = re.sub(r"\{(\w+)\}", r"\1", text)  # psycopg.sql identifiers
+    statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
+    assert statements, f"{path.name} has no statement"
+
+
+def test_named_queries_load():
+    queries = load_queries()
+    assert "hybrid_search" in queries and "defer_job" in queries
