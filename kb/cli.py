@@ -177,11 +177,20 @@ def log(path: str | None, workspace: int, limit: int) -> None:
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
         click.echo(f"{revision.id}  {revision.author}  {when}")
         click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
-        paths = [c.path for c in revision.changes]
+        paths = [_describe(c) for c in revision.changes]
         for changed in paths[:10]:
             click.echo(f"    {changed}")
         if len(paths) > 10:
             click.echo(f"    … and {len(paths) - 10} more")
+
+
+def _describe(change) -> str:
+    """One line for a path change in ``kb log``: ``moved /a.md -> /b.md``, ``added /c.md`` …"""
+    if change.change == "moved" and change.old_path:
+        return f"moved    {change.old_path} -> {change.path}"
+    if change.change == "moved_away" and change.new_path:
+        return f"moved    {change.path} -> {change.new_path}"
+    return f"{change.change or 'changed':<8} {change.path}"
 
 
 @main.command()
@@ -259,6 +268,62 @@ def db_stop() -> None:
         return
     stopped = stop_embedded(settings.storage_root / "postgres")
     click.echo("embedded Postgres stopped" if stopped else "embedded Postgres was not running")
+
+
+@main.command()
+@click.argument("revision")
+@workspace_option
+@click.option("--message", "-m", help="Revision message (default: Revert \"<message>\").")
+@click.option("--author", help="Author of the revision (default: your user name).")
+def revert(revision: str, workspace: int, message: str | None, author: str | None) -> None:
+    """Record a new revision that undoes REVISION (the paths it touched go back to their state
+    before it). History is never rewritten.
+
+    Example: kb revert 9f2c41d0e6b1a3c5d7e9f1a2b4c6d8e0f1a3b5c7 --workspace 1
+    """
+    result = _open().revert(workspace, revision, author=author, message=message)
+    click.echo("nothing to revert: the workspace already matches" if result is None else f"revision {result.id}")
+
+
+@main.command()
+@click.argument("path")
+@workspace_option
+@click.option("--revision", "-r", required=True, help="Revision whose version of PATH to bring back.")
+@click.option("--message", "-m", help="Revision message (default: restore PATH from revision R).")
+@click.option("--author", help="Author of the revision (default: your user name).")
+def restore(path: str, workspace: int, revision: str, message: str | None, author: str | None) -> None:
+    """Bring one document back as it was at a revision, as a new revision.
+
+    Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
+    """
+    result = _open().restore(workspace, path, revision, author=author, message=message)
+    click.echo(f"unchanged: {path} already holds that version" if result is None else f"revision {result.id}")
+
+
+@main.command()
+@workspace_option
+def fsck(workspace: int) -> None:
+    """Check a workspace with git's own fsck, remove stale git locks, record revisions git has
+    and Postgres lacks (deferring their index jobs), and repair a stale working tree.
+
+    Exits 1 when git reports errors. Example: kb fsck --workspace 1
+    """
+    report = _open().fsck(workspace)
+    click.echo(f"git fsck --strict: {'ok' if report.git_ok else 'ERRORS'}")
+    for line in report.git_messages:
+        click.echo(f"    {line}")
+    for lock in report.stale_locks_removed:
+        click.echo(f"removed stale lock {lock}")
+    for revision in report.recorded:
+        click.echo(f"recorded revision {revision.id} ({len(revision.changes)} paths) that Postgres lacked")
+    if report.worktree_repaired:
+        click.echo(f"repaired working tree: {len(report.worktree_repaired)} paths")
+        for path in report.worktree_repaired[:10]:
+            click.echo(f"    {path}")
+    if report.git_ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed):
+        click.echo("clean: git, Postgres history and working tree agree")
+    if not report.git_ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

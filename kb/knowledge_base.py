@@ -12,6 +12,7 @@ import functools
 import getpass
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb import database
 from kb.chunking import Chunker
@@ -27,6 +28,9 @@ from kb.search import search as hybrid_search
 from kb.settings import Settings
 from kb.sql import queries
 from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
+
+if TYPE_CHECKING:
+    from kb.fsck import FsckReport
 
 
 def default_author() -> str:
@@ -216,3 +220,28 @@ class KnowledgeBase:
                     "problems": conn.execute(queries["problem_documents"], {"workspace_id": workspace_id}).fetchall(),
                 }
         return result
+
+    # -- store maintenance and undo (issue 3: SPEC §2.1, §3) ------------------------------
+    def revert(
+        self, workspace_id: int, revision: str, author: str | None = None, committer: str | None = None,
+        message: str | None = None,
+    ) -> Revision | None:
+        """Record a forward revision undoing ``revision`` (SPEC §3); None when nothing to undo."""
+        return self.store(workspace_id).revert(revision, author or default_author(), committer, message)
+
+    def restore(
+        self, workspace_id: int, path: str, revision: str, author: str | None = None,
+        committer: str | None = None, message: str | None = None,
+    ) -> Revision | None:
+        """Bring one document back as it was at ``revision``, as a new revision (SPEC §3)."""
+        return self.store(workspace_id).restore(path, revision, author or default_author(), committer, message)
+
+    def reconcile(self, workspace_id: int) -> list[Revision]:
+        """Record revisions git has and Postgres lacks, deferring their jobs (SPEC §3; the sweep)."""
+        return self.store(workspace_id).reconcile()
+
+    def fsck(self, workspace_id: int) -> "FsckReport":
+        """git's consistency check, stale-lock and working-tree repair, reconcile (``kb fsck``)."""
+        from kb.fsck import fsck
+
+        return fsck(self.store(workspace_id))

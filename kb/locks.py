@@ -10,13 +10,17 @@ transaction never opens, so no git write happens (fail closed).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import psycopg
 
+from kb import database
 from kb.errors import LockTimeout, LockUnavailable
 from kb.settings import Settings
 from kb.sql import queries
+
+T = TypeVar("T")
 
 WRITE_LOCK_NAMESPACE = 7101
 """Advisory-lock namespace of the per-workspace write lock."""
@@ -55,3 +59,32 @@ def write_lock(conn: psycopg.Connection, workspace_id: int, settings: Settings) 
         return
     advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
     yield
+
+
+@contextlib.contextmanager
+def locked_transaction(
+    database_url: str, workspace_id: int, settings: Settings, prepare: Callable[[], T] | None = None
+) -> Iterator[tuple[psycopg.Connection, T | None]]:
+    """A Postgres transaction holding the workspace write lock until it has committed (SPEC §3, §4).
+
+    Order: connect to Postgres (unreachable → DatabaseUnavailable before anything else runs: fail
+    closed), run ``prepare()`` unlocked (idempotent slow work such as writing blobs), take the lock
+    — the Redis lock (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the
+    transaction — then yield ``(conn, prepare's result)``. On a clean exit the transaction commits
+    *before* the Redis lock is released, so the next holder always sees this holder's rows; on an
+    exception it rolls back. Raises LockTimeout (with the workspace id), LockUnavailable.
+    """
+    conn = database.connect(database_url)
+    try:
+        prepared = prepare() if prepare is not None else None
+        with contextlib.ExitStack() as stack:
+            if settings.lock_backend == "redis":
+                from kb.redis_lock import RedisLock
+
+                stack.enter_context(RedisLock(settings).hold(workspace_id))
+            with conn.transaction():
+                if settings.lock_backend != "redis":
+                    advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
+                yield conn, prepared
+    finally:
+        conn.close()

@@ -10,6 +10,7 @@ All paths handed to dulwich are absolute; the process never changes its working 
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import time
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
+from dulwich.errors import NotTreeError
 from dulwich.index import index_entry_from_stat
-from dulwich.object_store import commit_tree_changes, tree_lookup_path
+from dulwich.object_store import tree_lookup_path
 from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
@@ -53,6 +55,8 @@ class Repository:
     def __init__(self, repo: Repo) -> None:
         self._repo = repo
         self.path = Path(repo.path)
+        # Trees are immutable: path lookups share a bounded cache of tree objects.
+        self._tree_object = functools.lru_cache(maxsize=8192)(repo.object_store.__getitem__)
 
     @classmethod
     def open(cls, path: Path) -> "Repository":
@@ -82,7 +86,7 @@ class Repository:
         """Hex id of the branch head, or None for an unborn repository."""
         try:
             return self._repo.refs[BRANCH].decode()
-        except KeyError:
+        except (KeyError, NotTreeError):
             return None
 
     def commit(self, revision: str) -> Commit:
@@ -104,8 +108,8 @@ class Repository:
         if tree_id is None:
             return None
         try:
-            mode, sha = tree_lookup_path(self._repo.object_store.__getitem__, tree_id, path.encode())
-        except KeyError:
+            mode, sha = tree_lookup_path(self._tree_object, tree_id, path.encode())
+        except (KeyError, NotTreeError):
             return None
         return None if stat.S_ISDIR(mode) else sha.decode()
 
@@ -114,8 +118,8 @@ class Repository:
         if tree_id is None:
             return False
         try:
-            mode, _ = tree_lookup_path(self._repo.object_store.__getitem__, tree_id, path.encode())
-        except KeyError:
+            mode, _ = tree_lookup_path(self._tree_object, tree_id, path.encode())
+        except (KeyError, NotTreeError):
             return False
         return stat.S_ISDIR(mode)
 
@@ -140,9 +144,9 @@ class Repository:
         if prefix:
             try:
                 mode, tree_id = tree_lookup_path(
-                    self._repo.object_store.__getitem__, tree_id, prefix.rstrip("/").encode()
+                    self._tree_object, tree_id, prefix.rstrip("/").encode()
                 )
-            except KeyError:
+            except (KeyError, NotTreeError):
                 return
             if not stat.S_ISDIR(mode):
                 return
@@ -200,15 +204,56 @@ class Repository:
         return [obj.id.decode() for obj in objects]
 
     def build_tree(self, base_tree: bytes | None, changes: Sequence[tuple[str, str | None]]) -> bytes:
-        """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied."""
-        return commit_tree_changes(
-            self._repo.object_store,
-            Tree() if base_tree is None else base_tree,
-            [
-                (path.encode(), None if sha is None else FILE_MODE, None if sha is None else sha.encode())
-                for path, sha in changes
-            ],
-        )
+        """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied.
+
+        Only the trees on changed paths are rewritten (cost grows with the change, not the
+        workspace). A blob may replace a subtree and vice versa (the store checks beforehand that
+        no document ends up under a document); trees left empty are dropped, as git has no empty
+        trees. New objects are added in one batch.
+        """
+        nested: dict = {}
+        for path, sha in changes:
+            *folders, name = path.encode().split(b"/")
+            node = nested
+            for folder in folders:
+                child = node.get(folder)
+                if not isinstance(child, dict):
+                    child = node[folder] = {}
+                node = child
+            node[name] = None if sha is None else sha.encode()
+        new_objects: list[Tree] = []
+        root = self._apply(base_tree, nested, new_objects)
+        if root is None:
+            root = Tree()
+            new_objects.append(root)
+        self._repo.object_store.add_objects([(obj, None) for obj in new_objects])
+        return root.id
+
+    def _apply(self, tree_id: bytes | None, nested: dict, new_objects: list) -> Tree | None:
+        """Apply ``nested`` ({name: blob sha | None | {sub-changes}}) to a tree; None if empty."""
+        tree = Tree()
+        if tree_id is not None:
+            for entry in self._tree_object(tree_id).iteritems():
+                tree.add(entry.path, entry.mode, entry.sha)
+        for name, change in nested.items():
+            if isinstance(change, dict):
+                existing = tree[name] if name in tree else None
+                base = existing[1] if existing and stat.S_ISDIR(existing[0]) else None
+                subtree = self._apply(base, change, new_objects)
+                if subtree is None:
+                    if name in tree:
+                        del tree[name]
+                else:
+                    tree.add(name, stat.S_IFDIR, subtree.id)
+            elif change is None:
+                if name in tree:
+                    del tree[name]
+            else:
+                tree.add(name, FILE_MODE, change)
+        if not len(tree):
+            return None
+        new_objects.append(tree)
+        return tree
 
     def make_commit(
         self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str
@@ -232,6 +277,24 @@ class Repository:
         return self._repo.refs.set_if_equals(
             BRANCH, old.encode() if old else None, new.encode(), message=b"kb: commit"
         )
+
+    def clear_stale_locks(self) -> list[str]:
+        """Remove git lock files a killed writer left (``index.lock``, ``refs/heads/main.lock`` …).
+
+        Call only while holding the workspace write lock: every kb writer holds it while git lock
+        files exist, so any found then is stale. Returns the removed paths relative to the repo.
+        """
+        git_dir = self.path / ".git"
+        removed = []
+        for lock in [git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")] + sorted(
+            (git_dir / "refs").rglob("*.lock")
+        ):
+            try:
+                lock.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(str(lock.relative_to(self.path)))
+        return removed
 
     def refresh_worktree(self, changes: Iterable[tuple[str, str | None]]) -> None:
         """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1)."""

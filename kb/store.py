@@ -1,31 +1,37 @@
 """The store (SPEC §3): transactions applied in call order, one revision per clean exit, reads,
-and history served from Postgres.
+revert/restore, and catching Postgres up with git.
 
 ``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.repository``). A commit
-builds its tree in the object store from HEAD's tree plus the draft's change set, takes the
-workspace write lock (§4) inside a Postgres transaction, advances the branch ref with a
-compare-and-swap, writes the revision row, per-path history rows and the deferred jobs in that same
-transaction, refreshes the working tree, then commits Postgres. A crash between the ref update and
-the Postgres commit leaves a revision git has and Postgres lacks; ``kb fsck`` and the sweep record it.
+connects to Postgres first (unreachable → nothing is written: fail closed), writes the draft's blobs
+unlocked, takes the workspace write lock (§4), records any revision git has and Postgres lacks,
+builds the tree in the object store from HEAD's tree plus the change set, advances the branch ref
+with a compare-and-swap, writes the revision row, per-path history rows and the deferred jobs in
+that same transaction, refreshes the working tree, then commits Postgres (``kb.faults`` names these
+steps for crash tests). A crash between the ref update and the Postgres commit leaves a revision git
+has and Postgres lacks; the next commit, ``reconcile()`` (the sweep) or ``kb fsck`` records it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import posixpath
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
+import psycopg
+
 from kb import database
-from kb.errors import DocumentNotFound, InvalidWorkspace, KbError, PathExists, WorkspaceNotFound
-from kb.locks import write_lock
+from kb.draft import BlobRef, Draft, repo_path_of
+from kb.errors import InvalidWorkspace, KbError, PathExists, RevisionNotFound, WorkspaceNotFound
+from kb.faults import fault_point
+from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
+from kb.locks import locked_transaction
 from kb.paths import StorePath
 from kb.repository import Repository
 from kb.settings import Settings
 from kb.sql import queries
+
+__all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
 
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
@@ -38,149 +44,8 @@ def check_workspace_id(workspace_id: object) -> int:
     return workspace_id
 
 
-@dataclass(frozen=True)
-class PathChange:
-    """One path's change in a revision. ``change``: added|modified|removed|moved|moved_away."""
-
-    path: str
-    change: str
-    content_id: str | None = None
-    old_path: str | None = None
-    new_path: str | None = None
-
-
-@dataclass(frozen=True)
-class Revision:
-    """A recorded revision (git commit) with its path changes."""
-
-    id: str
-    seq: int
-    parent_id: str | None
-    author: str
-    committer: str
-    message: str
-    committed_at: datetime | None
-    changes: tuple[PathChange, ...] = ()
-
-
-@dataclass(frozen=True)
-class _BlobRef:
-    id: str
-
-
-@dataclass
-class Draft:
-    """The change set of one transaction, applied in call order against the base tree.
-
-    Paths are caller paths (``/documents/...`` or ``documents/...``), parsed by StorePath (§2.3).
-    ``revision`` is set when the transaction's block exits cleanly (None for a net-empty change).
-    """
-
-    _repo: Repository
-    _base_tree: bytes | None
-    _overlay: dict[str, bytes | _BlobRef | None] = field(default_factory=dict)
-    _moves: dict[str, str] = field(default_factory=dict)
-    _dirs: set[str] = field(default_factory=set)
-    revision: Revision | None = None
-
-    def _set(self, repo_path: str, value: "bytes | _BlobRef | None") -> None:
-        self._overlay[repo_path] = value
-        if value is not None:
-            parent = posixpath.dirname(repo_path)
-            while parent and parent not in self._dirs:
-                self._dirs.add(parent)
-                parent = posixpath.dirname(parent)
-
-    def _current(self, repo_path: str) -> bytes | _BlobRef | None:
-        if repo_path in self._overlay:
-            return self._overlay[repo_path]
-        blob_id = self._repo.lookup(self._base_tree, repo_path)
-        return None if blob_id is None else _BlobRef(blob_id)
-
-    def _files_under(self, folder: str) -> list[str]:
-        prefix = folder + "/"
-        found = {p for p, _ in self._repo.walk(self._base_tree, folder)}
-        found |= {p for p in self._overlay if p.startswith(prefix)}
-        return sorted(p for p in found if self._current(p) is not None)
-
-    def exists(self, path: str | StorePath) -> bool:
-        """True when a document exists at ``path`` as of the calls made so far."""
-        return self._current(_repo_path(path)) is not None
-
-    def read(self, path: str | StorePath) -> bytes:
-        """Bytes at ``path`` as of the calls made so far; raises DocumentNotFound."""
-        value = self._current(_repo_path(path))
-        if value is None:
-            raise DocumentNotFound(f"no document at {_virtual(path)}")
-        return value if isinstance(value, bytes) else self._repo.blob(value.id)
-
-    def write(self, path: str | StorePath, data: bytes | str, *, allow_keep: bool = False) -> None:
-        """Create or replace the document at ``path`` (str is encoded as UTF-8)."""
-        repo_path = _repo_path(path, allow_keep=allow_keep)
-        if repo_path in self._dirs or self._repo.is_folder(self._base_tree, repo_path):
-            if self._files_under(repo_path):
-                raise PathExists(f"{_virtual(path)} is a folder; cannot write a document there")
-        self._set(repo_path, data.encode("utf-8") if isinstance(data, str) else bytes(data))
-
-    def remove(self, path: str | StorePath) -> None:
-        """Remove the document (or every document of the folder) at ``path``; DocumentNotFound if none."""
-        repo_path = _repo_path(path, allow_keep=True)
-        targets = [repo_path] if self._current(repo_path) is not None else self._files_under(repo_path)
-        if not targets:
-            raise DocumentNotFound(f"cannot remove {_virtual(path)}: no such document or folder")
-        for target in targets:
-            self._set(target, None)
-            self._moves.pop(target, None)
-
-    def move(self, src: str | StorePath, dst: str | StorePath, *, overwrite: bool = False) -> None:
-        """Move a document (or a whole folder) from ``src`` to ``dst``; the move is recorded.
-
-        Raises DocumentNotFound when ``src`` does not exist, PathExists when ``dst`` exists and
-        ``overwrite`` is False.
-        """
-        src_path, dst_path = _repo_path(src, allow_keep=True), _repo_path(dst, allow_keep=True)
-        if src_path == dst_path:
-            return
-        if self._current(src_path) is not None:
-            pairs = [(src_path, dst_path)]
-        else:
-            files = self._files_under(src_path)
-            if not files:
-                raise DocumentNotFound(f"cannot move {_virtual(src)}: no such document or folder")
-            if dst_path.startswith(src_path + "/"):
-                raise PathExists(f"cannot move folder {_virtual(src)} into itself")
-            pairs = [(f, dst_path + f[len(src_path):]) for f in files]
-        for old, new in pairs:
-            if self._current(new) is not None and not overwrite:
-                raise PathExists(
-                    f"cannot move {_virtual(old)} to {_virtual(new)}: a document exists there "
-                    "(pass overwrite=True to replace it)"
-                )
-        for old, new in pairs:
-            self._set(new, self._current(old))
-            self._set(old, None)
-            origin = self._moves.pop(old, old)
-            self._moves.pop(new, None)
-            if origin != new:
-                self._moves[new] = origin
-
-    def is_empty(self) -> bool:
-        """True when no call has been made (the net change may still be empty)."""
-        return not self._overlay
-
-
-def _repo_path(path: str | StorePath, *, allow_keep: bool = False) -> str:
-    if isinstance(path, StorePath):
-        return path.repo_path
-    return StorePath.parse(path, allow_keep=allow_keep).repo_path
-
-
-def _virtual(path: str | StorePath) -> str:
-    return str(path) if isinstance(path, StorePath) else path
-
-
 def summarize(changes: list[PathChange]) -> str:
-    """Deterministic commit message for a change set, e.g. ``docs: add 2 files, remove 1``."""
+    """Deterministic commit message for a change set, e.g. ``docs: add 2 files, remove 1`` (SPEC §3)."""
     counts: dict[str, int] = {}
     for change in changes:
         if change.change != "moved_away":
@@ -192,6 +57,14 @@ def summarize(changes: list[PathChange]) -> str:
     first, *rest = parts
     noun = "file" if sum(counts.values()) == 1 else "files"
     return "docs: " + ", ".join([f"{first} {noun}", *rest])
+
+
+def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[str, str | None]:
+    """``{repo path: blob id or None}`` that a sequence of path changes leaves (last one wins)."""
+    result: dict[str, str | None] = {}
+    for change in changes:
+        result[change.path] = None if change.change in ("removed", "moved_away") else change.content_id
+    return result
 
 
 class KnowledgeStore:
@@ -219,7 +92,7 @@ class KnowledgeStore:
         return self._repository
 
     def exists(self) -> bool:
-        """True when the workspace has a repository and a row."""
+        """True when the workspace has a repository."""
         return (self.path / ".git").is_dir()
 
     def create(self) -> bool:
@@ -237,7 +110,7 @@ class KnowledgeStore:
 
     def read(self, path: str | StorePath, revision: str | None = None) -> bytes:
         """Bytes of a document at HEAD (or ``revision``); raises DocumentNotFound/RevisionNotFound."""
-        return self.repository.read(revision or self.head(), _repo_path(path, allow_keep=True))
+        return self.repository.read(revision or self.head(), repo_path_of(path, allow_keep=True))
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
         """Bytes of a document at ``revision`` (SPEC §3, citations §8)."""
@@ -249,58 +122,26 @@ class KnowledgeStore:
         return {"/" + p: blob for p, blob in self.repository.walk(tree, "documents")}
 
     def list_changes(self, revision: str) -> list[PathChange]:
-        """Changes of ``revision`` against its parent, with recorded moves (from Postgres)."""
+        """Changes of ``revision`` against its parent (virtual paths, sorted), with the moves the
+        store recorded (from Postgres); for a revision Postgres lacks, from git with exact-content
+        moves inferred. Raises RevisionNotFound."""
         self.repository.commit(revision)
         with database.transaction(self.database_url) as conn:
             rows = conn.execute(
                 queries["revision_changes"], {"workspace_id": self.workspace_id, "revision_id": revision}
             ).fetchall()
-        if rows:
-            return [PathChange(**row) for row in rows]
-        parents = self.repository.parents(revision)
-        old_tree = self.repository.tree_id(parents[0]) if parents else None
-        return [
-            PathChange(c.path, c.kind, c.new_id)
-            for c in self.repository.diff(old_tree, self.repository.tree_id(revision))
-        ]
+        changes = [PathChange(**row) for row in rows] or changes_from_git(self.repository, revision)
+        return [c.virtual() for c in changes]
 
     def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:
         """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves.
 
-        Raises WorkspaceNotFound for a workspace without a repository.
+        ``limit`` ≥ 1. Raises WorkspaceNotFound for a workspace without a repository, InvalidPath.
         """
         self.repository  # noqa: B018  (raises WorkspaceNotFound)
-        params = {"workspace_id": self.workspace_id, "limit": limit}
+        repo_path = None if path is None else repo_path_of(path, allow_keep=True)
         with database.transaction(self.database_url) as conn:
-            if path is None:
-                rows = conn.execute(queries["workspace_history"], params).fetchall()
-                return [
-                    Revision(
-                        r["id"], r["seq"], r["parent_id"], r["author"], r["committer"], r["message"],
-                        r["committed_at"], tuple(PathChange("/" + p, "") for p in r["paths"]),
-                    )
-                    for r in rows
-                ]
-            current, max_seq, result = _repo_path(path, allow_keep=True), 2**62, []
-            while current and len(result) < limit:
-                rows = conn.execute(
-                    queries["path_history"],
-                    {**params, "path": current, "max_seq": max_seq, "limit": limit - len(result)},
-                ).fetchall()
-                current = None
-                for r in rows:
-                    change = PathChange(
-                        "/" + r["path"], r["change"], r["content_id"],
-                        r["old_path"] and "/" + r["old_path"], r["new_path"] and "/" + r["new_path"],
-                    )
-                    result.append(
-                        Revision(r["id"], r["seq"], r["parent_id"], r["author"], r["committer"],
-                                 r["message"], r["committed_at"], (change,))
-                    )
-                    if r["change"] == "moved" and r["old_path"]:
-                        current, max_seq = r["old_path"], r["seq"] - 1
-                        break
-            return result
+            return read_history(conn, self.workspace_id, repo_path, max(1, int(limit)))
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -308,86 +149,184 @@ class KnowledgeStore:
         """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
         if the net change is empty. An exception records nothing (SPEC §3).
 
-        Raises WorkspaceNotFound, LockTimeout, LockUnavailable, DatabaseUnavailable.
+        Raises WorkspaceNotFound, LockTimeout, LockUnavailable, DatabaseUnavailable, PathExists.
         """
         repo = self.repository
         draft = Draft(repo, repo.tree_id(repo.head()))
         yield draft
         draft.revision = self.commit_draft(draft, message, author, committer or author)
 
+    def _stage(self, draft: Draft) -> dict[str, str | None]:
+        """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
+        repo, staged, pending = self.repository, {}, []
+        for path, value in draft._overlay.items():
+            if value is None or isinstance(value, BlobRef):
+                staged[path] = None if value is None else value.id
+            else:
+                pending.append(path)
+        for path, blob in zip(pending, repo.add_blobs(draft._overlay[p] for p in pending)):
+            staged[path] = blob
+        return staged
+
     def commit_draft(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
-        """Record ``draft`` on top of the current head as one revision (see module docstring)."""
+        """Record ``draft`` on top of the *current* head as one revision (see the module docstring).
+
+        Returns the Revision (virtual paths), or None when the net change is empty.
+        """
         if draft.is_empty():
             return None
         repo = self.repository
-        # Blobs first, outside the lock: writing objects is idempotent and slow work (§4).
-        staged: dict[str, str | None] = {}
-        for path, value in draft._overlay.items():
-            if value is None:
-                staged[path] = None
-            elif isinstance(value, _BlobRef):
-                staged[path] = value.id
-            else:
-                staged[path] = repo.add_blob(value)
-        with database.transaction(self.database_url) as conn, write_lock(conn, self.workspace_id, self.settings):
-            workspace = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
-            if workspace is None:
-                raise WorkspaceNotFound(f"workspace {self.workspace_id} has no row; run `kb fsck`")
+        with locked_transaction(self.database_url, self.workspace_id, self.settings, lambda: self._stage(draft)) \
+                as (conn, staged):
+            repo.clear_stale_locks()
+            self._catch_up(conn, self._workspace_row(conn))
+            workspace = self._workspace_row(conn)
             head = repo.head()
             head_tree = repo.tree_id(head)
-            effective: list[tuple[str, str | None]] = []
+            effective: dict[str, str | None] = {}
             changes: dict[str, PathChange] = {}
-            for path, blob_id in staged.items():
+            for path, blob in staged.items():
                 old = repo.lookup(head_tree, path)
-                if old == blob_id:
+                if old == blob:
                     continue
-                effective.append((path, blob_id))
-                kind = "added" if old is None else ("removed" if blob_id is None else "modified")
-                changes[path] = PathChange(path, kind, blob_id)
+                effective[path] = blob
+                kind = "added" if old is None else ("removed" if blob is None else "modified")
+                changes[path] = PathChange(path, kind, blob)
             if not effective:
                 return None
-            for new, origin in draft._moves.items():
-                if new in changes and changes[new].change != "removed" and origin in changes \
-                        and changes[origin].change == "removed":
+            self._check_tree(head_tree, effective)
+            for new, origin in draft.moves().items():
+                source = changes.get(origin)
+                if new in changes and source is not None and source.change in ("removed", "modified"):
                     changes[new] = PathChange(new, "moved", changes[new].content_id, old_path=origin)
-                    changes[origin] = PathChange(origin, "moved_away", None, new_path=new)
-            ordered = sorted(changes.values(), key=lambda c: c.path)
-            text = message or summarize(ordered)
-            tree = repo.build_tree(head_tree, effective)
-            commit = repo.make_commit(tree, head, text, author, committer)
-            revision_id = commit.id.decode()
-            seq = workspace["revision_count"] + 1
-            self._record(conn, revision_id, seq, head, author, committer, text, commit.commit_time, ordered)
-            if not repo.advance(head, revision_id):
+                    changes[origin] = PathChange(
+                        origin, "moved_away" if source.change == "removed" else "modified",
+                        source.content_id, new_path=new,
+                    )
+            ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
+            text = message or summarize(list(ordered))
+            commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer)
+            fault_point("objects_written")
+            revision = Revision(commit.id.decode(), workspace["revision_count"] + 1, head, author, committer,
+                                text, None, ordered)
+            record_revision(conn, self.workspace_id, revision, commit.commit_time)
+            defer_convergence(conn, self.workspace_id)
+            if not repo.advance(head, revision.id):
                 raise KbError(
                     f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
                     "another process writes without the lock. Nothing was recorded."
                 )
-            repo.refresh_worktree(effective)
-        return Revision(revision_id, seq, head, author, committer, text, None, tuple(ordered))
+            fault_point("ref_advanced")
+            repo.refresh_worktree(effective.items())
+            fault_point("before_pg_commit")
+        return Revision(revision.id, revision.seq, head, author, committer, text, None,
+                        tuple(c.virtual() for c in ordered))
 
-    def _record(self, conn, revision_id, seq, parent, author, committer, message, when, changes) -> None:
-        ws = self.workspace_id
-        conn.execute(
-            queries["insert_revision"],
-            {"workspace_id": ws, "id": revision_id, "seq": seq, "parent_id": parent, "author": author,
-             "committer": committer, "message": message, "committed_at": when},
-        )
-        with conn.cursor() as cur:
-            cur.executemany(
-                queries["insert_path_change"],
-                [
-                    {"workspace_id": ws, "revision_id": revision_id, "seq": seq, "path": c.path,
-                     "change": c.change, "old_path": c.old_path, "new_path": c.new_path,
-                     "content_id": c.content_id}
-                    for c in changes
-                ],
+    def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None]) -> None:
+        """Raise PathExists if applying ``effective`` to HEAD would put a document under a document
+        (possible when a concurrent revision created a file where this draft made a folder)."""
+        repo, folders_ok = self.repository, set()
+        for path, blob in effective.items():
+            if blob is None:
+                continue
+            parts = path.split("/")
+            for i in range(2, len(parts)):
+                folder = "/".join(parts[:i])
+                if folder in folders_ok:
+                    continue
+                if (effective[folder] if folder in effective else repo.lookup(head_tree, folder)) is not None:
+                    raise PathExists(f"cannot write /{path}: /{folder} is a document (changed meanwhile)")
+                folders_ok.add(folder)
+            if repo.is_folder(head_tree, path) and any(
+                effective.get(p, b) is not None for p, b in repo.walk(head_tree, path)
+            ):
+                raise PathExists(f"cannot write /{path}: it became a folder holding documents meanwhile")
+
+    def _workspace_row(self, conn: psycopg.Connection) -> dict:
+        row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        if row is None:
+            conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        return row
+
+    def _catch_up(self, conn: psycopg.Connection, workspace: dict) -> list[Revision]:
+        """Under the write lock: record revisions git has and Postgres lacks, defer their jobs, and
+        refresh the working tree for the paths they touched (a crashed writer may have left it)."""
+        missing = record_missing(conn, self.repository, workspace)
+        if missing:
+            defer_convergence(conn, self.workspace_id)
+            self.repository.refresh_worktree(
+                _worktree_changes([c for r in missing for c in r.changes]).items()
             )
-        conn.execute(queries["advance_workspace_head"], {"workspace_id": ws, "revision_id": revision_id, "seq": seq})
-        defer_convergence(conn, ws)
+        return [
+            Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
+                     tuple(c.virtual() for c in r.changes))
+            for r in missing
+        ]
+
+    def reconcile(self) -> list[Revision]:
+        """Record every revision git has and Postgres lacks, with history rows and deferred
+        projection/index jobs (SPEC §3; the periodic sweep and ``kb fsck`` call this).
+
+        Cheap when nothing is missing (one row read, no lock). Returns the revisions recorded,
+        oldest first (virtual paths). Raises WorkspaceNotFound, HistoryDiverged, LockTimeout.
+        """
+        repo = self.repository
+        with database.transaction(self.database_url) as conn:
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        if row is not None and row["head_revision"] == repo.head():
+            return []
+        with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
+            return self._catch_up(conn, self._workspace_row(conn))
+
+    def revert(self, revision: str, author: str, committer: str | None = None,
+               message: str | None = None) -> Revision | None:
+        """Record a new forward revision that puts every path ``revision`` touched back to its state
+        in ``revision``'s parent (SPEC §3). A recorded move is undone as a move when the moved
+        document is still where the revision put it. Returns None when there is nothing to undo.
+
+        Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
+        path to restore is now a folder holding documents, LockTimeout.
+        """
+        repo = self.repository
+        target = repo.commit(revision)
+        if revision not in repo.ancestry(repo.head()):
+            raise RevisionNotFound(f"revision {revision} is not in workspace {self.workspace_id}'s history")
+        parent_tree = repo.tree_id(target.parents[0].decode()) if target.parents else None
+        changes = self.list_changes(revision)
+        first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
+        text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
+        with self.transaction(text, author, committer) as draft:
+            for change in changes:
+                if (change.change == "moved" and draft.content_id(change.path) == change.content_id
+                        and not draft.exists(change.old_path)):
+                    draft.move(change.path, change.old_path)
+            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p}
+            for path in sorted(touched):
+                blob = repo.lookup(parent_tree, path[1:])
+                if blob is None:
+                    if draft.exists(path):
+                        draft.remove(path)
+                elif draft.content_id(path) != blob:
+                    draft.write(path, repo.blob(blob), allow_keep=True)
+        return draft.revision
+
+    def restore(self, path: str | StorePath, revision: str, author: str, committer: str | None = None,
+                message: str | None = None) -> Revision | None:
+        """Bring one document back as it was at ``revision``, as a new forward revision (SPEC §3).
+
+        Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
+        DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
+        """
+        data = self.read_as_of(revision, path)
+        virtual = StorePath.parse(str(path), allow_keep=True).virtual
+        text = message or f"restore {virtual} from revision {revision[:12]}"
+        with self.transaction(text, author, committer) as draft:
+            draft.write(virtual, data, allow_keep=True)
+        return draft.revision
 
 
-def defer_convergence(conn, workspace_id: int) -> None:
+def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
     """Defer the projection and index jobs for a workspace in ``conn``'s transaction (SPEC §3, §7).
 
     Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.

@@ -1,0 +1,222 @@
+"""The change set of one store transaction (SPEC §3): ``write``/``remove``/``move`` in call order.
+
+A :class:`Draft` is an overlay on the tree the transaction started from. Every call sees the
+result of the calls before it, so:
+
+* move-then-write: ``move(a, b); write(a, x)`` leaves the old document at ``b`` and a new one at
+  ``a``; ``move(a, b); write(b, x)`` is the moved document with new bytes;
+* write-then-remove of a new file nets to nothing;
+* chained moves ``a → b → c`` collapse to one recorded move ``a → c``; ``a → b → a`` to nothing;
+* a move onto an existing document raises :class:`~kb.errors.PathExists` unless ``overwrite=True``;
+* a document can never be written under a path that is a document (``x.md/y.md`` when ``x.md`` is a
+  file) nor over a folder that still holds documents: git trees cannot hold both.
+
+Each path in the overlay remembers its *origin*: the base path whose document it holds (itself,
+another path after a move, or None for a document created in this draft). The store turns origins
+into recorded moves when it commits (``kb.store``); nothing here touches git beyond reading trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kb.errors import DocumentNotFound, PathExists
+from kb.paths import StorePath, blob_id
+
+if TYPE_CHECKING:
+    from kb.repository import Repository
+    from kb.store import Revision
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """A document whose bytes are already a blob in the object store (unchanged or moved)."""
+
+    id: str
+
+
+
+def repo_path_of(path: str | StorePath, *, allow_keep: bool = False) -> str:
+    """``documents/...`` for a caller path or StorePath; raises InvalidPath (SPEC §2.3)."""
+    if isinstance(path, StorePath):
+        return path.repo_path
+    return StorePath.parse(path, allow_keep=allow_keep).repo_path
+
+
+def virtual_of(path: str) -> str:
+    """``/documents/...`` for a repo path ``documents/...``."""
+    return "/" + path
+
+
+def _ancestors(repo_path: str) -> list[str]:
+    """Folders containing ``repo_path`` below the root, nearest last (``documents/a`` for ``documents/a/b``)."""
+    parts = repo_path.split("/")
+    return ["/".join(parts[:i]) for i in range(2, len(parts))]
+
+
+@dataclass
+class Draft:
+    """The change set of one transaction, applied in call order against the base tree.
+
+    Paths are caller paths (``/documents/...`` or ``documents/...``) or StorePaths, validated by
+    the path law (SPEC §2.3, raising InvalidPath). ``revision`` is set when the transaction's
+    block exits cleanly (None for a net-empty change).
+    """
+
+    _repo: "Repository"
+    _base_tree: bytes | None
+    _overlay: dict[str, "bytes | BlobRef | None"] = field(default_factory=dict)
+    _origin: dict[str, str | None] = field(default_factory=dict)
+    _dirs: set[str] = field(default_factory=set)
+    revision: "Revision | None" = None
+
+    # -- state -------------------------------------------------------------------------
+    def _current(self, repo_path: str) -> "bytes | BlobRef | None":
+        if repo_path in self._overlay:
+            return self._overlay[repo_path]
+        blob_id = self._repo.lookup(self._base_tree, repo_path)
+        return None if blob_id is None else BlobRef(blob_id)
+
+    def _origin_of(self, repo_path: str) -> str | None:
+        """The base path whose document sits at ``repo_path`` now (None: created in this draft)."""
+        if repo_path in self._origin:
+            return self._origin[repo_path]
+        return None if repo_path in self._overlay else repo_path
+
+    def _files_under(self, folder: str) -> list[str]:
+        prefix = folder + "/"
+        found = {p for p, _ in self._repo.walk(self._base_tree, folder)}
+        found |= {p for p in self._overlay if p.startswith(prefix)}
+        return sorted(p for p in found if self._current(p) is not None)
+
+    def _is_folder(self, repo_path: str) -> bool:
+        """True when documents exist under ``repo_path`` as of the calls so far."""
+        if repo_path not in self._dirs and not self._repo.is_folder(self._base_tree, repo_path):
+            return False
+        return bool(self._files_under(repo_path))
+
+    def _check_placeable(self, repo_path: str, virtual: str) -> None:
+        """Raise PathExists when a document cannot live at ``repo_path`` (git tree conflict)."""
+        for folder in _ancestors(repo_path):
+            if folder in self._dirs and folder not in self._overlay:
+                continue
+            if self._current(folder) is not None:
+                raise PathExists(
+                    f"cannot place {virtual}: {virtual_of(folder)} is a document, not a folder; "
+                    "move or remove it first"
+                )
+        if self._is_folder(repo_path):
+            raise PathExists(
+                f"cannot place a document at {virtual}: it is a folder holding documents; "
+                "choose another name or remove the folder first"
+            )
+
+    def _set(self, repo_path: str, value: "bytes | BlobRef | None", origin: str | None) -> None:
+        self._overlay[repo_path] = value
+        if value is None:
+            self._origin.pop(repo_path, None)
+            return
+        self._origin[repo_path] = origin
+        self._dirs.discard(repo_path)
+        for folder in _ancestors(repo_path):
+            self._dirs.add(folder)
+
+    # -- reads -------------------------------------------------------------------------
+    def exists(self, path: str | StorePath) -> bool:
+        """True when a document exists at ``path`` as of the calls made so far."""
+        return self._current(repo_path_of(path, allow_keep=True)) is not None
+
+    def read(self, path: str | StorePath) -> bytes:
+        """Bytes at ``path`` as of the calls made so far; raises DocumentNotFound."""
+        value = self._current(repo_path_of(path, allow_keep=True))
+        if value is None:
+            raise DocumentNotFound(f"no document at {path}")
+        return value if isinstance(value, bytes) else self._repo.blob(value.id)
+
+    def content_id(self, path: str | StorePath) -> str | None:
+        """The blob id (``git hash-object``) of the document at ``path`` now, or None if absent."""
+        value = self._current(repo_path_of(path, allow_keep=True))
+        if value is None:
+            return None
+        return value.id if isinstance(value, BlobRef) else blob_id(value)
+
+    # -- changes -----------------------------------------------------------------------
+    def write(self, path: str | StorePath, data: bytes | str, *, allow_keep: bool = False) -> None:
+        """Create or replace the document at ``path`` (a str is encoded as UTF-8).
+
+        Raises InvalidPath (path law, SPEC §2.3), PathExists when ``path`` is a folder holding
+        documents or lies under a path that is a document.
+        """
+        repo_path = repo_path_of(path, allow_keep=allow_keep)
+        if not isinstance(data, (bytes, bytearray, memoryview, str)):
+            raise TypeError(f"document bytes must be bytes or str, not {type(data).__name__}")
+        self._check_placeable(repo_path, str(path))
+        origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
+        self._set(repo_path, data.encode("utf-8") if isinstance(data, str) else bytes(data), origin)
+
+    def remove(self, path: str | StorePath) -> None:
+        """Remove the document, or every document of the folder, at ``path``.
+
+        Raises DocumentNotFound when neither exists as of the calls so far.
+        """
+        repo_path = repo_path_of(path, allow_keep=True)
+        targets = [repo_path] if self._current(repo_path) is not None else self._files_under(repo_path)
+        if not targets:
+            raise DocumentNotFound(f"cannot remove {path}: no such document or folder")
+        for target in targets:
+            self._set(target, None, None)
+
+    def move(self, src: str | StorePath, dst: str | StorePath, *, overwrite: bool = False) -> None:
+        """Move a document (or every document of a folder) from ``src`` to ``dst``; recorded as a
+        move, so history follows it and projection keeps the document id (SPEC §3, §6).
+
+        Raises DocumentNotFound when ``src`` does not exist; PathExists when a destination document
+        exists and ``overwrite`` is False, when a folder would move into itself, or when the
+        destination conflicts with the tree (see :meth:`write`).
+        """
+        src_path, dst_path = repo_path_of(src, allow_keep=True), repo_path_of(dst, allow_keep=True)
+        if src_path == dst_path:
+            if not self.exists(src_path) and not self._files_under(src_path):
+                raise DocumentNotFound(f"cannot move {src}: no such document or folder")
+            return
+        if self._current(src_path) is not None:
+            pairs = [(src_path, dst_path)]
+        else:
+            files = self._files_under(src_path)
+            if not files:
+                raise DocumentNotFound(f"cannot move {src}: no such document or folder")
+            if dst_path.startswith(src_path + "/"):
+                raise PathExists(f"cannot move folder {src} into itself ({dst})")
+            pairs = [(f, dst_path + f[len(src_path):]) for f in files]
+        sources = {old for old, _ in pairs}
+        for old, new in pairs:
+            if new not in sources and self._current(new) is not None and not overwrite:
+                raise PathExists(
+                    f"cannot move {virtual_of(old)} to {virtual_of(new)}: a document exists there "
+                    "(pass overwrite=True to replace it)"
+                )
+        moving = [(old, new, self._current(old), self._origin_of(old)) for old, new in pairs]
+        for old, _, _, _ in moving:
+            self._set(old, None, None)
+        try:
+            for _, new, _, _ in moving:
+                self._check_placeable(new, virtual_of(new))
+        except PathExists:
+            for old, _, value, origin in moving:  # undo: a failed call changes nothing
+                self._set(old, value, origin)
+            raise
+        for _, new, value, origin in moving:
+            self._set(new, value, origin)
+
+    def is_empty(self) -> bool:
+        """True when no change has been made (the net change may still be empty)."""
+        return not self._overlay
+
+    def moves(self) -> dict[str, str]:
+        """``{destination: base path}`` for documents that now live elsewhere than they started."""
+        return {
+            new: origin for new, origin in self._origin.items()
+            if origin is not None and origin != new and self._overlay.get(new) is not None
+        }
+

@@ -1,0 +1,26 @@
+"""A documented test hook for crash tests (SPEC §14: "kill -9 at any step of a commit").
+
+Set ``KB_FAULT_POINT`` to a point name and the process SIGKILLs itself when it reaches that point,
+exactly as ``kill -9`` from outside would, at a deterministic step. It is read from the environment
+at each call (not from Settings) so a test can arm it in a subprocess only. Unset → no effect.
+
+Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
+
+* ``objects_written`` — tree and commit objects are in the object store, the ref is not moved;
+* ``ref_advanced`` — the branch ref points at the new revision, the working tree is not refreshed
+  and Postgres has not committed the revision rows;
+* ``before_pg_commit`` — the working tree is refreshed, Postgres has not committed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+COMMIT_POINTS = ("objects_written", "ref_advanced", "before_pg_commit")
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process if ``KB_FAULT_POINT`` equals ``name``; otherwise return at once."""
+    if os.environ.get("KB_FAULT_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,264 @@
+"""Issue 3: the store's transaction semantics (call order), reads, history, revert/restore,
+reconcile/fsck and the lock, checked against the real git CLI."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from conftest import git, run_cli
+
+from kb.errors import DocumentNotFound, InvalidPath, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
+from kb.knowledge_base import KnowledgeBase
+from kb.locks import locked_transaction
+from kb.paths import blob_id
+from kb.settings import Settings
+
+A, B, C = "/documents/a.md", "/documents/b.md", "/documents/c.md"
+
+
+def repo_of(kb, ws):
+    return kb.settings.knowledge_store / str(ws)
+
+
+def commit(kb, ws, *ops, message="test", overwrite=False):
+    kb.create_workspace(ws)
+    with kb.transaction(ws, message, "tester") as tx:
+        for op, *args in ops:
+            if op == "move":
+                tx.move(*args, overwrite=overwrite)
+            else:
+                getattr(tx, op)(*args)
+    return tx.revision
+
+
+def assert_git_clean(kb, ws):
+    repo = repo_of(kb, ws)
+    git(repo, "fsck", "--strict")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def tree(kb, ws):
+    return {p: kb.read(ws, p) for p in kb.list_paths(ws)}
+
+
+def test_call_order_semantics(kb):
+    rev = commit(kb, 1, ("write", A, b"one"), ("write", B, "two"))
+    assert rev.seq == 1 and {c.change for c in rev.changes} == {"added"}
+    # move then write at the old path: the document moves, a new one appears at the old path
+    rev = commit(kb, 1, ("move", A, C), ("write", A, b"new a"))
+    assert tree(kb, 1) == {A: b"new a", B: b"two", C: b"one"}
+    by_path = {c.path: c for c in rev.changes}
+    assert by_path[C].change == "moved" and by_path[C].old_path == A
+    assert by_path[A].change == "modified" and by_path[A].new_path == C
+    # move then write at the new path: the moved document gets the new bytes, still a move
+    rev = commit(kb, 1, ("move", B, "/documents/d.md"), ("write", "/documents/d.md", b"two v2"))
+    assert {c.path: (c.change, c.old_path) for c in rev.changes} == {
+        B: ("moved_away", None), "/documents/d.md": ("moved", B)}
+    # chained moves collapse; a -> b -> a nets to nothing
+    rev = commit(kb, 1, ("move", C, "/documents/x.md"), ("move", "/documents/x.md", "/documents/y.md"))
+    assert {c.path: c.change for c in rev.changes} == {C: "moved_away", "/documents/y.md": "moved"}
+    assert commit(kb, 1, ("move", A, C), ("move", C, A)) is None
+    # write then remove of a new file nets to nothing; remove then write back nets to nothing
+    assert commit(kb, 1, ("write", "/documents/tmp.md", b"t"), ("remove", "/documents/tmp.md")) is None
+    assert commit(kb, 1, ("remove", A), ("write", A, b"new a")) is None
+    assert_git_clean(kb, 1)
+    assert len(git(repo_of(kb, 1), "log", "--format=%H").split()) == 4
+
+
+def test_net_empty_on_unborn_repo_and_exception_records_nothing(kb):
+    assert commit(kb, 2, ("write", A, b"x"), ("remove", A)) is None
+    assert kb.head(2) is None and kb.history(2) == []
+    with pytest.raises(RuntimeError):
+        with kb.transaction(2, "boom", "t") as tx:
+            tx.write(A, b"x")
+            raise RuntimeError("caller failed")
+    assert kb.head(2) is None
+    with pytest.raises(DocumentNotFound):
+        commit(kb, 2, ("move", A, B))
+
+
+def test_move_onto_existing_and_tree_conflicts(kb):
+    commit(kb, 3, ("write", A, b"a"), ("write", B, b"b"), ("write", "/documents/f/x.md", b"x"))
+    with pytest.raises(PathExists, match="overwrite=True"):
+        commit(kb, 3, ("move", A, B))
+    rev = commit(kb, 3, ("move", A, B), overwrite=True)
+    assert tree(kb, 3) == {B: b"a", "/documents/f/x.md": b"x"}
+    assert {c.path: c.change for c in rev.changes} == {A: "moved_away", B: "moved"}
+    with pytest.raises(PathExists, match="is a document"):
+        commit(kb, 3, ("write", "/documents/b.md/under.md", b"no"))
+    with pytest.raises(PathExists, match="folder holding documents"):
+        commit(kb, 3, ("write", "/documents/f", b"no"))
+    with pytest.raises(PathExists, match="is a document"):
+        commit(kb, 3, ("move", "/documents/f/x.md", "/documents/b.md/x.md"))
+    with pytest.raises(PathExists, match="into itself"):
+        commit(kb, 3, ("move", "/documents/f", "/documents/f/g"))
+    # a folder emptied earlier in the same draft may become a document
+    rev = commit(kb, 3, ("remove", "/documents/f"), ("write", "/documents/f", b"now a file"))
+    assert tree(kb, 3) == {B: b"a", "/documents/f": b"now a file"}
+    # folder move keeps every document and records each move
+    commit(kb, 3, ("write", "/documents/g/1.md", b"1"), ("write", "/documents/g/h/2.md", b"2"))
+    rev = commit(kb, 3, ("move", "/documents/g", "/documents/k"))
+    assert {c.path for c in rev.changes if c.change == "moved"} == {"/documents/k/1.md", "/documents/k/h/2.md"}
+    for bad in ("/documents/../etc/passwd", "/documents/.git/config", "/notes/a.md", "/documents/x/.keep"):
+        with pytest.raises(InvalidPath):
+            commit(kb, 3, ("write", bad, b"x"))
+    assert_git_clean(kb, 3)
+
+
+def test_reads_history_follows_moves(kb):
+    r1 = commit(kb, 4, ("write", A, b"v1"))
+    r2 = commit(kb, 4, ("write", A, b"v2"), ("write", B, b"b"))
+    r3 = commit(kb, 4, ("move", A, C))
+    r4 = commit(kb, 4, ("write", C, b"v3"))
+    assert kb.read_as_of(4, r1.id, A) == b"v1"
+    assert kb.list_paths(4, r2.id) == {A: blob_id(b"v2"), B: blob_id(b"b")}
+    assert [(c.path, c.change, c.old_path) for c in kb.list_changes(4, r3.id)] == [
+        (A, "moved_away", None), (C, "moved", A)]
+    assert [r.id for r in kb.history(4, C)] == [r4.id, r3.id, r2.id, r1.id]
+    assert [r.id for r in kb.history(4, C, limit=2)] == [r4.id, r3.id]
+    assert [r.id for r in kb.history(4)] == [r4.id, r3.id, r2.id, r1.id]
+    follow = git(repo_of(kb, 4), "log", "--follow", "--format=%H", "--", C[1:]).split()
+    assert follow == [r.id for r in kb.history(4, C)]
+    with pytest.raises(RevisionNotFound):
+        kb.read_as_of(4, "0" * 40, A)
+
+
+def test_revert_and_restore(kb, kb_env):
+    r1 = commit(kb, 5, ("write", A, b"a1"), ("write", B, b"b1"))
+    r2 = commit(kb, 5, ("write", A, b"a2"), ("remove", B), ("write", C, b"c"))
+    r3 = commit(kb, 5, ("move", A, "/documents/moved.md"))
+    undone = kb.revert(5, r3.id, author="alice")
+    assert tree(kb, 5) == {A: b"a2", C: b"c"}
+    assert {c.path: c.change for c in undone.changes} == {"/documents/moved.md": "moved_away", A: "moved"}
+    assert kb.revert(5, r3.id) is None  # already undone
+    out = run_cli(kb_env, "revert", r2.id, "--workspace", "5").stdout
+    assert out.startswith("revision ")
+    assert tree(kb, 5) == {A: b"a1", B: b"b1"}
+    assert kb.history(5, limit=1)[0].message.startswith('Revert "test"')
+    commit(kb, 5, ("remove", B))
+    out = run_cli(kb_env, "restore", B, "--revision", r1.id, "--workspace", "5").stdout
+    assert out.startswith("revision ") and kb.read(5, B) == b"b1"
+    assert kb.restore(5, B, r1.id) is None
+    err = run_cli(kb_env, "restore", C, "--revision", r1.id, "--workspace", "5", check=False)
+    assert err.returncode == 1 and "no document" in err.stderr
+    err = run_cli(kb_env, "revert", "f" * 40, "--workspace", "5", check=False)
+    assert err.returncode == 1 and "not in this workspace" in err.stderr
+    assert_git_clean(kb, 5)
+    log = run_cli(kb_env, "log", "--workspace", "5", A).stdout
+    assert "moved" in log
+
+
+def test_lock_timeout_names_the_workspace(kb, settings):
+    commit(kb, 6, ("write", A, b"a"))
+    quick = KnowledgeBase(settings.model_copy(update={"lock_timeout": 0.2}), kb.database_url)
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with locked_transaction(kb.database_url, 6, settings):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(10)
+    try:
+        with pytest.raises(LockTimeout) as caught:
+            with quick.transaction(6, "blocked", "t") as tx:
+                tx.write(B, b"b")
+        assert caught.value.workspace_id == 6 and "workspace 6" in str(caught.value)
+    finally:
+        release.set()
+        thread.join()
+    assert kb.list_paths(6) == {A: blob_id(b"a")}
+
+
+def _object_files(repo):
+    return sorted(p for p in (repo / ".git" / "objects").rglob("*") if p.is_file())
+
+
+def test_postgres_unreachable_writes_nothing_to_git(kb, settings):
+    commit(kb, 7, ("write", A, b"a"))
+    repo = repo_of(kb, 7)
+    before = (_object_files(repo), kb.head(7))
+    dead = KnowledgeBase(settings.model_copy(update={"database_url": "postgresql://kb@127.0.0.1:1/kb"}),
+                         "postgresql://kb@127.0.0.1:1/kb?connect_timeout=2")
+    from kb.errors import DatabaseUnavailable
+
+    with pytest.raises(DatabaseUnavailable):
+        with dead.transaction(7, "m", "t") as tx:
+            tx.write(B, b"never stored")
+    assert (_object_files(repo), kb.head(7)) == before
+    assert_git_clean(kb, 7)
+
+
+def test_reconcile_records_revisions_git_has(kb, kb_env):
+    commit(kb, 8, ("write", A, b"a"))
+    repo = repo_of(kb, 8)
+    # a revision made behind kb's back (as a crashed writer would leave it): git has it, Postgres not
+    (repo / "documents" / "b.md").write_bytes(b"b from git")
+    git(repo, "mv", "documents/a.md", "documents/c.md")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=git", "-c", "user.email=g@x", "commit", "-q", "-m", "outside")
+    outside = git(repo, "rev-parse", "HEAD").strip()
+    out = run_cli(kb_env, "fsck", "--workspace", "8").stdout
+    assert "git fsck --strict: ok" in out and f"recorded revision {outside}" in out
+    assert kb.history(8, limit=1)[0].id == outside
+    changes = {c.path: (c.change, c.old_path) for c in kb.list_changes(8, outside)}
+    assert changes == {A: ("moved_away", None), C: ("moved", A), B: ("added", None)}
+    assert kb.reconcile(8) == []
+    assert "clean" in run_cli(kb_env, "fsck", "--workspace", "8").stdout
+    # a stale working tree is repaired
+    (repo / "documents" / "c.md").write_bytes(b"scribbled")
+    (repo / "documents" / "stray.md").write_bytes(b"stray")
+    out = run_cli(kb_env, "fsck", "--workspace", "8").stdout
+    assert "repaired working tree: 2 paths" in out
+    assert_git_clean(kb, 8)
+    # the next commit after an unrecorded revision records it first (history stays linear)
+    git(repo, "rm", "-q", "documents/b.md")
+    git(repo, "-c", "user.name=git", "-c", "user.email=g@x", "commit", "-q", "-m", "outside 2")
+    rev = commit(kb, 8, ("write", "/documents/d.md", b"d"))
+    seqs = [r.seq for r in kb.history(8)]
+    assert seqs == [4, 3, 2, 1] and rev.seq == 4
+
+
+@pytest.fixture
+def redis_settings(settings):
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis server at {settings.redis_url} (the lead's .ci/run starts one)")
+    return settings.model_copy(update={"lock_backend": "redis", "lock_timeout": 0.3, "lock_ttl": 5.0})
+
+
+def test_redis_lock_backend(kb, redis_settings):
+    from kb.redis_lock import RedisLock
+
+    rkb = KnowledgeBase(redis_settings, kb.database_url)
+    commit(rkb, 9, ("write", A, b"a"))
+    lock = RedisLock(redis_settings)
+    key = RedisLock.key(9)
+    assert lock._redis.get(key) is None  # released after the commit
+    with lock.hold(9) as token:
+        assert lock._redis.get(key).decode() == token
+        assert 0 < lock._redis.pttl(key) <= 5000
+        with pytest.raises(LockTimeout) as caught:
+            commit(rkb, 9, ("write", B, b"b"))
+        assert caught.value.backend == "redis" and caught.value.workspace_id == 9
+        lock._redis.set(key, "someone-else")  # our token expired and another holder took it
+    assert lock._redis.get(key) == b"someone-else"  # token-owned release left it alone
+    lock._redis.delete(key)
+    down = KnowledgeBase(redis_settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"}), kb.database_url)
+    head = kb.head(9)
+    with pytest.raises(LockUnavailable, match="no write was made"):
+        commit(down, 9, ("write", B, b"b"))
+    assert kb.head(9) == head and kb.list_paths(9) == {A: blob_id(b"a")}
+
+
+def test_cli_fsck_unknown_workspace(kb_env):
+    out = run_cli(kb_env, "fsck", "--workspace", "99", check=False)
+    assert out.returncode == 1 and "does not exist" in out.stderr
+    assert os.environ.get("KB_FAULT_POINT") is None
