@@ -144,7 +144,9 @@ def record_missing(conn: psycopg.Connection, repo: Repository, workspace: dict) 
         raise HistoryDiverged(
             f"workspace {workspace['id']}: Postgres records head {recorded} but git's branch "
             f"(head {head}) does not contain it; the repository was replaced or rewritten. "
-            "Restore the repository, or rebuild the history rows from git (see README, kb fsck)."
+            "Restore the repository from a backup; or, accepting that document rows and the index are "
+            f"rebuilt, delete the rows (DELETE FROM kb.workspaces WHERE id = {workspace['id']}) and run "
+            f"`kb fsck --workspace {workspace['id']}` to record git's history again."
         )
     seq, parent, recorded_revisions = workspace["revision_count"], recorded, []
     for revision_id in chain:

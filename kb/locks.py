@@ -35,9 +35,10 @@ def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: i
     and must be rolled back by the caller's context). Raises LockUnavailable if the connection died.
     """
     try:
-        conn.execute(queries["set_lock_timeout"], {"timeout": f"{int(timeout * 1000)}ms"})
-        conn.execute(queries["lock_workspace_write"], {"namespace": namespace, "workspace_id": workspace_id})
-        conn.execute(queries["set_lock_timeout"], {"timeout": "0"})
+        with conn.pipeline():  # one round trip: bound the wait, lock, unbound later statements
+            conn.execute(queries["set_lock_timeout"], {"timeout": f"{max(1, int(timeout * 1000))}ms"})
+            conn.execute(queries["lock_workspace_write"], {"namespace": namespace, "workspace_id": workspace_id})
+            conn.execute(queries["set_lock_timeout"], {"timeout": "0"})
     except psycopg.errors.LockNotAvailable:
         raise LockTimeout(workspace_id, timeout) from None
     except psycopg.OperationalError as exc:

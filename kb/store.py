@@ -179,8 +179,9 @@ class KnowledgeStore:
         with locked_transaction(self.database_url, self.workspace_id, self.settings, lambda: self._stage(draft)) \
                 as (conn, staged):
             repo.clear_stale_locks()
-            self._catch_up(conn, self._workspace_row(conn))
             workspace = self._workspace_row(conn)
+            if self._catch_up(conn, workspace):
+                workspace = self._workspace_row(conn)
             head = repo.head()
             head_tree = repo.tree_id(head)
             effective: dict[str, str | None] = {}
@@ -209,8 +210,9 @@ class KnowledgeStore:
             fault_point("objects_written")
             revision = Revision(commit.id.decode(), workspace["revision_count"] + 1, head, author, committer,
                                 text, None, ordered)
-            record_revision(conn, self.workspace_id, revision, commit.commit_time)
-            defer_convergence(conn, self.workspace_id)
+            with conn.pipeline():  # one round trip for the revision's rows and jobs
+                record_revision(conn, self.workspace_id, revision, commit.commit_time)
+                defer_convergence(conn, self.workspace_id)
             if not repo.advance(head, revision.id):
                 raise KbError(
                     f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
