@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +27,12 @@ from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, RevisionNotFound
+from kb.gitindex import IndexFile, UnsupportedIndex
 
 BRANCH = b"refs/heads/main"
 FILE_MODE = 0o100644
+LOOSE_LIMIT = 256
+"""Batches smaller than this are written as loose objects, larger ones as one pack."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Repository:
         self.path = Path(repo.path)
         # Trees are immutable: path lookups share a bounded cache of tree objects.
         self._tree_object = functools.lru_cache(maxsize=8192)(repo.object_store.__getitem__)
+        self._index = IndexFile(self.path / ".git" / "index")
 
     @classmethod
     def open(cls, path: Path) -> "Repository":
@@ -198,10 +203,20 @@ class Repository:
         return blob.id.decode()
 
     def add_blobs(self, blobs: Iterable[bytes]) -> list[str]:
-        """Store many blobs in one pack-free batch; returns their ids in order."""
+        """Store many blobs (loose, or one pack for a large batch); returns their ids in order."""
         objects = [Blob.from_string(data) for data in blobs]
-        self._repo.object_store.add_objects([(obj, None) for obj in objects])
+        self._add_objects(objects)
         return [obj.id.decode() for obj in objects]
+
+    def _add_objects(self, objects: Sequence) -> None:
+        """Store objects: loose when few (a pack per small commit would pile up thousands of
+        packs and slow every lookup), one pack for a large batch (an import)."""
+        store = self._repo.object_store
+        if len(objects) < LOOSE_LIMIT:
+            for obj in objects:
+                store.add_object(obj)
+        else:
+            store.add_objects([(obj, None) for obj in objects])
 
     def build_tree(self, base_tree: bytes | None, changes: Sequence[tuple[str, str | None]]) -> bytes:
         """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied.
@@ -226,7 +241,7 @@ class Repository:
         if root is None:
             root = Tree()
             new_objects.append(root)
-        self._repo.object_store.add_objects([(obj, None) for obj in new_objects])
+        self._add_objects(new_objects)
         return root.id
 
     def _apply(self, tree_id: bytes | None, nested: dict, new_objects: list) -> Tree | None:
@@ -296,32 +311,56 @@ class Repository:
             removed.append(str(lock.relative_to(self.path)))
         return removed
 
-    def refresh_worktree(self, changes: Iterable[tuple[str, str | None]]) -> None:
-        """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1)."""
-        index = self._repo.open_index()
+    def refresh_worktree(
+        self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1).
+
+        ``changes``: ``(repo path, blob id or None to delete)``; ``data``: bytes already at hand
+        for some of those paths (saves re-reading blobs). Files are written to a temporary name
+        and renamed into place; folders left empty are removed. Call under the write lock.
+        """
+        changes = sorted(changes, key=lambda change: change[1] is not None)  # deletions first
+        try:
+            self._index.load()
+            index = self._index
+        except UnsupportedIndex:
+            index = None
+        fallback = self._repo.open_index() if index is None else None
         root = self.path
         for path, blob_id in changes:
             target = root / path
             if blob_id is None:
                 try:
                     target.unlink()
-                except FileNotFoundError:
+                except (FileNotFoundError, IsADirectoryError):
                     pass
-                if path.encode() in index:
-                    del index[path.encode()]
+                if index is not None:
+                    index.update(path.encode(), None, None)
+                elif path.encode() in fallback:
+                    del fallback[path.encode()]
                 parent = target.parent
                 while parent != root and parent.is_dir() and not any(parent.iterdir()):
                     parent.rmdir()
                     parent = parent.parent
             else:
+                if target.is_dir():  # a folder became a document: its files are deleted above
+                    shutil.rmtree(target)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = target.with_name(f".{target.name}.kbtmp")
                 if len(tmp.name.encode()) > 255:
                     tmp = target.parent / f".kbtmp-{os.getpid()}"
-                tmp.write_bytes(self.blob(blob_id))
+                tmp.write_bytes(data[path] if data is not None and path in data else self.blob(blob_id))
                 os.replace(tmp, target)
-                index[path.encode()] = index_entry_from_stat(os.lstat(target), blob_id.encode(), FILE_MODE)
-        index.write()
+                st = os.lstat(target)
+                if index is not None:
+                    index.update(path.encode(), st, blob_id)
+                else:
+                    fallback[path.encode()] = index_entry_from_stat(st, blob_id.encode(), FILE_MODE)
+        if index is not None:
+            index.write()
+        else:
+            fallback.write()
 
     def reset_worktree(self) -> None:
         """Rebuild the whole working tree and index from HEAD (``kb fsck`` repair)."""

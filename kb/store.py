@@ -219,7 +219,9 @@ class KnowledgeStore:
                     "another process writes without the lock. Nothing was recorded."
                 )
             fault_point("ref_advanced")
-            repo.refresh_worktree(effective.items())
+            repo.refresh_worktree(
+                effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)}
+            )
             fault_point("before_pg_commit")
         return Revision(revision.id, revision.seq, head, author, committer, text, None,
                         tuple(c.virtual() for c in ordered))

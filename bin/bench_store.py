@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""Store benchmark (SPEC §14, issue 3): kb vs the git CLI on the same repository, ratios in one run.
+
+Builds a workspace of ``--documents`` documents (default 20,000) over ``--revisions`` revisions
+(default 1,000: one import, then revisions editing, adding and moving a few documents each), then
+times, as medians over ``--repeat`` runs:
+
+* a 1-file commit: ``kb.transaction`` writing one document  vs  ``git commit -q -m … -- path``
+  (index refresh + commit, the git CLI's way to record a one-file change) on the same repository;
+* a per-document history: ``kb.history(path)`` (Postgres rows)  vs  ``git log --format=%H -- path``.
+
+Prints the figures and the ratios kb/git (≤ 1.0 means kb is at least as fast). Postgres:
+``KB_DATABASE_URL`` when set (a fresh database is created there), else an embedded server in a
+temporary directory. Example::
+
+    python bin/bench_store.py --documents 20000 --revisions 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg  # noqa: E402
+
+from kb.knowledge_base import KnowledgeBase  # noqa: E402
+from kb.settings import Settings  # noqa: E402
+
+WS = 1
+
+
+def median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def database(workdir: Path) -> tuple[str, callable]:
+    """A fresh database URL and a cleanup function."""
+    from kb.database import start_embedded, stop_embedded
+
+    server = os.environ.get("KB_DATABASE_URL")
+    started = None
+    if not server:
+        started = workdir / "pg"
+        server = start_embedded(started, database="postgres")
+    name = f"kb_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    info = psycopg.conninfo.conninfo_to_dict(server)
+    info["dbname"] = name
+    url = psycopg.conninfo.make_conninfo(**info)
+
+    def cleanup() -> None:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        if started:
+            stop_embedded(started)
+
+    return url, cleanup
+
+
+def build(kb: KnowledgeBase, documents: int, revisions: int, rng: random.Random) -> list[str]:
+    """Import ``documents`` documents, then ``revisions - 1`` small revisions; returns the paths."""
+    paths = [f"/documents/area {i % 40}/topic {i % 400}/note {i}.md" for i in range(documents)]
+    kb.create_workspace(WS)
+    start = time.perf_counter()
+    with kb.transaction(WS, "import", "bench") as tx:
+        for i, path in enumerate(paths):
+            tx.write(path, f"# Note {i}\n\nbody of note {i}\n" * 4)
+    print(f"built revision 1 ({documents} documents) in {time.perf_counter() - start:.1f}s", flush=True)
+    start = time.perf_counter()
+    for r in range(2, revisions + 1):
+        with kb.transaction(WS, f"edit {r}", "bench") as tx:
+            for path in rng.sample(paths, 3):
+                tx.write(path, f"# edited in {r}\n{rng.random()}\n")
+            tx.write(paths[0], f"hot document, revision {r}\n")  # one document with a long history
+            if r % 10 == 0:
+                i = rng.randrange(1, len(paths))
+                new = paths[i].replace("note ", f"moved {r} note ")
+                tx.move(paths[i], new)
+                paths[i] = new
+        if r % 200 == 0:
+            print(f"  {r} revisions ({time.perf_counter() - start:.0f}s)", flush=True)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=20_000)
+    parser.add_argument("--revisions", type=int, default=1_000)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    workdir = Path(tempfile.mkdtemp(prefix="kb-bench-"))
+    url, cleanup = database(workdir)
+    try:
+        kb = KnowledgeBase.open(Settings(database_url=url, storage_root=workdir / "storage", embedding_model="hashing"))
+        paths = build(kb, args.documents, args.revisions, rng)
+        repo = kb.settings.knowledge_store / str(WS)
+        assert git(repo, "status", "--porcelain") == ""
+        counter = iter(range(10**9))
+
+        def kb_commit() -> None:
+            with kb.transaction(WS, "bench commit", "bench") as tx:
+                tx.write(paths[1], f"kb commit {next(counter)}\n")
+
+        def kb_history() -> None:
+            assert len(kb.history(WS, paths[0], limit=10_000)) >= args.revisions
+
+        def git_history() -> None:
+            assert len(git(repo, "log", "--format=%H", "--", paths[0][1:]).split()) >= args.revisions
+
+        figures = {"kb commit (1 file)": median_ms(kb_commit, args.repeat),
+                   "kb history (1 document)": median_ms(kb_history, args.repeat),
+                   "git log -- path": median_ms(git_history, args.repeat)}
+        target = repo / paths[2][1:]
+
+        def git_commit() -> None:
+            target.write_text(f"git commit {next(counter)}\n")
+            git(repo, "-c", "user.name=bench", "-c", "user.email=b@x", "commit", "-q", "-m", "git bench", "--",
+                paths[2][1:])
+
+        figures["git commit -- path (1 file)"] = median_ms(git_commit, args.repeat)
+        recorded = kb.reconcile(WS)  # the git CLI's commits are recorded like any outside revision
+        assert len(recorded) == args.repeat
+        print(f"\nworkspace: {len(kb.list_paths(WS))} documents, {len(kb.history(WS, limit=10**6))} revisions, "
+              f"history of {paths[0]}: {len(kb.history(WS, paths[0], limit=10**6))} revisions")
+        for name, value in figures.items():
+            print(f"{name:<32} {value:8.1f} ms (median of {args.repeat})")
+        print(f"{'ratio commit kb/git':<32} {figures['kb commit (1 file)'] / figures['git commit -- path (1 file)']:8.2f}")
+        print(f"{'ratio history kb/git':<32} {figures['kb history (1 document)'] / figures['git log -- path']:8.2f}")
+    finally:
+        cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
