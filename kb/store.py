@@ -294,7 +294,11 @@ class KnowledgeStore:
         """
         repo = self.repository
         target = repo.commit(revision)
-        if revision not in repo.ancestry(repo.head()):
+        with database.transaction(self.database_url) as conn:
+            recorded = conn.execute(
+                queries["revision_exists"], {"workspace_id": self.workspace_id, "revision_id": revision}
+            ).fetchone()
+        if recorded is None and revision not in repo.ancestry(repo.head()):
             raise RevisionNotFound(f"revision {revision} is not in workspace {self.workspace_id}'s history")
         parent_tree = repo.tree_id(target.parents[0].decode()) if target.parents else None
         changes = self.list_changes(revision)

@@ -1,4 +1,5 @@
-"""Issue 3 property test (SPEC §3): random sequences of write/remove/move across transactions.
+"""Issue 3 property test (SPEC §3): random sequences of write/remove/move (of documents and of
+whole folders) across transactions.
 
 After every transaction the tree at HEAD equals a model dict (applied in call order, with the
 same errors), ``git ls-tree -r`` agrees, ``git fsck --strict`` is clean and ``git status`` is clean.
@@ -18,6 +19,7 @@ from kb.errors import DocumentNotFound, PathExists
 from kb.paths import blob_id
 
 PATHS = ["/documents/a.md", "/documents/b.md", "/documents/f/c.md", "/documents/f/d.md", "/documents/g/h/e.md"]
+FOLDERS = ["/documents/f", "/documents/g", "/documents/g/h", "/documents/k"]
 _workspaces = itertools.count(100)
 _contents = itertools.count()
 
@@ -25,6 +27,8 @@ op = st.one_of(
     st.tuples(st.just("write"), st.sampled_from(PATHS)),
     st.tuples(st.just("remove"), st.sampled_from(PATHS)),
     st.tuples(st.just("move"), st.sampled_from(PATHS), st.sampled_from(PATHS), st.booleans()),
+    st.tuples(st.just("remove_folder"), st.sampled_from(FOLDERS)),
+    st.tuples(st.just("move_folder"), st.sampled_from(FOLDERS), st.sampled_from(FOLDERS), st.booleans()),
 )
 transaction = st.tuples(st.lists(op, max_size=5), st.sampled_from([False, False, False, True]))  # (ops, abort)
 
@@ -42,6 +46,27 @@ def apply_model(model: dict, operation) -> type[Exception] | None:
         if path not in model:
             return DocumentNotFound
         del model[path]
+    elif kind == "remove_folder":
+        inside = [p for p in model if p.startswith(path + "/")]
+        if not inside:
+            return DocumentNotFound
+        for p in inside:
+            del model[p]
+    elif kind == "move_folder":
+        dst, overwrite = rest
+        inside = sorted(p for p in model if p.startswith(path + "/"))
+        if not inside:
+            return DocumentNotFound
+        if dst == path:
+            return None
+        if dst.startswith(path + "/"):
+            return PathExists
+        pairs = [(p, dst + p[len(path):]) for p in inside]
+        if not overwrite and any(new in model and new not in inside for _, new in pairs):
+            return PathExists
+        values = {old: model.pop(old) for old, _ in pairs}
+        for old, new in pairs:
+            model[new] = values[old]
     else:
         dst, overwrite = rest
         if path not in model:
@@ -98,7 +123,8 @@ def test_random_transactions_match_model_and_git(kb, transactions):
                     expected_error = apply_model(trial, operation)
                     kind, path, *rest = operation
                     args = (path, trial.get(path, b"")) if kind == "write" else (path, *rest[:1])
-                    kwargs = {"overwrite": rest[1]} if kind == "move" else {}
+                    kwargs = {"overwrite": rest[1]} if kind.startswith("move") else {}
+                    kind = kind.removesuffix("_folder")
                     if expected_error is None:
                         getattr(tx, kind)(*args, **kwargs)
                     else:
@@ -108,7 +134,7 @@ def test_random_transactions_match_model_and_git(kb, transactions):
                             pass
                         else:
                             raise AssertionError(f"{operation} should raise {expected_error.__name__}")
-                    for p in PATHS:  # the draft sees its own calls
+                    for p in {*PATHS, *trial}:  # the draft sees its own calls
                         assert tx.exists(p) == (p in trial)
                 if abort:
                     raise Abort
@@ -127,6 +153,8 @@ def test_random_transactions_match_model_and_git(kb, transactions):
             assert {"/" + line.split("\t")[1]: line.split()[2] for line in listed} == kb.list_paths(ws)
             assert all(line.startswith("100644 blob ") for line in listed)
             git(repo, "fsck", "--strict")
+            # the index kb maintains describes HEAD's tree exactly
+            assert git(repo, "write-tree") == git(repo, "rev-parse", "HEAD^{tree}")
         assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
     for path in sorted(model)[:3]:
         history = kb.history(ws, path, limit=1000)
