@@ -4,7 +4,9 @@ The default write lock is ``pg_advisory_xact_lock(WRITE_LOCK_NAMESPACE, workspac
 inside the Postgres transaction that records the revision: it is released with that transaction
 (or with a crashed holder's connection), so there is no TTL to outlive. The wait is bounded by
 ``KB_LOCK_TIMEOUT`` (seconds) and then raises LockTimeout. If Postgres is unreachable the
-transaction never opens, so no git write happens (fail closed).
+transaction never opens, so no git write happens (fail closed). ``locked_transaction`` is the one
+entry point writers use; with ``KB_LOCK_BACKEND=redis`` it holds the Redis lock until the Postgres
+transaction has committed.
 """
 
 from __future__ import annotations
@@ -43,23 +45,6 @@ def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: i
         raise LockTimeout(workspace_id, timeout) from None
     except psycopg.OperationalError as exc:
         raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
-
-
-@contextlib.contextmanager
-def write_lock(conn: psycopg.Connection, workspace_id: int, settings: Settings) -> Iterator[None]:
-    """Hold the workspace write lock for the duration of the block (SPEC §4).
-
-    With ``KB_LOCK_BACKEND=postgres`` (default) this is the transaction-scoped advisory lock in
-    ``conn``; with ``redis`` a token-owned Redis lock is held as well, around the same block.
-    """
-    if settings.lock_backend == "redis":
-        from kb.redis_lock import RedisLock
-
-        with RedisLock(settings).hold(workspace_id):
-            yield
-        return
-    advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
-    yield
 
 
 @contextlib.contextmanager
