@@ -83,7 +83,7 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
     if not report.git_ok:
         return report
     with locked_transaction(store.database_url, store.workspace_id, store.settings) as (conn, _):
-        report.stale_locks_removed = repo.clear_stale_locks()
+        report.stale_locks_removed = repo.clear_stale_locks(min_age=0)
         report.recorded = store._catch_up(conn, store._workspace_row(conn))
         stale_paths = stale_worktree_paths(store)
         if stale_paths:

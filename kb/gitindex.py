@@ -19,12 +19,15 @@ import bisect
 import hashlib
 import os
 import struct
+import time
 from pathlib import Path
 
 _HEADER = struct.Struct(">4sLL")
 _ENTRY = struct.Struct(">LLLLLLLLLL20sH")  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
 _EXTENDED = 0x4000
 _NAMEMASK = 0x0FFF
+LOCK_WAIT_SECONDS = 2.0
+"""How long ``write`` waits for another process's ``index.lock`` before giving up."""
 _SAFE_EXTENSIONS = {b"TREE", b"UNTR", b"EOIE", b"IEOT", b"REUC", b"FSMN"}
 
 
@@ -113,7 +116,15 @@ class IndexFile:
         """Write header + entries + SHA-1 through ``index.lock`` and an atomic rename."""
         body = _HEADER.pack(b"DIRC", self.version, len(self.entries)) + b"".join(self.entries)
         lock = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:  # a person's `git status` may hold index.lock for a moment
+            try:
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                break
+            except FileExistsError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
         try:
             view = memoryview(body + hashlib.sha1(body).digest())
             while view:

@@ -21,16 +21,19 @@ from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import NotTreeError
+from dulwich.file import FileLocked
 from dulwich.index import index_entry_from_stat
 from dulwich.object_store import tree_lookup_path
 from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
-from kb.errors import DocumentNotFound, RevisionNotFound
+from kb.errors import DocumentNotFound, KbError, RevisionNotFound
 from kb.gitindex import IndexFile, UnsupportedIndex
 
 BRANCH = b"refs/heads/main"
 FILE_MODE = 0o100644
+STALE_LOCK_SECONDS = 30.0
+"""Age after which a git lock file found under the workspace write lock is a killed writer's."""
 LOOSE_LIMIT = 256
 """Batches smaller than this are written as loose objects, larger ones as one pack."""
 
@@ -288,23 +291,39 @@ class Repository:
         return commit
 
     def advance(self, old: str | None, new: str) -> bool:
-        """Compare-and-swap the branch ref from ``old`` to ``new``; False if it moved meanwhile."""
-        return self._repo.refs.set_if_equals(
-            BRANCH, old.encode() if old else None, new.encode(), message=b"kb: commit"
-        )
+        """Compare-and-swap the branch ref from ``old`` to ``new``; False if it moved meanwhile.
 
-    def clear_stale_locks(self) -> list[str]:
-        """Remove git lock files a killed writer left (``index.lock``, ``refs/heads/main.lock`` …).
+        Raises KbError when git's ref lock file is held (a git command run by hand, or a killed
+        writer's leftover younger than STALE_LOCK_SECONDS).
+        """
+        try:
+            return self._repo.refs.set_if_equals(
+                BRANCH, old.encode() if old else None, new.encode(), message=b"kb: commit"
+            )
+        except FileLocked:
+            raise KbError(
+                f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists): a git command "
+                f"is running there, or a killed writer left it (removed automatically after "
+                f"{STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was recorded; retry."
+            ) from None
 
-        Call only while holding the workspace write lock: every kb writer holds it while git lock
-        files exist, so any found then is stale. Returns the removed paths relative to the repo.
+    def clear_stale_locks(self, min_age: float = STALE_LOCK_SECONDS) -> list[str]:
+        """Remove git lock files (``index.lock``, ``refs/heads/main.lock`` …) older than ``min_age``
+        seconds: leftovers of a killed writer.
+
+        Call only while holding the workspace write lock, so no kb writer owns one; the age guard
+        spares a lock a person's own git command (``git status``) holds for a moment. ``kb fsck``
+        passes 0. Returns the removed paths relative to the repository.
         """
         git_dir = self.path / ".git"
         removed = []
+        now = time.time()
         for lock in [git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")] + sorted(
             (git_dir / "refs").rglob("*.lock")
         ):
             try:
+                if now - lock.stat().st_mtime < min_age:
+                    continue
                 lock.unlink()
             except FileNotFoundError:
                 continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from kb.settings import Settings
 from kb.sql import queries
 
 __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
+
+log = logging.getLogger(__name__)
 
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
@@ -219,9 +222,13 @@ class KnowledgeStore:
                     "another process writes without the lock. Nothing was recorded."
                 )
             fault_point("ref_advanced")
-            repo.refresh_worktree(
-                effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)}
-            )
+            try:
+                repo.refresh_worktree(
+                    effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)}
+                )
+            except OSError as exc:  # the working tree is a convenience; git and Postgres are not
+                log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
+                            self.workspace_id, revision.id, exc)
             fault_point("before_pg_commit")
         return Revision(revision.id, revision.seq, head, author, committer, text, None,
                         tuple(c.virtual() for c in ordered))

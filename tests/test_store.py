@@ -9,7 +9,7 @@ import threading
 import pytest
 from conftest import git, run_cli
 
-from kb.errors import DocumentNotFound, InvalidPath, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
+from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
 from kb.knowledge_base import KnowledgeBase
 from kb.locks import locked_transaction
 from kb.paths import blob_id
@@ -262,3 +262,22 @@ def test_cli_fsck_unknown_workspace(kb_env):
     out = run_cli(kb_env, "fsck", "--workspace", "99", check=False)
     assert out.returncode == 1 and "does not exist" in out.stderr
     assert os.environ.get("KB_FAULT_POINT") is None
+
+
+def test_git_lock_files_left_by_a_killed_writer(kb, kb_env):
+    commit(kb, 10, ("write", A, b"a"))
+    repo = repo_of(kb, 10)
+    index_lock, ref_lock = repo / ".git" / "index.lock", repo / ".git" / "refs" / "heads" / "main.lock"
+    for lock in (index_lock, ref_lock):
+        lock.write_bytes(b"partial")
+        os.utime(lock, (0, 0))  # old: a killed writer's leftover
+    commit(kb, 10, ("write", B, b"b"))
+    assert not index_lock.exists() and not ref_lock.exists()
+    ref_lock.write_bytes(b"held")  # young: maybe a git command running right now
+    with pytest.raises(KbError, match="locked"):
+        commit(kb, 10, ("write", C, b"c"))
+    assert len(kb.history(10)) == 2 and C not in kb.list_paths(10)
+    out = run_cli(kb_env, "fsck", "--workspace", "10").stdout
+    assert "removed stale lock .git/refs/heads/main.lock" in out
+    assert commit(kb, 10, ("write", C, b"c")).seq == 3
+    assert_git_clean(kb, 10)
