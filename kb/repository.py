@@ -230,7 +230,9 @@ class Repository:
         trees. New objects are added in one batch.
         """
         nested: dict = {}
-        for path, sha in changes:
+        # deletions first: a folder emptied to make room for a document (or the reverse) then
+        # meets the addition, which wins
+        for path, sha in sorted(changes, key=lambda change: change[1] is not None):
             *folders, name = path.encode().split(b"/")
             node = nested
             for folder in folders:

@@ -97,6 +97,10 @@ def test_move_onto_existing_and_tree_conflicts(kb):
     # a folder emptied earlier in the same draft may become a document
     rev = commit(kb, 3, ("remove", "/documents/f"), ("write", "/documents/f", b"now a file"))
     assert tree(kb, 3) == {B: b"a", "/documents/f": b"now a file"}
+    # and back: the document makes room for a folder in the same draft
+    commit(kb, 3, ("remove", "/documents/f"), ("write", "/documents/f/y.md", b"y"))
+    assert tree(kb, 3) == {B: b"a", "/documents/f/y.md": b"y"}
+    assert_git_clean(kb, 3)
     # folder move keeps every document and records each move
     commit(kb, 3, ("write", "/documents/g/1.md", b"1"), ("write", "/documents/g/h/2.md", b"2"))
     rev = commit(kb, 3, ("move", "/documents/g", "/documents/k"))
