@@ -17,10 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from kb.errors import DatabaseUnavailable, DatabaseNotReady
 from kb.settings import Settings
+from kb.sql import queries
 
 EMBEDDED_DATABASE = "kb"
 
@@ -41,11 +43,11 @@ def embedded_bin_dir() -> Path:
     return Path(_embedded_module().__file__).parent / "pginstall" / "bin"
 
 
-def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE, wal_level: str = "logical") -> str:
+def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE) -> str:
     """Start (or reuse) an embedded Postgres in ``pgdata`` and return a URL for ``database``.
 
-    Creates the data directory and the database on first use, and restarts the server once if
-    ``wal_level`` must change. Raises DatabaseUnavailable with the server log's path on failure.
+    Creates the data directory and the database on first use, and restarts the server once to
+    set ``wal_level=logical`` (so it can publish, SPEC §6). Raises DatabaseUnavailable with the server log's path on failure.
     """
     ep = _embedded_module()
     pgdata = Path(pgdata)
@@ -54,20 +56,18 @@ def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE, wal_level: s
         server = ep.get_server(pgdata, cleanup_mode=None)
         admin_url = server.get_uri()
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            current = conn.execute("SHOW wal_level").fetchone()[0]
-            if current != wal_level:
-                conn.execute(f"ALTER SYSTEM SET wal_level = '{wal_level}'")
-        if current != wal_level:
+            current = conn.execute(queries["show_wal_level"]).fetchone()[0]
+            if current != "logical":
+                conn.execute(queries["set_wal_level_logical"])
+        if current != "logical":
             ep.pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
             server.ensure_postgres_running()
             admin_url = server.get_uri()
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (database,)
-            ).fetchone()
+            exists = conn.execute(queries["database_exists"], {"database": database}).fetchone()
             if not exists:
                 with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                    conn.execute(f'CREATE DATABASE "{database}"')
+                    conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(database)))
         return server.get_uri(database)
     except (OSError, psycopg.Error, Exception) as exc:  # the wheel raises bare subprocess errors
         if isinstance(exc, DatabaseUnavailable):
@@ -132,9 +132,7 @@ def transaction(url: str) -> Iterator[psycopg.Connection]:
 
 def require_pgvector(conn: psycopg.Connection, url: str) -> None:
     """Raise DatabaseNotReady if the server cannot provide pgvector ≥ 0.5 (SPEC §13)."""
-    row = conn.execute(
-        "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
-    ).fetchone()
+    row = conn.execute(queries["pgvector_available"]).fetchone()
     if row is None:
         raise DatabaseNotReady(
             f"the Postgres server at {redact(url)} has no pgvector extension. Install pgvector ≥ 0.5 "

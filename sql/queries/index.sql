@@ -80,3 +80,6 @@ SELECT title FROM kb.documents WHERE id = %(document_id)s;
 SELECT nullif(a.atttypmod, -1) AS dim
 FROM pg_attribute a
 WHERE a.attrelid = 'kb.chunks'::regclass AND a.attname = 'embedding';
+
+-- name: bench_chunk_texts
+SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;

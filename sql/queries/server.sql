@@ -1,0 +1,27 @@
+-- Named queries about the Postgres server itself (kb/database.py, tests/conftest.py).
+
+-- name: show_wal_level
+SELECT current_setting('wal_level') AS wal_level;
+
+-- name: set_wal_level_logical
+-- Takes effect after a restart (kb/database.py restarts the embedded server once).
+ALTER SYSTEM SET wal_level = 'logical';
+
+-- name: database_exists
+SELECT 1 AS found FROM pg_database WHERE datname = %(database)s;
+
+-- name: create_database
+CREATE DATABASE {database};
+
+-- name: create_database_from_template
+CREATE DATABASE {database} TEMPLATE {template};
+
+-- name: terminate_connections
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = %(database)s AND pid <> pg_backend_pid();
+
+-- name: drop_database
+DROP DATABASE IF EXISTS {database};
+
+-- name: pgvector_available
+SELECT default_version FROM pg_available_extensions WHERE name = 'vector';
