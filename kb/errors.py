@@ -75,10 +75,6 @@ class HistoryDiverged(KbError):
     """Postgres records a revision that git's branch does not contain (repo replaced or rewritten)."""
 
 
-class RepositoryCorrupt(KbError):
-    """``git fsck`` found errors in a workspace repository (SPEC §2.1, ``kb fsck``)."""
-
-
 class LockUnavailable(KbError):
     """The lock backend (Postgres or Redis) cannot be reached; no write happened (fail closed)."""
 

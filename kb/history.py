@@ -179,8 +179,11 @@ def read_history(conn: psycopg.Connection, workspace_id: int, path: str | None, 
     params = {"workspace_id": workspace_id, "limit": limit}
     if path is None:
         rows = conn.execute(queries["workspace_history"], params).fetchall()
-        return [_revision(r, tuple(PathChange(p, k).virtual() for p, k in zip(r["paths"], r["kinds"])))
-                for r in rows]
+        return [
+            _revision(r, tuple(PathChange(p, k, None, o, n).virtual()
+                               for p, k, o, n in zip(r["paths"], r["kinds"], r["old_paths"], r["new_paths"])))
+            for r in rows
+        ]
     current, max_seq, result = path, 2**62, []
     while current and len(result) < limit:
         rows = conn.execute(

@@ -312,10 +312,13 @@ class KnowledgeStore:
         first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
         with self.transaction(text, author, committer) as draft:
+            written = {c.path: c.content_id for c in changes}
             for change in changes:
+                # undo a move as a move while the document is still where the revision put it and
+                # its old path is free or holds what this revision wrote there (move-then-write)
                 if (change.change == "moved" and draft.content_id(change.path) == change.content_id
-                        and not draft.exists(change.old_path)):
-                    draft.move(change.path, change.old_path)
+                        and draft.content_id(change.old_path) in (None, written.get(change.old_path))):
+                    draft.move(change.path, change.old_path, overwrite=True)
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p}
             for path in sorted(touched):
                 blob = repo.lookup(parent_tree, path[1:])

@@ -137,6 +137,13 @@ def test_revert_and_restore(kb, kb_env):
     assert tree(kb, 5) == {A: b"a2", C: b"c"}
     assert {c.path: c.change for c in undone.changes} == {"/documents/moved.md": "moved_away", A: "moved"}
     assert kb.revert(5, r3.id) is None  # already undone
+    # move-then-write at the old path is undone as a move back over the new document
+    r4 = commit(kb, 5, ("move", C, "/documents/c2.md"), ("write", C, b"replacement"))
+    undone = kb.revert(5, r4.id)
+    assert {c.path: (c.change, c.old_path) for c in undone.changes} == {
+        "/documents/c2.md": ("moved_away", None), C: ("moved", "/documents/c2.md")}
+    assert tree(kb, 5) == {A: b"a2", C: b"c"}
+    assert [c.change for c in kb.history(5, limit=1)[0].changes] == ["moved", "moved_away"]
     out = run_cli(kb_env, "revert", r2.id, "--workspace", "5").stdout
     assert out.startswith("revision ")
     assert tree(kb, 5) == {A: b"a1", B: b"b1"}

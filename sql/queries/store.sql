@@ -38,7 +38,9 @@ SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(re
 -- name: workspace_history
 SELECT r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
        coalesce(array_agg(c.path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS paths,
-       coalesce(array_agg(c.change ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS kinds
+       coalesce(array_agg(c.change ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS kinds,
+       coalesce(array_agg(c.old_path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS old_paths,
+       coalesce(array_agg(c.new_path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS new_paths
 FROM kb.revisions r
 LEFT JOIN kb.path_changes c ON c.workspace_id = r.workspace_id AND c.revision_id = r.id
 WHERE r.workspace_id = %(workspace_id)s
