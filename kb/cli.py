@@ -177,7 +177,8 @@ def log(path: str | None, workspace: int, limit: int) -> None:
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
         click.echo(f"{revision.id}  {revision.author}  {when}")
         click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
-        paths = [_describe(c) for c in revision.changes]
+        sources = {c.old_path for c in revision.changes if c.change == "moved"}
+        paths = [_describe(c) for c in revision.changes if not (c.change == "moved_away" and c.path in sources)]
         for changed in paths[:10]:
             click.echo(f"    {changed}")
         if len(paths) > 10:
