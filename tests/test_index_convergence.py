@@ -278,3 +278,21 @@ def test_markdown_tables_and_fenced_code_stay_whole():
     big = "| a | b |\n|---|---|\n" + "".join(f"| row {i} | value {i} |\n" for i in range(60))
     for chunk in Chunker(60).chunk(big):
         assert all(line.startswith("|") and line.endswith("|") for line in chunk.text.split("\n"))
+
+
+def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(kb):
+    embedder = kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, _corpus(80))
+    _write_all(kb, 2, {f"/documents/s{i}.md": p for i, p in enumerate(_paragraphs(12, seed=11))})
+    kb.index(1)
+    kb.index(2)
+    small = _chunk_set(kb, 2)
+    assert len(small) == 12
+    vector = embedder.embed(["refund policy annual plan"])[0]
+    from kb.embedding import vector_literal
+
+    leg = [r["id"] for r in _rows(kb, "bench_vector_leg", workspace_id=2, embedding=vector_literal(vector), k=10)]
+    assert len(leg) == 10
+    scores = {r["id"]: float(embedder.embed([r["text"]])[0] @ vector) for r in small}
+    exact = sorted(scores, key=lambda i: (-scores[i], i))[:10]
+    assert leg == exact
