@@ -15,7 +15,8 @@ Periodic tasks (``@app.periodic``):
   heartbeats for ``KB_STALLED_JOB_SECONDS`` (killed, OOM, lost host) go back to ``todo``
   (Procrastinate's ``get_stalled_jobs`` / ``retry_job``). Workers heartbeat 4× within that time.
 - ``kb.remove_old_jobs`` (hourly): succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS``
-  ago are deleted (failed ones are kept for the operator).
+  ago are deleted (failed ones are kept for the operator), and so are index run rows as old
+  (each workspace's latest is kept).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import procrastinate
 
 from kb import database
 from kb.settings import Settings
+from kb.sql import queries
 from kb.store import INDEX_TASK, PROJECTION_TASK, defer_job
 
 if TYPE_CHECKING:
@@ -141,8 +143,12 @@ async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) 
 @app.periodic(cron=CLEANUP_CRON)
 @app.task(name="kb.remove_old_jobs", queue="maintenance", pass_context=True)
 async def remove_old_jobs(context: procrastinate.JobContext, timestamp: int) -> None:
-    """Delete succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS`` ago."""
-    await context.app.job_manager.delete_old_jobs(nb_hours=_kb().settings.job_retention_hours)
+    """Delete succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS`` ago, and index run rows
+    (``kb.index_runs``) as old, keeping each workspace's latest."""
+    hours = _kb().settings.job_retention_hours
+    await context.app.job_manager.delete_old_jobs(nb_hours=hours)
+    with database.transaction(_kb().database_url) as conn:
+        conn.execute(queries["prune_index_runs"], {"hours": hours})
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:

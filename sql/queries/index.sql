@@ -154,3 +154,10 @@ ORDER BY path;
 -- name: interrupt_index_runs_of_kind
 UPDATE kb.index_runs SET status = 'interrupted', updated_at = now()
 WHERE workspace_id = %(workspace_id)s AND kind = %(kind)s AND status = 'running' AND id <> %(keep_id)s;
+
+-- name: prune_index_runs
+-- Finished or interrupted run rows older than the retention, except each workspace's latest run.
+DELETE FROM kb.index_runs r
+WHERE r.status <> 'running'
+  AND r.updated_at < now() - make_interval(hours => %(hours)s)
+  AND r.id <> (SELECT max(id) FROM kb.index_runs l WHERE l.workspace_id = r.workspace_id);
