@@ -5,12 +5,14 @@ and ``maintenance`` (the periodic tasks). Workspace jobs take only a workspace i
 HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
 them (``lock="ws:{ws}"``) is always safe. Jobs are deferred by the store inside the revision's own
 Postgres transaction (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are
-for callers outside one.
+for callers outside one. After a run that leaves documents ``failed``, a delayed retry is deferred
+(``kb.sweep.defer_failed_retry``: 5 s doubling per attempt, at most 10 min).
 
 Periodic tasks (``@app.periodic``):
 
-- ``kb.sweep`` (``KB_MAINTENANCE_CRON``, default every minute): defers projection/index jobs for workspaces whose recorded head,
-  projection or stamp lags git HEAD, or that still have failed documents (``kb.sweep``).
+- ``kb.sweep`` (``KB_MAINTENANCE_CRON``, default every minute): defers projection/index jobs for
+  workspaces whose projection or stamp lags git HEAD, and a delayed retry for those that still have
+  failed documents (``kb.sweep``).
 - ``kb.retry_stalled_jobs`` (``KB_MAINTENANCE_CRON``): jobs left ``doing`` by a worker that stopped sending
   heartbeats for ``KB_STALLED_JOB_SECONDS`` (killed, OOM, lost host) go back to ``todo``
   (Procrastinate's ``get_stalled_jobs`` / ``retry_job``). Workers heartbeat 4× within that time.
@@ -30,6 +32,7 @@ from kb import database
 from kb.settings import Settings
 from kb.sql import queries
 from kb.store import INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.sweep import defer_failed_retry
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -60,20 +63,10 @@ def _kb() -> "KnowledgeBase":
     return _current
 
 
-def retry_delay_seconds(attempts: int) -> float:
-    """Backoff before retrying a workspace's failed documents: 5 s × 2^(attempts-1), ≤ 10 min."""
-    return min(600.0, 5.0 * 2 ** max(0, attempts - 1))
-
-
-def defer_index(kb: "KnowledgeBase", workspace_id: int, *, delay_seconds: float = 0) -> int | None:
-    """Defer ``kb.index_changes`` for a workspace (coalesced); returns the job id or None.
-
-    A delayed job (a retry of failed documents) uses its own queueing lock, so it never delays
-    the immediate job a new revision defers.
-    """
+def defer_index(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+    """Defer ``kb.index_changes`` for a workspace (coalesced on ``index:{ws}``); returns the job id."""
     with database.transaction(kb.database_url) as conn:
-        lock = f"index-retry:{workspace_id}" if delay_seconds > 0 else None
-        return defer_job(conn, "index", INDEX_TASK, workspace_id, queueing_lock=lock, delay_seconds=delay_seconds)
+        return defer_job(conn, "index", INDEX_TASK, workspace_id)
 
 
 def defer_reindex(kb: "KnowledgeBase", workspace_id: int) -> int | None:
@@ -86,7 +79,8 @@ def defer_reindex(kb: "KnowledgeBase", workspace_id: int) -> int | None:
 def _after_index(workspace_id: int, report) -> dict:
     log.info("%s workspace %s: %s", report.kind, workspace_id, report)
     if report.documents_still_failed:
-        defer_index(_kb(), workspace_id, delay_seconds=retry_delay_seconds(report.failed_attempts))
+        with database.transaction(_kb().database_url) as conn:
+            defer_failed_retry(conn, workspace_id, report.failed_attempts)
     return {
         "revision": report.revision, "indexed": report.documents_indexed,
         "failed": report.documents_failed, "still_failed": report.documents_still_failed,
@@ -121,7 +115,8 @@ def sweep(timestamp: int) -> dict:
     from kb.sweep import sweep as run_sweep
 
     report = run_sweep(_kb())
-    return {"checked": report.checked, "projection": report.projection_deferred, "index": report.index_deferred}
+    return {"checked": report.checked, "projection": report.projection_deferred,
+            "index": report.index_deferred, "retry": report.retry_deferred}
 
 
 @app.periodic(cron=STALLED_CRON)

@@ -3,8 +3,8 @@ the missing work, so nothing depends on a job having been deferred successfully.
 
 For each workspace the sweep reads git HEAD and compares it with the recorded head, the projected
 revision and the index stamp (``kb.index_lag``); it defers ``kb.project_changes`` /
-``kb.index_changes`` where they lag, and ``kb.index_changes`` where documents are still ``failed``
-(they are retried until they succeed or are quarantined). Deferral is coalesced by the jobs'
+``kb.index_changes`` where they lag, and a delayed ``kb.index_changes`` (backoff by attempts) where
+documents are still ``failed`` (retried until they succeed or are quarantined). Deferral is coalesced by the jobs'
 queueing locks, so sweeping often is cheap.
 """
 
@@ -32,6 +32,19 @@ class SweepReport:
     recorded: list[int] = field(default_factory=list)
     projection_deferred: list[int] = field(default_factory=list)
     index_deferred: list[int] = field(default_factory=list)
+    retry_deferred: list[int] = field(default_factory=list)
+
+
+def retry_delay_seconds(attempts: int) -> float:
+    """Backoff before retrying a workspace's failed documents: 5 s × 2^(attempts-1), ≤ 10 min."""
+    return min(600.0, 5.0 * 2 ** max(0, attempts - 1))
+
+
+def defer_failed_retry(conn, workspace_id: int, attempts: int) -> int | None:
+    """Defer a delayed ``kb.index_changes`` that retries failed documents, coalesced on
+    ``index-retry:{ws}`` so it never delays the immediate job a new revision defers."""
+    return defer_job(conn, "index", INDEX_TASK, workspace_id, queueing_lock=f"index-retry:{workspace_id}",
+                     delay_seconds=retry_delay_seconds(attempts))
 
 
 def record_missing_revisions(store: KnowledgeStore) -> bool:
@@ -72,7 +85,11 @@ def sweep(kb: "KnowledgeBase") -> SweepReport:
             if git_head != row["projected"]:
                 defer_job(conn, "projection", PROJECTION_TASK, ws)
                 report.projection_deferred.append(ws)
-            if git_head != row["stamp"] or row["documents_failed"] > 0:
+            if git_head != row["stamp"]:
                 defer_job(conn, "index", INDEX_TASK, ws)
                 report.index_deferred.append(ws)
+            elif row["documents_failed"] > 0:
+                failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
+                defer_failed_retry(conn, ws, failed["attempts"])
+                report.retry_deferred.append(ws)
     return report

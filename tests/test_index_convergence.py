@@ -167,7 +167,8 @@ def test_poison_document_is_quarantined_and_the_workspace_converges(kb):
     lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["stamp"] == head and lag["revisions_behind"] == 0  # the stamp advanced past successes
     assert lag["documents_failed"] == 1 and lag["documents_quarantined"] == 0
-    assert kb.sweep().index_deferred == [1]  # failed documents are retried
+    swept = kb.sweep()  # failed documents get a delayed retry, not an immediate job
+    assert swept.index_deferred == [] and swept.retry_deferred == [1]
 
     for _ in range(2):
         kb.index(1)
@@ -185,7 +186,8 @@ def test_poison_document_is_quarantined_and_the_workspace_converges(kb):
     assert kb.index(1).documents_total == 0 and embedder.calls == calls
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["delete_finished_jobs_for_tests"])
-    assert kb.sweep().index_deferred == []
+    swept = kb.sweep()
+    assert swept.index_deferred == [] and swept.retry_deferred == []
     # a new version of the document gets a fresh start
     with kb.transaction(1, "fix", "t") as tx:
         tx.write(poison, "# Fixed\n\nfine now\n")
@@ -296,3 +298,20 @@ def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(k
     scores = {r["id"]: float(embedder.embed([r["text"]])[0] @ vector) for r in small}
     exact = sorted(scores, key=lambda i: (-scores[i], i))[:10]
     assert leg == exact
+
+
+def test_index_job_with_failed_documents_defers_a_delayed_retry(kb):
+    kb.use_embedder(PoisonEmbedder())
+    _write_all(kb, 1, {"/documents/ok.md": "fine\n", "/documents/bad.md": "POISON here\n"})
+    kb.run_worker(until_idle=True)
+    jobs = _rows(kb, "test_jobs")
+    assert any(j["task_name"] == "kb.index_changes" and j["status"] == "succeeded" for j in jobs)
+    waiting = [j for j in jobs if j["status"] == "todo" and j["task_name"] == "kb.index_changes"]
+    assert len(waiting) == 1 and waiting[0]["queueing_lock"] == "index-retry:1" and waiting[0]["scheduled_later"]
+    assert kb.sweep().retry_deferred == [1]  # coalesced with the waiting retry
+    assert len([j for j in _rows(kb, "test_jobs") if j["status"] == "todo"]) == 1
+    # a new revision's immediate job is not blocked by the waiting retry
+    _write_all(kb, 1, {"/documents/more.md": "more\n"}, "more")
+    locks = sorted(j["queueing_lock"] for j in _rows(kb, "test_jobs")
+                   if j["status"] == "todo" and j["task_name"] == "kb.index_changes")
+    assert locks == ["index-retry:1", "index:1"]

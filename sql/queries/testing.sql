@@ -17,7 +17,9 @@ FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY path;
 SELECT * FROM kb.index_runs WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: test_jobs
-SELECT id, task_name, status::text AS status, attempts, args FROM procrastinate_jobs ORDER BY id;
+SELECT id, task_name, status::text AS status, attempts, args, queueing_lock,
+       scheduled_at > now() AS scheduled_later
+FROM procrastinate_jobs ORDER BY id;
 
 -- name: test_index_lag
 SELECT * FROM kb.index_lag WHERE workspace_id = %(workspace_id)s;
