@@ -6,12 +6,20 @@ reads. Without that package chunks are counted in characters (``4 × chunk_size`
 ``Chunker.unit`` says so. Every chunk satisfies ``text[start_char:end_char] == chunk.text``;
 ``start_line``/``end_line`` are 1-based and inclusive, computed at cut time. Whitespace-only chunks
 are dropped.
+
+Markdown structure (SPEC §7, issue 4): the first split level is the *block* (text between blank
+lines), so a table or a fenced code block that fits in ``chunk_size`` is never cut; only an
+oversized block falls through to lines, sentences, pauses, words and finally model tokens. A blank
+line inside a fenced code block is not a block boundary: the chunker sees a same-length masked copy
+of the text in which those blank lines hold spaces, and every offset it returns is read back from
+the original text.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import re
 from dataclasses import dataclass
 
 from kb.errors import KbError
@@ -80,6 +88,52 @@ def _lossless_tokenizer(model_tokenizer):
     return ModelTokenPieces()
 
 
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
+_BLANK_LINE = re.compile(r"(?<=\n)\r?\n")
+
+
+def mask_fenced_blank_lines(text: str) -> str:
+    """``text`` with every blank line inside a fenced code block holding spaces instead.
+
+    Same length as ``text`` (offsets carry over). Blank means an empty line (``\n\n``); lines of
+    whitespace already are not block boundaries. An unclosed fence runs to the end of the text, as
+    in CommonMark.
+    """
+    out = []
+    pos = 0
+    opening = _FENCE.search(text)
+    while opening:
+        marker = opening.group(1)
+        body_start = text.find("\n", opening.end())
+        if body_start == -1:
+            break
+        closing = re.compile(rf"^ {{0,3}}{re.escape(marker[0])}{{{len(marker)},}}[ \t]*$", re.MULTILINE)
+        found = closing.search(text, body_start + 1)
+        body_end = found.start() if found else len(text)
+        out.append(text[pos:body_start])
+        out.append(_BLANK_LINE.sub(lambda m: " " * len(m.group(0)), text[body_start:body_end]))
+        pos = body_end
+        if not found:
+            break
+        opening = _FENCE.search(text, found.end())
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def markdown_rules():
+    """chonkie RecursiveRules for markdown: blocks, lines, sentences, pauses, words, tokens."""
+    from chonkie.types.recursive import RecursiveLevel, RecursiveRules
+
+    return RecursiveRules(levels=[
+        RecursiveLevel(delimiters=["\n\n", "\r\n\r\n"]),
+        RecursiveLevel(delimiters=["\n"]),
+        RecursiveLevel(delimiters=[". ", "! ", "? ", "。", "！", "？"]),
+        RecursiveLevel(delimiters=["; ", ", ", ": ", "、", "，", "|", ")", "]", "}"]),
+        RecursiveLevel(whitespace=True),
+        RecursiveLevel(),
+    ])
+
+
 def line_starts(text: str) -> list[int]:
     """Character offsets at which each line of ``text`` starts (line 1 starts at 0)."""
     starts = [0]
@@ -107,12 +161,19 @@ class Chunker:
         tokenizer = _model_tokenizer()
         if tokenizer is not None:
             self.unit = "tokens (all-MiniLM-L6-v2 WordPiece)"
-            self._chunker = RecursiveChunker(tokenizer=_lossless_tokenizer(tokenizer), chunk_size=chunk_size)
+            self._chunker = RecursiveChunker(
+                tokenizer=_lossless_tokenizer(tokenizer), chunk_size=chunk_size, rules=markdown_rules(),
+                min_characters_per_chunk=1,
+            )
         else:
             self.unit = "characters (no model tokenizer installed)"
-            self._chunker = RecursiveChunker(tokenizer="character", chunk_size=chunk_size * 4)
+            self._chunker = RecursiveChunker(
+                tokenizer="character", chunk_size=chunk_size * 4, rules=markdown_rules(), min_characters_per_chunk=1
+            )
+        # min_characters_per_chunk=1: chonkie's default (24) glues short splits together before
+        # merging, which would cut an oversized table inside a row instead of between rows.
         self.chunk_size = chunk_size
-        self.version = f"recursive-v1:{chunk_size}:{self.unit.split()[0]}"
+        self.version = f"markdown-v2:{chunk_size}:{self.unit.split()[0]}"
 
     def chunk(self, text: str) -> list[Chunk]:
         """Cut ``text``; returns chunks in order with exact offsets and line spans.
@@ -123,12 +184,13 @@ class Chunker:
         if not text.strip():
             return []
         starts = line_starts(text)
+        masked = mask_fenced_blank_lines(text)
         chunks: list[Chunk] = []
-        for piece in self._chunker.chunk(text):
+        for piece in self._chunker.chunk(masked):
             start, end = piece.start_index, piece.end_index
-            if text[start:end] != piece.text:
+            if masked[start:end] != piece.text:
                 raise KbError(f"chunker offsets [{start}:{end}] do not reproduce its text; not indexing")
-            piece_text = piece.text
+            piece_text = text[start:end]
             # trim surrounding whitespace so spans cover only lines with content
             stripped = piece_text.strip()
             if not stripped:

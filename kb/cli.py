@@ -223,6 +223,12 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"chunks:     {ws['chunks']}")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
+    for lag in info.get("index_lag", []):
+        click.echo(f"index lag:  workspace {lag['workspace_id']}: {lag['revisions_behind']} revisions behind, "
+                   f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined")
+    for queue in info.get("job_health", []):
+        click.echo(f"queue {queue['queue']}: {queue['todo']} waiting, {queue['doing']} running, "
+                   f"{queue['failed']} failed, oldest waiting {queue['oldest_waiting'] or '-'}")
 
 
 @main.command("db-url")
@@ -325,6 +331,49 @@ def fsck(workspace: int) -> None:
         click.echo("clean: git, Postgres history and working tree agree")
     if not report.git_ok:
         sys.exit(1)
+
+# ---- issue 4: the derived index's operations (SPEC §7) ----------------------------------------
+@main.command()
+@workspace_option
+@click.option("--defer", "defer_", is_flag=True, help="Queue it for a worker instead of running here.")
+def reindex(workspace: int, defer_: bool) -> None:
+    """Rebuild a workspace's index from git HEAD (upsert + prune; resumes an interrupted one).
+
+    Unchanged chunks keep their rows and cached embeddings, so a second reindex embeds nothing.
+    Progress is in the kb.index_runs table. Example: kb reindex --workspace 1
+    """
+    kb = _open()
+    if defer_:
+        job = kb.defer_reindex(workspace)
+        click.echo(f"reindex job {job} queued" if job else "a reindex of this workspace is already queued")
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("reindexing", total=None)
+        report = kb.reindex(workspace, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if report.skipped_locked:
+        click.echo("another index run holds this workspace's index lock; it converges to HEAD itself")
+        return
+    click.echo(
+        f"reindexed {report.documents_indexed} documents{' (resumed)' if report.resumed else ''} "
+        f"({report.chunks_written} chunks written, {report.chunks_reused} reused, "
+        f"{report.embeddings_computed} embedded, {report.embeddings_cached} from cache, "
+        f"cache hits {report.cache_hit_ratio:.0%}); failed {report.documents_failed}, "
+        f"unindexable {report.documents_unindexable}; stamp {report.revision}"
+    )
+
+
+@main.command()
+def sweep() -> None:
+    """Defer projection/index jobs for every workspace lagging git HEAD (what the periodic
+    kb.sweep task does every minute).
+
+    Example: kb sweep
+    """
+    report = _open().sweep()
+    click.echo(f"checked {report.checked} workspaces; projection deferred for {report.projection_deferred}, "
+               f"index deferred for {report.index_deferred}")
 
 
 if __name__ == "__main__":

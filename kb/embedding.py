@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+import urllib.error
 import urllib.request
 from typing import Protocol
 
@@ -122,10 +123,27 @@ class OpenAIEmbedder:
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 payload = json.load(response)
-        except OSError as exc:
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode("utf-8", "replace")
+            raise EmbeddingError(
+                f"embedding endpoint {self.base_url} answered HTTP {exc.code} for model {self.model!r}: {detail}"
+            ) from exc
+        except (OSError, ValueError) as exc:
             raise EmbeddingError(f"embedding endpoint {self.base_url} failed: {exc}") from exc
-        rows = sorted(payload["data"], key=lambda item: item["index"])
-        return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
+        try:
+            rows = sorted(payload["data"], key=lambda item: item["index"])
+            vectors = np.asarray([row["embedding"] for row in rows], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EmbeddingError(
+                f"embedding endpoint {self.base_url} returned an unexpected payload ({type(exc).__name__}: {exc}); "
+                "it must follow the OpenAI /embeddings response shape"
+            ) from exc
+        if vectors.shape != (len(texts), self.dim):
+            raise EmbeddingError(
+                f"embedding endpoint {self.base_url} returned vectors of shape {vectors.shape} for "
+                f"{len(texts)} texts; expected {self.dim}-d (KB_EMBEDDING_DIM)"
+            )
+        return vectors
 
 
 def minilm_available() -> bool:

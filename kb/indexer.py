@@ -1,19 +1,38 @@
 """Index convergence (SPEC §7): bring a workspace's chunks to git HEAD.
 
-``Indexer.converge(workspace_id)`` projects rows to HEAD, then indexes every document whose
-indexed content lags its projected content. Documents are cut and embedded in batches (so the
-embedder sees full batches), but each document is written in its own transaction: a failure marks
-that document ``failed`` (quarantined after ``KB_MAX_ATTEMPTS``) and the rest go on. The stamp
-(``last_indexed_revision``) then moves to HEAD. Embeddings come from the chunk-level cache keyed by
-``(sha256(text), model, dim)``; unchanged chunk rows are reused in place with updated positions
-and spans.
+Two runs, both converging to HEAD under the workspace's index lock and neither taking a revision:
+
+- ``Indexer.converge`` (job ``kb.index_changes``): projects rows to HEAD — the projection folds
+  every revision between the last projected one and HEAD — then indexes every document whose
+  indexed content lags its projected content (``content_id <> indexed_content_id``: exactly the
+  documents changed between the stamp and HEAD, plus earlier failures).
+- ``Indexer.reindex`` (job ``kb.reindex``): re-compares the whole tree with the rows (upsert +
+  prune), then re-derives every document's chunks, and finally converges what changed meanwhile.
+  It records its cursor in ``kb.index_runs`` after every batch, so a run killed half-way resumes
+  where it stopped.
+
+Runs use an autocommit connection: every write is an explicit transaction (one per document, one
+per progress checkpoint). Documents are cut and embedded in batches (the embedder sees full batches) but each document is
+written in its own transaction: a failure marks that document ``failed`` with the error and an
+attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others go on. A document with NUL
+bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
+(``last_indexed_revision``) then moves to HEAD: it advances past successes, and the remaining
+failed documents are retried by a follow-up job (``kb.jobs``) and the sweep until they succeed or
+are quarantined, so one poison document never wedges the workspace.
+
+Embeddings come from the chunk-level cache keyed by ``(sha256(text), model, dim)``; only texts
+that no existing chunk row of the document already carries are looked up, and only cache misses
+reach the embedder. Unchanged chunk rows are reused in place (same id) with updated positions and
+spans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +40,7 @@ import numpy as np
 from kb import database
 from kb.chunking import Chunk, Chunker
 from kb.embedding import Embedder, check_vectors, vector_literal
-from kb.errors import KbError, UnindexableDocument
+from kb.errors import UnindexableDocument
 from kb.locks import INDEX_LOCK_NAMESPACE
 from kb.projection import project
 from kb.repository import Repository
@@ -31,23 +50,39 @@ from kb.sql import queries
 log = logging.getLogger(__name__)
 
 DOCUMENT_BATCH = 64
+"""Documents cut, embedded and checkpointed together."""
 
 
 @dataclass
 class IndexReport:
-    """Counts of one convergence run."""
+    """Counts of one run (``kind``: index_changes | reindex)."""
 
     workspace_id: int
+    kind: str = "index_changes"
     revision: str | None = None
+    run_id: int | None = None
+    resumed: bool = False
+    documents_total: int = 0
     documents_indexed: int = 0
     documents_failed: int = 0
     documents_unindexable: int = 0
+    documents_still_failed: int = 0
+    failed_attempts: int = 0
     chunks_written: int = 0
     chunks_reused: int = 0
     embeddings_computed: int = 0
     embeddings_cached: int = 0
+    documents_done: int = 0
+    cursor: int | None = None
     skipped_locked: bool = False
     failures: dict[str, str] = field(default_factory=dict)
+    attempted: set[int] = field(default_factory=set, repr=False)
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        """Share of the needed embeddings served by the cache (1.0 when none were needed)."""
+        needed = self.embeddings_cached + self.embeddings_computed
+        return 1.0 if needed == 0 else self.embeddings_cached / needed
 
 
 def sha256_text(text: str) -> str:
@@ -68,15 +103,26 @@ def decode_document(data: bytes) -> str:
 @dataclass
 class _Prepared:
     row: dict
-    title: str
     chunks: list[Chunk] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
+    existing: list[dict] = field(default_factory=list)
     error: str | None = None
     unindexable: str | None = None
 
+    @property
+    def writable(self) -> bool:
+        return self.error is None and self.unindexable is None
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
 
 class Indexer:
-    """Runs convergence for workspaces with one chunker and one embedder."""
+    """Runs convergence for workspaces with one chunker and one embedder.
+
+    ``progress(done, total)`` is called after every batch of documents.
+    """
 
     def __init__(
         self,
@@ -92,47 +138,157 @@ class Indexer:
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
 
+    # -- the two runs ------------------------------------------------------------------------
     def converge(self, workspace_id: int) -> IndexReport:
-        """Project and index ``workspace_id`` up to its HEAD; returns what was done.
+        """Project and index ``workspace_id`` up to its HEAD (job ``kb.index_changes``).
 
-        If another process holds the workspace's index lock the run is skipped
-        (``report.skipped_locked``): that run converges to HEAD itself.
+        Returns what was done. If another process holds the workspace's index lock the run is
+        skipped (``report.skipped_locked``): that run converges to HEAD itself.
         """
-        report = IndexReport(workspace_id)
-        repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
-        lock_conn = database.connect(self.database_url, autocommit=True)
-        try:
-            locked = lock_conn.execute(
-                queries["try_index_lock"], {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": workspace_id}
-            ).fetchone()["locked"]
+        report = IndexReport(workspace_id, "index_changes")
+        with self._index_lock(workspace_id) as locked:
             if not locked:
                 report.skipped_locked = True
                 return report
-            with database.transaction(self.database_url) as conn:
-                workspace = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
-                projection = project(conn, repo, workspace)
-            head = projection.revision
+            repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
+            head = self._project(repo, workspace_id, full=False)
             report.revision = head
-            with database.connect(self.database_url) as conn:
-                todo = conn.execute(queries["documents_to_index"], {"workspace_id": workspace_id}).fetchall()
-                conn.commit()
-                done = 0
-                for start in range(0, len(todo), DOCUMENT_BATCH):
-                    batch = todo[start : start + DOCUMENT_BATCH]
-                    self._index_batch(conn, repo, workspace_id, head, batch, report)
-                    done += len(batch)
-                    if self.progress:
-                        self.progress(done, len(todo))
-                with conn.transaction():
-                    conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
+            with database.connect(self.database_url, autocommit=True) as conn:
+                self._lagging_pass(conn, repo, workspace_id, head, report, start_run=True)
+                self._finish(conn, workspace_id, head, report)
             return report
+
+    def reindex(self, workspace_id: int) -> IndexReport:
+        """Rebuild ``workspace_id``'s index from git HEAD (job ``kb.reindex``), resumably.
+
+        Re-compares the whole tree with the document rows (upsert + prune), re-derives every
+        document's chunks (reusing unchanged chunk rows and cached embeddings: a second reindex
+        embeds nothing) and then indexes whatever changed meanwhile. Progress lives in the run's
+        ``kb.index_runs`` row; an unfinished reindex of the workspace (a killed worker) is resumed
+        after its cursor. Skipped (``skipped_locked``) when another run holds the index lock.
+        """
+        report = IndexReport(workspace_id, "reindex")
+        with self._index_lock(workspace_id) as locked:
+            if not locked:
+                report.skipped_locked = True
+                return report
+            repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
+            head = self._project(repo, workspace_id, full=True)
+            report.revision = head
+            with database.connect(self.database_url, autocommit=True) as conn:
+                run = conn.execute(
+                    queries["running_index_run"], {"workspace_id": workspace_id, "kind": "reindex"}
+                ).fetchone()
+                cursor = (run["cursor_document_id"] if run else None) or 0
+                todo = conn.execute(
+                    queries["documents_to_reindex"], {"workspace_id": workspace_id, "after_id": cursor}
+                ).fetchall()
+                with conn.transaction():
+                    if run:
+                        report.resumed = True
+                        run = conn.execute(
+                            queries["resume_index_run"],
+                            {"id": run["id"], "target_revision": head,
+                             "documents_total": run["documents_done"] + len(todo)},
+                        ).fetchone()
+                    else:
+                        run = conn.execute(
+                            queries["start_index_run"],
+                            {"workspace_id": workspace_id, "kind": "reindex", "target_revision": head,
+                             "documents_total": len(todo)},
+                        ).fetchone()
+                    conn.execute(queries["interrupt_index_runs"], {"workspace_id": workspace_id, "keep_id": run["id"]})
+                report.run_id = run["id"]
+                report.documents_total = run["documents_total"]
+                report.documents_done = run["documents_done"]
+                report.cursor = run["cursor_document_id"]
+                self._run_documents(conn, repo, workspace_id, head, todo, report, run, move_cursor=True)
+                # documents whose content changed while the tree pass ran (or a failed retry)
+                self._lagging_pass(conn, repo, workspace_id, head, report, start_run=False, run=run)
+                self._finish(conn, workspace_id, head, report)
+            return report
+
+    # -- pieces of a run -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _index_lock(self, workspace_id: int) -> Iterator[bool]:
+        """The workspace's session-level index lock (SPEC §4): yields False when it is taken.
+
+        Held on its own autocommit connection, so it is released when the run ends or when a
+        killed worker's connection closes.
+        """
+        lock_conn = database.connect(self.database_url, autocommit=True)
+        params = {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": workspace_id}
+        try:
+            locked = lock_conn.execute(queries["try_index_lock"], params).fetchone()["locked"]
+            try:
+                yield locked
+            finally:
+                if locked:
+                    lock_conn.execute(queries["index_unlock"], params)
         finally:
-            lock_conn.execute(queries["index_unlock"], {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": workspace_id})
             lock_conn.close()
+
+    def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:
+        with database.transaction(self.database_url) as conn:
+            workspace = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
+            return project(conn, repo, workspace, force=full).revision
+
+    def _lagging_pass(self, conn, repo, workspace_id, head, report, *, start_run: bool, run=None) -> None:
+        """Index the documents whose indexed content lags their projected content (not those this
+        run already attempted, so a failing document costs one attempt per run)."""
+        todo = [
+            row for row in conn.execute(queries["documents_to_index"], {"workspace_id": workspace_id}).fetchall()
+            if row["id"] not in report.attempted
+        ]
+        if start_run:
+            with conn.transaction():
+                run = conn.execute(
+                    queries["start_index_run"],
+                    {"workspace_id": workspace_id, "kind": "index_changes", "target_revision": head,
+                     "documents_total": len(todo)},
+                ).fetchone()
+                conn.execute(
+                    queries["interrupt_index_runs_of_kind"],
+                    {"workspace_id": workspace_id, "kind": "index_changes", "keep_id": run["id"]},
+                )
+            report.run_id = run["id"]
+        report.documents_total += len(todo)
+        self._run_documents(conn, repo, workspace_id, head, todo, report, run, move_cursor=False)
+
+    def _run_documents(self, conn, repo, workspace_id, head, todo, report, run, *, move_cursor: bool) -> None:
+        """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``."""
+        for start in range(0, len(todo), DOCUMENT_BATCH):
+            batch = todo[start : start + DOCUMENT_BATCH]
+            self._index_batch(conn, repo, workspace_id, head, batch, report)
+            report.attempted.update(row["id"] for row in batch)
+            report.documents_done += len(batch)
+            if move_cursor:
+                report.cursor = batch[-1]["id"]
+            with conn.transaction():
+                conn.execute(
+                    queries["update_index_run"],
+                    {"id": run["id"], "documents_done": report.documents_done,
+                     "documents_total": report.documents_total,
+                     "documents_failed": report.documents_failed, "cursor_document_id": report.cursor,
+                     "chunks_written": report.chunks_written, "chunks_reused": report.chunks_reused,
+                     "embeddings_computed": report.embeddings_computed,
+                     "embeddings_cached": report.embeddings_cached},
+                )
+            if self.progress:
+                self.progress(report.documents_done, report.documents_total)
+
+    def _finish(self, conn, workspace_id, head, report) -> None:
+        with conn.transaction():
+            conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
+            if report.run_id is not None:
+                conn.execute(queries["finish_index_run"], {"id": report.run_id})
+            still = conn.execute(queries["documents_still_failed"], {"workspace_id": workspace_id}).fetchone()
+        report.documents_still_failed = still["failed"]
+        report.failed_attempts = still["attempts"]
 
     # -- one batch of documents ----------------------------------------------------------
     def _prepare(self, repo: Repository, row: dict) -> _Prepared:
-        prepared = _Prepared(row, title="")
+        prepared = _Prepared(row)
         try:
             text = decode_document(repo.blob(row["content_id"]))
             prepared.chunks = self.chunker.chunk(text)
@@ -140,94 +296,127 @@ class Indexer:
         except UnindexableDocument as exc:
             prepared.unindexable = str(exc)
         except Exception as exc:  # one document's failure never stops the others (§7)
-            prepared.error = f"{type(exc).__name__}: {exc}"
+            prepared.error = _error_text(exc)
         return prepared
 
-    def _embed(self, conn, texts_by_hash: dict[str, str], report: IndexReport) -> dict[str, str]:
-        """Vectors (pgvector text) for every hash: cache first, then the embedder in batches."""
+    def _needed_hashes(self, p: _Prepared) -> list[str]:
+        """Hashes of the chunks the reconciler must insert (no reusable row carries them)."""
+        available = Counter(r["text_sha256"] for r in p.existing if r["embedding_model"] == self.embedder.model)
+        needed = []
+        for digest in p.hashes:
+            if available[digest] > 0:
+                available[digest] -= 1
+            else:
+                needed.append(digest)
+        return needed
+
+    def _embed(self, conn, texts_by_hash: dict[str, str], report: IndexReport) -> tuple[dict[str, str], dict[str, str]]:
+        """``(vectors, errors)`` by hash: vectors (pgvector text) from the cache, then the embedder.
+
+        Misses are embedded in batches of ``KB_EMBED_BATCH_SIZE`` and cached batch by batch (a
+        killed run keeps what it paid for). A batch the embedder rejects is retried text by text,
+        so only the poison text fails; NaN/inf rows are rejected per text.
+        """
         model, dim = self.embedder.model, self.embedder.dim
-        found = {
-            r["text_sha256"]: r["embedding"]
-            for r in conn.execute(
-                queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
-            )
-        }
+        found: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        if not texts_by_hash:
+            return found, errors
+        for r in conn.execute(
+            queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
+        ):
+            found[r["text_sha256"]] = r["embedding"]
         report.embeddings_cached += len(found)
         missing = [h for h in texts_by_hash if h not in found]
         size = max(1, self.settings.embed_batch_size)
-        fresh: list[dict] = []
         for start in range(0, len(missing), size):
             hashes = missing[start : start + size]
-            vectors = self.embedder.embed([texts_by_hash[h] for h in hashes])
-            problems = check_vectors(np.asarray(vectors), len(hashes), dim)
-            for h, vector, problem in zip(hashes, vectors, problems):
-                if problem is None:
-                    literal = vector_literal(vector)
-                    found[h] = literal
-                    fresh.append({"text_sha256": h, "model": model, "dim": dim, "embedding": literal})
-            report.embeddings_computed += len(hashes)
-        if fresh:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(queries["cache_embedding"], fresh)
-        return found
+            try:
+                groups = [(hashes, self.embedder.embed([texts_by_hash[h] for h in hashes]))]
+                report.embeddings_computed += len(hashes)
+            except Exception as exc:
+                log.warning("embedding a batch of %d texts failed (%s); retrying one by one", len(hashes), exc)
+                groups = []
+                for h in hashes:
+                    report.embeddings_computed += 1
+                    try:
+                        groups.append(([h], self.embedder.embed([texts_by_hash[h]])))
+                    except Exception as one_exc:
+                        errors[h] = _error_text(one_exc)
+            fresh = []
+            for group, vectors in groups:
+                try:
+                    problems = check_vectors(np.asarray(vectors), len(group), dim)
+                except Exception as exc:
+                    errors.update({h: _error_text(exc) for h in group})
+                    continue
+                for h, vector, problem in zip(group, vectors, problems):
+                    if problem is None:
+                        literal = vector_literal(vector)
+                        found[h] = literal
+                        fresh.append({"text_sha256": h, "model": model, "dim": dim, "embedding": literal})
+                    else:
+                        errors[h] = f"EmbeddingError: {problem}"
+            if fresh:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(queries["cache_embedding"], fresh)
+        return found, errors
 
     def _index_batch(self, conn, repo, workspace_id, head, batch, report: IndexReport) -> None:
         prepared = [self._prepare(repo, row) for row in batch]
-        texts = {h: c.text for p in prepared for h, c in zip(p.hashes, p.chunks)}
-        try:
-            vectors = self._embed(conn, texts, report)
-        except Exception as exc:  # a poison text in the batch: isolate per document
-            conn.rollback()
-            log.warning("batch embedding failed (%s); retrying document by document", exc)
-            vectors = {}
-            for p in prepared:
-                if p.error or p.unindexable:
-                    continue
-                try:
-                    vectors.update(self._embed(conn, {h: c.text for h, c in zip(p.hashes, p.chunks)}, report))
-                except Exception as doc_exc:
-                    conn.rollback()
-                    p.error = f"{type(doc_exc).__name__}: {doc_exc}"
+        by_document = {p.row["id"]: p for p in prepared}
+        for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": list(by_document)}):
+            by_document[chunk_row["document_id"]].existing.append(chunk_row)
+        texts: dict[str, str] = {}
         for p in prepared:
-            if p.error is None and p.unindexable is None and any(h not in vectors for h in p.hashes):
-                p.error = "EmbeddingError: embedding contains NaN or inf"
+            if p.writable:
+                needed = set(self._needed_hashes(p))
+                texts.update({h: c.text for h, c in zip(p.hashes, p.chunks) if h in needed})
+        vectors, errors = self._embed(conn, texts, report)
+        for p in prepared:
+            if p.writable:
+                bad = next((h for h in self._needed_hashes(p) if h not in vectors), None)
+                if bad is not None:
+                    p.error = errors.get(bad, "EmbeddingError: no vector for a chunk")
             self._write_document(conn, workspace_id, head, p, vectors, report)
 
     def _write_document(self, conn, workspace_id, head, p: _Prepared, vectors, report) -> None:
         row = p.row
         params = {"document_id": row["id"], "content_id": row["content_id"], "revision_id": head}
-        try:
-            with conn.transaction():
-                if p.unindexable is not None:
-                    conn.execute(queries["delete_document_chunks"], params)
-                    conn.execute(queries["mark_document_unindexable"], {**params, "error": p.unindexable})
-                    report.documents_unindexable += 1
+        error = p.error
+        if error is None:
+            try:
+                with conn.transaction():
+                    if p.unindexable is not None:
+                        conn.execute(queries["delete_document_chunks"], params)
+                        conn.execute(queries["mark_document_unindexable"], {**params, "error": p.unindexable})
+                        report.documents_unindexable += 1
+                        return
+                    self._reconcile(conn, workspace_id, p, vectors, report)
+                    conn.execute(queries["mark_document_indexed"], params)
+                    report.documents_indexed += 1
                     return
-                if p.error is not None:
-                    raise KbError(p.error)
-                self._reconcile(conn, workspace_id, p, vectors, report)
-                conn.execute(queries["mark_document_indexed"], params)
-                report.documents_indexed += 1
-        except Exception as exc:
-            error = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
-            with conn.transaction():
-                conn.execute(
-                    queries["mark_document_failed"],
-                    {"document_id": row["id"], "error": error[:2000], "max_attempts": self.settings.max_attempts},
-                )
-            report.documents_failed += 1
-            report.failures[row["path"]] = error
+            except Exception as exc:  # the document's own transaction rolled back; the rest go on
+                error = _error_text(exc)
+        with conn.transaction():
+            conn.execute(
+                queries["mark_document_failed"],
+                {"document_id": row["id"], "error": error[:2000], "max_attempts": self.settings.max_attempts},
+            )
+        report.documents_failed += 1
+        report.failures[row["path"]] = error
 
     def _reconcile(self, conn, workspace_id, p: _Prepared, vectors, report) -> None:
         """Reuse chunk rows whose text is unchanged (updating position and spans), insert the new
         ones, delete the rest (SPEC §7)."""
         title = conn.execute(queries["document_title"], {"document_id": p.row["id"]}).fetchone()["title"]
         existing: dict[str, list[dict]] = {}
-        for chunk_row in conn.execute(queries["document_chunks"], {"document_id": p.row["id"]}):
+        stale: list[int] = []
+        for chunk_row in p.existing:
             if chunk_row["embedding_model"] == self.embedder.model:
                 existing.setdefault(chunk_row["text_sha256"], []).append(chunk_row)
             else:
-                existing.setdefault("stale", []).append(chunk_row)
+                stale.append(chunk_row["id"])
         updates, inserts = [], []
         for chunk, digest in zip(p.chunks, p.hashes):
             span = {"position": chunk.position, "start_char": chunk.start_char, "end_char": chunk.end_char,
@@ -244,11 +433,12 @@ class Indexer:
                     "text_sha256": digest, "token_count": chunk.token_count, "model": self.embedder.model,
                     "embedding": vectors[digest], "fts_config": self.settings.fts_config, "title": title,
                 })
-        leftover = [r["id"] for rows in existing.values() for r in rows]
+        leftover = stale + [r["id"] for rows in existing.values() for r in rows]
         with conn.cursor() as cur:
             if leftover:
                 cur.execute(queries["delete_chunks"], {"ids": leftover})
             if updates:
+                # positions are not unique, so moving rows in any order is safe
                 cur.executemany(queries["update_chunk_position"], updates)
             if inserts:
                 cur.executemany(queries["insert_chunk"], inserts)

@@ -1,9 +1,24 @@
-"""Procrastinate jobs (SPEC §6, §7): the app, kb's tasks, and the worker.
+"""Procrastinate jobs (SPEC §6, §7): the app, kb's tasks, the periodic tasks, and the worker.
 
-Queues: ``projection`` (``kb.project_changes``) and ``index`` (``kb.index_changes``). Both take
-only a workspace id and converge to HEAD, so coalescing (``queueing_lock``) and serializing
-(``lock="ws:{id}"``) them is always safe. Jobs are deferred by the store inside the revision's own
-Postgres transaction (``kb.store.defer_convergence``); ``defer`` here is for callers outside one.
+Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``)
+and ``maintenance`` (the periodic tasks). Workspace jobs take only a workspace id and converge to
+HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
+them (``lock="ws:{ws}"``) is always safe. Jobs are deferred by the store inside the revision's own
+Postgres transaction (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are
+for callers outside one. After a run that leaves documents ``failed``, a delayed retry is deferred
+(``kb.sweep.defer_failed_retry``: 5 s doubling per attempt, at most 10 min).
+
+Periodic tasks (``@app.periodic``):
+
+- ``kb.sweep`` (``KB_MAINTENANCE_CRON``, default every minute): defers projection/index jobs for
+  workspaces whose projection or stamp lags git HEAD, and a delayed retry for those that still have
+  failed documents (``kb.sweep``).
+- ``kb.retry_stalled_jobs`` (``KB_MAINTENANCE_CRON``): jobs left ``doing`` by a worker that stopped sending
+  heartbeats for ``KB_STALLED_JOB_SECONDS`` (killed, OOM, lost host) go back to ``todo``
+  (Procrastinate's ``get_stalled_jobs`` / ``retry_job``). Workers heartbeat 4× within that time.
+- ``kb.remove_old_jobs`` (hourly): succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS``
+  ago are deleted (failed ones are kept for the operator), and so are index run rows as old
+  (each workspace's latest is kept).
 """
 
 from __future__ import annotations
@@ -13,12 +28,19 @@ from typing import TYPE_CHECKING
 
 import procrastinate
 
-from kb.store import INDEX_TASK, PROJECTION_TASK
+from kb import database
+from kb.settings import Settings
+from kb.sql import queries
+from kb.store import INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.sweep import defer_failed_retry
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
 
-QUEUES = ["projection", "index"]
+REINDEX_TASK = "kb.reindex"
+QUEUES = ["projection", "index", "maintenance"]
+SWEEP_CRON = STALLED_CRON = Settings().maintenance_cron  # read once, when the tasks are declared
+CLEANUP_CRON = "17 * * * *"
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +50,42 @@ app = procrastinate.App(connector=procrastinate.PsycopgConnector())
 _current: "KnowledgeBase | None" = None
 
 
-def configure(kb: "KnowledgeBase") -> procrastinate.App:
-    """Bind the tasks to ``kb`` and its database; returns the app (open it before use)."""
+def configure(kb: "KnowledgeBase") -> procrastinate.PsycopgConnector:
+    """Bind the tasks to ``kb``; returns a connector to kb's database for ``app.replace_connector``."""
     global _current
     _current = kb
-    return app.with_connector(procrastinate.PsycopgConnector(conninfo=kb.database_url))
+    return procrastinate.PsycopgConnector(conninfo=kb.database_url)
 
 
 def _kb() -> "KnowledgeBase":
     if _current is None:
         raise RuntimeError("kb.jobs.configure(kb) must be called before running kb's tasks")
     return _current
+
+
+def defer_index(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+    """Defer ``kb.index_changes`` for a workspace (coalesced on ``index:{ws}``); returns the job id."""
+    with database.transaction(kb.database_url) as conn:
+        return defer_job(conn, "index", INDEX_TASK, workspace_id)
+
+
+def defer_reindex(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+    """Defer ``kb.reindex`` for a workspace (coalesced on ``reindex:{ws}``); returns the job id."""
+    kb.store(workspace_id).repository  # raises WorkspaceNotFound early
+    with database.transaction(kb.database_url) as conn:
+        return defer_job(conn, "index", REINDEX_TASK, workspace_id, queueing_lock=f"reindex:{workspace_id}")
+
+
+def _after_index(workspace_id: int, report) -> dict:
+    log.info("%s workspace %s: %s", report.kind, workspace_id, report)
+    if report.documents_still_failed:
+        with database.transaction(_kb().database_url) as conn:
+            defer_failed_retry(conn, workspace_id, report.failed_attempts)
+    return {
+        "revision": report.revision, "indexed": report.documents_indexed,
+        "failed": report.documents_failed, "still_failed": report.documents_still_failed,
+        "skipped_locked": report.skipped_locked,
+    }
 
 
 @app.task(name=PROJECTION_TASK, queue="projection")
@@ -50,23 +97,73 @@ def project_changes(workspace_id: int) -> dict:
 
 @app.task(name=INDEX_TASK, queue="index")
 def index_changes(workspace_id: int) -> dict:
-    """Converge a workspace's chunks and embeddings to HEAD (SPEC §7)."""
-    report = _kb().index(workspace_id)
-    log.info("indexed workspace %s: %s", workspace_id, report)
-    return {"revision": report.revision, "indexed": report.documents_indexed, "failed": report.documents_failed}
+    """Converge a workspace's chunks and embeddings to HEAD (SPEC §7); failed documents get a
+    delayed retry job."""
+    return _after_index(workspace_id, _kb().index(workspace_id))
+
+
+@app.task(name=REINDEX_TASK, queue="index")
+def reindex(workspace_id: int) -> dict:
+    """Rebuild a workspace's index from git HEAD, resuming an interrupted rebuild (SPEC §7)."""
+    return _after_index(workspace_id, _kb().reindex(workspace_id))
+
+
+@app.periodic(cron=SWEEP_CRON)
+@app.task(name="kb.sweep", queue="maintenance")
+def sweep(timestamp: int) -> dict:
+    """Defer the work of every workspace that lags git HEAD (SPEC §7)."""
+    from kb.sweep import sweep as run_sweep
+
+    report = run_sweep(_kb())
+    return {"checked": report.checked, "projection": report.projection_deferred,
+            "index": report.index_deferred, "retry": report.retry_deferred}
+
+
+@app.periodic(cron=STALLED_CRON)
+@app.task(name="kb.retry_stalled_jobs", queue="maintenance", pass_context=True)
+async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) -> list[int]:
+    """Put jobs of workers silent for ``KB_STALLED_JOB_SECONDS`` back to ``todo`` (SPEC §7)."""
+    manager = context.app.job_manager
+    stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=_kb().settings.stalled_job_seconds)
+    retried = []
+    for job in stalled:
+        if job.id == context.job.id:
+            continue
+        log.warning("retrying stalled job %s (%s %s)", job.id, job.task_name, job.task_kwargs)
+        await manager.retry_job(job)
+        retried.append(job.id)
+    return retried
+
+
+@app.periodic(cron=CLEANUP_CRON)
+@app.task(name="kb.remove_old_jobs", queue="maintenance", pass_context=True)
+async def remove_old_jobs(context: procrastinate.JobContext, timestamp: int) -> None:
+    """Delete succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS`` ago, and index run rows
+    (``kb.index_runs``) as old, keeping each workspace's latest."""
+    hours = _kb().settings.job_retention_hours
+    await context.app.job_manager.delete_old_jobs(nb_hours=hours)
+    with database.transaction(_kb().database_url) as conn:
+        conn.execute(queries["prune_index_runs"], {"hours": hours})
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:
-    """Run a worker on kb's queues; with ``until_idle`` return once no job is waiting."""
+    """Run a worker on kb's queues; with ``until_idle`` return once no job is waiting.
+
+    Checks the embedder against the database first (DimensionMismatch is a startup error).
+    """
     import asyncio
 
-    bound = configure(kb)
+    kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
+    connector = configure(kb)
+    stalled = kb.settings.stalled_job_seconds
 
     async def _run() -> None:
-        async with bound.open_async():
-            await bound.run_worker_async(
-                queues=QUEUES, wait=not until_idle, concurrency=concurrency,
-                install_signal_handlers=not until_idle,
-            )
+        with app.replace_connector(connector) as bound:
+            async with bound.open_async():
+                await bound.run_worker_async(
+                    queues=QUEUES, wait=not until_idle, concurrency=concurrency,
+                    install_signal_handlers=not until_idle,
+                    update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
+                )
 
     asyncio.run(_run())

@@ -139,16 +139,7 @@ class KnowledgeBase:
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
         if self._embedder is None:
-            embedder = make_embedder(self.settings)
-            with database.connect(self.database_url) as conn:
-                dim = conn.execute(queries["chunk_vector_dimension"]).fetchone()["dim"]
-            if dim is not None and dim != embedder.dim:
-                raise DimensionMismatch(
-                    f"the database stores {dim}-d vectors (kb.chunks.embedding) but the embedding "
-                    f"model {embedder.model!r} makes {embedder.dim}-d vectors; choose a {dim}-d "
-                    "model (KB_EMBEDDING_MODEL) or migrate the column"
-                )
-            self._embedder = embedder
+            self.use_embedder(make_embedder(self.settings))
         return self._embedder
 
     @functools.cached_property
@@ -218,7 +209,12 @@ class KnowledgeBase:
                     "projected": row["last_projected_revision"],
                     **conn.execute(queries["workspace_counts"], {"workspace_id": workspace_id}).fetchone(),
                     "problems": conn.execute(queries["problem_documents"], {"workspace_id": workspace_id}).fetchall(),
+                    "quarantined_documents": conn.execute(
+                        queries["quarantined_documents"], {"workspace_id": workspace_id}
+                    ).fetchall(),
                 }
+            result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
+            result["job_health"] = conn.execute(queries["job_health"]).fetchall()
         return result
 
     # -- store maintenance and undo (issue 3: SPEC §2.1, §3) ------------------------------
@@ -245,3 +241,40 @@ class KnowledgeBase:
         from kb.fsck import fsck
 
         return fsck(self.store(workspace_id))
+
+    # -- issue 4: the derived index's operations (SPEC §7) ---------------------------------
+    def use_embedder(self, embedder: Embedder) -> Embedder:
+        """Make ``embedder`` the active one after checking it against the database.
+
+        Raises DimensionMismatch naming both dimensions when ``kb.chunks.embedding`` is declared
+        with another dimension than the model makes (the startup check of SPEC §7).
+        """
+        with database.connect(self.database_url) as conn:
+            dim = conn.execute(queries["chunk_vector_dimension"]).fetchone()["dim"]
+        if dim is not None and dim != embedder.dim:
+            raise DimensionMismatch(
+                f"the database stores {dim}-d vectors (kb.chunks.embedding) but the embedding "
+                f"model {embedder.model!r} makes {embedder.dim}-d vectors; choose a {dim}-d "
+                "model (KB_EMBEDDING_MODEL) or migrate the column"
+            )
+        self._embedder = embedder
+        return embedder
+
+    def reindex(self, workspace_id: int, progress: Callable[[int, int], None] | None = None) -> IndexReport:
+        """Rebuild a workspace's index from git HEAD in this process, resuming an interrupted
+        rebuild (what the ``kb.reindex`` job runs, SPEC §7)."""
+        self.store(workspace_id).repository  # raises WorkspaceNotFound early
+        indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
+        return indexer.reindex(workspace_id)
+
+    def defer_reindex(self, workspace_id: int) -> int | None:
+        """Queue ``kb.reindex`` for a worker; returns the job id (None: one is already waiting)."""
+        from kb import jobs
+
+        return jobs.defer_reindex(self, workspace_id)
+
+    def sweep(self):
+        """Defer projection/index jobs for every workspace lagging git HEAD (SPEC §7)."""
+        from kb.sweep import sweep
+
+        return sweep(self)

@@ -61,6 +61,15 @@ def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False)
             conn.execute(queries["create_ledger"])
             conn.execute(queries["lock_migrations"], {"namespace": MIGRATION_LOCK_NAMESPACE})
             applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
+            # Procrastinate's tables first: kb's views over them (kb.job_health, issue 4) need them.
+            name, schema = _procrastinate_schema()
+            if not conn.execute(queries["procrastinate_installed"]).fetchone()["installed"]:
+                conn.execute(schema)
+                conn.execute(
+                    queries["record_migration"],
+                    {"name": name, "checksum": hashlib.sha256(schema.encode()).hexdigest()},
+                )
+                report.applied.append(name)
             files = migration_files()
             kb_applied = [name for name in applied if not name.startswith("procrastinate/")]
             if not kb_applied and not from_migrations:
@@ -84,14 +93,6 @@ def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False)
                     conn.execute(path.read_text())
                     conn.execute(queries["record_migration"], {"name": path.name, "checksum": digest})
                     report.applied.append(path.name)
-            name, schema = _procrastinate_schema()
-            if not conn.execute(queries["procrastinate_installed"]).fetchone()["installed"]:
-                conn.execute(schema)
-                conn.execute(
-                    queries["record_migration"],
-                    {"name": name, "checksum": hashlib.sha256(schema.encode()).hexdigest()},
-                )
-                report.applied.append(name)
     except psycopg.Error as exc:
         raise MigrationError(f"applying the schema failed: {exc}".strip()) from exc
     return report

@@ -54,17 +54,18 @@ def _folders_of(paths: list[str]) -> set[str]:
     return folders
 
 
-def project(conn: psycopg.Connection, repo: Repository, workspace: dict) -> ProjectionResult:
+def project(conn: psycopg.Connection, repo: Repository, workspace: dict, *, force: bool = False) -> ProjectionResult:
     """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction.
 
-    ``workspace`` is its ``kb.workspaces`` row. Returns the row ids it changed.
+    ``workspace`` is its ``kb.workspaces`` row. Returns the row ids it changed. ``force`` compares
+    the whole tree with the rows even when HEAD is already projected (``reindex``, SPEC §7).
     """
     ws = workspace["id"]
     conn.execute(queries["lock_projection"], {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": ws})
     head = repo.head()
     result = ProjectionResult(head)
     projected = workspace["last_projected_revision"]
-    if head is None or head == projected:
+    if head is None or (head == projected and not force):
         return result
     head_tree = repo.tree_id(head)
     files = {_virtual(p): blob for p, blob in repo.walk(head_tree, "documents")}

@@ -51,6 +51,15 @@ class Settings(BaseSettings):
     lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")
+    stalled_job_seconds: float = Field(
+        default=60.0,
+        description="Seconds without a worker heartbeat after which its running jobs are retried.",
+    )
+    maintenance_cron: str = Field(
+        default="* * * * *",
+        description="Cron of the sweep and the stalled-job retry (a 6th field counts seconds).",
+    )
+    job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
     fts_config: str = Field(default="english", description="Postgres text search configuration.")
 
     @field_validator("storage_root")

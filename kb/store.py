@@ -349,10 +349,22 @@ def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
 
     Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
     """
-    args = json.dumps({"workspace_id": workspace_id})
     for queue, task in (("projection", PROJECTION_TASK), ("index", INDEX_TASK)):
-        conn.execute(
-            queries["defer_job"],
-            {"queue": queue, "task": task, "lock": f"ws:{workspace_id}",
-             "queueing_lock": f"{queue}:{workspace_id}", "args": args},
-        )
+        defer_job(conn, queue, task, workspace_id)
+
+
+def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None,
+              delay_seconds: float = 0) -> int | None:
+    """Defer ``task(workspace_id=…)`` on ``queue`` in ``conn``'s transaction; returns the job id,
+    or None when a waiting job with the same queueing lock (default ``"{queue}:{ws}"``) covers it.
+
+    Every kb job of a workspace runs under the lock ``"ws:{ws}"`` (serialized, SPEC §7);
+    ``delay_seconds`` schedules it for later.
+    """
+    row = conn.execute(
+        queries["defer_job"],
+        {"queue": queue, "task": task, "lock": f"ws:{workspace_id}",
+         "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
+         "args": json.dumps({"workspace_id": workspace_id}), "delay_seconds": delay_seconds},
+    ).fetchone()
+    return row["id"] if row else None

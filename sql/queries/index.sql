@@ -83,3 +83,81 @@ WHERE a.attrelid = 'kb.chunks'::regclass AND a.attname = 'embedding';
 
 -- name: bench_chunk_texts
 SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- ---- issue 4: reindex, progress rows, sweeps ------------------------------------------------
+
+-- name: documents_to_reindex
+-- Every document of the workspace after the resume cursor, in id order (SPEC §7 reindex).
+SELECT id, path, content_id, index_attempts
+FROM kb.documents
+WHERE workspace_id = %(workspace_id)s AND id > %(after_id)s
+ORDER BY id;
+
+-- name: chunks_of_documents
+SELECT id, document_id, position, text_sha256, start_char, end_char, start_line, end_line,
+       embedding_model
+FROM kb.chunks WHERE document_id = ANY(%(document_ids)s) ORDER BY document_id, position;
+
+-- name: documents_still_failed
+SELECT count(*) AS failed, coalesce(max(index_attempts), 0) AS attempts
+FROM kb.documents WHERE workspace_id = %(workspace_id)s AND status = 'failed';
+
+-- name: running_index_run
+SELECT * FROM kb.index_runs
+WHERE workspace_id = %(workspace_id)s AND kind = %(kind)s AND status = 'running'
+ORDER BY id DESC LIMIT 1;
+
+-- name: interrupt_index_runs
+-- Runs left 'running' by a killed process (the caller holds the index lock, so none is alive).
+UPDATE kb.index_runs SET status = 'interrupted', updated_at = now()
+WHERE workspace_id = %(workspace_id)s AND status = 'running' AND id <> %(keep_id)s;
+
+-- name: start_index_run
+INSERT INTO kb.index_runs (workspace_id, kind, target_revision, documents_total)
+VALUES (%(workspace_id)s, %(kind)s, %(target_revision)s, %(documents_total)s)
+RETURNING *;
+
+-- name: resume_index_run
+UPDATE kb.index_runs
+SET target_revision = %(target_revision)s, documents_total = %(documents_total)s,
+    resumed_count = resumed_count + 1, updated_at = now()
+WHERE id = %(id)s
+RETURNING *;
+
+-- name: update_index_run
+UPDATE kb.index_runs
+SET documents_done = %(documents_done)s, documents_total = %(documents_total)s,
+    documents_failed = %(documents_failed)s,
+    cursor_document_id = %(cursor_document_id)s, chunks_written = %(chunks_written)s,
+    chunks_reused = %(chunks_reused)s, embeddings_computed = %(embeddings_computed)s,
+    embeddings_cached = %(embeddings_cached)s, updated_at = now()
+WHERE id = %(id)s;
+
+-- name: finish_index_run
+UPDATE kb.index_runs SET status = 'finished', finished_at = now(), updated_at = now()
+WHERE id = %(id)s;
+
+-- name: index_lag
+SELECT * FROM kb.index_lag
+WHERE %(workspace_id)s::int IS NULL OR workspace_id = %(workspace_id)s::int
+ORDER BY workspace_id;
+
+-- name: job_health
+SELECT * FROM kb.job_health ORDER BY queue;
+
+-- name: quarantined_documents
+SELECT path, index_attempts, index_error
+FROM kb.documents
+WHERE workspace_id = %(workspace_id)s AND status = 'quarantined'
+ORDER BY path;
+
+-- name: interrupt_index_runs_of_kind
+UPDATE kb.index_runs SET status = 'interrupted', updated_at = now()
+WHERE workspace_id = %(workspace_id)s AND kind = %(kind)s AND status = 'running' AND id <> %(keep_id)s;
+
+-- name: prune_index_runs
+-- Finished or interrupted run rows older than the retention, except each workspace's latest run.
+DELETE FROM kb.index_runs r
+WHERE r.status <> 'running'
+  AND r.updated_at < now() - make_interval(hours => %(hours)s)
+  AND r.id <> (SELECT max(id) FROM kb.index_runs l WHERE l.workspace_id = r.workspace_id);

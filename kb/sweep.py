@@ -1,0 +1,86 @@
+"""The periodic sweep (SPEC §3, §7): find workspaces whose Postgres state lags git HEAD and defer
+the missing work, so nothing depends on a job having been deferred successfully.
+
+For each workspace the sweep reads git HEAD and compares it with the recorded head, the projected
+revision and the index stamp (``kb.index_lag``); it defers ``kb.project_changes`` /
+``kb.index_changes`` where they lag, and a delayed ``kb.index_changes`` (backoff by attempts) where
+documents are still ``failed`` (retried until they succeed or are quarantined). Deferral is coalesced by the jobs'
+queueing locks, so sweeping often is cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kb import database
+from kb.sql import queries
+from kb.store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
+
+if TYPE_CHECKING:
+    from kb.knowledge_base import KnowledgeBase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    """Workspace ids per action taken by one sweep."""
+
+    checked: int = 0
+    recorded: list[int] = field(default_factory=list)
+    projection_deferred: list[int] = field(default_factory=list)
+    index_deferred: list[int] = field(default_factory=list)
+    retry_deferred: list[int] = field(default_factory=list)
+
+
+def retry_delay_seconds(attempts: int) -> float:
+    """Backoff before retrying a workspace's failed documents: 5 s × 2^(attempts-1), ≤ 10 min."""
+    return min(600.0, 5.0 * 2 ** max(0, attempts - 1))
+
+
+def defer_failed_retry(conn, workspace_id: int, attempts: int) -> int | None:
+    """Defer a delayed ``kb.index_changes`` that retries failed documents, coalesced on
+    ``index-retry:{ws}`` so it never delays the immediate job a new revision defers."""
+    return defer_job(conn, "index", INDEX_TASK, workspace_id, queueing_lock=f"index-retry:{workspace_id}",
+                     delay_seconds=retry_delay_seconds(attempts))
+
+
+def record_missing_revisions(store: KnowledgeStore) -> bool:
+    """Record revisions git has and Postgres lacks (a crash between ref update and Postgres
+    commit, SPEC §3) via ``KnowledgeStore.reconcile()`` — the one place the sweep calls it.
+
+    Returns True when any revision was recorded (its jobs are deferred by reconcile).
+    """
+    return bool(store.reconcile())
+
+
+def sweep(kb: "KnowledgeBase") -> SweepReport:
+    """Compare every workspace with git HEAD and defer what lags (SPEC §7); returns what it did."""
+    report = SweepReport()
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        lag = conn.execute(queries["index_lag"], {"workspace_id": None}).fetchall()
+    for row in lag:
+        ws = row["workspace_id"]
+        store = kb.store(ws)
+        if not store.exists():
+            continue
+        report.checked += 1
+        git_head = store.head()
+        if git_head is None:
+            continue
+        if git_head != row["head"] and record_missing_revisions(store):
+            report.recorded.append(ws)
+        with database.transaction(kb.database_url) as conn:
+            if git_head != row["projected"]:
+                defer_job(conn, "projection", PROJECTION_TASK, ws)
+                report.projection_deferred.append(ws)
+            if git_head != row["stamp"]:
+                defer_job(conn, "index", INDEX_TASK, ws)
+                report.index_deferred.append(ws)
+            elif row["documents_failed"] > 0:
+                failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
+                defer_failed_retry(conn, ws, failed["attempts"])
+                report.retry_deferred.append(ws)
+    return report

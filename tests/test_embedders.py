@@ -1,0 +1,73 @@
+"""Issue 4 / SPEC §7: the OpenAI-compatible embedder against a real local HTTP endpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from kb.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
+from kb.errors import EmbeddingError
+
+
+class _Handler(BaseHTTPRequestHandler):
+    reference = HashingEmbedder(384)
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["model"] == "missing-model":
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b'{"error": "model not found"}')
+            return
+        vectors = self.reference.embed(body["input"])
+        data = [{"index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        if body["model"] == "bad-shape":
+            data = [{"index": 0, "embedding": [0.0, 1.0]}]
+        payload = json.dumps({"data": list(reversed(data)), "model": body["model"]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_openai_compatible_endpoint_from_settings(settings, endpoint):
+    configured = settings.model_copy(update={"embedding_model": "openai:local-model", "openai_base_url": endpoint})
+    embedder = make_embedder(configured)
+    assert isinstance(embedder, OpenAIEmbedder) and embedder.model == "local-model" and embedder.dim == 384
+    vectors = embedder.embed(["first text", "second text"])
+    expected = HashingEmbedder(384).embed(["first text", "second text"])
+    assert vectors.shape == (2, 384) and (abs(vectors - expected) < 1e-6).all()  # order restored by index
+
+
+def test_openai_endpoint_errors_are_clear(endpoint):
+    with pytest.raises(EmbeddingError, match="HTTP 404.*missing-model"):
+        OpenAIEmbedder("missing-model", 384, endpoint, None).embed(["x"])
+    with pytest.raises(EmbeddingError, match="expected 384-d"):
+        OpenAIEmbedder("bad-shape", 384, endpoint, None).embed(["x", "y"])
+    with pytest.raises(EmbeddingError, match="failed"):
+        OpenAIEmbedder("m", 384, "http://127.0.0.1:9/v1", None).embed(["x"])
+
+
+def test_openai_embedder_indexes_a_workspace(kb, endpoint):
+    kb.use_embedder(OpenAIEmbedder("local-model", 384, endpoint, None))
+    kb.create_workspace(1)
+    with kb.transaction(1, "one", "t") as tx:
+        tx.write("/documents/a.md", "annual refund policy\n")
+    report = kb.index(1)
+    assert report.documents_indexed == 1 and report.embeddings_computed == 1
+    assert kb.search(1, "refund policy", 1)[0].path == "/documents/a.md"

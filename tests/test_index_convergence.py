@@ -1,0 +1,317 @@
+"""Issue 4 / SPEC §7: the derived index converges to HEAD, re-embeds only changed chunks, isolates
+failures per document, and tells the operator where it stands."""
+
+from __future__ import annotations
+
+import random
+
+import psycopg
+import pytest
+from embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
+
+from kb import database
+from kb.chunking import Chunker
+from kb.embedding import HashingEmbedder
+from kb.errors import DimensionMismatch
+from kb.indexer import sha256_text
+from kb.knowledge_base import KnowledgeBase
+from kb.sql import queries
+
+WORDS = "alpha beta gamma delta kappa omega sigma tau refund policy annual plan invoice".split()
+
+
+def _rows(kb: KnowledgeBase, query: str, **params) -> list[dict]:
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        return conn.execute(queries[query], params).fetchall()
+
+
+def _chunk_set(kb, ws):
+    return _rows(kb, "test_chunk_set", workspace_id=ws)
+
+
+def _paragraphs(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return [f"Section {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(25, 45))) for i in range(n)]
+
+
+def _assert_spans_match(kb, ws, path_to_text: dict[str, str]) -> None:
+    for row in _chunk_set(kb, ws):
+        text = path_to_text[row["path"]]
+        assert text[row["start_char"] : row["end_char"]] == row["text"]
+        lines = text.split("\n")
+        assert row["text"].split("\n")[0] in lines[row["start_line"] - 1]
+        assert row["text"].split("\n")[-1] in lines[row["end_line"] - 1]
+        assert sha256_text(row["text"]) == row["text_sha256"]
+
+
+@pytest.fixture
+def small_chunks(settings):
+    """A KnowledgeBase cutting 64-token chunks, so a modest document has 100+ chunks."""
+    return KnowledgeBase.open(settings.model_copy(update={"chunk_size": 64}))
+
+
+def test_one_line_edit_embeds_exactly_the_changed_chunks(small_chunks):
+    kb = small_chunks
+    embedder = kb.use_embedder(CountingEmbedder())
+    paragraphs = _paragraphs(150)
+    text = "\n\n".join(paragraphs) + "\n"
+    kb.create_workspace(1)
+    with kb.transaction(1, "big doc", "t") as tx:
+        tx.write("/documents/Big.md", text)
+    kb.index(1)
+    before = {r["id"]: r for r in _chunk_set(kb, 1)}
+    assert len(before) >= 100
+    assert len(embedder.texts) == len({r["text_sha256"] for r in before.values()})
+
+    # 1. change one word in one line in the middle: only that chunk's text is new
+    embedder.texts.clear()
+    edited = list(paragraphs)
+    edited[75] = edited[75].replace("Section 75:", "Section 75 (edited):")
+    text2 = "\n\n".join(edited) + "\n"
+    with kb.transaction(1, "edit", "t") as tx:
+        tx.write("/documents/Big.md", text2)
+    report = kb.index(1)
+    after = {r["id"]: r for r in _chunk_set(kb, 1)}
+    old_hashes = {r["text_sha256"] for r in before.values()}
+    new_hashes = {r["text_sha256"] for r in after.values()}
+    assert {sha256_text(t) for t in embedder.texts} == new_hashes - old_hashes
+    assert len(embedder.texts) == 1 and report.embeddings_computed == 1
+    kept = [i for i, r in after.items() if r["text_sha256"] in old_hashes]
+    assert len(kept) == len(after) - 1
+    assert all(i in before and before[i]["text_sha256"] == after[i]["text_sha256"] for i in kept)
+    _assert_spans_match(kb, 1, {"/documents/Big.md": text2})
+
+    # 2. a line inserted at the top moves every span: rows keep their ids, spans follow the text
+    embedder.texts.clear()
+    text3 = "# Title line added\n\n" + text2
+    with kb.transaction(1, "insert at top", "t") as tx:
+        tx.write("/documents/Big.md", text3)
+    kb.index(1)
+    moved = {r["id"]: r for r in _chunk_set(kb, 1)}
+    assert len(embedder.texts) == len({r["text_sha256"] for r in moved.values()} - new_hashes) <= 2
+    survivors = set(moved) & set(after)
+    assert len(survivors) >= len(after) - 1
+    assert all(moved[i]["start_line"] == after[i]["start_line"] + 2 for i in survivors)
+    _assert_spans_match(kb, 1, {"/documents/Big.md": text3})
+
+
+def _corpus(n: int) -> dict[str, str]:
+    paragraphs = _paragraphs(n * 3, seed=3)
+    return {f"/documents/Folder {i % 4}/Doc {i}.md": "\n\n".join(paragraphs[3 * i : 3 * i + 3]) + "\n"
+            for i in range(n)}
+
+
+def _write_all(kb, ws, docs: dict[str, str], message="import") -> None:
+    kb.create_workspace(ws)
+    with kb.transaction(ws, message, "t") as tx:
+        for path, text in docs.items():
+            tx.write(path, text)
+
+
+def _snapshot(kb, ws):
+    return [(r["path"], r["id"], r["position"], r["text_sha256"], r["start_char"], r["end_char"],
+             r["start_line"], r["end_line"]) for r in _chunk_set(kb, ws)]
+
+
+def test_reindex_twice_embeds_nothing_and_rebuilds_from_cache(kb):
+    embedder = kb.use_embedder(CountingEmbedder())
+    docs = _corpus(40)
+    _write_all(kb, 1, docs)
+    first = kb.reindex(1)
+    assert first.documents_indexed == 40 and first.embeddings_computed > 0
+    snapshot = _snapshot(kb, 1)
+    calls = embedder.calls
+
+    second = kb.reindex(1)
+    assert embedder.calls == calls and second.embeddings_computed == 0
+    assert second.cache_hit_ratio == 1.0 and second.chunks_written == 0
+    assert _snapshot(kb, 1) == snapshot  # identical rows, same ids
+
+    # derived tables are disposable: wipe the chunks, reindex from the cache alone
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["bench_delete_workspace_chunks"], {"workspace_id": 1})
+    third = kb.reindex(1)
+    assert embedder.calls == calls and third.embeddings_cached == third.chunks_written > 0
+    rebuilt = _snapshot(kb, 1)
+    assert [r[:1] + r[2:] for r in rebuilt] == [r[:1] + r[2:] for r in snapshot]
+    _assert_spans_match(kb, 1, docs)
+    runs = _rows(kb, "test_index_runs", workspace_id=1)
+    assert [r["status"] for r in runs] == ["finished"] * 3
+    assert runs[-1]["documents_done"] == runs[-1]["documents_total"] == 40
+
+
+def test_reindex_prunes_and_upserts_rows_that_drifted_from_git(kb):
+    docs = _corpus(5)
+    _write_all(kb, 1, docs)
+    kb.index(1)
+    with kb.transaction(1, "remove one", "t") as tx:
+        tx.remove("/documents/Folder 0/Doc 0.md")
+    report = kb.reindex(1)
+    assert report.revision == kb.head(1)
+    paths = {r["path"] for r in _chunk_set(kb, 1)}
+    assert "/documents/Folder 0/Doc 0.md" not in paths and len(paths) == 4
+
+
+def test_poison_document_is_quarantined_and_the_workspace_converges(kb):
+    embedder = kb.use_embedder(PoisonEmbedder())
+    docs = _corpus(100)
+    poison = "/documents/Folder 1/Doc 13.md"
+    docs[poison] = "# Bad\n\nthis text is POISON for the model\n"
+    _write_all(kb, 1, docs)
+
+    first = kb.index(1)
+    assert first.documents_indexed == 99 and first.documents_failed == 1
+    assert list(first.failures) == [poison] and "rejected" in first.failures[poison]
+    assert first.documents_still_failed == 1
+    head = kb.head(1)
+    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    assert lag["stamp"] == head and lag["revisions_behind"] == 0  # the stamp advanced past successes
+    assert lag["documents_failed"] == 1 and lag["documents_quarantined"] == 0
+    swept = kb.sweep()  # failed documents get a delayed retry, not an immediate job
+    assert swept.index_deferred == [] and swept.retry_deferred == [1]
+
+    for _ in range(2):
+        kb.index(1)
+    states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
+    assert states[poison]["status"] == "quarantined" and states[poison]["index_attempts"] == 3
+    assert "rejected" in states[poison]["index_error"]
+    assert sum(1 for r in states.values() if r["status"] == "indexed") == 99
+    status = kb.status(1)["workspace"]
+    assert status["index_stamp"] == head and status["quarantined"] == 1
+    assert [d["path"] for d in status["quarantined_documents"]] == [poison]
+    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    assert lag["documents_failed"] == 0 and lag["documents_quarantined"] == 1
+    # quarantined: no more attempts from index_changes, and the sweep has nothing to do
+    calls = embedder.calls
+    assert kb.index(1).documents_total == 0 and embedder.calls == calls
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["delete_finished_jobs_for_tests"])
+    swept = kb.sweep()
+    assert swept.index_deferred == [] and swept.retry_deferred == []
+    # a new version of the document gets a fresh start
+    with kb.transaction(1, "fix", "t") as tx:
+        tx.write(poison, "# Fixed\n\nfine now\n")
+    kb.index(1)
+    states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
+    assert states[poison]["status"] == "indexed" and states[poison]["index_attempts"] == 0
+
+
+def test_nan_vector_fails_only_its_document(kb):
+    kb.use_embedder(NaNEmbedder())
+    _write_all(kb, 1, {"/documents/a.md": "fine words\n", "/documents/b.md": "has NANTEXT inside\n"})
+    report = kb.index(1)
+    assert report.documents_indexed == 1 and report.documents_failed == 1
+    assert "NaN" in report.failures["/documents/b.md"]
+    assert {r["path"] for r in _chunk_set(kb, 1)} == {"/documents/a.md"}
+
+
+def test_unindexable_documents_stay_in_git_and_do_not_fail_the_job(kb):
+    nul = b"before\x00after\n"
+    latin1 = "caf\xe9\n".encode("latin-1")
+    kb.create_workspace(1)
+    with kb.transaction(1, "odd bytes", "t") as tx:
+        tx.write("/documents/nul.md", nul)
+        tx.write("/documents/latin1.md", latin1)
+        tx.write("/documents/ok.md", b"ok\n")
+    report = kb.index(1)
+    assert report.documents_unindexable == 2 and report.documents_failed == 0
+    states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
+    assert states["/documents/nul.md"]["status"] == "unindexable"
+    assert "NUL" in states["/documents/nul.md"]["index_error"]
+    assert "UTF-8" in states["/documents/latin1.md"]["index_error"]
+    assert kb.read(1, "/documents/nul.md") == nul and kb.read(1, "/documents/latin1.md") == latin1
+    assert kb.status(1)["workspace"]["index_stamp"] == kb.head(1)
+    assert kb.index(1).documents_total == 0  # not retried until the content changes
+
+
+def test_dimension_mismatch_names_both_dimensions(kb):
+    with pytest.raises(DimensionMismatch, match=r"384-d.*'hashing-v1-256'.*256-d"):
+        kb.use_embedder(HashingEmbedder(256))
+
+
+def test_index_lag_and_job_health_views(kb):
+    _write_all(kb, 1, _corpus(3))
+    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    assert lag["head"] == kb.head(1) and lag["stamp"] is None and lag["revisions_behind"] == 1
+    health = {r["queue"]: r for r in _rows(kb, "test_job_health")}
+    assert health["index"]["todo"] == 1 and health["projection"]["todo"] == 1
+    assert health["index"]["oldest_waiting"] is not None
+    kb.run_worker(until_idle=True)
+    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    assert lag["stamp"] == lag["head"] and lag["revisions_behind"] == 0
+    assert lag["documents_pending"] == 0 and lag["last_run_status"] == "finished"
+    health = {r["queue"]: r for r in _rows(kb, "test_job_health")}
+    assert health["index"]["todo"] == 0 and health["index"]["failed"] == 0
+
+
+def test_sweep_defers_work_for_workspaces_behind_git_head(kb):
+    _write_all(kb, 1, _corpus(2))
+    kb.run_worker(until_idle=True)
+    assert kb.sweep().index_deferred == []
+    # a revision whose jobs were never deferred (e.g. the queue rows were lost): the sweep finds it
+    _write_all(kb, 1, {"/documents/new.md": "new text\n"}, "second")
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["delete_todo_jobs_for_tests"])
+    report = kb.sweep()
+    assert report.index_deferred == [1] and report.projection_deferred == [1]
+    assert kb.sweep().index_deferred == [1]  # coalesced: still one waiting job
+    jobs = [j for j in _rows(kb, "test_jobs") if j["status"] == "todo"]
+    assert sorted(j["task_name"] for j in jobs) == ["kb.index_changes", "kb.project_changes"]
+    kb.run_worker(until_idle=True)
+    assert kb.status(1)["workspace"]["index_stamp"] == kb.head(1)
+
+
+def test_markdown_tables_and_fenced_code_stay_whole():
+    chunker = Chunker(60)
+    table = "| a | b |\n|---|---|\n" + "".join(f"| row {i} | value {i} |\n" for i in range(5))
+    code = "```python\n" + "\n\n".join(f"def f{i}():\n    return {i}" for i in range(4)) + "\n```"
+    text = "\n\n".join([f"Paragraph {i} with some words in it to fill tokens." for i in range(6)]
+                       + [table, "More text here.", code, "end"])
+    chunks = chunker.chunk(text)
+    holding_table = [c for c in chunks if "| row" in c.text]
+    holding_code = [c for c in chunks if "def f" in c.text]
+    assert len(holding_table) == 1 and "| a | b |" in holding_table[0].text and "row 4" in holding_table[0].text
+    assert len(holding_code) == 1 and "```python" in holding_code[0].text
+    assert holding_code[0].text.count("```") == 2
+    for chunk in chunks:
+        assert text[chunk.start_char : chunk.end_char] == chunk.text
+        assert chunk.token_count <= 60
+    # an oversized table is cut between rows, never inside one
+    big = "| a | b |\n|---|---|\n" + "".join(f"| row {i} | value {i} |\n" for i in range(60))
+    for chunk in Chunker(60).chunk(big):
+        assert all(line.startswith("|") and line.endswith("|") for line in chunk.text.split("\n"))
+
+
+def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(kb):
+    embedder = kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, _corpus(80))
+    _write_all(kb, 2, {f"/documents/s{i}.md": p for i, p in enumerate(_paragraphs(12, seed=11))})
+    kb.index(1)
+    kb.index(2)
+    small = _chunk_set(kb, 2)
+    assert len(small) == 12
+    vector = embedder.embed(["refund policy annual plan"])[0]
+    from kb.embedding import vector_literal
+
+    leg = [r["id"] for r in _rows(kb, "bench_vector_leg", workspace_id=2, embedding=vector_literal(vector), k=10)]
+    assert len(leg) == 10
+    scores = {r["id"]: float(embedder.embed([r["text"]])[0] @ vector) for r in small}
+    exact = sorted(scores, key=lambda i: (-scores[i], i))[:10]
+    assert leg == exact
+
+
+def test_index_job_with_failed_documents_defers_a_delayed_retry(kb):
+    kb.use_embedder(PoisonEmbedder())
+    _write_all(kb, 1, {"/documents/ok.md": "fine\n", "/documents/bad.md": "POISON here\n"})
+    kb.run_worker(until_idle=True)
+    jobs = _rows(kb, "test_jobs")
+    assert any(j["task_name"] == "kb.index_changes" and j["status"] == "succeeded" for j in jobs)
+    waiting = [j for j in jobs if j["status"] == "todo" and j["task_name"] == "kb.index_changes"]
+    assert len(waiting) == 1 and waiting[0]["queueing_lock"] == "index-retry:1" and waiting[0]["scheduled_later"]
+    assert kb.sweep().retry_deferred == [1]  # coalesced with the waiting retry
+    assert len([j for j in _rows(kb, "test_jobs") if j["status"] == "todo"]) == 1
+    # a new revision's immediate job is not blocked by the waiting retry
+    _write_all(kb, 1, {"/documents/more.md": "more\n"}, "more")
+    locks = sorted(j["queueing_lock"] for j in _rows(kb, "test_jobs")
+                   if j["status"] == "todo" and j["task_name"] == "kb.index_changes")
+    assert locks == ["index-retry:1", "index:1"]

@@ -1,0 +1,84 @@
+"""Issue 4 / SPEC §7, §14: kill -9 a real Procrastinate worker in the middle of a reindex; the
+stalled-job task retries the job, the reindex resumes from its recorded cursor, and the index ends
+identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_index_convergence import _corpus, _rows, _write_all
+
+from kb import database
+from kb.sql import queries
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _job(kb, task: str) -> dict | None:
+    return next((j for j in _rows(kb, "test_jobs") if j["task_name"] == task), None)
+
+
+def _comparable(kb, ws):
+    return [(r["path"], r["position"], r["text_sha256"], r["start_char"], r["end_char"], r["start_line"],
+             r["end_line"]) for r in _rows(kb, "test_chunk_set", workspace_id=ws)]
+
+
+def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env):
+    docs = _corpus(200)
+    _write_all(kb, 1, docs)
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["delete_todo_jobs_for_tests"])  # only the reindex below runs
+    kb.defer_reindex(1)
+    env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
+           "KB_EMBED_BATCH_SIZE": "8", "PYTHONPATH": os.pathsep.join(sys.path)}
+    slow = subprocess.Popen([sys.executable, str(TESTS / "slow_worker.py"), "0.3"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        run = _wait(lambda: next((r for r in _rows(kb, "test_index_runs", workspace_id=1)
+                                  if r["documents_done"] >= 64), None), 120, "half of the reindex")
+    finally:
+        os.kill(slow.pid, signal.SIGKILL)
+        slow.wait()
+    runs = _rows(kb, "test_index_runs", workspace_id=1)
+    assert len(runs) == 1 and runs[0]["status"] == "running" and runs[0]["documents_done"] < 200
+    assert runs[0]["cursor_document_id"] is not None
+    assert _job(kb, "kb.reindex")["status"] == "doing"  # its worker is dead
+
+    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: _job(kb, "kb.reindex")["status"] == "succeeded", 120, "the retried reindex")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    retried = [j for j in _rows(kb, "test_jobs") if j["task_name"] == "kb.retry_stalled_jobs"
+               and j["status"] == "succeeded"]
+    assert retried, "the stalled-job task ran"
+    assert _job(kb, "kb.reindex")["attempts"] == 2
+    runs = _rows(kb, "test_index_runs", workspace_id=1)
+    reindex_runs = [r for r in runs if r["kind"] == "reindex"]
+    assert len(reindex_runs) == 1 and reindex_runs[0]["status"] == "finished"
+    assert reindex_runs[0]["resumed_count"] == 1 and reindex_runs[0]["documents_done"] == 200
+    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    assert lag["stamp"] == kb.head(1) and lag["documents_pending"] == 0 and lag["documents_failed"] == 0
+
+    # the same documents indexed without interruption give the same chunk set
+    _write_all(kb, 2, docs)
+    kb.index(2)
+    assert _comparable(kb, 1) == _comparable(kb, 2)
+    assert len(_comparable(kb, 1)) == len({(p, pos) for p, pos, *_ in _comparable(kb, 1)})
