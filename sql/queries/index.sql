@@ -80,3 +80,10 @@ SELECT title FROM kb.documents WHERE id = %(document_id)s;
 SELECT nullif(a.atttypmod, -1) AS dim
 FROM pg_attribute a
 WHERE a.attrelid = 'kb.chunks'::regclass AND a.attname = 'embedding';
+
+-- name: reset_index_state
+-- (issue 5: the minimal reindex; issue 4's richer reindex may replace it.)
+-- Make every document of a workspace lag its content so the next index run rebuilds its chunks.
+UPDATE kb.documents
+SET indexed_content_id = NULL, status = 'pending', index_attempts = 0, index_error = NULL
+WHERE workspace_id = %(workspace_id)s AND status <> 'unindexable';
