@@ -39,6 +39,7 @@ PROJECTION_LOCK_NAMESPACE = 7103
 KEEP = ".keep"
 ROOT = "/documents"
 EVENTS_CHANNEL = "kb_events"
+MAX_PAYLOAD_BYTES = 8000
 PATH_KEYED_TYPES = ("NOTE", "ARTIFACT")
 """Document types whose ``unique_identifier_hash`` is keyed by the virtual path (SPEC §2.4)."""
 
@@ -248,8 +249,17 @@ class _Projection:
             with self.conn.cursor() as cur:
                 cur.executemany(
                     queries["notify_event"],
-                    [{"channel": EVENTS_CHANNEL, "payload": json.dumps(e, ensure_ascii=False)} for e in r.events],
+                    [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in r.events],
                 )
+
+
+def event_payload(event: dict) -> str:
+    """The JSON text of one ``kb_events`` notification. Postgres refuses payloads of 8000 bytes or
+    more, so an event whose path would not fit is sent without ``path`` (the id identifies it)."""
+    text = json.dumps(event, ensure_ascii=False)
+    if len(text.encode("utf-8")) >= MAX_PAYLOAD_BYTES:
+        text = json.dumps({k: v for k, v in event.items() if k != "path"}, ensure_ascii=False)
+    return text
 
 
 def project(

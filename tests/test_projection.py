@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 from psycopg.rows import dict_row
 
-from kb.projection import renamed_folder_candidates
+from kb.projection import event_payload, renamed_folder_candidates
 
 
 def _docs(url: str, ws: int = 1) -> dict[str, dict]:
@@ -47,6 +47,14 @@ def test_folder_candidates_from_a_move():
         ("/documents/a/b", "/documents/c/b"), ("/documents/a", "/documents/c")]
     assert renamed_folder_candidates("/documents/a/x.md", "/documents/a/y.md") == []
     assert renamed_folder_candidates("/documents/a/x.md", "/documents/x.md") == []
+
+
+def test_event_payload_fits_notify_limit():
+    small = {"event": "document_created", "workspace_id": 1, "revision": "r", "id": 7, "path": "/documents/a.md"}
+    assert json.loads(event_payload(small)) == small
+    deep = {**small, "path": "/documents/" + "/".join(["é" * 120] * 40) + "/x.md"}
+    payload = event_payload(deep)
+    assert len(payload.encode()) < 8000 and json.loads(payload) == {k: v for k, v in small.items() if k != "path"}
 
 
 def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):

@@ -9,9 +9,9 @@ SELECT current_setting('server_version_num')::int AS server_version_num,
        current_setting('max_wal_senders')::int AS max_wal_senders,
        current_user AS role,
        has_database_privilege(current_database(), 'CREATE') AS can_create,
-       (SELECT bool_and(pg_has_role(current_user, c.relowner, 'USAGE'))
-        FROM pg_class c
-        WHERE c.oid IN ('kb.documents'::regclass, 'kb.folders'::regclass)) AS owns_tables,
+       (SELECT coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')), false)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'kb' AND c.relname IN ('documents', 'folders')) AS owns_tables,
        EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %(name)s) AS exists;
 
 -- name: publication_tables
