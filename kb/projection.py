@@ -6,13 +6,15 @@ projection lock. It is idempotent and order-free:
 1. It replays the moves the store recorded (``kb.path_changes``) since the last projected
    revision, revision by revision, so a moved document keeps its row id; a folder whose files all
    moved (a folder rename) keeps its folder row id, and so do its descendants.
-2. It walks HEAD's ``documents/`` tree (fine up to ~10k documents per workspace) and upserts every
+2. It diffs the last projected revision's tree against HEAD (git skips unchanged subtrees, so a
+   one-file revision costs the same at any workspace size) — or, on a first run, a rebuild or an
+   unrecorded base, walks HEAD's whole ``documents/`` tree against every row — and upserts every
    document whose content changed, preserving each row's ``document_type``, ``metadata`` and
    ``title``; a file no row claims becomes a ``NOTE`` titled from its file name. Rows whose file is
    gone are deleted — except rows with no ``content_id``: those were created by a client ahead of
    their file (a *claim*, e.g. a FILE row written to git a moment later) and wait for it.
 3. Folder rows: one for every folder implied by a document path or holding a ``.keep``; the rest
-   are pruned.
+   are pruned (an incremental run looks only at the folders above the paths that changed).
 4. Every change is announced with ``pg_notify('kb_events', json)`` in the same transaction, so
    listeners hear it exactly when the rows commit (SPEC §5, §6).
 
@@ -23,6 +25,7 @@ file still exists, so replicated ids stay stable.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import posixpath
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from kb.errors import WorkspaceNotFound
+from kb.errors import RevisionNotFound, WorkspaceNotFound
 from kb.paths import unique_identifier_hash
 from kb.repository import Repository
 from kb.sql import queries
@@ -117,20 +120,27 @@ def renamed_folder_candidates(old: str, new: str) -> list[tuple[str, str]]:
 class _Projection:
     """One run of the projection inside one transaction (see the module docstring)."""
 
-    def __init__(self, conn: psycopg.Connection, repo: Repository, workspace_id: int, head: str) -> None:
+    def __init__(
+        self, conn: psycopg.Connection, repo: Repository, workspace_id: int, head: str,
+        paths: set[str] | None = None,
+    ) -> None:
+        """Load the document rows at ``paths`` (all of the workspace's when None) and every folder row."""
         self.conn, self.repo, self.ws, self.head = conn, repo, workspace_id, head
         self.result = ProjectionResult(head)
-        self.rows = {r["path"]: r for r in conn.execute(queries["document_paths"], {"workspace_id": workspace_id})}
+        rows = (
+            conn.execute(queries["document_paths"], {"workspace_id": workspace_id})
+            if paths is None
+            else conn.execute(queries["document_rows_at"], {"workspace_id": workspace_id, "paths": sorted(paths)})
+        )
+        self.rows = {r["path"]: r for r in rows}
         self.folder_rows = {
             r["path"]: r["id"] for r in conn.execute(queries["folder_paths"], {"workspace_id": workspace_id})
         }
         self.deleted_paths: dict[int, str] = {}
 
     # -- 1. recorded moves ----------------------------------------------------------------
-    def replay_moves(self, after_seq: int) -> None:
-        moves = self.conn.execute(
-            queries["recorded_moves_since"], {"workspace_id": self.ws, "after_seq": after_seq}
-        ).fetchall()
+    def replay_moves(self, moves: list[dict]) -> None:
+        """Apply recorded moves (``recorded_moves_since`` rows), one revision at a time."""
         for _, group in itertools.groupby(moves, key=lambda m: m["seq"]):
             group = list(group)
             pairs = [(_virtual(m["old_path"]), _virtual(m["new_path"])) for m in group]
@@ -146,23 +156,22 @@ class _Projection:
         parked = any(new in sources for _, new in pairs)
         moving = [(old, new, self.rows.pop(old)) for old, new in pairs]
         if parked:  # free every source path first so the unique (workspace, path) never trips
-            for old, _, row in moving:
-                self._update_path(old, f"//moving/{row['id']}", row)
-        for old, new, row in moving:
-            self._update_path(f"//moving/{row['id']}" if parked else old, new, row)
+            self._many(queries["move_document"], [self._move_params(old, f"//moving/{row['id']}", row)
+                                                  for old, _, row in moving])
+        self._many(queries["move_document"], [
+            self._move_params(f"//moving/{row['id']}" if parked else old, new, row) for old, new, row in moving
+        ])
+        for _, new, row in moving:
             self.rows[new] = {**row, "path": new}
             self.result.moved.append(row["id"])
 
-    def _update_path(self, old: str, new: str, row: dict) -> None:
+    def _move_params(self, old: str, new: str, row: dict) -> dict:
         uid_hash = (
             unique_identifier_hash(row["document_type"], new, self.ws)
             if row["document_type"] in PATH_KEYED_TYPES and not new.startswith("//")
             else None
         )
-        self.conn.execute(
-            queries["move_document"],
-            {"workspace_id": self.ws, "old_path": old, "new_path": new, "uid_hash": uid_hash},
-        )
+        return {"workspace_id": self.ws, "old_path": old, "new_path": new, "uid_hash": uid_hash}
 
     def _move_folders(self, pairs: list[tuple[str, str]], tree: bytes | None) -> None:
         """Keep folder row ids across a folder rename: a folder that exists before but not after
@@ -183,21 +192,37 @@ class _Projection:
             self.result.folders_moved.append(folder_id)
 
     # -- 2. documents -----------------------------------------------------------------------
-    def converge_documents(self, documents: dict[str, str]) -> None:
-        for path, blob in documents.items():
-            if path in self.rows and self.rows[path]["content_id"] == blob:
-                continue
-            row = self.conn.execute(
-                queries["upsert_document"],
-                {"workspace_id": self.ws, "path": path, "title": title_from_path(path),
-                 "uid_hash": unique_identifier_hash("NOTE", path, self.ws), "content_id": blob,
-                 "revision_id": self.head},
-            ).fetchone()
-            if row is not None:
-                (self.result.created if row["inserted"] else self.result.updated).append(row["id"])
-        for path in sorted(set(self.rows) - set(documents)):
-            if self.rows[path]["content_id"] is not None:  # a claim without content waits for its file
-                self._delete_document(path)
+    def converge_documents(self, documents: dict[str, str], removed: set[str] | None = None) -> None:
+        """Upsert ``documents`` ({virtual path: blob id}) whose content differs from their row;
+        delete the rows of ``removed`` paths, or (a full run, ``removed=None``) of every path not
+        in ``documents``. Rows without ``content_id`` (claims) are never deleted."""
+        changed = [
+            {"workspace_id": self.ws, "path": path, "title": title_from_path(path),
+             "uid_hash": unique_identifier_hash("NOTE", path, self.ws), "content_id": blob,
+             "revision_id": self.head}
+            for path, blob in documents.items()
+            if path not in self.rows or self.rows[path]["content_id"] != blob
+        ]
+        for row in self._many(queries["upsert_document"], changed):
+            (self.result.created if row["inserted"] else self.result.updated).append(row["id"])
+            self.rows[row["path"]] = row
+        candidates = set(self.rows) - set(documents) if removed is None else set(self.rows) & removed
+        gone = [p for p in sorted(candidates) if self.rows[p]["content_id"] is not None]
+        for row in self._many(queries["delete_document"], [{"workspace_id": self.ws, "path": p} for p in gone]):
+            self.rows.pop(row["path"], None)  # a claim without content waits for its file
+            self.result.deleted.append(row["id"])
+            self.deleted_paths[row["id"]] = row["path"]
+
+    def _many(self, query: str, params: list[dict]) -> list[dict]:
+        """Run ``query`` once per parameter set in one pipelined batch; the rows it returned."""
+        if not params:
+            return []
+        found = []
+        with self.conn.cursor() as cur:
+            cur.executemany(query, params, returning=True)
+            for _ in cur.results():
+                found.extend(cur.fetchall())
+        return found
 
     def _delete_document(self, path: str) -> None:
         gone = self.conn.execute(queries["delete_document"], {"workspace_id": self.ws, "path": path}).fetchone()
@@ -207,9 +232,17 @@ class _Projection:
             self.deleted_paths[gone["id"]] = path
 
     # -- 3. folders -------------------------------------------------------------------------
-    def converge_folders(self, wanted: set[str]) -> dict[int, str]:
+    def result_folder_paths(self) -> list[str]:
+        """Paths of the folder rows renamed by this run (their old paths are gone already)."""
+        by_id = {i: p for p, i in self.folder_rows.items()}
+        return [by_id[i] for i in self.result.folders_moved if i in by_id]
+
+    def converge_folders(self, wanted: set[str], scope: set[str] | None = None) -> dict[int, str]:
+        """Create the ``wanted`` folder rows that are missing and delete the others — all other
+        rows, or (an incremental run) only those in ``scope``. Returns ``{deleted id: path}``."""
         deleted: dict[int, str] = {}
-        for stale in sorted(set(self.folder_rows) - wanted, reverse=True):  # children first
+        existing = set(self.folder_rows) if scope is None else set(self.folder_rows) & scope
+        for stale in sorted(existing - wanted, reverse=True):  # children first
             removed = self.conn.execute(
                 queries["delete_folder"], {"workspace_id": self.ws, "path": stale}
             ).fetchone()
@@ -281,14 +314,36 @@ def project(
     projected = row["last_projected_revision"]
     if head is None or (head == projected and not force):
         return ProjectionResult(head)
-    run = _Projection(conn, repo, ws, head)
+    head_tree = repo.tree_id(head)
+    moves: list[dict] = []
+    base_tree = None
     if projected is not None and projected != head:
         found = conn.execute(queries["revision_seq"], {"workspace_id": ws, "revision_id": projected}).fetchone()
         if found is not None:  # an unrecorded projected revision: no moves to trust, ids by path only
-            run.replay_moves(found["seq"])
-    files = {_virtual(p): blob for p, blob in repo.walk(repo.tree_id(head), "documents")}
-    run.converge_documents({p: b for p, b in files.items() if posixpath.basename(p) != KEEP})
-    folders_deleted = run.converge_folders(folders_of(list(files)))
+            moves = conn.execute(
+                queries["recorded_moves_since"], {"workspace_id": ws, "after_seq": found["seq"]}
+            ).fetchall()
+            with contextlib.suppress(RevisionNotFound):
+                base_tree = repo.tree_id(projected)
+    if base_tree is not None and not force:  # incremental: only what changed since the last run
+        changes = [c for c in repo.diff(base_tree, head_tree) if c.path.startswith("documents/")]
+        touched = {_virtual(c.path): c.new_id for c in changes}
+        moved_paths = {_virtual(m[k]) for m in moves for k in ("old_path", "new_path")}
+        run = _Projection(conn, repo, ws, head, paths=set(touched) | moved_paths)
+        run.replay_moves(moves)
+        run.converge_documents(
+            {p: b for p, b in touched.items() if b is not None and posixpath.basename(p) != KEEP},
+            removed={p for p, b in touched.items() if b is None},
+        )
+        scope = folders_of(list(touched)) | set(run.result_folder_paths())
+        wanted = {f for f in scope if repo.is_folder(head_tree, f[1:])}
+        folders_deleted = run.converge_folders(wanted, scope)
+    else:  # full: the whole HEAD tree against every row (first run, rebuild, unknown base)
+        run = _Projection(conn, repo, ws, head)
+        run.replay_moves(moves)
+        files = {_virtual(p): blob for p, blob in repo.walk(head_tree, "documents")}
+        run.converge_documents({p: b for p, b in files.items() if posixpath.basename(p) != KEEP})
+        folders_deleted = run.converge_folders(folders_of(list(files)))
     run.announce(folders_deleted)
     conn.execute(queries["set_projected_revision"], {"workspace_id": ws, "revision_id": head})
     return run.result

@@ -9,6 +9,11 @@ SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(re
 -- name: document_paths
 SELECT id, path, content_id, document_type FROM kb.documents WHERE workspace_id = %(workspace_id)s;
 
+-- name: document_rows_at
+-- The rows at some paths (an incremental projection loads only the paths a diff or a move touched).
+SELECT id, path, content_id, document_type
+FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = ANY(%(paths)s);
+
 -- name: recorded_moves_since
 -- Document moves the store recorded after a sequence number, oldest revision first (SPEC §6: a
 -- recorded move keeps the document id; no similarity rename detection).
@@ -41,10 +46,10 @@ SET content_id = EXCLUDED.content_id,
                           THEN 0 ELSE kb.documents.index_attempts END,
     updated_at = now()
 WHERE kb.documents.content_id IS DISTINCT FROM EXCLUDED.content_id
-RETURNING id, (xmax = 0) AS inserted;
+RETURNING id, path, content_id, document_type, (xmax = 0) AS inserted;
 
 -- name: delete_document
-DELETE FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id;
+DELETE FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id, path;
 
 -- name: folder_paths
 SELECT id, path FROM kb.folders WHERE workspace_id = %(workspace_id)s;
