@@ -70,6 +70,8 @@ def init() -> None:
     click.echo(f"repositories:  {settings.knowledge_store}")
     applied = ", ".join(report.applied) if report.applied else "none (up to date)"
     click.echo(f"schema:        {'created' if report.fresh else 'present'}; applied: {applied}")
+    if report.publication is not None:
+        click.echo(f"publication:   {report.publication.describe()}")
 
 
 @main.command("import")
@@ -130,6 +132,22 @@ def index(workspace: int) -> None:
         f"indexed {report.documents_indexed} documents ({report.chunks_written} chunks written, "
         f"{report.chunks_reused} reused, {report.embeddings_computed} embedded, "
         f"{report.embeddings_cached} from cache); failed {report.documents_failed}; stamp {report.revision}"
+    )
+
+
+@main.command("rebuild-projection")
+@workspace_option
+def rebuild_projection(workspace: int) -> None:
+    """Re-derive documents/folders rows from git HEAD; ids of existing rows stay the same.
+
+    Deletes nothing a client holds: rows whose file exists are kept and repaired, missing folder
+    rows come back. Example: kb rebuild-projection --workspace 1
+    """
+    result = _open().rebuild_projection(workspace)
+    click.echo(
+        f"projected {result.revision}: documents {len(result.created)} created, {len(result.updated)} "
+        f"updated, {len(result.deleted)} deleted; folders {len(result.folders_created)} created, "
+        f"{len(result.folders_deleted)} deleted"
     )
 
 

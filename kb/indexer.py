@@ -230,8 +230,7 @@ class Indexer:
 
     def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:
         with database.transaction(self.database_url) as conn:
-            workspace = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
-            return project(conn, repo, workspace, force=full).revision
+            return project(conn, repo, workspace_id, force=full).revision
 
     def _lagging_pass(self, conn, repo, workspace_id, head, report, *, start_run: bool, run=None) -> None:
         """Index the documents whose indexed content lags their projected content (not those this

@@ -90,9 +90,9 @@ def _after_index(workspace_id: int, report) -> dict:
 
 @app.task(name=PROJECTION_TASK, queue="projection")
 def project_changes(workspace_id: int) -> dict:
-    """Converge ``documents``/``folders`` rows of a workspace to HEAD (SPEC §6)."""
-    result = _kb().project(workspace_id)
-    return {"revision": result.revision, "created": len(result.created), "deleted": len(result.deleted)}
+    """Converge ``documents``/``folders`` rows of a workspace to HEAD and announce the changes on
+    ``kb_events`` (SPEC §6); returns the counts of rows changed."""
+    return _kb().project(workspace_id).counts()
 
 
 @app.task(name=INDEX_TASK, queue="index")

@@ -24,6 +24,7 @@ from kb.indexer import Indexer, IndexReport
 from kb.migrations import MigrationReport, apply_migrations
 from kb.paths import StorePath
 from kb.projection import ProjectionResult, project
+from kb.publication import PublicationStatus, ensure_publication
 from kb.search import search as hybrid_search
 from kb.settings import Settings
 from kb.sql import queries
@@ -147,12 +148,24 @@ class KnowledgeBase:
         """The chunker (chunk size in model tokens, SPEC §7)."""
         return Chunker(self.settings.chunk_size)
 
-    def project(self, workspace_id: int) -> ProjectionResult:
-        """Converge documents/folders rows to HEAD (SPEC §6)."""
+    def project(self, workspace_id: int, *, force: bool = False) -> ProjectionResult:
+        """Converge documents/folders rows to HEAD in one transaction, sending ``kb_events`` on
+        commit (SPEC §6); what the ``kb.project_changes`` job runs. Raises WorkspaceNotFound."""
         store = self.store(workspace_id)
         with database.transaction(self.database_url) as conn:
-            workspace = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
-            return project(conn, store.repository, workspace)
+            return project(conn, store.repository, workspace_id, force=force)
+
+    def rebuild_projection(self, workspace_id: int) -> ProjectionResult:
+        """Re-derive documents/folders rows from HEAD even if HEAD is already projected
+        (``kb rebuild-projection``, SPEC §1, §6): missing folder rows come back, drifted rows are
+        repaired, and no row whose file exists is deleted, so ids stay stable for replicas."""
+        return self.project(workspace_id, force=True)
+
+    def publication_status(self) -> PublicationStatus:
+        """Create ``kb_publication`` if missing and allowed; say whether subscribers can stream it
+        and what to change if not (SPEC §6)."""
+        with database.transaction(self.database_url) as conn:
+            return ensure_publication(conn)
 
     def index(self, workspace_id: int, progress: Callable[[int, int], None] | None = None) -> IndexReport:
         """Project and index a workspace up to HEAD in this process (what the index job runs)."""

@@ -4,7 +4,9 @@ A fresh database gets ``sql/schema.sql`` and every migration file is recorded as
 existing one gets the migrations it lacks, in order. Each file's sha256 is stored in
 ``kb.schema_migrations``; a changed file that was already applied is a MigrationError (migrations
 are append-only). Procrastinate's own schema is applied and recorded by the same runner under the
-name ``procrastinate/<version>``. Everything runs in one transaction under an advisory lock, so
+name ``procrastinate/<version>``. Last, the logical-replication publication ``kb_publication``
+(``sql/publication.sql``) is created when missing and the role may create it (``kb.publication``).
+Everything runs in one transaction under an advisory lock, so
 two ``kb init`` at once are safe.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import psycopg
 
 from kb.errors import MigrationError
+from kb.publication import PublicationStatus, ensure_publication
 from kb.sql import migrations_dir, queries, sql_root
 
 MIGRATION_LOCK_NAMESPACE = 7301
@@ -29,6 +32,7 @@ class MigrationReport:
 
     fresh: bool
     applied: list[str] = field(default_factory=list)
+    publication: PublicationStatus | None = None
 
 
 def checksum(path: Path) -> str:
@@ -93,6 +97,7 @@ def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False)
                     conn.execute(path.read_text())
                     conn.execute(queries["record_migration"], {"name": path.name, "checksum": digest})
                     report.applied.append(path.name)
+            report.publication = ensure_publication(conn)
     except psycopg.Error as exc:
         raise MigrationError(f"applying the schema failed: {exc}".strip()) from exc
     return report

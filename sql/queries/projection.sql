@@ -7,10 +7,27 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
 SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;
 
 -- name: document_paths
-SELECT id, path, content_id FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+SELECT id, path, content_id, document_type FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: document_rows_at
+-- The rows at some paths (an incremental projection loads only the paths a diff or a move touched).
+SELECT id, path, content_id, document_type
+FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = ANY(%(paths)s);
+
+-- name: recorded_moves_since
+-- Document moves the store recorded after a sequence number, oldest revision first (SPEC §6: a
+-- recorded move keeps the document id; no similarity rename detection).
+SELECT seq, revision_id, old_path, path AS new_path
+FROM kb.path_changes
+WHERE workspace_id = %(workspace_id)s AND change = 'moved' AND seq > %(after_seq)s
+ORDER BY seq, path;
 
 -- name: move_document
-UPDATE kb.documents SET path = %(new_path)s, updated_at = now()
+-- A path-keyed type (NOTE, ARTIFACT) gets the hash of its new path (SPEC §2.4); others keep theirs.
+UPDATE kb.documents
+SET path = %(new_path)s,
+    unique_identifier_hash = coalesce(%(uid_hash)s::text, unique_identifier_hash),
+    updated_at = now()
 WHERE workspace_id = %(workspace_id)s AND path = %(old_path)s
 RETURNING id;
 
@@ -29,10 +46,10 @@ SET content_id = EXCLUDED.content_id,
                           THEN 0 ELSE kb.documents.index_attempts END,
     updated_at = now()
 WHERE kb.documents.content_id IS DISTINCT FROM EXCLUDED.content_id
-RETURNING id, (xmax = 0) AS inserted;
+RETURNING id, path, content_id, document_type, (xmax = 0) AS inserted;
 
 -- name: delete_document
-DELETE FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id;
+DELETE FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id, path;
 
 -- name: folder_paths
 SELECT id, path FROM kb.folders WHERE workspace_id = %(workspace_id)s;
@@ -53,3 +70,7 @@ DELETE FROM kb.folders WHERE workspace_id = %(workspace_id)s AND path = %(path)s
 
 -- name: set_projected_revision
 UPDATE kb.workspaces SET last_projected_revision = %(revision_id)s WHERE id = %(workspace_id)s;
+
+-- name: notify_event
+-- A change event (SPEC §5, §6); delivered to listeners when the projection's transaction commits.
+SELECT pg_notify(%(channel)s, %(payload)s);
