@@ -199,12 +199,21 @@ class KnowledgeStore:
             if not effective:
                 return None
             self._check_tree(head_tree, effective)
+            # Kinds before any move is applied, so the order of moves never matters (a swap
+            # p <-> q records two moves whichever is seen first).
+            kinds = {path: change.change for path, change in changes.items()}
             for new, origin in draft.moves().items():
-                source = changes.get(origin)
-                if new in changes and source is not None and source.change in ("removed", "modified"):
-                    changes[new] = PathChange(new, "moved", changes[new].content_id, old_path=origin)
+                if new not in changes or kinds.get(origin) not in ("removed", "modified"):
+                    continue
+                target, source = changes[new], changes[origin]
+                changes[new] = PathChange(new, "moved", target.content_id, old_path=origin,
+                                          new_path=target.new_path)
+                if source.change == "moved":  # the source is itself a move's destination
+                    changes[origin] = PathChange(origin, "moved", source.content_id,
+                                                 old_path=source.old_path, new_path=new)
+                else:
                     changes[origin] = PathChange(
-                        origin, "moved_away" if source.change == "removed" else "modified",
+                        origin, "moved_away" if kinds[origin] == "removed" else "modified",
                         source.content_id, new_path=new,
                     )
             ordered = tuple(sorted(changes.values(), key=lambda c: c.path))

@@ -110,9 +110,11 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     result = kb.project(1)
     now = _docs(url)
     assert now["/documents/T/w.md"]["id"] == docs["/documents/A/B/C/w.md"]["id"]
-    # the store records a swap as two modifications (no path was vacated), so ids stay with paths
-    assert {c.change for c in kb.list_changes(1, kb.head(1))} == {"modified"}
-    assert now["/documents/p.md"]["id"] == docs["/documents/p.md"]["id"]
+    # the store records the swap as two moves, so each document keeps its id at its new path
+    assert {(c.path, c.change, c.old_path) for c in kb.list_changes(1, kb.head(1))} == {
+        ("/documents/p.md", "moved", "/documents/q.md"), ("/documents/q.md", "moved", "/documents/p.md")}
+    assert now["/documents/p.md"]["id"] == docs["/documents/q.md"]["id"]
+    assert now["/documents/q.md"]["id"] == docs["/documents/p.md"]["id"]
     assert now["/documents/p.md"]["content_id"] == docs["/documents/q.md"]["content_id"]
     assert not result.deleted and not result.created
     # moving a folder's every file into a new folder is, to git, that folder's rename

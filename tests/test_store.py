@@ -292,3 +292,24 @@ def test_git_lock_files_left_by_a_killed_writer(kb, kb_env):
     assert "removed stale lock .git/refs/heads/main.lock" in out
     assert commit(kb, 10, ("write", C, b"c")).seq == 3
     assert_git_clean(kb, 10)
+
+
+def test_swap_records_two_moves_whatever_the_order(kb):
+    """A swap p <-> q through a temporary name is two moves, so each document keeps its history."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", "t") as tx:
+        tx.write("/documents/p.md", "P\n")
+        tx.write("/documents/q.md", "Q\n")
+    with kb.transaction(1, "swap", "t") as tx:
+        tx.move("/documents/p.md", "/documents/tmp.md")
+        tx.move("/documents/q.md", "/documents/p.md")
+        tx.move("/documents/tmp.md", "/documents/q.md")
+    changes = {(c.path, c.change, c.old_path, c.new_path) for c in tx.revision.changes}
+    assert changes == {
+        ("/documents/p.md", "moved", "/documents/q.md", "/documents/q.md"),
+        ("/documents/q.md", "moved", "/documents/p.md", "/documents/p.md"),
+    }
+    assert kb.read(1, "/documents/p.md") == b"Q\n"
+    history = kb.history(1, "/documents/q.md")
+    assert [r.message for r in history] == ["swap", "seed"]
+    assert history[1].changes[0].path.endswith("/p.md")  # followed back to where it was seeded
