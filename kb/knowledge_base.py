@@ -12,6 +12,7 @@ import functools
 import getpass
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb import database
 from kb.chunking import Chunker
@@ -27,6 +28,10 @@ from kb.search import search as hybrid_search
 from kb.settings import Settings
 from kb.sql import queries
 from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
+
+if TYPE_CHECKING:
+    from kb.turns import Turn
+    from kb.worktree import JanitorReport
 
 
 def default_author() -> str:
@@ -216,3 +221,39 @@ class KnowledgeBase:
                     "problems": conn.execute(queries["problem_documents"], {"workspace_id": workspace_id}).fetchall(),
                 }
         return result
+
+    # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
+    def turn(self, workspace_id: int, turn_id: str, author: str | None = None) -> "Turn":
+        """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
+        operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir) and ``commit()``.
+
+        Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
+        disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
+        """
+        from kb.turns import Turn
+        from kb.worktree import root_turn_id
+
+        store = self.store(workspace_id)
+        store.repository  # noqa: B018  (raises WorkspaceNotFound)
+        key = (workspace_id, root_turn_id(turn_id))
+        open_turns = self.__dict__.setdefault("_open_turns", {})
+        turn = open_turns.get(key)
+        if turn is None:
+            turn = Turn(store, turn_id, author or default_author(),
+                        on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None)
+            open_turns[key] = turn
+        return turn
+
+    def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":
+        """Remove abandoned turn worktrees older than ``ttl`` seconds (default
+        ``settings.worktree_ttl``); never an open turn's (SPEC §5). What the janitor job runs."""
+        from kb.worktree import sweep_worktrees
+
+        def repository_for(workspace_id: int):
+            store = self.store(workspace_id)
+            return store.repository if store.exists() else None
+
+        return sweep_worktrees(
+            repository_for, self.settings.knowledge_store,
+            self.settings.worktree_ttl if ttl is None else ttl,
+        )
