@@ -283,3 +283,20 @@ def test_janitor_removes_abandoned_worktrees_only(workspace, settings):
     assert f"{abandoned} " not in listing and f"{open_turn.path} " in listing
     assert open_turn.commit().added == ["/documents/busy.md"]
     git(repo_path(workspace), "fsck", "--strict")
+
+
+def test_janitor_runs_as_a_procrastinate_job(workspace, settings):
+    from kb import jobs
+    from kb.knowledge_base import KnowledgeBase
+
+    crash_turn(settings, "left-behind")
+    open_turn = workspace.turn(WS, "working", "agent")
+    open_turn.write("/documents/w.md", "w\n")
+    left = open_turn.path.parent / "left-behind"
+    janitor_kb = KnowledgeBase.open(settings.model_copy(update={"worktree_ttl": 0.0}))
+    bound = jobs.configure(janitor_kb)
+    with bound.open():
+        jobs.sweep_worktrees.defer(timestamp=0)
+    janitor_kb.run_worker(until_idle=True)
+    assert not left.exists() and open_turn.path.is_dir()
+    assert open_turn.commit().added == ["/documents/w.md"]
