@@ -118,3 +118,7 @@ class IsAFolder(KbError):
 
 class InvalidPattern(KbError):
     """A ``grep`` regular expression or ``glob`` pattern does not compile."""
+
+
+class ArtifactReadOnly(KbError):
+    """An editor save targeted an ARTIFACT document; artifacts are revised through their own API (SPEC §11)."""

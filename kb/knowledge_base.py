@@ -30,7 +30,7 @@ from kb.sql import queries
 from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
 
 if TYPE_CHECKING:
-    from kb.turns import Turn
+    from kb.turns import CommitResult, Turn
     from kb.worktree import JanitorReport
 
 
@@ -257,3 +257,46 @@ class KnowledgeBase:
             repository_for, self.settings.knowledge_store,
             self.settings.worktree_ttl if ttl is None else ttl,
         )
+
+    def edit_document(
+        self, workspace_id: int, path: str, editor: "Callable[[Path], None]", author: str | None = None,
+        message: str | None = None,
+    ) -> "CommitResult | None":
+        """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
+        ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
+
+        A missing document starts empty (saving creates it). Returns the CommitResult, or None when
+        nothing changed (the turn is discarded). Raises ArtifactReadOnly for ARTIFACT documents
+        (SPEC §11), InvalidPath, WorkspaceNotFound, and whatever ``editor`` raises (turn discarded).
+        """
+        import uuid
+
+        from kb.errors import ArtifactReadOnly, DocumentNotFound
+
+        target = StorePath.parse(path)
+        with database.connect(self.database_url) as conn:
+            row = conn.execute(
+                queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
+            ).fetchone()
+        if row and row["document_type"] == "ARTIFACT":
+            raise ArtifactReadOnly(
+                f"{target.virtual} is an ARTIFACT document; editor saves refuse artifacts (revise it "
+                "through the artifact API)"
+            )
+        turn = self.turn(workspace_id, f"edit-{uuid.uuid4().hex}", author)
+        try:
+            try:
+                turn.read(target.virtual, limit=0)
+                created = False
+            except DocumentNotFound:
+                turn.write(target.virtual, b"")
+                created = True
+            editor(turn.path / target.repo_path)
+            turn.forget_untracked()  # editor swap/backup files never become documents
+            if created and not turn.read_bytes(target.virtual):
+                turn.abort()
+                return None
+        except BaseException:
+            turn.abort()
+            raise
+        return turn.commit(message or f"Edit {target.virtual}")

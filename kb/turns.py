@@ -513,6 +513,17 @@ class Turn:
                 self._drop(p)
             return ["/" + p for p in documents]
 
+    def forget_untracked(self) -> list[str]:
+        """Delete files on disk that no operation of this turn wrote (an editor's swap or backup
+        files, say) so the commit does not pick them up; returns their virtual paths."""
+        with self._mutex:
+            if self._worktree is None or self._worktree.full:
+                return []
+            stray = [p for p in self._worktree.scan_disk() if p not in self._worktree.touched]
+            for p in stray:
+                self._worktree.unlink_disk(p)
+            return ["/" + p for p in stray]
+
     # -- commit ---------------------------------------------------------------------------
     def _changes(self) -> dict[str, bytes | None]:
         """``{repo path: new bytes or None (deleted)}`` for every path the turn changed vs its base."""

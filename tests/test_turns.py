@@ -300,3 +300,30 @@ def test_janitor_runs_as_a_procrastinate_job(workspace, settings):
     janitor_kb.run_worker(until_idle=True)
     assert not left.exists() and open_turn.path.is_dir()
     assert open_turn.commit().added == ["/documents/w.md"]
+
+
+def test_kb_edit_commits_on_save_and_nothing_when_unchanged(workspace, kb_env, tmp_path):
+    from tests.conftest import run_cli
+
+    script = tmp_path / "fake_editor.py"
+    script.write_text(textwrap.dedent("""
+        import pathlib, sys
+        target = pathlib.Path(sys.argv[1])
+        target.with_name("." + target.name + ".swp").write_text("swap")  # editor droppings
+        target.write_text(target.read_text().replace("beta", "edited by a person"))
+    """))
+    env = {**kb_env, "EDITOR": f"{sys.executable} {script}"}
+    head = workspace.head(WS)
+    out = run_cli(env, "edit", "/documents/a.md", "--workspace", "1").stdout
+    assert "updated /documents/a.md" in out
+    new_head = workspace.head(WS)
+    assert new_head != head
+    assert workspace.read(WS, "/documents/a.md") == b"alpha\nedited by a person\ngamma\n"
+    assert git(repo_path(workspace), "show", "--name-only", "--format=", new_head).split() == ["documents/a.md"]
+    out = run_cli(env, "edit", "/documents/b.md", "--workspace", "1").stdout  # no "beta" in b.md
+    assert "no changes" in out and workspace.head(WS) == new_head
+    env["EDITOR"] = "false"
+    failed = run_cli(env, "edit", "/documents/a.md", "--workspace", "1", check=False)
+    assert failed.returncode == 1 and "nothing was recorded" in failed.stderr
+    assert workspace.head(WS) == new_head
+    assert not any(p.name.startswith("edit-") for p in (repo_path(workspace).parent / ".worktrees" / "1").glob("*"))
