@@ -327,3 +327,39 @@ def test_kb_edit_commits_on_save_and_nothing_when_unchanged(workspace, kb_env, t
     assert failed.returncode == 1 and "nothing was recorded" in failed.stderr
     assert workspace.head(WS) == new_head
     assert not any(p.name.startswith("edit-") for p in (repo_path(workspace).parent / ".worktrees" / "1").glob("*"))
+
+
+def _projection_emits_events() -> bool:
+    """True once the projection job emits ``kb_events`` (issue 5); until then the test below skips."""
+    root = Path(__file__).resolve().parents[1]
+    sources = [root / "kb" / "projection.py", *(root / "sql" / "queries").glob("*.sql")]
+    return any("kb_events" in p.read_text() for p in sources if p.exists())
+
+
+@pytest.mark.skipif(not _projection_emits_events(),
+                    reason="projection does not emit kb_events yet (issue 5 owns it); runs once it does")
+def test_turn_commit_emits_one_event_per_document_after_projection(workspace, settings):
+    import json
+
+    import psycopg
+
+    workspace.project(WS)
+    with psycopg.connect(settings.database_url, autocommit=True) as listener:
+        listener.execute("LISTEN kb_events")
+        t = workspace.turn(WS, "events", "agent")
+        t.write("/documents/created.md", "new\n")
+        t.edit("/documents/a.md", "alpha", "ALPHA")
+        t.remove("/documents/b.md")
+        t.rmdir("/documents/Notes", recursive=True)
+        result = t.commit()
+        workspace.project(WS)
+        events = [json.loads(n.payload) for n in listener.notifies(timeout=5, stop_after=10)]
+        ids = {row[0] for row in listener.execute("SELECT id FROM kb.documents WHERE workspace_id = %s", (WS,))}
+    by_kind: dict[str, int] = {}
+    for event in events:
+        assert event["workspace_id"] == WS and event["revision"] == result.revision
+        by_kind[event["event"]] = by_kind.get(event["event"], 0) + 1
+        if event["event"] in ("document_created", "document_updated"):
+            assert event["id"] in ids
+    assert by_kind == {"document_created": 1, "document_updated": 1, "document_deleted": 3,
+                       "folder_deleted": 2}
