@@ -24,6 +24,7 @@ from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, RevisionNotFound
+from kb.index_file import patch_index
 
 BRANCH = b"refs/heads/main"
 FILE_MODE = 0o100644
@@ -53,6 +54,22 @@ class Repository:
     def __init__(self, repo: Repo) -> None:
         self._repo = repo
         self.path = Path(repo.path)
+        self._trees: dict[bytes, Tree] = {}
+
+    _TREE_CACHE = 512
+
+    def _object(self, sha: bytes):
+        """An object by id; trees (immutable by id) are kept parsed in a small cache, since a
+        path lookup in a folder of thousands of documents otherwise re-parses its tree (issue 6)."""
+        tree = self._trees.get(sha)
+        if tree is not None:
+            return tree
+        obj = self._repo.object_store[sha]
+        if isinstance(obj, Tree):
+            if len(self._trees) >= self._TREE_CACHE:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[sha] = obj
+        return obj
 
     @classmethod
     def open(cls, path: Path) -> "Repository":
@@ -104,7 +121,7 @@ class Repository:
         if tree_id is None:
             return None
         try:
-            mode, sha = tree_lookup_path(self._repo.object_store.__getitem__, tree_id, path.encode())
+            mode, sha = tree_lookup_path(self._object, tree_id, path.encode())
         except KeyError:
             return None
         return None if stat.S_ISDIR(mode) else sha.decode()
@@ -114,7 +131,7 @@ class Repository:
         if tree_id is None:
             return False
         try:
-            mode, _ = tree_lookup_path(self._repo.object_store.__getitem__, tree_id, path.encode())
+            mode, _ = tree_lookup_path(self._object, tree_id, path.encode())
         except KeyError:
             return False
         return stat.S_ISDIR(mode)
@@ -140,7 +157,7 @@ class Repository:
         if prefix:
             try:
                 mode, tree_id = tree_lookup_path(
-                    self._repo.object_store.__getitem__, tree_id, prefix.rstrip("/").encode()
+                    self._object, tree_id, prefix.rstrip("/").encode()
                 )
             except KeyError:
                 return
@@ -235,8 +252,8 @@ class Repository:
 
     def refresh_worktree(self, changes: Iterable[tuple[str, str | None]]) -> None:
         """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1)."""
-        index = self._repo.open_index()
         root = self.path
+        entries: list[tuple[str, str | None, os.stat_result | None]] = []
         for path, blob_id in changes:
             target = root / path
             if blob_id is None:
@@ -244,8 +261,7 @@ class Repository:
                     target.unlink()
                 except FileNotFoundError:
                     pass
-                if path.encode() in index:
-                    del index[path.encode()]
+                entries.append((path, None, None))
                 parent = target.parent
                 while parent != root and parent.is_dir() and not any(parent.iterdir()):
                     parent.rmdir()
@@ -257,7 +273,17 @@ class Repository:
                     tmp = target.parent / f".kbtmp-{os.getpid()}"
                 tmp.write_bytes(self.blob(blob_id))
                 os.replace(tmp, target)
-                index[path.encode()] = index_entry_from_stat(os.lstat(target), blob_id.encode(), FILE_MODE)
+                entries.append((path, blob_id, os.lstat(target)))
+        # Patch only the changed entries (issue 6: dulwich's Index re-encodes every entry, O(workspace)).
+        if patch_index(self._repo.index_path(), entries, FILE_MODE):
+            return
+        index = self._repo.open_index()
+        for path, blob_id, st in entries:
+            if blob_id is None:
+                if path.encode() in index:
+                    del index[path.encode()]
+            else:
+                index[path.encode()] = index_entry_from_stat(st, blob_id.encode(), FILE_MODE)
         index.write()
 
     def reset_worktree(self) -> None:

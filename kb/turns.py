@@ -611,12 +611,11 @@ def list_folder(repository, tree_id: bytes | None, folder: str) -> list[tuple[st
         return []
     from dulwich.object_store import tree_lookup_path
 
-    store = repository._repo.object_store
     try:
-        mode, sha = tree_lookup_path(store.__getitem__, tree_id, folder.encode())
+        mode, sha = tree_lookup_path(repository._object, tree_id, folder.encode())
     except (KeyError, NotTreeError):
         return []
     if not stat.S_ISDIR(mode):
         return []
-    return [(e.path.decode(), "folder" if stat.S_ISDIR(e.mode) else "file") for e in store[sha].iteritems()]
+    return [(e.path.decode(), "folder" if stat.S_ISDIR(e.mode) else "file") for e in repository._object(sha).iteritems()]
 
