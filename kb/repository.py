@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
 from dulwich.index import index_entry_from_stat
-from dulwich.object_store import commit_tree_changes, tree_lookup_path
+from dulwich.object_store import tree_lookup_path
 from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
@@ -217,15 +217,46 @@ class Repository:
         return [obj.id.decode() for obj in objects]
 
     def build_tree(self, base_tree: bytes | None, changes: Sequence[tuple[str, str | None]]) -> bytes:
-        """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied."""
-        return commit_tree_changes(
-            self._repo.object_store,
-            Tree() if base_tree is None else base_tree,
-            [
-                (path.encode(), None if sha is None else FILE_MODE, None if sha is None else sha.encode())
-                for path, sha in changes
-            ],
-        )
+        """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied.
+
+        Only the folders on the changed paths are rebuilt; unchanged subtrees are shared, parsed
+        trees come from the cache, and no new tree is re-read after writing (issue 6).
+        """
+        split = [(path.encode().split(b"/"), None if sha is None else sha.encode()) for path, sha in changes]
+        return self._apply_tree(base_tree, split, root=True)
+
+    def _apply_tree(self, tree_id: bytes | None, changes: list, root: bool = False) -> bytes | None:
+        tree = Tree()
+        if tree_id is not None:
+            for entry in self._object(tree_id).iteritems():
+                tree.add(entry.path, entry.mode, entry.sha)
+        nested: dict[bytes, list] = {}
+        for parts, sha in changes:
+            if len(parts) > 1:
+                nested.setdefault(parts[0], []).append((parts[1:], sha))
+            elif sha is None:
+                if parts[0] in tree:
+                    del tree[parts[0]]
+            else:
+                tree.add(parts[0], FILE_MODE, sha)
+        for name, subchanges in nested.items():
+            base = None
+            if name in tree:
+                mode, sha = tree[name]
+                base = sha if stat.S_ISDIR(mode) else None
+            new_id = self._apply_tree(base, subchanges)
+            if new_id is None:
+                if name in tree:
+                    del tree[name]
+            else:
+                tree.add(name, stat.S_IFDIR, new_id)
+        if not root and len(tree) == 0:
+            return None
+        self._repo.object_store.add_object(tree)
+        if len(self._trees) >= self._TREE_CACHE:
+            self._trees.pop(next(iter(self._trees)))
+        self._trees[tree.id] = tree
+        return tree.id
 
     def make_commit(
         self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str

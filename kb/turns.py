@@ -264,14 +264,12 @@ class Turn:
         if blob is None:
             return
         worktree.write_disk(rp, self.store.repository.blob(blob))
-        worktree.touched.add(rp)
-        worktree.save()
+        worktree.touched.add(rp)  # on disk now: a crash leaves it found by the commit's scan
 
     def _put(self, rp: str, data: bytes) -> None:
         worktree = self._wt()
         worktree.write_disk(rp, data)
         worktree.touched.add(rp)
-        worktree.save()
 
     def _drop(self, rp: str) -> None:
         worktree = self._wt()

@@ -7,11 +7,12 @@ exactly as ``git worktree add --detach --no-checkout`` would write them, so ``gi
 shows it and ``git fsck`` agrees.
 
 Nothing is checked out up front (a checkout is O(workspace)). A file appears on disk on first touch;
-the turn's *manifest* (``kb-turn.json`` in the admin folder) records the base revision, the touched
-paths and recorded moves. A touched path is authoritative on disk (present → its bytes, absent →
-deleted); an untouched path is the base tree's. Ordering keeps a crash safe: bytes reach the disk
-before the manifest names a created/modified path, and the manifest names a path before its file is
-unlinked, and the commit also scans the (small) set of files on disk. In lazy mode the worktree has
+the admin ``HEAD`` records the base revision and the turn's *manifest* (``kb-turn.json`` in the
+admin folder) the touched paths and recorded moves. A touched path, or any file present on disk, is
+authoritative on disk (present → its bytes, absent → deleted); any other path is the base tree's.
+Ordering keeps a crash safe: created/modified bytes only need to reach the disk (the commit scans
+the small set of files on disk), while a deletion or move is named in the manifest before its file
+is unlinked, so only those operations write the manifest. In lazy mode the worktree has
 no index (git's index would have to list the whole base tree); :meth:`LazyWorktree.materialize_all`
 checks out everything and writes an index equal to the base tree, after which ``git status`` in the
 worktree shows exactly the turn's changes.
@@ -100,7 +101,7 @@ class LazyWorktree:
 
     def exists(self) -> bool:
         """True when a worktree (perhaps left by a crashed process) is on disk."""
-        return (self.path / ".git").is_file() and self.manifest_path.is_file()
+        return (self.path / ".git").is_file() and (self.admin / "HEAD").is_file()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self, head: str | None) -> bool:
@@ -112,17 +113,20 @@ class LazyWorktree:
         self.admin.mkdir(parents=True, exist_ok=True)
         self._lock()
         if self.exists():
-            data = json.loads(self.manifest_path.read_text())
-            self.base, self.full = data["base"], data.get("full", False)
-            self.touched, self.moves = set(data["touched"]), dict(data["moves"])
+            recorded = (self.admin / "HEAD").read_text().strip()
+            self.base = None if recorded.startswith("ref:") else recorded
+            self.touched, self.moves, self.full = set(), {}, False
+            if self.manifest_path.is_file():
+                data = json.loads(self.manifest_path.read_text())
+                self.full = data.get("full", False)
+                self.touched, self.moves = set(data["touched"]), dict(data["moves"])
             return True
         self.base, self.touched, self.moves, self.full = head, set(), {}, False
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.admin / "HEAD").write_text((head or "ref: refs/heads/main") + "\n")
         (self.admin / "commondir").write_text("../..\n")
         (self.admin / "gitdir").write_text(str(self.path / ".git") + "\n")
-        self.save()
         (self.path / ".git").write_text(f"gitdir: {self.admin}\n")
+        (self.admin / "HEAD").write_text((head or "ref: refs/heads/main") + "\n")  # last: marks it complete
         return False
 
     def _lock(self) -> None:
