@@ -10,14 +10,17 @@ All paths handed to dulwich are absolute; the process never changes its working 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
+from dulwich.file import GitFile
 from dulwich.index import index_entry_from_stat
 from dulwich.object_store import tree_lookup_path
 from dulwich.objects import Blob, Commit, Tree
@@ -55,6 +58,7 @@ class Repository:
         self._repo = repo
         self.path = Path(repo.path)
         self._trees: dict[bytes, Tree] = {}
+        self._entries: dict[bytes, dict[bytes, tuple[int, bytes]]] = {}
 
     _TREE_CACHE = 512
 
@@ -225,38 +229,57 @@ class Repository:
         split = [(path.encode().split(b"/"), None if sha is None else sha.encode()) for path, sha in changes]
         return self._apply_tree(base_tree, split, root=True)
 
+    def _tree_entries(self, tree_id: bytes) -> dict[bytes, tuple[int, bytes]]:
+        """``{name: (mode, hex sha)}`` of a tree, cached by id (trees are immutable)."""
+        entries = self._entries.get(tree_id)
+        if entries is None:
+            entries = {e.path: (e.mode, e.sha) for e in self._object(tree_id).iteritems()}
+            if len(self._entries) >= self._TREE_CACHE:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[tree_id] = entries
+        return entries
+
     def _apply_tree(self, tree_id: bytes | None, changes: list, root: bool = False) -> bytes | None:
-        tree = Tree()
-        if tree_id is not None:
-            for entry in self._object(tree_id).iteritems():
-                tree.add(entry.path, entry.mode, entry.sha)
+        entries = dict(self._tree_entries(tree_id)) if tree_id is not None else {}
         nested: dict[bytes, list] = {}
         for parts, sha in changes:
             if len(parts) > 1:
                 nested.setdefault(parts[0], []).append((parts[1:], sha))
             elif sha is None:
-                if parts[0] in tree:
-                    del tree[parts[0]]
+                entries.pop(parts[0], None)
             else:
-                tree.add(parts[0], FILE_MODE, sha)
+                entries[parts[0]] = (FILE_MODE, sha)
         for name, subchanges in nested.items():
-            base = None
-            if name in tree:
-                mode, sha = tree[name]
-                base = sha if stat.S_ISDIR(mode) else None
-            new_id = self._apply_tree(base, subchanges)
+            mode, sha = entries.get(name, (0, None))
+            new_id = self._apply_tree(sha if stat.S_ISDIR(mode) else None, subchanges)
             if new_id is None:
-                if name in tree:
-                    del tree[name]
+                entries.pop(name, None)
             else:
-                tree.add(name, stat.S_IFDIR, new_id)
-        if not root and len(tree) == 0:
+                entries[name] = (stat.S_IFDIR, new_id)
+        if not root and not entries:
             return None
-        self._repo.object_store.add_object(tree)
-        if len(self._trees) >= self._TREE_CACHE:
-            self._trees.pop(next(iter(self._trees)))
-        self._trees[tree.id] = tree
-        return tree.id
+        return self._write_tree(entries)
+
+    def _write_tree(self, entries: dict[bytes, tuple[int, bytes]]) -> bytes:
+        """Serialize a tree in git's order and store it as a loose object (one zlib call, no
+        re-parse); returns its hex id."""
+        names = sorted(entries, key=lambda n: n + b"/" if stat.S_ISDIR(entries[n][0]) else n)
+        body = b"".join(
+            b"%o %s\0%s" % (entries[n][0], n, bytes.fromhex(entries[n][1].decode())) for n in names
+        )
+        raw = b"tree %d\0" % len(body) + body
+        tree_id = hashlib.sha1(raw).hexdigest().encode()
+        store = self._repo.object_store
+        if not store.contains_loose(tree_id) and not store.contains_packed(tree_id):
+            folder = os.path.join(store.path, tree_id[:2].decode())
+            os.makedirs(folder, exist_ok=True)
+            target = os.path.join(folder, tree_id[2:].decode())
+            with GitFile(target, "wb", mask=0o444, fsync=store.fsync_object_files) as out:
+                out.write(zlib.compress(raw, store.loose_compression_level))
+        if len(self._entries) >= self._TREE_CACHE:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[tree_id] = entries
+        return tree_id
 
     def make_commit(
         self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str

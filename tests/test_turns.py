@@ -363,3 +363,18 @@ def test_turn_commit_emits_one_event_per_document_after_projection(workspace, se
             assert event["id"] in ids
     assert by_kind == {"document_created": 1, "document_updated": 1, "document_deleted": 3,
                        "folder_deleted": 2}
+
+
+def test_trees_built_for_a_turn_are_in_git_order_and_fsck_clean(workspace):
+    """Folder/file names that sort differently as trees (``a`` vs ``a-b.md`` vs ``a.md``)."""
+    t = workspace.turn(WS, "order", "agent")
+    for path in ("/documents/x/a.md", "/documents/x/a/b.md", "/documents/x/a-b.md", "/documents/x/a0.md"):
+        t.write(path, path + "\n")
+    t.remove("/documents/Notes/Deep/d.md")  # empties a folder: the tree must disappear
+    result = t.commit()
+    repo = repo_path(workspace)
+    git(repo, "fsck", "--strict", "--no-dangling")
+    listed = git(repo, "ls-tree", "-r", "--name-only", result.revision).split("\n")
+    assert "documents/x/a/b.md" in listed and "documents/Notes/Deep/d.md" not in listed
+    assert "Deep" not in git(repo, "ls-tree", "--name-only", f"{result.revision}:documents/Notes")
+    assert git(repo, "status", "--porcelain") == ""
