@@ -240,7 +240,8 @@ class KnowledgeBase:
         turn = open_turns.get(key)
         if turn is None:
             turn = Turn(store, turn_id, author or default_author(),
-                        on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None)
+                        on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None,
+                        on_open=lambda t: open_turns.setdefault(key, t))
             open_turns[key] = turn
         return turn
 

@@ -137,7 +137,8 @@ class Turn:
     """
 
     def __init__(self, store: KnowledgeStore, turn_id: str, author: str,
-                 on_close: Callable[["Turn"], None] | None = None) -> None:
+                 on_close: Callable[["Turn"], None] | None = None,
+                 on_open: Callable[["Turn"], None] | None = None) -> None:
         self.turn_id = root_turn_id(turn_id)
         self.store = store
         self.author = author
@@ -145,6 +146,7 @@ class Turn:
         self._worktree: LazyWorktree | None = None
         self._mutex = threading.RLock()
         self._on_close = on_close
+        self._on_open = on_open
 
     # -- worktree lifecycle ---------------------------------------------------------------
     @property
@@ -163,6 +165,8 @@ class Turn:
             worktree = LazyWorktree(repo, self.path, self.turn_id)
             worktree.open(repo.head())
             self._worktree = worktree
+            if self._on_open:  # a turn reused after commit() is the open turn of its id again
+                self._on_open(self)
             self._base_tree = repo.tree_id(worktree.base)
         return self._worktree
 

@@ -181,6 +181,9 @@ def test_subagents_share_the_root_turn(workspace):
     sub.write("/documents/sub.md", "by sub-agent\n")
     assert root.read("/documents/sub.md").text == "by sub-agent"
     assert root.commit().added == ["/documents/sub.md"]
+    root.write("/documents/again.md", "reused after commit\n")  # the same object is the open turn again
+    assert workspace.turn(WS, "chat1::task:8") is root
+    assert root.commit().added == ["/documents/again.md"]
     with pytest.raises(InvalidTurn):
         workspace.turn(WS, "../evil")
     with pytest.raises(InvalidTurn):
