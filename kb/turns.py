@@ -238,20 +238,25 @@ class Turn:
                 return False
         return self._base_blob(rp) is not None
 
-    def _files(self, folder: str) -> list[str]:
-        """Repo paths of every file (``.keep`` included) under ``folder`` in the turn's view."""
+    def _file_sources(self, folder: str) -> dict[str, str | None]:
+        """``{repo path: base blob id, or None when the file on disk is authoritative}`` for every
+        file (``.keep`` included) under ``folder`` in the turn's view."""
         worktree = self._wt()
+        disk = worktree.scan_disk()
         if worktree.full:
-            root = "documents"
-            return sorted(p for p in worktree.scan_disk() if folder == root or _under(folder, p))
+            return {p: None for p in disk if folder == "documents" or _under(folder, p)}
         try:
-            base = [p for p, _ in self.store.repository.walk(self._base_tree, folder)]
+            base = list(self.store.repository.walk(self._base_tree, folder))
         except NotTreeError:
             base = []
-        found = {p for p in base if p not in worktree.touched}
-        on_disk = set(worktree.touched) | set(worktree.scan_disk())
-        found |= {p for p in on_disk if _under(folder, p) and self._exists(p)}
-        return sorted(found)
+        local = set(worktree.touched) | set(disk)
+        found: dict[str, str | None] = {p: blob for p, blob in base if p not in local}
+        found.update((p, None) for p in local if _under(folder, p) and self._exists(p))
+        return found
+
+    def _files(self, folder: str) -> list[str]:
+        """Repo paths of every file (``.keep`` included) under ``folder`` in the turn's view."""
+        return sorted(self._file_sources(folder))
 
     def _is_folder(self, rp: str) -> bool:
         worktree = self._wt()
@@ -418,14 +423,19 @@ class Turn:
             prefilter = "\\A" not in pattern and "\\Z" not in pattern
             sp = StorePath.parse(path or "/documents", allow_root=True)
             rp = sp.repo_path
-            paths = [rp] if sp.parts and self._exists(rp) else self._files(rp)
-            if not paths and sp.parts and not self._is_folder(rp):
-                raise DocumentNotFound(f"no folder or document at {sp.virtual}")
+            if sp.parts and self._exists(rp):
+                sources: dict[str, str | None] = {rp: None}
+            else:
+                sources = self._file_sources(rp)
+                if not sources and sp.parts and not self._is_folder(rp):
+                    raise DocumentNotFound(f"no folder or document at {sp.virtual}")
+            repo = self.store.repository
             matches = []
-            for p in paths:
+            for p in sorted(sources):
                 if p.endswith("/" + KEEP):
                     continue
-                data = self._current(p)
+                blob = sources[p]
+                data = repo.blob(blob) if blob is not None else self._current(p)
                 if not data:
                     continue
                 text = data.decode("utf-8", errors="replace")
