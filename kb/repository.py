@@ -120,25 +120,31 @@ class Repository:
         """Tree id of a revision (None → None, the empty tree of an unborn repo)."""
         return None if revision is None else self.commit(revision).tree
 
-    def lookup(self, tree_id: bytes | None, path: str) -> str | None:
-        """Blob id at ``path`` in ``tree_id``, or None when absent (or a folder)."""
+    def _entry(self, tree_id: bytes | None, path: str) -> tuple[int, bytes] | None:
+        """``(mode, hex id)`` at ``path`` in ``tree_id``; None when absent or below a file."""
         if tree_id is None:
             return None
-        try:
-            mode, sha = tree_lookup_path(self._object, tree_id, path.encode())
-        except KeyError:
-            return None
-        return None if stat.S_ISDIR(mode) else sha.decode()
+        mode, sha = stat.S_IFDIR, tree_id
+        for part in path.encode().split(b"/"):
+            if not part:
+                continue
+            if not stat.S_ISDIR(mode):
+                return None
+            found = self._tree_entries(sha).get(part)
+            if found is None:
+                return None
+            mode, sha = found
+        return mode, sha
+
+    def lookup(self, tree_id: bytes | None, path: str) -> str | None:
+        """Blob id at ``path`` in ``tree_id``, or None when absent (or a folder, or below a file)."""
+        entry = self._entry(tree_id, path)
+        return None if entry is None or stat.S_ISDIR(entry[0]) else entry[1].decode()
 
     def is_folder(self, tree_id: bytes | None, path: str) -> bool:
         """True when ``path`` names a folder (subtree) in ``tree_id``."""
-        if tree_id is None:
-            return False
-        try:
-            mode, _ = tree_lookup_path(self._object, tree_id, path.encode())
-        except KeyError:
-            return False
-        return stat.S_ISDIR(mode)
+        entry = self._entry(tree_id, path)
+        return entry is not None and stat.S_ISDIR(entry[0])
 
     def blob(self, blob_id: str) -> bytes:
         """The bytes of a blob; raises DocumentNotFound for an unknown id."""
