@@ -394,5 +394,39 @@ def sweep() -> None:
                f"index deferred for {report.index_deferred}")
 
 
+@main.command()
+@click.argument("path")
+@workspace_option
+@click.option("--author", help="Author of the revision (default: your user name).")
+@click.option("--message", "-m", help="Revision message (default: 'Edit PATH').")
+def edit(path: str, workspace: int, author: str | None, message: str | None) -> None:
+    """Open a document in $EDITOR (else $VISUAL, else vi) inside a private turn; saving a change
+    records one revision, quitting without a change records nothing. A missing document is created
+    if you save text into it.
+
+    Example: EDITOR=nano kb edit "/documents/Notes/Todo.md" --workspace 1
+    """
+    import shlex
+
+    command = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
+
+    def run_editor(file: Path) -> None:
+        try:
+            code = subprocess.call([*shlex.split(command), str(file)])
+        except FileNotFoundError:
+            raise click.ClickException(f"editor {command!r} not found; set EDITOR") from None
+        if code != 0:
+            raise click.ClickException(f"editor {command!r} exited with status {code}; nothing was recorded")
+
+    result = _open().edit_document(workspace, path, run_editor, author=author, message=message)
+    if result is None:
+        click.echo("no changes; nothing recorded")
+    else:
+        changed = result.added + result.modified
+        click.echo(f"revision {result.revision}: {'created' if result.added else 'updated'} {', '.join(changed)}")
+        for overwritten in result.overwrote:
+            click.echo(f"note: {overwritten} was changed by someone else meanwhile; your save replaced it")
+
+
 if __name__ == "__main__":
     main()

@@ -93,3 +93,36 @@ class UnindexableDocument(KbError):
 
 class ImportSourceError(KbError):
     """The folder handed to ``kb import`` does not exist or is not a directory."""
+
+
+# -- turns (issue 6, SPEC §5) ----------------------------------------------------------------
+class InvalidTurn(KbError):
+    """A turn id is empty or has characters that cannot name a worktree directory (SPEC §5)."""
+
+
+class TurnBusy(KbError):
+    """Another process holds the same turn open (its worktree is locked); retry when it is done."""
+
+
+class EditMismatch(KbError):
+    """``edit``'s ``old`` text is absent from the document, or ambiguous without ``replace_all``."""
+
+
+class FolderNotEmpty(KbError):
+    """``rmdir`` of a folder that still holds documents, without ``recursive=True``."""
+
+
+class UnsafeWorktreeEntry(KbError):
+    """A symlink or non-regular file inside a turn's worktree; it is refused, the turn is kept."""
+
+
+class IsAFolder(KbError):
+    """A document operation (read, write, remove) named a folder; use ``ls``/``rmdir`` instead."""
+
+
+class InvalidPattern(KbError):
+    """A ``grep`` regular expression or ``glob`` pattern does not compile."""
+
+
+class ArtifactReadOnly(KbError):
+    """An editor save targeted an ARTIFACT document; artifacts are revised through their own API (SPEC §11)."""

@@ -19,6 +19,8 @@ Periodic tasks (``@app.periodic``):
 - ``kb.remove_old_jobs`` (hourly): succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS``
   ago are deleted (failed ones are kept for the operator), and so are index run rows as old
   (each workspace's latest is kept).
+- ``kb.sweep_worktrees`` (every 15 minutes): the turn worktree janitor (SPEC §5); removes
+  worktrees idle longer than ``KB_WORKTREE_TTL`` that no open turn holds.
 """
 
 from __future__ import annotations
@@ -144,6 +146,20 @@ async def remove_old_jobs(context: procrastinate.JobContext, timestamp: int) -> 
     await context.app.job_manager.delete_old_jobs(nb_hours=hours)
     with database.transaction(_kb().database_url) as conn:
         conn.execute(queries["prune_index_runs"], {"hours": hours})
+
+
+JANITOR_TASK = "kb.sweep_worktrees"
+
+
+@app.periodic(cron="*/15 * * * *", periodic_id="worktree-janitor")
+@app.task(name=JANITOR_TASK, queue="maintenance", queueing_lock="worktree-janitor")
+def sweep_worktrees(timestamp: int) -> dict:
+    """The turn-worktree janitor (SPEC §5), every 15 minutes: remove worktrees no open turn holds
+    whose newest file is older than ``KB_WORKTREE_TTL`` seconds (default 24 h)."""
+    report = _kb().sweep_worktrees()
+    if report.removed:
+        log.info("janitor removed %d abandoned turn worktrees: %s", len(report.removed), report.removed)
+    return {"removed": len(report.removed), "kept_open": len(report.kept_open), "kept_fresh": report.kept_fresh}
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from kb.fsck import FsckReport
 
 
+    from kb.turns import CommitResult, Turn
+    from kb.worktree import JanitorReport
+
+
 def default_author() -> str:
     """The OS user name, used when a caller names no author."""
     try:
@@ -291,3 +295,84 @@ class KnowledgeBase:
         from kb.sweep import sweep
 
         return sweep(self)
+
+
+    # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
+    def turn(self, workspace_id: int, turn_id: str, author: str | None = None) -> "Turn":
+        """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
+        operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir) and ``commit()``.
+
+        Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
+        disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
+        """
+        from kb.turns import Turn
+        from kb.worktree import root_turn_id
+
+        store = self.store(workspace_id)
+        store.repository  # noqa: B018  (raises WorkspaceNotFound)
+        key = (workspace_id, root_turn_id(turn_id))
+        open_turns = self.__dict__.setdefault("_open_turns", {})
+        turn = open_turns.get(key)
+        if turn is None:
+            turn = Turn(store, turn_id, author or default_author(),
+                        on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None,
+                        on_open=lambda t: open_turns.setdefault(key, t))
+            open_turns[key] = turn
+        return turn
+
+    def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":
+        """Remove abandoned turn worktrees older than ``ttl`` seconds (default
+        ``settings.worktree_ttl``); never an open turn's (SPEC §5). What the janitor job runs."""
+        from kb.worktree import sweep_worktrees
+
+        def repository_for(workspace_id: int):
+            store = self.store(workspace_id)
+            return store.repository if store.exists() else None
+
+        return sweep_worktrees(
+            repository_for, self.settings.knowledge_store,
+            self.settings.worktree_ttl if ttl is None else ttl,
+        )
+
+    def edit_document(
+        self, workspace_id: int, path: str, editor: "Callable[[Path], None]", author: str | None = None,
+        message: str | None = None,
+    ) -> "CommitResult | None":
+        """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
+        ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
+
+        A missing document starts empty (saving creates it). Returns the CommitResult, or None when
+        nothing changed (the turn is discarded). Raises ArtifactReadOnly for ARTIFACT documents
+        (SPEC §11), InvalidPath, WorkspaceNotFound, and whatever ``editor`` raises (turn discarded).
+        """
+        import uuid
+
+        from kb.errors import ArtifactReadOnly, DocumentNotFound
+
+        target = StorePath.parse(path)
+        with database.connect(self.database_url) as conn:
+            row = conn.execute(
+                queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
+            ).fetchone()
+        if row and row["document_type"] == "ARTIFACT":
+            raise ArtifactReadOnly(
+                f"{target.virtual} is an ARTIFACT document; editor saves refuse artifacts (revise it "
+                "through the artifact API)"
+            )
+        turn = self.turn(workspace_id, f"edit-{uuid.uuid4().hex}", author)
+        try:
+            try:
+                turn.read(target.virtual, limit=0)
+                created = False
+            except DocumentNotFound:
+                turn.write(target.virtual, b"")
+                created = True
+            editor(turn.path / target.repo_path)
+            turn.forget_untracked()  # editor swap/backup files never become documents
+            if created and not turn.read_bytes(target.virtual):
+                turn.abort()
+                return None
+        except BaseException:
+            turn.abort()
+            raise
+        return turn.commit(message or f"Edit {target.virtual}")

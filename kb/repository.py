@@ -131,6 +131,22 @@ class Repository:
             return False
         return stat.S_ISDIR(mode)
 
+    def list_folder(self, tree_id: bytes | None, folder: str) -> list[tuple[str, str]]:
+        """``(name, "file" | "folder")`` of the direct children of ``folder`` (a repo path such as
+        ``documents/a``) in ``tree_id``; empty when the folder does not exist."""
+        if tree_id is None:
+            return []
+        try:
+            mode, sha = tree_lookup_path(self._tree_object, tree_id, folder.encode())
+        except (KeyError, NotTreeError):
+            return []
+        if not stat.S_ISDIR(mode):
+            return []
+        return [
+            (entry.path.decode(), "folder" if stat.S_ISDIR(entry.mode) else "file")
+            for entry in self._tree_object(sha).iteritems()
+        ]
+
     def blob(self, blob_id: str) -> bytes:
         """The bytes of a blob; raises DocumentNotFound for an unknown id."""
         try:
