@@ -169,7 +169,8 @@ def main() -> None:
             t0 = time.perf_counter()
             conn.execute(
                 queries["hybrid_search"],
-                {"workspace_id": search_ws, "embedding": literal, "query": query, "fts_config": settings.fts_config,
+                {"workspace_id": search_ws, "embedding": literal, "model": search_embedder.model,
+                 "query": query, "fts_config": settings.fts_config,
                  "rrf_k": RRF_K, "leg_limit": LEG_LIMIT, "limit": 2 * LEG_LIMIT},
             ).fetchall()
             latencies.append(time.perf_counter() - t0)

@@ -43,7 +43,8 @@ def search(
     vector = vector_literal(embedder.embed([query])[0])
     rows = conn.execute(
         queries["hybrid_search"],
-        {"workspace_id": workspace_id, "embedding": vector, "query": query, "fts_config": fts_config,
+        {"workspace_id": workspace_id, "embedding": vector, "model": embedder.model, "query": query,
+         "fts_config": fts_config,
          "rrf_k": RRF_K, "leg_limit": max(LEG_LIMIT, 4 * k), "limit": 2 * max(LEG_LIMIT, 4 * k)},
     ).fetchall()
     groups: dict[int, _Group] = {}

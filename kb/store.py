@@ -54,12 +54,12 @@ def summarize(changes: list[PathChange]) -> str:
         if change.change != "moved_away":
             counts[change.change] = counts.get(change.change, 0) + 1
     words = {"added": "add", "modified": "update", "removed": "remove", "moved": "move"}
-    parts = [f"{words[k]} {counts[k]}" for k in ("added", "modified", "removed", "moved") if counts.get(k)]
-    if not parts:
+    kinds = [k for k in ("added", "modified", "removed", "moved") if counts.get(k)]
+    if not kinds:
         return "docs: no changes"
-    first, *rest = parts
-    noun = "file" if sum(counts.values()) == 1 else "files"
-    return "docs: " + ", ".join([f"{first} {noun}", *rest])
+    first, *rest = kinds
+    noun = "file" if counts[first] == 1 else "files"
+    return "docs: " + ", ".join([f"{words[first]} {counts[first]} {noun}", *(f"{words[k]} {counts[k]}" for k in rest)])
 
 
 def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[str, str | None]:

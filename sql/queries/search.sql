@@ -9,6 +9,7 @@ WITH vector_leg AS (
     FROM (
         SELECT id, embedding FROM kb.chunks
         WHERE workspace_id = %(workspace_id)s AND embedding IS NOT NULL
+          AND embedding_model = %(model)s  -- vectors of another model live in another space
         ORDER BY embedding <=> %(embedding)s::vector, id
         LIMIT %(leg_limit)s
     ) nearest
