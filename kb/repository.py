@@ -10,7 +10,7 @@ All paths handed to dulwich are absolute; the process never changes its working 
 
 from __future__ import annotations
 
-import functools
+import collections
 import os
 import shutil
 import stat
@@ -31,6 +31,7 @@ from kb.errors import DocumentNotFound, KbError, RevisionNotFound
 from kb.gitindex import IndexFile, UnsupportedIndex
 
 BRANCH = b"refs/heads/main"
+OBJECT_CACHE_SIZE = 8192
 FILE_MODE = 0o100644
 STALE_LOCK_SECONDS = 30.0
 """Age after which a git lock file found under the workspace write lock is a killed writer's."""
@@ -62,9 +63,26 @@ class Repository:
     def __init__(self, repo: Repo) -> None:
         self._repo = repo
         self.path = Path(repo.path)
-        # Trees are immutable: path lookups share a bounded cache of tree objects.
-        self._tree_object = functools.lru_cache(maxsize=8192)(repo.object_store.__getitem__)
+        # Objects are immutable: path lookups and the tree builder share a bounded cache of
+        # parsed objects, and trees the builder creates enter it directly, so the next turn's
+        # lookups never re-read (and re-parse) a large folder's tree from disk.
+        self._objects: collections.OrderedDict[bytes, object] = collections.OrderedDict()
         self._index = IndexFile(self.path / ".git" / "index")
+
+    def _tree_object(self, sha: bytes):
+        """The parsed object ``sha`` (LRU-cached, at most OBJECT_CACHE_SIZE entries)."""
+        cached = self._objects.get(sha)
+        if cached is not None:
+            self._objects.move_to_end(sha)
+            return cached
+        obj = self._repo.object_store[sha]
+        self._remember(obj)
+        return obj
+
+    def _remember(self, obj) -> None:
+        self._objects[obj.id] = obj
+        if len(self._objects) > OBJECT_CACHE_SIZE:
+            self._objects.popitem(last=False)
 
     @classmethod
     def open(cls, path: Path) -> "Repository":
@@ -263,14 +281,14 @@ class Repository:
             root = Tree()
             new_objects.append(root)
         self._add_objects(new_objects)
+        for tree in new_objects:
+            self._remember(tree)
         return root.id
 
     def _apply(self, tree_id: bytes | None, nested: dict, new_objects: list) -> Tree | None:
         """Apply ``nested`` ({name: blob sha | None | {sub-changes}}) to a tree; None if empty."""
-        tree = Tree()
-        if tree_id is not None:
-            for entry in self._tree_object(tree_id).iteritems():
-                tree.add(entry.path, entry.mode, entry.sha)
+        # copy() re-parses the raw tree in C; far cheaper than re-adding a large folder's entries
+        tree = Tree() if tree_id is None else self._tree_object(tree_id).copy()
         for name, change in nested.items():
             if isinstance(change, dict):
                 existing = tree[name] if name in tree else None
