@@ -46,11 +46,13 @@ workspace_option = click.option(
 )
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, context_settings={"max_content_width": 120})
 def main() -> None:
     """kb — a git-native knowledge base on Postgres.
 
     Settings come from KB_* environment variables (see the README).
+
+    Example: kb import ~/notes --workspace 1 && kb worker --until-idle && kb search "refunds" -w 1
     """
 
 
@@ -100,19 +102,27 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         f"non-markdown and {report.skipped_hidden} hidden"
     )
     if report.renamed:
-        click.echo(f"{len(report.renamed)} names changed by the path law (e.g. "
-                   f"{next(iter(report.renamed))} -> {next(iter(report.renamed.values()))})")
+        count = len(report.renamed)
+        click.echo(f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
+                   f"(e.g. {next(iter(report.renamed))} -> {next(iter(report.renamed.values()))}); "
+                   "see docs/storage-and-paths.md")
 
 
 @main.command()
 @click.option("--until-idle", is_flag=True, help="Exit 0 once no job is waiting.")
 @click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
 def worker(until_idle: bool, concurrency: int) -> None:
-    """Run the Procrastinate worker for kb's queues (projection, index).
+    """Run the Procrastinate worker for kb's queues (projection, index, maintenance), including
+    the periodic sweep, stalled-job retry, job cleanup and worktree janitor.
 
     Example: kb worker --until-idle
     """
-    _open().run_worker(until_idle=until_idle, concurrency=concurrency)
+    kb = _open()
+    kb.run_worker(until_idle=until_idle, concurrency=concurrency)
+    if until_idle:
+        counts = {(j["queue"], j["status"]): j["jobs"] for j in kb.status()["jobs"]}
+        failed = sum(n for (_, status), n in counts.items() if status == "failed")
+        click.echo(f"no job waiting; worker stopped ({failed} failed job(s) in the queue; see kb status)")
 
 
 @main.command()

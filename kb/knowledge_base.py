@@ -195,7 +195,7 @@ class KnowledgeBase:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""
         store = self.store(workspace_id)
         target = StorePath.parse(path)
-        revision = revision or store.head()
+        revision = store.repository.resolve(revision) if revision else store.head()
         data = store.read(target, revision)
         with database.connect(self.database_url) as conn:
             row = conn.execute(

@@ -115,8 +115,28 @@ class Repository:
         except (KeyError, NotTreeError):
             return None
 
+    def resolve(self, revision: str) -> str:
+        """The full id of ``revision``, which may be a unique prefix of at least 4 hex digits (as
+        git accepts). Raises RevisionNotFound for an unknown or ambiguous prefix."""
+        text = revision.strip().lower() if isinstance(revision, str) else ""
+        if len(text) == 40:
+            return text
+        if len(text) < 4 or any(c not in "0123456789abcdef" for c in text):
+            raise RevisionNotFound(
+                f"{revision!r} is not a revision id; use the id `kb log` prints (or 4+ of its first hex digits)"
+            )
+        found = {sha.decode() for sha in self._repo.object_store.iter_prefix(text.encode())}
+        commits = [sha for sha in found if isinstance(self._repo.object_store[sha.encode()], Commit)]
+        if len(commits) != 1:
+            raise RevisionNotFound(
+                f"revision {revision!r} is {'ambiguous' if commits else 'not in this workspace'}; "
+                "use more digits of the id `kb log` prints"
+            )
+        return commits[0]
+
     def commit(self, revision: str) -> Commit:
-        """The commit object of ``revision``; raises RevisionNotFound."""
+        """The commit object of ``revision`` (full id or unique prefix); raises RevisionNotFound."""
+        revision = self.resolve(revision)
         try:
             obj = self._repo.object_store[revision.encode()]
         except (KeyError, ValueError, AssertionError):

@@ -113,7 +113,8 @@ class KnowledgeStore:
 
     def read(self, path: str | StorePath, revision: str | None = None) -> bytes:
         """Bytes of a document at HEAD (or ``revision``); raises DocumentNotFound/RevisionNotFound."""
-        return self.repository.read(revision or self.head(), repo_path_of(path, allow_keep=True))
+        revision = self.repository.resolve(revision) if revision else self.head()
+        return self.repository.read(revision, repo_path_of(path, allow_keep=True))
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
         """Bytes of a document at ``revision`` (SPEC §3, citations §8)."""
@@ -121,14 +122,14 @@ class KnowledgeStore:
 
     def list_paths(self, revision: str | None = None) -> dict[str, str]:
         """``{virtual path: content id}`` of every document at HEAD (or ``revision``)."""
-        tree = self.repository.tree_id(revision or self.head())
+        tree = self.repository.tree_id(self.repository.resolve(revision) if revision else self.head())
         return {"/" + p: blob for p, blob in self.repository.walk(tree, "documents")}
 
     def list_changes(self, revision: str) -> list[PathChange]:
         """Changes of ``revision`` against its parent (virtual paths, sorted), with the moves the
         store recorded (from Postgres); for a revision Postgres lacks, from git with exact-content
         moves inferred. Raises RevisionNotFound."""
-        self.repository.commit(revision)
+        revision = self.repository.resolve(revision)
         with database.transaction(self.database_url) as conn:
             rows = conn.execute(
                 queries["revision_changes"], {"workspace_id": self.workspace_id, "revision_id": revision}
@@ -309,6 +310,7 @@ class KnowledgeStore:
         path to restore is now a folder holding documents, LockTimeout.
         """
         repo = self.repository
+        revision = repo.resolve(revision)
         target = repo.commit(revision)
         with database.transaction(self.database_url) as conn:
             recorded = conn.execute(
@@ -345,6 +347,7 @@ class KnowledgeStore:
         Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
         DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
         """
+        revision = self.repository.resolve(revision)
         data = self.read_as_of(revision, path)
         virtual = StorePath.parse(str(path), allow_keep=True).virtual
         text = message or f"restore {virtual} from revision {revision[:12]}"

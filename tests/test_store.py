@@ -313,3 +313,22 @@ def test_swap_records_two_moves_whatever_the_order(kb):
     history = kb.history(1, "/documents/q.md")
     assert [r.message for r in history] == ["swap", "seed"]
     assert history[1].changes[0].path.endswith("/p.md")  # followed back to where it was seeded
+
+
+def test_revision_prefixes_resolve_like_git(kb):
+    """A unique prefix of 4+ hex digits names a revision, as in git; anything else is refused."""
+    from kb.errors import RevisionNotFound
+
+    kb.create_workspace(1)
+    with kb.transaction(1, "one", "t") as tx:
+        tx.write("/documents/a.md", "v1\n")
+    first = tx.revision.id
+    with kb.transaction(1, "two", "t") as tx:
+        tx.write("/documents/a.md", "v2\n")
+    assert kb.read(1, "/documents/a.md", first[:8]) == b"v1\n"
+    assert kb.read_document(1, "/documents/a.md", first[:7].upper()).revision == first
+    restored = kb.restore(1, "/documents/a.md", first[:10], author="t")
+    assert restored is not None and kb.read(1, "/documents/a.md") == b"v1\n"
+    for bad in ("abc", "zzzzzzzz", "0000000"):
+        with pytest.raises(RevisionNotFound):
+            kb.read(1, "/documents/a.md", bad)
