@@ -131,9 +131,18 @@ async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) 
     for job in stalled:
         if job.id == context.job.id:
             continue
-        log.warning("retrying stalled job %s (%s %s)", job.id, job.task_name, job.task_kwargs)
-        await manager.retry_job(job)
-        retried.append(job.id)
+        try:
+            log.warning("retrying stalled job %s (%s %s)", job.id, job.task_name, job.task_kwargs)
+            await manager.retry_job(job)
+            retried.append(job.id)
+        except procrastinate.exceptions.UniqueViolation:
+            # A job with the same queueing lock is already waiting. kb's jobs converge to HEAD, so
+            # that job does this one's work; the stalled one is failed so it stops holding the
+            # workspace lock ("ws:N") that the waiting job needs.
+            log.warning("stalled job %s is covered by a waiting job (%s); marking it failed",
+                        job.id, job.queueing_lock)
+            await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=False)
+            retried.append(job.id)
     return retried
 
 

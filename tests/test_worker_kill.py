@@ -82,3 +82,40 @@ def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env)
     kb.index(2)
     assert _comparable(kb, 1) == _comparable(kb, 2)
     assert len(_comparable(kb, 1)) == len({(p, pos) for p, pos, *_ in _comparable(kb, 1)})
+
+
+def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_converges(kb, kb_env):
+    """A killed worker's job cannot go back to todo while an identical job (same queueing lock)
+    waits; the stalled one is failed so it stops holding the workspace lock, and the waiting job
+    converges the index (found by an adversarial test: the workspace stayed unindexed forever)."""
+    docs = _corpus(120)
+    _write_all(kb, 1, docs)
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["delete_todo_jobs_for_tests"])
+    kb.defer_reindex(1)
+    env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
+           "KB_EMBED_BATCH_SIZE": "8", "PYTHONPATH": os.pathsep.join(sys.path)}
+    slow = subprocess.Popen([sys.executable, str(TESTS / "slow_worker.py"), "0.3"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: next((r for r in _rows(kb, "test_index_runs", workspace_id=1)
+                            if r["documents_done"] >= 16), None), 120, "part of the reindex")
+    finally:
+        os.kill(slow.pid, signal.SIGKILL)
+        slow.wait()
+    stalled = _job(kb, "kb.reindex")
+    assert stalled["status"] == "doing"
+    assert kb.defer_reindex(1) is not None  # a second one waits with the same queueing lock
+
+    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: any(j["task_name"] == "kb.reindex" and j["status"] == "succeeded"
+                          for j in _rows(kb, "test_jobs")), 120, "the waiting reindex")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    by_id = {j["id"]: j for j in _rows(kb, "test_jobs")}
+    assert by_id[stalled["id"]]["status"] == "failed"
+    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    assert lag["stamp"] == kb.head(1) and lag["documents_pending"] == 0 and lag["documents_failed"] == 0
