@@ -110,11 +110,14 @@ def safe_filename(title: str) -> str:
 def safe_folder_segment(name: str) -> str:
     """Map any name to a folder segment (SPEC §2.2): the rules of :func:`safe_filename` without
     the extension. ``name`` (str) → non-empty segment ≤ 255 UTF-8 bytes; empty result → ``folder``;
-    ``CON`` → ``CON_``, ``..`` → ``folder``, ``.git`` → ``_.git``. Raises ``TypeError`` on
+    ``CON`` → ``CON_``, ``..`` → ``folder``, ``.git`` → ``_.git``, ``GIT~1`` → ``GIT~1_``. Raises ``TypeError`` on
     non-str."""
     if not isinstance(name, str):
         raise TypeError(f"name must be str, not {type(name).__name__}")
-    return _cut(_undevice(_clean(name) or "folder"), MAX_SEGMENT_BYTES)
+    segment = _cut(_undevice(_clean(name) or "folder"), MAX_SEGMENT_BYTES)
+    if git_special_name(segment):  # ``GIT~1``: the NTFS short name of .git
+        segment = _cut(segment, MAX_SEGMENT_BYTES - 1) + "_"
+    return segment
 
 
 def name_key(name: str) -> str:
@@ -186,6 +189,22 @@ def unique_name(name: str, taken: Iterable[str] | NameRegistry) -> str:
     return registry.free(name)
 
 
+# Code points HFS+ ignores in file names (git's fsck checks .git spellings without them).
+_HFS_IGNORED = dict.fromkeys(
+    [0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF]
+)
+_GIT_NAMES = {".git", "git~1", ".gitattributes", ".gitignore", ".gitmodules"}
+
+
+def git_special_name(segment: str) -> bool:
+    """True when ``segment`` is, on some file system, a name git itself interprets: ``.git``
+    (also as NTFS short name ``GIT~1``, with HFS-ignored code points, trailing dots/spaces or an
+    NTFS stream suffix ``::$…``), ``.gitattributes``, ``.gitignore`` or ``.gitmodules`` (SPEC §2.3,
+    §14: a document must never change how git reads the repository)."""
+    name = segment.translate(_HFS_IGNORED).split(":", 1)[0].rstrip(". ").casefold()
+    return name in _GIT_NAMES
+
+
 def _check_segment(segment: object, path: object) -> None:
     """Raise :class:`InvalidPath` (for ``path``) unless ``segment`` is a safe segment (§2.3)."""
     if not isinstance(segment, str):
@@ -204,8 +223,11 @@ def _check_segment(segment: object, path: object) -> None:
         raise InvalidPath(path, "not valid Unicode (lone surrogate)") from None
     if size > MAX_SEGMENT_BYTES:
         raise InvalidPath(path, f"segment of {size} UTF-8 bytes exceeds {MAX_SEGMENT_BYTES}")
-    if segment.rstrip(". ").casefold() == ".git":  # Windows ignores trailing dots/spaces
-        raise InvalidPath(path, "a segment named .git is not allowed")
+    if git_special_name(segment):
+        raise InvalidPath(
+            path, f"segment {segment!r} is (or checks out as) a file git itself interprets "
+            "(.git, .gitattributes, .gitignore, .gitmodules); choose another name"
+        )
 
 
 @dataclass(frozen=True, order=True)

@@ -428,3 +428,27 @@ def test_registry_claims_are_distinct_and_safe(titles: list[str], existing: list
     for name in claimed:
         assert safe_filename(name) == name
         _check_safe(name)
+
+
+@pytest.mark.parametrize("segment", [
+    ".git", ".GIT", ".git.", ".git ", "GIT~1", "git~1", ".g\u200cit", ".git\u200d",
+    ".git::$INDEX_ALLOCATION", ".gitattributes", ".GitIgnore", ".gitmodules", "\ufeff.gitmodules",
+])
+def test_git_interpreted_names_are_refused_as_caller_paths(segment):
+    """A caller path may not create a file git interprets, on any file system (git fsck --strict
+    rejects GIT~1 and HFS/NTFS spellings of .git; .gitattributes would change checkouts)."""
+    with pytest.raises(InvalidPath):
+        StorePath.parse(f"/documents/{segment}/x.md")
+    with pytest.raises(InvalidPath):
+        StorePath.parse(f"/documents/a/{segment}")
+
+
+@pytest.mark.parametrize("segment", ["git", "gitlab.md", ".github", "git~2", "my.gitignore.md"])
+def test_names_near_git_names_are_fine(segment):
+    assert StorePath.parse(f"/documents/{segment}").name == segment
+
+
+def test_folder_named_like_git_short_name_is_made_safe():
+    assert safe_folder_segment("GIT~1") == "GIT~1_"
+    assert safe_folder_segment(safe_folder_segment("git~1")) == "git~1_"
+    assert safe_filename("GIT~1") == "GIT~1.md"
