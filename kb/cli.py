@@ -99,7 +99,7 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
     click.echo(
         f"documents: {report.documents_found} found, {report.added} added, {report.modified} modified, "
         f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
-        f"non-markdown and {report.skipped_hidden} hidden"
+        f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
     if report.renamed:
         count = len(report.renamed)

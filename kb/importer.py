@@ -36,19 +36,41 @@ class ImportReport:
     renamed: dict[str, str] = field(default_factory=dict)
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a byte name that is not UTF-8 (os.walk's surrogate escapes)
+        return False
+    return True
+
+
 def scan(source: Path) -> tuple[list[tuple[str, ...]], int, int]:
-    """Relative paths (as segment tuples, sorted) of the markdown files under ``source``,
-    the count of other files skipped, and of hidden entries skipped."""
+    """Relative paths (as segment tuples, sorted) of the markdown files under ``source``, the count
+    of other entries skipped, and of hidden entries skipped.
+
+    Skipped as "other": non-markdown files, symbolic links (never followed: a link could pull in
+    files from outside the folder), and files or folders whose names are not valid UTF-8.
+    """
     found: list[tuple[str, ...]] = []
     other = hidden = 0
     for root, dirs, files in os.walk(source):
         hidden += sum(1 for d in dirs if d.startswith("."))
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        kept = []
+        for d in sorted(dirs):
+            if d.startswith("."):
+                continue
+            if not _utf8(d) or (Path(root) / d).is_symlink():
+                other += 1
+                continue
+            kept.append(d)
+        dirs[:] = kept
         rel_root = Path(root).relative_to(source).parts
         for name in files:
+            path = Path(root) / name
             if name.startswith("."):
                 hidden += 1
-            elif name.lower().endswith(".md") and (Path(root) / name).is_file():
+            elif (name.lower().endswith(".md") and _utf8(name) and not path.is_symlink()
+                  and path.is_file()):
                 found.append((*rel_root, name))
             else:
                 other += 1

@@ -90,8 +90,15 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def decode_document(data: bytes) -> str:
-    """Decode a blob as UTF-8 text; raises UnindexableDocument for NUL bytes or invalid UTF-8."""
+def decode_document(data: bytes, max_bytes: int | None = None) -> str:
+    """Decode a blob as UTF-8 text; raises UnindexableDocument for NUL bytes, invalid UTF-8, or
+    more than ``max_bytes`` bytes (``KB_MAX_INDEX_BYTES``: a 50 MB document would cut ~100,000
+    chunks and take gigabytes of memory in one worker; it stays in git, readable and citable)."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise UnindexableDocument(
+            f"{len(data):,} bytes is more than KB_MAX_INDEX_BYTES ({max_bytes:,}); split the document "
+            "or raise the limit"
+        )
     if b"\x00" in data:
         raise UnindexableDocument("contains NUL bytes (Postgres text cannot hold them)")
     try:
@@ -289,7 +296,7 @@ class Indexer:
     def _prepare(self, repo: Repository, row: dict) -> _Prepared:
         prepared = _Prepared(row)
         try:
-            text = decode_document(repo.blob(row["content_id"]))
+            text = decode_document(repo.blob(row["content_id"]), self.settings.max_index_bytes)
             prepared.chunks = self.chunker.chunk(text)
             prepared.hashes = [sha256_text(c.text) for c in prepared.chunks]
         except UnindexableDocument as exc:

@@ -185,7 +185,13 @@ class KnowledgeBase:
 
     # -- reads for people and agents (SPEC §8) -------------------------------------------
     def search(self, workspace_id: int, query: str, k: int = 5) -> list[Envelope]:
-        """Hybrid search → excerpt envelopes with true line numbers (SPEC §8)."""
+        """Hybrid search → excerpt envelopes with true line numbers (SPEC §8).
+
+        Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100.
+        """
+        from kb.search import check_query
+
+        check_query(query, k)
         store = self.store(workspace_id)
         repo = store.repository
         with database.connect(self.database_url) as conn:

@@ -10,10 +10,14 @@ from dataclasses import dataclass
 import psycopg
 
 from kb.citations import Envelope, document_lines, excerpt_lines
+from kb.errors import InvalidInput
 from kb.embedding import Embedder, vector_literal
 from kb.repository import Repository
 from kb.sql import queries
 
+MAX_QUERY_CHARS = 4000
+"""Longer queries are refused: Postgres' tsquery parser overflows its stack near 100k characters,
+and the embedder reads only its first 256 tokens anyway."""
 RRF_K = 60
 LEG_LIMIT = 100
 
@@ -24,6 +28,25 @@ class _Group:
     score: float
     spans: list[tuple[int, int]]
     unnumbered: list[str]
+
+
+def check_query(query: object, k: object) -> None:
+    """Raise InvalidInput unless ``query`` is non-blank text of at most MAX_QUERY_CHARS without NUL
+    or lone surrogates, and ``k`` an int from 1 to 100."""
+    if not isinstance(query, str):
+        raise InvalidInput(f"the query must be text, not {type(query).__name__}")
+    if not query.strip():
+        raise InvalidInput("the query is empty; say what to search for")
+    if "\x00" in query:
+        raise InvalidInput("the query contains a NUL character; remove it")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("the query is not valid Unicode (lone surrogate)") from None
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidInput(f"the query has {len(query)} characters; shorten it to {MAX_QUERY_CHARS}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
+        raise InvalidInput(f"k must be a whole number from 1 to 100, got {k!r}")
 
 
 def search(
@@ -40,6 +63,7 @@ def search(
     A document's score is its best chunk's fused score; several chunks of one document collapse
     into one envelope.
     """
+    check_query(query, k)
     vector = vector_literal(embedder.embed([query])[0])
     rows = conn.execute(
         queries["hybrid_search"],

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")
+    max_index_bytes: int = Field(
+        default=5_000_000,
+        description="Documents larger than this many bytes are kept in git but marked unindexable.",
+    )
     stalled_job_seconds: float = Field(
         default=60.0,
         description="Seconds without a worker heartbeat after which its running jobs are retried.",

@@ -23,7 +23,7 @@ import psycopg
 
 from kb import database
 from kb.draft import BlobRef, Draft, repo_path_of
-from kb.errors import InvalidWorkspace, KbError, PathExists, RevisionNotFound, WorkspaceNotFound
+from kb.errors import InvalidInput, InvalidWorkspace, KbError, PathExists, RevisionNotFound, WorkspaceNotFound
 from kb.faults import fault_point
 from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
 from kb.locks import locked_transaction
@@ -45,6 +45,21 @@ def check_workspace_id(workspace_id: object) -> int:
     if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or workspace_id <= 0:
         raise InvalidWorkspace(f"workspace ids are positive integers, got {workspace_id!r}")
     return workspace_id
+
+
+def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
+    """Refuse commit text git and Postgres cannot both hold (SPEC §14): a NUL anywhere, a line
+    break in an identity. Raises InvalidInput naming the field."""
+    for field, value, single_line in (("message", message, False), ("author", author, True),
+                                      ("committer", committer, True)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidInput(f"{field} must be text, not {type(value).__name__}")
+        if "\x00" in value:
+            raise InvalidInput(f"the {field} contains a NUL character; remove it")
+        if single_line and ("\n" in value or "\r" in value):
+            raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
 
 
 def summarize(changes: list[PathChange]) -> str:
@@ -153,8 +168,11 @@ class KnowledgeStore:
         """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
         if the net change is empty. An exception records nothing (SPEC §3).
 
-        Raises WorkspaceNotFound, LockTimeout, LockUnavailable, DatabaseUnavailable, PathExists.
+        Raises InvalidInput (NUL in the message, a NUL or line break in author/committer) before
+        anything is written, WorkspaceNotFound, LockTimeout, LockUnavailable, DatabaseUnavailable,
+        PathExists.
         """
+        check_commit_text(message, author, committer)
         repo = self.repository
         draft = Draft(repo, repo.tree_id(repo.head()))
         yield draft
