@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb.errors import DocumentNotFound, PathExists
-from kb.paths import StorePath, blob_id
+from kb.paths import StorePath, blob_id, name_key
 
 if TYPE_CHECKING:
     from kb.repository import Repository
@@ -69,6 +69,7 @@ class Draft:
     _overlay: dict[str, "bytes | BlobRef | None"] = field(default_factory=dict)
     _origin: dict[str, str | None] = field(default_factory=dict)
     _dirs: set[str] = field(default_factory=set)
+    _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     revision: "Revision | None" = None
 
     # -- state -------------------------------------------------------------------------
@@ -96,8 +97,40 @@ class Draft:
             return False
         return bool(self._files_under(repo_path))
 
+    def _siblings(self, folder: str) -> dict[str, set[str]]:
+        """``{name_key: names}`` of the entries of ``folder`` at the base plus those this draft
+        created (cached per folder; a name may since have been removed, callers check)."""
+        keys = self._sibling_keys.get(folder)
+        if keys is None:
+            keys = self._sibling_keys[folder] = {}
+            for name, _kind in self._repo.list_folder(self._base_tree, folder):
+                keys.setdefault(name_key(name), set()).add(name)
+        return keys
+
+    def _exists_now(self, repo_path: str) -> bool:
+        return self._current(repo_path) is not None or self._is_folder(repo_path)
+
+    def _check_collision(self, repo_path: str, virtual: str) -> None:
+        """Raise PathExists when a segment of ``repo_path`` that does not exist yet differs only
+        in case or Unicode normalization from an existing sibling: the tree would not check out on
+        macOS/Windows (SPEC §2.2, §14). Re-using the existing spelling is always fine."""
+        parts = repo_path.split("/")
+        for depth in range(2, len(parts) + 1):
+            path, parent, name = "/".join(parts[:depth]), "/".join(parts[: depth - 1]), parts[depth - 1]
+            if path in self._dirs or self._current(path) is not None:
+                continue
+            for other in self._siblings(parent).get(name_key(name), ()):
+                if other != name and self._exists_now(f"{parent}/{other}"):
+                    raise PathExists(
+                        f"cannot place {virtual}: {name!r} differs only in case or Unicode "
+                        f"normalization from the existing {virtual_of(parent + '/' + other)}, so the "
+                        "tree would not check out on macOS or Windows; use the existing name"
+                    )
+
     def _check_placeable(self, repo_path: str, virtual: str) -> None:
-        """Raise PathExists when a document cannot live at ``repo_path`` (git tree conflict)."""
+        """Raise PathExists when a document cannot live at ``repo_path`` (git tree conflict, or a
+        case/normalization-only collision with an existing name)."""
+        self._check_collision(repo_path, virtual)
         for folder in _ancestors(repo_path):
             if folder in self._dirs and folder not in self._overlay:
                 continue
@@ -121,6 +154,10 @@ class Draft:
         self._dirs.discard(repo_path)
         for folder in _ancestors(repo_path):
             self._dirs.add(folder)
+        parts = repo_path.split("/")
+        for depth in range(2, len(parts) + 1):
+            parent, name = "/".join(parts[: depth - 1]), parts[depth - 1]
+            self._siblings(parent).setdefault(name_key(name), set()).add(name)
 
     # -- reads -------------------------------------------------------------------------
     def exists(self, path: str | StorePath) -> bool:

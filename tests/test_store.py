@@ -332,3 +332,30 @@ def test_revision_prefixes_resolve_like_git(kb):
     for bad in ("abc", "zzzzzzzz", "0000000"):
         with pytest.raises(RevisionNotFound):
             kb.read(1, "/documents/a.md", bad)
+
+
+def test_case_and_normalization_only_collisions_are_refused_but_renames_allowed(kb, settings):
+    """SPEC §2.2/§14: names differing only in case or NFC/NFD would not check out on macOS or
+    Windows; a retitle that changes only case is a move of the same document."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", "t") as tx:
+        tx.write("/documents/Roadmap.md", "r\n")
+        tx.write("/documents/Caf\u00e9.md", "nfc\n")
+        tx.write("/documents/Notes/a.md", "a\n")
+    for path in ("/documents/roadmap.md", "/documents/Cafe\u0301.md", "/documents/notes/b.md",
+                 "/documents/NOTES"):
+        with pytest.raises(PathExists, match="differs only in case"):
+            with kb.transaction(1, "clash", "t") as tx:
+                tx.write(path, "x\n")
+    with pytest.raises(PathExists):
+        with kb.transaction(1, "clash in one draft", "t") as tx:
+            tx.write("/documents/New.md", "1\n")
+            tx.write("/documents/NEW.md", "2\n")
+    with kb.transaction(1, "case-only retitle", "t") as tx:
+        tx.move("/documents/Roadmap.md", "/documents/roadmap.md")
+        tx.write("/documents/Notes/b.md", "same spelling is fine\n")
+    assert ("/documents/roadmap.md", "moved", "/documents/Roadmap.md") in {
+        (c.path, c.change, c.old_path) for c in tx.revision.changes}
+    assert sorted(kb.list_paths(1)) == ["/documents/Café.md", "/documents/Notes/a.md",
+                                        "/documents/Notes/b.md", "/documents/roadmap.md"]
+    git(settings.knowledge_store / "1", "fsck", "--strict")
