@@ -38,9 +38,10 @@ def _comparable(kb, ws):
              r["end_line"]) for r in _rows(kb, "test_chunk_set", workspace_id=ws)]
 
 
-def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env):
-    docs = _corpus(200)
-    _write_all(kb, 1, docs)
+def _kill_a_worker_mid_reindex(kb, kb_env, documents: int, done: int) -> dict:
+    """Write ``documents`` documents, defer one reindex, run a slow real worker until ``done``
+    documents are indexed, kill -9 it; returns the worker environment (stalled after 2 s)."""
+    _write_all(kb, 1, _corpus(documents))
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["delete_todo_jobs_for_tests"])  # only the reindex below runs
     kb.defer_reindex(1)
@@ -49,11 +50,17 @@ def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env)
     slow = subprocess.Popen([sys.executable, str(TESTS / "slow_worker.py"), "0.3"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        run = _wait(lambda: next((r for r in _rows(kb, "test_index_runs", workspace_id=1)
-                                  if r["documents_done"] >= 64), None), 120, "half of the reindex")
+        _wait(lambda: next((r for r in _rows(kb, "test_index_runs", workspace_id=1)
+                            if r["documents_done"] >= done), None), 120, f"{done} documents indexed")
     finally:
         os.kill(slow.pid, signal.SIGKILL)
         slow.wait()
+    return env
+
+
+def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env):
+    docs = _corpus(200)
+    env = _kill_a_worker_mid_reindex(kb, kb_env, 200, 64)
     runs = _rows(kb, "test_index_runs", workspace_id=1)
     assert len(runs) == 1 and runs[0]["status"] == "running" and runs[0]["documents_done"] < 200
     assert runs[0]["cursor_document_id"] is not None
@@ -88,21 +95,7 @@ def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_conv
     """A killed worker's job cannot go back to todo while an identical job (same queueing lock)
     waits; the stalled one is failed so it stops holding the workspace lock, and the waiting job
     converges the index (found by an adversarial test: the workspace stayed unindexed forever)."""
-    docs = _corpus(120)
-    _write_all(kb, 1, docs)
-    with database.transaction(kb.database_url) as conn:
-        conn.execute(queries["delete_todo_jobs_for_tests"])
-    kb.defer_reindex(1)
-    env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
-           "KB_EMBED_BATCH_SIZE": "8", "PYTHONPATH": os.pathsep.join(sys.path)}
-    slow = subprocess.Popen([sys.executable, str(TESTS / "slow_worker.py"), "0.3"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait(lambda: next((r for r in _rows(kb, "test_index_runs", workspace_id=1)
-                            if r["documents_done"] >= 16), None), 120, "part of the reindex")
-    finally:
-        os.kill(slow.pid, signal.SIGKILL)
-        slow.wait()
+    env = _kill_a_worker_mid_reindex(kb, kb_env, 120, 16)
     stalled = _job(kb, "kb.reindex")
     assert stalled["status"] == "doing"
     assert kb.defer_reindex(1) is not None  # a second one waits with the same queueing lock
