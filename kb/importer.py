@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kb.errors import ImportSourceError
+from kb.errors import ImportSourceError, InvalidInput
 from kb.paths import NameRegistry, safe_filename, safe_folder_segment
 from kb.store import KnowledgeStore, Revision
 
@@ -99,6 +99,21 @@ def plan_paths(relative: list[tuple[str, ...]], prefix: tuple[str, ...]) -> dict
     return planned
 
 
+def import_prefix(prefix: str | None) -> tuple[str, ...]:
+    """Folder segments under ``documents/`` for ``--prefix``: ``Notes/2026``, ``/Notes`` and
+    ``/documents/Notes`` all name ``documents/Notes...``; each segment passes through the path
+    law (SPEC §2.2). Raises InvalidInput for ``.``/``..`` segments rather than guessing."""
+    text = (prefix or "").strip().strip("/")
+    if text == "documents":
+        text = ""
+    elif text.startswith("documents/"):
+        text = text[len("documents/"):]
+    parts = [p for p in text.split("/") if p.strip()]
+    if any(p.strip() in (".", "..") for p in parts):
+        raise InvalidInput(f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents")
+    return tuple(safe_folder_segment(p) for p in parts)
+
+
 def import_folder(
     store: KnowledgeStore,
     source: Path,
@@ -119,7 +134,7 @@ def import_folder(
     if not source.is_dir():
         raise ImportSourceError(f"{source} is not a folder; pass a folder of markdown files")
     source = source.resolve()
-    prefix_parts = tuple(safe_folder_segment(p) for p in (prefix or "").split("/") if p.strip())
+    prefix_parts = import_prefix(prefix)
     relative, other, hidden = scan(source)
     planned = plan_paths(relative, prefix_parts)
     created = not store.exists()

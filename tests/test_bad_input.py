@@ -84,3 +84,21 @@ def test_embedded_server_survives_a_truncated_handle_list(tmp_path):
         assert out.stdout.startswith("postgresql://")
     finally:
         stop_embedded(pgdata)
+
+
+@pytest.mark.parametrize("prefix, expected", [
+    ("Notes/2026", ("Notes", "2026")), ("/Notes/", ("Notes",)), ("/documents/Notes", ("Notes",)),
+    ("documents", ()), ("documentsX", ("documentsX",)), ("a:b", ("a_b",)), (None, ()),
+])
+def test_import_prefix_names_a_folder_under_documents(prefix, expected):
+    from kb.importer import import_prefix
+
+    assert import_prefix(prefix) == expected
+
+
+@pytest.mark.parametrize("prefix", ["../etc", "a/../../b", "./x"])
+def test_import_prefix_with_dot_segments_is_refused(prefix):
+    from kb.importer import import_prefix
+
+    with pytest.raises(InvalidInput):
+        import_prefix(prefix)
