@@ -152,18 +152,27 @@ class Indexer:
         Returns what was done. If another process holds the workspace's index lock the run is
         skipped (``report.skipped_locked``): that run converges to HEAD itself.
         """
-        report = IndexReport(workspace_id, "index_changes")
+        with self._locked_run(workspace_id, "index_changes", full=False) as (report, repo):
+            if repo is not None:
+                with database.connect(self.database_url, autocommit=True) as conn:
+                    self._lagging_pass(conn, repo, workspace_id, report.revision, report, start_run=True)
+                    self._finish(conn, workspace_id, report.revision, report)
+        return report
+
+    @contextlib.contextmanager
+    def _locked_run(self, workspace_id: int, kind: str, *, full: bool):
+        """Hold the workspace's index lock and project to HEAD; yields ``(report, repo)`` with
+        ``report.revision`` = HEAD, or ``(report, None)`` with ``skipped_locked`` set when another
+        run holds the lock (that run converges to HEAD itself)."""
+        report = IndexReport(workspace_id, kind)
         with self._index_lock(workspace_id) as locked:
             if not locked:
                 report.skipped_locked = True
-                return report
+                yield report, None
+                return
             repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
-            head = self._project(repo, workspace_id, full=False)
-            report.revision = head
-            with database.connect(self.database_url, autocommit=True) as conn:
-                self._lagging_pass(conn, repo, workspace_id, head, report, start_run=True)
-                self._finish(conn, workspace_id, head, report)
-            return report
+            report.revision = self._project(repo, workspace_id, full=full)
+            yield report, repo
 
     def reindex(self, workspace_id: int) -> IndexReport:
         """Rebuild ``workspace_id``'s index from git HEAD (job ``kb.reindex``), resumably.
@@ -174,14 +183,10 @@ class Indexer:
         ``kb.index_runs`` row; an unfinished reindex of the workspace (a killed worker) is resumed
         after its cursor. Skipped (``skipped_locked``) when another run holds the index lock.
         """
-        report = IndexReport(workspace_id, "reindex")
-        with self._index_lock(workspace_id) as locked:
-            if not locked:
-                report.skipped_locked = True
+        with self._locked_run(workspace_id, "reindex", full=True) as (report, repo):
+            if repo is None:
                 return report
-            repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
-            head = self._project(repo, workspace_id, full=True)
-            report.revision = head
+            head = report.revision
             with database.connect(self.database_url, autocommit=True) as conn:
                 run = conn.execute(
                     queries["running_index_run"], {"workspace_id": workspace_id, "kind": "reindex"}
