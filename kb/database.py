@@ -17,9 +17,13 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import atexit
+import threading
+
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from kb.errors import DatabaseUnavailable, DatabaseNotReady
 from kb.settings import Settings
@@ -116,16 +120,104 @@ def resolve_database_url(settings: Settings) -> str:
     return start_embedded(settings.storage_root / "postgres")
 
 
+def configure_connection(conn: psycopg.Connection) -> None:
+    """Set on a new connection what kb relies on, whatever the session defaults say (SPEC §13).
+
+    Every connection kb opens (``connect``, the pool, the job queue's connector) passes through
+    here, so there is one place that decides a connection's behaviour.
+    """
+
+
+def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnavailable(
+        f"cannot connect to Postgres at {redact(url)}: {reason}. "
+        "Check KB_DATABASE_URL, or unset it to use the embedded server."
+    )
+
+
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     """Open a psycopg connection with dict rows. Raises DatabaseUnavailable naming the server."""
     try:
-        return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
+        conn = psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(
-            f"cannot connect to Postgres at {redact(url)}: {reason}. "
-            "Check KB_DATABASE_URL, or unset it to use the embedded server."
-        ) from exc
+        raise _unavailable(url, exc) from exc
+    try:
+        configure_connection(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+_pools: dict[str, ConnectionPool] = {}
+_pools_lock = threading.Lock()
+POOL_MAX_SIZE = 8
+POOL_TIMEOUT = 30.0
+
+
+def _configure_pooled(conn: psycopg.Connection) -> None:
+    conn.row_factory = dict_row
+    configure_connection(conn)
+    conn.commit()  # leave the connection idle, as the pool requires
+
+
+def pool(url: str) -> ConnectionPool:
+    """The process-wide connection pool for ``url`` (created and opened on first use).
+
+    Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
+    ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
+    be reached within ``POOL_TIMEOUT`` seconds.
+    """
+    with _pools_lock:
+        existing = _pools.get(url)
+        if existing is not None and not existing.closed:
+            return existing
+        created = ConnectionPool(
+            url, min_size=1, max_size=POOL_MAX_SIZE, configure=_configure_pooled,
+            timeout=POOL_TIMEOUT, open=False, name="kb",
+        )
+        try:
+            created.open(wait=True, timeout=POOL_TIMEOUT)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            created.close()
+            raise _unavailable(url, exc) from exc
+        _pools[url] = created
+        return created
+
+
+@contextlib.contextmanager
+def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
+    """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
+
+    An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
+    Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds.
+    """
+    try:
+        with pool(url).connection() as conn:
+            yield conn
+    except PoolTimeout as exc:
+        raise _unavailable(url, exc) from exc
+
+
+@contextlib.contextmanager
+def pooled_transaction(url: str) -> Iterator[psycopg.Connection]:
+    """Like ``transaction`` on a pooled connection: committed on clean exit, rolled back on error."""
+    with pooled_connection(url) as conn:
+        with conn.transaction():
+            yield conn
+
+
+def close_pools() -> None:
+    """Close every connection pool this process opened (idempotent)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for each in pools:
+        each.close()
+
+
+atexit.register(close_pools)
 
 
 def redact(url: str) -> str:

@@ -32,3 +32,17 @@ DELETE FROM procrastinate_jobs WHERE status <> 'doing';
 
 -- name: delete_todo_jobs_for_tests
 DELETE FROM procrastinate_jobs WHERE status = 'todo';
+
+-- ---- connection pool tests ------------------------------------------------------------------
+
+-- name: test_backend_pid
+SELECT pg_backend_pid() AS pid;
+
+-- name: test_create_pool_probe
+CREATE TABLE pool_probe (n int);
+
+-- name: test_insert_pool_probe
+INSERT INTO pool_probe VALUES (1);
+
+-- name: test_count_pool_probe
+SELECT count(*) AS n FROM pool_probe;
