@@ -178,8 +178,9 @@ class Chunker:
     def chunk(self, text: str) -> list[Chunk]:
         """Cut ``text``; returns chunks in order with exact offsets and line spans.
 
-        Offsets are verified (``text[start:end] == chunk.text``); a mismatch raises KbError and the
-        document is marked failed — never a silently wrong span.
+        Offsets are verified (``text[start:end] == chunk.text``, and ranges strictly increasing and
+        non-overlapping); a violation raises KbError and the document is marked failed — never a
+        silently wrong span.
         """
         if not text.strip():
             return []
@@ -198,6 +199,11 @@ class Chunker:
             lead = len(piece_text) - len(piece_text.lstrip())
             start += lead
             end = start + len(stripped)
+            if chunks and start < chunks[-1].end_char:  # e.g. repeated text placed at its first occurrence
+                raise KbError(
+                    f"chunker placed chunk {len(chunks)} at [{start}:{end}], overlapping or before chunk "
+                    f"{len(chunks) - 1} at [{chunks[-1].start_char}:{chunks[-1].end_char}]; not indexing"
+                )
             chunks.append(
                 Chunk(
                     position=len(chunks),

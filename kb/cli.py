@@ -355,7 +355,13 @@ def fsck(workspace: int) -> None:
         click.echo(f"repaired working tree: {len(report.worktree_repaired)} paths")
         for path in report.worktree_repaired[:10]:
             click.echo(f"    {path}")
-    if report.git_ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed):
+    for pack in report.temporary_packs_removed:
+        click.echo(f"removed temporary pack {pack} (a killed import's)")
+    for path in report.overlong_paths:
+        click.echo(f"path too long to check out ({len(path.encode('utf-8', 'surrogateescape')) - 11} bytes below /documents): {path}\n"
+                   f"    fix: {report.fix_for(path)}")
+    if report.git_ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed
+                              or report.overlong_paths):
         click.echo("clean: git, Postgres history and working tree agree")
     if not report.git_ok:
         sys.exit(1)
@@ -437,6 +443,10 @@ def edit(path: str, workspace: int, author: str | None, message: str | None) -> 
         for overwritten in result.overwrote:
             click.echo(f"note: {overwritten} was changed by someone else meanwhile; your save replaced it")
 
+
+from kb.cli_move import move as _move_command  # noqa: E402  (issue 9: the fix kb fsck names)
+
+main.add_command(_move_command)
 
 if __name__ == "__main__":
     main()

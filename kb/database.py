@@ -173,6 +173,7 @@ def pool(url: str) -> ConnectionPool:
         existing = _pools.get(url)
         if existing is not None and not existing.closed:
             return existing
+        connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
         created = ConnectionPool(
             url, min_size=1, max_size=POOL_MAX_SIZE, configure=_configure_pooled,
             timeout=POOL_TIMEOUT, open=False, name="kb",
@@ -218,6 +219,21 @@ def close_pools() -> None:
 
 
 atexit.register(close_pools)
+
+_inherited: list[ConnectionPool] = []
+
+
+def _forget_pools_after_fork() -> None:
+    """In a forked child: the parent's pooled connections share its sockets, so the child must
+    neither use nor close them (closing would end the parent's sessions). They are set aside,
+    referenced forever so no finalizer runs, and the child opens its own pools on demand."""
+    global _pools_lock
+    _inherited.extend(_pools.values())
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
 def redact(url: str) -> str:

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kb.errors import DocumentNotFound, PathExists
-from kb.paths import StorePath, blob_id, name_key
+from kb.errors import DocumentNotFound, InvalidInput, PathExists
+from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 
 if TYPE_CHECKING:
     from kb.repository import Repository
@@ -42,6 +42,22 @@ def repo_path_of(path: str | StorePath, *, allow_keep: bool = False) -> str:
     if isinstance(path, StorePath):
         return path.repo_path
     return StorePath.parse(path, allow_keep=allow_keep).repo_path
+
+
+def document_bytes(data: object, path: str) -> bytes:
+    """The bytes of a document given as bytes-like or str (UTF-8). Raises TypeError for other
+    types, InvalidInput for a str that is not valid Unicode (a lone surrogate)."""
+    if isinstance(data, str):
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInput(
+                f"the text for {path} holds a lone surrogate (U+{ord(exc.object[exc.start]):04X} at "
+                f"offset {exc.start}); pass valid Unicode, or bytes"
+            ) from None
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"document bytes must be bytes or str, not {type(data).__name__}")
+    return bytes(data)
 
 
 def virtual_of(path: str) -> str:
@@ -71,6 +87,8 @@ class Draft:
     _dirs: set[str] = field(default_factory=set)
     _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     revision: "Revision | None" = None
+    pending: str | None = None
+    """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
 
     # -- state -------------------------------------------------------------------------
     def _current(self, repo_path: str) -> "bytes | BlobRef | None":
@@ -122,9 +140,9 @@ class Draft:
             for other in self._siblings(parent).get(name_key(name), ()):
                 if other != name and self._exists_now(f"{parent}/{other}"):
                     raise PathExists(
-                        f"cannot place {virtual}: {name!r} differs only in case or Unicode "
-                        f"normalization from the existing {virtual_of(parent + '/' + other)}, so the "
-                        "tree would not check out on macOS or Windows; use the existing name"
+                        f"cannot place {virtual}: {describe_name(name)} differs only in case or Unicode "
+                        f"normalization from the existing {describe_name(other)} in {virtual_of(parent)}, "
+                        "so the tree would not check out on macOS or Windows; use the existing name"
                     )
 
     def _check_placeable(self, repo_path: str, virtual: str) -> None:
@@ -144,6 +162,20 @@ class Draft:
                 f"cannot place a document at {virtual}: it is a folder holding documents; "
                 "choose another name or remove the folder first"
             )
+
+    def _check_new(self, repo_path: str, virtual: str, *, names: bool = True) -> None:
+        """Raise InvalidPath when a path this call creates breaks the rules for new paths: longer
+        than MAX_PATH_BYTES, or (``names``) a segment that does not exist yet is a Windows device
+        name or ends in a dot or space (SPEC §2.2, §2.3). Existing names are never re-judged."""
+        check_path_length(repo_path, virtual)
+        if not names:
+            return
+        parts = repo_path.split("/")
+        for depth in range(2, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            if prefix in self._dirs or self._current(prefix) is not None or self._is_folder(prefix):
+                continue
+            check_new_segment(parts[depth - 1], virtual)
 
     def _set(self, repo_path: str, value: "bytes | BlobRef | None", origin: str | None) -> None:
         self._overlay[repo_path] = value
@@ -186,11 +218,12 @@ class Draft:
         documents or lies under a path that is a document.
         """
         repo_path = repo_path_of(path, allow_keep=allow_keep)
-        if not isinstance(data, (bytes, bytearray, memoryview, str)):
-            raise TypeError(f"document bytes must be bytes or str, not {type(data).__name__}")
+        data = document_bytes(data, str(path))
+        if self._current(repo_path) is None:
+            self._check_new(repo_path, str(path))
         self._check_placeable(repo_path, str(path))
         origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
-        self._set(repo_path, data.encode("utf-8") if isinstance(data, str) else bytes(data), origin)
+        self._set(repo_path, data, origin)
 
     def remove(self, path: str | StorePath) -> None:
         """Remove the document, or every document of the folder, at ``path``.
@@ -227,6 +260,10 @@ class Draft:
                 raise PathExists(f"cannot move folder {src} into itself ({dst})")
             pairs = [(f, dst_path + f[len(src_path):]) for f in files]
         sources = {old for old, _ in pairs}
+        self._check_new(dst_path, str(dst), names=self._current(dst_path) is None)
+        for old, new in pairs:
+            if new != dst_path and self._current(new) is None:
+                self._check_new(new, virtual_of(new), names=False)
         for old, new in pairs:
             if new not in sources and self._current(new) is not None and not overwrite:
                 raise PathExists(

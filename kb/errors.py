@@ -130,3 +130,26 @@ class InvalidPattern(KbError):
 
 class ArtifactReadOnly(KbError):
     """An editor save targeted an ARTIFACT document; artifacts are revised through their own API (SPEC §11)."""
+
+
+# -- store under contention and crashes (issue 9, SPEC §3, §14) -------------------------------
+class CommitOutcomeUnknown(KbError):
+    """Postgres went away after the revision's ref may have moved: the write may have landed.
+
+    ``revision`` is the id that may now be HEAD; ``workspace_id`` the workspace. Check with
+    ``kb log`` / ``kb fsck`` (which records a revision git has and Postgres lacks) before retrying.
+    """
+
+    def __init__(self, workspace_id: int, revision: str, reason: str) -> None:
+        self.workspace_id = workspace_id
+        self.revision = revision
+        super().__init__(
+            f"workspace {workspace_id}: the outcome of this write is unknown: Postgres went away while "
+            f"recording revision {revision} ({reason}). It may have landed: run `kb fsck --workspace "
+            f"{workspace_id}` (records it if git has it), then `kb log --workspace {workspace_id}` shows "
+            f"whether {revision[:12]} is there, before retrying."
+        )
+
+
+class StorageError(KbError):
+    """The file system refused an operation on kb's storage (disk full, permissions, name too long)."""

@@ -1,22 +1,36 @@
 """``kb fsck``: check and repair one workspace (SPEC §2.1, §3).
 
-1. git's own consistency check (``git fsck --strict``, the real git CLI) — errors are reported and
-   stop the repair (nothing is rewritten in a corrupt repository);
-2. under the workspace write lock, so no kb writer is mid-commit: stale git lock files left by a
-   killed writer (``index.lock``, ``refs/heads/main.lock`` …) are removed;
+1. git's own consistency check (``git fsck --strict``, the real git CLI) of a consistent snapshot:
+   every object, and connectivity from the HEAD read just before git starts — errors are reported
+   and stop the repair (nothing is rewritten in a corrupt repository). It runs without the lock,
+   so writers go on: objects are immutable and all written before the ref moves. Left to itself
+   git would read the refs and reflogs *after* its object scan, and report the commits writers
+   made meanwhile as "missing" or "invalid reflog entry"; so the snapshot's HEAD is passed to it,
+   and the reflogs are checked under the lock instead (step 2);
+2. under the workspace write lock, so no kb writer is mid-commit: every reflog entry names
+   objects that exist; stale git lock files left by a killed writer (``index.lock``,
+   ``refs/heads/main.lock`` …) and temporary packs of killed imports (older than
+   TEMPORARY_PACK_AGE) are removed;
 3. revisions git has and Postgres lacks are recorded (history rows + deferred jobs), the same
    function the periodic sweep calls (``KnowledgeStore.reconcile``);
-4. a stale working tree (``git status`` not clean) is repaired path by path from HEAD.
+4. a stale working tree (``git status`` not clean) is repaired path by path from HEAD; a path at
+   HEAD too long for the path law (SPEC §2.3) cannot be checked out: it is listed in
+   ``overlong_paths`` with the ``kb mv`` that fixes it, never a crash.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb.errors import ConfigurationError
+from kb.paths import MAX_PATH_BYTES
+
+TEMPORARY_PACK_AGE = 600.0
+"""Seconds since its last write after which a temporary pack is a killed import's, not a live one's."""
 
 if TYPE_CHECKING:
     from kb.history import Revision
@@ -32,11 +46,19 @@ class FsckReport:
     stale_locks_removed: list[str] = field(default_factory=list)
     recorded: list["Revision"] = field(default_factory=list)
     worktree_repaired: list[str] = field(default_factory=list)
+    temporary_packs_removed: list[str] = field(default_factory=list)
+    overlong_paths: list[str] = field(default_factory=list)
+    """Virtual paths at HEAD longer than MAX_PATH_BYTES below /documents (cannot be checked out)."""
 
     @property
     def ok(self) -> bool:
         """True when git found no error (repairs made are not errors)."""
         return self.git_ok
+
+    def fix_for(self, path: str) -> str:
+        """The command that moves an over-long ``path`` to a name that fits (SPEC §2.3)."""
+        shorter = "/documents/" + path.rsplit("/", 1)[-1][:120]
+        return f"kb mv --workspace {self.workspace_id} {shlex.quote(path)} {shlex.quote(shorter)}"
 
 
 def _git(store: "KnowledgeStore", *args: str) -> subprocess.CompletedProcess:
@@ -75,7 +97,9 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
     from kb.locks import locked_transaction
 
     repo = store.repository
-    checked = _git(store, "fsck", "--strict", "--no-progress", "--no-dangling")
+    head = repo.head()  # the snapshot: everything it reaches was written before the ref moved
+    checked = _git(store, "fsck", "--strict", "--no-progress", "--no-dangling", "--no-reflogs",
+                   *([head] if head else []))
     report = FsckReport(store.workspace_id, checked.returncode == 0)
     report.git_messages = [
         line for line in (checked.stdout + checked.stderr).decode(errors="replace").splitlines() if line.strip()
@@ -83,11 +107,22 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
     if not report.git_ok:
         return report
     with locked_transaction(store.database_url, store.workspace_id, store.settings) as (conn, _):
+        broken = repo.invalid_reflog_entries()
+        if broken:
+            report.git_ok = False
+            report.git_messages += broken
+            return report
         report.stale_locks_removed = repo.clear_stale_locks(min_age=0)
+        report.temporary_packs_removed = repo.remove_temporary_packs(TEMPORARY_PACK_AGE)
         report.recorded = store._catch_up(conn, store._workspace_row(conn))
-        stale_paths = stale_worktree_paths(store)
+        head_tree = repo.tree_id(repo.head())
+        report.overlong_paths = [
+            "/" + p for p, _ in repo.walk(head_tree, "documents")
+            if len(p.encode("utf-8", "surrogateescape")) - len("documents/") > MAX_PATH_BYTES
+        ]
+        overlong = {p[1:] for p in report.overlong_paths}
+        stale_paths = [p for p in stale_worktree_paths(store) if p not in overlong]
         if stale_paths:
-            head_tree = repo.tree_id(repo.head())
-            repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths])
-            report.worktree_repaired = ["/" + p for p in stale_paths]
+            refused = set(repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths]))
+            report.worktree_repaired = ["/" + p for p in stale_paths if p not in refused]
     return report

@@ -22,7 +22,7 @@ from kb.errors import DimensionMismatch
 from kb.importer import ImportReport, import_folder
 from kb.indexer import Indexer, IndexReport
 from kb.migrations import MigrationReport, apply_migrations
-from kb.paths import StorePath
+from kb.paths import StorePath, check_storage_root
 from kb.projection import ProjectionResult, project
 from kb.publication import PublicationStatus, ensure_publication
 from kb.search import search as hybrid_search
@@ -50,6 +50,8 @@ class KnowledgeBase:
     """kb's public surface over one database and one storage root."""
 
     def __init__(self, settings: Settings, database_url: str) -> None:
+        """Raises ConfigurationError when the storage root is too deep for the path law (SPEC §2.3)."""
+        check_storage_root(settings.knowledge_store)
         self.settings = settings
         self.database_url = database_url
         self._stores: dict[int, KnowledgeStore] = {}

@@ -53,15 +53,14 @@ def locked_transaction(
 ) -> Iterator[tuple[psycopg.Connection, T | None]]:
     """A Postgres transaction holding the workspace write lock until it has committed (SPEC §3, §4).
 
-    Order: connect to Postgres (unreachable → DatabaseUnavailable before anything else runs: fail
-    closed), run ``prepare()`` unlocked (idempotent slow work such as writing blobs), take the lock
+    Order: take a connection from the process's pool (``kb.database.pool``; unreachable →
+    DatabaseUnavailable before anything else runs: fail closed), run ``prepare()`` unlocked (idempotent slow work such as writing blobs), take the lock
     — the Redis lock (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the
     transaction — then yield ``(conn, prepare's result)``. On a clean exit the transaction commits
     *before* the Redis lock is released, so the next holder always sees this holder's rows; on an
     exception it rolls back. Raises LockTimeout (with the workspace id), LockUnavailable.
     """
-    conn = database.connect(database_url)
-    try:
+    with database.pooled_connection(database_url) as conn:  # a pooled connection: no connect per commit
         prepared = prepare() if prepare is not None else None
         with contextlib.ExitStack() as stack:
             if settings.lock_backend == "redis":
@@ -72,5 +71,3 @@ def locked_transaction(
                 if settings.lock_backend != "redis":
                     advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
                 yield conn, prepared
-    finally:
-        conn.close()

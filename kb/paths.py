@@ -14,6 +14,7 @@ Pure Python, standard library only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -23,16 +24,19 @@ from dataclasses import dataclass
 from kb.errors import InvalidPath, InvalidWorkspace
 
 __all__ = [
-    "MAX_SEGMENT_BYTES", "ROOT", "NameRegistry", "StorePath", "author_path", "blob_id", "name_key",
+    "MAX_PATH_BYTES", "MAX_SEGMENT_BYTES", "check_new_segment", "check_storage_root", "describe_name", "ROOT", "NameRegistry", "StorePath", "author_path", "blob_id", "name_key",
     "safe_filename", "safe_folder_segment", "unique_identifier_hash", "unique_name",
 ]
 
 MAX_SEGMENT_BYTES = 255
+MAX_PATH_BYTES = 1024
+"""Longest caller path below ``/documents`` (UTF-8 bytes of ``a/b.md`` in ``/documents/a/b.md``)."""
 ROOT = "documents"
 _EXT = ".md"
 _FORBIDDEN = frozenset('\\/:*?"<>|')
 _BACKSLASH = "backslash is not a separator and not allowed in names; use '/'"
 _SPACES = re.compile(" {2,}")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 _SEPARATORS = "\x1c\x1d\x1e\x1f"  # str.isspace() says yes, Unicode White_Space says no: removed
 # Windows device names (SPEC §2.2), plus the superscript-digit ports and console devices Windows
 # also reserves. Compared on the ASCII-uppercased stem before the first dot, sans trailing spaces.
@@ -47,6 +51,7 @@ def _clean(text: str) -> str:
     chars → ``_``; NFC again (a dropped control char may have split a base from its combining
     mark); collapse spaces; strip; strip trailing dots/spaces; leading ``.`` → ``_.``."""
     out = []
+    text = _SURROGATES.sub("\ufffd", text)  # undecodable bytes of an OS file name (surrogateescape)
     for ch in unicodedata.normalize("NFC", text):
         if ch.isspace() and ch not in _SEPARATORS:
             out.append(" ")
@@ -120,6 +125,7 @@ def safe_folder_segment(name: str) -> str:
     return segment
 
 
+@functools.lru_cache(maxsize=65536)
 def name_key(name: str) -> str:
     """The collision key of a name (SPEC §2.2: "case-insensitive and NFC-insensitive").
 
@@ -362,3 +368,58 @@ def blob_id(data: bytes) -> str:
         raise TypeError("blob_id takes bytes, not str (encode first)")
     raw = bytes(data)
     return hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()
+
+
+# -- rules for NEW names (SPEC §2.2, §2.3, §14; issue 9) -------------------------------------
+# Names that exist already stay readable, movable and removable whatever they are; these rules
+# apply to every name a write or move *creates*, so nothing new can fail to check out.
+
+def describe_name(name: str) -> str:
+    """``name`` quoted so look-alikes differ on screen: ASCII as is, anything else escaped
+    (``'Café.md'`` → ``'Caf\\xe9.md'``, its NFD twin → ``'Cafe\\u0301.md'``)."""
+    return ascii(name)
+
+
+def check_new_segment(segment: str, path: object) -> None:
+    """Raise InvalidPath (for ``path``) when ``segment`` may not be *created*: a Windows device
+    name (``NUL``, ``lpt9.txt``, ``CON .md`` — judged like Windows on the stem before the first
+    dot) or a name ending in a dot or a space (Windows strips those, so two names would meet)."""
+    if segment.endswith((".", " ")):
+        raise InvalidPath(path, f"name {describe_name(segment)} ends in a dot or space, which Windows "
+                                "drops; choose a name without it")
+    stem = segment.partition(".")[0].rstrip(" ")
+    if "".join(c.upper() if c.isascii() else c for c in stem) in _DEVICES:
+        raise InvalidPath(path, f"name {describe_name(segment)} is a Windows device name; choose another "
+                                f"(for example {describe_name(safe_folder_segment(segment))})")
+
+
+def check_path_length(repo_path: str, path: object) -> None:
+    """Raise InvalidPath (for ``path``) when ``repo_path`` (``documents/…``) is longer than
+    MAX_PATH_BYTES below ``documents``: it could not be checked out everywhere (SPEC §2.3)."""
+    size = len(repo_path.encode("utf-8", "surrogatepass")) - len(ROOT) - 1
+    if size > MAX_PATH_BYTES:
+        raise InvalidPath(path, f"path of {size} UTF-8 bytes below /documents exceeds {MAX_PATH_BYTES}; "
+                                "use shorter folder or file names")
+
+
+OS_PATH_MAX = 4096
+"""Linux ``PATH_MAX`` (bytes, including the terminating NUL)."""
+_DEEPEST_SUFFIX = (len("/.worktrees/") + 20 + 1 + 200 + 1 + len(ROOT) + 1 + MAX_PATH_BYTES
+                   + len("/.kbtmp-4194304-18446744073709551615"))
+"""Bytes a turn worktree adds below ``knowledge_store``: ``/.worktrees/{ws ≤ 20 digits}/{turn id
+≤ 200}/documents/{path ≤ MAX_PATH_BYTES}`` plus the temporary name a write uses next to a file."""
+
+
+def check_storage_root(knowledge_store: object) -> None:
+    """Raise ConfigurationError when the deepest file kb may create below ``knowledge_store`` (a
+    turn's worktree copy of a MAX_PATH_BYTES path, plus a temporary name) would exceed the OS path
+    limit, so a valid path could fail on disk (SPEC §2.3, §13). Called at start-up."""
+    from kb.errors import ConfigurationError
+
+    size = len(str(knowledge_store).encode("utf-8", "surrogateescape"))
+    if size + _DEEPEST_SUFFIX >= OS_PATH_MAX:
+        raise ConfigurationError(
+            f"the storage root is too deep: {size} bytes to knowledge_store, and kb needs "
+            f"{_DEEPEST_SUFFIX} more below it within the OS limit of {OS_PATH_MAX}; set KB_STORAGE_ROOT "
+            f"to a path of at most {OS_PATH_MAX - 1 - _DEEPEST_SUFFIX - len('/knowledge_store')} bytes"
+        )

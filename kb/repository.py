@@ -11,6 +11,7 @@ All paths handed to dulwich are absolute; the process never changes its working 
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import shutil
 import stat
@@ -386,14 +387,62 @@ class Repository:
             removed.append(str(lock.relative_to(self.path)))
         return removed
 
+    def invalid_reflog_entries(self) -> list[str]:
+        """Reflog lines (``.git/logs/…``) that do not parse or name a missing commit, as messages
+        like git fsck's. Call under the write lock: writers append to the reflogs."""
+        problems = []
+        logs = self.path / ".git" / "logs"
+        store = self._repo.object_store
+        for log_file in sorted(p for p in logs.rglob("*") if p.is_file()) if logs.is_dir() else []:
+            name = log_file.relative_to(logs).as_posix()
+            for number, line in enumerate(log_file.read_bytes().splitlines(), start=1):
+                fields = line.split(b" ", 2)
+                shas = fields[:2] if len(fields) == 3 else []
+                if len(shas) != 2 or any(len(sha) != 40 for sha in shas):
+                    problems.append(f"error: {name}: reflog line {number} does not parse")
+                    continue
+                for sha in shas:
+                    if sha != b"0" * 40 and sha not in store:
+                        problems.append(f"error: {name}: invalid reflog entry {sha.decode(errors='replace')}")
+        return problems
+
+    def remove_temporary_packs(self, min_age: float) -> list[str]:
+        """Delete temporary packs a killed import left (``objects/tmp_pack_*``, and ``.pack`` files
+        without their ``.idx``) whose last write is older than ``min_age`` seconds, so a pack being
+        written right now is spared. Returns the removed paths relative to the repository."""
+        store = self._repo.object_store
+        objects = Path(store.path)
+        candidates = list(objects.glob("tmp_pack_*")) + [
+            p for p in (objects / "pack").glob("*.pack") if not p.with_suffix(".idx").exists()
+        ]
+        store.prune(grace_period=int(min_age))
+        return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
+
+    def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:
+        """Maintenance (SPEC §14): put the loose objects into one pack and, once more than
+        ``max_packs`` packs pile up, consolidate all packs into one. Safe beside concurrent
+        writers and readers: objects are only added to a pack before their loose copy or old
+        pack is removed, and readers re-scan the packs on a miss. Returns ``(objects packed,
+        packs after)``."""
+        store = self._repo.object_store
+        packed = store.pack_loose_objects()
+        if len(store.packs) > max_packs:
+            packed += store.repack()
+        return packed, len(store.packs)
+
     def refresh_worktree(
         self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None
-    ) -> None:
+    ) -> list[str]:
         """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1).
 
         ``changes``: ``(repo path, blob id or None to delete)``; ``data``: bytes already at hand
         for some of those paths (saves re-reading blobs). Files are written to a temporary name
-        and renamed into place; folders left empty are removed. Call under the write lock.
+        and renamed into place; folders left empty are removed, each one once (O(changed paths),
+        never O(changed × folder size)). Call under the write lock.
+
+        Returns the repo paths the file system refused (a path too long for it, say): those keep
+        their old index entry, so ``git status`` and ``kb fsck`` show them; the rest is refreshed.
+        Raises OSError only when the index itself cannot be written.
         """
         changes = sorted(changes, key=lambda change: change[1] is not None)  # deletions first
         try:
@@ -403,22 +452,37 @@ class Repository:
             index = None
         fallback = self._repo.open_index() if index is None else None
         root = self.path
+        failed: list[str] = []
+        emptied: set[Path] = set()
+        writes = []
         for path, blob_id in changes:
+            if blob_id is not None:
+                writes.append((path, blob_id))
+                continue
             target = root / path
-            if blob_id is None:
+            try:
+                target.unlink()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:  # too long to exist on disk: nothing to delete
+                    failed.append(path)
+                    continue
+            if index is not None:
+                index.update(path.encode(), None, None)
+            elif path.encode() in fallback:
+                del fallback[path.encode()]
+            emptied.add(target.parent)
+        for folder in sorted(emptied, key=lambda f: len(f.parts), reverse=True):
+            while folder != root and folder.is_relative_to(root):
                 try:
-                    target.unlink()
-                except (FileNotFoundError, IsADirectoryError):
-                    pass
-                if index is not None:
-                    index.update(path.encode(), None, None)
-                elif path.encode() in fallback:
-                    del fallback[path.encode()]
-                parent = target.parent
-                while parent != root and parent.is_dir() and not any(parent.iterdir()):
-                    parent.rmdir()
-                    parent = parent.parent
-            else:
+                    folder.rmdir()
+                except OSError:  # not empty (or gone, or too long): its ancestors are not empty either
+                    break
+                folder = folder.parent
+        for path, blob_id in writes:
+            target = root / path
+            try:
                 if target.is_dir():  # a folder became a document: its files are deleted above
                     shutil.rmtree(target)
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -428,14 +492,18 @@ class Repository:
                 tmp.write_bytes(data[path] if data is not None and path in data else self.blob(blob_id))
                 os.replace(tmp, target)
                 st = os.lstat(target)
-                if index is not None:
-                    index.update(path.encode(), st, blob_id)
-                else:
-                    fallback[path.encode()] = index_entry_from_stat(st, blob_id.encode(), FILE_MODE)
+            except OSError:
+                failed.append(path)
+                continue
+            if index is not None:
+                index.update(path.encode(), st, blob_id)
+            else:
+                fallback[path.encode()] = index_entry_from_stat(st, blob_id.encode(), FILE_MODE)
         if index is not None:
             index.write()
         else:
             fallback.write()
+        return failed
 
     def reset_worktree(self) -> None:
         """Rebuild the whole working tree and index from HEAD (``kb fsck`` repair)."""

@@ -23,7 +23,11 @@ import psycopg
 
 from kb import database
 from kb.draft import BlobRef, Draft, repo_path_of
-from kb.errors import InvalidInput, InvalidWorkspace, KbError, PathExists, RevisionNotFound, WorkspaceNotFound
+from kb.commit_checks import check_case_collisions
+from kb.errors import (
+    CommitOutcomeUnknown, DatabaseUnavailable, InvalidInput, InvalidWorkspace, KbError, PathExists,
+    RevisionNotFound, StorageError, WorkspaceNotFound,
+)
 from kb.faults import fault_point
 from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
 from kb.locks import locked_transaction
@@ -176,7 +180,10 @@ class KnowledgeStore:
         repo = self.repository
         draft = Draft(repo, repo.tree_id(repo.head()))
         yield draft
-        draft.revision = self.commit_draft(draft, message, author, committer or author)
+        try:
+            draft.revision = self.commit_draft(draft, message, author, committer or author)
+        except (psycopg.Error, OSError) as exc:
+            raise write_failure(self.workspace_id, draft.pending, exc) from exc
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
@@ -218,6 +225,7 @@ class KnowledgeStore:
             if not effective:
                 return None
             self._check_tree(head_tree, effective)
+            check_case_collisions(repo, head_tree, effective)
             # Kinds before any move is applied, so the order of moves never matters (a swap
             # p <-> q records two moves whichever is seen first).
             kinds = {path: change.change for path, change in changes.items()}
@@ -244,6 +252,7 @@ class KnowledgeStore:
             with conn.pipeline():  # one round trip for the revision's rows and jobs
                 record_revision(conn, self.workspace_id, revision, commit.commit_time)
                 defer_convergence(conn, self.workspace_id)
+            draft.pending = revision.id
             if not repo.advance(head, revision.id):
                 raise KbError(
                     f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
@@ -251,9 +260,12 @@ class KnowledgeStore:
                 )
             fault_point("ref_advanced")
             try:
-                repo.refresh_worktree(
+                refused = repo.refresh_worktree(
                     effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)}
                 )
+                if refused:
+                    log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
+                                self.workspace_id, len(refused), revision.id, refused[0][:80])
             except OSError as exc:  # the working tree is a convenience; git and Postgres are not
                 log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
                             self.workspace_id, revision.id, exc)
@@ -294,9 +306,13 @@ class KnowledgeStore:
         missing = record_missing(conn, self.repository, workspace)
         if missing:
             defer_convergence(conn, self.workspace_id)
-            self.repository.refresh_worktree(
-                _worktree_changes([c for r in missing for c in r.changes]).items()
-            )
+            try:  # the working tree is a convenience: never let it stop Postgres catching up
+                self.repository.refresh_worktree(
+                    _worktree_changes([c for r in missing for c in r.changes]).items()
+                )
+            except OSError as exc:
+                log.warning("workspace %s: working tree not refreshed while catching up (%s); `kb fsck` "
+                            "repairs it", self.workspace_id, exc)
         return [
             Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
                      tuple(c.virtual() for c in r.changes))
@@ -372,6 +388,20 @@ class KnowledgeStore:
         with self.transaction(text, author, committer) as draft:
             draft.write(virtual, data, allow_keep=True)
         return draft.revision
+
+
+def write_failure(workspace_id: int, pending: str | None, exc: BaseException) -> KbError:
+    """The KbError for a Postgres or file-system failure during a commit (SPEC §3, §14): when the
+    branch may have moved (``pending`` set), CommitOutcomeUnknown naming that revision; otherwise
+    DatabaseUnavailable / StorageError saying nothing was recorded."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if pending is not None:
+        return CommitOutcomeUnknown(workspace_id, pending, reason)
+    if isinstance(exc, OSError):
+        return StorageError(f"workspace {workspace_id}: the file system refused the write ({reason}); "
+                            "nothing was recorded. Free space or fix permissions, then retry.")
+    return DatabaseUnavailable(f"workspace {workspace_id}: Postgres failed during the write ({reason}); "
+                               "nothing was recorded. Retry when the server is back.")
 
 
 def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:

@@ -31,7 +31,8 @@ from kb.errors import (
     DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPattern, IsAFolder,
     PathExists,
 )
-from kb.paths import StorePath, blob_id
+from kb.draft import document_bytes
+from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store import KnowledgeStore, PathChange, summarize
 from kb.worktree import LazyWorktree, root_turn_id, worktrees_root
 
@@ -180,7 +181,7 @@ class Turn:
     def abort(self) -> None:
         """Discard the turn: delete its worktree (also one a crashed process left behind)."""
         with self._mutex:
-            if self._worktree is None and (self.path / ".git").exists():
+            if self._worktree is None and self._leftover():
                 self._wt()
             self._finish(destroy=True)
 
@@ -369,10 +370,12 @@ class Turn:
         is a folder, PathExists when a parent is a document, InvalidPath."""
         with self._mutex:
             sp = StorePath.parse(path)
-            data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+            data = document_bytes(text, sp.virtual)
             self._require_file(sp.virtual, sp.repo_path)
             self._check_parents(sp)
             created = not self._exists(sp.repo_path)
+            if created:
+                self._check_new(sp)
             self._put(sp.repo_path, data)
             return WriteResult(sp.virtual, created, len(data))
 
@@ -396,7 +399,7 @@ class Turn:
                     f"edit {sp.virtual}: old text occurs {count} times; include more surrounding text "
                     "to make it unique, or pass replace_all=True"
                 )
-            self._put(sp.repo_path, text.replace(old, new).encode("utf-8"))
+            self._put(sp.repo_path, document_bytes(text.replace(old, new), sp.virtual))
             return EditResult(sp.virtual, count)
 
     def glob(self, pattern: str) -> list[str]:
@@ -456,6 +459,7 @@ class Turn:
             if self._is_folder(sp.repo_path):
                 return False
             self._check_parents(sp)
+            self._check_new(sp)
             self._put(f"{sp.repo_path}/{KEEP}", b"")
             return True
 
@@ -478,7 +482,10 @@ class Turn:
             else:
                 raise DocumentNotFound(f"cannot move {s.virtual}: no such document or folder")
             self._check_parents(d)
+            if not self._exists(drp):
+                self._check_new(d)
             for old, new in pairs:
+                check_path_length(new, "/" + new)
                 if self._is_folder(new):
                     raise PathExists(f"cannot move /{old} to /{new}: a folder is there")
                 if self._exists(new) and not overwrite:
@@ -536,6 +543,62 @@ class Turn:
                 self._worktree.unlink_disk(p)
             return ["/" + p for p in stray]
 
+    # -- recovery and new-name checks (issue 9) ------------------------------------------------
+    def _leftover(self) -> bool:
+        """True when this turn id has anything on disk: a worktree to recover, or the remains of
+        one a killed process was creating or deleting (cleaned by ``_wt()``)."""
+        return LazyWorktree(self.store.repository, self.path, self.turn_id).leftover()
+
+    def _landed_revision(self) -> str | None:
+        """The revision this worktree's changes were already recorded as, if any: a revision after
+        the worktree's base whose ``Turn:`` trailer names this turn (a process killed after the
+        ref moved, or a commit whose outcome was unknown). Only this worktree can have made one —
+        the turn id is locked, and a reused turn starts a fresh worktree at the head after its
+        commit. Cost: the revisions since the base."""
+        repo, trailer = self.store.repository, f"Turn: {self.turn_id}"
+        for revision in reversed(repo.ancestry(repo.head(), self._worktree.base)):
+            message = repo.commit(revision).message.decode("utf-8", "replace").rstrip("\n")
+            if message.rsplit("\n", 1)[-1] == trailer:
+                return revision
+        return None
+
+    def _result_of(self, revision: str) -> CommitResult:
+        """CommitResult of an already recorded revision (``overwrote`` is not known any more)."""
+        changes = self.store.list_changes(revision)
+        return CommitResult(
+            revision,
+            added=[c.path for c in changes if c.change == "added"],
+            modified=[c.path for c in changes if c.change == "modified"],
+            removed=[c.path for c in changes if c.change == "removed"],
+            moved=[(c.old_path, c.path) for c in changes if c.change == "moved"],
+            overwrote=[],
+        )
+
+    def _check_new(self, sp: StorePath) -> None:
+        """Refuse, at write time, a path the turn would create that the commit could not record:
+        longer than the path law allows, a new segment that is a Windows device name or ends in a
+        dot/space (InvalidPath), or one differing only in case or Unicode normalization from an
+        existing sibling in the turn's view (PathExists, both names shown escaped; SPEC §2.2)."""
+        check_path_length(sp.repo_path, sp.virtual)
+        parent = StorePath(())
+        for depth, name in enumerate(sp.parts, start=1):
+            here = StorePath(sp.parts[:depth])
+            if self._exists(here.repo_path) or self._is_folder(here.repo_path):
+                parent = here
+                continue
+            check_new_segment(name, sp.virtual)
+            if parent is not None:  # a folder that exists: its children may hold a twin
+                key = name_key(name)
+                for entry in self.ls(parent.virtual):
+                    if entry.name != name and name_key(entry.name) == key:
+                        raise PathExists(
+                            f"cannot create {sp.virtual}: {describe_name(name)} differs only in case or "
+                            f"Unicode normalization from the existing {describe_name(entry.name)} in "
+                            f"{parent.virtual}; the tree would not check out on macOS or Windows. "
+                            "Use the existing name."
+                        )
+            parent = None  # below a new folder nothing exists yet
+
     # -- commit ---------------------------------------------------------------------------
     def _changes(self) -> dict[str, bytes | None]:
         """``{repo path: new bytes or None (deleted)}`` for every path the turn changed vs its base."""
@@ -569,7 +632,7 @@ class Turn:
         """
         with self._mutex:
             if self._worktree is None:
-                if not (self.path / ".git").exists():
+                if not self._leftover():
                     self._finish(destroy=False)
                     return None
                 self._wt()
@@ -578,6 +641,11 @@ class Turn:
             if not changes:
                 self._finish(destroy=True)
                 return None
+            landed = self._landed_revision()
+            if landed is not None:  # recovery: this worktree's revision is already recorded
+                result = self._result_of(landed)
+                self._finish(destroy=True)
+                return result
             moves = {new: origin for new, origin in worktree.moves.items()
                      if changes.get(new) is not None and origin in changes and changes[origin] is None}
             planned = [PathChange(p, "moved" if p in moves else

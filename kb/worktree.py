@@ -36,7 +36,8 @@ from pathlib import Path
 
 from dulwich.index import Index, IndexEntry, index_entry_from_stat
 
-from kb.errors import InvalidTurn, TurnBusy, UnsafeWorktreeEntry
+from kb.errors import InvalidTurn, StorageError, TurnBusy, UnsafeWorktreeEntry
+from kb.paths import check_path_length
 from kb.repository import FILE_MODE, Repository
 
 MANIFEST = "kb-turn.json"
@@ -112,6 +113,8 @@ class LazyWorktree:
         """
         self.admin.mkdir(parents=True, exist_ok=True)
         self._lock()
+        if not self.exists():
+            self._clear_leftovers()
         if self.exists():
             recorded = (self.admin / "HEAD").read_text().strip()
             self.base = None if recorded.startswith("ref:") else recorded
@@ -122,12 +125,34 @@ class LazyWorktree:
                 self.touched, self.moves = set(data["touched"]), dict(data["moves"])
             return True
         self.base, self.touched, self.moves, self.full = head, set(), {}, False
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.admin / "commondir").write_text("../..\n")
-        (self.admin / "gitdir").write_text(str(self.path / ".git") + "\n")
-        (self.path / ".git").write_text(f"gitdir: {self.admin}\n")
-        (self.admin / "HEAD").write_text((head or "ref: refs/heads/main") + "\n")  # last: marks it complete
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.admin / "commondir").write_text("../..\n")
+            (self.admin / "gitdir").write_text(str(self.path / ".git") + "\n")
+            (self.path / ".git").write_text(f"gitdir: {self.admin}\n")
+            (self.admin / "HEAD").write_text((head or "ref: refs/heads/main") + "\n")  # last: marks it complete
+        except OSError as exc:
+            self.release()
+            raise StorageError(f"cannot create the worktree of turn {self.name!r} at {self.path}: "
+                               f"{exc.strerror or exc}; free space or fix permissions") from None
         return False
+
+    def _clear_leftovers(self) -> None:
+        """Delete what a worktree that is not complete left (a process killed while creating or
+        destroying it): none of it is a turn's work, and files left there must never be committed
+        as one (issue 9). Keeps the lock file this process holds."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        for entry in list(self.admin.iterdir()) if self.admin.is_dir() else []:
+            if entry.name == LOCK:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def leftover(self) -> bool:
+        """True when anything of this worktree is on disk (complete, or half created/deleted)."""
+        return self.path.exists() or self.admin.exists()
 
     def _lock(self) -> None:
         while True:
@@ -157,7 +182,10 @@ class LazyWorktree:
             self._lock_fd = None
 
     def destroy(self) -> None:
-        """Delete the worktree folder and its admin folder, then drop the lock."""
+        """Delete the worktree folder and its admin folder, then drop the lock. The admin ``HEAD``
+        goes first, so a process killed half-way leaves a worktree that is visibly incomplete
+        (cleaned by the next open, commit or abort), never one that looks like a turn to recover."""
+        (self.admin / "HEAD").unlink(missing_ok=True)
         shutil.rmtree(self.path, ignore_errors=True)
         shutil.rmtree(self.admin, ignore_errors=True)
         self.release()
@@ -178,7 +206,9 @@ class LazyWorktree:
     # -- safe file I/O (repo paths like ``documents/a/b.md``) --------------------------------
     def _checked(self, repo_path: str) -> Path:
         """The disk path of ``repo_path``; raises UnsafeWorktreeEntry when any existing component
-        is a symlink or not the expected kind (folders for parents)."""
+        is a symlink or not the expected kind (folders for parents), InvalidPath when the path is
+        longer than the path law allows (it cannot exist on disk; SPEC §2.3)."""
+        check_path_length(repo_path, "/" + repo_path)
         current = self.path
         parts = repo_path.split("/")
         for i, part in enumerate(parts):
@@ -208,7 +238,7 @@ class LazyWorktree:
                 raise UnsafeWorktreeEntry(f"/{repo_path} is a symlink; kb refuses symlinks") from None
             if exc.errno == errno.EISDIR:
                 return None
-            raise
+            raise StorageError(f"cannot read /{repo_path} in turn {self.name!r}: {exc.strerror or exc}") from None
         with os.fdopen(fd, "rb") as handle:
             if not _is_regular(os.fstat(handle.fileno())):
                 raise UnsafeWorktreeEntry(f"/{repo_path} is not a regular file; kb refuses special files")
@@ -217,13 +247,17 @@ class LazyWorktree:
     def write_disk(self, repo_path: str, data: bytes) -> None:
         """Write ``data`` at ``repo_path`` (parents created), atomically, never through a symlink."""
         target = self._checked(repo_path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self._checked(repo_path)  # a parent created concurrently must still be a real folder
-        tmp = target.parent / f".kbtmp-{os.getpid()}-{time.monotonic_ns()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._checked(repo_path)  # a parent created concurrently must still be a real folder
+            tmp = target.parent / f".kbtmp-{os.getpid()}-{time.monotonic_ns()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StorageError(f"cannot write /{repo_path} in turn {self.name!r}: {exc.strerror or exc}; "
+                               "free space or fix permissions, then retry") from None
 
     def unlink_disk(self, repo_path: str) -> None:
         """Remove the file at ``repo_path`` if present, and folders it leaves empty."""
