@@ -136,10 +136,28 @@ def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
     )
 
 
+def _lost(exc: BaseException) -> DatabaseUnavailable:
+    """The KbError for a connection that broke while in use (server gone, backend terminated)."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatabaseUnavailable(f"the connection to Postgres was lost ({reason}); retry when the server is back")
+
+
+class KbConnection(psycopg.Connection):
+    """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
+    backend was terminated) into DatabaseUnavailable, so no raw psycopg error escapes kb's facade
+    (issue 9). Errors of a healthy connection (a lock timeout, a constraint) pass unchanged."""
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        super().__exit__(exc_type, exc_val, exc_tb)
+        if isinstance(exc_val, psycopg.OperationalError) and self.broken:
+            raise _lost(exc_val) from exc_val
+
+
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
-    """Open a psycopg connection with dict rows. Raises DatabaseUnavailable naming the server."""
+    """Open a psycopg connection with dict rows. Raises DatabaseUnavailable naming the server;
+    used as a context manager, a connection lost inside the block raises DatabaseUnavailable."""
     try:
-        conn = psycopg.connect(url, autocommit=autocommit, row_factory=dict_row)
+        conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row)
     except psycopg.OperationalError as exc:
         raise _unavailable(url, exc) from exc
     try:
@@ -194,11 +212,20 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
     Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds.
     """
+    broken = False
     try:
         with pool(url).connection() as conn:
-            yield conn
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                broken = conn.broken
+                raise
     except PoolTimeout as exc:
         raise _unavailable(url, exc) from exc
+    except psycopg.OperationalError as exc:
+        if broken:
+            raise _lost(exc) from exc
+        raise
 
 
 @contextlib.contextmanager
@@ -254,6 +281,10 @@ def transaction(url: str) -> Iterator[psycopg.Connection]:
     try:
         with conn.transaction():
             yield conn
+    except psycopg.OperationalError as exc:
+        if conn.broken:
+            raise _lost(exc) from exc
+        raise
     finally:
         conn.close()
 

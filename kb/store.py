@@ -182,7 +182,7 @@ class KnowledgeStore:
         yield draft
         try:
             draft.revision = self.commit_draft(draft, message, author, committer or author)
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
             raise write_failure(self.workspace_id, draft.pending, exc) from exc
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:

@@ -15,10 +15,10 @@ import sys
 import time
 import unicodedata
 
-import psycopg
 import pytest
 from conftest import git, run_cli
 
+from kb import database
 from kb import store as store_module
 from kb.chunking import Chunker
 from kb.errors import (
@@ -26,7 +26,9 @@ from kb.errors import (
     PathExists,
 )
 from kb.knowledge_base import KnowledgeBase
+from kb.locks import WRITE_LOCK_NAMESPACE
 from kb.paths import MAX_PATH_BYTES, safe_filename
+from kb.sql import queries
 
 WS = 1
 NFC = unicodedata.normalize("NFC", "Café.md")
@@ -179,6 +181,7 @@ def test_fsck_lists_an_overlong_committed_path_and_kb_mv_fixes_it(ws, kb_env):
 # -- 3. turn recovery never re-applies a recorded revision -----------------------------------
 TURN_WRITER = """
 from kb.knowledge_base import KnowledgeBase
+from kb.locks import WRITE_LOCK_NAMESPACE
 kb = KnowledgeBase.open()
 turn = kb.turn(1, "crash-turn", "agent")
 turn.write("/documents/a.md", "from the turn\\n")
@@ -204,15 +207,29 @@ def test_recovered_turn_is_not_replayed_over_newer_work(ws, kb_env, point):
 
 
 # -- 4. Postgres going away at commit --------------------------------------------------------
+def terminate(database_url: str, pid: int) -> None:
+    with database.connect(database_url, autocommit=True) as admin:
+        admin.execute(queries["test_terminate_backend"], {"pid": pid})
+
+
 def kill_lock_holder(database_url: str) -> None:
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        pids = admin.execute(
-            "select pid from pg_locks where locktype = 'advisory' and classid = 7101 and objid = %s",
-            (WS,)).fetchall()
-        assert pids
-        for (pid,) in pids:
-            admin.execute("select pg_terminate_backend(%s)", (pid,))
+    """Terminate the backend holding workspace WS's write lock (Postgres going away mid-commit)."""
+    with database.connect(database_url, autocommit=True) as admin:
+        pids = admin.execute(queries["test_write_lock_holders"],
+                             {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}).fetchall()
+    assert pids
+    for row in pids:
+        terminate(database_url, row["pid"])
     time.sleep(0.2)
+
+
+@pytest.mark.parametrize("opener", ["connect", "transaction", "pooled_connection", "pooled_transaction"])
+def test_a_connection_lost_in_use_is_a_kb_error(database_url, opener):
+    with pytest.raises(DatabaseUnavailable, match="connection to Postgres was lost"):
+        with getattr(database, opener)(database_url) as conn:
+            terminate(database_url, conn.execute(queries["test_backend_pid"]).fetchone()["pid"])
+            conn.execute(queries["test_backend_pid"])
+    database.close_pools()
 
 
 @pytest.mark.parametrize("point", ["objects_written", "before_pg_commit"])

@@ -46,3 +46,12 @@ INSERT INTO pool_probe VALUES (1);
 
 -- name: test_count_pool_probe
 SELECT count(*) AS n FROM pool_probe;
+
+-- ---- issue 9: Postgres going away under a writer -------------------------------------------
+
+-- name: test_write_lock_holders
+SELECT pid FROM pg_locks
+WHERE locktype = 'advisory' AND classid = %(namespace)s AND objid = %(workspace_id)s AND granted;
+
+-- name: test_terminate_backend
+SELECT pg_terminate_backend(%(pid)s) AS terminated;
