@@ -21,12 +21,15 @@ if TYPE_CHECKING:
     from kb.repository import Repository
 
 
-def check_case_collisions(repo: "Repository", head_tree: bytes | None, effective: dict[str, str | None]) -> None:
+def check_case_collisions(repo: "Repository", head_tree: bytes | None, effective: dict[str, str | None],
+                          at_head: dict[str, tuple[str, str] | None] | None = None) -> None:
     """Raise PathExists when applying ``effective`` (``{repo path: blob id, None = delete}``) to
     ``head_tree`` would leave two entries of one folder whose names differ only in case or Unicode
     normalization (``name_key``). A name that already exists at HEAD is always fine (its spelling
-    is the one in use); a sibling that ``effective`` removes entirely no longer collides."""
-    added = [p for p, blob in effective.items() if blob is not None and repo.lookup(head_tree, p) is None]
+    is the one in use); a sibling that ``effective`` removes entirely no longer collides.
+    ``at_head``: ``repo.lookup_many(head_tree, …)`` of at least the written paths, if at hand."""
+    at_head = at_head if at_head is not None else repo.lookup_many(head_tree, effective)
+    added = [p for p, blob in effective.items() if blob is not None and not at_head.get(p)]
     if not added:
         return
     new_children: dict[str, dict[str, set[str]]] = {}
@@ -35,15 +38,8 @@ def check_case_collisions(repo: "Repository", head_tree: bytes | None, effective
         for depth in range(2, len(parts) + 1):
             parent, name = "/".join(parts[: depth - 1]), parts[depth - 1]
             new_children.setdefault(parent, {}).setdefault(name_key(name), set()).add(name)
-    at_head: dict[str, dict[str, list[tuple[str, str]]]] = {}
-
-    def head_siblings(parent: str) -> dict[str, list[tuple[str, str]]]:
-        keys = at_head.get(parent)
-        if keys is None:
-            keys = at_head[parent] = {}
-            for name, kind in repo.list_folder(head_tree, parent):
-                keys.setdefault(name_key(name), []).append((name, kind))
-        return keys
+    def head_siblings(parent: str) -> dict[str, tuple[tuple[str, str], ...]]:
+        return repo.folder_keys(head_tree, parent)
 
     def survives(path: str, kind: str) -> bool:
         if kind == "file":

@@ -71,6 +71,31 @@ def _ancestors(repo_path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(2, len(parts))]
 
 
+class _KeyOverlay(dict):
+    """``{name_key: set of names}`` over a read-only base map (``Repository.folder_keys``): only
+    keys this draft touched are copied, so a draft in a big folder costs O(its own names)."""
+
+    def __init__(self, base: dict) -> None:
+        super().__init__()
+        self._base = base
+
+    def _load(self, key: str) -> set[str] | None:
+        if not dict.__contains__(self, key) and key in self._base:
+            dict.__setitem__(self, key, {name for name, _ in self._base[key]})
+        return dict.get(self, key)
+
+    def get(self, key, default=None):
+        found = self._load(key)
+        return default if found is None else found
+
+    def setdefault(self, key, default=None):
+        found = self._load(key)
+        if found is None:
+            dict.__setitem__(self, key, default)
+            return default
+        return found
+
+
 @dataclass
 class Draft:
     """The change set of one transaction, applied in call order against the base tree.
@@ -119,10 +144,8 @@ class Draft:
         """``{name_key: names}`` of the entries of ``folder`` at the base plus those this draft
         created (cached per folder; a name may since have been removed, callers check)."""
         keys = self._sibling_keys.get(folder)
-        if keys is None:
-            keys = self._sibling_keys[folder] = {}
-            for name, _kind in self._repo.list_folder(self._base_tree, folder):
-                keys.setdefault(name_key(name), set()).add(name)
+        if keys is None:  # the repository's shared key map of the base folder, plus a small overlay
+            keys = self._sibling_keys[folder] = _KeyOverlay(self._repo.folder_keys(self._base_tree, folder))
         return keys
 
     def _exists_now(self, repo_path: str) -> bool:
@@ -173,7 +196,8 @@ class Draft:
         parts = repo_path.split("/")
         for depth in range(2, len(parts) + 1):
             prefix = "/".join(parts[:depth])
-            if prefix in self._dirs or self._current(prefix) is not None or self._is_folder(prefix):
+            if (prefix in self._dirs or self._current(prefix) is not None
+                    or self._repo.is_folder(self._base_tree, prefix)):  # O(1): never list a folder
                 continue
             check_new_segment(parts[depth - 1], virtual)
 

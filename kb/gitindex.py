@@ -112,6 +112,17 @@ class IndexFile:
             self.names.insert(i, path)
             self.entries.insert(i, entry)
 
+    def describes(self, path: bytes, st: os.stat_result, sha_hex: str) -> bool:
+        """True when the entry of ``path`` records blob ``sha_hex`` and the file's ``st`` (size,
+        mtime, inode) is unchanged since: the file on disk holds exactly that blob."""
+        i = bisect.bisect_left(self.names, path)
+        if i == len(self.names) or self.names[i] != path:
+            return False
+        fields = _ENTRY.unpack_from(self.entries[i], 0)
+        return (fields[10] == bytes.fromhex(sha_hex) and fields[9] == st.st_size & 0xFFFFFFFF
+                and fields[2] == int(st.st_mtime) & 0xFFFFFFFF and fields[3] == st.st_mtime_ns % 1_000_000_000
+                and fields[5] == st.st_ino & 0xFFFFFFFF)
+
     def write(self) -> None:
         """Write header + entries + SHA-1 through ``index.lock`` and an atomic rename."""
         body = _HEADER.pack(b"DIRC", self.version, len(self.entries)) + b"".join(self.entries)

@@ -77,15 +77,14 @@ def record_revision(conn: psycopg.Connection, workspace_id: int, revision: Revis
          "author": revision.author, "committer": revision.committer, "message": revision.message,
          "committed_at": commit_time},
     )
-    with conn.cursor() as cur:
-        cur.executemany(
-            queries["insert_path_change"],
-            [
-                {"workspace_id": workspace_id, "revision_id": revision.id, "seq": revision.seq, "path": c.path,
-                 "change": c.change, "old_path": c.old_path, "new_path": c.new_path, "content_id": c.content_id}
-                for c in revision.changes
-            ],
-        )
+    changes = revision.changes
+    conn.execute(
+        queries["insert_path_changes"],
+        {"workspace_id": workspace_id, "revision_id": revision.id, "seq": revision.seq,
+         "paths": [c.path for c in changes], "changes": [c.change for c in changes],
+         "old_paths": [c.old_path for c in changes], "new_paths": [c.new_path for c in changes],
+         "content_ids": [c.content_id for c in changes]},
+    )
     conn.execute(
         queries["advance_workspace_head"],
         {"workspace_id": workspace_id, "revision_id": revision.id, "seq": revision.seq},

@@ -12,6 +12,8 @@ transaction has committed.
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -23,6 +25,7 @@ from kb.settings import Settings
 from kb.sql import queries
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 WRITE_LOCK_NAMESPACE = 7101
 """Advisory-lock namespace of the per-workspace write lock."""
@@ -70,4 +73,6 @@ def locked_transaction(
             with conn.transaction():
                 if settings.lock_backend != "redis":
                     advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
+                locked_at = time.perf_counter()
                 yield conn, prepared
+        log.debug("workspace %s: write lock held %.3f s", workspace_id, time.perf_counter() - locked_at)

@@ -30,6 +30,7 @@ from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, KbError, RevisionNotFound
 from kb.gitindex import IndexFile, UnsupportedIndex
+from kb.paths import name_key
 
 BRANCH = b"refs/heads/main"
 OBJECT_CACHE_SIZE = 8192
@@ -160,6 +161,33 @@ class Repository:
             return None
         return None if stat.S_ISDIR(mode) else sha.decode()
 
+    def lookup_many(self, tree_id: bytes | None, paths: Iterable[str]) -> dict[str, tuple[str, str] | None]:
+        """``{path: ("file" | "folder", sha hex) or None when absent}`` for many paths of one tree,
+        resolving each parent folder once: O(paths), where one ``lookup`` per path would walk the
+        tree from the root each time (a folder rename looks up thousands of paths)."""
+        folders: dict[str, Tree | None] = {}
+        result: dict[str, tuple[str, str] | None] = {}
+        for path in paths:
+            parent, _, name = path.rpartition("/")
+            if parent not in folders:
+                folder = None
+                if tree_id is not None:
+                    try:
+                        mode, sha = tree_lookup_path(self._tree_object, tree_id, parent.encode()) if parent \
+                            else (stat.S_IFDIR, tree_id)
+                        folder = self._tree_object(sha) if stat.S_ISDIR(mode) else None
+                    except (KeyError, NotTreeError):
+                        folder = None
+                folders[parent] = folder
+            folder = folders[parent]
+            key = name.encode()
+            if folder is None or key not in folder:
+                result[path] = None
+            else:
+                mode, sha = folder[key]
+                result[path] = ("folder" if stat.S_ISDIR(mode) else "file", sha.decode())
+        return result
+
     def is_folder(self, tree_id: bytes | None, path: str) -> bool:
         """True when ``path`` names a folder (subtree) in ``tree_id``."""
         if tree_id is None:
@@ -181,10 +209,21 @@ class Repository:
             return []
         if not stat.S_ISDIR(mode):
             return []
-        return [
-            (entry.path.decode(), "folder" if stat.S_ISDIR(entry.mode) else "file")
-            for entry in self._tree_object(sha).iteritems()
-        ]
+        return list(self._folder_entries(sha))
+
+    def _folder_entries(self, sha: bytes) -> tuple[tuple[str, str], ...]:
+        """``(name, kind)`` of one tree's entries, cached per tree id (trees are immutable): the
+        draft, the turn and the commit's collision check list the same big folder once."""
+        cache = self.__dict__.setdefault("_entries_cache", collections.OrderedDict())
+        entries = cache.get(sha)
+        if entries is None:
+            entries = cache[sha] = tuple(
+                (entry.path.decode(), "folder" if stat.S_ISDIR(entry.mode) else "file")
+                for entry in self._tree_object(sha).iteritems()
+            )
+            if len(cache) > 64:
+                cache.popitem(last=False)
+        return entries
 
     def blob(self, blob_id: str) -> bytes:
         """The bytes of a blob; raises DocumentNotFound for an unknown id."""
@@ -328,7 +367,59 @@ class Repository:
         if not len(tree):
             return None
         new_objects.append(tree)
+        self._derive_keys(tree_id, tree, nested)
         return tree
+
+    # -- collision keys per folder (SPEC §2.2), O(changed entries) per revision ---------------
+    def folder_keys(self, tree_id: bytes | None, folder: str) -> dict[str, tuple[tuple[str, str], ...]]:
+        """``{name_key: ((name, "file" | "folder"), …)}`` of the children of ``folder`` in
+        ``tree_id`` (empty when it is not a folder there). Read-only: do not mutate. Cached per
+        folder tree id, and derived for the trees ``build_tree`` makes from their base's entry by
+        patching only the changed names, so a big folder is keyed once, not once per write."""
+        if tree_id is None:
+            return {}
+        try:
+            mode, sha = tree_lookup_path(self._tree_object, tree_id, folder.encode())
+        except (KeyError, NotTreeError):
+            return {}
+        if not stat.S_ISDIR(mode):
+            return {}
+        cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
+        keys = cache.get(sha)
+        if keys is None:
+            keys = {}
+            for name, kind in self._folder_entries(sha):
+                keys.setdefault(name_key(name), []).append((name, kind))
+            keys = {k: tuple(v) for k, v in keys.items()}
+            self._cache_keys(sha, keys)
+        else:
+            cache.move_to_end(sha)
+        return keys
+
+    def _cache_keys(self, sha: bytes, keys: dict) -> None:
+        cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
+        cache[sha] = keys
+        if len(cache) > 32:
+            cache.popitem(last=False)
+
+    def _derive_keys(self, base_id: bytes | None, tree: Tree, nested: dict) -> None:
+        """Key map of ``tree`` from its base's cached one plus the names ``nested`` changed."""
+        cache = self.__dict__.get("_keys_cache")
+        base = cache.get(base_id) if cache is not None and base_id is not None else None
+        if base is None:
+            return
+        keys = dict(base)
+        for raw_name in nested:
+            name = raw_name.decode()
+            key = name_key(name)
+            entries = [e for e in keys.get(key, ()) if e[0] != name]
+            if raw_name in tree:
+                entries.append((name, "folder" if stat.S_ISDIR(tree[raw_name][0]) else "file"))
+            if entries:
+                keys[key] = tuple(entries)
+            else:
+                keys.pop(key, None)
+        self._cache_keys(tree.id, keys)
 
     def make_commit(
         self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str
@@ -431,14 +522,17 @@ class Repository:
         return packed, len(store.packs)
 
     def refresh_worktree(
-        self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None
+        self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None,
+        moves: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1).
 
         ``changes``: ``(repo path, blob id or None to delete)``; ``data``: bytes already at hand
         for some of those paths (saves re-reading blobs). Files are written to a temporary name
         and renamed into place; folders left empty are removed, each one once (O(changed paths),
-        never O(changed × folder size)). Call under the write lock.
+        never O(changed × folder size)). ``moves`` (``{new path: old path}``, the change's recorded
+        moves) lets a moved document's file be renamed on disk instead of rewritten from its blob,
+        when the index shows the old file holds exactly that blob. Call under the write lock.
 
         Returns the repo paths the file system refused (a path too long for it, say): those keep
         their old index entry, so ``git status`` and ``kb fsck`` show them; the rest is refreshed.
@@ -455,13 +549,27 @@ class Repository:
         failed: list[str] = []
         emptied: set[Path] = set()
         writes = []
+        deleted = {path for path, blob_id in changes if blob_id is None}
+        renames: dict[str, str] = {}  # new path -> old path whose file is renamed into place
+        if index is not None and moves:
+            for path, blob_id in changes:
+                old = moves.get(path)
+                if blob_id is not None and old in deleted and old not in renames.values():
+                    try:
+                        st = os.lstat(root / old)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and index.describes(old.encode(), st, blob_id):
+                        renames[path] = old
+        kept = set(renames.values())
         for path, blob_id in changes:
             if blob_id is not None:
                 writes.append((path, blob_id))
                 continue
             target = root / path
             try:
-                target.unlink()
+                if path not in kept:
+                    target.unlink()
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 pass
             except OSError as exc:
@@ -473,24 +581,23 @@ class Repository:
             elif path.encode() in fallback:
                 del fallback[path.encode()]
             emptied.add(target.parent)
-        for folder in sorted(emptied, key=lambda f: len(f.parts), reverse=True):
-            while folder != root and folder.is_relative_to(root):
-                try:
-                    folder.rmdir()
-                except OSError:  # not empty (or gone, or too long): its ancestors are not empty either
-                    break
-                folder = folder.parent
+        made: set[Path] = set()
         for path, blob_id in writes:
             target = root / path
             try:
                 if target.is_dir():  # a folder became a document: its files are deleted above
                     shutil.rmtree(target)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".{target.name}.kbtmp")
-                if len(tmp.name.encode()) > 255:
-                    tmp = target.parent / f".kbtmp-{os.getpid()}"
-                tmp.write_bytes(data[path] if data is not None and path in data else self.blob(blob_id))
-                os.replace(tmp, target)
+                if target.parent not in made:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(target.parent)
+                if path in renames:
+                    os.replace(root / renames[path], target)
+                else:
+                    tmp = target.with_name(f".{target.name}.kbtmp")
+                    if len(tmp.name.encode()) > 255:
+                        tmp = target.parent / f".kbtmp-{os.getpid()}"
+                    tmp.write_bytes(data[path] if data is not None and path in data else self.blob(blob_id))
+                    os.replace(tmp, target)
                 st = os.lstat(target)
             except OSError:
                 failed.append(path)
@@ -499,6 +606,13 @@ class Repository:
                 index.update(path.encode(), st, blob_id)
             else:
                 fallback[path.encode()] = index_entry_from_stat(st, blob_id.encode(), FILE_MODE)
+        for folder in sorted(emptied, key=lambda f: len(f.parts), reverse=True):
+            while folder != root and folder.is_relative_to(root):
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (or gone, or too long): its ancestors are not empty either
+                    break
+                folder = folder.parent
         if index is not None:
             index.write()
         else:

@@ -215,8 +215,9 @@ class KnowledgeStore:
             head_tree = repo.tree_id(head)
             effective: dict[str, str | None] = {}
             changes: dict[str, PathChange] = {}
+            at_head = repo.lookup_many(head_tree, staged)
             for path, blob in staged.items():
-                old = repo.lookup(head_tree, path)
+                old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
                 if old == blob:
                     continue
                 effective[path] = blob
@@ -224,8 +225,8 @@ class KnowledgeStore:
                 changes[path] = PathChange(path, kind, blob)
             if not effective:
                 return None
-            self._check_tree(head_tree, effective)
-            check_case_collisions(repo, head_tree, effective)
+            self._check_tree(head_tree, effective, at_head)
+            check_case_collisions(repo, head_tree, effective, at_head)
             # Kinds before any move is applied, so the order of moves never matters (a swap
             # p <-> q records two moves whichever is seen first).
             kinds = {path: change.change for path, change in changes.items()}
@@ -261,7 +262,8 @@ class KnowledgeStore:
             fault_point("ref_advanced")
             try:
                 refused = repo.refresh_worktree(
-                    effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)}
+                    effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)},
+                    moves=draft.moves(),
                 )
                 if refused:
                     log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
@@ -273,9 +275,11 @@ class KnowledgeStore:
         return Revision(revision.id, revision.seq, head, author, committer, text, None,
                         tuple(c.virtual() for c in ordered))
 
-    def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None]) -> None:
+    def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None],
+                    at_head: dict[str, tuple[str, str] | None]) -> None:
         """Raise PathExists if applying ``effective`` to HEAD would put a document under a document
-        (possible when a concurrent revision created a file where this draft made a folder)."""
+        (possible when a concurrent revision created a file where this draft made a folder).
+        ``at_head``: ``Repository.lookup_many`` of the changed paths in ``head_tree``."""
         repo, folders_ok = self.repository, set()
         for path, blob in effective.items():
             if blob is None:
@@ -288,7 +292,7 @@ class KnowledgeStore:
                 if (effective[folder] if folder in effective else repo.lookup(head_tree, folder)) is not None:
                     raise PathExists(f"cannot write /{path}: /{folder} is a document (changed meanwhile)")
                 folders_ok.add(folder)
-            if repo.is_folder(head_tree, path) and any(
+            if at_head.get(path) and at_head[path][0] == "folder" and any(
                 effective.get(p, b) is not None for p, b in repo.walk(head_tree, path)
             ):
                 raise PathExists(f"cannot write /{path}: it became a folder holding documents meanwhile")

@@ -588,16 +588,26 @@ class Turn:
                 continue
             check_new_segment(name, sp.virtual)
             if parent is not None:  # a folder that exists: its children may hold a twin
-                key = name_key(name)
-                for entry in self.ls(parent.virtual):
-                    if entry.name != name and name_key(entry.name) == key:
+                key, folder = name_key(name), parent.repo_path
+                touched = {p[len(folder) + 1:].split("/")[0] for p in self._worktree.touched if _under(folder, p)}
+                candidates = self._base_sibling_keys(folder).get(key, set()) | {
+                    n for n in touched if name_key(n) == key}
+                for other in sorted(candidates):
+                    if other != name and (self._exists(f"{parent.repo_path}/{other}")
+                                          or self._is_folder(f"{parent.repo_path}/{other}")):
                         raise PathExists(
                             f"cannot create {sp.virtual}: {describe_name(name)} differs only in case or "
-                            f"Unicode normalization from the existing {describe_name(entry.name)} in "
+                            f"Unicode normalization from the existing {describe_name(other)} in "
                             f"{parent.virtual}; the tree would not check out on macOS or Windows. "
                             "Use the existing name."
                         )
             parent = None  # below a new folder nothing exists yet
+
+    def _base_sibling_keys(self, folder: str) -> dict[str, set[str]]:
+        """``{name_key: names}`` of the children of ``folder`` in the turn's base tree, cached per
+        base (which never changes for a worktree): O(folder) once, then O(1) per write."""
+        found = self.store.repository.folder_keys(self._base_tree, folder)
+        return _NamesByKey(found)
 
     # -- commit ---------------------------------------------------------------------------
     def _changes(self) -> dict[str, bytes | None]:
@@ -683,6 +693,17 @@ class Turn:
             )
             self._finish(destroy=True)
             return result
+
+
+class _NamesByKey:
+    """``.get(key, default)`` → set of names, over ``Repository.folder_keys`` (no copy)."""
+
+    def __init__(self, keys: dict) -> None:
+        self._keys = keys
+
+    def get(self, key: str, default=None):
+        entries = self._keys.get(key)
+        return default if entries is None else {name for name, _ in entries}
 
 
 def list_folder(repository, tree_id: bytes | None, folder: str) -> list[tuple[str, str]]:

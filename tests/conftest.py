@@ -88,6 +88,9 @@ def database_url(pg_server: str, template_url: str) -> str:
     name = f"kb_test_{os.getpid()}_{next(_counter)}"
     run_admin(pg_server, "create_database_from_template", database=name, template=TEMPLATE)
     yield with_database(pg_server, name)
+    from kb.database import close_pools
+
+    close_pools()  # a pool would reconnect to the database between terminate and DROP
     run_admin(pg_server, "drop_database", database=name)
 
 

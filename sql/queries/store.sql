@@ -27,6 +27,14 @@ INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_p
 VALUES (%(workspace_id)s, %(revision_id)s, %(seq)s, %(path)s, %(change)s, %(old_path)s, %(new_path)s,
         %(content_id)s);
 
+-- name: insert_path_changes
+-- All path-change rows of one revision in one statement (issue 9: a folder rename of thousands of
+-- documents is one round trip and one plan, not thousands of INSERTs).
+INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
+SELECT %(workspace_id)s, %(revision_id)s, %(seq)s, c.path, c.change, c.old_path, c.new_path, c.content_id
+FROM unnest(%(paths)s::text[], %(changes)s::text[], %(old_paths)s::text[], %(new_paths)s::text[],
+            %(content_ids)s::text[]) AS c (path, change, old_path, new_path, content_id);
+
 -- name: advance_workspace_head
 UPDATE kb.workspaces
 SET head_revision = %(revision_id)s, revision_count = %(seq)s
