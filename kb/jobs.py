@@ -21,6 +21,8 @@ Periodic tasks (``@app.periodic``):
   (each workspace's latest is kept).
 - ``kb.sweep_worktrees`` (every 15 minutes): the turn worktree janitor (SPEC §5); removes
   worktrees idle longer than ``KB_WORKTREE_TTL`` that no open turn holds.
+- ``kb.maintain_repositories`` (every 10 minutes): packs the loose objects of busy workspace
+  repositories (``kb.maintenance``).
 """
 
 from __future__ import annotations
@@ -169,6 +171,20 @@ def sweep_worktrees(timestamp: int) -> dict:
     if report.removed:
         log.info("janitor removed %d abandoned turn worktrees: %s", len(report.removed), report.removed)
     return {"removed": len(report.removed), "kept_open": len(report.kept_open), "kept_fresh": report.kept_fresh}
+
+
+# ---- issue 9: repository maintenance (SPEC §14) ----------------------------------------------
+MAINTAIN_TASK = "kb.maintain_repositories"
+
+
+@app.periodic(cron="*/10 * * * *", periodic_id="repository-maintenance")
+@app.task(name=MAINTAIN_TASK, queue="maintenance", queueing_lock="repository-maintenance")
+def maintain_repositories(timestamp: int) -> dict:
+    """Every 10 minutes: pack the loose objects of workspace repositories that gathered many
+    (``kb.maintenance``); safe beside concurrent writers. Returns ``{workspace id: objects packed}``."""
+    from kb.maintenance import maintain_workspaces
+
+    return {str(ws): n for ws, n in maintain_workspaces(_kb().settings.knowledge_store).packed.items()}
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:

@@ -59,6 +59,21 @@ def format_identity(who: str) -> bytes:
     return f"{who.replace('<', '').replace('>', '')} <>".encode()
 
 
+def _retry_reads_across_packing(store) -> None:
+    """Make ``store``'s reads survive concurrent packing (``kb.maintenance``): a read that misses
+    the packs, then finds the loose copy already deleted because a pack holding it just landed,
+    looks once more (the packs are re-scanned on a miss) — git's own ``reprepare_packed_git``."""
+    read = store.get_raw
+
+    def get_raw(name):
+        try:
+            return read(name)
+        except KeyError:
+            return read(name)
+
+    store.get_raw = get_raw
+
+
 class Repository:
     """One workspace's non-bare git repository at ``path`` (created on ``Repository.create``)."""
 
@@ -70,6 +85,7 @@ class Repository:
         # lookups never re-read (and re-parse) a large folder's tree from disk.
         self._objects: collections.OrderedDict[bytes, object] = collections.OrderedDict()
         self._index = IndexFile(self.path / ".git" / "index")
+        _retry_reads_across_packing(repo.object_store)
 
     def _tree_object(self, sha: bytes):
         """The parsed object ``sha`` (LRU-cached, at most OBJECT_CACHE_SIZE entries)."""
@@ -493,9 +509,17 @@ class Repository:
                     problems.append(f"error: {name}: reflog line {number} does not parse")
                     continue
                 for sha in shas:
-                    if sha != b"0" * 40 and sha not in store:
+                    if sha != b"0" * 40 and sha not in store and not self._readable(sha):
                         problems.append(f"error: {name}: invalid reflog entry {sha.decode(errors='replace')}")
         return problems
+
+    def _readable(self, sha: bytes) -> bool:
+        """True when object ``sha`` can be read (re-checking the packs, for a concurrent packing)."""
+        try:
+            self._repo.object_store.get_raw(sha)
+        except KeyError:
+            return False
+        return True
 
     def remove_temporary_packs(self, min_age: float) -> list[str]:
         """Delete temporary packs a killed import left (``objects/tmp_pack_*``, and ``.pack`` files

@@ -1,0 +1,43 @@
+"""Issue 9 (SPEC §14): repository maintenance packs loose objects, safely beside live writers."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+from conftest import git
+
+from kb.knowledge_base import KnowledgeBase
+from kb.maintenance import loose_object_count, maintain_workspaces
+
+WS = 1
+
+
+def _writer(settings, url, count):
+    kb = KnowledgeBase(settings, url)
+    for i in range(count):
+        with kb.transaction(WS, f"w{i}", "w") as tx:
+            tx.write(f"/documents/n/{i % 7}.md", f"{i}\n")
+            tx.write(f"/documents/log/{i}.md", f"entry {i}\n")
+
+
+def test_packing_beside_a_live_writer_loses_nothing(kb):
+    kb.create_workspace(WS)
+    _writer(kb.settings, kb.database_url, 20)
+    repo = kb.store(WS).path
+    assert loose_object_count(repo) >= 60
+    writer = multiprocessing.get_context("fork").Process(target=_writer, args=(kb.settings, kb.database_url, 60))
+    writer.start()
+    packed = 0
+    while writer.is_alive():
+        packed += sum(maintain_workspaces(kb.settings.knowledge_store, min_loose=5).packed.values())
+    writer.join(60)
+    assert writer.exitcode == 0 and packed > 0
+    report = maintain_workspaces(kb.settings.knowledge_store, min_loose=1)
+    assert report.checked == 1 and loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert len(git(repo, "rev-list", "HEAD").split()) == 80 == len(kb.history(WS, limit=1000))
+    assert kb.read(WS, "/documents/log/59.md") == b"entry 59\n"
+    with kb.transaction(WS, "after", "w") as tx:  # writes go on after packing
+        tx.write("/documents/after.md", "x")
+    assert git(repo, "cat-file", "-p", "HEAD:documents/after.md") == "x"
