@@ -266,6 +266,9 @@ class LazyWorktree:
             target.unlink()
         except FileNotFoundError:
             return
+        except OSError as exc:
+            raise StorageError(f"cannot delete /{repo_path} in turn {self.name!r}: {exc.strerror or exc}; "
+                               "fix permissions, then retry") from None
         parent = target.parent
         while parent != self.path and parent.is_dir():
             try:
