@@ -227,14 +227,19 @@ def run_kills(kb: KnowledgeBase, env: dict, kills: int, seed: int, workdir: Path
     problems += git_checks(kb)
     history = {r.id: r for r in kb.history(WS, limit=10**6)}
     lost = [r for r in reported if r not in history]
-    per_turn = Counter()
+    # A replay re-records a turn's old bytes: two revisions of one turn id writing the same blobs
+    # to the same paths. (A turn id may record new work again after its commit returned: the
+    # child is killed before printing and the next attempt writes different bytes.)
+    per_turn: dict[str, list[frozenset]] = {}
     for revision in history.values():
         last_line = revision.message.rstrip("\n").rsplit("\n", 1)[-1]
         if last_line.startswith("Turn: "):
-            per_turn[last_line[6:]] += 1
-    replayed = {t: c for t, c in per_turn.items() if c > 1}
+            written = frozenset((c.path, c.content_id) for c in kb.list_changes(WS, revision.id))
+            per_turn.setdefault(last_line[6:], []).append(written)
+    replayed = {t: len(sets) for t, sets in per_turn.items() if len(set(sets)) < len(sets)}
     print(f"kills: {sum(killed.values())} SIGKILLs {dict(killed)}; {n} children, exits {dict(exits)}; "
-          f"{len(reported)} revisions reported, lost {len(lost)}; turns with >1 revision {len(replayed)}; "
+          f"{len(reported)} revisions reported, lost {len(lost)}; turns replayed {len(replayed)} "
+          f"(of {len(per_turn)} turn ids, {sum(len(v) for v in per_turn.values())} turn revisions); "
           f"kb fsck recorded {len(report.recorded)}, repaired {len(report.worktree_repaired)} paths")
     return problems + [f"lost {r}" for r in lost[:5]] + [f"turn replayed: {t}" for t in list(replayed)[:5]]
 

@@ -210,16 +210,16 @@ def test_unindexable_documents_stay_in_git_and_do_not_fail_the_job(kb):
     latin1 = "caf\xe9\n".encode("latin-1")
     kb.create_workspace(1)
     with kb.transaction(1, "odd bytes", "t") as tx:
-        tx.write("/documents/nul.md", nul)
+        tx.write("/documents/nul-byte.md", nul)
         tx.write("/documents/latin1.md", latin1)
         tx.write("/documents/ok.md", b"ok\n")
     report = kb.index(1)
     assert report.documents_unindexable == 2 and report.documents_failed == 0
     states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
-    assert states["/documents/nul.md"]["status"] == "unindexable"
-    assert "NUL" in states["/documents/nul.md"]["index_error"]
+    assert states["/documents/nul-byte.md"]["status"] == "unindexable"
+    assert "NUL" in states["/documents/nul-byte.md"]["index_error"]
     assert "UTF-8" in states["/documents/latin1.md"]["index_error"]
-    assert kb.read(1, "/documents/nul.md") == nul and kb.read(1, "/documents/latin1.md") == latin1
+    assert kb.read(1, "/documents/nul-byte.md") == nul and kb.read(1, "/documents/latin1.md") == latin1
     assert kb.status(1)["workspace"]["index_stamp"] == kb.head(1)
     assert kb.index(1).documents_total == 0  # not retried until the content changes
 
