@@ -130,3 +130,16 @@ class InvalidPattern(KbError):
 
 class ArtifactReadOnly(KbError):
     """An editor save targeted an ARTIFACT document; artifacts are revised through their own API (SPEC §11)."""
+
+
+# -- citations (issue 10, SPEC §8) ------------------------------------------------------------
+class InvalidCitation(KbError):
+    """A citation is not written as ``[n]``, ``[n:Lx]`` or ``[n:Lx-Ly]``, or names bad lines."""
+
+
+class UnknownHandle(KbError):
+    """A citation names a handle this conversation was never shown (or that expired or was forgotten)."""
+
+
+class InvalidChat(KbError):
+    """A chat id is empty, too long, or holds characters a chat id cannot hold."""

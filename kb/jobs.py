@@ -21,6 +21,8 @@ Periodic tasks (``@app.periodic``):
   (each workspace's latest is kept).
 - ``kb.sweep_worktrees`` (every 15 minutes): the turn worktree janitor (SPEC §5); removes
   worktrees idle longer than ``KB_WORKTREE_TTL`` that no open turn holds.
+- ``kb.expire_citations`` (hourly): deletes chats whose citation handles went unused for
+  ``KB_CITATION_TTL`` seconds (default 30 days).
 """
 
 from __future__ import annotations
@@ -169,6 +171,14 @@ def sweep_worktrees(timestamp: int) -> dict:
     if report.removed:
         log.info("janitor removed %d abandoned turn worktrees: %s", len(report.removed), report.removed)
     return {"removed": len(report.removed), "kept_open": len(report.kept_open), "kept_fresh": report.kept_fresh}
+
+
+@app.periodic(cron="23 * * * *", periodic_id="citation-expiry")
+@app.task(name="kb.expire_citations", queue="maintenance", queueing_lock="citation-expiry")
+def expire_citations(timestamp: int) -> dict:
+    """Hourly: delete chats whose citation handles went unused for ``KB_CITATION_TTL`` seconds
+    (SPEC §8, issue 10)."""
+    return {"chats_expired": _kb().expire_citations()}
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:
