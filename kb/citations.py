@@ -40,6 +40,22 @@ class Envelope:
         """True when every line carries its true line number."""
         return all(n is not None for n, _ in self.lines)
 
+    def window(self, offset: int = 0, limit: int | None = None) -> "Envelope":
+        """Lines ``offset+1 … offset+limit`` of this full-view envelope (``limit`` None: to the
+        end), keeping their true numbers. The whole document stays ``view="full"``; anything less
+        is ``view="window"`` with ``total_lines``. Raises InvalidInput for a negative or non-integer
+        ``offset``/``limit``."""
+        from kb.errors import InvalidInput
+
+        for name, value in (("offset", offset), ("limit", limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidInput(f"{name} must be a whole number ≥ 0, got {value!r}")
+        end = len(self.lines) if limit is None else offset + limit
+        if offset == 0 and end >= len(self.lines):
+            return self
+        return Envelope(self.path, self.title, self.revision, "window", self.lines[offset:end], self.cite,
+                        self.score, self.content_id, total_lines=len(self.lines))
+
     def render(self) -> str:
         """The envelope text (SPEC §8); non-contiguous excerpt ranges are separated by ``⋮``."""
         attrs = {"title": self.title, "path": self.path}

@@ -134,17 +134,10 @@ class Conversation:
         envelope's view is ``full`` when every line is shown, else ``window`` with
         ``total_lines``. Raises InvalidInput, InvalidPath, DocumentNotFound, RevisionNotFound.
         """
-        for name, value in (("offset", offset), ("limit", limit)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise InvalidInput(f"{name} must be a whole number ≥ 0, got {value!r}")
         full = self._kb.read_document(self.workspace_id, path, revision)
-        data = self._store.read_as_of(full.revision, full.path)
-        lines = full.lines
-        end = len(lines) if limit is None else offset + limit
-        shown = lines[offset:end]
-        whole = offset == 0 and end >= len(lines)
-        envelope = Envelope(full.path, full.title, full.revision, "full" if whole else "window", list(shown),
-                            content_id=_git_blob_id(data), total_lines=None if whole else len(lines))
+        full.content_id = _git_blob_id(self._store.read_as_of(full.revision, full.path))
+        envelope = full.window(offset, limit)
+        shown = envelope.lines
         showing = Showing(envelope.path, envelope.content_id, envelope.revision, envelope.title, bool(shown))
         with database.transaction(self._kb.database_url) as conn:
             envelope.cite = registry.register(conn, self.workspace_id, self.chat_id, [showing])[0].n
