@@ -214,6 +214,14 @@ def _is_citation_context(text: str, start: int, end: int, previous_citation_end:
     return True
 
 
+def _strip_trailing_blanks(out: list[str]) -> None:
+    """Remove spaces and tabs at the end of the text assembled in ``out`` (in place)."""
+    while out and not out[-1].rstrip(" \t"):
+        out.pop()
+    if out:
+        out[-1] = out[-1].rstrip(" \t")
+
+
 def normalize(text: str, lookup: Callable[[int], HandleInfo | None]) -> NormalizedText:
     """Rewrite the citations of ``text`` canonically (rules in the module docstring, SPEC §8).
 
@@ -265,16 +273,16 @@ def normalize(text: str, lookup: Callable[[int], HandleInfo | None]) -> Normaliz
                         result.adjusted.append((f"[{raw}]", citation))
             if citation not in kept:
                 kept.append(citation)
-        replacement = "".join(str(c) for c in kept)
-        head, resume = text[pos:m.start()], m.end()
-        if not kept:
+        out.append(text[pos:m.start()])
+        resume = m.end()
+        if kept:
+            out.append("".join(str(c) for c in kept))
+        else:
             after = text[m.end()] if m.end() < len(text) else ""
             if after == "" or after in " \t\r\n.,;:!?)":
-                head = head.rstrip(" \t")
-            if after == " " and (not head or head.endswith("\n")) and m.start() == pos + len(text[pos:m.start()]):
+                _strip_trailing_blanks(out)  # "see [9]." → "see."; also after dropped neighbours [9][8]
+            if after == " " and (not out or out[-1].endswith("\n")):
                 resume += 1  # a dropped citation opening a line takes its following space along
-        out.append(head)
-        out.append(replacement)
         result.citations += kept
         pos = scan = resume
         previous_citation_end = m.end()

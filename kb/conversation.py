@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from kb import citation_registry as registry
 from kb import database
-from kb.citation_follow import LineMapping, map_range
+from kb.citation_follow import LineMapping, follow_history
 from kb.citation_normalizer import Citation, HandleInfo, NormalizedText, normalize, parse_citation
 from kb.citations import Envelope
 from kb.citation_registry import Handle, Showing
@@ -247,34 +247,51 @@ class Conversation:
 
     def _with_follow(self, resolved: Resolution, lines: list[str], start: int, end: int) -> Resolution:
         head = self._store.head()
-        path = self._path_at_head(resolved.handle)
-        new_lines = None
-        if path is not None and head is not None:
-            try:
-                new_lines = document_lines(self._store.read_as_of(head, path))
-            except DocumentNotFound:
-                new_lines = None
-        if not lines:  # an empty document: unchanged only while still empty
-            mapping = LineMapping("deleted") if new_lines is None else (
-                LineMapping("unchanged", None, None) if not new_lines else LineMapping("changed", 1, len(new_lines)))
+        path, blobs = self._versions_since(resolved.handle, head)
+        repo = self._store.repository
+        versions: list[list[str] | None] = []
+        for blob in blobs:  # consecutive equal blobs are read once
+            versions.append(None if blob is None else
+                            versions[-1] if versions and blobs[len(versions) - 1] == blob else document_lines(repo.blob(blob)))
+        final = versions[-1] if versions else lines
+        if not lines:  # an empty document: unchanged while it stays empty
+            mapping = LineMapping("deleted") if final is None else (
+                LineMapping("unchanged") if not final else LineMapping("changed", 1, len(final)))
         else:
-            mapping = map_range(lines, new_lines, start, end)
-        shown = [] if mapping.start is None else [(n, new_lines[n - 1]) for n in range(mapping.start, mapping.end + 1)]
-        follow = Follow(mapping.status, path if new_lines is not None else None, head, mapping.start, mapping.end, shown)
+            mapping = follow_history(lines, versions, start, end)
+        shown = [] if mapping.start is None else [(n, final[n - 1]) for n in range(mapping.start, mapping.end + 1)]
+        follow = Follow(mapping.status, None if final is None else path, head, mapping.start, mapping.end, shown)
         return Resolution(resolved.citation, resolved.handle, resolved.level, resolved.degraded, resolved.lines, follow)
 
-    def _path_at_head(self, handle: Handle) -> str | None:
-        """The document's virtual path at HEAD following its recorded moves after the handle's
-        revision (``kb.path_changes``); the same path when it never moved."""
+    def _versions_since(self, handle: Handle, head: str | None) -> tuple[str, list[str | None]]:
+        """The document's virtual path at HEAD and its blob ids after the handle's revision, oldest
+        first (None: removed), from the recorded path changes (``kb.path_changes``), following
+        recorded moves (SPEC §3). When git HEAD holds other content at that path than the last
+        recorded change (revisions not yet recorded), HEAD's blob is the last version."""
         path = StorePath.parse(handle.path).repo_path
+        blobs: list[str | None] = []
         with database.connect(self._kb.database_url) as conn:
             row = conn.execute(queries["revision_seq"],
                                {"workspace_id": self.workspace_id, "revision_id": handle.revision}).fetchone()
-            seq = row["seq"] if row else 0
+            seq, arrived = (row["seq"] if row else 0), False
             for _ in range(MAX_MOVES_FOLLOWED):
-                move = conn.execute(queries["next_recorded_move"],
-                                    {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}).fetchone()
-                if move is None:
+                rows = conn.execute(queries["document_changes_after"],
+                                    {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}).fetchall()
+                moved = None
+                for r in rows:
+                    if arrived:  # the row that brought the document here; its new_path is the former occupant's
+                        arrived = False
+                        blobs.append(r["content_id"])
+                        continue
+                    if r["new_path"]:
+                        moved = r
+                        break
+                    blobs.append(None if r["change"] in ("removed", "moved_away") else r["content_id"])
+                if moved is None:
                     break
-                path, seq = move["new_path"], move["seq"]
-        return "/" + path
+                path, seq, arrived = moved["new_path"], moved["seq"] - 1, True
+        at_head = self._store.repository.lookup(self._store.repository.tree_id(head), path) if head else None
+        last = blobs[-1] if blobs else handle.content_id
+        if at_head != last:
+            blobs.append(at_head)
+        return "/" + path, blobs

@@ -70,10 +70,9 @@ WHERE workspace_id = %(workspace_id)s AND path = %(path)s AND content_id = %(con
 ORDER BY seq DESC
 LIMIT 1;
 
--- name: next_recorded_move
--- The first recorded change after seq %(after_seq)s that took the document at %(path)s (a repo
--- path) to another path: a move away, or a move onto which a new document was written in its place.
-SELECT seq, new_path FROM kb.path_changes
-WHERE workspace_id = %(workspace_id)s AND path = %(path)s AND seq > %(after_seq)s AND new_path IS NOT NULL
-ORDER BY seq
-LIMIT 1;
+-- name: document_changes_after
+-- Recorded changes of the document at %(path)s (a repo path) after seq %(after_seq)s, oldest
+-- first; a row with new_path set is where it moved away (the walk continues there).
+SELECT seq, change, content_id, new_path FROM kb.path_changes
+WHERE workspace_id = %(workspace_id)s AND path = %(path)s AND seq > %(after_seq)s
+ORDER BY seq;
