@@ -43,7 +43,7 @@ _BACKTICKS = re.compile(r"`+")
 _GLUED_BEFORE = re.compile(r"[A-Za-z0-9_)\\\[]")  # ASCII only: CJK prose cites glued, 政策[1]
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Citation:
     """A citation of handle ``handle``, lines ``start``..``end`` (1-based, inclusive) or the whole
     document (both None). ``str()`` is the canonical form: ``[3]``, ``[3:L12]``, ``[3:L12-L14]``."""

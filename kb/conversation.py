@@ -226,6 +226,9 @@ class Conversation:
             handle = registry.lookup(conn, self.workspace_id, self.chat_id, citation.handle)
             if handle is not None:
                 registry.mark_used(conn, self.workspace_id, self.chat_id)
+            if handle is not None and follow:
+                head = self._store.head()
+                path, blobs = self._versions_since(conn, handle, head)
         if handle is None:
             raise UnknownHandle(
                 f"chat {self.chat_id!r} has no handle [{citation.handle}]; list them with "
@@ -235,7 +238,7 @@ class Conversation:
         numbered = list(enumerate(lines, start=1))
         if not citation.has_lines or not handle.numbered or not lines:
             resolved = Resolution(Citation(handle.n), handle, "document", citation.has_lines, numbered)
-            return resolved if not follow else self._with_follow(resolved, lines, 1, len(lines))
+            return resolved if not follow else self._with_follow(resolved, lines, 1, len(lines), head, path, blobs)
         start, end = citation.start, citation.end if citation.end is not None else citation.start
         if start < 1 or end > len(lines) or end < start:
             raise InvalidCitation(
@@ -243,11 +246,12 @@ class Conversation:
                 f"{handle.revision[:12]}; normalize the answer first (kb cite normalize)"
             )
         resolved = Resolution(citation, handle, "lines", False, numbered[start - 1:end])
-        return resolved if not follow else self._with_follow(resolved, lines, start, end)
+        return resolved if not follow else self._with_follow(resolved, lines, start, end, head, path, blobs)
 
-    def _with_follow(self, resolved: Resolution, lines: list[str], start: int, end: int) -> Resolution:
-        head = self._store.head()
-        path, blobs = self._versions_since(resolved.handle, head)
+    def _with_follow(self, resolved: Resolution, lines: list[str], start: int, end: int, head: str | None,
+                     path: str, blobs: list[str | None]) -> Resolution:
+        """``resolved`` with :class:`Follow`: lines ``start``..``end`` of ``lines`` mapped through the
+        document's later versions (``blobs``, see :meth:`_versions_since`) to HEAD."""
         repo = self._store.repository
         versions: list[list[str] | None] = []
         for blob in blobs:  # consecutive equal blobs are read once
@@ -263,33 +267,32 @@ class Conversation:
         follow = Follow(mapping.status, None if final is None else path, head, mapping.start, mapping.end, shown)
         return Resolution(resolved.citation, resolved.handle, resolved.level, resolved.degraded, resolved.lines, follow)
 
-    def _versions_since(self, handle: Handle, head: str | None) -> tuple[str, list[str | None]]:
+    def _versions_since(self, conn, handle: Handle, head: str | None) -> tuple[str, list[str | None]]:
         """The document's virtual path at HEAD and its blob ids after the handle's revision, oldest
         first (None: removed), from the recorded path changes (``kb.path_changes``), following
         recorded moves (SPEC §3). When git HEAD holds other content at that path than the last
         recorded change (revisions not yet recorded), HEAD's blob is the last version."""
         path = StorePath.parse(handle.path).repo_path
         blobs: list[str | None] = []
-        with database.connect(self._kb.database_url) as conn:
-            row = conn.execute(queries["revision_seq"],
-                               {"workspace_id": self.workspace_id, "revision_id": handle.revision}).fetchone()
-            seq, arrived = (row["seq"] if row else 0), False
-            for _ in range(MAX_MOVES_FOLLOWED):
-                rows = conn.execute(queries["document_changes_after"],
-                                    {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}).fetchall()
-                moved = None
-                for r in rows:
-                    if arrived:  # the row that brought the document here; its new_path is the former occupant's
-                        arrived = False
-                        blobs.append(r["content_id"])
-                        continue
-                    if r["new_path"]:
-                        moved = r
-                        break
-                    blobs.append(None if r["change"] in ("removed", "moved_away") else r["content_id"])
-                if moved is None:
+        row = conn.execute(queries["revision_seq"],
+                           {"workspace_id": self.workspace_id, "revision_id": handle.revision}).fetchone()
+        seq, arrived = (row["seq"] if row else 0), False
+        for _ in range(MAX_MOVES_FOLLOWED):
+            rows = conn.execute(queries["document_changes_after"],
+                                {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}).fetchall()
+            moved = None
+            for r in rows:
+                if arrived:  # the row that brought the document here; its new_path is the former occupant's
+                    arrived = False
+                    blobs.append(r["content_id"])
+                    continue
+                if r["new_path"]:
+                    moved = r
                     break
-                path, seq, arrived = moved["new_path"], moved["seq"] - 1, True
+                blobs.append(None if r["change"] in ("removed", "moved_away") else r["content_id"])
+            if moved is None:
+                break
+            path, seq, arrived = moved["new_path"], moved["seq"] - 1, True
         at_head = self._store.repository.lookup(self._store.repository.tree_id(head), path) if head else None
         last = blobs[-1] if blobs else handle.content_id
         if at_head != last:

@@ -332,3 +332,293 @@ def check_follow(rng: random.Random, tally: FollowTally) -> None:
 
 
 PURE_CHECKS = (check_line_counting, check_rendering, check_normalizer)
+
+
+# -- end to end: the real store, index and registry ----------------------------------------------------
+@dataclass
+class Doc:
+    """A document of the model: its path, lines as ``(identity, text)`` and its file style."""
+
+    path: str
+    lines: list[tuple[int, str]]
+    crlf: bool
+    bom: bool
+    final_newline: bool
+
+    def data(self) -> bytes:
+        end = "\r\n" if self.crlf else "\n"
+        text = ("\ufeff" if self.bom else "") + "".join(t + end for _, t in self.lines)
+        if not self.final_newline and self.lines and self.lines[-1][1]:
+            text = text[: -len(end)]
+        return text.encode("utf-8")
+
+
+@dataclass
+class Cited:
+    """A citation the reader wrote and what it must resolve to."""
+
+    citation: Citation
+    path: str
+    key: int  # the model document's key (identity across moves)
+    lines: list[tuple[int, str]]  # the numbered lines the reader saw; empty for a document citation
+    identities: list[int]
+
+
+@dataclass
+class E2ETally:
+    """Outcomes of the end-to-end fuzz."""
+
+    cases: int = 0
+    resolutions: int = 0
+    confidently_wrong: int = 0
+    degraded: int = 0
+    expected_degraded: int = 0
+    follow: FollowTally = field(default_factory=FollowTally)
+    failures: list[str] = field(default_factory=list)
+
+
+class E2ECase:
+    """One random conversation over one fresh workspace: documents, a reader citing only what it
+    was shown, histories through transactions and turns, then every resolution checked."""
+
+    def __init__(self, kb, rng: random.Random, workspace_id: int, tally: E2ETally) -> None:
+        self.kb, self.rng, self.ws, self.tally = kb, rng, workspace_id, tally
+        self.docs: dict[int, Doc] = {}
+        self.removed: dict[int, tuple[Doc, str]] = {}  # key → (model, a revision holding it)
+        self.next_id = 1
+        self.cited: list[Cited] = []
+        self.seen_numbered: dict[int, bool] = {}  # handle → shown numbered lines so far
+
+    def _lines(self, n: int) -> list[tuple[int, str]]:
+        texts = canonical_lines(random_document_lines(self.rng, n))
+        out = [(self.next_id + k, t) for k, t in enumerate(texts)]
+        self.next_id += len(out)
+        return out
+
+    def run(self) -> None:
+        kb, rng = self.kb, self.rng
+        kb.create_workspace(self.ws)
+        with kb.transaction(self.ws, "seed", "fuzz") as tx:
+            for key in range(rng.randint(2, 4)):
+                doc = Doc(f"/documents/d{key}.md", self._lines(25), rng.random() < 0.3, rng.random() < 0.15,
+                          rng.random() < 0.7)
+                self.docs[key] = doc
+                tx.write(doc.path, doc.data())
+        kb.index(self.ws)
+        self.conv = kb.conversation(self.ws, f"chat-{self.ws}")
+        for _ in range(rng.randint(1, 2)):
+            self._maybe_strip_spans()
+            self._show_and_cite()
+            for _ in range(rng.randint(1, 3)):
+                self._history_step()
+            kb.index(self.ws)
+        self._check_all()
+        self.tally.cases += 1
+
+    # -- showing and citing ------------------------------------------------------------------------
+    def _maybe_strip_spans(self) -> None:
+        from kb import database
+        from kb.sql import queries
+
+        self.stripped = None
+        if self.docs and self.rng.random() < 0.4:
+            doc = self.stripped = self.rng.choice(list(self.docs.values()))
+            with database.transaction(self.kb.database_url) as conn:
+                conn.execute(queries["test_null_chunk_spans"], {"workspace_id": self.ws, "path": doc.path.lstrip("/")})
+
+    def _key_of(self, path: str) -> int | None:
+        return next((k for k, d in self.docs.items() if d.path == path), None)
+
+    def _show_and_cite(self) -> None:
+        rng = self.rng
+        shown = []
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.5 and self.docs:
+                doc = self.stripped if self.stripped and rng.random() < 0.6 else rng.choice(list(self.docs.values()))
+                texts = [t for _, t in doc.lines if t.strip()]
+                query = " ".join(rng.sample(WORDS, 2)) if not texts else " ".join(rng.choice(texts).split()[:3]) or "refund"
+                try:
+                    shown += self.conv.search(query, k=rng.randint(1, 3))
+                except Exception as exc:  # InvalidInput for a query of odd characters only
+                    if type(exc).__name__ != "InvalidInput":
+                        raise
+            elif self.docs:
+                doc = rng.choice(list(self.docs.values()))
+                offset = rng.randint(0, max(0, len(doc.lines) - 1))
+                shown.append(self.conv.read(doc.path, offset=offset, limit=rng.choice([None, rng.randint(1, 8)])))
+        written, expected = [], []
+        for envelope in shown:
+            key = self._key_of(envelope.path)
+            numbered = [(n, t) for n, t in envelope.lines if n is not None]
+            if numbered:
+                self.seen_numbered[envelope.cite] = True
+            self.seen_numbered.setdefault(envelope.cite, False)
+            if key is None:
+                raise AssertionError(f"search showed {envelope.path}, not a document of the model {self.docs} "
+                                     f"HEAD {self.kb.list_paths(self.ws)} log {[(r.message, r.changes) for r in self.kb.history(self.ws)]}")
+            model = self.docs[key]
+            ids = {n: model.lines[n - 1][0] for n, _ in numbered} if key is not None and self._model_matches(
+                model, envelope) else {}
+            for _ in range(rng.randint(1, 2)):
+                if numbered and rng.random() < 0.8:
+                    runs = _runs(numbered)
+                    run = rng.choice(runs)
+                    a = rng.randrange(len(run))
+                    b = rng.randrange(a, min(len(run), a + 4))
+                    part = run[a:b + 1]
+                    c = Citation(envelope.cite, part[0][0], part[-1][0])
+                    expected.append(Cited(c, envelope.path, key, part, [ids.get(n) for n, _ in part]))
+                    written.append(_written(rng, c.handle, c.start, c.end))
+                elif not self.seen_numbered[envelope.cite] and rng.random() < 0.7:
+                    lo = rng.randint(1, 9)
+                    written.append(_written(rng, envelope.cite, lo, lo + rng.randint(0, 3)))
+                    expected.append(Cited(Citation(envelope.cite), envelope.path, key, [], []))
+                    self.tally.expected_degraded += 1
+                else:
+                    written.append(str(envelope.cite))
+                    expected.append(Cited(Citation(envelope.cite), envelope.path, key, [], []))
+        if not written:
+            return
+        answer, i = ["Answer"], 0
+        while i < len(written):
+            group = written[i:i + rng.randint(1, 3)]
+            i += len(group)
+            answer.append(rng.choice([" ", " see "]) + "[" + ", ".join(group) + "]" + rng.choice(["", ".", " and"]))
+        result = self.conv.normalize("".join(answer))
+        self.tally.degraded += len(result.degraded)
+        got = result.citations
+        want = [e.citation for e in expected]
+        if set(got) != set(want) or result.unknown:  # a repeat within one bracket is written once
+            self._fail(f"normalize {''.join(answer)!r} gave {got} (unknown {result.unknown}), expected {want}")
+        self.cited += expected
+
+    @staticmethod
+    def _model_matches(model: Doc, envelope) -> bool:
+        return all(0 < n <= len(model.lines) and model.lines[n - 1][1] == t for n, t in envelope.lines if n is not None)
+
+    # -- history -------------------------------------------------------------------------------------
+    def _commit(self, message: str, ops, via_turn: bool) -> str | None:
+        if via_turn:
+            turn = self.kb.turn(self.ws, f"t{self.rng.getrandbits(32)}", "fuzz")
+            for op, *args in ops:
+                getattr(turn, op)(*args)
+            result = turn.commit(message)
+            return None if result is None else result.revision
+        with self.kb.transaction(self.ws, message, "fuzz") as tx:
+            for op, *args in ops:
+                getattr(tx, op)(*args)
+        return tx.revision
+
+    def _history_step(self) -> None:
+        rng = self.rng
+        roll = rng.random()
+        via_turn = rng.random() < 0.35
+        keys = list(self.docs)
+        if roll < 0.55 and keys:
+            key = rng.choice(keys)
+            doc = self.docs[key]
+            cited_ids = [i for c in self.cited if c.key == key for i in c.identities if i is not None]
+            target = rng.choice(cited_ids) if cited_ids else None
+            doc.lines = edit_history(rng, doc.lines, (target, target) if target else (0, -1), max_edits=3)
+            if not doc.lines:
+                doc.lines = self._lines(3)
+            self.next_id = max([self.next_id, *(i + 1 for i, _ in doc.lines)])
+            self._commit("edit", [("write", doc.path, doc.data())], via_turn)
+        elif roll < 0.7 and keys:
+            key = rng.choice(keys)
+            doc = self.docs[key]
+            new_path = f"/documents/m{rng.getrandbits(24)}/{doc.path.rsplit('/', 1)[1]}"
+            self._commit("move", [("move", doc.path, new_path)], via_turn)
+            doc.path = new_path
+        elif roll < 0.78 and len(keys) >= 2:
+            a, b = rng.sample(keys, 2)
+            pa, pb = self.docs[a].path, self.docs[b].path
+            self._commit("swap", [("move", pa, "/documents/swap.tmp.md"), ("move", pb, pa),
+                                  ("move", "/documents/swap.tmp.md", pb)], False)
+            self.docs[a].path, self.docs[b].path = pb, pa
+        elif roll < 0.86 and len(keys) >= 2:
+            key = rng.choice(keys)
+            doc = self.docs.pop(key)
+            revision = self.kb.head(self.ws)
+            self._commit("delete", [("remove", doc.path)], via_turn)
+            self.removed[key] = (doc, revision)
+        elif roll < 0.93 and self.removed:
+            key = rng.choice(list(self.removed))
+            doc, revision = self.removed.pop(key)
+            if self._key_of(doc.path) is None:
+                self.kb.restore(self.ws, doc.path, revision, "fuzz")
+                self.docs[key] = doc
+            else:
+                self.removed[key] = (doc, revision)
+        elif roll < 0.97:
+            self.kb.reindex(self.ws)
+        else:
+            from kb import database
+            from kb.sql import queries
+
+            with database.transaction(self.kb.database_url) as conn:
+                conn.execute(queries["test_truncate_chunks"])
+
+    def _fail(self, message: str) -> None:
+        self.tally.confidently_wrong += 1
+        self.tally.failures.append(f"workspace {self.ws}: {message}")
+
+    # -- resolution ------------------------------------------------------------------------------------
+    def _check_all(self) -> None:
+        head_docs = {d.path: (k, d) for k, d in self.docs.items()}
+        for cited in self.cited:
+            res = self.conv.resolve(cited.citation, follow=True)
+            self.tally.resolutions += 1
+            if cited.lines:
+                if res.level != "lines" or res.lines != cited.lines:
+                    self._fail(f"{cited.citation} resolved to {res.lines[:5]} ({res.level}), shown {cited.lines}")
+                    continue
+            elif res.level != "document":
+                self._fail(f"{cited.citation} should resolve to the document, got {res.level}")
+                continue
+            follow = res.follow
+            current = self.kb.read(self.ws, follow.path) if follow.path else None
+            now = document_lines(current) if current is not None else None
+            cited_text = [t for _, t in res.lines]
+            if follow.status == "unchanged" and (now is None or now[follow.start - 1:follow.end] != cited_text) and cited_text:
+                self.tally.follow.wrong_unchanged += 1
+                self._fail(f"follow said unchanged for {cited.citation} but HEAD differs")
+            if not cited.lines or None in cited.identities:
+                continue
+            entry = next(((k, d) for k, d in head_docs.values() if k == cited.key), None)
+            positions = [] if entry is None else [p for p, (i, _) in enumerate(entry[1].lines) if i in cited.identities]
+            intact = bool(positions) and len(positions) == len(cited.identities) and \
+                positions == list(range(positions[0], positions[0] + len(positions))) and \
+                [t for _, t in entry[1].lines[positions[0]:positions[-1] + 1]] == cited_text
+            expected = "unchanged" if intact else ("deleted" if not positions else "changed")
+            self.tally.follow.confusion[(expected, follow.status)] += 1
+            if expected == "unchanged":
+                if follow.status != "unchanged":
+                    self.tally.follow.ambiguous_missed += 1 if len(set(cited_text)) < len(cited_text) or any(
+                        sum(1 for _, t in entry[1].lines if t == c) > 1 for c in cited_text) else 0
+                    if not any(sum(1 for _, t in entry[1].lines if t == c) > 1 for c in cited_text):
+                        self.tally.follow.missed_unchanged += 1
+                elif (follow.start - 1, follow.end - 1) != (positions[0], positions[-1]) or follow.path != entry[1].path:
+                    if sum(1 for k in range(len(now) - len(cited_text) + 1) if now[k:k + len(cited_text)] == cited_text) == 1:
+                        self.tally.follow.wrong_numbers += 1
+                    else:
+                        self.tally.follow.ambiguous_numbers += 1
+
+
+def _runs(numbered: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """Runs of consecutive line numbers, in order."""
+    runs: list[list[tuple[int, str]]] = []
+    for n, t in numbered:
+        if runs and runs[-1][-1][0] == n - 1:
+            runs[-1].append((n, t))
+        else:
+            runs.append([(n, t)])
+    return runs
+
+
+def run_e2e(kb, seed: int, cases: int, first_workspace: int = 1) -> E2ETally:
+    """Run ``cases`` end-to-end cases on ``kb``, workspaces ``first_workspace``…; returns the tally."""
+    tally = E2ETally()
+    for k in range(cases):
+        E2ECase(kb, random.Random(seed * 1_000_003 + k), first_workspace + k, tally).run()
+    return tally
