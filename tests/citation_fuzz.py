@@ -362,6 +362,7 @@ class Cited:
     key: int  # the model document's key (identity across moves)
     lines: list[tuple[int, str]]  # the numbered lines the reader saw; empty for a document citation
     identities: list[int]
+    degrade: bool = False  # a line citation of a handle shown un-numbered: the normalizer strips it
 
 
 @dataclass
@@ -424,7 +425,7 @@ class E2ECase:
         if self.docs and self.rng.random() < 0.4:
             doc = self.stripped = self.rng.choice(list(self.docs.values()))
             with database.transaction(self.kb.database_url) as conn:
-                conn.execute(queries["test_null_chunk_spans"], {"workspace_id": self.ws, "path": doc.path.lstrip("/")})
+                conn.execute(queries["test_null_chunk_spans"], {"workspace_id": self.ws, "path": doc.path})
 
     def _key_of(self, path: str) -> int | None:
         return next((k for k, d in self.docs.items() if d.path == path), None)
@@ -447,12 +448,12 @@ class E2ECase:
                 offset = rng.randint(0, max(0, len(doc.lines) - 1))
                 shown.append(self.conv.read(doc.path, offset=offset, limit=rng.choice([None, rng.randint(1, 8)])))
         written, expected = [], []
+        for envelope in shown:  # the reader answers after seeing every envelope of the round
+            self.seen_numbered[envelope.cite] = self.seen_numbered.get(envelope.cite, False) or any(
+                n is not None for n, _ in envelope.lines)
         for envelope in shown:
             key = self._key_of(envelope.path)
             numbered = [(n, t) for n, t in envelope.lines if n is not None]
-            if numbered:
-                self.seen_numbered[envelope.cite] = True
-            self.seen_numbered.setdefault(envelope.cite, False)
             if key is None:
                 raise AssertionError(f"search showed {envelope.path}, not a document of the model {self.docs} "
                                      f"HEAD {self.kb.list_paths(self.ws)} log {[(r.message, r.changes) for r in self.kb.history(self.ws)]}")
@@ -472,7 +473,7 @@ class E2ECase:
                 elif not self.seen_numbered[envelope.cite] and rng.random() < 0.7:
                     lo = rng.randint(1, 9)
                     written.append(_written(rng, envelope.cite, lo, lo + rng.randint(0, 3)))
-                    expected.append(Cited(Citation(envelope.cite), envelope.path, key, [], []))
+                    expected.append(Cited(Citation(envelope.cite), envelope.path, key, [], [], degrade=True))
                     self.tally.expected_degraded += 1
                 else:
                     written.append(str(envelope.cite))
@@ -486,6 +487,9 @@ class E2ECase:
             answer.append(rng.choice([" ", " see "]) + "[" + ", ".join(group) + "]" + rng.choice(["", ".", " and"]))
         result = self.conv.normalize("".join(answer))
         self.tally.degraded += len(result.degraded)
+        if len(result.degraded) != sum(1 for e in expected if e.degrade):
+            self._fail(f"normalize {''.join(answer)!r} degraded {result.degraded}, expected "
+                       f"{[e.citation for e in expected if e.degrade]}")
         got = result.citations
         want = [e.citation for e in expected]
         if set(got) != set(want) or result.unknown:  # a repeat within one bracket is written once
