@@ -38,7 +38,7 @@ def cite() -> None:
 
 
 @cite.command()
-@click.argument("source", default="-", type=click.File("r", encoding="utf-8"))
+@click.argument("source", default="-", type=click.File("rb"))
 @chat_option
 @workspace_option
 @click.option("--json", "as_json", is_flag=True, help="Print text, citations, unknown, degraded and adjusted as JSON.")
@@ -49,7 +49,14 @@ def normalize(source, chat: str, workspace: int, as_json: bool) -> None:
 
     Example: echo "Refunds take 30 days [1:L4-6]." | kb cite normalize --chat c1 -w 1
     """
-    result = _conversation(workspace, chat).normalize(source.read())
+    from kb.errors import InvalidInput
+
+    data = source.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{source.name} is not UTF-8 text (byte {exc.start}); convert it to UTF-8 first") from None
+    result = _conversation(workspace, chat).normalize(text)
     if as_json:
         _echo_json(result.as_json())
         return

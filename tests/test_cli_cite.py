@@ -39,3 +39,6 @@ def test_newcomer_flow_search_cite_edit_resolve_follow(kb_env, tmp_path):
     assert "forgot 2 handles" in run_cli(kb_env, "cite", "forget", "--chat", "c1", "-w", "1").stdout
     failed = run_cli(kb_env, "cite", "resolve", "[1]", "--chat", "c1", "-w", "1", check=False)
     assert failed.returncode == 1 and failed.stderr.startswith("kb: error: chat 'c1' has no handle [1]")
+    answer.write_bytes(b"caf\xe9 [1]")
+    bad = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1", check=False)
+    assert bad.returncode == 1 and "is not UTF-8 text" in bad.stderr
