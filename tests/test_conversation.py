@@ -144,3 +144,17 @@ def test_expiry_deletes_unused_chats(kb):
     assert kb.expire_citations() == 1
     assert kb.conversation(1, "old").handles() == []
     assert len(kb.conversation(1, "new").handles()) == 1
+
+
+def test_the_expiry_task_runs_in_a_real_worker(kb):
+    kb.create_workspace(1)
+    _seed(kb, {"/documents/Refund policy.md": POLICY})
+    kb.conversation(1, "old").read("/documents/Refund policy.md")
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["test_age_citation_chat"], {"workspace_id": 1, "chat_id": "old", "days": 40})
+    from kb import jobs
+
+    with jobs.app.replace_connector(jobs.configure(kb)) as app, app.open():
+        jobs.expire_citations.defer(timestamp=0)
+    kb.run_worker(until_idle=True)
+    assert kb.conversation(1, "old").handles() == []
