@@ -78,6 +78,8 @@ def e2e(cases: int, seed: int) -> bool:
     print("\n".join(_follow_report(tally.follow)))
     for failure in tally.failures[:20]:
         print("  FAIL", failure)
+    for note in tally.notes[:20]:
+        print("  NOTE", note)
     return (tally.confidently_wrong == 0 and tally.degraded == tally.expected_degraded
             and tally.follow.wrong_unchanged == tally.follow.missed_unchanged == tally.follow.wrong_numbers == 0)
 

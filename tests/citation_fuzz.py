@@ -376,6 +376,7 @@ class E2ETally:
     expected_degraded: int = 0
     follow: FollowTally = field(default_factory=FollowTally)
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # follow misses, for a person to look at
 
 
 class E2ECase:
@@ -602,6 +603,9 @@ class E2ECase:
                         sum(1 for _, t in entry[1].lines if t == c) > 1 for c in cited_text) else 0
                     if not any(sum(1 for _, t in entry[1].lines if t == c) > 1 for c in cited_text):
                         self.tally.follow.missed_unchanged += 1
+                        self.tally.notes.append(
+                            f"workspace {self.ws}: {cited.citation} intact at {entry[1].path} lines "
+                            f"{positions[0] + 1}-{positions[-1] + 1}, follow answered {follow}")
                 elif (follow.start - 1, follow.end - 1) != (positions[0], positions[-1]) or follow.path != entry[1].path:
                     if sum(1 for k in range(len(now) - len(cited_text) + 1) if now[k:k + len(cited_text)] == cited_text) == 1:
                         self.tally.follow.wrong_numbers += 1
