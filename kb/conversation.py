@@ -120,7 +120,7 @@ class Conversation:
         """
         envelopes = self._kb.search(self.workspace_id, query, k)
         showings = [self._showing(e) for e in envelopes]
-        with database.transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._kb.database_url) as conn:
             handles = registry.register(conn, self.workspace_id, self.chat_id, showings)
         for envelope, handle in zip(envelopes, handles):
             envelope.cite = handle.n
@@ -139,7 +139,7 @@ class Conversation:
         envelope = full.window(offset, limit)
         shown = envelope.lines
         showing = Showing(envelope.path, envelope.content_id, envelope.revision, envelope.title, bool(shown))
-        with database.transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._kb.database_url) as conn:
             envelope.cite = registry.register(conn, self.workspace_id, self.chat_id, [showing])[0].n
         return envelope
 
@@ -151,7 +151,7 @@ class Conversation:
         repo_path = StorePath.parse(envelope.path).repo_path
         revision = envelope.revision
         if revision is None or repo.lookup(repo.tree_id(revision), repo_path) != envelope.content_id:
-            with database.connect(self._kb.database_url) as conn:
+            with database.pooled_connection(self._kb.database_url) as conn:
                 row = conn.execute(queries["revision_holding_blob"], {
                     "workspace_id": self.workspace_id, "path": repo_path, "content_id": envelope.content_id,
                 }).fetchone()
@@ -166,13 +166,13 @@ class Conversation:
     # -- the registry ------------------------------------------------------------------------
     def handles(self) -> list[Handle]:
         """Every handle of this chat, by number (empty for a new or forgotten chat)."""
-        with database.connect(self._kb.database_url) as conn:
+        with database.pooled_connection(self._kb.database_url) as conn:
             return registry.handles(conn, self.workspace_id, self.chat_id)
 
     def forget(self) -> int:
         """Delete this chat's handles; returns how many numbers it had handed out. A later search
         starts again at [1]."""
-        with database.transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._kb.database_url) as conn:
             return registry.forget(conn, self.workspace_id, self.chat_id)
 
     def _lines_of(self, handle: Handle) -> list[str]:
@@ -206,7 +206,7 @@ class Conversation:
 
         result = normalize(text, lookup)
         if known:
-            with database.transaction(self._kb.database_url) as conn:
+            with database.pooled_transaction(self._kb.database_url) as conn:
                 registry.mark_used(conn, self.workspace_id, self.chat_id)
         return result
 
@@ -222,7 +222,7 @@ class Conversation:
             citation = parse_citation(citation)
         elif not isinstance(citation, Citation):
             raise InvalidCitation(f"expected a Citation or a string such as '[3:L12-L14]', not {type(citation).__name__}")
-        with database.transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._kb.database_url) as conn:
             handle = registry.lookup(conn, self.workspace_id, self.chat_id, citation.handle)
             if handle is not None:
                 registry.mark_used(conn, self.workspace_id, self.chat_id)
