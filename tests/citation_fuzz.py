@@ -390,6 +390,7 @@ class E2ECase:
         self.next_id = 1
         self.cited: list[Cited] = []
         self.seen_numbered: dict[int, bool] = {}  # handle → shown numbered lines so far
+        self.versions: dict[int, list[list[str]]] = {}  # key → the lines of each edited version
 
     def _lines(self, n: int) -> list[tuple[int, str]]:
         texts = canonical_lines(random_document_lines(self.rng, n))
@@ -529,6 +530,7 @@ class E2ECase:
                 doc.lines = self._lines(3)
             self.next_id = max([self.next_id, *(i + 1 for i, _ in doc.lines)])
             self._commit("edit", [("write", doc.path, doc.data())], via_turn)
+            self.versions.setdefault(key, []).append(document_lines(doc.data()))
         elif roll < 0.7 and keys:
             key = rng.choice(keys)
             doc = self.docs[key]
@@ -599,9 +601,13 @@ class E2ECase:
             self.tally.follow.confusion[(expected, follow.status)] += 1
             if expected == "unchanged":
                 if follow.status != "unchanged":
-                    self.tally.follow.ambiguous_missed += 1 if len(set(cited_text)) < len(cited_text) or any(
-                        sum(1 for _, t in entry[1].lines if t == c) > 1 for c in cited_text) else 0
-                    if not any(sum(1 for _, t in entry[1].lines if t == c) > 1 for c in cited_text):
+                    # which copy of a repeated line survived cannot be told from text: every version
+                    # the document went through must hold each cited line once for a miss to count
+                    at_revision = document_lines(self.kb.read_as_of(self.ws, res.handle.revision, res.handle.path))
+                    versions = [at_revision, *self.versions.get(cited.key, [])]
+                    if any(sum(1 for t in v if t == c) > 1 for v in versions for c in cited_text):
+                        self.tally.follow.ambiguous_missed += 1
+                    else:
                         self.tally.follow.missed_unchanged += 1
                         self.tally.notes.append(
                             f"workspace {self.ws}: {cited.citation} intact at {entry[1].path} lines "
