@@ -179,10 +179,12 @@ class Conversation:
         """The document's lines at the handle's revision, read with ``read_as_of`` (SPEC §8). When
         that revision no longer holds the registered blob at that path, the registered blob itself
         (by id) is read — the exact text that was shown."""
-        try:
-            data = self._store.read_as_of(handle.revision, handle.path)
-        except DocumentNotFound:
-            data = None
+        data = None
+        if handle.revision:  # empty when no recorded revision held the blob there (see _showing)
+            try:
+                data = self._store.read_as_of(handle.revision, handle.path)
+            except DocumentNotFound:
+                data = None
         if data is None or _git_blob_id(data) != handle.content_id:
             data = self._store.repository.blob(handle.content_id)
         return document_lines(data)
@@ -276,7 +278,8 @@ class Conversation:
         blobs: list[str | None] = []
         row = conn.execute(queries["revision_seq"],
                            {"workspace_id": self.workspace_id, "revision_id": handle.revision}).fetchone()
-        seq, arrived = (row["seq"] if row else 0), False
+        # an unrecorded revision: no history to walk, the blob is compared with HEAD directly
+        seq, arrived = (row["seq"] if row else 2**62), False
         for _ in range(MAX_MOVES_FOLLOWED):
             rows = conn.execute(queries["document_changes_after"],
                                 {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}).fetchall()
