@@ -17,12 +17,12 @@ the original text.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import re
 from dataclasses import dataclass
 
 from kb.errors import KbError
+from kb.lines import line_of, line_starts
 
 
 @dataclass(frozen=True)
@@ -132,21 +132,6 @@ def markdown_rules():
         RecursiveLevel(whitespace=True),
         RecursiveLevel(),
     ])
-
-
-def line_starts(text: str) -> list[int]:
-    """Character offsets at which each line of ``text`` starts (line 1 starts at 0)."""
-    starts = [0]
-    index = text.find("\n")
-    while index != -1:
-        starts.append(index + 1)
-        index = text.find("\n", index + 1)
-    return starts
-
-
-def line_of(starts: list[int], offset: int) -> int:
-    """1-based line number containing character ``offset`` (given ``line_starts``)."""
-    return bisect.bisect_right(starts, offset)
 
 
 class Chunker:

@@ -14,19 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
+from kb.lines import document_lines  # noqa: F401  (re-exported: the one line counter, kb.lines)
+
 GAP = "   ⋮"
-
-
-def document_lines(data: bytes | str) -> list[str]:
-    """The lines of a document as a reader counts them: split on ``\\n``, a trailing ``\\r`` dropped.
-
-    ``lines[n - 1]`` is line ``n``. A final newline does not start an extra line.
-    """
-    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
-    lines = text.split("\n")
-    if lines and lines[-1] == "" and len(lines) > 1:
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 @dataclass
@@ -40,11 +30,31 @@ class Envelope:
     lines: list[tuple[int | None, str]] = field(default_factory=list)
     cite: int | None = None
     score: float | None = None
+    content_id: str | None = None
+    """The blob id the lines were read from (what a citation handle is keyed on, SPEC §8)."""
+    total_lines: int | None = None
+    """For a windowed read (``view="window"``): the document's line count at that revision."""
 
     @property
     def numbered(self) -> bool:
         """True when every line carries its true line number."""
         return all(n is not None for n, _ in self.lines)
+
+    def window(self, offset: int = 0, limit: int | None = None) -> "Envelope":
+        """Lines ``offset+1 … offset+limit`` of this full-view envelope (``limit`` None: to the
+        end), keeping their true numbers. The whole document stays ``view="full"``; anything less
+        is ``view="window"`` with ``total_lines``. Raises InvalidInput for a negative or non-integer
+        ``offset``/``limit``."""
+        from kb.errors import InvalidInput
+
+        for name, value in (("offset", offset), ("limit", limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidInput(f"{name} must be a whole number ≥ 0, got {value!r}")
+        end = len(self.lines) if limit is None else offset + limit
+        if offset == 0 and end >= len(self.lines):
+            return self
+        return Envelope(self.path, self.title, self.revision, "window", self.lines[offset:end], self.cite,
+                        self.score, self.content_id, total_lines=len(self.lines))
 
     def render(self) -> str:
         """The envelope text (SPEC §8); non-contiguous excerpt ranges are separated by ``⋮``."""
@@ -53,6 +63,10 @@ class Envelope:
             attrs["cite"] = f"[{self.cite}]"
         attrs["view"] = self.view
         attrs["revision"] = self.revision or ""
+        if self.total_lines is not None:
+            shown = [n for n, _ in self.lines if n is not None]
+            attrs["lines"] = f"{shown[0]}-{shown[-1]}" if shown else "none"
+            attrs["of"] = str(self.total_lines)
         if not self.numbered:
             attrs["numbered"] = "false"
         head = " ".join(f'{k}="{escape(str(v), quote=True)}"' for k, v in attrs.items())
@@ -78,6 +92,7 @@ class Envelope:
             "view": self.view,
             "lines": [[n, t] for n, t in self.lines],
             "score": self.score,
+            **({} if self.total_lines is None else {"total_lines": self.total_lines}),
         }
 
 

@@ -166,12 +166,18 @@ def rebuild_projection(workspace: int) -> None:
 @workspace_option
 @click.option("-k", "k", default=5, show_default=True, type=click.IntRange(min=1, max=100), help="Documents to return.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of envelopes.")
-def search(query: str, workspace: int, k: int, as_json: bool) -> None:
+@click.option("--chat", "-c", "chat", help="Search as this conversation: envelopes cite its handles (kb cite).")
+def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) -> None:
     """Hybrid search; prints line-numbered envelopes (SPEC §8).
 
-    Example: kb search "refund for an annual subscription" --workspace 1 -k 3
+    Example: kb search "refund for an annual subscription" --workspace 1 -k 3 --chat c1
     """
-    hits = _open().search(workspace, query, k)
+    if chat is not None:
+        from kb.cli_cite import search_in_chat
+
+        hits = search_in_chat(workspace, chat, query, k)
+    else:
+        hits = _open().search(workspace, query, k)
     if as_json:
         click.echo(json.dumps([h.as_json() for h in hits], ensure_ascii=False, indent=2))
     else:
@@ -183,12 +189,18 @@ def search(query: str, workspace: int, k: int, as_json: bool) -> None:
 @workspace_option
 @click.option("--revision", "-r", help="Revision id (default: HEAD).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the envelope.")
-def read(path: str, workspace: int, revision: str | None, as_json: bool) -> None:
-    """Print one document's full-view envelope.
+@click.option("--chat", "-c", "chat", help="Read as this conversation: the envelope cites its handle (kb cite).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Lines to skip.")
+@click.option("--limit", type=click.IntRange(min=0), help="Most lines to show (default: to the end).")
+def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: str | None, offset: int,
+         limit: int | None) -> None:
+    """Print one document's envelope: every line, or a window of lines with their true numbers.
 
-    Example: kb read "/documents/Notes/Todo.md" --workspace 1
+    Example: kb read "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
     """
-    envelope = _open().read_document(workspace, path, revision)
+    from kb.cli_cite import read_in_chat
+
+    envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
     click.echo(json.dumps(envelope.as_json(), ensure_ascii=False, indent=2) if as_json else envelope.render())
 
 
@@ -447,6 +459,10 @@ def edit(path: str, workspace: int, author: str | None, message: str | None) -> 
 from kb.cli_move import move as _move_command  # noqa: E402  (issue 9: the fix kb fsck names)
 
 main.add_command(_move_command)
+
+from kb.cli_cite import cite  # noqa: E402  (issue 10: kb cite …)
+
+main.add_command(cite)
 
 if __name__ == "__main__":
     main()

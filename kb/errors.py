@@ -153,3 +153,14 @@ class CommitOutcomeUnknown(KbError):
 
 class StorageError(KbError):
     """The file system refused an operation on kb's storage (disk full, permissions, name too long)."""
+# -- citations (issue 10, SPEC §8) ------------------------------------------------------------
+class InvalidCitation(KbError):
+    """A citation is not written as ``[n]``, ``[n:Lx]`` or ``[n:Lx-Ly]``, or names bad lines."""
+
+
+class UnknownHandle(KbError):
+    """A citation names a handle this conversation was never shown (or that expired or was forgotten)."""
+
+
+class InvalidChat(KbError):
+    """A chat id is empty, too long, or holds characters a chat id cannot hold."""

@@ -23,6 +23,8 @@ Periodic tasks (``@app.periodic``):
   worktrees idle longer than ``KB_WORKTREE_TTL`` that no open turn holds.
 - ``kb.maintain_repositories`` (every 10 minutes): packs the loose objects of busy workspace
   repositories (``kb.maintenance``).
+- ``kb.expire_citations`` (hourly): deletes chats whose citation handles went unused for
+  ``KB_CITATION_TTL`` seconds (default 30 days).
 """
 
 from __future__ import annotations
@@ -185,6 +187,14 @@ def maintain_repositories(timestamp: int) -> dict:
     from kb.maintenance import maintain_workspaces
 
     return {str(ws): n for ws, n in maintain_workspaces(_kb().settings.knowledge_store).packed.items()}
+
+
+@app.periodic(cron="23 * * * *", periodic_id="citation-expiry")
+@app.task(name="kb.expire_citations", queue="maintenance", queueing_lock="citation-expiry")
+def expire_citations(timestamp: int) -> dict:
+    """Hourly: delete chats whose citation handles went unused for ``KB_CITATION_TTL`` seconds
+    (SPEC §8, issue 10)."""
+    return {"chats_expired": _kb().expire_citations()}
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:

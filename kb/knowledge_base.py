@@ -31,6 +31,7 @@ from kb.sql import queries
 from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
 
 if TYPE_CHECKING:
+    from kb.conversation import Conversation
     from kb.fsck import FsckReport
 
 
@@ -212,6 +213,22 @@ class KnowledgeBase:
         title = row["title"] if row else target.name.removesuffix(".md")
         lines = list(enumerate(document_lines(data), start=1))
         return Envelope(target.virtual, title, revision, "full", lines)
+
+    def conversation(self, workspace_id: int, chat_id: str) -> "Conversation":
+        """The chat ``chat_id``'s door to search, read and cite (SPEC §8, issue 10): a
+        :class:`kb.conversation.Conversation` (search, read, normalize, resolve, handles, forget).
+        Raises InvalidChat, InvalidWorkspace, WorkspaceNotFound."""
+        from kb.conversation import Conversation
+
+        return Conversation(self, workspace_id, chat_id)
+
+    def expire_citations(self) -> int:
+        """Delete chats unused for ``KB_CITATION_TTL`` seconds with their handles (what the
+        periodic ``kb.expire_citations`` task runs, SPEC §8); returns how many chats."""
+        from kb import citation_registry
+
+        with database.transaction(self.database_url) as conn:
+            return citation_registry.expire(conn, self.settings.citation_ttl)
 
     def status(self, workspace_id: int | None = None) -> dict:
         """Head, index stamp, job counts, chunk and document counts (``kb status``)."""

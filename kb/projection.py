@@ -329,6 +329,11 @@ def project(
         changes = [c for c in repo.diff(base_tree, head_tree) if c.path.startswith("documents/")]
         touched = {_virtual(c.path): c.new_id for c in changes}
         moved_paths = {_virtual(m[k]) for m in moves for k in ("old_path", "new_path")}
+        # A path a recorded move went through but the base-to-HEAD diff does not name (moved, then
+        # removed or moved on in a later revision of this run) still gets its row converged: the
+        # replayed move put a row there that HEAD may not hold.
+        for path in moved_paths - set(touched):
+            touched[path] = repo.lookup(head_tree, path[1:])
         run = _Projection(conn, repo, ws, head, paths=set(touched) | moved_paths)
         run.replay_moves(moves)
         run.converge_documents(

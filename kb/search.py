@@ -88,7 +88,7 @@ def search(
     for cite, group in enumerate(groups.values(), start=1):
         row = group.row
         envelope = Envelope(row["path"], row["title"], row["indexed_revision"], "excerpts",
-                            cite=cite, score=round(group.score, 6))
+                            cite=cite, score=round(group.score, 6), content_id=row["indexed_content_id"])
         if group.spans:
             lines = document_lines(repo.blob(row["indexed_content_id"]))
             envelope.lines = excerpt_lines(lines, group.spans)

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     )
     job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
     fts_config: str = Field(default="english", description="Postgres text search configuration.")
+    citation_ttl: float = Field(
+        default=30 * 86400.0,
+        description="Seconds a chat's citation handles live after its last use (search, read, normalize, resolve).",
+        gt=0,
+    )
 
     @field_validator("storage_root")
     @classmethod

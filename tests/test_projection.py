@@ -271,3 +271,21 @@ def test_incremental_runs_agree_with_a_full_rebuild(kb, settings):
     from kb.projection import folders_of
 
     assert set(_folders(settings.database_url)) == folders_of(list(paths))
+
+
+def test_a_document_moved_then_removed_before_one_projection_loses_its_row(kb):
+    """Found by the citation fuzz (issue 10): the replayed move put the row at a path the
+    base-to-HEAD diff does not name, so the removal never reached it and search kept showing a
+    deleted document."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", "alice") as tx:
+        tx.write("/documents/keep.md", "kept\n")
+        tx.write("/documents/gone.md", "moved then removed\n")
+    kb.index(1)
+    with kb.transaction(1, "move", "alice") as tx:
+        tx.move("/documents/gone.md", "/documents/Later/gone.md")
+    with kb.transaction(1, "remove", "alice") as tx:
+        tx.remove("/documents/Later/gone.md")
+    kb.index(1)
+    assert list(_docs(kb.database_url)) == ["/documents/keep.md"]
+    assert "/documents/Later" not in _folders(kb.database_url)

@@ -55,3 +55,18 @@ WHERE locktype = 'advisory' AND classid = %(namespace)s AND objid = %(workspace_
 
 -- name: test_terminate_backend
 SELECT pg_terminate_backend(%(pid)s) AS terminated;
+-- ---- issue 10: citations -----------------------------------------------------------------------
+
+-- name: test_truncate_chunks
+-- Resolution must never need chunk rows after render (SPEC §8).
+TRUNCATE kb.chunks;
+
+-- name: test_null_chunk_spans
+-- Chunks of one document as legacy rows without spans (SPEC §9): they render un-numbered.
+UPDATE kb.chunks c SET start_line = NULL, end_line = NULL
+FROM kb.documents d
+WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(path)s;
+
+-- name: test_age_citation_chat
+UPDATE kb.citation_chats SET last_used_at = now() - make_interval(days => %(days)s)
+WHERE workspace_id = %(workspace_id)s AND chat_id = %(chat_id)s;

@@ -1,0 +1,44 @@
+"""``kb search/read --chat`` and ``kb cite …`` as a newcomer runs them (README, issue 10)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import run_cli
+
+POLICY = "# Refund policy\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\nMonthly plans are not refunded.\n"
+
+
+def test_newcomer_flow_search_cite_edit_resolve_follow(kb_env, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "Refund policy.md").write_text(POLICY)
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+    run_cli(kb_env, "index", "--workspace", "1")
+    out = run_cli(kb_env, "search", "annual subscriptions refunded", "-w", "1", "--chat", "c1").stdout
+    assert 'cite="[1]"' in out and "     4  Annual subscriptions may be refunded within 30 days." in out
+    answer = tmp_path / "answer.md"
+    answer.write_text("Annual plans are refundable for 30 days [1:L3-4]; see also [9].\n")
+    normalized = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1")
+    assert normalized.stdout == "Annual plans are refundable for 30 days [1:L3-L4]; see also.\n"
+    assert "[9]" in normalized.stderr
+    # the document is edited: two lines above the cited ones, so they shift down by 2
+    (notes / "Refund policy.md").write_text("# Refund policy\n\nUpdated 2026.\nAsk billing.\n" + POLICY.split("\n", 2)[2])
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+    resolved = run_cli(kb_env, "cite", "resolve", "[1:L3-L4]", "--chat", "c1", "-w", "1", "--follow").stdout
+    assert "     3  ## Annual plans\n     4  Annual subscriptions may be refunded within 30 days." in resolved
+    assert "now: unchanged — /documents/Refund policy.md" in resolved and "lines 5-6" in resolved
+    data = json.loads(run_cli(kb_env, "cite", "resolve", "[1:L4]", "--chat", "c1", "-w", "1", "--follow", "--json").stdout)
+    assert data["lines"] == [[4, "Annual subscriptions may be refunded within 30 days."]]
+    assert (data["follow"]["status"], data["follow"]["start"]) == ("unchanged", 6)
+    window = run_cli(kb_env, "read", "/documents/Refund policy.md", "-w", "1", "--chat", "c1", "--offset", "4",
+                     "--limit", "2").stdout
+    assert 'cite="[2]"' in window and 'lines="5-6" of="7"' in window
+    listed = run_cli(kb_env, "cite", "list", "--chat", "c1", "-w", "1").stdout
+    assert listed.count("numbered") == 2
+    assert "forgot 2 handles" in run_cli(kb_env, "cite", "forget", "--chat", "c1", "-w", "1").stdout
+    failed = run_cli(kb_env, "cite", "resolve", "[1]", "--chat", "c1", "-w", "1", check=False)
+    assert failed.returncode == 1 and failed.stderr.startswith("kb: error: chat 'c1' has no handle [1]")
+    answer.write_bytes(b"caf\xe9 [1]")
+    bad = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1", check=False)
+    assert bad.returncode == 1 and "is not UTF-8 text" in bad.stderr
