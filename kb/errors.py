@@ -130,3 +130,13 @@ class InvalidPattern(KbError):
 
 class ArtifactReadOnly(KbError):
     """An editor save targeted an ARTIFACT document; artifacts are revised through their own API (SPEC §11)."""
+
+
+# -- seeding from legacy rows (issue 11, SPEC §10) ---------------------------------------------
+class LegacySourceError(KbError):
+    """The legacy database cannot be read: unreachable, no ``legacy`` schema, or no such workspace."""
+
+
+class SeedRefused(KbError):
+    """A seed step was refused: re-seeding a flipped workspace without ``--force``, or ``--flip``
+    without byte parity in the same run."""
