@@ -242,6 +242,9 @@ class KnowledgeBase:
                 from kb.seed import migration_status  # issue 11: authority, span backlog, drift
 
                 result["workspace"]["migration"] = migration_status(conn, workspace_id)
+                from kb.drift import drift_report
+
+                result["workspace"]["drift"] = drift_report(conn, workspace_id)
             result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
             result["job_health"] = conn.execute(queries["job_health"]).fetchall()
         return result

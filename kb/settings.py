@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     )
     job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
     fts_config: str = Field(default="english", description="Postgres text search configuration.")
+    # issue 11: span fill and drift check (SPEC §9, §10); batch size, throttle and pause live in
+    # the kb.span_fill_control row so a DBA can change them with psql while a fill runs.
+    span_fill_cron: str = Field(default="23 3 * * *", description="Cron of the span fill (daily by default).")
+    drift_cron: str = Field(default="*/30 * * * *", description="Cron of the drift check of flipped workspaces.")
+    drift_max_repairs: int = Field(default=100, description="Drift findings repaired per workspace per run.")
 
     @field_validator("storage_root")
     @classmethod
