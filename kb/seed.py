@@ -326,6 +326,10 @@ class Seeder:
                 report.documents_to_index = len(seeded)
             self.progress(f"planned {len(seeded)} documents, {len(report.skipped)} skipped, "
                           f"{len(report.collisions)} renamed by collisions")
+            if not report.models_match:
+                self.progress(f"legacy model {report.legacy_model!r} is not the active model {active_model!r}: "
+                              f"{report.chunks_to_reembed} legacy chunks are not adopted; the index job "
+                              f"re-embeds {report.documents_to_index} documents (through the embedding cache)")
             if not yes:
                 report.seconds = time.perf_counter() - started
                 return report

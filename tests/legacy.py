@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import SHARED, corpus_path, run_admin, with_database
 
@@ -84,6 +85,11 @@ def make_legacy(pg_server: str, source: Path, workspace: int = 1, *, subset: int
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return dsn, json.loads(out)
+
+
+def drop_legacy(pg_server: str, dsn: str) -> None:
+    """Drop a database made by :func:`make_legacy`."""
+    run_admin(pg_server, "drop_database", database=psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
 
 
 def obsidian_en() -> Path:

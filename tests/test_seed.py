@@ -8,7 +8,7 @@ import json
 import psycopg
 import pytest
 from conftest import git, run_cli
-from legacy import LegacyHashEmbedder, make_legacy, obsidian_en, tldr_pages
+from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en, tldr_pages
 
 from kb.errors import LegacySourceError, SeedRefused
 from kb.paths import blob_id, name_key, safe_filename
@@ -17,7 +17,9 @@ from kb.sql import queries
 
 @pytest.fixture(scope="module")
 def obsidian_legacy(pg_server):
-    return make_legacy(pg_server, obsidian_en(), workspace=3)
+    made = make_legacy(pg_server, obsidian_en(), workspace=3)
+    yield made
+    drop_legacy(pg_server, made[0])
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import time
 
 import psycopg
 import pytest
-from legacy import LegacyHashEmbedder, make_legacy, obsidian_en
+from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en
 
 from kb.citations import document_lines
 from kb.database import embedded_bin_dir
@@ -23,7 +23,9 @@ from kb.span_fill import align_chunks
 
 @pytest.fixture(scope="module")
 def obsidian_legacy(pg_server):
-    return make_legacy(pg_server, obsidian_en(), workspace=3)
+    made = make_legacy(pg_server, obsidian_en(), workspace=3)
+    yield made
+    drop_legacy(pg_server, made[0])
 
 
 @pytest.fixture

@@ -39,9 +39,9 @@ ORDER BY document_id, position, id;
 -- still indexed at the content the spans were aligned against (no confidently wrong line number).
 UPDATE kb.chunks c
 SET start_char = u.start_char, end_char = u.end_char, start_line = u.start_line, end_line = u.end_line
-FROM unnest(%(ids)s::bigint[], %(start_chars)s::int[], %(end_chars)s::int[], %(start_lines)s::int[],
-            %(end_lines)s::int[], %(content_ids)s::text[])
-         AS u(id, start_char, end_char, start_line, end_line, content_id),
+FROM (SELECT unnest(%(ids)s::bigint[]) AS id, unnest(%(start_chars)s::int[]) AS start_char,
+             unnest(%(end_chars)s::int[]) AS end_char, unnest(%(start_lines)s::int[]) AS start_line,
+             unnest(%(end_lines)s::int[]) AS end_line, unnest(%(content_ids)s::text[]) AS content_id) u,
      kb.documents d
 WHERE c.id = u.id AND c.start_line IS NULL AND d.id = c.document_id
   AND d.content_id = u.content_id AND d.indexed_content_id = u.content_id;
