@@ -106,6 +106,7 @@ class SeedReport:
     active_model: str | None = None
     entries: list[SeedEntry] = field(default_factory=list)
     folders: int = 0
+    keeps: list[str] = field(default_factory=list)
     revision: str | None = None
     head: str | None = None
     parity: ParityReport | None = None
@@ -230,11 +231,12 @@ def legacy_path_parts(virtual_path: object, legacy_id: int) -> tuple[tuple[str, 
     return tuple(folders), safe_filename(stem)
 
 
-def plan(conn: psycopg.Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int]:
+def plan(conn: psycopg.Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int, list[str]]:
     """Plan every legacy document of ``legacy_workspace`` (no bodies read).
 
-    Returns ``(entries in created_at/id order, number of folders)``; seeded entries carry their
-    virtual path. Recorded legacy paths are claimed first, then the derived ones, each in
+    Returns ``(entries in created_at/id order, number of legacy folders, .keep paths)``; seeded
+    entries carry their virtual path; a legacy folder that ends up holding no document keeps a
+    ``.keep`` file so the folder tree survives (SPEC §1). Recorded legacy paths are claimed first, then the derived ones, each in
     ``created_at`` then id order; legacy folders are claimed before any file.
     """
     folders = {r["id"]: r for r in conn.execute(queries["legacy_folders"], {"workspace": legacy_workspace})}
@@ -280,7 +282,10 @@ def plan(conn: psycopg.Connection, legacy_workspace: int) -> tuple[list[SeedEntr
         _place(entry, names, parent, name)
     for entry, row in derived:
         _place(entry, names, chain(row["folder_id"]), safe_filename(row["title"]))
-    return entries, len(folders)
+    used = {tuple(e.path.split("/")[2:i]) for e in entries if e.path for i in range(3, e.path.count("/") + 1)}
+    keeps = sorted("/" + "/".join(("documents", *parts, ".keep")) for parts in folder_parts.values()
+                   if parts not in used)
+    return entries, len(folders), keeps
 
 
 def _place(entry: SeedEntry, names: _Namespace, parent: tuple[str, ...], name: str) -> None:
@@ -315,7 +320,7 @@ class Seeder:
         with legacy_connection(self.dsn) as legacy:
             meta = {r["key"]: r["value"] for r in legacy.execute(queries["legacy_meta"])}
             report.legacy_model = meta.get("embedding_model")
-            report.entries, report.folders = plan(legacy, self.legacy_workspace)
+            report.entries, report.folders, report.keeps = plan(legacy, self.legacy_workspace)
             if not report.entries:
                 raise LegacySourceError(
                     f"legacy workspace {self.legacy_workspace} has no documents at {report.source}"
@@ -336,7 +341,7 @@ class Seeder:
             if not self.store.exists():
                 self.store.create()
             with self._index_lock():
-                desired = self._write_blobs(legacy, seeded)
+                desired = self._write_blobs(legacy, seeded, report.keeps)
                 revision = self._commit(report, desired)
                 report.revision = revision.id if revision else None
                 report.head = self.store.head()
@@ -390,8 +395,9 @@ class Seeder:
         finally:
             conn.close()
 
-    def _write_blobs(self, legacy: psycopg.Connection, seeded: list[SeedEntry]) -> dict[str, str]:
-        """Stream the bodies into the object store; ``{virtual path: blob id}`` of the planned set."""
+    def _write_blobs(self, legacy: psycopg.Connection, seeded: list[SeedEntry], keeps: list[str]) -> dict[str, str]:
+        """Stream the bodies into the object store; ``{virtual path: blob id}`` of the planned set
+        (documents and the ``.keep`` files of folders left without documents)."""
         by_id = {e.legacy_id: e for e in seeded}
         repo = self.store.repository
         batch: list[tuple[SeedEntry, bytes]] = []
@@ -409,17 +415,30 @@ class Seeder:
                 if len(batch) >= BLOB_BATCH:
                     flush()
         flush()
-        return {e.path: e.content_id for e in seeded}
+        desired = {e.path: e.content_id for e in seeded}
+        if keeps:
+            desired.update(dict.fromkeys(keeps, repo.add_blobs([b""])[0]))
+        return desired
 
     def _commit(self, report: SeedReport, desired: dict[str, str]):
-        """One revision making ``documents/`` exactly ``desired``; None when it already is."""
+        """One revision making ``documents/`` exactly ``desired``; None when it already is. A legacy
+        document whose planned path changed since the last seed (a retitle) is moved, so its kb
+        document id and history follow it."""
         head = self.store.head()
         current = self.store.list_paths() if head else {}
+        with database.transaction(self.kb.database_url) as conn:
+            previous = {r["legacy_id"]: r["path"] for r in conn.execute(
+                queries["legacy_document_paths"], {"workspace_id": self.workspace_id})}
         message = (f"seed workspace {self.workspace_id} from legacy workspace {self.legacy_workspace}\n\n"
-                   f"Source: {report.source}\nDocuments: {len(desired)}, skipped: {len(report.skipped)}")
+                   f"Source: {report.source}\nDocuments: {len(report.seeded)}, skipped: {len(report.skipped)}")
         with self.store.transaction(message, MIGRATION_AUTHOR) as draft:
+            for entry in report.seeded:
+                old = previous.get(entry.legacy_id)
+                if old and old != entry.path and old in current and old not in desired and not draft.exists(entry.path):
+                    draft.move(old, entry.path)
             for path in sorted(set(current) - set(desired)):
-                draft.remove(path)
+                if draft.exists(path):
+                    draft.remove(path)
             for path, blob in desired.items():
                 if current.get(path) != blob:
                     draft.write_blob(path, blob, allow_keep=True)

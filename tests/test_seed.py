@@ -181,10 +181,27 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, obsidian
         original = conn.execute("SELECT source_markdown FROM legacy.documents WHERE id = %s", (doc_id,)).fetchone()[0]
         conn.execute("UPDATE legacy.documents SET source_markdown = source_markdown || 'edited\n' WHERE id = %s",
                      (doc_id,))
+        retitled = conn.execute("SELECT id, title FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
+                                "AND id <> %s AND document_type = 'NOTE' AND folder_id IS NOT NULL "
+                                "AND source_markdown <> '' ORDER BY id DESC LIMIT 1", (doc_id,)).fetchone()
+        conn.execute("UPDATE legacy.documents SET title = 'Retitled in legacy' WHERE id = %s", (retitled[0],))
+        empty_folder = conn.execute("INSERT INTO legacy.folders (workspace_id, name, created_at) "
+                                    "VALUES (3, 'Empty: folder', now()) RETURNING id").fetchone()[0]
+    before = {d["legacy_id"]: d for d in kb_documents(kb, 6).values()}
     try:
         changed = kb.seed(dsn, 3, 6, yes=True, flip=True)
         assert changed.revision and changed.revision != first.revision and changed.parity.ok and changed.flipped
         assert git(kb.store(6).path, "rev-list", "--count", "HEAD").strip() == "2"
+        after = {d["legacy_id"]: d for d in kb_documents(kb, 6).values()}
+        # the retitled document moved: same kb id, new path and title; history follows the move
+        assert after[retitled[0]]["id"] == before[retitled[0]]["id"]
+        assert after[retitled[0]]["path"].endswith("/Retitled in legacy.md")
+        assert after[retitled[0]]["title"] == "Retitled in legacy"
+        moved = [c for c in kb.list_changes(6, changed.revision) if c.change == "moved"]
+        assert [(c.old_path, c.path) for c in moved] == [(before[retitled[0]]["path"], after[retitled[0]]["path"])]
+        # the edited document changed in place and got its legacy chunks again; the empty folder kept
+        assert after[doc_id]["id"] == before[doc_id]["id"] and after[doc_id]["status"] == "indexed"
+        assert "/documents/Empty_ folder/.keep" in kb.list_paths(6) and changed.keeps == ["/documents/Empty_ folder/.keep"]
         assert kb.status(6)["workspace"]["migration"]["flipped"] is True
         with pytest.raises(SeedRefused, match="--force"):
             kb.seed(dsn, 3, 6, yes=True)
@@ -193,6 +210,8 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, obsidian
     finally:
         with psycopg.connect(dsn) as conn:
             conn.execute("UPDATE legacy.documents SET source_markdown = %s WHERE id = %s", (original, doc_id))
+            conn.execute("UPDATE legacy.documents SET title = %s WHERE id = %s", (retitled[1], retitled[0]))
+            conn.execute("DELETE FROM legacy.folders WHERE id = %s", (empty_folder,))
     assert embedder.texts == []
 
 

@@ -111,3 +111,6 @@ WHERE s.workspace_id = %(workspace_id)s;
 
 -- name: delete_chunks_of_documents
 DELETE FROM kb.chunks WHERE document_id = ANY(%(ids)s);
+
+-- name: legacy_document_paths
+SELECT legacy_id, path FROM kb.legacy_documents WHERE workspace_id = %(workspace_id)s;
