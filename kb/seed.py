@@ -27,7 +27,6 @@ index job meanwhile skips instead of embedding what is about to be adopted.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import re
 import time
@@ -485,35 +484,19 @@ class Seeder:
         with database.transaction(self.kb.database_url) as conn:
             if todo:
                 conn.execute(queries["delete_chunks_of_documents"], {"ids": [row["id"] for row in todo.values()]})
-            batch: list[dict] = []
-            for chunk in _stream(legacy, queries["legacy_chunks"], {"workspace": self.legacy_workspace}):
-                row = todo.get(chunk["document_id"])
-                if row is None:
-                    continue
-                with_chunks.add(row["id"])
-                text = chunk["content"]
-                batch.append({
-                    "document_id": row["id"], "workspace_id": self.workspace_id, "position": chunk["position"],
-                    "text": text, "text_sha256": "legacy:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                    "model": report.legacy_model, "embedding": chunk["embedding"],
-                    "fts_config": settings.fts_config, "title": row["title"],
-                })
-                if len(batch) >= CURSOR_ROWS:
-                    report.chunks_adopted += _insert(conn, batch)
-            report.chunks_adopted += _insert(conn, batch)
+            conn.execute(queries["create_adopt_staging"])
+            with conn.cursor().copy(queries["copy_adopt_staging"]) as copy:
+                for chunk in _stream(legacy, queries["legacy_chunks"], {"workspace": self.legacy_workspace}):
+                    row = todo.get(chunk["document_id"])
+                    if row is not None:
+                        with_chunks.add(row["id"])
+                        copy.write_row((row["id"], chunk["position"], chunk["content"], chunk["embedding"]))
+            report.chunks_adopted = conn.execute(queries["adopt_staged_chunks"], {
+                "model": report.legacy_model, "fts_config": settings.fts_config}).rowcount
             conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": self.store.head()})
             conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": self.store.head()})
         report.documents_adopted = len(with_chunks)
         report.documents_to_index = sum(1 for row in todo.values() if row["id"] not in with_chunks)
-
-
-def _insert(conn: psycopg.Connection, batch: list[dict]) -> int:
-    count = len(batch)
-    if batch:
-        with conn.cursor() as cur:
-            cur.executemany(queries["adopt_chunk"], batch)
-        batch.clear()
-    return count
 
 
 def set_authority(kb: "KnowledgeBase", workspace_id: int, *, flipped: bool) -> bool:

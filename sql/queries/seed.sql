@@ -86,15 +86,25 @@ WHERE (kb.legacy_documents.document_id, kb.legacy_documents.path)
 DELETE FROM kb.legacy_documents
 WHERE workspace_id = %(workspace_id)s AND NOT (legacy_id = ANY(%(legacy_ids)s));
 
--- name: adopt_chunk
--- A legacy chunk row: its vector kept, no spans yet (the span fill converges them, SPEC §9). The
--- text the legacy model embedded is unknown, so text_sha256 carries a "legacy:" prefix: it never
--- equals an embedding-cache key and the reconciler never reuses the row for kb's own chunks.
+-- name: create_adopt_staging
+-- Legacy chunk rows are COPYed here first (one round trip per many rows), then inserted at once.
+CREATE TEMP TABLE kb_adopt_staging (document_id bigint, position integer, text text, embedding text)
+ON COMMIT DROP;
+
+-- name: copy_adopt_staging
+COPY kb_adopt_staging (document_id, position, text, embedding) FROM STDIN;
+
+-- name: adopt_staged_chunks
+-- Legacy chunk rows: their vectors kept, no spans yet (the span fill converges them, SPEC §9),
+-- tsvectors computed as the indexer does. The text the legacy model embedded is unknown, so
+-- text_sha256 carries a "legacy:" prefix: it never equals an embedding-cache key and the indexer's
+-- reconciler never reuses the row for kb's own chunks (SPEC §7: never warm the cache from them).
 INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
                        start_line, end_line, token_count, embedding_model, embedding, tsv)
-VALUES (%(document_id)s, %(workspace_id)s, %(position)s, %(text)s, %(text_sha256)s, NULL, NULL,
-        NULL, NULL, NULL, %(model)s, %(embedding)s::vector,
-        to_tsvector(%(fts_config)s::regconfig, %(title)s || ' ' || %(text)s));
+SELECT s.document_id, d.workspace_id, s.position, s.text,
+       'legacy:' || encode(sha256(convert_to(s.text, 'UTF8')), 'hex'), NULL, NULL, NULL, NULL, NULL,
+       %(model)s, s.embedding::vector, to_tsvector(%(fts_config)s::regconfig, d.title || ' ' || s.text)
+FROM kb_adopt_staging s JOIN kb.documents d ON d.id = s.document_id;
 
 -- name: mark_documents_adopted
 UPDATE kb.documents
