@@ -1,8 +1,8 @@
 """Procrastinate jobs (SPEC §6, §7): the app, kb's tasks, the periodic tasks, and the worker.
 
 Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``),
-``maintenance`` (the periodic tasks) and ``span_fill`` (``kb.span_fill``, issue 11). Workspace jobs take only a workspace id and converge to
-HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
+``maintenance`` (the periodic tasks) and ``span_fill`` (``kb.span_fill``, issue 11). Workspace jobs
+take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
 them (``lock="ws:{ws}"``) is always safe. Jobs are deferred by the store inside the revision's own
 Postgres transaction (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are
 for callers outside one. After a run that leaves documents ``failed``, a delayed retry is deferred
@@ -180,8 +180,14 @@ DRIFT_CRON = Settings().drift_cron
 @app.task(name="kb.span_fill", queue="span_fill", queueing_lock="span-fill", lock="span-fill")
 def span_fill(timestamp: int) -> dict:
     """Fill spans of adopted legacy chunks in flipped workspaces, most used first, in batches,
-    until the backlog is empty or a DBA pauses it (``kb.span_fill_control``, SPEC §9)."""
-    return _kb().span_fill().run().as_dict()
+    until the backlog is empty or a DBA pauses it (``kb.span_fill_control``, SPEC §9). One job runs
+    at most ``KB_SPAN_FILL_JOB_SECONDS`` and then queues its continuation, so index jobs on the same
+    worker are never held up for long."""
+    fill = _kb().span_fill()
+    report = fill.run(max_seconds=_kb().settings.span_fill_job_seconds)
+    if report.yielded:
+        fill.defer()
+    return report.as_dict()
 
 
 @app.periodic(cron=DRIFT_CRON, periodic_id="drift-check")

@@ -43,6 +43,7 @@ from kb.locks import INDEX_LOCK_NAMESPACE
 from kb.paths import NameRegistry, blob_id, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
 from kb.projection import PATH_KEYED_TYPES
 from kb.sql import queries
+from kb.store import INDEX_TASK, defer_job
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -119,22 +120,27 @@ class SeedReport:
 
     @property
     def seeded(self) -> list[SeedEntry]:
+        """Entries written to the workspace (in created_at, id order)."""
         return [e for e in self.entries if e.outcome == "seeded"]
 
     @property
     def skipped(self) -> list[SeedEntry]:
+        """Entries skipped (``reason``: blank or pending)."""
         return [e for e in self.entries if e.outcome == "skipped"]
 
     @property
     def collisions(self) -> list[SeedEntry]:
+        """Entries whose name a collision suffixed (`` (2)``, …)."""
         return [e for e in self.entries if e.renamed]
 
     @property
     def bytes(self) -> int:
+        """Bytes of the seeded bodies (UTF-8)."""
         return sum(e.bytes for e in self.seeded)
 
     @property
     def models_match(self) -> bool:
+        """True when the legacy model is the active one: vectors are adopted, nothing embedded."""
         return self.legacy_model is not None and self.legacy_model == self.active_model
 
     def summary(self) -> dict:
@@ -347,9 +353,12 @@ class Seeder:
                 report.parity = self.check_parity(desired, report.head)
                 self.progress(f"parity: {'ok' if report.parity.ok else 'FAILED'} over {report.parity.checked} paths")
                 self.kb.project(self.workspace_id)
-                ids = self._adopt_identity(seeded)
+                rows = self._adopt_identity(seeded)
                 if report.models_match:
-                    self._adopt_chunks(legacy, report, ids)
+                    self._adopt_chunks(legacy, report, rows)
+                else:  # the index job embeds them with the active model, through the cache
+                    report.documents_to_index = sum(
+                        1 for row in rows.values() if row["indexed_content_id"] != row["content_id"])
             with database.transaction(self.kb.database_url) as conn:
                 conn.execute(queries["record_seed"], {
                     "workspace_id": self.workspace_id, "source": report.source,
@@ -357,8 +366,6 @@ class Seeder:
                     "seed_revision": report.head, "documents": len(seeded), "parity_ok": report.parity.ok,
                 })
                 if report.documents_to_index:
-                    from kb.store import INDEX_TASK, defer_job
-
                     defer_job(conn, "index", INDEX_TASK, self.workspace_id)
         if flip:
             if not report.parity.ok:

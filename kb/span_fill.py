@@ -85,12 +85,14 @@ class SpanFillReport:
     chunks_filled: int = 0
     batches: int = 0
     paused: bool = False
+    yielded: bool = False
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {"workspaces": self.workspaces, "documents_filled": self.documents_filled,
                 "documents_stale": self.documents_stale, "chunks_filled": self.chunks_filled,
-                "batches": self.batches, "paused": self.paused, "seconds": round(self.seconds, 3)}
+                "batches": self.batches, "paused": self.paused, "yielded": self.yielded,
+                "seconds": round(self.seconds, 3)}
 
 
 class SpanFill:
@@ -126,10 +128,13 @@ class SpanFill:
         return row["id"] if row else None
 
     def run(self, workspace_id: int | None = None, *, max_batches: int | None = None,
+            max_seconds: float | None = None,
             progress: Callable[[SpanFillReport], None] | None = None) -> SpanFillReport:
-        """Fill spans of flipped workspaces (or one) until the backlog is empty, a pause, or
-        ``max_batches`` batches. Returns the counts; ``paused`` says it stopped for a pause."""
+        """Fill spans of flipped workspaces (or one) until the backlog is empty, a pause, or a
+        budget (``max_batches`` batches, ``max_seconds`` seconds) is spent. Returns the counts;
+        ``paused`` says it stopped for a pause, ``yielded`` that a budget ran out with work left."""
         started = time.perf_counter()
+        self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
         report = SpanFillReport()
         with database.connect(self.kb.database_url, autocommit=True) as conn:
             workspaces = [r["workspace_id"] for r in conn.execute(
@@ -154,8 +159,9 @@ class SpanFill:
             if control["paused"]:
                 report.paused, status, go_on = True, "paused", False
                 break
-            if max_batches is not None and report.batches >= max_batches:
-                status, go_on = "paused", False
+            if (max_batches is not None and report.batches >= max_batches) or (
+                    self._deadline is not None and time.monotonic() >= self._deadline):
+                report.yielded, status, go_on = True, "yielded", False
                 break
             batch = conn.execute(queries["span_fill_batch"], {
                 "workspace_id": ws, "after_id": after, "limit": control["batch_documents"]}).fetchall()

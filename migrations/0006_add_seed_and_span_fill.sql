@@ -56,7 +56,7 @@ CREATE TABLE kb.span_fill_skips (
 CREATE TABLE kb.span_fill_runs (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
-    status text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'finished', 'paused', 'interrupted')),
+    status text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'finished', 'paused', 'yielded', 'interrupted')),
     documents_filled integer NOT NULL DEFAULT 0,
     documents_stale integer NOT NULL DEFAULT 0,
     chunks_filled bigint NOT NULL DEFAULT 0,

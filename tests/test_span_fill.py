@@ -156,6 +156,9 @@ def test_pause_with_psql_stops_within_one_batch_and_resume_finishes(seeded):
     assert fill.run().batches == 0  # still paused: nothing runs
 
     psql(kb.database_url, "UPDATE kb.span_fill_control SET paused = false, batch_documents = 50, throttle_ms = 0")
+    partial = fill.run(max_batches=1)  # a budget spent with work left: the job queues its continuation
+    assert partial.yielded and partial.batches == 1 and not partial.paused
+    assert fill.status(5)["backlog"][0]["last_run_status"] == "yielded"
     finished = fill.run()
     assert not finished.paused and finished.documents_filled > 0
     assert fill.status(5)["backlog"][0]["last_run_status"] == "finished"
