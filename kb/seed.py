@@ -320,6 +320,11 @@ class Seeder:
                 f"{seed_row['flipped_at']:%Y-%m-%d %H:%M}; re-seeding would revert edits made in kb. "
                 "Pass --force to seed anyway, or --unflip first"
             )
+        if yes and seed_row is None and not force and self.store.exists() and self.store.head() is not None:
+            raise SeedRefused(
+                f"workspace {self.workspace_id} already has documents that no seed wrote; seeding makes its "
+                "tree exactly the legacy documents and would remove them. Seed into a new workspace, or pass --force"
+            )
         if flip and not yes:
             raise SeedRefused("--flip needs --yes: authority moves only after a seed whose byte parity passed")
         with legacy_connection(self.dsn) as legacy:

@@ -238,3 +238,10 @@ def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, obsidian_legacy, 
         kb.seed(kb.database_url, 3, 7)
     with pytest.raises(SeedRefused, match="never seeded"):
         kb.set_authority(7, flipped=True)
+    kb.create_workspace(7)
+    with kb.transaction(7, "a note written in kb", "alice") as tx:
+        tx.write("/documents/mine.md", b"mine\n")
+    with pytest.raises(SeedRefused, match="no seed wrote"):
+        kb.seed(dsn, 3, 7, yes=True)
+    assert kb.list_paths(7) == {"/documents/mine.md": kb.list_paths(7)["/documents/mine.md"]}
+    assert kb.seed(dsn, 3, 7).dry_run  # a dry run is always allowed
