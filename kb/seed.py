@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
 
 MIGRATION_AUTHOR = "kb-migration"
-BLOB_BATCH = 500
-"""Bodies written to the object store per batch (memory holds at most this many bodies)."""
+BLOB_BATCH_BYTES = 8 * 2**20
+"""Bodies are written to the object store in batches of about this many bytes (one pack each):
+memory holds at most one batch of bodies, and few packs keep later blob reads fast."""
 CURSOR_ROWS = 1000
 _LEGACY_NAME = re.compile(r"^(?P<stem>.*?)(?: \((?P<id>\d+)\))?\.(?P<ext>xml|md)$", re.IGNORECASE)
 
@@ -412,6 +413,7 @@ class Seeder:
         by_id = {e.legacy_id: e for e in seeded}
         repo = self.store.repository
         batch: list[tuple[SeedEntry, bytes]] = []
+        size = 0
 
         def flush() -> None:
             for (entry, data), blob in zip(batch, repo.add_blobs(data for _, data in batch)):
@@ -423,8 +425,10 @@ class Seeder:
             entry = by_id.get(row["id"])
             if entry is not None:
                 batch.append((entry, row["body"].encode("utf-8")))
-                if len(batch) >= BLOB_BATCH:
+                size += len(batch[-1][1])
+                if size >= BLOB_BATCH_BYTES:
                     flush()
+                    size = 0
         flush()
         desired = {e.path: e.content_id for e in seeded}
         if keeps:

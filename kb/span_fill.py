@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from psycopg.rows import tuple_row
+
 from kb import database
 from kb.chunking import line_of, line_starts
 from kb.errors import DocumentNotFound
@@ -177,9 +179,11 @@ class SpanFill:
         return go_on
 
     def _fill_batch(self, conn, ws: int, repo, batch: list[dict], run_id: int, report: SpanFillReport) -> None:
-        chunks: dict[int, list[dict]] = {}
-        for row in conn.execute(queries["span_fill_chunks"], {"document_ids": [d["id"] for d in batch]}):
-            chunks.setdefault(row["document_id"], []).append(row)
+        chunks: dict[int, list[tuple]] = {}  # document id -> [(chunk id, text, start_line)] in order
+        with conn.cursor(row_factory=tuple_row) as cur:
+            for chunk_id, document_id, _, text, start_line in cur.execute(
+                    queries["span_fill_chunks"], {"document_ids": [d["id"] for d in batch]}):
+                chunks.setdefault(document_id, []).append((chunk_id, text, start_line))
         columns: dict[str, list] = {k: [] for k in ("ids", "start_chars", "end_chars", "start_lines",
                                                      "end_lines", "content_ids")}
         stale: list[dict] = []
@@ -189,7 +193,7 @@ class SpanFill:
             reason = None
             try:
                 text = repo.blob(document["content_id"]).decode("utf-8")
-                spans = align_chunks(text, [r["text"] for r in rows])
+                spans = align_chunks(text, [r[1] for r in rows])
                 if spans is None:
                     reason = "chunk texts no longer match the document in order"
             except (UnicodeDecodeError, DocumentNotFound) as exc:
@@ -199,10 +203,10 @@ class SpanFill:
                               "content_id": document["content_id"], "reason": reason})
                 continue
             filled += 1
-            for row, span in zip(rows, spans):
-                if row["start_line"] is not None:
+            for (chunk_id, _, start_line), span in zip(rows, spans):
+                if start_line is not None:
                     continue
-                columns["ids"].append(row["id"])
+                columns["ids"].append(chunk_id)
                 columns["start_chars"].append(span.start_char)
                 columns["end_chars"].append(span.end_char)
                 columns["start_lines"].append(span.start_line)
