@@ -178,6 +178,8 @@ def legacy_connection(dsn: str) -> Iterator[psycopg.Connection]:
         raise LegacySourceError(f"cannot connect to the legacy database {database.redact(dsn)}: {reason}") from None
     try:
         conn.read_only = True
+        database.configure_connection(conn)  # kb's session settings, whatever the role's defaults
+        conn.commit()
         if not conn.execute(queries["legacy_schema_present"]).fetchone()["present"]:
             raise LegacySourceError(
                 f"{database.redact(dsn)} has no legacy.documents table; point --from-dsn at the legacy database"
