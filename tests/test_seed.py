@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import psycopg
 import pytest
 from conftest import git, run_cli
@@ -162,6 +163,13 @@ def test_seed_quirks_parity_identity_and_zero_embedding(legacy_kb, any_legacy):
                               "min(embedding_model) AS model FROM kb.chunks WHERE workspace_id = 5").fetchone()
         assert chunks["n"] == report.chunks_adopted > 0 and chunks["spanned"] == chunks["chars"] == 0
         assert chunks["model"] == "legacy-hash-384"
+        # the adopted vectors are the legacy model's: the registered embedder reproduces them, so
+        # a query embedded by it lives in the same space (computed here on a copy, not counted)
+        sample = conn.execute("SELECT text, embedding::text AS e FROM kb.chunks WHERE workspace_id = 5 "
+                              "ORDER BY id LIMIT 3").fetchall()
+        for row in sample:
+            stored = np.array(json.loads(row["e"]), dtype=np.float32)
+            assert np.allclose(LegacyHashEmbedder()._vector(row["text"]), stored, atol=2e-6)
         assert conn.execute("SELECT count(*) AS n FROM kb.embedding_cache").fetchone()["n"] == 0
         workspace = conn.execute(queries["get_workspace"], {"workspace_id": 5}).fetchone()
         assert workspace["last_indexed_revision"] == report.revision
