@@ -145,6 +145,7 @@ def main() -> int:
                   f"({fill.documents_filled} filled, {fill.documents_stale} stale), reference alignment {ref_s[-1]:.2f} s",
                   flush=True)
         ms, mi, mf, mr = (statistics.median(x) for x in (seed_s, import_s, fill_s, ref_s))
+        print(f"seed phases of the last round (s): {report.summary()['phases']}")
         print(f"\nseed:      {seeded} documents in {ms:.2f} s = {seeded / ms:,.0f} documents/s (median of {a.rounds})")
         print(f"import+projection: {imported} documents in {mi:.2f} s = {imported / mi:,.0f} documents/s (reference)")
         print(f"ratio seed/import throughput: {(seeded / ms) / (imported / mi):.2f}")

@@ -118,6 +118,8 @@ class SeedReport:
     documents_to_index: int = 0
     chunks_to_reembed: int = 0
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per step: plan, blobs, commit, parity, projection, identity, chunks."""
 
     @property
     def seeded(self) -> list[SeedEntry]:
@@ -156,7 +158,7 @@ class SeedReport:
             "flipped": self.flipped, "unflipped": self.unflipped,
             "documents_adopted": self.documents_adopted, "chunks_adopted": self.chunks_adopted,
             "documents_to_index": self.documents_to_index, "chunks_to_reembed": self.chunks_to_reembed,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
 
     def write_jsonl(self, path) -> None:
@@ -333,7 +335,8 @@ class Seeder:
         with legacy_connection(self.dsn) as legacy:
             meta = {r["key"]: r["value"] for r in legacy.execute(queries["legacy_meta"])}
             report.legacy_model = meta.get("embedding_model")
-            report.entries, report.folders, report.keeps = plan(legacy, self.legacy_workspace)
+            with _phase(report, "plan"):
+                report.entries, report.folders, report.keeps = plan(legacy, self.legacy_workspace)
             if not report.entries:
                 raise LegacySourceError(
                     f"legacy workspace {self.legacy_workspace} has no documents at {report.source}"
@@ -354,19 +357,7 @@ class Seeder:
             if not self.store.exists():
                 self.store.create()
             with self._index_lock():
-                desired = self._write_blobs(legacy, seeded, report.keeps)
-                revision = self._commit(report, desired)
-                report.revision = revision.id if revision else None
-                report.head = self.store.head()
-                report.parity = self.check_parity(desired, report.head)
-                self.progress(f"parity: {'ok' if report.parity.ok else 'FAILED'} over {report.parity.checked} paths")
-                self.kb.project(self.workspace_id)
-                rows = self._adopt_identity(seeded)
-                if report.models_match:
-                    self._adopt_chunks(legacy, report, rows)
-                else:  # the index job embeds them with the active model, through the cache
-                    report.documents_to_index = sum(
-                        1 for row in rows.values() if row["indexed_content_id"] != row["content_id"])
+                self._write_and_adopt(legacy, report)
             with database.transaction(self.kb.database_url) as conn:
                 conn.execute(queries["record_seed"], {
                     "workspace_id": self.workspace_id, "source": report.source,
@@ -384,6 +375,29 @@ class Seeder:
             report.flipped = set_authority(self.kb, self.workspace_id, flipped=True)
         report.seconds = time.perf_counter() - started
         return report
+
+    def _write_and_adopt(self, legacy: psycopg.Connection, report: SeedReport) -> None:
+        """Under the index lock: blobs, the revision, parity, projection, identity, chunks."""
+        seeded = report.seeded
+        with _phase(report, "blobs"):
+            desired = self._write_blobs(legacy, seeded, report.keeps)
+        with _phase(report, "commit"):
+            revision = self._commit(report, desired)
+        report.revision = revision.id if revision else None
+        report.head = self.store.head()
+        with _phase(report, "parity"):
+            report.parity = self.check_parity(desired, report.head)
+        self.progress(f"parity: {'ok' if report.parity.ok else 'FAILED'} over {report.parity.checked} paths")
+        with _phase(report, "projection"):
+            self.kb.project(self.workspace_id)
+        with _phase(report, "identity"):
+            rows = self._adopt_identity(seeded)
+        if report.models_match:
+            with _phase(report, "chunks"):
+                self._adopt_chunks(legacy, report, rows)
+        else:  # the index job embeds them with the active model, through the cache
+            report.documents_to_index = sum(
+                1 for row in rows.values() if row["indexed_content_id"] != row["content_id"])
 
     def _seed_row(self) -> dict | None:
         with database.transaction(self.kb.database_url) as conn:
@@ -515,6 +529,15 @@ class Seeder:
             conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": self.store.head()})
         report.documents_adopted = len(with_chunks)
         report.documents_to_index = sum(1 for row in todo.values() if row["id"] not in with_chunks)
+
+
+@contextlib.contextmanager
+def _phase(report: SeedReport, name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - started
 
 
 def set_authority(kb: "KnowledgeBase", workspace_id: int, *, flipped: bool) -> bool:
