@@ -263,6 +263,16 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"chunks:     {ws['chunks']}")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
+        migration = ws.get("migration")  # issue 11: seeded from a legacy knowledge base
+        if migration:
+            click.echo(f"authority:  {'kb (flipped ' + str(migration['flipped_at']) + ')' if migration['flipped'] else 'legacy (not flipped)'}"
+                       f"; seeded {migration['seeded_at']} from legacy workspace {migration['legacy_workspace']}, "
+                       f"parity {'ok' if migration['parity_ok'] else 'FAILED'}")
+            click.echo(f"spans:      {migration['chunks_without_spans'] or 0} chunks without spans, "
+                       f"{migration['documents_stale'] or 0} documents stale")
+        for finding in ws.get("drift", []):
+            click.echo(f"drift:      {finding['kind']}: {finding['findings']} ({finding['repaired']} repaired) "
+                       f"at {finding['checked_at']}")
     for lag in info.get("index_lag", []):
         click.echo(f"index lag:  workspace {lag['workspace_id']}: {lag['revisions_behind']} revisions behind, "
                    f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined")
@@ -463,6 +473,11 @@ main.add_command(_move_command)
 from kb.cli_cite import cite  # noqa: E402  (issue 10: kb cite …)
 
 main.add_command(cite)
+from kb.cli_seed import drift, seed, spans  # noqa: E402  (issue 11: legacy seed, span fill, drift)
+
+main.add_command(seed)
+main.add_command(spans)
+main.add_command(drift)
 
 if __name__ == "__main__":
     main()

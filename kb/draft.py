@@ -249,6 +249,15 @@ class Draft:
         origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, data, origin)
 
+    def write_blob(self, path: str | StorePath, blob: str, *, allow_keep: bool = False) -> None:
+        """Like :meth:`write`, for bytes already stored as the blob ``blob`` (40 hex chars, from
+        ``Repository.add_blobs``): a writer of many documents (the legacy seed, SPEC §10) streams
+        them into the object store and keeps only ids in memory. Raises as :meth:`write`."""
+        repo_path = repo_path_of(path, allow_keep=allow_keep)
+        self._check_placeable(repo_path, str(path))
+        origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
+        self._set(repo_path, BlobRef(blob), origin)
+
     def remove(self, path: str | StorePath) -> None:
         """Remove the document, or every document of the folder, at ``path``.
 

@@ -164,3 +164,11 @@ class UnknownHandle(KbError):
 
 class InvalidChat(KbError):
     """A chat id is empty, too long, or holds characters a chat id cannot hold."""
+# -- seeding from legacy rows (issue 11, SPEC §10) ---------------------------------------------
+class LegacySourceError(KbError):
+    """The legacy database cannot be read: unreachable, no ``legacy`` schema, or no such workspace."""
+
+
+class SeedRefused(KbError):
+    """A seed step was refused: re-seeding a flipped workspace without ``--force``, or ``--flip``
+    without byte parity in the same run."""

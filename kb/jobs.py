@@ -1,8 +1,8 @@
 """Procrastinate jobs (SPEC §6, §7): the app, kb's tasks, the periodic tasks, and the worker.
 
-Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``)
-and ``maintenance`` (the periodic tasks). Workspace jobs take only a workspace id and converge to
-HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
+Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``),
+``maintenance`` (the periodic tasks) and ``span_fill`` (``kb.span_fill``, issue 11). Workspace jobs
+take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
 them (``lock="ws:{ws}"``) is always safe. Jobs are deferred by the store inside the revision's own
 Postgres transaction (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are
 for callers outside one. After a run that leaves documents ``failed``, a delayed retry is deferred
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
 
 REINDEX_TASK = "kb.reindex"
-QUEUES = ["projection", "index", "maintenance"]
+QUEUES = ["projection", "index", "maintenance", "span_fill"]
 SWEEP_CRON = STALLED_CRON = Settings().maintenance_cron  # read once, when the tasks are declared
 CLEANUP_CRON = "17 * * * *"
 
@@ -195,6 +195,31 @@ def expire_citations(timestamp: int) -> dict:
     """Hourly: delete chats whose citation handles went unused for ``KB_CITATION_TTL`` seconds
     (SPEC §8, issue 10)."""
     return {"chats_expired": _kb().expire_citations()}
+# -- issue 11: span fill and drift check (SPEC §9, §10) -------------------------------------
+SPAN_FILL_CRON = Settings().span_fill_cron
+DRIFT_CRON = Settings().drift_cron
+
+
+@app.periodic(cron=SPAN_FILL_CRON, periodic_id="span-fill")
+@app.task(name="kb.span_fill", queue="span_fill", queueing_lock="span-fill", lock="span-fill")
+def span_fill(timestamp: int) -> dict:
+    """Fill spans of adopted legacy chunks in flipped workspaces, most used first, in batches,
+    until the backlog is empty or a DBA pauses it (``kb.span_fill_control``, SPEC §9). One job runs
+    at most ``KB_SPAN_FILL_JOB_SECONDS`` and then queues its continuation, so index jobs on the same
+    worker are never held up for long."""
+    fill = _kb().span_fill()
+    report = fill.run(max_seconds=_kb().settings.span_fill_job_seconds)
+    if report.yielded:
+        fill.defer()
+    return report.as_dict()
+
+
+@app.periodic(cron=DRIFT_CRON, periodic_id="drift-check")
+@app.task(name="kb.drift_check", queue="maintenance", queueing_lock="drift-check", lock="drift-check")
+def drift_check(timestamp: int) -> list[dict]:
+    """Compare git HEAD with document/chunk rows of flipped workspaces; repair Postgres only,
+    capped per run (``KB_DRIFT_MAX_REPAIRS``)."""
+    return [report.as_dict() for report in _kb().drift_check()]
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:

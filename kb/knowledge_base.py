@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
     from kb.turns import CommitResult, Turn
     from kb.worktree import JanitorReport
+    from kb.drift import DriftReport
+    from kb.seed import SeedReport
+    from kb.span_fill import SpanFill
 
 
 def default_author() -> str:
@@ -255,6 +258,12 @@ class KnowledgeBase:
                         queries["quarantined_documents"], {"workspace_id": workspace_id}
                     ).fetchall(),
                 }
+                from kb.seed import migration_status  # issue 11: authority, span backlog, drift
+
+                result["workspace"]["migration"] = migration_status(conn, workspace_id)
+                from kb.drift import drift_report
+
+                result["workspace"]["drift"] = drift_report(conn, workspace_id)
             result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
             result["job_health"] = conn.execute(queries["job_health"]).fetchall()
         return result
@@ -401,3 +410,42 @@ class KnowledgeBase:
             turn.abort()
             raise
         return turn.commit(message or f"Edit {target.virtual}")
+
+    # -- issue 11: seeding from legacy rows, span fill, drift check (SPEC §9, §10) ----------
+    def seed(
+        self, dsn: str, legacy_workspace: int, workspace_id: int, *, yes: bool = False, flip: bool = False,
+        force: bool = False, progress: Callable[[str], None] | None = None,
+    ) -> "SeedReport":
+        """Seed ``workspace_id`` from legacy workspace ``legacy_workspace`` of the legacy database
+        at ``dsn`` (``kb seed``, SPEC §10). Dry run unless ``yes``: plans paths and reports
+        documents, skipped rows, collisions and bytes. With ``yes``: one seed revision, byte parity
+        check, identity and (same model) chunk adoption without embedding; ``flip`` then makes kb
+        the authority. Raises LegacySourceError, SeedRefused (flipped without ``force``; ``flip``
+        without parity), LockTimeout.
+        """
+        from kb.seed import Seeder
+
+        check_workspace_id(workspace_id)
+        active = self.embedder.model
+        return Seeder(self, dsn, legacy_workspace, workspace_id, progress).run(
+            yes=yes, flip=flip, force=force, active_model=active)
+
+    def set_authority(self, workspace_id: int, *, flipped: bool) -> bool:
+        """``--flip`` / ``--unflip`` of a seeded workspace (SPEC §10); True when it changed.
+        Raises SeedRefused when the workspace was never seeded or (flip) parity did not pass."""
+        from kb.seed import set_authority
+
+        return set_authority(self, check_workspace_id(workspace_id), flipped=flipped)
+
+    def span_fill(self) -> "SpanFill":
+        """The span fill (SPEC §9): ``status()``, ``pause()``, ``resume()``, ``run()``."""
+        from kb.span_fill import SpanFill
+
+        return SpanFill(self)
+
+    def drift_check(self, workspace_id: int | None = None) -> "list[DriftReport]":
+        """Compare git HEAD with document and chunk rows of flipped workspaces (or one workspace)
+        and repair the Postgres side, capped per run (SPEC §10 after the flip)."""
+        from kb.drift import drift_check
+
+        return drift_check(self, workspace_id)

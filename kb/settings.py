@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         description="Seconds a chat's citation handles live after its last use (search, read, normalize, resolve).",
         gt=0,
     )
+    # issue 11: span fill and drift check (SPEC §9, §10); batch size, throttle and pause live in
+    # the kb.span_fill_control row so a DBA can change them with psql while a fill runs.
+    span_fill_cron: str = Field(default="23 3 * * *", description="Cron of the span fill (daily by default).")
+    span_fill_job_seconds: float = Field(
+        default=60.0, description="Seconds one span-fill job runs before it queues its continuation.")
+    drift_cron: str = Field(default="*/30 * * * *", description="Cron of the drift check of flipped workspaces.")
+    drift_max_repairs: int = Field(default=100, description="Drift findings repaired per workspace per run.")
 
     @field_validator("storage_root")
     @classmethod
