@@ -5,10 +5,13 @@ Pairs (query → the one relevant document) are built from the shared corpus its
 written by hand.
 
 - English, tldr pages: the query is a page's description (its first ``>`` line that is not "More
-  information", "See also" or an alias note) with the command's name removed, e.g. ``tar`` →
-  "Archiving utility." minus "tar". A description is what a user who does not remember the command
-  would type; removing the name stops a query from naming its answer. The relevant document is the
-  page. The retrieval corpus is a seeded sample of ``--tldr-pages`` pages (queries from them).
+  information", "See also" or an alias note) with the command's name removed, e.g. ``gh org`` →
+  "Work with GitHub organizations" minus "gh". A description is what a user who does not remember
+  the command would type; removing the name stops a query from naming its answer. The relevant
+  document is the page, indexed without its ``>`` description block (held out): with it, every
+  system finds the page by exact match (BM25 recall@5 was 0.99 on 1,000 pages), which measures
+  nothing; without it, the page must be found from its title, examples and their explanations.
+  The retrieval corpus is a seeded sample of ``--tldr-pages`` pages (queries from them).
 - German, Russian, Arabic, Japanese, Traditional Chinese, the obsidian-help vaults: the query is
   the sentence around a wikilink ``[[Target|text]]`` with every wikilink removed from it, and the
   relevant document is the link's target (a page of the same vault, not the page itself; links to
@@ -68,6 +71,8 @@ VAULTS = {"de": "de", "ru": "ru", "ar": "ar", "ja": "ja", "zh-TW": "zh-TW"}
 STEMMERS = {"en": "english", "de": "german", "ru": "russian", "ar": "arabic"}
 STOPWORDS = {"en": "en", "de": "de", "ru": "ru", "zh-TW": "zh"}
 SEED = 12
+WORKSPACES = {"en": 11, "de": 2, "ru": 3, "ar": 4, "ja": 5, "zh-TW": 6}
+"""Workspace of each language's corpus in the eval database (11: tldr with descriptions held out)."""
 
 _LINK = re.compile(r"(!?)\[\[([^\]|#]*)(#[^\]|]*)?(?:\|([^\]]*))?\]\]")
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s*")
@@ -175,8 +180,10 @@ def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict
         pages = sorted((CORPUS / "tldr" / "pages").rglob("*.md"))
         pages = [p for p in pages if not p.name.startswith(".")]
         chosen = sorted(rng.sample(pages, min(args.tldr_pages, len(pages))))
-        documents = {str(p.relative_to(CORPUS / "tldr" / "pages")): p.read_text(encoding="utf-8") for p in chosen}
-        pairs = [(q, None, path) for path, text in documents.items() if (q := tldr_query(text))]
+        originals = {str(p.relative_to(CORPUS / "tldr" / "pages")): p.read_text(encoding="utf-8") for p in chosen}
+        pairs = [(q, None, path) for path, text in originals.items() if (q := tldr_query(text))]
+        documents = {path: "\n".join(line for line in text.split("\n") if not line.startswith("> "))
+                     for path, text in originals.items()}
         exclude_sources = False
     else:
         vault = CORPUS / "obsidian-help" / VAULTS[language]
@@ -238,7 +245,7 @@ def main() -> None:
     result: dict = {"model": embedder.model, "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
                                                           "text_weight": TEXT_WEIGHT}, "languages": {}}
     grid = [(wv, wt, rk) for wv in (1.0,) for wt in (0.5, 0.75, 1.0, 1.5, 2.0) for rk in (10, 30, 60)]
-    for ws, language in enumerate(["en", "de", "ru", "ar", "ja", "zh-TW"], start=1):
+    for language, ws in WORKSPACES.items():
         if language not in args.languages:
             continue
         pairs, documents, exclude_sources = prepare(kb, ws, language, args)

@@ -49,8 +49,12 @@ BM25_B = 0.75
 TERM_WEIGHTS = (0.1, 0.1, 0.1, 0.2)
 """ts_rank weights {D, C, B, A}: body text is D, the context line (title, headings) A; 0.1 counts
 one occurrence as a term frequency of 1, so A = 0.2 counts a title word twice."""
-SELECTIVE_CHUNKS = 1000
-SELECTIVE_SHARE = 0.02
+SELECTIVE_CHUNKS = 200
+SELECTIVE_SHARE = 0.005
+"""A query term held by at most max(SELECTIVE_CHUNKS, SELECTIVE_SHARE × chunks) chunks selects the
+lexical leg's candidates (with the rarest term and the chunks holding every term); commoner terms
+only add to the scores. Measured on bin/bench_search.py's 10,000-chunk workspace: 1,000 / 2 %
+scored a median of 529 candidates in 26 ms, 200 / 0.5 % scored 169 in 2.2 ms."""
 
 
 @dataclass
@@ -139,6 +143,8 @@ def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, vector_
     template = sql.SQL(queries["search_candidates"].rstrip().rstrip(";"))
     lexical = sql.SQL(queries["lexical_leg"].rstrip().rstrip(";"))
     statement, approximate = _vector_statement(conn, workspace_id, model)
+    # the settings (local to the transaction the connection is in) and the statement go out
+    # together and come back in one round trip
     with conn.pipeline():
         if approximate:
             vector_index.scan_settings(conn, limit)

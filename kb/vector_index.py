@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 
 HNSW_MIN_CHUNKS = 5000
 """Chunks of one model in a workspace from which an HNSW index is built."""
-HNSW_EF_SEARCH = 200
-"""Candidates an HNSW scan keeps (≥ the leg limit; pgvector's iterative scan extends it)."""
+HNSW_EF_SEARCH = 100
+"""Candidates an HNSW scan keeps (at least the leg limit; pgvector's iterative scan extends it).
+Measured on the 10,000-chunk workspace of bin/bench_search.py, limit 100: ef 40 → 4.1 ms, recall@10
+0.992; ef 100 → 3.1 ms, 0.998; ef 200 → 8.5 ms, 1.000."""
 MIN_PGVECTOR = (0, 8)
 
 
