@@ -10,7 +10,8 @@ Legs, all with the same embedder and the same ``torch.set_num_threads``:
    Ratio = kb's embedded-chunks/s ÷ raw chunks/s (goal ≥ 0.8).
 3. warm reindex: ``kb.reindex`` with every chunk row in place, then again after deleting all chunk
    rows (everything comes from the embedding cache; the embedder is never called).
-4. search: hybrid-search SQL p50/p95 over sample queries (the query embedding excluded), and the
+4. search: both legs' SQL p50/p95 over sample queries (the query embedding excluded; the facade's
+   end-to-end latency is bin/bench_search.py's), and the
    vector leg's recall@10 against an exact numpy scan of every stored embedding.
 
 Usage: python bin/bench_index.py [--corpus DIR] [--limit N] [--threads 2] [--model minilm]
@@ -38,7 +39,7 @@ from kb import database  # noqa: E402
 from kb.embedding import make_embedder, vector_literal  # noqa: E402
 from kb.indexer import decode_document  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.search import LEG_LIMIT, RRF_K  # noqa: E402
+from kb.search import LEG_LIMIT, lexical_leg, vector_leg  # noqa: E402
 from kb.settings import Settings  # noqa: E402
 from kb.sql import queries  # noqa: E402
 
@@ -167,12 +168,8 @@ def main() -> None:
         for query, vector in zip(samples, vectors):
             literal = vector_literal(vector)
             t0 = time.perf_counter()
-            conn.execute(
-                queries["hybrid_search"],
-                {"workspace_id": search_ws, "embedding": literal, "model": search_embedder.model,
-                 "query": query, "fts_config": settings.fts_config,
-                 "rrf_k": RRF_K, "leg_limit": LEG_LIMIT, "limit": 2 * LEG_LIMIT},
-            ).fetchall()
+            vector_leg(conn, search_ws, search_embedder.model, vector, LEG_LIMIT)
+            lexical_leg(conn, search_ws, query, LEG_LIMIT)
             latencies.append(time.perf_counter() - t0)
             leg = [r["id"] for r in conn.execute(
                 queries["bench_vector_leg"], {"workspace_id": search_ws, "embedding": literal, "k": 10})]

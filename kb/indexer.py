@@ -20,7 +20,10 @@ bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
 failed documents are retried by a follow-up job (``kb.jobs``) and the sweep until they succeed or
 are quarantined, so one poison document never wedges the workspace.
 
-Embeddings come from the chunk-level cache keyed by ``(sha256(text), model, dim)``; only texts
+What a chunk embeds is its text after its context line (document title and heading path,
+kb.chunk_context); the full-text index gets the same, in the document's language configuration
+(kb.languages). Embeddings come from the chunk-level cache keyed by ``(sha256(text embedded),
+model, dim)``; only texts
 that no existing chunk row of the document already carries are looked up, and only cache misses
 reach the embedder. Unchanged chunk rows are reused in place (same id) with updated positions and
 spans.
@@ -38,9 +41,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kb import database
+from kb.chunk_context import context_line, embedded_text, heading_paths
 from kb.chunking import Chunk, Chunker
 from kb.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument
+from kb.languages import detect_language, lexical_text, text_config
 from kb.locks import INDEX_LOCK_NAMESPACE
 from kb.projection import project
 from kb.repository import Repository
@@ -111,7 +116,10 @@ def decode_document(data: bytes, max_bytes: int | None = None) -> str:
 class _Prepared:
     row: dict
     chunks: list[Chunk] = field(default_factory=list)
+    contexts: list[str] = field(default_factory=list)
+    embedded: list[str] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
+    text_config: str = "english"
     existing: list[dict] = field(default_factory=list)
     error: str | None = None
     unindexable: str | None = None
@@ -303,16 +311,32 @@ class Indexer:
         try:
             text = decode_document(repo.blob(row["content_id"]), self.settings.max_index_bytes)
             prepared.chunks = self.chunker.chunk(text)
-            prepared.hashes = [sha256_text(c.text) for c in prepared.chunks]
+            prepared.text_config = self.text_config(text)
+            title = row.get("title") or ""
+            prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
+            prepared.embedded = [embedded_text(ctx, c.text) for ctx, c in zip(prepared.contexts, prepared.chunks)]
+            prepared.hashes = [sha256_text(e) for e in prepared.embedded]
         except UnindexableDocument as exc:
             prepared.unindexable = str(exc)
         except Exception as exc:  # one document's failure never stops the others (§7)
             prepared.error = _error_text(exc)
         return prepared
 
+    def text_config(self, text: str) -> str:
+        """The text-search configuration for a document: ``KB_FTS_CONFIG``, or with ``auto`` the
+        one of the document's detected language (kb.languages)."""
+        if self.settings.fts_config != "auto":
+            return self.settings.fts_config
+        return text_config(detect_language(text))
+
+    def _reusable(self, p: _Prepared, chunk_row: dict) -> bool:
+        """A chunk row can be kept when its vector is of the active model and its tsv of the
+        document's configuration."""
+        return chunk_row["embedding_model"] == self.embedder.model and chunk_row["text_config"] == p.text_config
+
     def _needed_hashes(self, p: _Prepared) -> list[str]:
         """Hashes of the chunks the reconciler must insert (no reusable row carries them)."""
-        available = Counter(r["text_sha256"] for r in p.existing if r["embedding_model"] == self.embedder.model)
+        available = Counter(r["text_sha256"] for r in p.existing if self._reusable(p, r))
         needed = []
         for digest in p.hashes:
             if available[digest] > 0:
@@ -382,7 +406,7 @@ class Indexer:
         for p in prepared:
             if p.writable:
                 needed = set(self._needed_hashes(p))
-                texts.update({h: c.text for h, c in zip(p.hashes, p.chunks) if h in needed})
+                texts.update({h: e for h, e in zip(p.hashes, p.embedded) if h in needed})
         vectors, errors = self._embed(conn, texts, report)
         for p in prepared:
             if p.writable:
@@ -420,16 +444,15 @@ class Indexer:
     def _reconcile(self, conn, workspace_id, p: _Prepared, vectors, report) -> None:
         """Reuse chunk rows whose text is unchanged (updating position and spans), insert the new
         ones, delete the rest (SPEC §7)."""
-        title = conn.execute(queries["document_title"], {"document_id": p.row["id"]}).fetchone()["title"]
         existing: dict[str, list[dict]] = {}
         stale: list[int] = []
         for chunk_row in p.existing:
-            if chunk_row["embedding_model"] == self.embedder.model:
+            if self._reusable(p, chunk_row):
                 existing.setdefault(chunk_row["text_sha256"], []).append(chunk_row)
             else:
                 stale.append(chunk_row["id"])
         updates, inserts = [], []
-        for chunk, digest in zip(p.chunks, p.hashes):
+        for chunk, digest, context in zip(p.chunks, p.hashes, p.contexts):
             span = {"position": chunk.position, "start_char": chunk.start_char, "end_char": chunk.end_char,
                     "start_line": chunk.start_line, "end_line": chunk.end_line}
             reusable = existing.get(digest)
@@ -442,7 +465,8 @@ class Indexer:
                 inserts.append({
                     **span, "document_id": p.row["id"], "workspace_id": workspace_id, "text": chunk.text,
                     "text_sha256": digest, "token_count": chunk.token_count, "model": self.embedder.model,
-                    "embedding": vectors[digest], "fts_config": self.settings.fts_config, "title": title,
+                    "embedding": vectors[digest], "text_config": p.text_config,
+                    "lexical_context": lexical_text(context), "lexical_text": lexical_text(chunk.text),
                 })
         leftover = stale + [r["id"] for rows in existing.values() for r in rows]
         with conn.cursor() as cur:

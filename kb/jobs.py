@@ -87,6 +87,7 @@ def _after_index(workspace_id: int, report) -> dict:
     if report.documents_still_failed:
         with database.transaction(_kb().database_url) as conn:
             defer_failed_retry(conn, workspace_id, report.failed_attempts)
+    defer_vector_index_if_large(_kb(), workspace_id)
     return {
         "revision": report.revision, "indexed": report.documents_indexed,
         "failed": report.documents_failed, "still_failed": report.documents_still_failed,
@@ -243,3 +244,32 @@ def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int =
                 )
 
     asyncio.run(_run())
+
+
+# ---- issue 12: per-workspace HNSW indexes (kb/vector_index.py) ----
+VECTOR_INDEX_TASK = "kb.maintain_vector_index"
+
+
+def defer_vector_index_if_large(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+    """Defer ``kb.maintain_vector_index`` when the workspace is near or past the HNSW threshold
+    (coalesced on ``vector-index:{ws}``); small workspaces never get the job. Returns the job id."""
+    from kb.vector_index import HNSW_MIN_CHUNKS
+
+    with database.transaction(kb.database_url) as conn:
+        chunks = conn.execute(queries["workspace_chunk_total"], {"workspace_id": workspace_id}).fetchone()["n"]
+        recorded = conn.execute(queries["workspace_has_vector_index"], {"workspace_id": workspace_id}).fetchone()
+        if chunks < HNSW_MIN_CHUNKS and not recorded["any"]:
+            return None
+        return defer_job(conn, "maintenance", VECTOR_INDEX_TASK, workspace_id,
+                         queueing_lock=f"vector-index:{workspace_id}")
+
+
+@app.task(name=VECTOR_INDEX_TASK, queue="maintenance")
+def maintain_vector_index(workspace_id: int) -> dict:
+    """Build, keep or drop the workspace's partial HNSW index for the active model (SPEC §8)."""
+    from kb.vector_index import maintain
+
+    kb = _kb()
+    change = maintain(kb.database_url, workspace_id, kb.embedder.model, kb.embedder.dim)
+    return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
+

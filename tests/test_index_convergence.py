@@ -4,12 +4,14 @@ failures per document, and tells the operator where it stands."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 from embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
 
 from kb import database
+from kb.chunk_context import context_line, embedded_text, heading_paths
 from kb.chunking import Chunker
 from kb.embedding import HashingEmbedder
 from kb.errors import DimensionMismatch
@@ -34,6 +36,13 @@ def _paragraphs(n: int, seed: int = 7) -> list[str]:
     return [f"Section {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(25, 45))) for i in range(n)]
 
 
+def _embedded(kb, ws, row, text: str) -> str:
+    """The text the indexer embeds for a chunk row: context line (title, heading path) + text."""
+    title = _rows(kb, "document_by_path", workspace_id=ws, path=row["path"])[0]["title"]
+    [path] = heading_paths(text, [SimpleNamespace(start_char=row["start_char"])])
+    return embedded_text(context_line(title, path), row["text"])
+
+
 def _assert_spans_match(kb, ws, path_to_text: dict[str, str]) -> None:
     for row in _chunk_set(kb, ws):
         text = path_to_text[row["path"]]
@@ -41,7 +50,8 @@ def _assert_spans_match(kb, ws, path_to_text: dict[str, str]) -> None:
         lines = text.split("\n")
         assert row["text"].split("\n")[0] in lines[row["start_line"] - 1]
         assert row["text"].split("\n")[-1] in lines[row["end_line"] - 1]
-        assert sha256_text(row["text"]) == row["text_sha256"]
+        # the cache key is the hash of exactly the text embedded (SPEC §7)
+        assert sha256_text(_embedded(kb, ws, row, text)) == row["text_sha256"]
 
 
 @pytest.fixture
@@ -82,8 +92,9 @@ def test_one_line_edit_embeds_exactly_the_changed_chunks(small_chunks):
     _assert_spans_match(kb, 1, {"/documents/Big.md": text2})
 
     # 2. a line inserted at the top moves every span: rows keep their ids, spans follow the text
+    # (a plain line: a heading would enclose every chunk and so change what each one embeds)
     embedder.texts.clear()
-    text3 = "# Title line added\n\n" + text2
+    text3 = "Intro line added.\n\n" + text2
     with kb.transaction(1, "insert at top", "t") as tx:
         tx.write("/documents/Big.md", text3)
     kb.index(1)
@@ -290,12 +301,13 @@ def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(k
     kb.index(2)
     small = _chunk_set(kb, 2)
     assert len(small) == 12
+    texts = {f"/documents/s{i}.md": p for i, p in enumerate(_paragraphs(12, seed=11))}
     vector = embedder.embed(["refund policy annual plan"])[0]
     from kb.embedding import vector_literal
 
     leg = [r["id"] for r in _rows(kb, "bench_vector_leg", workspace_id=2, embedding=vector_literal(vector), k=10)]
     assert len(leg) == 10
-    scores = {r["id"]: float(embedder.embed([r["text"]])[0] @ vector) for r in small}
+    scores = {r["id"]: float(embedder.embed([_embedded(kb, 2, r, texts[r["path"]])])[0] @ vector) for r in small}
     exact = sorted(scores, key=lambda i: (-scores[i], i))[:10]
     assert leg == exact
 

@@ -85,4 +85,4 @@ def test_every_sql_file_parses(path):
 
 def test_named_queries_load():
     queries = load_queries()
-    assert "hybrid_search" in queries and "defer_job" in queries
+    assert "lexical_leg" in queries and "defer_job" in queries

@@ -16,3 +16,44 @@ SELECT id, embedding::text AS embedding FROM kb.chunks WHERE workspace_id = %(wo
 
 -- name: bench_sample_chunks
 SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY md5(id::text) LIMIT %(n)s;
+
+-- ---- bin/bench_search.py (issue 12) ----
+
+-- name: bench_workspace_documents
+SELECT id, path, title, content_id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: bench_mark_indexed
+UPDATE kb.documents SET status = 'indexed', indexed_content_id = content_id, indexed_revision = revision_id
+WHERE workspace_id = %(workspace_id)s;
+
+-- name: bench_create_staging
+CREATE TEMP TABLE bench_chunks (
+    document_id bigint, workspace_id integer, position integer, text text, context text,
+    start_line integer, end_line integer, embedding_model text, embedding vector
+) ON COMMIT DROP;
+
+-- name: bench_copy_staging
+COPY bench_chunks (document_id, workspace_id, position, text, context, start_line, end_line,
+                   embedding_model, embedding) FROM STDIN;
+
+-- name: bench_insert_staged
+-- Synthetic chunk rows for the latency benchmark, built as the indexer builds them (same tsv
+-- expression, text_config english).
+INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
+                       start_line, end_line, token_count, embedding_model, embedding, text_config, tsv)
+SELECT document_id, workspace_id, position, text, md5(text), 0, length(text), start_line, end_line,
+       NULL, embedding_model, embedding, 'english',
+       setweight(to_tsvector('english', context), 'A') || to_tsvector('english', text)
+FROM bench_chunks;
+
+-- name: bench_chunk_count
+SELECT count(*) AS n FROM kb.chunks WHERE workspace_id = %(workspace_id)s;
+
+-- name: bench_analyze
+ANALYZE kb.chunks;
+
+-- ---- bin/eval_search.py (issue 12) ----
+
+-- name: eval_chunk_documents
+SELECT c.id, d.path FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
+WHERE c.workspace_id = %(workspace_id)s;

@@ -9,7 +9,7 @@ SELECT pg_advisory_unlock(%(namespace)s, %(workspace_id)s);
 -- name: documents_to_index
 -- Documents whose indexed content lags their projected content, excluding quarantined and
 -- unindexable ones (a content change resets those to pending).
-SELECT id, path, content_id, index_attempts
+SELECT id, path, title, content_id, index_attempts
 FROM kb.documents
 WHERE workspace_id = %(workspace_id)s
   AND content_id IS DISTINCT FROM indexed_content_id
@@ -27,7 +27,7 @@ VALUES (%(text_sha256)s, %(model)s, %(dim)s, %(embedding)s::vector)
 ON CONFLICT DO NOTHING;
 
 -- name: document_chunks
-SELECT id, position, text_sha256, start_char, end_char, start_line, end_line, embedding_model
+SELECT id, position, text_sha256, start_char, end_char, start_line, end_line, embedding_model, text_config
 FROM kb.chunks WHERE document_id = %(document_id)s ORDER BY position;
 
 -- name: update_chunk_position
@@ -37,11 +37,16 @@ SET position = %(position)s, start_char = %(start_char)s, end_char = %(end_char)
 WHERE id = %(id)s;
 
 -- name: insert_chunk
+-- text_sha256 is the sha256 of the text embedded (context line + chunk text, kb.chunk_context).
+-- tsv: the context line (title and heading path) with weight A, the chunk text with weight D,
+-- both as kb.languages.lexical_text prepared them (CJK bigrams), in the document's configuration.
 INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
-                       start_line, end_line, token_count, embedding_model, embedding, tsv)
+                       start_line, end_line, token_count, embedding_model, embedding, text_config, tsv)
 VALUES (%(document_id)s, %(workspace_id)s, %(position)s, %(text)s, %(text_sha256)s, %(start_char)s,
         %(end_char)s, %(start_line)s, %(end_line)s, %(token_count)s, %(model)s, %(embedding)s::vector,
-        to_tsvector(%(fts_config)s::regconfig, %(title)s || ' ' || %(text)s));
+        %(text_config)s::text,
+        setweight(to_tsvector(%(text_config)s::regconfig, %(lexical_context)s), 'A')
+        || to_tsvector(%(text_config)s::regconfig, %(lexical_text)s));
 
 -- name: delete_chunks
 DELETE FROM kb.chunks WHERE id = ANY(%(ids)s);
@@ -72,9 +77,6 @@ RETURNING status;
 -- name: set_index_stamp
 UPDATE kb.workspaces SET last_indexed_revision = %(revision_id)s WHERE id = %(workspace_id)s;
 
--- name: document_title
-SELECT title FROM kb.documents WHERE id = %(document_id)s;
-
 -- name: chunk_vector_dimension
 -- The dimension of kb.chunks.embedding as declared (vector(N)), or NULL when undeclared.
 SELECT nullif(a.atttypmod, -1) AS dim
@@ -88,14 +90,14 @@ SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: documents_to_reindex
 -- Every document of the workspace after the resume cursor, in id order (SPEC §7 reindex).
-SELECT id, path, content_id, index_attempts
+SELECT id, path, title, content_id, index_attempts
 FROM kb.documents
 WHERE workspace_id = %(workspace_id)s AND id > %(after_id)s
 ORDER BY id;
 
 -- name: chunks_of_documents
 SELECT id, document_id, position, text_sha256, start_char, end_char, start_line, end_line,
-       embedding_model
+       embedding_model, text_config
 FROM kb.chunks WHERE document_id = ANY(%(document_ids)s) ORDER BY document_id, position;
 
 -- name: documents_still_failed

@@ -1,47 +1,146 @@
 -- Named queries of search (kb/search.py, SPEC §8).
 
--- name: hybrid_search
--- One query embedding; a vector leg (exact scan within the workspace, so it always returns its
--- limit when the workspace has that many chunks) and a full-text leg (OR of the query's lexemes);
--- one reciprocal-rank fusion with k = %(rrf_k)s over both.
-WITH vector_leg AS (
-    SELECT id, row_number() OVER (ORDER BY embedding <=> %(embedding)s::vector, id) AS rank
-    FROM (
-        SELECT id, embedding FROM kb.chunks
-        WHERE workspace_id = %(workspace_id)s AND embedding IS NOT NULL
-          AND embedding_model = %(model)s  -- vectors of another model live in another space
-        ORDER BY embedding <=> %(embedding)s::vector, id
-        LIMIT %(leg_limit)s
-    ) nearest
-),
-text_query AS (
-    SELECT CASE WHEN numnode(q) = 0 THEN NULL
-                ELSE replace(q::text, ' & ', ' | ')::tsquery END AS q
-    FROM plainto_tsquery(%(fts_config)s::regconfig, %(query)s) AS q
-),
-text_leg AS (
-    SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank
-    FROM (
-        SELECT c.id, ts_rank_cd(c.tsv, t.q) AS score
-        FROM kb.chunks c, text_query t
-        WHERE c.workspace_id = %(workspace_id)s AND t.q IS NOT NULL AND c.tsv @@ t.q
-        ORDER BY score DESC, c.id
-        LIMIT %(leg_limit)s
-    ) matched
-),
-fused AS (
-    SELECT id, sum(1.0 / (%(rrf_k)s + rank)) AS score
-    FROM (SELECT id, rank FROM vector_leg UNION ALL SELECT id, rank FROM text_leg) legs
-    GROUP BY id
-)
-SELECT c.id AS chunk_id, c.document_id, c.position, c.text, c.start_line, c.end_line,
-       d.path, d.title, d.indexed_content_id, d.indexed_revision, f.score::float8 AS score
-FROM fused f
-JOIN kb.chunks c ON c.id = f.id
-JOIN kb.documents d ON d.id = c.document_id
-ORDER BY f.score DESC, c.id
+-- name: vector_leg
+-- The vector leg: exact nearest chunks of the workspace by cosine distance, vectors of the active
+-- model only (another model's vectors live in another space). An exact scan returns its limit
+-- whenever the workspace has that many chunks (SPEC §8); vectors are stored inline (STORAGE
+-- PLAIN, migration 0007), so the scan reads no TOAST.
+SELECT id, embedding <=> %(embedding)s::vector AS distance
+FROM kb.chunks
+WHERE workspace_id = %(workspace_id)s AND embedding_model = %(model)s AND embedding IS NOT NULL
+ORDER BY distance, id
 LIMIT %(limit)s;
+
+-- name: lexical_leg
+-- The full-text leg, ranked by Okapi BM25 (k1, b) from the term statistics kb.lexeme_stats and
+-- kb.text_stats keep per workspace. Query lexemes come from the query parsed with every text
+-- configuration the workspace's chunks use. Only chunks holding a selective term (one in at most
+-- selective_chunks chunks or selective_share of them, or the rarest query term) or all the terms
+-- are scored, so a word found in every chunk does not make every chunk a candidate. The term
+-- frequency is Postgres' saturating ts_rank of the single term (1.0 for one plain occurrence),
+-- with the weights (D, C, B, A): the context line (title, headings) is weight A.
+WITH totals AS (
+    SELECT sum(chunk_count)::float8 AS n,
+           sum(lexeme_total)::float8 / greatest(sum(chunk_count), 1) AS avg_length
+    FROM kb.text_stats
+    WHERE workspace_id = %(workspace_id)s AND chunk_count > 0
+),
+query_lexemes AS (
+    SELECT DISTINCT u.lexeme
+    FROM kb.text_stats s, unnest(to_tsvector(s.text_config::regconfig, %(query)s)) u
+    WHERE s.workspace_id = %(workspace_id)s AND s.chunk_count > 0
+),
+terms AS MATERIALIZED (
+    SELECT l.chunk_count AS df,
+           '''' || replace(replace(q.lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
+           ln(1 + (t.n - l.chunk_count + 0.5) / (l.chunk_count + 0.5)) AS idf
+    FROM query_lexemes q
+    JOIN kb.lexeme_stats l ON l.workspace_id = %(workspace_id)s AND l.lexeme = q.lexeme
+    CROSS JOIN totals t
+    WHERE l.chunk_count > 0
+),
+query_terms AS (
+    SELECT array_agg(quoted::tsquery) AS tqs, array_agg(idf) AS idfs,
+           (string_agg(quoted, ' | ') FILTER (
+                WHERE df <= greatest(%(selective_chunks)s, %(selective_share)s * (SELECT n FROM totals))
+                   OR df = (SELECT min(df) FROM terms)))::tsquery
+           || string_agg(quoted, ' & ')::tsquery AS selector
+    FROM terms
+    HAVING count(*) > 0
+),
+candidates AS MATERIALIZED (
+    -- the concatenation detoasts each tsvector once, instead of once per term below
+    SELECT c.id, c.tsv || ''::tsvector AS tsv
+    FROM kb.chunks c, query_terms q
+    WHERE c.workspace_id = %(workspace_id)s AND c.tsv @@ q.selector
+)
+SELECT c.id,
+       (SELECT sum(x.idf * f.tf * (%(k1)s + 1)
+                   / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * length(c.tsv) / t.avg_length)))
+        FROM unnest(q.tqs, q.idfs) AS x (tq, idf),
+             LATERAL (SELECT ts_rank(%(weights)s::float4[], c.tsv, x.tq, 0) * 16.449340668 AS tf) f
+        WHERE c.tsv @@ x.tq)::float8 AS score
+FROM candidates c, query_terms q, totals t
+ORDER BY score DESC, c.id
+LIMIT %(limit)s;
+
+-- name: search_candidates
+-- Both legs in one statement (one round trip): every chunk either leg returned, with its rank in
+-- each leg (NULL where that leg did not return it) and what its envelope needs; the text only for
+-- chunks without spans (they render un-numbered, SPEC §8). The first placeholder is the exact or
+-- the approximate vector leg, the second the lexical_leg query. kb/search.py fuses the ranks.
+WITH vector_leg AS MATERIALIZED ({vector_leg}),
+text_leg AS MATERIALIZED ({lexical_leg}),
+ranks AS (
+    SELECT coalesce(v.id, t.id) AS id, v.rank AS vector_rank, t.rank AS text_rank
+    FROM (SELECT id, row_number() OVER (ORDER BY distance, id) AS rank FROM vector_leg) v
+    FULL JOIN (SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank FROM text_leg) t
+        ON t.id = v.id
+)
+SELECT r.id AS chunk_id, r.vector_rank, r.text_rank, c.document_id, c.start_line, c.end_line,
+       CASE WHEN c.start_line IS NULL THEN c.text END AS text,
+       d.path, d.title, d.indexed_content_id, d.indexed_revision
+FROM ranks r
+JOIN kb.chunks c ON c.id = r.id
+JOIN kb.documents d ON d.id = c.document_id;
 
 -- name: document_by_path
 SELECT id, path, title, document_type, metadata, content_id, status, indexed_revision
 FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
+
+-- ---- approximate vector indexes (kb/vector_index.py) ----
+
+-- name: vector_leg_approximate
+-- The vector leg through the workspace's partial HNSW index; the workspace, model and dimension
+-- are literals so the planner matches the index predicate (never a generic plan).
+SELECT id, embedding::halfvec({dim}) <=> %(embedding)s::halfvec({dim}) AS distance
+FROM kb.chunks
+WHERE workspace_id = {workspace_id} AND embedding_model = {model} AND embedding IS NOT NULL
+ORDER BY distance
+LIMIT %(limit)s;
+
+-- name: hnsw_scan_settings
+-- Local to the search's transaction: keep ef_search candidates, and let pgvector ≥ 0.8 scan on
+-- (in distance order) until the limit is met.
+SELECT set_config('hnsw.ef_search', %(ef_search)s, true),
+       set_config('hnsw.iterative_scan', 'strict_order', true);
+
+-- name: recorded_vector_index
+SELECT index_name, dim FROM kb.vector_indexes
+WHERE workspace_id = %(workspace_id)s AND model = %(model)s;
+
+-- name: pgvector_version
+SELECT extversion FROM pg_extension WHERE extname = 'vector';
+
+-- name: workspace_model_chunks
+SELECT count(*) AS n FROM kb.chunks
+WHERE workspace_id = %(workspace_id)s AND embedding_model = %(model)s AND embedding IS NOT NULL;
+
+-- name: create_vector_index
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON kb.chunks
+USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops)
+WHERE workspace_id = {workspace_id} AND embedding_model = {model} AND embedding IS NOT NULL;
+
+-- name: drop_vector_index
+DROP INDEX CONCURRENTLY IF EXISTS {name};
+
+-- name: vector_index_valid
+SELECT coalesce(bool_and(i.indisvalid), false) AS valid
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = %(name)s AND c.relnamespace = 'kb'::regnamespace;
+
+-- name: record_vector_index
+INSERT INTO kb.vector_indexes (workspace_id, model, index_name, dim)
+VALUES (%(workspace_id)s, %(model)s, %(index_name)s, %(dim)s)
+ON CONFLICT (workspace_id, model) DO UPDATE SET index_name = excluded.index_name, dim = excluded.dim,
+    built_at = now();
+
+-- name: forget_vector_index
+DELETE FROM kb.vector_indexes WHERE workspace_id = %(workspace_id)s AND model = %(model)s;
+
+-- name: workspace_chunk_total
+-- Chunks of a workspace from the term statistics (no scan of kb.chunks).
+SELECT coalesce(sum(chunk_count), 0) AS n FROM kb.text_stats WHERE workspace_id = %(workspace_id)s;
+
+-- name: workspace_has_vector_index
+SELECT count(*) > 0 AS any FROM kb.vector_indexes WHERE workspace_id = %(workspace_id)s;

@@ -70,3 +70,29 @@ WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(
 -- name: test_age_citation_chat
 UPDATE kb.citation_chats SET last_used_at = now() - make_interval(days => %(days)s)
 WHERE workspace_id = %(workspace_id)s AND chat_id = %(chat_id)s;
+-- ---- issue 12 (tests/test_search_ranking.py) ----
+
+-- name: test_lexeme_stats
+SELECT lexeme, chunk_count FROM kb.lexeme_stats
+WHERE workspace_id = %(workspace_id)s AND chunk_count <> 0;
+
+-- name: test_lexeme_recount
+SELECT u.lexeme, count(*) AS chunk_count FROM kb.chunks c, unnest(c.tsv) u
+WHERE c.workspace_id = %(workspace_id)s GROUP BY u.lexeme;
+
+-- name: test_text_stats_check
+SELECT (SELECT coalesce(sum(chunk_count), 0) FROM kb.text_stats WHERE workspace_id = %(workspace_id)s) AS kept_chunks,
+       (SELECT coalesce(sum(lexeme_total), 0) FROM kb.text_stats WHERE workspace_id = %(workspace_id)s) AS kept_length,
+       (SELECT count(*) FROM kb.chunks WHERE workspace_id = %(workspace_id)s) AS chunks,
+       (SELECT coalesce(sum(length(tsv)), 0) FROM kb.chunks WHERE workspace_id = %(workspace_id)s) AS length;
+
+-- name: test_chunk_configs
+SELECT DISTINCT d.path, c.text_config FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
+WHERE c.workspace_id = %(workspace_id)s;
+
+-- name: test_vector_index_exists
+SELECT relname FROM pg_class WHERE relname = %(name)s AND relnamespace = 'kb'::regnamespace;
+
+-- name: test_vector_distances
+SELECT id, (embedding <=> %(embedding)s::vector)::float8 AS distance FROM kb.chunks
+WHERE workspace_id = %(workspace_id)s;

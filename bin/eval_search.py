@@ -1,0 +1,300 @@
+#!/usr/bin/env python
+"""Search quality eval (SPEC §8, issue 12): kb vs BM25 vs the vector leg alone, per language.
+
+Pairs (query → the one relevant document) are built from the shared corpus itself; no query is
+written by hand.
+
+- English, tldr pages: the query is a page's description (its first ``>`` line that is not "More
+  information", "See also" or an alias note) with the command's name removed, e.g. ``gh org`` →
+  "Work with GitHub organizations" minus "gh". A description is what a user who does not remember
+  the command would type; removing the name stops a query from naming its answer. The relevant
+  document is the page, indexed without its ``>`` description block (held out): with it, every
+  system finds the page by exact match (BM25 recall@5 was 0.99 on 1,000 pages), which measures
+  nothing; without it, the page must be found from its title, examples and their explanations.
+  The retrieval corpus is a seeded sample of ``--tldr-pages`` pages (queries from them).
+- German, Russian, Arabic, Japanese, Traditional Chinese, the obsidian-help vaults: the query is
+  the sentence around a wikilink ``[[Target|text]]`` with every wikilink removed from it, and the
+  relevant document is the link's target (a page of the same vault, not the page itself; links to
+  headings of the same page, embeds ``![[…]]`` and attachments are skipped). The sentence a writer
+  puts around a link says what the linked page is for ("Mit X kannst du Notizen zwischen Geräten
+  synchronisieren"), in the vault's own language, written by the help's translators; removing the
+  link text stops it from giving away the target's title. The source page contains the sentence
+  verbatim, so it is excluded from every system's ranking (a reader does not search for the page
+  they are reading). The English vault's links are not used (they are reserved for an independent
+  check).
+
+Systems, all over the same documents in the same run:
+
+- kb: ``KnowledgeBase.search`` (the facade, k = 10) with the settings in kb/search.py.
+- vector: kb's vector leg alone (chunks ranked by cosine distance, grouped by document).
+- bm25: the ``bm25s`` package (Lucene BM25, k1 = 1.5, b = 0.75) over whole documents, tokenized
+  by ``bm25s.tokenize`` with PyStemmer's stemmer and bm25s' stop words where it has them for the
+  language, and with kb's CJK bigram segmentation applied first (so BM25 is not handicapped on
+  Japanese and Chinese, which have no spaces).
+- the fusion grid: the two legs' rankings fused with other weights and k (``--grid``), to choose
+  kb's settings; what kb ships is reported as "kb".
+
+Metrics: recall@5 (the relevant document among the first 5) and MRR@10.
+
+Usage: python bin/eval_search.py [--languages en de ru ar ja zh-TW] [--pairs 200]
+       [--tldr-pages 1000] [--vault-documents 60] [--model minilm] [--grid]
+The first run indexes every corpus with the model (minutes per language with MiniLM on 2 cores);
+the database under --work (default /tmp/kb-eval) keeps the embedding cache, so later runs only
+search. Writes bench-results/eval-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kb import database  # noqa: E402
+from kb.embedding import make_embedder  # noqa: E402
+from kb.knowledge_base import KnowledgeBase  # noqa: E402
+from kb.languages import lexical_text  # noqa: E402
+from kb.search import LEG_LIMIT, RRF_K, TEXT_WEIGHT, VECTOR_WEIGHT, fuse, lexical_leg, vector_leg  # noqa: E402
+from kb.settings import Settings  # noqa: E402
+from kb.sql import queries  # noqa: E402
+
+CORPUS = ROOT.parent / "shared" / "corpus"
+VAULTS = {"de": "de", "ru": "ru", "ar": "ar", "ja": "ja", "zh-TW": "zh-TW"}
+STEMMERS = {"en": "english", "de": "german", "ru": "russian", "ar": "arabic"}
+STOPWORDS = {"en": "en", "de": "de", "ru": "ru", "zh-TW": "zh"}
+SEED = 12
+WORKSPACES = {"en": 11, "de": 2, "ru": 3, "ar": 4, "ja": 5, "zh-TW": 6}
+"""Workspace of each language's corpus in the eval database (11: tldr with descriptions held out)."""
+
+_LINK = re.compile(r"(!?)\[\[([^\]|#]*)(#[^\]|]*)?(?:\|([^\]]*))?\]\]")
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s*")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
+def tldr_query(text: str) -> str | None:
+    """The page's description with the command name removed (None when it has no usable one)."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return None
+    name = lines[0][2:].strip()
+    for line in lines[1:]:
+        if not line.startswith("> "):
+            continue
+        description = line[2:].strip()
+        if description.startswith(("More information", "See also", "This command is", "Note:")):
+            continue
+        for variant in {name, name.replace("-", " "), *[p for p in re.split(r"[-._ ]", name) if len(p) > 2]}:
+            description = re.sub(rf"(?i)(?<![\w-]){re.escape(variant)}(?![\w-])", " ", description)
+        description = re.sub(r"`\s*`", " ", description)
+        description = re.sub(r"\s+", " ", description).strip(" .,:;")
+        return description if len(description.split()) >= 3 else None
+    return None
+
+
+def link_pairs(vault: Path) -> list[tuple[str, str, str]]:
+    """``(query, source path, target path)`` from the vault's wikilink sentences (see the docstring)."""
+    files = sorted(vault.rglob("*.md"))
+    by_stem: dict[str, Path] = {}
+    for path in files:
+        by_stem.setdefault(path.stem.casefold(), path)
+    pairs, seen = [], set()
+    for path in files:
+        fenced = False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.lstrip().startswith(("```", "~~~")):
+                fenced = not fenced
+            if fenced or line.lstrip().startswith("#"):
+                continue
+            for sentence in _SENTENCE_END.split(line):
+                for match in _LINK.finditer(sentence):
+                    embed, target = match.group(1), match.group(2).strip()
+                    if embed or not target:
+                        continue
+                    target_path = by_stem.get(Path(target).name.casefold())
+                    if target_path is None or target_path == path:
+                        continue
+                    query = _LINK.sub(" ", sentence)
+                    query = re.sub(r"[*_`>|]+|^\s*(?:[-+]|\d+\.)\s+|\[!\w+\][-+]?", " ", query)
+                    query = re.sub(r"\s+", " ", query).strip(" .,:;-–—()（）、。")
+                    long_enough = (len(_CJK.findall(query)) >= 12) if _CJK.search(query) else len(query.split()) >= 5
+                    key = (query, target_path)
+                    if long_enough and key not in seen:
+                        seen.add(key)
+                        pairs.append((query, str(path.relative_to(vault)), str(target_path.relative_to(vault))))
+    return pairs
+
+
+def metrics(ranked: list[str], relevant: str) -> tuple[float, float]:
+    """(recall@5, reciprocal rank within 10) of one ranking."""
+    top = ranked[:10]
+    rank = top.index(relevant) + 1 if relevant in top else None
+    return (1.0 if rank and rank <= 5 else 0.0), (1.0 / rank if rank else 0.0)
+
+
+def documents_of(chunk_ids: list[int], chunk_document: dict[int, str], exclude: str) -> list[str]:
+    """Document paths in order of their best chunk, ``exclude`` left out."""
+    out: dict[str, None] = {}
+    for chunk_id in chunk_ids:
+        path = chunk_document.get(chunk_id)
+        if path is not None and path != exclude:
+            out.setdefault(path, None)
+    return list(out)
+
+
+def bm25_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
+    import bm25s
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer(STEMMERS[language]) if language in STEMMERS else None
+    stopwords = STOPWORDS.get(language, [])
+    paths = list(documents)
+    corpus_tokens = bm25s.tokenize([lexical_text(documents[p]) for p in paths], stopwords=stopwords,
+                                   stemmer=stemmer, show_progress=False)
+    retriever = bm25s.BM25()
+    retriever.index(corpus_tokens, show_progress=False)
+    rankings = []
+    for query, source, _target in pairs:
+        tokens = bm25s.tokenize([lexical_text(query)], stopwords=stopwords, stemmer=stemmer, show_progress=False)
+        if not any(len(t) for t in tokens.ids):
+            rankings.append([])
+            continue
+        results, _scores = retriever.retrieve(tokens, k=min(11, len(paths)), show_progress=False)
+        ranked = [paths[i] for i in results[0].tolist()]
+        rankings.append([p for p in ranked if not (exclude_sources and p == source)])
+    return rankings
+
+
+def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict[str, str], bool]:
+    """Import + index the language's corpus into ``ws`` (once); returns (pairs, documents, exclude_sources)."""
+    work = args.work / "corpora" / language
+    rng = random.Random(SEED)
+    if language == "en":
+        pages = sorted((CORPUS / "tldr" / "pages").rglob("*.md"))
+        pages = [p for p in pages if not p.name.startswith(".")]
+        chosen = sorted(rng.sample(pages, min(args.tldr_pages, len(pages))))
+        originals = {str(p.relative_to(CORPUS / "tldr" / "pages")): p.read_text(encoding="utf-8") for p in chosen}
+        pairs = [(q, None, path) for path, text in originals.items() if (q := tldr_query(text))]
+        documents = {path: "\n".join(line for line in text.split("\n") if not line.startswith("> "))
+                     for path, text in originals.items()}
+        exclude_sources = False
+    else:
+        vault = CORPUS / "obsidian-help" / VAULTS[language]
+        pairs = link_pairs(vault)
+        # the corpus: the --vault-documents pages most linked to (all pages with 0), and the
+        # pairs whose target is among them; a source page need not be in the corpus
+        incoming: dict[str, int] = {}
+        for _query, _source, target in pairs:
+            incoming[target] = incoming.get(target, 0) + 1
+        paths = sorted(vault.rglob("*.md"))
+        if args.vault_documents:
+            keep = set(sorted(incoming, key=lambda t: (-incoming[t], t))[: args.vault_documents])
+            paths = [p for p in paths if str(p.relative_to(vault)) in keep]
+        documents = {str(p.relative_to(vault)): p.read_text(encoding="utf-8") for p in paths}
+        pairs = [pair for pair in pairs if pair[2] in documents]
+        exclude_sources = True
+    pairs = sorted(rng.sample(pairs, min(args.pairs, len(pairs))))
+    if not kb.store(ws).exists():
+        shutil.rmtree(work, ignore_errors=True)
+        for rel, text in documents.items():
+            target = work / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        kb.import_folder(work, ws)
+    t0 = time.perf_counter()
+    report = kb.index(ws)
+    print(f"{language}: {len(documents)} documents, {len(pairs)} pairs; index {time.perf_counter() - t0:.0f}s "
+          f"({report.embeddings_computed} embedded, {report.embeddings_cached} cached, "
+          f"{len(report.failures)} failed)", flush=True)
+    return pairs, documents, exclude_sources
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--languages", nargs="+", default=["en", "de", "ru", "ar", "ja", "zh-TW"])
+    parser.add_argument("--pairs", type=int, default=200, help="pairs per language (seeded sample)")
+    parser.add_argument("--tldr-pages", type=int, default=1000)
+    parser.add_argument("--vault-documents", type=int, default=60,
+                        help="per vault, the N pages most linked to form the corpus (0: all 173)")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--grid", action="store_true", help="also score other fusion weights and k")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kb-eval"))
+    args = parser.parse_args()
+    if not CORPUS.exists():
+        sys.exit(f"corpus {CORPUS} is absent")
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        pass
+    settings = Settings(storage_root=args.work / "storage", embedding_model=args.model)
+    if settings.database_url is None:
+        settings = settings.model_copy(update={
+            "database_url": database.start_embedded(args.work / "pg", database="kb_eval")})
+    kb = KnowledgeBase.open(settings)
+    embedder = kb.use_embedder(make_embedder(settings))
+    result: dict = {"model": embedder.model, "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
+                                                          "text_weight": TEXT_WEIGHT}, "languages": {}}
+    grid = [(wv, wt, rk) for wv in (1.0,) for wt in (0.5, 0.75, 1.0, 1.5, 2.0) for rk in (10, 30, 60)]
+    for language, ws in WORKSPACES.items():
+        if language not in args.languages:
+            continue
+        pairs, documents, exclude_sources = prepare(kb, ws, language, args)
+        with database.connect(kb.database_url, autocommit=True) as conn:
+            chunk_document = {r["id"]: r["path"].removeprefix("/documents/") for r in conn.execute(
+                queries["eval_chunk_documents"], {"workspace_id": ws})}
+        vectors = embedder.embed([q for q, _, _ in pairs])
+        scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "bm25": []}
+        grid_scores: dict[tuple, list] = {g: [] for g in grid}
+        legs = []
+        with database.connect(kb.database_url, autocommit=True) as conn:
+            for (query, source, target), vector in zip(pairs, vectors):
+                v_ids = vector_leg(conn, ws, embedder.model, vector, LEG_LIMIT)
+                t_ids = lexical_leg(conn, ws, query, LEG_LIMIT)
+                legs.append((v_ids, t_ids))
+                exclude = source if exclude_sources else None
+                scores["vector"].append(metrics(documents_of(v_ids, chunk_document, exclude), target))
+                scores["text"].append(metrics(documents_of(t_ids, chunk_document, exclude), target))
+                found = [e.path.removeprefix("/documents/") for e in kb.search(ws, query, k=11)]
+                scores["kb"].append(metrics([p for p in found if p != exclude], target))
+                if args.grid:
+                    for wv, wt, rk in grid:
+                        fused = [cid for cid, _ in fuse([(wv, v_ids), (wt, t_ids)], rk)]
+                        grid_scores[(wv, wt, rk)].append(metrics(documents_of(fused, chunk_document, exclude), target))
+        for ranked, (_query, _source, target) in zip(bm25_rankings(documents, language, pairs, exclude_sources), pairs):
+            scores["bm25"].append(metrics(ranked, target))
+        summary = {name: {"recall@5": round(statistics.mean(r for r, _ in s), 4),
+                          "mrr@10": round(statistics.mean(m for _, m in s), 4)} for name, s in scores.items()}
+        summary["pairs"] = len(pairs)
+        best_other = max(summary["bm25"]["recall@5"], summary["vector"]["recall@5"])
+        summary["kb_margin_recall@5"] = round(summary["kb"]["recall@5"] - best_other, 4)
+        if args.grid:
+            summary["grid"] = {f"wv={wv} wt={wt} k={rk}": round(statistics.mean(r for r, _ in s), 4)
+                               for (wv, wt, rk), s in grid_scores.items()}
+        result["languages"][language] = summary
+        print(f"{language} ({len(pairs)} pairs): " + " | ".join(
+            f"{name} R@5 {summary[name]['recall@5']:.3f} MRR@10 {summary[name]['mrr@10']:.3f}"
+            for name in ("kb", "bm25", "vector", "text")) + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
+            flush=True)
+        if args.grid:
+            best = sorted(summary["grid"].items(), key=lambda item: -item[1])[:5]
+            print(f"  grid best R@5: {best}", flush=True)
+    database.close_pools()
+    out = ROOT / "bench-results"
+    out.mkdir(exist_ok=True)
+    path = out / f"eval-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

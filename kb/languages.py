@@ -1,0 +1,73 @@
+"""Languages of the full-text leg (SPEC §7, §8): per-document language detection, the matching
+Postgres text-search configuration, and CJK segmentation.
+
+- ``detect_language(text)``: ISO 639-1 code from py3langid (a compact, offline n-gram classifier
+  covering 97 languages) over the document's first ``DETECT_CHARS`` characters.
+- ``text_config(language)``: the Postgres configuration with that language's stemmer and stop
+  words (``german``, ``russian``, ``arabic``, …), ``simple`` for every other language.
+- ``lexical_text(text)``: text as the full-text parser should see it. Chinese and Japanese have no
+  spaces, so Postgres would take a whole sentence as one token; every run of CJK characters is
+  replaced by its overlapping character bigrams (东京都 → 东京 京都), the segmentation of Lucene's
+  CJK analyzer, so a query's bigrams meet the document's. The same function prepares queries.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+DETECT_CHARS = 4000
+"""Characters of a document given to the language classifier (its start is representative)."""
+
+POSTGRES_CONFIGS = {
+    "ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catalan", "da": "danish", "nl": "dutch",
+    "en": "english", "et": "estonian", "fi": "finnish", "fr": "french", "de": "german", "el": "greek",
+    "hi": "hindi", "hu": "hungarian", "id": "indonesian", "ga": "irish", "it": "italian",
+    "lt": "lithuanian", "ne": "nepali", "no": "norwegian", "nb": "norwegian", "pt": "portuguese",
+    "ro": "romanian", "ru": "russian", "sr": "serbian", "es": "spanish", "sv": "swedish", "ta": "tamil",
+    "tr": "turkish", "yi": "yiddish",
+}
+"""ISO 639-1 code → Postgres' built-in text-search configuration (PostgreSQL 15+ ship them all)."""
+
+FALLBACK_CONFIG = "simple"
+
+# Han (incl. extension A and compatibility ideographs), Hiragana, Katakana (incl. the prolonged
+# sound mark), Hangul syllables.
+_CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
+_MARKUP = re.compile(r"```.*?```|`[^`]*`|\[\[[^\]]*\]\]|\]\([^)]*\)|<[^>]+>|https?://\S+", re.DOTALL)
+
+
+@functools.cache
+def _identifier():
+    import py3langid
+
+    return py3langid
+
+
+def detect_language(text: str) -> str:
+    """ISO 639-1 code of the language ``text`` is mostly written in (e.g. ``"de"``); ``"und"``
+    for text with no letters. Code blocks, links and URLs are ignored."""
+    sample = _MARKUP.sub(" ", text[: DETECT_CHARS * 2])[:DETECT_CHARS]
+    if not any(ch.isalpha() for ch in sample):
+        return "und"
+    language, _score = _identifier().classify(sample)
+    return language
+
+
+def text_config(language: str) -> str:
+    """The Postgres text-search configuration for an ISO 639-1 code (``simple`` when Postgres has
+    no stemmer for it, e.g. Japanese and Chinese, whose text ``lexical_text`` segments)."""
+    return POSTGRES_CONFIGS.get(language, FALLBACK_CONFIG)
+
+
+def _bigrams(match: re.Match) -> str:
+    run = match.group(0)
+    if len(run) == 1:
+        return f" {run} "
+    return " " + " ".join(run[i : i + 2] for i in range(len(run) - 1)) + " "
+
+
+def lexical_text(text: str) -> str:
+    """``text`` with every CJK run replaced by its space-separated character bigrams (a single
+    CJK character stays as it is); other text is unchanged."""
+    return _CJK_RUN.sub(_bigrams, text)

