@@ -18,6 +18,21 @@ def _default_storage_root() -> Path:
     return platformdirs.user_data_path("kb", appauthor=False)
 
 
+def parse_listen(value: str | None) -> tuple[str, int] | None:
+    """``"127.0.0.1:55432"`` → ``("127.0.0.1", 55432)``; None or ``""`` → None (socket only).
+
+    IPv6 addresses are written in brackets (``[::1]:55432``). Raises ValueError naming the
+    expected form when the value is not ``host:port`` with a port in 1-65535.
+    """
+    if not value:
+        return None
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:55432)")
+    return host, int(port)
+
+
 class Settings(BaseSettings):
     """kb's configuration. Environment variable = ``KB_`` + the upper-cased field name."""
 
@@ -65,6 +80,33 @@ class Settings(BaseSettings):
     )
     job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
     fts_config: str = Field(default="english", description="Postgres text search configuration.")
+
+    # -- connections: pooler, direct URL, embedded server's TCP address (SPEC §13) ------------
+    database_pooler: Literal["none", "transaction"] = Field(
+        default="none",
+        description=(
+            "'transaction' when KB_DATABASE_URL goes through a transaction-mode pooler (PgBouncer "
+            "pool_mode=transaction): no server-side prepared statements, no session state on it."
+        ),
+    )
+    direct_database_url: str | None = Field(
+        default=None,
+        description=(
+            "A URL reaching Postgres without the pooler, for session work (the worker's LISTEN). "
+            "Default: KB_DATABASE_URL (behind a transaction pooler the worker then polls)."
+        ),
+    )
+    embedded_listen: str | None = Field(
+        default=None,
+        description="host:port the embedded server also listens on over TCP, e.g. 127.0.0.1:55432 "
+        "(for Zero and GUI clients). Default: its Unix socket only.",
+    )
+
+    @field_validator("embedded_listen")
+    @classmethod
+    def _listen_address(cls, value: str | None) -> str | None:
+        parse_listen(value)  # ValueError → a validation error naming the variable
+        return value or None
 
     @field_validator("storage_root")
     @classmethod
