@@ -21,6 +21,14 @@ NOTES = {
 }
 
 
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """Write ``{relative path: text}`` under ``root`` (a folder to import); returns ``root``."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
 def document_ids(url: str, workspace_id: int = WORKSPACE) -> dict[str, int]:
     """``{path: id}`` of the workspace's projected documents."""
     with database.connect(url) as conn:
@@ -41,10 +49,7 @@ def run_core_flow(settings: Settings, notes_root: Path) -> KnowledgeBase:
     Returns the KnowledgeBase (for further checks). Raises AssertionError naming the step.
     """
     kb = KnowledgeBase.open(settings)  # `kb init`: schema, Procrastinate's schema, publication
-    for rel, text in NOTES.items():
-        (notes_root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (notes_root / rel).write_text(text)
-    assert kb.import_folder(notes_root, WORKSPACE).added == len(NOTES)
+    assert kb.import_folder(write_tree(notes_root, NOTES), WORKSPACE).added == len(NOTES)
     kb.run_worker(until_idle=True)
     assert_converged(kb)
     hits = kb.search(WORKSPACE, "refund of an annual subscription")
