@@ -103,10 +103,11 @@ def configure_connection(conn: psycopg.Connection, *, local: bool = False) -> No
     One statement (``configure_session`` in sql/queries/connection.sql) pins ``search_path``
     (``JOB_QUEUE_SCHEMA``, then pgvector's schema if different), ``TimeZone`` UTC, ``DateStyle`` ISO,
     ``IntervalStyle``, ``default_transaction_isolation`` read committed, read-write transactions,
-    and no ``statement_timeout`` / ``lock_timeout`` / ``idle_in_transaction_session_timeout`` (kb
+    and no ``statement_timeout`` / ``lock_timeout`` / ``idle_in_transaction_session_timeout`` /
+    ``transaction_timeout`` (Postgres 17+) (kb
     bounds its own waits, e.g. the write lock's ``KB_LOCK_TIMEOUT``). ``local=True`` sets them for
     the open transaction only (the migration runner, which may be handed any connection); otherwise
-    for the session, committed unless ``conn`` is in autocommit or inside a transaction block.
+    for the session: call it on a fresh connection, whose implicit transaction it then commits.
     Every connection kb opens passes through here. Raises psycopg.Error if the server refuses.
     """
     conn.execute(queries["configure_session"], {"job_schema": JOB_QUEUE_SCHEMA, "local": local})

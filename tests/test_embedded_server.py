@@ -50,7 +50,7 @@ def storage_root():
 
 def _embedded_env(root: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-    env.update(KB_STORAGE_ROOT=str(root), KB_EMBEDDED_MODEL="hashing", KB_EMBEDDING_MODEL="hashing", **extra)
+    env.update(KB_STORAGE_ROOT=str(root), KB_EMBEDDING_MODEL="hashing", **extra)
     return env
 
 

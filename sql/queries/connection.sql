@@ -15,4 +15,7 @@ SELECT set_config('search_path', concat_ws(', ', quote_ident(%(job_schema)s), (
        set_config('default_transaction_read_only', 'off', %(local)s) AS read_only,
        set_config('statement_timeout', '0', %(local)s) AS statement_timeout,
        set_config('lock_timeout', '0', %(local)s) AS lock_timeout,
-       set_config('idle_in_transaction_session_timeout', '0', %(local)s) AS idle_timeout;
+       set_config('idle_in_transaction_session_timeout', '0', %(local)s) AS idle_timeout,
+       -- Postgres 17+ only (NULL before): the index lock's transaction lasts a whole index run.
+       (SELECT set_config('transaction_timeout', '0', %(local)s) FROM pg_settings
+        WHERE name = 'transaction_timeout') AS transaction_timeout;
