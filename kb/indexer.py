@@ -231,22 +231,16 @@ class Indexer:
     # -- pieces of a run -----------------------------------------------------------------------
     @contextlib.contextmanager
     def _index_lock(self, workspace_id: int) -> Iterator[bool]:
-        """The workspace's session-level index lock (SPEC §4): yields False when it is taken.
+        """The workspace's index lock (SPEC §4): yields False when it is taken.
 
-        Held on its own autocommit connection, so it is released when the run ends or when a
-        killed worker's connection closes.
+        A transaction-level advisory lock held by a transaction kept open on its own connection
+        for the whole run: released when the run ends or a killed worker's connection closes, and
+        correct behind a transaction-mode pooler too (an open transaction pins its server
+        connection, where a session lock would stay behind on a pooled one).
         """
-        lock_conn = database.connect(self.database_url, autocommit=True)
         params = {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": workspace_id}
-        try:
-            locked = lock_conn.execute(queries["try_index_lock"], params).fetchone()["locked"]
-            try:
-                yield locked
-            finally:
-                if locked:
-                    lock_conn.execute(queries["index_unlock"], params)
-        finally:
-            lock_conn.close()
+        with database.transaction(self.database_url) as lock_conn:
+            yield lock_conn.execute(queries["try_index_lock"], params).fetchone()["locked"]
 
     def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:
         with database.transaction(self.database_url) as conn:

@@ -57,10 +57,43 @@ _current: "KnowledgeBase | None" = None
 
 
 def configure(kb: "KnowledgeBase") -> procrastinate.PsycopgConnector:
-    """Bind the tasks to ``kb``; returns a connector to kb's database for ``app.replace_connector``."""
+    """Bind the tasks to ``kb``; returns a connector to kb's database for ``app.replace_connector``.
+
+    The connector uses ``KB_DIRECT_DATABASE_URL`` when set (a real session, so LISTEN works), else
+    kb's URL; its connections pass through ``database.configure_async_connection`` like every kb
+    connection, or, behind a transaction-mode pooler, get no prepared statements (SPEC §13).
+    """
     global _current
     _current = kb
-    return procrastinate.PsycopgConnector(conninfo=kb.database_url)
+    return _ConfiguredConnector(database.session_database_url(kb.settings, kb.database_url))
+
+
+def worker_listens(kb: "KnowledgeBase") -> bool:
+    """Whether the worker can LISTEN for new jobs (False behind a transaction-mode pooler without
+    ``KB_DIRECT_DATABASE_URL``: it then polls every ``POLL_SECONDS``)."""
+    return not database.is_transaction_pooled(database.session_database_url(kb.settings, kb.database_url))
+
+
+POLL_SECONDS = 1.0
+
+
+class _ConfiguredConnector(procrastinate.PsycopgConnector):
+    """Procrastinate's psycopg connector whose connections, async (worker, LISTEN) and sync
+    (``app.open()`` for deferring), pass through kb's connection rule (``kb.database``)."""
+
+    def __init__(self, url: str) -> None:
+        self._kb_url = url
+        if database.is_transaction_pooled(url):
+            super().__init__(conninfo=url, kwargs=database.connection_kwargs(url))
+        else:
+            super().__init__(conninfo=url, configure=database.configure_async_connection)
+
+    def get_sync_connector(self) -> procrastinate.connector.BaseConnector:
+        if self._async_pool is None and self._sync_connector is None and not database.is_transaction_pooled(self._kb_url):
+            self._sync_connector = procrastinate.SyncPsycopgConnector(
+                conninfo=self._kb_url, configure=database.configure_connection
+            )
+        return super().get_sync_connector()
 
 
 def _kb() -> "KnowledgeBase":
@@ -232,6 +265,7 @@ def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int =
 
     kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
     connector = configure(kb)
+    listens = worker_listens(kb)
     stalled = kb.settings.stalled_job_seconds
 
     async def _run() -> None:
@@ -239,6 +273,7 @@ def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int =
             async with bound.open_async():
                 await bound.run_worker_async(
                     queues=QUEUES, wait=not until_idle, concurrency=concurrency,
+                    listen_notify=listens, fetch_job_polling_interval=5.0 if listens else POLL_SECONDS,
                     install_signal_handlers=not until_idle,
                     update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
                 )

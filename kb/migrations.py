@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 
+from kb.database import JOB_QUEUE_SCHEMA, configure_connection
 from kb.errors import MigrationError
 from kb.publication import PublicationStatus, ensure_publication
 from kb.sql import migrations_dir, queries, sql_root
@@ -52,6 +53,22 @@ def _procrastinate_schema() -> tuple[str, str]:
     return f"procrastinate/{procrastinate.__version__}", SchemaManager.get_schema()
 
 
+def _job_queue_installed(conn: psycopg.Connection) -> bool:
+    """Whether Procrastinate's tables are in ``JOB_QUEUE_SCHEMA``; raises MigrationError when they
+    are only elsewhere (an install made under a session ``search_path`` before kb pinned its own)."""
+    schemas = [row["schema"] for row in conn.execute(queries["procrastinate_schemas"])]
+    if JOB_QUEUE_SCHEMA in schemas:
+        return True
+    if schemas:
+        raise MigrationError(
+            f"Procrastinate's tables are in schema {', '.join(schemas)}, not {JOB_QUEUE_SCHEMA} where "
+            "kb expects them (an earlier kb init ran under a search_path from PGOPTIONS, ALTER ROLE "
+            "or ALTER DATABASE). Drop that schema's procrastinate_* objects (no job is lost that "
+            "a sweep does not re-create) and run kb init again."
+        )
+    return False
+
+
 def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False) -> MigrationReport:
     """Bring the database to the current schema; returns what was applied.
 
@@ -62,17 +79,21 @@ def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False)
     report = MigrationReport(fresh=False)
     try:
         with conn.transaction():
+            # The same session rule as every kb connection, for this transaction: Procrastinate's
+            # schema goes to JOB_QUEUE_SCHEMA whatever search_path the session came with.
+            configure_connection(conn, local=True)
             conn.execute(queries["create_ledger"])
             conn.execute(queries["lock_migrations"], {"namespace": MIGRATION_LOCK_NAMESPACE})
             applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
             # Procrastinate's tables first: kb's views over them (kb.job_health, issue 4) need them.
             name, schema = _procrastinate_schema()
-            if not conn.execute(queries["procrastinate_installed"]).fetchone()["installed"]:
+            if not _job_queue_installed(conn):
                 conn.execute(schema)
-                conn.execute(
-                    queries["record_migration"],
-                    {"name": name, "checksum": hashlib.sha256(schema.encode()).hexdigest()},
-                )
+                if name not in applied:  # a re-install after its misplaced copy was dropped
+                    conn.execute(
+                        queries["record_migration"],
+                        {"name": name, "checksum": hashlib.sha256(schema.encode()).hexdigest()},
+                    )
                 report.applied.append(name)
             files = migration_files()
             kb_applied = [name for name in applied if not name.startswith("procrastinate/")]

@@ -10,12 +10,27 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_storage_root() -> Path:
     return platformdirs.user_data_path("kb", appauthor=False)
+
+
+def parse_listen(value: str | None) -> tuple[str, int] | None:
+    """``"127.0.0.1:55432"`` → ``("127.0.0.1", 55432)``; None or ``""`` → None (socket only).
+
+    IPv6 addresses are written in brackets (``[::1]:55432``). Raises ValueError naming the
+    expected form when the value is not ``host:port`` with a port in 1-65535.
+    """
+    if not value:
+        return None
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:55432)")
+    return host, int(port)
 
 
 class Settings(BaseSettings):
@@ -86,6 +101,33 @@ class Settings(BaseSettings):
     drift_cron: str = Field(default="*/30 * * * *", description="Cron of the drift check of flipped workspaces.")
     drift_max_repairs: int = Field(default=100, description="Drift findings repaired per workspace per run.")
 
+    # -- connections: pooler, direct URL, embedded server's TCP address (SPEC §13) ------------
+    database_pooler: Literal["none", "transaction"] = Field(
+        default="none",
+        description=(
+            "'transaction' when KB_DATABASE_URL goes through a transaction-mode pooler (PgBouncer "
+            "pool_mode=transaction): no server-side prepared statements, no session state on it."
+        ),
+    )
+    direct_database_url: str | None = Field(
+        default=None,
+        description=(
+            "A URL reaching Postgres without the pooler, for session work (the worker's LISTEN). "
+            "Default: KB_DATABASE_URL (behind a transaction pooler the worker then polls)."
+        ),
+    )
+    embedded_listen: str | None = Field(
+        default=None,
+        description="host:port the embedded server also listens on over TCP, e.g. 127.0.0.1:55432 "
+        "(for Zero and GUI clients). Default: its Unix socket only.",
+    )
+
+    @field_validator("embedded_listen")
+    @classmethod
+    def _listen_address(cls, value: str | None) -> str | None:
+        parse_listen(value)  # ValueError → a validation error naming the variable
+        return value or None
+
     @field_validator("storage_root")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -95,3 +137,11 @@ class Settings(BaseSettings):
     def knowledge_store(self) -> Path:
         """``{storage_root}/knowledge_store`` — one git repository per workspace (SPEC §2.1)."""
         return self.storage_root / "knowledge_store"
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line naming each refused ``KB_*`` variable and why (for the CLI's error output)."""
+    problems = [
+        f"KB_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()
+    ]
+    return "invalid setting " + "; ".join(problems) + " (fix or unset the environment variable)"

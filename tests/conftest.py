@@ -8,19 +8,22 @@ milliseconds) and its own storage root, so tests never see each other's rows or 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from kb.database import start_embedded
+from kb import database
+from kb.database import start_embedded, stop_embedded
 from kb.knowledge_base import KnowledgeBase
 from kb.migrations import apply_migrations
 from kb.settings import Settings
@@ -56,42 +59,93 @@ def run_admin(admin_url: str, query: str, **identifiers: str) -> None:
         conn.execute(statement)
 
 
+@contextlib.contextmanager
+def embedded_server(prefix: str) -> Iterator[str]:
+    """A private embedded Postgres 18 + pgvector (``wal_level=logical``) for the block; admin URL."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield start_embedded(root / "data", database="postgres")
+    finally:
+        stop_embedded(root / "data")
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory) -> str:
-    """Admin URL of the test Postgres server (database ``postgres``)."""
+def pg_server() -> Iterator[str]:
+    """Admin URL of the test Postgres server (database ``postgres``): ``KB_TEST_DATABASE_URL``
+    (any Postgres 15+ with pgvector ≥ 0.5 and a role that may CREATE DATABASE), else an embedded
+    Postgres 18 started for the session."""
     configured = os.environ.get("KB_TEST_DATABASE_URL")
     if configured:
-        return with_database(configured, "postgres")
-    root = Path(tempfile.mkdtemp(prefix="kbpg-"))
-    url = start_embedded(root / "data", database="postgres")
-    yield url
-    from kb.database import stop_embedded
+        yield with_database(configured, "postgres")
+        return
+    with embedded_server("kbpg-") as url:
+        yield url
 
-    stop_embedded(root / "data")
-    shutil.rmtree(root, ignore_errors=True)
+
+def make_template(server_url: str) -> str:
+    """Create this session's template database (kb's full schema) on ``server_url``; returns its name.
+
+    Named per test process, so several test runs can share one server."""
+    name = f"{TEMPLATE}_{os.getpid()}"
+    run_admin(server_url, "drop_database", database=name)
+    run_admin(server_url, "create_database", database=name)
+    with database.connect(with_database(server_url, name)) as conn:
+        apply_migrations(conn)
+    return name
 
 
 @pytest.fixture(scope="session")
-def template_url(pg_server: str) -> str:
+def template_url(pg_server: str) -> Iterator[str]:
     """A database holding kb's full schema, used as the template of every test database."""
-    run_admin(pg_server, "drop_database", database=TEMPLATE)
-    run_admin(pg_server, "create_database", database=TEMPLATE)
-    url = with_database(pg_server, TEMPLATE)
-    with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
-        apply_migrations(conn)
-    return url
+    name = make_template(pg_server)
+    yield with_database(pg_server, name)
+    database.close_pools()
+    run_admin(pg_server, "drop_database", database=name)
+
+
+@contextlib.contextmanager
+def fresh_database(server_url: str, template: str) -> Iterator[str]:
+    """A new database copied from ``template`` on ``server_url`` for the block; its URL."""
+    name = f"kb_test_{os.getpid()}_{next(_counter)}"
+    run_admin(server_url, "create_database_from_template", database=name, template=template)
+    try:
+        yield with_database(server_url, name)
+    finally:
+        database.close_pools()  # a test's pooled connections would block DROP DATABASE
+        run_admin(server_url, "drop_database", database=name)
 
 
 @pytest.fixture
-def database_url(pg_server: str, template_url: str) -> str:
+def database_url(pg_server: str, template_url: str) -> Iterator[str]:
     """URL of a fresh database with kb's schema, dropped after the test."""
-    name = f"kb_test_{os.getpid()}_{next(_counter)}"
-    run_admin(pg_server, "create_database_from_template", database=name, template=TEMPLATE)
-    yield with_database(pg_server, name)
-    from kb.database import close_pools
+    with fresh_database(pg_server, psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]) as url:
+        yield url
 
-    close_pools()  # a pool would reconnect to the database between terminate and DROP
-    run_admin(pg_server, "drop_database", database=name)
+
+def wal_level(server_url: str) -> str:
+    """The server's ``wal_level``."""
+    with psycopg.connect(server_url) as conn:
+        return conn.execute(queries["show_wal_level"]).fetchone()[0]
+
+
+@pytest.fixture(scope="session")
+def logical_server(pg_server: str, template_url: str) -> Iterator[tuple[str, str]]:
+    """``(admin URL, template name)`` of a server with ``wal_level=logical`` (logical replication
+    tests, SPEC §6): the test server when it has it, else a private embedded one (a server's
+    wal_level needs a restart, which a shared server must not get from a test)."""
+    if wal_level(pg_server) == "logical":
+        yield pg_server, psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
+        return
+    with embedded_server("kblogical-") as url:
+        yield url, make_template(url)
+
+
+@pytest.fixture
+def logical_database_url(logical_server: tuple[str, str]) -> Iterator[str]:
+    """URL of a fresh database with kb's schema on a ``wal_level=logical`` server."""
+    with fresh_database(*logical_server) as url:
+        yield url
 
 
 @pytest.fixture

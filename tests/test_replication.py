@@ -44,6 +44,12 @@ def _wait_until_equal(publisher: str, subscriber: str) -> tuple[list[tuple], lis
 
 
 @pytest.fixture
+def database_url(logical_database_url: str) -> str:
+    """These tests publish: their database lives on a wal_level=logical server (conftest)."""
+    return logical_database_url
+
+
+@pytest.fixture
 def subscriber_server():
     """A second embedded Postgres (its own data directory and socket), stopped afterwards."""
     root = Path(tempfile.mkdtemp(prefix="kbsub-"))

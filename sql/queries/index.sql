@@ -1,10 +1,8 @@
 -- Named queries of the derived index (kb/indexer.py, SPEC §7).
 
 -- name: try_index_lock
-SELECT pg_try_advisory_lock(%(namespace)s, %(workspace_id)s) AS locked;
-
--- name: index_unlock
-SELECT pg_advisory_unlock(%(namespace)s, %(workspace_id)s);
+-- Held until the lock connection's transaction ends (kb/indexer.py _index_lock).
+SELECT pg_try_advisory_xact_lock(%(namespace)s, %(workspace_id)s) AS locked;
 
 -- name: documents_to_index
 -- Documents whose indexed content lags their projected content, excluding quarantined and

