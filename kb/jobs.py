@@ -229,6 +229,8 @@ def expire_citations(timestamp: int) -> dict:
     """Hourly: delete chats whose citation handles went unused for ``KB_CITATION_TTL`` seconds
     (SPEC §8, issue 10)."""
     return {"chats_expired": _kb().expire_citations()}
+
+
 # -- issue 11: span fill and drift check (SPEC §9, §10) -------------------------------------
 SPAN_FILL_CRON = Settings().span_fill_cron
 DRIFT_CRON = Settings().drift_cron
