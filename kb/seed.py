@@ -27,6 +27,7 @@ index job meanwhile skips instead of embedding what is about to be adopted.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import time
@@ -38,9 +39,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from kb import database
+from kb.chunk_context import context_line
 from kb.errors import LegacySourceError, LockTimeout, SeedRefused
+from kb.languages import detect_language, lexical_text, text_config
 from kb.locks import INDEX_LOCK_NAMESPACE
-from kb.paths import NameRegistry, blob_id, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
+from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
 from kb.projection import PATH_KEYED_TYPES
 from kb.sql import queries
 from kb.store import INDEX_TASK, defer_job
@@ -405,23 +408,18 @@ class Seeder:
 
     @contextlib.contextmanager
     def _index_lock(self) -> Iterator[None]:
-        """Hold the workspace's session-level index lock (the indexer's, SPEC §4), waiting up to
-        ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
-        conn = database.connect(self.kb.database_url, autocommit=True)
+        """Hold the workspace's index lock (the indexer's: a transaction-level advisory lock in a
+        transaction kept open on its own connection, SPEC §4), waiting up to ``lock_timeout``
+        seconds for a running index job; raises LockTimeout."""
         params = {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": self.workspace_id}
-        try:
+        with database.transaction(self.kb.database_url) as conn:
             deadline = time.monotonic() + self.kb.settings.lock_timeout
             while not conn.execute(queries["try_index_lock"], params).fetchone()["locked"]:
                 if time.monotonic() > deadline:
                     raise LockTimeout(f"workspace {self.workspace_id}: an index run holds the index lock; "
                                       "seed again when it has finished")
                 time.sleep(0.1)
-            try:
-                yield
-            finally:
-                conn.execute(queries["index_unlock"], params)
-        finally:
-            conn.close()
+            yield
 
     def _write_blobs(self, legacy: psycopg.Connection, seeded: list[SeedEntry], keeps: list[str]) -> dict[str, str]:
         """Stream the bodies into the object store; ``{virtual path: blob id}`` of the planned set
@@ -506,25 +504,38 @@ class Seeder:
                          {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in seeded]})
         return {e.legacy_id: rows[e.path] for e in seeded}
 
+    def _text_config(self, text: str) -> str:
+        """The document's text-search configuration, as the indexer picks it: ``KB_FTS_CONFIG``,
+        or with ``auto`` the one of the language its (legacy chunk) text is written in."""
+        if self.kb.settings.fts_config != "auto":
+            return self.kb.settings.fts_config
+        return text_config(detect_language(text))
+
     def _adopt_chunks(self, legacy: psycopg.Connection, report: SeedReport, rows: dict[int, dict]) -> None:
         """Copy legacy vectors of documents not yet indexed at their content; mark them indexed
         and set the stamp to HEAD (the seed revision). Documents without legacy chunks stay pending."""
         todo = {legacy_id: row for legacy_id, row in rows.items()
                 if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])}
         with_chunks: set[int] = set()
-        settings = self.kb.settings
         with database.transaction(self.kb.database_url) as conn:
             if todo:
                 conn.execute(queries["delete_chunks_of_documents"], {"ids": [row["id"] for row in todo.values()]})
             conn.execute(queries["create_adopt_staging"])
             with conn.cursor().copy(queries["copy_adopt_staging"]) as copy:
-                for chunk in _stream(legacy, queries["legacy_chunks"], {"workspace": self.legacy_workspace}):
-                    row = todo.get(chunk["document_id"])
-                    if row is not None:
-                        with_chunks.add(row["id"])
-                        copy.write_row((row["id"], chunk["position"], chunk["content"], chunk["embedding"]))
+                legacy_chunks = _stream(legacy, queries["legacy_chunks"], {"workspace": self.legacy_workspace})
+                for document_id, chunks in itertools.groupby(legacy_chunks, key=lambda c: c["document_id"]):
+                    row = todo.get(document_id)
+                    if row is None:
+                        continue
+                    chunks = list(chunks)  # one document's chunks at a time
+                    with_chunks.add(row["id"])
+                    config = self._text_config("\n\n".join(c["content"] for c in chunks))
+                    context = lexical_text(context_line(row["title"], ()))
+                    for chunk in chunks:
+                        copy.write_row((row["id"], chunk["position"], chunk["content"], chunk["embedding"],
+                                        config, context, lexical_text(chunk["content"])))
             report.chunks_adopted = conn.execute(queries["adopt_staged_chunks"], {
-                "model": report.legacy_model, "fts_config": settings.fts_config}).rowcount
+                "model": report.legacy_model}).rowcount
             conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": self.store.head()})
             conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": self.store.head()})
         report.documents_adopted = len(with_chunks)

@@ -4,7 +4,7 @@ Adopted chunks (``kb.seed``) carry vectors but no spans, so search renders them 
 span fill aligns each document's stored chunk texts against its git blob at HEAD in position order
 — a cursor scan: chunk *k* is looked up at or after the end of chunk *k-1*, so a repeated
 paragraph maps to the occurrence in the same order — and writes character offsets and line spans
-with the chunker's own line rule (``kb.chunking.line_starts`` / ``line_of``; the span covers the
+with kb's one line counter, the chunker's (``kb.lines.line_starts`` / ``line_of``; the span covers the
 chunk's non-blank content, as the chunker's spans do).
 
 All or nothing per document: if one chunk is not found in order (the body was edited after the
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from psycopg.rows import tuple_row
 
 from kb import database
-from kb.chunking import line_of, line_starts
+from kb.lines import line_of, line_starts
 from kb.errors import DocumentNotFound
 from kb.sql import queries
 

@@ -88,22 +88,28 @@ WHERE workspace_id = %(workspace_id)s AND NOT (legacy_id = ANY(%(legacy_ids)s));
 
 -- name: create_adopt_staging
 -- Legacy chunk rows are COPYed here first (one round trip per many rows), then inserted at once.
-CREATE TEMP TABLE kb_adopt_staging (document_id bigint, position integer, text text, embedding text)
+CREATE TEMP TABLE kb_adopt_staging (document_id bigint, position integer, text text, embedding text,
+                                    text_config text, lexical_context text, lexical_text text)
 ON COMMIT DROP;
 
 -- name: copy_adopt_staging
-COPY kb_adopt_staging (document_id, position, text, embedding) FROM STDIN;
+COPY kb_adopt_staging (document_id, position, text, embedding, text_config, lexical_context, lexical_text)
+FROM STDIN;
 
 -- name: adopt_staged_chunks
--- Legacy chunk rows: their vectors kept, no spans yet (the span fill converges them, SPEC §9),
--- tsvectors computed as the indexer does. The text the legacy model embedded is unknown, so
--- text_sha256 carries a "legacy:" prefix: it never equals an embedding-cache key and the indexer's
--- reconciler never reuses the row for kb's own chunks (SPEC §7: never warm the cache from them).
+-- Legacy chunk rows: their vectors kept, no spans yet (the span fill converges them, SPEC §9), the
+-- tsv built as the indexer builds it (context line weight A, text weight D, the document's text
+-- configuration; kb.lexeme_stats follow through the chunks trigger). The text the legacy model
+-- embedded is unknown, so text_sha256 carries a "legacy:" prefix: it never equals an
+-- embedding-cache key and the indexer never reuses the row for its own chunks (SPEC §7: the cache
+-- is never warmed from legacy rows).
 INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
-                       start_line, end_line, token_count, embedding_model, embedding, tsv)
+                       start_line, end_line, token_count, embedding_model, embedding, text_config, tsv)
 SELECT s.document_id, d.workspace_id, s.position, s.text,
        'legacy:' || encode(sha256(convert_to(s.text, 'UTF8')), 'hex'), NULL, NULL, NULL, NULL, NULL,
-       %(model)s, s.embedding::vector, to_tsvector(%(fts_config)s::regconfig, d.title || ' ' || s.text)
+       %(model)s, s.embedding::vector, s.text_config,
+       setweight(to_tsvector(s.text_config::regconfig, s.lexical_context), 'A')
+       || to_tsvector(s.text_config::regconfig, s.lexical_text)
 FROM kb_adopt_staging s JOIN kb.documents d ON d.id = s.document_id;
 
 -- name: mark_documents_adopted
