@@ -291,6 +291,13 @@ def status(workspace: int | None, as_json: bool) -> None:
         for finding in ws.get("drift", []):
             click.echo(f"drift:      {finding['kind']}: {finding['findings']} ({finding['repaired']} repaired) "
                        f"at {finding['checked_at']}")
+        remote = ws.get("remote")
+        if remote:
+            click.echo(f"remote:     {remote['url']} ({remote['branch']}): pushed "
+                       f"{remote['last_pushed_revision'] or 'nothing yet'}"
+                       f"{' (behind HEAD)' if remote['behind'] else ''}")
+            if remote["last_push_error"]:
+                click.echo(f"  last push error: {remote['last_push_error']}")
     for lag in info.get("index_lag", []):
         click.echo(f"index lag:  workspace {lag['workspace_id']}: {lag['revisions_behind']} revisions behind, "
                    f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined")
@@ -383,7 +390,7 @@ def fsck(workspace: int) -> None:
     """Check a workspace with git's own fsck, remove stale git locks, record revisions git has
     and Postgres lacks (deferring their index jobs), and repair a stale working tree.
 
-    Exits 1 when git reports errors. Example: kb fsck --workspace 1
+    Exits 1 when git reports errors or an artifact blob is missing or corrupt. Example: kb fsck --workspace 1
     """
     report = _open().fsck(workspace)
     click.echo(f"git fsck --strict: {'ok' if report.git_ok else 'ERRORS'}")
@@ -402,10 +409,16 @@ def fsck(workspace: int) -> None:
     for path in report.overlong_paths:
         click.echo(f"path too long to check out ({len(path.encode('utf-8', 'surrogateescape')) - 11} bytes below /documents): {path}\n"
                    f"    fix: {report.fix_for(path)}")
-    if report.git_ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed
-                              or report.overlong_paths):
+    for problem in report.artifact_problems:
+        click.echo(f"artifact ERROR: {problem}")
+    if report.remote_problem:
+        click.echo(f"remote ERROR: {report.remote_problem}")
+    if report.artifact_orphans_removed:
+        click.echo(f"removed {len(report.artifact_orphans_removed)} unreferenced artifact blobs")
+    if report.ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed
+                          or report.overlong_paths):
         click.echo("clean: git, Postgres history and working tree agree")
-    if not report.git_ok:
+    if not report.ok:
         sys.exit(1)
 
 # ---- issue 4: the derived index's operations (SPEC §7) ----------------------------------------
@@ -498,6 +511,13 @@ from kb.cli_seed import drift, seed, spans  # noqa: E402  (issue 11: legacy seed
 main.add_command(seed)
 main.add_command(spans)
 main.add_command(drift)
+from kb.cli_artifact import artifact as _artifact_group  # noqa: E402  (issue 17, SPEC §11)
+
+main.add_command(_artifact_group)
+from kb.cli_remote import remote as _remote_group  # noqa: E402  (issue 18, SPEC §13)
+
+main.add_command(_remote_group)
+
 
 if __name__ == "__main__":
     main()

@@ -115,6 +115,13 @@ class Draft:
     pending: str | None = None
     """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
 
+    # Artifacts (SPEC §11): how the store treats ARTIFACT documents this draft touches
+    # (``kb.artifact_rows``: refuse | bump | artifact), and callbacks ``hook(conn, head_tree,
+    # revision_id)`` the store runs under the write lock in the revision's transaction once the
+    # commit object is built, before the revision is recorded (a hook raising records nothing).
+    artifact_access: str = "refuse"
+    on_record: list = field(default_factory=list)
+
     # -- state -------------------------------------------------------------------------
     def _current(self, repo_path: str) -> "bytes | BlobRef | None":
         if repo_path in self._overlay:

@@ -172,3 +172,48 @@ class LegacySourceError(KbError):
 class SeedRefused(KbError):
     """A seed step was refused: re-seeding a flipped workspace without ``--force``, or ``--flip``
     without byte parity in the same run."""
+
+# -- artifacts (issue 17, SPEC §11) -------------------------------------------------------------
+class ArtifactNotFound(KbError):
+    """No artifact with that id in the workspace (deleted, or never saved)."""
+
+
+class StaleGeneration(KbError):
+    """``revise_artifact``/``delete_artifact`` named an older generation than the artifact's current
+    one: someone revised it meanwhile. ``current`` holds the current generation; reload and retry."""
+
+    def __init__(self, artifact_id: int, expected: int, current: int) -> None:
+        self.artifact_id, self.expected, self.current = artifact_id, expected, current
+        super().__init__(
+            f"artifact {artifact_id} is at generation {current}, not {expected}: it was revised "
+            f"meanwhile; reload it (`kb artifact show {artifact_id}`) and revise generation {current}"
+        )
+
+
+class BlobStoreError(KbError):
+    """The artifact blob store could not write or read a file (disk full, permissions, missing)."""
+
+
+# -- git remotes (issue 18, SPEC §13) -----------------------------------------------------------
+class RemoteError(KbError):
+    """A workspace's git remote cannot be configured or pushed to (messages are redacted)."""
+
+
+class RemoteNotFound(RemoteError):
+    """The workspace has no remote; add one with ``kb remote add``."""
+
+
+class RemoteExists(RemoteError):
+    """The workspace already has a remote (one per workspace); remove it first."""
+
+
+class RemoteDiverged(RemoteError):
+    """The remote branch holds commits HEAD does not contain; kb never merges or force-pushes."""
+
+
+class RemoteUnreachable(RemoteError):
+    """The remote could not be reached or refused the credentials."""
+
+
+class PushFailed(RemoteError):
+    """A push did not update the remote branch (recorded in ``kb.remotes.last_push_error``)."""

@@ -16,6 +16,10 @@
 4. a stale working tree (``git status`` not clean) is repaired path by path from HEAD; a path at
    HEAD too long for the path law (SPEC §2.3) cannot be checked out: it is listed in
    ``overlong_paths`` with the ``kb mv`` that fixes it, never a crash.
+5. artifacts (SPEC §11, ``kb.artifacts.Artifacts.check``): every attached file's blob must exist
+   and hash to its sha256 (else an error); pending purges run; orphan blobs are removed;
+6. the git remote (SPEC §13), when one is configured and reachable: its branch must be absent or an
+   ancestor of HEAD (else an error).
 """
 
 from __future__ import annotations
@@ -49,11 +53,14 @@ class FsckReport:
     temporary_packs_removed: list[str] = field(default_factory=list)
     overlong_paths: list[str] = field(default_factory=list)
     """Virtual paths at HEAD longer than MAX_PATH_BYTES below /documents (cannot be checked out)."""
+    artifact_problems: list[str] = field(default_factory=list)
+    artifact_orphans_removed: list[str] = field(default_factory=list)
+    remote_problem: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when git found no error (repairs made are not errors)."""
-        return self.git_ok
+        """True when git found no error and every artifact blob is intact (repairs are not errors)."""
+        return self.git_ok and not self.artifact_problems and self.remote_problem is None
 
     def fix_for(self, path: str) -> str:
         """The command that moves an over-long ``path`` to a name that fits (SPEC §2.3)."""
@@ -125,4 +132,12 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
         if stale_paths:
             refused = set(repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths]))
             report.worktree_repaired = ["/" + p for p in stale_paths if p not in refused]
+    from kb.artifacts import Artifacts
+
+    checked_artifacts = Artifacts(store, lambda: "kb").check()
+    report.artifact_problems = checked_artifacts.problems
+    report.artifact_orphans_removed = checked_artifacts.orphans_removed + checked_artifacts.purged
+    from kb.remotes import Remote
+
+    report.remote_problem = Remote(store).check()
     return report

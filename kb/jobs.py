@@ -1,7 +1,9 @@
 """Procrastinate jobs (SPEC §6, §7): the app, kb's tasks, the periodic tasks, and the worker.
 
 Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``),
-``maintenance`` (the periodic tasks) and ``span_fill`` (``kb.span_fill``, issue 11). Workspace jobs
+``maintenance`` (the periodic tasks), ``span_fill`` (``kb.span_fill``, issue 11) and ``push``
+(``kb.push_remote``, issue 18, SPEC §13: lock ``push:{ws}``, coalesced by the deferring query,
+retried with Procrastinate's backoff). Workspace jobs
 take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
 them (``lock="ws:{ws}"``) is always safe. Jobs are deferred by the store inside the revision's own
 Postgres transaction (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
 
 REINDEX_TASK = "kb.reindex"
-QUEUES = ["projection", "index", "maintenance", "span_fill"]
+QUEUES = ["projection", "index", "maintenance", "span_fill", "push"]
 SWEEP_CRON = STALLED_CRON = Settings().maintenance_cron  # read once, when the tasks are declared
 CLEANUP_CRON = "17 * * * *"
 
@@ -256,6 +258,23 @@ def drift_check(timestamp: int) -> list[dict]:
     """Compare git HEAD with document/chunk rows of flipped workspaces; repair Postgres only,
     capped per run (``KB_DRIFT_MAX_REPAIRS``)."""
     return [report.as_dict() for report in _kb().drift_check()]
+
+
+# -- issue 18: push to a git remote (SPEC §13) ------------------------------------------------------
+PUSH_RETRY = procrastinate.RetryStrategy(max_attempts=8, exponential_wait=2)
+"""A failed push is retried after 2, 4, 8 … 256 s; then the sweep re-defers it (30 s doubling, ≤ 1 h)."""
+
+
+@app.task(name="kb.push_remote", queue="push", retry=PUSH_RETRY)
+def push_remote(workspace_id: int) -> dict:
+    """Push the workspace's current HEAD to its remote, fast-forward only (``kb.remotes``); does
+    nothing when the remote is already at HEAD. Deferred with lock ``push:{ws}`` (never ``ws:{ws}``)."""
+    from kb.errors import RemoteNotFound
+
+    try:
+        return _kb().remote(workspace_id).push().as_dict()
+    except RemoteNotFound:  # removed since the job was deferred
+        return {"revision": None, "pushed": False, "previous": None}
 
 
 def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:

@@ -32,6 +32,9 @@ from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspac
 
 if TYPE_CHECKING:
     from kb.conversation import Conversation
+
+    from kb.artifacts import Artifacts
+    from kb.remotes import Remote
     from kb.fsck import FsckReport
 
 
@@ -265,6 +268,9 @@ class KnowledgeBase:
                 from kb.drift import drift_report
 
                 result["workspace"]["drift"] = drift_report(conn, workspace_id)
+
+                remote = self.remote(workspace_id).status_or_none()  # issue 18: URL redacted
+                result["workspace"]["remote"] = None if remote is None else remote.__dict__
             result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
             result["job_health"] = conn.execute(queries["job_health"]).fetchall()
         return result
@@ -332,6 +338,22 @@ class KnowledgeBase:
         return sweep(self)
 
 
+    # -- artifacts (issue 17, SPEC §11) ---------------------------------------------------
+    def artifacts(self, workspace_id: int) -> "Artifacts":
+        """The artifacts of a workspace: ``save``, ``revise``, ``get``, ``list``, ``read_file``,
+        ``delete`` (``kb.artifacts.Artifacts``). Raises InvalidWorkspace."""
+        from kb.artifacts import Artifacts
+
+        return Artifacts(self.store(workspace_id), default_author)
+
+    # -- git remotes (issue 18, SPEC §13) ----------------------------------------------------
+    def remote(self, workspace_id: int) -> "Remote":
+        """The workspace's push-only git remote: ``add``, ``status``, ``remove``, ``push``,
+        ``defer_push`` (``kb.remotes.Remote``). Raises InvalidWorkspace."""
+        from kb.remotes import Remote
+
+        return Remote(self.store(workspace_id))
+
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None) -> "Turn":
         """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
@@ -391,8 +413,8 @@ class KnowledgeBase:
             ).fetchone()
         if row and row["document_type"] == "ARTIFACT":
             raise ArtifactReadOnly(
-                f"{target.virtual} is an ARTIFACT document; editor saves refuse artifacts (revise it "
-                "through the artifact API)"
+                f"{target.virtual} is an ARTIFACT document (id {row['id']}); editor saves refuse artifacts: "
+                f"use revise_artifact (`kb artifact revise {row['id']} --generation N --markdown FILE`)"
             )
         turn = self.turn(workspace_id, f"edit-{uuid.uuid4().hex}", author)
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")
+    quarantine_retry_seconds: float = Field(
+        default=3600.0,
+        description="Seconds before the sweep gives a quarantined document one more attempt (once the "
+                    "embedder answers a probe again).",
+    )
     max_index_bytes: int = Field(
         default=5_000_000,
         description="Documents larger than this many bytes are kept in git but marked unindexable.",
@@ -127,6 +132,13 @@ class Settings(BaseSettings):
     def _listen_address(cls, value: str | None) -> str | None:
         parse_listen(value)  # ValueError → a validation error naming the variable
         return value or None
+    # -- git remotes (issue 18, SPEC §13): credentials are read at push time, never stored
+    remote_username: str | None = Field(default=None, description="User name for pushing to an https remote.")
+    remote_password: SecretStr | None = Field(default=None, description="Password or token for the remote.")
+    remote_credentials_file: Path | None = Field(
+        default=None, description="A git-credentials file (lines https://user:token@host[/path]) to read at push time.",
+    )
+    remote_ssh_key: Path | None = Field(default=None, description="Private key file for ssh:// remotes.")
 
     @field_validator("storage_root")
     @classmethod

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from kb import database
+from kb import artifact_rows, database
 from kb.draft import BlobRef, Draft, repo_path_of
 from kb.commit_checks import check_case_collisions
 from kb.errors import (
@@ -247,6 +247,9 @@ class KnowledgeStore:
             ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
             text = message or summarize(list(ordered))
             commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer)
+            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
+            for hook in draft.on_record:  # e.g. the artifact layer's generation check (SPEC §11)
+                hook(conn, head_tree, commit.id.decode())
             fault_point("objects_written")
             revision = Revision(commit.id.decode(), workspace["revision_count"] + 1, head, author, committer,
                                 text, None, ordered)
@@ -309,6 +312,7 @@ class KnowledgeStore:
         refresh the working tree for the paths they touched (a crashed writer may have left it)."""
         missing = record_missing(conn, self.repository, workspace)
         if missing:
+            artifact_rows.recover(conn, self.workspace_id, (r.message for r in missing))
             defer_convergence(conn, self.workspace_id)
             try:  # the working tree is a convenience: never let it stop Postgres catching up
                 self.repository.refresh_worktree(
@@ -361,6 +365,7 @@ class KnowledgeStore:
         first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
         with self.transaction(text, author, committer) as draft:
+            draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: revert bumps generations
             written = {c.path: c.content_id for c in changes}
             for change in changes:
                 # undo a move as a move while the document is still where the revision put it and
@@ -390,6 +395,7 @@ class KnowledgeStore:
         virtual = StorePath.parse(str(path), allow_keep=True).virtual
         text = message or f"restore {virtual} from revision {revision[:12]}"
         with self.transaction(text, author, committer) as draft:
+            draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: restore bumps generations
             draft.write(virtual, data, allow_keep=True)
         return draft.revision
 
@@ -409,12 +415,14 @@ def write_failure(workspace_id: int, pending: str | None, exc: BaseException) ->
 
 
 def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
-    """Defer the projection and index jobs for a workspace in ``conn``'s transaction (SPEC §3, §7).
+    """Defer the projection and index jobs for a workspace in ``conn``'s transaction (SPEC §3, §7),
+    and the push job when the workspace has a git remote (SPEC §13, ``kb.remotes``).
 
     Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
     """
     for queue, task in (("projection", PROJECTION_TASK), ("index", INDEX_TASK)):
         defer_job(conn, queue, task, workspace_id)
+    conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # SPEC §13, if any
 
 
 def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None,

@@ -33,6 +33,9 @@ class SweepReport:
     projection_deferred: list[int] = field(default_factory=list)
     index_deferred: list[int] = field(default_factory=list)
     retry_deferred: list[int] = field(default_factory=list)
+    blobs_purged: list[int] = field(default_factory=list)
+    quarantine_retried: list[int] = field(default_factory=list)
+    push_deferred: list[int] = field(default_factory=list)
 
 
 def retry_delay_seconds(attempts: int) -> float:
@@ -61,7 +64,10 @@ def sweep(kb: "KnowledgeBase") -> SweepReport:
     report = SweepReport()
     with database.connect(kb.database_url, autocommit=True) as conn:
         lag = conn.execute(queries["index_lag"], {"workspace_id": None}).fetchall()
+    embedder_answers: list[bool] = []  # probed at most once per sweep, only when needed
     for row in lag:
+        if row["documents_quarantined"] > 0 and retry_quarantined(kb, row["workspace_id"], embedder_answers):
+            report.quarantine_retried.append(row["workspace_id"])
         ws = row["workspace_id"]
         store = kb.store(ws)
         if not store.exists():
@@ -83,4 +89,45 @@ def sweep(kb: "KnowledgeBase") -> SweepReport:
                 failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
                 defer_failed_retry(conn, ws, failed["attempts"])
                 report.retry_deferred.append(ws)
+    retry_blob_purges(kb, report)
+    with database.transaction(kb.database_url) as conn:  # issue 18: remotes still behind HEAD
+        for row in conn.execute(queries["remotes_to_push"]).fetchall():
+            if conn.execute(queries["defer_push_if_remote"], {"workspace_id": row["workspace_id"]}).fetchone():
+                report.push_deferred.append(row["workspace_id"])
     return report
+
+
+def _embedder_answers(kb: "KnowledgeBase") -> bool:
+    try:
+        kb.embedder.embed(["kb: embedder probe"])
+    except Exception as exc:  # any failure means "still down": the quarantine stays
+        log.info("sweep: embedder probe failed (%s); quarantined documents wait", exc)
+        return False
+    return True
+
+
+def retry_quarantined(kb: "KnowledgeBase", workspace_id: int, answers: list[bool]) -> bool:
+    """Give a workspace's quarantined documents one more attempt when the embedder answers a probe
+    (``answers`` caches the probe for one sweep), at most every ``KB_QUARANTINE_RETRY_SECONDS`` per
+    document, and defer the index job; True when any were requeued (SPEC §7)."""
+    if not answers:
+        answers.append(_embedder_answers(kb))
+    if not answers[0]:
+        return False
+    with database.transaction(kb.database_url) as conn:
+        retried = conn.execute(queries["retry_quarantined_documents"], {
+            "workspace_id": workspace_id, "max_attempts": kb.settings.max_attempts,
+            "retry_seconds": kb.settings.quarantine_retry_seconds,
+        }).fetchall()
+        if retried:
+            defer_job(conn, "index", INDEX_TASK, workspace_id)
+    return bool(retried)
+
+
+def retry_blob_purges(kb: "KnowledgeBase", report: SweepReport) -> None:
+    """Retry the artifact blob purges a failed delete left behind (SPEC §11)."""
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        pending = [r["workspace_id"] for r in conn.execute(queries["workspaces_with_blob_purges"])]
+    for ws in pending:
+        if kb.store(ws).exists() and kb.artifacts(ws).purge():
+            report.blobs_purged.append(ws)

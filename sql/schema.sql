@@ -424,3 +424,69 @@ CREATE TABLE kb.vector_indexes (
     built_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (workspace_id, model)
 );
+
+-- ---- issue 17: artifacts (migration 0011, SPEC §11) ----
+
+-- Sidecar of an ARTIFACT document (the markdown lives in git at documents/Artifacts/<title>.md):
+-- its format and generation counter (optimistic revisions: revise with the generation you read).
+CREATE TABLE kb.artifacts (
+    document_id bigint PRIMARY KEY REFERENCES kb.documents (id) ON DELETE CASCADE,
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    format text NOT NULL,
+    generation bigint NOT NULL CHECK (generation > 0),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX artifacts_by_workspace ON kb.artifacts (workspace_id);
+
+-- Files attached to an artifact: one row per role, the bytes in the content-addressed blob store
+-- under the storage root ({storage_root}/artifact_blobs/{workspace}/{sha256[:2]}/{sha256}).
+CREATE TABLE kb.artifact_files (
+    document_id bigint NOT NULL REFERENCES kb.artifacts (document_id) ON DELETE CASCADE,
+    workspace_id integer NOT NULL,
+    role text NOT NULL,
+    size bigint NOT NULL CHECK (size >= 0),
+    sha256 text NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    PRIMARY KEY (document_id, role)
+);
+CREATE INDEX artifact_files_by_blob ON kb.artifact_files (workspace_id, sha256);
+
+-- Blobs a delete left unreferenced and not yet removed from disk (a failed purge stays here with
+-- its error; the sweep retries it).
+CREATE TABLE kb.artifact_blob_purges (
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    sha256 text NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT now(),
+    attempts integer NOT NULL DEFAULT 0,
+    last_error text,
+    PRIMARY KEY (workspace_id, sha256)
+);
+
+-- When the document was last quarantined: the sweep gives it another attempt once the embedder
+-- answers again, at most every KB_QUARANTINE_RETRY_SECONDS (SPEC §7, issue 17).
+ALTER TABLE kb.documents ADD COLUMN quarantined_at timestamptz;
+
+-- ---- issue 18: push to a git remote (migration 0012, SPEC §13) ----
+
+-- One push-only remote per workspace. The URL never holds credentials (they come from the
+-- environment or a credentials file at push time); errors are stored redacted.
+CREATE TABLE kb.remotes (
+    workspace_id integer PRIMARY KEY REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    url text NOT NULL,
+    branch text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    last_pushed_revision text,
+    last_pushed_at timestamptz,
+    last_push_error text,
+    last_push_attempt_at timestamptz,
+    push_failures integer NOT NULL DEFAULT 0
+);
+
+-- Per remote: what was pushed, the last error (NULL after a success) and whether the recorded
+-- head is ahead of the remote.
+CREATE VIEW kb.remote_status AS
+SELECT r.workspace_id, r.url, r.branch, r.last_pushed_revision, r.last_pushed_at, r.last_push_error,
+       r.last_push_attempt_at, r.push_failures, w.head_revision AS head,
+       r.last_pushed_revision IS DISTINCT FROM w.head_revision AS behind
+FROM kb.remotes r
+JOIN kb.workspaces w ON w.id = r.workspace_id;

@@ -68,6 +68,7 @@ DELETE FROM kb.chunks WHERE document_id = %(document_id)s;
 UPDATE kb.documents
 SET index_attempts = index_attempts + 1,
     status = CASE WHEN index_attempts + 1 >= %(max_attempts)s THEN 'quarantined' ELSE 'failed' END,
+    quarantined_at = CASE WHEN index_attempts + 1 >= %(max_attempts)s THEN now() ELSE quarantined_at END,
     index_error = %(error)s
 WHERE id = %(document_id)s
 RETURNING status;
@@ -161,3 +162,12 @@ DELETE FROM kb.index_runs r
 WHERE r.status <> 'running'
   AND r.updated_at < now() - make_interval(hours => %(hours)s)
   AND r.id <> (SELECT max(id) FROM kb.index_runs l WHERE l.workspace_id = r.workspace_id);
+
+-- name: retry_quarantined_documents
+-- Quarantined documents get one more attempt (SPEC §7, issue 17) once the embedder answers again,
+-- at most every retry_seconds: a document failing again is quarantined again at once.
+UPDATE kb.documents
+SET status = 'failed', index_attempts = greatest(%(max_attempts)s - 1, 0)
+WHERE workspace_id = %(workspace_id)s AND status = 'quarantined'
+  AND (quarantined_at IS NULL OR quarantined_at <= now() - make_interval(secs => %(retry_seconds)s::float8))
+RETURNING id;

@@ -112,3 +112,19 @@ WHERE c.relname LIKE 'procrastinate%%' ORDER BY 1;
 
 -- name: test_document_ids
 SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY path;
+
+-- ---- issues 17, 18: artifacts and remotes ----
+
+-- name: test_push_jobs
+SELECT id, queue_name, lock, queueing_lock, status::text AS status, attempts
+FROM procrastinate_jobs WHERE task_name = 'kb.push_remote' ORDER BY id;
+
+-- name: test_set_document_type
+UPDATE kb.documents SET document_type = %(document_type)s
+WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
+
+-- name: test_text_tables
+-- Every table of kb's schema and Procrastinate's (the credential-leak scan reads them all).
+SELECT schemaname, tablename FROM pg_tables
+WHERE schemaname = 'kb' OR tablename LIKE 'procrastinate%'
+ORDER BY 1, 2;
