@@ -129,7 +129,8 @@ class InvalidPattern(KbError):
 
 
 class ArtifactReadOnly(KbError):
-    """An editor save targeted an ARTIFACT document; artifacts are revised through their own API (SPEC §11)."""
+    """A plain transaction, a turn commit or an editor save would change an ARTIFACT document's
+    file; artifacts are revised through ``revise_artifact`` (``kb.artifacts``, SPEC §11)."""
 
 
 # -- store under contention and crashes (issue 9, SPEC §3, §14) -------------------------------
