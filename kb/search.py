@@ -36,10 +36,10 @@ from kb.sql import queries
 MAX_QUERY_CHARS = 4000
 """Longer queries are refused: Postgres' tsquery parser overflows its stack near 100k characters,
 and the embedder reads only its first 256 tokens anyway."""
-RRF_K = 60
+RRF_K = 10
 """Reciprocal-rank fusion constant (SPEC §8)."""
 VECTOR_WEIGHT = 1.0
-TEXT_WEIGHT = 1.0
+TEXT_WEIGHT = 0.5
 UNCOVERED_VECTOR_WEIGHT = 0.01
 """The vector leg's weight for a query in a language the embedding model does not cover (the
 embedder's ``languages``; MiniLM is English-only): there its ranking is mostly noise and pulls the
