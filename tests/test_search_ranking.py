@@ -172,7 +172,7 @@ def test_model_directory_of_another_dimension_is_refused(tmp_path):
     # a real sentence-transformers model of 16 dimensions: MiniLM + a dense projection, saved
     transformer = models.Transformer(str(packaged))
     pooling = models.Pooling(transformer.get_word_embedding_dimension())
-    dense = models.Dense(pooling.get_sentence_embedding_dimension(), 16)
+    dense = models.Dense(transformer.get_word_embedding_dimension(), 16)
     small = tmp_path / "minilm-16"
     SentenceTransformer(modules=[transformer, pooling, dense], device="cpu").save(str(small))
     with pytest.raises(ConfigurationError, match="makes 16-d vectors but kb stores 384-d"):
