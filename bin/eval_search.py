@@ -132,6 +132,23 @@ def link_pairs(vault: Path) -> list[tuple[str, str, str]]:
     return pairs
 
 
+class RememberedQueries:
+    """The active embedder, answering the eval's queries from vectors computed once in a batch (so
+    the facade's own query embedding does not embed each query a second time)."""
+
+    def __init__(self, embedder, vectors: dict[str, "np.ndarray"]) -> None:
+        self.embedder, self.vectors = embedder, vectors
+        self.model, self.dim, self.semantic = embedder.model, embedder.dim, embedder.semantic
+        self.languages = getattr(embedder, "languages", None)
+
+    def embed(self, texts: list[str]):
+        if all(t in self.vectors for t in texts):
+            import numpy as np
+
+            return np.stack([self.vectors[t] for t in texts])
+        return self.embedder.embed(texts)
+
+
 def metrics(ranked: list[str], relevant: str) -> tuple[float, float]:
     """(recall@5, reciprocal rank within 10) of one ranking."""
     top = ranked[:10]
@@ -147,6 +164,17 @@ def documents_of(chunk_ids: list[int], chunk_document: dict[int, str], exclude: 
         if path is not None and path != exclude:
             out.setdefault(path, None)
     return list(out)
+
+
+def documents_by_sum(fused: list[tuple[int, float]], chunk_document: dict[int, str], exclude: str,
+                     per_document: int = 3) -> list[str]:
+    """Document paths ranked by the sum of their best ``per_document`` chunks' fused scores."""
+    scores: dict[str, list[float]] = {}
+    for chunk_id, score in fused:
+        path = chunk_document.get(chunk_id)
+        if path is not None and path != exclude and len(scores.setdefault(path, [])) < per_document:
+            scores[path].append(score)
+    return sorted(scores, key=lambda p: -sum(scores[p]))
 
 
 def bm25_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
@@ -244,7 +272,8 @@ def main() -> None:
     embedder = kb.use_embedder(make_embedder(settings))
     result: dict = {"model": embedder.model, "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
                                                           "text_weight": TEXT_WEIGHT}, "languages": {}}
-    grid = [(wv, wt, rk) for wv in (1.0,) for wt in (0.5, 0.75, 1.0, 1.5, 2.0) for rk in (10, 30, 60)]
+    grid = [(wv, wt, rk, grouping) for wv in (0.0, 0.01, 0.25, 0.5, 1.0) for wt in (0.5, 0.75, 1.0, 1.5)
+            for rk in (5, 10, 30, 60) for grouping in ("max", "sum3")]
     for language, ws in WORKSPACES.items():
         if language not in args.languages:
             continue
@@ -253,6 +282,7 @@ def main() -> None:
             chunk_document = {r["id"]: r["path"].removeprefix("/documents/") for r in conn.execute(
                 queries["eval_chunk_documents"], {"workspace_id": ws})}
         vectors = embedder.embed([q for q, _, _ in pairs])
+        kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
         scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "bm25": []}
         grid_scores: dict[tuple, list] = {g: [] for g in grid}
         legs = []
@@ -267,9 +297,12 @@ def main() -> None:
                 found = [e.path.removeprefix("/documents/") for e in kb.search(ws, query, k=11)]
                 scores["kb"].append(metrics([p for p in found if p != exclude], target))
                 if args.grid:
-                    for wv, wt, rk in grid:
-                        fused = [cid for cid, _ in fuse([(wv, v_ids), (wt, t_ids)], rk)]
-                        grid_scores[(wv, wt, rk)].append(metrics(documents_of(fused, chunk_document, exclude), target))
+                    for wv, wt, rk, grouping in grid:
+                        fused = fuse([(wv, v_ids), (wt, t_ids)], rk)
+                        ranked = (documents_of([cid for cid, _ in fused], chunk_document, exclude) if grouping == "max"
+                                  else documents_by_sum(fused, chunk_document, exclude))
+                        grid_scores[(wv, wt, rk, grouping)].append(metrics(ranked, target))
+        kb.use_embedder(embedder)
         for ranked, (_query, _source, target) in zip(bm25_rankings(documents, language, pairs, exclude_sources), pairs):
             scores["bm25"].append(metrics(ranked, target))
         summary = {name: {"recall@5": round(statistics.mean(r for r, _ in s), 4),
@@ -278,8 +311,8 @@ def main() -> None:
         best_other = max(summary["bm25"]["recall@5"], summary["vector"]["recall@5"])
         summary["kb_margin_recall@5"] = round(summary["kb"]["recall@5"] - best_other, 4)
         if args.grid:
-            summary["grid"] = {f"wv={wv} wt={wt} k={rk}": round(statistics.mean(r for r, _ in s), 4)
-                               for (wv, wt, rk), s in grid_scores.items()}
+            summary["grid"] = {f"wv={wv} wt={wt} k={rk} {grouping}": round(statistics.mean(r for r, _ in s), 4)
+                               for (wv, wt, rk, grouping), s in grid_scores.items()}
         result["languages"][language] = summary
         print(f"{language} ({len(pairs)} pairs): " + " | ".join(
             f"{name} R@5 {summary[name]['recall@5']:.3f} MRR@10 {summary[name]['mrr@10']:.3f}"
@@ -291,7 +324,7 @@ def main() -> None:
     database.close_pools()
     out = ROOT / "bench-results"
     out.mkdir(exist_ok=True)
-    path = out / f"eval-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path = out / f"eval-{'-'.join(args.languages)}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")
 

@@ -29,7 +29,11 @@ from kb.settings import Settings
 
 
 class Embedder(Protocol):
-    """``embed(texts) -> float32 array of shape (len(texts), dim)``; ``model`` names the space."""
+    """``embed(texts) -> float32 array of shape (len(texts), dim)``; ``model`` names the space.
+
+    An embedder may also say which languages it was trained on (``languages``: ISO 639-1 codes);
+    search weighs its vector leg down for queries in other languages. Absent or None: all.
+    """
 
     model: str
     dim: int
@@ -125,7 +129,10 @@ def _minilm_directory() -> Path:
 
 
 class MiniLMEmbedder(SentenceTransformerEmbedder):
-    """all-MiniLM-L6-v2 on the CPU via sentence-transformers, normalised embeddings (384-d)."""
+    """all-MiniLM-L6-v2 on the CPU via sentence-transformers, normalised embeddings (384-d).
+    Trained on English text only."""
+
+    languages = frozenset({"en"})
 
     def __init__(self, batch_size: int = 64) -> None:
         super().__init__(_minilm_directory(), "all-MiniLM-L6-v2", batch_size)

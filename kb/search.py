@@ -10,8 +10,8 @@ whose lines are the document's true lines at the indexed revision.
   (sql/queries/search.sql ``lexical_leg``). The query is prepared like the documents
   (kb.languages: CJK bigrams) and parsed with every text configuration the workspace uses.
 - Fusion: ``score = w_vector / (k + rank_vector) + w_text / (k + rank_text)`` with
-  ``RRF_K``, ``VECTOR_WEIGHT`` and ``TEXT_WEIGHT`` chosen on ``bin/eval_search.py`` (see
-  docs/search.md for the figures).
+  ``RRF_K``, ``VECTOR_WEIGHT`` / ``UNCOVERED_VECTOR_WEIGHT`` and ``TEXT_WEIGHT`` chosen on
+  ``bin/eval_search.py`` (figures in docs/search-and-citations.md).
 - Excerpts come from the document's blob at the indexed revision; blobs are immutable, so their
   lines are kept in a small per-process cache keyed by blob id.
 """
@@ -29,17 +29,23 @@ from kb import vector_index
 from kb.citations import Envelope, document_lines, excerpt_lines
 from kb.embedding import Embedder, vector_literal
 from kb.errors import InvalidInput
-from kb.languages import lexical_text
+from kb.languages import detect_language, lexical_text
 from kb.repository import Repository
 from kb.sql import queries
 
 MAX_QUERY_CHARS = 4000
 """Longer queries are refused: Postgres' tsquery parser overflows its stack near 100k characters,
 and the embedder reads only its first 256 tokens anyway."""
-RRF_K = 60
+RRF_K = 10
 """Reciprocal-rank fusion constant (SPEC §8)."""
 VECTOR_WEIGHT = 1.0
-TEXT_WEIGHT = 1.0
+TEXT_WEIGHT = 0.5
+UNCOVERED_VECTOR_WEIGHT = 0.01
+"""The vector leg's weight for a query in a language the embedding model does not cover (the
+embedder's ``languages``; MiniLM is English-only): there its ranking is mostly noise and pulls the
+full-text leg's hits down. bin/eval_search.py, German vault, recall@5: text leg alone 0.545,
+fused with vector weight 1.0 → 0.485, 0.5 → 0.495, 0.25 → 0.51, 0.0 → 0.545 (k = 60). 0.01 is
+that 0.0 in effect, while still ordering the results only the vector leg found (always k)."""
 LEG_LIMIT = 100
 """Chunks each leg contributes to the fusion (at least 4 k)."""
 EXCERPTS_PER_DOCUMENT = 3
@@ -82,6 +88,15 @@ def check_query(query: object, k: object) -> None:
         raise InvalidInput(f"the query has {len(query)} characters; shorten it to {MAX_QUERY_CHARS}")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
         raise InvalidInput(f"k must be a whole number from 1 to 100, got {k!r}")
+
+
+def vector_weight(embedder: Embedder, query: str) -> float:
+    """``VECTOR_WEIGHT``, or ``UNCOVERED_VECTOR_WEIGHT`` when the query's detected language is not
+    one the embedder covers (``embedder.languages``; None or absent: every language)."""
+    covered = getattr(embedder, "languages", None)
+    if covered is None or detect_language(query) in covered | {"und"}:
+        return VECTOR_WEIGHT
+    return UNCOVERED_VECTOR_WEIGHT
 
 
 def _vector_statement(conn: psycopg.Connection, workspace_id: int, model: str) -> tuple[sql.Composable, bool]:
@@ -203,7 +218,7 @@ def search(
     rows = _candidates(conn, workspace_id, embedder.model, vector_literal(vector), query, limit)
     by_vector = sorted((r for r in rows if r["vector_rank"] is not None), key=lambda r: r["vector_rank"])
     by_text = sorted((r for r in rows if r["text_rank"] is not None), key=lambda r: r["text_rank"])
-    fused = fuse([(VECTOR_WEIGHT, [r["chunk_id"] for r in by_vector]),
+    fused = fuse([(vector_weight(embedder, query), [r["chunk_id"] for r in by_vector]),
                   (TEXT_WEIGHT, [r["chunk_id"] for r in by_text])])
     return envelopes(repo, {r["chunk_id"]: r for r in rows}, fused, k)
 

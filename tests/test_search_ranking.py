@@ -172,10 +172,24 @@ def test_model_directory_of_another_dimension_is_refused(tmp_path):
     # a real sentence-transformers model of 16 dimensions: MiniLM + a dense projection, saved
     transformer = models.Transformer(str(packaged))
     pooling = models.Pooling(transformer.get_word_embedding_dimension())
-    dense = models.Dense(pooling.get_sentence_embedding_dimension(), 16)
+    dense = models.Dense(transformer.get_word_embedding_dimension(), 16)
     small = tmp_path / "minilm-16"
     SentenceTransformer(modules=[transformer, pooling, dense], device="cpu").save(str(small))
     with pytest.raises(ConfigurationError, match="makes 16-d vectors but kb stores 384-d"):
         make_embedder(Settings(embedding_model=str(small), storage_root=tmp_path))
     other = make_embedder(Settings(embedding_model=str(small), storage_root=tmp_path, embedding_dim=16))
     assert other.model.startswith("st:minilm-16:") and other.embed(["hello"]).shape == (1, 16)
+
+
+def test_vector_leg_weighs_less_for_a_query_in_a_language_the_model_does_not_cover():
+    from kb.search import UNCOVERED_VECTOR_WEIGHT, VECTOR_WEIGHT, vector_weight
+
+    class EnglishOnly(HashingEmbedder):
+        languages = frozenset({"en"})
+
+    english, everything = EnglishOnly(), HashingEmbedder()
+    assert vector_weight(english, "how do I set up synchronisation between devices") == VECTOR_WEIGHT
+    assert vector_weight(english, "как настроить синхронизацию между устройствами") == UNCOVERED_VECTOR_WEIGHT
+    assert vector_weight(english, "デバイス間でノートを同期する方法") == UNCOVERED_VECTOR_WEIGHT
+    assert vector_weight(everything, "как настроить синхронизацию") == VECTOR_WEIGHT
+    assert UNCOVERED_VECTOR_WEIGHT < VECTOR_WEIGHT
