@@ -127,20 +127,30 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
 
 
 @main.command()
-@click.option("--until-idle", is_flag=True, help="Exit 0 once no job is waiting.")
+@click.option("--until-idle", is_flag=True, help="Exit 0 once no job is due or runnable (jobs scheduled for later are listed).")
 @click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
-def worker(until_idle: bool, concurrency: int) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No per-job progress lines (the summary is still printed).")
+def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
     """Run the Procrastinate worker for kb's queues (projection, index, maintenance), including
     the periodic sweep, stalled-job retry, job cleanup and worktree janitor.
 
-    Example: kb worker --until-idle
+    Shows each job's progress on stderr (a live line on a terminal) and a summary at the end.
+    SIGINT/SIGTERM finish the jobs in hand, then stop. Example: kb worker --until-idle
     """
+    from kb.worker import ProgressDisplay, describe_blocked
+
     kb = _open()
-    kb.run_worker(until_idle=until_idle, concurrency=concurrency)
+    report = kb.run_worker(until_idle=until_idle, concurrency=concurrency,
+                           display=None if quiet else ProgressDisplay())
+    click.echo(report.summary())
+    later = report.later()
+    click.echo(later if later else "no job is scheduled for later")
+    for job in report.blocked:
+        click.echo(f"blocked: {describe_blocked(job)}")
     if until_idle:
-        counts = {(j["queue"], j["status"]): j["jobs"] for j in kb.status()["jobs"]}
-        failed = sum(n for (_, status), n in counts.items() if status == "failed")
-        click.echo(f"no job waiting; worker stopped ({failed} failed job(s) in the queue; see kb status)")
+        failed = sum(j["jobs"] for j in kb.status()["jobs"] if j["status"] == "failed")
+        if failed:
+            click.echo(f"{failed} failed job(s) in the queue; see kb status")
 
 
 @main.command()
@@ -155,7 +165,7 @@ def index(workspace: int) -> None:
     kb = _open()
     with Progress(transient=True) as bar:
         task = bar.add_task("indexing", total=None)
-        report = kb.index(workspace, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        report = kb.index(workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total))
     click.echo(
         f"indexed {report.documents_indexed} documents ({report.chunks_written} chunks written, "
         f"{report.chunks_reused} reused, {report.embeddings_computed} embedded, "
@@ -260,10 +270,11 @@ def status(workspace: int | None, as_json: bool) -> None:
 
     Example: kb status --workspace 1
     """
+    from kb.embedding import describe_configured_model
+
     kb = _open()
     info = kb.status(workspace)
-    embedder = kb.embedder
-    info["embedding_model"] = f"{embedder.model} ({embedder.dim}-d, {'semantic' if embedder.semantic else 'lexical hashing, not semantic'})"
+    info["embedding_model"] = describe_configured_model(kb.settings)  # never loads the model
     if as_json:
         click.echo(json.dumps(info, default=str, indent=2))
         return
@@ -297,6 +308,12 @@ def status(workspace: int | None, as_json: bool) -> None:
     for queue in info.get("job_health", []):
         click.echo(f"queue {queue['queue']}: {queue['todo']} waiting, {queue['doing']} running, "
                    f"{queue['failed']} failed, oldest waiting {queue['oldest_waiting'] or '-'}")
+    from kb.worker import describe_blocked, describe_scheduled
+
+    for job in info["blocked_jobs"]:
+        click.echo(f"blocked:    {describe_blocked(job)}")
+    for job in info["scheduled_jobs"]:
+        click.echo(f"later:      {describe_scheduled(job)}")
 
 
 @main.command("db-url")
@@ -427,7 +444,7 @@ def reindex(workspace: int, defer_: bool) -> None:
 
     with Progress(transient=True) as bar:
         task = bar.add_task("reindexing", total=None)
-        report = kb.reindex(workspace, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        report = kb.reindex(workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total))
     if report.skipped_locked:
         click.echo("another index run holds this workspace's index lock; it converges to HEAD itself")
         return

@@ -244,6 +244,24 @@ def make_embedder(settings: Settings) -> Embedder:
     )
 
 
+def describe_configured_model(settings: Settings) -> str:
+    """The embedder ``KB_EMBEDDING_MODEL`` selects, described without loading it (``kb status``,
+    issue 15), e.g. ``all-MiniLM-L6-v2 (384-d, semantic)``. Raises ConfigurationError for an
+    unknown name."""
+    name = settings.embedding_model.strip()
+    if name == "auto":
+        name = "minilm" if minilm_available() else "hashing"
+    if name in ("minilm", "all-MiniLM-L6-v2"):
+        model, dim, semantic = MiniLMEmbedder.model, MiniLMEmbedder.dim, True
+    elif name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
+        model, dim, semantic = f"hashing-v1-{settings.embedding_dim}", settings.embedding_dim, False
+    elif name.startswith("openai:"):
+        model, dim, semantic = name.split(":", 1)[1], settings.embedding_dim, True
+    else:
+        make_embedder(settings)  # raises the ConfigurationError naming the choices
+    return f"{model} ({dim}-d, {'semantic' if semantic else 'lexical hashing, not semantic'})"
+
+
 def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]:
     """Per-row problems of an embedder's output: None when row i is usable, else the reason.
 
