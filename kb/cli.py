@@ -20,9 +20,12 @@ from kb.settings import Settings, settings_error
 
 
 def _open():
+    """The KnowledgeBase for this command, closed when the command ends (issue 15)."""
     from kb.knowledge_base import KnowledgeBase
 
-    return KnowledgeBase.open(Settings())
+    kb = KnowledgeBase.open(Settings())
+    click.get_current_context().call_on_close(kb.close)
+    return kb
 
 
 class _Group(click.Group):
@@ -70,6 +73,7 @@ def init() -> None:
 
     settings = Settings()
     kb = KnowledgeBase.open(settings, migrate=False)
+    click.get_current_context().call_on_close(kb.close)
     report = kb.migrate()
     click.echo(f"database:      {kb.status()['database']}")
     click.echo(f"storage root:  {settings.storage_root}")
@@ -119,6 +123,15 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
+    if report.revision is not None:
+        from kb.worker import live_workers
+
+        workers = live_workers(kb.database_url, kb.settings.stalled_job_seconds)
+        if workers:
+            click.echo(f"{workers} kb worker(s) running will index it; `kb status -w {workspace}` shows progress")
+        else:
+            click.echo(f"not indexed yet: run `kb worker --until-idle` (or keep `kb worker` or "
+                       f"`kb serve --with-worker` running), then `kb search QUERY -w {workspace}`")
     if report.renamed:
         count = len(report.renamed)
         click.echo(f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
@@ -200,12 +213,16 @@ def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) 
 
     Example: kb search "refund for an annual subscription" --workspace 1 -k 3 --chat c1
     """
+    kb = _open()
     if chat is not None:
         from kb.cli_cite import search_in_chat
 
         hits = search_in_chat(workspace, chat, query, k)
     else:
-        hits = _open().search(workspace, query, k)
+        hits = kb.search(workspace, query, k)
+    hint = kb.index_freshness(workspace).hint()
+    if hint:
+        click.echo(f"kb: {hint}", err=True)
     if as_json:
         click.echo(json.dumps([h.as_json() for h in hits], ensure_ascii=False, indent=2))
     else:

@@ -179,9 +179,9 @@ class Indexer:
                 report.skipped_locked = True
                 yield report, None
                 return
-            repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
-            report.revision = self._project(repo, workspace_id, full=full)
-            yield report, repo
+            with Repository.open(self.settings.knowledge_store / str(workspace_id)) as repo:
+                report.revision = self._project(repo, workspace_id, full=full)
+                yield report, repo
 
     def reindex(self, workspace_id: int) -> IndexReport:
         """Rebuild ``workspace_id``'s index from git HEAD (job ``kb.reindex``), resumably.

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     # commands that need none of them (issue 15, SPEC §13).
     from kb.chunking import Chunker
     from kb.embedding import Embedder
+    from kb.freshness import IndexFreshness
     from kb.importer import ImportReport
     from kb.indexer import IndexReport
     from kb.fsck import FsckReport
@@ -74,6 +75,23 @@ class KnowledgeBase:
         if migrate:
             kb.migrate()
         return kb
+
+    def close(self) -> None:
+        """Close what this KnowledgeBase opened: its workspaces' git repositories and the turns
+        it holds open (their worktrees stay for a later commit or the janitor). Idempotent; the
+        object stays usable (a later call reopens what it needs). ``with KnowledgeBase.open() as
+        kb:`` calls it on exit (issue 15)."""
+        for turn in list(self.__dict__.get("_open_turns", {}).values()):
+            turn.close()
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
+    def __enter__(self) -> "KnowledgeBase":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def migrate(self) -> MigrationReport:
         """Apply the schema and pending migrations, Procrastinate's included (SPEC §12)."""
@@ -216,6 +234,13 @@ class KnowledgeBase:
         embedder = self.embedder
         with database.pooled_connection(self.database_url) as conn:
             return hybrid_search(conn, repo, embedder, workspace_id, query, k)
+
+    def index_freshness(self, workspace_id: int) -> "IndexFreshness":
+        """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
+        SPEC §7, §8, issue 15)."""
+        from kb.freshness import index_freshness
+
+        return index_freshness(self.database_url, workspace_id)
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""

@@ -113,6 +113,12 @@ class KnowledgeStore:
                 ) from None
         return self._repository
 
+    def close(self) -> None:
+        """Close the repository if open (idempotent); the next use reopens it."""
+        if self._repository is not None:
+            self._repository.close()
+            self._repository = None
+
     def exists(self) -> bool:
         """True when the workspace has a repository."""
         return (self.path / ".git").is_dir()

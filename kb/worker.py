@@ -111,6 +111,12 @@ def queue_state(database_url: str, queues: list[str] | None) -> tuple[list[dict]
     return due, scheduled
 
 
+def live_workers(database_url: str, seconds: float) -> int:
+    """Workers (any process) whose last heartbeat is under ``seconds`` old."""
+    with database.connect(database_url, autocommit=True) as conn:
+        return conn.execute(queries["live_workers"], {"seconds": seconds}).fetchone()["workers"]
+
+
 class ProgressDisplay:
     """Per-job progress of a worker: a live line (rich) on a terminal, plain lines otherwise.
 

@@ -51,3 +51,8 @@ SELECT id, task_name AS task, queue_name AS queue, lock, queueing_lock,
 FROM procrastinate_jobs
 WHERE status = 'todo' AND scheduled_at > now() AND (%(queues)s::text[] IS NULL OR queue_name = ANY(%(queues)s::text[]))
 ORDER BY scheduled_at, id;
+
+-- name: live_workers
+-- Workers that sent a heartbeat within the last %(seconds)s seconds (`kb import` says one will index).
+SELECT count(*) AS workers FROM procrastinate_workers
+WHERE last_heartbeat > now() - make_interval(secs => %(seconds)s::float8);
