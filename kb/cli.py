@@ -28,6 +28,16 @@ def _open():
     return kb
 
 
+def _server():
+    """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (issue 15)."""
+    url = Settings().server_url
+    if not url:
+        return None
+    from kb.server_client import ServerClient
+
+    return ServerClient(url)
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
         try:
@@ -211,16 +221,21 @@ def rebuild_projection(workspace: int) -> None:
 def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) -> None:
     """Hybrid search; prints line-numbered envelopes (SPEC §8).
 
-    Example: kb search "refund for an annual subscription" --workspace 1 -k 3 --chat c1
+    Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb search
+    "refund for an annual subscription" --workspace 1 -k 3 --chat c1
     """
-    kb = _open()
-    if chat is not None:
-        from kb.cli_cite import search_in_chat
-
-        hits = search_in_chat(workspace, chat, query, k)
+    server = _server() if chat is None else None
+    if server:
+        hits, hint = server.search(workspace, query, k)
     else:
-        hits = kb.search(workspace, query, k)
-    hint = kb.index_freshness(workspace).hint()
+        kb = _open()
+        if chat is not None:
+            from kb.cli_cite import search_in_chat
+
+            hits = search_in_chat(workspace, chat, query, k)
+        else:
+            hits = kb.search(workspace, query, k)
+        hint = kb.index_freshness(workspace).hint()
     if hint:
         click.echo(f"kb: {hint}", err=True)
     if as_json:
@@ -241,11 +256,16 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
          limit: int | None) -> None:
     """Print one document's envelope: every line, or a window of lines with their true numbers.
 
-    Example: kb read "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
+    Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb read
+    "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
     """
-    from kb.cli_cite import read_in_chat
+    server = _server() if chat is None else None
+    if server:
+        envelope = server.read_document(workspace, path, revision).window(offset, limit)
+    else:
+        from kb.cli_cite import read_in_chat
 
-    envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
+        envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
     click.echo(json.dumps(envelope.as_json(), ensure_ascii=False, indent=2) if as_json else envelope.render())
 
 
@@ -256,9 +276,9 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
 
-    Example: kb log --workspace 1 "/documents/Notes/Todo.md"
+    Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb log --workspace 1 "/documents/Notes/Todo.md"
     """
-    for revision in _open().history(workspace, path, limit):
+    for revision in (_server() or _open()).history(workspace, path, limit):
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
         click.echo(f"{revision.id}  {revision.author}  {when}")
         click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
@@ -285,13 +305,17 @@ def _describe(change) -> str:
 def status(workspace: int | None, as_json: bool) -> None:
     """Head, index stamp, jobs waiting/running/failed, chunk and document counts.
 
-    Example: kb status --workspace 1
+    Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb status --workspace 1
     """
-    from kb.embedding import describe_configured_model
+    server = _server()
+    if server:
+        info = server.status(workspace)
+    else:
+        from kb.embedding import describe_configured_model
 
-    kb = _open()
-    info = kb.status(workspace)
-    info["embedding_model"] = describe_configured_model(kb.settings)  # never loads the model
+        kb = _open()
+        info = kb.status(workspace)
+        info["embedding_model"] = describe_configured_model(kb.settings)  # never loads the model
     if as_json:
         click.echo(json.dumps(info, default=str, indent=2))
         return
@@ -532,6 +556,11 @@ from kb.cli_seed import drift, seed, spans  # noqa: E402  (issue 11: legacy seed
 main.add_command(seed)
 main.add_command(spans)
 main.add_command(drift)
+
+# ---- issue 15: kb serve (kb/cli_serve.py) -------------------------------------------------------
+from kb.cli_serve import serve  # noqa: E402
+
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

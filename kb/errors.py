@@ -172,3 +172,7 @@ class LegacySourceError(KbError):
 class SeedRefused(KbError):
     """A seed step was refused: re-seeding a flipped workspace without ``--force``, or ``--flip``
     without byte parity in the same run."""
+
+
+class ServerUnavailable(KbError):
+    """``KB_SERVER_URL`` names a ``kb serve`` that does not answer (issue 15)."""

@@ -234,21 +234,36 @@ def run_worker(
     ``report.blocked``. Without it, run until SIGINT/SIGTERM, finishing the jobs in hand first.
     Checks the embedder against the database first (DimensionMismatch is a startup error).
     """
+    kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
+    report = WorkerReport()
+    try:
+        asyncio.run(run_worker_async(kb, report, until_idle=until_idle, concurrency=concurrency,
+                                     display=display, install_signal_handlers=not until_idle))
+    finally:
+        if display:
+            display.close()
+    return report
+
+
+async def run_worker_async(
+    kb: "KnowledgeBase", report: WorkerReport, *, until_idle: bool = False, concurrency: int = 1,
+    display: ProgressDisplay | None = None, install_signal_handlers: bool = False,
+) -> None:
+    """The worker loop of ``run_worker`` on the running event loop, filling ``report`` (also when
+    ``kb serve --with-worker`` runs it beside the HTTP API). Cancelling the task stops the worker
+    gracefully: it fetches nothing more and waits for the jobs it holds to finish."""
     from kb import jobs
 
-    kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
     connector = jobs.configure(kb, progress=display.index_progress if display else None)
     stalled = kb.settings.stalled_job_seconds
-    report = WorkerReport()
     started = time.monotonic()
-
-    async def _run() -> None:
+    try:
         with jobs.app.replace_connector(connector) as bound:
             async with bound.open_async():
                 while True:
                     await bound.run_worker_async(
                         queues=jobs.QUEUES, wait=not until_idle, concurrency=concurrency,
-                        install_signal_handlers=not until_idle,
+                        install_signal_handlers=install_signal_handlers,
                         update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
                         worker_middleware=[job_middleware(report, display)],
                     )
@@ -264,12 +279,5 @@ def run_worker(
                         await jobs.retry_stalled(bound.job_manager, stalled)
                         if all(j["blocker_id"] is not None for j in waiting):
                             await asyncio.sleep(IDLE_POLL_SECONDS)
-
-    try:
-        asyncio.run(_run())
     finally:
-        jobs.configure(kb)
         report.wall_seconds = time.monotonic() - started
-        if display:
-            display.close()
-    return report
