@@ -113,6 +113,8 @@ WHERE c.relname LIKE 'procrastinate%%' ORDER BY 1;
 -- name: test_document_ids
 SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY path;
 
+-- ---- issue 19: job locks and delayed jobs ------------------------------------------------------
+
 -- name: test_job_lock
 SELECT lock, queueing_lock FROM procrastinate_jobs WHERE id = %(id)s;
 
