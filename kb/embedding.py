@@ -244,22 +244,51 @@ def make_embedder(settings: Settings) -> Embedder:
     )
 
 
-def describe_configured_model(settings: Settings) -> str:
-    """The embedder ``KB_EMBEDDING_MODEL`` selects, described without loading it (``kb status``,
-    issue 15), e.g. ``all-MiniLM-L6-v2 (384-d, semantic)``. Raises ConfigurationError for an
-    unknown name."""
+def configured_model(settings: Settings) -> tuple[str, int, bool]:
+    """``(model, dim, semantic)`` of the embedder ``KB_EMBEDDING_MODEL`` selects, without loading
+    it (issue 15). Raises ConfigurationError for an unknown name or a missing MiniLM package."""
     name = settings.embedding_model.strip()
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
     if name in ("minilm", "all-MiniLM-L6-v2"):
-        model, dim, semantic = MiniLMEmbedder.model, MiniLMEmbedder.dim, True
-    elif name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
-        model, dim, semantic = f"hashing-v1-{settings.embedding_dim}", settings.embedding_dim, False
-    elif name.startswith("openai:"):
-        model, dim, semantic = name.split(":", 1)[1], settings.embedding_dim, True
-    else:
-        make_embedder(settings)  # raises the ConfigurationError naming the choices
+        if not minilm_available():
+            MiniLMEmbedder()  # raises the ConfigurationError saying what to install
+        return MiniLMEmbedder.model, MiniLMEmbedder.dim, True
+    if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
+        return f"hashing-v1-{settings.embedding_dim}", settings.embedding_dim, False
+    if name.startswith("openai:"):
+        return name.split(":", 1)[1], settings.embedding_dim, True
+    make_embedder(settings)  # raises the ConfigurationError naming the choices
+    raise AssertionError("unreachable")
+
+
+def describe_configured_model(settings: Settings) -> str:
+    """``all-MiniLM-L6-v2 (384-d, semantic)``: the configured embedder, not loaded (``kb status``)."""
+    model, dim, semantic = configured_model(settings)
     return f"{model} ({dim}-d, {'semantic' if semantic else 'lexical hashing, not semantic'})"
+
+
+class LazyEmbedder:
+    """The configured embedder, loaded on the first ``embed()`` call (issue 15): commands and runs
+    that embed nothing (``kb index`` with nothing to do, a reindex served by the cache) never
+    import torch. ``model``/``dim``/``semantic`` are known up front (cache keys, the dimension check)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.model, self.dim, self.semantic = configured_model(settings)
+        self._loaded: Embedder | None = None
+
+    @property
+    def loaded(self) -> bool:
+        """True once the real embedder has been loaded."""
+        return self._loaded is not None
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self._loaded is None:
+            self._loaded = make_embedder(self._settings)
+        return self._loaded.embed(texts)
 
 
 def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]:

@@ -172,17 +172,17 @@ class KnowledgeBase:
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
         if self._embedder is None:
-            from kb.embedding import make_embedder
+            from kb.embedding import LazyEmbedder
 
-            self.use_embedder(make_embedder(self.settings))
+            self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
         return self._embedder
 
     @functools.cached_property
     def chunker(self) -> Chunker:
         """The chunker (chunk size in model tokens, SPEC §7)."""
-        from kb.chunking import Chunker
+        from kb.chunking import LazyChunker
 
-        return Chunker(self.settings.chunk_size)
+        return LazyChunker(self.settings.chunk_size)  # chonkie and the tokenizer load on first cut
 
     def project(self, workspace_id: int, *, force: bool = False) -> ProjectionResult:
         """Converge documents/folders rows to HEAD in one transaction, sending ``kb_events`` on

@@ -131,7 +131,7 @@ class ProgressDisplay:
         self.live_mode = self.stream.isatty() if live is None else live
         self._lock = threading.Lock()
         self._started: dict[int, float] = {}
-        self._runs: dict[tuple, float] = {}
+        self._runs: dict[int, float] = {}
         self._last_plain = 0.0
         self._live = None
         if self.live_mode:
@@ -144,10 +144,13 @@ class ProgressDisplay:
     def _line(self, text: str, *, permanent: bool) -> None:
         with self._lock:
             if self._live is not None:
+                from rich.text import Text
+
                 if permanent:
-                    self._live.console.print(text, markup=False, highlight=False)
+                    self._live.console.print(Text(text))
+                    self._live.update(Text(""))
                 else:
-                    self._live.update(text)
+                    self._live.update(Text(text))
             elif permanent or time.monotonic() - self._last_plain >= self.PLAIN_EVERY_SECONDS:
                 self._last_plain = time.monotonic()
                 stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
@@ -156,11 +159,13 @@ class ProgressDisplay:
     def job_started(self, job_id: int, task: str, workspace_id: int | None) -> None:
         """A job began (shown as the live line / one plain line)."""
         self._started[job_id] = time.monotonic()
+        if workspace_id is not None:
+            self._runs[workspace_id] = time.monotonic()  # rates count from the job's start
         self._line(f"job {job_id} {task}{_ws(workspace_id)} started", permanent=not self.live_mode)
 
     def index_progress(self, kind: str, workspace_id: int, done: int, total: int, report) -> None:
         """Documents ``done`` of ``total`` in an index run; ``report`` is its IndexReport so far."""
-        started = self._runs.setdefault((kind, workspace_id, id(report)), time.monotonic())
+        started = self._runs.setdefault(workspace_id, time.monotonic())
         elapsed = max(time.monotonic() - started, 1e-6)
         chunks = report.chunks_written + report.chunks_reused
         rate = chunks / elapsed
