@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -36,13 +37,17 @@ def kb_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "kb.cli", *args]
 
 
-def timed(command: list[str], env: dict[str, str]) -> float:
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """``(wall seconds, CPU seconds of the child)``: wall is what the user waits for; CPU
+    (user + system) shows the command's own work when a loaded machine inflates the wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def free_port() -> int:
@@ -106,17 +111,21 @@ def main() -> None:
             served = {**env, "KB_SERVER_URL": url}
             for name in ("read", "log", "status", "search"):
                 legs[f"{name} (server)"] = (legs[name][0], served)
-        times: dict[str, list[float]] = {name: [] for name in legs}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
         for _ in range(args.rounds):
             for name, (command, leg_env) in legs.items():
                 times[name].append(timed(command, leg_env))
-        base = statistics.median(times["python -c pass"])
-        print(f"{args.rounds} rounds, {args.documents} documents, medians (interleaved round by round):")
+        base = statistics.median(wall for wall, _ in times["python -c pass"])
+        load = os.getloadavg()[0]
+        print(f"{args.rounds} rounds, {args.documents} documents, load average {load:.1f} on "
+              f"{os.cpu_count()} CPUs; medians (interleaved round by round):")
         for name, samples in times.items():
-            median = statistics.median(samples)
+            median = statistics.median(wall for wall, _ in samples)
+            cpu = statistics.median(c for _, c in samples)
             goal = GOALS.get(name.split(" ")[0]) if name not in ("python -c pass", "git log -n 20") else None
             verdict = "" if goal is None else f"  goal ≤ {goal:.1f} s: {'met' if median <= goal else 'MISSED'}"
-            print(f"  {name:<18} {median * 1000:8.0f} ms  ({median / base:5.1f}× python -c pass){verdict}")
+            print(f"  {name:<18} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass), "
+                  f"CPU {cpu * 1000:6.0f} ms{verdict}")
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)

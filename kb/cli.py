@@ -13,29 +13,44 @@ import sys
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 
 from kb.errors import KbError
-from kb.settings import Settings, settings_error
+
+
+def _settings():
+    """``kb.settings.Settings()`` from the environment; pydantic is imported only by commands that
+    need settings (a command answered by ``kb serve`` never does, issue 15)."""
+    from kb.settings import Settings
+
+    return Settings()
 
 
 def _open():
     """The KnowledgeBase for this command, closed when the command ends (issue 15)."""
     from kb.knowledge_base import KnowledgeBase
 
-    kb = KnowledgeBase.open(Settings())
+    kb = KnowledgeBase.open(_settings())
     click.get_current_context().call_on_close(kb.close)
     return kb
 
 
 def _server():
     """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (issue 15)."""
-    url = Settings().server_url
+    # The environment variable itself: no pydantic import on this path (Settings.server_url
+    # documents it; pydantic-settings reads names case-insensitively, hence both spellings).
+    url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")
     if not url:
         return None
     from kb.server_client import ServerClient
 
     return ServerClient(url)
+
+
+def _is_settings_error(exc: Exception) -> bool:
+    """True for pydantic's ValidationError, told without importing pydantic (issue 15: a command
+    answered by ``kb serve`` never loads it)."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
 
 
 class _Group(click.Group):
@@ -45,12 +60,14 @@ class _Group(click.Group):
         except KbError as exc:
             click.echo(f"kb: error: {exc}", err=True)
             sys.exit(1)
-        except ValidationError as exc:  # a KB_* environment variable pydantic-settings refused
-            click.echo(f"kb: error: {settings_error(exc)}", err=True)
-            sys.exit(1)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # unexpected: one line unless debugging
+            if _is_settings_error(exc):  # a KB_* environment variable pydantic-settings refused
+                from kb.settings import settings_error
+
+                click.echo(f"kb: error: {settings_error(exc)}", err=True)
+                sys.exit(1)
             if os.environ.get("KB_DEBUG"):
                 raise
             click.echo(f"kb: unexpected error: {type(exc).__name__}: {exc} (KB_DEBUG=1 shows a traceback)", err=True)
@@ -81,7 +98,7 @@ def init() -> None:
     """
     from kb.knowledge_base import KnowledgeBase
 
-    settings = Settings()
+    settings = _settings()
     kb = KnowledgeBase.open(settings, migrate=False)
     click.get_current_context().call_on_close(kb.close)
     report = kb.migrate()
@@ -349,8 +366,8 @@ def status(workspace: int | None, as_json: bool) -> None:
     for queue in info.get("job_health", []):
         click.echo(f"queue {queue['queue']}: {queue['todo']} waiting, {queue['doing']} running, "
                    f"{queue['failed']} failed, oldest waiting {queue['oldest_waiting'] or '-'}")
-    from kb.worker import describe_blocked, describe_scheduled
-
+    if info["blocked_jobs"] or info["scheduled_jobs"]:
+        from kb.worker import describe_blocked, describe_scheduled  # psycopg: only when needed
     for job in info["blocked_jobs"]:
         click.echo(f"blocked:    {describe_blocked(job)}")
     for job in info["scheduled_jobs"]:
@@ -366,7 +383,7 @@ def db_url() -> None:
     """
     from kb.database import resolve_database_url, tcp_database_url
 
-    settings = Settings()
+    settings = _settings()
     click.echo(tcp_database_url(settings) or resolve_database_url(settings))
 
 
@@ -381,7 +398,7 @@ def psql(args: tuple[str, ...]) -> None:
 
     from kb.database import embedded_bin_dir, resolve_database_url
 
-    url = resolve_database_url(Settings())
+    url = resolve_database_url(_settings())
     binary = embedded_bin_dir() / "psql"
     executable = str(binary) if binary.exists() else shutil.which("psql")
     if executable is None:
@@ -397,7 +414,7 @@ def db_stop() -> None:
     """
     from kb.database import stop_embedded
 
-    settings = Settings()
+    settings = _settings()
     if settings.database_url:
         click.echo("KB_DATABASE_URL is set; kb does not manage that server")
         return
