@@ -49,25 +49,28 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _start(command: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def _start(command: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """Start a server on a free port (its output goes to ``log``: an unread pipe could fill up)."""
     port = _port()
-    process = subprocess.Popen([*command, *([] if "slow_server.py" in command[1] else ["--port"]), str(port),
-                                *(["3.0"] if "slow_server.py" in command[1] else [])],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    slow = "slow_server.py" in command[1]
+    with log.open("w") as output:
+        process = subprocess.Popen([*command, *([] if slow else ["--port"]), str(port), *(["3.0"] if slow else [])],
+                                   env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
     except AssertionError:
         process.kill()
         raise
-    assert process.poll() is None, process.stdout.read()
+    assert process.poll() is None, log.read_text()
     return process, url
 
 
-def _stop(process: subprocess.Popen) -> str:
+def _stop(process: subprocess.Popen, log: Path) -> str:
     """SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (exit status -15)."""
     process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=180)
+    process.wait(timeout=180)
+    output = log.read_text()
     assert process.returncode in (0, -signal.SIGTERM), output
     assert "Application shutdown complete" in output and "Traceback" not in output, output
     return output
@@ -78,8 +81,8 @@ def _job_status(kb, task: str) -> list[str]:
         return [j["status"] for j in conn.execute(queries["test_jobs"]) if j["task_name"] == task]
 
 
-def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env):
-    process, url = _start([sys.executable, "-m", "kb.cli", "serve", "--with-worker"], kb_env)
+def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_path):
+    process, url = _start([sys.executable, "-m", "kb.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log")
     try:
         assert _call(f"{url}/health") == (200, {"status": "ok"})
         assert _call(f"{url}/ready") == (200, {"status": "ready", "worker": True})
@@ -116,13 +119,13 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env):
         failed = run_cli(served, "read", "/documents/Nope.md", "-w", "1", check=False)
         assert failed.returncode == 1 and failed.stderr.startswith("kb: error: no document at")
     finally:
-        output = _stop(process)
+        _stop(process, tmp_path / "serve.log")
     down = run_cli({**kb_env, "KB_SERVER_URL": url}, "search", "zebra", "-w", "1", check=False)
     assert down.returncode == 1 and "did not answer" in down.stderr
 
 
-def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env):
-    process, url = _start([sys.executable, str(TESTS / "slow_server.py")], kb_env)
+def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env, tmp_path):
+    process, url = _start([sys.executable, str(TESTS / "slow_server.py")], kb_env, tmp_path / "serve.log")
     try:
         kb.create_workspace(1)
         with kb.transaction(1, "three notes", "alice") as tx:
@@ -130,7 +133,7 @@ def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env):
                 tx.write(f"/documents/N{i}.md", f"note {i} about zebras\n")
         _wait(lambda: "doing" in _job_status(kb, "kb.index_changes"), 120, "the index job to start")
     finally:
-        output = _stop(process)  # the embedder takes 3 s: SIGTERM lands while the job runs
+        output = _stop(process, tmp_path / "serve.log")  # the embedder takes 3 s: SIGTERM lands while the job runs
     assert _job_status(kb, "kb.index_changes") == ["succeeded"], output
     row = next(w for w in kb.workspaces() if w["id"] == 1)
     assert row["last_indexed_revision"] == kb.head(1)
