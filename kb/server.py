@@ -10,6 +10,8 @@ The app is FastAPI (OpenAPI at ``/openapi.json``, docs at ``/docs``) served by u
   them, ``kb.server_client``).
 - ``/v1/workspaces/{ws}/turns/{turn_id}/…`` — a turn's file operations (write, edit, read, ls,
   remove, move) and ``commit`` / ``DELETE`` (abort), SPEC §5.
+- ``/v1/workspaces/{ws}/chats/{chat_id}/…`` — citations (SPEC §8): search and read as a chat
+  (envelopes cite its handles), ``handles``, ``normalize``, ``resolve?citation=[1:L3-L4]&follow=true``.
 
 The model is loaded once at start-up, so a search costs only the query. Requests run in
 uvicorn's thread pool; each thread has its own ``KnowledgeBase`` (its own dulwich repositories)
@@ -50,6 +52,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.PathExists: 409, errors.TurnBusy: 409, errors.EditMismatch: 409, errors.HistoryDiverged: 409,
     errors.FolderNotEmpty: 409, errors.LockTimeout: 503, errors.LockUnavailable: 503,
     errors.DatabaseUnavailable: 503, errors.DatabaseNotReady: 503, errors.ArtifactReadOnly: 403,
+    errors.UnknownHandle: 404,
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
@@ -82,6 +85,12 @@ class MoveBody(BaseModel):
     src: str
     dst: str
     overwrite: bool = False
+
+
+class NormalizeBody(BaseModel):
+    """``POST …/chats/{chat}/normalize``: an answer whose citations to rewrite canonically."""
+
+    text: str
 
 
 class CommitBody(BaseModel):
@@ -263,6 +272,47 @@ def turn_router(service: Service) -> APIRouter:
     return router
 
 
+def citation_router(service: Service) -> APIRouter:
+    """A chat's searches and reads that hand out citation handles, and resolving its citations
+    (SPEC §8, ``kb.conversation``; the CLI's ``kb search --chat`` / ``kb cite``)."""
+    router = APIRouter(prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}", tags=["citations"])
+
+    @router.get("/search")
+    def search(workspace_id: int, chat_id: str, q: str, k: int = Query(5, ge=1, le=100)) -> list[dict]:
+        """Search as this chat: each envelope cites the chat's handle (``cite: "[n]"``)."""
+        return [e.as_json() for e in service.kb().conversation(workspace_id, chat_id).search(q, k)]
+
+    @router.get("/documents/{path:path}")
+    def read(workspace_id: int, chat_id: str, path: str, revision: str | None = None,
+             offset: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)) -> dict:
+        """Read (a window of) a document as this chat, registering its handle."""
+        conversation = service.kb().conversation(workspace_id, chat_id)
+        return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
+
+    @router.get("/handles")
+    def handles(workspace_id: int, chat_id: str) -> list[dict]:
+        """Every handle the chat was shown, by number."""
+        return [h.as_json() for h in service.kb().conversation(workspace_id, chat_id).handles()]
+
+    @router.delete("/handles")
+    def forget(workspace_id: int, chat_id: str) -> dict:
+        """Forget the chat's handles (the next search starts again at [1])."""
+        return {"forgotten": service.kb().conversation(workspace_id, chat_id).forget()}
+
+    @router.post("/normalize")
+    def normalize(workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
+        """Rewrite an answer's citations canonically against the chat's handles."""
+        return service.kb().conversation(workspace_id, chat_id).normalize(body.text).as_json()
+
+    @router.get("/resolve")
+    def resolve(workspace_id: int, chat_id: str, citation: str = Query(description="e.g. [1:L3-L4]"),
+                follow: bool = False) -> dict:
+        """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
+        return service.kb().conversation(workspace_id, chat_id).resolve(citation, follow).as_json()
+
+    return router
+
+
 def create_app(
     settings: Settings | None = None, *, with_worker: bool = False, concurrency: int = 1,
     embedder: "Embedder | None" = None, routers: list[Callable[[Service], APIRouter]] | None = None,
@@ -324,6 +374,7 @@ def create_app(
 
     app.include_router(read_router(service))
     app.include_router(turn_router(service))
+    app.include_router(citation_router(service))
     for factory in routers or []:
         app.include_router(factory(service))
     return app

@@ -260,6 +260,7 @@ async def run_worker_async(
     from kb import jobs
 
     connector = jobs.configure(kb, progress=display.index_progress if display else None)
+    listens = jobs.worker_listens(kb)  # not behind a transaction pooler without a direct URL
     stalled = kb.settings.stalled_job_seconds
     started = time.monotonic()
     try:
@@ -268,6 +269,8 @@ async def run_worker_async(
                 while True:
                     await bound.run_worker_async(
                         queues=jobs.QUEUES, wait=not until_idle, concurrency=concurrency,
+                        listen_notify=listens,
+                        fetch_job_polling_interval=5.0 if listens else jobs.POLL_SECONDS,
                         install_signal_handlers=install_signal_handlers,
                         update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
                         worker_middleware=[job_middleware(report, display)],

@@ -124,7 +124,7 @@ def test_periodic_tasks_cannot_delay_a_due_job(kb, periodic):
     """Each periodic task, even waiting with a schedule in the future as Procrastinate's own
     deferral would store it, holds no lock that a workspace's due jobs need."""
     task = next(t.task for t in jobs.app.periodic_registry.periodic_tasks.values() if t.task.name == periodic)
-    assert task.lock is None
+    assert task.lock is None or not task.lock.startswith(("projection:", "index:", "ws:"))  # never a workspace's
     _write(kb, "first version")
     kb.run_worker(until_idle=True)
 

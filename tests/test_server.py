@@ -108,6 +108,16 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         status, envelope = _call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md")
         assert status == 200 and envelope["view"] == "full" and envelope["revision"] == committed["revision"]
         assert _call(f"{url}/v1/workspaces/1/log")[1][0]["message"].startswith("refund policy\n")
+        # citations: a chat's search hands out [1]; the answer's citation resolves to those lines
+        chat = f"{url}/v1/workspaces/1/chats/support-1"
+        cited = _call(f"{chat}/search?q=zebra%20refund&k=1")[1][0]
+        assert cited["cite"] == "[1]" and cited["path"] == "/documents/Plans/Refunds.md"
+        normalized = _call(f"{chat}/normalize", "POST", {"text": "Prorated [1:L3]."})[1]
+        assert normalized["text"] == "Prorated [1:L3]."
+        status, resolved = _call(f"{chat}/resolve?citation=%5B1%3AL3%5D&follow=true")
+        assert status == 200 and resolved["lines"] == [[3, "Annual plans get a prorated zebra refund."]]
+        assert resolved["follow"]["status"] == "unchanged"
+        assert _call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
         missing = _call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
         assert missing[0] == 404 and missing[1]["error"] == "DocumentNotFound"
         # the CLI's read commands ask the server when KB_SERVER_URL is set
