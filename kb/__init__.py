@@ -5,14 +5,18 @@ Public surface: ``KnowledgeBase`` (the facade), ``Settings``, and the error hier
 """
 
 from kb.errors import *  # noqa: F401,F403  (the error hierarchy is public)
-from kb.settings import Settings
 
 
 def __getattr__(name: str):
+    # Imported on first use, so `import kb.errors` (every CLI command) does not load pydantic.
     if name == "KnowledgeBase":
         from kb.knowledge_base import KnowledgeBase
 
         return KnowledgeBase
+    if name == "Settings":
+        from kb.settings import Settings
+
+        return Settings
     raise AttributeError(name)
 
 

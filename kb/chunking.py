@@ -201,3 +201,19 @@ class Chunker:
                 )
             )
         return chunks
+
+
+class LazyChunker:
+    """A ``Chunker`` built on first use (issue 15): chonkie and the model's tokenizer are imported
+    only when a document is actually cut, not by runs with nothing to index."""
+
+    def __init__(self, chunk_size: int = 240) -> None:
+        self.chunk_size = chunk_size
+        self._chunker: Chunker | None = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name == "_chunker":
+            raise AttributeError(name)
+        if self._chunker is None:
+            self._chunker = Chunker(self.chunk_size)
+        return getattr(self._chunker, name)

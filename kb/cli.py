@@ -13,16 +13,44 @@ import sys
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 
 from kb.errors import KbError
-from kb.settings import Settings, settings_error
+
+
+def _settings():
+    """``kb.settings.Settings()`` from the environment; pydantic is imported only by commands that
+    need settings (a command answered by ``kb serve`` never does, issue 15)."""
+    from kb.settings import Settings
+
+    return Settings()
 
 
 def _open():
+    """The KnowledgeBase for this command, closed when the command ends (issue 15)."""
     from kb.knowledge_base import KnowledgeBase
 
-    return KnowledgeBase.open(Settings())
+    kb = KnowledgeBase.open(_settings())
+    click.get_current_context().call_on_close(kb.close)
+    return kb
+
+
+def _server():
+    """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (issue 15)."""
+    # The environment variable itself: no pydantic import on this path (Settings.server_url
+    # documents it; pydantic-settings reads names case-insensitively, hence both spellings).
+    url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")
+    if not url:
+        return None
+    from kb.server_client import ServerClient
+
+    return ServerClient(url)
+
+
+def _is_settings_error(exc: Exception) -> bool:
+    """True for pydantic's ValidationError, told without importing pydantic (issue 15: a command
+    answered by ``kb serve`` never loads it)."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
 
 
 class _Group(click.Group):
@@ -32,12 +60,14 @@ class _Group(click.Group):
         except KbError as exc:
             click.echo(f"kb: error: {exc}", err=True)
             sys.exit(1)
-        except ValidationError as exc:  # a KB_* environment variable pydantic-settings refused
-            click.echo(f"kb: error: {settings_error(exc)}", err=True)
-            sys.exit(1)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # unexpected: one line unless debugging
+            if _is_settings_error(exc):  # a KB_* environment variable pydantic-settings refused
+                from kb.settings import settings_error
+
+                click.echo(f"kb: error: {settings_error(exc)}", err=True)
+                sys.exit(1)
             if os.environ.get("KB_DEBUG"):
                 raise
             click.echo(f"kb: unexpected error: {type(exc).__name__}: {exc} (KB_DEBUG=1 shows a traceback)", err=True)
@@ -68,8 +98,9 @@ def init() -> None:
     """
     from kb.knowledge_base import KnowledgeBase
 
-    settings = Settings()
+    settings = _settings()
     kb = KnowledgeBase.open(settings, migrate=False)
+    click.get_current_context().call_on_close(kb.close)
     report = kb.migrate()
     click.echo(f"database:      {kb.status()['database']}")
     click.echo(f"storage root:  {settings.storage_root}")
@@ -119,6 +150,15 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
+    if report.revision is not None:
+        from kb.worker import live_workers
+
+        workers = live_workers(kb.database_url, kb.settings.stalled_job_seconds)
+        if workers:
+            click.echo(f"{workers} kb worker(s) running will index it; `kb status -w {workspace}` shows progress")
+        else:
+            click.echo(f"not indexed yet: run `kb worker --until-idle` (or keep `kb worker` or "
+                       f"`kb serve --with-worker` running), then `kb search QUERY -w {workspace}`")
     if report.renamed:
         count = len(report.renamed)
         click.echo(f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
@@ -127,20 +167,30 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
 
 
 @main.command()
-@click.option("--until-idle", is_flag=True, help="Exit 0 once no job is waiting.")
+@click.option("--until-idle", is_flag=True, help="Exit 0 once no job is due or runnable (jobs scheduled for later are listed).")
 @click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
-def worker(until_idle: bool, concurrency: int) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No per-job progress lines (the summary is still printed).")
+def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
     """Run the Procrastinate worker for kb's queues (projection, index, maintenance), including
     the periodic sweep, stalled-job retry, job cleanup and worktree janitor.
 
-    Example: kb worker --until-idle
+    Shows each job's progress on stderr (a live line on a terminal) and a summary at the end.
+    SIGINT/SIGTERM finish the jobs in hand, then stop. Example: kb worker --until-idle
     """
+    from kb.worker import ProgressDisplay, describe_blocked
+
     kb = _open()
-    kb.run_worker(until_idle=until_idle, concurrency=concurrency)
+    report = kb.run_worker(until_idle=until_idle, concurrency=concurrency,
+                           display=None if quiet else ProgressDisplay())
+    click.echo(report.summary())
+    later = report.later()
+    click.echo(later if later else "no job is scheduled for later")
+    for job in report.blocked:
+        click.echo(f"blocked: {describe_blocked(job)}")
     if until_idle:
-        counts = {(j["queue"], j["status"]): j["jobs"] for j in kb.status()["jobs"]}
-        failed = sum(n for (_, status), n in counts.items() if status == "failed")
-        click.echo(f"no job waiting; worker stopped ({failed} failed job(s) in the queue; see kb status)")
+        failed = sum(j["jobs"] for j in kb.status()["jobs"] if j["status"] == "failed")
+        if failed:
+            click.echo(f"{failed} failed job(s) in the queue; see kb status")
 
 
 @main.command()
@@ -155,7 +205,7 @@ def index(workspace: int) -> None:
     kb = _open()
     with Progress(transient=True) as bar:
         task = bar.add_task("indexing", total=None)
-        report = kb.index(workspace, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        report = kb.index(workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total))
     click.echo(
         f"indexed {report.documents_indexed} documents ({report.chunks_written} chunks written, "
         f"{report.chunks_reused} reused, {report.embeddings_computed} embedded, "
@@ -188,14 +238,23 @@ def rebuild_projection(workspace: int) -> None:
 def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) -> None:
     """Hybrid search; prints line-numbered envelopes (SPEC §8).
 
-    Example: kb search "refund for an annual subscription" --workspace 1 -k 3 --chat c1
+    Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb search
+    "refund for an annual subscription" --workspace 1 -k 3 --chat c1
     """
-    if chat is not None:
-        from kb.cli_cite import search_in_chat
-
-        hits = search_in_chat(workspace, chat, query, k)
+    server = _server() if chat is None else None
+    if server:
+        hits, hint = server.search(workspace, query, k)
     else:
-        hits = _open().search(workspace, query, k)
+        kb = _open()
+        if chat is not None:
+            from kb.cli_cite import search_in_chat
+
+            hits = search_in_chat(workspace, chat, query, k)
+        else:
+            hits = kb.search(workspace, query, k)
+        hint = kb.index_freshness(workspace).hint()
+    if hint:
+        click.echo(f"kb: {hint}", err=True)
     if as_json:
         click.echo(json.dumps([h.as_json() for h in hits], ensure_ascii=False, indent=2))
     else:
@@ -214,11 +273,16 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
          limit: int | None) -> None:
     """Print one document's envelope: every line, or a window of lines with their true numbers.
 
-    Example: kb read "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
+    Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb read
+    "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
     """
-    from kb.cli_cite import read_in_chat
+    server = _server() if chat is None else None
+    if server:
+        envelope = server.read_document(workspace, path, revision).window(offset, limit)
+    else:
+        from kb.cli_cite import read_in_chat
 
-    envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
+        envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
     click.echo(json.dumps(envelope.as_json(), ensure_ascii=False, indent=2) if as_json else envelope.render())
 
 
@@ -229,9 +293,9 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
 
-    Example: kb log --workspace 1 "/documents/Notes/Todo.md"
+    Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb log --workspace 1 "/documents/Notes/Todo.md"
     """
-    for revision in _open().history(workspace, path, limit):
+    for revision in (_server() or _open()).history(workspace, path, limit):
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
         click.echo(f"{revision.id}  {revision.author}  {when}")
         click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
@@ -258,12 +322,17 @@ def _describe(change) -> str:
 def status(workspace: int | None, as_json: bool) -> None:
     """Head, index stamp, jobs waiting/running/failed, chunk and document counts.
 
-    Example: kb status --workspace 1
+    Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb status --workspace 1
     """
-    kb = _open()
-    info = kb.status(workspace)
-    embedder = kb.embedder
-    info["embedding_model"] = f"{embedder.model} ({embedder.dim}-d, {'semantic' if embedder.semantic else 'lexical hashing, not semantic'})"
+    server = _server()
+    if server:
+        info = server.status(workspace)
+    else:
+        from kb.embedding import describe_configured_model
+
+        kb = _open()
+        info = kb.status(workspace)
+        info["embedding_model"] = describe_configured_model(kb.settings)  # never loads the model
     if as_json:
         click.echo(json.dumps(info, default=str, indent=2))
         return
@@ -304,6 +373,12 @@ def status(workspace: int | None, as_json: bool) -> None:
     for queue in info.get("job_health", []):
         click.echo(f"queue {queue['queue']}: {queue['todo']} waiting, {queue['doing']} running, "
                    f"{queue['failed']} failed, oldest waiting {queue['oldest_waiting'] or '-'}")
+    if info["blocked_jobs"] or info["scheduled_jobs"]:
+        from kb.worker import describe_blocked, describe_scheduled  # psycopg: only when needed
+    for job in info["blocked_jobs"]:
+        click.echo(f"blocked:    {describe_blocked(job)}")
+    for job in info["scheduled_jobs"]:
+        click.echo(f"later:      {describe_scheduled(job)}")
 
 
 @main.command("db-url")
@@ -315,7 +390,7 @@ def db_url() -> None:
     """
     from kb.database import resolve_database_url, tcp_database_url
 
-    settings = Settings()
+    settings = _settings()
     click.echo(tcp_database_url(settings) or resolve_database_url(settings))
 
 
@@ -330,7 +405,7 @@ def psql(args: tuple[str, ...]) -> None:
 
     from kb.database import embedded_bin_dir, resolve_database_url
 
-    url = resolve_database_url(Settings())
+    url = resolve_database_url(_settings())
     binary = embedded_bin_dir() / "psql"
     executable = str(binary) if binary.exists() else shutil.which("psql")
     if executable is None:
@@ -346,7 +421,7 @@ def db_stop() -> None:
     """
     from kb.database import stop_embedded
 
-    settings = Settings()
+    settings = _settings()
     if settings.database_url:
         click.echo("KB_DATABASE_URL is set; kb does not manage that server")
         return
@@ -440,7 +515,7 @@ def reindex(workspace: int, defer_: bool) -> None:
 
     with Progress(transient=True) as bar:
         task = bar.add_task("reindexing", total=None)
-        report = kb.reindex(workspace, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        report = kb.reindex(workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total))
     if report.skipped_locked:
         click.echo("another index run holds this workspace's index lock; it converges to HEAD itself")
         return
@@ -518,6 +593,11 @@ from kb.cli_remote import remote as _remote_group  # noqa: E402  (issue 18, SPEC
 
 main.add_command(_remote_group)
 
+
+# ---- issue 15: kb serve (kb/cli_serve.py) -------------------------------------------------------
+from kb.cli_serve import serve  # noqa: E402
+
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

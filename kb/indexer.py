@@ -136,7 +136,8 @@ def _error_text(exc: BaseException) -> str:
 class Indexer:
     """Runs convergence for workspaces with one chunker and one embedder.
 
-    ``progress(done, total)`` is called after every batch of documents.
+    ``progress(done, total, report)`` is called after every batch of documents (``report``: the
+    IndexReport so far).
     """
 
     def __init__(
@@ -145,7 +146,7 @@ class Indexer:
         database_url: str,
         embedder: Embedder,
         chunker: Chunker | None = None,
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[int, int, IndexReport], None] | None = None,
     ) -> None:
         self.settings = settings
         self.database_url = database_url
@@ -178,9 +179,9 @@ class Indexer:
                 report.skipped_locked = True
                 yield report, None
                 return
-            repo = Repository.open(self.settings.knowledge_store / str(workspace_id))
-            report.revision = self._project(repo, workspace_id, full=full)
-            yield report, repo
+            with Repository.open(self.settings.knowledge_store / str(workspace_id)) as repo:
+                report.revision = self._project(repo, workspace_id, full=full)
+                yield report, repo
 
     def reindex(self, workspace_id: int) -> IndexReport:
         """Rebuild ``workspace_id``'s index from git HEAD (job ``kb.reindex``), resumably.
@@ -288,7 +289,7 @@ class Indexer:
                      "embeddings_cached": report.embeddings_cached},
                 )
             if self.progress:
-                self.progress(report.documents_done, report.documents_total)
+                self.progress(report.documents_done, report.documents_total, report)
 
     def _finish(self, conn, workspace_id, head, report) -> None:
         with conn.transaction():

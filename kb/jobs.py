@@ -4,11 +4,15 @@ Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``
 ``maintenance`` (the periodic tasks), ``span_fill`` (``kb.span_fill``, issue 11) and ``push``
 (``kb.push_remote``, issue 18, SPEC §13: lock ``push:{ws}``, coalesced by the deferring query,
 retried with Procrastinate's backoff). Workspace jobs
-take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``, ``"reindex:{ws}"``) and serializing
-them (``lock="ws:{ws}"``) is always safe. Jobs are deferred by the store inside the revision's own
-Postgres transaction (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are
-for callers outside one. After a run that leaves documents ``failed``, a delayed retry is deferred
-(``kb.sweep.defer_failed_retry``: 5 s doubling per attempt, at most 10 min).
+take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``,
+``"reindex:{ws}"``) and serializing them is always safe. Projection runs under
+``lock="projection:{ws}"`` and indexing under ``lock="index:{ws}"``: projection never waits for an
+index run (issue 19). Jobs are deferred by the store inside the revision's own Postgres transaction
+(``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are for callers outside
+one. After a run that leaves documents ``failed``, a delayed retry is deferred
+(``kb.sweep.defer_failed_retry``: 5 s doubling per attempt, at most 10 min) as a lock-free
+``kb.defer_when_due`` that defers the real job once due — a job scheduled for later never holds a
+lock a due job needs (issue 19). No periodic task takes a workspace's lock.
 
 Periodic tasks (``@app.periodic``):
 
@@ -32,6 +36,7 @@ Periodic tasks (``@app.periodic``):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import procrastinate
@@ -39,7 +44,7 @@ import procrastinate
 from kb import database
 from kb.settings import Settings
 from kb.sql import queries
-from kb.store import INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 from kb.sweep import defer_failed_retry
 
 if TYPE_CHECKING:
@@ -56,17 +61,21 @@ app = procrastinate.App(connector=procrastinate.PsycopgConnector())
 """kb's Procrastinate app; ``configure(kb)`` points it at the knowledge base's database."""
 
 _current: "KnowledgeBase | None" = None
+_progress: "Callable[[str, int, int, int, object], None] | None" = None
 
 
-def configure(kb: "KnowledgeBase") -> procrastinate.PsycopgConnector:
+def configure(kb: "KnowledgeBase", progress=None) -> procrastinate.PsycopgConnector:
     """Bind the tasks to ``kb``; returns a connector to kb's database for ``app.replace_connector``.
+
+    ``progress(kind, workspace_id, done, total, report)``, when given, receives index runs'
+    progress (``kb.worker.ProgressDisplay.index_progress``).
 
     The connector uses ``KB_DIRECT_DATABASE_URL`` when set (a real session, so LISTEN works), else
     kb's URL; its connections pass through ``database.configure_async_connection`` like every kb
     connection, or, behind a transaction-mode pooler, get no prepared statements (SPEC §13).
     """
-    global _current
-    _current = kb
+    global _current, _progress
+    _current, _progress = kb, progress
     return _ConfiguredConnector(database.session_database_url(kb.settings, kb.database_url))
 
 
@@ -98,6 +107,13 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
         return super().get_sync_connector()
 
 
+def _progress_for(kind: str, workspace_id: int):
+    sink = _progress
+    if sink is None:
+        return None
+    return lambda done, total, report: sink(kind, workspace_id, done, total, report)
+
+
 def _kb() -> "KnowledgeBase":
     if _current is None:
         raise RuntimeError("kb.jobs.configure(kb) must be called before running kb's tasks")
@@ -126,7 +142,9 @@ def _after_index(workspace_id: int, report) -> dict:
     return {
         "revision": report.revision, "indexed": report.documents_indexed,
         "failed": report.documents_failed, "still_failed": report.documents_still_failed,
-        "skipped_locked": report.skipped_locked,
+        "skipped_locked": report.skipped_locked, "chunks_written": report.chunks_written,
+        "embedded": report.embeddings_computed, "cached": report.embeddings_cached,
+        "reused": report.chunks_reused,
     }
 
 
@@ -141,13 +159,22 @@ def project_changes(workspace_id: int) -> dict:
 def index_changes(workspace_id: int) -> dict:
     """Converge a workspace's chunks and embeddings to HEAD (SPEC §7); failed documents get a
     delayed retry job."""
-    return _after_index(workspace_id, _kb().index(workspace_id))
+    return _after_index(workspace_id, _kb().index(workspace_id, _progress_for("index", workspace_id)))
 
 
 @app.task(name=REINDEX_TASK, queue="index")
 def reindex(workspace_id: int) -> dict:
     """Rebuild a workspace's index from git HEAD, resuming an interrupted rebuild (SPEC §7)."""
-    return _after_index(workspace_id, _kb().reindex(workspace_id))
+    return _after_index(workspace_id, _kb().reindex(workspace_id, _progress_for("reindex", workspace_id)))
+
+
+@app.task(name=DEFER_WHEN_DUE_TASK, queue="index")
+def defer_when_due(workspace_id: int, task: str, queue: str) -> int | None:
+    """A delayed job's stand-in (``kb.store.defer_job`` with ``delay_seconds``): once due, defer
+    ``task`` for the workspace with its lock, coalesced with one already waiting (issue 19).
+    Returns the deferred job's id, or None when a waiting job covers it."""
+    with database.transaction(_kb().database_url) as conn:
+        return defer_job(conn, queue, task, workspace_id)
 
 
 @app.periodic(cron=SWEEP_CRON)
@@ -165,24 +192,29 @@ def sweep(timestamp: int) -> dict:
 @app.task(name="kb.retry_stalled_jobs", queue="maintenance", pass_context=True)
 async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) -> list[int]:
     """Put jobs of workers silent for ``KB_STALLED_JOB_SECONDS`` back to ``todo`` (SPEC §7)."""
-    manager = context.app.job_manager
-    stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=_kb().settings.stalled_job_seconds)
+    return await retry_stalled(context.app.job_manager, _kb().settings.stalled_job_seconds, context.job.id)
+
+
+async def retry_stalled(manager, seconds: float, own_job_id: int | None = None) -> list[int]:
+    """Put back to ``todo`` the jobs of workers silent for ``seconds``; returns their ids.
+
+    A stalled job whose queueing lock a waiting job already holds is marked failed instead: kb's
+    jobs converge to HEAD, so the waiting job does its work, and the stalled one must stop holding
+    the lock (``projection:N`` / ``index:N``) the waiting job needs.
+    """
+    stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=seconds)
     retried = []
     for job in stalled:
-        if job.id == context.job.id:
+        if job.id == own_job_id:
             continue
         try:
             log.warning("retrying stalled job %s (%s %s)", job.id, job.task_name, job.task_kwargs)
             await manager.retry_job(job)
-            retried.append(job.id)
         except procrastinate.exceptions.UniqueViolation:
-            # A job with the same queueing lock is already waiting. kb's jobs converge to HEAD, so
-            # that job does this one's work; the stalled one is failed so it stops holding the
-            # workspace lock ("ws:N") that the waiting job needs.
             log.warning("stalled job %s is covered by a waiting job (%s); marking it failed",
                         job.id, job.queueing_lock)
             await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=False)
-            retried.append(job.id)
+        retried.append(job.id)
     return retried
 
 
@@ -275,31 +307,6 @@ def push_remote(workspace_id: int) -> dict:
         return _kb().remote(workspace_id).push().as_dict()
     except RemoteNotFound:  # removed since the job was deferred
         return {"revision": None, "pushed": False, "previous": None}
-
-
-def run_worker(kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1) -> None:
-    """Run a worker on kb's queues; with ``until_idle`` return once no job is waiting.
-
-    Checks the embedder against the database first (DimensionMismatch is a startup error).
-    """
-    import asyncio
-
-    kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
-    connector = configure(kb)
-    listens = worker_listens(kb)
-    stalled = kb.settings.stalled_job_seconds
-
-    async def _run() -> None:
-        with app.replace_connector(connector) as bound:
-            async with bound.open_async():
-                await bound.run_worker_async(
-                    queues=QUEUES, wait=not until_idle, concurrency=concurrency,
-                    listen_notify=listens, fetch_job_polling_interval=5.0 if listens else POLL_SECONDS,
-                    install_signal_handlers=not until_idle,
-                    update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
-                )
-
-    asyncio.run(_run())
 
 
 # ---- issue 12: per-workspace HNSW indexes (kb/vector_index.py) ----

@@ -15,30 +15,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb import database
-from kb.chunking import Chunker
 from kb.citations import Envelope, document_lines
-from kb.embedding import Embedder, make_embedder
 from kb.errors import DimensionMismatch
-from kb.importer import ImportReport, import_folder
-from kb.indexer import Indexer, IndexReport
 from kb.migrations import MigrationReport, apply_migrations
 from kb.paths import StorePath, check_storage_root
 from kb.projection import ProjectionResult, project
 from kb.publication import PublicationStatus, ensure_publication
-from kb.search import search as hybrid_search
 from kb.settings import Settings
 from kb.sql import queries
 from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
 
 if TYPE_CHECKING:
     from kb.conversation import Conversation
-
+    # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
+    # commands that need none of them (issue 15, SPEC §13).
+    from kb.chunking import Chunker
+    from kb.embedding import Embedder
+    from kb.freshness import IndexFreshness
+    from kb.importer import ImportReport
+    from kb.indexer import IndexReport
     from kb.artifacts import Artifacts
     from kb.remotes import Remote
     from kb.fsck import FsckReport
 
 
     from kb.turns import CommitResult, Turn
+    from kb.worker import WorkerReport
     from kb.worktree import JanitorReport
     from kb.drift import DriftReport
     from kb.seed import SeedReport
@@ -75,6 +77,23 @@ class KnowledgeBase:
         if migrate:
             kb.migrate()
         return kb
+
+    def close(self) -> None:
+        """Close what this KnowledgeBase opened: its workspaces' git repositories and the turns
+        it holds open (their worktrees stay for a later commit or the janitor). Idempotent; the
+        object stays usable (a later call reopens what it needs). ``with KnowledgeBase.open() as
+        kb:`` calls it on exit (issue 15)."""
+        for turn in list(self.__dict__.get("_open_turns", {}).values()):
+            turn.close()
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
+    def __enter__(self) -> "KnowledgeBase":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def migrate(self) -> MigrationReport:
         """Apply the schema and pending migrations, Procrastinate's included (SPEC §12)."""
@@ -143,6 +162,8 @@ class KnowledgeBase:
         message: str | None = None, author: str | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``)."""
+        from kb.importer import import_folder
+
         return import_folder(
             self.store(workspace_id), Path(source), prefix=prefix, prune=prune, message=message,
             author=author or default_author(),
@@ -153,13 +174,17 @@ class KnowledgeBase:
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
         if self._embedder is None:
-            self.use_embedder(make_embedder(self.settings))
+            from kb.embedding import LazyEmbedder
+
+            self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
         return self._embedder
 
     @functools.cached_property
     def chunker(self) -> Chunker:
         """The chunker (chunk size in model tokens, SPEC §7)."""
-        return Chunker(self.settings.chunk_size)
+        from kb.chunking import LazyChunker
+
+        return LazyChunker(self.settings.chunk_size)  # chonkie and the tokenizer load on first cut
 
     def project(self, workspace_id: int, *, force: bool = False) -> ProjectionResult:
         """Converge documents/folders rows to HEAD in one transaction, sending ``kb_events`` on
@@ -180,17 +205,21 @@ class KnowledgeBase:
         with database.transaction(self.database_url) as conn:
             return ensure_publication(conn)
 
-    def index(self, workspace_id: int, progress: Callable[[int, int], None] | None = None) -> IndexReport:
+    def index(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
         """Project and index a workspace up to HEAD in this process (what the index job runs)."""
         self.store(workspace_id).repository  # raises WorkspaceNotFound early
+        from kb.indexer import Indexer
+
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
         return indexer.converge(workspace_id)
 
-    def run_worker(self, until_idle: bool = False, concurrency: int = 1) -> None:
-        """Run the Procrastinate worker for kb's queues (``kb worker``)."""
-        from kb import jobs
+    def run_worker(self, until_idle: bool = False, concurrency: int = 1, display=None) -> "WorkerReport":
+        """Run the Procrastinate worker for kb's queues (``kb worker``); with ``until_idle`` return
+        once no job is due or runnable (SPEC §7, issue 19). ``display``: a
+        ``kb.worker.ProgressDisplay`` for per-job progress. Returns a ``kb.worker.WorkerReport``."""
+        from kb.worker import run_worker
 
-        jobs.run_worker(self, until_idle=until_idle, concurrency=concurrency)
+        return run_worker(self, until_idle=until_idle, concurrency=concurrency, display=display)
 
     # -- reads for people and agents (SPEC §8) -------------------------------------------
     def search(self, workspace_id: int, query: str, k: int = 5) -> list[Envelope]:
@@ -199,6 +228,7 @@ class KnowledgeBase:
         Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100.
         """
         from kb.search import check_query
+        from kb.search import search as hybrid_search
 
         check_query(query, k)
         store = self.store(workspace_id)
@@ -206,6 +236,13 @@ class KnowledgeBase:
         embedder = self.embedder
         with database.pooled_connection(self.database_url) as conn:
             return hybrid_search(conn, repo, embedder, workspace_id, query, k)
+
+    def index_freshness(self, workspace_id: int) -> "IndexFreshness":
+        """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
+        SPEC §7, §8, issue 15)."""
+        from kb.freshness import index_freshness
+
+        return index_freshness(self.database_url, workspace_id)
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""
@@ -273,6 +310,12 @@ class KnowledgeBase:
                 result["workspace"]["remote"] = None if remote is None else remote.__dict__
             result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
             result["job_health"] = conn.execute(queries["job_health"]).fetchall()
+            # issue 19: due jobs something holds back (and what), and jobs scheduled for later
+            due = conn.execute(queries["due_jobs"], {"queues": None}).fetchall()
+            result["blocked_jobs"] = [j for j in due if j["blocker_id"] is not None
+                                      and workspace_id in (None, j["workspace_id"])]
+            result["scheduled_jobs"] = [j for j in conn.execute(queries["scheduled_jobs"], {"queues": None})
+                                        if workspace_id in (None, j["workspace_id"])]
         return result
 
     # -- store maintenance and undo (issue 3: SPEC §2.1, §3) ------------------------------
@@ -318,10 +361,12 @@ class KnowledgeBase:
         self._embedder = embedder
         return embedder
 
-    def reindex(self, workspace_id: int, progress: Callable[[int, int], None] | None = None) -> IndexReport:
+    def reindex(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
         """Rebuild a workspace's index from git HEAD in this process, resuming an interrupted
         rebuild (what the ``kb.reindex`` job runs, SPEC §7)."""
         self.store(workspace_id).repository  # raises WorkspaceNotFound early
+        from kb.indexer import Indexer
+
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
         return indexer.reindex(workspace_id)
 

@@ -86,8 +86,8 @@ def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False)
             conn.execute(queries["lock_migrations"], {"namespace": MIGRATION_LOCK_NAMESPACE})
             applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
             # Procrastinate's tables first: kb's views over them (kb.job_health, issue 4) need them.
-            name, schema = _procrastinate_schema()
             if not _job_queue_installed(conn):
+                name, schema = _procrastinate_schema()  # imported only when needed (issue 15)
                 conn.execute(schema)
                 if name not in applied:  # a re-install after its misplaced copy was dropped
                     conn.execute(

@@ -10,12 +10,14 @@ All paths handed to dulwich are absolute; the process never changes its working 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import errno
 import os
 import shutil
 import stat
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,11 +76,23 @@ def _retry_reads_across_packing(store) -> None:
     store.get_raw = get_raw
 
 
+_open_repositories: "weakref.WeakSet[Repository]" = weakref.WeakSet()
+
+
+@atexit.register
+def close_open_repositories() -> None:
+    """Close every repository still open (at interpreter exit, while imports still work), so a
+    script that never closed its KnowledgeBase ends without dulwich's ``__del__`` noise."""
+    for repository in list(_open_repositories):
+        repository.close()
+
+
 class Repository:
     """One workspace's non-bare git repository at ``path`` (created on ``Repository.create``)."""
 
     def __init__(self, repo: Repo) -> None:
         self._repo = repo
+        _open_repositories.add(self)
         self.path = Path(repo.path)
         # Objects are immutable: path lookups and the tree builder share a bounded cache of
         # parsed objects, and trees the builder creates enter it directly, so the next turn's
@@ -101,6 +115,19 @@ class Repository:
         self._objects[obj.id] = obj
         if len(self._objects) > OBJECT_CACHE_SIZE:
             self._objects.popitem(last=False)
+
+    def close(self) -> None:
+        """Close dulwich's pack files and object store (idempotent). Issue 15: left to the garbage
+        collector at interpreter exit they print ``Exception ignored in … __del__`` noise."""
+        _open_repositories.discard(self)
+        self._objects.clear()
+        self._repo.close()
+
+    def __enter__(self) -> "Repository":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def open(cls, path: Path) -> "Repository":

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
         "(for Zero and GUI clients). Default: its Unix socket only.",
     )
 
+    # issue 15: the CLI's read commands ask a running `kb serve` (kb/cli.py reads the variable itself)
+    server_url: str | None = Field(
+        default=None,
+        description="URL of a running `kb serve` (e.g. http://127.0.0.1:8765): kb search/read/log/status ask it.",
+    )
+
     @field_validator("embedded_listen")
     @classmethod
     def _listen_address(cls, value: str | None) -> str | None:

@@ -113,6 +113,12 @@ class KnowledgeStore:
                 ) from None
         return self._repository
 
+    def close(self) -> None:
+        """Close the repository if open (idempotent); the next use reopens it."""
+        if self._repository is not None:
+            self._repository.close()
+            self._repository = None
+
     def exists(self) -> bool:
         """True when the workspace has a repository."""
         return (self.path / ".git").is_dir()
@@ -425,18 +431,39 @@ def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
     conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # SPEC §13, if any
 
 
+DEFER_WHEN_DUE_TASK = "kb.defer_when_due"
+
+
+def job_lock(queue: str, workspace_id: int) -> str:
+    """The Procrastinate lock a due job of ``queue`` runs under: ``"projection:{ws}"`` or
+    ``"index:{ws}"``. Projection and indexing never share a lock, so projection never waits for an
+    index run or an index retry (issue 19); each job also takes its own advisory lock (SPEC §4)."""
+    return f"{'projection' if queue == 'projection' else 'index'}:{workspace_id}"
+
+
 def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None,
               delay_seconds: float = 0) -> int | None:
     """Defer ``task(workspace_id=…)`` on ``queue`` in ``conn``'s transaction; returns the job id,
-    or None when a waiting job with the same queueing lock (default ``"{queue}:{ws}"``) covers it.
+    or None when a waiting job with the same queueing lock covers it (default ``"{queue}:{ws}"``;
+    ``"{queue}-delayed:{ws}"`` for a delayed one, so a job scheduled later never covers a due one).
 
-    Every kb job of a workspace runs under the lock ``"ws:{ws}"`` (serialized, SPEC §7);
-    ``delay_seconds`` schedules it for later.
+    A due job runs under ``job_lock(queue, ws)`` (serialized per workspace and concern, SPEC §7).
+    ``delay_seconds > 0`` schedules it for later *without any lock*: Procrastinate's fetch treats
+    a waiting job as holding its lock even before its ``scheduled_at``, so a delayed job carrying
+    the lock would hold back every due job of the workspace (issue 19). The delayed job is a
+    ``kb.defer_when_due`` that, once due, defers the real job with its lock (coalesced with one
+    already waiting).
     """
+    if delay_seconds > 0:
+        args = {"workspace_id": workspace_id, "task": task, "queue": queue}
+        lock, task = None, DEFER_WHEN_DUE_TASK
+        queueing_lock = queueing_lock or f"{queue}-delayed:{workspace_id}"
+    else:
+        args, lock = {"workspace_id": workspace_id}, job_lock(queue, workspace_id)
     row = conn.execute(
         queries["defer_job"],
-        {"queue": queue, "task": task, "lock": f"ws:{workspace_id}",
+        {"queue": queue, "task": task, "lock": lock,
          "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
-         "args": json.dumps({"workspace_id": workspace_id}), "delay_seconds": delay_seconds},
+         "args": json.dumps(args), "delay_seconds": delay_seconds},
     ).fetchone()
     return row["id"] if row else None

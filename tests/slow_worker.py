@@ -10,10 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from embedders import SlowEmbedder  # noqa: E402
 
-from kb import jobs  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 
 if __name__ == "__main__":
     kb = KnowledgeBase.open()
     kb.use_embedder(SlowEmbedder(float(sys.argv[1])))
-    jobs.run_worker(kb)
+    kb.run_worker()

@@ -318,12 +318,12 @@ def test_index_job_with_failed_documents_defers_a_delayed_retry(kb):
     kb.run_worker(until_idle=True)
     jobs = _rows(kb, "test_jobs")
     assert any(j["task_name"] == "kb.index_changes" and j["status"] == "succeeded" for j in jobs)
-    waiting = [j for j in jobs if j["status"] == "todo" and j["task_name"] == "kb.index_changes"]
-    assert len(waiting) == 1 and waiting[0]["queueing_lock"] == "index-retry:1" and waiting[0]["scheduled_later"]
+    waiting = [j for j in jobs if j["status"] == "todo"]
+    assert len(waiting) == 1 and waiting[0]["task_name"] == "kb.defer_when_due"
+    assert waiting[0]["queueing_lock"] == "index-retry:1" and waiting[0]["scheduled_later"]
     assert kb.sweep().retry_deferred == [1]  # coalesced with the waiting retry
     assert len([j for j in _rows(kb, "test_jobs") if j["status"] == "todo"]) == 1
     # a new revision's immediate job is not blocked by the waiting retry
     _write_all(kb, 1, {"/documents/more.md": "more\n"}, "more")
-    locks = sorted(j["queueing_lock"] for j in _rows(kb, "test_jobs")
-                   if j["status"] == "todo" and j["task_name"] == "kb.index_changes")
-    assert locks == ["index-retry:1", "index:1"]
+    locks = sorted(j["queueing_lock"] for j in _rows(kb, "test_jobs") if j["status"] == "todo")
+    assert locks == ["index-retry:1", "index:1", "projection:1"]

@@ -20,3 +20,39 @@ ORDER BY queue_name, status;
 
 -- name: jobs_pending
 SELECT count(*) AS pending FROM procrastinate_jobs WHERE status IN ('todo', 'doing');
+
+-- name: due_jobs
+-- Waiting jobs that are due now on the given queues, each with the job that holds it back, if
+-- any (kb/worker.py, `kb status`): Procrastinate's fetch skips a job while another job with its
+-- lock is running, or is waiting with a higher priority or an earlier id — even one scheduled later.
+SELECT j.id, j.task_name AS task, j.queue_name AS queue, j.lock, (j.args ->> 'workspace_id')::int AS workspace_id,
+       b.id AS blocker_id, b.task_name AS blocker_task, b.status::text AS blocker_status,
+       b.scheduled_at AS blocker_scheduled_at,
+       (b.id IS NOT NULL AND b.status = 'todo' AND b.scheduled_at > now()) AS blocked_by_later
+FROM procrastinate_jobs AS j
+LEFT JOIN LATERAL (
+    SELECT o.id, o.task_name, o.status, o.scheduled_at
+    FROM procrastinate_jobs AS o
+    WHERE j.lock IS NOT NULL AND o.lock = j.lock AND o.id <> j.id
+      AND (o.status = 'doing'
+           OR (o.status = 'todo' AND (o.priority > j.priority OR (o.priority = j.priority AND o.id < j.id))))
+    ORDER BY (o.status = 'doing') DESC, o.id
+    LIMIT 1
+) AS b ON true
+WHERE j.status = 'todo' AND (j.scheduled_at IS NULL OR j.scheduled_at <= now())
+  AND (%(queues)s::text[] IS NULL OR j.queue_name = ANY(%(queues)s::text[]))
+ORDER BY j.id;
+
+-- name: scheduled_jobs
+-- Waiting jobs scheduled for later (a retry's backoff), soonest first.
+SELECT id, task_name AS task, queue_name AS queue, lock, queueing_lock,
+       (args ->> 'workspace_id')::int AS workspace_id, args ->> 'task' AS defers_task,
+       scheduled_at, scheduled_at - now() AS due_in
+FROM procrastinate_jobs
+WHERE status = 'todo' AND scheduled_at > now() AND (%(queues)s::text[] IS NULL OR queue_name = ANY(%(queues)s::text[]))
+ORDER BY scheduled_at, id;
+
+-- name: live_workers
+-- Workers that sent a heartbeat within the last %(seconds)s seconds (`kb import` says one will index).
+SELECT count(*) AS workers FROM procrastinate_workers
+WHERE last_heartbeat > now() - make_interval(secs => %(seconds)s::float8);

@@ -144,3 +144,17 @@ SELECT coalesce(sum(chunk_count), 0) AS n FROM kb.text_stats WHERE workspace_id 
 
 -- name: workspace_has_vector_index
 SELECT count(*) > 0 AS any FROM kb.vector_indexes WHERE workspace_id = %(workspace_id)s;
+
+-- name: index_freshness
+-- How far a workspace's index stamp lags its recorded head (issue 15: search says so): revisions
+-- not yet indexed and the documents they touch, plus projected documents still pending.
+SELECT w.revision_count - coalesce(s.seq, 0) AS revisions_behind,
+       (SELECT count(*) FROM (
+            SELECT c.path FROM kb.path_changes AS c
+            WHERE c.workspace_id = w.id AND c.seq > coalesce(s.seq, 0)
+            UNION
+            SELECT d.path FROM kb.documents AS d WHERE d.workspace_id = w.id AND d.status = 'pending'
+        ) AS p) AS documents_pending
+FROM kb.workspaces AS w
+LEFT JOIN kb.revisions AS s ON s.workspace_id = w.id AND s.id = w.last_indexed_revision
+WHERE w.id = %(workspace_id)s;

@@ -128,3 +128,29 @@ WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
 SELECT schemaname, tablename FROM pg_tables
 WHERE schemaname = 'kb' OR tablename LIKE 'procrastinate%'
 ORDER BY 1, 2;
+-- ---- issue 19: job locks and delayed jobs ------------------------------------------------------
+
+-- name: test_job_lock
+SELECT lock, queueing_lock FROM procrastinate_jobs WHERE id = %(id)s;
+
+-- name: test_job_status
+SELECT status::text AS status FROM procrastinate_jobs WHERE id = %(id)s;
+
+-- name: test_make_job_due
+UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s;
+
+-- name: test_mark_job_doing
+UPDATE procrastinate_jobs SET status = 'doing' WHERE id = %(id)s;
+
+-- name: test_fetch_job
+SELECT id FROM procrastinate_fetch_job_v2(%(queues)s::varchar[], NULL);
+
+-- name: test_fail_documents
+UPDATE kb.documents SET status = 'failed', index_attempts = 2, index_error = 'test: embedder down'
+WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_defer_locked_later
+-- A delayed job carrying a lock, as code outside kb could defer it (Procrastinate's own API).
+INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, args, scheduled_at)
+VALUES ('index', 'kb.index_changes', 0, %(lock)s, '{"workspace_id": 1}', now() + interval '10 minutes')
+RETURNING id;

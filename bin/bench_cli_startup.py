@@ -1,0 +1,152 @@
+"""Wall time of kb's everyday CLI commands against references measured in the same run (issue 15).
+
+    python bin/bench_cli_startup.py [--rounds 7] [--documents 50]
+
+Sets up a throw-away storage root (embedded Postgres unless ``KB_DATABASE_URL`` is set), imports
+``--documents`` generated markdown files into workspace 1 and indexes them with the hashing
+embedder, then times, round by round and interleaved, ``python -c pass`` (interpreter start-up),
+``git log -n 20`` on the workspace repository, and ``kb read`` / ``kb log`` / ``kb status`` /
+``kb search`` (hashing embedder) as subprocesses — what a user waits for. Prints medians and the
+ratio of each kb command to ``python -c pass``. Goals (issue 15): read/log/status ≤ 0.5 s,
+search ≤ 1.5 s with hashing.
+
+With ``--server`` the same kb commands also run against a ``kb serve`` subprocess
+(``KB_SERVER_URL``), the warm path; ``--compare TREE`` times the same commands from another
+source tree (before/after a change) in the same rounds; ``--minilm`` adds a cold search with MiniLM (torch's import
+alone takes seconds, so it cannot meet the goal; reported for the record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOALS = {"read": 0.5, "log": 0.5, "status": 0.5, "search": 1.5}
+
+
+def kb_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kb.cli", *args]
+
+
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """``(wall seconds, CPU seconds of the child)``: wall is what the user waits for; CPU
+    (user + system) shows the command's own work when a loaded machine inflates the wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"kb serve at {url} did not become ready in {timeout:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--documents", type=int, default=50)
+    parser.add_argument("--server", action="store_true", help="also time the commands through kb serve")
+    parser.add_argument("--compare", type=Path, metavar="TREE",
+                        help="also time read/log/status/search from another kb source tree (e.g. a clone of "
+                             "an older commit) in the same rounds")
+    parser.add_argument("--minilm", action="store_true",
+                        help="also time a cold kb search with MiniLM (imports torch: cannot meet 1.5 s)")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="kb-bench-cli-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env.update(KB_STORAGE_ROOT=str(root / "storage"), KB_EMBEDDING_MODEL="hashing",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    if os.environ.get("KB_DATABASE_URL"):
+        env["KB_DATABASE_URL"] = os.environ["KB_DATABASE_URL"]
+    server = None
+    try:
+        source = root / "notes"
+        source.mkdir()
+        for i in range(args.documents):
+            body = "\n".join(f"Line {j} of note {i}: refunds, invoices and annual plans." for j in range(40))
+            (source / f"Note {i}.md").write_text(f"# Note {i}\n\n{body}\n")
+        subprocess.run(kb_cli("import", str(source), "-w", "1"), env=env, check=True, capture_output=True)
+        subprocess.run(kb_cli("worker", "--until-idle", "-q"), env=env, check=True, capture_output=True)
+        repo = next((root / "storage" / "knowledge_store").iterdir())
+
+        legs: dict[str, tuple[list[str], dict[str, str]]] = {
+            "python -c pass": ([sys.executable, "-c", "pass"], env),
+            "git log -n 20": (["git", "-C", str(repo), "log", "-n", "20"], env),
+            "read": (kb_cli("read", "/documents/Note 7.md", "-w", "1"), env),
+            "log": (kb_cli("log", "-w", "1"), env),
+            "status": (kb_cli("status", "-w", "1"), env),
+            "search": (kb_cli("search", "refund invoice", "-w", "1"), env),
+        }
+        if args.compare:
+            other = {**env, "PYTHONPATH": str(args.compare.resolve())}
+            for name in ("read", "log", "status", "search"):
+                legs[f"{name} (compare)"] = (legs[name][0], other)
+        if args.minilm:
+            legs["search (minilm, cold)"] = (legs["search"][0], {**env, "KB_EMBEDDING_MODEL": "minilm"})
+        if args.server:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            server = subprocess.Popen(kb_cli("serve", "--port", str(port)), env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_ready(url)
+            served = {**env, "KB_SERVER_URL": url}
+            for name in ("read", "log", "status", "search"):
+                legs[f"{name} (server)"] = (legs[name][0], served)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
+        for _ in range(args.rounds):
+            for name, (command, leg_env) in legs.items():
+                times[name].append(timed(command, leg_env))
+        base = statistics.median(wall for wall, _ in times["python -c pass"])
+        load = os.getloadavg()[0]
+        print(f"{args.rounds} rounds, {args.documents} documents, load average {load:.1f} on "
+              f"{os.cpu_count()} CPUs; medians (interleaved round by round):")
+        for name, samples in times.items():
+            median = statistics.median(wall for wall, _ in samples)
+            cpu = statistics.median(c for _, c in samples)
+            goal = GOALS.get(name.split(" ")[0]) if name not in ("python -c pass", "git log -n 20") else None
+            verdict = "" if goal is None else f"  goal ≤ {goal:.1f} s: {'met' if median <= goal else 'MISSED'}"
+            print(f"  {name:<21} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass), "
+                  f"CPU {cpu * 1000:6.0f} ms{verdict}")
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+        if not os.environ.get("KB_DATABASE_URL"):
+            subprocess.run(kb_cli("db-stop"), env=env, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Issue 15: the CLI says what it is waiting for — the index lag on search, how to index after an
+import, the worker's progress and summary — and ends without dulwich noise on stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import git, run_cli
+
+
+def _notes(tmp_path: Path, count: int = 3, name: str = "notes") -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    for i in range(count):
+        (folder / f"Note {i}.md").write_text(f"# Note {i}\n\nRefund policy for plan {i}: zebra crossing.\n")
+    return folder
+
+
+def test_search_before_indexing_says_how_far_behind_and_still_answers(kb_env, tmp_path):
+    imported = run_cli(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    assert "not indexed yet: run `kb worker --until-idle`" in imported.stdout
+    before = run_cli(kb_env, "search", "zebra", "-w", "1")
+    assert before.stdout.strip() == "no results"
+    assert "index is 1 revision behind HEAD: 3 documents pending — run `kb worker --until-idle`" in before.stderr
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    after = run_cli(kb_env, "search", "zebra", "-w", "1")
+    assert "Note" in after.stdout and after.stderr == ""
+    # one more revision: the hint counts it, and the results the index has are still printed
+    (tmp_path / "notes" / "Note 9.md").write_text("# Note 9\n\nzebra again\n")
+    run_cli(kb_env, "import", str(tmp_path / "notes"), "-w", "1")
+    stale = run_cli(kb_env, "search", "zebra", "-w", "1")
+    assert "index is 1 revision behind HEAD: 1 document pending" in stale.stderr
+    assert "/documents/Note 0.md" in stale.stdout
+
+
+def test_worker_prints_progress_lines_and_a_summary(kb_env, tmp_path):
+    notes = _notes(tmp_path, 4)
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    first = run_cli(kb_env, "worker", "--until-idle")
+    assert "4 documents indexed, 0 failed; 4 chunks written (4 embedded, 0 from the embedding cache)" in first.stdout
+    assert "job(s) run, 0 failed" in first.stdout and "no job is scheduled for later" in first.stdout
+    assert "kb.index_changes (workspace 1) done in" in first.stderr  # plain lines: not a terminal
+    assert "index ws 1: 4/4 documents, 4 chunks" in first.stderr
+    # the same texts in another workspace come from the embedding cache
+    run_cli(kb_env, "import", str(notes), "-w", "2")
+    second = run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    assert "4 chunks written (0 embedded, 4 from the embedding cache)" in second.stdout
+    assert second.stderr == ""
+
+
+SCRIPT = """
+from kb import KnowledgeBase
+
+{body}
+"""
+
+
+def test_scripts_and_commands_end_without_dulwich_noise(kb_env, kb, tmp_path):
+    run_cli(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    git(kb.settings.knowledge_store / "1", "gc", "-q")  # packs: what dulwich's __del__ complains about
+    bodies = [
+        "with KnowledgeBase.open() as kb:\n    print(len(kb.search(1, 'zebra', 3)))",
+        "kb = KnowledgeBase.open()\nprint(len(kb.search(1, 'zebra', 3)))\nkb.close()",
+        "kb = KnowledgeBase.open()\nprint(len(kb.search(1, 'zebra', 3)))",  # never closed: atexit does
+    ]
+    for body in bodies:
+        result = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT.format(body=body))],
+                                env=kb_env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and result.stdout.strip() == "3", result.stderr
+        assert result.stderr == "", body
+    for args in (("search", "zebra", "-w", "1"), ("read", "/documents/Note 1.md", "-w", "1"),
+                 ("log", "-w", "1"), ("status", "-w", "1")):
+        assert run_cli(kb_env, *args).stderr == "", args
+
+
+def test_close_releases_the_repositories_and_the_object_stays_usable(kb):
+    kb.create_workspace(1)
+    with kb.transaction(1, "one", "alice") as tx:
+        tx.write("/documents/a.md", "alpha\n")
+    repository = kb.store(1).repository
+    kb.close()
+    assert kb._stores == {} and repository._repo.object_store._pack_cache == {}
+    assert kb.read(1, "/documents/a.md") == b"alpha\n"  # reopened on demand
+    kb.close()

@@ -1,0 +1,65 @@
+"""Issue 15 / SPEC §13: commands that need no model never import one.
+
+Each command runs in a fresh interpreter (like the CLI) which then lists the heavy modules it
+imported. With MiniLM configured, ``kb status``, ``read``, ``log`` and an ``index`` with nothing to
+do must not import torch, sentence-transformers, transformers or chonkie; ``search`` with the
+hashing embedder must not either.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import run_cli
+
+from kb.embedding import minilm_available
+
+HEAVY = ("torch", "sentence_transformers", "transformers", "chonkie", "tokenizers")
+
+PROBE = """
+import json, sys
+from kb.cli import main
+try:
+    main({args!r}, standalone_mode=False)
+finally:
+    heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r}))
+    print("HEAVY=" + json.dumps(heavy), file=sys.stderr)
+"""
+
+
+def _heavy_imports(env: dict[str, str], *args: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args), heavy=HEAVY)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stderr.splitlines() if line.startswith("HEAVY="))
+    return json.loads(line.removeprefix("HEAVY="))
+
+
+@pytest.fixture
+def indexed(kb_env, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "Todo.md").write_text("# Todo\n\nrefund the annual plan\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    return kb_env
+
+
+def test_read_commands_and_hashing_search_import_no_model(indexed):
+    for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1"),
+                 ("search", "refund", "-w", "1")):
+        assert _heavy_imports(indexed, *args) == [], args
+
+
+@pytest.mark.skipif(not minilm_available(), reason="the minilm extra (torch, sentence-transformers) is not installed")
+def test_with_minilm_configured_only_embedding_loads_the_model(indexed):
+    minilm = {**indexed, "KB_EMBEDDING_MODEL": "minilm"}  # 384-d like the hashing index above
+    status = run_cli(minilm, "status").stdout
+    assert "embedder:   all-MiniLM-L6-v2 (384-d, semantic)" in status
+    for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1"),
+                 ("index", "-w", "1")):  # index: nothing to do, so nothing to embed or cut
+        assert _heavy_imports(minilm, *args) == [], args
+    assert "torch" in _heavy_imports(minilm, "search", "refund", "-w", "1")  # the query is embedded

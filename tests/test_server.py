@@ -1,0 +1,149 @@
+"""Issue 15 / SPEC §13: `kb serve` — real HTTP requests against a real server process: health and
+readiness, search, read, log, a turn committed through the API, the CLI through KB_SERVER_URL, and
+SIGTERM while the in-process worker runs a job (the job finishes, nothing is lost)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import git, run_cli
+from test_worker_kill import _wait
+
+from kb import database
+from kb.sql import queries
+
+pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def _ready(url: str) -> bool:
+    try:
+        return _call(f"{url}/ready")[0] == 200
+    except OSError:
+        return False
+
+
+def _start(command: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """Start a server on a free port (its output goes to ``log``: an unread pipe could fill up)."""
+    port = _port()
+    slow = "slow_server.py" in command[1]
+    with log.open("w") as output:
+        process = subprocess.Popen([*command, *([] if slow else ["--port"]), str(port), *(["3.0"] if slow else [])],
+                                   env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
+    except AssertionError:
+        process.kill()
+        raise
+    assert process.poll() is None, log.read_text()
+    return process, url
+
+
+def _stop(process: subprocess.Popen, log: Path) -> str:
+    """SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (exit status -15)."""
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=180)
+    output = log.read_text()
+    assert process.returncode in (0, -signal.SIGTERM), output
+    assert "Application shutdown complete" in output and "Traceback" not in output, output
+    return output
+
+
+def _job_status(kb, task: str) -> list[str]:
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        return [j["status"] for j in conn.execute(queries["test_jobs"]) if j["task_name"] == task]
+
+
+def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_path):
+    process, url = _start([sys.executable, "-m", "kb.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log")
+    try:
+        assert _call(f"{url}/health") == (200, {"status": "ok"})
+        assert _call(f"{url}/ready") == (200, {"status": "ready", "worker": True})
+        assert "/v1/workspaces/{workspace_id}/search" in _call(f"{url}/openapi.json")[1]["paths"]
+        kb.create_workspace(1)
+        turn = f"{url}/v1/workspaces/1/turns/agent-1"
+        status, written = _call(f"{turn}/files/documents/Plans/Refunds.md", "PUT",
+                                {"content": "# Refunds\n\nAnnual plans get a prorated zebra refund.\n"})
+        assert status == 200 and written["created"] is True
+        view = _call(f"{turn}/files/documents/Plans/Refunds.md")[1]
+        assert view["lines"][2] == [3, "Annual plans get a prorated zebra refund."] and view["total_lines"] == 3
+        status, committed = _call(f"{turn}/commit", "POST", {"message": "refund policy"})
+        assert status == 200 and committed["added"] == ["/documents/Plans/Refunds.md"]
+        assert kb.head(1) == committed["revision"]
+        assert git(kb.settings.knowledge_store / "1", "log", "--format=%s") == "refund policy\n"
+        git(kb.settings.knowledge_store / "1", "fsck", "--strict")
+        # the in-process worker indexes the revision
+        _wait(lambda: _call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None, 120,
+              "the in-process worker to index the revision")
+        status, found = _call(f"{url}/v1/workspaces/1/search?q=zebra%20refund&k=3")
+        assert status == 200 and found["results"][0]["path"] == "/documents/Plans/Refunds.md"
+        assert [3, "Annual plans get a prorated zebra refund."] in found["results"][0]["lines"]
+        status, envelope = _call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md")
+        assert status == 200 and envelope["view"] == "full" and envelope["revision"] == committed["revision"]
+        assert _call(f"{url}/v1/workspaces/1/log")[1][0]["message"].startswith("refund policy\n")
+        # citations: a chat's search hands out [1]; the answer's citation resolves to those lines
+        chat = f"{url}/v1/workspaces/1/chats/support-1"
+        cited = _call(f"{chat}/search?q=zebra%20refund&k=1")[1][0]
+        assert cited["cite"] == "[1]" and cited["path"] == "/documents/Plans/Refunds.md"
+        normalized = _call(f"{chat}/normalize", "POST", {"text": "Prorated [1:L3]."})[1]
+        assert normalized["text"] == "Prorated [1:L3]."
+        status, resolved = _call(f"{chat}/resolve?citation=%5B1%3AL3%5D&follow=true")
+        assert status == 200 and resolved["lines"] == [[3, "Annual plans get a prorated zebra refund."]]
+        assert resolved["follow"]["status"] == "unchanged"
+        assert _call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
+        missing = _call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
+        assert missing[0] == 404 and missing[1]["error"] == "DocumentNotFound"
+        # the CLI's read commands ask the server when KB_SERVER_URL is set
+        served = {**kb_env, "KB_SERVER_URL": url, "KB_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+        assert "zebra refund" in run_cli(served, "search", "zebra", "-w", "1").stdout
+        assert "     3  Annual plans" in run_cli(served, "read", "/documents/Plans/Refunds.md", "-w", "1").stdout
+        assert "refund policy" in run_cli(served, "log", "-w", "1").stdout
+        assert "index stamp: " + committed["revision"] in run_cli(served, "status", "-w", "1").stdout
+        failed = run_cli(served, "read", "/documents/Nope.md", "-w", "1", check=False)
+        assert failed.returncode == 1 and failed.stderr.startswith("kb: error: no document at")
+    finally:
+        _stop(process, tmp_path / "serve.log")
+    down = run_cli({**kb_env, "KB_SERVER_URL": url}, "search", "zebra", "-w", "1", check=False)
+    assert down.returncode == 1 and "did not answer" in down.stderr
+
+
+def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env, tmp_path):
+    process, url = _start([sys.executable, str(TESTS / "slow_server.py")], kb_env, tmp_path / "serve.log")
+    try:
+        kb.create_workspace(1)
+        with kb.transaction(1, "three notes", "alice") as tx:
+            for i in range(3):
+                tx.write(f"/documents/N{i}.md", f"note {i} about zebras\n")
+        _wait(lambda: "doing" in _job_status(kb, "kb.index_changes"), 120, "the index job to start")
+    finally:
+        output = _stop(process, tmp_path / "serve.log")  # the embedder takes 3 s: SIGTERM lands while the job runs
+    assert _job_status(kb, "kb.index_changes") == ["succeeded"], output
+    row = next(w for w in kb.workspaces() if w["id"] == 1)
+    assert row["last_indexed_revision"] == kb.head(1)
