@@ -46,7 +46,7 @@ from kb.chunking import Chunk, Chunker
 from kb.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument
 from kb.languages import detect_language, lexical_text, text_config
-from kb.locks import INDEX_LOCK_NAMESPACE
+from kb.locks import index_lock
 from kb.projection import project
 from kb.repository import Repository
 from kb.settings import Settings
@@ -174,7 +174,7 @@ class Indexer:
         ``report.revision`` = HEAD, or ``(report, None)`` with ``skipped_locked`` set when another
         run holds the lock (that run converges to HEAD itself)."""
         report = IndexReport(workspace_id, kind)
-        with self._index_lock(workspace_id) as locked:
+        with index_lock(self.database_url, workspace_id) as locked:
             if not locked:
                 report.skipped_locked = True
                 yield report, None
@@ -230,19 +230,6 @@ class Indexer:
             return report
 
     # -- pieces of a run -----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _index_lock(self, workspace_id: int) -> Iterator[bool]:
-        """The workspace's index lock (SPEC §4): yields False when it is taken.
-
-        A transaction-level advisory lock held by a transaction kept open on its own connection
-        for the whole run: released when the run ends or a killed worker's connection closes, and
-        correct behind a transaction-mode pooler too (an open transaction pins its server
-        connection, where a session lock would stay behind on a pooled one).
-        """
-        params = {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": workspace_id}
-        with database.transaction(self.database_url) as lock_conn:
-            yield lock_conn.execute(queries["try_index_lock"], params).fetchone()["locked"]
-
     def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:
         with database.transaction(self.database_url) as conn:
             return project(conn, repo, workspace_id, force=full).revision

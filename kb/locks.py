@@ -51,6 +51,26 @@ def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: i
 
 
 @contextlib.contextmanager
+def index_lock(database_url: str, workspace_id: int, wait: float = 0.0) -> Iterator[bool]:
+    """The workspace's index lock (SPEC §4) for the block; yields whether it was taken.
+
+    Tries for up to ``wait`` seconds (every 0.1 s). A transaction-level advisory lock held by a
+    transaction kept open on its own connection for the whole block: released when the block ends
+    or the holder's connection closes (kill -9), and correct behind a transaction-mode pooler too
+    (an open transaction pins its server connection; a session lock would stay behind on a pooled
+    one). Used by index runs and the legacy seed.
+    """
+    params = {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": workspace_id}
+    deadline = time.monotonic() + wait
+    with database.transaction(database_url) as conn:
+        locked = conn.execute(queries["try_index_lock"], params).fetchone()["locked"]
+        while not locked and time.monotonic() < deadline:
+            time.sleep(0.1)
+            locked = conn.execute(queries["try_index_lock"], params).fetchone()["locked"]
+        yield locked
+
+
+@contextlib.contextmanager
 def locked_transaction(
     database_url: str, workspace_id: int, settings: Settings, prepare: Callable[[], T] | None = None
 ) -> Iterator[tuple[psycopg.Connection, T | None]]:

@@ -42,7 +42,7 @@ from kb import database
 from kb.chunk_context import context_line
 from kb.errors import LegacySourceError, LockTimeout, SeedRefused
 from kb.languages import detect_language, lexical_text, text_config
-from kb.locks import INDEX_LOCK_NAMESPACE
+from kb.locks import index_lock
 from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
 from kb.projection import PATH_KEYED_TYPES
 from kb.sql import queries
@@ -408,17 +408,12 @@ class Seeder:
 
     @contextlib.contextmanager
     def _index_lock(self) -> Iterator[None]:
-        """Hold the workspace's index lock (the indexer's: a transaction-level advisory lock in a
-        transaction kept open on its own connection, SPEC §4), waiting up to ``lock_timeout``
-        seconds for a running index job; raises LockTimeout."""
-        params = {"namespace": INDEX_LOCK_NAMESPACE, "workspace_id": self.workspace_id}
-        with database.transaction(self.kb.database_url) as conn:
-            deadline = time.monotonic() + self.kb.settings.lock_timeout
-            while not conn.execute(queries["try_index_lock"], params).fetchone()["locked"]:
-                if time.monotonic() > deadline:
-                    raise LockTimeout(f"workspace {self.workspace_id}: an index run holds the index lock; "
-                                      "seed again when it has finished")
-                time.sleep(0.1)
+        """Hold the workspace's index lock (the indexer's, ``kb.locks.index_lock``, SPEC §4),
+        waiting up to ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
+        with index_lock(self.kb.database_url, self.workspace_id, wait=self.kb.settings.lock_timeout) as locked:
+            if not locked:
+                raise LockTimeout(f"workspace {self.workspace_id}: an index run holds the index lock; "
+                                  "seed again when it has finished")
             yield
 
     def _write_blobs(self, legacy: psycopg.Connection, seeded: list[SeedEntry], keeps: list[str]) -> dict[str, str]:
