@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
+from kb.merge import MergeOutcome, MergeRequest
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 
 if TYPE_CHECKING:
@@ -111,9 +112,13 @@ class Draft:
     _origin: dict[str, str | None] = field(default_factory=dict)
     _dirs: set[str] = field(default_factory=set)
     _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    _merge_requests: dict[str, MergeRequest] = field(default_factory=dict)
     revision: "Revision | None" = None
     pending: str | None = None
     """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
+    merges: dict[str, MergeOutcome] = field(default_factory=dict)
+    """After commit: ``{virtual path: MergeOutcome}`` for each :meth:`write_merged` path that
+    head had changed meanwhile (three-way merged, SPEC §5)."""
 
     # Artifacts (SPEC §11): how the store treats ARTIFACT documents this draft touches
     # (``kb.artifact_rows``: refuse | bump | artifact), and callbacks ``hook(conn, head_tree,
@@ -210,6 +215,7 @@ class Draft:
 
     def _set(self, repo_path: str, value: "bytes | BlobRef | None", origin: str | None) -> None:
         self._overlay[repo_path] = value
+        self._merge_requests.pop(repo_path, None)
         if value is None:
             self._origin.pop(repo_path, None)
             return
@@ -265,14 +271,29 @@ class Draft:
         origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, BlobRef(blob), origin)
 
-    def remove(self, path: str | StorePath) -> None:
+    def write_merged(self, path: str | StorePath, data: bytes | str, base_blob: str | None,
+                     *, allow_keep: bool = False) -> None:
+        """Write ``data`` as the writer's edit of the document whose blob was ``base_blob`` (None:
+        the writer created it). When the revision is recorded, a head that changed the document
+        since is three-way merged with it (base, head, ``data``; SPEC §5): non-overlapping edits
+        both survive, overlapping hunks take ``data``. The outcome lands in :attr:`merges`.
+        :meth:`write` instead means "exactly these bytes at HEAD". Raises as :meth:`write`.
+        """
+        self.write(path, data, allow_keep=allow_keep)
+        repo_path = repo_path_of(path, allow_keep=allow_keep)
+        self._merge_requests[repo_path] = MergeRequest(base_blob, self._origin_of(repo_path) or repo_path)
+
+    def remove(self, path: str | StorePath, *, missing_ok: bool = False) -> None:
         """Remove the document, or every document of the folder, at ``path``.
 
-        Raises DocumentNotFound when neither exists as of the calls so far.
+        Raises DocumentNotFound when neither exists as of the calls so far, unless ``missing_ok``
+        (then nothing happens, as ``rm -f`` / ``Path.unlink(missing_ok=True)``).
         """
         repo_path = repo_path_of(path, allow_keep=True)
         targets = [repo_path] if self._current(repo_path) is not None else self._files_under(repo_path)
         if not targets:
+            if missing_ok:
+                return
             raise DocumentNotFound(f"cannot remove {path}: no such document or folder")
         for target in targets:
             self._set(target, None, None)

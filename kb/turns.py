@@ -9,8 +9,10 @@ except what by nature reads everything (``grep``/``glob`` over the whole tree, `
 
 ``commit()`` diffs the touched paths against the base and records them as one revision on top of
 the **current** head through the store (``KnowledgeStore.transaction``, under the write lock):
-parallel turns' work on other files is never reverted; for a file both changed, the later commit
-wins and ``overwrote`` names it.
+parallel turns' work on other files is never reverted; a file both changed is three-way merged
+(``kb.merge``): non-overlapping edits both survive (``merged``), overlapping hunks go to the later
+commit (``overwrote`` and ``lost_hunks``). Author = whom the turn acts for; committer = the agent
+(``KB_COMMITTER`` by default).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import re
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dulwich.errors import NotTreeError
@@ -32,11 +34,14 @@ from kb.errors import (
     PathExists,
 )
 from kb.draft import document_bytes
+from kb.merge import LostHunk
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store import KnowledgeStore, PathChange, summarize
 from kb.worktree import LazyWorktree, root_turn_id, worktrees_root
 
 KEEP = ".keep"
+KB_COMMITTER = "kb"
+"""The committer a turn records when the caller names none: kb itself (SPEC §5, seed contract C4)."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,15 @@ class GrepMatch:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """The revision a turn recorded and its changes (virtual paths). ``moved`` holds ``(old, new)``;
-    ``overwrote`` the paths another revision changed since the turn's base that this turn replaced."""
+    """The revision a turn recorded and its changes (virtual paths). ``moved`` holds ``(old, new)``.
+
+    For paths another revision also changed since the turn's base (SPEC §5): ``merged`` lists those
+    three-way merged cleanly (both sides' edits at HEAD); ``overwrote`` those where the turn won
+    over the other revision's change (overlapping hunks, or a document one side removed), with
+    ``lost_hunks[path]`` naming the hunks that lost when the document was merged. The lost lines
+    stay in history: they are the document at the revision's parent. :meth:`outcome` says it per
+    path.
+    """
 
     revision: str
     added: list[str]
@@ -99,6 +111,12 @@ class CommitResult:
     removed: list[str]
     moved: list[tuple[str, str]]
     overwrote: list[str]
+    merged: list[str] = field(default_factory=list)
+    lost_hunks: dict[str, list[LostHunk]] = field(default_factory=dict)
+
+    def outcome(self, path: str) -> str:
+        """``"merged"``, ``"overwrote"`` or ``"plain"`` for a virtual path of this commit."""
+        return "merged" if path in self.merged else ("overwrote" if path in self.overwrote else "plain")
 
 
 def _under(prefix: str, path: str) -> bool:
@@ -139,10 +157,11 @@ class Turn:
 
     def __init__(self, store: KnowledgeStore, turn_id: str, author: str,
                  on_close: Callable[["Turn"], None] | None = None,
-                 on_open: Callable[["Turn"], None] | None = None) -> None:
+                 on_open: Callable[["Turn"], None] | None = None, committer: str | None = None) -> None:
         self.turn_id = root_turn_id(turn_id)
         self.store = store
         self.author = author
+        self.committer = committer or KB_COMMITTER
         self.path: Path = worktrees_root(store.settings.knowledge_store, store.workspace_id) / self.turn_id
         self._worktree: LazyWorktree | None = None
         self._mutex = threading.RLock()
@@ -503,12 +522,15 @@ class Turn:
                 worktree.unlink_disk(old)
             return [("/" + old, "/" + new) for old, new in pairs if not old.endswith("/" + KEEP)]
 
-    def remove(self, path: str) -> str:
-        """Delete a document; returns its virtual path. Raises DocumentNotFound, IsAFolder."""
+    def remove(self, path: str, missing_ok: bool = False) -> str | None:
+        """Delete a document; returns its virtual path, or None when it was absent and
+        ``missing_ok`` (as ``rm -f``). Raises DocumentNotFound (absent, strict), IsAFolder."""
         with self._mutex:
             sp = StorePath.parse(path)
             self._require_file(sp.virtual, sp.repo_path)
             if not self._exists(sp.repo_path):
+                if missing_ok:
+                    return None
                 raise DocumentNotFound(f"cannot remove {sp.virtual}: no such document")
             self._drop(sp.repo_path)
             return sp.virtual
@@ -662,13 +684,13 @@ class Turn:
                                   ("removed" if d is None else ("modified" if self._base_blob(p) else "added")))
                        for p, d in changes.items() if not (d is None and p in moves.values())]
             text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
-            with self.store.transaction(text, self.author) as draft:
+            with self.store.transaction(text, self.author, self.committer) as draft:
                 for new, origin in moves.items():
                     if draft.exists(origin):
                         draft.move(origin, new, overwrite=True)
                 for rp, data in changes.items():
-                    if data is not None:
-                        draft.write(rp, data, allow_keep=True)
+                    if data is not None:  # an edit of the base's document: merged with head (§5)
+                        draft.write_merged(rp, data, self._base_blob(moves.get(rp, rp)), allow_keep=True)
                     elif draft.exists(rp):
                         draft.remove(rp)
             revision = draft.revision
@@ -677,8 +699,14 @@ class Turn:
                 return None
             repo = self.store.repository
             parent_tree = repo.tree_id(revision.parent_id)
-            overwrote = []
+            overwrote, lost_hunks = [], {}
+            for path, outcome in draft.merges.items():
+                if not outcome.clean:
+                    overwrote.append(path)
+                    lost_hunks[path] = list(outcome.lost)
             for rp, data in changes.items():
+                if "/" + rp in draft.merges:
+                    continue
                 at_parent = repo.lookup(parent_tree, rp)
                 ours = None if data is None else blob_id(data)
                 if at_parent != self._base_blob(rp) and ours != at_parent:
@@ -690,6 +718,8 @@ class Turn:
                 removed=[c.path for c in revision.changes if c.change == "removed"],
                 moved=[(c.old_path, c.path) for c in revision.changes if c.change == "moved"],
                 overwrote=sorted(overwrote),
+                merged=sorted(p for p, outcome in draft.merges.items() if outcome.clean),
+                lost_hunks=lost_hunks,
             )
             self._finish(destroy=True)
             return result
