@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
 from kb.merge import MergeOutcome, MergeRequest
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
+from kb.titles import TitledDocument, check_title, choose_name, folder_and_name
 
 if TYPE_CHECKING:
     from kb.repository import Repository
@@ -113,6 +114,7 @@ class Draft:
     _dirs: set[str] = field(default_factory=set)
     _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     _merge_requests: dict[str, MergeRequest] = field(default_factory=dict)
+    _titles: dict[str, TitledDocument] = field(default_factory=dict)
     revision: "Revision | None" = None
     pending: str | None = None
     """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
@@ -218,6 +220,7 @@ class Draft:
         self._merge_requests.pop(repo_path, None)
         if value is None:
             self._origin.pop(repo_path, None)
+            self._titles.pop(repo_path, None)
             return
         self._origin[repo_path] = origin
         self._dirs.discard(repo_path)
@@ -332,6 +335,7 @@ class Draft:
                     "(pass overwrite=True to replace it)"
                 )
         moving = [(old, new, self._current(old), self._origin_of(old)) for old, new in pairs]
+        titled = {old: self._titles[old] for old, _ in pairs if old in self._titles}
         for old, _, _, _ in moving:
             self._set(old, None, None)
         try:
@@ -340,9 +344,85 @@ class Draft:
         except PathExists:
             for old, _, value, origin in moving:  # undo: a failed call changes nothing
                 self._set(old, value, origin)
+            self._titles.update(titled)
             raise
+        self._titles.update(titled)
         for _, new, value, origin in moving:
             self._set(new, value, origin)
+        for old, new, _, _ in moving:  # a titled document keeps its title where it went
+            if old in self._titles:
+                self._titles[new] = self._titles.pop(old)
+                self._titles[new].path = virtual_of(new)
+
+    # -- documents named by title (SPEC §2.2, §5; kb.titles) ------------------------------
+    def _names_in(self, folder: str) -> set[str]:
+        """Names of the entries of ``folder`` (repo path) that exist as of the calls so far."""
+        return {n for names in self._siblings(folder).values() for n in names
+                if self._exists_now(f"{folder}/{n}")}
+
+    def write_titled(self, path: str | StorePath, data: bytes | str, title: str,
+                     document: TitledDocument | None = None) -> TitledDocument:
+        """Write ``data`` at ``path`` as the document titled ``title`` (recorded in
+        ``documents.title`` by the projection). If ``path`` is a name this draft chose (not the
+        base's document there), it is chosen again under the write lock should a racing commit
+        have taken it. Returns the TitledDocument (``document`` when given, updated in place).
+        Raises as :meth:`write`."""
+        repo_path = repo_path_of(path)
+        check_title(title)
+        self.write(repo_path, data)
+        document = document or TitledDocument(title, virtual_of(repo_path))
+        document.title, document.path = title, virtual_of(repo_path)
+        self._titles[repo_path] = document
+        return document
+
+    def create(self, folder: str | StorePath, title: str, body: bytes | str = b"") -> TitledDocument:
+        """Create a document in ``folder`` (``/documents/...``) named from ``title`` by the path
+        law: ``safe_filename(title)``, suffixed `` (2)``, `` (3)`` … when a document or folder of
+        that folder (case- and NFC-insensitively) has the name, as of the calls so far (SPEC
+        §2.2). The title is kept exactly as typed. Returns a TitledDocument whose ``path`` is final
+        once the transaction has committed. Raises InvalidPath (folder outside /documents, or the
+        resulting path too long), PathExists (``folder`` is a document), TypeError (title not str).
+        """
+        folder_path = StorePath.parse(str(folder), allow_root=True).repo_path
+        name = choose_name(title, self._names_in(folder_path))
+        return self.write_titled(f"{folder_path}/{name}", body, title)
+
+    def retitle(self, path: str | StorePath, title: str) -> TitledDocument:
+        """Give the document at ``path`` a new title: it moves to the path law's name for
+        ``title`` in the same folder (a recorded move, so it keeps its id; a change of case or
+        normalization only is a move of the same document) and the title is recorded as typed.
+        Returns the TitledDocument (final path after commit). Raises DocumentNotFound, InvalidPath.
+        """
+        repo_path = repo_path_of(path)
+        if self._current(repo_path) is None:
+            raise DocumentNotFound(f"cannot retitle {path}: no such document")
+        folder, name = folder_and_name(repo_path)
+        new_name = choose_name(title, self._names_in(folder) - {name})
+        new_path = f"{folder}/{new_name}"
+        if new_path != repo_path:
+            self.move(repo_path, new_path)
+        document = self._titles.get(new_path) or TitledDocument(title, virtual_of(new_path))
+        document.title = title
+        self._titles[new_path] = document
+        return document
+
+    def _rename_entry(self, old: str, new: str) -> None:
+        """Under the write lock (``kb.titles.rename_taken``): the document this draft put at
+        ``old`` goes to ``new`` instead (a name a racing commit took)."""
+        self._overlay[new] = self._overlay.pop(old)
+        if self._repo.lookup(self._base_tree, old) is not None:  # it replaced the base's document
+            self._overlay[old] = None
+        if old in self._origin:
+            self._origin[new] = self._origin.pop(old)
+        if old in self._merge_requests:
+            self._merge_requests[new] = self._merge_requests.pop(old)
+        document = self._titles.pop(old)
+        document.path = virtual_of(new)
+        self._titles[new] = document
+
+    def titles(self) -> dict[str, str]:
+        """``{repo path: title}`` of the documents named by title in this draft."""
+        return {path: document.title for path, document in self._titles.items()}
 
     def is_empty(self) -> bool:
         """True when no change has been made (the net change may still be empty)."""

@@ -32,6 +32,7 @@ from kb.faults import fault_point
 from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
 from kb.locks import locked_transaction
 from kb.merge import MergedBlob, merge_staged
+from kb.titles import record_titles, rename_taken
 from kb.paths import StorePath
 from kb.repository import Repository
 from kb.settings import Settings
@@ -240,6 +241,7 @@ class KnowledgeStore:
             head = repo.head()
             head_tree = repo.tree_id(head)
             staged = self._merge_with_head(draft, staged, head_tree, premerged)
+            staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (SPEC §2.2)
             effective: dict[str, str | None] = {}
             changes: dict[str, PathChange] = {}
             at_head = repo.lookup_many(head_tree, staged)
@@ -282,6 +284,7 @@ class KnowledgeStore:
                                 text, None, ordered)
             with conn.pipeline():  # one round trip for the revision's rows and jobs
                 record_revision(conn, self.workspace_id, revision, commit.commit_time)
+                record_titles(conn, self.workspace_id, revision.seq, draft.titles())
                 defer_convergence(conn, self.workspace_id)
             draft.pending = revision.id
             if not repo.advance(head, revision.id):

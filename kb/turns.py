@@ -36,6 +36,7 @@ from kb.errors import (
 from kb.draft import document_bytes
 from kb.merge import LostHunk
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
+from kb.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 from kb.store import KnowledgeStore, PathChange, summarize
 from kb.worktree import LazyWorktree, root_turn_id, worktrees_root
 
@@ -113,6 +114,8 @@ class CommitResult:
     overwrote: list[str]
     merged: list[str] = field(default_factory=list)
     lost_hunks: dict[str, list[LostHunk]] = field(default_factory=dict)
+    titles: dict[str, str] = field(default_factory=dict)
+    """``{final virtual path: title}`` of the documents created by title (:meth:`Turn.create`)."""
 
     def outcome(self, path: str) -> str:
         """``"merged"``, ``"overwrote"`` or ``"plain"`` for a virtual path of this commit."""
@@ -167,6 +170,7 @@ class Turn:
         self._mutex = threading.RLock()
         self._on_close = on_close
         self._on_open = on_open
+        self._titles: dict[str, TitledDocument] = {}
 
     # -- worktree lifecycle ---------------------------------------------------------------
     @property
@@ -191,6 +195,8 @@ class Turn:
         return self._worktree
 
     def _finish(self, destroy: bool) -> None:
+        if destroy:
+            self._titles = {}
         if self._worktree is not None:
             self._worktree.destroy() if destroy else self._worktree.release()
             self._worktree = None
@@ -302,6 +308,7 @@ class Turn:
 
     def _drop(self, rp: str) -> None:
         worktree = self._wt()
+        self._titles.pop(rp, None)
         worktree.touched.add(rp)
         worktree.moves.pop(rp, None)
         worktree.save()
@@ -421,6 +428,25 @@ class Turn:
             self._put(sp.repo_path, document_bytes(text.replace(old, new), sp.virtual))
             return EditResult(sp.virtual, count)
 
+    def create(self, folder: str, title: str, body: str | bytes = b"") -> TitledDocument:
+        """Create a document in ``folder`` named from ``title`` by the path law (SPEC §2.2, §5):
+        ``safe_filename(title)`` with the first free `` (n)`` suffix among the folder's entries in
+        this turn's view; chosen again at commit, under the write lock, if a commit that landed
+        meanwhile took the name. The title is recorded as typed (``documents.title``). Returns a
+        TitledDocument whose ``path`` is final after :meth:`commit`. Raises InvalidPath,
+        PathExists (``folder`` is a document), TypeError (title not str).
+        """
+        with self._mutex:
+            sp = StorePath.parse(folder, allow_root=True)
+            if sp.parts and self._exists(sp.repo_path):
+                raise PathExists(f"cannot create in {sp.virtual}: it is a document, not a folder")
+            taken = {e.name for e in self.ls(sp.virtual)} if not sp.parts or self._is_folder(sp.repo_path) else set()
+            target = sp.child(choose_name(title, taken))
+            self.write(target.virtual, body)
+            document = TitledDocument(title, target.virtual)
+            self._titles[target.repo_path] = document
+            return document
+
     def glob(self, pattern: str) -> list[str]:
         """Virtual paths of documents matching ``pattern`` (relative to /documents, or starting
         with /documents/; ``*``/``?``/``[...]`` within a name, ``**`` any folders). Sorted."""
@@ -520,6 +546,9 @@ class Turn:
                     worktree.moves[new] = origin
                 worktree.save()
                 worktree.unlink_disk(old)
+                if old in self._titles:  # a document created by title keeps its title
+                    self._titles[new] = self._titles.pop(old)
+                    self._titles[new].path = "/" + new
             return [("/" + old, "/" + new) for old, new in pairs if not old.endswith("/" + KEEP)]
 
     def remove(self, path: str, missing_ok: bool = False) -> str | None:
@@ -653,6 +682,16 @@ class Turn:
                 changes[rp] = data
         return changes
 
+    def _free_path(self, draft, rp: str, changes: dict[str, bytes | None]) -> str:
+        """Where a document this turn created by title goes in ``draft`` (at the current head):
+        ``rp``, or the next free name if a commit since the turn's base took it (SPEC §2.2)."""
+        folder, name = folder_and_name(rp)
+        at_base = {n for n, _ in list_folder(self.store.repository, self._base_tree, folder)}
+        own = {folder_and_name(p)[1] for p, d in changes.items()
+               if d is not None and p != rp and folder_and_name(p)[0] == folder}
+        new_name = name_taken_since(name, draft._names_in(folder), at_base, own)
+        return rp if new_name is None else f"{folder}/{new_name}"
+
     def commit(self, message: str | None = None) -> CommitResult | None:
         """Record the turn's changes as one revision on top of the current head (SPEC §5) and
         delete the worktree; None when nothing changed. A worktree a crashed process left for
@@ -689,7 +728,10 @@ class Turn:
                     if draft.exists(origin):
                         draft.move(origin, new, overwrite=True)
                 for rp, data in changes.items():
-                    if data is not None:  # an edit of the base's document: merged with head (§5)
+                    if data is not None and rp in self._titles:  # created by title: named again if taken
+                        draft.write_titled(self._free_path(draft, rp, changes), data, self._titles[rp].title,
+                                           self._titles[rp])
+                    elif data is not None:  # an edit of the base's document: merged with head (§5)
                         draft.write_merged(rp, data, self._base_blob(moves.get(rp, rp)), allow_keep=True)
                     elif draft.exists(rp):
                         draft.remove(rp)
@@ -720,6 +762,7 @@ class Turn:
                 overwrote=sorted(overwrote),
                 merged=sorted(p for p, outcome in draft.merges.items() if outcome.clean),
                 lost_hunks=lost_hunks,
+                titles={document.path: document.title for document in self._titles.values()},
             )
             self._finish(destroy=True)
             return result
