@@ -609,5 +609,14 @@ from kb.cli_serve import serve  # noqa: E402
 
 main.add_command(serve)
 
+# -- issue 13: workspaces list/delete, create by title -------------------------------------------
+from kb.cli_new import new as _new_command  # noqa: E402
+from kb.cli_workspaces import workspace as _workspace_group, workspaces as _workspaces_command  # noqa: E402
+
+main.add_command(_new_command)
+main.add_command(_workspaces_command)
+main.add_command(_workspace_group)
+
+
 if __name__ == "__main__":
     main()

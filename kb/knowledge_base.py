@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from kb.drift import DriftReport
     from kb.seed import SeedReport
     from kb.span_fill import SpanFill
+    from kb.workspaces import DeletedWorkspace, WorkspaceSummary
 
 
 def default_author() -> str:
@@ -398,6 +399,25 @@ class KnowledgeBase:
         from kb.remotes import Remote
 
         return Remote(self.store(workspace_id))
+    # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
+    def list_workspaces(self) -> "list[WorkspaceSummary]":
+        """Every workspace: id, documents, git head, index state (``kb workspaces``)."""
+        from kb.workspaces import list_workspaces
+
+        return list_workspaces(self)
+
+    def delete_workspace(self, workspace_id: int, *, force: bool = False) -> "DeletedWorkspace":
+        """Delete a workspace with its repository, rows, chunks, jobs and worktrees, announced on
+        ``kb_events``; refused while a turn or job uses it unless ``force`` (see ``kb.workspaces``).
+        Raises InvalidWorkspace, WorkspaceNotFound, WorkspaceBusy, LockTimeout."""
+        from kb.workspaces import delete_workspace
+
+        try:
+            return delete_workspace(self, workspace_id, force=force)
+        finally:
+            self._stores.pop(workspace_id, None)
+            for key in [k for k in self.__dict__.get("_open_turns", {}) if k[0] == workspace_id]:
+                self._open_turns.pop(key, None)
 
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None,

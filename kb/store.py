@@ -207,8 +207,14 @@ class KnowledgeStore:
 
     def _stage_merged(self, draft: Draft) -> tuple[dict[str, str | None], dict[str, MergedBlob]]:
         """Unlocked: stage the draft's blobs and merge its ``write_merged`` paths with the head
-        as it is now (redone under the lock only for paths whose head blob moved meanwhile)."""
-        staged = self._stage(draft)
+        as it is now (redone under the lock only for paths whose head blob moved meanwhile).
+        Raises WorkspaceNotFound when the workspace was deleted since the draft began."""
+        try:
+            staged = self._stage(draft)
+        except FileNotFoundError:
+            if self.exists():
+                raise
+            raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded") from None
         if not draft._merge_requests:
             return staged, {}
         repo = self.repository
@@ -333,6 +339,8 @@ class KnowledgeStore:
 
     def _workspace_row(self, conn: psycopg.Connection) -> dict:
         row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        if row is None and not self.exists():  # deleted while this writer waited for the lock
+            raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded")
         if row is None:
             conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()

@@ -184,3 +184,15 @@ def test_retitle_moves_the_document_and_keeps_its_id(workspace):
     with pytest.raises(DocumentNotFound):
         with workspace.transaction(WS, "missing", "user") as tx:
             tx.retitle("/documents/absent.md", "x")
+
+
+def test_cli_new_prints_the_final_path(workspace, kb_env):
+    from conftest import run_cli
+
+    first = run_cli(kb_env, "new", "/documents/Plans", "Q3 plan: draft?", "-w", "1", "--body", "ship\n")
+    second = run_cli(kb_env, "new", "/documents/Plans", "q3 PLAN: draft?", "-w", "1", "--body", "again\n")
+    assert first.stdout.strip() == "/documents/Plans/Q3 plan_ draft_.md"
+    assert second.stdout.strip() == "/documents/Plans/q3 PLAN_ draft_ (2).md"
+    assert workspace.read(WS, second.stdout.strip()) == b"again\n"
+    workspace.project(WS)
+    assert _titles(workspace)[first.stdout.strip()] == "Q3 plan: draft?"

@@ -1,0 +1,148 @@
+"""Listing and deleting workspaces (SPEC §2.1, §6): ``kb workspaces``, ``kb workspace delete``.
+
+A workspace owns its repository (``{knowledge_store}/{id}``), its turn worktrees
+(``{knowledge_store}/.worktrees/{id}``), its Postgres rows and its Procrastinate jobs. Deleting it:
+
+1. refuses while a turn of the workspace has a worktree (open in some process, or left by a
+   crashed one for recovery) or a job of it is running, unless ``force``;
+2. under the workspace write lock (SPEC §4), in one Postgres transaction: announces every document
+   and folder row as deleted on ``kb_events`` (then ``workspace_deleted``), deletes the jobs and the
+   ``kb.workspaces`` row — every table referencing it does so ``ON DELETE CASCADE``, so whatever a
+   feature adds (citation registry, seed mapping, artifacts, remotes) goes with it — and renames
+   the repository aside before the transaction commits, so no writer can commit to it afterwards;
+3. after the commit, removes the renamed repository and the worktrees from disk.
+
+A crash after the commit leaves a ``.deleted-{id}-*`` folder that the next deletion of any
+workspace id — or ``delete`` of the same id again — removes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kb import database
+from kb.errors import WorkspaceBusy, WorkspaceNotFound
+from kb.locks import locked_transaction
+from kb.projection import EVENTS_CHANNEL, event_payload
+from kb.sql import queries
+from kb.store import check_workspace_id
+
+
+@dataclass(frozen=True)
+class WorkspaceSummary:
+    """One workspace for ``kb workspaces``: ``head`` is git's HEAD (None when empty or without a
+    repository), ``index_state`` one of ``indexed``, ``behind`` (the index stamp lags the head by
+    ``revisions_behind`` revisions or documents are pending), ``problems`` (failed, quarantined or
+    unindexable documents), ``empty``, ``no repository``."""
+
+    id: int
+    documents: int
+    head: str | None
+    index_state: str
+    revisions_behind: int
+    documents_pending: int
+    documents_failed: int
+
+
+@dataclass(frozen=True)
+class DeletedWorkspace:
+    """What :func:`delete_workspace` removed: row and job counts, and the paths deleted from disk."""
+
+    id: int
+    documents: int
+    folders: int
+    jobs: int
+    removed_paths: list[str]
+
+
+def _index_state(row: dict, has_repo: bool) -> str:
+    if not has_repo:
+        return "no repository"
+    if row["head"] is None:
+        return "empty"
+    if row["documents_failed"] or row["documents_quarantined"] or row["documents_unindexable"]:
+        return "problems"
+    if row["revisions_behind"] or row["documents_pending"] or row["stamp"] != row["head"]:
+        return "behind"
+    return "indexed"
+
+
+def list_workspaces(kb) -> list[WorkspaceSummary]:
+    """Every workspace with a row, by id (SPEC §2.1). ``kb`` is the KnowledgeBase facade."""
+    with database.transaction(kb.database_url) as conn:
+        rows = conn.execute(queries["workspace_summaries"]).fetchall()
+    summaries = []
+    for row in rows:
+        store = kb.store(row["id"])
+        has_repo = store.exists()
+        summaries.append(WorkspaceSummary(
+            row["id"], row["documents"], store.head() if has_repo else None, _index_state(row, has_repo),
+            row["revisions_behind"], row["documents_pending"], row["documents_failed"],
+        ))
+    return summaries
+
+
+def _turn_worktrees(kb, workspace_id: int) -> list[str]:
+    from kb.worktree import worktrees_root
+
+    root = worktrees_root(kb.settings.knowledge_store, workspace_id)
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def _leftovers(knowledge_store: Path, workspace_id: int) -> list[Path]:
+    return sorted(knowledge_store.glob(f".deleted-{workspace_id}-*"))
+
+
+def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
+    """Delete a workspace and everything it owns (see the module docstring; SPEC §2.1, §6).
+
+    Returns a DeletedWorkspace. Raises InvalidWorkspace (bad id), WorkspaceNotFound (no row, no
+    repository, nothing left over), WorkspaceBusy (a turn worktree exists or a job of it is running,
+    and not ``force``), LockTimeout.
+    """
+    from kb.worktree import worktrees_root
+
+    check_workspace_id(workspace_id)
+    store = kb.store(workspace_id)
+    knowledge_store = kb.settings.knowledge_store
+    turns = _turn_worktrees(kb, workspace_id)
+    with database.transaction(kb.database_url) as conn:
+        row = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
+        running = conn.execute(queries["workspace_running_jobs"], {"workspace_id": workspace_id}).fetchall()
+    leftovers = _leftovers(knowledge_store, workspace_id)
+    if row is None and not store.exists() and not turns and not leftovers:
+        raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")
+    if not force and (turns or running):
+        what = ([f"{len(turns)} turn worktree(s) ({', '.join(turns[:5])})"] if turns else []) + \
+               ([f"{len(running)} running job(s)"] if running else [])
+        raise WorkspaceBusy(
+            f"workspace {workspace_id} is in use: {' and '.join(what)}; commit or abort the turns and "
+            "let the jobs finish, or pass --force to delete it anyway"
+        )
+    tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
+    moved = False
+    with locked_transaction(kb.database_url, workspace_id, kb.settings) as (conn, _):
+        owned = conn.execute(queries["workspace_row_ids"], {"workspace_id": workspace_id}).fetchall()
+        events = [{"event": f"{r['kind']}_deleted", "workspace_id": workspace_id, "revision": None,
+                   "id": r["id"], "path": r["path"]} for r in owned]
+        events.append({"event": "workspace_deleted", "workspace_id": workspace_id, "revision": None,
+                       "id": workspace_id, "path": None})
+        with conn.cursor() as cur:
+            cur.executemany(queries["notify_event"],
+                            [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events])
+        jobs = conn.execute(queries["delete_workspace_jobs"], {"workspace_id": workspace_id}).fetchall()
+        conn.execute(queries["delete_workspace"], {"workspace_id": workspace_id})
+        if store.path.exists():
+            store.path.rename(tombstone)  # under the lock: no writer commits to it after this
+            moved = True
+    removed = []
+    for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), *leftovers]:
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(str(store.path if path == tombstone else path))
+    return DeletedWorkspace(workspace_id, sum(r["kind"] == "document" for r in owned),
+                            sum(r["kind"] == "folder" for r in owned), len(jobs), removed)
+
