@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+import zlib
 from dataclasses import dataclass
 
 from kb.errors import KbError
@@ -35,6 +36,16 @@ class Chunk:
     end_char: int
     start_line: int
     end_line: int
+    token_count: int
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A span kept whole (the shape of a chonkie chunk: offsets into the span, text, tokens)."""
+
+    start_index: int
+    end_index: int
+    text: str
     token_count: int
 
 
@@ -92,15 +103,11 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 _BLANK_LINE = re.compile(r"(?<=\n)\r?\n")
 
 
-def mask_fenced_blank_lines(text: str) -> str:
-    """``text`` with every blank line inside a fenced code block holding spaces instead.
-
-    Same length as ``text`` (offsets carry over). Blank means an empty line (``\n\n``); lines of
-    whitespace already are not block boundaries. An unclosed fence runs to the end of the text, as
-    in CommonMark.
-    """
-    out = []
-    pos = 0
+def fenced_bodies(text: str) -> list[tuple[int, int]]:
+    """``[(start, end)]`` character ranges of the bodies of fenced code blocks (from the end of the
+    opening fence line to the start of the closing fence line). An unclosed fence runs to the end
+    of the text, as in CommonMark."""
+    bodies = []
     opening = _FENCE.search(text)
     while opening:
         marker = opening.group(1)
@@ -109,15 +116,77 @@ def mask_fenced_blank_lines(text: str) -> str:
             break
         closing = re.compile(rf"^ {{0,3}}{re.escape(marker[0])}{{{len(marker)},}}[ \t]*$", re.MULTILINE)
         found = closing.search(text, body_start + 1)
-        body_end = found.start() if found else len(text)
-        out.append(text[pos:body_start])
-        out.append(_BLANK_LINE.sub(lambda m: " " * len(m.group(0)), text[body_start:body_end]))
-        pos = body_end
+        bodies.append((body_start, found.start() if found else len(text)))
         if not found:
             break
         opening = _FENCE.search(text, found.end())
+    return bodies
+
+
+def mask_fenced_blank_lines(text: str, bodies: list[tuple[int, int]] | None = None) -> str:
+    """``text`` with every blank line inside a fenced code block holding spaces instead.
+
+    Same length as ``text`` (offsets carry over). Blank means an empty line (``\n\n``); lines of
+    whitespace already are not block boundaries. ``bodies``: :func:`fenced_bodies` when known.
+    """
+    out = []
+    pos = 0
+    for body_start, body_end in fenced_bodies(text) if bodies is None else bodies:
+        out.append(text[pos:body_start])
+        out.append(_BLANK_LINE.sub(lambda m: " " * len(m.group(0)), text[body_start:body_end]))
+        pos = body_end
     out.append(text[pos:])
     return "".join(out)
+
+
+_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
+_BLOCK_SEPARATOR = re.compile(r"\r?\n\r?\n")
+
+
+def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
+                   anchor_every: int) -> list[tuple[int, int, int]]:
+    """Cut ``masked`` (text with fenced blank lines masked) into spans at block boundaries whose
+    placement depends on nearby content, not on everything before it (SPEC §7, issue 13).
+
+    Blocks are the text between blank lines (a fenced code block is one block). Walking them in
+    order, a span ends before block *b* when the span holds ≥ ``min_tokens`` and *b* is an
+    *anchor* — it starts with a markdown heading, or its text hashes to 0 modulo ``anchor_every``
+    — or when adding *b* would exceed ``chunk_size`` tokens. A one-line edit changes the size of
+    one span, which moves the next cut only if it crosses ``min_tokens`` or ``chunk_size``; the
+    cut after that is again at the same anchor, so the spans re-synchronize at once, where greedy
+    packing over the whole document shifts every later boundary (a cascade). Each span is then cut
+    by chonkie on its own (a span over ``chunk_size`` — one huge block — is split recursively).
+
+    ``count_tokens(text) -> int`` counts in the chunk-size unit. Returns ``[(start, end, tokens)]``
+    tiling ``masked`` (tokens = the sum of its blocks' counts).
+    """
+    blocks, pos = [], 0
+    for separator in _BLOCK_SEPARATOR.finditer(masked):
+        blocks.append((pos, separator.end()))
+        pos = separator.end()
+    if pos < len(masked):
+        blocks.append((pos, len(masked)))
+    spans, span_start, held, section = [], 0, 0, 0
+    for start, end in blocks:
+        body = masked[start:end]
+        if not body.strip():
+            continue
+        tokens = count_tokens(body)
+        heading = _HEADING.match(body) is not None
+        if held and (
+            (heading and section >= min_tokens)
+            or (not heading and anchor_every > 0
+                and zlib.crc32(body.strip().encode("utf-8", "surrogatepass")) % anchor_every == 0)
+            or held + tokens > chunk_size
+        ):
+            spans.append((span_start, start, held))
+            span_start, held = start, 0
+        if heading:
+            section = 0
+        held += tokens
+        section += tokens
+    spans.append((span_start, len(masked), held))
+    return spans
 
 
 def markdown_rules():
@@ -140,7 +209,7 @@ class Chunker:
     ``chunk_size``: tokens of the model tokenizer (or characters/4 without it, see ``unit``).
     """
 
-    def __init__(self, chunk_size: int = 240) -> None:
+    def __init__(self, chunk_size: int = 240, anchor_every: int = 16, min_fraction: float = 0.3) -> None:
         from chonkie import RecursiveChunker
 
         tokenizer = _model_tokenizer()
@@ -158,7 +227,11 @@ class Chunker:
         # min_characters_per_chunk=1: chonkie's default (24) glues short splits together before
         # merging, which would cut an oversized table inside a row instead of between rows.
         self.chunk_size = chunk_size
-        self.version = f"markdown-v2:{chunk_size}:{self.unit.split()[0]}"
+        self.anchor_every = anchor_every
+        self._size = chunk_size if tokenizer is not None else chunk_size * 4
+        self.min_tokens = int(self._size * min_fraction)
+        self._count_tokens = self._chunker.tokenizer.count_tokens
+        self.version = f"markdown-v3:{chunk_size}:{anchor_every}:{min_fraction}:{self.unit.split()[0]}"
 
     def chunk(self, text: str) -> list[Chunk]:
         """Cut ``text``; returns chunks in order with exact offsets and line spans.
@@ -170,11 +243,25 @@ class Chunker:
         if not text.strip():
             return []
         starts = line_starts(text)
-        masked = mask_fenced_blank_lines(text)
+        bodies = fenced_bodies(text)
+        masked = mask_fenced_blank_lines(text, bodies)
         chunks: list[Chunk] = []
-        for piece in self._chunker.chunk(masked):
-            start, end = piece.start_index, piece.end_index
-            if masked[start:end] != piece.text:
+        spans = anchored_spans(masked, self._count_tokens, self._size, self.min_tokens, self.anchor_every)
+        for span_start, span_end, tokens in spans:
+            section = masked[span_start:span_end]
+            if section.strip():
+                self._cut_section(text, section, span_start, tokens, starts, chunks)
+        return chunks
+
+    def _cut_section(self, text: str, section: str, offset: int, tokens: int, starts: list[int],
+                     chunks: list[Chunk]) -> None:
+        """Cut one span (``section`` = masked text at ``offset``, ``tokens`` long): whole when it
+        fits ``chunk_size``, else with chonkie's recursive rules; append the chunks."""
+        pieces = ([_Piece(0, len(section), section, tokens)] if tokens <= self._size
+                  else self._chunker.chunk(section))
+        for piece in pieces:
+            start, end = piece.start_index + offset, piece.end_index + offset
+            if section[piece.start_index:piece.end_index] != piece.text:
                 raise KbError(f"chunker offsets [{start}:{end}] do not reproduce its text; not indexing")
             piece_text = text[start:end]
             # trim surrounding whitespace so spans cover only lines with content
@@ -200,7 +287,6 @@ class Chunker:
                     token_count=piece.token_count,
                 )
             )
-        return chunks
 
 
 class LazyChunker:
