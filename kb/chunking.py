@@ -9,7 +9,12 @@ are dropped.
 
 Markdown structure (SPEC §7, issue 4): the first split level is the *block* (text between blank
 lines), so a table or a fenced code block that fits in ``chunk_size`` is never cut; only an
-oversized block falls through to lines, sentences, pauses, words and finally model tokens. A blank
+oversized block falls through to lines, sentences, pauses, words and finally model tokens.
+
+Anchored boundaries (issue 13): blocks are first grouped into spans whose cuts depend on nearby
+content only (:func:`anchored_spans`), and each span is cut on its own, so a one-line edit re-cuts
+the chunks it touches plus at most one more instead of cascading through greedy packing
+(``bin/bench_chunk_stability.py`` measures it). A blank
 line inside a fenced code block is not a block boundary: the chunker sees a same-length masked copy
 of the text in which those blank lines hold spaces, and every offset it returns is read back from
 the original text.
