@@ -145,6 +145,9 @@ def mask_fenced_blank_lines(text: str, bodies: list[tuple[int, int]] | None = No
 
 
 _HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
+WEAK_ANCHOR = 3
+"""A block hashing to 0 modulo this (or a heading) is where a span that must end early for size
+ends (the backup cut point of two-threshold content-defined chunking)."""
 _BLOCK_SEPARATOR = re.compile(r"\r?\n\r?\n")
 
 
@@ -162,7 +165,7 @@ def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
     packing over the whole document shifts every later boundary (a cascade). Each span is then cut
     by chonkie on its own (a span over ``chunk_size`` — one huge block — is split recursively).
 
-    ``count_tokens(text) -> int`` counts in the chunk-size unit. Returns ``[(start, end, tokens)]``
+    ``count_tokens(texts) -> list[int]`` counts each text in the chunk-size unit (one batch). Returns ``[(start, end, tokens)]``
     tiling ``masked`` (tokens = the sum of its blocks' counts).
     """
     blocks, pos = [], 0
@@ -171,21 +174,29 @@ def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
         pos = separator.end()
     if pos < len(masked):
         blocks.append((pos, len(masked)))
+    blocks = [(start, end) for start, end in blocks if masked[start:end].strip()]
+    counts = count_tokens([masked[start:end] for start, end in blocks])
     spans, span_start, held, section = [], 0, 0, 0
-    for start, end in blocks:
+    backup: tuple[int, int] | None = None  # (offset, tokens held before it) of the last weak anchor
+    for (start, end), tokens in zip(blocks, counts):
         body = masked[start:end]
-        if not body.strip():
-            continue
-        tokens = count_tokens(body)
         heading = _HEADING.match(body) is not None
-        if held and (
-            (heading and section >= min_tokens)
-            or (not heading and anchor_every > 0
-                and zlib.crc32(body.strip().encode("utf-8", "surrogatepass")) % anchor_every == 0)
-            or held + tokens > chunk_size
-        ):
+        digest = zlib.crc32(body.strip().encode("utf-8", "surrogatepass"))
+        strong = (heading and section >= min_tokens) or (
+            not heading and anchor_every > 0 and digest % anchor_every == 0)
+        if held and strong:
             spans.append((span_start, start, held))
-            span_start, held = start, 0
+            span_start, held, backup = start, 0, None
+        elif held and held + tokens > chunk_size:
+            if backup is not None:  # cut at the last weak anchor: a content-defined place
+                spans.append((span_start, backup[0], backup[1]))
+                span_start, held = backup[0], held - backup[1]
+                backup = None
+            if held and held + tokens > chunk_size:
+                spans.append((span_start, start, held))
+                span_start, held = start, 0
+        if held and (heading or digest % WEAK_ANCHOR == 0):
+            backup = (start, held)
         if heading:
             section = 0
         held += tokens
@@ -235,7 +246,10 @@ class Chunker:
         self.anchor_every = anchor_every
         self._size = chunk_size if tokenizer is not None else chunk_size * 4
         self.min_tokens = int(self._size * min_fraction)
-        self._count_tokens = self._chunker.tokenizer.count_tokens
+        self._count_tokens = (
+            (lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else [])
+            if tokenizer is not None else (lambda texts: [len(t) for t in texts])
+        )
         self.version = f"markdown-v3:{chunk_size}:{anchor_every}:{min_fraction}:{self.unit.split()[0]}"
 
     def chunk(self, text: str) -> list[Chunk]:
