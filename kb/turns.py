@@ -192,6 +192,8 @@ class Turn:
             if self._on_open:  # a turn reused after commit() is the open turn of its id again
                 self._on_open(self)
             self._base_tree = repo.tree_id(worktree.base)
+            for rp, title in worktree.titles.items():  # a crashed turn's documents keep their titles
+                self._titles.setdefault(rp, TitledDocument(title, "/" + rp))
         return self._worktree
 
     def _finish(self, destroy: bool) -> None:
@@ -309,6 +311,7 @@ class Turn:
     def _drop(self, rp: str) -> None:
         worktree = self._wt()
         self._titles.pop(rp, None)
+        worktree.titles.pop(rp, None)
         worktree.touched.add(rp)
         worktree.moves.pop(rp, None)
         worktree.save()
@@ -445,6 +448,8 @@ class Turn:
             self.write(target.virtual, body)
             document = TitledDocument(title, target.virtual)
             self._titles[target.repo_path] = document
+            self._worktree.titles[target.repo_path] = title
+            self._worktree.save()  # the title survives a crash (recovery commits it)
             return document
 
     def glob(self, pattern: str) -> list[str]:
@@ -544,11 +549,12 @@ class Turn:
                 worktree.moves.pop(new, None)
                 if origin != new:
                     worktree.moves[new] = origin
-                worktree.save()
-                worktree.unlink_disk(old)
                 if old in self._titles:  # a document created by title keeps its title
                     self._titles[new] = self._titles.pop(old)
                     self._titles[new].path = "/" + new
+                    worktree.titles[new] = worktree.titles.pop(old, self._titles[new].title)
+                worktree.save()
+                worktree.unlink_disk(old)
             return [("/" + old, "/" + new) for old, new in pairs if not old.endswith("/" + KEEP)]
 
     def remove(self, path: str, missing_ok: bool = False) -> str | None:

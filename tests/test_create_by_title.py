@@ -196,3 +196,29 @@ def test_cli_new_prints_the_final_path(workspace, kb_env):
     assert workspace.read(WS, second.stdout.strip()) == b"again\n"
     workspace.project(WS)
     assert _titles(workspace)[first.stdout.strip()] == "Q3 plan: draft?"
+
+
+CREATE_THEN_CRASH = """
+import os, sys
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
+kb = KnowledgeBase.open(Settings(database_url=sys.argv[1], storage_root=sys.argv[2], embedding_model="hashing"))
+kb.turn(1, "crashy", "crasher").create("/documents/Notes", "Crash: report?", "before the crash\\n")
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_crashed_turn_keeps_the_titles_it_created(workspace, settings):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", CREATE_THEN_CRASH, settings.database_url, str(settings.storage_root)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    result = workspace.turn(WS, "crashy", "agent").commit()
+    assert result.titles == {"/documents/Notes/Crash_ report_.md": "Crash: report?"}
+    workspace.project(WS)
+    assert _titles(workspace)["/documents/Notes/Crash_ report_.md"] == "Crash: report?"
