@@ -10,10 +10,11 @@ A workspace owns its repository (``{knowledge_store}/{id}``), its turn worktrees
    ``kb.workspaces`` row — every table referencing it does so ``ON DELETE CASCADE``, so whatever a
    feature adds (citation registry, seed mapping, artifacts, remotes) goes with it — and renames
    the repository aside before the transaction commits, so no writer can commit to it afterwards;
-3. after the commit, removes the renamed repository and the worktrees from disk.
+3. after the commit, drops the workspace's partial HNSW indexes on ``kb.chunks``
+   (``kb.vector_index``) and removes the renamed repository and the worktrees from disk.
 
-A crash after the commit leaves a ``.deleted-{id}-*`` folder that the next deletion of any
-workspace id — or ``delete`` of the same id again — removes.
+A crash after the commit leaves a ``.deleted-{id}-*`` folder (and maybe indexes) that running
+``delete`` of the same id again removes.
 """
 
 from __future__ import annotations
@@ -49,13 +50,15 @@ class WorkspaceSummary:
 
 @dataclass(frozen=True)
 class DeletedWorkspace:
-    """What :func:`delete_workspace` removed: row and job counts, and the paths deleted from disk."""
+    """What :func:`delete_workspace` removed: row and job counts, the paths deleted from disk, and
+    the partial vector indexes dropped."""
 
     id: int
     documents: int
     folders: int
     jobs: int
     removed_paths: list[str]
+    vector_indexes: list[str]
 
 
 def _index_state(row: dict, has_repo: bool) -> str:
@@ -135,14 +138,34 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
                             [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events])
         jobs = conn.execute(queries["delete_workspace_jobs"], {"workspace_id": workspace_id}).fetchall()
         conn.execute(queries["delete_workspace"], {"workspace_id": workspace_id})
+        for statistics in ("delete_workspace_lexeme_stats", "delete_workspace_text_stats"):
+            conn.execute(queries[statistics], {"workspace_id": workspace_id})  # no FK: kept by a trigger
         if store.path.exists():
             store.path.rename(tombstone)  # under the lock: no writer commits to it after this
             moved = True
+    dropped = _drop_vector_indexes(kb.database_url, workspace_id)
     removed = []
     for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), *leftovers]:
         if path.exists():
             shutil.rmtree(path)
             removed.append(str(store.path if path == tombstone else path))
     return DeletedWorkspace(workspace_id, sum(r["kind"] == "document" for r in owned),
-                            sum(r["kind"] == "folder" for r in owned), len(jobs), removed)
+                            sum(r["kind"] == "folder" for r in owned), len(jobs), removed, dropped)
+
+
+def _drop_vector_indexes(database_url: str, workspace_id: int) -> list[str]:
+    """Drop the workspace's partial HNSW indexes on ``kb.chunks`` (``kb.vector_index``); their
+    ``kb.vector_indexes`` rows went with the cascade. ``DROP INDEX CONCURRENTLY`` needs autocommit
+    and never blocks other workspaces' writers. Returns the names dropped."""
+    from psycopg import sql
+
+    from kb.vector_index import forget_cached, index_name
+
+    prefix = index_name(workspace_id, "").rsplit("_", 1)[0] + "_"
+    with database.connect(database_url, autocommit=True) as conn:
+        names = [r["name"] for r in conn.execute(queries["workspace_vector_index_names"], {"prefix": prefix})]
+        for name in names:
+            conn.execute(sql.SQL(queries["drop_vector_index"]).format(name=sql.Identifier("kb", name)))
+    forget_cached(workspace_id)
+    return names
 

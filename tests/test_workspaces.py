@@ -11,6 +11,8 @@ from conftest import run_cli
 from psycopg.rows import dict_row
 
 from kb.errors import WorkspaceBusy, WorkspaceNotFound
+from kb.sql import queries
+from kb.vector_index import index_name
 from kb.worktree import worktrees_root
 
 
@@ -60,6 +62,10 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     kb.index(2)
     with kb.transaction(1, "more", "w") as tx:  # a revision whose jobs are still waiting
         tx.write("/documents/late.md", "late\n")
+    with psycopg.connect(database_url, autocommit=True) as conn:  # a partial HNSW index, as the job builds
+        conn.execute(psycopg.sql.SQL(queries["create_vector_index"]).format(
+            name=psycopg.sql.Identifier(index_name(1, "hashing")), dim=psycopg.sql.Literal(384),
+            workspace_id=psycopg.sql.Literal(1), model=psycopg.sql.Literal("hashing")))
     turn = kb.turn(1, "open-turn", "agent")
     turn.write("/documents/draft.md", "draft\n")
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
@@ -76,11 +82,14 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     events = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=len(ids) + 10)]
     listener.close()
     assert report.documents == 3 and report.jobs == before["jobs"]
+    assert report.vector_indexes == [index_name(1, "hashing")]
     assert {e["id"] for e in events if e["event"] == "document_deleted"} == ids
     assert events[-1] == {"event": "workspace_deleted", "workspace_id": 1, "revision": None, "id": 1, "path": None}
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
-        assert set(_rows_of(conn, 1).values()) == {0}
+        assert {k: v for k, v in _rows_of(conn, 1).items() if v} == {}
         assert _rows_of(conn, 2) == other_before
+        assert conn.execute("SELECT count(*) AS n FROM pg_indexes WHERE indexname LIKE 'kb_chunks_hnsw%%'"
+                            ).fetchone()["n"] == 0
     store = kb.settings.knowledge_store
     assert not (store / "1").exists() and not worktrees_root(store, 1).exists()
     assert not list(store.glob(".deleted-*"))

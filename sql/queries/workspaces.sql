@@ -28,3 +28,18 @@ DELETE FROM procrastinate_jobs WHERE (args ->> 'workspace_id') = %(workspace_id)
 -- kb.workspaces does so ON DELETE CASCADE (documents → chunks, revisions → path_changes, folders,
 -- index_runs, recorded_titles, and what later features add).
 DELETE FROM kb.workspaces WHERE id = %(workspace_id)s RETURNING id;
+
+-- name: workspace_vector_index_names
+-- The partial HNSW indexes of the workspace (kb/vector_index.py names them
+-- kb_chunks_hnsw_<ws>_<model hash>), recorded or left over by a killed build.
+SELECT indexname AS name FROM pg_indexes
+WHERE schemaname = 'kb' AND left(indexname, length(%(prefix)s)) = %(prefix)s
+ORDER BY indexname;
+
+-- name: delete_workspace_lexeme_stats
+-- BM25 statistics (issue 12) have no foreign key to kb.workspaces: the chunk trigger keeps them,
+-- so after the cascade removed the chunks their zeroed rows are deleted here.
+DELETE FROM kb.lexeme_stats WHERE workspace_id = %(workspace_id)s;
+
+-- name: delete_workspace_text_stats
+DELETE FROM kb.text_stats WHERE workspace_id = %(workspace_id)s;
