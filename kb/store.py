@@ -32,11 +32,11 @@ from kb.faults import fault_point
 from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
 from kb.locks import locked_transaction
 from kb.merge import MergedBlob, merge_staged
-from kb.titles import record_titles, rename_taken
 from kb.paths import StorePath
 from kb.repository import Repository
 from kb.settings import Settings
 from kb.sql import queries
+from kb.titles import record_titles, rename_taken
 
 __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
 

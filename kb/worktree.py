@@ -126,7 +126,7 @@ class LazyWorktree:
                 self.touched, self.moves = set(data["touched"]), dict(data["moves"])
                 self.titles = dict(data.get("titles", {}))
             return True
-        self.base, self.touched, self.moves, self.full = head, set(), {}, False
+        self.base, self.touched, self.moves, self.full, self.titles = head, set(), {}, False, {}
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.admin / "commondir").write_text("../..\n")
