@@ -357,8 +357,9 @@ class Draft:
     # -- documents named by title (SPEC §2.2, §5; kb.titles) ------------------------------
     def _names_in(self, folder: str) -> set[str]:
         """Names of the entries of ``folder`` (repo path) that exist as of the calls so far."""
-        return {n for names in self._siblings(folder).values() for n in names
-                if self._exists_now(f"{folder}/{n}")}
+        siblings = self._siblings(folder)
+        keys = set(siblings._base) | set(dict.keys(siblings))  # O(folder): every name, loaded or not
+        return {n for key in keys for n in siblings.get(key, ()) if self._exists_now(f"{folder}/{n}")}
 
     def write_titled(self, path: str | StorePath, data: bytes | str, title: str,
                      document: TitledDocument | None = None) -> TitledDocument:
