@@ -219,6 +219,7 @@ class RemoteUnreachable(RemoteError):
 class PushFailed(RemoteError):
     """A push did not update the remote branch (recorded in ``kb.remotes.last_push_error``)."""
 
+
 class ServerUnavailable(KbError):
     """``KB_SERVER_URL`` names a ``kb serve`` that does not answer (issue 15)."""
 

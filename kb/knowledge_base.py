@@ -399,6 +399,7 @@ class KnowledgeBase:
         from kb.remotes import Remote
 
         return Remote(self.store(workspace_id))
+
     # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
     def list_workspaces(self) -> "list[WorkspaceSummary]":
         """Every workspace: id, documents, git head, index state (``kb workspaces``)."""

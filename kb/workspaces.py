@@ -1,7 +1,8 @@
 """Listing and deleting workspaces (SPEC §2.1, §6): ``kb workspaces``, ``kb workspace delete``.
 
 A workspace owns its repository (``{knowledge_store}/{id}``), its turn worktrees
-(``{knowledge_store}/.worktrees/{id}``), its Postgres rows and its Procrastinate jobs. Deleting it:
+(``{knowledge_store}/.worktrees/{id}``), its artifact files (``{storage_root}/artifact_blobs/{id}``),
+its Postgres rows and its Procrastinate jobs. Deleting it:
 
 1. refuses while a turn of the workspace has a worktree (open in some process, or left by a
    crashed one for recovery) or a job of it is running, unless ``force``;
@@ -106,6 +107,7 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
     repository, nothing left over), WorkspaceBusy (a turn worktree exists or a job of it is running,
     and not ``force``), LockTimeout.
     """
+    from kb.artifacts import artifact_blobs_path
     from kb.worktree import worktrees_root
 
     check_workspace_id(workspace_id)
@@ -145,7 +147,9 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
             moved = True
     dropped = _drop_vector_indexes(kb.database_url, workspace_id)
     removed = []
-    for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), *leftovers]:
+    artifact_files = artifact_blobs_path(kb.settings.storage_root, workspace_id)
+    for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), artifact_files,
+                 *leftovers]:
         if path.exists():
             shutil.rmtree(path)
             removed.append(str(store.path if path == tombstone else path))

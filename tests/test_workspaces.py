@@ -66,13 +66,15 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
         conn.execute(psycopg.sql.SQL(queries["create_vector_index"]).format(
             name=psycopg.sql.Identifier(index_name(1, "hashing")), dim=psycopg.sql.Literal(384),
             workspace_id=psycopg.sql.Literal(1), model=psycopg.sql.Literal("hashing")))
+    artifact = kb.artifacts(1).save("Report", "# Report\n", files={"pdf": b"%PDF-1.4 fake"})
+    assert artifact and (kb.settings.storage_root / "artifact_blobs" / "1").is_dir()
     turn = kb.turn(1, "open-turn", "agent")
     turn.write("/documents/draft.md", "draft\n")
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         before = _rows_of(conn, 1)
         ids = {r["id"] for r in conn.execute("SELECT id FROM kb.documents WHERE workspace_id = 1")}
         other_before = _rows_of(conn, 2)
-    assert before["chunks"] > 0 and before["documents"] == 3 and before["jobs"] > 0
+    assert before["chunks"] > 0 and before["documents"] == 4 and before["jobs"] > 0
     with pytest.raises(WorkspaceBusy, match="turn"):
         kb.delete_workspace(1)
     assert kb.store(1).exists()
@@ -81,7 +83,7 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     report = kb.delete_workspace(1, force=True)
     events = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=len(ids) + 10)]
     listener.close()
-    assert report.documents == 3 and report.jobs == before["jobs"]
+    assert report.documents == 4 and report.jobs == before["jobs"]
     assert report.vector_indexes == [index_name(1, "hashing")]
     assert {e["id"] for e in events if e["event"] == "document_deleted"} == ids
     assert events[-1] == {"event": "workspace_deleted", "workspace_id": 1, "revision": None, "id": 1, "path": None}
@@ -93,6 +95,7 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     store = kb.settings.knowledge_store
     assert not (store / "1").exists() and not worktrees_root(store, 1).exists()
     assert not list(store.glob(".deleted-*"))
+    assert not (kb.settings.storage_root / "artifact_blobs" / "1").exists()
     assert (store / "2" / ".git").is_dir() and kb.read(2, "/documents/Folder 0/doc 0.md")
     assert [s.id for s in kb.list_workspaces()] == [2]
     with pytest.raises(WorkspaceNotFound):
