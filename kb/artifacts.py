@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from kb import database
 from kb.artifact_rows import (
@@ -97,6 +98,11 @@ def _check_format(fmt: str) -> str:
     return fmt
 
 
+def artifact_blobs_path(storage_root: Path, workspace_id: int) -> Path:
+    """The folder holding a workspace's artifact files (``{storage_root}/artifact_blobs/{id}``)."""
+    return storage_root / "artifact_blobs" / str(workspace_id)
+
+
 class Artifacts:
     """The artifacts of one workspace (SPEC §11). Errors: ArtifactNotFound, StaleGeneration,
     InvalidInput, BlobStoreError, plus the store's (LockTimeout, WorkspaceNotFound, …)."""
@@ -104,7 +110,7 @@ class Artifacts:
     def __init__(self, store: KnowledgeStore, default_author: Callable[[], str]) -> None:
         self.store = store
         self.workspace_id = store.workspace_id
-        self.blobs = BlobStore(store.settings.storage_root / "artifact_blobs" / str(store.workspace_id))
+        self.blobs = BlobStore(artifact_blobs_path(store.settings.storage_root, store.workspace_id))
         self._default_author = default_author
 
     # -- reads -------------------------------------------------------------------------

@@ -9,7 +9,12 @@ are dropped.
 
 Markdown structure (SPEC §7, issue 4): the first split level is the *block* (text between blank
 lines), so a table or a fenced code block that fits in ``chunk_size`` is never cut; only an
-oversized block falls through to lines, sentences, pauses, words and finally model tokens. A blank
+oversized block falls through to lines, sentences, pauses, words and finally model tokens.
+
+Anchored boundaries (issue 13): blocks are first grouped into spans whose cuts depend on nearby
+content only (:func:`anchored_spans`), and each span is cut on its own, so a one-line edit re-cuts
+the chunks it touches plus at most one more instead of cascading through greedy packing
+(``bin/bench_chunk_stability.py`` measures it). A blank
 line inside a fenced code block is not a block boundary: the chunker sees a same-length masked copy
 of the text in which those blank lines hold spaces, and every offset it returns is read back from
 the original text.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
+import zlib
 from dataclasses import dataclass
 
 from kb.errors import KbError
@@ -35,6 +41,16 @@ class Chunk:
     end_char: int
     start_line: int
     end_line: int
+    token_count: int
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A span kept whole (the shape of a chonkie chunk: offsets into the span, text, tokens)."""
+
+    start_index: int
+    end_index: int
+    text: str
     token_count: int
 
 
@@ -92,15 +108,11 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 _BLANK_LINE = re.compile(r"(?<=\n)\r?\n")
 
 
-def mask_fenced_blank_lines(text: str) -> str:
-    """``text`` with every blank line inside a fenced code block holding spaces instead.
-
-    Same length as ``text`` (offsets carry over). Blank means an empty line (``\n\n``); lines of
-    whitespace already are not block boundaries. An unclosed fence runs to the end of the text, as
-    in CommonMark.
-    """
-    out = []
-    pos = 0
+def fenced_bodies(text: str) -> list[tuple[int, int]]:
+    """``[(start, end)]`` character ranges of the bodies of fenced code blocks (from the end of the
+    opening fence line to the start of the closing fence line). An unclosed fence runs to the end
+    of the text, as in CommonMark."""
+    bodies = []
     opening = _FENCE.search(text)
     while opening:
         marker = opening.group(1)
@@ -109,15 +121,88 @@ def mask_fenced_blank_lines(text: str) -> str:
             break
         closing = re.compile(rf"^ {{0,3}}{re.escape(marker[0])}{{{len(marker)},}}[ \t]*$", re.MULTILINE)
         found = closing.search(text, body_start + 1)
-        body_end = found.start() if found else len(text)
-        out.append(text[pos:body_start])
-        out.append(_BLANK_LINE.sub(lambda m: " " * len(m.group(0)), text[body_start:body_end]))
-        pos = body_end
+        bodies.append((body_start, found.start() if found else len(text)))
         if not found:
             break
         opening = _FENCE.search(text, found.end())
+    return bodies
+
+
+def mask_fenced_blank_lines(text: str, bodies: list[tuple[int, int]] | None = None) -> str:
+    """``text`` with every blank line inside a fenced code block holding spaces instead.
+
+    Same length as ``text`` (offsets carry over). Blank means an empty line (``\n\n``); lines of
+    whitespace already are not block boundaries. ``bodies``: :func:`fenced_bodies` when known.
+    """
+    out = []
+    pos = 0
+    for body_start, body_end in fenced_bodies(text) if bodies is None else bodies:
+        out.append(text[pos:body_start])
+        out.append(_BLANK_LINE.sub(lambda m: " " * len(m.group(0)), text[body_start:body_end]))
+        pos = body_end
     out.append(text[pos:])
     return "".join(out)
+
+
+_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
+WEAK_ANCHOR = 3
+"""A block hashing to 0 modulo this (or a heading) is where a span that must end early for size
+ends (the backup cut point of two-threshold content-defined chunking)."""
+_BLOCK_SEPARATOR = re.compile(r"\r?\n\r?\n")
+
+
+def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
+                   anchor_every: int) -> list[tuple[int, int, int]]:
+    """Cut ``masked`` (text with fenced blank lines masked) into spans at block boundaries whose
+    placement depends on nearby content, not on everything before it (SPEC §7, issue 13).
+
+    Blocks are the text between blank lines (a fenced code block is one block). Walking them in
+    order, a span ends before block *b* when the span holds ≥ ``min_tokens`` and *b* is an
+    *anchor* — it starts with a markdown heading, or its text hashes to 0 modulo ``anchor_every``
+    — or when adding *b* would exceed ``chunk_size`` tokens. A one-line edit changes the size of
+    one span, which moves the next cut only if it crosses ``min_tokens`` or ``chunk_size``; the
+    cut after that is again at the same anchor, so the spans re-synchronize at once, where greedy
+    packing over the whole document shifts every later boundary (a cascade). Each span is then cut
+    by chonkie on its own (a span over ``chunk_size`` — one huge block — is split recursively).
+
+    ``count_tokens(texts) -> list[int]`` counts each text in the chunk-size unit (one batch). Returns ``[(start, end, tokens)]``
+    tiling ``masked`` (tokens = the sum of its blocks' counts).
+    """
+    blocks, pos = [], 0
+    for separator in _BLOCK_SEPARATOR.finditer(masked):
+        blocks.append((pos, separator.end()))
+        pos = separator.end()
+    if pos < len(masked):
+        blocks.append((pos, len(masked)))
+    blocks = [(start, end) for start, end in blocks if masked[start:end].strip()]
+    counts = count_tokens([masked[start:end] for start, end in blocks])
+    spans, span_start, held, section = [], 0, 0, 0
+    backup: tuple[int, int] | None = None  # (offset, tokens held before it) of the last weak anchor
+    for (start, end), tokens in zip(blocks, counts):
+        body = masked[start:end]
+        heading = _HEADING.match(body) is not None
+        digest = zlib.crc32(body.strip().encode("utf-8", "surrogatepass"))
+        strong = (heading and section >= min_tokens) or (
+            not heading and anchor_every > 0 and digest % anchor_every == 0)
+        if held and strong:
+            spans.append((span_start, start, held))
+            span_start, held, backup = start, 0, None
+        elif held and held + tokens > chunk_size:
+            if backup is not None:  # cut at the last weak anchor: a content-defined place
+                spans.append((span_start, backup[0], backup[1]))
+                span_start, held = backup[0], held - backup[1]
+                backup = None
+            if held and held + tokens > chunk_size:
+                spans.append((span_start, start, held))
+                span_start, held = start, 0
+        if held and (heading or digest % WEAK_ANCHOR == 0):
+            backup = (start, held)
+        if heading:
+            section = 0
+        held += tokens
+        section += tokens
+    spans.append((span_start, len(masked), held))
+    return spans
 
 
 def markdown_rules():
@@ -140,7 +225,7 @@ class Chunker:
     ``chunk_size``: tokens of the model tokenizer (or characters/4 without it, see ``unit``).
     """
 
-    def __init__(self, chunk_size: int = 240) -> None:
+    def __init__(self, chunk_size: int = 240, anchor_every: int = 16, min_fraction: float = 0.3) -> None:
         from chonkie import RecursiveChunker
 
         tokenizer = _model_tokenizer()
@@ -158,7 +243,14 @@ class Chunker:
         # min_characters_per_chunk=1: chonkie's default (24) glues short splits together before
         # merging, which would cut an oversized table inside a row instead of between rows.
         self.chunk_size = chunk_size
-        self.version = f"markdown-v2:{chunk_size}:{self.unit.split()[0]}"
+        self.anchor_every = anchor_every
+        self._size = chunk_size if tokenizer is not None else chunk_size * 4
+        self.min_tokens = int(self._size * min_fraction)
+        self._count_tokens = (
+            (lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else [])
+            if tokenizer is not None else (lambda texts: [len(t) for t in texts])
+        )
+        self.version = f"markdown-v3:{chunk_size}:{anchor_every}:{min_fraction}:{self.unit.split()[0]}"
 
     def chunk(self, text: str) -> list[Chunk]:
         """Cut ``text``; returns chunks in order with exact offsets and line spans.
@@ -170,11 +262,25 @@ class Chunker:
         if not text.strip():
             return []
         starts = line_starts(text)
-        masked = mask_fenced_blank_lines(text)
+        bodies = fenced_bodies(text)
+        masked = mask_fenced_blank_lines(text, bodies)
         chunks: list[Chunk] = []
-        for piece in self._chunker.chunk(masked):
-            start, end = piece.start_index, piece.end_index
-            if masked[start:end] != piece.text:
+        spans = anchored_spans(masked, self._count_tokens, self._size, self.min_tokens, self.anchor_every)
+        for span_start, span_end, tokens in spans:
+            section = masked[span_start:span_end]
+            if section.strip():
+                self._cut_section(text, section, span_start, tokens, starts, chunks)
+        return chunks
+
+    def _cut_section(self, text: str, section: str, offset: int, tokens: int, starts: list[int],
+                     chunks: list[Chunk]) -> None:
+        """Cut one span (``section`` = masked text at ``offset``, ``tokens`` long): whole when it
+        fits ``chunk_size``, else with chonkie's recursive rules; append the chunks."""
+        pieces = ([_Piece(0, len(section), section, tokens)] if tokens <= self._size
+                  else self._chunker.chunk(section))
+        for piece in pieces:
+            start, end = piece.start_index + offset, piece.end_index + offset
+            if section[piece.start_index:piece.end_index] != piece.text:
                 raise KbError(f"chunker offsets [{start}:{end}] do not reproduce its text; not indexing")
             piece_text = text[start:end]
             # trim surrounding whitespace so spans cover only lines with content
@@ -200,7 +306,6 @@ class Chunker:
                     token_count=piece.token_count,
                 )
             )
-        return chunks
 
 
 class LazyChunker:

@@ -545,12 +545,16 @@ def sweep() -> None:
 @workspace_option
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message (default: 'Edit PATH').")
-def edit(path: str, workspace: int, author: str | None, message: str | None) -> None:
+@click.option("--committer", help="Who records the revision (default: kb), e.g. an agent acting for --author.")
+def edit(path: str, workspace: int, author: str | None, message: str | None, committer: str | None) -> None:
     """Open a document in $EDITOR (else $VISUAL, else vi) inside a private turn; saving a change
     records one revision, quitting without a change records nothing. A missing document is created
     if you save text into it.
 
-    Example: EDITOR=nano kb edit "/documents/Notes/Todo.md" --workspace 1
+    Someone else's save to the same document meanwhile is merged line by line; only where both
+    changed the same lines does your save win (reported, their lines stay in history).
+
+    Example: EDITOR=nano kb edit "/documents/Notes/Todo.md" --workspace 1 --committer "helper-bot"
     """
     import shlex
 
@@ -564,14 +568,20 @@ def edit(path: str, workspace: int, author: str | None, message: str | None) -> 
         if code != 0:
             raise click.ClickException(f"editor {command!r} exited with status {code}; nothing was recorded")
 
-    result = _open().edit_document(workspace, path, run_editor, author=author, message=message)
+    result = _open().edit_document(workspace, path, run_editor, author=author, message=message,
+                                   committer=committer)
     if result is None:
         click.echo("no changes; nothing recorded")
     else:
         changed = result.added + result.modified
         click.echo(f"revision {result.revision}: {'created' if result.added else 'updated'} {', '.join(changed)}")
+        for merged in result.merged:
+            click.echo(f"note: {merged} was changed by someone else meanwhile; both changes were merged")
         for overwritten in result.overwrote:
-            click.echo(f"note: {overwritten} was changed by someone else meanwhile; your save replaced it")
+            hunks = result.lost_hunks.get(overwritten, [])
+            where = ", ".join(f"line {h.start_line}" for h in hunks)
+            click.echo(f"note: {overwritten} was changed by someone else meanwhile; your save replaced "
+                       + (f"their lines at {where} (still in history)" if hunks else "it"))
 
 
 from kb.cli_move import move as _move_command  # noqa: E402  (issue 9: the fix kb fsck names)
@@ -598,6 +608,15 @@ main.add_command(_remote_group)
 from kb.cli_serve import serve  # noqa: E402
 
 main.add_command(serve)
+
+# -- issue 13: workspaces list/delete, create by title -------------------------------------------
+from kb.cli_new import new as _new_command  # noqa: E402
+from kb.cli_workspaces import workspace as _workspace_group, workspaces as _workspaces_command  # noqa: E402
+
+main.add_command(_new_command)
+main.add_command(_workspaces_command)
+main.add_command(_workspace_group)
+
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
+from kb.merge import MergeOutcome, MergeRequest
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
+from kb.titles import TitledDocument, check_title, choose_name, folder_and_name
 
 if TYPE_CHECKING:
     from kb.repository import Repository
@@ -111,9 +113,14 @@ class Draft:
     _origin: dict[str, str | None] = field(default_factory=dict)
     _dirs: set[str] = field(default_factory=set)
     _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    _merge_requests: dict[str, MergeRequest] = field(default_factory=dict)
+    _titles: dict[str, TitledDocument] = field(default_factory=dict)
     revision: "Revision | None" = None
     pending: str | None = None
     """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
+    merges: dict[str, MergeOutcome] = field(default_factory=dict)
+    """After commit: ``{virtual path: MergeOutcome}`` for each :meth:`write_merged` path that
+    head had changed meanwhile (three-way merged, SPEC §5)."""
 
     # Artifacts (SPEC §11): how the store treats ARTIFACT documents this draft touches
     # (``kb.artifact_rows``: refuse | bump | artifact), and callbacks ``hook(conn, head_tree,
@@ -210,8 +217,10 @@ class Draft:
 
     def _set(self, repo_path: str, value: "bytes | BlobRef | None", origin: str | None) -> None:
         self._overlay[repo_path] = value
+        self._merge_requests.pop(repo_path, None)
         if value is None:
             self._origin.pop(repo_path, None)
+            self._titles.pop(repo_path, None)
             return
         self._origin[repo_path] = origin
         self._dirs.discard(repo_path)
@@ -265,14 +274,29 @@ class Draft:
         origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, BlobRef(blob), origin)
 
-    def remove(self, path: str | StorePath) -> None:
+    def write_merged(self, path: str | StorePath, data: bytes | str, base_blob: str | None,
+                     *, allow_keep: bool = False) -> None:
+        """Write ``data`` as the writer's edit of the document whose blob was ``base_blob`` (None:
+        the writer created it). When the revision is recorded, a head that changed the document
+        since is three-way merged with it (base, head, ``data``; SPEC §5): non-overlapping edits
+        both survive, overlapping hunks take ``data``. The outcome lands in :attr:`merges`.
+        :meth:`write` instead means "exactly these bytes at HEAD". Raises as :meth:`write`.
+        """
+        self.write(path, data, allow_keep=allow_keep)
+        repo_path = repo_path_of(path, allow_keep=allow_keep)
+        self._merge_requests[repo_path] = MergeRequest(base_blob, self._origin_of(repo_path) or repo_path)
+
+    def remove(self, path: str | StorePath, *, missing_ok: bool = False) -> None:
         """Remove the document, or every document of the folder, at ``path``.
 
-        Raises DocumentNotFound when neither exists as of the calls so far.
+        Raises DocumentNotFound when neither exists as of the calls so far, unless ``missing_ok``
+        (then nothing happens, as ``rm -f`` / ``Path.unlink(missing_ok=True)``).
         """
         repo_path = repo_path_of(path, allow_keep=True)
         targets = [repo_path] if self._current(repo_path) is not None else self._files_under(repo_path)
         if not targets:
+            if missing_ok:
+                return
             raise DocumentNotFound(f"cannot remove {path}: no such document or folder")
         for target in targets:
             self._set(target, None, None)
@@ -311,6 +335,7 @@ class Draft:
                     "(pass overwrite=True to replace it)"
                 )
         moving = [(old, new, self._current(old), self._origin_of(old)) for old, new in pairs]
+        titled = {old: self._titles[old] for old, _ in pairs if old in self._titles}
         for old, _, _, _ in moving:
             self._set(old, None, None)
         try:
@@ -319,9 +344,86 @@ class Draft:
         except PathExists:
             for old, _, value, origin in moving:  # undo: a failed call changes nothing
                 self._set(old, value, origin)
+            self._titles.update(titled)
             raise
+        self._titles.update(titled)
         for _, new, value, origin in moving:
             self._set(new, value, origin)
+        for old, new, _, _ in moving:  # a titled document keeps its title where it went
+            if old in self._titles:
+                self._titles[new] = self._titles.pop(old)
+                self._titles[new].path = virtual_of(new)
+
+    # -- documents named by title (SPEC §2.2, §5; kb.titles) ------------------------------
+    def _names_in(self, folder: str) -> set[str]:
+        """Names of the entries of ``folder`` (repo path) that exist as of the calls so far."""
+        siblings = self._siblings(folder)
+        keys = set(siblings._base) | set(dict.keys(siblings))  # O(folder): every name, loaded or not
+        return {n for key in keys for n in siblings.get(key, ()) if self._exists_now(f"{folder}/{n}")}
+
+    def write_titled(self, path: str | StorePath, data: bytes | str, title: str,
+                     document: TitledDocument | None = None) -> TitledDocument:
+        """Write ``data`` at ``path`` as the document titled ``title`` (recorded in
+        ``documents.title`` by the projection). If ``path`` is a name this draft chose (not the
+        base's document there), it is chosen again under the write lock should a racing commit
+        have taken it. Returns the TitledDocument (``document`` when given, updated in place).
+        Raises as :meth:`write`."""
+        repo_path = repo_path_of(path)
+        check_title(title)
+        self.write(repo_path, data)
+        document = document or TitledDocument(title, virtual_of(repo_path))
+        document.title, document.path = title, virtual_of(repo_path)
+        self._titles[repo_path] = document
+        return document
+
+    def create(self, folder: str | StorePath, title: str, body: bytes | str = b"") -> TitledDocument:
+        """Create a document in ``folder`` (``/documents/...``) named from ``title`` by the path
+        law: ``safe_filename(title)``, suffixed `` (2)``, `` (3)`` … when a document or folder of
+        that folder (case- and NFC-insensitively) has the name, as of the calls so far (SPEC
+        §2.2). The title is kept exactly as typed. Returns a TitledDocument whose ``path`` is final
+        once the transaction has committed. Raises InvalidPath (folder outside /documents, or the
+        resulting path too long), PathExists (``folder`` is a document), TypeError (title not str).
+        """
+        folder_path = StorePath.parse(str(folder), allow_root=True).repo_path
+        name = choose_name(title, self._names_in(folder_path))
+        return self.write_titled(f"{folder_path}/{name}", body, title)
+
+    def retitle(self, path: str | StorePath, title: str) -> TitledDocument:
+        """Give the document at ``path`` a new title: it moves to the path law's name for
+        ``title`` in the same folder (a recorded move, so it keeps its id; a change of case or
+        normalization only is a move of the same document) and the title is recorded as typed.
+        Returns the TitledDocument (final path after commit). Raises DocumentNotFound, InvalidPath.
+        """
+        repo_path = repo_path_of(path)
+        if self._current(repo_path) is None:
+            raise DocumentNotFound(f"cannot retitle {path}: no such document")
+        folder, name = folder_and_name(repo_path)
+        new_name = choose_name(title, self._names_in(folder) - {name})
+        new_path = f"{folder}/{new_name}"
+        if new_path != repo_path:
+            self.move(repo_path, new_path)
+        document = self._titles.get(new_path) or TitledDocument(title, virtual_of(new_path))
+        document.title = title
+        self._titles[new_path] = document
+        return document
+
+    def _rename_entry(self, old: str, new: str) -> None:
+        """Under the write lock (``kb.titles.rename_taken``): the document this draft put at
+        ``old`` goes to ``new`` instead (a name a racing commit took)."""
+        self._overlay[new] = self._overlay.pop(old)
+        if self._repo.lookup(self._base_tree, old) is not None:  # it replaced the base's document
+            self._overlay[old] = None
+        if old in self._origin:
+            self._origin[new] = self._origin.pop(old)
+        if old in self._merge_requests:
+            self._merge_requests[new] = self._merge_requests.pop(old)
+        document = self._titles.pop(old)
+        document.path = virtual_of(new)
+        self._titles[new] = document
+
+    def titles(self) -> dict[str, str]:
+        """``{repo path: title}`` of the documents named by title in this draft."""
+        return {path: document.title for path, document in self._titles.items()}
 
     def is_empty(self) -> bool:
         """True when no change has been made (the net change may still be empty)."""

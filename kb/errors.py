@@ -219,5 +219,11 @@ class RemoteUnreachable(RemoteError):
 class PushFailed(RemoteError):
     """A push did not update the remote branch (recorded in ``kb.remotes.last_push_error``)."""
 
+
 class ServerUnavailable(KbError):
     """``KB_SERVER_URL`` names a ``kb serve`` that does not answer (issue 15)."""
+
+
+# -- listing and deleting workspaces (issue 13) ----------------------------------------------
+class WorkspaceBusy(KbError):
+    """A workspace cannot be deleted while a turn or job uses it (pass force=True to do it anyway)."""

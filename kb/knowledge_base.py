@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from kb.drift import DriftReport
     from kb.seed import SeedReport
     from kb.span_fill import SpanFill
+    from kb.workspaces import DeletedWorkspace, WorkspaceSummary
 
 
 def default_author() -> str:
@@ -399,10 +400,33 @@ class KnowledgeBase:
 
         return Remote(self.store(workspace_id))
 
+    # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
+    def list_workspaces(self) -> "list[WorkspaceSummary]":
+        """Every workspace: id, documents, git head, index state (``kb workspaces``)."""
+        from kb.workspaces import list_workspaces
+
+        return list_workspaces(self)
+
+    def delete_workspace(self, workspace_id: int, *, force: bool = False) -> "DeletedWorkspace":
+        """Delete a workspace with its repository, rows, chunks, jobs and worktrees, announced on
+        ``kb_events``; refused while a turn or job uses it unless ``force`` (see ``kb.workspaces``).
+        Raises InvalidWorkspace, WorkspaceNotFound, WorkspaceBusy, LockTimeout."""
+        from kb.workspaces import delete_workspace
+
+        try:
+            return delete_workspace(self, workspace_id, force=force)
+        finally:
+            self._stores.pop(workspace_id, None)
+            for key in [k for k in self.__dict__.get("_open_turns", {}) if k[0] == workspace_id]:
+                self._open_turns.pop(key, None)
+
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
-    def turn(self, workspace_id: int, turn_id: str, author: str | None = None) -> "Turn":
+    def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
+             committer: str | None = None) -> "Turn":
         """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
-        operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir) and ``commit()``.
+        operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir, create) and
+        ``commit()``. ``author`` = whom the turn acts for (default: the OS user), ``committer`` =
+        who records it (default: kb itself, ``kb.turns.KB_COMMITTER``; SPEC §5).
 
         Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
         disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
@@ -418,7 +442,7 @@ class KnowledgeBase:
         if turn is None:
             turn = Turn(store, turn_id, author or default_author(),
                         on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None,
-                        on_open=lambda t: open_turns.setdefault(key, t))
+                        on_open=lambda t: open_turns.setdefault(key, t), committer=committer)
             open_turns[key] = turn
         return turn
 
@@ -438,12 +462,13 @@ class KnowledgeBase:
 
     def edit_document(
         self, workspace_id: int, path: str, editor: "Callable[[Path], None]", author: str | None = None,
-        message: str | None = None,
+        message: str | None = None, committer: str | None = None,
     ) -> "CommitResult | None":
         """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
         ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
 
-        A missing document starts empty (saving creates it). Returns the CommitResult, or None when
+        ``committer`` defaults to kb itself (SPEC §5). A missing document starts empty (saving
+        creates it); a document changed meanwhile by someone else is three-way merged (SPEC §5). Returns the CommitResult, or None when
         nothing changed (the turn is discarded). Raises ArtifactReadOnly for ARTIFACT documents
         (SPEC §11), InvalidPath, WorkspaceNotFound, and whatever ``editor`` raises (turn discarded).
         """
@@ -461,7 +486,7 @@ class KnowledgeBase:
                 f"{target.virtual} is an ARTIFACT document (id {row['id']}); editor saves refuse artifacts: "
                 f"use revise_artifact (`kb artifact revise {row['id']} --generation N --markdown FILE`)"
             )
-        turn = self.turn(workspace_id, f"edit-{uuid.uuid4().hex}", author)
+        turn = self.turn(workspace_id, f"edit-{uuid.uuid4().hex}", author, committer)
         try:
             try:
                 turn.read(target.virtual, limit=0)

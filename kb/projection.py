@@ -261,6 +261,28 @@ class _Projection:
                 self.result.folders_created.append(added["id"])
         return deleted
 
+    # -- titles given by writers (kb.titles) -------------------------------------------------
+    def apply_titles(self, after_seq: int) -> None:
+        """Copy the titles writers recorded with revisions after ``after_seq`` into the rows of
+        their documents, following later recorded moves; the newest title of a document wins.
+        Rows whose title changes are announced as updated (SPEC §5, §6)."""
+        params = {"workspace_id": self.ws, "after_seq": after_seq}
+        titles = self.conn.execute(queries["recorded_titles_since"], params).fetchall()
+        if not titles:
+            return
+        moves = self.conn.execute(queries["recorded_moves_since"], params).fetchall()
+        latest: dict[str, str] = {}
+        for recorded in titles:
+            path = recorded["path"]
+            for move in moves:
+                if move["seq"] > recorded["seq"] and _virtual(move["old_path"]) == path:
+                    path = _virtual(move["new_path"])
+            latest[path] = recorded["title"]
+        changed = self._many(queries["set_document_title"], [
+            {"workspace_id": self.ws, "path": path, "title": title} for path, title in latest.items()
+        ])
+        self.result.updated.extend(row["id"] for row in changed if row["id"] not in self.result.created)
+
     # -- 4. events --------------------------------------------------------------------------
     def announce(self, folders_deleted: dict[int, str]) -> None:
         r = self.result
@@ -349,6 +371,10 @@ def project(
         files = {_virtual(p): blob for p, blob in repo.walk(head_tree, "documents")}
         run.converge_documents({p: b for p, b in files.items() if posixpath.basename(p) != KEEP})
         folders_deleted = run.converge_folders(folders_of(list(files)))
+    if projected is None:
+        run.apply_titles(0)
+    elif (seen := conn.execute(queries["revision_seq"], {"workspace_id": ws, "revision_id": projected}).fetchone()):
+        run.apply_titles(seen["seq"])
     run.announce(folders_deleted)
     conn.execute(queries["set_projected_revision"], {"workspace_id": ws, "revision_id": head})
     return run.result

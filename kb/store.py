@@ -31,10 +31,12 @@ from kb.errors import (
 from kb.faults import fault_point
 from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
 from kb.locks import locked_transaction
+from kb.merge import MergedBlob, merge_staged
 from kb.paths import StorePath
 from kb.repository import Repository
 from kb.settings import Settings
 from kb.sql import queries
+from kb.titles import record_titles, rename_taken
 
 __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
 
@@ -203,6 +205,31 @@ class KnowledgeStore:
             staged[path] = blob
         return staged
 
+    def _stage_merged(self, draft: Draft) -> tuple[dict[str, str | None], dict[str, MergedBlob]]:
+        """Unlocked: stage the draft's blobs and merge its ``write_merged`` paths with the head
+        as it is now (redone under the lock only for paths whose head blob moved meanwhile).
+        Raises WorkspaceNotFound when the workspace was deleted since the draft began."""
+        try:
+            staged = self._stage(draft)
+        except FileNotFoundError:
+            if self.exists():
+                raise
+            raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded") from None
+        if not draft._merge_requests:
+            return staged, {}
+        repo = self.repository
+        return staged, merge_staged(repo, draft._merge_requests, staged, repo.tree_id(repo.head()))
+
+    def _merge_with_head(self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None,
+                         premerged: dict[str, MergedBlob]) -> dict[str, str | None]:
+        """Under the lock: three-way merge the draft's ``write_merged`` paths with the current head
+        (SPEC §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
+        if not draft._merge_requests:
+            return staged
+        merged = merge_staged(self.repository, draft._merge_requests, staged, head_tree, premerged)
+        draft.merges = {"/" + p: m.outcome for p, m in merged.items() if m.outcome is not None}
+        return {**staged, **{p: m.blob for p, m in merged.items()}}
+
     def commit_draft(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` on top of the *current* head as one revision (see the module docstring).
 
@@ -211,14 +238,16 @@ class KnowledgeStore:
         if draft.is_empty():
             return None
         repo = self.repository
-        with locked_transaction(self.database_url, self.workspace_id, self.settings, lambda: self._stage(draft)) \
-                as (conn, staged):
+        with locked_transaction(self.database_url, self.workspace_id, self.settings, lambda: self._stage_merged(draft)) \
+                as (conn, (staged, premerged)):
             repo.clear_stale_locks()
             workspace = self._workspace_row(conn)
             if self._catch_up(conn, workspace):
                 workspace = self._workspace_row(conn)
             head = repo.head()
             head_tree = repo.tree_id(head)
+            staged = self._merge_with_head(draft, staged, head_tree, premerged)
+            staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (SPEC §2.2)
             effective: dict[str, str | None] = {}
             changes: dict[str, PathChange] = {}
             at_head = repo.lookup_many(head_tree, staged)
@@ -261,6 +290,7 @@ class KnowledgeStore:
                                 text, None, ordered)
             with conn.pipeline():  # one round trip for the revision's rows and jobs
                 record_revision(conn, self.workspace_id, revision, commit.commit_time)
+                record_titles(conn, self.workspace_id, revision.seq, draft.titles())
                 defer_convergence(conn, self.workspace_id)
             draft.pending = revision.id
             if not repo.advance(head, revision.id):
@@ -271,7 +301,8 @@ class KnowledgeStore:
             fault_point("ref_advanced")
             try:
                 refused = repo.refresh_worktree(
-                    effective.items(), {p: v for p, v in draft._overlay.items() if isinstance(v, bytes)},
+                    effective.items(), {p: v for p, v in draft._overlay.items()
+                                        if isinstance(v, bytes) and p not in draft._merge_requests},
                     moves=draft.moves(),
                 )
                 if refused:
@@ -308,6 +339,8 @@ class KnowledgeStore:
 
     def _workspace_row(self, conn: psycopg.Connection) -> dict:
         row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        if row is None and not self.exists():  # deleted while this writer waited for the lock
+            raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded")
         if row is None:
             conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()

@@ -9,8 +9,10 @@ except what by nature reads everything (``grep``/``glob`` over the whole tree, `
 
 ``commit()`` diffs the touched paths against the base and records them as one revision on top of
 the **current** head through the store (``KnowledgeStore.transaction``, under the write lock):
-parallel turns' work on other files is never reverted; for a file both changed, the later commit
-wins and ``overwrote`` names it.
+parallel turns' work on other files is never reverted; a file both changed is three-way merged
+(``kb.merge``): non-overlapping edits both survive (``merged``), overlapping hunks go to the later
+commit (``overwrote`` and ``lost_hunks``). Author = whom the turn acts for; committer = the agent
+(``KB_COMMITTER`` by default).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import re
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dulwich.errors import NotTreeError
@@ -32,11 +34,15 @@ from kb.errors import (
     PathExists,
 )
 from kb.draft import document_bytes
+from kb.merge import LostHunk
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
+from kb.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 from kb.store import KnowledgeStore, PathChange, summarize
 from kb.worktree import LazyWorktree, root_turn_id, worktrees_root
 
 KEEP = ".keep"
+KB_COMMITTER = "kb"
+"""The committer a turn records when the caller names none: kb itself (SPEC §5, seed contract C4)."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,15 @@ class GrepMatch:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """The revision a turn recorded and its changes (virtual paths). ``moved`` holds ``(old, new)``;
-    ``overwrote`` the paths another revision changed since the turn's base that this turn replaced."""
+    """The revision a turn recorded and its changes (virtual paths). ``moved`` holds ``(old, new)``.
+
+    For paths another revision also changed since the turn's base (SPEC §5): ``merged`` lists those
+    three-way merged cleanly (both sides' edits at HEAD); ``overwrote`` those where the turn won
+    over the other revision's change (overlapping hunks, or a document one side removed), with
+    ``lost_hunks[path]`` naming the hunks that lost when the document was merged. The lost lines
+    stay in history: they are the document at the revision's parent. :meth:`outcome` says it per
+    path.
+    """
 
     revision: str
     added: list[str]
@@ -99,6 +112,14 @@ class CommitResult:
     removed: list[str]
     moved: list[tuple[str, str]]
     overwrote: list[str]
+    merged: list[str] = field(default_factory=list)
+    lost_hunks: dict[str, list[LostHunk]] = field(default_factory=dict)
+    titles: dict[str, str] = field(default_factory=dict)
+    """``{final virtual path: title}`` of the documents created by title (:meth:`Turn.create`)."""
+
+    def outcome(self, path: str) -> str:
+        """``"merged"``, ``"overwrote"`` or ``"plain"`` for a virtual path of this commit."""
+        return "merged" if path in self.merged else ("overwrote" if path in self.overwrote else "plain")
 
 
 def _under(prefix: str, path: str) -> bool:
@@ -139,15 +160,17 @@ class Turn:
 
     def __init__(self, store: KnowledgeStore, turn_id: str, author: str,
                  on_close: Callable[["Turn"], None] | None = None,
-                 on_open: Callable[["Turn"], None] | None = None) -> None:
+                 on_open: Callable[["Turn"], None] | None = None, committer: str | None = None) -> None:
         self.turn_id = root_turn_id(turn_id)
         self.store = store
         self.author = author
+        self.committer = committer or KB_COMMITTER
         self.path: Path = worktrees_root(store.settings.knowledge_store, store.workspace_id) / self.turn_id
         self._worktree: LazyWorktree | None = None
         self._mutex = threading.RLock()
         self._on_close = on_close
         self._on_open = on_open
+        self._titles: dict[str, TitledDocument] = {}
 
     # -- worktree lifecycle ---------------------------------------------------------------
     @property
@@ -169,9 +192,13 @@ class Turn:
             if self._on_open:  # a turn reused after commit() is the open turn of its id again
                 self._on_open(self)
             self._base_tree = repo.tree_id(worktree.base)
+            for rp, title in worktree.titles.items():  # a crashed turn's documents keep their titles
+                self._titles.setdefault(rp, TitledDocument(title, "/" + rp))
         return self._worktree
 
     def _finish(self, destroy: bool) -> None:
+        if destroy:
+            self._titles = {}
         if self._worktree is not None:
             self._worktree.destroy() if destroy else self._worktree.release()
             self._worktree = None
@@ -283,6 +310,8 @@ class Turn:
 
     def _drop(self, rp: str) -> None:
         worktree = self._wt()
+        self._titles.pop(rp, None)
+        worktree.titles.pop(rp, None)
         worktree.touched.add(rp)
         worktree.moves.pop(rp, None)
         worktree.save()
@@ -402,6 +431,27 @@ class Turn:
             self._put(sp.repo_path, document_bytes(text.replace(old, new), sp.virtual))
             return EditResult(sp.virtual, count)
 
+    def create(self, folder: str, title: str, body: str | bytes = b"") -> TitledDocument:
+        """Create a document in ``folder`` named from ``title`` by the path law (SPEC §2.2, §5):
+        ``safe_filename(title)`` with the first free `` (n)`` suffix among the folder's entries in
+        this turn's view; chosen again at commit, under the write lock, if a commit that landed
+        meanwhile took the name. The title is recorded as typed (``documents.title``). Returns a
+        TitledDocument whose ``path`` is final after :meth:`commit`. Raises InvalidPath,
+        PathExists (``folder`` is a document), TypeError (title not str).
+        """
+        with self._mutex:
+            sp = StorePath.parse(folder, allow_root=True)
+            if sp.parts and self._exists(sp.repo_path):
+                raise PathExists(f"cannot create in {sp.virtual}: it is a document, not a folder")
+            taken = {e.name for e in self.ls(sp.virtual)} if not sp.parts or self._is_folder(sp.repo_path) else set()
+            target = sp.child(choose_name(title, taken))
+            self.write(target.virtual, body)
+            document = TitledDocument(title, target.virtual)
+            self._titles[target.repo_path] = document
+            self._worktree.titles[target.repo_path] = title
+            self._worktree.save()  # the title survives a crash (recovery commits it)
+            return document
+
     def glob(self, pattern: str) -> list[str]:
         """Virtual paths of documents matching ``pattern`` (relative to /documents, or starting
         with /documents/; ``*``/``?``/``[...]`` within a name, ``**`` any folders). Sorted."""
@@ -499,16 +549,23 @@ class Turn:
                 worktree.moves.pop(new, None)
                 if origin != new:
                     worktree.moves[new] = origin
+                if old in self._titles:  # a document created by title keeps its title
+                    self._titles[new] = self._titles.pop(old)
+                    self._titles[new].path = "/" + new
+                    worktree.titles[new] = worktree.titles.pop(old, self._titles[new].title)
                 worktree.save()
                 worktree.unlink_disk(old)
             return [("/" + old, "/" + new) for old, new in pairs if not old.endswith("/" + KEEP)]
 
-    def remove(self, path: str) -> str:
-        """Delete a document; returns its virtual path. Raises DocumentNotFound, IsAFolder."""
+    def remove(self, path: str, missing_ok: bool = False) -> str | None:
+        """Delete a document; returns its virtual path, or None when it was absent and
+        ``missing_ok`` (as ``rm -f``). Raises DocumentNotFound (absent, strict), IsAFolder."""
         with self._mutex:
             sp = StorePath.parse(path)
             self._require_file(sp.virtual, sp.repo_path)
             if not self._exists(sp.repo_path):
+                if missing_ok:
+                    return None
                 raise DocumentNotFound(f"cannot remove {sp.virtual}: no such document")
             self._drop(sp.repo_path)
             return sp.virtual
@@ -631,6 +688,16 @@ class Turn:
                 changes[rp] = data
         return changes
 
+    def _free_path(self, draft, rp: str, changes: dict[str, bytes | None]) -> str:
+        """Where a document this turn created by title goes in ``draft`` (at the current head):
+        ``rp``, or the next free name if a commit since the turn's base took it (SPEC §2.2)."""
+        folder, name = folder_and_name(rp)
+        at_base = {n for n, _ in list_folder(self.store.repository, self._base_tree, folder)}
+        own = {folder_and_name(p)[1] for p, d in changes.items()
+               if d is not None and p != rp and folder_and_name(p)[0] == folder}
+        new_name = name_taken_since(name, draft._names_in(folder), at_base, own)
+        return rp if new_name is None else f"{folder}/{new_name}"
+
     def commit(self, message: str | None = None) -> CommitResult | None:
         """Record the turn's changes as one revision on top of the current head (SPEC §5) and
         delete the worktree; None when nothing changed. A worktree a crashed process left for
@@ -662,13 +729,16 @@ class Turn:
                                   ("removed" if d is None else ("modified" if self._base_blob(p) else "added")))
                        for p, d in changes.items() if not (d is None and p in moves.values())]
             text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
-            with self.store.transaction(text, self.author) as draft:
+            with self.store.transaction(text, self.author, self.committer) as draft:
                 for new, origin in moves.items():
                     if draft.exists(origin):
                         draft.move(origin, new, overwrite=True)
                 for rp, data in changes.items():
-                    if data is not None:
-                        draft.write(rp, data, allow_keep=True)
+                    if data is not None and rp in self._titles:  # created by title: named again if taken
+                        draft.write_titled(self._free_path(draft, rp, changes), data, self._titles[rp].title,
+                                           self._titles[rp])
+                    elif data is not None:  # an edit of the base's document: merged with head (§5)
+                        draft.write_merged(rp, data, self._base_blob(moves.get(rp, rp)), allow_keep=True)
                     elif draft.exists(rp):
                         draft.remove(rp)
             revision = draft.revision
@@ -677,8 +747,14 @@ class Turn:
                 return None
             repo = self.store.repository
             parent_tree = repo.tree_id(revision.parent_id)
-            overwrote = []
+            overwrote, lost_hunks = [], {}
+            for path, outcome in draft.merges.items():
+                if not outcome.clean:
+                    overwrote.append(path)
+                    lost_hunks[path] = list(outcome.lost)
             for rp, data in changes.items():
+                if "/" + rp in draft.merges:
+                    continue
                 at_parent = repo.lookup(parent_tree, rp)
                 ours = None if data is None else blob_id(data)
                 if at_parent != self._base_blob(rp) and ours != at_parent:
@@ -690,6 +766,9 @@ class Turn:
                 removed=[c.path for c in revision.changes if c.change == "removed"],
                 moved=[(c.old_path, c.path) for c in revision.changes if c.change == "moved"],
                 overwrote=sorted(overwrote),
+                merged=sorted(p for p, outcome in draft.merges.items() if outcome.clean),
+                lost_hunks=lost_hunks,
+                titles={document.path: document.title for document in self._titles.values()},
             )
             self._finish(destroy=True)
             return result

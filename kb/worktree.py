@@ -88,6 +88,7 @@ class LazyWorktree:
     base: str | None = None
     touched: set[str] = field(default_factory=set)
     moves: dict[str, str] = field(default_factory=dict)
+    titles: dict[str, str] = field(default_factory=dict)  # {repo path: title} of documents created by title
     full: bool = False
     _lock_fd: int | None = None
 
@@ -123,8 +124,9 @@ class LazyWorktree:
                 data = json.loads(self.manifest_path.read_text())
                 self.full = data.get("full", False)
                 self.touched, self.moves = set(data["touched"]), dict(data["moves"])
+                self.titles = dict(data.get("titles", {}))
             return True
-        self.base, self.touched, self.moves, self.full = head, set(), {}, False
+        self.base, self.touched, self.moves, self.full, self.titles = head, set(), {}, False, {}
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.admin / "commondir").write_text("../..\n")
@@ -198,7 +200,7 @@ class LazyWorktree:
     def save(self) -> None:
         """Write the manifest atomically."""
         data = {"version": 1, "turn": self.name, "base": self.base, "full": self.full,
-                "touched": sorted(self.touched), "moves": self.moves}
+                "touched": sorted(self.touched), "moves": self.moves, "titles": self.titles}
         tmp = self.admin / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.manifest_path)

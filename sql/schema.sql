@@ -490,3 +490,14 @@ SELECT r.workspace_id, r.url, r.branch, r.last_pushed_revision, r.last_pushed_at
        r.last_pushed_revision IS DISTINCT FROM w.head_revision AS behind
 FROM kb.remotes r
 JOIN kb.workspaces w ON w.id = r.workspace_id;
+
+-- ---- issue 13: titles given by writers (migration 0008) ----
+
+-- One row per document named by title in a revision (path is the virtual path at that revision).
+CREATE TABLE kb.recorded_titles (
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    path text NOT NULL,
+    title text NOT NULL,
+    PRIMARY KEY (workspace_id, seq, path)
+);

@@ -380,16 +380,13 @@ class _FirstOccurrenceChunker:
     """A chunker with the fault the issue names: each piece placed at its text's first occurrence."""
 
     def chunk(self, text):
-        pieces, pos = [], 0
-        for part in text.split("\n\n"):
-            pieces.append(_Piece(part, text.index(part)))
-            pos += len(part) + 2
-        return pieces
+        return [_Piece(line, text.index(line)) for line in text.split("\n") if line]
 
 
 def test_chunks_with_overlapping_ranges_are_refused():
-    chunker = Chunker(chunk_size=16)
+    # chunk_size=1: every span (here one block, no blank lines) is too big and goes to the chunker
+    chunker = Chunker(chunk_size=1)
     chunker._chunker = _FirstOccurrenceChunker()
     with pytest.raises(KbError, match="overlapping or before"):
-        chunker.chunk("same words\n\nother\n\nsame words\n")
-    assert [c.start_char for c in chunker.chunk("one\n\ntwo\n\nthree\n")] == [0, 5, 10]
+        chunker.chunk("same words\nother\nsame words\n")
+    assert [c.start_char for c in chunker.chunk("one\ntwo\nthree\n")] == [0, 4, 8]

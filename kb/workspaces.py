@@ -1,0 +1,175 @@
+"""Listing and deleting workspaces (SPEC §2.1, §6): ``kb workspaces``, ``kb workspace delete``.
+
+A workspace owns its repository (``{knowledge_store}/{id}``), its turn worktrees
+(``{knowledge_store}/.worktrees/{id}``), its artifact files (``{storage_root}/artifact_blobs/{id}``),
+its Postgres rows and its Procrastinate jobs. Deleting it:
+
+1. refuses while a turn of the workspace has a worktree (open in some process, or left by a
+   crashed one for recovery) or a job of it is running, unless ``force``;
+2. under the workspace write lock (SPEC §4), in one Postgres transaction: announces every document
+   and folder row as deleted on ``kb_events`` (then ``workspace_deleted``), deletes the jobs and the
+   ``kb.workspaces`` row — every table referencing it does so ``ON DELETE CASCADE``, so whatever a
+   feature adds (citation registry, seed mapping, artifacts, remotes) goes with it — and renames
+   the repository aside before the transaction commits, so no writer can commit to it afterwards;
+3. after the commit, drops the workspace's partial HNSW indexes on ``kb.chunks``
+   (``kb.vector_index``) and removes the renamed repository and the worktrees from disk.
+
+A crash after the commit leaves a ``.deleted-{id}-*`` folder (and maybe indexes) that running
+``delete`` of the same id again removes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kb import database
+from kb.errors import WorkspaceBusy, WorkspaceNotFound
+from kb.locks import locked_transaction
+from kb.projection import EVENTS_CHANNEL, event_payload
+from kb.sql import queries
+from kb.store import check_workspace_id
+
+
+@dataclass(frozen=True)
+class WorkspaceSummary:
+    """One workspace for ``kb workspaces``: ``head`` is git's HEAD (None when empty or without a
+    repository), ``index_state`` one of ``indexed``, ``behind`` (the index stamp lags the head by
+    ``revisions_behind`` revisions or documents are pending), ``problems`` (failed, quarantined or
+    unindexable documents), ``empty``, ``no repository``."""
+
+    id: int
+    documents: int
+    head: str | None
+    index_state: str
+    revisions_behind: int
+    documents_pending: int
+    documents_failed: int
+
+
+@dataclass(frozen=True)
+class DeletedWorkspace:
+    """What :func:`delete_workspace` removed: row and job counts, the paths deleted from disk, and
+    the partial vector indexes dropped."""
+
+    id: int
+    documents: int
+    folders: int
+    jobs: int
+    removed_paths: list[str]
+    vector_indexes: list[str]
+
+
+def _index_state(row: dict, has_repo: bool) -> str:
+    if not has_repo:
+        return "no repository"
+    if row["head"] is None:
+        return "empty"
+    if row["documents_failed"] or row["documents_quarantined"] or row["documents_unindexable"]:
+        return "problems"
+    if row["revisions_behind"] or row["documents_pending"] or row["stamp"] != row["head"]:
+        return "behind"
+    return "indexed"
+
+
+def list_workspaces(kb) -> list[WorkspaceSummary]:
+    """Every workspace with a row, by id (SPEC §2.1). ``kb`` is the KnowledgeBase facade."""
+    with database.transaction(kb.database_url) as conn:
+        rows = conn.execute(queries["workspace_summaries"]).fetchall()
+    summaries = []
+    for row in rows:
+        store = kb.store(row["id"])
+        has_repo = store.exists()
+        summaries.append(WorkspaceSummary(
+            row["id"], row["documents"], store.head() if has_repo else None, _index_state(row, has_repo),
+            row["revisions_behind"], row["documents_pending"], row["documents_failed"],
+        ))
+    return summaries
+
+
+def _turn_worktrees(kb, workspace_id: int) -> list[str]:
+    from kb.worktree import worktrees_root
+
+    root = worktrees_root(kb.settings.knowledge_store, workspace_id)
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def _leftovers(knowledge_store: Path, workspace_id: int) -> list[Path]:
+    return sorted(knowledge_store.glob(f".deleted-{workspace_id}-*"))
+
+
+def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
+    """Delete a workspace and everything it owns (see the module docstring; SPEC §2.1, §6).
+
+    Returns a DeletedWorkspace. Raises InvalidWorkspace (bad id), WorkspaceNotFound (no row, no
+    repository, nothing left over), WorkspaceBusy (a turn worktree exists or a job of it is running,
+    and not ``force``), LockTimeout.
+    """
+    from kb.artifacts import artifact_blobs_path
+    from kb.worktree import worktrees_root
+
+    check_workspace_id(workspace_id)
+    store = kb.store(workspace_id)
+    knowledge_store = kb.settings.knowledge_store
+    turns = _turn_worktrees(kb, workspace_id)
+    with database.transaction(kb.database_url) as conn:
+        row = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
+        running = conn.execute(queries["workspace_running_jobs"], {"workspace_id": workspace_id}).fetchall()
+    leftovers = _leftovers(knowledge_store, workspace_id)
+    if row is None and not store.exists() and not turns and not leftovers:
+        raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")
+    if not force and (turns or running):
+        what = ([f"{len(turns)} turn worktree(s) ({', '.join(turns[:5])})"] if turns else []) + \
+               ([f"{len(running)} running job(s)"] if running else [])
+        raise WorkspaceBusy(
+            f"workspace {workspace_id} is in use: {' and '.join(what)}; commit or abort the turns and "
+            "let the jobs finish, or pass --force to delete it anyway"
+        )
+    tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
+    moved = False
+    with locked_transaction(kb.database_url, workspace_id, kb.settings) as (conn, _):
+        owned = conn.execute(queries["workspace_row_ids"], {"workspace_id": workspace_id}).fetchall()
+        events = [{"event": f"{r['kind']}_deleted", "workspace_id": workspace_id, "revision": None,
+                   "id": r["id"], "path": r["path"]} for r in owned]
+        events.append({"event": "workspace_deleted", "workspace_id": workspace_id, "revision": None,
+                       "id": workspace_id, "path": None})
+        with conn.cursor() as cur:
+            cur.executemany(queries["notify_event"],
+                            [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events])
+        jobs = conn.execute(queries["delete_workspace_jobs"], {"workspace_id": workspace_id}).fetchall()
+        conn.execute(queries["delete_workspace"], {"workspace_id": workspace_id})
+        for statistics in ("delete_workspace_lexeme_stats", "delete_workspace_text_stats"):
+            conn.execute(queries[statistics], {"workspace_id": workspace_id})  # no FK: kept by a trigger
+        if store.path.exists():
+            store.path.rename(tombstone)  # under the lock: no writer commits to it after this
+            moved = True
+    dropped = _drop_vector_indexes(kb.database_url, workspace_id)
+    removed = []
+    artifact_files = artifact_blobs_path(kb.settings.storage_root, workspace_id)
+    for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), artifact_files,
+                 *leftovers]:
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(str(store.path if path == tombstone else path))
+    return DeletedWorkspace(workspace_id, sum(r["kind"] == "document" for r in owned),
+                            sum(r["kind"] == "folder" for r in owned), len(jobs), removed, dropped)
+
+
+def _drop_vector_indexes(database_url: str, workspace_id: int) -> list[str]:
+    """Drop the workspace's partial HNSW indexes on ``kb.chunks`` (``kb.vector_index``); their
+    ``kb.vector_indexes`` rows went with the cascade. ``DROP INDEX CONCURRENTLY`` needs autocommit
+    and never blocks other workspaces' writers. Returns the names dropped."""
+    from psycopg import sql
+
+    from kb.vector_index import forget_cached, index_name
+
+    prefix = index_name(workspace_id, "").rsplit("_", 1)[0] + "_"
+    with database.connect(database_url, autocommit=True) as conn:
+        names = [r["name"] for r in conn.execute(queries["workspace_vector_index_names"], {"prefix": prefix})]
+        for name in names:
+            conn.execute(sql.SQL(queries["drop_vector_index"]).format(name=sql.Identifier("kb", name)))
+    forget_cached(workspace_id)
+    return names
+

@@ -1,0 +1,45 @@
+-- Named queries of workspace listing and deletion (kb/workspaces.py; SPEC §2.1, §6).
+
+-- name: workspace_summaries
+-- One row per workspace with its document count and index state (from the kb.index_lag view).
+SELECT workspace_id AS id, head, stamp, projected, revisions_behind, documents, documents_pending,
+       documents_failed, documents_quarantined, documents_unindexable
+FROM kb.index_lag ORDER BY workspace_id;
+
+-- name: workspace_row_ids
+-- The document and folder row ids a deletion announces on kb_events.
+SELECT 'document' AS kind, id, path FROM kb.documents WHERE workspace_id = %(workspace_id)s
+UNION ALL
+SELECT 'folder', id, path FROM kb.folders WHERE workspace_id = %(workspace_id)s
+ORDER BY kind, id;
+
+-- name: workspace_running_jobs
+SELECT id, task_name FROM procrastinate_jobs
+WHERE status = 'doing' AND (args ->> 'workspace_id') = %(workspace_id)s::text
+ORDER BY id;
+
+-- name: delete_workspace_jobs
+-- Procrastinate's jobs of the workspace (its events cascade). Not the embedding cache: it is
+-- content-addressed and shared by every workspace.
+DELETE FROM procrastinate_jobs WHERE (args ->> 'workspace_id') = %(workspace_id)s::text RETURNING id;
+
+-- name: delete_workspace
+-- Everything the workspace owns in Postgres goes with this row: every kb table referencing
+-- kb.workspaces does so ON DELETE CASCADE (documents → chunks, revisions → path_changes, folders,
+-- index_runs, recorded_titles, and what later features add).
+DELETE FROM kb.workspaces WHERE id = %(workspace_id)s RETURNING id;
+
+-- name: workspace_vector_index_names
+-- The partial HNSW indexes of the workspace (kb/vector_index.py names them
+-- kb_chunks_hnsw_<ws>_<model hash>), recorded or left over by a killed build.
+SELECT indexname AS name FROM pg_indexes
+WHERE schemaname = 'kb' AND left(indexname, length(%(prefix)s)) = %(prefix)s
+ORDER BY indexname;
+
+-- name: delete_workspace_lexeme_stats
+-- BM25 statistics (issue 12) have no foreign key to kb.workspaces: the chunk trigger keeps them,
+-- so after the cascade removed the chunks their zeroed rows are deleted here.
+DELETE FROM kb.lexeme_stats WHERE workspace_id = %(workspace_id)s;
+
+-- name: delete_workspace_text_stats
+DELETE FROM kb.text_stats WHERE workspace_id = %(workspace_id)s;

@@ -1,0 +1,129 @@
+"""Listing and deleting workspaces (issue 13, SPEC §2.1, §6)."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import psycopg.sql
+import pytest
+from conftest import run_cli
+from psycopg.rows import dict_row
+
+from kb.errors import WorkspaceBusy, WorkspaceNotFound
+from kb.sql import queries
+from kb.vector_index import index_name
+from kb.worktree import worktrees_root
+
+
+def _fill(kb, ws: int, n: int = 3) -> None:
+    kb.create_workspace(ws)
+    with kb.transaction(ws, "seed", "seeder") as tx:
+        for i in range(n):
+            tx.write(f"/documents/Folder {i % 2}/doc {i}.md", f"# Doc {i}\n\nbody of document {i} in {ws}\n")
+
+
+def _rows_of(conn, ws: int) -> dict[str, int]:
+    """Rows mentioning the workspace in every kb table with a workspace_id column (so tables later
+    features add are covered), plus Procrastinate's jobs of it."""
+    conn = conn.cursor(row_factory=psycopg.rows.tuple_row)
+    tables = conn.execute(
+        "SELECT table_name FROM information_schema.columns WHERE table_schema = 'kb' "
+        "AND column_name = 'workspace_id' AND table_name IN "
+        "(SELECT table_name FROM information_schema.tables WHERE table_schema = 'kb' AND table_type = 'BASE TABLE')"
+    ).fetchall()
+    counts = {}
+    for (table,) in tables:
+        counts[table] = conn.execute(
+            psycopg.sql.SQL("SELECT count(*) FROM kb.{} WHERE workspace_id = %s").format(psycopg.sql.Identifier(table)),
+            (ws,),
+        ).fetchone()[0]
+    counts["kb.workspaces"] = conn.execute("SELECT count(*) FROM kb.workspaces WHERE id = %s", (ws,)).fetchone()[0]
+    counts["jobs"] = conn.execute(
+        "SELECT count(*) FROM procrastinate_jobs WHERE args ->> 'workspace_id' = %s", (str(ws),)
+    ).fetchone()[0]
+    return counts
+
+
+def test_list_workspaces(kb):
+    _fill(kb, 1)
+    _fill(kb, 2, 5)
+    kb.index(1)
+    summaries = {s.id: s for s in kb.list_workspaces()}
+    assert set(summaries) == {1, 2}
+    assert (summaries[1].documents, summaries[1].head, summaries[1].index_state) == (3, kb.head(1), "indexed")
+    assert summaries[2].head == kb.head(2) and summaries[2].index_state == "behind"
+
+
+def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, database_url):
+    _fill(kb, 1)
+    _fill(kb, 2)
+    kb.index(1)
+    kb.index(2)
+    with kb.transaction(1, "more", "w") as tx:  # a revision whose jobs are still waiting
+        tx.write("/documents/late.md", "late\n")
+    with psycopg.connect(database_url, autocommit=True) as conn:  # a partial HNSW index, as the job builds
+        conn.execute(psycopg.sql.SQL(queries["create_vector_index"]).format(
+            name=psycopg.sql.Identifier(index_name(1, "hashing")), dim=psycopg.sql.Literal(384),
+            workspace_id=psycopg.sql.Literal(1), model=psycopg.sql.Literal("hashing")))
+    artifact = kb.artifacts(1).save("Report", "# Report\n", files={"pdf": b"%PDF-1.4 fake"})
+    assert artifact and (kb.settings.storage_root / "artifact_blobs" / "1").is_dir()
+    turn = kb.turn(1, "open-turn", "agent")
+    turn.write("/documents/draft.md", "draft\n")
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        before = _rows_of(conn, 1)
+        ids = {r["id"] for r in conn.execute("SELECT id FROM kb.documents WHERE workspace_id = 1")}
+        other_before = _rows_of(conn, 2)
+    assert before["chunks"] > 0 and before["documents"] == 4 and before["jobs"] > 0
+    with pytest.raises(WorkspaceBusy, match="turn"):
+        kb.delete_workspace(1)
+    assert kb.store(1).exists()
+    listener = psycopg.connect(database_url, autocommit=True)
+    listener.execute("LISTEN kb_events")
+    report = kb.delete_workspace(1, force=True)
+    events = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=len(ids) + 10)]
+    listener.close()
+    assert report.documents == 4 and report.jobs == before["jobs"]
+    assert report.vector_indexes == [index_name(1, "hashing")]
+    assert {e["id"] for e in events if e["event"] == "document_deleted"} == ids
+    assert events[-1] == {"event": "workspace_deleted", "workspace_id": 1, "revision": None, "id": 1, "path": None}
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        assert {k: v for k, v in _rows_of(conn, 1).items() if v} == {}
+        assert _rows_of(conn, 2) == other_before
+        assert conn.execute("SELECT count(*) AS n FROM pg_indexes WHERE indexname LIKE 'kb_chunks_hnsw%%'"
+                            ).fetchone()["n"] == 0
+    store = kb.settings.knowledge_store
+    assert not (store / "1").exists() and not worktrees_root(store, 1).exists()
+    assert not list(store.glob(".deleted-*"))
+    assert not (kb.settings.storage_root / "artifact_blobs" / "1").exists()
+    assert (store / "2" / ".git").is_dir() and kb.read(2, "/documents/Folder 0/doc 0.md")
+    assert [s.id for s in kb.list_workspaces()] == [2]
+    with pytest.raises(WorkspaceNotFound):
+        kb.delete_workspace(1)
+
+
+def test_a_writer_holding_the_store_cannot_resurrect_a_deleted_workspace(kb, database_url):
+    _fill(kb, 3)
+    store = kb.store(3)
+    store.repository  # noqa: B018 (opened before the deletion)
+    kb.delete_workspace(3)
+    with pytest.raises(WorkspaceNotFound):
+        with store.transaction("late", "w") as tx:
+            tx.write("/documents/x.md", "x\n")
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM kb.workspaces WHERE id = 3").fetchone()[0] == 0
+    assert not (kb.settings.knowledge_store / "3").exists()
+
+
+def test_cli_workspaces_and_delete(kb, kb_env):
+    _fill(kb, 4)
+    kb.project(4)
+    listed = run_cli(kb_env, "workspaces", "--json").stdout.splitlines()
+    assert [json.loads(line)["id"] for line in listed] == [4]
+    assert "4" in run_cli(kb_env, "workspaces").stdout
+    refused = run_cli(kb_env, "workspace", "delete", "4", check=False)
+    assert refused.returncode != 0 and "--yes" in refused.stderr
+    done = run_cli(kb_env, "workspace", "delete", "4", "--yes")
+    assert "deleted workspace 4: 3 documents" in done.stdout
+    missing = run_cli(kb_env, "workspace", "delete", "4", "--yes", check=False)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
