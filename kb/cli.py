@@ -617,6 +617,9 @@ main.add_command(_new_command)
 main.add_command(_workspaces_command)
 main.add_command(_workspace_group)
 
+from kb.cli_mcp import mcp_command  # noqa: E402  (issue 16: kb mcp)
+
+main.add_command(mcp_command)
 
 if __name__ == "__main__":
     main()

@@ -17,9 +17,10 @@ from kb.errors import ConfigurationError
 @click.option("--with-worker", is_flag=True, help="Also run the Procrastinate worker in this process.")
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1),
               help="Jobs the in-process worker runs at once.")
-def serve(host: str, port: int, with_worker: bool, concurrency: int) -> None:
+@click.option("--author", help='Whom MCP turns record as author, "Name <mail>" (default: your user name).')
+def serve(host: str, port: int, with_worker: bool, concurrency: int, author: str | None) -> None:
     """Serve the HTTP JSON API (search, read, log, status, turns; OpenAPI docs at /docs, health at
-    /health and /ready) until SIGTERM or Ctrl-C, which finish in-flight requests and the jobs in
+    /health and /ready; the MCP endpoint at /mcp/<workspace>) until SIGTERM or Ctrl-C, which finish in-flight requests and the jobs in
     hand. Point the CLI at it with KB_SERVER_URL=http://HOST:PORT.
 
     Example: kb serve --port 8765 --with-worker
@@ -32,4 +33,5 @@ def serve(host: str, port: int, with_worker: bool, concurrency: int) -> None:
         ) from None
     from kb.settings import Settings
 
-    run_server(Settings(), host=host, port=port, with_worker=with_worker, concurrency=concurrency)
+    run_server(Settings(), host=host, port=port, with_worker=with_worker, concurrency=concurrency,
+               mcp_author=author)

@@ -10,6 +10,7 @@ The app is FastAPI (OpenAPI at ``/openapi.json``, docs at ``/docs``) served by u
   them, ``kb.server_client``).
 - ``/v1/workspaces/{ws}/turns/{turn_id}/…`` — a turn's file operations (write, edit, read, ls,
   remove, move) and ``commit`` / ``DELETE`` (abort), SPEC §5.
+- ``/mcp/{ws}`` — the MCP endpoint (streamable HTTP, issue 16; ``kb.mcp_server``).
 - ``/v1/workspaces/{ws}/chats/{chat_id}/…`` — citations (SPEC §8): search and read as a chat
   (envelopes cite its handles), ``handles``, ``normalize``, ``resolve?citation=[1:L3-L4]&follow=true``.
 
@@ -116,13 +117,14 @@ class Service:
     def start(self) -> "KnowledgeBase":
         """Open kb (migrating) and load the embedder once; returns a KnowledgeBase of its own
         for the in-process worker (its jobs run in the worker's threads)."""
-        first = self._new_kb()
+        first = self.new_kb()
         self._embedder = first.embedder
-        self._turns_kb = self._new_kb()
+        self._turns_kb = self.new_kb()
         self.ready = True
         return first
 
-    def _new_kb(self) -> "KnowledgeBase":
+    def new_kb(self) -> "KnowledgeBase":
+        """A KnowledgeBase of its own (sharing the loaded embedder), closed with the service."""
         from kb.knowledge_base import KnowledgeBase
 
         kb = KnowledgeBase.open(self.settings, migrate=not self._opened)
@@ -136,7 +138,7 @@ class Service:
         """This thread's KnowledgeBase."""
         kb = getattr(self._local, "kb", None)
         if kb is None:
-            kb = self._local.kb = self._new_kb()
+            kb = self._local.kb = self.new_kb()
         return kb
 
     @contextlib.contextmanager
@@ -316,12 +318,14 @@ def citation_router(service: Service) -> APIRouter:
 def create_app(
     settings: Settings | None = None, *, with_worker: bool = False, concurrency: int = 1,
     embedder: "Embedder | None" = None, routers: list[Callable[[Service], APIRouter]] | None = None,
+    mcp_author: str | None = None,
 ) -> FastAPI:
     """The ASGI app of ``kb serve``.
 
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
-    taking the Service (e.g. the MCP endpoint). Start-up raises what ``KnowledgeBase.open`` raises
+    taking the Service. ``mcp_author`` is whom MCP turns record as author (default: the OS user);
+    the MCP endpoint (issue 16) is served at ``/mcp/<workspace>``. Start-up raises what ``KnowledgeBase.open`` raises
     (DatabaseUnavailable, MigrationError, DimensionMismatch…).
     """
     settings = settings or Settings()
@@ -332,13 +336,20 @@ def create_app(
         from kb.worker import WorkerReport, run_worker_async
 
         kb = await asyncio.to_thread(service.start)
+        from kb.knowledge_base import default_author
+        from kb.mcp_server import http_app
+
+        mcp_app, mcp_lifespan = http_app(await asyncio.to_thread(service.new_kb),
+                                         author=mcp_author or default_author(), kb_factory=service.new_kb)
+        mcp_endpoint.app = mcp_app
         worker_task = None
         if with_worker:
             app.state.worker_report = WorkerReport()
             worker_task = asyncio.create_task(run_worker_async(
                 kb, app.state.worker_report, concurrency=concurrency, install_signal_handlers=False))
         try:
-            yield
+            async with mcp_lifespan():  # commits every open MCP turn when the server stops
+                yield
         finally:
             service.ready = False
             if worker_task is not None:
@@ -372,6 +383,8 @@ def create_app(
             raise HTTPException(503, str(exc)) from exc
         return {"status": "ready", "worker": with_worker}
 
+    mcp_endpoint = _LateMount()
+    app.mount("/mcp", mcp_endpoint)
     app.include_router(read_router(service))
     app.include_router(turn_router(service))
     app.include_router(citation_router(service))
@@ -380,12 +393,28 @@ def create_app(
     return app
 
 
+class _LateMount:
+    """An ASGI app mounted before the app it forwards to exists (the MCP app needs the
+    KnowledgeBase the lifespan opens); 503 until it is set."""
+
+    def __init__(self) -> None:
+        self.app = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.app is None:
+            await JSONResponse({"error": "starting"}, status_code=503)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def serve(
     settings: Settings | None = None, *, host: str = "127.0.0.1", port: int = 8765,
     with_worker: bool = False, concurrency: int = 1, embedder: "Embedder | None" = None,
+    mcp_author: str | None = None,
 ) -> None:
     """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown."""
     import uvicorn
 
-    app = create_app(settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder)
+    app = create_app(settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder,
+                     mcp_author=mcp_author)
     uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on")

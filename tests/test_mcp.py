@@ -1,0 +1,200 @@
+"""kb over MCP (issue 16): the SDK's own client against a real ``kb mcp`` (stdio) and a real
+``kb serve`` (streamable HTTP) on a real workspace, with the real git CLI checking the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from conftest import git, run_cli
+
+AUTHOR = "Ada Lovelace <ada@example.com>"
+PLAN = "# Plan\n\nline three\nline four about the refund window\nline five\n"
+
+
+def _text(result) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def _structured(result):
+    if result.structured_content is not None:
+        value = result.structured_content
+        return value.get("result", value) if isinstance(value, dict) and set(value) == {"result"} else value
+    return json.loads(_text(result))
+
+
+@pytest.fixture
+def workspace(kb, kb_env) -> int:
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", author="seed") as tx:
+        tx.write("/documents/Plan.md", PLAN)
+        tx.write("/documents/Notes/Refunds.md", "# Refunds\n\nAnnual plans are refunded within 30 days.\n")
+        tx.write("/documents/Notes/Other.md", "# Other\n\nnothing about money\n")
+    run_cli(kb_env, "worker", "--until-idle")
+    return 1
+
+
+def _stdio(kb_env, *extra: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "kb.cli", "mcp", "--workspace", "1", "--author", AUTHOR, *extra],
+        env=kb_env, cwd=str(Path(__file__).resolve().parents[1]),
+    )
+
+
+def test_stdio_tools_search_read_edit_commit_and_cite(workspace, kb, kb_env, settings) -> None:
+    repo = settings.knowledge_store / "1"
+
+    async def session() -> dict:
+        async with Client(_stdio(kb_env)) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            found = _text(await client.call_tool("search", {"query": "refund annual plans", "k": 3}))
+            window = _text(await client.call_tool("read", {"path": "/documents/Plan.md", "offset": 2, "limit": 2}))
+            edited = await client.call_tool("edit", {"path": "/documents/Plan.md", "old": "line five",
+                                                     "new": "line five, edited over MCP"})
+            escape = await client.call_tool("write", {"path": "/documents/../etc/passwd", "content": "x"})
+            ambiguous = await client.call_tool("edit", {"path": "/documents/Plan.md", "old": "line",
+                                                        "new": "LINE"})
+            committed = _structured(await client.call_tool("commit", {"message": "mcp edit"}))
+            cite = found.split('cite="', 1)[1].split('"', 1)[0]
+            resolved = _structured(await client.call_tool("resolve_citation", {"citation": cite}))
+            resources = await client.list_resources()
+            return dict(names=names, found=found, window=window, edited=edited, escape=escape,
+                        ambiguous=ambiguous, committed=committed, resolved=resolved, resources=resources)
+
+    out = anyio.run(session)
+    assert {"search", "read", "ls", "glob", "grep", "write", "edit", "move", "remove", "mkdir", "commit",
+            "abort", "resolve_citation", "normalize_citations"} <= out["names"]
+    assert "/documents/Notes/Refunds.md" in out["found"]
+    assert "     3  line three" in out["window"] and "     4  line four" in out["window"]
+    assert "line five" not in out["window"]  # honest window: exactly lines 3-4
+    assert not out["edited"].is_error
+    assert out["escape"].is_error and "documents" in _text(out["escape"])
+    assert out["ambiguous"].is_error
+    assert out["committed"]["modified"] == ["/documents/Plan.md"]
+    assert "Refunds.md" in json.dumps(out["resolved"])
+    uris = [str(r.uri) for r in out["resources"].resources]
+    assert "kb://workspace/1/documents/Plan.md" in uris
+    log = git(repo, "log", "-1", "--format=%an <%ae>|%cn|%s")
+    assert log.startswith(AUTHOR + "|") and "mcp edit" in log
+    assert "line five, edited over MCP" in git(repo, "show", "HEAD:documents/Plan.md")
+    git(repo, "fsck", "--strict")
+
+
+def test_stdio_disconnect_commits_the_turn(workspace, kb_env, settings) -> None:
+    repo = settings.knowledge_store / "1"
+    before = git(repo, "rev-list", "--count", "HEAD").strip()
+
+    async def session() -> None:
+        async with Client(_stdio(kb_env)) as client:
+            result = await client.call_tool("write", {"path": "/documents/Inbox/Left open.md", "content": "# kept\n"})
+            assert not result.is_error
+
+    anyio.run(session)
+    assert int(git(repo, "rev-list", "--count", "HEAD")) == int(before) + 1
+    assert git(repo, "show", "HEAD:documents/Inbox/Left open.md") == "# kept\n"
+
+
+def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace, kb_env, settings) -> None:
+    repo = settings.knowledge_store / "1"
+    request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kb.cli", "mcp", "--workspace", "1", "--chat", "crashy", "--author", AUTHOR],
+        env=kb_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for message in (request, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                            "name": "write", "arguments": {"path": "/documents/Crash.md", "content": "# survived\n"}}}):
+            proc.stdin.write(json.dumps(message) + "\n")
+            proc.stdin.flush()
+            if "id" in message:
+                reply = json.loads(proc.stdout.readline())
+                assert "error" not in reply, reply
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert "Crash.md" not in git(repo, "ls-tree", "-r", "--name-only", "HEAD")
+
+    async def recover() -> dict:
+        async with Client(_stdio(kb_env, "--chat", "crashy")) as client:
+            return _structured(await client.call_tool("commit", {}))
+
+    result = anyio.run(recover)
+    assert result["added"] == ["/documents/Crash.md"]
+    assert git(repo, "show", "HEAD:documents/Crash.md") == "# survived\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(workspace, kb_env):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kb.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                             "--author", AUTHOR], env=kb_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError(f"kb serve did not start: {proc.stderr.read().decode()[-2000:]}")
+    yield base
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+def test_streamable_http_two_concurrent_sessions_both_land(served, settings) -> None:
+    repo = settings.knowledge_store / "1"
+
+    async def one(name: str) -> dict:
+        async with Client(f"{served}/mcp/1?chat={name}") as client:
+            found = _text(await client.call_tool("search", {"query": "refund", "k": 2}))
+            assert "Refunds.md" in found
+            await client.call_tool("write", {"path": f"/documents/HTTP/{name}.md", "content": f"# {name}\n"})
+            escape = await client.call_tool("read", {"path": "/etc/passwd"})
+            assert escape.is_error
+            return _structured(await client.call_tool("commit", {"message": f"http {name}"}))
+
+    async def both() -> list[dict]:
+        results: list[dict] = []
+
+        async def run(name: str) -> None:
+            results.append(await one(name))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "alpha")
+            tg.start_soon(run, "beta")
+        return results
+
+    results = anyio.run(both)
+    assert sorted(r["added"][0] for r in results) == ["/documents/HTTP/alpha.md", "/documents/HTTP/beta.md"]
+    tree = git(repo, "ls-tree", "-r", "--name-only", "HEAD")
+    assert "documents/HTTP/alpha.md" in tree and "documents/HTTP/beta.md" in tree
+    assert git(repo, "log", "-1", "--format=%an <%ae>").strip() == AUTHOR
+    git(repo, "fsck", "--strict")
+
+
+def test_streamable_http_unknown_workspace_url_is_refused(served) -> None:
+    response = httpx.post(f"{served}/mcp/not-a-workspace", json={}, timeout=10)
+    assert response.status_code == 404
+    assert "/mcp/<workspace id>" in response.text
