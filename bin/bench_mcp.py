@@ -44,7 +44,7 @@ def main() -> None:
     os.environ["KB_EMBEDDING_MODEL"] = "hashing"
     settings = Settings()
     kb = KnowledgeBase.open(settings)
-    if kb.head(1) is None:
+    if not kb.store(1).exists():
         kb.import_folder(REPO / "docs", 1)
     kb.index(1)
     path = sorted(kb.list_paths(1))[0]
@@ -73,6 +73,7 @@ def main() -> None:
                 timings["facade search"].append(time.perf_counter() - start)
 
     anyio.run(run)
+    kb.close()
     medians = {name: statistics.median(values) * 1000 for name, values in timings.items()}
     for name, value in medians.items():
         print(f"{name:>14}: median {value:7.2f} ms over {args.rounds} rounds")
