@@ -27,7 +27,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -36,6 +36,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp_types import ListResourcesResult, PaginatedRequestParams, Resource
 
 from kb.errors import DocumentNotFound, InvalidInput, KbError
+from kb.json_form import json_form
 from kb.paths import StorePath
 
 if TYPE_CHECKING:
@@ -61,20 +62,6 @@ def document_uri(workspace_id: int, path: str) -> str:
     """``kb://workspace/<id>/documents/<folders>/<file>`` for the virtual path ``/documents/...``."""
     below = path.removeprefix("/documents/")
     return f"kb://workspace/{workspace_id}/documents/{quote(below, safe='/')}"
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-ready form of kb's results: their own ``as_json()`` where they define one, else the
-    dataclass fields (lists, dicts, strings, numbers)."""
-    if callable(getattr(value, "as_json", None)):
-        return value.as_json()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 @dataclass
@@ -237,7 +224,7 @@ def build_server(
     def ls(ctx: Context, path: str = "/documents") -> list[dict]:
         """List a folder: entries with name, path and kind ("file" or "folder")."""
         state = chat(ctx)
-        return call(lambda: _plain(state.turn.ls(path)), state)
+        return call(lambda: json_form(state.turn.ls(path)), state)
 
     @server.tool()
     def glob(pattern: str, ctx: Context) -> list[str]:
@@ -249,26 +236,26 @@ def build_server(
     def grep(pattern: str, ctx: Context, path: str = "/documents", ignore_case: bool = False) -> list[dict]:
         """Lines matching a regular expression under `path`, with true line numbers (this turn's view)."""
         state = chat(ctx)
-        return call(lambda: _plain(state.turn.grep(pattern, path, ignore_case=ignore_case)), state)
+        return call(lambda: json_form(state.turn.grep(pattern, path, ignore_case=ignore_case)), state)
 
     @server.tool()
     def write(path: str, content: str, ctx: Context) -> dict:
         """Create or replace a document with `content` (UTF-8 markdown). Folders are implied."""
         state = chat(ctx)
-        return call(lambda: _plain(state.turn.write(path, content)), state)
+        return call(lambda: json_form(state.turn.write(path, content)), state)
 
     @server.tool()
     def edit(path: str, old: str, new: str, ctx: Context, replace_all: bool = False) -> dict:
         """Replace the exact text `old` with `new` in a document. Fails when `old` occurs 0 times, or
         more than once without `replace_all`: give more surrounding text to make it unique."""
         state = chat(ctx)
-        return call(lambda: _plain(state.turn.edit(path, old, new, replace_all=replace_all)), state)
+        return call(lambda: json_form(state.turn.edit(path, old, new, replace_all=replace_all)), state)
 
     @server.tool()
     def move(source: str, destination: str, ctx: Context, overwrite: bool = False) -> list[list[str]]:
         """Move or rename a document or folder. Refuses an existing destination unless `overwrite`."""
         state = chat(ctx)
-        return call(lambda: _plain(state.turn.move(source, destination, overwrite=overwrite)), state)
+        return call(lambda: json_form(state.turn.move(source, destination, overwrite=overwrite)), state)
 
     @server.tool()
     def remove(path: str, ctx: Context) -> str:
@@ -291,7 +278,7 @@ def build_server(
 
         def run() -> dict:
             result = state.turn.commit(message)
-            return {"revision": None} if result is None else _plain(result)
+            return {"revision": None} if result is None else json_form(result)
 
         return call(run, state)
 
@@ -312,14 +299,14 @@ def build_server(
         handle was shown from. With `follow`, also say where those lines are at HEAD now:
         unchanged (with their new numbers), changed (both texts) or deleted."""
         state = chat(ctx)
-        return call(lambda: _plain(state.conversation.resolve(citation, follow=follow)), state)
+        return call(lambda: json_form(state.conversation.resolve(citation, follow=follow)), state)
 
     @server.tool()
     def normalize_citations(text: str, ctx: Context) -> dict:
         """Normalize the citations in an answer: canonical [n:Lx-Ly] forms, line ranges clamped to
         each document, unknown handles dropped (and reported). Returns the text and its citations."""
         state = chat(ctx)
-        return call(lambda: _plain(state.conversation.normalize(text)), state)
+        return call(lambda: json_form(state.conversation.normalize(text)), state)
 
     # -- documents as resources (kb://workspace/<id>/documents/...) -----------------------
     @server.resource("kb://workspace/{workspace}/documents/{+path}", mime_type="text/markdown")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from kb import database, errors
+from kb.json_form import json_form
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -160,22 +160,6 @@ class Service:
             self._opened.clear()
 
 
-def _plain(value: Any) -> Any:
-    """JSON-able form of kb's result dataclasses (tuples → lists, datetimes → ISO strings)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not f.name.startswith("_")}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if hasattr(value, "total_seconds"):
-        return value.total_seconds()
-    return value
-
-
 def read_router(service: Service) -> APIRouter:
     """Search, read, log and status: the CLI's read commands (``KB_SERVER_URL``)."""
     router = APIRouter(prefix="/v1", tags=["read"])
@@ -187,7 +171,7 @@ def read_router(service: Service) -> APIRouter:
 
         info = service.kb().status(workspace)
         info["embedding_model"] = describe_configured_model(service.settings)
-        return _plain(info)
+        return json_form(info)
 
     @router.get("/workspaces/{workspace_id}/search")
     def search(workspace_id: int, q: str = Query(description="The query."),
@@ -208,7 +192,7 @@ def read_router(service: Service) -> APIRouter:
     @router.get("/workspaces/{workspace_id}/log")
     def history(workspace_id: int, path: str | None = None, limit: int = Query(20, ge=1)) -> list[dict]:
         """Revisions newest first, following a path's moves (``kb log``)."""
-        return _plain(service.kb().history(workspace_id, path, limit))
+        return json_form(service.kb().history(workspace_id, path, limit))
 
     return router
 
@@ -224,25 +208,25 @@ def turn_router(service: Service) -> APIRouter:
     def ls(workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
         """Entries of a folder in the turn's view."""
         with service.turns() as kb:
-            return _plain(turn(kb, workspace_id, turn_id).ls(path))
+            return json_form(turn(kb, workspace_id, turn_id).ls(path))
 
     @router.get("/files/{path:path}")
     def read(workspace_id: int, turn_id: str, path: str, offset: int = 0, limit: int | None = None) -> dict:
         """A file as the turn sees it (its own writes included)."""
         with service.turns() as kb:
-            return _plain(turn(kb, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
+            return json_form(turn(kb, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
 
     @router.put("/files/{path:path}")
     def write(workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None) -> dict:
         """Create or replace a file in the turn (nothing is recorded until commit)."""
         with service.turns() as kb:
-            return _plain(turn(kb, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
+            return json_form(turn(kb, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
 
     @router.post("/edit/{path:path}")
     def edit(workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
         """Replace text in a file of the turn."""
         with service.turns() as kb:
-            return _plain(turn(kb, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new,
+            return json_form(turn(kb, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new,
                                                                 body.replace_all))
 
     @router.delete("/files/{path:path}")
@@ -255,14 +239,14 @@ def turn_router(service: Service) -> APIRouter:
     def move(workspace_id: int, turn_id: str, body: MoveBody) -> dict:
         """Move a file or folder in the turn."""
         with service.turns() as kb:
-            return {"moved": _plain(turn(kb, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
+            return {"moved": json_form(turn(kb, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
 
     @router.post("/commit")
     def commit(workspace_id: int, turn_id: str, body: CommitBody) -> dict:
         """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed."""
         with service.turns() as kb:
             result = turn(kb, workspace_id, turn_id).commit(body.message)
-        return {"revision": None} if result is None else _plain(result)
+        return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
     def abort(workspace_id: int, turn_id: str) -> dict:
