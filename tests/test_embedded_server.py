@@ -98,3 +98,19 @@ def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
     assert result.returncode == 1
     assert "KB_EMBEDDED_LISTEN" in result.stderr and "host:port" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -> None:
+    """Issue 15: commands trust the recorded check of a running server; when that trust is wrong
+    (a DBA dropped kb's database while the server ran) the next command makes the full check
+    again instead of failing."""
+    pgdata = storage_root / "postgres"
+    env = _embedded_env(storage_root)
+    run_cli(env, "init")
+    assert (pgdata / "kb_verified.json").exists()
+    server = running_server(pgdata)
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute("DROP DATABASE kb WITH (FORCE)")
+    assert "workspace" not in run_cli(env, "status").stderr  # recreated, schema applied
+    with psycopg.connect(server.url("kb")) as conn:
+        assert conn.execute("SELECT to_regclass('kb.documents') IS NOT NULL").fetchone()[0]

@@ -1,0 +1,168 @@
+"""Issue 15: what a one-shot command skips at start-up, and that skipping never hides a problem.
+
+The quick paths (the embedded server's recorded check, the schema's one-read check, the paused
+garbage collector) are proved here to fall back to the full path whenever their premise fails.
+Their speed is measured by bin/bench_cli_startup.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from conftest import run_cli
+
+from kb.cli import main
+from kb.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
+from kb.errors import MigrationError
+from kb.knowledge_base import KnowledgeBase
+from kb.migrations import schema_is_current
+
+
+# -- the embedded server's recorded check -------------------------------------------------------
+
+def _postmaster_pid(pgdata: Path, *, pid: int, started: int, port: int = 5432, listen: str = "",
+                    status: str = "ready") -> None:
+    """Write ``postmaster.pid`` in Postgres' own layout for a process of this machine."""
+    pgdata.mkdir(parents=True, exist_ok=True)
+    lines = [str(pid), str(pgdata), str(started), str(port), str(pgdata), listen, "  1234  5678", status]
+    (pgdata / "postmaster.pid").write_text("\n".join(lines) + "\n")
+
+
+def _this_process_started() -> int:
+    return int(time.time()) - 60
+
+
+def test_recorded_check_answers_for_the_same_live_postmaster_only(tmp_path: Path) -> None:
+    pgdata = tmp_path / "postgres"
+    started = _this_process_started()
+    _postmaster_pid(pgdata, pid=os.getpid(), started=started)
+    assert _verified_url(pgdata, "kb", None) is None  # nothing recorded yet: the full check runs
+
+    _record_verified(pgdata, "kb", None)
+    url = _verified_url(pgdata, "kb", None)
+    assert url is not None and f"port=5432" in url and "/kb?" in url
+    assert _verified_url(pgdata, "other", None) is None  # a database the full check never made
+    assert _verified_url(pgdata, "kb", ("127.0.0.1", 5432)) is None  # other addresses asked for
+
+    # The same pid with another start time than recorded: another postmaster.
+    _postmaster_pid(pgdata, pid=os.getpid(), started=started - 600)
+    assert _verified_url(pgdata, "kb", None) is None
+
+    # A postmaster that is gone (a crash left its file): its pid names no live process.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    _postmaster_pid(pgdata, pid=child.pid, started=started)
+    _record_verified(pgdata, "kb", None)
+    assert _verified_url(pgdata, "kb", None) is None
+
+    # Starting up, or the record dropped after a failed connection: the full check runs.
+    _postmaster_pid(pgdata, pid=os.getpid(), started=started, status="starting")
+    assert _verified_url(pgdata, "kb", None) is None
+    _postmaster_pid(pgdata, pid=os.getpid(), started=started)
+    _record_verified(pgdata, "kb", None)
+    assert _verified_url(pgdata, "kb", None) is not None
+    forget_verified(pgdata)
+    assert not (pgdata / VERIFIED_MARKER).exists()
+    assert _verified_url(pgdata, "kb", None) is None
+
+
+def test_recorded_check_keeps_every_database_of_one_postmaster(tmp_path: Path) -> None:
+    pgdata = tmp_path / "postgres"
+    _postmaster_pid(pgdata, pid=os.getpid(), started=_this_process_started())
+    _record_verified(pgdata, "kb", None)
+    _record_verified(pgdata, "kb_other", None)
+    assert json.loads((pgdata / VERIFIED_MARKER).read_text())["databases"] == ["kb", "kb_other"]
+    assert _verified_url(pgdata, "kb", None) and _verified_url(pgdata, "kb_other", None)
+    # A new postmaster starts a new record.
+    _postmaster_pid(pgdata, pid=os.getpid(), started=_this_process_started(), port=5433)
+    _record_verified(pgdata, "kb", None)
+    assert json.loads((pgdata / VERIFIED_MARKER).read_text())["databases"] == ["kb"]
+
+
+def test_corrupt_record_or_pid_file_falls_back(tmp_path: Path) -> None:
+    pgdata = tmp_path / "postgres"
+    _postmaster_pid(pgdata, pid=os.getpid(), started=_this_process_started())
+    (pgdata / VERIFIED_MARKER).write_text("{not json")
+    assert _verified_url(pgdata, "kb", None) is None
+    _record_verified(pgdata, "kb", None)  # a corrupt record is replaced, not an error
+    assert _verified_url(pgdata, "kb", None) is not None
+    (pgdata / "postmaster.pid").write_text("12\n")
+    assert _verified_url(pgdata, "kb", None) is None
+
+
+# -- the schema's one-read check ------------------------------------------------------------------
+
+def test_schema_check_sends_every_difference_to_the_migration_runner(kb: KnowledgeBase, database_url: str) -> None:
+    with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
+        assert schema_is_current(conn)
+        conn.execute("DROP PUBLICATION kb_publication")
+        conn.commit()
+        assert not schema_is_current(conn)
+    # Opening kb again repairs it through the full runner.
+    KnowledgeBase.open(kb.settings).close()
+    with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
+        assert schema_is_current(conn)
+        assert conn.execute("SELECT count(*) AS n FROM pg_publication WHERE pubname = 'kb_publication'").fetchone()["n"] == 1
+        # An edited migration: the quick check does not vouch for it, and opening says so.
+        conn.execute("UPDATE kb.schema_migrations SET checksum = 'edited' WHERE name = "
+                     "(SELECT min(name) FROM kb.schema_migrations WHERE name NOT LIKE 'procrastinate/%')")
+        conn.commit()
+        assert not schema_is_current(conn)
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        KnowledgeBase.open(kb.settings)
+
+
+def test_schema_check_on_an_empty_database_is_false(pg_server: str) -> None:
+    from conftest import run_admin, with_database
+
+    run_admin(pg_server, "drop_database", database="kb_t_empty")
+    run_admin(pg_server, "create_database", database="kb_t_empty")
+    try:
+        with psycopg.connect(with_database(pg_server, "kb_t_empty"), row_factory=psycopg.rows.dict_row) as conn:
+            assert not schema_is_current(conn)
+    finally:
+        run_admin(pg_server, "drop_database", database="kb_t_empty")
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+def test_quick_commands_leave_the_collector_running(kb: KnowledgeBase, kb_env: dict[str, str], monkeypatch) -> None:
+    kb.create_workspace(1)
+    with kb.transaction(1, "one note", "alice") as tx:
+        tx.write("/documents/Note.md", "# Note\n\nbody\n")
+    for key, value in kb_env.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+    for args in (["log", "-w", "1"], ["read", "/documents/Note.md", "-w", "1"], ["status", "-w", "1"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0, result.output
+        assert gc.isenabled(), args
+    monkeypatch.setenv("KB_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")  # fails in open
+    result = runner.invoke(main, ["log", "-w", "1"])
+    assert result.exit_code == 1 and gc.isenabled()
+
+
+def test_a_closed_pipe_ends_the_command_quietly(kb: KnowledgeBase, kb_env: dict[str, str]) -> None:
+    """``kb log | head -1``: once the reader is gone, kb stops without an error message (before the
+    fix: ``kb: unexpected error: BrokenPipeError``)."""
+    kb.create_workspace(1)
+    for i in range(3):
+        with kb.transaction(1, f"note {i}", "alice") as tx:
+            tx.write(f"/documents/Note {i}.md", f"# Note {i}\n")
+    for command in (["log", "-w", "1"], ["status", "-w", "1"], ["read", "/documents/Note 1.md", "-w", "1"]):
+        process = subprocess.Popen([sys.executable, "-m", "kb.cli", *command], env=kb_env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process.stdout.close()  # the reader is gone before kb writes its first line
+        stderr = process.stderr.read().decode()
+        assert process.wait(timeout=120) == 141, (command, stderr)
+        assert stderr == "", command
+    assert run_cli(kb_env, "log", "-w", "1").stdout.startswith(kb.head(1))
