@@ -325,7 +325,7 @@ class KnowledgeBase:
 
                 result["workspace"]["drift"] = drift_report(conn, workspace_id)
 
-                remote = self.remote(workspace_id).status_or_none()  # issue 18: URL redacted
+                remote = self.remote(workspace_id).status_or_none(conn)  # issue 18: URL redacted
                 result["workspace"]["remote"] = None if remote is None else remote.__dict__
             result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
             result["job_health"] = conn.execute(queries["job_health"]).fetchall()

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from kb import database
@@ -32,6 +33,9 @@ from kb.faults import fault_point
 from kb.settings import Settings
 from kb.sql import queries
 from kb.store import KnowledgeStore
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -225,10 +229,13 @@ class Remote:
             conn.execute(queries["defer_push_if_remote"], {"workspace_id": self.workspace_id})
         return self.status()
 
-    def status_or_none(self) -> RemoteStatus | None:
-        """The remote and its push state, or None when the workspace has none."""
-        with database.connect(self.store.database_url) as conn:
-            row = conn.execute(queries["remote_status"], {"workspace_id": self.workspace_id}).fetchone()
+    def status_or_none(self, conn: psycopg.Connection | None = None) -> RemoteStatus | None:
+        """The remote and its push state, or None when the workspace has none. ``conn``: an open
+        connection to read it on (``kb status`` passes its own), else one is opened."""
+        if conn is None:
+            with database.connect(self.store.database_url) as own:
+                return self.status_or_none(own)
+        row = conn.execute(queries["remote_status"], {"workspace_id": self.workspace_id}).fetchone()
         if row is None:
             return None
         return RemoteStatus(row["workspace_id"], redact_url(row["url"]), row["branch"], row["last_pushed_revision"],
