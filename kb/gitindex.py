@@ -112,6 +112,31 @@ class IndexFile:
             self.names.insert(i, path)
             self.entries.insert(i, entry)
 
+    def move_many(self, pairs: list[tuple[bytes, bytes]]) -> set[bytes]:
+        """Give the stage-0 entry of each ``old`` the path ``new`` (``(old, new)`` pairs), its stat
+        data and blob kept: for files whose folder was renamed on disk, which leaves the files' own
+        inodes untouched. One re-sort for the batch. Returns the ``new`` paths done; a pair whose
+        ``old`` has no plain entry, or whose ``new`` already has one, is left alone."""
+        by_name = dict(zip(self.names, self.entries))
+        done: set[bytes] = set()
+        if len(by_name) != len(self.names):  # conflict stages share a name: leave such an index alone
+            return done
+        for old, new in pairs:
+            entry = by_name.get(old)
+            if entry is None or new in by_name:
+                continue
+            fields = _ENTRY.unpack_from(entry, 0)
+            if fields[11] & _EXTENDED:
+                continue
+            head = _ENTRY.pack(*fields[:11], (fields[11] & ~_NAMEMASK) | min(len(new), _NAMEMASK))
+            del by_name[old]
+            by_name[new] = head + new + b"\0" * (_entry_length(len(new), False) - len(head) - len(new))
+            done.add(new)
+        if done:
+            self.names = sorted(by_name)
+            self.entries = [by_name[name] for name in self.names]
+        return done
+
     def describes(self, path: bytes, st: os.stat_result, sha_hex: str) -> bool:
         """True when the entry of ``path`` records blob ``sha_hex`` and the file's ``st`` (size,
         mtime, inode) is unchanged since: the file on disk holds exactly that blob."""
