@@ -24,6 +24,7 @@ from pathlib import Path
 
 _HEADER = struct.Struct(">4sLL")
 _ENTRY = struct.Struct(">LLLLLLLLLL20sH")  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
+_FLAGS = struct.Struct(">H")
 _EXTENDED = 0x4000
 _NAMEMASK = 0x0FFF
 LOCK_WAIT_SECONDS = 2.0
@@ -71,18 +72,20 @@ class IndexFile:
         if magic != b"DIRC" or version not in (2, 3):
             raise UnsupportedIndex(f"index version {version} is not handled here")
         self.version = version
-        offset, unpack, names, entries = _HEADER.size, _ENTRY.unpack_from, self.names, self.entries
+        # One pass, inlined (this runs whenever another process wrote the index: O(entries) in
+        # Python, so per entry only the flags are unpacked).
+        offset, names, entries = _HEADER.size, self.names, self.entries
+        flags_of, fixed = _FLAGS.unpack_from, _ENTRY.size
         for _ in range(count):
-            flags = unpack(data, offset)[11]
-            extended = bool(flags & _EXTENDED)
-            start = offset + _ENTRY.size + (2 if extended else 0)
+            flags = flags_of(data, offset + fixed - 2)[0]
+            start = offset + fixed + (2 if flags & _EXTENDED else 0)
             length = flags & _NAMEMASK
             if length == _NAMEMASK:
                 length = data.index(b"\0", start) - start
-            size = _entry_length(length, extended)
+            end = offset + ((start - offset + length + 8) & ~7)
             names.append(data[start:start + length])
-            entries.append(data[offset:offset + size])
-            offset += size
+            entries.append(data[offset:end])
+            offset = end
         while offset < len(data) - 20:  # extensions: 4-byte signature, 4-byte size, payload
             signature_bytes, size = struct.unpack_from(">4sL", data, offset)
             if signature_bytes not in _SAFE_EXTENSIONS:

@@ -13,24 +13,26 @@ from __future__ import annotations
 import atexit
 import collections
 import errno
+import hashlib
 import os
 import shutil
 import stat
 import time
 import weakref
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
-from dulwich.errors import NotTreeError
+from dulwich.errors import ChecksumMismatch, NotTreeError, ObjectFormatException
 from dulwich.file import FileLocked
 from dulwich.index import index_entry_from_stat
-from dulwich.object_store import tree_lookup_path
-from dulwich.objects import Blob, Commit, Tree
+from dulwich.object_store import DiskObjectStore, tree_lookup_path
+from dulwich.objects import Blob, Commit, Tree, object_header
 from dulwich.repo import Repo
 
-from kb.errors import DocumentNotFound, KbError, RevisionNotFound
+from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError
 from kb.gitindex import IndexFile, UnsupportedIndex
 from kb.paths import name_key
 from kb.tree_layout import LayoutCache, apply_changes
@@ -82,6 +84,34 @@ def _retry_reads_across_packing(store) -> None:
     store.get_raw = get_raw
 
 
+_LAYOUT_SEEN, _KEYS_SEEN = "_layout_seen", "_keys_seen"
+_READ_ERRORS = (ChecksumMismatch, ObjectFormatException, zlib.error, OSError)
+"""What dulwich or the OS raise for an object that exists but cannot be read (corrupt, I/O error)."""
+
+
+def _changed_names(old: Tree, new: Tree) -> set[bytes]:
+    """Names whose entry differs between two versions of a folder (added, removed or changed):
+    one set operation over the entry dicts, in C, instead of Python work per entry."""
+    return {name for name, _ in old._entries.items() ^ new._entries.items()}
+
+
+def _patched_keys(base: dict, tree: Tree, names) -> dict:
+    """A folder's key map (``Repository.folder_keys``) for ``tree``, from ``base`` (the map of
+    another version of the folder) by re-keying only ``names`` (bytes), the entries that differ."""
+    keys = dict(base)
+    for raw_name in names:
+        name = raw_name.decode()
+        key = name_key(name)
+        entries = [e for e in keys.get(key, ()) if e[0] != name]
+        if raw_name in tree:
+            entries.append((name, "folder" if stat.S_ISDIR(tree[raw_name][0]) else "file"))
+        if entries:
+            keys[key] = tuple(entries)
+        else:
+            keys.pop(key, None)
+    return keys
+
+
 def _loose_compression_as_git(repo: Repo) -> None:
     """Compress loose objects at git's default level unless the config names one (a big folder's
     tree is rewritten as a loose object on every revision that touches it)."""
@@ -128,9 +158,38 @@ class Repository:
         if cached is not None:
             self._objects.move_to_end(sha)
             return cached
-        obj = self._repo.object_store[sha]
+        obj = self._read_object(sha)
         self._remember(obj)
         return obj
+
+    def _read_object(self, sha: bytes):
+        """``object_store[sha]``, parsing a loose object once (dulwich parses it, re-serializes it and
+        parses it again: ~10 ms for a 4,612-entry tree) and checking its id as dulwich does.
+        Raises KeyError (absent), StorageError (a corrupt or unreadable object, SPEC §14)."""
+        store = self._repo.object_store
+        try:
+            obj = store._get_loose_object(sha) if isinstance(store, DiskObjectStore) else None
+            if obj is None:  # packed (or packed away meanwhile): dulwich's own path
+                return store[sha]
+            digest = hashlib.sha1(object_header(obj.type_num, obj.raw_length()))
+            for chunk in obj.as_raw_chunks():
+                digest.update(chunk)
+            if digest.hexdigest().encode() != sha:
+                raise ChecksumMismatch(sha, digest.hexdigest().encode())
+            return obj
+        except KeyError:
+            raise
+        except _READ_ERRORS as exc:
+            raise self._damaged(sha, exc) from None
+
+    def _damaged(self, sha: bytes, exc: BaseException) -> StorageError:
+        """The StorageError for object ``sha`` that cannot be read (``exc``: dulwich's or the OS's)."""
+        reason = (str(exc).strip().splitlines() or [""])[0][:160] or type(exc).__name__
+        return StorageError(
+            f"object {sha.decode(errors='replace')} in {self.path} cannot be read ({type(exc).__name__}: {reason}); "
+            "the repository is damaged or the disk failed: run `kb fsck`, then restore the workspace "
+            "from a backup or its remote"
+        )
 
     def _remember(self, obj) -> None:
         self._objects[obj.id] = obj
@@ -205,8 +264,8 @@ class Repository:
         """The commit object of ``revision`` (full id or unique prefix); raises RevisionNotFound."""
         revision = self.resolve(revision)
         try:
-            obj = self._repo.object_store[revision.encode()]
-        except (KeyError, ValueError, AssertionError):
+            obj = self._read_object(revision.encode())
+        except (KeyError, AssertionError):
             raise RevisionNotFound(f"revision {revision!r} is not in this workspace's history") from None
         if not isinstance(obj, Commit):
             raise RevisionNotFound(f"{revision!r} is not a revision (commit) id")
@@ -315,7 +374,7 @@ class Repository:
     def blob(self, blob_id: str) -> bytes:
         """The bytes of a blob; raises DocumentNotFound for an unknown id."""
         try:
-            return self._repo.object_store[blob_id.encode()].as_raw_string()
+            return self._read_object(blob_id.encode()).as_raw_string()
         except KeyError:
             raise DocumentNotFound(f"blob {blob_id} is missing from the object store") from None
 
@@ -342,13 +401,26 @@ class Repository:
             base = prefix.rstrip("/") + "/"
         else:
             base = ""
-        for entry in self._repo.object_store.iter_tree_contents(tree_id):
-            yield base + entry.path.decode(), entry.sha.decode()
+        yield from self._walk_tree(tree_id, base)
+
+    def _walk_tree(self, tree_id: bytes, base: str) -> Iterator[tuple[str, str]]:
+        """Files under one tree in tree order, read through ``_tree_object`` (cached; a damaged
+        tree raises StorageError)."""
+        for entry in self._tree_object(tree_id).iteritems():
+            path = base + entry.path.decode()
+            if stat.S_ISDIR(entry.mode):
+                yield from self._walk_tree(entry.sha, path + "/")
+            else:
+                yield path, entry.sha.decode()
 
     def diff(self, old_tree: bytes | None, new_tree: bytes | None) -> list[TreeChange]:
         """Path-level changes from one tree to another (no rename detection: moves are recorded)."""
         changes = []
-        for change in tree_changes(self._repo.object_store, old_tree, new_tree):
+        try:
+            found = list(tree_changes(self._repo.object_store, old_tree, new_tree))
+        except _READ_ERRORS as exc:
+            raise self._damaged((new_tree or old_tree or b"?"), exc) from None
+        for change in found:
             old, new = change.old, change.new
             if change.type == "add":
                 changes.append(TreeChange("added", new.path.decode(), None, new.sha.decode()))
@@ -423,7 +495,7 @@ class Repository:
                 node = child
             node[name] = None if sha is None else sha.encode()
         new_objects: list[Tree] = []
-        root = self._apply(base_tree, nested, new_objects)
+        root = self._apply(base_tree, nested, new_objects, "")
         if root is None:
             root = Tree()
             new_objects.append(root)
@@ -432,20 +504,22 @@ class Repository:
             self._remember(tree)
         return root.id
 
-    def _apply(self, tree_id: bytes | None, nested: dict, new_objects: list) -> Tree | None:
-        """Apply ``nested`` ({name: blob sha | None | {sub-changes}}) to a tree; None if empty.
-        Only the changed entries are spliced into the base's layout (``kb.tree_layout``)."""
+    def _apply(self, tree_id: bytes | None, nested: dict, new_objects: list, path: str) -> Tree | None:
+        """Apply ``nested`` ({name: blob sha | None | {sub-changes}}) to the tree at folder ``path``
+        ("" for the root); None if empty. Only the changed entries are spliced into the base's
+        layout (``kb.tree_layout``)."""
         base = None if tree_id is None else self._tree_object(tree_id)
         changes: dict[bytes, tuple[int, bytes] | None] = {}
         for name, change in nested.items():
             if isinstance(change, dict):
                 existing = base[name] if base is not None and name in base else None
                 sub_base = existing[1] if existing and stat.S_ISDIR(existing[0]) else None
-                subtree = self._apply(sub_base, change, new_objects)
+                subtree = self._apply(sub_base, change, new_objects,
+                                      f"{path}/{name.decode(errors='surrogateescape')}".lstrip("/"))
                 changes[name] = None if subtree is None else (stat.S_IFDIR, subtree.id)
             else:
                 changes[name] = None if change is None else (FILE_MODE, change)
-        layout = None if base is None else self._layouts.get(base)
+        layout = None if base is None else self._layout_of(base, path)
         built = None if base is not None and layout is None else apply_changes(base, layout, changes)
         if built is None:  # a base tree not in git order: let dulwich rebuild (and sort) it whole
             tree = base.copy()
@@ -459,11 +533,42 @@ class Repository:
             tree, layout = built
             if len(tree):
                 self._layouts.put(tree.id, layout)
+                self._seen(_LAYOUT_SEEN, path, tree.id)
         if not len(tree):
             return None
         new_objects.append(tree)
-        self._derive_keys(tree_id, tree, nested)
+        self._derive_keys(tree_id, tree, nested, path)
         return tree
+
+    def _seen(self, kind: str, folder: str, sha: bytes | None = None) -> bytes | None:
+        """The tree id last laid out / keyed at ``folder`` by this process (``kind``), after
+        recording ``sha`` as such when given. Another process's revision of a big folder is then
+        derived from it by its changed entries (``_changed_names``) instead of from scratch."""
+        seen = self.__dict__.setdefault(kind, collections.OrderedDict())
+        if sha is not None:
+            seen[folder] = sha
+            seen.move_to_end(folder)
+            if len(seen) > FOLDER_CACHE_SIZE:
+                seen.popitem(last=False)
+        return seen.get(folder)
+
+    def _layout_of(self, tree: Tree, folder: str):
+        """The layout of ``tree`` (at ``folder``): cached, else derived from the layout of the tree
+        last laid out there (a revision another process made), else parsed from its text."""
+        layout = self._layouts.peek(tree.id)
+        previous = self._seen(_LAYOUT_SEEN, folder) if layout is None else None
+        old_layout = self._layouts.peek(previous) if previous is not None else None
+        if old_layout is not None:
+            old = self._tree_object(previous)
+            built = apply_changes(old, old_layout, {n: tree._entries.get(n) for n in _changed_names(old, tree)})
+            if built is not None and built[0].id == tree.id:  # the same text: the derivation holds
+                layout = built[1]
+                self._layouts.put(tree.id, layout)
+        if layout is None:
+            layout = self._layouts.get(tree)
+        if layout is not None:
+            self._seen(_LAYOUT_SEEN, folder, tree.id)
+        return layout
 
     # -- collision keys per folder (SPEC §2.2), O(changed entries) per revision ---------------
     def folder_keys(self, tree_id: bytes | None, folder: str) -> dict[str, tuple[tuple[str, str], ...]]:
@@ -482,13 +587,21 @@ class Repository:
         cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
         keys = cache.get(sha)
         if keys is None:
-            keys = {}
-            for name, kind in self._folder_entries(sha):
-                keys.setdefault(name_key(name), []).append((name, kind))
-            keys = {k: tuple(v) for k, v in keys.items()}
+            tree = self._tree_object(sha)
+            previous = self._seen(_KEYS_SEEN, folder)
+            if previous is not None and previous in cache:  # another revision of this folder: patch it
+                keys = _patched_keys(cache[previous], tree, _changed_names(self._tree_object(previous), tree))
+            else:
+                grouped: dict[str, list[tuple[str, str]]] = {}
+                for raw_name, (entry_mode, _) in tree._entries.items():
+                    name = raw_name.decode()
+                    grouped.setdefault(name_key(name), []).append(
+                        (name, "folder" if stat.S_ISDIR(entry_mode) else "file"))
+                keys = {k: tuple(v) for k, v in grouped.items()}
             self._cache_keys(sha, keys)
         else:
             cache.move_to_end(sha)
+        self._seen(_KEYS_SEEN, folder, sha)
         return keys
 
     def _cache_keys(self, sha: bytes, keys: dict) -> None:
@@ -497,24 +610,14 @@ class Repository:
         if len(cache) > 32:
             cache.popitem(last=False)
 
-    def _derive_keys(self, base_id: bytes | None, tree: Tree, nested: dict) -> None:
+    def _derive_keys(self, base_id: bytes | None, tree: Tree, nested: dict, folder: str) -> None:
         """Key map of ``tree`` from its base's cached one plus the names ``nested`` changed."""
         cache = self.__dict__.get("_keys_cache")
         base = cache.get(base_id) if cache is not None and base_id is not None else None
         if base is None:
             return
-        keys = dict(base)
-        for raw_name in nested:
-            name = raw_name.decode()
-            key = name_key(name)
-            entries = [e for e in keys.get(key, ()) if e[0] != name]
-            if raw_name in tree:
-                entries.append((name, "folder" if stat.S_ISDIR(tree[raw_name][0]) else "file"))
-            if entries:
-                keys[key] = tuple(entries)
-            else:
-                keys.pop(key, None)
-        self._cache_keys(tree.id, keys)
+        self._cache_keys(tree.id, _patched_keys(base, tree, nested))
+        self._seen(_KEYS_SEEN, folder, tree.id)
 
     def make_commit(
         self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str

@@ -152,6 +152,13 @@ class LayoutCache:
             self.put(tree.id, layout)
         return layout
 
+    def peek(self, tree_id: bytes) -> TreeLayout | None:
+        """The cached layout of ``tree_id``, or None (never computed here)."""
+        layout = self._layouts.get(tree_id)
+        if layout is not None:
+            self._layouts.move_to_end(tree_id)
+        return layout
+
     def put(self, tree_id: bytes, layout: TreeLayout) -> None:
         """Remember ``layout`` as the layout of ``tree_id``."""
         self._layouts[tree_id] = layout

@@ -132,3 +132,30 @@ def test_loose_objects_use_gits_compression_unless_configured(tmp_path):
     repo = Repository.open(tmp_path / "default")
     assert repo._repo.object_store.loose_compression_level == 9
     repo.close()
+
+
+def test_another_writers_revision_of_a_folder_is_keyed_and_laid_out_from_the_last_one(tmp_path):
+    """Two Repository objects on one repository (two processes): each derives the collision keys
+    and the layout of the other's new version of a folder from its own last one; the result equals
+    keying and serializing that version from scratch."""
+    ours, theirs = Repository.create(tmp_path / "repo"), Repository.open(tmp_path / "repo")
+    blob = ours.add_blob(b"x\n")
+    tree = ours.build_tree(None, [(f"documents/Flat/note {i}.md", blob) for i in range(300)])
+    assert ours.folder_keys(tree, "documents/Flat")["note 7.md"] == (("note 7.md", "file"),)
+    for step, changes in enumerate([
+        [("documents/Flat/NOTE 7.md", blob), ("documents/Flat/note 8.md", None)],
+        [("documents/Flat/Café.md", blob), ("documents/Flat/sub/x.md", blob)],
+        [("documents/Flat/note 7.md", None), ("documents/Flat/sub/x.md", None)],
+    ]):
+        tree = theirs.build_tree(tree, changes)
+        fresh = Repository.open(tmp_path / "repo")
+        def keyed(repo):  # {key: set of (name, kind)}: the order within a key carries no meaning
+            return {key: set(names) for key, names in repo.folder_keys(tree, "documents/Flat").items()}
+
+        assert keyed(ours) == keyed(fresh), step
+        fresh.close()
+        tree = ours.build_tree(tree, [(f"documents/Flat/ours {step}.md", blob)])
+        files = dict(ours.walk(tree))
+        assert tree == reference_tree(ours._repo.object_store, files), step
+    ours.close()
+    theirs.close()

@@ -76,3 +76,25 @@ def test_folder_moves_file_by_file_when_it_holds_more_or_the_target_exists(kb):
     assert not (repo / "documents" / "B").exists()
     (repo / "documents" / "A" / "stray.txt").unlink()
     clean(repo)
+
+
+def test_index_written_by_git_round_trips(tmp_path):
+    """The index updater parses what git writes (v3, an extended intent-to-add entry, a long name)
+    and writes it back unchanged."""
+    from kb.gitindex import IndexFile
+
+    repo = tmp_path / "r"
+    git(tmp_path, "init", "-q", str(repo))
+    for i in range(20):
+        (repo / f"f{i}.md").write_text(str(i))
+    (repo / ("n" * 200)).write_text("long")
+    git(repo, "add", "-A")
+    git(repo, "update-index", "--index-version", "3")
+    (repo / "new.md").write_text("n")
+    git(repo, "add", "-N", "new.md")  # intent-to-add: an extended entry
+    before = (repo / ".git" / "index").read_bytes()
+    index = IndexFile(repo / ".git" / "index")
+    index.load()
+    assert len(index.names) == 22 and index.version == 3 and b"n" * 200 in index.names
+    index.write()
+    assert (repo / ".git" / "index").read_bytes() == before
