@@ -38,8 +38,12 @@ def check_case_collisions(repo: "Repository", head_tree: bytes | None, effective
         for depth in range(2, len(parts) + 1):
             parent, name = "/".join(parts[: depth - 1]), parts[depth - 1]
             new_children.setdefault(parent, {}).setdefault(name_key(name), set()).add(name)
-    def head_siblings(parent: str) -> dict[str, tuple[tuple[str, str], ...]]:
-        return repo.folder_keys(head_tree, parent)
+    siblings: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {}
+
+    def head_siblings(parent: str) -> dict[str, tuple[tuple[str, str], ...]]:  # one lookup per folder
+        if parent not in siblings:
+            siblings[parent] = repo.folder_keys(head_tree, parent)
+        return siblings[parent]
 
     def survives(path: str, kind: str) -> bool:
         if kind == "file":

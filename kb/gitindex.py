@@ -24,6 +24,7 @@ from pathlib import Path
 
 _HEADER = struct.Struct(">4sLL")
 _ENTRY = struct.Struct(">LLLLLLLLLL20sH")  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
+_FLAGS = struct.Struct(">H")
 _EXTENDED = 0x4000
 _NAMEMASK = 0x0FFF
 LOCK_WAIT_SECONDS = 2.0
@@ -71,18 +72,20 @@ class IndexFile:
         if magic != b"DIRC" or version not in (2, 3):
             raise UnsupportedIndex(f"index version {version} is not handled here")
         self.version = version
-        offset, unpack, names, entries = _HEADER.size, _ENTRY.unpack_from, self.names, self.entries
+        # One pass, inlined (this runs whenever another process wrote the index: O(entries) in
+        # Python, so per entry only the flags are unpacked).
+        offset, names, entries = _HEADER.size, self.names, self.entries
+        flags_of, fixed = _FLAGS.unpack_from, _ENTRY.size
         for _ in range(count):
-            flags = unpack(data, offset)[11]
-            extended = bool(flags & _EXTENDED)
-            start = offset + _ENTRY.size + (2 if extended else 0)
+            flags = flags_of(data, offset + fixed - 2)[0]
+            start = offset + fixed + (2 if flags & _EXTENDED else 0)
             length = flags & _NAMEMASK
             if length == _NAMEMASK:
                 length = data.index(b"\0", start) - start
-            size = _entry_length(length, extended)
+            end = offset + ((start - offset + length + 8) & ~7)
             names.append(data[start:start + length])
-            entries.append(data[offset:offset + size])
-            offset += size
+            entries.append(data[offset:end])
+            offset = end
         while offset < len(data) - 20:  # extensions: 4-byte signature, 4-byte size, payload
             signature_bytes, size = struct.unpack_from(">4sL", data, offset)
             if signature_bytes not in _SAFE_EXTENSIONS:
@@ -111,6 +114,31 @@ class IndexFile:
         else:
             self.names.insert(i, path)
             self.entries.insert(i, entry)
+
+    def move_many(self, pairs: list[tuple[bytes, bytes]]) -> set[bytes]:
+        """Give the stage-0 entry of each ``old`` the path ``new`` (``(old, new)`` pairs), its stat
+        data and blob kept: for files whose folder was renamed on disk, which leaves the files' own
+        inodes untouched. One re-sort for the batch. Returns the ``new`` paths done; a pair whose
+        ``old`` has no plain entry, or whose ``new`` already has one, is left alone."""
+        by_name = dict(zip(self.names, self.entries))
+        done: set[bytes] = set()
+        if len(by_name) != len(self.names):  # conflict stages share a name: leave such an index alone
+            return done
+        for old, new in pairs:
+            entry = by_name.get(old)
+            if entry is None or new in by_name:
+                continue
+            fields = _ENTRY.unpack_from(entry, 0)
+            if fields[11] & _EXTENDED:
+                continue
+            head = _ENTRY.pack(*fields[:11], (fields[11] & ~_NAMEMASK) | min(len(new), _NAMEMASK))
+            del by_name[old]
+            by_name[new] = head + new + b"\0" * (_entry_length(len(new), False) - len(head) - len(new))
+            done.add(new)
+        if done:
+            self.names = sorted(by_name)
+            self.entries = [by_name[name] for name in self.names]
+        return done
 
     def describes(self, path: bytes, st: os.stat_result, sha_hex: str) -> bool:
         """True when the entry of ``path`` records blob ``sha_hex`` and the file's ``st`` (size,
