@@ -151,24 +151,32 @@ def fuse(legs: list[tuple[float, list[int]]], rrf_k: float = RRF_K) -> list[tupl
 
 def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, vector_text: str, query: str,
                 limit: int) -> list[dict]:
-    """Both legs' chunks with their ranks and envelope fields, in one round trip (pipelined with
-    the transaction's HNSW settings); the exact vector leg again if the index came back short."""
+    """Both legs' chunks with their ranks and envelope fields, in one round trip (``_fetch``); the
+    exact vector leg again if the index came back short."""
     params = {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
               **_lexical_params(query)}
     template = sql.SQL(queries["search_candidates"].rstrip().rstrip(";"))
     lexical = sql.SQL(queries["lexical_leg"].rstrip().rstrip(";"))
     statement, approximate = _vector_statement(conn, workspace_id, model)
-    # the settings (local to the transaction the connection is in) and the statement go out
-    # together and come back in one round trip
-    with conn.pipeline():
-        if approximate:
-            vector_index.scan_settings(conn, limit)
-        cursor = conn.execute(template.format(vector_leg=statement, lexical_leg=lexical), params)
-    rows = cursor.fetchall()
+    rows = _fetch(conn, template.format(vector_leg=statement, lexical_leg=lexical), params,
+                  hnsw_limit=limit if approximate else None)
     if approximate and sum(1 for r in rows if r["vector_rank"] is not None) < limit:
         exact = sql.SQL(queries["vector_leg"].rstrip().rstrip(";"))
-        rows = conn.execute(template.format(vector_leg=exact, lexical_leg=lexical), params).fetchall()
+        rows = _fetch(conn, template.format(vector_leg=exact, lexical_leg=lexical), params)
     return rows
+
+
+def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
+           hnsw_limit: int | None = None) -> list[dict]:
+    """Rows of ``statement`` in one round trip: the transaction (a savepoint inside an open one),
+    the HNSW settings local to it (when ``hnsw_limit`` is given), the statement and the commit are
+    pipelined, so a pooled connection goes back idle, with no COMMIT left for the pool to send."""
+    with conn.pipeline():
+        with conn.transaction():
+            if hnsw_limit is not None:
+                vector_index.scan_settings(conn, hnsw_limit)
+            cursor = conn.execute(statement, params)
+    return cursor.fetchall()
 
 
 class BlobLines:
