@@ -180,26 +180,33 @@ def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
 
 
 class BlobLines:
-    """Lines of blobs by (repository, blob id), the most recent ``size`` kept (blobs never change)."""
+    """Lines of blobs by (repository, blob id), the most recently used kept up to ``max_chars``
+    characters in all (blobs never change, so an entry is never stale). Bounded by size rather
+    than count: a search reads up to k blobs, and a process serving searches keeps its hot
+    documents (the default, 16 M characters, holds every page of the tldr corpus)."""
 
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._lines: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
+    def __init__(self, max_chars: int = 16_000_000) -> None:
+        self.max_chars = max_chars
+        self._lines: OrderedDict[tuple[str, str], tuple[list[str], int]] = OrderedDict()
+        self._chars = 0
         self._lock = threading.Lock()
 
     def get(self, repo: Repository, blob_id: str) -> list[str]:
         """``document_lines`` of the blob; raises what ``repo.blob`` raises."""
         key = (str(repo.path), blob_id)
         with self._lock:
-            lines = self._lines.get(key)
-            if lines is not None:
+            entry = self._lines.get(key)
+            if entry is not None:
                 self._lines.move_to_end(key)
-                return lines
+                return entry[0]
         lines = document_lines(repo.blob(blob_id))
+        size = sum(map(len, lines)) + len(lines)
         with self._lock:
-            self._lines[key] = lines
-            while len(self._lines) > self.size:
-                self._lines.popitem(last=False)
+            if key not in self._lines and size <= self.max_chars:
+                self._lines[key] = (lines, size)
+                self._chars += size
+                while self._chars > self.max_chars:
+                    self._chars -= self._lines.popitem(last=False)[1][1]
         return lines
 
 

@@ -57,3 +57,29 @@ def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_g
     with database.pooled_connection(kb.database_url) as conn:
         assert len(search(conn, kb.store(1).repository, embedder, 1, "topic3 words", k=5)) == 5
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_blob_lines_are_cached_by_blob_id_within_a_character_budget():
+    from kb.search import BlobLines
+
+    class Repo:
+        path = "/repo"
+        reads = 0
+
+        def blob(self, blob_id: str) -> bytes:
+            self.reads += 1
+            return (blob_id * 10 + "\n").encode() * 3  # three lines of 10 characters: 33 in all
+
+    repo, cache = Repo(), BlobLines(max_chars=100)
+    assert cache.get(repo, "a") == ["a" * 10] * 3 and cache.get(repo, "a") == ["a" * 10] * 3
+    assert repo.reads == 1
+    cache.get(repo, "b")
+    cache.get(repo, "a")  # a is now the most recently used
+    cache.get(repo, "c")
+    cache.get(repo, "d")  # over budget: the least recently used (b) goes
+    reads = repo.reads
+    cache.get(repo, "a")
+    cache.get(repo, "d")
+    assert repo.reads == reads
+    cache.get(repo, "b")
+    assert repo.reads == reads + 1
