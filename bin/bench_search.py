@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -248,7 +249,7 @@ def main() -> None:
         def pct(values, q):
             return 1000 * values[int(q * (len(values) - 1))]
 
-        figures = {"chunks": size, "queries": len(samples),
+        figures = {"chunks": size, "queries": len(samples), "load_average": os.getloadavg(),
                    "kb_p50_ms": 1000 * statistics.median(kb_times), "kb_p95_ms": pct(kb_times, 0.95),
                    "numpy_p50_ms": 1000 * statistics.median(numpy_times), "numpy_p95_ms": pct(numpy_times, 0.95),
                    "vector_recall_at_10": statistics.mean(recalls), "min_envelopes": min(counts)}
@@ -257,7 +258,8 @@ def main() -> None:
         print(f"workspace {ws} ({size} chunks, {result['table_chunks']} in the table): kb.search p50 "
               f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms | numpy exact top-10 p50 "
               f"{figures['numpy_p50_ms']:.1f} ms p95 {figures['numpy_p95_ms']:.1f} ms | vector leg recall@10 "
-              f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K}",
+              f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K} | "
+              f"load average {' '.join(f'{x:.2f}' for x in figures['load_average'])}",
               flush=True)
     database.close_pools()
     out = ROOT / "bench-results"

@@ -151,7 +151,7 @@ def fuse(legs: list[tuple[float, list[int]]], rrf_k: float = RRF_K) -> list[tupl
 
 def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, vector_text: str, query: str,
                 limit: int) -> list[dict]:
-    """Both legs' chunks with their ranks and envelope fields, in one round trip (``_fetch``); the
+    """Both legs' chunks with their ranks and envelope fields from one statement (``_fetch``); the
     exact vector leg again if the index came back short."""
     params = {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
               **_lexical_params(query)}
@@ -168,15 +168,17 @@ def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, vector_
 
 def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
            hnsw_limit: int | None = None) -> list[dict]:
-    """Rows of ``statement`` in one round trip: the transaction (a savepoint inside an open one),
-    the HNSW settings local to it (when ``hnsw_limit`` is given), the statement and the commit are
-    pipelined, so a pooled connection goes back idle, with no COMMIT left for the pool to send."""
-    with conn.pipeline():
-        with conn.transaction():
-            if hnsw_limit is not None:
-                vector_index.scan_settings(conn, hnsw_limit)
-            cursor = conn.execute(statement, params)
-    return cursor.fetchall()
+    """Rows of ``statement`` in a transaction of its own (a savepoint inside an open one), with
+    the HNSW settings local to it when ``hnsw_limit`` is given; a pooled connection goes back idle.
+
+    Plain round trips, not a pipeline: on a local socket each costs a fraction of a millisecond,
+    and psycopg's pipeline mode measured slower (same run, order rotated per query, load ~12 on
+    2 cores, 10,000-chunk workspace: pipelined transaction p50 69.6 ms, plain transaction 62.8 ms,
+    settings and statement pipelined then COMMIT 64.2 ms)."""
+    with conn.transaction():
+        if hnsw_limit is not None:
+            vector_index.scan_settings(conn, hnsw_limit)
+        return conn.execute(statement, params).fetchall()
 
 
 class BlobLines:

@@ -28,7 +28,7 @@ def test_vector_leg_only_compares_vectors_of_the_active_model(kb, tmp_path):
     assert [e.path for e in kb.search(1, "gardening 3", k=1)] == ["/documents/n3.md"]
 
 
-def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_goes_back_idle(kb, monkeypatch):
+def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_comes_back_idle(kb, monkeypatch):
     import psycopg
 
     from kb import database, vector_index
@@ -52,8 +52,8 @@ def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_g
     vector_index.forget_cached()
     found = kb.search(1, "zyxwvut", k=12)
     assert sorted(e.path for e in found) == sorted(f"/documents/p{i}.md" for i in range(48, 60))
-    # one round trip: the settings, the statement and the commit are pipelined, so the pooled
-    # connection comes back idle (no COMMIT left for the pool to send)
+    # the search runs in a transaction of its own, so the pooled connection comes back idle (no
+    # COMMIT left for the pool to send, nothing held open)
     with database.pooled_connection(kb.database_url) as conn:
         assert len(search(conn, kb.store(1).repository, embedder, 1, "topic3 words", k=5)) == 5
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
