@@ -8,7 +8,11 @@ one ``kb.chunks`` table. A chunk is one paragraph of a tldr page with its true l
 envelopes render real excerpts); replicas past the corpus' paragraphs carry a "variant N" suffix
 so every text and vector differs. Vectors come from the hashing embedder (lexical feature
 hashing: fine for latency, which does not depend on what the 384 floats mean; say so with the
-figures). tsv is built as the indexer builds it.
+figures), or with ``--minilm`` from the real all-MiniLM-L6-v2 model, whose clustered vectors are
+what the HNSW recall must hold on. MiniLM on this CPU embeds tens of texts a second, so its
+vectors are kept in a file cache keyed by the SHA-256 of each text (``--work``/minilm-vectors.npz,
+written as it goes): a second run, or one interrupted, embeds only what is missing.
+tsv is built as the indexer builds it.
 
 Timed, per query, interleaved round by round:
 
@@ -23,7 +27,7 @@ Workspaces past kb.vector_index.HNSW_MIN_CHUNKS get their partial HNSW index fir
 Also: the vector leg's recall@10 against the numpy exact top-10 (tie-aware), and that every search
 returned k envelopes.
 
-Usage: python bin/bench_search.py [--sizes 10000 100000] [--other 20000] [--queries 200]
+Usage: python bin/bench_search.py [--sizes 10000 100000] [--other 20000] [--queries 200] [--minilm]
 Prints the figures and writes bench-results/search-<time>.json. Uses its own embedded Postgres
 under --work (default /tmp/kb-bench-search) unless KB_DATABASE_URL is set.
 """
@@ -31,7 +35,9 @@ under --work (default /tmp/kb-bench-search) unless KB_DATABASE_URL is set.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -56,15 +62,55 @@ from kb.sql import queries  # noqa: E402
 K = 10
 
 
-class PrecomputedEmbedder(HashingEmbedder):
-    """The hashing model's space, answering queries from vectors computed before the timing."""
+class PrecomputedEmbedder:
+    """A model's space (name, dimension, languages), answering queries from vectors computed
+    before the timing."""
 
-    def __init__(self, vectors: dict[str, np.ndarray]) -> None:
-        super().__init__(384)
+    semantic = False
+
+    def __init__(self, source, vectors: dict[str, np.ndarray]) -> None:
+        self.model, self.dim = source.model, source.dim
+        self.languages = getattr(source, "languages", None)
         self.vectors = vectors
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return np.stack([self.vectors[t] for t in texts])
+
+
+class CachedEmbedder:
+    """``embedder`` behind a file of the vectors it made, keyed by SHA-256 of the text (an .npz of
+    ``keys`` and ``vectors``), saved every ``SAVE_EVERY`` new vectors and at the end."""
+
+    SAVE_EVERY = 2000
+
+    def __init__(self, embedder, path: Path) -> None:
+        self.embedder, self.path = embedder, path
+        self.model, self.dim = embedder.model, embedder.dim
+        self.languages = getattr(embedder, "languages", None)
+        self.known: dict[bytes, np.ndarray] = {}
+        if path.exists():
+            with np.load(path) as saved:
+                self.known = dict(zip((bytes(k) for k in saved["keys"]), saved["vectors"]))
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        keys = [hashlib.sha256(t.encode()).digest() for t in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.known))
+        by_key = dict(zip(keys, texts))
+        for start in range(0, len(missing), self.SAVE_EVERY):
+            batch = missing[start : start + self.SAVE_EVERY]
+            t0 = time.perf_counter()
+            self.known.update(zip(batch, self.embedder.embed([by_key[k] for k in batch])))
+            self.save()
+            print(f"{self.model}: embedded {start + len(batch)} of {len(missing)} new texts "
+                  f"({len(batch) / (time.perf_counter() - t0):.0f}/s)", flush=True)
+        return np.stack([self.known[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
+
+    def save(self) -> None:
+        keys = list(self.known)
+        partial = self.path.with_suffix(".partial.npz")
+        np.savez(partial, keys=np.array([np.frombuffer(k, np.uint8) for k in keys]),
+                 vectors=np.stack([self.known[k] for k in keys]))
+        partial.replace(self.path)
 
 
 def paragraphs(lines: list[str]) -> list[tuple[int, int, str]]:
@@ -79,7 +125,7 @@ def paragraphs(lines: list[str]) -> list[tuple[int, int, str]]:
     return blocks
 
 
-def fill_workspace(kb: KnowledgeBase, ws: int, corpus: Path, size: int, embedder: HashingEmbedder) -> None:
+def fill_workspace(kb: KnowledgeBase, ws: int, corpus: Path, size: int, embedder) -> None:
     """Import ``corpus`` into ``ws`` and give it ``size`` synthetic chunk rows (see the docstring)."""
     kb.import_folder(corpus, ws)
     kb.project(ws)
@@ -124,6 +170,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--exact", action="store_true",
                         help="do not build the per-workspace HNSW indexes (exact scans everywhere)")
+    parser.add_argument("--minilm", action="store_true",
+                        help="real all-MiniLM-L6-v2 vectors (file-cached under --work) instead of hashing")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench-search"))
     args = parser.parse_args()
     if not args.corpus.exists():
@@ -138,22 +186,28 @@ def main() -> None:
             conn.execute(queries["create_database"].format(database='"kb_bench_search"'))
         settings = settings.model_copy(update={"database_url": url.replace("/kb_bench?", "/kb_bench_search?")})
     kb = KnowledgeBase.open(settings)
-    hashing = HashingEmbedder(384)
+    if args.minilm:
+        from kb.embedding import MiniLMEmbedder
+
+        args.work.mkdir(parents=True, exist_ok=True)
+        embedder = CachedEmbedder(MiniLMEmbedder(), args.work / "minilm-vectors.npz")
+    else:
+        embedder = HashingEmbedder(384)
     corpus = args.work / "corpus"
     shutil.rmtree(corpus, ignore_errors=True)
     shutil.copytree(args.corpus, corpus, ignore=lambda d, names: [n for n in names if n.startswith(".")])
     sizes = {ws: size for ws, size in enumerate(args.sizes, start=1)}
     sizes[len(sizes) + 1] = args.other
     for ws, size in sizes.items():
-        fill_workspace(kb, ws, corpus, size, hashing)
+        fill_workspace(kb, ws, corpus, size, embedder)
     with database.connect(kb.database_url, autocommit=True) as conn:
         conn.execute(queries["bench_analyze"])
-    result: dict = {"corpus": str(args.corpus), "model": hashing.model, "k": K, "exact_only": args.exact,
+    result: dict = {"corpus": str(args.corpus), "model": embedder.model, "k": K, "exact_only": args.exact,
                     "table_chunks": sum(sizes.values()), "workspaces": {}}
     if not args.exact:
         for ws in sizes:
             t0 = time.perf_counter()
-            change = maintain(kb.database_url, ws, hashing.model, hashing.dim)
+            change = maintain(kb.database_url, ws, embedder.model, embedder.dim)
             print(f"workspace {ws}: HNSW index {change.action} in {time.perf_counter() - t0:.0f}s", flush=True)
 
     for ws, size in list(sizes.items())[:-1]:
@@ -165,8 +219,8 @@ def main() -> None:
         matrix = np.array([json.loads(r["embedding"]) for r in rows], dtype=np.float32)
         matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
         samples = list(dict.fromkeys(samples))
-        vectors = dict(zip(samples, hashing.embed(samples)))
-        kb.use_embedder(PrecomputedEmbedder(vectors))
+        vectors = dict(zip(samples, embedder.embed(samples)))
+        kb.use_embedder(PrecomputedEmbedder(embedder, vectors))
         kb.search(ws, samples[0], k=K)  # open the pool, load the store
         kb_times, numpy_times, recalls, counts = [], [], [], []
         with database.connect(kb.database_url, autocommit=True) as conn:
@@ -183,7 +237,7 @@ def main() -> None:
                 top = np.argpartition(-scores, K)[:K]
                 exact = ids[top[np.argsort(-scores[top])]]
                 numpy_times.append(time.perf_counter() - t0)
-                leg = vector_leg(conn, ws, hashing.model, vector, K)
+                leg = vector_leg(conn, ws, embedder.model, vector, K)
                 tenth = np.sort(scores)[-K]
                 by_id = dict(zip(ids.tolist(), scores.tolist()))
                 # tie-aware: a returned row counts when it is as near as the exact 10th
@@ -195,7 +249,7 @@ def main() -> None:
         def pct(values, q):
             return 1000 * values[int(q * (len(values) - 1))]
 
-        figures = {"chunks": size, "queries": len(samples),
+        figures = {"chunks": size, "queries": len(samples), "load_average": os.getloadavg(),
                    "kb_p50_ms": 1000 * statistics.median(kb_times), "kb_p95_ms": pct(kb_times, 0.95),
                    "numpy_p50_ms": 1000 * statistics.median(numpy_times), "numpy_p95_ms": pct(numpy_times, 0.95),
                    "vector_recall_at_10": statistics.mean(recalls), "min_envelopes": min(counts)}
@@ -204,7 +258,8 @@ def main() -> None:
         print(f"workspace {ws} ({size} chunks, {result['table_chunks']} in the table): kb.search p50 "
               f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms | numpy exact top-10 p50 "
               f"{figures['numpy_p50_ms']:.1f} ms p95 {figures['numpy_p95_ms']:.1f} ms | vector leg recall@10 "
-              f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K}",
+              f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K} | "
+              f"load average {' '.join(f'{x:.2f}' for x in figures['load_average'])}",
               flush=True)
     database.close_pools()
     out = ROOT / "bench-results"

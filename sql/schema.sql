@@ -3,6 +3,7 @@
 -- that this file and all migrations applied in order produce the same catalog.
 
 CREATE EXTENSION IF NOT EXISTS vector;
+CREATE EXTENSION IF NOT EXISTS btree_gin;
 CREATE SCHEMA IF NOT EXISTS kb;
 
 -- One row per workspace. head_revision: the newest revision Postgres has recorded;
@@ -103,7 +104,9 @@ CREATE TABLE kb.chunks (
 );
 CREATE INDEX chunks_by_document ON kb.chunks (document_id, position);
 CREATE INDEX chunks_by_workspace ON kb.chunks (workspace_id);
-CREATE INDEX chunks_tsv ON kb.chunks USING gin (tsv);
+-- Full text per workspace (btree_gin), without a pending list every search would read whole
+-- (migration 0013).
+CREATE INDEX chunks_tsv ON kb.chunks USING gin (workspace_id, tsv) WITH (fastupdate = off);
 
 -- Content-addressed embedding cache, chunk level (SPEC §7): a one-line edit re-embeds only the
 -- chunks whose text changed.

@@ -52,7 +52,7 @@ candidates AS MATERIALIZED (
     -- the concatenation detoasts each tsvector once, instead of once per term below
     SELECT c.id, c.tsv || ''::tsvector AS tsv
     FROM kb.chunks c, query_terms q
-    WHERE c.workspace_id = %(workspace_id)s AND c.tsv @@ q.selector
+    WHERE c.workspace_id = %(workspace_id)s::integer AND c.tsv @@ q.selector
 )
 SELECT c.id,
        (SELECT sum(x.idf * f.tf * (%(k1)s + 1)
