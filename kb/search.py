@@ -29,7 +29,7 @@ from kb import vector_index
 from kb.citations import Envelope, document_lines, excerpt_lines
 from kb.embedding import Embedder, vector_literal
 from kb.errors import InvalidInput
-from kb.languages import detect_language, lexical_text
+from kb.languages import language_share, lexical_text
 from kb.repository import Repository
 from kb.sql import queries
 
@@ -40,21 +40,27 @@ RRF_K = 10
 """Reciprocal-rank fusion constant (SPEC §8)."""
 VECTOR_WEIGHT = 1.0
 TEXT_WEIGHT = 0.5
-UNCOVERED_VECTOR_WEIGHT = 0.01
+UNCOVERED_VECTOR_WEIGHT = 0.25
 """The vector leg's weight for a query in a language the embedding model does not cover (the
 embedder's ``languages``; MiniLM is English-only): there its ranking is mostly noise and pulls the
 full-text leg's hits down. bin/eval_search.py, German vault, recall@5: text leg alone 0.545,
 fused with vector weight 1.0 → 0.485, 0.5 → 0.495, 0.25 → 0.51, 0.0 → 0.545 (k = 60). 0.01 is
 that 0.0 in effect, while still ordering the results only the vector leg found (always k)."""
+COVERED_SHARE = 0.01
+"""A query counts as in a language the model covers when those languages' share of the language
+classifier's estimate reaches this. Picking the single likeliest language misread 6 % of the
+English tldr queries ("A Python code linter": Latin) and so dropped their vector leg; on the
+eval's pairs a share of 0.01 keeps all but 1 of 907 English queries and drops all Russian,
+Japanese and Chinese ones and all but 8 of 907 German and 2 of 861 Arabic ones."""
 LEG_LIMIT = 100
 """Chunks each leg contributes to the fusion (at least 4 k)."""
 EXCERPTS_PER_DOCUMENT = 3
 
 BM25_K1 = 1.2
 BM25_B = 0.75
-TERM_WEIGHTS = (0.1, 0.1, 0.1, 0.2)
-"""ts_rank weights {D, C, B, A}: body text is D, the context line (title, headings) A; 0.1 counts
-one occurrence as a term frequency of 1, so A = 0.2 counts a title word twice."""
+TITLE_WEIGHT = 2.0
+"""Term frequency of one occurrence in a chunk's context line (title and heading path, weight A in
+its tsvector); one in the body counts 1."""
 SELECTIVE_CHUNKS = 200
 SELECTIVE_SHARE = 0.005
 """A query term held by at most max(SELECTIVE_CHUNKS, SELECTIVE_SHARE × chunks) chunks selects the
@@ -91,10 +97,11 @@ def check_query(query: object, k: object) -> None:
 
 
 def vector_weight(embedder: Embedder, query: str) -> float:
-    """``VECTOR_WEIGHT``, or ``UNCOVERED_VECTOR_WEIGHT`` when the query's detected language is not
-    one the embedder covers (``embedder.languages``; None or absent: every language)."""
+    """``VECTOR_WEIGHT``, or ``UNCOVERED_VECTOR_WEIGHT`` when the query is almost surely not in a
+    language the embedder covers (``embedder.languages``; None or absent: every language): their
+    share in the language classifier's estimate is below ``COVERED_SHARE``."""
     covered = getattr(embedder, "languages", None)
-    if covered is None or detect_language(query) in covered | {"und"}:
+    if covered is None or language_share(query, frozenset(covered)) >= COVERED_SHARE:
         return VECTOR_WEIGHT
     return UNCOVERED_VECTOR_WEIGHT
 
@@ -108,7 +115,7 @@ def _vector_statement(conn: psycopg.Connection, workspace_id: int, model: str) -
 
 
 def _lexical_params(query: str) -> dict:
-    return {"query": lexical_text(query), "k1": BM25_K1, "b": BM25_B, "weights": list(TERM_WEIGHTS),
+    return {"query": lexical_text(query), "k1": BM25_K1, "b": BM25_B, "title_weight": TITLE_WEIGHT,
             "selective_chunks": SELECTIVE_CHUNKS, "selective_share": SELECTIVE_SHARE}
 
 
