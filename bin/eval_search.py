@@ -36,7 +36,12 @@ Systems, all over the same documents in the same run:
 
 Metrics: recall@5 (the relevant document among the first 5) and MRR@10.
 
-Usage: python bin/eval_search.py [--languages en de ru ar ja zh-TW] [--pairs 200]
+Splits: every pair belongs to one half, "tune" or "held-out", by the first byte of the SHA-256
+of its query and target (fixed by the pair alone, before any system ranks it). kb's settings
+(BM25 k1, b, title weight, fusion weights and k) are chosen on ``--split tune`` and figures are
+reported on ``--split held-out`` (the default), never the other way round.
+
+Usage: python bin/eval_search.py [--languages en de ru ar ja zh-TW] [--split held-out] [--pairs 0]
        [--tldr-pages 1000] [--vault-documents 60] [--model minilm] [--grid]
 The first run indexes every corpus with the model (minutes per language with MiniLM on 2 cores);
 the database under --work (default /tmp/kb-eval) keeps the embedding cache, so later runs only
@@ -282,7 +287,8 @@ def main() -> None:
             "database_url": database.start_embedded(args.work / "pg", database="kb_eval")})
     kb = KnowledgeBase.open(settings)
     embedder = kb.use_embedder(make_embedder(settings))
-    result: dict = {"model": embedder.model, "split": args.split, "load_average": os.getloadavg(), "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
+    result: dict = {"model": embedder.model, "split": args.split, "load_average": os.getloadavg(),
+                    "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
                                                           "text_weight": TEXT_WEIGHT}, "languages": {}}
     grid = [(wv, wt, rk, grouping) for wv in (0.0, 0.01, 0.25, 0.5, 1.0) for wt in (0.5, 0.75, 1.0, 1.5)
             for rk in (5, 10, 30, 60) for grouping in ("max", "sum3")]

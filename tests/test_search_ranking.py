@@ -69,7 +69,8 @@ def test_term_statistics_follow_inserts_updates_and_deletes(kb):
         tx.write("/documents/d1.md", "# D1\n\nrewritten entirely with novel vocabulary\n")
     kb.index(1)
     for ws in (1, 2):
-        kept = {(r["text_config"], r["lexeme"]): r["chunk_count"] for r in _rows(kb, "test_lexeme_stats", workspace_id=ws)}
+        kept = {(r["text_config"], r["lexeme"]): r["chunk_count"]
+                for r in _rows(kb, "test_lexeme_stats", workspace_id=ws)}
         actual = {(r["text_config"], r["lexeme"]): r["chunk_count"]
                   for r in _rows(kb, "test_lexeme_recount", workspace_id=ws)}
         assert kept == actual
