@@ -36,7 +36,12 @@ Systems, all over the same documents in the same run:
 
 Metrics: recall@5 (the relevant document among the first 5) and MRR@10.
 
-Usage: python bin/eval_search.py [--languages en de ru ar ja zh-TW] [--pairs 200]
+Splits: every pair belongs to one half, "tune" or "held-out", by the first byte of the SHA-256
+of its query and target (fixed by the pair alone, before any system ranks it). kb's settings
+(BM25 k1, b, title weight, fusion weights and k) are chosen on ``--split tune`` and figures are
+reported on ``--split held-out`` (the default), never the other way round.
+
+Usage: python bin/eval_search.py [--languages en de ru ar ja zh-TW] [--split held-out] [--pairs 0]
        [--tldr-pages 1000] [--vault-documents 60] [--model minilm] [--grid]
 The first run indexes every corpus with the model (minutes per language with MiniLM on 2 cores);
 the database under --work (default /tmp/kb-eval) keeps the embedding cache, so later runs only
@@ -46,7 +51,9 @@ search. Writes bench-results/eval-<time>.json.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import random
 import re
 import shutil
@@ -149,6 +156,12 @@ class RememberedQueries:
         return self.embedder.embed(texts)
 
 
+def split_of(query: str, target: str) -> str:
+    """``"tune"`` or ``"held-out"``: the half a pair belongs to, from the first byte of
+    sha256(query, target) (even: tune). Fixed by the pair alone, before any system ranks it."""
+    return "tune" if hashlib.sha256(f"{query}\n{target}".encode()).digest()[0] % 2 == 0 else "held-out"
+
+
 def metrics(ranked: list[str], relevant: str) -> tuple[float, float]:
     """(recall@5, reciprocal rank within 10) of one ranking."""
     top = ranked[:10]
@@ -228,7 +241,8 @@ def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict
         documents = {str(p.relative_to(vault)): p.read_text(encoding="utf-8") for p in paths}
         pairs = [pair for pair in pairs if pair[2] in documents]
         exclude_sources = True
-    pairs = sorted(rng.sample(pairs, min(args.pairs, len(pairs))))
+    pairs = [pair for pair in pairs if args.split == "all" or split_of(pair[0], pair[2]) == args.split]
+    pairs = sorted(rng.sample(pairs, min(args.pairs or len(pairs), len(pairs))))
     if not kb.store(ws).exists():
         shutil.rmtree(work, ignore_errors=True)
         for rel, text in documents.items():
@@ -247,7 +261,10 @@ def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--languages", nargs="+", default=["en", "de", "ru", "ar", "ja", "zh-TW"])
-    parser.add_argument("--pairs", type=int, default=200, help="pairs per language (seeded sample)")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="pairs per language (a seeded sample of the split; 0: all of it)")
+    parser.add_argument("--split", choices=("held-out", "tune", "all"), default="held-out",
+                        help="which half of the pairs to score (choose settings on tune, report held-out)")
     parser.add_argument("--tldr-pages", type=int, default=1000)
     parser.add_argument("--vault-documents", type=int, default=60,
                         help="per vault, the N pages most linked to form the corpus (0: all 173)")
@@ -270,7 +287,8 @@ def main() -> None:
             "database_url": database.start_embedded(args.work / "pg", database="kb_eval")})
     kb = KnowledgeBase.open(settings)
     embedder = kb.use_embedder(make_embedder(settings))
-    result: dict = {"model": embedder.model, "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
+    result: dict = {"model": embedder.model, "split": args.split, "load_average": os.getloadavg(),
+                    "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
                                                           "text_weight": TEXT_WEIGHT}, "languages": {}}
     grid = [(wv, wt, rk, grouping) for wv in (0.0, 0.01, 0.25, 0.5, 1.0) for wt in (0.5, 0.75, 1.0, 1.5)
             for rk in (5, 10, 30, 60) for grouping in ("max", "sum3")]

@@ -3,8 +3,11 @@ Postgres text-search configuration, and CJK segmentation.
 
 - ``detect_language(text)``: ISO 639-1 code from py3langid (a compact, offline n-gram classifier
   covering 97 languages) over the document's first ``DETECT_CHARS`` characters.
+- ``language_share(text, languages)``: the probability that ``text`` is in one of ``languages``
+  (search uses it to weigh the vector leg by what the embedding model covers).
 - ``text_config(language)``: the Postgres configuration with that language's stemmer and stop
-  words (``german``, ``russian``, ``arabic``, …), ``simple`` for every other language.
+  words (``german``, ``russian``, ``arabic``, …), ``kb.simple_unaccent`` (``simple`` with accents
+  folded, migration 0014) for every other language.
 - ``lexical_text(text)``: text as the full-text parser should see it. Chinese and Japanese have no
   spaces, so Postgres would take a whole sentence as one token; every run of CJK characters is
   replaced by its overlapping character bigrams (东京都 → 东京 京都), the segmentation of Lucene's
@@ -29,7 +32,7 @@ POSTGRES_CONFIGS = {
 }
 """ISO 639-1 code → Postgres' built-in text-search configuration (PostgreSQL 15+ ship them all)."""
 
-FALLBACK_CONFIG = "simple"
+FALLBACK_CONFIG = "kb.simple_unaccent"
 
 # Han (incl. extension A and compatibility ideographs), Hiragana, Katakana (incl. the prolonged
 # sound mark), Hangul syllables.
@@ -52,6 +55,25 @@ def detect_language(text: str) -> str:
         return "und"
     language, _score = _identifier().classify(sample)
     return language
+
+
+@functools.cache
+def _probabilities():
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def language_share(text: str, languages: frozenset[str]) -> float:
+    """Probability (0–1, py3langid's normalised estimate) that ``text`` is written in one of
+    ``languages`` (ISO 639-1 codes); 1.0 for text with no letters. Unlike ``detect_language``,
+    this stays informative on a few words: "A Python code linter" is classified as Latin, yet
+    keeps an English share of about 0.1, while German, Russian, Japanese or Chinese sentences
+    keep an English share below 0.01."""
+    sample = _MARKUP.sub(" ", text[: DETECT_CHARS * 2])[:DETECT_CHARS]
+    if not any(ch.isalpha() for ch in sample):
+        return 1.0
+    return float(sum(p for language, p in _probabilities().rank(sample) if language in languages))
 
 
 def text_config(language: str) -> str:

@@ -89,7 +89,8 @@ class Settings(BaseSettings):
         default="auto",
         description=(
             "Postgres text search configuration of the full-text index: 'auto' detects each "
-            "document's language and uses its configuration (simple where Postgres has none), or "
+            "document's language and uses its configuration (kb.simple_unaccent, simple with "
+            "accents folded, where Postgres has none), or "
             "one configuration name (e.g. 'english') for every document."
         ),
     )

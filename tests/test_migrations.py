@@ -27,6 +27,10 @@ SELECT 'view', schemaname || '.' || viewname || ' ' || definition FROM pg_views 
 UNION ALL
 SELECT 'function', p.oid::regprocedure::text || ' ' || pg_get_functiondef(p.oid)
 FROM pg_proc p WHERE p.pronamespace = 'kb'::regnamespace
+UNION ALL
+SELECT 'text search configuration', c.cfgname || ' ' || m.maptokentype || ' ' || m.mapseqno || ' '
+       || m.mapdict::regdictionary::text
+FROM pg_ts_config c JOIN pg_ts_config_map m ON m.mapcfg = c.oid WHERE c.cfgnamespace = 'kb'::regnamespace
 ORDER BY 1, 2
 """
 

@@ -69,8 +69,10 @@ def test_term_statistics_follow_inserts_updates_and_deletes(kb):
         tx.write("/documents/d1.md", "# D1\n\nrewritten entirely with novel vocabulary\n")
     kb.index(1)
     for ws in (1, 2):
-        kept = {r["lexeme"]: r["chunk_count"] for r in _rows(kb, "test_lexeme_stats", workspace_id=ws)}
-        actual = {r["lexeme"]: r["chunk_count"] for r in _rows(kb, "test_lexeme_recount", workspace_id=ws)}
+        kept = {(r["text_config"], r["lexeme"]): r["chunk_count"]
+                for r in _rows(kb, "test_lexeme_stats", workspace_id=ws)}
+        actual = {(r["text_config"], r["lexeme"]): r["chunk_count"]
+                  for r in _rows(kb, "test_lexeme_recount", workspace_id=ws)}
         assert kept == actual
         [totals] = _rows(kb, "test_text_stats_check", workspace_id=ws)
         assert totals["kept_chunks"] == totals["chunks"] and totals["kept_length"] == totals["length"]
@@ -193,3 +195,53 @@ def test_vector_leg_weighs_less_for_a_query_in_a_language_the_model_does_not_cov
     assert vector_weight(english, "デバイス間でノートを同期する方法") == UNCOVERED_VECTOR_WEIGHT
     assert vector_weight(everything, "как настроить синхронизацию") == VECTOR_WEIGHT
     assert UNCOVERED_VECTOR_WEIGHT < VECTOR_WEIGHT
+
+
+def test_a_rare_title_word_beats_a_common_body_word(kb):
+    kb.use_embedder(HashingEmbedder())
+    docs = {f"/documents/page{i}.md": f"# Page {i}\n\nThe sidebar shows your notes; open the sidebar to see note {i}.\n"
+            for i in range(20)}
+    docs["/documents/Canvas.md"] = "# Canvas\n\nLay out cards on an infinite board.\n"
+    docs["/documents/sidebar.md"] = "# Sidebar\n\nThe sidebar lists files, sidebar tabs and sidebar panes.\n"
+    _write_all(kb, 1, docs)
+    kb.index(1)
+    # "canvas" is in one document's title only; "sidebar" is in every body
+    assert _lexical_paths(kb, 1, "sidebar canvas")[0] == "/documents/Canvas.md"
+    # a title word counts more than the same word in a body of the same length
+    assert _lexical_paths(kb, 1, "sidebar")[0] == "/documents/sidebar.md"
+
+
+def test_a_stop_word_of_one_configuration_does_not_lift_chunks_of_another(kb):
+    """Each configuration's parse of the query is scored with its own statistics: ``the`` (dropped
+    by ``english``, kept by ``kb.simple_unaccent``) is in every simple chunk, so it is no rare word
+    that lifts them above the English pages holding the query's words (counted together, it was:
+    3 chunks of 16 hold ``the``)."""
+    kb.use_embedder(HashingEmbedder())
+    docs = {f"/documents/en{i}.md": f"# Tool {i}\n\nThis shell plugin formats the files of project {i}.\n"
+            for i in range(13)}
+    for i in range(3):  # pages the detector puts in no stemmed language (here: Vietnamese)
+        docs[f"/documents/vi{i}.md"] = f"# Trang {i}\n\nĐây là trang {i} của the sổ tay, không có gì khác.\n"
+    _write_all(kb, 1, docs)
+    kb.index(1)
+    configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs["/documents/vi0.md"] == "kb.simple_unaccent" and configs["/documents/en0.md"] == "english"
+    found = _lexical_paths(kb, 1, "the shell plugin", limit=20)
+    assert {p for p in found[:13]} == {f"/documents/en{i}.md" for i in range(13)}
+
+
+def test_an_accented_query_matches_unaccented_text_under_simple_unaccent(kb):
+    kb.use_embedder(HashingEmbedder())
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        folds = conn.execute(queries["test_unaccent_folds"]).fetchone()["folds"]
+    if not folds:
+        pytest.skip("this server has no unaccent extension: kb.simple_unaccent is plain simple there")
+    _write_all(kb, 1, {
+        "/documents/cs.md": "# Koně\n\nPříliš žluťoučký kůň úpěl ďábelské ódy. Kůň běžel přes louku k řece.\n",
+        "/documents/cs2.md": "# Město\n\nVe městě je mnoho ulic, obchodů a lidí, kteří spěchají do práce.\n",
+        "/documents/vi.md": "# Ca phe\n\nCa phe sua da la mot thuc uong pho bien o Viet Nam.\n",
+    })
+    kb.index(1)
+    configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs["/documents/cs.md"] == "kb.simple_unaccent"
+    assert _lexical_paths(kb, 1, "zlutoucky kun")[0] == "/documents/cs.md"  # typed without accents
+    assert _lexical_paths(kb, 1, "Cà phê sữa đá")[0] == "/documents/vi.md"  # accented query, plain text

@@ -13,54 +13,56 @@ LIMIT %(limit)s;
 
 -- name: lexical_leg
 -- The full-text leg, ranked by Okapi BM25 (k1, b) from the term statistics kb.lexeme_stats and
--- kb.text_stats keep per workspace. Query lexemes come from the query parsed with every text
--- configuration the workspace's chunks use. Only chunks holding a selective term (one in at most
--- selective_chunks chunks or selective_share of them, or the rarest query term) or all the terms
--- are scored, so a word found in every chunk does not make every chunk a candidate. The term
--- frequency is Postgres' saturating ts_rank of the single term (1.0 for one plain occurrence),
--- with the weights (D, C, B, A): the context line (title, headings) is weight A.
+-- kb.text_stats keep per workspace and text configuration. The query is parsed with every
+-- configuration the workspace's chunks use, and each parse is scored against the chunks of its
+-- configuration with that configuration's document frequencies, chunk count and mean length
+-- (in tokens). Only chunks holding a selective term (one in at most selective_chunks chunks or
+-- selective_share of them, or the configuration's rarest query term) or all the terms are scored,
+-- so a word found in every chunk does not make every chunk a candidate. The term frequency counts
+-- every occurrence, one in the context line (title, headings: weight A) as title_weight.
 WITH totals AS (
-    SELECT sum(chunk_count)::float8 AS n,
-           sum(lexeme_total)::float8 / greatest(sum(chunk_count), 1) AS avg_length
+    SELECT text_config, chunk_count::float8 AS n, token_total::float8 / chunk_count AS avg_length
     FROM kb.text_stats
     WHERE workspace_id = %(workspace_id)s AND chunk_count > 0
 ),
-query_lexemes AS (
-    SELECT DISTINCT u.lexeme
-    FROM kb.text_stats s, unnest(to_tsvector(s.text_config::regconfig, %(query)s)) u
-    WHERE s.workspace_id = %(workspace_id)s AND s.chunk_count > 0
-),
 terms AS MATERIALIZED (
-    SELECT l.chunk_count AS df,
+    SELECT t.text_config, q.lexeme, l.chunk_count AS df, t.n, t.avg_length,
            '''' || replace(replace(q.lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
            ln(1 + (t.n - l.chunk_count + 0.5) / (l.chunk_count + 0.5)) AS idf
-    FROM query_lexemes q
-    JOIN kb.lexeme_stats l ON l.workspace_id = %(workspace_id)s AND l.lexeme = q.lexeme
-    CROSS JOIN totals t
+    FROM totals t
+    CROSS JOIN LATERAL (
+        SELECT DISTINCT u.lexeme FROM unnest(to_tsvector(t.text_config::regconfig, %(query)s)) u) q
+    JOIN kb.lexeme_stats l
+        ON l.workspace_id = %(workspace_id)s AND l.text_config = t.text_config AND l.lexeme = q.lexeme
     WHERE l.chunk_count > 0
 ),
-query_terms AS (
-    SELECT array_agg(quoted::tsquery) AS tqs, array_agg(idf) AS idfs,
+selectors AS (
+    SELECT text_config,
            (string_agg(quoted, ' | ') FILTER (
-                WHERE df <= greatest(%(selective_chunks)s, %(selective_share)s * (SELECT n FROM totals))
-                   OR df = (SELECT min(df) FROM terms)))::tsquery
+                WHERE df <= greatest(%(selective_chunks)s, %(selective_share)s * n) OR df = rarest))::tsquery
            || string_agg(quoted, ' & ')::tsquery AS selector
-    FROM terms
-    HAVING count(*) > 0
+    FROM (SELECT *, min(df) OVER (PARTITION BY text_config) AS rarest FROM terms) s
+    GROUP BY text_config
 ),
 candidates AS MATERIALIZED (
-    -- the concatenation detoasts each tsvector once, instead of once per term below
-    SELECT c.id, c.tsv || ''::tsvector AS tsv
-    FROM kb.chunks c, query_terms q
-    WHERE c.workspace_id = %(workspace_id)s::integer AND c.tsv @@ q.selector
+    -- the concatenation detoasts each tsvector once, instead of twice below; the ::integer cast
+    -- lets the (workspace_id, tsv) GIN index use its workspace column (btree_gin has no int2 = int4)
+    SELECT c.id, s.text_config, c.tsv || ''::tsvector AS tsv
+    FROM selectors s
+    JOIN kb.chunks c
+        ON c.workspace_id = %(workspace_id)s::integer AND coalesce(c.text_config, 'english') = s.text_config
+    WHERE c.tsv @@ s.selector
 )
 SELECT c.id,
        (SELECT sum(x.idf * f.tf * (%(k1)s + 1)
-                   / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * length(c.tsv) / t.avg_length)))
-        FROM unnest(q.tqs, q.idfs) AS x (tq, idf),
-             LATERAL (SELECT ts_rank(%(weights)s::float4[], c.tsv, x.tq, 0) * 16.449340668 AS tf) f
-        WHERE c.tsv @@ x.tq)::float8 AS score
-FROM candidates c, query_terms q, totals t
+                   / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * kb.tsvector_tokens(c.tsv) / x.avg_length)))
+        FROM unnest(c.tsv) u
+        JOIN terms x ON x.text_config = c.text_config AND x.lexeme = u.lexeme
+        CROSS JOIN LATERAL (
+            SELECT greatest(cardinality(u.positions), 1)
+                   + (%(title_weight)s - 1) * cardinality(array_positions(u.weights, 'A')) AS tf) f
+       )::float8 AS score
+FROM candidates c
 ORDER BY score DESC, c.id
 LIMIT %(limit)s;
 

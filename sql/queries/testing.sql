@@ -73,18 +73,20 @@ WHERE workspace_id = %(workspace_id)s AND chat_id = %(chat_id)s;
 -- ---- issue 12 (tests/test_search_ranking.py) ----
 
 -- name: test_lexeme_stats
-SELECT lexeme, chunk_count FROM kb.lexeme_stats
+SELECT text_config, lexeme, chunk_count FROM kb.lexeme_stats
 WHERE workspace_id = %(workspace_id)s AND chunk_count <> 0;
 
 -- name: test_lexeme_recount
-SELECT u.lexeme, count(*) AS chunk_count FROM kb.chunks c, unnest(c.tsv) u
-WHERE c.workspace_id = %(workspace_id)s GROUP BY u.lexeme;
+SELECT coalesce(c.text_config, 'english') AS text_config, u.lexeme, count(*) AS chunk_count
+FROM kb.chunks c, unnest(c.tsv) u
+WHERE c.workspace_id = %(workspace_id)s GROUP BY 1, 2;
 
 -- name: test_text_stats_check
 SELECT (SELECT coalesce(sum(chunk_count), 0) FROM kb.text_stats WHERE workspace_id = %(workspace_id)s) AS kept_chunks,
-       (SELECT coalesce(sum(lexeme_total), 0) FROM kb.text_stats WHERE workspace_id = %(workspace_id)s) AS kept_length,
+       (SELECT coalesce(sum(token_total), 0) FROM kb.text_stats WHERE workspace_id = %(workspace_id)s) AS kept_length,
        (SELECT count(*) FROM kb.chunks WHERE workspace_id = %(workspace_id)s) AS chunks,
-       (SELECT coalesce(sum(length(tsv)), 0) FROM kb.chunks WHERE workspace_id = %(workspace_id)s) AS length;
+       (SELECT coalesce(sum(cardinality(u.positions)), 0) FROM kb.chunks c, unnest(c.tsv) u
+        WHERE c.workspace_id = %(workspace_id)s) AS length;
 
 -- name: test_chunk_configs
 SELECT DISTINCT d.path, c.text_config FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
@@ -154,3 +156,6 @@ WHERE workspace_id = %(workspace_id)s;
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, args, scheduled_at)
 VALUES ('index', 'kb.index_changes', 0, %(lock)s, '{"workspace_id": 1}', now() + interval '10 minutes')
 RETURNING id;
+
+-- name: test_unaccent_folds
+SELECT to_tsvector('kb.simple_unaccent', 'Příliš') = to_tsvector('simple', 'prilis') AS folds;
