@@ -501,3 +501,16 @@ CREATE TABLE kb.recorded_titles (
     title text NOT NULL,
     PRIMARY KEY (workspace_id, seq, path)
 );
+
+-- ---- issue 9: group commit (migration 0015) ----
+
+CREATE UNLOGGED TABLE kb.write_intents (
+    id bigserial PRIMARY KEY,
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    paths text[] NOT NULL,
+    payload jsonb NOT NULL,
+    outcome jsonb,
+    backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX write_intents_pending ON kb.write_intents (workspace_id, id) WHERE outcome IS NULL;
