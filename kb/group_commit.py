@@ -12,6 +12,14 @@ on), all in one Postgres transaction and one ref update. Each intent's outcome �
 the error that refused it — is written to its row in that same transaction. A writer that gets the
 lock and finds its outcome there just takes it; one that finds none leads a group itself.
 
+Waiting never makes the lock pass from writer to writer: a writer that sees others queued first
+waits for the holder with BEGIN, the bounded lock, the read of its outcome and COMMIT sent in one
+round trip (``await_outcome``: the lock is held only while the server runs those), and a writer
+that wants to lead only *tries* the lock (in the claim's statement). While other writers are
+active, a holder claims again, before recording, the drafts queued while it built its group.
+An intent belongs to its writer's server session (``backend_pid``): a killed writer's intent is
+never recorded and is deleted by the next holder.
+
 Crash safety keeps SPEC §3's shape: git moves first, Postgres catches up. Before the ref moves the
 holder writes a journal file per intent it records for another writer (``.git/kb-intents/<id>``
 holding the revision id). If it dies after the ref moved and before Postgres committed, the

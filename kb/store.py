@@ -4,11 +4,16 @@ revert/restore, and catching Postgres up with git.
 ``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.repository``). A commit
 connects to Postgres first (unreachable → nothing is written: fail closed), writes the draft's blobs
 unlocked, takes the workspace write lock (§4), records any revision git has and Postgres lacks,
-builds the tree in the object store from HEAD's tree plus the change set, advances the branch ref
-with a compare-and-swap, writes the revision row, per-path history rows and the deferred jobs in
-that same transaction, refreshes the working tree, then commits Postgres (``kb.faults`` names these
-steps for crash tests). A crash between the ref update and the Postgres commit leaves a revision git
-has and Postgres lacks; the next commit, ``reconcile()`` (the sweep) or ``kb fsck`` records it.
+builds the tree in the object store from HEAD's tree plus the change set, writes the revision row,
+per-path history rows and the deferred jobs in that same transaction, advances the branch ref with a
+compare-and-swap (fsynced), then commits Postgres (``kb.faults`` names these steps for crash tests)
+and, outside the lock, refreshes the working tree. A crash between the ref update and the Postgres
+commit leaves a revision git has and Postgres lacks; the next commit, ``reconcile()`` (the sweep)
+or ``kb fsck`` records it.
+
+Plain drafts are group-committed (``kb.group_commit``, issue 9): queued, then recorded with the
+other queued drafts by whichever writer holds the lock, each as its own revision with its own
+outcome, all in one Postgres transaction and one ref update.
 """
 
 from __future__ import annotations
