@@ -100,14 +100,14 @@ def locked_pipeline(
     database_url: str, workspace_id: int, settings: Settings,
     prepare: Callable[[psycopg.Connection], T] | None = None,
     with_lock: Callable[[psycopg.Connection, T | None], R] | None = None,
-    connection: psycopg.Connection | None = None, wait: bool = True,
+    connection: psycopg.Connection | None = None, timeout: float | None = None,
 ) -> Iterator[tuple[psycopg.Connection, T | None, R | None]]:
     """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
     it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
     prepared)`` runs its statements in the same round trip as taking the lock (it returns cursors,
     read once the block starts). ``connection``: an idle connection the caller holds, used instead
-    of one from the pool. ``wait=False``: take no lock here (``with_lock`` tries it itself; group
-    commit's claim). Yields ``(conn, prepared, with_lock's result)``. Raises as
+    of one from the pool. ``timeout``: seconds to wait for the lock, instead of
+    ``settings.lock_timeout`` (LockTimeout still names the configured one). Yields ``(conn, prepared, with_lock's result)``. Raises as
     ``locked_transaction``.
     """
     with (contextlib.nullcontext(connection) if connection is not None
@@ -121,8 +121,9 @@ def locked_pipeline(
             with conn.transaction():
                 try:
                     with conn.pipeline():  # one round trip: bound the wait, lock, unbound, then with_lock
-                        if settings.lock_backend != "redis" and wait:
-                            lock_statements(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
+                        if settings.lock_backend != "redis":
+                            lock_statements(conn, WRITE_LOCK_NAMESPACE, workspace_id,
+                                            settings.lock_timeout if timeout is None else timeout)
                         extra = with_lock(conn, prepared) if with_lock is not None else None
                 except psycopg.errors.LockNotAvailable:
                     raise LockTimeout(workspace_id, settings.lock_timeout) from None

@@ -282,9 +282,10 @@ class KnowledgeStore:
         return built.result()
 
     def _commit_grouped(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
-        """Queue ``draft``, then until it is recorded: wait for the lock's holder and take the
-        outcome it recorded for it, or, when none holds the lock, take it and record every queued
-        draft as consecutive revisions (``kb.group_commit``)."""
+        """Queue ``draft``; when other drafts are queued, wait for the lock's holder and take the
+        outcome it recorded for this one; otherwise (or if it did not) queue for the lock and, unless
+        a holder recorded it meanwhile, record every queued draft as consecutive revisions
+        (``kb.group_commit``). Raises LockTimeout after ``lock_timeout`` seconds in all."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
         outcome, own, journal = None, None, []
         deadline = time.monotonic() + self.settings.lock_timeout
@@ -295,30 +296,22 @@ class KnowledgeStore:
                 intent_id, ahead = group_commit.enqueue(conn, ws, draft, staged, message, author, committer)
                 if ahead:
                     self._contended = time.monotonic()
-                while True:
-                    if ahead and waits:  # a holder is at work: wait for it, it may record this draft
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise LockTimeout(ws, self.settings.lock_timeout)
-                        outcome = group_commit.await_outcome(conn, ws, intent_id, left)
-                        if outcome is not None:
-                            break
+                    if waits:  # a holder is at work: wait for it, it may record this draft
+                        outcome = group_commit.await_outcome(conn, ws, intent_id, self.settings.lock_timeout)
+                if outcome is None:  # queue for the lock (FIFO: progress for everyone) and lead
                     with locked_pipeline(
-                        self.database_url, ws, self.settings, connection=conn, wait=not waits,
+                        self.database_url, ws, self.settings, connection=conn,
+                        timeout=max(0.001, deadline - time.monotonic()),
                         with_lock=lambda c, _: (self._fetch_workspace(c), group_commit.claim(c, ws, intent_id)),
                     ) as (conn, _, (row, claimed)):
                         rows = claimed.fetchall()
-                        if rows:  # the lock is this writer's
-                            mine = next((r for r in rows if r["id"] == intent_id), None)
-                            if mine is not None and mine["outcome"] is not None:
-                                group_commit.drop(conn, intent_id)
-                                outcome = mine["outcome"]
-                            else:
-                                own, journal = self._record_group(conn, draft, staged, intent_id, row, rows,
-                                                                  (message, author, committer))
-                    if rows:
-                        break
-                    ahead, self._contended = True, time.monotonic()  # another writer holds it: wait
+                        mine = next((r for r in rows if r["id"] == intent_id), None)
+                        if mine is not None and mine["outcome"] is not None:  # recorded while it queued
+                            group_commit.drop(conn, intent_id)
+                            outcome = mine["outcome"]
+                        else:
+                            own, journal = self._record_group(conn, draft, staged, intent_id, row, rows,
+                                                              (message, author, committer))
         except LockTimeout:
             if intent_id is None:
                 raise
