@@ -46,11 +46,12 @@ RATE_WS, SMALL_WS, LARGE_WS = 1, 2, 3
 
 def _kb_writer(settings, url, k, seconds, barrier, counts):
     kb = KnowledgeBase(settings, url)
+    nonce = time.time_ns()  # every write changes the file, in every round (no net-empty commits)
     barrier.wait(120)
     end, n = time.perf_counter() + seconds, 0
     while time.perf_counter() < end:
         with kb.transaction(RATE_WS, f"writer {k} #{n}", f"w{k}") as tx:
-            tx.write(f"/documents/writers/w{k}.md", f"{k}:{n}\n")
+            tx.write(f"/documents/writers/w{k}.md", f"{k}:{n}:{nonce}\n")
         n += 1
     counts[k] = n
 
@@ -58,12 +59,13 @@ def _kb_writer(settings, url, k, seconds, barrier, counts):
 def _git_writer(repo, k, seconds, barrier, counts):
     target = repo / "documents" / "writers" / f"g{k}.md"
     lock = open(repo / ".git" / "bench.lock", "w")
+    nonce = time.time_ns()  # as the kb leg: a round repeating the last round's bytes would commit nothing
     barrier.wait(120)
     end, n = time.perf_counter() + seconds, 0
     while time.perf_counter() < end:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            target.write_text(f"{k}:{n}\n")
+            target.write_text(f"{k}:{n}:{nonce}\n")
             git(repo, "-c", "user.name=bench", "-c", "user.email=b@x", "add", "--", str(target))
             git(repo, "-c", "user.name=bench", "-c", "user.email=b@x", "commit", "-q", "-m", f"g{k} #{n}")
         finally:

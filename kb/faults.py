@@ -9,7 +9,10 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
 * ``objects_written`` — tree and commit objects are in the object store, the ref is not moved;
 * ``ref_advanced`` — the branch ref points at the new revision, the working tree is not refreshed
   and Postgres has not committed the revision rows;
-* ``before_pg_commit`` — the working tree is refreshed, Postgres has not committed.
+* ``before_pg_commit`` — the last step before Postgres commits (the working tree is refreshed only
+  after that commit, outside the write lock, issue 9).
+
+With group commit (``kb.group_commit``) the holder reaches each point once for its whole group.
 """
 
 from __future__ import annotations

@@ -74,24 +74,28 @@ def record_revision(conn: psycopg.Connection, workspace_id: int, revision: Revis
     ``revision.changes`` carry repo paths; ``commit_time`` is seconds since the epoch. Runs in the
     caller's transaction (the one holding the write lock, SPEC §3).
     """
-    conn.execute(
-        queries["insert_revision"],
-        {"workspace_id": workspace_id, "id": revision.id, "seq": revision.seq, "parent_id": revision.parent_id,
-         "author": revision.author, "committer": revision.committer, "message": revision.message,
-         "committed_at": commit_time},
-    )
-    changes = revision.changes
-    conn.execute(
-        queries["insert_path_changes"],
-        {"workspace_id": workspace_id, "revision_id": revision.id, "seq": revision.seq,
-         "paths": [c.path for c in changes], "changes": [c.change for c in changes],
-         "old_paths": [c.old_path for c in changes], "new_paths": [c.new_path for c in changes],
-         "content_ids": [c.content_id for c in changes]},
-    )
-    conn.execute(
-        queries["advance_workspace_head"],
-        {"workspace_id": workspace_id, "revision_id": revision.id, "seq": revision.seq},
-    )
+    record_revisions(conn, workspace_id, [(revision, commit_time)])
+
+
+def record_revisions(conn: psycopg.Connection, workspace_id: int, revisions: list[tuple[Revision, int]]) -> None:
+    """``record_revision`` for consecutive revisions ``[(revision, commit_time), …]`` (oldest
+    first) in one statement; the recorded head becomes the last one. Nothing for an empty list."""
+    if not revisions:
+        return
+    changes = [(r, c) for r, _ in revisions for c in r.changes]
+    last = revisions[-1][0]
+    conn.execute(queries["record_revisions"], {
+        "workspace_id": workspace_id,
+        "ids": [r.id for r, _ in revisions], "seqs": [r.seq for r, _ in revisions],
+        "parent_ids": [r.parent_id for r, _ in revisions], "authors": [r.author for r, _ in revisions],
+        "committers": [r.committer for r, _ in revisions], "messages": [r.message for r, _ in revisions],
+        "committed_ats": [t for _, t in revisions],
+        "change_revisions": [r.id for r, _ in changes], "change_seqs": [r.seq for r, _ in changes],
+        "paths": [c.path for _, c in changes], "changes": [c.change for _, c in changes],
+        "old_paths": [c.old_path for _, c in changes], "new_paths": [c.new_path for _, c in changes],
+        "content_ids": [c.content_id for _, c in changes],
+        "head": last.id, "head_seq": last.seq,
+    })
 
 
 def changes_from_git(repo: Repository, revision: str) -> list[PathChange]:

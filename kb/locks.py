@@ -25,6 +25,7 @@ from kb.settings import Settings
 from kb.sql import queries
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 WRITE_LOCK_NAMESPACE = 7101
@@ -41,13 +42,18 @@ def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: i
     """
     try:
         with conn.pipeline():  # one round trip: bound the wait, lock, unbound later statements
-            conn.execute(queries["set_lock_timeout"], {"timeout": f"{max(1, int(timeout * 1000))}ms"})
-            conn.execute(queries["lock_workspace_write"], {"namespace": namespace, "workspace_id": workspace_id})
-            conn.execute(queries["set_lock_timeout"], {"timeout": "0"})
+            lock_statements(conn, namespace, workspace_id, timeout)
     except psycopg.errors.LockNotAvailable:
         raise LockTimeout(workspace_id, timeout) from None
     except psycopg.OperationalError as exc:
         raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
+
+
+def lock_statements(conn: psycopg.Connection, namespace: int, workspace_id: int, timeout: float) -> None:
+    """Queue (in ``conn``'s pipeline or run) the bounded ``pg_advisory_xact_lock(namespace,
+    workspace_id)``: waits at most ``timeout`` seconds, then fails with LockNotAvailable."""
+    conn.execute(queries["lock_workspace_write_bounded"], {
+        "timeout": f"{max(1, int(timeout * 1000))}ms", "namespace": namespace, "workspace_id": workspace_id})
 
 
 @contextlib.contextmanager
@@ -77,22 +83,52 @@ def locked_transaction(
     """A Postgres transaction holding the workspace write lock until it has committed (SPEC §3, §4).
 
     Order: take a connection from the process's pool (``kb.database.pool``; unreachable →
-    DatabaseUnavailable before anything else runs: fail closed), run ``prepare()`` unlocked (idempotent slow work such as writing blobs), take the lock
-    — the Redis lock (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the
-    transaction — then yield ``(conn, prepare's result)``. On a clean exit the transaction commits
-    *before* the Redis lock is released, so the next holder always sees this holder's rows; on an
-    exception it rolls back. Raises LockTimeout (with the workspace id), LockUnavailable.
+    DatabaseUnavailable before anything else runs: fail closed), run ``prepare()`` unlocked
+    (idempotent slow work such as writing blobs), take the lock — the Redis lock
+    (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the transaction — then yield
+    ``(conn, prepare's result)``. On a clean exit the transaction commits *before* the Redis lock is
+    released, so the next holder always sees this holder's rows; on an exception it rolls back.
+    Raises LockTimeout (with the workspace id), LockUnavailable.
     """
-    with database.pooled_connection(database_url) as conn:  # a pooled connection: no connect per commit
-        prepared = prepare() if prepare is not None else None
+    with locked_pipeline(database_url, workspace_id, settings,
+                         None if prepare is None else (lambda conn: prepare())) as (conn, prepared, _):
+        yield conn, prepared
+
+
+@contextlib.contextmanager
+def locked_pipeline(
+    database_url: str, workspace_id: int, settings: Settings,
+    prepare: Callable[[psycopg.Connection], T] | None = None,
+    with_lock: Callable[[psycopg.Connection, T | None], R] | None = None,
+    connection: psycopg.Connection | None = None, timeout: float | None = None,
+) -> Iterator[tuple[psycopg.Connection, T | None, R | None]]:
+    """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
+    it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
+    prepared)`` runs its statements in the same round trip as taking the lock (it returns cursors,
+    read once the block starts). ``connection``: an idle connection the caller holds, used instead
+    of one from the pool. ``timeout``: seconds to wait for the lock, instead of
+    ``settings.lock_timeout`` (LockTimeout still names the configured one). Yields ``(conn, prepared, with_lock's result)``. Raises as
+    ``locked_transaction``.
+    """
+    with (contextlib.nullcontext(connection) if connection is not None
+          else database.pooled_connection(database_url)) as conn:  # pooled: no connect per commit
+        prepared = prepare(conn) if prepare is not None else None
         with contextlib.ExitStack() as stack:
             if settings.lock_backend == "redis":
                 from kb.redis_lock import RedisLock
 
                 stack.enter_context(RedisLock(settings).hold(workspace_id))
             with conn.transaction():
-                if settings.lock_backend != "redis":
-                    advisory_xact_lock(conn, WRITE_LOCK_NAMESPACE, workspace_id, settings.lock_timeout)
+                try:
+                    with conn.pipeline():  # one round trip: bound the wait, lock, unbound, then with_lock
+                        if settings.lock_backend != "redis":
+                            lock_statements(conn, WRITE_LOCK_NAMESPACE, workspace_id,
+                                            settings.lock_timeout if timeout is None else timeout)
+                        extra = with_lock(conn, prepared) if with_lock is not None else None
+                except psycopg.errors.LockNotAvailable:
+                    raise LockTimeout(workspace_id, settings.lock_timeout) from None
+                except psycopg.OperationalError as exc:
+                    raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
                 locked_at = time.perf_counter()
-                yield conn, prepared
+                yield conn, prepared, extra
         log.debug("workspace %s: write lock held %.3f s", workspace_id, time.perf_counter() - locked_at)

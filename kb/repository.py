@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -29,7 +31,8 @@ from dulwich.errors import ChecksumMismatch, NotTreeError, ObjectFormatException
 from dulwich.file import FileLocked
 from dulwich.index import index_entry_from_stat
 from dulwich.object_store import DiskObjectStore, tree_lookup_path
-from dulwich.objects import Blob, Commit, Tree, object_header
+from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
+from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError
@@ -149,6 +152,7 @@ class Repository:
         self._objects: collections.OrderedDict[bytes, object] = collections.OrderedDict()
         self._index = IndexFile(self.path / ".git" / "index")
         self._layouts = LayoutCache()  # trees' entry layouts, so a new tree is spliced, not re-serialized
+        self._ref_path = os.path.join(self.path, ".git", BRANCH.decode())
         _retry_reads_across_packing(repo.object_store)
         _loose_compression_as_git(repo)
 
@@ -236,6 +240,13 @@ class Repository:
     # -- reads -----------------------------------------------------------------------------
     def head(self) -> str | None:
         """Hex id of the branch head, or None for an unborn repository."""
+        try:  # the loose ref, read directly (dulwich would resolve symrefs and packed refs first)
+            with open(self._ref_path, "rb") as f:
+                loose = f.read().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            loose = b""
+        if len(loose) == 40:
+            return loose.decode()
         try:
             return self._repo.refs[BRANCH].decode()
         except (KeyError, NotTreeError):
@@ -264,8 +275,8 @@ class Repository:
         """The commit object of ``revision`` (full id or unique prefix); raises RevisionNotFound."""
         revision = self.resolve(revision)
         try:
-            obj = self._read_object(revision.encode())
-        except (KeyError, AssertionError):
+            obj = self._tree_object(revision.encode())  # parsed objects are cached (immutable)
+        except (KeyError, ValueError, AssertionError):
             raise RevisionNotFound(f"revision {revision!r} is not in this workspace's history") from None
         if not isinstance(obj, Commit):
             raise RevisionNotFound(f"{revision!r} is not a revision (commit) id")
@@ -642,16 +653,46 @@ class Repository:
         Raises KbError when git's ref lock file is held (a git command run by hand, or a killed
         writer's leftover younger than STALE_LOCK_SECONDS).
         """
-        try:
-            return self._repo.refs.set_if_equals(
-                BRANCH, old.encode() if old else None, new.encode(), message=b"kb: commit"
-            )
-        except FileLocked:
+        ref = self._ref_path
+        lock = ref + ".lock"
+        try:  # git's protocol: create the lock exclusively, check, write, fsync, rename over the ref
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
             raise KbError(
                 f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists): a git command "
                 f"is running there, or a killed writer left it (removed automatically after "
                 f"{STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was recorded; retry."
             ) from None
+        try:
+            if self.head() != old:
+                os.close(fd)
+                os.unlink(lock)
+                return False
+            os.write(fd, new.encode() + b"\n")
+            os.fsync(fd)  # durable before Postgres commits the revision (SPEC §3)
+            os.close(fd)
+            os.replace(lock, ref)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            raise
+        self._log_ref(old, new)
+        return True
+
+    def _log_ref(self, old: str | None, new: str) -> None:
+        """Append the ref update to the branch's reflog, as git does (no fsync, as git)."""
+        log = self.path / ".git" / "logs" / BRANCH.decode()
+        line = format_reflog_line(old.encode() if old else ZERO_SHA, new.encode(), b"kb <>",
+                                  int(time.time()), 0, b"kb: commit")
+        try:
+            with open(log, "ab") as f:
+                f.write(line + b"\n")
+        except FileNotFoundError:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as f:
+                f.write(line + b"\n")
 
     def clear_stale_locks(self, min_age: float = STALE_LOCK_SECONDS) -> list[str]:
         """Remove git lock files (``index.lock``, ``refs/heads/main.lock`` …) older than ``min_age``
@@ -664,9 +705,9 @@ class Repository:
         git_dir = self.path / ".git"
         removed = []
         now = time.time()
-        for lock in [git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")] + sorted(
-            (git_dir / "refs").rglob("*.lock")
-        ):
+        ref_locks = [Path(top) / name for top, _, names in os.walk(git_dir / "refs")
+                     for name in names if name.endswith(".lock")]
+        for lock in [git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")] + sorted(ref_locks):
             try:
                 if now - lock.stat().st_mtime < min_age:
                     continue
@@ -727,11 +768,52 @@ class Repository:
             packed += store.repack()
         return packed, len(store.packs)
 
+    @contextlib.contextmanager
+    def worktree_lock(self) -> Iterator[None]:
+        """Hold ``.git/kb-worktree.lock`` (an flock, released when the holder dies) for the block:
+        working-tree refreshes run outside the workspace write lock (issue 9), so they serialize
+        here, as do ``kb fsck``'s check and repair of the working tree. Re-entrant per Repository."""
+        depth = self.__dict__.get("_worktree_depth", 0)
+        if depth:
+            self._worktree_depth = depth + 1
+            try:
+                yield
+            finally:
+                self._worktree_depth -= 1
+            return
+        fd = os.open(self.path / ".git" / "kb-worktree.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._worktree_depth = 1
+            try:
+                yield
+            finally:
+                self._worktree_depth = 0
+        finally:
+            os.close(fd)
+
+    def refresh_to_head(self, staged: Mapping[str, str | None], data: Mapping[str, bytes] | None = None,
+                        moves: Mapping[str, str] | None = None) -> list[str]:
+        """After a commit, outside the write lock: make the working tree and index equal the
+        *current* HEAD for the paths of ``staged`` (``{repo path: blob id the commit wrote, or
+        None}``). Holding ``worktree_lock`` and reading HEAD under it makes refreshes of racing
+        commits commute: whichever runs last writes what HEAD holds, never an older version.
+        ``data``: bytes at hand for some paths (used only where HEAD still holds that blob);
+        ``moves`` as for :meth:`refresh_worktree`. Returns the paths the file system refused.
+        Raises OSError when the index cannot be written."""
+        with self.worktree_lock():
+            found = self.lookup_many(self.tree_id(self.head()), staged)
+            changes = [(p, f[1] if f is not None and f[0] == "file" else None) for p, f in found.items()]
+            fresh = {p: b for p, b in changes if b is not None and b == staged[p]}
+            return self.refresh_worktree(
+                changes, None if data is None else {p: v for p, v in data.items() if p in fresh}, moves=moves)
+
     def refresh_worktree(
         self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None,
         moves: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1).
+        """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1), holding
+        ``worktree_lock``.
 
         ``changes``: ``(repo path, blob id or None to delete)``; ``data``: bytes already at hand
         for some of those paths (saves re-reading blobs). Files are written to a temporary name
@@ -744,6 +826,10 @@ class Repository:
         their old index entry, so ``git status`` and ``kb fsck`` show them; the rest is refreshed.
         Raises OSError only when the index itself cannot be written.
         """
+        with self.worktree_lock():
+            return self._refresh_worktree(changes, data, moves)
+
+    def _refresh_worktree(self, changes, data, moves) -> list[str]:
         changes = sorted(changes, key=lambda change: change[1] is not None)  # deletions first
         try:
             self._index.load()

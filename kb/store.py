@@ -4,11 +4,16 @@ revert/restore, and catching Postgres up with git.
 ``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.repository``). A commit
 connects to Postgres first (unreachable → nothing is written: fail closed), writes the draft's blobs
 unlocked, takes the workspace write lock (§4), records any revision git has and Postgres lacks,
-builds the tree in the object store from HEAD's tree plus the change set, advances the branch ref
-with a compare-and-swap, writes the revision row, per-path history rows and the deferred jobs in
-that same transaction, refreshes the working tree, then commits Postgres (``kb.faults`` names these
-steps for crash tests). A crash between the ref update and the Postgres commit leaves a revision git
-has and Postgres lacks; the next commit, ``reconcile()`` (the sweep) or ``kb fsck`` records it.
+builds the tree in the object store from HEAD's tree plus the change set, writes the revision row,
+per-path history rows and the deferred jobs in that same transaction, advances the branch ref with a
+compare-and-swap (fsynced), then commits Postgres (``kb.faults`` names these steps for crash tests)
+and, outside the lock, refreshes the working tree. A crash between the ref update and the Postgres
+commit leaves a revision git has and Postgres lacks; the next commit, ``reconcile()`` (the sweep)
+or ``kb fsck`` records it.
+
+Plain drafts are group-committed (``kb.group_commit``, issue 9): queued, then recorded with the
+other queued drafts by whichever writer holds the lock, each as its own revision with its own
+outcome, all in one Postgres transaction and one ref update.
 """
 
 from __future__ import annotations
@@ -16,21 +21,25 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
-from kb import artifact_rows, database
+from kb import artifact_rows, database, group_commit
 from kb.draft import BlobRef, Draft, repo_path_of
 from kb.commit_checks import check_case_collisions
 from kb.errors import (
-    CommitOutcomeUnknown, DatabaseUnavailable, InvalidInput, InvalidWorkspace, KbError, PathExists,
+    CommitOutcomeUnknown, DatabaseUnavailable, InvalidInput, InvalidWorkspace, KbError, LockTimeout, PathExists,
     RevisionNotFound, StorageError, WorkspaceNotFound,
 )
 from kb.faults import fault_point
-from kb.history import PathChange, Revision, changes_from_git, read_history, record_missing, record_revision
-from kb.locks import locked_transaction
+from kb.history import (
+    PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
+)
+from kb.locks import locked_pipeline, locked_transaction
 from kb.merge import MergedBlob, merge_staged
 from kb.paths import StorePath
 from kb.repository import Repository
@@ -100,6 +109,8 @@ class KnowledgeStore:
         self.workspace_id = check_workspace_id(workspace_id)
         self.path: Path = settings.knowledge_store / str(workspace_id)
         self._repository: Repository | None = None
+        self._contended = float("-inf")
+        """When this store last saw other writers in its group commit (``time.monotonic()``)."""
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -233,87 +244,280 @@ class KnowledgeStore:
     def commit_draft(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` on top of the *current* head as one revision (see the module docstring).
 
-        Returns the Revision (virtual paths), or None when the net change is empty.
+        A groupable draft (``kb.group_commit``: plain writes, removes and moves) is queued and
+        recorded by whichever writer holds the lock next, together with the others waiting; any
+        other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
+        when the net change is empty. Raises PathExists, ArtifactReadOnly, LockTimeout,
+        CommitOutcomeUnknown, WorkspaceNotFound (SPEC §3, §4).
         """
         if draft.is_empty():
             return None
+        if group_commit.groupable(draft):
+            return self._commit_grouped(draft, message, author, committer)
+        return self._commit_alone(draft, message, author, committer)
+
+    def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
+        """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
         repo = self.repository
-        with locked_transaction(self.database_url, self.workspace_id, self.settings, lambda: self._stage_merged(draft)) \
-                as (conn, (staged, premerged)):
+        with locked_pipeline(self.database_url, self.workspace_id, self.settings,
+                             lambda conn: self._stage_merged(draft),
+                             lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
+            workspace = self._workspace_row(conn, row.fetchone())
             repo.clear_stale_locks()
-            workspace = self._workspace_row(conn)
             if self._catch_up(conn, workspace):
                 workspace = self._workspace_row(conn)
             head = repo.head()
-            head_tree = repo.tree_id(head)
-            staged = self._merge_with_head(draft, staged, head_tree, premerged)
-            staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (SPEC §2.2)
-            effective: dict[str, str | None] = {}
-            changes: dict[str, PathChange] = {}
-            at_head = repo.lookup_many(head_tree, staged)
-            for path, blob in staged.items():
-                old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
-                if old == blob:
-                    continue
-                effective[path] = blob
-                kind = "added" if old is None else ("removed" if blob is None else "modified")
-                changes[path] = PathChange(path, kind, blob)
-            if not effective:
+            built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
+                                workspace["revision_count"] + 1, message, author, committer)
+            if built is None:
                 return None
-            self._check_tree(head_tree, effective, at_head)
-            check_case_collisions(repo, head_tree, effective, at_head)
-            # Kinds before any move is applied, so the order of moves never matters (a swap
-            # p <-> q records two moves whichever is seen first).
-            kinds = {path: change.change for path, change in changes.items()}
-            for new, origin in draft.moves().items():
-                if new not in changes or kinds.get(origin) not in ("removed", "modified"):
-                    continue
-                target, source = changes[new], changes[origin]
-                changes[new] = PathChange(new, "moved", target.content_id, old_path=origin,
-                                          new_path=target.new_path)
-                if source.change == "moved":  # the source is itself a move's destination
-                    changes[origin] = PathChange(origin, "moved", source.content_id,
-                                                 old_path=source.old_path, new_path=new)
-                else:
-                    changes[origin] = PathChange(
-                        origin, "moved_away" if kinds[origin] == "removed" else "modified",
-                        source.content_id, new_path=new,
-                    )
-            ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
-            text = message or summarize(list(ordered))
-            commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer)
-            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
-            for hook in draft.on_record:  # e.g. the artifact layer's generation check (SPEC §11)
-                hook(conn, head_tree, commit.id.decode())
             fault_point("objects_written")
-            revision = Revision(commit.id.decode(), workspace["revision_count"] + 1, head, author, committer,
-                                text, None, ordered)
             with conn.pipeline():  # one round trip for the revision's rows and jobs
-                record_revision(conn, self.workspace_id, revision, commit.commit_time)
-                record_titles(conn, self.workspace_id, revision.seq, draft.titles())
+                record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
                 defer_convergence(conn, self.workspace_id)
-            draft.pending = revision.id
-            if not repo.advance(head, revision.id):
-                raise KbError(
-                    f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
-                    "another process writes without the lock. Nothing was recorded."
+            draft.pending = built.revision.id
+            self._advance(head, built.revision.id)
+        self._refresh_worktree(built.revision.id, built.effective, draft)
+        return built.result()
+
+    def _commit_grouped(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
+        """Queue ``draft``; when other drafts are queued, wait for the lock's holder and take the
+        outcome it recorded for this one; otherwise (or if it did not) queue for the lock and, unless
+        a holder recorded it meanwhile, record every queued draft as consecutive revisions
+        (``kb.group_commit``). Raises LockTimeout after ``lock_timeout`` seconds in all."""
+        repo, ws, intent_id = self.repository, self.workspace_id, None
+        outcome, own, journal = None, None, []
+        deadline = time.monotonic() + self.settings.lock_timeout
+        waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
+        try:
+            with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
+                staged = self._stage_merged(draft)[0]
+                intent_id, ahead = group_commit.enqueue(conn, ws, draft, staged, message, author, committer)
+                if ahead:
+                    self._contended = time.monotonic()
+                    if waits:  # a holder is at work: wait for it, it may record this draft
+                        outcome = group_commit.await_outcome(conn, ws, intent_id, self.settings.lock_timeout)
+                if outcome is None:  # queue for the lock (FIFO: progress for everyone) and lead
+                    with locked_pipeline(
+                        self.database_url, ws, self.settings, connection=conn,
+                        timeout=max(0.001, deadline - time.monotonic()),
+                        with_lock=lambda c, _: (self._fetch_workspace(c), group_commit.claim(c, ws, intent_id)),
+                    ) as (conn, _, (row, claimed)):
+                        rows = claimed.fetchall()
+                        mine = next((r for r in rows if r["id"] == intent_id), None)
+                        if mine is not None and mine["outcome"] is not None:  # recorded while it queued
+                            group_commit.drop(conn, intent_id)
+                            outcome = mine["outcome"]
+                        else:
+                            own, journal = self._record_group(conn, draft, staged, intent_id, row, rows,
+                                                              (message, author, committer))
+        except LockTimeout:
+            if intent_id is None:
+                raise
+            outcome = self._withdraw(intent_id)
+            if outcome is None:
+                raise
+        except BaseException:
+            if intent_id is not None:
+                self._withdraw_quietly(intent_id)
+            raise
+        group_commit.clear_journal(repo, journal)  # only once Postgres has committed (SPEC §3)
+        if outcome is not None:
+            revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
+            if revision is not None:
+                self._refresh_worktree(revision.id, _worktree_changes(
+                    [PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]), draft)
+            return revision
+        if isinstance(own, KbError):
+            raise own
+        if isinstance(own, Revision):  # recorded by an earlier holder that died before Postgres committed
+            return Revision(own.id, own.seq, own.parent_id, own.author, own.committer, own.message, None,
+                            tuple(c.virtual() for c in own.changes))
+        if own is None:
+            return None
+        self._refresh_worktree(own.revision.id, own.effective, draft)
+        return own.result()
+
+    def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
+                      intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
+                      ) -> tuple[object, list[int]]:
+        """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
+        ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
+        ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
+        recovered Revision, None for a net-empty change, or the KbError refusing it) and the intent
+        ids whose journal files to remove once Postgres has committed."""
+        repo, ws = self.repository, self.workspace_id
+        workspace = self._workspace_row(conn, row.fetchone())
+        repo.clear_stale_locks()
+        if self._catch_up(conn, workspace):
+            workspace = self._workspace_row(conn)
+        pending = [r for r in rows if r["outcome"] is None]
+        if not any(r["id"] == intent_id for r in pending):  # its row vanished (server restart): record it too
+            pending.append({"id": intent_id, "payload": None, "outcome": None, "artifact_paths": None})
+        journal = group_commit.read_journal(repo)
+        results: dict[int, object] = {}
+        head0 = head = repo.head()
+        head_tree, seq, built = repo.tree_id(head), workspace["revision_count"], []
+        batch, rounds = pending, 0
+        while batch:
+            for r in batch:
+                landed = journal.get(r["id"])  # a holder that died after the ref moved recorded it (SPEC §3)
+                recorded = None if landed is None else group_commit.recorded_revision(conn, repo, ws, landed)
+                if recorded is not None:
+                    results[r["id"]] = recorded
+                    continue
+                if r["id"] == intent_id:
+                    intent = group_commit.Intent(intent_id, staged, draft.moves(), None, "", "",
+                                                 frozenset(r["artifact_paths"] or ()))
+                    each, words = draft, text
+                else:
+                    intent = group_commit.intent_of(r)
+                    each, words = intent.draft(repo, head_tree), (intent.message, intent.author, intent.committer)
+                try:
+                    result = self._build(conn, each, intent.staged, {}, head, head_tree, seq + 1, *words,
+                                         intent=intent if r["artifact_paths"] is not None else None)
+                except KbError as exc:  # this draft alone is refused; the group goes on
+                    results[r["id"]] = exc
+                    continue
+                results[r["id"]] = result
+                if result is not None:
+                    built.append((r["id"], result))
+                    head, head_tree, seq = result.revision.id, result.commit.tree, seq + 1
+            rounds += 1
+            if len(results) > 1 or any(r["id"] != intent_id for r in batch):
+                self._contended = time.monotonic()
+            if rounds > group_commit.MORE_ROUNDS or len(results) >= group_commit.MAX_GROUP \
+                    or time.monotonic() - self._contended > group_commit.CONTENDED_SECONDS:
+                break
+            # other writers are active: those who queued while this group was built join it
+            batch = [r for r in group_commit.claim(conn, ws, intent_id).fetchall()
+                     if r["outcome"] is None and r["id"] not in results]
+        others = {i: b.revision.id for i, b in built if i != intent_id}
+        if built:
+            fault_point("objects_written")
+            group_commit.write_journal(repo, others)
+        outcomes = {i: group_commit.outcome_of(res.revision if isinstance(res, _Built) else res)
+                    for i, res in results.items() if i != intent_id}
+        with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
+            record_revisions(conn, ws, [(each.revision, each.commit.commit_time) for _, each in built])
+            if built:
+                defer_convergence(conn, ws)
+            group_commit.settle(conn, outcomes)
+            group_commit.drop(conn, intent_id)
+            group_commit.forget_dead(conn, ws, intent_id)
+        own = results.get(intent_id)
+        if built:
+            draft.pending = own.revision.id if isinstance(own, _Built) else None
+            self._advance(head0, head)
+        return own, [*others, *(i for i in journal if i not in others)]
+
+    def _build(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
+               premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
+               message: str | None, author: str, committer: str,
+               intent: "group_commit.Intent | None" = None) -> "_Built | None":
+        """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
+        create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
+        claimed ARTIFACT paths, else a query), the commit object and the draft's hooks. None when
+        the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded)."""
+        repo = self.repository
+        staged = self._merge_with_head(draft, staged, head_tree, premerged)
+        staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (SPEC §2.2)
+        effective: dict[str, str | None] = {}
+        changes: dict[str, PathChange] = {}
+        at_head = repo.lookup_many(head_tree, staged)
+        for path, blob in staged.items():
+            old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
+            if old == blob:
+                continue
+            effective[path] = blob
+            kind = "added" if old is None else ("removed" if blob is None else "modified")
+            changes[path] = PathChange(path, kind, blob)
+        if not effective:
+            return None
+        self._check_tree(head_tree, effective, at_head)
+        check_case_collisions(repo, head_tree, effective, at_head)
+        if intent is not None:
+            group_commit.refuse_artifacts(intent, effective)
+        # Kinds before any move is applied, so the order of moves never matters (a swap
+        # p <-> q records two moves whichever is seen first).
+        kinds = {path: change.change for path, change in changes.items()}
+        for new, origin in draft.moves().items():
+            if new not in changes or kinds.get(origin) not in ("removed", "modified"):
+                continue
+            target, source = changes[new], changes[origin]
+            changes[new] = PathChange(new, "moved", target.content_id, old_path=origin,
+                                      new_path=target.new_path)
+            if source.change == "moved":  # the source is itself a move's destination
+                changes[origin] = PathChange(origin, "moved", source.content_id,
+                                             old_path=source.old_path, new_path=new)
+            else:
+                changes[origin] = PathChange(
+                    origin, "moved_away" if kinds[origin] == "removed" else "modified",
+                    source.content_id, new_path=new,
                 )
-            fault_point("ref_advanced")
-            try:
-                refused = repo.refresh_worktree(
-                    effective.items(), {p: v for p, v in draft._overlay.items()
-                                        if isinstance(v, bytes) and p not in draft._merge_requests},
-                    moves=draft.moves(),
-                )
-                if refused:
-                    log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
-                                self.workspace_id, len(refused), revision.id, refused[0][:80])
-            except OSError as exc:  # the working tree is a convenience; git and Postgres are not
-                log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
-                            self.workspace_id, revision.id, exc)
-            fault_point("before_pg_commit")
-        return Revision(revision.id, revision.seq, head, author, committer, text, None,
-                        tuple(c.virtual() for c in ordered))
+        ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
+        text = message or summarize(list(ordered))
+        commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer)
+        if intent is None:
+            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
+        for hook in draft.on_record:  # e.g. the artifact layer's generation check (SPEC §11)
+            hook(conn, head_tree, commit.id.decode())
+        revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
+        return _Built(commit, revision, effective)
+
+    def _advance(self, head: str | None, new: str) -> None:
+        """Move the branch ref from ``head`` to ``new`` (compare-and-swap, fsynced) under the lock."""
+        if not self.repository.advance(head, new):
+            raise KbError(
+                f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
+                "another process writes without the lock. Nothing was recorded."
+            )
+        fault_point("ref_advanced")
+        fault_point("before_pg_commit")
+
+    def _refresh_worktree(self, revision_id: str, changed: dict[str, str | None], draft: Draft) -> None:
+        """After the commit, outside the write lock: bring the working tree to HEAD for the paths
+        the revision changed (``Repository.refresh_to_head``). The working tree is a convenience:
+        a failure is logged and left to ``kb fsck``, never raised."""
+        repo = self.repository
+        try:
+            refused = repo.refresh_to_head(
+                changed, {p: v for p, v in draft._overlay.items()
+                          if isinstance(v, bytes) and p in changed and p not in draft._merge_requests},
+                moves=draft.moves(),
+            )
+            if refused:
+                log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
+                            self.workspace_id, len(refused), revision_id, refused[0][:80])
+        except OSError as exc:
+            log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
+                        self.workspace_id, revision_id, exc)
+
+    def _withdraw(self, intent_id: int) -> dict | None:
+        """After LockTimeout: withdraw the queued intent (returns None: the caller re-raises),
+        unless a holder recorded it meanwhile (its outcome is returned) or claimed it and died
+        (raises CommitOutcomeUnknown with the revision that may have landed)."""
+        with database.pooled_transaction(self.database_url) as conn:
+            withdrawn = group_commit.withdraw(conn, intent_id)
+            outcome = None if withdrawn else group_commit.take(conn, intent_id)
+        if outcome is not None:
+            return outcome
+        landed = group_commit.read_journal(self.repository).get(intent_id)
+        if landed is not None:
+            group_commit.clear_journal(self.repository, [intent_id])
+            raise CommitOutcomeUnknown(self.workspace_id, landed, "the writer recording it with others died")
+        return None
+
+    def _withdraw_quietly(self, intent_id: int) -> None:
+        """Best effort, on the way out of a failed commit: withdraw the queued intent so that no
+        later holder records a write its caller was told failed."""
+        try:
+            with database.pooled_transaction(self.database_url) as conn:
+                group_commit.withdraw(conn, intent_id)
+        except (KbError, psycopg.Error, OSError):
+            log.warning("workspace %s: could not withdraw queued write %s; a later writer may record it",
+                        self.workspace_id, intent_id)
 
     def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None],
                     at_head: dict[str, tuple[str, str] | None]) -> None:
@@ -337,7 +541,15 @@ class KnowledgeStore:
             ):
                 raise PathExists(f"cannot write /{path}: it became a folder holding documents meanwhile")
 
-    def _workspace_row(self, conn: psycopg.Connection) -> dict:
+    def _fetch_workspace(self, conn: psycopg.Connection):
+        """Execute the read of the workspace row (in the lock's round trip); returns the cursor."""
+        return conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id})
+
+    def _workspace_row(self, conn: psycopg.Connection, row: dict | None = None) -> dict:
+        """The ``kb.workspaces`` row (``row`` when already read under the lock), created if missing.
+        Raises WorkspaceNotFound when the workspace was deleted while this writer waited."""
+        if row is not None:
+            return row
         row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
         if row is None and not self.exists():  # deleted while this writer waited for the lock
             raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded")
@@ -439,6 +651,22 @@ class KnowledgeStore:
         return draft.revision
 
 
+@dataclass(frozen=True)
+class _Built:
+    """A revision built under the lock, not yet recorded: the commit object, the Revision (repo
+    paths) and ``effective`` ``{repo path: blob id or None}`` (what it changes)."""
+
+    commit: object
+    revision: Revision
+    effective: dict[str, str | None]
+
+    def result(self) -> Revision:
+        """The Revision as callers see it (virtual paths)."""
+        r = self.revision
+        return Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, None,
+                        tuple(c.virtual() for c in r.changes))
+
+
 def write_failure(workspace_id: int, pending: str | None, exc: BaseException) -> KbError:
     """The KbError for a Postgres or file-system failure during a commit (SPEC §3, §14): when the
     branch may have moved (``pending`` set), CommitOutcomeUnknown naming that revision; otherwise
@@ -459,8 +687,12 @@ def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
 
     Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
     """
-    for queue, task in (("projection", PROJECTION_TASK), ("index", INDEX_TASK)):
-        defer_job(conn, queue, task, workspace_id)
+    conn.execute(queries["defer_convergence_jobs"], {  # as defer_job for both, in one statement
+        "projection_task": PROJECTION_TASK, "projection_lock": job_lock("projection", workspace_id),
+        "projection_queueing_lock": f"projection:{workspace_id}",
+        "index_task": INDEX_TASK, "index_lock": job_lock("index", workspace_id),
+        "index_queueing_lock": f"index:{workspace_id}", "args": json.dumps({"workspace_id": workspace_id}),
+    })
     conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # SPEC §13, if any
 
 

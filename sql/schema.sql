@@ -579,3 +579,16 @@ FROM kb.chunks c, unnest(c.tsv) u GROUP BY 1, 2, 3;
 INSERT INTO kb.text_stats (workspace_id, text_config, chunk_count, token_total)
 SELECT workspace_id, coalesce(text_config, 'english'), count(*), sum(kb.tsvector_tokens(tsv))
 FROM kb.chunks GROUP BY 1, 2;
+
+-- ---- issue 9: group commit (migration 0015) ----
+
+CREATE UNLOGGED TABLE kb.write_intents (
+    id bigserial PRIMARY KEY,
+    workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    paths text[] NOT NULL,
+    payload jsonb NOT NULL,
+    outcome jsonb,
+    backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX write_intents_pending ON kb.write_intents (workspace_id, id) WHERE outcome IS NULL;

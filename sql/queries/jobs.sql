@@ -11,6 +11,14 @@ VALUES (%(queue)s, %(task)s, 0, %(lock)s, %(queueing_lock)s, %(args)s,
 ON CONFLICT (queueing_lock) WHERE status = 'todo' DO NOTHING
 RETURNING id;
 
+-- name: defer_convergence_jobs
+-- The projection and index jobs of a revision in one statement (kb/store.py defer_convergence):
+-- each is a no-op when a waiting job with its queueing lock already covers it.
+INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, queueing_lock, args)
+VALUES ('projection', %(projection_task)s, 0, %(projection_lock)s, %(projection_queueing_lock)s, %(args)s),
+       ('index', %(index_task)s, 0, %(index_lock)s, %(index_queueing_lock)s, %(args)s)
+ON CONFLICT (queueing_lock) WHERE status = 'todo' DO NOTHING;
+
 -- name: job_counts
 SELECT queue_name AS queue, status::text AS status, count(*) AS jobs
 FROM procrastinate_jobs

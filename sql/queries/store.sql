@@ -11,33 +11,31 @@ SELECT * FROM kb.workspaces WHERE id = %(workspace_id)s;
 -- name: list_workspaces
 SELECT * FROM kb.workspaces ORDER BY id;
 
--- name: lock_workspace_write
-SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
+-- name: lock_workspace_write_bounded
+-- The write lock in one statement: bound the wait (lock_timeout, text such as '10000ms'), take the
+-- lock, then unbound the transaction's later statements again (the list is evaluated in order).
+SELECT set_config('lock_timeout', %(timeout)s, true) AS bounded,
+       pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s) AS locked,
+       set_config('lock_timeout', '0', true) AS unbounded;
 
--- name: set_lock_timeout
-SELECT set_config('lock_timeout', %(timeout)s, true);
-
--- name: insert_revision
-INSERT INTO kb.revisions (workspace_id, id, seq, parent_id, author, committer, message, committed_at)
-VALUES (%(workspace_id)s, %(id)s, %(seq)s, %(parent_id)s, %(author)s, %(committer)s, %(message)s,
-        to_timestamp(%(committed_at)s));
-
--- name: insert_path_change
-INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
-VALUES (%(workspace_id)s, %(revision_id)s, %(seq)s, %(path)s, %(change)s, %(old_path)s, %(new_path)s,
-        %(content_id)s);
-
--- name: insert_path_changes
--- All path-change rows of one revision in one statement (issue 9: a folder rename of thousands of
--- documents is one round trip and one plan, not thousands of INSERTs).
-INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
-SELECT %(workspace_id)s, %(revision_id)s, %(seq)s, c.path, c.change, c.old_path, c.new_path, c.content_id
-FROM unnest(%(paths)s::text[], %(changes)s::text[], %(old_paths)s::text[], %(new_paths)s::text[],
-            %(content_ids)s::text[]) AS c (path, change, old_path, new_path, content_id);
-
--- name: advance_workspace_head
+-- name: record_revisions
+-- Consecutive revisions in one statement (group commit, issue 9): their rows, all their path
+-- changes (each tagged with its revision), and the workspace's recorded head = the last of them.
+WITH revisions AS (
+    INSERT INTO kb.revisions (workspace_id, id, seq, parent_id, author, committer, message, committed_at)
+    SELECT %(workspace_id)s, r.id, r.seq, r.parent_id, r.author, r.committer, r.message, to_timestamp(r.committed_at)
+    FROM unnest(%(ids)s::text[], %(seqs)s::bigint[], %(parent_ids)s::text[], %(authors)s::text[],
+                %(committers)s::text[], %(messages)s::text[], %(committed_ats)s::bigint[])
+         AS r (id, seq, parent_id, author, committer, message, committed_at)
+), changes AS (
+    INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
+    SELECT %(workspace_id)s, c.revision_id, c.seq, c.path, c.change, c.old_path, c.new_path, c.content_id
+    FROM unnest(%(change_revisions)s::text[], %(change_seqs)s::bigint[], %(paths)s::text[], %(changes)s::text[],
+                %(old_paths)s::text[], %(new_paths)s::text[], %(content_ids)s::text[])
+         AS c (revision_id, seq, path, change, old_path, new_path, content_id)
+)
 UPDATE kb.workspaces
-SET head_revision = %(revision_id)s, revision_count = %(seq)s
+SET head_revision = %(head)s, revision_count = %(head_seq)s
 WHERE id = %(workspace_id)s;
 
 -- name: revision_exists
