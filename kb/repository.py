@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import tempfile
 import time
 import weakref
 import zlib
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotTreeError, ObjectFormatException
+from dulwich.file import FileLocked
 from dulwich.object_store import DiskObjectStore, tree_lookup_path
 from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
 from dulwich.reflog import format_reflog_line
@@ -477,9 +479,40 @@ class Repository(WorktreeRefresh):
         store = self._repo.object_store
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
-                store.add_object(obj)
+                try:
+                    store.add_object(obj)
+                except FileLocked:
+                    self._add_loose_beside(obj)
         else:
             store.add_objects([(obj, None) for obj in objects])
+
+    def _add_loose_beside(self, obj) -> None:
+        """Store ``obj`` as a loose object while another process holds its ``.lock``.
+
+        Writers stage their blobs before taking the workspace lock (group commit, issue 9), so two
+        of them may store the very same object at once; dulwich then refuses the second with
+        FileLocked. The object's bytes are the same whoever writes them, so this writes them to a
+        temporary file of its own and links it into place as git itself does (``tmp_obj_*``):
+        nobody waits, and a lock left by a killed writer cannot block the object. Raises OSError.
+        """
+        store = self._repo.object_store
+        path = store._get_shafile_path(obj.id)
+        data = obj.as_legacy_object(compression_level=store.loose_compression_level)
+        fd, temporary = tempfile.mkstemp(prefix="tmp_obj_", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                if store.fsync_object_files:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            os.chmod(temporary, 0o444)
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                pass  # the other writer's copy landed first: the same bytes
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
     def build_tree(self, base_tree: bytes | None, changes: Sequence[tuple[str, str | None]]) -> bytes:
         """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied.
