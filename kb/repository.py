@@ -464,7 +464,7 @@ class Repository(WorktreeRefresh):
     def add_blob(self, data: bytes) -> str:
         """Store ``data`` as a blob; returns its id (equals ``git hash-object``)."""
         blob = Blob.from_string(data)
-        self._repo.object_store.add_object(blob)
+        self._add_objects([blob])
         return blob.id.decode()
 
     def add_blobs(self, blobs: Iterable[bytes]) -> list[str]:
@@ -673,7 +673,7 @@ class Repository(WorktreeRefresh):
         commit.author_timezone = commit.commit_timezone = 0
         commit.encoding = b"UTF-8"
         commit.message = (message.rstrip("\n") + "\n").encode()
-        self._repo.object_store.add_object(commit)
+        self._add_objects([commit])
         return commit
 
     def advance(self, old: str | None, new: str) -> bool:
