@@ -349,22 +349,34 @@ ALTER TABLE kb.chunks ALTER COLUMN embedding SET STORAGE PLAIN;
 -- NULL on rows written before this migration (they were built with 'english').
 ALTER TABLE kb.chunks ADD COLUMN text_config text;
 
--- BM25 term statistics per workspace, kept by the trigger below: in how many chunks a lexeme
--- occurs, and per text configuration the chunk count and the sum of tsvector lengths.
+-- BM25 term statistics per workspace and text configuration, kept by the trigger below: in how
+-- many chunks a lexeme occurs, and per configuration the chunk count and the sum of chunk lengths
+-- in tokens. A workspace's documents may be in several languages, each indexed with its own
+-- configuration; a query is parsed with each of them and each parse must be scored against the
+-- chunks of that configuration, with that configuration's document frequencies (migration 0014:
+-- counted together, `the`, a stop word in `english` kept by `simple`, looked rare in an English
+-- workspace with a few `simple` chunks and pulled those chunks to the top of every query). Chunk
+-- lengths are counted in tokens (positions), the length Okapi BM25 means, not distinct lexemes.
 CREATE TABLE kb.lexeme_stats (
     workspace_id integer NOT NULL,
     lexeme text NOT NULL,
     chunk_count integer NOT NULL,
-    PRIMARY KEY (workspace_id, lexeme)
+    text_config text NOT NULL,
+    PRIMARY KEY (workspace_id, text_config, lexeme)
 );
 
 CREATE TABLE kb.text_stats (
     workspace_id integer NOT NULL,
     text_config text NOT NULL,
     chunk_count bigint NOT NULL,
-    lexeme_total bigint NOT NULL,
+    token_total bigint NOT NULL,
     PRIMARY KEY (workspace_id, text_config)
 );
+
+-- Tokens (positions) in a tsvector; a lexeme stripped of positions counts once.
+CREATE FUNCTION kb.tsvector_tokens(tsv tsvector) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(sum(greatest(cardinality(u.positions), 1)), 0)::bigint FROM unnest(tsv) u;
+$$;
 
 -- Adds (sign = 1) or removes (sign = -1) the terms of changed chunks (parallel arrays); upserts in key order,
 -- so concurrent writers cannot deadlock on the statistics rows.
@@ -376,17 +388,17 @@ CREATE FUNCTION kb.add_chunk_terms(
         FROM unnest(workspace_ids, text_configs, tsvs) AS changed (w, t, v)
     ),
     lexemes AS (
-        INSERT INTO kb.lexeme_stats AS s (workspace_id, lexeme, chunk_count)
-        SELECT c.workspace_id, u.lexeme, sign * count(*) FROM c, unnest(c.tsv) u
-        GROUP BY 1, 2 ORDER BY 1, 2
-        ON CONFLICT (workspace_id, lexeme) DO UPDATE SET chunk_count = s.chunk_count + excluded.chunk_count
+        INSERT INTO kb.lexeme_stats AS s (workspace_id, text_config, lexeme, chunk_count)
+        SELECT c.workspace_id, c.text_config, u.lexeme, sign * count(*) FROM c, unnest(c.tsv) u
+        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+        ON CONFLICT (workspace_id, text_config, lexeme) DO UPDATE SET chunk_count = s.chunk_count + excluded.chunk_count
     )
-    INSERT INTO kb.text_stats AS s (workspace_id, text_config, chunk_count, lexeme_total)
-    SELECT workspace_id, text_config, sign * count(*), sign * sum(length(tsv)) FROM c
+    INSERT INTO kb.text_stats AS s (workspace_id, text_config, chunk_count, token_total)
+    SELECT workspace_id, text_config, sign * count(*), sign * sum(kb.tsvector_tokens(tsv)) FROM c
     GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (workspace_id, text_config) DO UPDATE
     SET chunk_count = s.chunk_count + excluded.chunk_count,
-        lexeme_total = s.lexeme_total + excluded.lexeme_total;
+        token_total = s.token_total + excluded.token_total;
 $$;
 
 -- Statement-level trigger over the transition tables: inserted chunks add their terms, deleted
@@ -505,8 +517,8 @@ CREATE TABLE kb.recorded_titles (
     PRIMARY KEY (workspace_id, seq, path)
 );
 
--- ---- issue 12: simple + unaccent, BM25 statistics per configuration (migration 0014) ----
--- (see the migration for the reasons)
+-- ---- issue 12: simple + unaccent (migration 0014; its BM25 statistics per configuration are
+-- folded into kb.lexeme_stats and kb.text_stats above) ----
 CREATE TEXT SEARCH CONFIGURATION kb.simple_unaccent (COPY = pg_catalog.simple);
 
 DO $$
@@ -533,52 +545,6 @@ BEGIN
     END IF;
 END;
 $$;
-
--- BM25 statistics per text configuration. A workspace's documents may be in several languages,
--- each indexed with its own configuration; a query is parsed with each of them and each parse
--- must be scored against the chunks of that configuration, with that configuration's document
--- frequencies: counted together, `the` (a stop word in `english`, kept by `simple`) looked rare
--- in an English workspace with a few `simple` chunks and pulled those chunks to the top of
--- every query. Chunk lengths are counted in tokens (positions), the length Okapi BM25 means,
--- instead of distinct lexemes.
-CREATE FUNCTION kb.tsvector_tokens(tsv tsvector) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(sum(greatest(cardinality(u.positions), 1)), 0)::bigint FROM unnest(tsv) u;
-$$;
-
-TRUNCATE kb.lexeme_stats, kb.text_stats;
-ALTER TABLE kb.lexeme_stats DROP CONSTRAINT lexeme_stats_pkey;
-ALTER TABLE kb.lexeme_stats ADD COLUMN text_config text NOT NULL;
-ALTER TABLE kb.lexeme_stats ADD PRIMARY KEY (workspace_id, text_config, lexeme);
-ALTER TABLE kb.text_stats RENAME COLUMN lexeme_total TO token_total;
-
-CREATE OR REPLACE FUNCTION kb.add_chunk_terms(
-    workspace_ids integer[], text_configs text[], tsvs tsvector[], sign integer
-) RETURNS void LANGUAGE sql AS $$
-    WITH c AS (
-        SELECT w AS workspace_id, coalesce(t, 'english') AS text_config, v AS tsv
-        FROM unnest(workspace_ids, text_configs, tsvs) AS changed (w, t, v)
-    ),
-    lexemes AS (
-        INSERT INTO kb.lexeme_stats AS s (workspace_id, text_config, lexeme, chunk_count)
-        SELECT c.workspace_id, c.text_config, u.lexeme, sign * count(*) FROM c, unnest(c.tsv) u
-        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-        ON CONFLICT (workspace_id, text_config, lexeme) DO UPDATE SET chunk_count = s.chunk_count + excluded.chunk_count
-    )
-    INSERT INTO kb.text_stats AS s (workspace_id, text_config, chunk_count, token_total)
-    SELECT workspace_id, text_config, sign * count(*), sign * sum(kb.tsvector_tokens(tsv)) FROM c
-    GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (workspace_id, text_config) DO UPDATE
-    SET chunk_count = s.chunk_count + excluded.chunk_count,
-        token_total = s.token_total + excluded.token_total;
-$$;
-
--- The statistics of the chunks that exist now (new rows go through the trigger).
-INSERT INTO kb.lexeme_stats (workspace_id, text_config, lexeme, chunk_count)
-SELECT c.workspace_id, coalesce(c.text_config, 'english'), u.lexeme, count(*)
-FROM kb.chunks c, unnest(c.tsv) u GROUP BY 1, 2, 3;
-INSERT INTO kb.text_stats (workspace_id, text_config, chunk_count, token_total)
-SELECT workspace_id, coalesce(text_config, 'english'), count(*), sum(kb.tsvector_tokens(tsv))
-FROM kb.chunks GROUP BY 1, 2;
 
 -- ---- issue 9: group commit (migration 0015) ----
 
