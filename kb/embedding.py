@@ -338,4 +338,7 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
 
 def vector_literal(vector: np.ndarray) -> str:
     """pgvector's text form ``[x1,x2,...]`` of one vector (float32 precision)."""
-    return "[" + ",".join(repr(float(x)) if math.isfinite(x) else "nan" for x in vector.tolist()) + "]"
+    values = vector.tolist()
+    if all(map(math.isfinite, values)):  # the usual case, formatted without a Python-level loop
+        return "[" + ",".join(map(repr, values)) + "]"
+    return "[" + ",".join(repr(float(x)) if math.isfinite(x) else "nan" for x in values) + "]"

@@ -378,6 +378,11 @@ CREATE FUNCTION kb.tsvector_tokens(tsv tsvector) RETURNS bigint LANGUAGE sql IMM
     SELECT coalesce(sum(greatest(cardinality(u.positions), 1)), 0)::bigint FROM unnest(tsv) u;
 $$;
 
+-- Each chunk's length in tokens, BM25's document length, computed once when its tsv is written
+-- (migration 0016: the lexical leg recounted it for every candidate on every search).
+ALTER TABLE kb.chunks
+    ADD COLUMN tsv_tokens integer GENERATED ALWAYS AS (kb.tsvector_tokens(tsv)) STORED;
+
 -- Adds (sign = 1) or removes (sign = -1) the terms of changed chunks (parallel arrays); upserts in key order,
 -- so concurrent writers cannot deadlock on the statistics rows.
 CREATE FUNCTION kb.add_chunk_terms(
