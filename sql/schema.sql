@@ -563,3 +563,7 @@ CREATE UNLOGGED TABLE kb.write_intents (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX write_intents_pending ON kb.write_intents (workspace_id, id) WHERE outcome IS NULL;
+-- The id sequence is logged although the table is not (migration 0017): an unlogged sequence
+-- restarts at 1 after a crash, and a new intent could then meet a stale group-commit journal
+-- entry of an old one and be settled with that old revision.
+ALTER SEQUENCE kb.write_intents_id_seq SET LOGGED;

@@ -7,9 +7,12 @@ subprocess that SIGKILLs itself at a fault point."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -171,3 +174,49 @@ def test_a_blob_another_writer_is_storing_at_the_same_time_is_stored_without_wai
     lock.unlink()
     git(repo.path, "fsck", "--strict")
     assert git(repo.path, "cat-file", "-p", blob_id).encode() == data
+
+
+def test_intent_ids_are_never_reused_after_a_postgres_crash(tmp_path):
+    """Migration 0017: a Postgres crash empties the UNLOGGED kb.write_intents and, before the fix,
+    reset its id sequence to 1 as well, while the group-commit journal in .git survives. A stale
+    journal entry (here for the id the reset sequence would hand out next, naming a revision
+    already recorded) then "settled" the next write with that old revision: the write returned
+    without error and its document was never committed."""
+    from kb import embedded_server
+    from kb.settings import Settings
+    from kb.sql import queries
+
+    root = Path(tempfile.mkdtemp(prefix="kbcrash-"))  # outside tmp_path: the server's OS user must reach it
+    pgdata = root / "pg"
+    url = embedded_server.start_embedded(pgdata, database="kb_crash")
+    kb = None
+    try:
+        kb = KnowledgeBase.open(Settings(storage_root=root / "storage", database_url=url,
+                                         embedding_model="hashing"))
+        base = _base(kb)
+        with database.connect(url) as conn:
+            before = conn.execute(queries["test_write_intent_sequence"]).fetchone()
+        assert before["persistence"] == "p"
+        ep = embedded_server._embedded_module()
+        ep.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata,
+                  user=embedded_server._system_user(ep, pgdata), timeout=120)
+        database.close_pools()
+        embedded_server.start_embedded(pgdata, database="kb_crash")  # crash recovery
+        repo = kb.settings.knowledge_store / "1"
+        journal = repo / ".git" / group_commit.JOURNAL
+        journal.mkdir(exist_ok=True)
+        (journal / "1").write_text(base)  # left by a holder that died with the server
+        with kb.transaction(1, "after the crash", "t") as tx:
+            tx.write("/documents/after.md", b"written after the crash")
+        assert tx.revision.id != base
+        assert [r.message for r in kb.history(1)] == ["after the crash", "base"]
+        assert kb.read(1, "/documents/after.md") == b"written after the crash"
+        with database.connect(url) as conn:
+            after = conn.execute(queries["test_write_intent_sequence"]).fetchone()
+        assert after["last_value"] > before["last_value"]
+        git(repo, "fsck", "--strict")
+    finally:
+        if kb is not None:
+            kb.close()
+        embedded_server.stop_embedded(pgdata)
+        shutil.rmtree(root, ignore_errors=True)

@@ -159,3 +159,9 @@ RETURNING id;
 
 -- name: test_unaccent_folds
 SELECT to_tsvector('kb.simple_unaccent', 'Příliš') = to_tsvector('simple', 'prilis') AS folds;
+
+-- name: test_write_intent_sequence
+-- The intent id sequence: the last id handed out and whether it is logged ('p') or unlogged ('u').
+SELECT s.last_value, c.relpersistence AS persistence
+FROM kb.write_intents_id_seq s, pg_class c
+WHERE c.oid = 'kb.write_intents_id_seq'::regclass;

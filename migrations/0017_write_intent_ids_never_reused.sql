@@ -1,0 +1,11 @@
+-- Issue 9 (SPEC §3): write intent ids are never handed out twice, not even after a server crash.
+--
+-- kb.write_intents is UNLOGGED, and Postgres (15 and later) made the sequence of its bigserial id
+-- unlogged with it: crash recovery resets such a sequence to its start, so after a crash ids
+-- begin again at 1. The group-commit journal (.git/kb-intents/<intent id>, kb/group_commit.py)
+-- outlives the crash: a holder that died after moving the ref and before Postgres committed leaves
+-- a file naming the revision that landed, and the writer it was for is gone with the table. A new
+-- intent that drew the same id again would be "settled" from that file with the old revision, and
+-- its own change would silently never be written. A logged sequence only moves forward (after a
+-- crash it resumes at or past its last value), so no id can meet a stale journal entry.
+ALTER SEQUENCE kb.write_intents_id_seq SET LOGGED;
