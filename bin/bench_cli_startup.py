@@ -6,8 +6,10 @@ Sets up a throw-away storage root (embedded Postgres unless ``KB_DATABASE_URL`` 
 ``--documents`` generated markdown files into workspace 1 and indexes them with the hashing
 embedder, then times, round by round and interleaved, ``python -c pass`` (interpreter start-up),
 ``git log -n 20`` on the workspace repository, and ``kb read`` / ``kb log`` / ``kb status`` /
-``kb search`` (hashing embedder) as subprocesses — what a user waits for. Prints medians and the
-ratio of each kb command to ``python -c pass``. Goals (issue 15): read/log/status ≤ 0.5 s,
+``kb search`` (hashing embedder) as subprocesses — what a user waits for — and, for read, log
+and status, a ``python -c`` that imports only what the command imports from outside kb (standard
+library and third-party modules, ``outside_imports``): the floor under the command. Prints medians
+and the ratio of each kb command to ``python -c pass``. Goals (issue 15): read/log/status ≤ 0.5 s,
 search ≤ 1.5 s with hashing.
 
 With ``--server`` the same kb commands also run against a ``kb serve`` subprocess
@@ -33,6 +35,33 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GOALS = {"read": 0.5, "log": 0.5, "status": 0.5, "search": 1.5}
+FLOORED = ("read", "log", "status")
+
+
+def outside_imports(command: list[str], env: dict[str, str]) -> str:
+    """``import a, b, ...``: every module that ``command`` (a kb CLI run) imports from outside kb
+    directly (a kb module or the command line imports it: the Python standard library and the
+    third-party libraries kb chose, such as psycopg, pydantic-settings, dulwich and click), in the
+    order it first imports them, read from the run's ``python -X importtime`` report, with the
+    garbage collector paused as kb.cli pauses it for quick commands. Timed as a command of its
+    own, it is the floor under ``command``: what the command pays before any line of kb runs."""
+    result = subprocess.run([command[0], "-X", "importtime", *command[1:]], env=env,
+                            capture_output=True, text=True, check=True)
+    rows = []
+    for line in result.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line or "cumulative" in line:
+            continue
+        name = line.rsplit("|", 1)[1]
+        rows.append(((len(name) - len(name.lstrip())) // 2, name.strip()))
+    names = []
+    for i, (depth, name) in enumerate(rows):  # post-order: a module's importer follows it, one level up
+        parent = next((n for d, n in rows[i + 1:] if d < depth), None)
+        if not (name == "kb" or name.startswith("kb.")) and (parent is None or parent == "kb"
+                                                           or parent.startswith("kb.")):
+            if name != "encodings" and not name.startswith("_"):
+                names.append(name)
+    # with the collector paused, as kb.cli pauses it for these commands while they import
+    return "import gc; gc.disable(); import " + ", ".join(dict.fromkeys(names))
 
 
 def kb_cli(*args: str) -> list[str]:
@@ -113,6 +142,8 @@ def main() -> None:
             "status": (kb_cli("status", "-w", "1"), env),
             "search": (kb_cli("search", "refund invoice", "-w", "1"), env),
         }
+        for name in FLOORED:  # what each command imports from outside kb, on its own
+            legs[f"{name}: imports"] = ([sys.executable, "-c", outside_imports(legs[name][0], env)], env)
         if args.compare:
             other = {**env, "PYTHONPATH": str(args.compare.resolve())}
             for name in ("read", "log", "status", "search"):
@@ -145,6 +176,11 @@ def main() -> None:
             verdict = "" if goal is None else f"  goal ≤ {goal:.1f} s: {'met' if median <= goal else 'MISSED'}"
             print(f"  {name:<21} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass), "
                   f"CPU {cpu * 1000:6.0f} ms{verdict}")
+        for name in FLOORED:
+            floor = statistics.median(wall for wall, _ in times[f"{name}: imports"])
+            own = statistics.median(wall for wall, _ in times[name]) - floor
+            print(f"  {name}: its imports from outside kb alone take {floor * 1000:.0f} ms; kb's own "
+                  f"modules and work {own * 1000:.0f} ms")
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)
