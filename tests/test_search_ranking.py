@@ -250,3 +250,66 @@ def test_an_accented_query_matches_unaccented_text_under_simple_unaccent(kb):
     assert configs["/documents/cs.md"] == "kb.simple_unaccent"
     assert _lexical_paths(kb, 1, "zlutoucky kun")[0] == "/documents/cs.md"  # typed without accents
     assert _lexical_paths(kb, 1, "Cà phê sữa đá")[0] == "/documents/vi.md"  # accented query, plain text
+
+
+def _reference_bm25(kb, ws: int, query: str) -> dict[int, float]:
+    """Okapi BM25 of every chunk holding a query term, computed here from the chunks' own
+    postings (``unnest(tsv)``) with the formula of kb.search: per text configuration, n chunks,
+    mean length in tokens, df from the postings; tf counts positions, a weight-A one (title,
+    headings) as TITLE_WEIGHT. Independent of sql/queries/search.sql and of the statistics tables."""
+    import math
+    from collections import defaultdict
+
+    from kb.languages import lexical_text
+    from kb.search import BM25_B, BM25_K1, TITLE_WEIGHT
+
+    postings = _rows(kb, "test_chunk_postings", workspace_id=ws)
+    length, config_of, tf = defaultdict(int), {}, defaultdict(dict)
+    for p in postings:
+        config_of[p["id"]] = p["text_config"]
+        length[p["id"]] += max(len(p["positions"] or []), 1)
+        a = sum(1 for w in (p["weights"] or []) if w == "A")
+        tf[p["id"]][p["lexeme"]] = max(len(p["positions"] or []), 1) + (TITLE_WEIGHT - 1) * a
+    scores: dict[int, float] = {}
+    for config in set(config_of.values()):
+        chunks = [c for c in config_of if config_of[c] == config]
+        n, mean = len(chunks), sum(length[c] for c in chunks) / len(chunks)
+        terms = [r["lexeme"] for r in _rows(kb, "test_query_lexemes", config=config, text=lexical_text(query))]
+        for term in terms:
+            df = sum(1 for c in chunks if term in tf[c])
+            if not df:
+                continue
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            for c in chunks:
+                f = tf[c].get(term)
+                if f:
+                    norm = BM25_K1 * (1 - BM25_B + BM25_B * length[c] / mean)
+                    scores[c] = scores.get(c, 0.0) + idf * f * (BM25_K1 + 1) / (f + norm)
+    return scores
+
+
+def test_lexical_leg_scores_equal_a_reference_bm25_in_every_configuration(kb):
+    """The lexical leg's scores and order are Okapi BM25 computed independently from the chunks'
+    postings, in a workspace of three languages (each configuration with its own statistics) whose
+    chunks repeat terms in titles and bodies, so df, tf, title weight and length all matter. Small
+    workspace: every term is selective, so every chunk holding a term is scored."""
+    kb.use_embedder(HashingEmbedder())
+    docs = {}
+    for i in range(12):
+        body = " ".join(["deploy"] * (i % 3 + 1) + ["server"] * (i % 4) + ["notes"] * (1 + i % 2))
+        docs[f"/documents/en{i}.md"] = (f"# {'Deploy' if i % 5 == 0 else 'Page'} {i}\n\n"
+                                        f"This page explains how to {body} for the team.\n")
+    docs["/documents/de.md"] = "# Server\n\nSo wird der Server in diesem Kapitel eingerichtet und gewartet.\n"
+    docs["/documents/ru.md"] = "# Сервер\n\nЭта страница описывает, как настроить сервер и хранить заметки.\n"
+    _write_all(kb, 1, docs)
+    kb.index(1)
+    for query in ("deploy the server", "Server eingerichtet", "сервер заметки", "notes", "team server deploy"):
+        reference = _reference_bm25(kb, 1, query)
+        with database.connect(kb.database_url, autocommit=True) as conn:
+            from kb.search import _lexical_params
+
+            got = conn.execute(queries["lexical_leg"],
+                               {"workspace_id": 1, "limit": 100, **_lexical_params(query)}).fetchall()
+        assert {r["id"]: r["score"] for r in got} == pytest.approx(reference, rel=1e-9), query
+        expected = sorted(reference, key=lambda c: (-reference[c], c))
+        assert [r["id"] for r in got] == expected, query

@@ -20,8 +20,10 @@ LIMIT %(limit)s;
 -- selective_share of them, or the configuration's rarest query term) or all the terms are scored,
 -- so a word found in every chunk does not make every chunk a candidate. The term frequency counts
 -- every occurrence, one in the context line (title, headings: weight A) as title_weight.
--- Candidates are scored in one join (a correlated subquery per candidate rebuilt its hash of the
--- query terms for each), with the length stored in kb.chunks.tsv_tokens (migration 0016).
+-- Each candidate's tsvector is unnested once and its query terms are looked up in the arrays of
+-- its configuration's lexemes and idfs that travel with it: no join with the terms, whose order
+-- the planner could not estimate (it unnested every candidate once per query term), and no
+-- correlated subquery per candidate; its length is stored in kb.chunks.tsv_tokens (migration 0016).
 WITH totals AS (
     SELECT text_config, chunk_count::float8 AS n, token_total::float8 / chunk_count AS avg_length
     FROM kb.text_stats
@@ -42,28 +44,30 @@ selectors AS (
     SELECT text_config,
            (string_agg(quoted, ' | ') FILTER (
                 WHERE df <= greatest(%(selective_chunks)s, %(selective_share)s * n) OR df = rarest))::tsquery
-           || string_agg(quoted, ' & ')::tsquery AS selector
+           || string_agg(quoted, ' & ')::tsquery AS selector,
+           array_agg(lexeme ORDER BY lexeme) AS lexemes, array_agg(idf ORDER BY lexeme) AS idfs,
+           min(avg_length) AS avg_length
     FROM (SELECT *, min(df) OVER (PARTITION BY text_config) AS rarest FROM terms) s
     GROUP BY text_config
 ),
 candidates AS MATERIALIZED (
     -- the concatenation detoasts each tsvector once, instead of twice below; the ::integer cast
     -- lets the (workspace_id, tsv) GIN index use its workspace column (btree_gin has no int2 = int4)
-    SELECT c.id, s.text_config, c.tsv || ''::tsvector AS tsv, c.tsv_tokens
+    SELECT c.id, c.tsv || ''::tsvector AS tsv, c.tsv_tokens, s.lexemes, s.idfs, s.avg_length
     FROM selectors s
     JOIN kb.chunks c
         ON c.workspace_id = %(workspace_id)s::integer AND coalesce(c.text_config, 'english') = s.text_config
     WHERE c.tsv @@ s.selector
 )
 SELECT c.id,
-       sum(x.idf * f.tf * (%(k1)s + 1)
-           / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * c.tsv_tokens / x.avg_length)))::float8 AS score
+       sum(c.idfs[array_position(c.lexemes, u.lexeme)] * f.tf * (%(k1)s + 1)
+           / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * c.tsv_tokens / c.avg_length)))::float8 AS score
 FROM candidates c
 CROSS JOIN LATERAL unnest(c.tsv) u
-JOIN terms x ON x.text_config = c.text_config AND x.lexeme = u.lexeme
 CROSS JOIN LATERAL (
     SELECT greatest(cardinality(u.positions), 1)
            + (%(title_weight)s - 1) * cardinality(array_positions(u.weights, 'A')) AS tf) f
+WHERE u.lexeme = ANY (c.lexemes)
 GROUP BY c.id
 ORDER BY score DESC, c.id
 LIMIT %(limit)s;

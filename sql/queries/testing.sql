@@ -165,3 +165,12 @@ SELECT to_tsvector('kb.simple_unaccent', 'Příliš') = to_tsvector('simple', 'p
 SELECT s.last_value, c.relpersistence AS persistence
 FROM kb.write_intents_id_seq s, pg_class c
 WHERE c.oid = 'kb.write_intents_id_seq'::regclass;
+
+-- name: test_chunk_postings
+-- Every lexeme of every chunk of a workspace with its positions and weights (a reference BM25).
+SELECT c.id, coalesce(c.text_config, 'english') AS text_config, u.lexeme, u.positions, u.weights
+FROM kb.chunks c, unnest(c.tsv) u
+WHERE c.workspace_id = %(workspace_id)s;
+
+-- name: test_query_lexemes
+SELECT DISTINCT u.lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(text)s)) u;
