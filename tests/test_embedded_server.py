@@ -20,7 +20,11 @@ import psycopg
 import pytest
 from conftest import run_cli
 
+from psycopg import sql
+
 from kb.database import running_server, start_embedded, stop_embedded
+from kb.embedded_server import default_shared_buffers
+from kb.sql import queries
 
 
 def free_port() -> int:
@@ -118,3 +122,27 @@ def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -
     assert "workspace" not in run_cli(env, "status").stderr  # recreated, schema applied
     with psycopg.connect(server.url("kb")) as conn:
         assert conn.execute("SELECT to_regclass('kb.documents') IS NOT NULL").fetchone()[0]
+
+
+@pytest.mark.parametrize(("memory_mb", "expected"), [
+    (512, "128MB"),        # small container: Postgres' own default is the floor
+    (4 * 1024, "512MB"),   # an eighth
+    (64 * 1024, "1024MB"),  # capped
+])
+def test_default_shared_buffers_is_an_eighth_of_memory_within_bounds(memory_mb: int, expected: str) -> None:
+    assert default_shared_buffers(memory_mb * 2**20) == expected
+
+
+def test_a_new_server_gets_shared_buffers_for_the_machine_and_a_dbas_later_choice_stands(storage_root: Path) -> None:
+    """kb sizes shared_buffers when it creates the data directory (Postgres' 128 MB is smaller
+    than one large workspace's HNSW index) and never again: after a DBA's ALTER SYSTEM and a
+    restart, kb starts the server with the DBA's value."""
+    pgdata = storage_root / "postgres"
+    url = start_embedded(pgdata, database="kb")
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute(queries["show_shared_buffers"]).fetchone()[0] == int(default_shared_buffers()[:-2]) * 2**20
+        conn.execute(sql.SQL(queries["set_shared_buffers"]).format(size=sql.Literal("200MB")))
+    stop_embedded(pgdata)
+    url = start_embedded(pgdata, database="kb")
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute(queries["show_shared_buffers"]).fetchone()[0] == 200 * 2**20

@@ -7,6 +7,14 @@ SELECT current_setting('wal_level') AS wal_level;
 -- Takes effect after a restart (kb/database.py restarts the embedded server once).
 ALTER SYSTEM SET wal_level = 'logical';
 
+-- name: set_shared_buffers
+-- A new embedded server's shared_buffers (kb/embedded_server.py default_shared_buffers; takes
+-- effect after the restart that follows). ALTER SYSTEM takes no parameters: the size is a literal.
+ALTER SYSTEM SET shared_buffers = {size};
+
+-- name: show_shared_buffers
+SELECT pg_size_bytes(current_setting('shared_buffers')) AS shared_buffers_bytes;
+
 -- name: database_exists
 SELECT 1 AS found FROM pg_database WHERE datname = %(database)s;
 
