@@ -156,6 +156,18 @@ def _lost(exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"the connection to Postgres was lost ({reason}); retry when the server is back")
 
 
+@contextlib.contextmanager
+def _lost_raises_unavailable(conn: psycopg.Connection) -> Iterator[None]:
+    """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
+    DatabaseUnavailable; errors of a healthy connection pass unchanged."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if conn.broken:
+            raise _lost(exc) from exc
+        raise
+
+
 class KbConnection(psycopg.Connection):
     """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
     backend was terminated) into DatabaseUnavailable, so no raw psycopg error escapes kb's facade
@@ -186,8 +198,13 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
 
 _pools: dict[str, "ConnectionPool"] = {}
 _pools_lock = threading.Lock()
+POOL_MIN_SIZE = 2
+"""Connections a pool keeps open: two, so a search finds an idle second connection for its side
+leg (``spare_pooled_connection``; a pool does not grow for a request that will not wait)."""
 POOL_MAX_SIZE = 8
 POOL_TIMEOUT = 30.0
+SPARE_WAIT = 0.001
+"""Seconds ``spare_pooled_connection`` waits for an idle connection before doing without."""
 
 
 def _pool_configure(url: str):
@@ -217,7 +234,7 @@ def pool(url: str) -> "ConnectionPool":
             return existing
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
         created = ConnectionPool(
-            url, min_size=1, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
+            url, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
             kwargs=connection_kwargs(url) or None,
             timeout=POOL_TIMEOUT, open=False, name="kb",
         )
@@ -253,6 +270,27 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
         if broken:
             raise _lost(exc) from exc
         raise
+
+
+@contextlib.contextmanager
+def spare_pooled_connection(url: str) -> Iterator[psycopg.Connection | None]:
+    """An idle pooled connection if the pool has one, else None after at most ``SPARE_WAIT``
+    seconds (the pool keeps ``POOL_MIN_SIZE`` open and grows while callers wait). For work that
+    can use a second connection but must not queue for one (a search's side leg). A connection
+    lost inside the block raises DatabaseUnavailable, as in ``pooled_connection``."""
+    from psycopg_pool import PoolTimeout
+
+    connections = pool(url)
+    try:
+        conn = connections.getconn(timeout=SPARE_WAIT)  # psycopg_pool refuses at once at 0
+    except PoolTimeout:
+        yield None
+        return
+    try:
+        with _lost_raises_unavailable(conn):
+            yield conn
+    finally:
+        connections.putconn(conn)
 
 
 @contextlib.contextmanager
@@ -306,12 +344,8 @@ def transaction(url: str) -> Iterator[psycopg.Connection]:
     """A connection inside one transaction: committed on clean exit, rolled back on error."""
     conn = connect(url)
     try:
-        with conn.transaction():
+        with _lost_raises_unavailable(conn), conn.transaction():
             yield conn
-    except psycopg.OperationalError as exc:
-        if conn.broken:
-            raise _lost(exc) from exc
-        raise
     finally:
         conn.close()
 

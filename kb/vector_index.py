@@ -92,7 +92,8 @@ def recorded_index(conn: psycopg.Connection, workspace_id: int, model: str) -> d
     cached = _recorded.get(key)
     if cached is not None and now - cached[0] < RECORD_CACHE_SECONDS:
         return cached[1]
-    row = conn.execute(queries["recorded_vector_index"], {"workspace_id": workspace_id, "model": model}).fetchone()
+    with conn.transaction():  # leaves a pooled connection idle (a savepoint inside an open transaction)
+        row = conn.execute(queries["recorded_vector_index"], {"workspace_id": workspace_id, "model": model}).fetchone()
     _recorded[key] = (now, row)
     return row
 

@@ -10,11 +10,31 @@ from kb.sql import queries
 
 
 def test_pooled_connections_are_reused_and_give_dict_rows(database_url: str) -> None:
-    with database.pooled_connection(database_url) as conn:
-        first_pid = conn.execute(queries["test_backend_pid"]).fetchone()["pid"]
-    with database.pooled_connection(database_url) as conn:
-        second_pid = conn.execute(queries["test_backend_pid"]).fetchone()["pid"]
-    assert first_pid == second_pid
+    """One caller at a time is served by the connections the pool keeps open (``POOL_MIN_SIZE``,
+    handed out in turn), not by new ones."""
+    pids = set()
+    for _ in range(6):
+        with database.pooled_connection(database_url) as conn:
+            pids.add(conn.execute(queries["test_backend_pid"]).fetchone()["pid"])
+    assert len(pids) <= database.POOL_MIN_SIZE
+    database.close_pools()
+
+
+def test_a_spare_connection_is_another_idle_one_or_none_without_waiting(database_url: str) -> None:
+    """``spare_pooled_connection``: a second connection while one is in use; None (after at most
+    SPARE_WAIT) when every connection of a pool at its maximum is taken."""
+    with database.pooled_connection(database_url) as conn, database.spare_pooled_connection(database_url) as side:
+        assert side is not None
+        assert (side.execute(queries["test_backend_pid"]).fetchone()["pid"]
+                != conn.execute(queries["test_backend_pid"]).fetchone()["pid"])
+    connections = database.pool(database_url)
+    taken = [connections.getconn() for _ in range(database.POOL_MAX_SIZE)]
+    try:
+        with database.spare_pooled_connection(database_url) as side:
+            assert side is None
+    finally:
+        for conn in taken:
+            connections.putconn(conn)
     database.close_pools()
 
 

@@ -92,6 +92,19 @@ FROM ranks r
 JOIN kb.chunks c ON c.id = r.id
 JOIN kb.documents d ON d.id = c.document_id;
 
+-- name: leg_envelopes
+-- One leg on a connection of its own (kb/search.py runs the vector and the lexical leg side by
+-- side when a second pooled connection is free): the leg's chunks (the first placeholder: the
+-- exact, approximate or lexical leg) ranked in the leg's order (the second), with what their
+-- envelopes need, as search_candidates has them.
+WITH leg AS MATERIALIZED ({leg})
+SELECT l.id AS chunk_id, row_number() OVER (ORDER BY {order}) AS rank, c.document_id, c.start_line,
+       c.end_line, CASE WHEN c.start_line IS NULL THEN c.text END AS text,
+       d.path, d.title, d.indexed_content_id, d.indexed_revision
+FROM leg l
+JOIN kb.chunks c ON c.id = l.id
+JOIN kb.documents d ON d.id = c.document_id;
+
 -- name: document_by_path
 SELECT id, path, title, document_type, metadata, content_id, status, indexed_revision
 FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
