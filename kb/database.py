@@ -150,6 +150,17 @@ def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
     )
 
 
+def _no_pooled_connection(url: str, connections, exc: BaseException) -> DatabaseUnavailable:
+    """The KbError for a pool that gave no connection within its timeout: every connection busy
+    (too many concurrent callers for POOL_MAX_SIZE), or the server unreachable."""
+    stats = connections.get_stats()
+    if stats.get("pool_size", 0) >= connections.max_size and not stats.get("pool_available"):
+        return DatabaseUnavailable(
+            f"all {connections.max_size} pooled connections to Postgres stayed busy for "
+            f"{connections.timeout:g} s; retry, or make fewer calls at once from this process")
+    return _unavailable(url, exc)
+
+
 def _lost(exc: BaseException) -> DatabaseUnavailable:
     """The KbError for a connection that broke while in use (server gone, backend terminated)."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -236,6 +247,9 @@ def pool(url: str) -> "ConnectionPool":
         created = ConnectionPool(
             url, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
             kwargs=connection_kwargs(url) or None,
+            # one round trip per checkout, so a connection whose backend ended while idle (a
+            # server restart, pg_terminate_backend) is replaced instead of failing its caller
+            check=ConnectionPool.check_connection,
             timeout=POOL_TIMEOUT, open=False, name="kb",
         )
         try:
@@ -254,18 +268,22 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
     Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds.
     """
-    from psycopg_pool import PoolTimeout
+    from psycopg_pool import PoolClosed, PoolTimeout
 
     broken = False
+    connections = pool(url)
     try:
-        with pool(url).connection() as conn:
+        with connections.connection() as conn:
             try:
                 yield conn
             except psycopg.OperationalError:
                 broken = conn.broken
                 raise
     except PoolTimeout as exc:
-        raise _unavailable(url, exc) from exc
+        raise _no_pooled_connection(url, connections, exc) from exc
+    except PoolClosed as exc:
+        raise DatabaseUnavailable("kb's connection pool was closed while this call was starting (the "
+                                  "process is shutting down); retry in a process that is not") from exc
     except psycopg.OperationalError as exc:
         if broken:
             raise _lost(exc) from exc
@@ -278,12 +296,12 @@ def spare_pooled_connection(url: str) -> Iterator[psycopg.Connection | None]:
     seconds (the pool keeps ``POOL_MIN_SIZE`` open and grows while callers wait). For work that
     can use a second connection but must not queue for one (a search's side leg). A connection
     lost inside the block raises DatabaseUnavailable, as in ``pooled_connection``."""
-    from psycopg_pool import PoolTimeout
+    from psycopg_pool import PoolClosed, PoolTimeout
 
     connections = pool(url)
     try:
         conn = connections.getconn(timeout=SPARE_WAIT)  # psycopg_pool refuses at once at 0
-    except PoolTimeout:
+    except (PoolTimeout, PoolClosed):  # none free, or the process is closing its pools: do without
         yield None
         return
     try:

@@ -7,7 +7,8 @@
 -- the statement's execution time. As a stored generated column it is computed once, when the
 -- chunk's tsv is written, and is always the length of the tsv in the row.
 --
--- Adding the column rewrites kb.chunks (writes wait, reads go on) and computes every row's
--- length: about 19 s for 30,000 chunks on a 2-core machine.
+-- Adding the column rewrites kb.chunks and computes every row's length under an ACCESS EXCLUSIVE
+-- lock held until the migrations commit: searches and chunk writes wait meanwhile (about 19 s
+-- for 30,000 chunks on a 2-core machine). Upgrade with `kb init` when a pause is acceptable.
 ALTER TABLE kb.chunks
     ADD COLUMN tsv_tokens integer GENERATED ALWAYS AS (kb.tsvector_tokens(tsv)) STORED;

@@ -59,3 +59,52 @@ def test_unreachable_server_is_a_kb_error(tmp_path) -> None:
                 pass
     finally:
         database.POOL_TIMEOUT = saved
+
+
+def test_a_closed_pool_is_a_kb_error_and_a_spare_is_simply_absent(database_url: str, monkeypatch) -> None:
+    """Pools closing while a call starts (at exit, a server shutting down): ``pooled_connection``
+    raises DatabaseUnavailable (psycopg_pool's PoolClosed escaped before), and a search's spare
+    connection is just not there."""
+    closed = database.pool(database_url)
+    closed.close()
+    monkeypatch.setattr(database, "pool", lambda url: closed)
+    with database.spare_pooled_connection(database_url) as side:
+        assert side is None
+    with pytest.raises(DatabaseUnavailable, match="pool was closed"):
+        with database.pooled_connection(database_url):
+            pass
+
+
+def test_pooled_connections_whose_backends_ended_are_replaced_not_handed_out(database_url: str) -> None:
+    """A server restart or pg_terminate_backend ends idle pooled connections; the pool checks a
+    connection before handing it out, so the next callers get live ones instead of failing."""
+    connections = database.pool(database_url)
+    held = [connections.getconn() for _ in range(database.POOL_MIN_SIZE)]
+    pids = [conn.execute(queries["test_backend_pid"]).fetchone()["pid"] for conn in held]
+    for conn in held:
+        conn.rollback()
+        connections.putconn(conn)
+    with database.connect(database_url, autocommit=True) as admin:
+        for pid in pids:
+            admin.execute(queries["test_terminate_backend"], {"pid": pid})
+    for _ in range(3):
+        with database.pooled_connection(database_url) as conn, \
+                database.spare_pooled_connection(database_url) as side:
+            assert conn.execute(queries["test_backend_pid"]).fetchone()["pid"] not in pids
+            assert side is None or side.execute(queries["test_backend_pid"]).fetchone()["pid"] not in pids
+    database.close_pools()
+
+
+def test_a_pool_whose_connections_are_all_busy_says_so(database_url: str, monkeypatch) -> None:
+    monkeypatch.setattr(database, "POOL_TIMEOUT", 0.5)
+    database.close_pools()
+    connections = database.pool(database_url)
+    taken = [connections.getconn() for _ in range(database.POOL_MAX_SIZE)]
+    try:
+        with pytest.raises(DatabaseUnavailable, match=f"all {database.POOL_MAX_SIZE} pooled connections"):
+            with database.pooled_connection(database_url):
+                pass
+    finally:
+        for conn in taken:
+            connections.putconn(conn)
+        database.close_pools()
