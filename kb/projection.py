@@ -376,5 +376,8 @@ def project(
     elif (seen := conn.execute(queries["revision_seq"], {"workspace_id": ws, "revision_id": projected}).fetchone()):
         run.apply_titles(seen["seq"])
     run.announce(folders_deleted)
+    if run.result.moved:
+        conn.execute(queries["moved_documents_indexed_at"],
+                     {"workspace_id": ws, "ids": run.result.moved, "revision_id": head})
     conn.execute(queries["set_projected_revision"], {"workspace_id": ws, "revision_id": head})
     return run.result

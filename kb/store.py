@@ -32,8 +32,8 @@ from kb import artifact_rows, database, group_commit
 from kb.draft import BlobRef, Draft, repo_path_of
 from kb.commit_checks import check_case_collisions
 from kb.errors import (
-    CommitOutcomeUnknown, DatabaseUnavailable, InvalidInput, InvalidWorkspace, KbError, LockTimeout, PathExists,
-    RevisionNotFound, StorageError, WorkspaceNotFound,
+    CommitOutcomeUnknown, DatabaseUnavailable, DocumentNotFound, InvalidInput, InvalidWorkspace, KbError, LockTimeout,
+    PathExists, RevisionNotFound, StorageError, WorkspaceNotFound,
 )
 from kb.faults import fault_point
 from kb.history import (
@@ -152,7 +152,11 @@ class KnowledgeStore:
     def read(self, path: str | StorePath, revision: str | None = None) -> bytes:
         """Bytes of a document at HEAD (or ``revision``); raises DocumentNotFound/RevisionNotFound."""
         revision = self.repository.resolve(revision) if revision else self.head()
-        return self.repository.read(revision, repo_path_of(path, allow_keep=True))
+        target = repo_path_of(path, allow_keep=True)
+        try:
+            return self.repository.read(revision, target)
+        except DocumentNotFound:  # named as the caller names documents (virtual, with its slash)
+            raise DocumentNotFound(f"no document at {'/' + target!r} in revision {revision or '(empty)'}") from None
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
         """Bytes of a document at ``revision`` (SPEC §3, citations §8)."""

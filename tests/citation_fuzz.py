@@ -453,6 +453,7 @@ class E2ECase:
         for envelope in shown:  # the reader answers after seeing every envelope of the round
             self.seen_numbered[envelope.cite] = self.seen_numbered.get(envelope.cite, False) or any(
                 n is not None for n, _ in envelope.lines)
+            self._check_envelope_reads_back(envelope)
         for envelope in shown:
             key = self._key_of(envelope.path)
             numbered = [(n, t) for n, t in envelope.lines if n is not None]
@@ -497,6 +498,22 @@ class E2ECase:
         if set(got) != set(want) or result.unknown:  # a repeat within one bracket is written once
             self._fail(f"normalize {''.join(answer)!r} gave {got} (unknown {result.unknown}), expected {want}")
         self.cited += expected
+
+    def _check_envelope_reads_back(self, envelope) -> None:
+        """What an envelope names is where its lines are: the document at (path, revision) reads
+        back, and every numbered line is that line of it (SPEC §8; a moved, unedited document
+        once came back under its new path with the revision before the move)."""
+        if envelope.revision is None:
+            return
+        try:
+            lines = document_lines(self.kb.read_as_of(self.ws, envelope.revision, envelope.path))
+        except Exception as exc:  # noqa: BLE001 - any failure to read it back is the finding
+            self._fail(f"envelope {envelope.path} @ {envelope.revision[:12]} does not read back: {exc}")
+            return
+        for n, text in envelope.lines:
+            if n is not None and (n > len(lines) or lines[n - 1] != text):
+                self._fail(f"envelope {envelope.path} @ {envelope.revision[:12]} line {n} is {text!r}, "
+                           f"the document has {lines[n - 1] if n <= len(lines) else None!r}")
 
     @staticmethod
     def _model_matches(model: Doc, envelope) -> bool:

@@ -50,7 +50,7 @@ def test_read_missing_document_and_bad_path(kb, kb_env, tmp_path):
     (notes / "a.md").write_text("a")
     run_cli(kb_env, "import", str(notes), "--workspace", "1")
     line = _one_line_error(run_cli(kb_env, "read", "/documents/b.md", "--workspace", "1", check=False))
-    assert "no document" in line
+    assert "no document at '/documents/b.md'" in line  # the path as the user wrote it
     line = _one_line_error(run_cli(kb_env, "read", "/documents/../etc/passwd", "--workspace", "1", check=False))
     assert "invalid path" in line
     line = _one_line_error(run_cli(kb_env, "read", "/documents/a.md", "--workspace", "1", "--revision", "deadbeef", check=False))

@@ -68,6 +68,17 @@ RETURNING id;
 -- name: delete_folder
 DELETE FROM kb.folders WHERE workspace_id = %(workspace_id)s AND path = %(path)s RETURNING id;
 
+-- name: moved_documents_indexed_at
+-- Moved documents whose indexed content is the content they have at the projected revision (a
+-- move without an edit is not re-indexed) are stamped as indexed at that revision: a search
+-- envelope's (path, revision) must name the document where it is, and with the old stamp the new
+-- path did not exist at that revision (`kb read PATH --revision REV` failed). Their chunks' line
+-- spans stay right: the blob is the same.
+UPDATE kb.documents
+SET indexed_revision = %(revision_id)s
+WHERE workspace_id = %(workspace_id)s AND id = ANY (%(ids)s)
+  AND indexed_content_id = content_id AND indexed_revision IS DISTINCT FROM %(revision_id)s;
+
 -- name: set_projected_revision
 UPDATE kb.workspaces SET last_projected_revision = %(revision_id)s WHERE id = %(workspace_id)s;
 
