@@ -399,7 +399,7 @@ class Indexer:
 
     def _write_document(self, conn, workspace_id, head, p: _Prepared, vectors, report) -> None:
         row = p.row
-        params = {"document_id": row["id"], "content_id": row["content_id"], "revision_id": head}
+        params = {"document_id": row["id"], "content_id": row["content_id"], "revision_id": head, "path": row["path"]}
         error = p.error
         if error is None:
             try:

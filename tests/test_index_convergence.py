@@ -327,3 +327,35 @@ def test_index_job_with_failed_documents_defers_a_delayed_retry(kb):
     _write_all(kb, 1, {"/documents/more.md": "more\n"}, "more")
     locks = sorted(j["queueing_lock"] for j in _rows(kb, "test_jobs") if j["status"] == "todo")
     assert locks == ["index-retry:1", "index:1", "projection:1"]
+
+
+def test_a_document_moved_while_it_is_indexed_is_stamped_where_it_is(kb, monkeypatch):
+    """A projection can move a document between the indexer reading its row and marking it
+    indexed. The mark applies only at the path the indexer read, so the document stays lagging
+    instead of being stamped with a revision at which its new path did not exist, and the next run
+    stamps it where it is: the search envelope's (path, revision) reads back (SPEC §8)."""
+    from kb.indexer import Indexer
+
+    kb.use_embedder(HashingEmbedder())
+    kb.create_workspace(1)
+    with kb.transaction(1, "first", "t") as tx:
+        tx.write("/documents/a.md", "alpha beta gamma\n")
+    original = Indexer._write_document
+    moved = []
+
+    def move_first(self, conn, workspace_id, head, p, vectors, report):
+        if not moved:
+            with kb.transaction(1, "move", "t") as move:
+                move.move("/documents/a.md", "/documents/b.md")
+            kb.project(1)
+            moved.append(move.revision.id)
+        return original(self, conn, workspace_id, head, p, vectors, report)
+
+    monkeypatch.setattr(Indexer, "_write_document", move_first)
+    kb.index(1)
+    monkeypatch.setattr(Indexer, "_write_document", original)
+    kb.index(1)
+    [envelope] = kb.search(1, "alpha beta", k=1)
+    assert envelope.path == "/documents/b.md"
+    assert envelope.revision == moved[0]
+    assert kb.read(1, envelope.path, envelope.revision) == b"alpha beta gamma\n"

@@ -50,16 +50,19 @@ VALUES (%(document_id)s, %(workspace_id)s, %(position)s, %(text)s, %(text_sha256
 DELETE FROM kb.chunks WHERE id = ANY(%(ids)s);
 
 -- name: mark_document_indexed
+-- Only while the row still holds what was indexed, at the path it had: a projection that moved
+-- or changed the document meanwhile leaves it lagging, and the next run indexes it at a revision
+-- where (path, revision) names it (a search envelope's citation, SPEC §8).
 UPDATE kb.documents
 SET status = 'indexed', indexed_content_id = %(content_id)s, indexed_revision = %(revision_id)s,
     index_error = NULL, index_attempts = 0
-WHERE id = %(document_id)s AND content_id = %(content_id)s;
+WHERE id = %(document_id)s AND content_id = %(content_id)s AND path = %(path)s;
 
 -- name: mark_document_unindexable
 UPDATE kb.documents
 SET status = 'unindexable', indexed_content_id = %(content_id)s, indexed_revision = %(revision_id)s,
     index_error = %(error)s
-WHERE id = %(document_id)s AND content_id = %(content_id)s;
+WHERE id = %(document_id)s AND content_id = %(content_id)s AND path = %(path)s;
 
 -- name: delete_document_chunks
 DELETE FROM kb.chunks WHERE document_id = %(document_id)s;
