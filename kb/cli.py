@@ -65,6 +65,19 @@ def _modules_loaded() -> None:
         gc.enable()
 
 
+def _age(waited) -> str:
+    """A wait (a timedelta, or seconds as ``kb serve`` sends it) as ``41s``, ``2m 05s`` or
+    ``3h 12m``; ``-`` for none."""
+    if waited is None:
+        return "-"
+    seconds = int(waited.total_seconds() if hasattr(waited, "total_seconds") else waited)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
 def _server():
     """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (issue 15)."""
     # The environment variable itself: no pydantic import on this path (Settings.server_url
@@ -410,11 +423,12 @@ def status(workspace: int | None, as_json: bool) -> None:
             if remote["last_push_error"]:
                 click.echo(f"  last push error: {remote['last_push_error']}")
     for lag in info.get("index_lag", []):
-        click.echo(f"index lag:  workspace {lag['workspace_id']}: {lag['revisions_behind']} revisions behind, "
+        behind = lag["revisions_behind"]
+        click.echo(f"index lag:  workspace {lag['workspace_id']}: {behind} revision{'' if behind == 1 else 's'} behind, "
                    f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined")
     for queue in info.get("job_health", []):
         click.echo(f"queue {queue['queue']}: {queue['todo']} waiting, {queue['doing']} running, "
-                   f"{queue['failed']} failed, oldest waiting {queue['oldest_waiting'] or '-'}")
+                   f"{queue['failed']} failed, oldest waiting {_age(queue['oldest_waiting'])}")
     if info["blocked_jobs"] or info["scheduled_jobs"]:
         from kb.worker import describe_blocked, describe_scheduled  # psycopg: only when needed
     for job in info["blocked_jobs"]:

@@ -86,3 +86,16 @@ def test_close_releases_the_repositories_and_the_object_stays_usable(kb):
     assert kb._stores == {} and repository._repo.object_store._pack_cache == {}
     assert kb.read(1, "/documents/a.md") == b"alpha\n"  # reopened on demand
     kb.close()
+
+
+def test_status_says_how_long_a_job_waited_in_words_a_reader_takes_in():
+    """``kb status``'s "oldest waiting" was a raw timedelta (``0:00:21.737824``); through
+    ``kb serve`` it is seconds as a float. Both read as a short age."""
+    from datetime import timedelta
+
+    from kb.cli import _age
+
+    assert _age(None) == "-"
+    assert _age(timedelta(seconds=21.737824)) == "21s"
+    assert _age(125.4) == "2m 05s"
+    assert _age(timedelta(hours=3, minutes=12, seconds=40)) == "3h 12m"
