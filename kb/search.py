@@ -15,8 +15,10 @@ whose lines are the document's true lines at the indexed revision.
   ``bin/eval_search.py`` (figures in docs/search-and-citations.md).
 - Both legs run side by side, the lexical one on a second pooled connection in a thread, when
   the facade finds one idle (``kb.database.spare_pooled_connection``), else in one statement.
-  Measured interleaved on bin/bench_search.py's workspaces (facade, 200 queries, same results):
-  10,000 chunks p50 16.8 → 14.3 ms, 100,000 chunks p50 23.5 → 17.5 ms.
+  It pays when a core is idle: facade, 200 queries, same results, interleaved with the
+  one-statement path, load under 1.2: 10,000 chunks p50 14.8 → 13.5 ms, 100,000 chunks
+  22.0 → 17.5 ms; with the other core busy (bin/bench_search.py right after its index builds,
+  load 2.7) the two paths measured the same (15.3 vs 14.8, 18.0 vs 18.2 ms).
 - Excerpts come from the document's blob at the indexed revision; blobs are immutable, so their
   lines are kept in a small per-process cache keyed by blob id.
 """
