@@ -20,7 +20,8 @@ Timed, per query, interleaved round by round:
   excerpts from blobs, and ``render()`` of every envelope. The query embedding is excluded: the
   embedder is a lookup of vectors computed before the timing. Timed twice per round, in
   alternating order: as shipped (the lexical leg on a second pooled connection beside the vector
-  leg) and with no spare connection (both legs in one statement, ``one_statement``).
+  leg) and with no spare connection (both legs in one statement, ``one_statement``), and without
+  the document leg (``without_document_leg``: its cost), in an order rotated round by round.
 - numpy: exact cosine top-10 over the workspace's vectors held in memory (argpartition + sort).
 
 Workspaces past kb.vector_index.HNSW_MIN_CHUNKS get their partial HNSW index first, as the job
@@ -59,10 +60,11 @@ from kb.citations import document_lines  # noqa: E402
 from kb.chunk_context import context_line  # noqa: E402
 from kb.embedding import HashingEmbedder, vector_literal  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
+from kb import search as search_module  # noqa: E402
 from kb.search import vector_leg  # noqa: E402
 from kb.vector_index import maintain  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from kb.sql import queries  # noqa: E402
+from kb.sql import composable, queries  # noqa: E402
 
 K = 10
 
@@ -116,6 +118,25 @@ class CachedEmbedder:
         np.savez(partial, keys=np.array([np.frombuffer(k, np.uint8) for k in keys]),
                  vectors=np.stack([self.known[k] for k in keys]))
         partial.replace(self.path)
+
+
+@contextlib.contextmanager
+def without_document_leg(enabled: bool):
+    """While ``enabled``, the document leg (BM25 over whole documents, migration 0018) returns no
+    rows without running: what the search cost before it had that leg, timed in the same rounds."""
+    if not enabled:
+        yield
+        return
+    real = search_module.lexical_statement
+
+    def chunk_leg_only(unit: str):
+        return composable("bench_empty_document_leg") if unit == "document" else real(unit)
+
+    search_module.lexical_statement = chunk_leg_only
+    try:
+        yield
+    finally:
+        search_module.lexical_statement = real
 
 
 @contextlib.contextmanager
@@ -184,6 +205,8 @@ def fill_workspace(kb: KnowledgeBase, ws: int, corpus: Path, size: int, embedder
                     for row, vector in zip(batch, vectors):
                         copy.write_row((*row, embedder.model, vector_literal(vector)))
                 conn.execute(queries["bench_insert_staged"])
+        conn.execute(queries["refresh_document_terms"], {"document_ids": [doc["id"] for doc in documents]})
+        conn.commit()
     print(f"workspace {ws}: {size} chunks over {len(documents)} documents in {time.perf_counter() - t0:.0f}s",
           flush=True)
 
@@ -254,19 +277,22 @@ def main() -> None:
         vectors = dict(zip(samples, embedder.embed(samples)))
         kb.use_embedder(PrecomputedEmbedder(embedder, vectors))
         kb.search(ws, samples[0], k=K)  # open the pool, load the store
-        kb_times, numpy_times, recalls, counts, one_times = [], [], [], [], []
+        kb_times, numpy_times, recalls, counts, one_times, chunk_only_times = [], [], [], [], [], []
         with database.connect(kb.database_url, autocommit=True) as conn:
             for round_no, query in enumerate(samples):
                 vector = vectors[query]
                 # the facade as shipped (legs side by side when a second pooled connection is
-                # idle) and, in alternating order, with no spare connection (one statement)
-                for leg in (("kb", "one") if round_no % 2 else ("one", "kb")):
+                # idle), with no spare connection (one statement) and without the document leg,
+                # in an order rotated round by round
+                legs = ("kb", "one", "chunk_only")
+                for leg in legs[round_no % 3:] + legs[: round_no % 3]:
                     t0 = time.perf_counter()
-                    with one_statement(leg == "one"):
+                    with one_statement(leg == "one"), without_document_leg(leg == "chunk_only"):
                         found = kb.search(ws, query, k=K)
                     for envelope in found:
                         envelope.render()
-                    (kb_times if leg == "kb" else one_times).append(time.perf_counter() - t0)
+                    {"kb": kb_times, "one": one_times, "chunk_only": chunk_only_times}[leg].append(
+                        time.perf_counter() - t0)
                     counts.append(len(found))
                 t0 = time.perf_counter()
                 scores = matrix @ vector
@@ -282,6 +308,7 @@ def main() -> None:
         kb_times.sort()
         numpy_times.sort()
         one_times.sort()
+        chunk_only_times.sort()
 
         def pct(values, q):
             return 1000 * values[int(q * (len(values) - 1))]
@@ -291,12 +318,16 @@ def main() -> None:
                    "numpy_p50_ms": 1000 * statistics.median(numpy_times), "numpy_p95_ms": pct(numpy_times, 0.95),
                    "vector_recall_at_10": statistics.mean(recalls), "min_envelopes": min(counts),
                    "one_statement_p50_ms": 1000 * statistics.median(one_times),
-                   "one_statement_p95_ms": pct(one_times, 0.95)}
+                   "one_statement_p95_ms": pct(one_times, 0.95),
+                   "without_document_leg_p50_ms": 1000 * statistics.median(chunk_only_times),
+                   "without_document_leg_p95_ms": pct(chunk_only_times, 0.95)}
         figures["p50_ratio"] = figures["kb_p50_ms"] / figures["numpy_p50_ms"]
         result["workspaces"][ws] = figures
         print(f"workspace {ws} ({size} chunks, {result['table_chunks']} in the table): kb.search p50 "
               f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms (one statement, no side leg: "
-              f"p50 {figures['one_statement_p50_ms']:.1f} p95 {figures['one_statement_p95_ms']:.1f}) | numpy exact top-10 p50 "
+              f"p50 {figures['one_statement_p50_ms']:.1f} p95 {figures['one_statement_p95_ms']:.1f}; without the "
+              f"document leg: p50 {figures['without_document_leg_p50_ms']:.1f} "
+              f"p95 {figures['without_document_leg_p95_ms']:.1f}) | numpy exact top-10 p50 "
               f"{figures['numpy_p50_ms']:.1f} ms p95 {figures['numpy_p95_ms']:.1f} ms | vector leg recall@10 "
               f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K} | "
               f"load average {' '.join(f'{x:.2f}' for x in figures['load_average'])}",

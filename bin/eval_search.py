@@ -27,12 +27,15 @@ Systems, all over the same documents in the same run:
 
 - kb: ``KnowledgeBase.search`` (the facade, k = 10) with the settings in kb/search.py.
 - vector: kb's vector leg alone (chunks ranked by cosine distance, grouped by document).
+- text, document: kb's chunk leg alone (grouped by document) and its document leg alone (BM25
+  over whole documents).
 - bm25: the ``bm25s`` package (Lucene BM25, k1 = 1.5, b = 0.75) over whole documents, tokenized
   by ``bm25s.tokenize`` with PyStemmer's stemmer and bm25s' stop words where it has them for the
   language, and with kb's CJK bigram segmentation applied first (so BM25 is not handicapped on
   Japanese and Chinese, which have no spaces).
-- the fusion grid: the two legs' rankings fused with other weights and k (``--grid``), to choose
-  kb's settings; what kb ships is reported as "kb".
+- the fusion grid: the three legs' document rankings fused with other weights and k (``--grid``),
+  to choose kb's settings; what kb ships is reported as "kb". ``--dump DIR`` writes every pair's
+  leg rankings, to study other fusions offline.
 
 Metrics: recall@5 (the relevant document among the first 5) and MRR@10.
 
@@ -69,7 +72,10 @@ from kb import database  # noqa: E402
 from kb.embedding import make_embedder  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.languages import lexical_text  # noqa: E402
-from kb.search import LEG_LIMIT, RRF_K, TEXT_WEIGHT, VECTOR_WEIGHT, fuse, lexical_leg, vector_leg  # noqa: E402
+from kb.search import (  # noqa: E402
+    DOCUMENT_WEIGHT, LEG_LIMIT, RRF_K, TEXT_WEIGHT, UNCOVERED_VECTOR_WEIGHT, VECTOR_WEIGHT, fuse, lexical_leg,
+    vector_leg, vector_weight,
+)
 from kb.settings import Settings  # noqa: E402
 from kb.sql import queries  # noqa: E402
 
@@ -179,17 +185,6 @@ def documents_of(chunk_ids: list[int], chunk_document: dict[int, str], exclude: 
     return list(out)
 
 
-def documents_by_sum(fused: list[tuple[int, float]], chunk_document: dict[int, str], exclude: str,
-                     per_document: int = 3) -> list[str]:
-    """Document paths ranked by the sum of their best ``per_document`` chunks' fused scores."""
-    scores: dict[str, list[float]] = {}
-    for chunk_id, score in fused:
-        path = chunk_document.get(chunk_id)
-        if path is not None and path != exclude and len(scores.setdefault(path, [])) < per_document:
-            scores[path].append(score)
-    return sorted(scores, key=lambda p: -sum(scores[p]))
-
-
 def bm25_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
     import bm25s
     import Stemmer
@@ -272,6 +267,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grid", action="store_true", help="also score other fusion weights and k")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-eval"))
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="also write each pair's leg rankings (JSON) here, to study fusion offline")
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus {CORPUS} is absent")
@@ -289,9 +286,12 @@ def main() -> None:
     embedder = kb.use_embedder(make_embedder(settings))
     result: dict = {"model": embedder.model, "split": args.split, "load_average": os.getloadavg(),
                     "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
-                                                          "text_weight": TEXT_WEIGHT}, "languages": {}}
-    grid = [(wv, wt, rk, grouping) for wv in (0.0, 0.01, 0.25, 0.5, 1.0) for wt in (0.5, 0.75, 1.0, 1.5)
-            for rk in (5, 10, 30, 60) for grouping in ("max", "sum3")]
+                                                          "text_weight": TEXT_WEIGHT, "document_weight": DOCUMENT_WEIGHT,
+                          "uncovered_vector_weight": UNCOVERED_VECTOR_WEIGHT}, "languages": {}}
+    # fusion per document, as kb.search.rank_documents does; wv is the covered-language weight (a
+    # query the model does not cover gets wv × UNCOVERED_VECTOR_WEIGHT / VECTOR_WEIGHT, as in kb)
+    grid = [(wv, wt, wd, rk) for wv in (0.5, 1.0) for wt in (0.1, 0.25, 0.5, 0.75)
+            for wd in (0.25, 0.5, 0.75, 1.0) for rk in (2, 5, 10, 20)]
     for language, ws in WORKSPACES.items():
         if language not in args.languages:
             continue
@@ -299,42 +299,56 @@ def main() -> None:
         with database.connect(kb.database_url, autocommit=True) as conn:
             chunk_document = {r["id"]: r["path"].removeprefix("/documents/") for r in conn.execute(
                 queries["eval_chunk_documents"], {"workspace_id": ws})}
+            document_path = {r["id"]: r["path"].removeprefix("/documents/") for r in conn.execute(
+                queries["eval_document_paths"], {"workspace_id": ws})}
         vectors = embedder.embed([q for q, _, _ in pairs])
         kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
-        scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "bm25": []}
+        scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "document": [], "bm25": []}
         grid_scores: dict[tuple, list] = {g: [] for g in grid}
         legs = []
         with database.connect(kb.database_url, autocommit=True) as conn:
             for (query, source, target), vector in zip(pairs, vectors):
                 v_ids = vector_leg(conn, ws, embedder.model, vector, LEG_LIMIT)
                 t_ids = lexical_leg(conn, ws, query, LEG_LIMIT)
-                legs.append((v_ids, t_ids))
+                d_paths = [document_path[i] for i in lexical_leg(conn, ws, query, LEG_LIMIT, unit="document")]
+                legs.append((v_ids, t_ids, d_paths))
                 exclude = source if exclude_sources else None
-                scores["vector"].append(metrics(documents_of(v_ids, chunk_document, exclude), target))
-                scores["text"].append(metrics(documents_of(t_ids, chunk_document, exclude), target))
+                v_paths = documents_of(v_ids, chunk_document, exclude)
+                t_paths = documents_of(t_ids, chunk_document, exclude)
+                d_paths = [p for p in d_paths if p != exclude]
+                scores["vector"].append(metrics(v_paths, target))
+                scores["text"].append(metrics(t_paths, target))
+                scores["document"].append(metrics(d_paths, target))
                 found = [e.path.removeprefix("/documents/") for e in kb.search(ws, query, k=11)]
                 scores["kb"].append(metrics([p for p in found if p != exclude], target))
                 if args.grid:
-                    for wv, wt, rk, grouping in grid:
-                        fused = fuse([(wv, v_ids), (wt, t_ids)], rk)
-                        ranked = (documents_of([cid for cid, _ in fused], chunk_document, exclude) if grouping == "max"
-                                  else documents_by_sum(fused, chunk_document, exclude))
-                        grid_scores[(wv, wt, rk, grouping)].append(metrics(ranked, target))
+                    covered = vector_weight(embedder, query) == VECTOR_WEIGHT
+                    for wv, wt, wd, rk in grid:
+                        fused = fuse([(wv if covered else wv * UNCOVERED_VECTOR_WEIGHT / VECTOR_WEIGHT, v_paths),
+                                      (wt, t_paths), (wd, d_paths)], rk)
+                        grid_scores[(wv, wt, wd, rk)].append(metrics([p for p, _ in fused], target))
         kb.use_embedder(embedder)
-        for ranked, (_query, _source, target) in zip(bm25_rankings(documents, language, pairs, exclude_sources), pairs):
+        bm25 = bm25_rankings(documents, language, pairs, exclude_sources)
+        for ranked, (_query, _source, target) in zip(bm25, pairs):
             scores["bm25"].append(metrics(ranked, target))
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / f"{language}-{args.split}.json").write_text(json.dumps({
+                "chunk_document": chunk_document, "exclude_sources": exclude_sources,
+                "pairs": [{"query": q, "source": s, "target": t, "vector": v, "text": x, "document": d, "bm25": b}
+                          for (q, s, t), (v, x, d), b in zip(pairs, legs, bm25)]}))
         summary = {name: {"recall@5": round(statistics.mean(r for r, _ in s), 4),
                           "mrr@10": round(statistics.mean(m for _, m in s), 4)} for name, s in scores.items()}
         summary["pairs"] = len(pairs)
         best_other = max(summary["bm25"]["recall@5"], summary["vector"]["recall@5"])
         summary["kb_margin_recall@5"] = round(summary["kb"]["recall@5"] - best_other, 4)
         if args.grid:
-            summary["grid"] = {f"wv={wv} wt={wt} k={rk} {grouping}": round(statistics.mean(r for r, _ in s), 4)
-                               for (wv, wt, rk, grouping), s in grid_scores.items()}
+            summary["grid"] = {f"wv={wv} wt={wt} wd={wd} k={rk}": round(statistics.mean(r for r, _ in s), 4)
+                               for (wv, wt, wd, rk), s in grid_scores.items()}
         result["languages"][language] = summary
         print(f"{language} ({len(pairs)} pairs): " + " | ".join(
             f"{name} R@5 {summary[name]['recall@5']:.3f} MRR@10 {summary[name]['mrr@10']:.3f}"
-            for name in ("kb", "bm25", "vector", "text")) + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
+            for name in ("kb", "bm25", "vector", "text", "document")) + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
             flush=True)
         if args.grid:
             best = sorted(summary["grid"].items(), key=lambda item: -item[1])[:5]

@@ -406,10 +406,12 @@ class Indexer:
                 with conn.transaction():
                     if p.unindexable is not None:
                         conn.execute(queries["delete_document_chunks"], params)
+                        conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
                         conn.execute(queries["mark_document_unindexable"], {**params, "error": p.unindexable})
                         report.documents_unindexable += 1
                         return
                     self._reconcile(conn, workspace_id, p, vectors, report)
+                    conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
                     conn.execute(queries["mark_document_indexed"], params)
                     report.documents_indexed += 1
                     return

@@ -1,19 +1,25 @@
-"""Hybrid search (SPEC §8): one query embedding, a vector leg and a full-text leg over the
-workspace's chunks, one global weighted reciprocal-rank fusion, grouped by document into envelopes
+"""Hybrid search (SPEC §8): one query embedding, a vector leg and two full-text legs (chunks and
+whole documents), one weighted reciprocal-rank fusion of the documents they rank, and envelopes
 whose lines are the document's true lines at the indexed revision.
 
 - Vector leg: exact cosine scan of the workspace's vectors of the active model (vectors are kept
   inline in the heap, so the scan reads no TOAST); it returns its limit whenever the workspace has
   that many chunks. A large workspace gets a partial HNSW index of its own (kb.vector_index),
   used with a fallback to the exact scan whenever it returns fewer rows than asked.
-- Full-text leg: Okapi BM25 over Postgres tsvectors with term statistics kept per workspace and
-  text configuration (sql/queries/search.sql ``lexical_leg``). The query is prepared like the
-  documents (kb.languages: CJK bigrams) and parsed with every text configuration the workspace
-  uses; each parse is scored against that configuration's chunks with its own statistics.
-- Fusion: ``score = w_vector / (k + rank_vector) + w_text / (k + rank_text)`` with
-  ``RRF_K``, ``VECTOR_WEIGHT`` / ``UNCOVERED_VECTOR_WEIGHT`` and ``TEXT_WEIGHT`` chosen on
-  ``bin/eval_search.py`` (figures in docs/search-and-citations.md).
-- Both legs run side by side, the lexical one on a second pooled connection in a thread, when
+- Chunk leg: Okapi BM25 over the chunks' Postgres tsvectors with term statistics kept per
+  workspace and text configuration (sql/queries/search.sql ``lexical_leg``). The query is
+  prepared like the documents (kb.languages: CJK bigrams) and parsed with every text
+  configuration the workspace uses; each parse is scored against that configuration's chunks with
+  its own statistics.
+- Document leg: the same BM25 over whole documents (kb.document_terms, built from the chunks,
+  with statistics of its own; migration 0018): a query whose words are spread over a page's
+  sections matches the page better than any one chunk.
+- Fusion, per document: each leg ranks documents (a chunk leg by each document's best chunk), and
+  ``score = Σ w_leg / (k + rank_leg)`` with ``RRF_K``, ``VECTOR_WEIGHT`` /
+  ``UNCOVERED_VECTOR_WEIGHT``, ``TEXT_WEIGHT`` and ``DOCUMENT_WEIGHT`` chosen on
+  ``bin/eval_search.py`` (figures in docs/search-and-citations.md). A document's excerpts are its
+  chunks the chunk legs returned, best fused first.
+- The legs run side by side, the lexical ones on a second pooled connection in a thread, when
   the facade finds one idle (``kb.database.spare_pooled_connection``), else in one statement.
   It pays when a core is idle: facade, 200 queries, same results, interleaved with the
   one-statement path, load under 1.2: 10,000 chunks p50 14.8 → 13.5 ms, 100,000 chunks
@@ -25,11 +31,13 @@ whose lines are the document's true lines at the indexed revision.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
@@ -40,23 +48,29 @@ from kb.embedding import Embedder, vector_literal
 from kb.errors import InvalidInput
 from kb.languages import language_share, lexical_text
 from kb.repository import Repository
-from kb.sql import queries
+from kb.sql import composable
 
 MAX_QUERY_CHARS = 4000
 """Longer queries are refused: Postgres' tsquery parser overflows its stack near 100k characters,
 and the embedder reads only its first 256 tokens anyway."""
-RRF_K = 10
+RRF_K = 5
 """Reciprocal-rank fusion constant (SPEC §8)."""
 VECTOR_WEIGHT = 1.0
-TEXT_WEIGHT = 0.5
-UNCOVERED_VECTOR_WEIGHT = 0.25
-"""The vector leg's weight for a query in a language the embedding model does not cover (the
-embedder's ``languages``; MiniLM is English-only). Chosen on bin/eval_search.py's tune split
-(``--split tune``; figures are reported on ``--split held-out``, never tuned on), BM25 leg of
-this module fused at TEXT_WEIGHT 0.5, k 10, recall@5 by vector weight 0.01 / 0.1 / 0.25 / 0.35 /
-0.5: German 0.534 / 0.548 / 0.562 / 0.551 / 0.540 (MiniLM still ranks German pages above chance:
-vector leg alone 0.405), Russian 0.503 / 0.506 / 0.506 / 0.483 / 0.458. On English (tune split),
-k 10 with weights 1.0 / 0.5 was within 0.007 of the best of the grid (k 5) and kept."""
+TEXT_WEIGHT = 0.25
+DOCUMENT_WEIGHT = 0.25
+UNCOVERED_VECTOR_WEIGHT = 0.1
+"""The leg weights and k, one setting for every language, chosen on bin/eval_search.py's tune
+split (``--split tune --dump``, then the grid of weights and k over the dumped rankings; figures
+are reported on ``--split held-out``, never tuned on). UNCOVERED_VECTOR_WEIGHT replaces
+VECTOR_WEIGHT for a query in a language the embedding model does not cover (the embedder's
+``languages``; MiniLM is English-only: its vector leg alone finds 0.18–0.27 recall@5 on Russian,
+Arabic, Japanese and Chinese pages, 0.41 on German). Recall@5 minus the better of BM25 (bm25s)
+and the vector leg, tune split, en / de / ru / ar / ja / zh-TW: these settings +0.024 / +0.025 /
++0.017 / +0.023 / +0.010 / 0.000; text and document 0.5 with the same k and vector weights
++0.015 / +0.022 / +0.017 / +0.020 / +0.003 / +0.022 (the same mean, 0.016, the best of the grid);
+without the document leg at its best (text 0.5, uncovered 0.25, k 10) +0.013 / +0.030 / −0.017 /
+−0.020 / −0.020 / −0.011. Weighting scores instead of ranks (min-max or z-normalised BM25 and
+cosine) did no better (mean +0.015 at best)."""
 COVERED_SHARE = 0.01
 """A query counts as in a language the model covers when those languages' share of the language
 classifier's estimate reaches this. Picking the single likeliest language misread 6 % of the
@@ -72,20 +86,12 @@ BM25_B = 0.75
 TITLE_WEIGHT = 2.0
 """Term frequency of one occurrence in a chunk's context line (title and heading path, weight A in
 its tsvector); one in the body counts 1."""
-SELECTIVE_CHUNKS = 200
+SELECTIVE_UNITS = 200
 SELECTIVE_SHARE = 0.005
-"""A query term held by at most max(SELECTIVE_CHUNKS, SELECTIVE_SHARE × chunks) chunks selects the
-lexical leg's candidates (with the rarest term and the chunks holding every term); commoner terms
-only add to the scores. Measured on bin/bench_search.py's 10,000-chunk workspace: 1,000 / 2 %
+"""A query term held by at most max(SELECTIVE_UNITS, SELECTIVE_SHARE × units) chunks (documents in
+the document leg) selects the lexical leg's candidates (with the rarest term and the units holding
+every term); commoner terms only add to the scores. Measured on bin/bench_search.py's 10,000-chunk workspace: 1,000 / 2 %
 scored a median of 529 candidates in 26 ms, 200 / 0.5 % scored 169 in 2.2 ms."""
-
-
-@dataclass
-class _Group:
-    row: dict
-    score: float
-    spans: list[tuple[int, int]] = field(default_factory=list)
-    unnumbered: list[str] = field(default_factory=list)
 
 
 def check_query(query: object, k: object) -> None:
@@ -117,17 +123,42 @@ def vector_weight(embedder: Embedder, query: str) -> float:
     return UNCOVERED_VECTOR_WEIGHT
 
 
-def _vector_statement(conn: psycopg.Connection, workspace_id: int, model: str) -> tuple[sql.Composable, bool]:
-    """The vector leg statement for the workspace (approximate when it has a recorded HNSW index)."""
+_UNITS = {
+    "chunk": {"units": ("kb", "chunks"), "unit_id": ("id",), "length": ("tsv_tokens",),
+              "lexeme_stats": ("kb", "lexeme_stats"), "text_stats": ("kb", "text_stats"),
+              "count": ("chunk_count",)},
+    "document": {"units": ("kb", "document_terms"), "unit_id": ("document_id",), "length": ("tokens",),
+                 "lexeme_stats": ("kb", "document_lexeme_stats"), "text_stats": ("kb", "document_text_stats"),
+                 "count": ("document_count",)},
+}
+
+
+@functools.cache
+def lexical_statement(unit: str) -> sql.Composed:
+    """The ``lexical_leg`` statement ranking ``unit``: ``"chunk"`` (kb.chunks) or ``"document"``
+    (kb.document_terms), each with its own BM25 statistics. Raises KeyError for another unit."""
+    return composable("lexical_leg").format(**{name: sql.Identifier(*parts) for name, parts in _UNITS[unit].items()})
+
+
+def _params(workspace_id: int, model: str, vector_text: str, query: str, limit: int) -> dict:
+    """The parameters every leg statement takes."""
+    return {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
+            "query": lexical_text(query), "k1": BM25_K1, "b": BM25_B, "title_weight": TITLE_WEIGHT,
+            "selective_units": SELECTIVE_UNITS, "selective_share": SELECTIVE_SHARE}
+
+
+def _with_exact_fallback(conn: psycopg.Connection, workspace_id: int, model: str, limit: int,
+                         run: Callable[[sql.Composable, int | None], list], vector_rows: Callable[[list], int]) -> list:
+    """``run(vector leg statement, hnsw_limit)`` through the workspace's HNSW index when one is
+    recorded (kb.vector_index; ``hnsw_limit`` = ``limit``), and again with the exact scan
+    (``hnsw_limit`` None) when there is none or its result held fewer than ``limit`` vector rows
+    (``vector_rows(result)``): the approximate index never costs the search its k results."""
     index = vector_index.recorded_index(conn, workspace_id, model)
-    if index is None:
-        return sql.SQL(queries["vector_leg"].rstrip().rstrip(";")), False
-    return vector_index.approximate_statement(index, workspace_id, model), True
-
-
-def _lexical_params(query: str) -> dict:
-    return {"query": lexical_text(query), "k1": BM25_K1, "b": BM25_B, "title_weight": TITLE_WEIGHT,
-            "selective_chunks": SELECTIVE_CHUNKS, "selective_share": SELECTIVE_SHARE}
+    if index is not None:
+        rows = run(vector_index.approximate_statement(index, workspace_id, model), limit)
+        if vector_rows(rows) >= limit:
+            return rows
+    return run(composable("vector_leg"), None)
 
 
 def vector_leg(conn: psycopg.Connection, workspace_id: int, model: str, vector, limit: int) -> list[int]:
@@ -138,72 +169,65 @@ def vector_leg(conn: psycopg.Connection, workspace_id: int, model: str, vector, 
     the index returns fewer than ``limit`` rows — by the exact scan.
     """
     params = {"workspace_id": workspace_id, "model": model, "embedding": vector_literal(vector), "limit": limit}
-    statement, approximate = _vector_statement(conn, workspace_id, model)
-    if approximate:
-        with conn.transaction():
-            vector_index.scan_settings(conn, limit)
-            ids = [row["id"] for row in conn.execute(statement, params)]
-        if len(ids) >= limit:
-            return ids
-    return [row["id"] for row in conn.execute(queries["vector_leg"], params)]
+
+    def run(statement: sql.Composable, hnsw_limit: int | None) -> list[int]:
+        return [row["id"] for row in _fetch(conn, statement, params, hnsw_limit)]
+
+    return _with_exact_fallback(conn, workspace_id, model, limit, run, len)
 
 
-def lexical_leg(conn: psycopg.Connection, workspace_id: int, query: str, limit: int) -> list[int]:
-    """Chunk ids of the workspace ranked by BM25 for ``query``, best first, at most ``limit``
-    (fewer when fewer chunks hold a query term)."""
-    rows = conn.execute(
-        queries["lexical_leg"], {"workspace_id": workspace_id, "limit": limit, **_lexical_params(query)},
-    ).fetchall()
-    return [row["id"] for row in rows]
+def lexical_leg(conn: psycopg.Connection, workspace_id: int, query: str, limit: int,
+                unit: str = "chunk") -> list[int]:
+    """Ids of the workspace's chunks (``unit="chunk"``) or documents (``"document"``) ranked by
+    BM25 for ``query``, best first, at most ``limit`` (fewer when fewer hold a query term)."""
+    params = _params(workspace_id, "", "", query, limit)
+    return [row["id"] for row in _fetch(conn, lexical_statement(unit), params)]
 
 
-def fuse(legs: list[tuple[float, list[int]]], rrf_k: float = RRF_K) -> list[tuple[int, float]]:
+def fuse(legs: list[tuple[float, list]], rrf_k: float = RRF_K) -> list[tuple[object, float]]:
     """Weighted reciprocal-rank fusion of ranked id lists ``[(weight, ids), ...]``:
     ``score(id) = Σ weight / (rrf_k + rank)`` with 1-based ranks; best first, ties by id."""
-    scores: dict[int, float] = {}
+    scores: dict = {}
     for weight, ids in legs:
-        for rank, chunk_id in enumerate(ids, start=1):
-            scores[chunk_id] = scores.get(chunk_id, 0.0) + weight / (rrf_k + rank)
+        for rank, item in enumerate(ids, start=1):
+            scores[item] = scores.get(item, 0.0) + weight / (rrf_k + rank)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
-def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, vector_text: str, query: str,
-                limit: int) -> list[dict]:
-    """Both legs' chunks with their ranks and envelope fields from one statement (``_fetch``); the
-    exact vector leg again if the index came back short."""
-    params = {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
-              **_lexical_params(query)}
-    template = sql.SQL(queries["search_candidates"].rstrip().rstrip(";"))
-    lexical = sql.SQL(queries["lexical_leg"].rstrip().rstrip(";"))
-    statement, approximate = _vector_statement(conn, workspace_id, model)
-    rows = _fetch(conn, template.format(vector_leg=statement, lexical_leg=lexical), params,
-                  hnsw_limit=limit if approximate else None)
-    if approximate and sum(1 for r in rows if r["vector_rank"] is not None) < limit:
-        exact = sql.SQL(queries["vector_leg"].rstrip().rstrip(";"))
-        rows = _fetch(conn, template.format(vector_leg=exact, lexical_leg=lexical), params)
-    return rows
+def documents_in_order(chunk_ids: list[int], rows: dict[int, dict]) -> list[int]:
+    """The documents of ranked chunk ids, each at the rank of its best chunk (a chunk leg's
+    ranking of documents)."""
+    return list(dict.fromkeys(rows[chunk_id]["document_id"] for chunk_id in chunk_ids))
 
 
-_VECTOR_ORDER = sql.SQL("l.distance, l.id")
-_TEXT_ORDER = sql.SQL("l.score DESC, l.id")
+def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
+    """Every leg's rows from one statement (``search_candidates``)."""
+    chunk_leg, document_leg = lexical_statement("chunk"), lexical_statement("document")
+
+    def run(vector: sql.Composable, hnsw_limit: int | None) -> list[dict]:
+        statement = composable("search_candidates").format(
+            vector_leg=vector, lexical_leg=chunk_leg, document_leg=document_leg)
+        return _fetch(conn, statement, params, hnsw_limit)
+
+    return _with_exact_fallback(conn, workspace_id, model, limit, run,
+                                lambda rows: sum(1 for r in rows if r["vector_rank"] is not None))
 
 
-def _leg_rows(conn: psycopg.Connection, leg: sql.Composable, order: sql.Composable, params: dict,
-              hnsw_limit: int | None = None) -> list[dict]:
-    """One leg's rows (``leg_envelopes``): chunk id, rank in the leg, envelope fields."""
-    template = sql.SQL(queries["leg_envelopes"].rstrip().rstrip(";"))
-    return _fetch(conn, template.format(leg=leg, order=order), params, hnsw_limit=hnsw_limit)
+def _lexical_rows(conn: psycopg.Connection, params: dict) -> list[dict]:
+    """The chunk and document legs' rows (``search_candidates`` with an empty vector leg)."""
+    statement = composable("search_candidates").format(
+        vector_leg=composable("empty_vector_leg"), lexical_leg=lexical_statement("chunk"),
+        document_leg=lexical_statement("document"))
+    return _fetch(conn, statement, params)
 
 
 def _vector_rows(conn: psycopg.Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
-    """The vector leg's rows, through the workspace's HNSW index when one is recorded and by the
-    exact scan when there is none or it came back short."""
-    statement, approximate = _vector_statement(conn, workspace_id, model)
-    rows = _leg_rows(conn, statement, _VECTOR_ORDER, params, hnsw_limit=limit if approximate else None)
-    if approximate and len(rows) < limit:
-        exact = sql.SQL(queries["vector_leg"].rstrip().rstrip(";"))
-        rows = _leg_rows(conn, exact, _VECTOR_ORDER, params)
-    return rows
+    """The vector leg's rows with their ranks and envelope fields (``vector_envelopes``)."""
+
+    def run(vector: sql.Composable, hnsw_limit: int | None) -> list[dict]:
+        return _fetch(conn, composable("vector_envelopes").format(leg=vector), params, hnsw_limit)
+
+    return _with_exact_fallback(conn, workspace_id, model, limit, run, len)
 
 
 _executor: ThreadPoolExecutor | None = None
@@ -225,46 +249,67 @@ def _leg_executor() -> ThreadPoolExecutor:
 
 
 def _candidates_side_by_side(conn: psycopg.Connection, side: psycopg.Connection, workspace_id: int,
-                             model: str, vector_text: str, query: str, limit: int) -> list[dict]:
-    """What ``_candidates`` returns, with the lexical leg on ``side`` in a thread while the vector
-    leg runs on ``conn``: Postgres runs a statement on one core, so two legs on two connections
-    take about as long as the slower one. Each leg reads its own snapshot; ``envelopes`` keeps a
+                             model: str, params: dict, limit: int) -> list[dict]:
+    """What ``_candidates`` returns, with the lexical legs on ``side`` in a thread while the vector
+    leg runs on ``conn``: Postgres runs a statement on one core, so legs on two connections take
+    about as long as the slower side. Each side reads its own snapshot; ``envelopes`` keeps a
     document's excerpts to the indexed blob of its first row, so a document re-indexed between
     the two reads never mixes line spans of two versions."""
-    params = {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
-              **_lexical_params(query)}
-    lexical = sql.SQL(queries["lexical_leg"].rstrip().rstrip(";"))
-    text_future = _leg_executor().submit(_leg_rows, side, lexical, _TEXT_ORDER, params)
+    lexical_future = _leg_executor().submit(_lexical_rows, side, params)
     try:
         vector_rows = _vector_rows(conn, workspace_id, model, params, limit)
     except BaseException:
-        text_future.exception()  # wait: ``side`` goes back to the pool only once its leg is done
+        lexical_future.exception()  # wait: ``side`` goes back to the pool only once its legs are done
         raise
-    rows: dict[int, dict] = {}
-    for r in vector_rows:
-        rows[r["chunk_id"]] = {**r, "vector_rank": r["rank"], "text_rank": None}
-    for r in text_future.result():
-        known = rows.get(r["chunk_id"])
-        if known is not None:
-            known["text_rank"] = r["rank"]
+    rows: dict[int, dict] = {r["chunk_id"]: {**r, "text_rank": None, "document_rank": None} for r in vector_rows}
+    documents = []
+    for r in lexical_future.result():
+        if r["chunk_id"] is None:
+            documents.append(r)
+        elif r["chunk_id"] in rows:
+            rows[r["chunk_id"]]["text_rank"] = r["text_rank"]
         else:
-            rows[r["chunk_id"]] = {**r, "vector_rank": None, "text_rank": r["rank"]}
-    return list(rows.values())
+            rows[r["chunk_id"]] = r
+    return list(rows.values()) + documents
 
 
 def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
            hnsw_limit: int | None = None) -> list[dict]:
-    """Rows of ``statement`` in a transaction of its own (a savepoint inside an open one), with
-    the HNSW settings local to it when ``hnsw_limit`` is given; a pooled connection goes back idle.
+    """Rows of ``statement``, with the HNSW scan settings for ``hnsw_limit`` when given; the
+    connection comes back idle.
 
-    Plain round trips, not a pipeline: on a local socket each costs a fraction of a millisecond,
-    and psycopg's pipeline mode measured slower (same run, order rotated per query, load ~12 on
-    2 cores, 10,000-chunk workspace: pipelined transaction p50 69.6 ms, plain transaction 62.8 ms,
-    settings and statement pipelined then COMMIT 64.2 ms)."""
+    An idle connection runs it in autocommit mode: one round trip, the statement its own
+    transaction, the HNSW settings kept on the connection's session
+    (``vector_index.session_scan_settings``). A connection inside a transaction runs it in a
+    savepoint, with the settings local to it, as does one behind a transaction-mode pooler. Before,
+    every statement took BEGIN, the settings and COMMIT too: four round trips instead of one, with
+    the side leg's thread contending for the interpreter between them.
+
+    Plain round trips, not a pipeline: psycopg's pipeline mode measured slower (same run, order
+    rotated per query, load ~12 on 2 cores, 10,000-chunk workspace: pipelined transaction p50
+    69.6 ms, plain transaction 62.8 ms)."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with _autocommit(conn):
+            if hnsw_limit is None or vector_index.session_scan_settings(conn, hnsw_limit):
+                return conn.execute(statement, params).fetchall()
     with conn.transaction():
         if hnsw_limit is not None:
             vector_index.scan_settings(conn, hnsw_limit)
         return conn.execute(statement, params).fetchall()
+
+
+@contextlib.contextmanager
+def _autocommit(conn: psycopg.Connection) -> Iterator[None]:
+    """``conn`` (idle) in autocommit mode for the block, as it was after."""
+    if conn.autocommit:
+        yield
+        return
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.autocommit = False
 
 
 class BlobLines:
@@ -312,53 +357,81 @@ def search(
 ) -> list[Envelope]:
     """Top ``k`` documents for ``query`` as excerpt envelopes, best first, cites numbered 1..k.
 
-    A document's score is its best chunk's fused score; several chunks of one document collapse
-    into one envelope (its best ``EXCERPTS_PER_DOCUMENT`` excerpts). ``side``: a second idle
-    connection to the same database; the lexical leg then runs on it while the vector leg runs on
-    ``conn`` (``_candidates_side_by_side``), else both run in one statement on ``conn``. Either
-    way the connections come back idle. Raises InvalidInput for a bad query or k (``check_query``).
+    Documents are ranked by the fusion of the three legs (``rank_documents``); each envelope holds
+    the document's best ``EXCERPTS_PER_DOCUMENT`` excerpts. ``side``: a second idle connection to
+    the same database; the lexical legs then run on it while the vector leg runs on ``conn``
+    (``_candidates_side_by_side``), else all legs run in one statement on ``conn``. Either way
+    the connections come back idle. Raises InvalidInput for a bad query or k (``check_query``).
     """
     check_query(query, k)
     vector = embedder.embed([query])[0]
     limit = max(LEG_LIMIT, 4 * k)
+    params = _params(workspace_id, embedder.model, vector_literal(vector), query, limit)
     if side is None:
-        rows = _candidates(conn, workspace_id, embedder.model, vector_literal(vector), query, limit)
+        rows = _candidates(conn, workspace_id, embedder.model, params, limit)
     else:
-        rows = _candidates_side_by_side(conn, side, workspace_id, embedder.model, vector_literal(vector),
-                                        query, limit)
-    by_vector = sorted((r for r in rows if r["vector_rank"] is not None), key=lambda r: r["vector_rank"])
-    by_text = sorted((r for r in rows if r["text_rank"] is not None), key=lambda r: r["text_rank"])
-    fused = fuse([(vector_weight(embedder, query), [r["chunk_id"] for r in by_vector]),
-                  (TEXT_WEIGHT, [r["chunk_id"] for r in by_text])])
-    return envelopes(repo, {r["chunk_id"]: r for r in rows}, fused, k)
+        rows = _candidates_side_by_side(conn, side, workspace_id, embedder.model, params, limit)
+    documents, excerpts = rank_documents(rows, vector_weight(embedder, query))
+    return envelopes(conn, repo, rows, documents, excerpts, k, params["query"])
 
 
-def envelopes(repo: Repository, rows: dict[int, dict], fused: list[tuple[int, float]], k: int) -> list[Envelope]:
-    """Group fused ``(chunk id, score)`` pairs (best first) into the top ``k`` documents'
-    excerpt envelopes; ``rows`` holds each chunk's envelope fields by chunk id."""
-    groups: dict[int, _Group] = {}
-    for chunk_id, score in fused:
-        row = rows[chunk_id]
-        group = groups.get(row["document_id"])
-        if group is None:
-            if len(groups) >= k:
-                continue
-            group = groups[row["document_id"]] = _Group(row, score)
-        if len(group.spans) + len(group.unnumbered) >= EXCERPTS_PER_DOCUMENT:
-            continue
-        if row["indexed_content_id"] != group.row["indexed_content_id"]:
-            continue  # read in another snapshot, after the document was re-indexed: other lines
-        if row["start_line"] is None:
-            group.unnumbered.append(row["text"])
-        else:
-            group.spans.append((row["start_line"], row["end_line"]))
+def rank_documents(rows: list[dict], vector_weight: float = VECTOR_WEIGHT,
+                   ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """``(documents, excerpts)`` from the legs' rows (``search_candidates``' shape): document ids
+    with their fused score (``Σ w / (RRF_K + rank)`` over the vector leg at ``vector_weight``, the
+    chunk leg at TEXT_WEIGHT — each ranking documents by their best chunk — and the document leg at
+    DOCUMENT_WEIGHT), best first; and chunk ids fused from the two chunk legs, the order in which
+    a document's excerpts are shown."""
+    chunks = {r["chunk_id"]: r for r in rows if r["chunk_id"] is not None}
+    by_vector = [c for c, r in sorted(((c, r) for c, r in chunks.items() if r["vector_rank"] is not None),
+                                      key=lambda item: item[1]["vector_rank"])]
+    by_text = [c for c, r in sorted(((c, r) for c, r in chunks.items() if r["text_rank"] is not None),
+                                    key=lambda item: item[1]["text_rank"])]
+    by_document = [r["document_id"] for r in sorted((r for r in rows if r["chunk_id"] is None),
+                                                    key=lambda r: r["document_rank"])]
+    documents = fuse([(vector_weight, documents_in_order(by_vector, chunks)),
+                      (TEXT_WEIGHT, documents_in_order(by_text, chunks)), (DOCUMENT_WEIGHT, by_document)])
+    return documents, fuse([(vector_weight, by_vector), (TEXT_WEIGHT, by_text)])
+
+
+def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], documents: list[tuple[int, float]],
+              excerpts: list[tuple[int, float]], k: int, lexical_query: str) -> list[Envelope]:
+    """The top ``k`` of the ranked ``documents`` as excerpt envelopes: each document's chunks in
+    ``excerpts`` order (at most EXCERPTS_PER_DOCUMENT). A document only the document leg found
+    gets the chunk holding most of the query's terms (``excerpt_chunks``, one query for all such
+    documents, ``lexical_query`` prepared as the legs had it); one that has no chunk left by then
+    (deleted meanwhile) gives its place to the next. A document's excerpts all come from the
+    indexed blob of its first row: legs read on two connections see two snapshots."""
+    chunks = {r["chunk_id"]: r for r in rows if r["chunk_id"] is not None}
+    chunks_of: dict[int, list[dict]] = {}
+    for chunk_id, _score in excerpts:
+        chunks_of.setdefault(chunks[chunk_id]["document_id"], []).append(chunks[chunk_id])
+    order, position, chosen = [doc for doc, _ in documents], 0, []
+    while len(chosen) < k and position < len(order):
+        window = order[position : position + k - len(chosen)]
+        position += len(window)
+        missing = [doc for doc in window if doc not in chunks_of]
+        if missing:
+            for row in _fetch(conn, composable("excerpt_chunks"), {"document_ids": missing, "query": lexical_query}):
+                chunks_of[row["document_id"]] = [row]
+        chosen += [doc for doc in window if doc in chunks_of]
+    scores = dict(documents)
     result = []
-    for cite, group in enumerate(groups.values(), start=1):
-        row = group.row
-        envelope = Envelope(row["path"], row["title"], row["indexed_revision"], "excerpts",
-                            cite=cite, score=round(group.score, 6), content_id=row["indexed_content_id"])
-        if group.spans:
-            envelope.lines = excerpt_lines(blob_lines.get(repo, row["indexed_content_id"]), group.spans)
-        envelope.lines += [(None, line) for text in group.unnumbered for line in text.split("\n")]
+    for cite, document_id in enumerate(chosen, start=1):
+        group = chunks_of[document_id]
+        first = group[0]
+        spans, unnumbered = [], []
+        for row in group[:EXCERPTS_PER_DOCUMENT]:
+            if row["indexed_content_id"] != first["indexed_content_id"]:
+                continue  # read in another snapshot, after the document was re-indexed: other lines
+            if row["start_line"] is None:
+                unnumbered.append(row["text"])
+            else:
+                spans.append((row["start_line"], row["end_line"]))
+        envelope = Envelope(first["path"], first["title"], first["indexed_revision"], "excerpts", cite=cite,
+                            score=round(scores[document_id], 6), content_id=first["indexed_content_id"])
+        if spans:
+            envelope.lines = excerpt_lines(blob_lines.get(repo, first["indexed_content_id"]), spans)
+        envelope.lines += [(None, line) for text in unnumbered for line in text.split("\n")]
         result.append(envelope)
     return result

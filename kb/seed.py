@@ -531,6 +531,7 @@ class Seeder:
                                         config, context, lexical_text(chunk["content"])))
             report.chunks_adopted = conn.execute(queries["adopt_staged_chunks"], {
                 "model": report.legacy_model}).rowcount
+            conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"] for row in todo.values()]})
             conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": self.store.head()})
             conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": self.store.head()})
         report.documents_adopted = len(with_chunks)

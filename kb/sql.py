@@ -72,3 +72,13 @@ class _Queries:
 
 queries = _Queries()
 """``queries["name"]`` → the SQL text of a named query."""
+
+
+@functools.cache
+def composable(name: str):
+    """The named query as a psycopg ``sql.SQL`` without its final semicolon, to be nested in
+    another statement or have its ``{placeholders}`` filled by ``.format`` (e.g. the legs of
+    ``search_candidates``). Raises ConfigurationError for an unknown name."""
+    from psycopg import sql
+
+    return sql.SQL(queries[name].rstrip().rstrip(";"))

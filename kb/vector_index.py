@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from kb.sql import queries
+from kb.sql import composable, queries
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def forget_cached(workspace_id: int | None = None) -> None:
 def approximate_statement(index: dict, workspace_id: int, model: str) -> sql.Composed:
     """The approximate vector leg through the recorded ``index`` (parameters: embedding, limit)."""
     # the workspace and model are literals, so the planner can match the partial index's predicate
-    return sql.SQL(queries["vector_leg_approximate"].rstrip().rstrip(";")).format(
+    return composable("vector_leg_approximate").format(
         workspace_id=sql.Literal(workspace_id), model=sql.Literal(model), dim=sql.Literal(index["dim"]),
     )
 
@@ -115,6 +115,28 @@ def approximate_statement(index: dict, workspace_id: int, model: str) -> sql.Com
 def scan_settings(conn: psycopg.Connection, limit: int) -> None:
     """Set the HNSW scan settings for ``conn``'s current transaction (pgvector ≥ 0.8)."""
     conn.execute(queries["hnsw_scan_settings"], {"ef_search": str(max(HNSW_EF_SEARCH, limit))})
+
+
+_session_ef_search: "weakref.WeakKeyDictionary[psycopg.Connection, int]" = weakref.WeakKeyDictionary()
+
+
+def session_scan_settings(conn: psycopg.Connection, limit: int) -> bool:
+    """Give ``conn``'s session the HNSW scan settings for ``limit`` (pgvector ≥ 0.8), so its
+    searches need no transaction to set them: one round trip the first time per connection and
+    ef_search value, none after (the value is remembered per connection object; a replaced
+    connection is a new object). ``conn`` must be idle in autocommit mode.
+
+    Returns False, setting nothing, where a session setting would not stay with the connection:
+    behind a transaction-mode pooler (kb opens those connections with ``prepare_threshold=None``,
+    kb.database.connection_kwargs); the caller then uses ``scan_settings`` in a transaction.
+    Only HNSW scans read these settings, and every one kb runs sets them first."""
+    if conn.prepare_threshold is None:
+        return False
+    ef_search = max(HNSW_EF_SEARCH, limit)
+    if _session_ef_search.get(conn) != ef_search:
+        conn.execute(queries["hnsw_session_settings"], {"ef_search": str(ef_search)})
+        _session_ef_search[conn] = ef_search
+    return True
 
 
 def maintain(database_url: str, workspace_id: int, model: str, dim: int) -> VectorIndexChange:

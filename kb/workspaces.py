@@ -140,7 +140,8 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
                             [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events])
         jobs = conn.execute(queries["delete_workspace_jobs"], {"workspace_id": workspace_id}).fetchall()
         conn.execute(queries["delete_workspace"], {"workspace_id": workspace_id})
-        for statistics in ("delete_workspace_lexeme_stats", "delete_workspace_text_stats"):
+        for statistics in ("delete_workspace_lexeme_stats", "delete_workspace_text_stats",
+                           "delete_workspace_document_lexeme_stats", "delete_workspace_document_text_stats"):
             conn.execute(queries[statistics], {"workspace_id": workspace_id})  # no FK: kept by a trigger
         if store.path.exists():
             store.path.rename(tombstone)  # under the lock: no writer commits to it after this

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kb import database
 from kb.embedding import HashingEmbedder
 
 
@@ -140,8 +141,10 @@ def test_excerpts_of_a_document_come_from_one_indexed_version(kb):
     v1 = repo.lookup(repo.tree_id(first), "documents/a.md")
     v2 = repo.lookup(repo.tree_id(tx.revision.id), "documents/a.md")
     row = {"document_id": 7, "path": "/documents/a.md", "title": "a", "text": None}
-    rows = {1: {**row, "start_line": 1, "end_line": 1, "indexed_content_id": v1, "indexed_revision": first},
-            2: {**row, "start_line": 2, "end_line": 2, "indexed_content_id": v2, "indexed_revision": tx.revision.id}}
-    [envelope] = envelopes(repo, rows, [(1, 0.9), (2, 0.8)], k=5)
+    rows = [{**row, "chunk_id": 1, "start_line": 1, "end_line": 1, "indexed_content_id": v1, "indexed_revision": first},
+            {**row, "chunk_id": 2, "start_line": 2, "end_line": 2, "indexed_content_id": v2,
+             "indexed_revision": tx.revision.id}]
+    with database.connect(kb.database_url) as conn:
+        [envelope] = envelopes(conn, repo, rows, [(7, 0.9)], [(1, 0.9), (2, 0.8)], 5, "one")
     assert envelope.lines == [(1, "one")]
     assert envelope.content_id == v1 and envelope.revision == first

@@ -57,6 +57,78 @@ def test_chunks_embed_title_and_heading_path_and_a_heading_edit_reembeds_its_sec
     assert embedder.texts and all("Yearly plans" in t for t in embedder.texts)
 
 
+def _kept_equals_recount(kb, ws: int, kept: str, recount: str, count: str) -> None:
+    """The lexeme statistics a trigger keeps (named query ``kept``) equal a recount (``recount``)."""
+    found = [{(r["text_config"], r["lexeme"]): r[count] for r in _rows(kb, name, workspace_id=ws)}
+             for name in (kept, recount)]
+    assert found[0] == found[1]
+
+
+def _document_terms_agree(kb, ws: int) -> None:
+    _kept_equals_recount(kb, ws, "test_document_lexeme_stats", "test_document_lexeme_recount", "document_count")
+    [check] = _rows(kb, "test_document_terms_check", workspace_id=ws)
+    assert check["rows"] == check["rows_matching"] == check["documents_with_chunks"]
+    assert check["kept_documents"] == check["rows"] and check["kept_length"] == check["length"]
+
+
+def test_document_terms_and_their_statistics_follow_every_change_of_the_chunks(settings):
+    """kb.document_terms (the document leg's BM25 rows, migration 0018) holds one row per document
+    with chunks, its length the sum of its chunks', and kb.document_lexeme_stats /
+    kb.document_text_stats count exactly those rows — after edits of long multi-chunk pages, a
+    removal, a move, a page turned unindexable and a workspace deleted."""
+    kb = KnowledgeBase.open(settings.model_copy(update={"max_index_bytes": 20_000}))
+    kb.use_embedder(HashingEmbedder())
+    long_page = _long_page()
+    docs = {f"/documents/d{i}.md": f"# D{i}\n\nshared words about topic{i % 3} and more\n" for i in range(8)}
+    docs["/documents/long.md"] = long_page
+    _write_all(kb, 1, docs)
+    _write_all(kb, 2, {"/documents/x.md": "other workspace words\n"})
+    kb.index(1)
+    kb.index(2)
+    _document_terms_agree(kb, 1)
+    with kb.transaction(1, "churn", "t") as tx:
+        tx.remove("/documents/d0.md")
+        tx.write("/documents/d1.md", "# D1\n\nrewritten entirely with novel vocabulary\n")
+        tx.write("/documents/long.md", long_page.replace("word2", "changed"))
+        tx.write("/documents/d2.md", "# D2\n\n" + "too big to index " * 2000)
+        tx.move("/documents/d3.md", "/documents/moved/d3.md")
+    kb.index(1)
+    for ws in (1, 2):
+        _document_terms_agree(kb, ws)
+    assert not [r for r in _rows(kb, "test_chunk_postings", workspace_id=1) if r["lexeme"] == "word2"]
+    kb.delete_workspace(1)
+    assert not _rows(kb, "test_document_lexeme_stats", workspace_id=1)
+    _document_terms_agree(kb, 2)
+
+
+def _long_page() -> str:
+    """A page of four sections, each long enough to be a chunk of its own (word0 … word3)."""
+    return "# Guide\n\n" + "\n".join(f"## Part {j}\n\n" + " ".join([f"word{j} filler text"] * 80) + "\n"
+                                     for j in range(4))
+
+
+def test_upgrading_to_document_terms_fills_them_from_the_indexed_chunks(kb):
+    """Migration 0018 on a database indexed before it: every indexed document gets its terms and
+    statistics from its chunks, and searches rank as on a database indexed after it."""
+    from kb.migrations import apply_migrations
+
+    kb.use_embedder(HashingEmbedder())
+    long_page = _long_page()
+    _write_all(kb, 1, {**{f"/documents/d{i}.md": f"# D{i}\n\nwords about topic{i % 3}\n" for i in range(6)},
+                       "/documents/long.md": long_page})
+    kb.index(1)
+    before = [(e.path, e.score) for e in kb.search(1, "topic1 word2 filler", k=5)]
+    with database.connect(kb.database_url) as conn:
+        conn.execute(queries["test_undo_migration_0018"])
+        conn.commit()
+    with database.connect(kb.database_url) as conn:
+        assert [m for m in apply_migrations(conn).applied if "0018" in m] == ["0018_add_document_terms.sql"]
+    _document_terms_agree(kb, 1)
+    [check] = _rows(kb, "test_document_terms_check", workspace_id=1)
+    assert check["rows"] == 7
+    assert [(e.path, e.score) for e in kb.search(1, "topic1 word2 filler", k=5)] == before
+
+
 def test_term_statistics_follow_inserts_updates_and_deletes(kb):
     kb.use_embedder(HashingEmbedder())
     docs = {f"/documents/d{i}.md": f"# D{i}\n\nshared words about topic{i % 3} and more\n" for i in range(12)}
@@ -69,11 +141,7 @@ def test_term_statistics_follow_inserts_updates_and_deletes(kb):
         tx.write("/documents/d1.md", "# D1\n\nrewritten entirely with novel vocabulary\n")
     kb.index(1)
     for ws in (1, 2):
-        kept = {(r["text_config"], r["lexeme"]): r["chunk_count"]
-                for r in _rows(kb, "test_lexeme_stats", workspace_id=ws)}
-        actual = {(r["text_config"], r["lexeme"]): r["chunk_count"]
-                  for r in _rows(kb, "test_lexeme_recount", workspace_id=ws)}
-        assert kept == actual
+        _kept_equals_recount(kb, ws, "test_lexeme_stats", "test_lexeme_recount", "chunk_count")
         [totals] = _rows(kb, "test_text_stats_check", workspace_id=ws)
         assert totals["kept_chunks"] == totals["chunks"] and totals["kept_length"] == totals["length"]
 
@@ -252,11 +320,13 @@ def test_an_accented_query_matches_unaccented_text_under_simple_unaccent(kb):
     assert _lexical_paths(kb, 1, "Cà phê sữa đá")[0] == "/documents/vi.md"  # accented query, plain text
 
 
-def _reference_bm25(kb, ws: int, query: str) -> dict[int, float]:
-    """Okapi BM25 of every chunk holding a query term, computed here from the chunks' own
-    postings (``unnest(tsv)``) with the formula of kb.search: per text configuration, n chunks,
-    mean length in tokens, df from the postings; tf counts positions, a weight-A one (title,
-    headings) as TITLE_WEIGHT. Independent of sql/queries/search.sql and of the statistics tables."""
+def _reference_bm25(kb, ws: int, query: str, unit: str = "chunk") -> dict[int, float]:
+    """Okapi BM25 of every chunk (``unit="chunk"``) or document (``"document"``) holding a query
+    term, computed here from the chunks' own postings (``unnest(tsv)``) with the formula of
+    kb.search: per text configuration, n units, mean length in tokens, df from the postings; tf
+    counts positions, a weight-A one (title, headings) as TITLE_WEIGHT. A document is its first
+    chunk with the body (weight D) of every other chunk; its length the sum of its chunks'.
+    Independent of sql/queries/search.sql, of kb.document_terms and of the statistics tables."""
     import math
     from collections import defaultdict
 
@@ -264,23 +334,39 @@ def _reference_bm25(kb, ws: int, query: str) -> dict[int, float]:
     from kb.search import BM25_B, BM25_K1, TITLE_WEIGHT
 
     postings = _rows(kb, "test_chunk_postings", workspace_id=ws)
-    length, config_of, tf = defaultdict(int), {}, defaultdict(dict)
+    first = {}
     for p in postings:
-        config_of[p["id"]] = p["text_config"]
-        length[p["id"]] += max(len(p["positions"] or []), 1)
-        a = sum(1 for w in (p["weights"] or []) if w == "A")
-        tf[p["id"]][p["lexeme"]] = max(len(p["positions"] or []), 1) + (TITLE_WEIGHT - 1) * a
+        key = (p["position"], p["id"])
+        first[p["document_id"]] = min(first.get(p["document_id"], key), key)
+    length, config_of, tf = defaultdict(int), {}, defaultdict(lambda: defaultdict(float))
+    chunk_lengths = defaultdict(int)
+    for p in postings:
+        chunk_lengths[p["id"]] += max(len(p["positions"] or []), 1)
+    for p in postings:
+        weights = p["weights"] or []
+        if unit == "chunk" or first[p["document_id"]][1] == p["id"]:
+            counted = weights
+        else:
+            counted = [w for w in weights if w == "D"]
+            if not counted:
+                continue
+        key = p["id"] if unit == "chunk" else p["document_id"]
+        config_of[key] = p["text_config"]
+        tf[key][p["lexeme"]] += max(len(counted), 1) + (TITLE_WEIGHT - 1) * sum(1 for w in counted if w == "A")
+    for chunk, n_tokens in chunk_lengths.items():
+        document = next(p["document_id"] for p in postings if p["id"] == chunk)
+        length[chunk if unit == "chunk" else document] += n_tokens
     scores: dict[int, float] = {}
     for config in set(config_of.values()):
-        chunks = [c for c in config_of if config_of[c] == config]
-        n, mean = len(chunks), sum(length[c] for c in chunks) / len(chunks)
+        units = [c for c in config_of if config_of[c] == config]
+        n, mean = len(units), sum(length[c] for c in units) / len(units)
         terms = [r["lexeme"] for r in _rows(kb, "test_query_lexemes", config=config, text=lexical_text(query))]
         for term in terms:
-            df = sum(1 for c in chunks if term in tf[c])
+            df = sum(1 for c in units if term in tf[c])
             if not df:
                 continue
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-            for c in chunks:
+            for c in units:
                 f = tf[c].get(term)
                 if f:
                     norm = BM25_K1 * (1 - BM25_B + BM25_B * length[c] / mean)
@@ -301,15 +387,22 @@ def test_lexical_leg_scores_equal_a_reference_bm25_in_every_configuration(kb):
                                         f"This page explains how to {body} for the team.\n")
     docs["/documents/de.md"] = "# Server\n\nSo wird der Server in diesem Kapitel eingerichtet und gewartet.\n"
     docs["/documents/ru.md"] = "# Сервер\n\nЭта страница описывает, как настроить сервер и хранить заметки.\n"
+    for i in range(3):  # long pages of several chunks: a document's tf and length sum its chunks'
+        sections = [f"## Part {j}\n\n" + " ".join(["filler words about nothing much"] * 60)
+                    + (" deploy the server" * (i + j)) + (" team notes" if j == i else "") + "\n"
+                    for j in range(4)]
+        docs[f"/documents/long{i}.md"] = f"# Server guide {i}\n\n" + "\n".join(sections)
     _write_all(kb, 1, docs)
     kb.index(1)
-    for query in ("deploy the server", "Server eingerichtet", "сервер заметки", "notes", "team server deploy"):
-        reference = _reference_bm25(kb, 1, query)
-        with database.connect(kb.database_url, autocommit=True) as conn:
-            from kb.search import _lexical_params
+    assert len({p["document_id"] for p in _rows(kb, "test_chunk_postings", workspace_id=1)
+                if p["position"] > 0}) >= 3  # the long pages (at least) are cut into several chunks
+    from kb.search import _params, lexical_statement
 
-            got = conn.execute(queries["lexical_leg"],
-                               {"workspace_id": 1, "limit": 100, **_lexical_params(query)}).fetchall()
-        assert {r["id"]: r["score"] for r in got} == pytest.approx(reference, rel=1e-9), query
-        expected = sorted(reference, key=lambda c: (-reference[c], c))
-        assert [r["id"] for r in got] == expected, query
+    for unit in ("chunk", "document"):
+        for query in ("deploy the server", "Server eingerichtet", "сервер заметки", "notes", "team server deploy"):
+            reference = _reference_bm25(kb, 1, query, unit)
+            with database.connect(kb.database_url, autocommit=True) as conn:
+                got = conn.execute(lexical_statement(unit), _params(1, "", "", query, 100)).fetchall()
+            assert {r["id"]: r["score"] for r in got} == pytest.approx(reference, rel=1e-9), (unit, query)
+            expected = sorted(reference, key=lambda c: (-reference[c], c))
+            assert [r["id"] for r in got] == expected, (unit, query)

@@ -62,3 +62,10 @@ CHECKPOINT;
 -- name: eval_chunk_documents
 SELECT c.id, d.path FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
 WHERE c.workspace_id = %(workspace_id)s;
+
+-- name: eval_document_paths
+SELECT id, path FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: bench_empty_document_leg
+-- bin/bench_search.py: the document leg returning nothing, to time the search without it.
+SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false;

@@ -49,6 +49,10 @@ VALUES (%(document_id)s, %(workspace_id)s, %(position)s, %(text)s, %(text_sha256
 -- name: delete_chunks
 DELETE FROM kb.chunks WHERE id = ANY(%(ids)s);
 
+-- name: refresh_document_terms
+-- After a document's chunks changed: its whole-document terms for the document leg (migration 0018).
+SELECT kb.refresh_document_terms(%(document_ids)s::bigint[]);
+
 -- name: mark_document_indexed
 -- Only while the row still holds what was indexed, at the path it had: a projection that moved
 -- or changed the document meanwhile leaves it lagging, and the next run indexes it at a revision

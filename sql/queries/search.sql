@@ -12,38 +12,41 @@ ORDER BY distance, id
 LIMIT %(limit)s;
 
 -- name: lexical_leg
--- The full-text leg, ranked by Okapi BM25 (k1, b) from the term statistics kb.lexeme_stats and
--- kb.text_stats keep per workspace and text configuration. The query is parsed with every
--- configuration the workspace's chunks use, and each parse is scored against the chunks of its
--- configuration with that configuration's document frequencies, chunk count and mean length
--- (in tokens). Only chunks holding a selective term (one in at most selective_chunks chunks or
--- selective_share of them, or the configuration's rarest query term) or all the terms are scored,
--- so a word found in every chunk does not make every chunk a candidate. The term frequency counts
--- every occurrence, one in the context line (title, headings: weight A) as title_weight.
--- Each candidate's tsvector is unnested once and its query terms are looked up in the arrays of
--- its configuration's lexemes and idfs that travel with it: no join with the terms, whose order
--- the planner could not estimate (it unnested every candidate once per query term), and no
--- correlated subquery per candidate; its length is stored in kb.chunks.tsv_tokens (migration 0016).
+-- A full-text leg, ranked by Okapi BM25 (k1, b) from term statistics kept per workspace and text
+-- configuration. kb/search.py fills in what it ranks: chunks (kb.chunks with kb.lexeme_stats and
+-- kb.text_stats) or whole documents (kb.document_terms with kb.document_lexeme_stats and
+-- kb.document_text_stats, migration 0018); {units}, {unit_id} and {length} name the ranked table,
+-- its id and its length in tokens, {lexeme_stats}, {text_stats} and {count} its statistics.
+-- The query is parsed with every configuration the workspace's units use, and each parse is scored
+-- against the units of its configuration with that configuration's frequencies, unit count and
+-- mean length (in tokens). Only units holding a selective term (one in at most selective_units
+-- units or selective_share of them, or the configuration's rarest query term) or all the terms are
+-- scored, so a word found everywhere does not make every unit a candidate. The term frequency
+-- counts every occurrence, one in the context line (title, headings: weight A) as title_weight.
+-- Each candidate's query terms are unnested once and looked up in the arrays of its
+-- configuration's lexemes and idfs that travel with it: no join with the terms, whose order the
+-- planner could not estimate (it unnested every candidate once per query term), and no
+-- correlated subquery per candidate; lengths are stored (kb.chunks.tsv_tokens, migration 0016).
 WITH totals AS (
-    SELECT text_config, chunk_count::float8 AS n, token_total::float8 / chunk_count AS avg_length
-    FROM kb.text_stats
-    WHERE workspace_id = %(workspace_id)s AND chunk_count > 0
+    SELECT text_config, {count}::float8 AS n, token_total::float8 / {count} AS avg_length
+    FROM {text_stats}
+    WHERE workspace_id = %(workspace_id)s AND {count} > 0
 ),
 terms AS MATERIALIZED (
-    SELECT t.text_config, q.lexeme, l.chunk_count AS df, t.n, t.avg_length,
+    SELECT t.text_config, q.lexeme, l.{count} AS df, t.n, t.avg_length,
            '''' || replace(replace(q.lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
-           ln(1 + (t.n - l.chunk_count + 0.5) / (l.chunk_count + 0.5)) AS idf
+           ln(1 + (t.n - l.{count} + 0.5) / (l.{count} + 0.5)) AS idf
     FROM totals t
     CROSS JOIN LATERAL (
         SELECT DISTINCT u.lexeme FROM unnest(to_tsvector(t.text_config::regconfig, %(query)s)) u) q
-    JOIN kb.lexeme_stats l
+    JOIN {lexeme_stats} l
         ON l.workspace_id = %(workspace_id)s AND l.text_config = t.text_config AND l.lexeme = q.lexeme
-    WHERE l.chunk_count > 0
+    WHERE l.{count} > 0
 ),
 selectors AS (
     SELECT text_config,
            (string_agg(quoted, ' | ') FILTER (
-                WHERE df <= greatest(%(selective_chunks)s, %(selective_share)s * n) OR df = rarest))::tsquery
+                WHERE df <= greatest(%(selective_units)s, %(selective_share)s * n) OR df = rarest))::tsquery
            || string_agg(quoted, ' & ')::tsquery AS selector,
            array_agg(lexeme ORDER BY lexeme) AS lexemes, array_agg(idf ORDER BY lexeme) AS idfs,
            min(avg_length) AS avg_length
@@ -51,17 +54,22 @@ selectors AS (
     GROUP BY text_config
 ),
 candidates AS MATERIALIZED (
-    -- the concatenation detoasts each tsvector once, instead of twice below; the ::integer cast
-    -- lets the (workspace_id, tsv) GIN index use its workspace column (btree_gin has no int2 = int4)
-    SELECT c.id, c.tsv || ''::tsvector AS tsv, c.tsv_tokens, s.lexemes, s.idfs, s.avg_length
+    -- each candidate keeps only its query terms, cut out in C (ts_delete of everything else): the
+    -- unnest below then builds rows for a few terms instead of the whole tsvector (a document's
+    -- can hold thousands; the document leg's p95 fell by a third). The concatenation detoasts the
+    -- tsvector once for both uses; the ::integer cast lets the (workspace_id, tsv) GIN index use
+    -- its workspace column (btree_gin has no int2 = int4)
+    SELECT c.{unit_id} AS id, ts_delete(f.tsv, tsvector_to_array(ts_delete(f.tsv, s.lexemes))) AS tsv,
+           c.{length} AS length, s.lexemes, s.idfs, s.avg_length
     FROM selectors s
-    JOIN kb.chunks c
+    JOIN {units} c
         ON c.workspace_id = %(workspace_id)s::integer AND coalesce(c.text_config, 'english') = s.text_config
+    CROSS JOIN LATERAL (SELECT c.tsv || ''::tsvector AS tsv) f
     WHERE c.tsv @@ s.selector
 )
 SELECT c.id,
        sum(c.idfs[array_position(c.lexemes, u.lexeme)] * f.tf * (%(k1)s + 1)
-           / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * c.tsv_tokens / c.avg_length)))::float8 AS score
+           / (f.tf + %(k1)s * (1 - %(b)s + %(b)s * c.length / c.avg_length)))::float8 AS score
 FROM candidates c
 CROSS JOIN LATERAL unnest(c.tsv) u
 CROSS JOIN LATERAL (
@@ -73,33 +81,63 @@ ORDER BY score DESC, c.id
 LIMIT %(limit)s;
 
 -- name: search_candidates
--- Both legs in one statement (one round trip): every chunk either leg returned, with its rank in
--- each leg (NULL where that leg did not return it) and what its envelope needs; the text only for
--- chunks without spans (they render un-numbered, SPEC §8). The first placeholder is the exact or
--- the approximate vector leg, the second the lexical_leg query. kb/search.py fuses the ranks.
+-- The three legs in one statement (one round trip). Chunk rows: every chunk a chunk leg returned,
+-- with its rank in each (NULL where that leg did not return it) and what its envelope needs, the
+-- text only for chunks without spans (they render un-numbered, SPEC §8). Document rows (chunk_id
+-- NULL): every document the document leg returned, with its rank and envelope fields. The
+-- placeholders are the exact or approximate vector leg (or an empty one, when the vector leg runs
+-- on another connection), the chunk leg and the document leg (lexical_leg filled for chunks and
+-- for documents). kb/search.py fuses the ranks.
 WITH vector_leg AS MATERIALIZED ({vector_leg}),
 text_leg AS MATERIALIZED ({lexical_leg}),
+document_leg AS MATERIALIZED ({document_leg}),
 ranks AS (
     SELECT coalesce(v.id, t.id) AS id, v.rank AS vector_rank, t.rank AS text_rank
     FROM (SELECT id, row_number() OVER (ORDER BY distance, id) AS rank FROM vector_leg) v
     FULL JOIN (SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank FROM text_leg) t
         ON t.id = v.id
 )
-SELECT r.id AS chunk_id, r.vector_rank, r.text_rank, c.document_id, c.start_line, c.end_line,
-       CASE WHEN c.start_line IS NULL THEN c.text END AS text,
+SELECT r.id AS chunk_id, r.vector_rank, r.text_rank, NULL::bigint AS document_rank, c.document_id,
+       c.start_line, c.end_line, CASE WHEN c.start_line IS NULL THEN c.text END AS text,
        d.path, d.title, d.indexed_content_id, d.indexed_revision
 FROM ranks r
 JOIN kb.chunks c ON c.id = r.id
-JOIN kb.documents d ON d.id = c.document_id;
+JOIN kb.documents d ON d.id = c.document_id
+UNION ALL
+SELECT NULL, NULL, NULL, row_number() OVER (ORDER BY l.score DESC, l.id), d.id, NULL, NULL, NULL,
+       d.path, d.title, d.indexed_content_id, d.indexed_revision
+FROM document_leg l
+JOIN kb.documents d ON d.id = l.id;
 
--- name: leg_envelopes
--- One leg on a connection of its own (kb/search.py runs the vector and the lexical leg side by
--- side when a second pooled connection is free): the leg's chunks (the first placeholder: the
--- exact, approximate or lexical leg) ranked in the leg's order (the second), with what their
--- envelopes need, as search_candidates has them.
+-- name: empty_vector_leg
+-- search_candidates' vector leg when the vector leg runs on another connection.
+SELECT NULL::bigint AS id, NULL::float8 AS distance WHERE false;
+
+-- name: excerpt_chunks
+-- For documents the document leg ranked but no chunk leg returned a chunk of: each document's chunk
+-- holding the most distinct terms of the query (parsed with the chunk's configuration), the
+-- first such chunk on a tie, with what its envelope needs (as search_candidates has it).
+SELECT DISTINCT ON (c.document_id)
+       c.id AS chunk_id, c.document_id, c.start_line, c.end_line,
+       CASE WHEN c.start_line IS NULL THEN c.text END AS text,
+       d.path, d.title, d.indexed_content_id, d.indexed_revision
+FROM kb.chunks c
+JOIN kb.documents d ON d.id = c.document_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS held FROM unnest(c.tsv) u
+    WHERE u.lexeme = ANY (tsvector_to_array(
+        to_tsvector(coalesce(c.text_config, 'english')::regconfig, %(query)s)))) m
+WHERE c.document_id = ANY (%(document_ids)s)
+ORDER BY c.document_id, m.held DESC, c.position, c.id;
+
+-- name: vector_envelopes
+-- The vector leg on a connection of its own (kb/search.py runs it beside the lexical legs when a
+-- second pooled connection is free): the leg's chunks (the placeholder: the exact or approximate
+-- vector leg) with their rank, and what their envelopes need, as search_candidates has them.
 WITH leg AS MATERIALIZED ({leg})
-SELECT l.id AS chunk_id, row_number() OVER (ORDER BY {order}) AS rank, c.document_id, c.start_line,
-       c.end_line, CASE WHEN c.start_line IS NULL THEN c.text END AS text,
+SELECT l.id AS chunk_id, row_number() OVER (ORDER BY l.distance, l.id) AS vector_rank,
+       NULL::bigint AS document_rank, c.document_id, c.start_line, c.end_line,
+       CASE WHEN c.start_line IS NULL THEN c.text END AS text,
        d.path, d.title, d.indexed_content_id, d.indexed_revision
 FROM leg l
 JOIN kb.chunks c ON c.id = l.id
@@ -125,6 +163,13 @@ LIMIT %(limit)s;
 -- (in distance order) until the limit is met.
 SELECT set_config('hnsw.ef_search', %(ef_search)s, true),
        set_config('hnsw.iterative_scan', 'strict_order', true);
+
+-- name: hnsw_session_settings
+-- The same for the session of one of kb's pooled connections (kb/vector_index.py
+-- session_scan_settings): set once per connection, so a search through the HNSW index needs no
+-- transaction of its own.
+SELECT set_config('hnsw.ef_search', %(ef_search)s, false),
+       set_config('hnsw.iterative_scan', 'strict_order', false);
 
 -- name: recorded_vector_index
 SELECT index_name, dim FROM kb.vector_indexes

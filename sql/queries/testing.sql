@@ -168,9 +168,45 @@ WHERE c.oid = 'kb.write_intents_id_seq'::regclass;
 
 -- name: test_chunk_postings
 -- Every lexeme of every chunk of a workspace with its positions and weights (a reference BM25).
-SELECT c.id, coalesce(c.text_config, 'english') AS text_config, u.lexeme, u.positions, u.weights
+SELECT c.id, c.document_id, c.position, coalesce(c.text_config, 'english') AS text_config, u.lexeme,
+       u.positions, u.weights
 FROM kb.chunks c, unnest(c.tsv) u
 WHERE c.workspace_id = %(workspace_id)s;
 
 -- name: test_query_lexemes
 SELECT DISTINCT u.lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(text)s)) u;
+
+-- name: test_document_lexeme_stats
+SELECT text_config, lexeme, document_count FROM kb.document_lexeme_stats
+WHERE workspace_id = %(workspace_id)s AND document_count <> 0;
+
+-- name: test_document_lexeme_recount
+SELECT t.text_config, u.lexeme, count(*) AS document_count
+FROM kb.document_terms t, unnest(t.tsv) u
+WHERE t.workspace_id = %(workspace_id)s GROUP BY 1, 2;
+
+-- name: test_document_terms_check
+-- kb.document_terms against the chunks: one row per document with chunks, its tokens their sum;
+-- and kb.document_text_stats against the rows.
+WITH expected AS (
+    SELECT document_id, sum(tsv_tokens) AS tokens FROM kb.chunks
+    WHERE workspace_id = %(workspace_id)s GROUP BY document_id
+)
+SELECT (SELECT count(*) FROM expected) AS documents_with_chunks,
+       (SELECT count(*) FROM kb.document_terms WHERE workspace_id = %(workspace_id)s) AS rows,
+       (SELECT count(*) FROM expected e JOIN kb.document_terms t USING (document_id)
+        WHERE t.tokens = e.tokens) AS rows_matching,
+       (SELECT coalesce(sum(document_count), 0) FROM kb.document_text_stats
+        WHERE workspace_id = %(workspace_id)s) AS kept_documents,
+       (SELECT coalesce(sum(token_total), 0) FROM kb.document_text_stats
+        WHERE workspace_id = %(workspace_id)s) AS kept_length,
+       (SELECT coalesce(sum(tokens), 0) FROM kb.document_terms WHERE workspace_id = %(workspace_id)s) AS length;
+
+-- name: test_undo_migration_0018
+-- A database as it was before migration 0018 (tests/test_search_ranking.py: the upgrade fills
+-- kb.document_terms from the chunks already indexed).
+DROP TABLE kb.document_terms, kb.document_lexeme_stats, kb.document_text_stats;
+DROP FUNCTION kb.refresh_document_terms(bigint[]);
+DROP FUNCTION kb.count_document_terms();
+DROP FUNCTION kb.add_document_terms(integer[], text[], tsvector[], integer[], integer);
+DELETE FROM kb.schema_migrations WHERE name = '0018_add_document_terms.sql';

@@ -43,3 +43,9 @@ DELETE FROM kb.lexeme_stats WHERE workspace_id = %(workspace_id)s;
 
 -- name: delete_workspace_text_stats
 DELETE FROM kb.text_stats WHERE workspace_id = %(workspace_id)s;
+
+-- name: delete_workspace_document_lexeme_stats
+DELETE FROM kb.document_lexeme_stats WHERE workspace_id = %(workspace_id)s;
+
+-- name: delete_workspace_document_text_stats
+DELETE FROM kb.document_text_stats WHERE workspace_id = %(workspace_id)s;
