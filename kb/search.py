@@ -280,8 +280,10 @@ def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
 
     An idle connection runs it in autocommit mode: one round trip, the statement its own
     transaction, the HNSW settings kept on the connection's session
-    (``vector_index.session_scan_settings``). A connection inside a transaction runs it in a
-    savepoint, with the settings local to it, as does one behind a transaction-mode pooler. Before,
+    (``vector_index.session_scan_settings``). Otherwise it runs in a transaction (a savepoint
+    inside the caller's) with the settings set for the transaction (``set_config(…, true)``: they
+    stay until the caller's transaction ends, where only HNSW scans read them, and every one kb
+    runs sets them first); so does a connection behind a transaction-mode pooler. Before,
     every statement took BEGIN, the settings and COMMIT too: four round trips instead of one, with
     the side leg's thread contending for the interpreter between them.
 
@@ -421,9 +423,11 @@ def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], docu
         group = chunks_of[document_id]
         first = group[0]
         spans, unnumbered = [], []
-        for row in group[:EXCERPTS_PER_DOCUMENT]:
+        for row in group:
             if row["indexed_content_id"] != first["indexed_content_id"]:
                 continue  # read in another snapshot, after the document was re-indexed: other lines
+            if len(spans) + len(unnumbered) == EXCERPTS_PER_DOCUMENT:
+                break
             if row["start_line"] is None:
                 unnumbered.append(row["text"])
             else:

@@ -13,9 +13,10 @@
 -- Each indexed document's terms as one tsvector, for the search's document leg: Okapi BM25 over
 -- whole documents beside the chunk leg (a query whose words are spread over several sections of
 -- a page matches the page better than any one chunk). Built from the document's chunks by
--- kb.refresh_document_terms, so it always says what the chunks say: the first chunk's context
--- line (title and heading path, weight A) and every chunk's body (weight D) in chunk order
--- (chunks never overlap, so a body term is counted once). tokens: the sum of the chunks' lengths.
+-- kb.refresh_document_terms, so it always says what the chunks say: the terms of the first chunk's
+-- context line (title and heading path, weight A) and of every chunk's body (chunks never overlap,
+-- so a body term is counted once), each with its frequency. tokens: the document's length in
+-- tokens, the context line counted once.
 CREATE TABLE kb.document_terms (
     document_id bigint PRIMARY KEY REFERENCES kb.documents (id) ON DELETE CASCADE,
     workspace_id integer NOT NULL,
@@ -100,9 +101,13 @@ CREATE TRIGGER document_terms_count_delete AFTER DELETE ON kb.document_terms
     REFERENCING OLD TABLE AS old_terms FOR EACH STATEMENT EXECUTE FUNCTION kb.count_document_terms();
 
 -- Rebuilds the kb.document_terms rows of the given documents from their chunks (the indexer calls
--- it in the transaction that wrote them); a document without chunks loses its row. A tsvector
--- holds at most 1 MB: a document whose terms pass that with positions is kept without them (each
--- term counted once), and without its row when even that is too long.
+-- it in the transaction that wrote them); a document without chunks loses its row. One set-based
+-- pass over the chunks' postings: a term's frequency is counted (in the first chunk every
+-- occurrence, in the others the body's), then written as positions 1..tf, weight A for the
+-- title's, so no position limit of a concatenation (16,383) undercounts a long document. A
+-- tsvector keeps at most 256 positions per lexeme: a term counts up to 256 times, where BM25 has
+-- long saturated. A tsvector holds at most 1 MB: a document whose terms pass that is kept with
+-- each term once (its title weight kept), and without its row when even that is too long.
 CREATE FUNCTION kb.refresh_document_terms(document_ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     d record;
@@ -112,25 +117,44 @@ BEGIN
     WHERE t.document_id = ANY (document_ids)
       AND NOT EXISTS (SELECT 1 FROM kb.chunks c WHERE c.document_id = t.document_id);
     FOR d IN
-        SELECT c.document_id, min(c.workspace_id) AS workspace_id,
-               min(coalesce(c.text_config, 'english')) AS text_config, sum(c.tsv_tokens)::integer AS tokens,
-               array_agg(c.tsv ORDER BY c.position, c.id) AS tsvs
-        FROM kb.chunks c
-        WHERE c.document_id = ANY (document_ids)
-        GROUP BY c.document_id
-        ORDER BY c.document_id
+        WITH chunks AS (
+            SELECT c.document_id, c.workspace_id, coalesce(c.text_config, 'english') AS text_config, c.tsv,
+                   row_number() OVER (PARTITION BY c.document_id ORDER BY c.position, c.id) = 1 AS first
+            FROM kb.chunks c
+            WHERE c.document_id = ANY (document_ids)
+        ),
+        counts AS (
+            SELECT ch.document_id, u.lexeme,
+                   sum(CASE WHEN ch.first THEN cardinality(array_positions(u.weights, 'A')) ELSE 0 END) AS titled,
+                   sum(CASE WHEN ch.first
+                            THEN greatest(cardinality(u.positions), 1) - cardinality(array_positions(u.weights, 'A'))
+                            ELSE cardinality(array_positions(u.weights, 'D')) END) AS body
+            FROM chunks ch, unnest(ch.tsv) u
+            GROUP BY ch.document_id, u.lexeme
+        ),
+        terms AS (
+            SELECT document_id, titled, body,
+                   '''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
+                   CASE WHEN titled + body = 1 THEN CASE WHEN titled = 1 THEN '1A' ELSE '1' END
+                        ELSE (SELECT string_agg(p::text || CASE WHEN p <= titled THEN 'A' ELSE '' END, ',' ORDER BY p)
+                              FROM generate_series(1, least(titled + body, 256)) p) END AS positions
+            FROM counts
+            WHERE titled + body > 0
+        )
+        SELECT o.document_id, o.workspace_id, o.text_config, sum(t.titled + t.body)::integer AS tokens,
+               string_agg(t.quoted || ':' || t.positions, ' ') AS counted,
+               string_agg(t.quoted || CASE WHEN t.titled > 0 THEN ':1A' ELSE ':1' END, ' ') AS once
+        FROM (SELECT document_id, min(workspace_id) AS workspace_id, min(text_config) AS text_config
+              FROM chunks GROUP BY document_id) o
+        JOIN terms t USING (document_id)
+        GROUP BY o.document_id, o.workspace_id, o.text_config
+        ORDER BY o.document_id
     LOOP
         BEGIN
-            built := d.tsvs[1];
-            FOR i IN 2 .. cardinality(d.tsvs) LOOP
-                built := built || ts_filter(d.tsvs[i], '{d}');
-            END LOOP;
+            built := d.counted::tsvector;
         EXCEPTION WHEN program_limit_exceeded THEN
             BEGIN
-                built := strip(d.tsvs[1]);
-                FOR i IN 2 .. cardinality(d.tsvs) LOOP
-                    built := built || strip(ts_filter(d.tsvs[i], '{d}'));
-                END LOOP;
+                built := d.once::tsvector;
             EXCEPTION WHEN program_limit_exceeded THEN
                 built := NULL;
             END;

@@ -141,10 +141,13 @@ def test_excerpts_of_a_document_come_from_one_indexed_version(kb):
     v1 = repo.lookup(repo.tree_id(first), "documents/a.md")
     v2 = repo.lookup(repo.tree_id(tx.revision.id), "documents/a.md")
     row = {"document_id": 7, "path": "/documents/a.md", "title": "a", "text": None}
-    rows = [{**row, "chunk_id": 1, "start_line": 1, "end_line": 1, "indexed_content_id": v1, "indexed_revision": first},
-            {**row, "chunk_id": 2, "start_line": 2, "end_line": 2, "indexed_content_id": v2,
-             "indexed_revision": tx.revision.id}]
+    rows = [{**row, "chunk_id": chunk, "start_line": line, "end_line": line, "indexed_content_id": blob,
+             "indexed_revision": revision}
+            for chunk, line, blob, revision in ((1, 1, v1, first), (2, 2, v2, tx.revision.id), (3, 3, v1, first),
+                                                (4, 2, v1, first), (5, 3, v2, tx.revision.id))]
     with database.connect(kb.database_url) as conn:
-        [envelope] = envelopes(conn, repo, rows, [(7, 0.9)], [(1, 0.9), (2, 0.8)], 5, "one")
-    assert envelope.lines == [(1, "one")]
+        [envelope] = envelopes(conn, repo, rows, [(7, 0.9)], [(c, 1 - c / 10) for c in range(1, 6)], 5, "one")
+    # three excerpts, all of the first row's version: the other version's rows are skipped, not
+    # counted among the three
+    assert envelope.lines == [(1, "one"), (2, "two"), (3, "three")]
     assert envelope.content_id == v1 and envelope.revision == first

@@ -129,6 +129,27 @@ def test_upgrading_to_document_terms_fills_them_from_the_indexed_chunks(kb):
     assert [(e.path, e.score) for e in kb.search(1, "topic1 word2 filler", k=5)] == before
 
 
+def test_document_leg_counts_every_occurrence_in_a_page_longer_than_a_tsvector_position(settings):
+    """A page of 18,000 tokens ending with a word said 50 times outranks a short page saying it
+    once, with the reference's score: a document's terms are counted, not concatenated (a
+    concatenation clamps every position past 16,383 to it, and the 50 counted as 1)."""
+    from kb.search import _params, lexical_statement
+
+    kb = KnowledgeBase.open(settings.model_copy(update={"fts_config": "simple"}))
+    kb.use_embedder(HashingEmbedder())
+    filler = "\n\n".join(" ".join(f"f{j}x{t}" for t in range(40)) for j in range(450))
+    _write_all(kb, 1, {"/documents/long.md": f"# Long\n\n{filler}\n\n" + "late " * 50 + "\n",
+                       "/documents/short.md": "# Short\n\nlate once\n",
+                       "/documents/other.md": "# Other\n\nnothing here\n"})
+    kb.index(1)
+    reference = _reference_bm25(kb, 1, "late", "document")
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        got = conn.execute(lexical_statement("document"), _params(1, "", "", "late", 100)).fetchall()
+    assert {r["id"]: r["score"] for r in got} == pytest.approx(reference, rel=1e-9)
+    paths = {r["id"]: r["path"] for r in _rows(kb, "eval_document_paths", workspace_id=1)}
+    assert [paths[r["id"]] for r in got] == ["/documents/long.md", "/documents/short.md"]
+
+
 def test_term_statistics_follow_inserts_updates_and_deletes(kb):
     kb.use_embedder(HashingEmbedder())
     docs = {f"/documents/d{i}.md": f"# D{i}\n\nshared words about topic{i % 3} and more\n" for i in range(12)}
@@ -325,7 +346,7 @@ def _reference_bm25(kb, ws: int, query: str, unit: str = "chunk") -> dict[int, f
     term, computed here from the chunks' own postings (``unnest(tsv)``) with the formula of
     kb.search: per text configuration, n units, mean length in tokens, df from the postings; tf
     counts positions, a weight-A one (title, headings) as TITLE_WEIGHT. A document is its first
-    chunk with the body (weight D) of every other chunk; its length the sum of its chunks'.
+    chunk with the body (weight D) of every other chunk, its length counted the same way.
     Independent of sql/queries/search.sql, of kb.document_terms and of the statistics tables."""
     import math
     from collections import defaultdict
@@ -339,9 +360,6 @@ def _reference_bm25(kb, ws: int, query: str, unit: str = "chunk") -> dict[int, f
         key = (p["position"], p["id"])
         first[p["document_id"]] = min(first.get(p["document_id"], key), key)
     length, config_of, tf = defaultdict(int), {}, defaultdict(lambda: defaultdict(float))
-    chunk_lengths = defaultdict(int)
-    for p in postings:
-        chunk_lengths[p["id"]] += max(len(p["positions"] or []), 1)
     for p in postings:
         weights = p["weights"] or []
         if unit == "chunk" or first[p["document_id"]][1] == p["id"]:
@@ -352,10 +370,8 @@ def _reference_bm25(kb, ws: int, query: str, unit: str = "chunk") -> dict[int, f
                 continue
         key = p["id"] if unit == "chunk" else p["document_id"]
         config_of[key] = p["text_config"]
+        length[key] += max(len(counted), 1)
         tf[key][p["lexeme"]] += max(len(counted), 1) + (TITLE_WEIGHT - 1) * sum(1 for w in counted if w == "A")
-    for chunk, n_tokens in chunk_lengths.items():
-        document = next(p["document_id"] for p in postings if p["id"] == chunk)
-        length[chunk if unit == "chunk" else document] += n_tokens
     scores: dict[int, float] = {}
     for config in set(config_of.values()):
         units = [c for c in config_of if config_of[c] == config]

@@ -115,18 +115,23 @@ SELECT NULL::bigint AS id, NULL::float8 AS distance WHERE false;
 
 -- name: excerpt_chunks
 -- For documents the document leg ranked but no chunk leg returned a chunk of: each document's chunk
--- holding the most distinct terms of the query (parsed with the chunk's configuration), the
--- first such chunk on a tie, with what its envelope needs (as search_candidates has it).
+-- holding the most distinct terms of the query (parsed once per configuration; counted in C as
+-- what ts_delete of the query terms removes, not by a comparison per lexeme of every chunk, which
+-- took seconds for a long query over a long page), the first such chunk on a tie, with what its
+-- envelope needs (as search_candidates has it).
+WITH configs AS (
+    SELECT cfg, tsvector_to_array(to_tsvector(cfg::regconfig, %(query)s)) AS lexemes
+    FROM (SELECT DISTINCT coalesce(text_config, 'english') AS cfg FROM kb.chunks
+          WHERE document_id = ANY (%(document_ids)s)) s
+)
 SELECT DISTINCT ON (c.document_id)
        c.id AS chunk_id, c.document_id, c.start_line, c.end_line,
        CASE WHEN c.start_line IS NULL THEN c.text END AS text,
        d.path, d.title, d.indexed_content_id, d.indexed_revision
 FROM kb.chunks c
+JOIN configs q ON q.cfg = coalesce(c.text_config, 'english')
 JOIN kb.documents d ON d.id = c.document_id
-CROSS JOIN LATERAL (
-    SELECT count(*) AS held FROM unnest(c.tsv) u
-    WHERE u.lexeme = ANY (tsvector_to_array(
-        to_tsvector(coalesce(c.text_config, 'english')::regconfig, %(query)s)))) m
+CROSS JOIN LATERAL (SELECT length(c.tsv) - length(ts_delete(c.tsv, q.lexemes)) AS held) m
 WHERE c.document_id = ANY (%(document_ids)s)
 ORDER BY c.document_id, m.held DESC, c.position, c.id;
 

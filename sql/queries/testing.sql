@@ -186,11 +186,20 @@ FROM kb.document_terms t, unnest(t.tsv) u
 WHERE t.workspace_id = %(workspace_id)s GROUP BY 1, 2;
 
 -- name: test_document_terms_check
--- kb.document_terms against the chunks: one row per document with chunks, its tokens their sum;
--- and kb.document_text_stats against the rows.
-WITH expected AS (
-    SELECT document_id, sum(tsv_tokens) AS tokens FROM kb.chunks
-    WHERE workspace_id = %(workspace_id)s GROUP BY document_id
+-- kb.document_terms against the chunks: one row per document with chunks, its tokens the first
+-- chunk's length and the other chunks' body tokens (weight D); and kb.document_text_stats against
+-- the rows.
+WITH ranked AS (
+    SELECT document_id, tsv, tsv_tokens,
+           row_number() OVER (PARTITION BY document_id ORDER BY position, id) = 1 AS first
+    FROM kb.chunks WHERE workspace_id = %(workspace_id)s
+),
+expected AS (
+    SELECT document_id,
+           sum(CASE WHEN first THEN tsv_tokens
+                    ELSE (SELECT coalesce(sum(cardinality(array_positions(u.weights, 'D'))), 0)
+                          FROM unnest(tsv) u) END) AS tokens
+    FROM ranked GROUP BY document_id
 )
 SELECT (SELECT count(*) FROM expected) AS documents_with_chunks,
        (SELECT count(*) FROM kb.document_terms WHERE workspace_id = %(workspace_id)s) AS rows,
