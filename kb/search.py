@@ -21,10 +21,12 @@ whose lines are the document's true lines at the indexed revision.
   chunks the chunk legs returned, best fused first.
 - The legs run side by side, the lexical ones on a second pooled connection in a thread, when
   the facade finds one idle (``kb.database.spare_pooled_connection``), else in one statement.
-  It pays when a core is idle: facade, 200 queries, same results, interleaved with the
-  one-statement path, load under 1.2: 10,000 chunks p50 14.8 → 13.5 ms, 100,000 chunks
-  22.0 → 17.5 ms; with the other core busy (bin/bench_search.py right after its index builds,
-  load 2.7) the two paths measured the same (15.3 vs 14.8, 18.0 vs 18.2 ms).
+  It pays only with a core to spare: with slower legs on an idle 2-core machine (load under
+  1.2) it measured 10,000 chunks p50 14.8 → 13.5 ms, 100,000 chunks 22.0 → 17.5 ms; since each
+  leg takes one round trip of 1–3 ms, bin/bench_search.py (load ~2 on 2 cores) measures the
+  two paths alike (10,000 chunks p50 6.0 vs 5.3 ms one statement, p95 9.7 vs 9.0; 100,000
+  chunks 7.6 vs 7.5, p95 14.1 vs 14.6). A busy pool has no idle connection, so under load
+  every search takes the one-statement path.
 - Excerpts come from the document's blob at the indexed revision; blobs are immutable, so their
   lines are kept in a small per-process cache keyed by blob id.
 """
@@ -86,6 +88,10 @@ BM25_B = 0.75
 TITLE_WEIGHT = 2.0
 """Term frequency of one occurrence in a chunk's context line (title and heading path, weight A in
 its tsvector); one in the body counts 1."""
+MAX_QUERY_TERMS = 64
+"""A lexical leg scores a query's rarest terms, at most this many per text configuration (the
+common ones of a very long query add little to BM25 and cost much: Lucene's MoreLikeThis keeps 25).
+The eval's queries (sentences) stay under it."""
 SELECTIVE_UNITS = 200
 SELECTIVE_SHARE = 0.005
 """A query term held by at most max(SELECTIVE_UNITS, SELECTIVE_SHARE × units) chunks (documents in
@@ -144,7 +150,7 @@ def _params(workspace_id: int, model: str, vector_text: str, query: str, limit: 
     """The parameters every leg statement takes."""
     return {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
             "query": lexical_text(query), "k1": BM25_K1, "b": BM25_B, "title_weight": TITLE_WEIGHT,
-            "selective_units": SELECTIVE_UNITS, "selective_share": SELECTIVE_SHARE}
+            "selective_units": SELECTIVE_UNITS, "selective_share": SELECTIVE_SHARE, "max_terms": MAX_QUERY_TERMS}
 
 
 def _with_exact_fallback(conn: psycopg.Connection, workspace_id: int, model: str, limit: int,

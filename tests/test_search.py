@@ -151,3 +151,29 @@ def test_excerpts_of_a_document_come_from_one_indexed_version(kb):
     # counted among the three
     assert envelope.lines == [(1, "one"), (2, "two"), (3, "three")]
     assert envelope.content_id == v1 and envelope.revision == first
+
+
+def test_a_document_only_the_document_leg_found_shows_its_chunk_holding_most_query_terms(kb):
+    """No chunk leg returned a chunk of the document: its envelope shows the chunk holding the most
+    distinct query terms (``excerpt_chunks``), with the document's true lines at the indexed
+    revision."""
+    from kb.languages import lexical_text
+    from kb.search import envelopes
+    from kb.sql import queries
+
+    kb.use_embedder(HashingEmbedder())
+    kb.create_workspace(1)
+    page = "# Guide\n\n" + "\n".join(f"## Part {j}\n\n" + " ".join([f"word{j} filler text"] * 80) + "\n"
+                                     for j in range(4))
+    with kb.transaction(1, "page", "t") as tx:
+        tx.write("/documents/guide.md", page)
+    kb.index(1)
+    repo = kb.store(1).repository
+    with database.connect(kb.database_url) as conn:
+        document = conn.execute(queries["document_by_path"], {"workspace_id": 1, "path": "/documents/guide.md"}).fetchone()
+        rows = [{"chunk_id": None, "document_id": document["id"], "document_rank": 1}]
+        [envelope] = envelopes(conn, repo, rows, [(document["id"], 0.5)], [], 5, lexical_text("word2 filler"))
+    text = [line for _, line in envelope.lines]
+    assert any("word2" in line for line in text) and not any("word1" in line or "word3" in line for line in text)
+    true_lines = kb.read(1, "/documents/guide.md", envelope.revision).decode().split("\n")
+    assert all(true_lines[number - 1] == line for number, line in envelope.lines)

@@ -150,6 +150,25 @@ def test_document_leg_counts_every_occurrence_in_a_page_longer_than_a_tsvector_p
     assert [paths[r["id"]] for r in got] == ["/documents/long.md", "/documents/short.md"]
 
 
+def test_a_long_query_is_scored_by_its_rarest_terms(settings):
+    """A query of 70 terms is scored by its MAX_QUERY_TERMS (64) rarest, in both lexical legs:
+    term t<j> is held by j + 1 pages, so the leg's scores equal the reference BM25 of t0 … t63."""
+    from kb.search import MAX_QUERY_TERMS, _params, lexical_statement
+
+    kb = KnowledgeBase.open(settings.model_copy(update={"fts_config": "simple"}))
+    kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, {f"/documents/p{i}.md": "# Page\n\n" + " ".join(f"t{j}" for j in range(i, 70)) + "\n"
+                       for i in range(70)})
+    kb.index(1)
+    assert MAX_QUERY_TERMS == 64
+    query = " ".join(f"t{j}" for j in range(70))
+    for unit in ("chunk", "document"):
+        reference = _reference_bm25(kb, 1, " ".join(f"t{j}" for j in range(64)), unit)
+        with database.connect(kb.database_url, autocommit=True) as conn:
+            got = conn.execute(lexical_statement(unit), _params(1, "", "", query, 100)).fetchall()
+        assert {r["id"]: r["score"] for r in got} == pytest.approx(reference, rel=1e-9), unit
+
+
 def test_term_statistics_follow_inserts_updates_and_deletes(kb):
     kb.use_embedder(HashingEmbedder())
     docs = {f"/documents/d{i}.md": f"# D{i}\n\nshared words about topic{i % 3} and more\n" for i in range(12)}

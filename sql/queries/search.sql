@@ -21,7 +21,9 @@ LIMIT %(limit)s;
 -- against the units of its configuration with that configuration's frequencies, unit count and
 -- mean length (in tokens). Only units holding a selective term (one in at most selective_units
 -- units or selective_share of them, or the configuration's rarest query term) or all the terms are
--- scored, so a word found everywhere does not make every unit a candidate. The term frequency
+-- scored, so a word found everywhere does not make every unit a candidate. A long query keeps its
+-- max_terms rarest terms per configuration (a 4,000-character Chinese query is ~4,000 bigrams: a
+-- tsquery of thousands of alternatives took seconds per leg). The term frequency
 -- counts every occurrence, one in the context line (title, headings: weight A) as title_weight.
 -- Each candidate's query terms are unnested once and looked up in the arrays of its
 -- configuration's lexemes and idfs that travel with it: no join with the terms, whose order the
@@ -50,7 +52,10 @@ selectors AS (
            || string_agg(quoted, ' & ')::tsquery AS selector,
            array_agg(lexeme ORDER BY lexeme) AS lexemes, array_agg(idf ORDER BY lexeme) AS idfs,
            min(avg_length) AS avg_length
-    FROM (SELECT *, min(df) OVER (PARTITION BY text_config) AS rarest FROM terms) s
+    FROM (SELECT *, min(df) OVER (PARTITION BY text_config) AS rarest,
+                 row_number() OVER (PARTITION BY text_config ORDER BY df, lexeme) AS rarity
+          FROM terms) s
+    WHERE rarity <= %(max_terms)s
     GROUP BY text_config
 ),
 candidates AS MATERIALIZED (
