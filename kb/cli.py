@@ -294,7 +294,8 @@ def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) 
     """Hybrid search; prints line-numbered envelopes (SPEC §8).
 
     Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb search
-    "refund for an annual subscription" --workspace 1 -k 3 --chat c1
+    "refund for an annual subscription" --workspace 1 -k 3 --chat c1. A query that starts with
+    "-" goes after "--": kb search --workspace 1 -- "-rf flag"
     """
     server = _server() if chat is None else None
     if server:
@@ -605,7 +606,7 @@ def sweep() -> None:
 def edit(path: str, workspace: int, author: str | None, message: str | None, committer: str | None) -> None:
     """Open a document in $EDITOR (else $VISUAL, else vi) inside a private turn; saving a change
     records one revision, quitting without a change records nothing. A missing document is created
-    if you save text into it.
+    if you save text into it; deleting the file removes the document (one revision, in history).
 
     Someone else's save to the same document meanwhile is merged line by line; only where both
     changed the same lines does your save win (reported, their lines stay in history).
@@ -629,8 +630,9 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
     if result is None:
         click.echo("no changes; nothing recorded")
     else:
-        changed = result.added + result.modified
-        click.echo(f"revision {result.revision}: {'created' if result.added else 'updated'} {', '.join(changed)}")
+        verbs = [("created", result.added), ("updated", result.modified), ("removed", result.removed)]
+        click.echo(f"revision {result.revision}: "
+                   + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in verbs if paths))
         for merged in result.merged:
             click.echo(f"note: {merged} was changed by someone else meanwhile; both changes were merged")
         for overwritten in result.overwrote:

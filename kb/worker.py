@@ -63,7 +63,7 @@ class WorkerReport:
         """One line: jobs, documents, chunks embedded vs from the cache, failures, wall time."""
         return (
             f"worker stopped after {self.wall_seconds:.1f} s: {self.jobs_run} job(s) run, "
-            f"{self.jobs_failed} failed; {self.documents_indexed} documents indexed, "
+            f"{self.jobs_failed} failed; {self.documents_indexed} document(s) indexed, "
             f"{self.documents_failed} failed; {self.chunks_written} chunks written "
             f"({self.chunks_embedded} embedded, {self.chunks_from_cache} from the embedding cache), "
             f"{self.chunk_rows_reused} unchanged chunk rows reused"

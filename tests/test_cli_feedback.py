@@ -40,7 +40,7 @@ def test_worker_prints_progress_lines_and_a_summary(kb_env, tmp_path):
     notes = _notes(tmp_path, 4)
     run_cli(kb_env, "import", str(notes), "-w", "1")
     first = run_cli(kb_env, "worker", "--until-idle")
-    assert "4 documents indexed, 0 failed; 4 chunks written (4 embedded, 0 from the embedding cache)" in first.stdout
+    assert "4 document(s) indexed, 0 failed; 4 chunks written (4 embedded, 0 from the embedding cache)" in first.stdout
     assert "job(s) run, 0 failed" in first.stdout and "no job is scheduled for later" in first.stdout
     assert "kb.index_changes (workspace 1) done in" in first.stderr  # plain lines: not a terminal
     assert "index ws 1: 4/4 documents, 4 chunks" in first.stderr

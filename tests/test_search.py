@@ -177,3 +177,53 @@ def test_a_document_only_the_document_leg_found_shows_its_chunk_holding_most_que
     assert any("word2" in line for line in text) and not any("word1" in line or "word3" in line for line in text)
     true_lines = kb.read(1, "/documents/guide.md", envelope.revision).decode().split("\n")
     assert all(true_lines[number - 1] == line for number, line in envelope.lines)
+
+
+def test_k_envelopes_when_the_legs_first_chunks_come_from_fewer_documents(kb):
+    """Long documents whose every chunk matches the query fill the legs' first 4 k chunks from two
+    documents; the search asks again for more and still returns k envelopes."""
+    kb.use_embedder(HashingEmbedder())
+    kb.create_workspace(1)
+
+    def page(word: str) -> str:
+        return "# Page\n\n" + "\n".join(f"## Part {j}\n\n" + " ".join([f"{word} {word} marker text"] * 70) + "\n"
+                                          for j in range(12))
+
+    with kb.transaction(1, "docs", "t") as tx:
+        tx.write("/documents/a.md", page("alpha"))
+        tx.write("/documents/b.md", page("beta"))
+        for i in range(8):
+            tx.write(f"/documents/other{i}.md", f"# Other {i}\n\nunrelated words number{i}\n")
+    kb.index(1)
+    found = kb.search(1, "alpha beta", k=5)
+    assert len(found) == 5
+    assert {e.path for e in found[:2]} == {"/documents/a.md", "/documents/b.md"}
+
+
+class _ModelWithoutTheWord(HashingEmbedder):
+    """A model that has never seen one word: it embeds every text without it (the hashing embedder
+    over the rest), as a real model embeds a new product name as noise."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__()
+        self.word = word
+
+    def embed(self, texts: list[str]):
+        return super().embed([t.replace(self.word, " ") for t in texts])
+
+
+def test_a_word_found_in_one_document_puts_it_first_whatever_the_model_makes_of_it(kb):
+    """Both full-text legs rank the only page holding a rare word first; the vector leg, blind to
+    the word, embeds the query as the zero vector, whose cosine distance to every chunk is NaN, so
+    it ranks the pages in id order, this page (written last) last. The page still comes first: the
+    two full-text legs together weigh as much as the vector leg (kb/search.py; at 0.25 each it
+    came 4th)."""
+    kb.use_embedder(_ModelWithoutTheWord("Zorblaxian"))
+    kb.create_workspace(1)
+    with kb.transaction(1, "docs", "t") as tx:
+        for i in range(20):
+            tx.write(f"/documents/p{i}.md", f"# Page {i}\n\nCustomers ask about refunds, plans number {i} "
+                                            f"and please read the billing notes {i}.\n")
+        tx.write("/documents/zz-home.md", "# Home\n\nZorblaxian customers get an extended refund window.\n")
+    kb.index(1)
+    assert kb.search(1, "Zorblaxian", k=5)[0].path == "/documents/zz-home.md"

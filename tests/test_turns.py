@@ -329,6 +329,12 @@ def test_kb_edit_commits_on_save_and_nothing_when_unchanged(workspace, kb_env, t
     assert failed.returncode == 1 and "nothing was recorded" in failed.stderr
     assert workspace.head(WS) == new_head
     assert not any(p.name.startswith("edit-") for p in (repo_path(workspace).parent / ".worktrees" / "1").glob("*"))
+    remover = tmp_path / "remover.py"
+    remover.write_text("import os, sys\nos.remove(sys.argv[1])\n")
+    env["EDITOR"] = f"{sys.executable} {remover}"
+    out = run_cli(env, "edit", "/documents/b.md", "--workspace", "1").stdout
+    assert ": removed /documents/b.md" in out  # names what the revision did
+    assert workspace.head(WS) != new_head
 
 
 def _projection_emits_events() -> bool:
