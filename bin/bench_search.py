@@ -19,9 +19,8 @@ Timed, per query, interleaved round by round:
 - kb: ``kb.search(ws, query, k=10)`` through the facade — pooled connection, both legs, fusion,
   excerpts from blobs, and ``render()`` of every envelope. The query embedding is excluded: the
   embedder is a lookup of vectors computed before the timing. Timed twice per round, in
-  alternating order: as shipped (the lexical leg on a second pooled connection beside the vector
-  leg) and with no spare connection (both legs in one statement, ``one_statement``), and without
-  the document leg (``without_document_leg``: its cost), in an order rotated round by round.
+  alternating order: as shipped, and without the document leg (``without_document_leg``: its
+  cost).
 - numpy: exact cosine top-10 over the workspace's vectors held in memory (argpartition + sort).
 
 Workspaces past kb.vector_index.HNSW_MIN_CHUNKS get their partial HNSW index first, as the job
@@ -137,27 +136,6 @@ def without_document_leg(enabled: bool):
         yield
     finally:
         search_module.lexical_statement = real
-
-
-@contextlib.contextmanager
-def one_statement(enabled: bool):
-    """While ``enabled``, the facade finds no spare pooled connection, so both legs run in one
-    statement on one connection (kb.search's path when the pool is busy): the reference for the
-    side-by-side legs, timed in the same rounds."""
-    if not enabled:
-        yield
-        return
-    real = database.spare_pooled_connection
-
-    @contextlib.contextmanager
-    def none(url):
-        yield None
-
-    database.spare_pooled_connection = none
-    try:
-        yield
-    finally:
-        database.spare_pooled_connection = real
 
 
 def paragraphs(lines: list[str]) -> list[tuple[int, int, str]]:
@@ -277,22 +255,18 @@ def main() -> None:
         vectors = dict(zip(samples, embedder.embed(samples)))
         kb.use_embedder(PrecomputedEmbedder(embedder, vectors))
         kb.search(ws, samples[0], k=K)  # open the pool, load the store
-        kb_times, numpy_times, recalls, counts, one_times, chunk_only_times = [], [], [], [], [], []
+        kb_times, numpy_times, recalls, counts, chunk_only_times = [], [], [], [], []
         with database.connect(kb.database_url, autocommit=True) as conn:
             for round_no, query in enumerate(samples):
                 vector = vectors[query]
-                # the facade as shipped (legs side by side when a second pooled connection is
-                # idle), with no spare connection (one statement) and without the document leg,
-                # in an order rotated round by round
-                legs = ("kb", "one", "chunk_only")
-                for leg in legs[round_no % 3:] + legs[: round_no % 3]:
+                # the facade as shipped and, in alternating order, without the document leg
+                for leg in (("kb", "chunk_only") if round_no % 2 else ("chunk_only", "kb")):
                     t0 = time.perf_counter()
-                    with one_statement(leg == "one"), without_document_leg(leg == "chunk_only"):
+                    with without_document_leg(leg == "chunk_only"):
                         found = kb.search(ws, query, k=K)
                     for envelope in found:
                         envelope.render()
-                    {"kb": kb_times, "one": one_times, "chunk_only": chunk_only_times}[leg].append(
-                        time.perf_counter() - t0)
+                    (kb_times if leg == "kb" else chunk_only_times).append(time.perf_counter() - t0)
                     counts.append(len(found))
                 t0 = time.perf_counter()
                 scores = matrix @ vector
@@ -307,7 +281,6 @@ def main() -> None:
                 assert len(exact) == K
         kb_times.sort()
         numpy_times.sort()
-        one_times.sort()
         chunk_only_times.sort()
 
         def pct(values, q):
@@ -317,15 +290,12 @@ def main() -> None:
                    "kb_p50_ms": 1000 * statistics.median(kb_times), "kb_p95_ms": pct(kb_times, 0.95),
                    "numpy_p50_ms": 1000 * statistics.median(numpy_times), "numpy_p95_ms": pct(numpy_times, 0.95),
                    "vector_recall_at_10": statistics.mean(recalls), "min_envelopes": min(counts),
-                   "one_statement_p50_ms": 1000 * statistics.median(one_times),
-                   "one_statement_p95_ms": pct(one_times, 0.95),
                    "without_document_leg_p50_ms": 1000 * statistics.median(chunk_only_times),
                    "without_document_leg_p95_ms": pct(chunk_only_times, 0.95)}
         figures["p50_ratio"] = figures["kb_p50_ms"] / figures["numpy_p50_ms"]
         result["workspaces"][ws] = figures
         print(f"workspace {ws} ({size} chunks, {result['table_chunks']} in the table): kb.search p50 "
-              f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms (one statement, no side leg: "
-              f"p50 {figures['one_statement_p50_ms']:.1f} p95 {figures['one_statement_p95_ms']:.1f}; without the "
+              f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms (without the "
               f"document leg: p50 {figures['without_document_leg_p50_ms']:.1f} "
               f"p95 {figures['without_document_leg_p95_ms']:.1f}) | numpy exact top-10 p50 "
               f"{figures['numpy_p50_ms']:.1f} ms p95 {figures['numpy_p95_ms']:.1f} ms | vector leg recall@10 "

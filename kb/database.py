@@ -210,12 +210,9 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
 _pools: dict[str, "ConnectionPool"] = {}
 _pools_lock = threading.Lock()
 POOL_MIN_SIZE = 2
-"""Connections a pool keeps open: two, so a search finds an idle second connection for its side
-leg (``spare_pooled_connection``; a pool does not grow for a request that will not wait)."""
+"""Connections a pool keeps open (it grows to POOL_MAX_SIZE while callers wait)."""
 POOL_MAX_SIZE = 8
 POOL_TIMEOUT = 30.0
-SPARE_WAIT = 0.001
-"""Seconds ``spare_pooled_connection`` waits for an idle connection before doing without."""
 
 
 def _pool_configure(url: str):
@@ -288,27 +285,6 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
         if broken:
             raise _lost(exc) from exc
         raise
-
-
-@contextlib.contextmanager
-def spare_pooled_connection(url: str) -> Iterator[psycopg.Connection | None]:
-    """An idle pooled connection if the pool has one, else None after at most ``SPARE_WAIT``
-    seconds (the pool keeps ``POOL_MIN_SIZE`` open and grows while callers wait). For work that
-    can use a second connection but must not queue for one (a search's side leg). A connection
-    lost inside the block raises DatabaseUnavailable, as in ``pooled_connection``."""
-    from psycopg_pool import PoolClosed, PoolTimeout
-
-    connections = pool(url)
-    try:
-        conn = connections.getconn(timeout=SPARE_WAIT)  # psycopg_pool refuses at once at 0
-    except (PoolTimeout, PoolClosed):  # none free, or the process is closing its pools: do without
-        yield None
-        return
-    try:
-        with _lost_raises_unavailable(conn):
-            yield conn
-    finally:
-        connections.putconn(conn)
 
 
 @contextlib.contextmanager

@@ -253,9 +253,8 @@ class KnowledgeBase:
         store = self.store(workspace_id)
         repo = store.repository
         embedder = self.embedder
-        with database.pooled_connection(self.database_url) as conn, \
-                database.spare_pooled_connection(self.database_url) as side:
-            return hybrid_search(conn, repo, embedder, workspace_id, query, k, side=side)
+        with database.pooled_connection(self.database_url) as conn:
+            return hybrid_search(conn, repo, embedder, workspace_id, query, k)
 
     def index_freshness(self, workspace_id: int) -> "IndexFreshness":
         """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;

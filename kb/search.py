@@ -19,14 +19,11 @@ whose lines are the document's true lines at the indexed revision.
   ``UNCOVERED_VECTOR_WEIGHT``, ``TEXT_WEIGHT`` and ``DOCUMENT_WEIGHT`` chosen on
   ``bin/eval_search.py`` (figures in docs/search-and-citations.md). A document's excerpts are its
   chunks the chunk legs returned, best fused first.
-- The legs run side by side, the lexical ones on a second pooled connection in a thread, when
-  the facade finds one idle (``kb.database.spare_pooled_connection``), else in one statement.
-  It pays only with a core to spare: with slower legs on an idle 2-core machine (load under
-  1.2) it measured 10,000 chunks p50 14.8 → 13.5 ms, 100,000 chunks 22.0 → 17.5 ms; since each
-  leg takes one round trip of 1–3 ms, bin/bench_search.py (load ~2 on 2 cores) measures the
-  two paths alike (10,000 chunks p50 6.0 vs 5.3 ms one statement, p95 9.7 vs 9.0; 100,000
-  chunks 7.6 vs 7.5, p95 14.1 vs 14.6). A busy pool has no idle connection, so under load
-  every search takes the one-statement path.
+- All legs run in one statement on one pooled connection. Running the lexical legs on a second
+  connection in a thread, beside the vector leg, was measured and removed: with each leg one
+  round trip of 1–3 ms, the thread and the second checkout cost more than the overlap saved on
+  2 cores (bin/bench_search.py, four runs, 10,000 chunks p50 0.6–0.8 ms slower, p95 mixed; at
+  100,000 chunks alike), and each search held two of the pool's connections.
 - Excerpts come from the document's blob at the indexed revision; blobs are immutable, so their
   lines are kept in a small per-process cache keyed by blob id.
 """
@@ -35,11 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 from psycopg import sql
@@ -225,66 +220,6 @@ def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, params:
                                 lambda rows: sum(1 for r in rows if r["vector_rank"] is not None))
 
 
-def _lexical_rows(conn: psycopg.Connection, params: dict) -> list[dict]:
-    """The chunk and document legs' rows (``search_candidates`` with an empty vector leg)."""
-    statement = composable("search_candidates").format(
-        vector_leg=composable("empty_vector_leg"), lexical_leg=lexical_statement("chunk"),
-        document_leg=lexical_statement("document"))
-    return _fetch(conn, statement, params)
-
-
-def _vector_rows(conn: psycopg.Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
-    """The vector leg's rows with their ranks and envelope fields (``vector_envelopes``)."""
-
-    def run(vector: sql.Composable, hnsw_limit: int | None) -> list[dict]:
-        return _fetch(conn, composable("vector_envelopes").format(leg=vector), params, hnsw_limit)
-
-    return _with_exact_fallback(conn, workspace_id, model, limit, run, len)
-
-
-_executor: ThreadPoolExecutor | None = None
-_executor_pid = 0
-_executor_lock = threading.Lock()
-
-
-def _leg_executor() -> ThreadPoolExecutor:
-    """The process' threads for the side leg (made again in a forked child, whose copy of the
-    parent's executor has no threads)."""
-    global _executor, _executor_pid
-    with _executor_lock:
-        if _executor is None or _executor_pid != os.getpid():
-            from kb.database import POOL_MAX_SIZE
-
-            _executor = ThreadPoolExecutor(max_workers=POOL_MAX_SIZE, thread_name_prefix="kb-search-leg")
-            _executor_pid = os.getpid()
-        return _executor
-
-
-def _candidates_side_by_side(conn: psycopg.Connection, side: psycopg.Connection, workspace_id: int,
-                             model: str, params: dict, limit: int) -> list[dict]:
-    """What ``_candidates`` returns, with the lexical legs on ``side`` in a thread while the vector
-    leg runs on ``conn``: Postgres runs a statement on one core, so legs on two connections take
-    about as long as the slower side. Each side reads its own snapshot; ``envelopes`` keeps a
-    document's excerpts to the indexed blob of its first row, so a document re-indexed between
-    the two reads never mixes line spans of two versions."""
-    lexical_future = _leg_executor().submit(_lexical_rows, side, params)
-    try:
-        vector_rows = _vector_rows(conn, workspace_id, model, params, limit)
-    except BaseException:
-        lexical_future.exception()  # wait: ``side`` goes back to the pool only once its legs are done
-        raise
-    rows: dict[int, dict] = {r["chunk_id"]: {**r, "text_rank": None, "document_rank": None} for r in vector_rows}
-    documents = []
-    for r in lexical_future.result():
-        if r["chunk_id"] is None:
-            documents.append(r)
-        elif r["chunk_id"] in rows:
-            rows[r["chunk_id"]]["text_rank"] = r["text_rank"]
-        else:
-            rows[r["chunk_id"]] = r
-    return list(rows.values()) + documents
-
-
 def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
            hnsw_limit: int | None = None) -> list[dict]:
     """Rows of ``statement``, with the HNSW scan settings for ``hnsw_limit`` when given; the
@@ -296,8 +231,7 @@ def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
     inside the caller's) with the settings set for the transaction (``set_config(…, true)``: they
     stay until the caller's transaction ends, where only HNSW scans read them, and every one kb
     runs sets them first); so does a connection behind a transaction-mode pooler. Before,
-    every statement took BEGIN, the settings and COMMIT too: four round trips instead of one, with
-    the side leg's thread contending for the interpreter between them.
+    every statement took BEGIN, the settings and COMMIT too: four round trips instead of one.
 
     Plain round trips, not a pipeline: psycopg's pipeline mode measured slower (same run, order
     rotated per query, load ~12 on 2 cores, 10,000-chunk workspace: pipelined transaction p50
@@ -367,25 +301,20 @@ def search(
     workspace_id: int,
     query: str,
     k: int = 5,
-    side: psycopg.Connection | None = None,
 ) -> list[Envelope]:
     """Top ``k`` documents for ``query`` as excerpt envelopes, best first, cites numbered 1..k.
 
-    Documents are ranked by the fusion of the three legs (``rank_documents``); each envelope holds
-    the document's best ``EXCERPTS_PER_DOCUMENT`` excerpts. ``side``: a second idle connection to
-    the same database; the lexical legs then run on it while the vector leg runs on ``conn``
-    (``_candidates_side_by_side``), else all legs run in one statement on ``conn``. Either way
-    the connections come back idle. Raises InvalidInput for a bad query or k (``check_query``).
+    Documents are ranked by the fusion of the three legs (``rank_documents``), all run in one
+    statement on ``conn`` (``search_candidates``); each envelope holds the document's best
+    ``EXCERPTS_PER_DOCUMENT`` excerpts. The connection comes back idle. Raises InvalidInput for a
+    bad query or k (``check_query``).
     """
     check_query(query, k)
     vector = embedder.embed([query])[0]
     limit = max(LEG_LIMIT, 4 * k)
     while True:
         params = _params(workspace_id, embedder.model, vector_literal(vector), query, limit)
-        if side is None:
-            rows = _candidates(conn, workspace_id, embedder.model, params, limit)
-        else:
-            rows = _candidates_side_by_side(conn, side, workspace_id, embedder.model, params, limit)
+        rows = _candidates(conn, workspace_id, embedder.model, params, limit)
         documents, excerpts = rank_documents(rows, vector_weight(embedder, query))
         if len(documents) >= k or sum(1 for r in rows if r["vector_rank"] is not None) < limit:
             break
@@ -422,7 +351,8 @@ def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], docu
     gets the chunk holding most of the query's terms (``excerpt_chunks``, one query for all such
     documents, ``lexical_query`` prepared as the legs had it); one that has no chunk left by then
     (deleted meanwhile) gives its place to the next. A document's excerpts all come from the
-    indexed blob of its first row: legs read on two connections see two snapshots."""
+    indexed blob of its first row (an excerpt chunk is read after the legs, in another snapshot:
+    the document may have been re-indexed between the two)."""
     chunks = {r["chunk_id"]: r for r in rows if r["chunk_id"] is not None}
     chunks_of: dict[int, list[dict]] = {}
     for chunk_id, _score in excerpts:

@@ -20,24 +20,6 @@ def test_pooled_connections_are_reused_and_give_dict_rows(database_url: str) -> 
     database.close_pools()
 
 
-def test_a_spare_connection_is_another_idle_one_or_none_without_waiting(database_url: str) -> None:
-    """``spare_pooled_connection``: a second connection while one is in use; None (after at most
-    SPARE_WAIT) when every connection of a pool at its maximum is taken."""
-    with database.pooled_connection(database_url) as conn, database.spare_pooled_connection(database_url) as side:
-        assert side is not None
-        assert (side.execute(queries["test_backend_pid"]).fetchone()["pid"]
-                != conn.execute(queries["test_backend_pid"]).fetchone()["pid"])
-    connections = database.pool(database_url)
-    taken = [connections.getconn() for _ in range(database.POOL_MAX_SIZE)]
-    try:
-        with database.spare_pooled_connection(database_url) as side:
-            assert side is None
-    finally:
-        for conn in taken:
-            connections.putconn(conn)
-    database.close_pools()
-
-
 def test_pooled_transaction_rolls_back_on_error(database_url: str) -> None:
     with database.pooled_connection(database_url) as conn:
         conn.execute(queries["test_create_pool_probe"])
@@ -61,15 +43,12 @@ def test_unreachable_server_is_a_kb_error(tmp_path) -> None:
         database.POOL_TIMEOUT = saved
 
 
-def test_a_closed_pool_is_a_kb_error_and_a_spare_is_simply_absent(database_url: str, monkeypatch) -> None:
+def test_a_closed_pool_is_a_kb_error(database_url: str, monkeypatch) -> None:
     """Pools closing while a call starts (at exit, a server shutting down): ``pooled_connection``
-    raises DatabaseUnavailable (psycopg_pool's PoolClosed escaped before), and a search's spare
-    connection is just not there."""
+    raises DatabaseUnavailable (psycopg_pool's PoolClosed escaped before)."""
     closed = database.pool(database_url)
     closed.close()
     monkeypatch.setattr(database, "pool", lambda url: closed)
-    with database.spare_pooled_connection(database_url) as side:
-        assert side is None
     with pytest.raises(DatabaseUnavailable, match="pool was closed"):
         with database.pooled_connection(database_url):
             pass
@@ -88,10 +67,9 @@ def test_pooled_connections_whose_backends_ended_are_replaced_not_handed_out(dat
         for pid in pids:
             admin.execute(queries["test_terminate_backend"], {"pid": pid})
     for _ in range(3):
-        with database.pooled_connection(database_url) as conn, \
-                database.spare_pooled_connection(database_url) as side:
+        with database.pooled_connection(database_url) as conn, database.pooled_connection(database_url) as other:
             assert conn.execute(queries["test_backend_pid"]).fetchone()["pid"] not in pids
-            assert side is None or side.execute(queries["test_backend_pid"]).fetchone()["pid"] not in pids
+            assert other.execute(queries["test_backend_pid"]).fetchone()["pid"] not in pids
     database.close_pools()
 
 

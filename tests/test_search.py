@@ -86,49 +86,10 @@ def test_blob_lines_are_cached_by_blob_id_within_a_character_budget():
     assert repo.reads == reads + 1
 
 
-def test_legs_side_by_side_return_what_one_statement_returns_and_both_connections_come_back_idle(kb, monkeypatch):
-    """The facade runs the lexical leg on a second pooled connection while the vector leg runs on
-    the first (kb.search ``side``); the envelopes are the same as from the one-statement path,
-    with an exact scan and through a workspace's HNSW index (including its fallback when the
-    index comes back short)."""
-    import psycopg
-
-    from kb import database, vector_index
-    from kb.search import search
-
-    embedder = kb.use_embedder(HashingEmbedder())
-    kb.create_workspace(1)
-    with kb.transaction(1, "docs", "t") as tx:
-        for i in range(60):
-            tx.write(f"/documents/p{i}.md", f"# Page {i}\n\nplain note {i} about topic{i % 7} and words w{i}\n\n"
-                                            f"second paragraph of page {i}, refund{i % 5}\n")
-    kb.index(1)
-    repo = kb.store(1).repository
-
-    def both(query: str, k: int) -> None:
-        with database.pooled_connection(kb.database_url) as conn, \
-                database.spare_pooled_connection(kb.database_url) as side:
-            assert side is not None
-            one = search(conn, repo, embedder, 1, query, k)
-            two = search(conn, repo, embedder, 1, query, k, side=side)
-            for c in (conn, side):
-                assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        assert [(e.path, e.score, e.render()) for e in two] == [(e.path, e.score, e.render()) for e in one]
-        assert len(two) == k
-
-    for query, k in (("topic3 words", 5), ("refund2 page", 10), ("zyxwvut", 7)):
-        both(query, k)
-    monkeypatch.setattr(vector_index, "HNSW_MIN_CHUNKS", 40)
-    assert vector_index.maintain(kb.database_url, 1, embedder.model, embedder.dim).action == "built"
-    vector_index.forget_cached()
-    for query, k in (("topic3 words", 5), ("refund2 page", 10), ("zyxwvut", 50)):  # k 50: leg limit 200 > chunks
-        both(query, k)
-
-
 def test_excerpts_of_a_document_come_from_one_indexed_version(kb):
-    """Legs read on two connections see two snapshots; when a document was re-indexed between
-    them, its rows name two blobs. The envelope keeps the spans of its first row's blob only, so
-    no line number of one version is rendered from the other."""
+    """An excerpt chunk read after the legs (``excerpt_chunks``) sees another snapshot; when a
+    document was re-indexed between them, its rows name two blobs. The envelope keeps the spans of
+    its first row's blob only, so no line number of one version is rendered from the other."""
     from kb.search import envelopes
 
     kb.create_workspace(1)

@@ -90,9 +90,8 @@ LIMIT %(limit)s;
 -- with its rank in each (NULL where that leg did not return it) and what its envelope needs, the
 -- text only for chunks without spans (they render un-numbered, SPEC §8). Document rows (chunk_id
 -- NULL): every document the document leg returned, with its rank and envelope fields. The
--- placeholders are the exact or approximate vector leg (or an empty one, when the vector leg runs
--- on another connection), the chunk leg and the document leg (lexical_leg filled for chunks and
--- for documents). kb/search.py fuses the ranks.
+-- placeholders are the exact or approximate vector leg, the chunk leg and the document leg
+-- (lexical_leg filled for chunks and for documents). kb/search.py fuses the ranks.
 WITH vector_leg AS MATERIALIZED ({vector_leg}),
 text_leg AS MATERIALIZED ({lexical_leg}),
 document_leg AS MATERIALIZED ({document_leg}),
@@ -113,10 +112,6 @@ SELECT NULL, NULL, NULL, row_number() OVER (ORDER BY l.score DESC, l.id), d.id, 
        d.path, d.title, d.indexed_content_id, d.indexed_revision
 FROM document_leg l
 JOIN kb.documents d ON d.id = l.id;
-
--- name: empty_vector_leg
--- search_candidates' vector leg when the vector leg runs on another connection.
-SELECT NULL::bigint AS id, NULL::float8 AS distance WHERE false;
 
 -- name: excerpt_chunks
 -- For documents the document leg ranked but no chunk leg returned a chunk of: each document's chunk
@@ -139,19 +134,6 @@ JOIN kb.documents d ON d.id = c.document_id
 CROSS JOIN LATERAL (SELECT length(c.tsv) - length(ts_delete(c.tsv, q.lexemes)) AS held) m
 WHERE c.document_id = ANY (%(document_ids)s)
 ORDER BY c.document_id, m.held DESC, c.position, c.id;
-
--- name: vector_envelopes
--- The vector leg on a connection of its own (kb/search.py runs it beside the lexical legs when a
--- second pooled connection is free): the leg's chunks (the placeholder: the exact or approximate
--- vector leg) with their rank, and what their envelopes need, as search_candidates has them.
-WITH leg AS MATERIALIZED ({leg})
-SELECT l.id AS chunk_id, row_number() OVER (ORDER BY l.distance, l.id) AS vector_rank,
-       NULL::bigint AS document_rank, c.document_id, c.start_line, c.end_line,
-       CASE WHEN c.start_line IS NULL THEN c.text END AS text,
-       d.path, d.title, d.indexed_content_id, d.indexed_revision
-FROM leg l
-JOIN kb.chunks c ON c.id = l.id
-JOIN kb.documents d ON d.id = c.document_id;
 
 -- name: document_by_path
 SELECT id, path, title, document_type, metadata, content_id, status, indexed_revision
