@@ -198,7 +198,7 @@ def test_twenty_revisions_then_kill_9_of_the_worker_mid_push_remote_ends_at_head
     assert crashing.returncode == -signal.SIGKILL
     assert _remote_branch(bare) is None and [j["status"] for j in _push_jobs(kb)] == ["doing"]
     worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: kb.remote(1).status().last_pushed_revision == head, 120, "the retried push")
     finally:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -175,8 +176,11 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
     assert job_id is not None
     env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
            "PYTHONPATH": os.pathsep.join(sys.path)}
+    # stderr to a file, not a pipe nobody reads: a worker whose progress lines fill a pipe's
+    # buffer blocks on its next line (a slow run prints a line per periodic job every second)
+    log = tempfile.TemporaryFile()
     worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 120
         while scalar(kb, "SELECT coalesce(max(batches), 0) FROM kb.span_fill_runs") < 3:
@@ -191,15 +195,23 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
 
     psql(kb.database_url, "UPDATE kb.span_fill_control SET batch_documents = 50, throttle_ms = 0")
     worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 120
-        while scalar(kb, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", job_id) != "succeeded":
-            assert time.monotonic() < deadline and worker.poll() is None, "the stalled span fill never finished"
+        while (status := scalar(kb, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", job_id)) != "succeeded":
+            if time.monotonic() >= deadline or worker.poll() is not None:
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(timeout=60)
+                log.seek(0)
+                jobs = psycopg.connect(kb.database_url).execute(
+                    "SELECT id, task_name, status::text, attempts FROM procrastinate_jobs ORDER BY id").fetchall()
+                raise AssertionError(f"the stalled span fill never finished: job {job_id} is {status}; jobs {jobs}; "
+                                     f"worker stderr (last 3000 characters): {log.read().decode()[-3000:]}")
             time.sleep(0.2)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
     runs = [r[0] for r in psycopg.connect(kb.database_url).execute(
         "SELECT status FROM kb.span_fill_runs ORDER BY id").fetchall()]
     assert runs[0] == "interrupted" and runs[-1] == "finished"

@@ -48,7 +48,7 @@ def _kill_a_worker_mid_reindex(kb, kb_env, documents: int, done: int) -> dict:
     env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
            "KB_EMBED_BATCH_SIZE": "8", "PYTHONPATH": os.pathsep.join(sys.path)}
     slow = subprocess.Popen([sys.executable, str(TESTS / "slow_worker.py"), "0.3"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: next((r for r in _rows(kb, "test_index_runs", workspace_id=1)
                             if r["documents_done"] >= done), None), 120, f"{done} documents indexed")
@@ -67,7 +67,7 @@ def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env)
     assert _job(kb, "kb.reindex")["status"] == "doing"  # its worker is dead
 
     worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: _job(kb, "kb.reindex")["status"] == "succeeded", 120, "the retried reindex")
     finally:
@@ -101,7 +101,7 @@ def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_conv
     assert kb.defer_reindex(1) is not None  # a second one waits with the same queueing lock
 
     worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: any(j["task_name"] == "kb.reindex" and j["status"] == "succeeded"
                           for j in _rows(kb, "test_jobs")), 120, "the waiting reindex")
