@@ -311,17 +311,17 @@ def search(
     """
     check_query(query, k)
     vector = embedder.embed([query])[0]
-    limit = max(LEG_LIMIT, 4 * k)
+    params = _params(workspace_id, embedder.model, vector_literal(vector), query, max(LEG_LIMIT, 4 * k))
+    weight = vector_weight(embedder, query)
     while True:
-        params = _params(workspace_id, embedder.model, vector_literal(vector), query, limit)
-        rows = _candidates(conn, workspace_id, embedder.model, params, limit)
-        documents, excerpts = rank_documents(rows, vector_weight(embedder, query))
-        if len(documents) >= k or sum(1 for r in rows if r["vector_rank"] is not None) < limit:
+        rows = _candidates(conn, workspace_id, embedder.model, params, params["limit"])
+        documents, excerpts = rank_documents(rows, weight)
+        if len(documents) >= k or sum(1 for r in rows if r["vector_rank"] is not None) < params["limit"]:
             break
         # the legs' chunks came from fewer than k documents (long documents, many chunks each)
         # and the workspace has more vectors: ask again for more, so a search returns k envelopes
         # whenever the workspace has k indexed documents
-        limit *= WIDEN_FACTOR
+        params["limit"] *= WIDEN_FACTOR
     return envelopes(conn, repo, rows, documents, excerpts, k, params["query"])
 
 
