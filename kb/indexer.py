@@ -20,6 +20,10 @@ bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
 failed documents are retried by a follow-up job (``kb.jobs``) and the sweep until they succeed or
 are quarantined, so one poison document never wedges the workspace.
 
+A document's transaction takes the workspace's chunk lock and then the document's row before it
+writes chunks (the lock order in ``kb.locks``, shared with the projection, which may run at the
+same time).
+
 What a chunk embeds is its text after its context line (document title and heading path,
 kb.chunk_context); the full-text index gets the same, in the document's language configuration
 (kb.languages). Embeddings come from the chunk-level cache keyed by ``(sha256(text embedded),
@@ -46,7 +50,7 @@ from kb.chunking import Chunk, Chunker
 from kb.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument
 from kb.languages import detect_language, lexical_text, text_config
-from kb.locks import index_lock
+from kb.locks import chunk_lock, index_lock
 from kb.projection import project
 from kb.repository import Repository
 from kb.settings import Settings
@@ -404,6 +408,10 @@ class Indexer:
         if error is None:
             try:
                 with conn.transaction():
+                    # Lock order (kb.locks): chunk lock, this document's row, then its chunks and
+                    # their statistics — as the projection, which may delete or change the row.
+                    chunk_lock(conn, workspace_id)
+                    conn.execute(queries["lock_indexed_document"], params)
                     if p.unindexable is not None:
                         conn.execute(queries["delete_document_chunks"], params)
                         conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})

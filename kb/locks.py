@@ -32,6 +32,29 @@ WRITE_LOCK_NAMESPACE = 7101
 """Advisory-lock namespace of the per-workspace write lock."""
 INDEX_LOCK_NAMESPACE = 7102
 """Advisory-lock namespace of the per-workspace index lock (distinct from the write lock, §4)."""
+CHUNK_LOCK_NAMESPACE = 7104
+"""Advisory-lock namespace of the per-workspace chunk lock (``chunk_lock``)."""
+
+# Lock order of the projection and the index runs of one workspace. A transaction that takes
+# more than one of these takes them in this order (it may skip any):
+#
+#   1. projection lock  pg_advisory_xact_lock(7103, ws)   kb.projection.project
+#   2. chunk lock       pg_advisory_xact_lock(7104, ws)   chunk_lock: the projection, right after 1;
+#                                                          an index run's per-document transaction, first
+#   3. kb.documents rows                                   upsert / move / delete; the indexed row
+#   4. kb.chunks rows, then the statistics rows their triggers keep (kb.lexeme_stats, kb.text_stats,
+#      kb.document_terms, kb.document_lexeme_stats, kb.document_text_stats)
+#   5. the kb.workspaces row                               set_projected_revision, set_index_stamp
+#
+# Level 2 exists because levels 3 and 4 cannot be ordered row by row: an index run writes a
+# document's chunks in several statements and the projection deletes documents one statement
+# at a time (each cascading to chunks), and every statement's trigger locks statistics rows
+# (sorted within the statement, not across statements); the indexer also updates its document's
+# row after its chunks. Without the chunk lock a projection that changed document A and deleted
+# document B while an index run wrote A's chunks deadlocked ("deadlock detected": the projection
+# waited for a statistics row the index run held, the index run for A's row). The index lock
+# (7102) sits outside this order: it is held on a connection of its own and only tried, never
+# waited for.
 
 
 def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: int, timeout: float) -> None:
@@ -54,6 +77,14 @@ def lock_statements(conn: psycopg.Connection, namespace: int, workspace_id: int,
     workspace_id)``: waits at most ``timeout`` seconds, then fails with LockNotAvailable."""
     conn.execute(queries["lock_workspace_write_bounded"], {
         "timeout": f"{max(1, int(timeout * 1000))}ms", "namespace": namespace, "workspace_id": workspace_id})
+
+
+def chunk_lock(conn: psycopg.Connection, workspace_id: int) -> None:
+    """Take the workspace's chunk lock in ``conn``'s open transaction (level 2 of the lock order
+    above), waiting for it: held until the transaction ends. Every transaction that writes a
+    workspace's document rows or chunk rows on behalf of the projection or an index run takes it
+    before touching any of them."""
+    conn.execute(queries["lock_workspace_chunks"], {"namespace": CHUNK_LOCK_NAMESPACE, "workspace_id": workspace_id})
 
 
 @contextlib.contextmanager

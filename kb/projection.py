@@ -1,7 +1,8 @@
 """Projection of git into ``documents`` and ``folders`` rows (SPEC §6), converging to HEAD.
 
 ``project(conn, repo, workspace)`` runs inside the caller's transaction under the workspace's
-projection lock. It is idempotent and order-free:
+projection lock and, once it has something to change, its chunk lock (the lock order shared with
+index runs is written in ``kb.locks``). It is idempotent and order-free:
 
 1. It replays the moves the store recorded (``kb.path_changes``) since the last projected
    revision, revision by revision, so a moved document keeps its row id; a folder whose files all
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from kb.errors import RevisionNotFound, WorkspaceNotFound
+from kb.locks import chunk_lock
 from kb.paths import unique_identifier_hash
 from kb.repository import Repository
 from kb.sql import queries
@@ -336,6 +338,9 @@ def project(
     projected = row["last_projected_revision"]
     if head is None or (head == projected and not force):
         return ProjectionResult(head)
+    # Lock order (kb.locks): projection lock, chunk lock, then document rows, chunks and their
+    # statistics (a deleted document's chunks cascade), then the workspace row.
+    chunk_lock(conn, ws)
     head_tree = repo.tree_id(head)
     moves: list[dict] = []
     base_tree = None

@@ -4,6 +4,15 @@
 -- Held until the lock connection's transaction ends (kb/indexer.py _index_lock).
 SELECT pg_try_advisory_xact_lock(%(namespace)s, %(workspace_id)s) AS locked;
 
+-- name: lock_workspace_chunks
+-- The workspace's chunk lock (kb/locks.py chunk_lock: level 2 of the lock order written there).
+SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
+
+-- name: lock_indexed_document
+-- The row of the document an index run is about to write, locked after the chunk lock and before
+-- its chunks (kb/locks.py lock order); no row when a projection deleted the document meanwhile.
+SELECT id FROM kb.documents WHERE id = %(document_id)s FOR NO KEY UPDATE;
+
 -- name: documents_to_index
 -- Documents whose indexed content lags their projected content, excluding quarantined and
 -- unindexable ones (a content change resets those to pending).

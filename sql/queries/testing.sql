@@ -219,3 +219,34 @@ DROP FUNCTION kb.refresh_document_terms(bigint[]);
 DROP FUNCTION kb.count_document_terms();
 DROP FUNCTION kb.add_document_terms(integer[], text[], tsvector[], integer[], integer);
 DELETE FROM kb.schema_migrations WHERE name = '0018_add_document_terms.sql';
+
+-- ---- concurrency of projection and indexing (kb.locks chunk lock) ----------------------------
+
+-- name: test_hold_document_terms
+-- Hold a document's kb.document_terms row from a side connection: an index run refreshing that
+-- document's terms waits here, inside the transaction that already wrote its chunks.
+SELECT document_id FROM kb.document_terms WHERE document_id = %(document_id)s FOR UPDATE;
+
+-- name: test_hold_index_run
+-- Hold an index run row from a side connection: a new index_changes run, interrupting it, waits
+-- here after it has read the documents it will index.
+SELECT id FROM kb.index_runs WHERE id = %(id)s FOR UPDATE;
+
+-- name: test_left_running_index_run
+-- An index_changes run row left 'running' (as a killed worker leaves it).
+INSERT INTO kb.index_runs (workspace_id, kind, target_revision) VALUES (%(workspace_id)s, 'index_changes', NULL)
+RETURNING id;
+
+-- name: test_backends_blocked_by
+-- Backends of this database waiting for a lock held by one of %(pids)s.
+SELECT pid, wait_event_type, pg_blocking_pids(pid) AS blockers
+FROM pg_stat_activity
+WHERE datname = current_database() AND pg_blocking_pids(pid) && %(pids)s::int[];
+
+-- name: test_document_id
+SELECT id FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
+
+-- name: test_hold_document_text_stats
+-- Hold a workspace's whole-document statistics rows from a side connection: a projection deleting
+-- an indexed document waits here, after its cascaded chunk delete updated kb.text_stats.
+SELECT workspace_id FROM kb.document_text_stats WHERE workspace_id = %(workspace_id)s FOR UPDATE;

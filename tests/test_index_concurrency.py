@@ -1,0 +1,157 @@
+"""Projection and indexing of one workspace running at the same time (SPEC §4, §6, §7).
+
+The projection job and an index run touch the same rows: documents, their chunks and the BM25
+statistics the chunk and document-term triggers keep. These tests force the interleavings that
+used to go wrong with the database itself — a side connection holds a row lock, the test waits
+until Postgres reports a run blocked on it, then lets go — rather than with sleeps:
+
+- a projection that changes one document and deletes another while an index run writes the first
+  one's chunks deadlocked ("deadlock detected"); both now take the workspace's chunk lock
+  (``kb.locks.CHUNK_LOCK_NAMESPACE``) before any document or chunk row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from kb import database
+from kb.embedding import HashingEmbedder
+from kb.knowledge_base import KnowledgeBase
+from kb.sql import queries
+
+WAIT_SECONDS = 30.0
+
+
+def _paragraphs(prefix: str, n: int) -> str:
+    words = "alpha beta gamma delta kappa omega sigma refund policy annual plan invoice".split()
+    return "\n\n".join(f"{prefix} {i}: " + " ".join(words[(i + j) % len(words)] for j in range(30)) for i in range(n))
+
+
+class _Run(threading.Thread):
+    """``fn()`` in a thread of its own (its own connections); ``result()`` re-raises its error."""
+
+    def __init__(self, fn) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.value, self.error = fn, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # handed to the test by result()
+            self.error = exc
+
+    def result(self):
+        self.join(WAIT_SECONDS)
+        assert not self.is_alive(), "the run did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _row(kb: KnowledgeBase, query: str, **params) -> dict | None:
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        return conn.execute(queries[query], params).fetchone()
+
+
+def _wait_blocked_by(kb: KnowledgeBase, pids: list[int], run: _Run) -> int:
+    """Wait until Postgres reports a backend waiting for a lock one of ``pids`` holds; its pid."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        found = _row(kb, "test_backends_blocked_by", pids=pids)
+        if found is not None:
+            return found["pid"]
+        if not run.is_alive():
+            run.result()
+            pytest.fail("the run finished without waiting for the held lock")
+        time.sleep(0.02)
+    pytest.fail(f"no backend waited for a lock of {pids}")
+
+
+def _side_connection(kb: KnowledgeBase) -> tuple[psycopg.Connection, int]:
+    conn = database.connect(kb.database_url)
+    return conn, conn.execute(queries["test_backend_pid"]).fetchone()["pid"]
+
+
+def _assert_converged(kb: KnowledgeBase, ws: int = 1) -> None:
+    report = kb.index(ws)
+    assert report.documents_failed == 0 and not report.failures
+    workspace = next(w for w in kb.workspaces() if w["id"] == ws)
+    assert workspace["last_projected_revision"] == workspace["last_indexed_revision"] == kb.head(ws)
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        states = conn.execute(queries["test_document_states"], {"workspace_id": ws}).fetchall()
+    assert states and all(s["status"] == "indexed" and s["indexed_content_id"] == s["content_id"] for s in states)
+
+
+@pytest.fixture
+def indexed(kb: KnowledgeBase) -> KnowledgeBase:
+    """Workspace 1 with two indexed documents sharing their vocabulary."""
+    kb.use_embedder(HashingEmbedder())
+    kb.create_workspace(1)
+    with kb.transaction(1, "two documents", "t") as tx:
+        tx.write("/documents/d.md", "# D\n\n" + _paragraphs("first", 3) + "\n")
+        tx.write("/documents/e.md", "# E\n\n" + _paragraphs("other", 3) + "\n")
+    kb.index(1)
+    return kb
+
+
+def test_projection_and_index_run_take_their_locks_in_one_order(indexed):
+    """An index run writes document d's chunks (locking statistics rows) while a projection updates
+    d's row and deletes e (whose cascaded chunk delete needs those statistics rows); the index run
+    then marks d indexed, which needs d's row. Before the chunk lock, that was a cycle Postgres broke
+    with "deadlock detected" in one of them."""
+    kb = indexed
+    with kb.transaction(1, "edit d", "t") as tx:
+        tx.write("/documents/d.md", "# D\n\n" + _paragraphs("second", 4) + "\n")
+    d = _row(kb, "test_document_id", workspace_id=1, path="/documents/d.md")["id"]
+    side, side_pid = _side_connection(kb)
+    with side:
+        assert side.execute(queries["test_hold_document_terms"], {"document_id": d}).fetchone()
+        index_run = _Run(lambda: kb.index(1))  # writes d's chunks, then waits at d's terms
+        indexer_pid = _wait_blocked_by(kb, [side_pid], index_run)
+        with kb.transaction(1, "edit d again, remove e", "t") as tx:
+            tx.write("/documents/d.md", "# D\n\n" + _paragraphs("third", 2) + "\n")
+            tx.remove("/documents/e.md")
+        projection = _Run(lambda: kb.project(1))  # changes d's row, deletes e
+        _wait_blocked_by(kb, [indexer_pid], projection)
+        side.commit()
+    projected = projection.result()
+    report = index_run.result()
+    assert not report.failures, report.failures  # a deadlock here failed document d
+    assert report.documents_failed == 0
+    assert projected.revision == kb.head(1) and len(projected.deleted) == 1
+    _assert_converged(kb)
+
+
+def test_an_index_run_waits_for_a_projection_that_deleted_before_it_moves(indexed):
+    """The projection replays a move of d onto e: it deletes e (its cascaded chunk delete locks
+    kb.text_stats), then moves d's row. An index run writing d's new content meanwhile must not
+    lock d's row before it has the chunk lock, or the two wait for each other (the run for
+    text_stats, the projection for d's row)."""
+    kb = indexed
+    with kb.transaction(1, "edit d", "t") as tx:
+        tx.write("/documents/d.md", "# D\n\n" + _paragraphs("second", 4) + "\n")
+    left = _row(kb, "test_left_running_index_run", workspace_id=1)["id"]
+    side, side_pid = _side_connection(kb)
+    stats, stats_pid = _side_connection(kb)
+    with side, stats:
+        assert side.execute(queries["test_hold_index_run"], {"id": left}).fetchone()
+        index_run = _Run(lambda: kb.index(1))  # reads d, then waits to interrupt the left run
+        indexer_pid = _wait_blocked_by(kb, [side_pid], index_run)
+        with kb.transaction(1, "move d onto e", "t") as tx:
+            tx.move("/documents/d.md", "/documents/e.md", overwrite=True)
+        assert stats.execute(queries["test_hold_document_text_stats"], {"workspace_id": 1}).fetchone()
+        projection = _Run(lambda: kb.project(1))  # deletes e, then waits at the held statistics
+        projection_pid = _wait_blocked_by(kb, [stats_pid], projection)
+        side.commit()  # the index run goes on to write d
+        assert _wait_blocked_by(kb, [projection_pid], index_run) == indexer_pid
+        stats.commit()  # the projection goes on to move d
+    projected = projection.result()
+    report = index_run.result()
+    assert not report.failures, report.failures
+    assert projected.moved and len(projected.deleted) == 1
+    _assert_converged(kb)
