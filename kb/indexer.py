@@ -22,7 +22,8 @@ are quarantined, so one poison document never wedges the workspace.
 
 A document's transaction takes the workspace's chunk lock and then the document's row before it
 writes chunks (the lock order in ``kb.locks``, shared with the projection, which may run at the
-same time).
+same time). A document the projection deleted after the run read it has no row left to lock: it
+is settled as gone, not written (its chunks would violate the foreign key) and not failed.
 
 What a chunk embeds is its text after its context line (document title and heading path,
 kb.chunk_context); the full-text index gets the same, in the document's language configuration
@@ -64,7 +65,8 @@ DOCUMENT_BATCH = 64
 
 @dataclass
 class IndexReport:
-    """Counts of one run (``kind``: index_changes | reindex)."""
+    """Counts of one run (``kind``: index_changes | reindex). ``documents_gone``: documents a
+    projection deleted after the run read them (settled: neither indexed nor failed)."""
 
     workspace_id: int
     kind: str = "index_changes"
@@ -76,6 +78,7 @@ class IndexReport:
     documents_failed: int = 0
     documents_unindexable: int = 0
     documents_still_failed: int = 0
+    documents_gone: int = 0
     failed_attempts: int = 0
     chunks_written: int = 0
     chunks_reused: int = 0
@@ -411,7 +414,9 @@ class Indexer:
                     # Lock order (kb.locks): chunk lock, this document's row, then its chunks and
                     # their statistics — as the projection, which may delete or change the row.
                     chunk_lock(conn, workspace_id)
-                    conn.execute(queries["lock_indexed_document"], params)
+                    if conn.execute(queries["lock_indexed_document"], params).fetchone() is None:
+                        report.documents_gone += 1  # deleted since the run read it: nothing to index
+                        return
                     if p.unindexable is not None:
                         conn.execute(queries["delete_document_chunks"], params)
                         conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
@@ -426,10 +431,13 @@ class Indexer:
             except Exception as exc:  # the document's own transaction rolled back; the rest go on
                 error = _error_text(exc)
         with conn.transaction():
-            conn.execute(
+            marked = conn.execute(
                 queries["mark_document_failed"],
                 {"document_id": row["id"], "error": error[:2000], "max_attempts": self.settings.max_attempts},
-            )
+            ).fetchone()
+        if marked is None:  # deleted since the run read it: its failure no longer matters
+            report.documents_gone += 1
+            return
         report.documents_failed += 1
         report.failures[row["path"]] = error
 

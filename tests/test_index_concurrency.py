@@ -7,7 +7,9 @@ until Postgres reports a run blocked on it, then lets go — rather than with sl
 
 - a projection that changes one document and deletes another while an index run writes the first
   one's chunks deadlocked ("deadlock detected"); both now take the workspace's chunk lock
-  (``kb.locks.CHUNK_LOCK_NAMESPACE``) before any document or chunk row.
+  (``kb.locks.CHUNK_LOCK_NAMESPACE``) before any document or chunk row;
+- a document deleted by a projection after an index run read it made the run's chunk insert fail
+  on the foreign key; the run now settles it as gone.
 """
 
 from __future__ import annotations
@@ -154,4 +156,27 @@ def test_an_index_run_waits_for_a_projection_that_deleted_before_it_moves(indexe
     report = index_run.result()
     assert not report.failures, report.failures
     assert projected.moved and len(projected.deleted) == 1
+    _assert_converged(kb)
+
+
+def test_a_document_deleted_while_an_index_run_holds_it_is_settled_not_failed(indexed):
+    """An index run reads document d, a projection deletes d (its file removed) and commits, then
+    the run writes d: the document is settled as gone — no foreign-key violation, no failure."""
+    kb = indexed
+    with kb.transaction(1, "edit d", "t") as tx:
+        tx.write("/documents/d.md", "# D\n\n" + _paragraphs("second", 4) + "\n")
+    left = _row(kb, "test_left_running_index_run", workspace_id=1)["id"]
+    side, side_pid = _side_connection(kb)
+    with side:
+        assert side.execute(queries["test_hold_index_run"], {"id": left}).fetchone()
+        index_run = _Run(lambda: kb.index(1))  # reads d, then waits to interrupt the left run
+        _wait_blocked_by(kb, [side_pid], index_run)
+        with kb.transaction(1, "remove d", "t") as tx:
+            tx.remove("/documents/d.md")
+        assert len(kb.project(1).deleted) == 1
+        side.commit()
+    report = index_run.result()
+    assert not report.failures, report.failures
+    assert report.documents_failed == 0 and report.documents_indexed == 0
+    assert _row(kb, "test_document_id", workspace_id=1, path="/documents/d.md") is None
     _assert_converged(kb)
