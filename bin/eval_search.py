@@ -33,6 +33,11 @@ Systems, all over the same documents in the same run:
   by ``bm25s.tokenize`` with PyStemmer's stemmer and bm25s' stop words where it has them for the
   language, and with kb's CJK bigram segmentation applied first (so BM25 is not handicapped on
   Japanese and Chinese, which have no spaces).
+- alternatives not adopted (``--alternatives``), measured so the decision can be checked:
+  ``kb+grams``, kb's three legs plus a fourth, BM25 over each word's character 4-grams (bm25s,
+  whole documents; a common remedy for compounds and rich morphology), all full-text legs at
+  0.25; ``bm25+rm3``, bm25s with RM3 pseudo-relevance feedback (the 3 best documents' 10 best
+  terms, weight 0.3, re-ranked), which kb could run as a second statement.
 - the fusion grid: the three legs' document rankings fused with other weights and k (``--grid``),
   to choose kb's settings; what kb ships is reported as "kb". ``--dump DIR`` writes every pair's
   leg rankings, to study other fusions offline.
@@ -185,7 +190,8 @@ def documents_of(chunk_ids: list[int], chunk_document: dict[int, str], exclude: 
     return list(out)
 
 
-def bm25_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
+def bm25_index(documents: dict[str, str], language: str):
+    """``(paths, corpus tokens, bm25s retriever, query tokenizer)`` over ``documents`` for ``language``."""
     import bm25s
     import Stemmer
 
@@ -196,15 +202,98 @@ def bm25_rankings(documents: dict[str, str], language: str, pairs, exclude_sourc
                                    stemmer=stemmer, show_progress=False)
     retriever = bm25s.BM25()
     retriever.index(corpus_tokens, show_progress=False)
+
+    def tokenize(query: str, return_ids: bool = True):
+        return bm25s.tokenize([lexical_text(query)], stopwords=stopwords, stemmer=stemmer,
+                              show_progress=False, return_ids=return_ids)
+
+    return paths, corpus_tokens, retriever, tokenize
+
+
+def bm25_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
+    paths, _corpus_tokens, retriever, tokenize = bm25_index(documents, language)
     rankings = []
     for query, source, _target in pairs:
-        tokens = bm25s.tokenize([lexical_text(query)], stopwords=stopwords, stemmer=stemmer, show_progress=False)
+        tokens = tokenize(query)
         if not any(len(t) for t in tokens.ids):
             rankings.append([])
             continue
         results, _scores = retriever.retrieve(tokens, k=min(11, len(paths)), show_progress=False)
         ranked = [paths[i] for i in results[0].tolist()]
         rankings.append([p for p in ranked if not (exclude_sources and p == source)])
+    return rankings
+
+
+_WORD = re.compile(r"\w+")
+
+
+def word_grams(text: str, n: int = 4) -> list[str]:
+    """Character ``n``-grams of each lower-cased word of ``lexical_text(text)``, the word padded
+    with ``_`` at both ends (a word shorter than ``n`` - 2 is one gram)."""
+    out = []
+    for word in _WORD.findall(lexical_text(text).lower()):
+        padded = f"_{word}_"
+        out.extend(padded[i:i + n] for i in range(max(1, len(padded) - n + 1)))
+    return out
+
+
+def gram_rankings(documents: dict[str, str], pairs, exclude_sources: bool) -> list[list[str]]:
+    """bm25s (k1 1.5, b 0.75) over the documents' word 4-grams (``word_grams``)."""
+    import bm25s
+
+    paths = list(documents)
+    vocab: dict[str, int] = {}
+    ids = [[vocab.setdefault(g, len(vocab)) for g in word_grams(documents[p])] for p in paths]
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
+    rankings = []
+    for query, source, _target in pairs:
+        query_ids = [vocab[g] for g in word_grams(query) if g in vocab]
+        scores = retriever.get_scores(query_ids) if query_ids else [0.0] * len(paths)
+        order = sorted(range(len(paths)), key=lambda i: -scores[i])
+        rankings.append([paths[i] for i in order if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:11])
+    return rankings
+
+
+def rm3_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool,
+                 feedback_documents: int = 3, feedback_terms: int = 10, weight: float = 0.3) -> list[list[str]]:
+    """bm25s as ``bm25_rankings`` with RM3 feedback: the query's terms (1 - ``weight``, spread
+    evenly) plus the ``feedback_terms`` terms weighing most in the first ``feedback_documents``
+    documents (term frequency / length × log(1 + N / df), each document weighted by the softmax of
+    its score; ``weight``), scored again as a weighted sum of per-term BM25."""
+    from collections import Counter
+
+    import numpy as np
+
+    paths, tokens, retriever, tokenize = bm25_index(documents, language)
+    counts = [Counter(ids) for ids in tokens.ids]
+    df = Counter(term for c in counts for term in c)
+    rankings = []
+    for query, source, _target in pairs:
+        words = tokenize(query, return_ids=False)[0]
+        query_ids = [tokens.vocab[w] for w in words if w in tokens.vocab]
+        if not query_ids:
+            rankings.append([])
+            continue
+        excluded = [i for i, p in enumerate(paths) if exclude_sources and p == source]
+        scores = retriever.get_scores(query_ids)
+        scores[excluded] = -np.inf
+        top = np.argsort(-scores)[:feedback_documents]
+        share = np.exp(scores[top] - scores[top].max())
+        share /= share.sum()
+        expansion: Counter = Counter()
+        for s, d in zip(share, top):
+            length = sum(counts[d].values())
+            for term, c in counts[d].items():
+                expansion[term] += s * c / length * np.log(1 + len(paths) / df[term])
+        chosen = expansion.most_common(feedback_terms)
+        total = sum(v for _, v in chosen) or 1.0
+        final: Counter = Counter({t: (1 - weight) / len(query_ids) for t in query_ids})
+        for term, v in chosen:
+            final[term] += weight * v / total
+        rescored = sum(v * retriever.get_scores([t]) for t, v in final.items())
+        rescored[excluded] = -np.inf
+        rankings.append([paths[i] for i in np.argsort(-rescored)[:11] if rescored[i] > 0])
     return rankings
 
 
@@ -266,6 +355,8 @@ def main() -> None:
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grid", action="store_true", help="also score other fusion weights and k")
+    parser.add_argument("--alternatives", action="store_true",
+                        help="also score kb+grams and bm25+rm3 (measured, not adopted; see the docstring)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-eval"))
     parser.add_argument("--dump", type=Path, default=None,
                         help="also write each pair's leg rankings (JSON) here, to study fusion offline")
@@ -304,6 +395,11 @@ def main() -> None:
         vectors = embedder.embed([q for q, _, _ in pairs])
         kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
         scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "document": [], "bm25": []}
+        if args.alternatives:
+            scores |= {"kb+grams": [], "bm25+rm3": []}
+            grams = gram_rankings(documents, pairs, exclude_sources)
+            for ranked, (_query, _source, target) in zip(rm3_rankings(documents, language, pairs, exclude_sources), pairs):
+                scores["bm25+rm3"].append(metrics(ranked, target))
         grid_scores: dict[tuple, list] = {g: [] for g in grid}
         legs = []
         with database.connect(kb.database_url, autocommit=True) as conn:
@@ -321,6 +417,10 @@ def main() -> None:
                 scores["document"].append(metrics(d_paths, target))
                 found = [e.path.removeprefix("/documents/") for e in kb.search(ws, query, k=11)]
                 scores["kb"].append(metrics([p for p in found if p != exclude], target))
+                if args.alternatives:
+                    wv = vector_weight(embedder, query)
+                    fused = fuse([(wv, v_paths), (0.25, t_paths), (0.25, d_paths), (0.25, grams[len(legs) - 1])])
+                    scores["kb+grams"].append(metrics([p for p, _ in fused], target))
                 if args.grid:
                     covered = vector_weight(embedder, query) == VECTOR_WEIGHT
                     for wv, wt, wd, rk in grid:
@@ -348,7 +448,7 @@ def main() -> None:
         result["languages"][language] = summary
         print(f"{language} ({len(pairs)} pairs): " + " | ".join(
             f"{name} R@5 {summary[name]['recall@5']:.3f} MRR@10 {summary[name]['mrr@10']:.3f}"
-            for name in ("kb", "bm25", "vector", "text", "document")) + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
+            for name in scores) + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
             flush=True)
         if args.grid:
             best = sorted(summary["grid"].items(), key=lambda item: -item[1])[:5]
