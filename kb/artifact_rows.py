@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import psycopg
 
 from kb.errors import ArtifactReadOnly
+from kb.locks import chunk_lock
 from kb.paths import unique_identifier_hash
 from kb.projection import EVENTS_CHANNEL, event_payload
 from kb.sql import queries
@@ -97,6 +98,11 @@ def guard(conn: psycopg.Connection, workspace_id: int, effective: Mapping[str, s
             f"{path} is an ARTIFACT (id {rows[0]['id']}); plain writes, turns and editor saves refuse "
             f"it: use revise_artifact (`kb artifact revise {rows[0]['id']}`) or delete_artifact"
         )
+    # Lock order (kb.locks): the chunk lock before the first document row. Dropping a removed
+    # artifact's row cascades to its chunks and their statistics, and the bump locks several
+    # document rows in one statement: a projection or an index run of the workspace doing the same
+    # in another order would otherwise wait for this transaction while it waits for them.
+    chunk_lock(conn, workspace_id)
     removed = [r for r in rows if effective.get(r["path"][1:]) is None]
     for row in removed:
         delete_rows(conn, workspace_id, row["id"])
@@ -130,8 +136,9 @@ def write_manifest(conn: psycopg.Connection, workspace_id: int, manifest: Manife
 
 
 def delete_rows(conn: psycopg.Connection, workspace_id: int, document_id: int) -> list[str]:
-    """Delete an artifact's document row (sidecar and file rows cascade) and request the purge of
-    blobs nothing references any more; returns the sha256s it referenced."""
+    """Delete an artifact's document row (sidecar, file, chunk and term rows cascade) and request
+    the purge of blobs nothing references any more; returns the sha256s it referenced. The caller
+    holds the workspace's chunk lock, taken before it locked any document row (``kb.locks``)."""
     shas = [r["sha256"] for r in conn.execute(queries["delete_artifact_files"], {"document_id": document_id})]
     conn.execute(queries["delete_artifact_document"], {"workspace_id": workspace_id, "document_id": document_id})
     request_purges(conn, workspace_id, shas)

@@ -34,7 +34,7 @@ from kb.artifact_rows import (
 )
 from kb.blobstore import BlobStore, sha256_of
 from kb.errors import ArtifactNotFound, InvalidInput, PathExists, StaleGeneration
-from kb.locks import locked_transaction
+from kb.locks import chunk_lock, locked_transaction
 from kb.paths import StorePath, name_key, safe_filename, unique_name
 from kb.sql import queries
 from kb.store import KnowledgeStore, Revision
@@ -309,6 +309,9 @@ class Artifacts:
                             current.files)
 
         def record(conn, _tree, revision_id) -> None:
+            # Lock order (kb.locks): the chunk lock before the artifact's row, whose delete
+            # cascades to its chunks and their statistics (as a projection's or an index run's).
+            chunk_lock(conn, self.workspace_id)
             self._locked_row(conn, artifact_id, expected_generation)
             delete_rows(conn, self.workspace_id, artifact_id)
             announce_deleted(conn, self.workspace_id, artifact_id, current.path, revision_id)

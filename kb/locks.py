@@ -35,26 +35,49 @@ INDEX_LOCK_NAMESPACE = 7102
 CHUNK_LOCK_NAMESPACE = 7104
 """Advisory-lock namespace of the per-workspace chunk lock (``chunk_lock``)."""
 
-# Lock order of the projection and the index runs of one workspace. A transaction that takes
-# more than one of these takes them in this order (it may skip any):
+# Lock order of a workspace. A transaction that takes more than one of these takes them in this
+# order (it may skip any):
 #
-#   1. projection lock  pg_advisory_xact_lock(7103, ws)   kb.projection.project
-#   2. chunk lock       pg_advisory_xact_lock(7104, ws)   chunk_lock: the projection, right after 1;
-#                                                          an index run's per-document transaction, first
+#   0. write lock       pg_advisory_xact_lock(7101, ws)   locked_transaction / locked_pipeline: store
+#                                                          revisions and their catch-up, the artifact
+#                                                          layer, fsck, workspace deletion; first
+#   1. projection lock  pg_advisory_xact_lock(7103, ws)   kb.projection.project; workspace deletion
+#   2. chunk lock       pg_advisory_xact_lock(7104, ws)   chunk_lock, taken before any row of 3-5 by:
+#        the projection (right after 1), an index run's per-document transaction, the store's
+#        catch-up when it records missing revisions, the artifact rule of revert/restore
+#        (kb.artifact_rows.guard) and an artifact delete, the legacy seed's identity and chunk
+#        adoption, a span-fill batch, the drift check's and the sweep's requeue of documents,
+#        workspace deletion (after 0 and 1)
 #   3. kb.documents rows                                   upsert / move / delete; the indexed row
 #   4. kb.chunks rows, then the statistics rows their triggers keep (kb.lexeme_stats, kb.text_stats,
 #      kb.document_terms, kb.document_lexeme_stats, kb.document_text_stats)
-#   5. the kb.workspaces row                               set_projected_revision, set_index_stamp
+#   5. the kb.workspaces row                               set_projected_revision, set_index_stamp,
+#                                                          record_revisions, the workspace's deletion
 #
 # Level 2 exists because levels 3 and 4 cannot be ordered row by row: an index run writes a
 # document's chunks in several statements and the projection deletes documents one statement
 # at a time (each cascading to chunks), and every statement's trigger locks statistics rows
 # (sorted within the statement, not across statements); the indexer also updates its document's
-# row after its chunks. Without the chunk lock a projection that changed document A and deleted
-# document B while an index run wrote A's chunks deadlocked ("deadlock detected": the projection
-# waited for a statistics row the index run held, the index run for A's row). The index lock
-# (7102) sits outside this order: it is held on a connection of its own and only tried, never
-# waited for.
+# row after its chunks, and the projection locks document rows in path order over several
+# statements. Without the chunk lock a projection that changed document A and deleted document B
+# while an index run wrote A's chunks deadlocked ("deadlock detected": the projection waited for a
+# statistics row the index run held, the index run for A's row); so did any other writer that
+# deletes documents with chunks, writes chunks and then document rows, locks several document or
+# chunk rows, or the workspace row before document rows, while a projection of the workspace ran.
+#
+# Who may skip level 2: a transaction that, when it locks its first row of 3-5, holds no other row
+# of 3-5 and locks at most one document row and no chunk or statistics row before it ends (the
+# artifact layer's save and revise: their document row, then the workspace row; an index run's
+# mark_document_failed; set_index_stamp). It never holds what a projection or an index run waits
+# for while it waits itself. Level 2 is never taken by a transaction that already holds a row of
+# 3-5 (that inverts the order: it would wait for a projection that waits for its rows).
+#
+# Level 0 before 1 and 2: no holder of 1 or 2 ever waits for the write lock (the projection and
+# index runs never take it), so a writer may wait for the chunk lock while it holds the write lock;
+# other writers then wait for the write lock (bounded by KB_LOCK_TIMEOUT). With KB_LOCK_BACKEND=redis
+# level 0 is the Redis lock, held around the transaction: the same order holds. The index lock
+# (7102) sits outside this order: it is held on a connection of its own and only tried (the seed
+# polls it before anything else), never waited for in Postgres.
 
 
 def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: int, timeout: float) -> None:
@@ -81,9 +104,9 @@ def lock_statements(conn: psycopg.Connection, namespace: int, workspace_id: int,
 
 def chunk_lock(conn: psycopg.Connection, workspace_id: int) -> None:
     """Take the workspace's chunk lock in ``conn``'s open transaction (level 2 of the lock order
-    above), waiting for it: held until the transaction ends. Every transaction that writes a
-    workspace's document rows or chunk rows on behalf of the projection or an index run takes it
-    before touching any of them."""
+    above), waiting for it: held until the transaction ends. A transaction that writes several of a
+    workspace's document rows, any of its chunk or statistics rows, or document rows after the
+    workspace row takes it before it locks any of them (never after: see the order above)."""
     conn.execute(queries["lock_workspace_chunks"], {"namespace": CHUNK_LOCK_NAMESPACE, "workspace_id": workspace_id})
 
 

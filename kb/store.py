@@ -39,7 +39,7 @@ from kb.faults import fault_point
 from kb.history import (
     PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
 )
-from kb.locks import locked_pipeline, locked_transaction
+from kb.locks import chunk_lock, locked_pipeline, locked_transaction
 from kb.merge import MergedBlob, merge_staged
 from kb.paths import StorePath
 from kb.repository import Repository
@@ -564,7 +564,14 @@ class KnowledgeStore:
 
     def _catch_up(self, conn: psycopg.Connection, workspace: dict) -> list[Revision]:
         """Under the write lock: record revisions git has and Postgres lacks, defer their jobs, and
-        refresh the working tree for the paths they touched (a crashed writer may have left it)."""
+        refresh the working tree for the paths they touched (a crashed writer may have left it).
+
+        When there is something to record it first takes the chunk lock (``kb.locks``): recording
+        updates the workspace row, and the artifact rows it completes — or the rest of the
+        transaction — may then lock document rows, which a projection may hold while it waits for
+        the workspace row."""
+        if self.repository.head() != workspace["head_revision"]:
+            chunk_lock(conn, self.workspace_id)
         missing = record_missing(conn, self.repository, workspace)
         if missing:
             artifact_rows.recover(conn, self.workspace_id, (r.message for r in missing))

@@ -9,7 +9,10 @@ until Postgres reports a run blocked on it, then lets go — rather than with sl
   one's chunks deadlocked ("deadlock detected"); both now take the workspace's chunk lock
   (``kb.locks.CHUNK_LOCK_NAMESPACE``) before any document or chunk row;
 - a document deleted by a projection after an index run read it made the run's chunk insert fail
-  on the foreign key; the run now settles it as gone.
+  on the foreign key; the run now settles it as gone;
+- other writers of document and chunk rows (dropping an artifact's rows, the store's catch-up,
+  workspace deletion, the span fill) deadlocked the same way with a running projection; they take
+  the chunk lock too, in the order written in ``kb.locks``.
 """
 
 from __future__ import annotations
@@ -180,3 +183,92 @@ def test_a_document_deleted_while_an_index_run_holds_it_is_settled_not_failed(in
     assert report.documents_failed == 0 and report.documents_indexed == 0
     assert _row(kb, "test_document_id", workspace_id=1, path="/documents/d.md") is None
     _assert_converged(kb)
+
+
+# ---- other writers of documents and chunks take the chunk lock too (kb.locks) -------------------
+#
+# Each test below holds a projection of workspace 1 in the middle of its run: replaying the move of
+# x onto y it has deleted y (y's cascaded chunk delete locked kb.text_stats) and waits at y's
+# whole-document statistics, held by a side connection. The test starts another writer, waits
+# until Postgres reports it waiting for the projection, then lets the projection go on: it moves x,
+# updates the revised artifact's row and deletes f. Before the writer took the chunk lock it held
+# a row the projection then needed (the artifact's row, a chunk of f, the workspace row) while it
+# waited for one the projection held: "deadlock detected".
+
+
+@pytest.fixture
+def projecting(kb: KnowledgeBase):
+    """Workspace 1 with indexed documents x, y, f, keep and an indexed artifact; then revisions
+    that revise the artifact, move x onto y and remove f. Yields ``(kb, artifact, hold)``:
+    ``hold()`` starts the projection of those revisions and returns ``(projection run, its pid,
+    release)``, the projection waiting inside y's delete until ``release()``."""
+    kb.use_embedder(HashingEmbedder())
+    kb.create_workspace(1)
+    with kb.transaction(1, "x, y, f, keep", "t") as tx:
+        for name in ("x", "y", "f", "keep"):
+            tx.write(f"/documents/{name}.md", f"# {name.upper()}\n\n" + _paragraphs(name, 2) + "\n")
+    artifact = kb.artifacts(1).save("Report", "# Report\n\n" + _paragraphs("report", 2) + "\n")
+    kb.index(1)
+    kb.artifacts(1).revise(artifact.id, artifact.generation, markdown="# Report\n\n" + _paragraphs("revised", 2) + "\n")
+    with kb.transaction(1, "move x onto y, remove f", "t") as tx:
+        tx.move("/documents/x.md", "/documents/y.md", overwrite=True)
+        tx.remove("/documents/f.md")
+    stats, stats_pid = _side_connection(kb)
+
+    def hold():
+        assert stats.execute(queries["test_hold_document_text_stats"], {"workspace_id": 1}).fetchone()
+        projection = _Run(lambda: kb.project(1))  # deletes y, then waits at the held statistics
+        return projection, _wait_blocked_by(kb, [stats_pid], projection), stats.commit
+
+    with stats:
+        yield kb, artifact, hold
+
+
+@pytest.mark.parametrize("how", ["delete", "revert"])
+def test_dropping_an_artifact_s_rows_waits_for_a_running_projection(projecting, how):
+    """An artifact's rows are dropped in a store revision (``delete``: the artifact layer's hook;
+    ``revert`` of its save: the artifact rule, kb.artifact_rows.guard). It locked the artifact's
+    row and waited for kb.text_stats in the cascaded chunk delete; the projection then waited for
+    the artifact's row to record its revised content."""
+    kb, artifact, hold = projecting
+    projection, projection_pid, release = hold()
+    if how == "delete":
+        writer = _Run(lambda: kb.artifacts(1).delete(artifact.id))
+    else:
+        writer = _Run(lambda: kb.revert(1, artifact.revision, "t"))
+    _wait_blocked_by(kb, [projection_pid], writer)
+    release()
+    projected = projection.result()
+    assert artifact.id in projected.updated and len(projected.deleted) == 2
+    assert writer.result() is not None
+    assert _row(kb, "test_document_id", workspace_id=1, path=artifact.path) is None
+    _assert_converged(kb)
+
+
+def test_catching_up_waits_for_a_projection_before_it_records_the_workspace_row(projecting, monkeypatch):
+    """An artifact delete whose writer died after git's ref moved and before Postgres committed:
+    the store's catch-up records the missing revision (locking the workspace row) and completes
+    the delete (the artifact's row, then kb.text_stats, held by the projection of git's HEAD),
+    while that projection goes on to delete the artifact's row and to record its revision in the
+    workspace row."""
+    kb, artifact, hold = projecting
+    import kb.store as store_module
+
+    def die_before_postgres(name: str) -> None:
+        if name == "ref_advanced":
+            raise RuntimeError("killed between the ref update and the Postgres commit")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store_module, "fault_point", die_before_postgres)
+        with pytest.raises(RuntimeError):
+            kb.artifacts(1).delete(artifact.id)
+    assert _row(kb, "test_document_id", workspace_id=1, path=artifact.path) is not None
+    projection, projection_pid, release = hold()
+    catching_up = _Run(lambda: kb.reconcile(1))
+    _wait_blocked_by(kb, [projection_pid], catching_up)
+    release()
+    assert len(projection.result().deleted) == 3  # y, f and the artifact
+    assert len(catching_up.result()) == 1
+    assert _row(kb, "test_document_id", workspace_id=1, path=artifact.path) is None
+    _assert_converged(kb)
+
