@@ -6,7 +6,9 @@ its Postgres rows and its Procrastinate jobs. Deleting it:
 
 1. refuses while a turn of the workspace has a worktree (open in some process, or left by a
    crashed one for recovery) or a job of it is running, unless ``force``;
-2. under the workspace write lock (SPEC §4), in one Postgres transaction: announces every document
+2. under the workspace write lock (SPEC §4) and then its projection and chunk locks (the lock
+   order of ``kb.locks``: a running projection or index run finishes first), in one Postgres
+   transaction: announces every document
    and folder row as deleted on ``kb_events`` (then ``workspace_deleted``), deletes the jobs and the
    ``kb.workspaces`` row — every table referencing it does so ``ON DELETE CASCADE``, so whatever a
    feature adds (citation registry, seed mapping, artifacts, remotes) goes with it — and renames
@@ -27,8 +29,8 @@ from pathlib import Path
 
 from kb import database
 from kb.errors import WorkspaceBusy, WorkspaceNotFound
-from kb.locks import locked_transaction
-from kb.projection import EVENTS_CHANNEL, event_payload
+from kb.locks import chunk_lock, locked_transaction
+from kb.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
 from kb.sql import queries
 from kb.store import check_workspace_id
 
@@ -130,6 +132,14 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
     tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
     moved = False
     with locked_transaction(kb.database_url, workspace_id, kb.settings) as (conn, _):
+        # Lock order (kb.locks): write lock, projection lock, chunk lock, then the rows. Deleting the
+        # workspace row cascades to its document rows, chunks and statistics: without the two
+        # locks a running projection (holding document rows, waiting for the workspace row) or
+        # index run deadlocked with it. A projection that waited for its lock then finds no
+        # workspace row (WorkspaceNotFound), an index run no document.
+        conn.execute(queries["lock_projection"],
+                     {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": workspace_id})
+        chunk_lock(conn, workspace_id)
         owned = conn.execute(queries["workspace_row_ids"], {"workspace_id": workspace_id}).fetchall()
         events = [{"event": f"{r['kind']}_deleted", "workspace_id": workspace_id, "revision": None,
                    "id": r["id"], "path": r["path"]} for r in owned]

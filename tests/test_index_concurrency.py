@@ -272,3 +272,16 @@ def test_catching_up_waits_for_a_projection_before_it_records_the_workspace_row(
     assert _row(kb, "test_document_id", workspace_id=1, path=artifact.path) is None
     _assert_converged(kb)
 
+
+def test_deleting_a_workspace_waits_for_its_running_projection(projecting):
+    """Deleting the workspace row cascades to its documents: it waited for y's row, which the
+    projection held, and the projection then for the workspace row to record its revision."""
+    kb, _, hold = projecting
+    projection, projection_pid, release = hold()
+    deleting = _Run(lambda: kb.delete_workspace(1, force=True))
+    _wait_blocked_by(kb, [projection_pid], deleting)
+    release()
+    assert len(projection.result().deleted) == 2
+    assert deleting.result().documents == 3  # y (x moved there), keep and the artifact
+    assert not _row(kb, "test_workspace_exists", workspace_id=1)["present"]
+

@@ -250,3 +250,6 @@ SELECT id FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(p
 -- Hold a workspace's whole-document statistics rows from a side connection: a projection deleting
 -- an indexed document waits here, after its cascaded chunk delete updated kb.text_stats.
 SELECT workspace_id FROM kb.document_text_stats WHERE workspace_id = %(workspace_id)s FOR UPDATE;
+
+-- name: test_workspace_exists
+SELECT EXISTS (SELECT 1 FROM kb.workspaces WHERE id = %(workspace_id)s) AS present;
