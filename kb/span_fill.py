@@ -34,6 +34,7 @@ from psycopg.rows import tuple_row
 from kb import database
 from kb.lines import line_of, line_starts
 from kb.errors import DocumentNotFound
+from kb.locks import chunk_lock
 from kb.sql import queries
 
 if TYPE_CHECKING:
@@ -213,6 +214,10 @@ class SpanFill:
                 columns["end_lines"].append(span.end_line)
                 columns["content_ids"].append(document["content_id"])
         with conn.transaction():
+            # Lock order (kb.locks): the chunk lock first. The fill locks many documents' chunk
+            # rows in one statement and a skip then locks (key share) document rows; a projection
+            # deletes documents one by one, each cascading to its chunks.
+            chunk_lock(conn, ws)
             updated = conn.execute(queries["fill_spans"], columns).rowcount if columns["ids"] else 0
             if stale:
                 with conn.cursor() as cur:

@@ -285,3 +285,25 @@ def test_deleting_a_workspace_waits_for_its_running_projection(projecting):
     assert deleting.result().documents == 3  # y (x moved there), keep and the artifact
     assert not _row(kb, "test_workspace_exists", workspace_id=1)["present"]
 
+
+def test_a_span_fill_batch_waits_for_a_running_projection(projecting):
+    """A span-fill batch of a flipped workspace fills f's chunk spans (locking f's chunk rows) and
+    records y as stale (a key-share lock on y's row, which the projection deleted): it waited for
+    the projection, which then waited for f's chunks in f's cascaded delete."""
+    kb, _, hold = projecting
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["record_seed"], {
+            "workspace_id": 1, "source": "test", "legacy_workspace": 1, "legacy_model": "hashing",
+            "seed_revision": kb.head(1), "documents": 4, "parity_ok": True})
+        conn.execute(queries["flip_seed"], {"workspace_id": 1})
+        for path in ("/documents/y.md", "/documents/f.md"):
+            conn.execute(queries["test_null_chunk_spans"], {"workspace_id": 1, "path": path})
+        conn.execute(queries["test_stale_chunk_texts"], {"workspace_id": 1, "path": "/documents/y.md"})
+    projection, projection_pid, release = hold()
+    filling = _Run(lambda: kb.span_fill().run(1))
+    _wait_blocked_by(kb, [projection_pid], filling)
+    release()
+    assert len(projection.result().deleted) == 2
+    report = filling.result()
+    assert report.batches == 1 and report.chunks_filled == 0  # f's chunks went with f
+    _assert_converged(kb)

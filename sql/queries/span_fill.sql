@@ -47,8 +47,11 @@ WHERE c.id = u.id AND c.start_line IS NULL AND d.id = c.document_id
   AND d.content_id = u.content_id AND d.indexed_content_id = u.content_id;
 
 -- name: skip_stale_document
+-- Not for a document deleted since the batch was read (its row is gone: nothing to skip). The
+-- batch holds the chunk lock (kb/locks.py), so no projection deletes it between check and insert.
 INSERT INTO kb.span_fill_skips (document_id, workspace_id, content_id, reason)
-VALUES (%(document_id)s, %(workspace_id)s, %(content_id)s, %(reason)s)
+SELECT %(document_id)s, %(workspace_id)s, %(content_id)s, %(reason)s
+WHERE EXISTS (SELECT 1 FROM kb.documents WHERE id = %(document_id)s)
 ON CONFLICT (document_id) DO UPDATE
 SET content_id = EXCLUDED.content_id, reason = EXCLUDED.reason, skipped_at = now();
 

@@ -251,5 +251,11 @@ SELECT id FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(p
 -- an indexed document waits here, after its cascaded chunk delete updated kb.text_stats.
 SELECT workspace_id FROM kb.document_text_stats WHERE workspace_id = %(workspace_id)s FOR UPDATE;
 
+-- name: test_stale_chunk_texts
+-- A document's chunks no longer match its content (the span fill skips it as stale).
+UPDATE kb.chunks c SET text = 'text this document no longer holds'
+FROM kb.documents d
+WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(path)s;
+
 -- name: test_workspace_exists
 SELECT EXISTS (SELECT 1 FROM kb.workspaces WHERE id = %(workspace_id)s) AS present;
