@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb import database
+from kb.locks import chunk_lock
 from kb.sql import queries
 
 if TYPE_CHECKING:
@@ -115,6 +116,9 @@ def drift_check(kb: "KnowledgeBase", workspace_id: int | None = None) -> list[Dr
         report.capped = report.capped or len(repair) < len(index_findings)
         with database.transaction(kb.database_url) as conn:
             if repair:
+                # Lock order (kb.locks): the chunk lock before the document rows (several, in id
+                # order; a projection locks them in path order).
+                chunk_lock(conn, ws)
                 conn.execute(queries["requeue_documents"], {"ids": [f["id"] for f in repair]})
                 defer_job(conn, "index", INDEX_TASK, ws)
                 for finding in repair:

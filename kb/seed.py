@@ -42,7 +42,7 @@ from kb import database
 from kb.chunk_context import context_line
 from kb.errors import LegacySourceError, LockTimeout, SeedRefused
 from kb.languages import detect_language, lexical_text, text_config
-from kb.locks import index_lock
+from kb.locks import chunk_lock, index_lock
 from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
 from kb.projection import PATH_KEYED_TYPES
 from kb.sql import queries
@@ -487,6 +487,9 @@ class Seeder:
             params.append({"workspace_id": ws, "path": e.path, "title": e.title, "document_type": e.document_type,
                            "metadata": json.dumps(e.metadata), "uid_hash": uid})
         with database.transaction(self.kb.database_url) as conn:
+            # Lock order (kb.locks): the chunk lock before the document rows, which this updates
+            # in the plan's order and a projection of a concurrent revision in path order.
+            chunk_lock(conn, ws)
             with conn.cursor() as cur:
                 cur.executemany(queries["adopt_document_identity"], params)
             rows = {r["path"]: r for r in conn.execute(queries["seeded_documents"], {"workspace_id": ws})}
@@ -513,6 +516,10 @@ class Seeder:
                 if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])}
         with_chunks: set[int] = set()
         with database.transaction(self.kb.database_url) as conn:
+            # Lock order (kb.locks): the chunk lock first. This writes chunks and their statistics
+            # and then the documents' rows; a projection of a concurrent revision locks document
+            # rows and then chunk statistics (index runs skip: the seed holds the index lock).
+            chunk_lock(conn, self.workspace_id)
             if todo:
                 conn.execute(queries["delete_chunks_of_documents"], {"ids": [row["id"] for row in todo.values()]})
             conn.execute(queries["create_adopt_staging"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb import database
+from kb.locks import chunk_lock
 from kb.sql import queries
 from kb.store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
 
@@ -115,6 +116,9 @@ def retry_quarantined(kb: "KnowledgeBase", workspace_id: int, answers: list[bool
     if not answers[0]:
         return False
     with database.transaction(kb.database_url) as conn:
+        # Lock order (kb.locks): the chunk lock before the document rows (several in one
+        # statement; a projection locks them in path order).
+        chunk_lock(conn, workspace_id)
         retried = conn.execute(queries["retry_quarantined_documents"], {
             "workspace_id": workspace_id, "max_attempts": kb.settings.max_attempts,
             "retry_seconds": kb.settings.quarantine_retry_seconds,
