@@ -59,12 +59,20 @@ selectors AS (
     GROUP BY text_config
 ),
 candidates AS MATERIALIZED (
-    -- each candidate keeps only its query terms, cut out in C (ts_delete of everything else): the
-    -- unnest below then builds rows for a few terms instead of the whole tsvector (a document's
-    -- can hold thousands; the document leg's p95 fell by a third). The concatenation detoasts the
-    -- tsvector once for both uses; the ::integer cast lets the (workspace_id, tsv) GIN index use
-    -- its workspace column (btree_gin has no int2 = int4)
-    SELECT c.{unit_id} AS id, ts_delete(f.tsv, tsvector_to_array(ts_delete(f.tsv, s.lexemes))) AS tsv,
+    -- each candidate keeps only its query terms, cut out in C: the unnest below then builds rows
+    -- for a few terms instead of the whole tsvector (a document's can hold thousands). setweight
+    -- marks the query terms' positions, ts_filter keeps the marked ones: title positions (weight
+    -- A) become C, body positions (D) become B, and the two are joined again, so a term keeps
+    -- every position and which of them were the title's. kb writes only weights A and D (the
+    -- indexer, the seed and kb.refresh_document_terms), and every lexeme with a position. Before,
+    -- ts_delete of everything else (tsvector_to_array of the rest: a text per lexeme) took 4×
+    -- as long per candidate; the document leg's p95 fell by about a third on
+    -- bin/bench_search.py's 10,000-chunk workspace, with the same ids and scores. The
+    -- concatenation in f detoasts the tsvector once for every use; the ::integer cast lets the
+    -- (workspace_id, tsv) GIN index use its workspace column (btree_gin has no int2 = int4)
+    SELECT c.{unit_id} AS id,
+           ts_filter(setweight(ts_filter(f.tsv, '{{a}}'), 'C', s.lexemes), '{{c}}')
+           || ts_filter(setweight(ts_filter(f.tsv, '{{d}}'), 'B', s.lexemes), '{{b}}') AS tsv,
            c.{length} AS length, s.lexemes, s.idfs, s.avg_length
     FROM selectors s
     JOIN {units} c
@@ -79,7 +87,7 @@ FROM candidates c
 CROSS JOIN LATERAL unnest(c.tsv) u
 CROSS JOIN LATERAL (
     SELECT greatest(cardinality(u.positions), 1)
-           + (%(title_weight)s - 1) * cardinality(array_positions(u.weights, 'A')) AS tf) f
+           + (%(title_weight)s - 1) * cardinality(array_positions(u.weights, 'C')) AS tf) f
 WHERE u.lexeme = ANY (c.lexemes)
 GROUP BY c.id
 ORDER BY score DESC, c.id
