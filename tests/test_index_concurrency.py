@@ -11,8 +11,8 @@ until Postgres reports a run blocked on it, then lets go — rather than with sl
 - a document deleted by a projection after an index run read it made the run's chunk insert fail
   on the foreign key; the run now settles it as gone;
 - other writers of document and chunk rows (dropping an artifact's rows, the store's catch-up,
-  workspace deletion, the span fill) deadlocked the same way with a running projection; they take
-  the chunk lock too, in the order written in ``kb.locks``.
+  workspace deletion, the span fill, the sweep's quarantine retry) deadlocked the same way with a
+  running projection; they take the chunk lock too, in the order written in ``kb.locks``.
 """
 
 from __future__ import annotations
@@ -306,4 +306,24 @@ def test_a_span_fill_batch_waits_for_a_running_projection(projecting):
     assert len(projection.result().deleted) == 2
     report = filling.result()
     assert report.batches == 1 and report.chunks_filled == 0  # f's chunks went with f
+    _assert_converged(kb)
+
+
+def test_retrying_quarantined_documents_waits_for_a_running_projection(projecting):
+    """The sweep's quarantine retry requeues several document rows in one statement (f before y:
+    y was quarantined last, so its row version lies after f's): it locked f's row and waited for
+    y's, which the projection held (it had deleted y); the projection then waited for f's row to
+    delete it."""
+    kb, _, hold = projecting
+    from kb.sweep import retry_quarantined
+
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        for path in ("/documents/f.md", "/documents/y.md"):
+            conn.execute(queries["test_quarantine_document"], {"workspace_id": 1, "path": path})
+    projection, projection_pid, release = hold()
+    retrying = _Run(lambda: retry_quarantined(kb, 1, []))
+    _wait_blocked_by(kb, [projection_pid], retrying)
+    release()
+    assert len(projection.result().deleted) == 2
+    assert retrying.result() is False  # y and f went with the projection: nothing left to retry
     _assert_converged(kb)

@@ -67,6 +67,11 @@ UPDATE kb.chunks c SET start_line = NULL, end_line = NULL
 FROM kb.documents d
 WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(path)s;
 
+-- name: test_quarantine_document
+-- One document as the indexer leaves it after its last attempt failed (SPEC §7), due for a retry.
+UPDATE kb.documents SET status = 'quarantined', quarantined_at = NULL
+WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
+
 -- name: test_age_citation_chat
 UPDATE kb.citation_chats SET last_used_at = now() - make_interval(days => %(days)s)
 WHERE workspace_id = %(workspace_id)s AND chat_id = %(chat_id)s;
