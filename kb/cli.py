@@ -582,6 +582,8 @@ def reindex(workspace: int, defer_: bool) -> None:
         f"{report.embeddings_computed} embedded, {report.embeddings_cached} from cache, "
         f"cache hits {report.cache_hit_ratio:.0%}); failed {report.documents_failed}, "
         f"unindexable {report.documents_unindexable}; stamp {report.revision}"
+        + (f"; {moved} moved, changed or deleted while the run read them (the next run takes them)"
+           if (moved := report.documents_superseded + report.documents_gone) else "")
     )
 
 

@@ -23,7 +23,14 @@ are quarantined, so one poison document never wedges the workspace.
 A document's transaction takes the workspace's chunk lock and then the document's row before it
 writes chunks (the lock order in ``kb.locks``, shared with the projection, which may run at the
 same time). A document the projection deleted after the run read it has no row left to lock: it
-is settled as gone, not written (its chunks would violate the foreign key) and not failed.
+is settled as gone, not written (its chunks would violate the foreign key) and not failed. One
+that a projection moved or changed after the run read it (or the artifact layer revised) is
+superseded: not written either — its chunks would describe other content, or its stamp cite a
+path the content no longer has — and it lags until the next run, which the change deferred.
+The stamp a written document gets, ``(indexed_path, indexed_revision)``, is what a search
+envelope cites (SPEC §8): the path it has and a revision where that path holds this content
+(``mark_document_indexed``), not the revision the run projected, which predates rows a later
+projection brought in.
 
 What a chunk embeds is its text after its context line (document title and heading path,
 kb.chunk_context); the full-text index gets the same, in the document's language configuration
@@ -66,7 +73,9 @@ DOCUMENT_BATCH = 64
 @dataclass
 class IndexReport:
     """Counts of one run (``kind``: index_changes | reindex). ``documents_gone``: documents a
-    projection deleted after the run read them (settled: neither indexed nor failed)."""
+    projection deleted after the run read them (settled: neither indexed nor failed);
+    ``documents_superseded``: documents moved or changed after the run read them (not written;
+    the next run indexes what they hold then)."""
 
     workspace_id: int
     kind: str = "index_changes"
@@ -79,6 +88,7 @@ class IndexReport:
     documents_unindexable: int = 0
     documents_still_failed: int = 0
     documents_gone: int = 0
+    documents_superseded: int = 0
     failed_attempts: int = 0
     chunks_written: int = 0
     chunks_reused: int = 0
@@ -414,18 +424,26 @@ class Indexer:
                     # Lock order (kb.locks): chunk lock, this document's row, then its chunks and
                     # their statistics — as the projection, which may delete or change the row.
                     chunk_lock(conn, workspace_id)
-                    if conn.execute(queries["lock_indexed_document"], params).fetchone() is None:
+                    now = conn.execute(queries["lock_indexed_document"], params).fetchone()
+                    if now is None:
                         report.documents_gone += 1  # deleted since the run read it: nothing to index
+                        return
+                    if (now["content_id"], now["path"]) != (row["content_id"], row["path"]):
+                        # moved or changed since the run read it: these chunks would describe
+                        # other content or cite a path it no longer has; the document lags
+                        # again and the next run (deferred by what changed it) indexes it
+                        report.documents_superseded += 1
                         return
                     if p.unindexable is not None:
                         conn.execute(queries["delete_document_chunks"], params)
                         conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
-                        conn.execute(queries["mark_document_unindexable"], {**params, "error": p.unindexable})
+                        conn.execute(queries["mark_document_indexed"],
+                                     {**params, "status": "unindexable", "error": p.unindexable})
                         report.documents_unindexable += 1
                         return
                     self._reconcile(conn, workspace_id, p, vectors, report)
                     conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
-                    conn.execute(queries["mark_document_indexed"], params)
+                    conn.execute(queries["mark_document_indexed"], {**params, "status": "indexed", "error": None})
                     report.documents_indexed += 1
                     return
             except Exception as exc:  # the document's own transaction rolled back; the rest go on

@@ -23,7 +23,8 @@ SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY md5(id
 SELECT id, path, title, content_id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: bench_mark_indexed
-UPDATE kb.documents SET status = 'indexed', indexed_content_id = content_id, indexed_revision = revision_id
+UPDATE kb.documents
+SET status = 'indexed', indexed_content_id = content_id, indexed_path = path, indexed_revision = revision_id
 WHERE workspace_id = %(workspace_id)s;
 
 -- name: bench_create_staging

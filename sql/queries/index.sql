@@ -10,8 +10,9 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
 
 -- name: lock_indexed_document
 -- The row of the document an index run is about to write, locked after the chunk lock and before
--- its chunks (kb/locks.py lock order); no row when a projection deleted the document meanwhile.
-SELECT id FROM kb.documents WHERE id = %(document_id)s FOR NO KEY UPDATE;
+-- its chunks (kb/locks.py lock order), with what it holds now: a projection (or the artifact
+-- layer) may have deleted, moved or changed it since the run read it (no row: deleted).
+SELECT id, content_id, path FROM kb.documents WHERE id = %(document_id)s FOR NO KEY UPDATE;
 
 -- name: documents_to_index
 -- Documents whose indexed content lags their projected content, excluding quarantined and
@@ -63,18 +64,29 @@ DELETE FROM kb.chunks WHERE id = ANY(%(ids)s);
 SELECT kb.refresh_document_terms(%(document_ids)s::bigint[]);
 
 -- name: mark_document_indexed
--- Only while the row still holds what was indexed, at the path it had: a projection that moved
--- or changed the document meanwhile leaves it lagging, and the next run indexes it at a revision
--- where (path, revision) names it (a search envelope's citation, SPEC §8).
+-- The document's chunks are written (status 'indexed', error NULL) or it is kept out of the index
+-- with a reason (status 'unindexable', error the reason). Only while the row still holds what was
+-- indexed, at the path it had (the run checked it under the chunk lock: lock_indexed_document).
+-- The stamp (indexed_path, indexed_revision) is a search envelope's citation (SPEC §8) and must
+-- name this content: the revision is the later of the workspace's projected revision (under the
+-- chunk lock no projection is half done, so every projected row is as that revision has it) and
+-- the revision that wrote the row's content (the artifact layer writes its rows ahead of the
+-- projection); never the revision the run itself projected, which predates rows a later
+-- projection brought in. %(revision_id)s only when neither is known.
+WITH stamp AS (
+    SELECT CASE WHEN pr.seq IS NULL OR cr.seq > pr.seq THEN d.revision_id
+                ELSE w.last_projected_revision END AS revision_id
+    FROM kb.documents d
+    JOIN kb.workspaces w ON w.id = d.workspace_id
+    LEFT JOIN kb.revisions pr ON pr.workspace_id = w.id AND pr.id = w.last_projected_revision
+    LEFT JOIN kb.revisions cr ON cr.workspace_id = w.id AND cr.id = d.revision_id
+    WHERE d.id = %(document_id)s
+)
 UPDATE kb.documents
-SET status = 'indexed', indexed_content_id = %(content_id)s, indexed_revision = %(revision_id)s,
-    index_error = NULL, index_attempts = 0
-WHERE id = %(document_id)s AND content_id = %(content_id)s AND path = %(path)s;
-
--- name: mark_document_unindexable
-UPDATE kb.documents
-SET status = 'unindexable', indexed_content_id = %(content_id)s, indexed_revision = %(revision_id)s,
-    index_error = %(error)s
+SET status = %(status)s, indexed_content_id = %(content_id)s, indexed_path = path,
+    indexed_revision = coalesce((SELECT revision_id FROM stamp), %(revision_id)s),
+    index_error = %(error)s,
+    index_attempts = CASE WHEN %(status)s::text = 'indexed' THEN 0 ELSE index_attempts END
 WHERE id = %(document_id)s AND content_id = %(content_id)s AND path = %(path)s;
 
 -- name: delete_document_chunks

@@ -75,7 +75,7 @@ DELETE FROM kb.folders WHERE workspace_id = %(workspace_id)s AND path = %(path)s
 -- path did not exist at that revision (`kb read PATH --revision REV` failed). Their chunks' line
 -- spans stay right: the blob is the same.
 UPDATE kb.documents
-SET indexed_revision = %(revision_id)s
+SET indexed_revision = %(revision_id)s, indexed_path = path
 WHERE workspace_id = %(workspace_id)s AND id = ANY (%(ids)s)
   AND indexed_content_id = content_id AND indexed_revision IS DISTINCT FROM %(revision_id)s;
 

@@ -99,7 +99,11 @@ LIMIT %(limit)s;
 -- text only for chunks without spans (they render un-numbered, SPEC §8). Document rows (chunk_id
 -- NULL): every document the document leg returned, with its rank and envelope fields. The
 -- placeholders are the exact or approximate vector leg, the chunk leg and the document leg
--- (lexical_leg filled for chunks and for documents). kb/search.py fuses the ranks.
+-- (lexical_leg filled for chunks and for documents). kb/search.py fuses the ranks. An envelope
+-- cites (indexed_path, indexed_revision): where the indexed content is, even when a later commit
+-- moved the document and the index has not caught up (SPEC §8, migration 0019); a document with
+-- chunks but no indexed content (left by an index run that raced a projection before the run
+-- checked its row under the chunk lock) has nothing to cite and is left out.
 WITH vector_leg AS MATERIALIZED ({vector_leg}),
 text_leg AS MATERIALIZED ({lexical_leg}),
 document_leg AS MATERIALIZED ({document_leg}),
@@ -111,15 +115,15 @@ ranks AS (
 )
 SELECT r.id AS chunk_id, r.vector_rank, r.text_rank, NULL::bigint AS document_rank, c.document_id,
        c.start_line, c.end_line, CASE WHEN c.start_line IS NULL THEN c.text END AS text,
-       d.path, d.title, d.indexed_content_id, d.indexed_revision
+       coalesce(d.indexed_path, d.path) AS path, d.title, d.indexed_content_id, d.indexed_revision
 FROM ranks r
 JOIN kb.chunks c ON c.id = r.id
-JOIN kb.documents d ON d.id = c.document_id
+JOIN kb.documents d ON d.id = c.document_id AND d.indexed_content_id IS NOT NULL
 UNION ALL
 SELECT NULL, NULL, NULL, row_number() OVER (ORDER BY l.score DESC, l.id), d.id, NULL, NULL, NULL,
-       d.path, d.title, d.indexed_content_id, d.indexed_revision
+       coalesce(d.indexed_path, d.path) AS path, d.title, d.indexed_content_id, d.indexed_revision
 FROM document_leg l
-JOIN kb.documents d ON d.id = l.id;
+JOIN kb.documents d ON d.id = l.id AND d.indexed_content_id IS NOT NULL;
 
 -- name: excerpt_chunks
 -- For documents the document leg ranked but no chunk leg returned a chunk of: each document's chunk
@@ -135,10 +139,10 @@ WITH configs AS (
 SELECT DISTINCT ON (c.document_id)
        c.id AS chunk_id, c.document_id, c.start_line, c.end_line,
        CASE WHEN c.start_line IS NULL THEN c.text END AS text,
-       d.path, d.title, d.indexed_content_id, d.indexed_revision
+       coalesce(d.indexed_path, d.path) AS path, d.title, d.indexed_content_id, d.indexed_revision
 FROM kb.chunks c
 JOIN configs q ON q.cfg = coalesce(c.text_config, 'english')
-JOIN kb.documents d ON d.id = c.document_id
+JOIN kb.documents d ON d.id = c.document_id AND d.indexed_content_id IS NOT NULL
 CROSS JOIN LATERAL (SELECT length(c.tsv) - length(ts_delete(c.tsv, q.lexemes)) AS held) m
 WHERE c.document_id = ANY (%(document_ids)s)
 ORDER BY c.document_id, m.held DESC, c.position, c.id;

@@ -114,8 +114,8 @@ FROM kb_adopt_staging s JOIN kb.documents d ON d.id = s.document_id;
 
 -- name: mark_documents_adopted
 UPDATE kb.documents
-SET status = 'indexed', indexed_content_id = content_id, indexed_revision = %(revision_id)s,
-    index_error = NULL, index_attempts = 0
+SET status = 'indexed', indexed_content_id = content_id, indexed_path = path,
+    indexed_revision = %(revision_id)s, index_error = NULL, index_attempts = 0
 WHERE id = ANY(%(ids)s);
 
 -- name: migration_status
