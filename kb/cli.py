@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from kb.errors import KbError
+from kb.paths import MAX_WORKSPACE_ID
 
 
 def _settings():
@@ -128,7 +129,7 @@ class _Group(click.Group):
 
 
 workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
     help="Workspace id (a positive integer).",
 )
 
@@ -345,7 +346,7 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
 @main.command()
 @click.argument("path", required=False)
 @workspace_option
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1, max=MAX_WORKSPACE_ID))
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
 
@@ -373,7 +374,7 @@ def _describe(change) -> str:
 
 
 @main.command()
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), help="Workspace id.")
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Workspace id.")
 @click.option("--json", "as_json", is_flag=True)
 def status(workspace: int | None, as_json: bool) -> None:
     """Head, index stamp, jobs waiting/running/failed, chunk and document counts.

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
     help="Workspace id (a positive integer).",
 )
 file_option = click.option(

@@ -10,11 +10,13 @@ import sys
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 chat_option = click.option(
     "--chat", "-c", "chat", required=True, help="The conversation's id (any text up to 200 characters)."
 )
 workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
     help="Workspace id (a positive integer).",
 )
 

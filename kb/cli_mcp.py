@@ -12,10 +12,12 @@ import sys
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 
 
 @click.command("mcp")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
               help="Workspace id (a positive integer).")
 @click.option("--author", help='Whose changes the turns record, "Name <mail>" (default: your user name).')
 @click.option("--chat", "chat_id", help="Conversation id: reuse it to keep citation handles and to "

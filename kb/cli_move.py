@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 
 @click.command("mv")
 @click.argument("source")
 @click.argument("destination")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
               help="Workspace id (a positive integer).")
 @click.option("--overwrite", is_flag=True, help="Replace a document already at DESTINATION.")
 @click.option("--author", help="Author of the revision (default: your user name).")

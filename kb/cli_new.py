@@ -6,11 +6,13 @@ import sys
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 
 @click.command("new")
 @click.argument("folder")
 @click.argument("title")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
               help="Workspace id (a positive integer).")
 @click.option("--body", help="The document's text (default: read standard input when it is not a terminal).")
 @click.option("--author", help="Author of the revision (default: your user name).")

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True,
+    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
     help="Workspace id (a positive integer).",
 )
 

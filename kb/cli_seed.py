@@ -8,6 +8,7 @@ import json
 import click
 
 from kb.errors import InvalidInput
+from kb.paths import MAX_WORKSPACE_ID
 
 
 def _open():
@@ -19,7 +20,7 @@ def _open():
 @click.command("seed")
 @click.option("--from-dsn", "dsn", metavar="DSN", help="Postgres URL of the legacy database (schema legacy).")
 @click.option("--legacy-workspace", type=int, help="Workspace id in the legacy tables.")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), required=True, help="kb workspace id.")
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True, help="kb workspace id.")
 @click.option("--yes", is_flag=True, help="Write the seed revision (default: dry run, nothing written).")
 @click.option("--flip", is_flag=True, help="After parity passed in this run, make kb the authority.")
 @click.option("--unflip", is_flag=True, help="Hand authority back to the legacy system (nothing else).")
@@ -87,7 +88,7 @@ def spans() -> None:
 
 
 @spans.command("status")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), help="One workspace.")
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="One workspace.")
 @click.option("--json", "as_json", is_flag=True)
 def spans_status(workspace, as_json) -> None:
     """Pause flag, batch size, throttle, and the backlog per workspace (view kb.span_backlog).
@@ -129,8 +130,8 @@ def spans_resume() -> None:
 
 
 @spans.command("run-once")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), help="Only this workspace.")
-@click.option("--max-batches", type=click.IntRange(min=1), help="Stop after this many batches.")
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Only this workspace.")
+@click.option("--max-batches", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Stop after this many batches.")
 @click.option("--defer", is_flag=True, help="Queue the run for a worker instead of running it here.")
 def spans_run_once(workspace, max_batches, defer) -> None:
     """Run the span fill now, in this process (or queue it with --defer).
@@ -149,7 +150,7 @@ def spans_run_once(workspace, max_batches, defer) -> None:
 
 
 @click.command("drift")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1), help="One seeded workspace.")
+@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="One seeded workspace.")
 @click.option("--json", "as_json", is_flag=True)
 def drift(workspace, as_json) -> None:
     """Compare git HEAD with document/chunk rows of flipped workspaces; repair Postgres only.

@@ -7,6 +7,8 @@ import json
 
 import click
 
+from kb.paths import MAX_WORKSPACE_ID
+
 
 def _open():
     from kb.cli import _open as open_kb
@@ -45,7 +47,7 @@ def workspace() -> None:
 
 
 @workspace.command("delete")
-@click.argument("workspace_id", type=click.IntRange(min=1))
+@click.argument("workspace_id", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID))
 @click.option("--yes", is_flag=True, help="Confirm: the deletion cannot be undone.")
 @click.option("--force", is_flag=True, help="Delete even while a turn of it is open or a job of it runs.")
 def delete(workspace_id: int, yes: bool, force: bool) -> None:

@@ -258,10 +258,11 @@ class KnowledgeBase:
 
     def index_freshness(self, workspace_id: int) -> "IndexFreshness":
         """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
-        SPEC §7, §8, issue 15)."""
+        SPEC §7, §8, issue 15). Zeros for a workspace that does not exist; raises
+        InvalidWorkspace for a bad id."""
         from kb.freshness import index_freshness
 
-        return index_freshness(self.database_url, workspace_id)
+        return index_freshness(self.database_url, check_workspace_id(workspace_id))
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""
@@ -294,7 +295,10 @@ class KnowledgeBase:
             return citation_registry.expire(conn, self.settings.citation_ttl)
 
     def status(self, workspace_id: int | None = None) -> dict:
-        """Head, index stamp, job counts, chunk and document counts (``kb status``)."""
+        """Head, index stamp, job counts, chunk and document counts (``kb status``). Raises
+        InvalidWorkspace for a bad id, WorkspaceNotFound for one that does not exist."""
+        if workspace_id is not None:
+            check_workspace_id(workspace_id)
         result: dict = {"database": database.redact(self.database_url),
                         "storage_root": str(self.settings.storage_root),
                         "embedding_model": self.settings.embedding_model}

@@ -352,12 +352,18 @@ def author_path(relative_parts: Sequence[str], prefix: Sequence[str] = ()) -> tu
     return (*prefix, *(safe_folder_segment(f) for f in folders), safe_filename(last))
 
 
+MAX_WORKSPACE_ID = 2**31 - 1
+"""The largest workspace id: ``kb.workspaces.id`` and every ``workspace_id`` column are Postgres
+``integer`` (SPEC §2.1: workspace ids are positive integers)."""
+
+
 def unique_identifier_hash(document_type: str, unique_id: str, workspace_id: int) -> str:
     """``sha256(f"{document_type}:{unique_id}:{workspace_id}")`` as 64 hex chars (SPEC §2.4); the
     legacy host's exact format. ``unique_id`` is the virtual path for NOTE/ARTIFACT, else the
-    source id. Raises :class:`InvalidWorkspace` unless ``workspace_id`` is a positive int (§2.1)."""
-    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or workspace_id <= 0:
-        raise InvalidWorkspace(f"workspace id must be a positive integer, got {workspace_id!r}")
+    source id. Raises :class:`InvalidWorkspace` unless ``workspace_id`` is an int from 1 to
+    MAX_WORKSPACE_ID (§2.1)."""
+    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or not 0 < workspace_id <= MAX_WORKSPACE_ID:
+        raise InvalidWorkspace(f"workspace ids are integers from 1 to {MAX_WORKSPACE_ID}, got {workspace_id!r}")
     return hashlib.sha256(f"{document_type}:{unique_id}:{workspace_id}".encode()).hexdigest()
 
 

@@ -41,7 +41,7 @@ from kb.history import (
 )
 from kb.locks import chunk_lock, locked_pipeline, locked_transaction
 from kb.merge import MergedBlob, merge_staged
-from kb.paths import StorePath
+from kb.paths import MAX_WORKSPACE_ID, StorePath
 from kb.repository import Repository
 from kb.settings import Settings
 from kb.sql import queries
@@ -56,9 +56,10 @@ INDEX_TASK = "kb.index_changes"
 
 
 def check_workspace_id(workspace_id: object) -> int:
-    """Return ``workspace_id`` as an int if it is a positive integer, else raise InvalidWorkspace."""
-    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or workspace_id <= 0:
-        raise InvalidWorkspace(f"workspace ids are positive integers, got {workspace_id!r}")
+    """Return ``workspace_id`` as an int if it is an integer from 1 to MAX_WORKSPACE_ID (a
+    Postgres integer, SPEC §2.1), else raise InvalidWorkspace."""
+    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or not 0 < workspace_id <= MAX_WORKSPACE_ID:
+        raise InvalidWorkspace(f"workspace ids are integers from 1 to {MAX_WORKSPACE_ID}, got {workspace_id!r}")
     return workspace_id
 
 

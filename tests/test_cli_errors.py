@@ -32,10 +32,14 @@ def test_missing_import_path(kb, kb_env, tmp_path):
     assert "is not a folder" in line
 
 
-@pytest.mark.parametrize("bad", ["0", "-3", "abc"])
-def test_bad_workspace_id(kb_env, bad):
-    result = run_cli(kb_env, "status", "--workspace", bad, check=False)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+@pytest.mark.parametrize("bad", ["0", "-3", "abc", str(2**31), str(2**63)])
+@pytest.mark.parametrize("command", [["status"], ["import", "."], ["search", "x"]])
+def test_bad_workspace_id(kb_env, bad, command):
+    """Out of range includes past Postgres' integer (kb.workspaces.id): it used to reach the
+    server and come back as "unexpected error: NumericValueOutOfRange"."""
+    result = run_cli(kb_env, *command, "--workspace", bad, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "unexpected" not in result.stderr
+    assert "--workspace" in result.stderr
 
 
 def test_unreachable_database(kb_env, tmp_path):

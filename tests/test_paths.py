@@ -349,9 +349,10 @@ def test_store_path_ordering() -> None:
 def test_unique_identifier_hash() -> None:
     expected = hashlib.sha256(b"NOTE:/documents/a.md:7").hexdigest()
     assert unique_identifier_hash("NOTE", "/documents/a.md", 7) == expected
-    for bad in (0, -1, True, "7", 1.0):
+    for bad in (0, -1, True, "7", 1.0, 2**31, 2**63):
         with pytest.raises(InvalidWorkspace):
             unique_identifier_hash("NOTE", "x", bad)  # type: ignore[arg-type]
+    assert unique_identifier_hash("NOTE", "x", 2**31 - 1)  # the largest Postgres integer
 
 
 BLOBS = [b"", b"hello\n", b"a\x00b", b"\r\n\r\n", "Café ☕\n".encode(), bytes(range(256)) * 40]

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 from psycopg.rows import dict_row
 
-from kb.errors import WorkspaceBusy, WorkspaceNotFound
+from kb.errors import InvalidWorkspace, WorkspaceBusy, WorkspaceNotFound
 from kb.sql import queries
 from kb.vector_index import index_name
 from kb.worktree import worktrees_root
@@ -53,6 +53,21 @@ def test_list_workspaces(kb):
     assert set(summaries) == {1, 2}
     assert (summaries[1].documents, summaries[1].head, summaries[1].index_state) == (3, kb.head(1), "indexed")
     assert summaries[2].head == kb.head(2) and summaries[2].index_state == "behind"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**31, 2**63, True, "1", 1.0, None])
+def test_a_workspace_id_outside_postgres_integer_is_refused_before_the_database(kb, bad):
+    """kb.workspaces.id is a Postgres integer: 2**31 and past reached the server and came back
+    as psycopg's NumericValueOutOfRange."""
+    calls = [lambda: kb.create_workspace(bad), lambda: kb.status(bad), lambda: kb.index_freshness(bad),
+             lambda: kb.search(bad, "anything"), lambda: kb.index(bad)]
+    if bad is None:
+        calls = calls[:1] + calls[2:]  # kb.status(None): every workspace
+    for call in calls:
+        with pytest.raises(InvalidWorkspace, match="from 1 to 2147483647"):
+            call()
+    kb.create_workspace(2**31 - 1)  # the largest is a workspace like any other
+    assert kb.status(2**31 - 1)["workspace"]["id"] == 2**31 - 1
 
 
 def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, database_url):
