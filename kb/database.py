@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import atexit
 import os
+import re
 import threading
 
 import psycopg
@@ -33,7 +34,7 @@ from kb.embedded_server import (  # noqa: F401  (re-exported: callers start serv
     EMBEDDED_DATABASE, embedded_bin_dir, forget_verified, parse_listen, running_server, start_embedded,
     stop_embedded,
 )
-from kb.errors import DatabaseUnavailable, DatabaseNotReady
+from kb.errors import DatabaseNotReady, DatabaseUnavailable, WorkspaceNotFound
 from kb.settings import Settings
 from kb.sql import queries
 
@@ -167,27 +168,49 @@ def _lost(exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"the connection to Postgres was lost ({reason}); retry when the server is back")
 
 
+_MISSING_WORKSPACE = re.compile(r"Key \(workspace_id\)=\((\d+)\) is not present in table \"workspaces\"")
+
+
+def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
+    """WorkspaceNotFound when ``exc`` is a write referring to a workspace row that is not there (a
+    foreign key to kb.workspaces: the workspace was deleted while the call ran, SPEC §2.1), else
+    None. Every table's workspace_id references kb.workspaces, so this covers each of them."""
+    if not isinstance(exc, psycopg.errors.ForeignKeyViolation):
+        return None
+    found = _MISSING_WORKSPACE.search(exc.diag.message_detail or "")
+    if found is None:
+        return None
+    return WorkspaceNotFound(f"workspace {found.group(1)} was deleted while this call ran; nothing was "
+                             "recorded. `kb workspaces` lists the workspaces there are")
+
+
 @contextlib.contextmanager
 def _lost_raises_unavailable(conn: psycopg.Connection) -> Iterator[None]:
     """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
-    DatabaseUnavailable; errors of a healthy connection pass unchanged."""
+    DatabaseUnavailable, and a write to a workspace deleted meanwhile WorkspaceNotFound
+    (``deleted_workspace``); other errors of a healthy connection pass unchanged."""
     try:
         yield
     except psycopg.OperationalError as exc:
         if conn.broken:
             raise _lost(exc) from exc
         raise
+    except psycopg.errors.ForeignKeyViolation as exc:
+        raise (deleted_workspace(exc) or exc) from exc
 
 
 class KbConnection(psycopg.Connection):
     """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
-    backend was terminated) into DatabaseUnavailable, so no raw psycopg error escapes kb's facade
-    (issue 9). Errors of a healthy connection (a lock timeout, a constraint) pass unchanged."""
+    backend was terminated) into DatabaseUnavailable and a write to a workspace deleted meanwhile
+    into WorkspaceNotFound, so no raw psycopg error escapes kb's facade (issue 9). Other errors of a
+    healthy connection (a lock timeout, another constraint) pass unchanged."""
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         super().__exit__(exc_type, exc_val, exc_tb)
         if isinstance(exc_val, psycopg.OperationalError) and self.broken:
             raise _lost(exc_val) from exc_val
+        if (missing := deleted_workspace(exc_val)) is not None:
+            raise missing from exc_val
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
@@ -263,7 +286,8 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
     """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
 
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
-    Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds.
+    Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds, and
+    WorkspaceNotFound for a write to a workspace deleted meanwhile (``deleted_workspace``).
     """
     from psycopg_pool import PoolClosed, PoolTimeout
 
@@ -285,6 +309,8 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
         if broken:
             raise _lost(exc) from exc
         raise
+    except psycopg.errors.ForeignKeyViolation as exc:
+        raise (deleted_workspace(exc) or exc) from exc
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ from kb import database
 from kb.chunk_context import context_line, embedded_text, heading_paths
 from kb.chunking import Chunk, Chunker
 from kb.embedding import Embedder, check_vectors, vector_literal
-from kb.errors import UnindexableDocument
+from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.languages import detect_language, lexical_text, text_config
 from kb.locks import chunk_lock, index_lock
 from kb.projection import project
@@ -196,7 +196,11 @@ class Indexer:
                 report.skipped_locked = True
                 yield report, None
                 return
-            with Repository.open(self.settings.knowledge_store / str(workspace_id)) as repo:
+            try:
+                opened = Repository.open(self.settings.knowledge_store / str(workspace_id))
+            except FileNotFoundError:  # never created, or deleted (kb workspace delete) meanwhile
+                raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them") from None
+            with opened as repo:
                 report.revision = self._project(repo, workspace_id, full=full)
                 yield report, repo
 

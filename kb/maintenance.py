@@ -56,7 +56,10 @@ def maintain_workspaces(knowledge_store: Path, min_loose: int = LOOSE_OBJECTS_TO
         report.checked += 1
         if loose_object_count(path) < min_loose:
             continue
-        repository = Repository.open(path)
+        try:
+            repository = Repository.open(path)
+        except FileNotFoundError:  # the workspace was deleted since the listing
+            continue
         packed, packs = repository.pack_loose_objects(MAX_PACKS)
         report.packed[int(path.name)] = packed
         log.info("workspace %s: packed %d objects (%d packs now)", path.name, packed, packs)

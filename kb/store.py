@@ -682,10 +682,13 @@ class _Built:
 def write_failure(workspace_id: int, pending: str | None, exc: BaseException) -> KbError:
     """The KbError for a Postgres or file-system failure during a commit (SPEC §3, §14): when the
     branch may have moved (``pending`` set), CommitOutcomeUnknown naming that revision; otherwise
-    DatabaseUnavailable / StorageError saying nothing was recorded."""
+    WorkspaceNotFound when the workspace was deleted meanwhile (``database.deleted_workspace``),
+    else DatabaseUnavailable / StorageError saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if pending is not None:
         return CommitOutcomeUnknown(workspace_id, pending, reason)
+    if (missing := database.deleted_workspace(exc)) is not None:
+        return missing
     if isinstance(exc, OSError):
         return StorageError(f"workspace {workspace_id}: the file system refused the write ({reason}); "
                             "nothing was recorded. Free space or fix permissions, then retry.")

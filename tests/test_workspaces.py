@@ -142,3 +142,40 @@ def test_cli_workspaces_and_delete(kb, kb_env):
     assert "deleted workspace 4: 3 documents" in done.stdout
     missing = run_cli(kb_env, "workspace", "delete", "4", "--yes", check=False)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_calls_racing_a_workspace_deletion_raise_workspace_not_found(kb, monkeypatch):
+    """A workspace deleted while a call ran reached callers as raw errors: a chat's search then
+    registered its handles for a workspace row that was gone (psycopg ForeignKeyViolation), an
+    index run opened the repository that was gone (FileNotFoundError). Each interleaving is forced:
+    the deletion runs between the call's steps."""
+    _fill(kb, 1)
+    kb.index(1)
+    conversation = kb.conversation(1, "chat")
+    search = kb.search
+
+    def search_then_delete(*args, **kwargs):
+        found = search(*args, **kwargs)
+        kb.delete_workspace(1, force=True)
+        return found
+
+    monkeypatch.setattr(kb, "search", search_then_delete)
+    with pytest.raises(WorkspaceNotFound, match="workspace 1 was deleted while this call ran"):
+        conversation.search("body of document")
+    monkeypatch.undo()
+    with pytest.raises(WorkspaceNotFound, match="workspace 1 does not exist"):
+        kb.reindex(1)
+    with pytest.raises(WorkspaceNotFound, match="workspace 1 does not exist"):
+        kb.index(1)
+
+
+def test_a_write_to_a_workspace_deleted_meanwhile_is_not_recorded(kb, database_url):
+    """The write found the workspace when it began and not when it committed."""
+    _fill(kb, 1)
+    with pytest.raises(WorkspaceNotFound):
+        with kb.transaction(1, "late write", "writer") as tx:
+            tx.write("/documents/late.md", "written while the workspace went\n")
+            kb.delete_workspace(1, force=True)
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        assert {k: v for k, v in _rows_of(conn, 1).items() if v} == {}
+    assert not (kb.settings.knowledge_store / "1").exists()
