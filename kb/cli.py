@@ -285,7 +285,20 @@ def rebuild_projection(workspace: int) -> None:
     )
 
 
-@main.command()
+class _QueryCommand(click.Command):
+    """A command taking a free-text query: an unknown option (a query starting with "-" read as
+    options) gets the hint to put the query after "--"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            exc.message = exc.message.rstrip(".") + (
+                f'; a query that starts with "-" goes after "--": kb {self.name} -w 1 -- "-rf flag"')
+            raise
+
+
+@main.command(cls=_QueryCommand)
 @click.argument("query")
 @workspace_option
 @click.option("-k", "k", default=5, show_default=True, type=click.IntRange(min=1, max=100), help="Documents to return.")

@@ -234,7 +234,8 @@ class Conversation:
         if handle is None:
             raise UnknownHandle(
                 f"chat {self.chat_id!r} has no handle [{citation.handle}]; list them with "
-                f"`kb cite list --chat {self.chat_id}` (handles expire after KB_CITATION_TTL)"
+                f"`kb cite list --chat {self.chat_id} --workspace {self.workspace_id}` (handles expire "
+                "after KB_CITATION_TTL)"
             )
         lines = self._lines_of(handle)
         numbered = list(enumerate(lines, start=1))

@@ -278,7 +278,8 @@ class StorePath:
             body = body[:-1]
         segments = body.split("/")
         if segments[0] != ROOT:
-            raise InvalidPath(path, "must be under /documents")
+            hint = f" (did you mean '/{ROOT}/{body}'?)" if body and segments[0] else ""
+            raise InvalidPath(path, f"must be under /documents{hint}")
         try:
             result = cls(tuple(segments[1:]))
         except InvalidPath as exc:

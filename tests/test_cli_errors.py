@@ -65,3 +65,19 @@ def test_db_url_and_psql(kb, kb_env):
     assert run_cli(kb_env, "db-url").stdout.strip() == kb_env["KB_DATABASE_URL"]
     result = run_cli(kb_env, "psql", "-tA", "-c", "SELECT count(*) FROM kb.schema_migrations")
     assert int(result.stdout.strip()) >= 2
+
+
+def test_messages_say_what_to_type_instead(kb, kb_env, tmp_path):
+    """A query read as options, a path without /documents and an unknown chat handle each name
+    the command or path that works (found by a new user following the README)."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "faq.md").write_text("# FAQ\n\nanswers\n")
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+    result = run_cli(kb_env, "search", "-rf flag", "--workspace", "1", check=False)
+    assert result.returncode == 2 and 'goes after "--": kb search -w 1 -- "-rf flag"' in result.stderr
+    line = _one_line_error(run_cli(kb_env, "read", "faq.md", "--workspace", "1", check=False))
+    assert "did you mean '/documents/faq.md'?" in line
+    line = _one_line_error(run_cli(kb_env, "cite", "resolve", "[9:L1-L2]", "--chat", "c1", "--workspace", "1",
+                                   check=False))
+    assert "kb cite list --chat c1 --workspace 1" in line

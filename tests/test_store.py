@@ -241,7 +241,7 @@ def redis_settings(settings):
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.skip(f"no Redis server at {settings.redis_url} (the lead's .ci/run starts one)")
+        pytest.skip(f"no Redis server at {settings.redis_url} (start one: redis-server --daemonize yes; .ci/run does)")
     return settings.model_copy(update={"lock_backend": "redis", "lock_timeout": 0.3, "lock_ttl": 5.0})
 
 
