@@ -512,7 +512,7 @@ def revert(revision: str, workspace: int, message: str | None, author: str | Non
     Example: kb revert 9f2c41d0e6b1a3c5d7e9f1a2b4c6d8e0f1a3b5c7 --workspace 1
     """
     result = _open().revert(workspace, revision, author=author, message=message)
-    click.echo("nothing to revert: the workspace already matches" if result is None else f"revision {result.id}")
+    click.echo("nothing to revert: the workspace already matches" if result is None else _described(result))
 
 
 @main.command()
@@ -527,7 +527,20 @@ def restore(path: str, workspace: int, revision: str, message: str | None, autho
     Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
     """
     result = _open().restore(workspace, path, revision, author=author, message=message)
-    click.echo(f"unchanged: {path} already holds that version" if result is None else f"revision {result.id}")
+    click.echo(f"unchanged: {path} already holds that version" if result is None else _described(result))
+
+
+def _described(revision) -> str:
+    """``revision <id>: created …; updated …; removed …; moved … to …`` for a recorded Revision."""
+    verbs = {"added": "created", "modified": "updated", "removed": "removed"}
+    parts: dict[str, list[str]] = {}
+    for change in revision.changes:
+        if change.change in verbs:
+            parts.setdefault(verbs[change.change], []).append(change.path)
+        elif change.change == "moved":
+            parts.setdefault("moved", []).append(f"{change.old_path} to {change.path}")
+    return f"revision {revision.id}" + (": " + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in parts.items())
+                                        if parts else "")
 
 
 @main.command()

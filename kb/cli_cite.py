@@ -114,7 +114,7 @@ def forget(chat: str, workspace: int) -> None:
     Example: kb cite forget --chat c1 -w 1
     """
     count = _conversation(workspace, chat).forget()
-    click.echo(f"forgot {count} handles of chat {chat!r}")
+    click.echo(f"forgot {count} handle{'' if count == 1 else 's'} of chat {chat!r}")
 
 
 def search_in_chat(workspace: int, chat: str, query: str, k: int):

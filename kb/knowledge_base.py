@@ -24,6 +24,7 @@ from kb.publication import PublicationStatus, ensure_publication
 from kb.settings import Settings
 from kb.sql import queries
 from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
+from kb.titles import recorded_title
 
 if TYPE_CHECKING:
     from kb.conversation import Conversation
@@ -274,7 +275,8 @@ class KnowledgeBase:
             row = conn.execute(
                 queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
             ).fetchone()
-        title = row["title"] if row else target.name.removesuffix(".md")
+            title = row["title"] if row else recorded_title(conn, workspace_id, target.virtual)
+        title = title or target.name.removesuffix(".md")
         lines = list(enumerate(document_lines(data), start=1))
         return Envelope(target.virtual, title, revision, "full", lines)
 

@@ -114,3 +114,10 @@ def record_titles(conn: psycopg.Connection, workspace_id: int, seq: int, titles:
             {"workspace_id": workspace_id, "seq": seq, "path": "/" + path, "title": title}
             for path, title in titles.items()
         ])
+
+
+def recorded_title(conn: psycopg.Connection, workspace_id: int, path: str) -> str | None:
+    """The title last recorded for virtual ``path`` (``kb.recorded_titles``), or None: what a
+    document created by title is called before the projection copies it into its row."""
+    row = conn.execute(queries["latest_recorded_title"], {"workspace_id": workspace_id, "path": path}).fetchone()
+    return None if row is None else row["title"]

@@ -150,7 +150,7 @@ def test_revert_and_restore(kb, kb_env):
     assert kb.history(5, limit=1)[0].message.startswith('Revert "test"')
     commit(kb, 5, ("remove", B))
     out = run_cli(kb_env, "restore", B, "--revision", r1.id, "--workspace", "5").stdout
-    assert out.startswith("revision ") and kb.read(5, B) == b"b1"
+    assert out.strip() == f"revision {kb.head(5)}: created {B}" and kb.read(5, B) == b"b1"
     assert kb.restore(5, B, r1.id) is None
     err = run_cli(kb_env, "restore", C, "--revision", r1.id, "--workspace", "5", check=False)
     assert err.returncode == 1 and "no document" in err.stderr

@@ -13,6 +13,14 @@ SELECT seq, path, title FROM kb.recorded_titles
 WHERE workspace_id = %(workspace_id)s AND seq > %(after_seq)s
 ORDER BY seq, path;
 
+-- name: latest_recorded_title
+-- The title last recorded for a path (a document created by title whose row the projection has
+-- not written yet).
+SELECT title FROM kb.recorded_titles
+WHERE workspace_id = %(workspace_id)s AND path = %(path)s
+ORDER BY seq DESC
+LIMIT 1;
+
 -- name: set_document_title
 UPDATE kb.documents SET title = %(title)s, updated_at = now()
 WHERE workspace_id = %(workspace_id)s AND path = %(path)s AND title IS DISTINCT FROM %(title)s
