@@ -352,12 +352,13 @@ def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], docu
     documents, ``lexical_query`` prepared as the legs had it); one that has no chunk left by then
     (deleted meanwhile) gives its place to the next. A document's excerpts all come from the
     indexed blob of its first row (an excerpt chunk is read after the legs, in another snapshot:
-    the document may have been re-indexed between the two)."""
+    the document may have been re-indexed between the two). Paths are distinct: of two documents
+    citing one path (one moved away and not re-indexed yet), the better ranked is shown."""
     chunks = {r["chunk_id"]: r for r in rows if r["chunk_id"] is not None}
     chunks_of: dict[int, list[dict]] = {}
     for chunk_id, _score in excerpts:
         chunks_of.setdefault(chunks[chunk_id]["document_id"], []).append(chunks[chunk_id])
-    order, position, chosen = [doc for doc, _ in documents], 0, []
+    order, position, chosen, paths = [doc for doc, _ in documents], 0, [], set()
     while len(chosen) < k and position < len(order):
         window = order[position : position + k - len(chosen)]
         position += len(window)
@@ -365,7 +366,13 @@ def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], docu
         if missing:
             for row in _fetch(conn, composable("excerpt_chunks"), {"document_ids": missing, "query": lexical_query}):
                 chunks_of[row["document_id"]] = [row]
-        chosen += [doc for doc in window if doc in chunks_of]
+        for doc in window:
+            # one envelope per path: a page moved and edited since it was indexed cites its old
+            # path (indexed_path) until the next index run, and a page written at that path
+            # meanwhile may rank too; the better ranked of the two is shown
+            if doc in chunks_of and chunks_of[doc][0]["path"] not in paths:
+                chosen.append(doc)
+                paths.add(chunks_of[doc][0]["path"])
     scores = dict(documents)
     result = []
     for cite, document_id in enumerate(chosen, start=1):

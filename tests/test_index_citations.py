@@ -143,3 +143,31 @@ def test_after_a_move_and_an_edit_envelopes_cite_the_indexed_path_until_the_inde
     found = kb.search(1, "zorblax", k=2)
     assert found[0].lines[1] == (2, "zorblax, edited") and found[0].revision == kb.head(1)
     _assert_cited_lines_are_git_s(kb, found)
+
+
+class _RefusingEmbedder(HashingEmbedder):
+    """The hashing embedder that fails every batch holding "poison" (an embedding service that
+    keeps refusing one document)."""
+
+    def embed(self, texts):
+        if any("poison" in t for t in texts):
+            raise RuntimeError("the embedding service refused the batch")
+        return super().embed(texts)
+
+
+def test_two_documents_citing_one_path_give_one_envelope(ws):
+    """edited.md moves to b.md with an edit its index run fails on, and a new page takes
+    edited.md and is indexed: both cite /documents/edited.md (the moved one at its last indexed
+    revision, the new one at HEAD). A search shows that path once, the better ranked."""
+    kb = ws
+    with kb.transaction(1, "move, edit, take the name", "t") as tx:
+        tx.move("/documents/edited.md", "/documents/b.md")
+        tx.write("/documents/b.md", "# Edited\npoison zorblax\n")
+        tx.write("/documents/edited.md", "# Taken\nzorblax in the new page\n")
+    kb.use_embedder(_RefusingEmbedder())
+    report = kb.index(1)
+    assert report.documents_indexed == 1 and list(report.failures) == ["/documents/b.md"]
+    found = kb.search(1, "zorblax", k=3)
+    assert [e.path for e in found].count("/documents/edited.md") == 1
+    assert len({e.path for e in found}) == len(found) == 2  # other.md and edited.md
+    _assert_cited_lines_are_git_s(kb, found)
