@@ -359,7 +359,7 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
 @main.command()
 @click.argument("path", required=False)
 @workspace_option
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1, max=MAX_WORKSPACE_ID))
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1))
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
 

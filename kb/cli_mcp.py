@@ -15,7 +15,6 @@ import click
 from kb.paths import MAX_WORKSPACE_ID
 
 
-
 @click.command("mcp")
 @click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
               help="Workspace id (a positive integer).")

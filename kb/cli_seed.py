@@ -131,7 +131,7 @@ def spans_resume() -> None:
 
 @spans.command("run-once")
 @click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Only this workspace.")
-@click.option("--max-batches", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Stop after this many batches.")
+@click.option("--max-batches", type=click.IntRange(min=1), help="Stop after this many batches.")
 @click.option("--defer", is_flag=True, help="Queue the run for a worker instead of running it here.")
 def spans_run_once(workspace, max_batches, defer) -> None:
     """Run the span fill now, in this process (or queue it with --defer).
