@@ -358,13 +358,20 @@ MAX_WORKSPACE_ID = 2**31 - 1
 ``integer`` (SPEC §2.1: workspace ids are positive integers)."""
 
 
+def check_workspace_id(workspace_id: object) -> int:
+    """Return ``workspace_id`` if it is an int from 1 to MAX_WORKSPACE_ID (SPEC §2.1), else raise
+    InvalidWorkspace."""
+    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or not 0 < workspace_id <= MAX_WORKSPACE_ID:
+        raise InvalidWorkspace(f"workspace ids are integers from 1 to {MAX_WORKSPACE_ID}, got {workspace_id!r}")
+    return workspace_id
+
+
 def unique_identifier_hash(document_type: str, unique_id: str, workspace_id: int) -> str:
     """``sha256(f"{document_type}:{unique_id}:{workspace_id}")`` as 64 hex chars (SPEC §2.4); the
     legacy host's exact format. ``unique_id`` is the virtual path for NOTE/ARTIFACT, else the
     source id. Raises :class:`InvalidWorkspace` unless ``workspace_id`` is an int from 1 to
-    MAX_WORKSPACE_ID (§2.1)."""
-    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or not 0 < workspace_id <= MAX_WORKSPACE_ID:
-        raise InvalidWorkspace(f"workspace ids are integers from 1 to {MAX_WORKSPACE_ID}, got {workspace_id!r}")
+    MAX_WORKSPACE_ID (§2.1, ``check_workspace_id``)."""
+    check_workspace_id(workspace_id)
     return hashlib.sha256(f"{document_type}:{unique_id}:{workspace_id}".encode()).hexdigest()
 
 

@@ -32,7 +32,7 @@ from kb import artifact_rows, database, group_commit
 from kb.draft import BlobRef, Draft, repo_path_of
 from kb.commit_checks import check_case_collisions
 from kb.errors import (
-    CommitOutcomeUnknown, DatabaseUnavailable, DocumentNotFound, InvalidInput, InvalidWorkspace, KbError, LockTimeout,
+    CommitOutcomeUnknown, DatabaseUnavailable, DocumentNotFound, InvalidInput, KbError, LockTimeout,
     PathExists, RevisionNotFound, StorageError, WorkspaceNotFound,
 )
 from kb.faults import fault_point
@@ -41,7 +41,7 @@ from kb.history import (
 )
 from kb.locks import chunk_lock, locked_pipeline, locked_transaction
 from kb.merge import MergedBlob, merge_staged
-from kb.paths import MAX_WORKSPACE_ID, StorePath
+from kb.paths import StorePath, check_workspace_id
 from kb.repository import Repository
 from kb.settings import Settings
 from kb.sql import queries
@@ -53,14 +53,6 @@ log = logging.getLogger(__name__)
 
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
-
-
-def check_workspace_id(workspace_id: object) -> int:
-    """Return ``workspace_id`` as an int if it is an integer from 1 to MAX_WORKSPACE_ID (a
-    Postgres integer, SPEC §2.1), else raise InvalidWorkspace."""
-    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or not 0 < workspace_id <= MAX_WORKSPACE_ID:
-        raise InvalidWorkspace(f"workspace ids are integers from 1 to {MAX_WORKSPACE_ID}, got {workspace_id!r}")
-    return workspace_id
 
 
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
