@@ -73,21 +73,20 @@ SELECT kb.refresh_document_terms(%(document_ids)s::bigint[]);
 -- the revision that wrote the row's content (the artifact layer writes its rows ahead of the
 -- projection); never the revision the run itself projected, which predates rows a later
 -- projection brought in. %(revision_id)s only when neither is known.
-WITH stamp AS (
-    SELECT CASE WHEN pr.seq IS NULL OR cr.seq > pr.seq THEN d.revision_id
-                ELSE w.last_projected_revision END AS revision_id
-    FROM kb.documents d
-    JOIN kb.workspaces w ON w.id = d.workspace_id
-    LEFT JOIN kb.revisions pr ON pr.workspace_id = w.id AND pr.id = w.last_projected_revision
-    LEFT JOIN kb.revisions cr ON cr.workspace_id = w.id AND cr.id = d.revision_id
-    WHERE d.id = %(document_id)s
-)
-UPDATE kb.documents
-SET status = %(status)s, indexed_content_id = %(content_id)s, indexed_path = path,
-    indexed_revision = coalesce((SELECT revision_id FROM stamp), %(revision_id)s),
+UPDATE kb.documents d
+SET status = %(status)s, indexed_content_id = %(content_id)s, indexed_path = d.path,
+    indexed_revision = coalesce(
+        CASE WHEN projected.seq IS NULL
+                  OR (SELECT seq FROM kb.revisions WHERE workspace_id = d.workspace_id AND id = d.revision_id)
+                     > projected.seq
+             THEN d.revision_id ELSE w.last_projected_revision END,
+        %(revision_id)s),
     index_error = %(error)s,
-    index_attempts = CASE WHEN %(status)s::text = 'indexed' THEN 0 ELSE index_attempts END
-WHERE id = %(document_id)s AND content_id = %(content_id)s AND path = %(path)s;
+    index_attempts = CASE WHEN %(status)s::text = 'indexed' THEN 0 ELSE d.index_attempts END
+FROM kb.workspaces w
+LEFT JOIN kb.revisions projected ON projected.workspace_id = w.id AND projected.id = w.last_projected_revision
+WHERE w.id = d.workspace_id
+  AND d.id = %(document_id)s AND d.content_id = %(content_id)s AND d.path = %(path)s;
 
 -- name: delete_document_chunks
 DELETE FROM kb.chunks WHERE document_id = %(document_id)s;
