@@ -62,7 +62,9 @@ def _body(rng: random.Random, tag: str) -> str:
     return newline.join(lines) + (newline if rng.random() < 0.7 else "")
 
 
-def _git_lines(repo: str, revision: str, path: str, cache: dict) -> list[str] | None:
+def git_lines(repo: str, revision: str, path: str, cache: dict) -> list[str] | None:
+    """The lines of ``git show REVISION:PATH`` (the real git CLI) in ``repo``, None when the path is
+    not in that revision; kept in ``cache`` by (revision, path)."""
     key = (revision, path)
     if key not in cache:
         shown = subprocess.run(["git", "-C", repo, "show", f"{revision}:{path.lstrip('/')}"], capture_output=True)
@@ -155,7 +157,7 @@ def stress(kb: KnowledgeBase, workspace_id: int, seconds: float, seed: int = 0, 
                 if len({e.path for e in found}) != len(found):
                     report.fault("a path shown twice", str([e.path for e in found]))
                 for envelope in found:
-                    lines = _git_lines(repo, envelope.revision, envelope.path, cache)
+                    lines = git_lines(repo, envelope.revision, envelope.path, cache)
                     if lines is None:
                         report.fault("path not at its revision", f"{envelope.path} @ {envelope.revision}")
                         continue

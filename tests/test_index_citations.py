@@ -20,12 +20,11 @@ run that follows it:
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from kb.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
+from tests.citation_stress import git_lines
 
 
 class _EmbedderWithHook(HashingEmbedder):
@@ -55,18 +54,12 @@ def _committing(kb: KnowledgeBase, message: str, change):
     return hook
 
 
-def _git_lines(kb: KnowledgeBase, ws: int, revision: str, path: str) -> list[str]:
-    repo = kb.settings.storage_root / "knowledge_store" / str(ws)
-    shown = subprocess.run(["git", "-C", str(repo), "show", f"{revision}:{path.lstrip('/')}"],
-                           capture_output=True, text=True)
-    assert shown.returncode == 0, f"{path} is not in {revision}: {shown.stderr.strip()}"
-    return shown.stdout.split("\n")
-
-
 def _assert_cited_lines_are_git_s(kb: KnowledgeBase, envelopes) -> None:
     assert envelopes
+    repo, shown = str(kb.settings.knowledge_store / "1"), {}
     for envelope in envelopes:
-        lines = _git_lines(kb, 1, envelope.revision, envelope.path)
+        lines = git_lines(repo, envelope.revision, envelope.path, shown)
+        assert lines is not None, f"{envelope.path} is not in {envelope.revision}"
         assert envelope.lines, envelope
         for number, text in envelope.lines:
             assert lines[number - 1] == text, (envelope.path, envelope.revision, number)
