@@ -41,8 +41,14 @@ terms AS MATERIALIZED (
     FROM totals t
     CROSS JOIN LATERAL (
         SELECT DISTINCT u.lexeme FROM unnest(to_tsvector(t.text_config::regconfig, %(query)s)) u) q
-    JOIN {lexeme_stats} l
-        ON l.workspace_id = %(workspace_id)s AND l.text_config = t.text_config AND l.lexeme = q.lexeme
+    CROSS JOIN LATERAL (
+        -- one primary-key probe per query term, whatever the statistics say: as a plain join the
+        -- planner, before the statistics table was first analyzed (after a bulk index run), read
+        -- all of the workspace's lexemes and unnested the query once for each (7,771 rows, 108 ms
+        -- for one search); LIMIT keeps the subquery from being flattened into such a join
+        SELECT l.{count} FROM {lexeme_stats} l
+        WHERE l.workspace_id = %(workspace_id)s AND l.text_config = t.text_config AND l.lexeme = q.lexeme
+        LIMIT 1) l
     WHERE l.{count} > 0
 ),
 selectors AS (
@@ -67,18 +73,24 @@ candidates AS MATERIALIZED (
     -- indexer, the seed and kb.refresh_document_terms), and every lexeme with a position. Before,
     -- ts_delete of everything else (tsvector_to_array of the rest: a text per lexeme) took 4×
     -- as long per candidate; the document leg's p95 fell by about a third on
-    -- bin/bench_search.py's 10,000-chunk workspace, with the same ids and scores. The
-    -- concatenation in f detoasts the tsvector once for every use; the ::integer cast lets the
-    -- (workspace_id, tsv) GIN index use its workspace column (btree_gin has no int2 = int4)
-    SELECT c.{unit_id} AS id,
-           ts_filter(setweight(ts_filter(f.tsv, '{{a}}'), 'C', s.lexemes), '{{c}}')
-           || ts_filter(setweight(ts_filter(f.tsv, '{{d}}'), 'B', s.lexemes), '{{b}}') AS tsv,
-           c.{length} AS length, s.lexemes, s.idfs, s.avg_length
+    -- bin/bench_search.py's 10,000-chunk workspace, with the same ids and scores.
+    -- concatenation detoasts the tsvector once for every use; the ::integer cast lets the
+    -- (workspace_id, tsv) GIN index use its workspace column (btree_gin has no int2 = int4).
+    -- The units are a subquery per configuration that cannot be flattened (OFFSET 0), so the
+    -- selector is always an index condition: as a plain join, with unanalyzed statistics the
+    -- planner hashed the selectors and read every unit of the workspace through the index,
+    -- testing the selector on each
+    SELECT c.id,
+           ts_filter(setweight(ts_filter(c.tsv, '{{a}}'), 'C', s.lexemes), '{{c}}')
+           || ts_filter(setweight(ts_filter(c.tsv, '{{d}}'), 'B', s.lexemes), '{{b}}') AS tsv,
+           c.length, s.lexemes, s.idfs, s.avg_length
     FROM selectors s
-    JOIN {units} c
-        ON c.workspace_id = %(workspace_id)s::integer AND coalesce(c.text_config, 'english') = s.text_config
-    CROSS JOIN LATERAL (SELECT c.tsv || ''::tsvector AS tsv) f
-    WHERE c.tsv @@ s.selector
+    CROSS JOIN LATERAL (
+        SELECT u.{unit_id} AS id, u.tsv || ''::tsvector AS tsv, u.{length} AS length
+        FROM {units} u
+        WHERE u.workspace_id = %(workspace_id)s::integer AND coalesce(u.text_config, 'english') = s.text_config
+          AND u.tsv @@ s.selector
+        OFFSET 0) c
 )
 SELECT c.id,
        sum(c.idfs[array_position(c.lexemes, u.lexeme)] * f.tf * (%(k1)s + 1)

@@ -264,3 +264,9 @@ WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(
 
 -- name: test_workspace_exists
 SELECT EXISTS (SELECT 1 FROM kb.workspaces WHERE id = %(workspace_id)s) AS present;
+
+-- name: test_planner_without_nested_loops
+-- tests/test_search_ranking.py: the planner told to avoid nested loops (for this transaction), as
+-- it did by itself when wrong statistics made a join look cheaper, and sequential scans (a test's
+-- tables are tiny): a statement must keep its index lookups even then.
+SELECT set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true);
