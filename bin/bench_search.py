@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -120,23 +121,30 @@ class CachedEmbedder:
         partial.replace(self.path)
 
 
+@functools.lru_cache(maxsize=16)
+def _chunk_legs_only(vector_leg_text: str) -> bytes:
+    """``search_candidates`` as kb.search.candidates_statement renders it, with the document leg
+    returning no rows without running (``bench_empty_document_leg``)."""
+    return composable("search_candidates").format(
+        vector_leg=psycopg.sql.SQL(vector_leg_text), lexical_leg=search_module.lexical_statement("chunk"),
+        document_leg=composable("bench_empty_document_leg"),
+    ).as_string().encode()
+
+
 @contextlib.contextmanager
 def without_document_leg(enabled: bool):
     """While ``enabled``, the document leg (BM25 over whole documents, migration 0018) returns no
-    rows without running: what the search cost before it had that leg, timed in the same rounds."""
+    rows without running: what the search cost before it had that leg, timed in the same rounds.
+    Both statements are rendered once and cached, as kb caches its own."""
     if not enabled:
         yield
         return
-    real = search_module.lexical_statement
-
-    def chunk_leg_only(unit: str):
-        return composable("bench_empty_document_leg") if unit == "document" else real(unit)
-
-    search_module.lexical_statement = chunk_leg_only
+    real = search_module.candidates_statement
+    search_module.candidates_statement = _chunk_legs_only
     try:
         yield
     finally:
-        search_module.lexical_statement = real
+        search_module.candidates_statement = real
 
 
 def paragraphs(lines: list[str]) -> list[tuple[int, int, str]]:

@@ -37,7 +37,13 @@ Systems, all over the same documents in the same run:
   ``kb+grams``, kb's three legs plus a fourth, BM25 over each word's character 4-grams (bm25s,
   whole documents; a common remedy for compounds and rich morphology), all full-text legs at
   0.25; ``bm25+rm3``, bm25s with RM3 pseudo-relevance feedback (the 3 best documents' 10 best
-  terms, weight 0.3, re-ranked), which kb could run as a second statement.
+  terms, weight 0.3, re-ranked), which kb could run as a second statement; ``kb+phrases``, kb's
+  legs plus BM25 over adjacent word pairs (stemmed, stop words out: the phrases a query shares
+  with a page) at 0.1, k 10; ``kb+docvec``, kb's legs plus a document vector leg (the normalized
+  mean of a document's chunk vectors; weighted like the vector leg, × 0.5), k 10; ``kb+vprf``,
+  the vector leg run again with Rocchio feedback (query + 0.3 × the mean of the best chunk
+  vectors of kb's first three documents), full-text legs at 0.25. Weights of each are the best of
+  a grid on the tune split (by the mean margin over the six languages).
 - the fusion grid: the three legs' document rankings fused with other weights and k (``--grid``),
   to choose kb's settings; what kb ships is reported as "kb". ``--dump DIR`` writes every pair's
   leg rankings, to study other fusions offline.
@@ -255,6 +261,76 @@ def gram_rankings(documents: dict[str, str], pairs, exclude_sources: bool) -> li
     return rankings
 
 
+def phrase_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
+    """bm25s over adjacent pairs of the words ``bm25_index`` keeps (stemmed, stop words out)."""
+    import bm25s
+
+    paths, _corpus_tokens, _retriever, tokenize = bm25_index(documents, language)
+
+    def pairs_of(text: str) -> list[str]:
+        words = tokenize(text, return_ids=False)[0]
+        return [f"{a} {b}" for a, b in zip(words, words[1:])]
+
+    vocab: dict[str, int] = {}
+    ids = [[vocab.setdefault(g, len(vocab)) for g in pairs_of(documents[p])] for p in paths]
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
+    rankings = []
+    for query, source, _target in pairs:
+        query_ids = [vocab[g] for g in pairs_of(query) if g in vocab]
+        scores = retriever.get_scores(query_ids) if query_ids else [0.0] * len(paths)
+        order = sorted(range(len(paths)), key=lambda i: -scores[i])
+        rankings.append([paths[i] for i in order
+                         if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:LEG_LIMIT])
+    return rankings
+
+
+class ChunkVectors:
+    """The workspace's chunk vectors in numpy (``eval_chunk_vectors``), for ``kb+docvec`` and
+    ``kb+vprf``: ``ids``, ``paths`` (per chunk) and the matrix ``vectors``, rows normalized."""
+
+    def __init__(self, conn, workspace_id: int, model: str) -> None:
+        import numpy as np
+
+        rows = conn.execute(queries["eval_chunk_vectors"],
+                            {"workspace_id": workspace_id, "model": model}).fetchall()
+        self.ids = [r["id"] for r in rows]
+        self.paths = [r["path"].removeprefix("/documents/") for r in rows]
+        self.vectors = np.array([json.loads(r["embedding"]) for r in rows], dtype=np.float32)
+        self.vectors /= np.maximum(np.linalg.norm(self.vectors, axis=1, keepdims=True), 1e-12)
+        by_document: dict[str, list[int]] = {}
+        for row, path in enumerate(self.paths):
+            by_document.setdefault(path, []).append(row)
+        self.documents = list(by_document)
+        means = np.stack([self.vectors[rows].mean(axis=0) for rows in by_document.values()])
+        self.document_vectors = means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+
+    def document_ranking(self, vector, exclude: str | None) -> list[str]:
+        """Documents by cosine of their mean chunk vector to ``vector``."""
+        import numpy as np
+
+        order = np.argsort(-(self.document_vectors @ vector))
+        return [self.documents[i] for i in order if self.documents[i] != exclude][:LEG_LIMIT]
+
+    def feedback_ranking(self, vector, feedback: list[str], beta: float, exclude: str | None) -> list[str]:
+        """Documents by their best chunk for ``vector`` + ``beta`` × the mean of the best chunk
+        vector (for ``vector``) of each document in ``feedback`` (Rocchio)."""
+        import numpy as np
+
+        scores = self.vectors @ vector
+        best = {}
+        for row in np.argsort(-scores):
+            if self.paths[row] in feedback and self.paths[row] not in best:
+                best[self.paths[row]] = row
+            if len(best) == len(feedback):
+                break
+        if best:
+            vector = vector + beta * self.vectors[list(best.values())].mean(axis=0)
+            vector = vector / np.linalg.norm(vector)
+        order = np.argsort(-(self.vectors @ vector))[: 4 * LEG_LIMIT]
+        return documents_of([self.ids[i] for i in order], dict(zip(self.ids, self.paths)), exclude)[:LEG_LIMIT]
+
+
 def rm3_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool,
                  feedback_documents: int = 3, feedback_terms: int = 10, weight: float = 0.3) -> list[list[str]]:
     """bm25s as ``bm25_rankings`` with RM3 feedback: the query's terms (1 - ``weight``, spread
@@ -356,7 +432,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grid", action="store_true", help="also score other fusion weights and k")
     parser.add_argument("--alternatives", action="store_true",
-                        help="also score kb+grams and bm25+rm3 (measured, not adopted; see the docstring)")
+                        help="also score kb+grams, bm25+rm3, kb+phrases, kb+docvec and kb+vprf "
+                             "(measured, not adopted; see the docstring)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-eval"))
     parser.add_argument("--dump", type=Path, default=None,
                         help="also write each pair's leg rankings (JSON) here, to study fusion offline")
@@ -396,8 +473,11 @@ def main() -> None:
         kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
         scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "document": [], "bm25": []}
         if args.alternatives:
-            scores |= {"kb+grams": [], "bm25+rm3": []}
+            scores |= {"kb+grams": [], "bm25+rm3": [], "kb+phrases": [], "kb+docvec": [], "kb+vprf": []}
             grams = gram_rankings(documents, pairs, exclude_sources)
+            phrases = phrase_rankings(documents, language, pairs, exclude_sources)
+            with database.connect(kb.database_url, autocommit=True) as conn:
+                chunk_vectors = ChunkVectors(conn, ws, embedder.model)
             for ranked, (_query, _source, target) in zip(rm3_rankings(documents, language, pairs, exclude_sources), pairs):
                 scores["bm25+rm3"].append(metrics(ranked, target))
         grid_scores: dict[tuple, list] = {g: [] for g in grid}
@@ -421,6 +501,17 @@ def main() -> None:
                     wv = vector_weight(embedder, query)
                     fused = fuse([(wv, v_paths), (0.25, t_paths), (0.25, d_paths), (0.25, grams[len(legs) - 1])])
                     scores["kb+grams"].append(metrics([p for p, _ in fused], target))
+                    fused = fuse([(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT / 2, d_paths),
+                                  (0.1, phrases[len(legs) - 1])], 10)
+                    scores["kb+phrases"].append(metrics([p for p, _ in fused], target))
+                    fused = fuse([(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT, d_paths),
+                                  (wv / 2, chunk_vectors.document_ranking(vector, exclude))], 10)
+                    scores["kb+docvec"].append(metrics([p for p, _ in fused], target))
+                    kb_first = [p for p, _ in fuse(
+                        [(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT, d_paths)])][:3]
+                    fused = fuse([(wv, chunk_vectors.feedback_ranking(vector, kb_first, 0.3, exclude)),
+                                  (0.25, t_paths), (0.25, d_paths)])
+                    scores["kb+vprf"].append(metrics([p for p, _ in fused], target))
                 if args.grid:
                     covered = vector_weight(embedder, query) == VECTOR_WEIGHT
                     for wv, wt, wd, rk in grid:

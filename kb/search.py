@@ -207,20 +207,29 @@ def documents_in_order(chunk_ids: list[int], rows: dict[int, dict]) -> list[int]
     return list(dict.fromkeys(rows[chunk_id]["document_id"] for chunk_id in chunk_ids))
 
 
+@functools.lru_cache(maxsize=256)
+def candidates_statement(vector_leg_text: str) -> bytes:
+    """``search_candidates`` with the vector leg ``vector_leg_text`` (the exact leg, or a
+    workspace's approximate leg rendered with its literals) and the two lexical legs, rendered
+    to bytes once per vector leg: psycopg renders a composed statement on every execution, and
+    for this one (15 kB) that took 0.3 ms of each search."""
+    return composable("search_candidates").format(
+        vector_leg=sql.SQL(vector_leg_text), lexical_leg=lexical_statement("chunk"),
+        document_leg=lexical_statement("document"),
+    ).as_string().encode()
+
+
 def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
     """Every leg's rows from one statement (``search_candidates``)."""
-    chunk_leg, document_leg = lexical_statement("chunk"), lexical_statement("document")
 
     def run(vector: sql.Composable, hnsw_limit: int | None) -> list[dict]:
-        statement = composable("search_candidates").format(
-            vector_leg=vector, lexical_leg=chunk_leg, document_leg=document_leg)
-        return _fetch(conn, statement, params, hnsw_limit)
+        return _fetch(conn, candidates_statement(vector.as_string()), params, hnsw_limit)
 
     return _with_exact_fallback(conn, workspace_id, model, limit, run,
                                 lambda rows: sum(1 for r in rows if r["vector_rank"] is not None))
 
 
-def _fetch(conn: psycopg.Connection, statement: sql.Composable, params: dict,
+def _fetch(conn: psycopg.Connection, statement: sql.Composable | bytes, params: dict,
            hnsw_limit: int | None = None) -> list[dict]:
     """Rows of ``statement``, with the HNSW scan settings for ``hnsw_limit`` when given; the
     connection comes back idle.

@@ -64,6 +64,13 @@ CHECKPOINT;
 SELECT c.id, d.path FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
 WHERE c.workspace_id = %(workspace_id)s;
 
+-- name: eval_chunk_vectors
+-- The workspace's chunk vectors of one model as text ('[x, y, …]'), for the alternatives that
+-- need them in numpy (document-mean vectors, vector feedback).
+SELECT c.id, d.path, c.embedding::text AS embedding FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
+WHERE c.workspace_id = %(workspace_id)s AND c.embedding_model = %(model)s AND c.embedding IS NOT NULL
+ORDER BY c.id;
+
 -- name: eval_document_paths
 SELECT id, path FROM kb.documents WHERE workspace_id = %(workspace_id)s;
 
