@@ -243,46 +243,40 @@ def word_grams(text: str, n: int = 4) -> list[str]:
     return out
 
 
-def gram_rankings(documents: dict[str, str], pairs, exclude_sources: bool) -> list[list[str]]:
-    """bm25s (k1 1.5, b 0.75) over the documents' word 4-grams (``word_grams``)."""
+def unit_rankings(documents: dict[str, str], units_of, pairs, exclude_sources: bool, limit: int) -> list[list[str]]:
+    """bm25s (k1 1.5, b 0.75) over the units ``units_of(text)`` gives each document and query
+    (character grams, word pairs), the first ``limit`` documents with a positive score."""
     import bm25s
 
     paths = list(documents)
     vocab: dict[str, int] = {}
-    ids = [[vocab.setdefault(g, len(vocab)) for g in word_grams(documents[p])] for p in paths]
+    ids = [[vocab.setdefault(u, len(vocab)) for u in units_of(documents[p])] for p in paths]
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
     rankings = []
     for query, source, _target in pairs:
-        query_ids = [vocab[g] for g in word_grams(query) if g in vocab]
+        query_ids = [vocab[u] for u in units_of(query) if u in vocab]
         scores = retriever.get_scores(query_ids) if query_ids else [0.0] * len(paths)
         order = sorted(range(len(paths)), key=lambda i: -scores[i])
-        rankings.append([paths[i] for i in order if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:11])
+        rankings.append([paths[i] for i in order
+                         if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:limit])
     return rankings
+
+
+def gram_rankings(documents: dict[str, str], pairs, exclude_sources: bool) -> list[list[str]]:
+    """bm25s over the documents' word 4-grams (``word_grams``), the first 11."""
+    return unit_rankings(documents, word_grams, pairs, exclude_sources, 11)
 
 
 def phrase_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool) -> list[list[str]]:
     """bm25s over adjacent pairs of the words ``bm25_index`` keeps (stemmed, stop words out)."""
-    import bm25s
-
-    paths, _corpus_tokens, _retriever, tokenize = bm25_index(documents, language)
+    _paths, _corpus_tokens, _retriever, tokenize = bm25_index(documents, language)
 
     def pairs_of(text: str) -> list[str]:
         words = tokenize(text, return_ids=False)[0]
         return [f"{a} {b}" for a, b in zip(words, words[1:])]
 
-    vocab: dict[str, int] = {}
-    ids = [[vocab.setdefault(g, len(vocab)) for g in pairs_of(documents[p])] for p in paths]
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
-    rankings = []
-    for query, source, _target in pairs:
-        query_ids = [vocab[g] for g in pairs_of(query) if g in vocab]
-        scores = retriever.get_scores(query_ids) if query_ids else [0.0] * len(paths)
-        order = sorted(range(len(paths)), key=lambda i: -scores[i])
-        rankings.append([paths[i] for i in order
-                         if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:LEG_LIMIT])
-    return rankings
+    return unit_rankings(documents, pairs_of, pairs, exclude_sources, LEG_LIMIT)
 
 
 class ChunkVectors:

@@ -34,7 +34,7 @@ from kb.embedded_server import (  # noqa: F401  (re-exported: callers start serv
     EMBEDDED_DATABASE, embedded_bin_dir, forget_verified, parse_listen, running_server, start_embedded,
     stop_embedded,
 )
-from kb.errors import DatabaseNotReady, DatabaseUnavailable, WorkspaceNotFound
+from kb.errors import DatabaseNotReady, DatabaseUnavailable, KbError, StatementCanceled, WorkspaceNotFound
 from kb.settings import Settings
 from kb.sql import queries
 
@@ -168,6 +168,18 @@ def _lost(exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"the connection to Postgres was lost ({reason}); retry when the server is back")
 
 
+def _operational_error(exc: psycopg.OperationalError, broken: bool) -> KbError | None:
+    """The KbError for an operational error of a connection (``broken``: it broke in use), or
+    None for one kb does not translate (a lock timeout is the caller's to handle)."""
+    if broken:
+        return _lost(exc)
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        reason = (str(exc).strip().splitlines() or ["canceled"])[0]
+        return StatementCanceled(f"Postgres canceled this call's statement ({reason}), by an administrator "
+                                 "or a server-side timeout; nothing of it was kept: retry")
+    return None
+
+
 _MISSING_WORKSPACE = re.compile(r"Key \(workspace_id\)=\((\d+)\) is not present in table \"workspaces\"")
 
 
@@ -187,28 +199,31 @@ def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
 @contextlib.contextmanager
 def _lost_raises_unavailable(conn: psycopg.Connection) -> Iterator[None]:
     """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
-    DatabaseUnavailable, and a write to a workspace deleted meanwhile WorkspaceNotFound
-    (``deleted_workspace``); other errors of a healthy connection pass unchanged."""
+    DatabaseUnavailable, a canceled statement StatementCanceled, and a write to a workspace
+    deleted meanwhile WorkspaceNotFound (``deleted_workspace``); other errors of a healthy
+    connection pass unchanged."""
     try:
         yield
     except psycopg.OperationalError as exc:
-        if conn.broken:
-            raise _lost(exc) from exc
-        raise
+        if (translated := _operational_error(exc, conn.broken)) is None:
+            raise
+        raise translated from exc
     except psycopg.errors.ForeignKeyViolation as exc:
         raise (deleted_workspace(exc) or exc) from exc
 
 
 class KbConnection(psycopg.Connection):
     """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
-    backend was terminated) into DatabaseUnavailable and a write to a workspace deleted meanwhile
-    into WorkspaceNotFound, so no raw psycopg error escapes kb's facade (issue 9). Other errors of a
-    healthy connection (a lock timeout, another constraint) pass unchanged."""
+    backend was terminated) into DatabaseUnavailable, a canceled statement into StatementCanceled
+    and a write to a workspace deleted meanwhile into WorkspaceNotFound, so no raw psycopg error
+    escapes kb's facade (issue 9). Other errors of a healthy connection (a lock timeout, another
+    constraint) pass unchanged."""
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         super().__exit__(exc_type, exc_val, exc_tb)
-        if isinstance(exc_val, psycopg.OperationalError) and self.broken:
-            raise _lost(exc_val) from exc_val
+        if isinstance(exc_val, psycopg.OperationalError) and (
+                translated := _operational_error(exc_val, self.broken)) is not None:
+            raise translated from exc_val
         if (missing := deleted_workspace(exc_val)) is not None:
             raise missing from exc_val
 
@@ -286,7 +301,8 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
     """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
 
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
-    Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds, and
+    Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds (or the
+    connection breaks in use), StatementCanceled for a statement Postgres canceled, and
     WorkspaceNotFound for a write to a workspace deleted meanwhile (``deleted_workspace``).
     """
     from psycopg_pool import PoolClosed, PoolTimeout
@@ -306,9 +322,9 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
         raise DatabaseUnavailable("kb's connection pool was closed while this call was starting (the "
                                   "process is shutting down); retry in a process that is not") from exc
     except psycopg.OperationalError as exc:
-        if broken:
-            raise _lost(exc) from exc
-        raise
+        if (translated := _operational_error(exc, broken)) is None:
+            raise
+        raise translated from exc
     except psycopg.errors.ForeignKeyViolation as exc:
         raise (deleted_workspace(exc) or exc) from exc
 

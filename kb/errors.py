@@ -21,6 +21,11 @@ class DatabaseUnavailable(KbError):
     """The configured Postgres server cannot be reached or started."""
 
 
+class StatementCanceled(KbError):
+    """Postgres canceled a statement of the call (``pg_cancel_backend`` by an administrator, or a
+    server-side timeout); the call's transaction was rolled back."""
+
+
 class DatabaseNotReady(KbError):
     """The database is reachable but lacks something kb needs (pgvector, schema, migrations)."""
 

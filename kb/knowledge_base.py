@@ -130,6 +130,11 @@ class KnowledgeBase:
             self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
         return self._stores[workspace_id]
 
+    def _forget_store(self, workspace_id: int) -> None:
+        """Drop the cached store of a workspace (deleted): the next use opens it anew. Not closed
+        here: another thread may be using it (its repository closes when it is collected)."""
+        self._stores.pop(workspace_id, None)
+
     def create_workspace(self, workspace_id: int) -> bool:
         """Create a workspace (repo + row); True when it did not exist."""
         return self.store(workspace_id).create()
@@ -255,7 +260,13 @@ class KnowledgeBase:
         repo = store.repository
         embedder = self.embedder
         with database.pooled_connection(self.database_url) as conn:
-            return hybrid_search(conn, repo, embedder, workspace_id, query, k)
+            found = hybrid_search(conn, repo, embedder, workspace_id, query, k)
+        if not found and not store.exists():
+            # deleted (by another process) since this object opened it: its rows are gone, so the
+            # search found nothing, but that is no answer for a workspace that is not there
+            self._forget_store(workspace_id)
+            self.store(workspace_id).repository  # noqa: B018 - raises WorkspaceNotFound unless re-created meanwhile
+        return found
 
     def index_freshness(self, workspace_id: int) -> "IndexFreshness":
         """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
@@ -440,7 +451,7 @@ class KnowledgeBase:
         try:
             return delete_workspace(self, workspace_id, force=force)
         finally:
-            self._stores.pop(workspace_id, None)
+            self._forget_store(workspace_id)
             for key in [k for k in self.__dict__.get("_open_turns", {}) if k[0] == workspace_id]:
                 self._open_turns.pop(key, None)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dulwich.diff_tree import tree_changes
-from dulwich.errors import ChecksumMismatch, NotTreeError, ObjectFormatException
+from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.file import FileLocked
 from dulwich.object_store import DiskObjectStore, tree_lookup_path
 from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
@@ -214,10 +214,15 @@ class Repository(WorktreeRefresh):
 
     @classmethod
     def open(cls, path: Path) -> "Repository":
-        """Open an existing repository; raises FileNotFoundError if there is none."""
+        """Open an existing repository; raises FileNotFoundError if there is none, including a
+        ``.git`` folder that is not a complete repository (one being created or deleted by
+        another process right now, or left damaged: dulwich's NotGitRepository)."""
         if not (Path(path) / ".git").is_dir():
             raise FileNotFoundError(path)
-        return cls(Repo(str(path)))
+        try:
+            return cls(Repo(str(path)))
+        except NotGitRepository:
+            raise FileNotFoundError(path) from None
 
     @classmethod
     def create(cls, path: Path) -> "Repository":

@@ -113,6 +113,12 @@ class KnowledgeStore:
             try:
                 self._repository = Repository.open(self.path)
             except FileNotFoundError:
+                if (self.path / ".git").exists():
+                    raise WorkspaceNotFound(
+                        f"workspace {self.workspace_id}'s git repository at {self.path} is incomplete (being "
+                        "created or deleted right now, or damaged); retry, and if it stays so restore that "
+                        "folder from a backup"
+                    ) from None
                 raise WorkspaceNotFound(
                     f"workspace {self.workspace_id} does not exist; create it with "
                     f"`kb import PATH --workspace {self.workspace_id}`"

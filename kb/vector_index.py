@@ -41,7 +41,17 @@ HNSW_EF_SEARCH = 100
 """Candidates an HNSW scan keeps (at least the leg limit; pgvector's iterative scan extends it).
 Measured on the 10,000-chunk workspace of bin/bench_search.py, limit 100: ef 40 → 4.1 ms, recall@10
 0.992; ef 100 → 3.1 ms, 0.998; ef 200 → 8.5 ms, 1.000."""
+HNSW_MAX_EF_SEARCH = 1000
+"""pgvector's upper bound of ``hnsw.ef_search`` (a larger value is an error, "outside the valid
+range"). A search that widens its limit past it (kb.search: k documents from long documents)
+keeps this many candidates and lets the iterative scan go on to the limit."""
 MIN_PGVECTOR = (0, 8)
+
+
+def ef_search(limit: int) -> int:
+    """``hnsw.ef_search`` for a scan that must return ``limit`` rows: ``limit``, at least
+    HNSW_EF_SEARCH and at most HNSW_MAX_EF_SEARCH (the iterative scan returns the rest)."""
+    return min(max(HNSW_EF_SEARCH, limit), HNSW_MAX_EF_SEARCH)
 
 
 @dataclass
@@ -114,7 +124,7 @@ def approximate_statement(index: dict, workspace_id: int, model: str) -> sql.Com
 
 def scan_settings(conn: psycopg.Connection, limit: int) -> None:
     """Set the HNSW scan settings for ``conn``'s current transaction (pgvector ≥ 0.8)."""
-    conn.execute(queries["hnsw_scan_settings"], {"ef_search": str(max(HNSW_EF_SEARCH, limit))})
+    conn.execute(queries["hnsw_scan_settings"], {"ef_search": str(ef_search(limit))})
 
 
 _session_ef_search: "weakref.WeakKeyDictionary[psycopg.Connection, int]" = weakref.WeakKeyDictionary()
@@ -132,10 +142,10 @@ def session_scan_settings(conn: psycopg.Connection, limit: int) -> bool:
     Only HNSW scans read these settings, and every one kb runs sets them first."""
     if conn.prepare_threshold is None:
         return False
-    ef_search = max(HNSW_EF_SEARCH, limit)
-    if _session_ef_search.get(conn) != ef_search:
-        conn.execute(queries["hnsw_session_settings"], {"ef_search": str(ef_search)})
-        _session_ef_search[conn] = ef_search
+    value = ef_search(limit)
+    if _session_ef_search.get(conn) != value:
+        conn.execute(queries["hnsw_session_settings"], {"ef_search": str(value)})
+        _session_ef_search[conn] = value
     return True
 
 

@@ -264,6 +264,25 @@ def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch)
     assert _rows(kb, "test_vector_index_exists", name=change.index_name) == []
 
 
+def test_search_through_hnsw_widens_past_pgvectors_largest_ef_search(settings, monkeypatch):
+    """A search whose legs' chunks name fewer than k documents widens its limit (100, 400, 1600
+    chunks); through an HNSW index, ef_search followed the limit and pgvector refused 1600
+    ("outside the valid range … 1 .. 1000") with a raw psycopg error. ef_search now stops at
+    1000 and the iterative scan returns the rest: every document comes back."""
+    kb = KnowledgeBase.open(settings.model_copy(update={"chunk_size": 16}))
+    embedder = kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, {f"/documents/long{d}.md": "\n\n".join(
+        f"paragraph {p} of doc {d} with some filler words here" for p in range(60)) + "\n" for d in range(10)})
+    kb.index(1)
+    monkeypatch.setattr(vector_index, "HNSW_MIN_CHUNKS", 40)
+    assert vector_index.maintain(kb.database_url, 1, embedder.model, embedder.dim).action == "built"
+    vector_index.forget_cached()
+    found = kb.search(1, "filler words", k=20)
+    assert sorted(e.path for e in found) == sorted(f"/documents/long{d}.md" for d in range(10))
+    assert vector_index.ef_search(1600) == vector_index.HNSW_MAX_EF_SEARCH == 1000
+    assert vector_index.ef_search(10) == vector_index.HNSW_EF_SEARCH
+
+
 def test_model_directory_of_another_dimension_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="looks like a path but is not a directory"):
         from kb.embedding import make_embedder

@@ -179,3 +179,74 @@ def test_a_write_to_a_workspace_deleted_meanwhile_is_not_recorded(kb, database_u
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         assert {k: v for k, v in _rows_of(conn, 1).items() if v} == {}
     assert not (kb.settings.knowledge_store / "1").exists()
+
+
+def test_a_search_canceled_by_an_administrator_is_a_kb_error(kb):
+    """pg_cancel_backend of a search waiting behind an administrator's table lock reached the caller
+    as a raw psycopg QueryCanceled; it is StatementCanceled, and the next search works."""
+    import threading
+    import time
+
+    from kb.embedding import HashingEmbedder
+    from kb.errors import StatementCanceled
+
+    kb.use_embedder(HashingEmbedder())
+    _fill(kb, 1)
+    kb.index(1)
+    kb.search(1, "body of document", 3)
+    outcome: dict = {}
+
+    def search() -> None:
+        try:
+            outcome["found"] = kb.search(1, "body of document", 3)
+        except BaseException as exc:  # handed to the test below
+            outcome["error"] = exc
+
+    with psycopg.connect(kb.database_url, row_factory=dict_row) as admin:
+        admin.execute(queries["test_lock_chunks_exclusively"])
+        admin_pid = admin.info.backend_pid
+        runner = threading.Thread(target=search, daemon=True)
+        runner.start()
+        deadline, blocked = time.monotonic() + 30, None
+        while blocked is None and time.monotonic() < deadline:
+            with psycopg.connect(kb.database_url, autocommit=True, row_factory=dict_row) as side:
+                blocked = side.execute(queries["test_backends_blocked_by"], {"pids": [admin_pid]}).fetchone()
+                if blocked is not None:
+                    side.execute(queries["test_cancel_backend"], {"pid": blocked["pid"]})
+            time.sleep(0.02)
+        admin.rollback()
+        runner.join(30)
+    assert blocked is not None, "the search never waited behind the lock"
+    assert isinstance(outcome.get("error"), StatementCanceled), outcome
+    assert "canceled" in str(outcome["error"]) and "\n" not in str(outcome["error"])
+    assert len(kb.search(1, "body of document", 3)) == 3
+
+
+def test_an_incomplete_git_folder_is_workspace_not_found(kb):
+    """A workspace folder whose .git is not (yet) a repository — another process is creating or
+    deleting it, or a crash left it so — let dulwich's NotGitRepository escape search and index."""
+    (kb.settings.knowledge_store / "7" / ".git").mkdir(parents=True)
+    for call in (lambda: kb.search(7, "refund", 5), lambda: kb.index(7)):
+        with pytest.raises(WorkspaceNotFound, match="workspace 7's git repository .* is incomplete"):
+            call()
+
+
+def test_a_workspace_deleted_by_another_knowledge_base_is_not_found_there_too(kb):
+    """A KnowledgeBase keeps its workspaces' stores open; one that another KnowledgeBase (another
+    process) deleted searched as empty there ([]) instead of WorkspaceNotFound."""
+    from kb.embedding import HashingEmbedder
+    from kb.knowledge_base import KnowledgeBase
+
+    kb.use_embedder(HashingEmbedder())
+    other = KnowledgeBase.open(kb.settings)
+    other.use_embedder(HashingEmbedder())
+    _fill(kb, 1)
+    kb.index(1)
+    assert len(other.search(1, "body of document", 3)) == 3
+    kb.delete_workspace(1)
+    with pytest.raises(WorkspaceNotFound, match="workspace 1 does not exist"):
+        other.search(1, "body of document", 3)
+    _fill(kb, 1)  # created again: the other KnowledgeBase finds the new one
+    kb.index(1)
+    assert len(other.search(1, "body of document", 3)) == 3
+    other.close()

@@ -270,3 +270,10 @@ SELECT EXISTS (SELECT 1 FROM kb.workspaces WHERE id = %(workspace_id)s) AS prese
 -- it did by itself when wrong statistics made a join look cheaper, and sequential scans (a test's
 -- tables are tiny): a statement must keep its index lookups even then.
 SELECT set_config('enable_nestloop', 'off', true), set_config('enable_seqscan', 'off', true);
+
+-- name: test_lock_chunks_exclusively
+-- tests/test_workspaces.py: an administrator's lock that every search waits behind.
+LOCK TABLE kb.chunks IN ACCESS EXCLUSIVE MODE;
+
+-- name: test_cancel_backend
+SELECT pg_cancel_backend(%(pid)s) AS canceled;
