@@ -57,7 +57,7 @@ from kb.chunk_context import context_line, embedded_text, heading_paths
 from kb.chunking import Chunk, Chunker
 from kb.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument, WorkspaceNotFound
-from kb.languages import detect_language, lexical_text, text_config
+from kb.languages import detect_language, lexical_text, lexically_stable, text_config
 from kb.locks import chunk_lock, index_lock
 from kb.projection import project
 from kb.repository import Repository
@@ -138,6 +138,9 @@ class _Prepared:
     hashes: list[str] = field(default_factory=list)
     text_config: str = "english"
     existing: list[dict] = field(default_factory=list)
+    lexically_stable: bool = True
+    """False for a document whose text or title is not in Unicode form C: its chunk rows may carry
+    tsvectors of the unnormalized text (indexed before kb.languages normalized), so none is reused."""
     error: str | None = None
     unindexable: str | None = None
 
@@ -316,6 +319,7 @@ class Indexer:
             prepared.chunks = self.chunker.chunk(text)
             prepared.text_config = self.text_config(text)
             title = row.get("title") or ""
+            prepared.lexically_stable = lexically_stable(text, title)
             prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
             prepared.embedded = [embedded_text(ctx, c.text) for ctx, c in zip(prepared.contexts, prepared.chunks)]
             prepared.hashes = [sha256_text(e) for e in prepared.embedded]
@@ -334,8 +338,10 @@ class Indexer:
 
     def _reusable(self, p: _Prepared, chunk_row: dict) -> bool:
         """A chunk row can be kept when its vector is of the active model and its tsv of the
-        document's configuration."""
-        return chunk_row["embedding_model"] == self.embedder.model and chunk_row["text_config"] == p.text_config
+        document's configuration, made from text that normalization does not change (an
+        unnormalized document's rows are written again, their vectors from the cache)."""
+        return (chunk_row["embedding_model"] == self.embedder.model and chunk_row["text_config"] == p.text_config
+                and p.lexically_stable)
 
     def _needed_hashes(self, p: _Prepared) -> list[str]:
         """Hashes of the chunks the reconciler must insert (no reusable row carries them)."""

@@ -8,16 +8,24 @@ Postgres text-search configuration, and CJK segmentation.
 - ``text_config(language)``: the Postgres configuration with that language's stemmer and stop
   words (``german``, ``russian``, ``arabic``, …), ``kb.simple_unaccent`` (``simple`` with accents
   folded, migration 0014) for every other language.
-- ``lexical_text(text)``: text as the full-text parser should see it. Chinese and Japanese have no
-  spaces, so Postgres would take a whole sentence as one token; every run of CJK characters is
-  replaced by its overlapping character bigrams (东京都 → 东京 京都), the segmentation of Lucene's
-  CJK analyzer, so a query's bigrams meet the document's. The same function prepares queries.
+- ``lexical_text(text)``: text as the full-text parser should see it. First in Unicode
+  normalization form C: "ü" typed as one character and as "u" + a combining diaeresis (text from
+  macOS file names or PDFs) is one word to a reader but two to Postgres' parser and stemmers
+  (german: "Brücken" → 'bruck', its decomposed form → 'brück'), so a query in one form missed a
+  page in the other. Then Chinese and Japanese, which have no spaces (Postgres would take a whole
+  sentence as one token): every run of CJK characters is replaced by its overlapping character
+  bigrams (东京都 → 东京 京都), the segmentation of Lucene's CJK analyzer, so a query's bigrams meet
+  the document's. The same function prepares queries.
+- ``lexically_stable(*texts)``: whether ``lexical_text`` leaves the texts' words as an earlier kb
+  (before normalization) indexed them, i.e. they are already in form C; the indexer re-derives the
+  chunks of a document that is not, so a reindex brings such pages to the normalized form.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 
 DETECT_CHARS = 4000
 """Characters of a document given to the language classifier (its start is representative)."""
@@ -90,6 +98,12 @@ def _bigrams(match: re.Match) -> str:
 
 
 def lexical_text(text: str) -> str:
-    """``text`` with every CJK run replaced by its space-separated character bigrams (a single
-    CJK character stays as it is); other text is unchanged."""
-    return _CJK_RUN.sub(_bigrams, text)
+    """``text`` in Unicode normalization form C with every CJK run replaced by its space-separated
+    character bigrams (a single CJK character stays as it is); other text is unchanged."""
+    return _CJK_RUN.sub(_bigrams, unicodedata.normalize("NFC", text))
+
+
+def lexically_stable(*texts: str) -> bool:
+    """True when every text is already in normalization form C (``lexical_text`` changes only its
+    CJK runs, as it always did)."""
+    return all(unicodedata.is_normalized("NFC", text) for text in texts)

@@ -4,6 +4,8 @@ bin/eval_search.py: no timing here.)"""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from embedders import CountingEmbedder
 
@@ -211,6 +213,44 @@ def test_documents_get_their_language_configuration_and_stemming(kb):
     assert _lexical_paths(kb, 1, "Haus")[0] == "/documents/de.md"  # German stemmer: Häuser → haus
     assert _lexical_paths(kb, 1, "заметка")[0] == "/documents/ru.md"  # Russian stemmer
     assert _lexical_paths(kb, 1, "house")[0] == "/documents/en.md"
+
+
+def _lexical_documents(kb, ws: int, query: str) -> list[str]:
+    paths = {r["id"]: r["path"] for r in _rows(kb, "eval_document_paths", workspace_id=ws)}
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        return [paths[i] for i in lexical_leg(conn, ws, query, 10, unit="document")]
+
+
+def test_composed_and_decomposed_text_find_each_other_and_a_reindex_normalizes_older_rows(kb):
+    """"ü" as one character (NFC, what keyboards type) and as "u" + a combining diaeresis (NFD:
+    macOS file names, PDFs) are one word to a reader, but Postgres' parser and German stemmer made
+    different lexemes of them, so a query in one form missed a page in the other, in its body and
+    in its title (from an NFD file name). Both sides are normalized now; rows an earlier kb wrote
+    from unnormalized text are written again by a reindex."""
+    import unicodedata
+
+    kb.use_embedder(HashingEmbedder())
+    nfd = functools.partial(unicodedata.normalize, "NFD")
+    page = "/documents/" + nfd("Brückenbau") + ".md"
+    _write_all(kb, 1, {
+        page: nfd("In diesem Kapitel werden die Brücken der Stadt und ihre Gärten beschrieben.\n"),
+        "/documents/andere.md": "In diesem Kapitel werden die Straßen der Stadt und ihre Häuser beschrieben.\n",
+        "/documents/en.md": "This chapter describes the bridges of the town and their gardens.\n",
+    })
+    kb.index(1)
+    for query in ("Brücken Gärten", nfd("Brücken Gärten"), "Brückenbau", nfd("Brückenbau")):
+        assert _lexical_paths(kb, 1, query)[:1] == [page], query
+        assert _lexical_documents(kb, 1, query)[:1] == [page], query
+    # an earlier kb's rows: tsvectors of the text as stored; a composed query misses the page
+    with database.connect(kb.database_url) as conn:
+        conn.execute(queries["test_unnormalized_tsvectors"], {"workspace_id": 1})
+        conn.execute(queries["test_refresh_workspace_document_terms"], {"workspace_id": 1})
+        conn.commit()
+    assert page not in _lexical_paths(kb, 1, "Brücken Gärten")[:1]
+    report = kb.reindex(1)
+    assert report.embeddings_computed == 0  # written again with the cached vectors
+    assert _lexical_paths(kb, 1, "Brücken Gärten")[:1] == [page]
+    assert _lexical_documents(kb, 1, "Brückenbau")[:1] == [page]
 
 
 def test_japanese_and_chinese_queries_find_their_page_lexically(kb):

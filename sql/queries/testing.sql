@@ -277,3 +277,14 @@ LOCK TABLE kb.chunks IN ACCESS EXCLUSIVE MODE;
 
 -- name: test_cancel_backend
 SELECT pg_cancel_backend(%(pid)s) AS canceled;
+
+-- name: test_unnormalized_tsvectors
+-- tests/test_search_ranking.py: the chunk tsvectors an earlier kb wrote for a workspace, from the
+-- title and text as stored (before kb.languages.lexical_text normalized them to Unicode form C).
+UPDATE kb.chunks c
+SET tsv = setweight(to_tsvector(c.text_config::regconfig, d.title), 'A') || to_tsvector(c.text_config::regconfig, c.text)
+FROM kb.documents d
+WHERE d.id = c.document_id AND c.workspace_id = %(workspace_id)s;
+
+-- name: test_refresh_workspace_document_terms
+SELECT kb.refresh_document_terms(ARRAY(SELECT id FROM kb.documents WHERE workspace_id = %(workspace_id)s));
