@@ -40,33 +40,73 @@ def cite() -> None:
 
 
 @cite.command()
-@click.argument("source", default="-", type=click.File("rb"))
+@click.argument("source", metavar="[FILE]", default="-", type=click.File("rb"))
 @chat_option
 @workspace_option
 @click.option("--json", "as_json", is_flag=True, help="Print text, citations, unknown, degraded and adjusted as JSON.")
-def normalize(source, chat: str, workspace: int, as_json: bool) -> None:
-    """Rewrite the citations in FILE (default: standard input) canonically: [3], [3:L4], [3:L4-L6].
+@click.option("--in-place", "-i", "in_place", is_flag=True,
+              help="Write the normalized text back to FILE instead of printing it.")
+def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) -> None:
+    """Print FILE (default: standard input) with its citations written canonically: [3], [3:L4],
+    [3:L4-L6]. FILE itself is left as it is unless --in-place.
 
     Unknown handles are dropped (reported on stderr), ranges clamped, code left alone.
 
-    Example: echo "Refunds take 30 days [1:L4-6]." | kb cite normalize --chat c1 -w 1
+    Examples: echo "Refunds take 30 days [1:L4-6]." | kb cite normalize --chat c1 -w 1;
+    kb cite normalize answer.md --in-place --chat c1 -w 1
     """
-    from kb.errors import InvalidInput
+    from kb.errors import InvalidInput, OutputFileError
 
+    if in_place and source.name in ("-", "<stdin>"):
+        raise OutputFileError("--in-place needs a FILE to rewrite, not standard input; name the file "
+                              "(kb cite normalize answer.md --in-place …) or drop --in-place")
     data = source.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{source.name} is not UTF-8 text (byte {exc.start}); convert it to UTF-8 first") from None
     result = _conversation(workspace, chat).normalize(text)
+    if in_place:
+        _rewrite(source.name, result.text, changed=result.text != text)
     if as_json:
         _echo_json(result.as_json())
         return
-    click.echo(result.text, nl=not result.text.endswith("\n"))
+    if not in_place:
+        click.echo(result.text, nl=not result.text.endswith("\n"))
     if result.unknown:
         click.echo(f"kb: dropped unknown handles: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
     if result.degraded:
         click.echo(f"kb: shown un-numbered, cited as whole documents: {', '.join(map(str, result.degraded))}", err=True)
+
+
+def _rewrite(name: str, text: str, *, changed: bool) -> None:
+    """``kb cite normalize --in-place``: replace the file ``name`` with ``text`` (a temporary file
+    renamed over it, with its permissions, so a failure leaves the old file whole); says on stderr
+    what it did (stdout stays empty, or the --json result)."""
+    import os
+    import shutil
+    import tempfile
+
+    from kb.errors import OutputFileError
+
+    if not changed:
+        click.echo(f"kb: {name}: unchanged, its citations are already canonical", err=True)
+        return
+    folder = os.path.dirname(os.path.abspath(name))
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".kb-normalize-", dir=folder)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(text.encode("utf-8"))
+            shutil.copymode(name, temporary)
+            os.replace(temporary, name)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:
+        raise OutputFileError(f"cannot rewrite {name}: {exc.strerror or exc}; make it and its folder "
+                              "writable, or drop --in-place and redirect the output") from None
+    click.echo(f"kb: {name}: citations normalized", err=True)
 
 
 @cite.command()

@@ -104,6 +104,11 @@ class ImportSourceError(KbError):
     """The folder handed to ``kb import`` does not exist or is not a directory."""
 
 
+class OutputFileError(KbError):
+    """A file of the user's that a command was asked to rewrite (``kb cite normalize --in-place``)
+    cannot be written, or there is no file to rewrite (standard input)."""
+
+
 # -- turns (issue 6, SPEC §5) ----------------------------------------------------------------
 class InvalidTurn(KbError):
     """A turn id is empty or has characters that cannot name a worktree directory (SPEC §5)."""

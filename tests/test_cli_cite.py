@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from tests.conftest import run_cli
 
@@ -42,3 +44,35 @@ def test_newcomer_flow_search_cite_edit_resolve_follow(kb_env, tmp_path):
     answer.write_bytes(b"caf\xe9 [1]")
     bad = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1", check=False)
     assert bad.returncode == 1 and "is not UTF-8 text" in bad.stderr
+
+
+def test_normalize_help_is_truthful_and_in_place_rewrites_the_file(kb_env, tmp_path):
+    """`kb cite normalize --help` said "Rewrite the citations in FILE" while it printed them and
+    left FILE alone. The help now says it prints, with examples; --in-place rewrites FILE (its
+    permissions kept) and refuses standard input with a KbError."""
+    helped = run_cli(kb_env, "cite", "normalize", "--help").stdout
+    assert "Rewrite the citations in FILE" not in helped and "[FILE]" in helped
+    assert "Print FILE" in helped and "left as it is unless --in-place" in helped
+    assert "Examples: echo" in helped and "--in-place --chat c1" in " ".join(helped.split())
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "Refund policy.md").write_text(POLICY)
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+    run_cli(kb_env, "read", "/documents/Refund policy.md", "-w", "1", "--chat", "c1")  # handle [1], numbered
+    (tmp_path / "answers").mkdir()
+    answer = tmp_path / "answers" / "answer.md"
+    answer.write_text("Refunds within 30 days [1:L3-4] [9].\n")
+    answer.chmod(0o640)
+    printed = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1")
+    assert printed.stdout == "Refunds within 30 days [1:L3-L4].\n"
+    assert answer.read_text() == "Refunds within 30 days [1:L3-4] [9].\n"  # printing leaves FILE alone
+    rewritten = run_cli(kb_env, "cite", "normalize", str(answer), "--in-place", "--chat", "c1", "-w", "1")
+    assert rewritten.stdout == "" and f"kb: {answer}: citations normalized" in rewritten.stderr
+    assert "[9]" in rewritten.stderr  # the dropped handle is still reported
+    assert answer.read_text() == "Refunds within 30 days [1:L3-L4].\n" and answer.stat().st_mode & 0o777 == 0o640
+    again = run_cli(kb_env, "cite", "normalize", str(answer), "-i", "--chat", "c1", "-w", "1", "--json")
+    assert json.loads(again.stdout)["text"] == answer.read_text() and "unchanged" in again.stderr
+    assert [p.name for p in answer.parent.iterdir()] == ["answer.md"]  # no temporary file left
+    piped = subprocess.run([sys.executable, "-m", "kb.cli", "cite", "normalize", "--in-place", "-c", "c1", "-w", "1"],
+                           input="[1:L3]", env=kb_env, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 1 and piped.stderr.startswith("kb: error: --in-place needs a FILE to rewrite")
