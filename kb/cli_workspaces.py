@@ -19,7 +19,8 @@ def _open():
 @click.command("workspaces")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def workspaces(as_json: bool) -> None:
-    """List workspaces: id, documents, git head, index state (indexed, behind, problems, empty).
+    """List workspaces: id, documents, git head, index state (indexed, behind and what it waits
+    for, problems, empty).
 
     Example: kb workspaces --json
     """
@@ -33,8 +34,8 @@ def workspaces(as_json: bool) -> None:
         return
     click.echo(f"{'id':>6}  {'documents':>9}  {'head':<12}  index")
     for s in summaries:
-        state = s.index_state + (f" ({s.revisions_behind} revisions, {s.documents_pending} documents pending)"
-                                 if s.index_state == "behind" else "")
+        lag = s.describe_lag()
+        state = f"{s.index_state}: {lag}" if lag else s.index_state
         click.echo(f"{s.id:>6}  {s.documents:>9}  {(s.head or '-')[:12]:<12}  {state}")
 
 

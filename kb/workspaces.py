@@ -40,7 +40,9 @@ class WorkspaceSummary:
     """One workspace for ``kb workspaces``: ``head`` is git's HEAD (None when empty or without a
     repository), ``index_state`` one of ``indexed``, ``behind`` (the index stamp lags the head by
     ``revisions_behind`` revisions or documents are pending), ``problems`` (failed, quarantined or
-    unindexable documents), ``empty``, ``no repository``."""
+    unindexable documents), ``empty``, ``no repository``. ``revisions_unprojected``: recorded
+    revisions the projection has not reached; their documents have no rows yet, so ``documents``
+    and ``documents_pending`` do not count them."""
 
     id: int
     documents: int
@@ -49,6 +51,25 @@ class WorkspaceSummary:
     revisions_behind: int
     documents_pending: int
     documents_failed: int
+    revisions_unprojected: int = 0
+
+    def describe_lag(self) -> str:
+        """What ``behind`` waits for, in words (plurals right): ``2 revisions waiting to be
+        projected, then indexed`` before the projection ran, else ``1 revision and 3 documents
+        waiting to be indexed``; with what runs it. Empty unless ``index_state`` is ``behind``."""
+        if self.index_state != "behind":
+            return ""
+        if self.revisions_unprojected:
+            waiting = f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed"
+        else:
+            counts = [_count(n, word) for n, word in ((self.revisions_behind, "revision"),
+                                                       (self.documents_pending, "document")) if n]
+            waiting = f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed"
+        return f"{waiting} (`kb worker --until-idle` does it)"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +92,8 @@ def _index_state(row: dict, has_repo: bool) -> str:
         return "empty"
     if row["documents_failed"] or row["documents_quarantined"] or row["documents_unindexable"]:
         return "problems"
-    if row["revisions_behind"] or row["documents_pending"] or row["stamp"] != row["head"]:
+    if (row["revisions_behind"] or row["revisions_unprojected"] or row["documents_pending"]
+            or row["stamp"] != row["head"]):
         return "behind"
     return "indexed"
 
@@ -86,7 +108,7 @@ def list_workspaces(kb) -> list[WorkspaceSummary]:
         has_repo = store.exists()
         summaries.append(WorkspaceSummary(
             row["id"], row["documents"], store.head() if has_repo else None, _index_state(row, has_repo),
-            row["revisions_behind"], row["documents_pending"], row["documents_failed"],
+            row["revisions_behind"], row["documents_pending"], row["documents_failed"], row["revisions_unprojected"],
         ))
     return summaries
 

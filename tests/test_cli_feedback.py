@@ -1,8 +1,10 @@
-"""Issue 15: the CLI says what it is waiting for — the index lag on search, how to index after an
-import, the worker's progress and summary — and ends without dulwich noise on stderr."""
+"""Issue 15: the CLI says what it is waiting for — the index lag on search and in `kb workspaces`,
+how to index after an import, the worker's progress and summary — and ends without dulwich noise on
+stderr."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -99,3 +101,27 @@ def test_status_says_how_long_a_job_waited_in_words_a_reader_takes_in():
     assert _age(timedelta(seconds=21.737824)) == "21s"
     assert _age(125.4) == "2m 05s"
     assert _age(timedelta(hours=3, minutes=12, seconds=40)) == "3h 12m"
+
+
+def test_workspaces_says_what_a_lagging_workspace_waits_for(kb, kb_env, tmp_path):
+    """Right after an import `kb workspaces` said "behind (1 revisions, 0 documents pending)": the
+    projection had not run, so no document row was pending yet. It now says the revision waits to
+    be projected, counts in the singular and plural, and names what runs it."""
+    run_cli(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    waiting = "(`kb worker --until-idle` does it)"
+    listed = run_cli(kb_env, "workspaces").stdout
+    assert f"behind: 1 revision waiting to be projected, then indexed {waiting}" in listed
+    assert "pending" not in listed and "revisions" not in listed
+    kb.project(1)  # projected, not indexed: the documents wait now
+    assert f"behind: 1 revision and 3 documents waiting to be indexed {waiting}" in run_cli(kb_env, "workspaces").stdout
+    (tmp_path / "notes" / "Note 7.md").write_text("# Note 7\n")
+    run_cli(kb_env, "import", str(tmp_path / "notes"), "-w", "1")
+    assert "behind: 1 revision waiting to be projected" in run_cli(kb_env, "workspaces").stdout
+    (tmp_path / "notes" / "Note 8.md").write_text("# Note 8\n")
+    run_cli(kb_env, "import", str(tmp_path / "notes"), "-w", "1")
+    assert "behind: 2 revisions waiting to be projected, then indexed" in run_cli(kb_env, "workspaces").stdout
+    summary = json.loads(run_cli(kb_env, "workspaces", "--json").stdout)
+    assert (summary["revisions_unprojected"], summary["revisions_behind"]) == (2, 3)
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    assert run_cli(kb_env, "workspaces").stdout.splitlines()[1].endswith("  indexed")
+

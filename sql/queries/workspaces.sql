@@ -1,10 +1,16 @@
 -- Named queries of workspace listing and deletion (kb/workspaces.py; SPEC §2.1, §6).
 
 -- name: workspace_summaries
--- One row per workspace with its document count and index state (from the kb.index_lag view).
-SELECT workspace_id AS id, head, stamp, projected, revisions_behind, documents, documents_pending,
-       documents_failed, documents_quarantined, documents_unindexable
-FROM kb.index_lag ORDER BY workspace_id;
+-- One row per workspace with its document count and index state (from the kb.index_lag view),
+-- and how many recorded revisions the projection has not reached (their documents have no rows
+-- yet, so documents_pending cannot count them).
+SELECT l.workspace_id AS id, l.head, l.stamp, l.projected, l.revisions_behind,
+       w.revision_count - coalesce(p.seq, 0) AS revisions_unprojected, l.documents, l.documents_pending,
+       l.documents_failed, l.documents_quarantined, l.documents_unindexable
+FROM kb.index_lag AS l
+JOIN kb.workspaces AS w ON w.id = l.workspace_id
+LEFT JOIN kb.revisions AS p ON p.workspace_id = l.workspace_id AND p.id = l.projected
+ORDER BY l.workspace_id;
 
 -- name: workspace_row_ids
 -- The document and folder row ids a deletion announces on kb_events.
