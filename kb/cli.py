@@ -39,7 +39,7 @@ def _open():
     return kb
 
 
-QUICK_COMMANDS = frozenset({"read", "log", "status", "search", "show", "db-url"})
+QUICK_COMMANDS = frozenset({"read", "ls", "log", "status", "search", "show", "db-url"})
 """Commands a user runs interactively and waits for; they load their modules with the cyclic
 garbage collector paused (issue 15)."""
 
@@ -674,6 +674,10 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
 from kb.cli_move import move as _move_command  # noqa: E402  (issue 9: the fix kb fsck names)
 
 main.add_command(_move_command)
+
+from kb.cli_ls import ls as _ls_command  # noqa: E402  (kb ls: KnowledgeBase.ls)
+
+main.add_command(_ls_command)
 
 from kb.cli_cite import cite  # noqa: E402  (issue 10: kb cite …)
 

@@ -21,7 +21,7 @@ from kb.citation_follow import LineMapping, follow_history
 from kb.citation_normalizer import Citation, HandleInfo, NormalizedText, normalize, parse_citation
 from kb.citations import Envelope
 from kb.citation_registry import Handle, Showing
-from kb.errors import DocumentNotFound, InvalidCitation, InvalidInput, UnknownHandle
+from kb.errors import DocumentNotFound, InvalidCitation, InvalidInput, IsAFolder, UnknownHandle
 from kb.lines import document_lines
 from kb.paths import StorePath
 from kb.sql import queries
@@ -132,7 +132,8 @@ class Conversation:
 
         ``offset`` ≥ 0 lines skipped, ``limit`` ≥ 0 most lines shown (None: to the end). The
         envelope's view is ``full`` when every line is shown, else ``window`` with
-        ``total_lines``. Raises InvalidInput, InvalidPath, DocumentNotFound, RevisionNotFound.
+        ``total_lines``. Raises InvalidInput (OffsetOutOfRange: ``offset`` past the line count),
+        InvalidPath, IsAFolder, DocumentNotFound, RevisionNotFound.
         """
         full = self._kb.read_document(self.workspace_id, path, revision)
         full.content_id = _git_blob_id(self._store.read_as_of(full.revision, full.path))
@@ -183,7 +184,7 @@ class Conversation:
         if handle.revision:  # empty when no recorded revision held the blob there (see _showing)
             try:
                 data = self._store.read_as_of(handle.revision, handle.path)
-            except DocumentNotFound:
+            except (DocumentNotFound, IsAFolder):
                 data = None
         if data is None or _git_blob_id(data) != handle.content_id:
             data = self._store.repository.blob(handle.content_id)

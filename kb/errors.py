@@ -38,6 +38,11 @@ class InvalidInput(KbError):
     """An argument cannot be stored as given (e.g. a NUL in a commit message or query)."""
 
 
+class OffsetOutOfRange(InvalidInput):
+    """A windowed read's ``offset`` (lines skipped) is past the end of the document: more than its
+    line count (an offset equal to it is the end, an empty window)."""
+
+
 class InvalidWorkspace(KbError):
     """A workspace id is not a positive integer (SPEC §2.1)."""
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from kb.artifacts import Artifacts
     from kb.remotes import Remote
     from kb.fsck import FsckReport
+    from kb.listing import Entry
 
 
     from kb.turns import CommitResult, Turn
@@ -170,6 +171,13 @@ class KnowledgeBase:
         """Bytes of a document at ``revision`` (SPEC §3, §8)."""
         return self.store(workspace_id).read_as_of(revision, path)
 
+    def ls(self, workspace_id: int, path: str = "/documents", revision: str | None = None) -> "list[Entry]":
+        """A folder's entries at HEAD or ``revision`` (``kb ls``): ``Entry(name, path, kind)`` with
+        ``kind`` "folder" or "file", folders first, by name; a document path lists itself. The
+        committed counterpart of ``Turn.ls`` (the MCP ``ls`` tool). Raises InvalidPath,
+        RevisionNotFound, DocumentNotFound (nothing there; "did you mean …?" for another case)."""
+        return self.store(workspace_id).ls(path, revision)
+
     def list_paths(self, workspace_id: int, revision: str | None = None) -> dict[str, str]:
         """``{virtual path: content id}`` at HEAD or ``revision``."""
         return self.store(workspace_id).list_paths(revision)
@@ -277,7 +285,8 @@ class KnowledgeBase:
         return index_freshness(self.database_url, check_workspace_id(workspace_id))
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
-        """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8)."""
+        """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8); ``.window(offset,
+        limit)`` cuts it. Raises InvalidPath, RevisionNotFound, IsAFolder, DocumentNotFound."""
         store = self.store(workspace_id)
         target = StorePath.parse(path)
         revision = store.repository.resolve(revision) if revision else store.head()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import bisect
 
+from kb.errors import OffsetOutOfRange
+
 BOM = "\ufeff"
 
 
@@ -69,3 +71,15 @@ def line_starts(text: str) -> list[int]:
 def line_of(starts: list[int], offset: int) -> int:
     """1-based line number holding character ``offset`` of the text ``starts`` was computed from."""
     return bisect.bisect_right(starts, offset)
+
+
+def check_offset(path: str, offset: int, total_lines: int) -> None:
+    """Refuse a window that starts past the end: ``offset`` (lines skipped) above ``total_lines``,
+    the document's line count, raises OffsetOutOfRange saying how many lines ``path`` has.
+    ``offset == total_lines`` is the end of the document (an empty window), as a pager's last
+    page; a negative offset is the caller's own check."""
+    if offset > total_lines:
+        raise OffsetOutOfRange(
+            f"offset {offset} is past the end of {path}: it has {total_lines} "
+            f"line{'' if total_lines == 1 else 's'}; use an offset ≤ {total_lines} (the lines to skip)"
+        )

@@ -35,7 +35,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import ListResourcesResult, PaginatedRequestParams, Resource
 
-from kb.errors import DocumentNotFound, InvalidInput, KbError
+from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
 from kb.json_form import json_form
 from kb.paths import StorePath
 
@@ -202,14 +202,15 @@ def build_server(
     def read(path: str, ctx: Context, offset: int = 0, limit: int | None = None) -> str:
         """Read a document (`/documents/...`): lines offset+1 … offset+limit with their true line
         numbers, as an envelope with a citation handle. A document you changed in this turn is
-        shown as you left it (not citable until committed)."""
+        shown as you left it (not citable until committed). An offset past the document's line
+        count is an error that says how many lines it has."""
         state = chat(ctx)
 
         def run() -> str:
             mine = state.turn.read_bytes(path)
             try:
                 committed = state.kb.read(state.workspace_id, path)
-            except DocumentNotFound:
+            except (DocumentNotFound, IsAFolder):  # not committed there (yet)
                 committed = None
             if committed == mine:
                 return state.conversation.read(path, offset=offset, limit=limit).render()
@@ -317,7 +318,7 @@ def build_server(
         try:
             with resources_lock:
                 data = kb.read(int(workspace), StorePath.parse("/documents/" + unquote(path)).virtual)
-        except DocumentNotFound as exc:
+        except (DocumentNotFound, IsAFolder) as exc:
             raise ResourceNotFoundError(str(exc)) from exc
         except KbError as exc:
             raise ResourceError(str(exc)) from exc

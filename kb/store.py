@@ -39,6 +39,7 @@ from kb.faults import fault_point
 from kb.history import (
     PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
 )
+from kb.listing import Entry, list_tree, not_a_document
 from kb.locks import chunk_lock, locked_pipeline, locked_transaction
 from kb.merge import MergedBlob, merge_staged
 from kb.paths import StorePath, check_workspace_id
@@ -149,17 +150,27 @@ class KnowledgeStore:
         return self.repository.head()
 
     def read(self, path: str | StorePath, revision: str | None = None) -> bytes:
-        """Bytes of a document at HEAD (or ``revision``); raises DocumentNotFound/RevisionNotFound."""
+        """Bytes of a document at HEAD (or ``revision``); raises RevisionNotFound, IsAFolder (a folder
+        is there) or DocumentNotFound (saying "did you mean …?" for a path differing in case)."""
         revision = self.repository.resolve(revision) if revision else self.head()
         target = repo_path_of(path, allow_keep=True)
         try:
             return self.repository.read(revision, target)
         except DocumentNotFound:  # named as the caller names documents (virtual, with its slash)
-            raise DocumentNotFound(f"no document at {'/' + target!r} in revision {revision or '(empty)'}") from None
+            raise not_a_document(self.repository, self.repository.tree_id(revision), target, revision,
+                                 self.workspace_id) from None
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
         """Bytes of a document at ``revision`` (SPEC §3, citations §8)."""
         return self.read(path, revision)
+
+    def ls(self, path: str | StorePath = "/documents", revision: str | None = None) -> list[Entry]:
+        """The entries of a folder at HEAD (or ``revision``): folders first, then documents, by
+        name (``.keep`` hidden); a document path lists itself (as ``Turn.ls``, in committed form).
+        Raises InvalidPath, RevisionNotFound, DocumentNotFound (nothing there)."""
+        target = path if isinstance(path, StorePath) else StorePath.parse(path, allow_root=True)
+        revision = self.repository.resolve(revision) if revision else self.head()
+        return list_tree(self.repository, self.repository.tree_id(revision), target, revision, self.workspace_id)
 
     def list_paths(self, revision: str | None = None) -> dict[str, str]:
         """``{virtual path: content id}`` of every document at HEAD (or ``revision``)."""

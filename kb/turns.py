@@ -34,24 +34,16 @@ from kb.errors import (
     PathExists,
 )
 from kb.draft import document_bytes
+from kb.lines import check_offset
+from kb.listing import KEEP, Entry, folder_entries
 from kb.merge import LostHunk
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 from kb.store import KnowledgeStore, PathChange, summarize
 from kb.worktree import LazyWorktree, root_turn_id, worktrees_root
 
-KEEP = ".keep"
 KB_COMMITTER = "kb"
 """The committer a turn records when the caller names none: kb itself (SPEC §5, seed contract C4)."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One child of a folder: ``kind`` is ``"file"`` or ``"folder"``; ``path`` is virtual."""
-
-    name: str
-    path: str
-    kind: str
 
 
 @dataclass(frozen=True)
@@ -361,14 +353,14 @@ class Turn:
                             children.pop(name, None)
             if not children and sp.parts and not self._is_folder(rp):
                 raise DocumentNotFound(f"no folder or document at {sp.virtual}")
-            entries = [Entry(n, sp.child(n).virtual, k) for n, k in children.items() if n != KEEP]
-            return sorted(entries, key=lambda e: (e.kind != "folder", e.name))
+            return folder_entries(sp, children.items())
 
     def read(self, path: str, offset: int = 0, limit: int | None = None) -> ReadResult:
         """Lines ``offset+1 … offset+limit`` of a document with their true line numbers (SPEC §5, §8).
 
         ``offset`` = lines skipped (≥ 0), ``limit`` = most lines returned (None: to the end).
-        Raises DocumentNotFound, IsAFolder, InvalidPath, ValueError for a negative offset/limit.
+        Raises DocumentNotFound, IsAFolder, InvalidPath, ValueError for a negative offset/limit,
+        OffsetOutOfRange for an offset past the last line (``offset`` = the line count: no lines).
         """
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError("offset and limit must be >= 0")
@@ -380,6 +372,7 @@ class Turn:
             if data is None:
                 raise DocumentNotFound(f"no document at {sp.virtual} in this turn")
             lines = document_lines(data) if data else []
+            check_offset(sp.virtual, offset, len(lines))
             end = len(lines) if limit is None else offset + limit
             return ReadResult(sp.virtual, [(n + 1, lines[n]) for n in range(offset, min(end, len(lines)))], len(lines))
 

@@ -81,3 +81,61 @@ def test_messages_say_what_to_type_instead(kb, kb_env, tmp_path):
     line = _one_line_error(run_cli(kb_env, "cite", "resolve", "[9:L1-L2]", "--chat", "c1", "--workspace", "1",
                                    check=False))
     assert "kb cite list --chat c1 --workspace 1" in line
+
+
+def _alpha_and_sub(tmp_path, kb_env) -> None:
+    """Workspace 1 holding /documents/Alpha.md (4 lines) and /documents/Sub/Beta.md."""
+    notes = tmp_path / "notes"
+    (notes / "Sub").mkdir(parents=True)
+    (notes / "Alpha.md").write_text("# Alpha\n\nline three\nline four\n")
+    (notes / "Sub" / "Beta.md").write_text("beta\n")
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+
+
+def test_read_of_a_folder_or_another_letter_case_says_what_to_type(kb, kb_env, tmp_path):
+    """A new user's `kb read` of a folder, or of a path spelled in another case, got a bare "no
+    document at …": a folder is IsAFolder naming the `kb ls` that lists it; a case slip names the
+    document that is there, whichever segment it is in."""
+    from kb.errors import DocumentNotFound, IsAFolder
+
+    _alpha_and_sub(tmp_path, kb_env)
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/Sub", "--workspace", "1", check=False))
+    assert line == "kb: error: /documents/Sub is a folder, not a document; list it with `kb ls /documents/Sub --workspace 1`"
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/alpha.md", "--workspace", "1", check=False))
+    assert "no document at '/documents/alpha.md'" in line and line.endswith("; did you mean '/documents/Alpha.md'?")
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/SUB/beta.md", "-w", "1", "--chat", "c1", check=False))
+    assert line.endswith("; did you mean '/documents/Sub/Beta.md'?")
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/Sub/Gamma.md", "--workspace", "1", check=False))
+    assert line.endswith("; `kb ls /documents/Sub --workspace 1` lists what is there")
+    with pytest.raises(IsAFolder, match="kb ls /documents/Sub"):  # the Python API says the same
+        kb.read_document(1, "/documents/Sub")
+    with pytest.raises(DocumentNotFound, match=r"did you mean '/documents/Alpha.md'\?"):
+        kb.read(1, "/documents/ALPHA.md")
+
+
+def test_read_offset_past_the_end_is_an_error_naming_the_line_count(kb, kb_env, tmp_path):
+    """`kb read --offset N` past the end printed an empty envelope and exited 0. Now the CLI, with
+    or without a chat, the facade's window, the conversation and a turn all refuse it alike; an
+    offset equal to the line count is the end (an empty window), as a pager's last page."""
+    from kb.errors import InvalidInput, OffsetOutOfRange
+
+    _alpha_and_sub(tmp_path, kb_env)
+    expected = ("kb: error: offset 10 is past the end of /documents/Alpha.md: it has 4 lines; "
+                "use an offset ≤ 4 (the lines to skip)")
+    for chat in ([], ["--chat", "c1"]):
+        result = run_cli(kb_env, "read", "/documents/Alpha.md", "-w", "1", "--offset", "10", *chat, check=False)
+        assert _one_line_error(result) == expected and result.stdout == ""
+    end = run_cli(kb_env, "read", "/documents/Alpha.md", "-w", "1", "--offset", "4").stdout
+    assert 'lines="none" of="4"' in end
+    assert issubclass(OffsetOutOfRange, InvalidInput)
+    with pytest.raises(OffsetOutOfRange, match="it has 4 lines"):
+        kb.read_document(1, "/documents/Alpha.md").window(5)
+    conversation = kb.conversation(1, "c2")
+    with pytest.raises(OffsetOutOfRange, match="it has 4 lines"):
+        conversation.read("/documents/Alpha.md", offset=5, limit=2)
+    assert conversation.handles() == []  # nothing shown, nothing registered
+    turn = kb.turn(1, "t-offset")
+    with pytest.raises(OffsetOutOfRange, match="it has 4 lines"):
+        turn.read("/documents/Alpha.md", offset=5)
+    assert turn.read("/documents/Alpha.md", offset=4).lines == []
+    turn.abort()

@@ -1,6 +1,6 @@
 """Issue 15: the CLI says what it is waiting for — the index lag on search and in `kb workspaces`,
-how to index after an import, the worker's progress and summary — and ends without dulwich noise on
-stderr."""
+how to index after an import, the worker's progress and summary — and what is there (`kb ls`), and
+ends without dulwich noise on stderr."""
 
 from __future__ import annotations
 
@@ -125,3 +125,28 @@ def test_workspaces_says_what_a_lagging_workspace_waits_for(kb, kb_env, tmp_path
     run_cli(kb_env, "worker", "--until-idle", "--quiet")
     assert run_cli(kb_env, "workspaces").stdout.splitlines()[1].endswith("  indexed")
 
+
+def test_ls_lists_a_folder_as_the_python_api_and_the_mcp_tool_do(kb, kb_env, tmp_path):
+    """`kb ls [FOLDER] -w N [--json]` mirrors `KnowledgeBase.ls`, the committed counterpart of a
+    turn's `ls` (the MCP ls tool): folders first, then documents, by name, .keep hidden."""
+    notes = _notes(tmp_path, 2)
+    (notes / "Sub").mkdir()
+    (notes / "Sub" / "Deep.md").write_text("deep\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    with kb.transaction(1, "an empty folder", "alice") as tx:
+        tx.write("/documents/Empty/.keep", b"", allow_keep=True)
+    assert run_cli(kb_env, "ls", "-w", "1").stdout.splitlines() == [
+        "/documents/Empty/", "/documents/Sub/", "/documents/Note 0.md", "/documents/Note 1.md"]
+    assert run_cli(kb_env, "ls", "/documents/Empty", "-w", "1").stdout == ""
+    listed = json.loads(run_cli(kb_env, "ls", "/documents/Sub", "-w", "1", "--json").stdout)
+    assert listed == [{"name": "Deep.md", "path": "/documents/Sub/Deep.md", "kind": "file"}]
+    assert run_cli(kb_env, "ls", "/documents/Sub/Deep.md", "-w", "1").stdout == "/documents/Sub/Deep.md\n"
+    first = kb.history(1)[-1].id  # the import, before the empty folder
+    assert "/documents/Empty/" not in run_cli(kb_env, "ls", "-w", "1", "--revision", first).stdout
+    turn = kb.turn(1, "t-ls")
+    for folder in ("/documents", "/documents/Sub", "/documents/Sub/Deep.md"):
+        assert kb.ls(1, folder) == turn.ls(folder)
+    turn.abort()
+    failed = run_cli(kb_env, "ls", "/documents/sub", "-w", "1", check=False)
+    assert failed.returncode == 1 and failed.stderr.strip().endswith("did you mean '/documents/Sub'?")
+    assert "Example: kb ls" in run_cli(kb_env, "ls", "--help").stdout

@@ -92,6 +92,33 @@ def test_stdio_tools_search_read_edit_commit_and_cite(workspace, kb, kb_env, set
     git(repo, "fsck", "--strict")
 
 
+def test_stdio_read_past_the_end_and_ls_agree_with_the_cli(workspace, kb, kb_env) -> None:
+    """The read tool refuses an offset past the end with the message `kb read` and
+    ``conv.read`` give, for a committed document and for one written in the turn alike; the ls
+    tool lists what ``kb ls --json`` lists."""
+    committed_message = ("offset 9 is past the end of /documents/Plan.md: it has 5 lines; "
+                         "use an offset ≤ 5 (the lines to skip)")
+
+    async def session() -> dict:
+        async with Client(_stdio(kb_env)) as client:
+            committed = await client.call_tool("read", {"path": "/documents/Plan.md", "offset": 9})
+            end = await client.call_tool("read", {"path": "/documents/Plan.md", "offset": 5})
+            listed = _structured(await client.call_tool("ls", {"path": "/documents"}))
+            await client.call_tool("write", {"path": "/documents/Draft.md", "content": "one\ntwo\n"})
+            uncommitted = await client.call_tool("read", {"path": "/documents/Draft.md", "offset": 3})
+            await client.call_tool("abort", {})
+            return dict(committed=committed, end=end, listed=listed, uncommitted=uncommitted)
+
+    out = anyio.run(session)
+    assert out["committed"].is_error and committed_message in _text(out["committed"])
+    cli = run_cli(kb_env, "read", "/documents/Plan.md", "-w", "1", "--offset", "9", check=False)
+    assert cli.returncode == 1 and cli.stderr.strip() == f"kb: error: {committed_message}"
+    assert not out["end"].is_error and 'lines="none" of="5"' in _text(out["end"])
+    assert out["uncommitted"].is_error
+    assert "offset 3 is past the end of /documents/Draft.md: it has 2 lines" in _text(out["uncommitted"])
+    assert out["listed"] == json.loads(run_cli(kb_env, "ls", "-w", "1", "--json").stdout)
+
+
 def test_stdio_disconnect_commits_the_turn(workspace, kb_env, settings) -> None:
     repo = settings.knowledge_store / "1"
     before = git(repo, "rev-list", "--count", "HEAD").strip()

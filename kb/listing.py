@@ -1,0 +1,96 @@
+"""What a revision's tree holds at a path, for readers (SPEC §2.3, §3): a folder's entries
+(``ls``) and, when a path holds no document, the error that says what is there instead — a folder,
+or a document whose path differs only in letter case (or Unicode normalization).
+
+The committed view (``KnowledgeStore.ls``, ``kb ls``) and a turn's view (``Turn.ls``, the MCP ``ls``
+tool) build their entries with :func:`folder_entries`, so both list the same way.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kb.errors import DocumentNotFound, IsAFolder, KbError
+from kb.paths import StorePath, name_key
+
+KEEP = ".keep"
+"""The marker file of an empty folder (SPEC §1); never listed."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One child of a folder: ``kind`` is ``"file"`` or ``"folder"``; ``path`` is virtual."""
+
+    name: str
+    path: str
+    kind: str
+
+
+def folder_entries(folder: StorePath, children: Iterable[tuple[str, str]]) -> list[Entry]:
+    """Entries of ``folder`` from its ``(name, kind)`` children: ``.keep`` hidden, folders first,
+    then files, each by name."""
+    entries = [Entry(name, folder.child(name).virtual, kind) for name, kind in children if name != KEEP]
+    return sorted(entries, key=lambda e: (e.kind != "folder", e.name))
+
+
+def list_tree(repository, tree_id: bytes | None, path: StorePath, revision: str | None,
+              workspace_id: int) -> list[Entry]:
+    """The entries of the folder ``path`` in ``tree_id`` (a document path lists itself; the root
+    of an empty workspace lists nothing). Raises DocumentNotFound when nothing is at ``path``,
+    naming the path as the tree spells it when only letter case differs."""
+    rp = path.repo_path
+    if path.parts and repository.lookup(tree_id, rp) is not None:
+        return [Entry(path.name, path.virtual, "file")]
+    children = repository.list_folder(tree_id, rp)
+    if not children and path.parts and not repository.is_folder(tree_id, rp):
+        raise DocumentNotFound(f"no folder or document at {path.virtual!r} in revision {revision or '(empty)'}"
+                               + _what_instead(repository, tree_id, rp, workspace_id))
+    return folder_entries(path, children)
+
+
+def not_a_document(repository, tree_id: bytes | None, repo_path: str, revision: str | None,
+                   workspace_id: int) -> KbError:
+    """The error for a read of ``repo_path`` that found no document in ``tree_id``: IsAFolder
+    (suggesting to list it) when a folder is there, else DocumentNotFound, with "did you mean"
+    when a path differing only in case is there. Costs one folder read per path segment, so call
+    it on the error path only."""
+    virtual = "/" + repo_path
+    if repository.is_folder(tree_id, repo_path):
+        return IsAFolder(f"{virtual} is a folder, not a document; list it with "
+                         f"`kb ls {shlex.quote(virtual)} --workspace {workspace_id}`")
+    return DocumentNotFound(f"no document at {virtual!r} in revision {revision or '(empty)'}"
+                            + _what_instead(repository, tree_id, repo_path, workspace_id))
+
+
+def _what_instead(repository, tree_id: bytes | None, repo_path: str, workspace_id: int) -> str:
+    """What to type instead of a path that holds nothing: ``"; did you mean '/documents/Todo.md'?"``
+    when ``tree_id`` holds it spelled otherwise (letter case, NFC/NFD: the collision key
+    ``name_key``, SPEC §2.2), else the listing of its nearest folder that exists ("" for an empty
+    workspace)."""
+    if tree_id is None:
+        return ""
+    spelled = spelled_in_tree(repository, tree_id, repo_path)
+    if spelled is not None:
+        return f"; did you mean {'/' + spelled!r}?"
+    folder = repo_path.rpartition("/")[0]
+    while "/" in folder and not repository.is_folder(tree_id, folder):
+        folder = folder.rpartition("/")[0]
+    return f"; `kb ls {shlex.quote('/' + folder)} --workspace {workspace_id}` lists what is there"
+
+
+def spelled_in_tree(repository, tree_id: bytes | None, repo_path: str) -> str | None:
+    """The repo path of the entry ``tree_id`` holds under ``repo_path``'s collision key, segment by
+    segment (an exact name wins over a variant), or None when there is none or it is spelled the
+    same. One folder read per segment (``Repository.folder_keys``, cached per tree)."""
+    root, *below = repo_path.split("/")  # "documents": StorePath holds nothing else
+    found = [root]
+    for segment in below:
+        variants = repository.folder_keys(tree_id, "/".join(found)).get(name_key(segment), ())
+        if not variants:
+            return None
+        names = [name for name, _kind in variants]
+        found.append(segment if segment in names else names[0])
+    spelled = "/".join(found)
+    return None if spelled == repo_path else spelled
