@@ -46,7 +46,7 @@ def list_tree(repository, tree_id: bytes | None, path: StorePath, revision: str 
     children = repository.list_folder(tree_id, rp)
     if not children and path.parts and not repository.is_folder(tree_id, rp):
         raise DocumentNotFound(f"no folder or document at {path.virtual!r} in revision {revision or '(empty)'}"
-                               + _what_instead(repository, tree_id, rp, workspace_id))
+                               + _what_instead(repository, tree_id, rp, workspace_id, listing=True))
     return folder_entries(path, children)
 
 
@@ -64,15 +64,25 @@ def not_a_document(repository, tree_id: bytes | None, repo_path: str, revision: 
                             + _what_instead(repository, tree_id, repo_path, workspace_id))
 
 
-def _what_instead(repository, tree_id: bytes | None, repo_path: str, workspace_id: int) -> str:
+def _what_instead(repository, tree_id: bytes | None, repo_path: str, workspace_id: int,
+                  listing: bool = False) -> str:
     """What to type instead of a path that holds nothing: ``"; did you mean '/documents/Todo.md'?"``
     when ``tree_id`` holds it spelled otherwise (letter case, NFC/NFD: the collision key
-    ``name_key``, SPEC §2.2), else the listing of its nearest folder that exists ("" for an empty
+    ``name_key``, SPEC §2.2) or with the ``.md`` left off (the ``kb ls`` that lists it when that
+    is a folder and ``listing`` is false: a read), else the listing of its nearest folder that exists ("" for an empty
     workspace)."""
     if tree_id is None:
         return ""
-    spelled = spelled_in_tree(repository, tree_id, repo_path)
-    if spelled is not None:
+    candidates = [repo_path] if repo_path.casefold().endswith(".md") else [repo_path, repo_path + ".md"]
+    for candidate in candidates:  # as typed, then with the .md a user leaves off
+        spelled = spelled_in_tree(repository, tree_id, candidate)
+        if spelled is None and candidate != repo_path and repository.lookup(tree_id, candidate) is not None:
+            spelled = candidate
+        if spelled is None:
+            continue
+        if not listing and repository.is_folder(tree_id, spelled):
+            return (f"; {'/' + spelled!r} is a folder: `kb ls {shlex.quote('/' + spelled)} "
+                    f"--workspace {workspace_id}` lists it")
         return f"; did you mean {'/' + spelled!r}?"
     folder = repo_path.rpartition("/")[0]
     while "/" in folder and not repository.is_folder(tree_id, folder):

@@ -285,7 +285,7 @@ class StorePath:
         except InvalidPath as exc:
             raise InvalidPath(path, exc.reason) from None
         if not result.parts and not allow_root:
-            raise InvalidPath(path, "the /documents root itself is not a document path")
+            raise InvalidPath(path, "the /documents root is a folder, not a document; `kb ls` lists it")
         if result.name.rstrip(". ").casefold() == ".keep" and not allow_keep:
             raise InvalidPath(path, ".keep is a folder marker, not a document")
         return result

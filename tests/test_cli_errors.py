@@ -113,6 +113,27 @@ def test_read_of_a_folder_or_another_letter_case_says_what_to_type(kb, kb_env, t
         kb.read(1, "/documents/ALPHA.md")
 
 
+def test_read_hints_lead_to_a_path_that_reads(kb, kb_env, tmp_path):
+    """A new user's slips each got a hint that failed again when followed: a folder in another case
+    was suggested as if a document, a name without .md got no hint, and the /documents root said
+    only that it is not a document path. Each now names what works."""
+    from kb.errors import DocumentNotFound, InvalidPath
+
+    _alpha_and_sub(tmp_path, kb_env)
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/sub", "-w", "1", check=False))
+    assert line.endswith("; '/documents/Sub' is a folder: `kb ls /documents/Sub --workspace 1` lists it")
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/Alpha", "-w", "1", check=False))
+    assert line.endswith("; did you mean '/documents/Alpha.md'?")
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/sub/beta", "-w", "1", check=False))
+    assert line.endswith("; did you mean '/documents/Sub/Beta.md'?")
+    line = _one_line_error(run_cli(kb_env, "read", "/documents", "-w", "1", check=False))
+    assert line.endswith("the /documents root is a folder, not a document; `kb ls` lists it")
+    with pytest.raises(DocumentNotFound, match=r"did you mean '/documents/Sub/Beta.md'\?"):
+        kb.ls(1, "/documents/Sub/Beta")
+    with pytest.raises(InvalidPath, match="kb ls"):
+        kb.read(1, "/documents/")
+
+
 def test_read_offset_past_the_end_is_an_error_naming_the_line_count(kb, kb_env, tmp_path):
     """`kb read --offset N` past the end printed an empty envelope and exited 0. Now the CLI, with
     or without a chat, the facade's window, the conversation and a turn all refuse it alike; an
