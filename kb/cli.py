@@ -359,7 +359,8 @@ def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: s
 @main.command()
 @click.argument("path", required=False)
 @workspace_option
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Most revisions to show, newest first.")
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
 
@@ -388,7 +389,7 @@ def _describe(change) -> str:
 
 @main.command()
 @click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Workspace id.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole status as one JSON object.")
 def status(workspace: int | None, as_json: bool) -> None:
     """Head, index stamp, jobs waiting/running/failed, chunk and document counts.
 
@@ -409,7 +410,7 @@ def status(workspace: int | None, as_json: bool) -> None:
     click.echo(f"database:   {info['database']}")
     click.echo(f"embedder:   {info['embedding_model']}")
     jobs = ", ".join(f"{j['queue']}/{j['status']}={j['jobs']}" for j in info["jobs"]) or "none"
-    click.echo(f"jobs:       {jobs}")
+    click.echo(f"jobs:       {jobs}{' (this workspace)' if workspace else ''}")
     ws = info.get("workspace")
     if ws:
         click.echo(f"workspace:  {ws['id']}")
@@ -442,7 +443,7 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"index lag:  workspace {lag['workspace_id']}: {behind} revision{'' if behind == 1 else 's'} behind, "
                    f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined")
     for queue in info.get("job_health", []):
-        click.echo(f"queue {queue['queue']}: {queue['todo']} waiting, {queue['doing']} running, "
+        click.echo(f"queue {queue['queue']} (all workspaces): {queue['todo']} waiting, {queue['doing']} running, "
                    f"{queue['failed']} failed, oldest waiting {_age(queue['oldest_waiting'])}")
     if info["blocked_jobs"] or info["scheduled_jobs"]:
         from kb.worker import describe_blocked, describe_scheduled  # psycopg: only when needed
@@ -457,7 +458,10 @@ def db_url() -> None:
     """Print the connection URL of kb's database (embedded or configured).
 
     For the embedded server with KB_EMBEDDED_LISTEN set, the TCP URL (for Zero and GUI clients);
-    otherwise its Unix-socket URL. Example: psql "$(kb db-url)"
+    otherwise its Unix-socket URL.
+
+    \b
+    Example: psql "$(kb db-url)"
     """
     from kb.database import resolve_database_url, tcp_database_url
 

@@ -197,8 +197,9 @@ def _ws(workspace_id: int | None) -> str:
 
 def _detail(result: object) -> str:
     if isinstance(result, dict) and "indexed" in result:
-        return (f"{result['indexed']} documents, {result.get('embedded', 0)} chunks embedded, "
-                f"{result.get('cached', 0)} from cache, {result['failed']} failed")
+        indexed, embedded = result["indexed"], result.get("embedded", 0)
+        return (f"{indexed} document{'' if indexed == 1 else 's'}, {embedded} chunk{'' if embedded == 1 else 's'} "
+                f"embedded, {result.get('cached', 0)} from cache, {result['failed']} failed")
     return ""
 
 
