@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kb import database
-from kb.errors import WorkspaceBusy, WorkspaceNotFound
+from kb.errors import KbError, WorkspaceBusy, WorkspaceNotFound
 from kb.locks import chunk_lock, locked_transaction
 from kb.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
 from kb.sql import queries
@@ -38,11 +38,13 @@ from kb.store import check_workspace_id
 @dataclass(frozen=True)
 class WorkspaceSummary:
     """One workspace for ``kb workspaces``: ``head`` is git's HEAD (None when empty or without a
-    repository), ``index_state`` one of ``indexed``, ``behind`` (the index stamp lags the head by
-    ``revisions_behind`` revisions or documents are pending), ``problems`` (failed, quarantined or
-    unindexable documents), ``empty``, ``no repository``. ``revisions_unprojected``: recorded
-    revisions the projection has not reached; their documents have no rows yet, so ``documents``
-    and ``documents_pending`` do not count them."""
+    readable repository), ``index_state`` one of ``indexed``, ``behind`` (the index stamp lags the
+    head by ``revisions_behind`` revisions, documents are pending, or git's HEAD is a revision made
+    outside kb that is not recorded yet), ``problems`` (failed, quarantined or unindexable
+    documents), ``empty``, ``no repository``, ``damaged`` (the repository cannot be read:
+    ``problem`` says why). ``revisions_unprojected``: recorded revisions the projection has not
+    reached; their documents have no rows yet, so ``documents`` and ``documents_pending`` do not
+    count them."""
 
     id: int
     documents: int
@@ -52,20 +54,37 @@ class WorkspaceSummary:
     documents_pending: int
     documents_failed: int
     revisions_unprojected: int = 0
+    documents_quarantined: int = 0
+    documents_unindexable: int = 0
+    head_unrecorded: bool = False
+    problem: str = ""
 
     def describe_lag(self) -> str:
-        """What ``behind`` waits for, in words (plurals right): ``2 revisions waiting to be
-        projected, then indexed`` before the projection ran, else ``1 revision and 3 documents
-        waiting to be indexed``; with what runs it. Empty unless ``index_state`` is ``behind``."""
-        if self.index_state != "behind":
-            return ""
-        if self.revisions_unprojected:
-            waiting = f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed"
-        else:
+        """What the workspace waits for or what is wrong, in words (plurals right), with the
+        command that does it: ``2 revisions waiting to be projected, then indexed`` before the
+        projection ran, else ``1 revision and 3 documents waiting to be indexed``; for
+        ``problems`` the documents that failed and any lag besides; for ``damaged`` the reason.
+        Empty when ``indexed``, ``empty`` or ``no repository``."""
+        if self.index_state == "damaged":
+            return self.problem
+        parts = []
+        if self.index_state == "problems":
+            counts = [_count(n, "document") + " " + word for n, word in (
+                (self.documents_failed, "failed"), (self.documents_quarantined, "quarantined"),
+                (self.documents_unindexable, "unindexable")) if n]
+            parts.append(f"{', '.join(counts)} (`kb status --workspace {self.id}` lists them)")
+        if self.head_unrecorded:
+            parts.append("revisions made outside kb waiting to be recorded, then indexed")
+        elif self.revisions_unprojected:
+            parts.append(f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed")
+        elif self.index_state == "behind" or self.revisions_behind or self.documents_pending:
             counts = [_count(n, word) for n, word in ((self.revisions_behind, "revision"),
                                                        (self.documents_pending, "document")) if n]
-            waiting = f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed"
-        return f"{waiting} (`kb worker --until-idle` does it)"
+            parts.append(f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed")
+        if parts and (self.head_unrecorded or self.revisions_unprojected or self.index_state == "behind"
+                      or self.revisions_behind or self.documents_pending):
+            parts[-1] += " (`kb worker --until-idle` does it)"
+        return "; ".join(parts)
 
 
 def _count(n: int, word: str) -> str:
@@ -85,31 +104,43 @@ class DeletedWorkspace:
     vector_indexes: list[str]
 
 
-def _index_state(row: dict, has_repo: bool) -> str:
-    if not has_repo:
-        return "no repository"
-    if row["head"] is None:
+def _index_state(row: dict, head: str | None) -> str:
+    """``row``: a ``workspace_summaries`` row; ``head``: git's HEAD (None: empty repository)."""
+    if head is None:
         return "empty"
     if row["documents_failed"] or row["documents_quarantined"] or row["documents_unindexable"]:
         return "problems"
     if (row["revisions_behind"] or row["revisions_unprojected"] or row["documents_pending"]
-            or row["stamp"] != row["head"]):
+            or row["stamp"] != head):
         return "behind"
     return "indexed"
 
 
 def list_workspaces(kb) -> list[WorkspaceSummary]:
-    """Every workspace with a row, by id (SPEC §2.1). ``kb`` is the KnowledgeBase facade."""
+    """Every workspace with a row, by id (SPEC §2.1). ``kb`` is the KnowledgeBase facade. A
+    workspace whose repository cannot be read is listed as ``damaged`` with the reason; the
+    others are listed all the same."""
     with database.transaction(kb.database_url) as conn:
         rows = conn.execute(queries["workspace_summaries"]).fetchall()
     summaries = []
     for row in rows:
         store = kb.store(row["id"])
-        has_repo = store.exists()
-        summaries.append(WorkspaceSummary(
-            row["id"], row["documents"], store.head() if has_repo else None, _index_state(row, has_repo),
-            row["revisions_behind"], row["documents_pending"], row["documents_failed"], row["revisions_unprojected"],
-        ))
+        counts = dict(revisions_behind=row["revisions_behind"], documents_pending=row["documents_pending"],
+                      documents_failed=row["documents_failed"], revisions_unprojected=row["revisions_unprojected"],
+                      documents_quarantined=row["documents_quarantined"],
+                      documents_unindexable=row["documents_unindexable"])
+        if not store.exists():
+            summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "no repository", **counts))
+            continue
+        try:
+            head = store.head()
+        except KbError as exc:  # one unreadable repository must not hide the others
+            summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "damaged", **counts,
+                                              problem=f"{exc} (`kb fsck --workspace {row['id']}` checks it)"))
+            continue
+        unrecorded = head is not None and head != row["head"]
+        summaries.append(WorkspaceSummary(row["id"], row["documents"], head, _index_state(row, head), **counts,
+                                          head_unrecorded=unrecorded))
     return summaries
 
 

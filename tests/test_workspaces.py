@@ -250,3 +250,55 @@ def test_a_workspace_deleted_by_another_knowledge_base_is_not_found_there_too(kb
     kb.index(1)
     assert len(other.search(1, "body of document", 3)) == 3
     other.close()
+
+
+def test_workspaces_says_what_an_outside_commit_and_a_damaged_repository_wait_for(kb):
+    """Faults found by trying to break `kb workspaces`: a revision committed with git outside kb
+    showed "indexed" (the stamp was compared with Postgres' head, not git's), and once projected it
+    showed every revision of the workspace as "waiting to be projected"; one repository that cannot
+    be read made the whole listing fail, hiding every other workspace."""
+    from conftest import git
+
+    for ws in (1, 2, 3):
+        _fill(kb, ws)
+        kb.index(ws)
+    repo = kb.store(1).path
+    (repo / "documents" / "outside.md").write_text("written with git, outside kb\n")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=Outside", "-c", "user.email=o@example.org", "commit", "-qm", "outside kb")
+    outside = {s.id: s for s in kb.list_workspaces()}[1]
+    assert (outside.index_state, outside.head_unrecorded, outside.head) == ("behind", True, kb.head(1))
+    assert outside.describe_lag() == ("revisions made outside kb waiting to be recorded, then indexed "
+                                      "(`kb worker --until-idle` does it)")
+    kb.rebuild_projection(1)  # projects git's HEAD before Postgres has recorded it
+    projected = {s.id: s for s in kb.list_workspaces()}[1]
+    assert projected.revisions_unprojected == 0 and "outside kb" in projected.describe_lag()
+    kb.reconcile(1)
+    kb.index(1)
+    assert {s.id: s for s in kb.list_workspaces()}[1].index_state == "indexed"
+
+    broken = kb.store(2).path
+    broken.rename(broken.with_name("2.aside"))
+    (broken / ".git").mkdir(parents=True)  # a repository being created, deleted or damaged
+    try:
+        listed = {s.id: s for s in kb.list_workspaces()}
+        assert set(listed) == {1, 2, 3} and listed[3].index_state == "indexed"
+        assert listed[2].index_state == "damaged" and listed[2].head is None
+        assert "incomplete" in listed[2].describe_lag() and "kb fsck --workspace 2" in listed[2].describe_lag()
+    finally:
+        (broken / ".git").rmdir()
+        broken.rmdir()
+        broken.with_name("2.aside").rename(broken)
+
+
+def test_problems_name_the_documents_and_any_lag_besides():
+    """"problems" alone said neither what failed nor that revisions were waiting as well."""
+    from kb.workspaces import WorkspaceSummary
+
+    summary = WorkspaceSummary(4, 10, "ab" * 20, "problems", revisions_behind=1, documents_pending=0,
+                               documents_failed=2, revisions_unprojected=1, documents_unindexable=1)
+    assert summary.describe_lag() == (
+        "2 documents failed, 1 document unindexable (`kb status --workspace 4` lists them); "
+        "1 revision waiting to be projected, then indexed (`kb worker --until-idle` does it)")
+    settled = WorkspaceSummary(4, 10, "ab" * 20, "problems", 0, 0, 0, documents_quarantined=1)
+    assert settled.describe_lag() == "1 document quarantined (`kb status --workspace 4` lists them)"

@@ -5,7 +5,9 @@
 -- and how many recorded revisions the projection has not reached (their documents have no rows
 -- yet, so documents_pending cannot count them).
 SELECT l.workspace_id AS id, l.head, l.stamp, l.projected, l.revisions_behind,
-       w.revision_count - coalesce(p.seq, 0) AS revisions_unprojected, l.documents, l.documents_pending,
+       CASE WHEN l.projected IS NULL THEN w.revision_count
+            WHEN p.seq IS NULL THEN 0  -- a revision made outside kb, projected before it was recorded
+            ELSE w.revision_count - p.seq END AS revisions_unprojected, l.documents, l.documents_pending,
        l.documents_failed, l.documents_quarantined, l.documents_unindexable
 FROM kb.index_lag AS l
 JOIN kb.workspaces AS w ON w.id = l.workspace_id
