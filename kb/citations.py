@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
-from kb.lines import check_offset, document_lines  # noqa: F401  (document_lines re-exported: the one line counter)
+from kb.lines import check_offset, check_window_arguments, document_lines  # noqa: F401  (document_lines re-exported: the one line counter)
 
 GAP = "   ⋮"
 
@@ -46,11 +46,7 @@ class Envelope:
         is ``view="window"`` with ``total_lines``. Raises InvalidInput for a negative or non-integer
         ``offset``/``limit``, OffsetOutOfRange (a subclass) for an offset past the last line
         (``offset`` = the line count is the end: an empty window)."""
-        from kb.errors import InvalidInput
-
-        for name, value in (("offset", offset), ("limit", limit)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise InvalidInput(f"{name} must be a whole number ≥ 0, got {value!r}")
+        check_window_arguments(offset, limit)
         check_offset(self.path, offset, len(self.lines))
         end = len(self.lines) if limit is None else offset + limit
         if offset == 0 and end >= len(self.lines):

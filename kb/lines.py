@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 
-from kb.errors import OffsetOutOfRange
+from kb.errors import InvalidInput, OffsetOutOfRange
 
 BOM = "\ufeff"
 
@@ -71,6 +71,16 @@ def line_starts(text: str) -> list[int]:
 def line_of(starts: list[int], offset: int) -> int:
     """1-based line number holding character ``offset`` of the text ``starts`` was computed from."""
     return bisect.bisect_right(starts, offset)
+
+
+def check_window_arguments(offset: object, limit: object) -> None:
+    """Refuse a window's ``offset`` (lines skipped) and ``limit`` (most lines shown, None: to the
+    end) unless each is a whole number ≥ 0 (not a bool, float or string): InvalidInput. One check
+    for every reader (``Envelope.window``, ``Turn.read``, the MCP and HTTP reads through them)."""
+    for name, value in (("offset", offset), ("limit", limit)):
+        if (value is None and name == "offset") or (
+                value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0)):
+            raise InvalidInput(f"{name} must be a whole number ≥ 0, got {value!r}")
 
 
 def check_offset(path: str, offset: int, total_lines: int) -> None:

@@ -9,6 +9,7 @@ tool) build their entries with :func:`folder_entries`, so both list the same way
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,34 +46,47 @@ def list_tree(repository, tree_id: bytes | None, path: StorePath, revision: str 
         return [Entry(path.name, path.virtual, "file")]
     children = repository.list_folder(tree_id, rp)
     if not children and path.parts and not repository.is_folder(tree_id, rp):
-        raise DocumentNotFound(f"no folder or document at {path.virtual!r} in revision {revision or '(empty)'}"
-                               + _what_instead(repository, tree_id, rp, workspace_id, listing=True))
+        raise DocumentNotFound(f"no folder or document at {_quoted(path.virtual)} in revision {revision or '(empty)'}"
+                               + _what_instead(repository, tree_id, rp, revision, workspace_id, listing=True))
     return folder_entries(path, children)
 
 
 def not_a_document(repository, tree_id: bytes | None, repo_path: str, revision: str | None,
                    workspace_id: int) -> KbError:
-    """The error for a read of ``repo_path`` that found no document in ``tree_id``: IsAFolder
-    (suggesting to list it) when a folder is there, else DocumentNotFound, with "did you mean"
-    when a path differing only in case is there. Costs one folder read per path segment, so call
-    it on the error path only."""
+    """The error for a read of ``repo_path`` that found no document in ``tree_id`` (the tree of
+    ``revision``): IsAFolder (suggesting to list it) when a folder is there, else DocumentNotFound,
+    with "did you mean" when a path differing only in case is there. Costs one folder read per
+    path segment, so call it on the error path only."""
     virtual = "/" + repo_path
     if repository.is_folder(tree_id, repo_path):
         return IsAFolder(f"{virtual} is a folder, not a document; list it with "
-                         f"`kb ls {shlex.quote(virtual)} --workspace {workspace_id}`")
-    return DocumentNotFound(f"no document at {virtual!r} in revision {revision or '(empty)'}"
-                            + _what_instead(repository, tree_id, repo_path, workspace_id))
+                         f"{_ls_command(repository, virtual, revision, workspace_id)}")
+    return DocumentNotFound(f"no document at {_quoted(virtual)} in revision {revision or '(empty)'}"
+                            + _what_instead(repository, tree_id, repo_path, revision, workspace_id))
 
 
-def _what_instead(repository, tree_id: bytes | None, repo_path: str, workspace_id: int,
+def _quoted(path: str) -> str:
+    """``path`` in single quotes, as a shell takes it back (``shlex`` quoting when it holds a
+    quote itself: Python's repr would escape it with a backslash a shell keeps)."""
+    return f"'{path}'" if "'" not in path else shlex.quote(path)
+
+
+def _ls_command(repository, virtual: str, revision: str | None, workspace_id: int) -> str:
+    """The ``kb ls`` command that lists ``virtual`` in ``revision``: ``--revision`` only when
+    that is not HEAD (an older tree may hold a folder HEAD no longer has)."""
+    at = f" --revision {revision[:12]}" if revision and revision != repository.head() else ""
+    return f"`kb ls {shlex.quote(virtual)} --workspace {workspace_id}{at}`"
+
+
+def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: str | None, workspace_id: int,
                   listing: bool = False) -> str:
     """What to type instead of a path that holds nothing: ``"; did you mean '/documents/Todo.md'?"``
     when ``tree_id`` holds it spelled otherwise (letter case, NFC/NFD: the collision key
     ``name_key``, SPEC §2.2) or with the ``.md`` left off (the ``kb ls`` that lists it when that
-    is a folder and ``listing`` is false: a read), else the listing of its nearest folder that exists ("" for an empty
-    workspace)."""
+    is a folder and ``listing`` is false: a read), else the listing of its nearest folder that
+    exists, as the tree spells it; for an empty workspace, how documents get there."""
     if tree_id is None:
-        return ""
+        return f"; the workspace has no revision yet: `kb import FOLDER --workspace {workspace_id}` adds documents"
     candidates = [repo_path] if repo_path.casefold().endswith(".md") else [repo_path, repo_path + ".md"]
     for candidate in candidates:  # as typed, then with the .md a user leaves off
         spelled = spelled_in_tree(repository, tree_id, candidate)
@@ -81,26 +95,45 @@ def _what_instead(repository, tree_id: bytes | None, repo_path: str, workspace_i
         if spelled is None:
             continue
         if not listing and repository.is_folder(tree_id, spelled):
-            return (f"; {'/' + spelled!r} is a folder: `kb ls {shlex.quote('/' + spelled)} "
-                    f"--workspace {workspace_id}` lists it")
-        return f"; did you mean {'/' + spelled!r}?"
-    folder = repo_path.rpartition("/")[0]
-    while "/" in folder and not repository.is_folder(tree_id, folder):
-        folder = folder.rpartition("/")[0]
-    return f"; `kb ls {shlex.quote('/' + folder)} --workspace {workspace_id}` lists what is there"
+            return f"; {_quoted('/' + spelled)} is a folder: {_ls_command(repository, '/' + spelled, revision, workspace_id)} lists it"
+        if spelled != candidate and unicodedata.normalize("NFC", spelled) == unicodedata.normalize("NFC", candidate):
+            form = "NFC" if unicodedata.is_normalized("NFC", spelled) else "NFD"
+            return (f"; a name there has the same letters in other code points (Unicode {form}): "
+                    f"{_ls_command(repository, '/' + spelled.rpartition('/')[0], revision, workspace_id)} "
+                    "prints it to copy")
+        return f"; did you mean {_quoted('/' + spelled)}?"
+    folder = _deepest_folder(repository, tree_id, repo_path.rpartition("/")[0])
+    return f"; {_ls_command(repository, '/' + folder, revision, workspace_id)} lists what is there"
+
+
+def _deepest_folder(repository, tree_id: bytes, folder: str) -> str:
+    """The deepest folder of ``tree_id`` on the way to ``folder`` (a repo path), each segment as
+    the tree spells it (an exact name first, else one differing in case): ``documents`` at least.
+    Walks down from the root and stops at the first segment that is not there, so a path of
+    thousands of segments costs what the tree's own depth costs (walking up was quadratic)."""
+    root, *below = folder.split("/")
+    found = root
+    for segment in below:
+        variants = repository.folder_keys(tree_id, found).get(name_key(segment), ())
+        folders = [name for name, kind in variants if kind == "folder"]
+        if not folders:
+            break
+        found = f"{found}/{segment if segment in folders else folders[0]}"
+    return found
 
 
 def spelled_in_tree(repository, tree_id: bytes | None, repo_path: str) -> str | None:
     """The repo path of the entry ``tree_id`` holds under ``repo_path``'s collision key, segment by
-    segment (an exact name wins over a variant), or None when there is none or it is spelled the
-    same. One folder read per segment (``Repository.folder_keys``, cached per tree)."""
+    segment (an exact name wins over a variant; a ``.keep`` marker is never one), or None when
+    there is none or it is spelled the same. One folder read per segment
+    (``Repository.folder_keys``, cached per tree)."""
     root, *below = repo_path.split("/")  # "documents": StorePath holds nothing else
     found = [root]
     for segment in below:
         variants = repository.folder_keys(tree_id, "/".join(found)).get(name_key(segment), ())
-        if not variants:
+        names = [name for name, _kind in variants if name.casefold() != KEEP]
+        if not names:
             return None
-        names = [name for name, _kind in variants]
         found.append(segment if segment in names else names[0])
     spelled = "/".join(found)
     return None if spelled == repo_path else spelled

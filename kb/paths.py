@@ -252,8 +252,9 @@ class StorePath:
     def __post_init__(self) -> None:
         if not isinstance(self.parts, tuple):
             raise InvalidPath(self.parts, "parts must be a tuple of strings")
+        whole = "/".join(map(str, (ROOT, *self.parts)))  # once: per segment it was quadratic
         for segment in self.parts:
-            _check_segment(segment, "/".join(map(str, (ROOT, *self.parts))))
+            _check_segment(segment, whole)
 
     @classmethod
     def parse(

@@ -33,7 +33,7 @@ from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
-from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError
+from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
 from kb.gitindex import IndexFile
 from kb.paths import name_key
 from kb.tree_layout import LayoutCache, apply_changes
@@ -184,6 +184,25 @@ class Repository(WorktreeRefresh):
         except _READ_ERRORS as exc:
             raise self._damaged(sha, exc) from None
 
+    def _referenced(self, sha: bytes):
+        """The parsed object ``sha`` that a commit or tree of this repository refers to (a tree
+        walk's lookup function): absent, it is damage, not "no such path" — raises StorageError, or
+        WorkspaceNotFound when the repository was deleted while it was read (SPEC §14)."""
+        try:
+            return self._tree_object(sha)
+        except KeyError:
+            raise self._missing(sha) from None
+
+    def _missing(self, sha: bytes) -> KbError:
+        """The error for object ``sha`` absent though referred to (see ``_referenced``)."""
+        if not (self.path / ".git").is_dir():
+            return WorkspaceNotFound(f"the repository at {self.path} was deleted while it was being read; "
+                                     "if the workspace was re-created, retry")
+        return StorageError(
+            f"object {sha.decode(errors='replace')} is missing from {self.path} though a revision refers to it; "
+            "the repository is damaged: run `kb fsck`, then restore the workspace from a backup or its remote"
+        )
+
     def _damaged(self, sha: bytes, exc: BaseException) -> StorageError:
         """The StorageError for object ``sha`` that cannot be read (``exc``: dulwich's or the OS's)."""
         reason = (str(exc).strip().splitlines() or [""])[0][:160] or type(exc).__name__
@@ -309,9 +328,9 @@ class Repository(WorktreeRefresh):
             cache.move_to_end(key)
             return cache[key]
         try:
-            mode, sha = tree_lookup_path(self._tree_object, tree_id, folder.encode()) if folder \
+            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode()) if folder \
                 else (stat.S_IFDIR, tree_id)
-            found = self._tree_object(sha) if stat.S_ISDIR(mode) else None
+            found = self._referenced(sha) if stat.S_ISDIR(mode) else None
         except (KeyError, NotTreeError):
             found = None
         if found is not None and not isinstance(found, Tree):
@@ -333,9 +352,9 @@ class Repository(WorktreeRefresh):
                 folder = None
                 if tree_id is not None:
                     try:
-                        mode, sha = tree_lookup_path(self._tree_object, tree_id, parent.encode()) if parent \
+                        mode, sha = tree_lookup_path(self._referenced, tree_id, parent.encode()) if parent \
                             else (stat.S_IFDIR, tree_id)
-                        folder = self._tree_object(sha) if stat.S_ISDIR(mode) else None
+                        folder = self._referenced(sha) if stat.S_ISDIR(mode) else None
                     except (KeyError, NotTreeError):
                         folder = None
                 folders[parent] = folder
@@ -353,7 +372,7 @@ class Repository(WorktreeRefresh):
         if tree_id is None:
             return False
         try:
-            mode, _ = tree_lookup_path(self._tree_object, tree_id, path.encode())
+            mode, _ = tree_lookup_path(self._referenced, tree_id, path.encode())
         except (KeyError, NotTreeError):
             return False
         return stat.S_ISDIR(mode)
@@ -364,7 +383,7 @@ class Repository(WorktreeRefresh):
         if tree_id is None:
             return []
         try:
-            mode, sha = tree_lookup_path(self._tree_object, tree_id, folder.encode())
+            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode())
         except (KeyError, NotTreeError):
             return []
         if not stat.S_ISDIR(mode):
@@ -379,7 +398,7 @@ class Repository(WorktreeRefresh):
         if entries is None:
             entries = cache[sha] = tuple(
                 (entry.path.decode(), "folder" if stat.S_ISDIR(entry.mode) else "file")
-                for entry in self._tree_object(sha).iteritems()
+                for entry in self._referenced(sha).iteritems()
             )
             if len(cache) > 64:
                 cache.popitem(last=False)
@@ -406,7 +425,7 @@ class Repository(WorktreeRefresh):
         if prefix:
             try:
                 mode, tree_id = tree_lookup_path(
-                    self._tree_object, tree_id, prefix.rstrip("/").encode()
+                    self._referenced, tree_id, prefix.rstrip("/").encode()
                 )
             except (KeyError, NotTreeError):
                 return
@@ -418,9 +437,9 @@ class Repository(WorktreeRefresh):
         yield from self._walk_tree(tree_id, base)
 
     def _walk_tree(self, tree_id: bytes, base: str) -> Iterator[tuple[str, str]]:
-        """Files under one tree in tree order, read through ``_tree_object`` (cached; a damaged
-        tree raises StorageError)."""
-        for entry in self._tree_object(tree_id).iteritems():
+        """Files under one tree in tree order, read through ``_referenced`` (cached; a damaged or
+        missing tree raises StorageError)."""
+        for entry in self._referenced(tree_id).iteritems():
             path = base + entry.path.decode()
             if stat.S_ISDIR(entry.mode):
                 yield from self._walk_tree(entry.sha, path + "/")
@@ -553,7 +572,7 @@ class Repository(WorktreeRefresh):
         """Apply ``nested`` ({name: blob sha | None | {sub-changes}}) to the tree at folder ``path``
         ("" for the root); None if empty. Only the changed entries are spliced into the base's
         layout (``kb.tree_layout``)."""
-        base = None if tree_id is None else self._tree_object(tree_id)
+        base = None if tree_id is None else self._referenced(tree_id)
         changes: dict[bytes, tuple[int, bytes] | None] = {}
         for name, change in nested.items():
             if isinstance(change, dict):
@@ -604,7 +623,7 @@ class Repository(WorktreeRefresh):
         previous = self._seen(_LAYOUT_SEEN, folder) if layout is None else None
         old_layout = self._layouts.peek(previous) if previous is not None else None
         if old_layout is not None:
-            old = self._tree_object(previous)
+            old = self._referenced(previous)
             built = apply_changes(old, old_layout, {n: tree._entries.get(n) for n in _changed_names(old, tree)})
             if built is not None and built[0].id == tree.id:  # the same text: the derivation holds
                 layout = built[1]
@@ -624,7 +643,7 @@ class Repository(WorktreeRefresh):
         if tree_id is None:
             return {}
         try:
-            mode, sha = tree_lookup_path(self._tree_object, tree_id, folder.encode())
+            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode())
         except (KeyError, NotTreeError):
             return {}
         if not stat.S_ISDIR(mode):
@@ -632,10 +651,10 @@ class Repository(WorktreeRefresh):
         cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
         keys = cache.get(sha)
         if keys is None:
-            tree = self._tree_object(sha)
+            tree = self._referenced(sha)
             previous = self._seen(_KEYS_SEEN, folder)
             if previous is not None and previous in cache:  # another revision of this folder: patch it
-                keys = _patched_keys(cache[previous], tree, _changed_names(self._tree_object(previous), tree))
+                keys = _patched_keys(cache[previous], tree, _changed_names(self._referenced(previous), tree))
             else:
                 grouped: dict[str, list[tuple[str, str]]] = {}
                 for raw_name, (entry_mode, _) in tree._entries.items():

@@ -146,8 +146,18 @@ class KnowledgeStore:
 
     # -- reads (no lock) -----------------------------------------------------------------
     def head(self) -> str | None:
-        """Hex id of the newest revision, or None for an empty workspace."""
-        return self.repository.head()
+        """Hex id of the newest revision, or None for an empty workspace. Raises WorkspaceNotFound
+        when the repository this store opened was deleted since (by another process: a long-lived
+        KnowledgeBase would otherwise read it as empty) or is incomplete; one re-created meanwhile is
+        opened anew."""
+        head = self.repository.head()
+        if head is None and not (self.path / ".git" / "HEAD").is_file():
+            # deleted, or replaced by an incomplete one, since it was opened: open it anew, which
+            # raises WorkspaceNotFound unless it was re-created meanwhile (the old object is left
+            # to the collector, not closed: another thread may be reading through it)
+            self._repository = None
+            return self.repository.head()
+        return head
 
     def read(self, path: str | StorePath, revision: str | None = None) -> bytes:
         """Bytes of a document at HEAD (or ``revision``); raises RevisionNotFound, IsAFolder (a folder

@@ -34,7 +34,7 @@ from kb.errors import (
     PathExists,
 )
 from kb.draft import document_bytes
-from kb.lines import check_offset
+from kb.lines import check_offset, check_window_arguments
 from kb.listing import KEEP, Entry, folder_entries
 from kb.merge import LostHunk
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
@@ -359,11 +359,11 @@ class Turn:
         """Lines ``offset+1 … offset+limit`` of a document with their true line numbers (SPEC §5, §8).
 
         ``offset`` = lines skipped (≥ 0), ``limit`` = most lines returned (None: to the end).
-        Raises DocumentNotFound, IsAFolder, InvalidPath, ValueError for a negative offset/limit,
-        OffsetOutOfRange for an offset past the last line (``offset`` = the line count: no lines).
+        Raises DocumentNotFound, IsAFolder, InvalidPath, InvalidInput for an offset/limit that is
+        not a whole number ≥ 0, OffsetOutOfRange (a subclass) for an offset past the last line
+        (``offset`` = the line count: no lines).
         """
-        if offset < 0 or (limit is not None and limit < 0):
-            raise ValueError("offset and limit must be >= 0")
+        check_window_arguments(offset, limit)
         with self._mutex:
             sp = StorePath.parse(path)
             self._require_file(sp.virtual, sp.repo_path)
