@@ -279,7 +279,8 @@ class StorePath:
             body = body[:-1]
         segments = body.split("/")
         if segments[0] != ROOT:
-            hint = f" (did you mean '/{ROOT}/{body}'?)" if body and segments[0] else ""
+            rest = "/".join(segments[1:]) if segments[0].casefold() == ROOT else body  # /Documents/a.md
+            hint = f" (did you mean '/{ROOT}/{rest}'?)" if rest and segments[0] else ""
             raise InvalidPath(path, f"must be under /documents{hint}")
         try:
             result = cls(tuple(segments[1:]))

@@ -139,3 +139,14 @@ def test_a_path_of_thousands_of_segments_is_refused_or_missed_cleanly(kb):
     for read in (lambda: kb.ls(1, deep), lambda: kb.read(1, deep + ".md")):
         with pytest.raises(KbError, match=r"`kb ls /documents/a --workspace 1` lists what is there$"):
             read()
+
+
+def test_the_root_spelled_in_another_case_is_suggested_as_the_root():
+    """`/DOCUMENTS/A/x.md` was answered "did you mean '/documents/DOCUMENTS/A/x.md'?"."""
+    from kb.errors import InvalidPath
+    from kb.paths import StorePath
+
+    for typed, meant in (("/DOCUMENTS/A/x.md", "/documents/A/x.md"), ("Documents/x.md", "/documents/x.md"),
+                         ("/etc/passwd", "/documents/etc/passwd"), ("notes/x.md", "/documents/notes/x.md")):
+        with pytest.raises(InvalidPath, match=f"must be under /documents \\(did you mean '{meant}'\\?\\)$"):
+            StorePath.parse(typed)
