@@ -137,6 +137,11 @@ def close_open_repositories() -> None:
         repository.close()
 
 
+OBJECT_WRITE_ATTEMPTS = 5
+"""Tries to store one loose object while another process may remove its emptied ``objects/xx/``
+folder (``git prune-packed``) between the folder's creation and the object's write."""
+
+
 class Repository(WorktreeRefresh):
     """One workspace's non-bare git repository at ``path`` (created on ``Repository.create``)."""
 
@@ -261,18 +266,26 @@ class Repository(WorktreeRefresh):
 
     # -- reads -----------------------------------------------------------------------------
     def head(self) -> str | None:
-        """Hex id of the branch head, or None for an unborn repository."""
+        """Hex id of the branch head, or None for an unborn repository. Raises StorageError when
+        the ref holds anything but a 40-digit hex id (a damaged repository, SPEC §14)."""
         try:  # the loose ref, read directly (dulwich would resolve symrefs and packed refs first)
             with open(self._ref_path, "rb") as f:
                 loose = f.read().strip()
         except (FileNotFoundError, NotADirectoryError):
             loose = b""
-        if len(loose) == 40:
-            return loose.decode()
-        try:
-            return self._repo.refs[BRANCH].decode()
-        except (KeyError, NotTreeError):
-            return None
+        if len(loose) != 40:
+            try:
+                loose = self._repo.refs[BRANCH]
+            except (KeyError, NotTreeError):
+                return None
+        if len(loose) != 40 or loose.strip(b"0123456789abcdef"):
+            raise StorageError(
+                f"the branch ref {BRANCH.decode()} of {self.path} holds {loose[:60].decode(errors='replace')!r}, "
+                "not a revision id; the "
+                "repository is damaged: `git fsck` in it shows what else is, then restore the workspace from a "
+                "backup or its remote"
+            )
+        return loose.decode()
 
     def resolve(self, revision: str) -> str:
         """The full id of ``revision``, which may be a unique prefix of at least 4 hex digits (as
@@ -503,10 +516,19 @@ class Repository(WorktreeRefresh):
         store = self._repo.object_store
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
-                try:
-                    store.add_object(obj)
-                except FileLocked:
-                    self._add_loose_beside(obj)
+                for attempt in range(OBJECT_WRITE_ATTEMPTS):
+                    try:
+                        store.add_object(obj)
+                    except FileLocked:
+                        self._add_loose_beside(obj)
+                    except FileNotFoundError:
+                        # a concurrent `git repack -d` / `prune-packed` removed the emptied
+                        # objects/xx/ folder between dulwich's mkdir and its open of the .lock:
+                        # make it again, as git itself retries
+                        if attempt + 1 == OBJECT_WRITE_ATTEMPTS:
+                            raise
+                        continue
+                    break
         else:
             store.add_objects([(obj, None) for obj in objects])
 
