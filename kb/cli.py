@@ -621,13 +621,17 @@ def reindex(workspace: int, defer_: bool) -> None:
 @main.command()
 def sweep() -> None:
     """Defer projection/index jobs for every workspace lagging git HEAD (what the periodic
-    kb.sweep task does every minute).
+    kb.sweep task does every minute), recording revisions made with git outside kb first. A
+    workspace whose repository cannot be read is skipped with the reason, the others are swept,
+    and the exit status is 1.
 
     Example: kb sweep
     """
     report = _open().sweep()
     click.echo(f"checked {report.checked} workspaces; projection deferred for {report.projection_deferred}, "
                f"index deferred for {report.index_deferred}")
+    if report.damaged:  # each was logged to stderr as "sweep: workspace N skipped: …"
+        sys.exit(1)
 
 
 @main.command()

@@ -185,7 +185,8 @@ def sweep(timestamp: int) -> dict:
 
     report = run_sweep(_kb())
     return {"checked": report.checked, "projection": report.projection_deferred,
-            "index": report.index_deferred, "retry": report.retry_deferred}
+            "index": report.index_deferred, "retry": report.retry_deferred,
+            "damaged": sorted(report.damaged)}
 
 
 @app.periodic(cron=STALLED_CRON)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb import database
+from kb.errors import StorageError, WorkspaceNotFound
 from kb.locks import chunk_lock
 from kb.sql import queries
 from kb.store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
@@ -37,6 +38,8 @@ class SweepReport:
     blobs_purged: list[int] = field(default_factory=list)
     quarantine_retried: list[int] = field(default_factory=list)
     push_deferred: list[int] = field(default_factory=list)
+    damaged: dict[int, str] = field(default_factory=dict)
+    """Workspaces skipped because their repository cannot be read: id → the error's message."""
 
 
 def retry_delay_seconds(attempts: int) -> float:
@@ -74,11 +77,17 @@ def sweep(kb: "KnowledgeBase") -> SweepReport:
         if not store.exists():
             continue
         report.checked += 1
-        git_head = store.head()
-        if git_head is None:
+        try:
+            git_head = store.head()
+            if git_head is None:
+                continue
+            if git_head != row["head"] and record_missing_revisions(store):
+                report.recorded.append(ws)
+        except (StorageError, WorkspaceNotFound) as exc:  # one damaged (or vanishing) repository
+            # must not stop the sweep of the others
+            log.warning("sweep: workspace %s skipped: %s", ws, exc)
+            report.damaged[ws] = str(exc)
             continue
-        if git_head != row["head"] and record_missing_revisions(store):
-            report.recorded.append(ws)
         with database.transaction(kb.database_url) as conn:
             if git_head != row["projected"]:
                 defer_job(conn, "projection", PROJECTION_TASK, ws)

@@ -22,6 +22,7 @@ A crash after the commit leaves a ``.deleted-{id}-*`` folder (and maybe indexes)
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -64,9 +65,12 @@ class WorkspaceSummary:
         command that does it: ``2 revisions waiting to be projected, then indexed`` before the
         projection ran, else ``1 revision and 3 documents waiting to be indexed``; for
         ``problems`` the documents that failed and any lag besides; for ``damaged`` the reason.
-        Empty when ``indexed``, ``empty`` or ``no repository``."""
+        Empty when ``indexed``, ``empty`` or ``no repository``. A revision made with git outside
+        kb needs ``kb sweep`` to be recorded (the worker's periodic sweep does it too)."""
         if self.index_state == "damaged":
             return self.problem
+        if self.index_state in ("indexed", "empty", "no repository"):
+            return ""
         parts = []
         if self.index_state == "problems":
             counts = [_count(n, "document") + " " + word for n, word in (
@@ -74,14 +78,16 @@ class WorkspaceSummary:
                 (self.documents_unindexable, "unindexable")) if n]
             parts.append(f"{', '.join(counts)} (`kb status --workspace {self.id}` lists them)")
         if self.head_unrecorded:
-            parts.append("revisions made outside kb waiting to be recorded, then indexed")
-        elif self.revisions_unprojected:
+            parts.append("git's HEAD is a revision made outside kb: `kb sweep` records it, then "
+                         "`kb worker --until-idle` indexes it")
+            return "; ".join(parts)
+        if self.revisions_unprojected:
             parts.append(f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed")
         elif self.index_state == "behind" or self.revisions_behind or self.documents_pending:
             counts = [_count(n, word) for n, word in ((self.revisions_behind, "revision"),
                                                        (self.documents_pending, "document")) if n]
             parts.append(f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed")
-        if parts and (self.head_unrecorded or self.revisions_unprojected or self.index_state == "behind"
+        if parts and (self.revisions_unprojected or self.index_state == "behind"
                       or self.revisions_behind or self.documents_pending):
             parts[-1] += " (`kb worker --until-idle` does it)"
         return "; ".join(parts)
@@ -122,7 +128,7 @@ def list_workspaces(kb) -> list[WorkspaceSummary]:
     others are listed all the same."""
     with database.transaction(kb.database_url) as conn:
         rows = conn.execute(queries["workspace_summaries"]).fetchall()
-    summaries = []
+    summaries, heads = [], {}
     for row in rows:
         store = kb.store(row["id"])
         counts = dict(revisions_behind=row["revisions_behind"], documents_pending=row["documents_pending"],
@@ -136,11 +142,17 @@ def list_workspaces(kb) -> list[WorkspaceSummary]:
             head = store.head()
         except KbError as exc:  # one unreadable repository must not hide the others
             summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "damaged", **counts,
-                                              problem=f"{exc} (`kb fsck --workspace {row['id']}` checks it)"))
+                                              problem=str(exc)))  # it says what to do
             continue
-        unrecorded = head is not None and head != row["head"]
-        summaries.append(WorkspaceSummary(row["id"], row["documents"], head, _index_state(row, head), **counts,
-                                          head_unrecorded=unrecorded))
+        if head is not None and head != row["head"]:
+            heads[row["id"]] = head
+        summaries.append(WorkspaceSummary(row["id"], row["documents"], head, _index_state(row, head), **counts))
+    if heads:  # git moved past Postgres' head: recorded since the query above, or made outside kb?
+        with database.connect(kb.database_url) as conn:
+            recorded = {r["workspace_id"] for r in conn.execute(
+                queries["recorded_heads"], {"workspace_ids": list(heads), "heads": list(heads.values())})}
+        summaries = [dataclasses.replace(s, head_unrecorded=True) if s.id in heads and s.id not in recorded else s
+                     for s in summaries]
     return summaries
 
 

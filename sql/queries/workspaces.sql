@@ -57,3 +57,11 @@ DELETE FROM kb.document_lexeme_stats WHERE workspace_id = %(workspace_id)s;
 
 -- name: delete_workspace_document_text_stats
 DELETE FROM kb.document_text_stats WHERE workspace_id = %(workspace_id)s;
+
+-- name: recorded_heads
+-- Which of the given (workspace, git HEAD) pairs Postgres has recorded, read after git's heads so
+-- that a kb commit in progress (its ref moves just before its transaction commits) is not taken
+-- for a revision made outside kb.
+SELECT h.workspace_id
+FROM unnest(%(workspace_ids)s::int[], %(heads)s::text[]) AS h(workspace_id, head)
+WHERE EXISTS (SELECT 1 FROM kb.revisions r WHERE r.workspace_id = h.workspace_id AND r.id = h.head);
