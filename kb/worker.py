@@ -121,7 +121,8 @@ class ProgressDisplay:
     """Per-job progress of a worker: a live line (rich) on a terminal, plain lines otherwise.
 
     Thread-safe: index jobs report progress from their worker thread. Lines look like
-    ``index ws 2: 57/173 documents, 312 chunks, 4.1 chunks/s, ETA 2m05s``.
+    ``index ws 2: 57/173 documents, 312 chunks, 4.1 chunks/s, ETA 2m05s`` (``312 chunks (270
+    unchanged)`` when rows of unchanged chunks were kept: the count is not what was embedded).
     """
 
     PLAIN_EVERY_SECONDS = 5.0
@@ -173,7 +174,8 @@ class ProgressDisplay:
         if 0 < done < total:
             left = elapsed / done * (total - done)
             eta = f", ETA {int(left) // 60}m{int(left) % 60:02d}s"
-        self._line(f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks, "
+        unchanged = f" ({report.chunks_reused} unchanged)" if report.chunks_reused else ""
+        self._line(f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks{unchanged}, "
                    f"{rate:.1f} chunks/s{eta}", permanent=done >= total and not self.live_mode)
 
     def job_finished(self, job_id: int, task: str, workspace_id: int | None, ok: bool, detail: str) -> None:

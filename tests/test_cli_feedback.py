@@ -5,6 +5,7 @@ ends without dulwich noise on stderr."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,26 @@ def test_worker_prints_progress_lines_and_a_summary(kb_env, tmp_path):
     second = run_cli(kb_env, "worker", "--until-idle", "--quiet")
     assert "4 chunks written (0 embedded, 4 from the embedding cache)" in second.stdout
     assert second.stderr == ""
+
+
+
+def test_worker_progress_says_which_chunks_were_kept_unchanged(kb_env, tmp_path):
+    """After a one-paragraph edit the progress line said "1/1 documents, 42 chunks" while one
+    chunk was embedded: the count includes the rows of unchanged chunks, and now says so."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    sections = [f"## Part {i}\n\n" + " ".join(f"word{i}x{j}" for j in range(400)) for i in range(6)]
+    (notes / "Long.md").write_text("# Long\n\n" + "\n\n".join(sections) + "\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    sections[2] = sections[2].replace("word2x7 ", "edited ")
+    (notes / "Long.md").write_text("# Long\n\n" + "\n\n".join(sections) + "\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    edited = run_cli(kb_env, "worker", "--until-idle")
+    line = next(x for x in edited.stderr.splitlines() if "index ws 1: 1/1 documents" in x)
+    written, unchanged = (int(n) for n in re.search(r"(\d+) chunks \((\d+) unchanged\)", line).groups())
+    assert written > unchanged >= 4, line
+    assert "1 chunks embedded" not in edited.stderr and "1 document, 1 chunk embedded" in edited.stderr
 
 
 SCRIPT = """
