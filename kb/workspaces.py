@@ -59,10 +59,13 @@ class WorkspaceSummary:
     documents_unindexable: int = 0
     head_unrecorded: bool = False
     problem: str = ""
+    jobs_running: int = 0
+    """Projection and index jobs of the workspace a worker is running now."""
 
     def describe_lag(self) -> str:
         """What the workspace waits for or what is wrong, in words (plurals right), with the
-        command that does it: ``2 revisions waiting to be projected, then indexed`` before the
+        command that does it (or that a worker is running its job): ``2 revisions waiting to be
+        projected, then indexed`` before the
         projection ran, else ``1 revision and 3 documents waiting to be indexed``; for
         ``problems`` the documents that failed and any lag besides; for ``damaged`` the reason.
         Empty when ``indexed``, ``empty`` or ``no repository``. A revision made with git outside
@@ -89,7 +92,8 @@ class WorkspaceSummary:
             parts.append(f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed")
         if parts and (self.revisions_unprojected or self.index_state == "behind"
                       or self.revisions_behind or self.documents_pending):
-            parts[-1] += " (`kb worker --until-idle` does it)"
+            parts[-1] += (" (a worker is running its job now)" if self.jobs_running
+                          else " (`kb worker --until-idle` does it)")
         return "; ".join(parts)
 
 
@@ -134,7 +138,7 @@ def list_workspaces(kb) -> list[WorkspaceSummary]:
         counts = dict(revisions_behind=row["revisions_behind"], documents_pending=row["documents_pending"],
                       documents_failed=row["documents_failed"], revisions_unprojected=row["revisions_unprojected"],
                       documents_quarantined=row["documents_quarantined"],
-                      documents_unindexable=row["documents_unindexable"])
+                      documents_unindexable=row["documents_unindexable"], jobs_running=row["jobs_running"])
         if not store.exists():
             summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "no repository", **counts))
             continue

@@ -352,3 +352,19 @@ def test_no_repository_has_nothing_to_wait_for():
 
     gone = WorkspaceSummary(5, 0, None, "no repository", 0, 0, 0, revisions_unprojected=1)
     assert gone.describe_lag() == ""
+
+
+def test_lag_a_worker_is_working_on_says_so(kb):
+    """`kb workspaces` told a user to run `kb worker --until-idle` while a worker was already
+    running the workspace's job (new-user walkthrough); now it says a worker is on it. The job
+    is fetched as a worker fetches it, with Procrastinate's own function."""
+    from kb import database
+
+    _fill(kb, 1)
+    waiting = {s.id: s for s in kb.list_workspaces()}[1]
+    assert waiting.describe_lag().endswith("(`kb worker --until-idle` does it)") and waiting.jobs_running == 0
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        assert conn.execute(queries["test_fetch_job"], {"queues": ["projection"]}).fetchone()["id"] is not None
+    running = {s.id: s for s in kb.list_workspaces()}[1]
+    assert running.jobs_running == 1
+    assert running.describe_lag() == "1 revision waiting to be projected, then indexed (a worker is running its job now)"

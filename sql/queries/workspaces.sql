@@ -2,13 +2,17 @@
 
 -- name: workspace_summaries
 -- One row per workspace with its document count and index state (from the kb.index_lag view),
--- and how many recorded revisions the projection has not reached (their documents have no rows
--- yet, so documents_pending cannot count them).
+-- how many recorded revisions the projection has not reached (their documents have no rows yet,
+-- so documents_pending cannot count them), and how many of its projection and index jobs a worker
+-- is running.
 SELECT l.workspace_id AS id, l.head, l.stamp, l.projected, l.revisions_behind,
        CASE WHEN l.projected IS NULL THEN w.revision_count
             WHEN p.seq IS NULL THEN 0  -- a revision made outside kb, projected before it was recorded
             ELSE w.revision_count - p.seq END AS revisions_unprojected, l.documents, l.documents_pending,
-       l.documents_failed, l.documents_quarantined, l.documents_unindexable
+       l.documents_failed, l.documents_quarantined, l.documents_unindexable,
+       (SELECT count(*) FROM procrastinate_jobs j
+        WHERE j.status = 'doing' AND j.queue_name IN ('projection', 'index')
+          AND (j.args ->> 'workspace_id')::int = l.workspace_id) AS jobs_running
 FROM kb.index_lag AS l
 JOIN kb.workspaces AS w ON w.id = l.workspace_id
 LEFT JOIN kb.revisions AS p ON p.workspace_id = l.workspace_id AND p.id = l.projected
