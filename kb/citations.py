@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
-from kb.lines import check_offset, check_window_arguments, document_lines  # noqa: F401  (document_lines re-exported: the one line counter)
+from kb.lines import check_offset, check_window_arguments
+from kb.lines import document_lines  # noqa: F401  (re-exported: the one line counter, kb.lines)
 
 GAP = "   ⋮"
 

@@ -78,8 +78,9 @@ def check_window_arguments(offset: object, limit: object) -> None:
     end) unless each is a whole number ≥ 0 (not a bool, float or string): InvalidInput. One check
     for every reader (``Envelope.window``, ``Turn.read``, the MCP and HTTP reads through them)."""
     for name, value in (("offset", offset), ("limit", limit)):
-        if (value is None and name == "offset") or (
-                value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0)):
+        if name == "limit" and value is None:  # no limit: to the end
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidInput(f"{name} must be a whole number ≥ 0, got {value!r}")
 
 

@@ -89,10 +89,8 @@ def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: s
         return f"; the workspace has no revision yet: `kb import FOLDER --workspace {workspace_id}` adds documents"
     candidates = [repo_path] if repo_path.casefold().endswith(".md") else [repo_path, repo_path + ".md"]
     for candidate in candidates:  # as typed, then with the .md a user leaves off
-        spelled = spelled_in_tree(repository, tree_id, candidate)
-        if spelled is None and candidate != repo_path and repository.lookup(tree_id, candidate) is not None:
-            spelled = candidate
-        if spelled is None:
+        spelled, complete = _as_spelled(repository, tree_id, candidate)
+        if not complete or spelled == repo_path:  # nothing there, or exactly what was not found
             continue
         if not listing and repository.is_folder(tree_id, spelled):
             return f"; {_quoted('/' + spelled)} is a folder: {_ls_command(repository, '/' + spelled, revision, workspace_id)} lists it"
@@ -102,38 +100,24 @@ def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: s
                     f"{_ls_command(repository, '/' + spelled.rpartition('/')[0], revision, workspace_id)} "
                     "prints it to copy")
         return f"; did you mean {_quoted('/' + spelled)}?"
-    folder = _deepest_folder(repository, tree_id, repo_path.rpartition("/")[0])
+    folder, _ = _as_spelled(repository, tree_id, repo_path.rpartition("/")[0], folders_only=True)
     return f"; {_ls_command(repository, '/' + folder, revision, workspace_id)} lists what is there"
 
 
-def _deepest_folder(repository, tree_id: bytes, folder: str) -> str:
-    """The deepest folder of ``tree_id`` on the way to ``folder`` (a repo path), each segment as
-    the tree spells it (an exact name first, else one differing in case): ``documents`` at least.
-    Walks down from the root and stops at the first segment that is not there, so a path of
-    thousands of segments costs what the tree's own depth costs (walking up was quadratic)."""
-    root, *below = folder.split("/")
+def _as_spelled(repository, tree_id: bytes, repo_path: str, folders_only: bool = False) -> tuple[str, bool]:
+    """``repo_path`` as ``tree_id`` spells it, segment by segment under each name's collision key
+    (letter case, NFC/NFD: ``name_key``, SPEC §2.2; an exact name wins over a variant, a ``.keep``
+    marker is never one; only folders with ``folders_only``), walking down from the root: ``(the
+    deepest path found, True when every segment was)``. One folder read per segment found
+    (``Repository.folder_keys``, cached per tree), so a path of thousands of segments costs what
+    the tree's own depth costs."""
+    root, *below = repo_path.split("/")  # "documents": StorePath holds nothing else
     found = root
     for segment in below:
         variants = repository.folder_keys(tree_id, found).get(name_key(segment), ())
-        folders = [name for name, kind in variants if kind == "folder"]
-        if not folders:
-            break
-        found = f"{found}/{segment if segment in folders else folders[0]}"
-    return found
-
-
-def spelled_in_tree(repository, tree_id: bytes | None, repo_path: str) -> str | None:
-    """The repo path of the entry ``tree_id`` holds under ``repo_path``'s collision key, segment by
-    segment (an exact name wins over a variant; a ``.keep`` marker is never one), or None when
-    there is none or it is spelled the same. One folder read per segment
-    (``Repository.folder_keys``, cached per tree)."""
-    root, *below = repo_path.split("/")  # "documents": StorePath holds nothing else
-    found = [root]
-    for segment in below:
-        variants = repository.folder_keys(tree_id, "/".join(found)).get(name_key(segment), ())
-        names = [name for name, _kind in variants if name.casefold() != KEEP]
+        names = [name for name, kind in variants
+                 if name.casefold() != KEEP and (kind == "folder" or not folders_only)]
         if not names:
-            return None
-        found.append(segment if segment in names else names[0])
-    spelled = "/".join(found)
-    return None if spelled == repo_path else spelled
+            return found, False
+        found = f"{found}/{segment if segment in names else names[0]}"
+    return found, True

@@ -281,9 +281,8 @@ class Repository(WorktreeRefresh):
         if len(loose) != 40 or loose.strip(b"0123456789abcdef"):
             raise StorageError(
                 f"the branch ref {BRANCH.decode()} of {self.path} holds {loose[:60].decode(errors='replace')!r}, "
-                "not a revision id; the "
-                "repository is damaged: `git fsck` in it shows what else is, then restore the workspace from a "
-                "backup or its remote"
+                "not a revision id; the repository is damaged: `git fsck` in it shows what else is, then "
+                "restore the workspace from a backup or its remote"
             )
         return loose.decode()
 
@@ -516,21 +515,26 @@ class Repository(WorktreeRefresh):
         store = self._repo.object_store
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
-                for attempt in range(OBJECT_WRITE_ATTEMPTS):
-                    try:
-                        store.add_object(obj)
-                    except FileLocked:
-                        self._add_loose_beside(obj)
-                    except FileNotFoundError:
-                        # a concurrent `git repack -d` / `prune-packed` removed the emptied
-                        # objects/xx/ folder between dulwich's mkdir and its open of the .lock:
-                        # make it again, as git itself retries
-                        if attempt + 1 == OBJECT_WRITE_ATTEMPTS:
-                            raise
-                        continue
-                    break
+                self._add_loose(obj)
         else:
             store.add_objects([(obj, None) for obj in objects])
+
+    def _add_loose(self, obj) -> None:
+        """Store ``obj`` as a loose object. A concurrent ``git repack -d`` / ``prune-packed`` may
+        remove the emptied ``objects/xx/`` folder between dulwich's mkdir and its open of the
+        ``.lock`` (FileNotFoundError): the folder is made again on the next try, as git itself
+        retries. Raises OSError after OBJECT_WRITE_ATTEMPTS tries."""
+        store = self._repo.object_store
+        for attempt in range(1, OBJECT_WRITE_ATTEMPTS + 1):
+            try:
+                store.add_object(obj)
+                return
+            except FileLocked:
+                self._add_loose_beside(obj)
+                return
+            except FileNotFoundError:
+                if attempt == OBJECT_WRITE_ATTEMPTS:
+                    raise
 
     def _add_loose_beside(self, obj) -> None:
         """Store ``obj`` as a loose object while another process holds its ``.lock``.

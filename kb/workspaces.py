@@ -65,35 +65,34 @@ class WorkspaceSummary:
     def describe_lag(self) -> str:
         """What the workspace waits for or what is wrong, in words (plurals right), with the
         command that does it (or that a worker is running its job): ``2 revisions waiting to be
-        projected, then indexed`` before the
-        projection ran, else ``1 revision and 3 documents waiting to be indexed``; for
-        ``problems`` the documents that failed and any lag besides; for ``damaged`` the reason.
-        Empty when ``indexed``, ``empty`` or ``no repository``. A revision made with git outside
-        kb needs ``kb sweep`` to be recorded (the worker's periodic sweep does it too)."""
+        projected, then indexed`` before the projection ran, else ``1 revision and 3 documents
+        waiting to be indexed``; for ``problems`` the documents that failed and any lag besides;
+        for ``damaged`` the reason. Empty when ``indexed``, ``empty`` or ``no repository``. A
+        revision made with git outside kb needs ``kb sweep`` to be recorded (the worker's periodic
+        sweep does it too)."""
         if self.index_state == "damaged":
             return self.problem
         if self.index_state in ("indexed", "empty", "no repository"):
             return ""
         parts = []
         if self.index_state == "problems":
-            counts = [_count(n, "document") + " " + word for n, word in (
+            counts = [f"{_count(n, 'document')} {word}" for n, word in (
                 (self.documents_failed, "failed"), (self.documents_quarantined, "quarantined"),
                 (self.documents_unindexable, "unindexable")) if n]
             parts.append(f"{', '.join(counts)} (`kb status --workspace {self.id}` lists them)")
         if self.head_unrecorded:
             parts.append("git's HEAD is a revision made outside kb: `kb sweep` records it, then "
                          "`kb worker --until-idle` indexes it")
-            return "; ".join(parts)
-        if self.revisions_unprojected:
-            parts.append(f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed")
-        elif self.index_state == "behind" or self.revisions_behind or self.documents_pending:
-            counts = [_count(n, word) for n, word in ((self.revisions_behind, "revision"),
-                                                       (self.documents_pending, "document")) if n]
-            parts.append(f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed")
-        if parts and (self.revisions_unprojected or self.index_state == "behind"
-                      or self.revisions_behind or self.documents_pending):
-            parts[-1] += (" (a worker is running its job now)" if self.jobs_running
-                          else " (`kb worker --until-idle` does it)")
+        elif self.revisions_unprojected or self.index_state == "behind" or self.revisions_behind \
+                or self.documents_pending:
+            if self.revisions_unprojected:
+                waiting = f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed"
+            else:
+                counts = [_count(n, word) for n, word in ((self.revisions_behind, "revision"),
+                                                           (self.documents_pending, "document")) if n]
+                waiting = f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed"
+            runs = "a worker is running its job now" if self.jobs_running else "`kb worker --until-idle` does it"
+            parts.append(f"{waiting} ({runs})")
         return "; ".join(parts)
 
 
