@@ -130,7 +130,7 @@ def test_hints_a_shell_can_take_back(kb):
         kb.read(1, "/documents/Notes")
 
 
-def test_a_path_of_thousands_of_segments_is_refused_or_missed_cleanly(kb):
+def test_a_path_of_thousands_of_segments_misses_with_the_deepest_folder(kb):
     """`kb ls` / `kb read` of a 20,000-segment path took 20 s (quadratic in the segments); the
     walk now stops where the tree ends. Timing lives in the note, not here: this checks the
     answer is the right KbError."""

@@ -310,19 +310,19 @@ def test_a_kb_commit_listed_mid_way_is_not_taken_for_an_outside_one(kb):
     the commit "made outside kb" (72 of 2,448 listings beside a writer). The listing now asks
     Postgres, after reading git, whether git's head is recorded. Here the first read's view is
     made by setting the row's head back to the parent, as that read saw it."""
-    import psycopg
+    from kb import database
 
     _fill(kb, 1)
     first = kb.head(1)
     with kb.transaction(1, "second", "alice") as tx:
         tx.write("/documents/second.md", "two\n")
     kb.index(1)
-    with psycopg.connect(kb.database_url, autocommit=True) as conn:
-        conn.execute("UPDATE kb.workspaces SET head_revision = %s WHERE id = 1", (first,))
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_set_workspace_head"], {"workspace_id": 1, "head": first})
         try:
             listed = {s.id: s for s in kb.list_workspaces()}[1]
         finally:
-            conn.execute("UPDATE kb.workspaces SET head_revision = %s WHERE id = 1", (kb.head(1),))
+            conn.execute(queries["test_set_workspace_head"], {"workspace_id": 1, "head": kb.head(1)})
     assert not listed.head_unrecorded and "outside kb" not in listed.describe_lag()
 
 

@@ -288,3 +288,7 @@ WHERE d.id = c.document_id AND c.workspace_id = %(workspace_id)s;
 
 -- name: test_refresh_workspace_document_terms
 SELECT kb.refresh_document_terms(ARRAY(SELECT id FROM kb.documents WHERE workspace_id = %(workspace_id)s));
+
+-- name: test_set_workspace_head
+-- Postgres' recorded head of a workspace, set as a reader that queried just before a commit saw it.
+UPDATE kb.workspaces SET head_revision = %(head)s WHERE id = %(workspace_id)s;
