@@ -359,7 +359,7 @@ def main() -> None:
         else:
             problems = run_fsck_load(kb, args.runs, args.writers)
     finally:
-        from kb.database import close_pools
+        from kb.db.database import close_pools
 
         close_pools()
         cleanup()

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kb.chunking import Chunker, line_starts, mask_fenced_blank_lines  # noqa: E402
+from kb.index.chunking import Chunker, line_starts, mask_fenced_blank_lines  # noqa: E402
 
 WORDS = ["alpha", "configuration", "synchronisation", "the", "vault", "plugin", "markdown", "internationalization"]
 

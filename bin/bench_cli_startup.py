@@ -65,7 +65,7 @@ def outside_imports(command: list[str], env: dict[str, str]) -> str:
 
 
 def kb_cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kb.cli", *args]
+    return [sys.executable, "-m", "kb.adapters.cli", *args]
 
 
 def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:

@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb.database import connect, start_embedded, stop_embedded
+from kb.db.database import connect, start_embedded, stop_embedded
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
-from kb.sql import queries
+from kb.db.sql import queries
 
 
 def main() -> int:

@@ -35,13 +35,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kb import database  # noqa: E402
-from kb.embedding import make_embedder, vector_literal  # noqa: E402
-from kb.indexer import decode_document  # noqa: E402
+from kb.db import database  # noqa: E402
+from kb.index.embedding import make_embedder, vector_literal  # noqa: E402
+from kb.index.indexer import decode_document  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.search import LEG_LIMIT, lexical_leg, vector_leg  # noqa: E402
+from kb.search.hybrid import LEG_LIMIT, lexical_leg, vector_leg  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from kb.sql import queries  # noqa: E402
+from kb.db.sql import queries  # noqa: E402
 
 WS = 1
 

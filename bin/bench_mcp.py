@@ -50,7 +50,7 @@ def main() -> None:
     path = sorted(kb.list_paths(1))[0]
     conv = kb.conversation(1, "bench-direct")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    server = StdioServerParameters(command=sys.executable, args=["-m", "kb.cli", "mcp", "--workspace", "1"],
+    server = StdioServerParameters(command=sys.executable, args=["-m", "kb.adapters.cli", "mcp", "--workspace", "1"],
                                    env=env, cwd=str(REPO))
     timings: dict[str, list[float]] = {"mcp read": [], "facade read": [], "mcp search": [], "facade search": []}
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb.database import start_embedded, stop_embedded
+from kb.db.database import start_embedded, stop_embedded
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
 

@@ -56,16 +56,16 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kb import database  # noqa: E402
-from kb.citations import document_lines  # noqa: E402
-from kb.chunk_context import context_line  # noqa: E402
-from kb.embedding import HashingEmbedder, vector_literal  # noqa: E402
+from kb.db import database  # noqa: E402
+from kb.citations.envelope import document_lines  # noqa: E402
+from kb.index.chunk_context import context_line  # noqa: E402
+from kb.index.embedding import HashingEmbedder, vector_literal  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb import search as search_module  # noqa: E402
-from kb.search import vector_leg  # noqa: E402
-from kb.vector_index import maintain  # noqa: E402
+from kb.search import hybrid as search_module  # noqa: E402
+from kb.search.hybrid import vector_leg  # noqa: E402
+from kb.index.vector_index import maintain  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from kb.sql import composable, queries  # noqa: E402
+from kb.db.sql import composable, queries  # noqa: E402
 
 K = 10
 
@@ -223,7 +223,7 @@ def main() -> None:
         settings = settings.model_copy(update={"database_url": url.replace("/kb_bench?", "/kb_bench_search?")})
     kb = KnowledgeBase.open(settings)
     if args.minilm:
-        from kb.embedding import MiniLMEmbedder
+        from kb.index.embedding import MiniLMEmbedder
 
         args.work.mkdir(parents=True, exist_ok=True)
         embedder = CachedEmbedder(MiniLMEmbedder(), args.work / "minilm-vectors.npz")

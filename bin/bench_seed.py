@@ -103,7 +103,7 @@ def main() -> int:
     if not (SHARED / "legacy" / "make_legacy.py").exists() or not a.source.is_dir():
         print(f"needs ../shared/legacy/make_legacy.py and {a.source}", file=sys.stderr)
         return 2
-    from kb.database import start_embedded, stop_embedded
+    from kb.db.database import start_embedded, stop_embedded
 
     work = Path(tempfile.mkdtemp(prefix="kb-bench-seed-"))
     server, started = os.environ.get("KB_DATABASE_URL"), None

@@ -7,7 +7,7 @@ times, as medians over ``--repeat`` runs:
 
 * a 1-file commit: ``kb.transaction`` writing one document  vs  ``git commit -q -m … -- path``
   (index refresh + commit, the git CLI's way to record a one-file change) on the same repository;
-* a per-document history: ``kb.history(path)`` (Postgres rows)  vs  ``git log --format=%H -- path``.
+* a per-document history: ``kb.store.history(path)`` (Postgres rows)  vs  ``git log --format=%H -- path``.
 
 Prints the figures and the ratios kb/git (≤ 1.0 means kb is at least as fast). Postgres:
 ``KB_DATABASE_URL`` when set (a fresh database is created there), else an embedded server in a
@@ -55,7 +55,7 @@ def git(repo: Path, *args: str) -> str:
 
 def database(workdir: Path) -> tuple[str, callable]:
     """A fresh database URL and a cleanup function."""
-    from kb.database import start_embedded, stop_embedded
+    from kb.db.database import start_embedded, stop_embedded
 
     server = os.environ.get("KB_DATABASE_URL")
     started = None

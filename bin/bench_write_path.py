@@ -12,7 +12,7 @@ Three measurements, each leg interleaved round by round with its reference, medi
    Goal: large/small ≤ 1.5, ≤ 100 ms. Measured twice: turns in a row, and each turn after
    another writer put a document into the same folder (a head this process has not seen).
 3. **Renaming that folder** while a one-file writer keeps committing: the write-lock hold of the
-   rename (logged by ``kb.locks``) and the other writer's worst commit latency. Goal: ≤ 2 s.
+   rename (logged by ``kb.db.locks``) and the other writer's worst commit latency. Goal: ≤ 2 s.
 
 Postgres: ``KB_DATABASE_URL`` when set (a fresh database is created), else an embedded server in a
 temporary directory. Example::
@@ -216,7 +216,7 @@ def main() -> None:
         if "rename" not in skip:
             bench_rename(kb, url, args.flat)
     finally:
-        from kb.database import close_pools
+        from kb.db.database import close_pools
 
         close_pools()
         cleanup()

@@ -25,7 +25,7 @@ written by hand.
 
 Systems, all over the same documents in the same run:
 
-- kb: ``KnowledgeBase.search`` (the facade, k = 10) with the settings in kb/search.py.
+- kb: ``KnowledgeBase.search`` (the facade, k = 10) with the settings in kb/search/hybrid.py.
 - vector: kb's vector leg alone (chunks ranked by cosine distance, grouped by document).
 - text, document: kb's chunk leg alone (grouped by document) and its document leg alone (BM25
   over whole documents).
@@ -79,16 +79,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kb import database  # noqa: E402
-from kb.embedding import make_embedder  # noqa: E402
+from kb.db import database  # noqa: E402
+from kb.index.embedding import make_embedder  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.languages import lexical_text  # noqa: E402
-from kb.search import (  # noqa: E402
+from kb.index.languages import lexical_text  # noqa: E402
+from kb.search.hybrid import (  # noqa: E402
     DOCUMENT_WEIGHT, LEG_LIMIT, RRF_K, TEXT_WEIGHT, UNCOVERED_VECTOR_WEIGHT, VECTOR_WEIGHT, fuse, lexical_leg,
     vector_leg, vector_weight,
 )
 from kb.settings import Settings  # noqa: E402
-from kb.sql import queries  # noqa: E402
+from kb.db.sql import queries  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus"
 VAULTS = {"de": "de", "ru": "ru", "ar": "ar", "ja": "ja", "zh-TW": "zh-TW"}

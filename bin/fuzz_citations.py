@@ -69,7 +69,7 @@ def e2e(cases: int, seed: int) -> bool:
         finally:
             wall = time.perf_counter() - started
             if not kb.settings.database_url:
-                from kb.database import stop_embedded
+                from kb.db.database import stop_embedded
 
                 stop_embedded(Path(root) / "postgres")
     print(f"end to end: {tally.cases} cases, {tally.resolutions} resolutions in {wall:.1f} s")

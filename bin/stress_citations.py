@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kb.embedding import HashingEmbedder  # noqa: E402
+from kb.index.embedding import HashingEmbedder  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.settings import Settings  # noqa: E402
 from tests.citation_stress import stress  # noqa: E402
@@ -43,7 +43,7 @@ def main() -> int:
         finally:
             kb.close()
             if not kb.settings.database_url:
-                from kb.database import stop_embedded
+                from kb.db.database import stop_embedded
 
                 stop_embedded(Path(root) / "postgres")
     print(f"{time.perf_counter() - started:.0f} s: " + ", ".join(f"{n} {kind}" for kind, n in sorted(report.counts.items())))

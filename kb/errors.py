@@ -145,7 +145,7 @@ class InvalidPattern(KbError):
 
 class ArtifactReadOnly(KbError):
     """A plain transaction, a turn commit or an editor save would change an ARTIFACT document's
-    file; artifacts are revised through ``revise_artifact`` (``kb.artifacts``, SPEC §11)."""
+    file; artifacts are revised through ``revise_artifact`` (``kb.workspace.artifacts``, SPEC §11)."""
 
 
 # -- store under contention and crashes (issue 9, SPEC §3, §14) -------------------------------
@@ -232,7 +232,7 @@ class RemoteUnreachable(RemoteError):
 
 
 class PushFailed(RemoteError):
-    """A push did not update the remote branch (recorded in ``kb.remotes.last_push_error``)."""
+    """A push did not update the remote branch (recorded in ``kb.workspace.remotes.last_push_error``)."""
 
 
 class ServerUnavailable(KbError):

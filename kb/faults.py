@@ -12,7 +12,7 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
 * ``before_pg_commit`` — the last step before Postgres commits (the working tree is refreshed only
   after that commit, outside the write lock, issue 9).
 
-With group commit (``kb.group_commit``) the holder reaches each point once for its whole group.
+With group commit (``kb.store.group_commit``) the holder reaches each point once for its whole group.
 """
 
 from __future__ import annotations

@@ -14,40 +14,40 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kb import database
-from kb.citations import Envelope, document_lines
+from kb.db import database
+from kb.citations.envelope import Envelope, document_lines
 from kb.errors import DatabaseUnavailable, DimensionMismatch
-from kb.migrations import MigrationReport, apply_migrations, schema_is_current
+from kb.db.migrations import MigrationReport, apply_migrations, schema_is_current
 from kb.paths import StorePath, check_storage_root
-from kb.projection import ProjectionResult, project
-from kb.publication import PublicationStatus, ensure_publication
+from kb.store.projection import ProjectionResult, project
+from kb.db.publication import PublicationStatus, ensure_publication
 from kb.settings import Settings
-from kb.sql import queries
-from kb.store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
-from kb.titles import recorded_title
+from kb.db.sql import queries
+from kb.store.knowledge_store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
+from kb.store.titles import recorded_title
 
 if TYPE_CHECKING:
-    from kb.conversation import Conversation
+    from kb.citations.conversation import Conversation
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
     # commands that need none of them (issue 15, SPEC §13).
-    from kb.chunking import Chunker
-    from kb.embedding import Embedder
-    from kb.freshness import IndexFreshness
-    from kb.importer import ImportReport
-    from kb.indexer import IndexReport
-    from kb.artifacts import Artifacts
-    from kb.remotes import Remote
-    from kb.fsck import FsckReport
-    from kb.listing import Entry
+    from kb.index.chunking import Chunker
+    from kb.index.embedding import Embedder
+    from kb.index.freshness import IndexFreshness
+    from kb.store.importer import ImportReport
+    from kb.index.indexer import IndexReport
+    from kb.workspace.artifacts import Artifacts
+    from kb.workspace.remotes import Remote
+    from kb.workspace.fsck import FsckReport
+    from kb.store.listing import Entry
 
 
-    from kb.turns import CommitResult, Turn
-    from kb.worker import WorkerReport
-    from kb.worktree import JanitorReport
-    from kb.drift import DriftReport
-    from kb.seed import SeedReport
-    from kb.span_fill import SpanFill
-    from kb.workspaces import DeletedWorkspace, WorkspaceSummary
+    from kb.turns.turn import CommitResult, Turn
+    from kb.jobs.worker import WorkerReport
+    from kb.git.worktree import JanitorReport
+    from kb.legacy.drift import DriftReport
+    from kb.legacy.seed import SeedReport
+    from kb.legacy.span_fill import SpanFill
+    from kb.workspace.lifecycle import DeletedWorkspace, WorkspaceSummary
 
 
 def default_author() -> str:
@@ -195,7 +195,7 @@ class KnowledgeBase:
         message: str | None = None, author: str | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``)."""
-        from kb.importer import import_folder
+        from kb.store.importer import import_folder
 
         return import_folder(
             self.store(workspace_id), Path(source), prefix=prefix, prune=prune, message=message,
@@ -207,7 +207,7 @@ class KnowledgeBase:
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
         if self._embedder is None:
-            from kb.embedding import LazyEmbedder
+            from kb.index.embedding import LazyEmbedder
 
             self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
         return self._embedder
@@ -215,7 +215,7 @@ class KnowledgeBase:
     @functools.cached_property
     def chunker(self) -> Chunker:
         """The chunker (chunk size in model tokens, SPEC §7)."""
-        from kb.chunking import LazyChunker
+        from kb.index.chunking import LazyChunker
 
         return LazyChunker(self.settings.chunk_size)  # chonkie and the tokenizer load on first cut
 
@@ -241,7 +241,7 @@ class KnowledgeBase:
     def index(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
         """Project and index a workspace up to HEAD in this process (what the index job runs)."""
         self.store(workspace_id).repository  # raises WorkspaceNotFound early
-        from kb.indexer import Indexer
+        from kb.index.indexer import Indexer
 
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
         return indexer.converge(workspace_id)
@@ -249,8 +249,8 @@ class KnowledgeBase:
     def run_worker(self, until_idle: bool = False, concurrency: int = 1, display=None) -> "WorkerReport":
         """Run the Procrastinate worker for kb's queues (``kb worker``); with ``until_idle`` return
         once no job is due or runnable (SPEC §7, issue 19). ``display``: a
-        ``kb.worker.ProgressDisplay`` for per-job progress. Returns a ``kb.worker.WorkerReport``."""
-        from kb.worker import run_worker
+        ``kb.jobs.worker.ProgressDisplay`` for per-job progress. Returns a ``kb.jobs.worker.WorkerReport``."""
+        from kb.jobs.worker import run_worker
 
         return run_worker(self, until_idle=until_idle, concurrency=concurrency, display=display)
 
@@ -260,8 +260,8 @@ class KnowledgeBase:
 
         Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100.
         """
-        from kb.search import check_query
-        from kb.search import search as hybrid_search
+        from kb.search.hybrid import check_query
+        from kb.search.hybrid import search as hybrid_search
 
         check_query(query, k)
         store = self.store(workspace_id)
@@ -280,7 +280,7 @@ class KnowledgeBase:
         """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
         SPEC §7, §8, issue 15). Zeros for a workspace that does not exist; raises
         InvalidWorkspace for a bad id."""
-        from kb.freshness import index_freshness
+        from kb.index.freshness import index_freshness
 
         return index_freshness(self.database_url, check_workspace_id(workspace_id))
 
@@ -302,16 +302,16 @@ class KnowledgeBase:
 
     def conversation(self, workspace_id: int, chat_id: str) -> "Conversation":
         """The chat ``chat_id``'s door to search, read and cite (SPEC §8, issue 10): a
-        :class:`kb.conversation.Conversation` (search, read, normalize, resolve, handles, forget).
+        :class:`kb.citations.conversation.Conversation` (search, read, normalize, resolve, handles, forget).
         Raises InvalidChat, InvalidWorkspace, WorkspaceNotFound."""
-        from kb.conversation import Conversation
+        from kb.citations.conversation import Conversation
 
         return Conversation(self, workspace_id, chat_id)
 
     def expire_citations(self) -> int:
         """Delete chats unused for ``KB_CITATION_TTL`` seconds with their handles (what the
         periodic ``kb.expire_citations`` task runs, SPEC §8); returns how many chats."""
-        from kb import citation_registry
+        from kb.citations import registry as citation_registry
 
         with database.transaction(self.database_url) as conn:
             return citation_registry.expire(conn, self.settings.citation_ttl)
@@ -344,10 +344,10 @@ class KnowledgeBase:
                         queries["quarantined_documents"], {"workspace_id": workspace_id}
                     ).fetchall(),
                 }
-                from kb.seed import migration_status  # issue 11: authority, span backlog, drift
+                from kb.legacy.seed import migration_status  # issue 11: authority, span backlog, drift
 
                 result["workspace"]["migration"] = migration_status(conn, workspace_id)
-                from kb.drift import drift_report
+                from kb.legacy.drift import drift_report
 
                 result["workspace"]["drift"] = drift_report(conn, workspace_id)
 
@@ -384,7 +384,7 @@ class KnowledgeBase:
 
     def fsck(self, workspace_id: int) -> "FsckReport":
         """git's consistency check, stale-lock and working-tree repair, reconcile (``kb fsck``)."""
-        from kb.fsck import fsck
+        from kb.workspace.fsck import fsck
 
         return fsck(self.store(workspace_id))
 
@@ -410,20 +410,20 @@ class KnowledgeBase:
         """Rebuild a workspace's index from git HEAD in this process, resuming an interrupted
         rebuild (what the ``kb.reindex`` job runs, SPEC §7)."""
         self.store(workspace_id).repository  # raises WorkspaceNotFound early
-        from kb.indexer import Indexer
+        from kb.index.indexer import Indexer
 
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
         return indexer.reindex(workspace_id)
 
     def defer_reindex(self, workspace_id: int) -> int | None:
         """Queue ``kb.reindex`` for a worker; returns the job id (None: one is already waiting)."""
-        from kb import jobs
+        from kb.jobs import tasks as jobs
 
         return jobs.defer_reindex(self, workspace_id)
 
     def sweep(self):
         """Defer projection/index jobs for every workspace lagging git HEAD (SPEC §7)."""
-        from kb.sweep import sweep
+        from kb.jobs.sweep import sweep
 
         return sweep(self)
 
@@ -431,23 +431,23 @@ class KnowledgeBase:
     # -- artifacts (issue 17, SPEC §11) ---------------------------------------------------
     def artifacts(self, workspace_id: int) -> "Artifacts":
         """The artifacts of a workspace: ``save``, ``revise``, ``get``, ``list``, ``read_file``,
-        ``delete`` (``kb.artifacts.Artifacts``). Raises InvalidWorkspace."""
-        from kb.artifacts import Artifacts
+        ``delete`` (``kb.workspace.artifacts.Artifacts``). Raises InvalidWorkspace."""
+        from kb.workspace.artifacts import Artifacts
 
         return Artifacts(self.store(workspace_id), default_author)
 
     # -- git remotes (issue 18, SPEC §13) ----------------------------------------------------
     def remote(self, workspace_id: int) -> "Remote":
         """The workspace's push-only git remote: ``add``, ``status``, ``remove``, ``push``,
-        ``defer_push`` (``kb.remotes.Remote``). Raises InvalidWorkspace."""
-        from kb.remotes import Remote
+        ``defer_push`` (``kb.workspace.remotes.Remote``). Raises InvalidWorkspace."""
+        from kb.workspace.remotes import Remote
 
         return Remote(self.store(workspace_id))
 
     # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
     def list_workspaces(self) -> "list[WorkspaceSummary]":
         """Every workspace: id, documents, git head, index state (``kb workspaces``)."""
-        from kb.workspaces import list_workspaces
+        from kb.workspace.lifecycle import list_workspaces
 
         return list_workspaces(self)
 
@@ -455,7 +455,7 @@ class KnowledgeBase:
         """Delete a workspace with its repository, rows, chunks, jobs and worktrees, announced on
         ``kb_events``; refused while a turn or job uses it unless ``force`` (see ``kb.workspaces``).
         Raises InvalidWorkspace, WorkspaceNotFound, WorkspaceBusy, LockTimeout."""
-        from kb.workspaces import delete_workspace
+        from kb.workspace.lifecycle import delete_workspace
 
         try:
             return delete_workspace(self, workspace_id, force=force)
@@ -470,13 +470,13 @@ class KnowledgeBase:
         """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
         operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir, create) and
         ``commit()``. ``author`` = whom the turn acts for (default: the OS user), ``committer`` =
-        who records it (default: kb itself, ``kb.turns.KB_COMMITTER``; SPEC §5).
+        who records it (default: kb itself, ``kb.turns.turn.KB_COMMITTER``; SPEC §5).
 
         Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
         disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
         """
-        from kb.turns import Turn
-        from kb.worktree import root_turn_id
+        from kb.turns.turn import Turn
+        from kb.git.worktree import root_turn_id
 
         store = self.store(workspace_id)
         store.repository  # noqa: B018  (raises WorkspaceNotFound)
@@ -493,7 +493,7 @@ class KnowledgeBase:
     def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":
         """Remove abandoned turn worktrees older than ``ttl`` seconds (default
         ``settings.worktree_ttl``); never an open turn's (SPEC §5). What the janitor job runs."""
-        from kb.worktree import sweep_worktrees
+        from kb.git.worktree import sweep_worktrees
 
         def repository_for(workspace_id: int):
             store = self.store(workspace_id)
@@ -560,7 +560,7 @@ class KnowledgeBase:
         the authority. Raises LegacySourceError, SeedRefused (flipped without ``force``; ``flip``
         without parity), LockTimeout.
         """
-        from kb.seed import Seeder
+        from kb.legacy.seed import Seeder
 
         check_workspace_id(workspace_id)
         active = self.embedder.model
@@ -570,19 +570,19 @@ class KnowledgeBase:
     def set_authority(self, workspace_id: int, *, flipped: bool) -> bool:
         """``--flip`` / ``--unflip`` of a seeded workspace (SPEC §10); True when it changed.
         Raises SeedRefused when the workspace was never seeded or (flip) parity did not pass."""
-        from kb.seed import set_authority
+        from kb.legacy.seed import set_authority
 
         return set_authority(self, check_workspace_id(workspace_id), flipped=flipped)
 
     def span_fill(self) -> "SpanFill":
         """The span fill (SPEC §9): ``status()``, ``pause()``, ``resume()``, ``run()``."""
-        from kb.span_fill import SpanFill
+        from kb.legacy.span_fill import SpanFill
 
         return SpanFill(self)
 
     def drift_check(self, workspace_id: int | None = None) -> "list[DriftReport]":
         """Compare git HEAD with document and chunk rows of flipped workspaces (or one workspace)
         and repair the Postgres side, capped per run (SPEC §10 after the flip)."""
-        from kb.drift import drift_check
+        from kb.legacy.drift import drift_check
 
         return drift_check(self, workspace_id)

@@ -1,8 +1,8 @@
 """Line counting — the one definition every line number in kb is produced and consumed with (SPEC §8).
 
-Chunk spans at cut time (:mod:`kb.chunking`), the envelope rendering of search and reads
-(:mod:`kb.citations`), ``turn.read``/``turn.grep`` (:mod:`kb.turns`), the citation normalizer and
-resolution (:mod:`kb.conversation`) all count lines here, so a number shown to a reader resolves to
+Chunk spans at cut time (:mod:`kb.index.chunking`), the envelope rendering of search and reads
+(:mod:`kb.citations.envelope`), ``turn.read``/``turn.grep`` (:mod:`kb.turns.turn`), the citation normalizer and
+resolution (:mod:`kb.citations.conversation`) all count lines here, so a number shown to a reader resolves to
 the same text later. The rules:
 
 - only ``\\n`` splits lines; a ``\\r`` right before it (CRLF) or at the very end of the text is not

@@ -128,7 +128,7 @@ class Settings(BaseSettings):
         "(for Zero and GUI clients). Default: its Unix socket only.",
     )
 
-    # issue 15: the CLI's read commands ask a running `kb serve` (kb/cli.py reads the variable itself)
+    # issue 15: the CLI's read commands ask a running `kb serve` (kb/adapters/cli/main.py reads the variable itself)
     server_url: str | None = Field(
         default=None,
         description="URL of a running `kb serve` (e.g. http://127.0.0.1:8765): kb search/read/log/status ask it.",

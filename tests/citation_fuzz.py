@@ -14,9 +14,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kb.citation_follow import follow_history
-from kb.citation_normalizer import Citation, HandleInfo, normalize
-from kb.citations import Envelope, excerpt_lines
+from kb.citations.follow import follow_history
+from kb.citations.normalizer import Citation, HandleInfo, normalize
+from kb.citations.envelope import Envelope, excerpt_lines
 from kb.lines import document_lines, line_of, line_starts
 
 # -- documents -------------------------------------------------------------------------------------
@@ -420,8 +420,8 @@ class E2ECase:
 
     # -- showing and citing ------------------------------------------------------------------------
     def _maybe_strip_spans(self) -> None:
-        from kb import database
-        from kb.sql import queries
+        from kb.db import database
+        from kb.db.sql import queries
 
         self.stripped = None
         if self.docs and self.rng.random() < 0.4:
@@ -577,8 +577,8 @@ class E2ECase:
         elif roll < 0.97:
             self.kb.reindex(self.ws)
         else:
-            from kb import database
-            from kb.sql import queries
+            from kb.db import database
+            from kb.db.sql import queries
 
             with database.transaction(self.kb.database_url) as conn:
                 conn.execute(queries["test_truncate_chunks"])

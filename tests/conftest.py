@@ -22,12 +22,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from kb import database
-from kb.database import start_embedded, stop_embedded
+from kb.db import database
+from kb.db.database import start_embedded, stop_embedded
 from kb.knowledge_base import KnowledgeBase
-from kb.migrations import apply_migrations
+from kb.db.migrations import apply_migrations
 from kb.settings import Settings
-from kb.sql import queries
+from kb.db.sql import queries
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 CORPUS = SHARED / "corpus"
@@ -188,7 +188,7 @@ def kb_env(settings: Settings) -> dict[str, str]:
 def run_cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python -m kb.cli ARGS`` with ``env``; returns the completed process."""
     result = subprocess.run(
-        [sys.executable, "-m", "kb.cli", *args], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "kb.adapters.cli", *args], env=env, capture_output=True, text=True, timeout=600
     )
     if check and result.returncode != 0:
         raise AssertionError(f"kb {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from conftest import git
 
-from kb import database
+from kb.db import database
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
-from kb.sql import queries
+from kb.db.sql import queries
 
 WORKSPACE = 1
 NOTES = {

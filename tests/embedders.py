@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from kb.embedding import HashingEmbedder
+from kb.index.embedding import HashingEmbedder
 
 
 class CountingEmbedder(HashingEmbedder):

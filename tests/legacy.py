@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from conftest import SHARED, corpus_path, run_admin, with_database
 
-from kb.embedding import HashingEmbedder
+from kb.index.embedding import HashingEmbedder
 
 MAKE_LEGACY = SHARED / "legacy" / "make_legacy.py"
 _counter = itertools.count()

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from embedders import SlowEmbedder  # noqa: E402
 
-from kb.server import serve  # noqa: E402
+from kb.adapters.http.server import serve  # noqa: E402
 
 if __name__ == "__main__":
     serve(port=int(sys.argv[1]), with_worker=True, embedder=SlowEmbedder(float(sys.argv[2])))

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import git
 
-from kb.database import start_embedded, stop_embedded
+from kb.db.database import start_embedded, stop_embedded
 from kb.errors import InvalidInput
 
 
@@ -77,7 +77,7 @@ def test_embedded_server_survives_a_truncated_handle_list(tmp_path):
         (pgdata / ".handle_pids.json").write_text("")
         # a new process, as the next `kb` command would be (the wheel caches servers per process)
         out = subprocess.run(
-            [sys.executable, "-c", f"from kb.database import start_embedded; print(start_embedded({str(pgdata)!r}))"],
+            [sys.executable, "-c", f"from kb.db.database import start_embedded; print(start_embedded({str(pgdata)!r}))"],
             capture_output=True, text=True, timeout=120,
         )
         assert out.returncode == 0, out.stderr
@@ -91,14 +91,14 @@ def test_embedded_server_survives_a_truncated_handle_list(tmp_path):
     ("documents", ()), ("documentsX", ("documentsX",)), ("a:b", ("a_b",)), (None, ()),
 ])
 def test_import_prefix_names_a_folder_under_documents(prefix, expected):
-    from kb.importer import import_prefix
+    from kb.store.importer import import_prefix
 
     assert import_prefix(prefix) == expected
 
 
 @pytest.mark.parametrize("prefix", ["../etc", "a/../../b", "./x"])
 def test_import_prefix_with_dot_segments_is_refused(prefix):
-    from kb.importer import import_prefix
+    from kb.store.importer import import_prefix
 
     with pytest.raises(InvalidInput):
         import_prefix(prefix)

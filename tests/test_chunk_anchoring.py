@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from kb.chunking import Chunker
+from kb.index.chunking import Chunker
 
 WORDS = ("vault note plugin sync graph canvas link embed property template query filter sort "
          "folder heading block callout table code theme snippet").split()

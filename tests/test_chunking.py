@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import corpus_path
 
-from kb.chunking import Chunker, line_of, line_starts
-from kb.citations import document_lines
+from kb.index.chunking import Chunker, line_of, line_starts
+from kb.citations.envelope import document_lines
 
 
 def test_line_of():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb.citation_normalizer import Citation, HandleInfo, normalize, parse_citation
+from kb.citations.normalizer import Citation, HandleInfo, normalize, parse_citation
 from kb.errors import InvalidCitation, InvalidInput
 
 HANDLES = {1: HandleInfo(True, 10), 2: HandleInfo(False, 5), 3: HandleInfo(True, 20), 4: HandleInfo(True, 0)}

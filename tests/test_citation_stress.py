@@ -4,7 +4,7 @@ index runs and reindexes race, then convergence (SPEC §7, §8)."""
 
 from __future__ import annotations
 
-from kb.embedding import HashingEmbedder
+from kb.index.embedding import HashingEmbedder
 from tests.citation_stress import stress
 
 

@@ -73,6 +73,6 @@ def test_normalize_help_is_truthful_and_in_place_rewrites_the_file(kb_env, tmp_p
     again = run_cli(kb_env, "cite", "normalize", str(answer), "-i", "--chat", "c1", "-w", "1", "--json")
     assert json.loads(again.stdout)["text"] == answer.read_text() and "unchanged" in again.stderr
     assert [p.name for p in answer.parent.iterdir()] == ["answer.md"]  # no temporary file left
-    piped = subprocess.run([sys.executable, "-m", "kb.cli", "cite", "normalize", "--in-place", "-c", "c1", "-w", "1"],
+    piped = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "cite", "normalize", "--in-place", "-c", "c1", "-w", "1"],
                            input="[1:L3]", env=kb_env, capture_output=True, text=True, timeout=120)
     assert piped.returncode == 1 and piped.stderr.startswith("kb: error: --in-place needs a FILE to rewrite")

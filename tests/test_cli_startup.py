@@ -20,11 +20,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import run_cli
 
-from kb.cli import main
-from kb.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
+from kb.adapters.cli.main import main
+from kb.db.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
 from kb.errors import MigrationError
 from kb.knowledge_base import KnowledgeBase
-from kb.migrations import schema_is_current
+from kb.db.migrations import schema_is_current
 
 
 # -- the embedded server's recorded check -------------------------------------------------------
@@ -159,7 +159,7 @@ def test_a_closed_pipe_ends_the_command_quietly(kb: KnowledgeBase, kb_env: dict[
         with kb.transaction(1, f"note {i}", "alice") as tx:
             tx.write(f"/documents/Note {i}.md", f"# Note {i}\n")
     for command in (["log", "-w", "1"], ["status", "-w", "1"], ["read", "/documents/Note 1.md", "-w", "1"]):
-        process = subprocess.Popen([sys.executable, "-m", "kb.cli", *command], env=kb_env,
+        process = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", *command], env=kb_env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         process.stdout.close()  # the reader is gone before kb writes its first line
         stderr = process.stderr.read().decode()

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from kb import database
-from kb.citation_normalizer import Citation
-from kb.sql import queries
+from kb.db import database
+from kb.citations.normalizer import Citation
+from kb.db.sql import queries
 from kb.errors import InvalidChat, InvalidCitation, InvalidInput, UnknownHandle
 
 POLICY = "# Refund policy\n\nIntro line.\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\nContact billing.\n"
@@ -152,7 +152,7 @@ def test_the_expiry_task_runs_in_a_real_worker(kb):
     kb.conversation(1, "old").read("/documents/Refund policy.md")
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["test_age_citation_chat"], {"workspace_id": 1, "chat_id": "old", "days": 40})
-    from kb import jobs
+    from kb.jobs import tasks as jobs
 
     with jobs.app.replace_connector(jobs.configure(kb)) as app, app.open():
         jobs.expire_citations.defer(timestamp=0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kb import database
+from kb.db import database
 from kb.errors import DatabaseUnavailable
-from kb.sql import queries
+from kb.db.sql import queries
 
 
 def test_pooled_connections_are_reused_and_give_dict_rows(database_url: str) -> None:

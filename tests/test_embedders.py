@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kb.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
+from kb.index.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
 from kb.errors import EmbeddingError
 
 

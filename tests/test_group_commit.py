@@ -2,7 +2,7 @@
 consecutive revisions in one Postgres transaction and one ref update.
 
 Other writers are played by intents queued on connections the test keeps open (a writer's session
-owns its intent, kb/group_commit.py); the holder is an ordinary ``kb.transaction`` or a real
+owns its intent, kb/store/group_commit.py); the holder is an ordinary ``kb.transaction`` or a real
 subprocess that SIGKILLs itself at a fault point."""
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import psycopg
 import pytest
 from conftest import git
 
-from kb import database, group_commit
-from kb.draft import Draft
+from kb.db import database
+
+from kb.store import group_commit
+from kb.store.draft import Draft
 from kb.errors import LockTimeout, PathExists
 from kb.knowledge_base import KnowledgeBase
-from kb.locks import WRITE_LOCK_NAMESPACE
+from kb.db.locks import WRITE_LOCK_NAMESPACE
 
 BASE = {"/documents/keep.md": b"keep"}
 
@@ -182,9 +184,9 @@ def test_intent_ids_are_never_reused_after_a_postgres_crash(tmp_path):
     journal entry (here for the id the reset sequence would hand out next, naming a revision
     already recorded) then "settled" the next write with that old revision: the write returned
     without error and its document was never committed."""
-    from kb import embedded_server
+    from kb.db import embedded_server
     from kb.settings import Settings
-    from kb.sql import queries
+    from kb.db.sql import queries
 
     root = Path(tempfile.mkdtemp(prefix="kbcrash-"))  # outside tmp_path: the server's OS user must reach it
     pgdata = root / "pg"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb.embedding import HashingEmbedder
+from kb.index.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
 from tests.citation_stress import git_lines
 

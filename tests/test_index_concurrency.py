@@ -7,12 +7,12 @@ until Postgres reports a run blocked on it, then lets go — rather than with sl
 
 - a projection that changes one document and deletes another while an index run writes the first
   one's chunks deadlocked ("deadlock detected"); both now take the workspace's chunk lock
-  (``kb.locks.CHUNK_LOCK_NAMESPACE``) before any document or chunk row;
+  (``kb.db.locks.CHUNK_LOCK_NAMESPACE``) before any document or chunk row;
 - a document deleted by a projection after an index run read it made the run's chunk insert fail
   on the foreign key; the run now settles it as gone;
 - other writers of document and chunk rows (dropping an artifact's rows, the store's catch-up,
   workspace deletion, the span fill, the sweep's quarantine retry) deadlocked the same way with a
-  running projection; they take the chunk lock too, in the order written in ``kb.locks``.
+  running projection; they take the chunk lock too, in the order written in ``kb.db.locks``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import time
 import psycopg
 import pytest
 
-from kb import database
-from kb.embedding import HashingEmbedder
+from kb.db import database
+from kb.index.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
-from kb.sql import queries
+from kb.db.sql import queries
 
 WAIT_SECONDS = 30.0
 
@@ -252,7 +252,7 @@ def test_catching_up_waits_for_a_projection_before_it_records_the_workspace_row(
     while that projection goes on to delete the artifact's row and to record its revision in the
     workspace row."""
     kb, artifact, hold = projecting
-    import kb.store as store_module
+    import kb.store.knowledge_store as store_module
 
     def die_before_postgres(name: str) -> None:
         if name == "ref_advanced":
@@ -315,7 +315,7 @@ def test_retrying_quarantined_documents_waits_for_a_running_projection(projectin
     y's, which the projection held (it had deleted y); the projection then waited for f's row to
     delete it."""
     kb, _, hold = projecting
-    from kb.sweep import retry_quarantined
+    from kb.jobs.sweep import retry_quarantined
 
     with database.connect(kb.database_url, autocommit=True) as conn:
         for path in ("/documents/f.md", "/documents/y.md"):

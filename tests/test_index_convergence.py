@@ -10,14 +10,14 @@ import psycopg
 import pytest
 from embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
 
-from kb import database
-from kb.chunk_context import context_line, embedded_text, heading_paths
-from kb.chunking import Chunker
-from kb.embedding import HashingEmbedder
+from kb.db import database
+from kb.index.chunk_context import context_line, embedded_text, heading_paths
+from kb.index.chunking import Chunker
+from kb.index.embedding import HashingEmbedder
 from kb.errors import DimensionMismatch
-from kb.indexer import sha256_text
+from kb.index.indexer import sha256_text
 from kb.knowledge_base import KnowledgeBase
-from kb.sql import queries
+from kb.db.sql import queries
 
 WORDS = "alpha beta gamma delta kappa omega sigma tau refund policy annual plan invoice".split()
 
@@ -303,7 +303,7 @@ def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(k
     assert len(small) == 12
     texts = {f"/documents/s{i}.md": p for i, p in enumerate(_paragraphs(12, seed=11))}
     vector = embedder.embed(["refund policy annual plan"])[0]
-    from kb.embedding import vector_literal
+    from kb.index.embedding import vector_literal
 
     leg = [r["id"] for r in _rows(kb, "bench_vector_leg", workspace_id=2, embedding=vector_literal(vector), k=10)]
     assert len(leg) == 10
@@ -334,7 +334,7 @@ def test_a_document_moved_while_it_is_indexed_is_stamped_where_it_is(kb, monkeyp
     indexed. The mark applies only at the path the indexer read, so the document stays lagging
     instead of being stamped with a revision at which its new path did not exist, and the next run
     stamps it where it is: the search envelope's (path, revision) reads back (SPEC §8)."""
-    from kb.indexer import Indexer
+    from kb.index.indexer import Indexer
 
     kb.use_embedder(HashingEmbedder())
     kb.create_workspace(1)

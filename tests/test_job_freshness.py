@@ -13,11 +13,13 @@ import asyncio
 import pytest
 from conftest import run_cli
 
-from kb import database, jobs
+from kb.db import database
+
+from kb.jobs import tasks as jobs
 from kb.knowledge_base import KnowledgeBase
-from kb.sql import queries
-from kb.store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
-from kb.sweep import defer_failed_retry
+from kb.db.sql import queries
+from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.jobs.sweep import defer_failed_retry
 
 
 def _jobs(kb: KnowledgeBase) -> list[dict]:

@@ -15,13 +15,13 @@ import sys
 import pytest
 from conftest import run_cli
 
-from kb.embedding import minilm_available
+from kb.index.embedding import minilm_available
 
 HEAVY = ("torch", "sentence_transformers", "transformers", "chonkie", "tokenizers")
 
 PROBE = """
 import json, sys
-from kb.cli import main
+from kb.adapters.cli.main import main
 try:
     main({args!r}, standalone_mode=False)
 finally:

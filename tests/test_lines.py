@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb.chunking import Chunker
+from kb.index.chunking import Chunker
 from kb.lines import document_lines, line_count, line_of, line_starts
 
 

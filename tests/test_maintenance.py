@@ -7,7 +7,7 @@ import multiprocessing
 from conftest import git
 
 from kb.knowledge_base import KnowledgeBase
-from kb.maintenance import loose_object_count, maintain_workspaces
+from kb.git.maintenance import loose_object_count, maintain_workspaces
 
 WS = 1
 

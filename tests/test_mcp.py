@@ -48,7 +48,7 @@ def workspace(kb, kb_env) -> int:
 
 def _stdio(kb_env, *extra: str) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "kb.cli", "mcp", "--workspace", "1", "--author", AUTHOR, *extra],
+        command=sys.executable, args=["-m", "kb.adapters.cli", "mcp", "--workspace", "1", "--author", AUTHOR, *extra],
         env=kb_env, cwd=str(Path(__file__).resolve().parents[1]),
     )
 
@@ -138,7 +138,7 @@ def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace,
     request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kb.cli", "mcp", "--workspace", "1", "--chat", "crashy", "--author", AUTHOR],
+        [sys.executable, "-m", "kb.adapters.cli", "mcp", "--workspace", "1", "--chat", "crashy", "--author", AUTHOR],
         env=kb_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for message in (request, {"jsonrpc": "2.0", "method": "notifications/initialized"},
@@ -172,7 +172,7 @@ def _free_port() -> int:
 @pytest.fixture
 def served(workspace, kb_env):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kb.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                              "--author", AUTHOR], env=kb_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

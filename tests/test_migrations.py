@@ -10,8 +10,8 @@ import sqlglot
 from conftest import run_admin, with_database
 
 from kb.errors import MigrationError
-from kb.migrations import apply_migrations, migration_files
-from kb.sql import load_queries, sql_root
+from kb.db.migrations import apply_migrations, migration_files
+from kb.db.sql import load_queries, sql_root
 
 CATALOG = """
 SELECT 'column' AS kind, table_schema || '.' || table_name || '.' || column_name || ' ' || data_type
@@ -67,7 +67,7 @@ def test_ledger_is_idempotent_and_detects_edits(database_url, monkeypatch, tmp_p
     edited.mkdir()
     for path in migration_files():
         (edited / path.name).write_text(path.read_text() + "\n-- edited\n")
-    monkeypatch.setattr("kb.migrations.migrations_dir", lambda: edited)
+    monkeypatch.setattr("kb.db.migrations.migrations_dir", lambda: edited)
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         with pytest.raises(MigrationError, match="changed after it was applied"):
             apply_migrations(conn)

@@ -24,7 +24,9 @@ import psycopg
 import pytest
 from core_flow import WORKSPACE, assert_converged, run_core_flow
 
-from kb import database, jobs
+from kb.db import database
+
+from kb.jobs import tasks as jobs
 from kb.settings import Settings
 
 POOL_SIZE = 3  # few server connections, so clients share them all the time

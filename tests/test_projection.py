@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 from psycopg.rows import dict_row
 
-from kb.projection import event_payload, renamed_folder_candidates
+from kb.store.projection import event_payload, renamed_folder_candidates
 
 
 def _docs(url: str, ws: int = 1) -> dict[str, dict]:
@@ -153,8 +153,8 @@ def test_events_are_sent_only_when_the_projection_commits(kb, settings, listener
     kb.create_workspace(1)
     with kb.transaction(1) as tx:
         tx.write("/documents/a.md", "a\n")
-    from kb import database
-    from kb.projection import project
+    from kb.db import database
+    from kb.store.projection import project
 
     with database.connect(settings.database_url) as conn:
         result = project(conn, kb.store(1).repository, 1)
@@ -268,7 +268,7 @@ def test_incremental_runs_agree_with_a_full_rebuild(kb, settings):
     docs = _docs(settings.database_url)
     assert {p: d["content_id"] for p, d in docs.items()} == {
         p: c for p, c in paths.items() if not p.endswith("/.keep")}
-    from kb.projection import folders_of
+    from kb.store.projection import folders_of
 
     assert set(_folders(settings.database_url)) == folders_of(list(paths))
 

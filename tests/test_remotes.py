@@ -20,9 +20,9 @@ from git_servers import bare_repository, git_daemon, git_http_server
 from test_worker_kill import _wait
 from pydantic import SecretStr
 
-from kb import database
+from kb.db import database
 from kb.errors import InvalidInput, PushFailed, RemoteDiverged, RemoteUnreachable
-from kb.sql import queries
+from kb.db.sql import queries
 
 PASSWORD = "s3cr3t-t0ken-Zq9"
 
@@ -193,11 +193,11 @@ def test_twenty_revisions_then_kill_9_of_the_worker_mid_push_remote_ends_at_head
     assert len([j for j in _push_jobs(kb) if j["status"] == "todo"]) == 1  # coalesced
     env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
            "PYTHONPATH": os.pathsep.join(sys.path)}
-    crashing = subprocess.run([sys.executable, "-m", "kb.cli", "worker"], env={**env, "KB_FAULT_POINT": "push_sending"},
+    crashing = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "worker"], env={**env, "KB_FAULT_POINT": "push_sending"},
                               capture_output=True, timeout=300)
     assert crashing.returncode == -signal.SIGKILL
     assert _remote_branch(bare) is None and [j["status"] for j in _push_jobs(kb)] == ["doing"]
-    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: kb.remote(1).status().last_pushed_revision == head, 120, "the retried push")

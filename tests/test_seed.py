@@ -13,7 +13,7 @@ from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en, tl
 
 from kb.errors import LegacySourceError, SeedRefused
 from kb.paths import blob_id, name_key, safe_filename
-from kb.sql import queries
+from kb.db.sql import queries
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 from conftest import git, run_cli
 from test_worker_kill import _wait
 
-from kb import database
-from kb.sql import queries
+from kb.db import database
+from kb.db.sql import queries
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 
@@ -82,7 +82,7 @@ def _job_status(kb, task: str) -> list[str]:
 
 
 def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_path):
-    process, url = _start([sys.executable, "-m", "kb.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log")
+    process, url = _start([sys.executable, "-m", "kb.adapters.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log")
     try:
         assert _call(f"{url}/health") == (200, {"status": "ok"})
         assert _call(f"{url}/ready") == (200, {"status": "ready", "worker": True})

@@ -19,12 +19,14 @@ import pytest
 from conftest import run_admin, with_database
 from core_flow import run_core_flow
 
-from kb import database, jobs
+from kb.db import database
+
+from kb.jobs import tasks as jobs
 from kb.errors import MigrationError
 from kb.knowledge_base import KnowledgeBase
-from kb.migrations import apply_migrations
+from kb.db.migrations import apply_migrations
 from kb.settings import Settings
-from kb.sql import queries
+from kb.db.sql import queries
 
 HOSTILE = {
     "search_path": "kb, public",

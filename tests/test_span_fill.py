@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en
 
-from kb.citations import document_lines
-from kb.database import embedded_bin_dir
-from kb.span_fill import align_chunks
+from kb.citations.envelope import document_lines
+from kb.db.database import embedded_bin_dir
+from kb.legacy.span_fill import align_chunks
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
     # stderr to a file, not a pipe nobody reads: a worker whose progress lines fill a pipe's
     # buffer blocks on its next line (a slow run prints a line per periodic job every second)
     log = tempfile.TemporaryFile()
-    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
                               stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 120
@@ -194,7 +194,7 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
     assert left > 0
 
     psql(kb.database_url, "UPDATE kb.span_fill_control SET batch_documents = 50, throttle_ms = 0")
-    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
                               stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 120

@@ -11,7 +11,7 @@ from conftest import git, run_cli
 
 from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
 from kb.knowledge_base import KnowledgeBase
-from kb.locks import locked_transaction
+from kb.db.locks import locked_transaction
 from kb.paths import blob_id
 from kb.settings import Settings
 
@@ -246,7 +246,7 @@ def redis_settings(settings):
 
 
 def test_redis_lock_backend(kb, redis_settings):
-    from kb.redis_lock import RedisLock
+    from kb.db.redis_lock import RedisLock
 
     rkb = KnowledgeBase(redis_settings, kb.database_url)
     commit(rkb, 9, ("write", A, b"a"))

@@ -18,17 +18,17 @@ import unicodedata
 import pytest
 from conftest import git, run_cli
 
-from kb import database
-from kb import store as store_module
-from kb.chunking import Chunker
+from kb.db import database
+from kb.store import knowledge_store as store_module
+from kb.index.chunking import Chunker
 from kb.errors import (
     CommitOutcomeUnknown, ConfigurationError, DatabaseUnavailable, InvalidInput, InvalidPath, KbError,
     PathExists,
 )
 from kb.knowledge_base import KnowledgeBase
-from kb.locks import WRITE_LOCK_NAMESPACE
+from kb.db.locks import WRITE_LOCK_NAMESPACE
 from kb.paths import MAX_PATH_BYTES, safe_filename
-from kb.sql import queries
+from kb.db.sql import queries
 
 WS = 1
 NFC = unicodedata.normalize("NFC", "Café.md")
@@ -181,7 +181,7 @@ def test_fsck_lists_an_overlong_committed_path_and_kb_mv_fixes_it(ws, kb_env):
 # -- 3. turn recovery never re-applies a recorded revision -----------------------------------
 TURN_WRITER = """
 from kb.knowledge_base import KnowledgeBase
-from kb.locks import WRITE_LOCK_NAMESPACE
+from kb.db.locks import WRITE_LOCK_NAMESPACE
 kb = KnowledgeBase.open()
 turn = kb.turn(1, "crash-turn", "agent")
 turn.write("/documents/a.md", "from the turn\\n")

@@ -1,4 +1,4 @@
-"""Issue 9 (SPEC §2.1): trees built by splicing changed entries (``kb.tree_layout``) are exactly the
+"""Issue 9 (SPEC §2.1): trees built by splicing changed entries (``kb.git.tree_layout``) are exactly the
 trees git would write, whatever mix of additions, deletions and file/folder swaps a revision makes.
 
 Each revision's tree id is compared with a tree serialized from scratch by dulwich (which sorts every
@@ -13,9 +13,9 @@ import subprocess
 import pytest
 from dulwich.objects import Tree
 
-from kb import tree_layout
-from kb.repository import FILE_MODE, LOOSE_COMPRESSION, Repository
-from kb.tree_layout import TreeLayout
+from kb.git import tree_layout
+from kb.git.repository import FILE_MODE, LOOSE_COMPRESSION, Repository
+from kb.git.tree_layout import TreeLayout
 
 # Names whose git order differs from plain name order once some of them are folders:
 # "a.md" < "a/" < "a0", "a-b" < "a/" (git sorts a folder as "name/").

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kb.errors import DocumentNotFound
-from kb.merge import merge_documents
+from kb.git.merge import merge_documents
 from tests.conftest import git
 
 WS = 1

@@ -289,7 +289,7 @@ def test_janitor_removes_abandoned_worktrees_only(workspace, settings):
 
 
 def test_janitor_runs_as_a_procrastinate_job(workspace, settings):
-    from kb import jobs
+    from kb.jobs import tasks as jobs
     from kb.knowledge_base import KnowledgeBase
 
     crash_turn(settings, "left-behind")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import corpus_path, git, run_cli
 
-from kb.citations import document_lines
+from kb.citations.envelope import document_lines
 
 
 def test_import_index_search_obsidian_help(kb, kb_env, settings):

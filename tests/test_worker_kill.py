@@ -13,8 +13,8 @@ from pathlib import Path
 
 from test_index_convergence import _corpus, _rows, _write_all
 
-from kb import database
-from kb.sql import queries
+from kb.db import database
+from kb.db.sql import queries
 
 TESTS = Path(__file__).resolve().parent
 
@@ -66,7 +66,7 @@ def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env)
     assert runs[0]["cursor_document_id"] is not None
     assert _job(kb, "kb.reindex")["status"] == "doing"  # its worker is dead
 
-    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: _job(kb, "kb.reindex")["status"] == "succeeded", 120, "the retried reindex")
@@ -100,7 +100,7 @@ def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_conv
     assert stalled["status"] == "doing"
     assert kb.defer_reindex(1) is not None  # a second one waits with the same queueing lock
 
-    worker = subprocess.Popen([sys.executable, "-m", "kb.cli", "worker"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: any(j["task_name"] == "kb.reindex" and j["status"] == "succeeded"

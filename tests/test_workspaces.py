@@ -11,9 +11,9 @@ from conftest import run_cli
 from psycopg.rows import dict_row
 
 from kb.errors import InvalidWorkspace, WorkspaceBusy, WorkspaceNotFound
-from kb.sql import queries
-from kb.vector_index import index_name
-from kb.worktree import worktrees_root
+from kb.db.sql import queries
+from kb.index.vector_index import index_name
+from kb.git.worktree import worktrees_root
 
 
 def _fill(kb, ws: int, n: int = 3) -> None:
@@ -187,7 +187,7 @@ def test_a_search_canceled_by_an_administrator_is_a_kb_error(kb):
     import threading
     import time
 
-    from kb.embedding import HashingEmbedder
+    from kb.index.embedding import HashingEmbedder
     from kb.errors import StatementCanceled
 
     kb.use_embedder(HashingEmbedder())
@@ -234,7 +234,7 @@ def test_an_incomplete_git_folder_is_workspace_not_found(kb):
 def test_a_workspace_deleted_by_another_knowledge_base_is_not_found_there_too(kb):
     """A KnowledgeBase keeps its workspaces' stores open; one that another KnowledgeBase (another
     process) deleted searched as empty there ([]) instead of WorkspaceNotFound."""
-    from kb.embedding import HashingEmbedder
+    from kb.index.embedding import HashingEmbedder
     from kb.knowledge_base import KnowledgeBase
 
     kb.use_embedder(HashingEmbedder())
@@ -294,7 +294,7 @@ def test_workspaces_says_what_an_outside_commit_and_a_damaged_repository_wait_fo
 
 def test_problems_name_the_documents_and_any_lag_besides():
     """"problems" alone said neither what failed nor that revisions were waiting as well."""
-    from kb.workspaces import WorkspaceSummary
+    from kb.workspace.lifecycle import WorkspaceSummary
 
     summary = WorkspaceSummary(4, 10, "ab" * 20, "problems", revisions_behind=1, documents_pending=0,
                                documents_failed=2, revisions_unprojected=1, documents_unindexable=1)
@@ -310,7 +310,7 @@ def test_a_kb_commit_listed_mid_way_is_not_taken_for_an_outside_one(kb):
     the commit "made outside kb" (72 of 2,448 listings beside a writer). The listing now asks
     Postgres, after reading git, whether git's head is recorded. Here the first read's view is
     made by setting the row's head back to the parent, as that read saw it."""
-    from kb import database
+    from kb.db import database
 
     _fill(kb, 1)
     first = kb.head(1)
@@ -348,7 +348,7 @@ def test_a_corrupt_branch_ref_is_damage_and_the_sweep_goes_on(kb):
 def test_no_repository_has_nothing_to_wait_for():
     """A workspace whose .git is gone was told "1 revision waiting to be projected … (`kb worker
     --until-idle` does it)", which no worker can do."""
-    from kb.workspaces import WorkspaceSummary
+    from kb.workspace.lifecycle import WorkspaceSummary
 
     gone = WorkspaceSummary(5, 0, None, "no repository", 0, 0, 0, revisions_unprojected=1)
     assert gone.describe_lag() == ""
@@ -358,7 +358,7 @@ def test_lag_a_worker_is_working_on_says_so(kb):
     """`kb workspaces` told a user to run `kb worker --until-idle` while a worker was already
     running the workspace's job (new-user walkthrough); now it says a worker is on it. The job
     is fetched as a worker fetches it, with Procrastinate's own function."""
-    from kb import database
+    from kb.db import database
 
     _fill(kb, 1)
     waiting = {s.id: s for s in kb.list_workspaces()}[1]

@@ -81,7 +81,7 @@ def test_folder_moves_file_by_file_when_it_holds_more_or_the_target_exists(kb):
 def test_index_written_by_git_round_trips(tmp_path):
     """The index updater parses what git writes (v3, an extended intent-to-add entry, a long name)
     and writes it back unchanged."""
-    from kb.gitindex import IndexFile
+    from kb.git.gitindex import IndexFile
 
     repo = tmp_path / "r"
     git(tmp_path, "init", "-q", str(repo))

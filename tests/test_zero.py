@@ -26,10 +26,10 @@ import pytest
 from core_flow import write_tree
 from psycopg.rows import dict_row
 
-from kb import database
-from kb.database import stop_embedded
+from kb.db import database
+from kb.db.database import stop_embedded
 from kb.knowledge_base import KnowledgeBase
-from kb.publication import publication_columns
+from kb.db.publication import publication_columns
 from kb.settings import Settings
 
 ZERO_DIR = Path(__file__).parent / "zero"

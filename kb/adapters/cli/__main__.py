@@ -1,0 +1,5 @@
+"""`python -m kb.adapters.cli`: the same as the `kb` command."""
+
+from kb.adapters.cli.main import main
+
+main()

@@ -1,0 +1,65 @@
+"""``kb workspaces`` and ``kb workspace delete`` (issue 13; SPEC §2.1, §6), registered from kb.adapters.cli.main."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from kb.paths import MAX_WORKSPACE_ID
+
+
+def _open():
+    from kb.adapters.cli.main import _open as open_kb
+
+    return open_kb()
+
+
+@click.command("workspaces")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def workspaces(as_json: bool) -> None:
+    """List workspaces: id, documents, git head, index state (indexed, behind and what it waits
+    for, problems, empty).
+
+    Example: kb workspaces --json
+    """
+    summaries = _open().list_workspaces()
+    if as_json:
+        for summary in summaries:
+            click.echo(json.dumps(dataclasses.asdict(summary)))
+        return
+    if not summaries:
+        click.echo("no workspaces")
+        return
+    click.echo(f"{'id':>6}  {'documents':>9}  {'head':<12}  index")
+    for s in summaries:
+        lag = s.describe_lag()
+        state = f"{s.index_state}: {lag}" if lag else s.index_state
+        click.echo(f"{s.id:>6}  {s.documents:>9}  {(s.head or '-')[:12]:<12}  {state}")
+
+
+@click.group("workspace")
+def workspace() -> None:
+    """Manage one workspace.
+
+    Example: kb workspace delete 7 --yes
+    """
+
+
+@workspace.command("delete")
+@click.argument("workspace_id", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID))
+@click.option("--yes", is_flag=True, help="Confirm: the deletion cannot be undone.")
+@click.option("--force", is_flag=True, help="Delete even while a turn of it is open or a job of it runs.")
+def delete(workspace_id: int, yes: bool, force: bool) -> None:
+    """Delete a workspace and everything it owns: repository, document/folder rows, chunks, history,
+    jobs, turn worktrees (subscribers of kb_events are told each row went). Refused while a turn
+    is open unless --force.
+
+    Example: kb workspace delete 7 --yes
+    """
+    if not yes:
+        raise click.UsageError(f"deleting workspace {workspace_id} cannot be undone; pass --yes to confirm")
+    report = _open().delete_workspace(workspace_id, force=force)
+    click.echo(f"deleted workspace {report.id}: {report.documents} documents, {report.folders} folders, "
+               f"{report.jobs} jobs; removed {len(report.removed_paths)} folders from disk")

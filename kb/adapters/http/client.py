@@ -1,0 +1,98 @@
+"""The CLI's side of ``kb serve`` (issue 15): with ``KB_SERVER_URL`` set, ``kb search``, ``read``,
+``log`` and ``status`` ask the running server (model already loaded) instead of opening kb.
+
+Standard library only (``urllib``), so a command that talks to the server stays as light as
+``python -c pass`` plus click. Results come back as kb's own objects (``Envelope``, ``Revision``),
+so the CLI renders them the same way either path.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import datetime, timedelta
+
+from kb import errors
+from kb.citations.envelope import Envelope
+
+TIMEOUT_SECONDS = 60.0
+
+
+class ServerClient:
+    """JSON calls to one ``kb serve`` at ``base_url`` (``http://host:port``)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    def _get(self, route: str, **params) -> object:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        url = f"{self.base_url}{urllib.parse.quote(route)}{'?' + query if query else ''}"
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            raise _error_from(exc) from None
+        except (OSError, ValueError) as exc:
+            raise errors.ServerUnavailable(
+                f"kb server at {self.base_url} (KB_SERVER_URL) did not answer: {exc}; start `kb serve` "
+                "or unset KB_SERVER_URL"
+            ) from None
+
+    def search(self, workspace_id: int, query: str, k: int) -> tuple[list[Envelope], str | None]:
+        """Envelopes and the index-lag hint (None when the index is current)."""
+        body = self._get(f"/v1/workspaces/{workspace_id}/search", q=query, k=k)
+        return [envelope_from_json(e) for e in body["results"]], body["index"]["hint"]
+
+    def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
+        """A document's full-view envelope."""
+        return envelope_from_json(self._get(f"/v1/workspaces/{workspace_id}/documents/{path.lstrip('/')}",
+                                            revision=revision))
+
+    def history(self, workspace_id: int, path: str | None, limit: int) -> list:
+        """Revisions newest first."""
+        return [revision_from_json(r) for r in self._get(f"/v1/workspaces/{workspace_id}/log", path=path, limit=limit)]
+
+    def status(self, workspace_id: int | None) -> dict:
+        """``KnowledgeBase.status`` plus ``embedding_model``, with job times as datetimes again."""
+        info = self._get("/v1/status", workspace=workspace_id)
+        for job in [*info.get("blocked_jobs", []), *info.get("scheduled_jobs", [])]:
+            for key in ("scheduled_at", "blocker_scheduled_at"):
+                if job.get(key):
+                    job[key] = datetime.fromisoformat(job[key])
+            if job.get("due_in") is not None:
+                job["due_in"] = timedelta(seconds=job["due_in"])
+        return info
+
+
+def _error_from(exc: urllib.error.HTTPError) -> errors.KbError:
+    try:
+        body = json.loads(exc.read())
+    except ValueError:
+        body = {}
+    kind = getattr(errors, str(body.get("error")), None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.KbError)):
+        kind = errors.KbError if exc.code < 500 else errors.ServerUnavailable
+    message = body.get("message") or body.get("detail") or f"HTTP {exc.code}"
+    return kind(message if isinstance(message, str) else json.dumps(message))
+
+
+def envelope_from_json(data: dict) -> Envelope:
+    """The Envelope of ``Envelope.as_json()`` output."""
+    cite = data.get("cite")
+    return Envelope(data["path"], data["title"], data["revision"], data["view"],
+                    [(n, t) for n, t in data["lines"]],
+                    int(cite.strip("[]")) if cite else None, data.get("score"))
+
+
+def revision_from_json(data: dict):
+    """The ``kb.store.history.Revision`` of the server's ``/log`` rows."""
+    from kb.store.history import PathChange, Revision  # psycopg and dulwich: only for kb log
+
+    when = data.get("committed_at")
+    return Revision(
+        data["id"], data["seq"], data["parent_id"], data["author"], data["committer"], data["message"],
+        datetime.fromisoformat(when) if when else None,
+        tuple(PathChange(**change) for change in data.get("changes", [])),
+    )

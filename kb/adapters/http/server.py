@@ -1,0 +1,406 @@
+"""``kb serve`` (SPEC §13, issue 15): one long-lived process with an HTTP JSON API, optionally the
+Procrastinate worker in the same process.
+
+The app is FastAPI (OpenAPI at ``/openapi.json``, docs at ``/docs``) served by uvicorn:
+
+- ``GET /health`` — liveness (the process answers); ``GET /ready`` — readiness (the database
+  answers and the embedder is loaded; 503 until then or when the database is gone).
+- ``GET /v1/status``, ``GET /v1/workspaces/{ws}/search?q=…&k=…``, ``GET /v1/workspaces/{ws}/documents/{path}``,
+  ``GET /v1/workspaces/{ws}/log`` — the CLI's read commands (``KB_SERVER_URL`` makes the CLI use
+  them, ``kb.adapters.http.client``).
+- ``/v1/workspaces/{ws}/turns/{turn_id}/…`` — a turn's file operations (write, edit, read, ls,
+  remove, move) and ``commit`` / ``DELETE`` (abort), SPEC §5.
+- ``/mcp/{ws}`` — the MCP endpoint (streamable HTTP, issue 16; ``kb.adapters.mcp.server``).
+- ``/v1/workspaces/{ws}/chats/{chat_id}/…`` — citations (SPEC §8): search and read as a chat
+  (envelopes cite its handles), ``handles``, ``normalize``, ``resolve?citation=[1:L3-L4]&follow=true``.
+
+The model is loaded once at start-up, so a search costs only the query. Requests run in
+uvicorn's thread pool; each thread has its own ``KnowledgeBase`` (its own dulwich repositories)
+sharing the one embedder; turns live on one KnowledgeBase behind a lock, as a turn is one
+worktree. Other routers (the MCP endpoint, citations) mount on ``create_app(...)``'s app with
+``app.include_router`` / ``app.mount``.
+
+Shutdown (SIGTERM/SIGINT): uvicorn stops accepting connections and finishes in-flight requests,
+then the worker stops fetching and waits for the jobs it holds to finish, and every repository
+and turn is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from kb import errors
+
+from kb.db import database
+from kb.adapters.json_form import json_form
+from kb.settings import Settings
+
+if TYPE_CHECKING:
+    from kb.index.embedding import Embedder
+    from kb.knowledge_base import KnowledgeBase
+
+log = logging.getLogger(__name__)
+
+ERROR_STATUS: dict[type[errors.KbError], int] = {
+    errors.WorkspaceNotFound: 404, errors.DocumentNotFound: 404, errors.RevisionNotFound: 404,
+    errors.PathExists: 409, errors.TurnBusy: 409, errors.EditMismatch: 409, errors.HistoryDiverged: 409,
+    errors.FolderNotEmpty: 409, errors.LockTimeout: 503, errors.LockUnavailable: 503,
+    errors.DatabaseUnavailable: 503, errors.DatabaseNotReady: 503, errors.ArtifactReadOnly: 403,
+    errors.UnknownHandle: 404,
+}
+"""HTTP status per error kind; any other KbError is the caller's input (400)."""
+
+
+def status_for(exc: errors.KbError) -> int:
+    """The HTTP status of a KbError (the most specific class listed in ERROR_STATUS, else 400)."""
+    for kind in type(exc).__mro__:
+        if kind in ERROR_STATUS:
+            return ERROR_STATUS[kind]
+    return 400
+
+
+class WriteBody(BaseModel):
+    """``PUT …/turns/{turn}/files/{path}``: the new content of the file."""
+
+    content: str = Field(description="The file's full new text (UTF-8).")
+
+
+class EditBody(BaseModel):
+    """``POST …/turns/{turn}/edit/{path}``: replace ``old`` by ``new`` (exactly once unless ``replace_all``)."""
+
+    old: str
+    new: str
+    replace_all: bool = False
+
+
+class MoveBody(BaseModel):
+    """``POST …/turns/{turn}/move``: move a file or folder."""
+
+    src: str
+    dst: str
+    overwrite: bool = False
+
+
+class NormalizeBody(BaseModel):
+    """``POST …/chats/{chat}/normalize``: an answer whose citations to rewrite canonically."""
+
+    text: str
+
+
+class CommitBody(BaseModel):
+    """``POST …/turns/{turn}/commit``: record the turn's changes as one revision."""
+
+    message: str | None = None
+
+
+class Service:
+    """What the routes call: per-thread KnowledgeBase objects sharing one embedder, and the turns."""
+
+    def __init__(self, settings: Settings, embedder: "Embedder | None" = None) -> None:
+        self.settings = settings
+        self._embedder = embedder
+        self._local = threading.local()
+        self._opened: list[KnowledgeBase] = []
+        self._opened_lock = threading.Lock()
+        self._turns_lock = threading.Lock()
+        self._turns_kb: KnowledgeBase | None = None
+        self.ready = False
+        self.ready_error: str | None = None
+
+    def start(self) -> "KnowledgeBase":
+        """Open kb (migrating) and load the embedder once; returns a KnowledgeBase of its own
+        for the in-process worker (its jobs run in the worker's threads)."""
+        first = self.new_kb()
+        self._embedder = first.embedder
+        self._turns_kb = self.new_kb()
+        self.ready = True
+        return first
+
+    def new_kb(self) -> "KnowledgeBase":
+        """A KnowledgeBase of its own (sharing the loaded embedder), closed with the service."""
+        from kb.knowledge_base import KnowledgeBase
+
+        kb = KnowledgeBase.open(self.settings, migrate=not self._opened)
+        if self._embedder is not None:
+            kb.use_embedder(self._embedder)  # one model for every thread, loaded once
+        with self._opened_lock:
+            self._opened.append(kb)
+        return kb
+
+    def kb(self) -> "KnowledgeBase":
+        """This thread's KnowledgeBase."""
+        kb = getattr(self._local, "kb", None)
+        if kb is None:
+            kb = self._local.kb = self.new_kb()
+        return kb
+
+    @contextlib.contextmanager
+    def turns(self):
+        """The KnowledgeBase holding the open turns, one request at a time."""
+        with self._turns_lock:
+            yield self._turns_kb
+
+    def check_database(self) -> None:
+        """Raises DatabaseUnavailable when the database does not answer."""
+        with database.connect(self.kb().database_url, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+
+    def close(self) -> None:
+        """Close every KnowledgeBase opened (their repositories and turns)."""
+        with self._opened_lock:
+            for kb in self._opened:
+                kb.close()
+            self._opened.clear()
+
+
+def read_router(service: Service) -> APIRouter:
+    """Search, read, log and status: the CLI's read commands (``KB_SERVER_URL``)."""
+    router = APIRouter(prefix="/v1", tags=["read"])
+
+    @router.get("/status")
+    def status(workspace: int | None = None) -> dict:
+        """Head, index stamp, job counts, blocked and scheduled jobs (``kb status``)."""
+        from kb.index.embedding import describe_configured_model
+
+        info = service.kb().status(workspace)
+        info["embedding_model"] = describe_configured_model(service.settings)
+        return json_form(info)
+
+    @router.get("/workspaces/{workspace_id}/search")
+    def search(workspace_id: int, q: str = Query(description="The query."),
+               k: int = Query(5, ge=1, le=100)) -> dict:
+        """Hybrid search → envelopes (SPEC §8), with how far the index lags the head."""
+        kb = service.kb()
+        hits = kb.search(workspace_id, q, k)
+        freshness = kb.index_freshness(workspace_id)
+        return {"results": [h.as_json() for h in hits],
+                "index": {"revisions_behind": freshness.revisions_behind,
+                          "documents_pending": freshness.documents_pending, "hint": freshness.hint()}}
+
+    @router.get("/workspaces/{workspace_id}/documents/{path:path}")
+    def read(workspace_id: int, path: str, revision: str | None = None) -> dict:
+        """One document's full-view envelope at HEAD or ``revision`` (``kb read``)."""
+        return service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision).as_json()
+
+    @router.get("/workspaces/{workspace_id}/log")
+    def history(workspace_id: int, path: str | None = None, limit: int = Query(20, ge=1)) -> list[dict]:
+        """Revisions newest first, following a path's moves (``kb log``)."""
+        return json_form(service.kb().history(workspace_id, path, limit))
+
+    return router
+
+
+def turn_router(service: Service) -> APIRouter:
+    """A turn's file operations and commit (SPEC §5); the turn's worktree is private to it."""
+    router = APIRouter(prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"])
+
+    def turn(kb, workspace_id: int, turn_id: str, author: str | None = None):
+        return kb.turn(workspace_id, turn_id, author)
+
+    @router.get("/files")
+    def ls(workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
+        """Entries of a folder in the turn's view."""
+        with service.turns() as kb:
+            return json_form(turn(kb, workspace_id, turn_id).ls(path))
+
+    @router.get("/files/{path:path}")
+    def read(workspace_id: int, turn_id: str, path: str, offset: int = 0, limit: int | None = None) -> dict:
+        """A file as the turn sees it (its own writes included)."""
+        with service.turns() as kb:
+            return json_form(turn(kb, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
+
+    @router.put("/files/{path:path}")
+    def write(workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None) -> dict:
+        """Create or replace a file in the turn (nothing is recorded until commit)."""
+        with service.turns() as kb:
+            return json_form(turn(kb, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
+
+    @router.post("/edit/{path:path}")
+    def edit(workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
+        """Replace text in a file of the turn."""
+        with service.turns() as kb:
+            return json_form(turn(kb, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new,
+                                                                body.replace_all))
+
+    @router.delete("/files/{path:path}")
+    def remove(workspace_id: int, turn_id: str, path: str) -> dict:
+        """Remove a file in the turn."""
+        with service.turns() as kb:
+            return {"removed": turn(kb, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
+
+    @router.post("/move")
+    def move(workspace_id: int, turn_id: str, body: MoveBody) -> dict:
+        """Move a file or folder in the turn."""
+        with service.turns() as kb:
+            return {"moved": json_form(turn(kb, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
+
+    @router.post("/commit")
+    def commit(workspace_id: int, turn_id: str, body: CommitBody) -> dict:
+        """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed."""
+        with service.turns() as kb:
+            result = turn(kb, workspace_id, turn_id).commit(body.message)
+        return {"revision": None} if result is None else json_form(result)
+
+    @router.delete("")
+    def abort(workspace_id: int, turn_id: str) -> dict:
+        """Discard the turn and its worktree."""
+        with service.turns() as kb:
+            turn(kb, workspace_id, turn_id).abort()
+        return {"aborted": True}
+
+    return router
+
+
+def citation_router(service: Service) -> APIRouter:
+    """A chat's searches and reads that hand out citation handles, and resolving its citations
+    (SPEC §8, ``kb.citations.conversation``; the CLI's ``kb search --chat`` / ``kb cite``)."""
+    router = APIRouter(prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}", tags=["citations"])
+
+    @router.get("/search")
+    def search(workspace_id: int, chat_id: str, q: str, k: int = Query(5, ge=1, le=100)) -> list[dict]:
+        """Search as this chat: each envelope cites the chat's handle (``cite: "[n]"``)."""
+        return [e.as_json() for e in service.kb().conversation(workspace_id, chat_id).search(q, k)]
+
+    @router.get("/documents/{path:path}")
+    def read(workspace_id: int, chat_id: str, path: str, revision: str | None = None,
+             offset: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)) -> dict:
+        """Read (a window of) a document as this chat, registering its handle."""
+        conversation = service.kb().conversation(workspace_id, chat_id)
+        return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
+
+    @router.get("/handles")
+    def handles(workspace_id: int, chat_id: str) -> list[dict]:
+        """Every handle the chat was shown, by number."""
+        return [h.as_json() for h in service.kb().conversation(workspace_id, chat_id).handles()]
+
+    @router.delete("/handles")
+    def forget(workspace_id: int, chat_id: str) -> dict:
+        """Forget the chat's handles (the next search starts again at [1])."""
+        return {"forgotten": service.kb().conversation(workspace_id, chat_id).forget()}
+
+    @router.post("/normalize")
+    def normalize(workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
+        """Rewrite an answer's citations canonically against the chat's handles."""
+        return service.kb().conversation(workspace_id, chat_id).normalize(body.text).as_json()
+
+    @router.get("/resolve")
+    def resolve(workspace_id: int, chat_id: str, citation: str = Query(description="e.g. [1:L3-L4]"),
+                follow: bool = False) -> dict:
+        """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
+        return service.kb().conversation(workspace_id, chat_id).resolve(citation, follow).as_json()
+
+    return router
+
+
+def create_app(
+    settings: Settings | None = None, *, with_worker: bool = False, concurrency: int = 1,
+    embedder: "Embedder | None" = None, routers: list[Callable[[Service], APIRouter]] | None = None,
+    mcp_author: str | None = None,
+) -> FastAPI:
+    """The ASGI app of ``kb serve``.
+
+    ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
+    once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
+    taking the Service. ``mcp_author`` is whom MCP turns record as author (default: the OS user);
+    the MCP endpoint (issue 16) is served at ``/mcp/<workspace>``. Start-up raises what ``KnowledgeBase.open`` raises
+    (DatabaseUnavailable, MigrationError, DimensionMismatch…).
+    """
+    settings = settings or Settings()
+    service = Service(settings, embedder)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        from kb.jobs.worker import WorkerReport, run_worker_async
+
+        kb = await asyncio.to_thread(service.start)
+        from kb.knowledge_base import default_author
+        from kb.adapters.mcp.server import http_app
+
+        mcp_app, mcp_lifespan = http_app(await asyncio.to_thread(service.new_kb),
+                                         author=mcp_author or default_author(), kb_factory=service.new_kb)
+        mcp_endpoint.app = mcp_app
+        worker_task = None
+        if with_worker:
+            app.state.worker_report = WorkerReport()
+            worker_task = asyncio.create_task(run_worker_async(
+                kb, app.state.worker_report, concurrency=concurrency, install_signal_handlers=False))
+        try:
+            async with mcp_lifespan():  # commits every open MCP turn when the server stops
+                yield
+        finally:
+            service.ready = False
+            if worker_task is not None:
+                worker_task.cancel()  # Procrastinate: stop fetching, finish the jobs in hand
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker_task
+                log.info("worker stopped: %s", app.state.worker_report.summary())
+            service.close()
+
+    app = FastAPI(title="kb", version="1", lifespan=lifespan,
+                  description="A git-native knowledge base on Postgres: search, read, history, turns.")
+    app.state.service = service
+
+    @app.exception_handler(errors.KbError)
+    async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
+        return JSONResponse({"error": type(exc).__name__, "message": str(exc)}, status_code=status_for(exc))
+
+    @app.get("/health", tags=["operations"])
+    def health() -> dict:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/ready", tags=["operations"])
+    def ready() -> dict:
+        """Readiness: the embedder is loaded and the database answers (503 otherwise)."""
+        if not service.ready:
+            raise HTTPException(503, "starting or stopping")
+        try:
+            service.check_database()
+        except errors.KbError as exc:
+            raise HTTPException(503, str(exc)) from exc
+        return {"status": "ready", "worker": with_worker}
+
+    mcp_endpoint = _LateMount()
+    app.mount("/mcp", mcp_endpoint)
+    app.include_router(read_router(service))
+    app.include_router(turn_router(service))
+    app.include_router(citation_router(service))
+    for factory in routers or []:
+        app.include_router(factory(service))
+    return app
+
+
+class _LateMount:
+    """An ASGI app mounted before the app it forwards to exists (the MCP app needs the
+    KnowledgeBase the lifespan opens); 503 until it is set."""
+
+    def __init__(self) -> None:
+        self.app = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.app is None:
+            await JSONResponse({"error": "starting"}, status_code=503)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def serve(
+    settings: Settings | None = None, *, host: str = "127.0.0.1", port: int = 8765,
+    with_worker: bool = False, concurrency: int = 1, embedder: "Embedder | None" = None,
+    mcp_author: str | None = None,
+) -> None:
+    """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown."""
+    import uvicorn
+
+    app = create_app(settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder,
+                     mcp_author=mcp_author)
+    uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on")

@@ -1,0 +1,430 @@
+"""kb over the Model Context Protocol (issue 16; SPEC §5 turns, §8 citations, §13 ``kb mcp``).
+
+One MCP conversation is one kb *conversation* (its citation handles, SPEC §8) and one *turn* (its
+private worktree, SPEC §5). The tools an agent gets are the turn's file operations plus search,
+windowed reads and citations; ``commit`` records the turn's changes as one revision.
+
+Where the conversation comes from:
+
+- over stdio (``kb mcp``) the process is the conversation: its chat id is ``--chat`` or a fresh id;
+  when the client disconnects (stdin closes) the open turn is committed;
+- over streamable HTTP (mounted by ``kb serve`` at ``/mcp/<workspace>``) the chat id is the
+  ``chat`` query parameter or ``X-KB-Chat`` header when the client gives one, else the transport's
+  ``Mcp-Session-Id``; a client that ends its session (HTTP DELETE) has its turn committed, and so
+  has every open turn when the server shuts down.
+
+If the server process dies, nothing is lost: the turn id is derived from the chat id
+(``mcp:<chat>``), so the next conversation with the same chat id commits the worktree left behind
+(turn recovery, SPEC §5), and the janitor removes it only after ``KB_WORKTREE_TTL``.
+
+Errors come back as MCP tool errors carrying kb's one-line messages (``KbError``); bad paths are
+refused exactly as in turns (``InvalidPath``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp_types import ListResourcesResult, PaginatedRequestParams, Resource
+
+from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
+from kb.adapters.json_form import json_form
+from kb.paths import StorePath
+
+if TYPE_CHECKING:
+    from kb.knowledge_base import KnowledgeBase
+    from kb.turns.turn import Turn
+
+log = logging.getLogger(__name__)
+
+RESOURCE_PAGE_SIZE = 100
+"""Documents per ``resources/list`` page."""
+
+CHAT_HEADER = "x-kb-chat"
+WORKSPACE_HEADER = "x-kb-workspace"
+SESSION_HEADER = "mcp-session-id"
+
+
+def turn_id_for_chat(chat_id: str) -> str:
+    """The turn id of a chat's MCP conversation (one function, so recovery finds the same worktree)."""
+    return f"mcp:{chat_id}"
+
+
+def document_uri(workspace_id: int, path: str) -> str:
+    """``kb://workspace/<id>/documents/<folders>/<file>`` for the virtual path ``/documents/...``."""
+    below = path.removeprefix("/documents/")
+    return f"kb://workspace/{workspace_id}/documents/{quote(below, safe='/')}"
+
+
+@dataclass
+class ChatState:
+    """One MCP conversation: its workspace, chat id, kb conversation and turn (created lazily)."""
+
+    workspace_id: int
+    chat_id: str
+    kb: "KnowledgeBase"
+    turn: "Turn"
+    conversation: Any
+    lock: threading.RLock
+
+
+class McpSessions:
+    """The conversations an MCP server holds, keyed by ``(workspace, chat id)``. Thread-safe."""
+
+    def __init__(self, kb: "KnowledgeBase", author: str, committer: str | None,
+                 kb_factory: "Callable[[], KnowledgeBase] | None" = None) -> None:
+        self.kb = kb
+        self.kb_factory = kb_factory
+        self.author = author
+        self.committer = committer
+        self._chats: dict[tuple[int, str], ChatState] = {}
+        self._lock = threading.Lock()
+
+    def get(self, workspace_id: int, chat_id: str) -> ChatState:
+        """The state of one chat (created on first use). Raises WorkspaceNotFound, InvalidTurn."""
+        key = (workspace_id, chat_id)
+        with self._lock:
+            state = self._chats.get(key)
+            if state is None:
+                # A chat's calls are serialized by its lock; with a factory each chat also has a
+                # KnowledgeBase of its own (its own repositories), so chats never share one.
+                kb = self.kb_factory() if self.kb_factory else self.kb
+                turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author,
+                               committer=self.committer)
+                state = ChatState(workspace_id, chat_id, kb, turn, kb.conversation(workspace_id, chat_id),
+                                  threading.RLock())
+                self._chats[key] = state
+            return state
+
+    def commit(self, workspace_id: int, chat_id: str, message: str | None = None):
+        """Commit one chat's turn (None when it has nothing to record)."""
+        state = self.get(workspace_id, chat_id)
+        with state.lock:
+            return state.turn.commit(message)
+
+    def close_chat(self, workspace_id: int, chat_id: str) -> None:
+        """The client went away: commit the chat's open turn and forget the chat's state here."""
+        with self._lock:
+            state = self._chats.pop((workspace_id, chat_id), None)
+        if state is None:
+            return
+        with state.lock:
+            try:
+                if state.turn.started:
+                    result = state.turn.commit("agent turn (MCP client disconnected)")
+                    if result is not None:
+                        log.info("committed chat %s's turn at disconnect: %s", chat_id, result.revision)
+            except KbError as exc:  # the worktree stays; the next commit of the chat or the janitor takes it
+                log.warning("could not commit chat %s's turn at disconnect: %s", chat_id, exc)
+                state.turn.close()
+
+    def close_all(self) -> None:
+        """Commit every open turn (server shutdown)."""
+        with self._lock:
+            keys = list(self._chats)
+        for workspace_id, chat_id in keys:
+            self.close_chat(workspace_id, chat_id)
+
+
+def build_server(
+    kb: "KnowledgeBase",
+    *,
+    workspace_id: int | None,
+    author: str,
+    committer: str | None = None,
+    chat_id: str | None = None,
+    kb_factory: "Callable[[], KnowledgeBase] | None" = None,
+) -> tuple[MCPServer, McpSessions]:
+    """An MCP server exposing kb's tools for one workspace (stdio) or for the workspace each HTTP
+    request names (``workspace_id=None``; ``kb serve`` sets the ``x-kb-workspace`` header).
+
+    Args: ``kb`` an open KnowledgeBase; ``author`` whose changes the turns record ("Name <mail>");
+    ``committer`` who records the revisions (None: kb's own identity, ``kb.turns.turn.KB_COMMITTER``);
+    ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP).
+    Returns the server and its session table (call ``sessions.close_all()`` when the transport
+    ends, so open turns are committed).
+    """
+    sessions = McpSessions(kb, author, committer, kb_factory)
+    resources_lock = threading.Lock()
+    default_chat = chat_id or uuid.uuid4().hex
+    server = MCPServer(
+        "kb",
+        title="kb knowledge base",
+        log_level="WARNING",
+        instructions=(
+            "A git-native knowledge base of markdown documents under /documents. Use `search` and "
+            "`read` to find and read documents (results carry citation handles such as [3]; cite "
+            "lines as [3:L12-L14]). Change documents with write/edit/move/remove/mkdir; nothing is "
+            "recorded until `commit`, which makes one revision of all your changes (or `abort`)."
+        ),
+    )
+
+    def chat(ctx: Context) -> ChatState:
+        headers = ctx.headers or {}
+        ws = workspace_id
+        if ws is None:
+            raw = headers.get(WORKSPACE_HEADER)
+            if raw is None or not raw.isdigit() or int(raw) < 1:
+                raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
+            ws = int(raw)
+        chat_key = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
+        return sessions.get(ws, chat_key)
+
+    def call(fn: Callable[[], Any], state: ChatState | None = None) -> Any:
+        try:
+            if state is None:
+                return fn()
+            with state.lock:  # one call at a time per chat (a turn is one worktree)
+                return fn()
+        except KbError as exc:
+            raise ToolError(str(exc)) from exc
+        except ValueError as exc:  # argument checks of the turn API (negative offsets, …)
+            raise ToolError(str(exc)) from exc
+
+    @server.tool()
+    def search(query: str, ctx: Context, k: int = 5) -> str:
+        """Hybrid (semantic + full-text) search of the knowledge base. Returns up to `k` documents as
+        <document …> envelopes: each has a citation handle (cite="[n]") and excerpts whose numbers
+        are the document's true line numbers. Cite what you use as [n], [n:L12] or [n:L12-L14]."""
+        state = chat(ctx)
+        return call(lambda: "\n".join(e.render() for e in state.conversation.search(query, k=k))
+                    or "no results", state)
+
+    @server.tool()
+    def read(path: str, ctx: Context, offset: int = 0, limit: int | None = None) -> str:
+        """Read a document (`/documents/...`): lines offset+1 … offset+limit with their true line
+        numbers, as an envelope with a citation handle. A document you changed in this turn is
+        shown as you left it (not citable until committed). An offset past the document's line
+        count is an error that says how many lines it has."""
+        state = chat(ctx)
+
+        def run() -> str:
+            mine = state.turn.read_bytes(path)
+            try:
+                committed = state.kb.read(state.workspace_id, path)
+            except (DocumentNotFound, IsAFolder):  # not committed there (yet)
+                committed = None
+            if committed == mine:
+                return state.conversation.read(path, offset=offset, limit=limit).render()
+            window = state.turn.read(path, offset=offset, limit=limit)
+            body = "\n".join(f"{n:>6}  {line}" for n, line in window.lines)
+            return (f'<document path="{window.path}" view="uncommitted" lines="{window.total_lines}">\n'
+                    f"{body}\n</document>")
+
+        return call(run, state)
+
+    @server.tool()
+    def ls(ctx: Context, path: str = "/documents") -> list[dict]:
+        """List a folder: entries with name, path and kind ("file" or "folder")."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.turn.ls(path)), state)
+
+    @server.tool()
+    def glob(pattern: str, ctx: Context) -> list[str]:
+        """Paths matching a glob such as `/documents/**/*.md` (`**` spans folders)."""
+        state = chat(ctx)
+        return call(lambda: state.turn.glob(pattern), state)
+
+    @server.tool()
+    def grep(pattern: str, ctx: Context, path: str = "/documents", ignore_case: bool = False) -> list[dict]:
+        """Lines matching a regular expression under `path`, with true line numbers (this turn's view)."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.turn.grep(pattern, path, ignore_case=ignore_case)), state)
+
+    @server.tool()
+    def write(path: str, content: str, ctx: Context) -> dict:
+        """Create or replace a document with `content` (UTF-8 markdown). Folders are implied."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.turn.write(path, content)), state)
+
+    @server.tool()
+    def edit(path: str, old: str, new: str, ctx: Context, replace_all: bool = False) -> dict:
+        """Replace the exact text `old` with `new` in a document. Fails when `old` occurs 0 times, or
+        more than once without `replace_all`: give more surrounding text to make it unique."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.turn.edit(path, old, new, replace_all=replace_all)), state)
+
+    @server.tool()
+    def move(source: str, destination: str, ctx: Context, overwrite: bool = False) -> list[list[str]]:
+        """Move or rename a document or folder. Refuses an existing destination unless `overwrite`."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.turn.move(source, destination, overwrite=overwrite)), state)
+
+    @server.tool()
+    def remove(path: str, ctx: Context) -> str:
+        """Remove a document. Returns its path."""
+        state = chat(ctx)
+        return call(lambda: state.turn.remove(path), state)
+
+    @server.tool()
+    def mkdir(path: str, ctx: Context) -> bool:
+        """Create an (empty) folder; returns False when it already existed."""
+        state = chat(ctx)
+        return call(lambda: state.turn.mkdir(path), state)
+
+    @server.tool()
+    def commit(ctx: Context, message: str | None = None) -> dict:
+        """Record every change of this turn as ONE revision on top of the current head. Returns the
+        revision id and the paths added, modified, removed, moved, and `overwrote` (paths where a
+        concurrent change was replaced by yours). Returns {"revision": null} when nothing changed."""
+        state = chat(ctx)
+
+        def run() -> dict:
+            result = state.turn.commit(message)
+            return {"revision": None} if result is None else json_form(result)
+
+        return call(run, state)
+
+    @server.tool()
+    def abort(ctx: Context) -> str:
+        """Discard every uncommitted change of this turn."""
+        state = chat(ctx)
+
+        def run() -> str:
+            state.turn.abort()
+            return "turn discarded"
+
+        return call(run, state)
+
+    @server.tool()
+    def resolve_citation(citation: str, ctx: Context, follow: bool = False) -> dict:
+        """Resolve a citation such as "[3:L12-L14]" to the exact text cited, read at the revision the
+        handle was shown from. With `follow`, also say where those lines are at HEAD now:
+        unchanged (with their new numbers), changed (both texts) or deleted."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.conversation.resolve(citation, follow=follow)), state)
+
+    @server.tool()
+    def normalize_citations(text: str, ctx: Context) -> dict:
+        """Normalize the citations in an answer: canonical [n:Lx-Ly] forms, line ranges clamped to
+        each document, unknown handles dropped (and reported). Returns the text and its citations."""
+        state = chat(ctx)
+        return call(lambda: json_form(state.conversation.normalize(text)), state)
+
+    # -- documents as resources (kb://workspace/<id>/documents/...) -----------------------
+    @server.resource("kb://workspace/{workspace}/documents/{+path}", mime_type="text/markdown")
+    def document(workspace: str, path: str) -> str:
+        """A document's markdown at HEAD."""
+        if not workspace.isdigit() or (workspace_id is not None and int(workspace) != workspace_id):
+            raise ResourceNotFoundError(f"no workspace {workspace} on this server")
+        try:
+            with resources_lock:
+                data = kb.read(int(workspace), StorePath.parse("/documents/" + unquote(path)).virtual)
+        except (DocumentNotFound, IsAFolder) as exc:
+            raise ResourceNotFoundError(str(exc)) from exc
+        except KbError as exc:
+            raise ResourceError(str(exc)) from exc
+        return data.decode("utf-8", errors="replace")
+
+    async def list_documents(ctx, params: PaginatedRequestParams) -> ListResourcesResult:
+        ws = workspace_id
+        if ws is None:
+            headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
+            raw = headers.get(WORKSPACE_HEADER, "")
+            ws = int(raw) if raw.isdigit() else None
+        if ws is None:
+            return ListResourcesResult(resources=[])
+        with resources_lock:
+            paths = sorted(kb.list_paths(ws))
+        start = int(params.cursor) if params.cursor and params.cursor.isdigit() else 0
+        page = paths[start:start + RESOURCE_PAGE_SIZE]
+        following = start + RESOURCE_PAGE_SIZE
+        return ListResourcesResult(
+            resources=[Resource(uri=document_uri(ws, p), name=p.rsplit("/", 1)[-1], mime_type="text/markdown")
+                       for p in page],
+            next_cursor=str(following) if following < len(paths) else None,
+        )
+
+    server._lowlevel_server.add_request_handler("resources/list", PaginatedRequestParams, list_documents)
+    return server, sessions
+
+
+def run_stdio(kb: "KnowledgeBase", *, workspace_id: int, author: str, chat_id: str | None = None,
+              committer: str | None = None) -> None:
+    """Serve kb's MCP tools over stdin/stdout until the client disconnects, then commit the open
+    turn (``kb mcp``). stdout carries protocol messages only: the caller routes logs to stderr."""
+    import anyio
+
+    server, sessions = build_server(kb, workspace_id=workspace_id, author=author, committer=committer,
+                                    chat_id=chat_id)
+    try:
+        anyio.run(server.run_stdio_async)
+    finally:
+        sessions.close_all()
+
+
+class WorkspaceRouting:
+    """ASGI wrapper that serves ``/<workspace>[?chat=<id>]`` below its mount point with one MCP
+    app: it moves the workspace (and a client-given chat id) from the URL into the headers the
+    tools read, and commits a chat's turn when the client ends its session (HTTP DELETE).
+
+    Mounted by ``kb serve`` at ``/mcp``, so a client connects to ``http://host:port/mcp/1``.
+    """
+
+    def __init__(self, app, sessions: McpSessions, inner_path: str = "/mcp") -> None:
+        self.app = app
+        self.sessions = sessions
+        self.inner_path = inner_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        segments = [s for s in scope.get("path", "").split("/") if s]
+        if not segments or not segments[-1].isdigit() or len(segments) > 2:
+            from starlette.responses import JSONResponse
+
+            await JSONResponse({"error": "connect to /mcp/<workspace id>, e.g. /mcp/1"}, status_code=404)(
+                scope, receive, send)
+            return
+        workspace = segments[-1]
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != WORKSPACE_HEADER.encode()]
+        headers.append((WORKSPACE_HEADER.encode(), workspace.encode()))
+        query = dict(part.split("=", 1) for part in scope.get("query_string", b"").decode().split("&") if "=" in part)
+        if "chat" in query and not any(k.lower() == CHAT_HEADER.encode() for k, _ in headers):
+            headers.append((CHAT_HEADER.encode(), unquote(query["chat"]).encode()))
+        inner = dict(scope, path=self.inner_path, raw_path=self.inner_path.encode(), root_path="",
+                     headers=headers)
+        await self.app(inner, receive, send)
+        if scope.get("method") == "DELETE":
+            names = {k.lower(): v.decode() for k, v in headers}
+            chat_id = names.get(CHAT_HEADER) or names.get(SESSION_HEADER)
+            if chat_id:
+                import anyio
+
+                await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), chat_id)
+
+
+def http_app(kb: "KnowledgeBase", *, author: str, committer: str | None = None,
+             kb_factory: "Callable[[], KnowledgeBase] | None" = None):
+    """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
+
+    ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share
+    one); ``kb`` serves the resources. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
+    lifetime; it runs the MCP session manager and commits every open turn at shutdown.
+    """
+    import contextlib
+
+    server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer,
+                                    kb_factory=kb_factory)
+    inner = server.streamable_http_app(streamable_http_path="/mcp")
+
+    @contextlib.asynccontextmanager
+    async def lifespan():
+        try:
+            async with server.session_manager.run():
+                yield
+        finally:
+            import anyio
+
+            await anyio.to_thread.run_sync(sessions.close_all)
+
+    return WorkspaceRouting(inner, sessions), lifespan

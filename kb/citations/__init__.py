@@ -1,0 +1,2 @@
+"""Citations (design §8): the read envelope, chat handles, following cited lines to HEAD.
+"""

@@ -1,0 +1,402 @@
+"""The Postgres connection: a configured server or the embedded Postgres 18 + pgvector (SPEC §13).
+
+``resolve_database_url(settings)`` returns the URL of kb's database, starting the embedded server
+(``kb.db.embedded_server``) under ``{storage_root}/postgres`` when ``KB_DATABASE_URL`` is unset.
+
+Every connection kb opens passes through ``configure_connection`` (``connect``, the pool, the
+migration runner, Procrastinate's connector through ``configure_async_connection``), which pins
+the session settings kb relies on (``SESSION_SETTINGS`` and a ``search_path`` of the job queue's
+schema plus pgvector's), so defaults from ``PGOPTIONS``, ``ALTER ROLE … SET`` or
+``ALTER DATABASE … SET`` cannot change kb's behaviour.
+
+Behind a transaction-mode pooler (PgBouncer ``pool_mode=transaction``, ``KB_DATABASE_POOLER=transaction``)
+a client connection is not a server session: kb then disables server-side prepared statements
+(psycopg ``prepare_threshold=None``), sets nothing at session level (it would land on whichever
+server connection ran it), and keeps session work — the worker's LISTEN — on
+``KB_DIRECT_DATABASE_URL`` when one is given (without one the worker polls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import atexit
+import os
+import re
+import threading
+
+import psycopg
+from psycopg.rows import dict_row
+
+from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
+    EMBEDDED_DATABASE, embedded_bin_dir, forget_verified, parse_listen, running_server, start_embedded,
+    stop_embedded,
+)
+from kb.errors import DatabaseNotReady, DatabaseUnavailable, KbError, StatementCanceled, WorkspaceNotFound
+from kb.settings import Settings
+from kb.db.sql import queries
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+JOB_QUEUE_SCHEMA = "public"
+"""The schema of Procrastinate's tables (where Procrastinate puts them, SPEC §12). kb's
+``search_path`` is this schema (plus pgvector's when that lives elsewhere), so Procrastinate's
+unqualified names resolve there and its schema is created there, whatever the session default."""
+
+POOLER_MODES = ("none", "transaction")
+_transaction_pooled: set[str] = set()
+_pooled_lock = threading.Lock()
+
+
+def declare_pooler(url: str, mode: str) -> None:
+    """Record that ``url`` reaches Postgres through a pooler in ``mode`` (``KB_DATABASE_POOLER``).
+
+    ``"transaction"``: connections to ``url`` get no server-side prepared statements and no
+    session-level settings (see the module docstring). ``"none"``: a plain server session.
+    Raises ValueError for another mode.
+    """
+    if mode not in POOLER_MODES:
+        raise ValueError(f"pooler mode {mode!r} is not one of {', '.join(POOLER_MODES)}")
+    with _pooled_lock:
+        if mode == "transaction":
+            _transaction_pooled.add(url)
+        else:
+            _transaction_pooled.discard(url)
+
+
+def is_transaction_pooled(url: str) -> bool:
+    """True when ``url`` was declared to go through a transaction-mode pooler."""
+    return url in _transaction_pooled
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The URL of kb's database: ``KB_DATABASE_URL``, or the embedded server (started if needed,
+    listening on TCP too when ``KB_EMBEDDED_LISTEN`` says so). Declares ``KB_DATABASE_POOLER`` for
+    a configured URL. Raises DatabaseUnavailable when the embedded server cannot start."""
+    if settings.database_url:
+        declare_pooler(settings.database_url, settings.database_pooler)
+        if settings.direct_database_url:
+            declare_pooler(settings.direct_database_url, "none")
+        return settings.database_url
+    return start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+
+
+def recheck_embedded(settings: Settings) -> str:
+    """``resolve_database_url`` for the embedded server after a connection through its quick
+    path failed: forget the recorded check and make the full one (start, ``wal_level``, database).
+    Raises DatabaseUnavailable when the server cannot start."""
+    pgdata = settings.storage_root / "postgres"
+    forget_verified(pgdata)
+    return start_embedded(pgdata, listen=parse_listen(settings.embedded_listen))
+
+
+def session_database_url(settings: Settings, database_url: str) -> str:
+    """The URL for work that needs a real server session (LISTEN): ``KB_DIRECT_DATABASE_URL``, else
+    ``database_url`` (which, behind a transaction-mode pooler, cannot LISTEN: the worker polls)."""
+    return settings.direct_database_url or database_url
+
+
+def tcp_database_url(settings: Settings) -> str | None:
+    """The embedded server's TCP URL when ``KB_EMBEDDED_LISTEN`` is set (and no KB_DATABASE_URL), else None.
+
+    For clients that need TCP (Rocicorp Zero, GUI tools); starts the server if needed.
+    """
+    if settings.database_url or not settings.embedded_listen:
+        return None
+    start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+    server = running_server(settings.storage_root / "postgres")
+    return server.tcp_url(EMBEDDED_DATABASE) if server else None
+
+
+def configure_connection(conn: psycopg.Connection, *, local: bool = False) -> None:
+    """Set on ``conn`` what kb relies on, whatever the session defaults say (SPEC §13).
+
+    One statement (``configure_session`` in sql/queries/connection.sql) pins ``search_path``
+    (``JOB_QUEUE_SCHEMA``, then pgvector's schema if different), ``TimeZone`` UTC, ``DateStyle`` ISO,
+    ``IntervalStyle``, ``default_transaction_isolation`` read committed, read-write transactions,
+    and no ``statement_timeout`` / ``lock_timeout`` / ``idle_in_transaction_session_timeout`` /
+    ``transaction_timeout`` (Postgres 17+) (kb
+    bounds its own waits, e.g. the write lock's ``KB_LOCK_TIMEOUT``). ``local=True`` sets them for
+    the open transaction only (the migration runner, which may be handed any connection); otherwise
+    for the session: call it on a fresh connection, whose implicit transaction it then commits.
+    Every connection kb opens passes through here. Raises psycopg.Error if the server refuses.
+    """
+    conn.execute(queries["configure_session"], {"job_schema": JOB_QUEUE_SCHEMA, "local": local})
+    if not local and not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        conn.commit()
+
+
+async def configure_async_connection(conn: psycopg.AsyncConnection) -> None:
+    """``configure_connection`` for an async connection (Procrastinate's connector pool and its
+    LISTEN connection); leaves the connection idle, as a pool's ``configure`` must."""
+    await conn.execute(queries["configure_session"], {"job_schema": JOB_QUEUE_SCHEMA, "local": False})
+    if not conn.autocommit:
+        await conn.commit()
+
+
+def connection_kwargs(url: str) -> dict[str, Any]:
+    """Extra psycopg connect arguments for ``url``: no server-side prepared statements behind a
+    transaction-mode pooler (they would live on a server connection other clients get)."""
+    return {"prepare_threshold": None} if is_transaction_pooled(url) else {}
+
+
+def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnavailable(
+        f"cannot connect to Postgres at {redact(url)}: {reason}. "
+        "Check KB_DATABASE_URL, or unset it to use the embedded server."
+    )
+
+
+def _no_pooled_connection(url: str, connections, exc: BaseException) -> DatabaseUnavailable:
+    """The KbError for a pool that gave no connection within its timeout: every connection busy
+    (too many concurrent callers for POOL_MAX_SIZE), or the server unreachable."""
+    stats = connections.get_stats()
+    if stats.get("pool_size", 0) >= connections.max_size and not stats.get("pool_available"):
+        return DatabaseUnavailable(
+            f"all {connections.max_size} pooled connections to Postgres stayed busy for "
+            f"{connections.timeout:g} s; retry, or make fewer calls at once from this process")
+    return _unavailable(url, exc)
+
+
+def _lost(exc: BaseException) -> DatabaseUnavailable:
+    """The KbError for a connection that broke while in use (server gone, backend terminated)."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatabaseUnavailable(f"the connection to Postgres was lost ({reason}); retry when the server is back")
+
+
+def _operational_error(exc: psycopg.OperationalError, broken: bool) -> KbError | None:
+    """The KbError for an operational error of a connection (``broken``: it broke in use), or
+    None for one kb does not translate (a lock timeout is the caller's to handle)."""
+    if broken:
+        return _lost(exc)
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        reason = (str(exc).strip().splitlines() or ["canceled"])[0]
+        return StatementCanceled(f"Postgres canceled this call's statement ({reason}), by an administrator "
+                                 "or a server-side timeout; nothing of it was kept: retry")
+    return None
+
+
+_MISSING_WORKSPACE = re.compile(r"Key \(workspace_id\)=\((\d+)\) is not present in table \"workspaces\"")
+
+
+def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
+    """WorkspaceNotFound when ``exc`` is a write referring to a workspace row that is not there (a
+    foreign key to kb.workspaces: the workspace was deleted while the call ran, SPEC §2.1), else
+    None. Every table's workspace_id references kb.workspaces, so this covers each of them."""
+    if not isinstance(exc, psycopg.errors.ForeignKeyViolation):
+        return None
+    found = _MISSING_WORKSPACE.search(exc.diag.message_detail or "")
+    if found is None:
+        return None
+    return WorkspaceNotFound(f"workspace {found.group(1)} was deleted while this call ran; nothing was "
+                             "recorded. `kb workspaces` lists the workspaces there are")
+
+
+@contextlib.contextmanager
+def _lost_raises_unavailable(conn: psycopg.Connection) -> Iterator[None]:
+    """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
+    DatabaseUnavailable, a canceled statement StatementCanceled, and a write to a workspace
+    deleted meanwhile WorkspaceNotFound (``deleted_workspace``); other errors of a healthy
+    connection pass unchanged."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if (translated := _operational_error(exc, conn.broken)) is None:
+            raise
+        raise translated from exc
+    except psycopg.errors.ForeignKeyViolation as exc:
+        raise (deleted_workspace(exc) or exc) from exc
+
+
+class KbConnection(psycopg.Connection):
+    """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
+    backend was terminated) into DatabaseUnavailable, a canceled statement into StatementCanceled
+    and a write to a workspace deleted meanwhile into WorkspaceNotFound, so no raw psycopg error
+    escapes kb's facade (issue 9). Other errors of a healthy connection (a lock timeout, another
+    constraint) pass unchanged."""
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        super().__exit__(exc_type, exc_val, exc_tb)
+        if isinstance(exc_val, psycopg.OperationalError) and (
+                translated := _operational_error(exc_val, self.broken)) is not None:
+            raise translated from exc_val
+        if (missing := deleted_workspace(exc_val)) is not None:
+            raise missing from exc_val
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
+    """Open a psycopg connection with dict rows, configured by ``configure_connection`` (not behind
+    a transaction-mode pooler, see the module docstring). Raises DatabaseUnavailable naming the
+    server; used as a context manager, a connection lost inside the block raises DatabaseUnavailable."""
+    try:
+        conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row, **connection_kwargs(url))
+    except psycopg.OperationalError as exc:
+        raise _unavailable(url, exc) from exc
+    try:
+        if not is_transaction_pooled(url):
+            configure_connection(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+_pools: dict[str, "ConnectionPool"] = {}
+_pools_lock = threading.Lock()
+POOL_MIN_SIZE = 2
+"""Connections a pool keeps open (it grows to POOL_MAX_SIZE while callers wait)."""
+POOL_MAX_SIZE = 8
+POOL_TIMEOUT = 30.0
+
+
+def _pool_configure(url: str):
+    pooled = is_transaction_pooled(url)
+
+    def configure(conn: psycopg.Connection) -> None:
+        conn.row_factory = dict_row
+        if not pooled:
+            configure_connection(conn)
+        conn.commit()  # leave the connection idle, as the pool requires
+
+    return configure
+
+
+def pool(url: str) -> "ConnectionPool":
+    """The process-wide connection pool for ``url`` (created and opened on first use).
+
+    Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
+    ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
+    be reached within ``POOL_TIMEOUT`` seconds.
+    """
+    from psycopg_pool import ConnectionPool, PoolTimeout  # only processes that pool load it (issue 15)
+
+    with _pools_lock:
+        existing = _pools.get(url)
+        if existing is not None and not existing.closed:
+            return existing
+        connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
+        created = ConnectionPool(
+            url, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
+            kwargs=connection_kwargs(url) or None,
+            # one round trip per checkout, so a connection whose backend ended while idle (a
+            # server restart, pg_terminate_backend) is replaced instead of failing its caller
+            check=ConnectionPool.check_connection,
+            timeout=POOL_TIMEOUT, open=False, name="kb",
+        )
+        try:
+            created.open(wait=True, timeout=POOL_TIMEOUT)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            created.close()
+            raise _unavailable(url, exc) from exc
+        _pools[url] = created
+        return created
+
+
+@contextlib.contextmanager
+def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
+    """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
+
+    An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
+    Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds (or the
+    connection breaks in use), StatementCanceled for a statement Postgres canceled, and
+    WorkspaceNotFound for a write to a workspace deleted meanwhile (``deleted_workspace``).
+    """
+    from psycopg_pool import PoolClosed, PoolTimeout
+
+    broken = False
+    connections = pool(url)
+    try:
+        with connections.connection() as conn:
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                broken = conn.broken
+                raise
+    except PoolTimeout as exc:
+        raise _no_pooled_connection(url, connections, exc) from exc
+    except PoolClosed as exc:
+        raise DatabaseUnavailable("kb's connection pool was closed while this call was starting (the "
+                                  "process is shutting down); retry in a process that is not") from exc
+    except psycopg.OperationalError as exc:
+        if (translated := _operational_error(exc, broken)) is None:
+            raise
+        raise translated from exc
+    except psycopg.errors.ForeignKeyViolation as exc:
+        raise (deleted_workspace(exc) or exc) from exc
+
+
+@contextlib.contextmanager
+def pooled_transaction(url: str) -> Iterator[psycopg.Connection]:
+    """Like ``transaction`` on a pooled connection: committed on clean exit, rolled back on error."""
+    with pooled_connection(url) as conn:
+        with conn.transaction():
+            yield conn
+
+
+def close_pools() -> None:
+    """Close every connection pool this process opened (idempotent)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for each in pools:
+        each.close()
+
+
+atexit.register(close_pools)
+
+_inherited: list["ConnectionPool"] = []
+
+
+def _forget_pools_after_fork() -> None:
+    """In a forked child: the parent's pooled connections share its sockets, so the child must
+    neither use nor close them (closing would end the parent's sessions). They are set aside,
+    referenced forever so no finalizer runs, and the child opens its own pools on demand."""
+    global _pools_lock
+    _inherited.extend(_pools.values())
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for messages and ``kb status``)."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable database URL>"
+    if info.get("password"):
+        info["password"] = "***"
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@contextlib.contextmanager
+def transaction(url: str) -> Iterator[psycopg.Connection]:
+    """A connection inside one transaction: committed on clean exit, rolled back on error."""
+    conn = connect(url)
+    try:
+        with _lost_raises_unavailable(conn), conn.transaction():
+            yield conn
+    finally:
+        conn.close()
+
+
+def require_pgvector(conn: psycopg.Connection, url: str) -> None:
+    """Raise DatabaseNotReady if the server cannot provide pgvector ≥ 0.5 (SPEC §13)."""
+    row = conn.execute(queries["pgvector_available"]).fetchone()
+    if row is None:
+        raise DatabaseNotReady(
+            f"the Postgres server at {redact(url)} has no pgvector extension. Install pgvector ≥ 0.5 "
+            "on it (e.g. the pgvector/pgvector Docker image), or unset KB_DATABASE_URL to use "
+            "kb's embedded Postgres, which ships it."
+        )
+    major, minor = (int(p) for p in row["default_version"].split(".")[:2])
+    if (major, minor) < (0, 5):
+        raise DatabaseNotReady(
+            f"pgvector {row['default_version']} on {redact(url)} is too old; kb needs ≥ 0.5."
+        )

@@ -1,0 +1,848 @@
+"""Git plumbing for one workspace repository (SPEC §2.1), on dulwich.
+
+The porcelain (``kb.store``) speaks in intent verbs; this module owns objects, trees and refs:
+opening/initialising the repo with kb's config, reading blobs and trees at a revision, building a
+commit from a tree plus a change set without touching the working tree, the compare-and-swap of
+the branch ref; refreshing the persistent working tree and index after a commit is
+``kb.git.worktree_refresh`` (a mixin of ``Repository``).
+
+All paths handed to dulwich are absolute; the process never changes its working directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import hashlib
+import os
+import stat
+import tempfile
+import time
+import weakref
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dulwich.diff_tree import tree_changes
+from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
+from dulwich.file import FileLocked
+from dulwich.object_store import DiskObjectStore, tree_lookup_path
+from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
+from dulwich.reflog import format_reflog_line
+from dulwich.repo import Repo
+
+from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
+from kb.git.gitindex import IndexFile
+from kb.paths import name_key
+from kb.git.tree_layout import LayoutCache, apply_changes
+from kb.git.worktree_refresh import FILE_MODE, WorktreeRefresh
+
+BRANCH = b"refs/heads/main"
+OBJECT_CACHE_SIZE = 8192
+FOLDER_CACHE_SIZE = 64
+"""(tree, folder path) pairs whose folder tree ``Repository.lookup`` remembers."""
+STALE_LOCK_SECONDS = 30.0
+"""Age after which a git lock file found under the workspace write lock is a killed writer's."""
+LOOSE_LIMIT = 256
+"""Batches smaller than this are written as loose objects, larger ones as one pack."""
+LOOSE_COMPRESSION = 1
+"""zlib level of loose objects when the repository's config sets neither ``core.looseCompression``
+nor ``core.compression``: git's own default (best speed), where dulwich would use zlib's 6."""
+
+
+@dataclass(frozen=True)
+class TreeChange:
+    """One path's difference between two trees: kind is 'added' | 'modified' | 'removed'."""
+
+    kind: str
+    path: str
+    old_id: str | None
+    new_id: str | None
+
+
+def format_identity(who: str) -> bytes:
+    """``Name <email>`` bytes for a commit; a bare name gets an empty email (``Name <>``)."""
+    who = " ".join(who.replace("\n", " ").split()) or "kb"
+    if who.endswith(">") and "<" in who:
+        return who.encode()
+    return f"{who.replace('<', '').replace('>', '')} <>".encode()
+
+
+def _retry_reads_across_packing(store) -> None:
+    """Make ``store``'s reads survive concurrent packing (``kb.git.maintenance``): a read that misses
+    the packs, then finds the loose copy already deleted because a pack holding it just landed,
+    looks once more (the packs are re-scanned on a miss) — git's own ``reprepare_packed_git``."""
+    read = store.get_raw
+
+    def get_raw(name):
+        try:
+            return read(name)
+        except KeyError:
+            return read(name)
+
+    store.get_raw = get_raw
+
+
+_LAYOUT_SEEN, _KEYS_SEEN = "_layout_seen", "_keys_seen"
+_READ_ERRORS = (ChecksumMismatch, ObjectFormatException, zlib.error, OSError)
+"""What dulwich or the OS raise for an object that exists but cannot be read (corrupt, I/O error)."""
+
+
+def _changed_names(old: Tree, new: Tree) -> set[bytes]:
+    """Names whose entry differs between two versions of a folder (added, removed or changed):
+    one set operation over the entry dicts, in C, instead of Python work per entry."""
+    return {name for name, _ in old._entries.items() ^ new._entries.items()}
+
+
+def _patched_keys(base: dict, tree: Tree, names) -> dict:
+    """A folder's key map (``Repository.folder_keys``) for ``tree``, from ``base`` (the map of
+    another version of the folder) by re-keying only ``names`` (bytes), the entries that differ."""
+    keys = dict(base)
+    for raw_name in names:
+        name = raw_name.decode()
+        key = name_key(name)
+        entries = [e for e in keys.get(key, ()) if e[0] != name]
+        if raw_name in tree:
+            entries.append((name, "folder" if stat.S_ISDIR(tree[raw_name][0]) else "file"))
+        if entries:
+            keys[key] = tuple(entries)
+        else:
+            keys.pop(key, None)
+    return keys
+
+
+def _loose_compression_as_git(repo: Repo) -> None:
+    """Compress loose objects at git's default level unless the config names one (a big folder's
+    tree is rewritten as a loose object on every revision that touches it)."""
+    config = repo.get_config()
+    for key in (b"looseCompression", b"compression"):
+        try:
+            config.get((b"core",), key)
+            return
+        except KeyError:
+            continue
+    repo.object_store.loose_compression_level = LOOSE_COMPRESSION
+
+
+_open_repositories: "weakref.WeakSet[Repository]" = weakref.WeakSet()
+
+
+@atexit.register
+def close_open_repositories() -> None:
+    """Close every repository still open (at interpreter exit, while imports still work), so a
+    script that never closed its KnowledgeBase ends without dulwich's ``__del__`` noise."""
+    for repository in list(_open_repositories):
+        repository.close()
+
+
+OBJECT_WRITE_ATTEMPTS = 5
+"""Tries to store one loose object while another process may remove its emptied ``objects/xx/``
+folder (``git prune-packed``) between the folder's creation and the object's write."""
+
+
+class Repository(WorktreeRefresh):
+    """One workspace's non-bare git repository at ``path`` (created on ``Repository.create``)."""
+
+    def __init__(self, repo: Repo) -> None:
+        self._repo = repo
+        _open_repositories.add(self)
+        self.path = Path(repo.path)
+        # Objects are immutable: path lookups and the tree builder share a bounded cache of
+        # parsed objects, and trees the builder creates enter it directly, so the next turn's
+        # lookups never re-read (and re-parse) a large folder's tree from disk.
+        self._objects: collections.OrderedDict[bytes, object] = collections.OrderedDict()
+        self._index = IndexFile(self.path / ".git" / "index")
+        self._layouts = LayoutCache()  # trees' entry layouts, so a new tree is spliced, not re-serialized
+        self._ref_path = os.path.join(self.path, ".git", BRANCH.decode())
+        _retry_reads_across_packing(repo.object_store)
+        _loose_compression_as_git(repo)
+
+    def _tree_object(self, sha: bytes):
+        """The parsed object ``sha`` (LRU-cached, at most OBJECT_CACHE_SIZE entries)."""
+        cached = self._objects.get(sha)
+        if cached is not None:
+            self._objects.move_to_end(sha)
+            return cached
+        obj = self._read_object(sha)
+        self._remember(obj)
+        return obj
+
+    def _read_object(self, sha: bytes):
+        """``object_store[sha]``, parsing a loose object once (dulwich parses it, re-serializes it and
+        parses it again: ~10 ms for a 4,612-entry tree) and checking its id as dulwich does.
+        Raises KeyError (absent), StorageError (a corrupt or unreadable object, SPEC §14)."""
+        store = self._repo.object_store
+        try:
+            obj = store._get_loose_object(sha) if isinstance(store, DiskObjectStore) else None
+            if obj is None:  # packed (or packed away meanwhile): dulwich's own path
+                return store[sha]
+            digest = hashlib.sha1(object_header(obj.type_num, obj.raw_length()))
+            for chunk in obj.as_raw_chunks():
+                digest.update(chunk)
+            if digest.hexdigest().encode() != sha:
+                raise ChecksumMismatch(sha, digest.hexdigest().encode())
+            return obj
+        except KeyError:
+            raise
+        except _READ_ERRORS as exc:
+            raise self._damaged(sha, exc) from None
+
+    def _referenced(self, sha: bytes):
+        """The parsed object ``sha`` that a commit or tree of this repository refers to (a tree
+        walk's lookup function): absent, it is damage, not "no such path" — raises StorageError, or
+        WorkspaceNotFound when the repository was deleted while it was read (SPEC §14)."""
+        try:
+            return self._tree_object(sha)
+        except KeyError:
+            raise self._missing(sha) from None
+
+    def _missing(self, sha: bytes) -> KbError:
+        """The error for object ``sha`` absent though referred to (see ``_referenced``)."""
+        if not (self.path / ".git").is_dir():
+            return WorkspaceNotFound(f"the repository at {self.path} was deleted while it was being read; "
+                                     "if the workspace was re-created, retry")
+        return StorageError(
+            f"object {sha.decode(errors='replace')} is missing from {self.path} though a revision refers to it; "
+            "the repository is damaged: run `kb fsck`, then restore the workspace from a backup or its remote"
+        )
+
+    def _damaged(self, sha: bytes, exc: BaseException) -> StorageError:
+        """The StorageError for object ``sha`` that cannot be read (``exc``: dulwich's or the OS's)."""
+        reason = (str(exc).strip().splitlines() or [""])[0][:160] or type(exc).__name__
+        return StorageError(
+            f"object {sha.decode(errors='replace')} in {self.path} cannot be read ({type(exc).__name__}: {reason}); "
+            "the repository is damaged or the disk failed: run `kb fsck`, then restore the workspace "
+            "from a backup or its remote"
+        )
+
+    def _remember(self, obj) -> None:
+        self._objects[obj.id] = obj
+        if len(self._objects) > OBJECT_CACHE_SIZE:
+            self._objects.popitem(last=False)
+
+    def close(self) -> None:
+        """Close dulwich's pack files and object store (idempotent). Issue 15: left to the garbage
+        collector at interpreter exit they print ``Exception ignored in … __del__`` noise."""
+        _open_repositories.discard(self)
+        self._objects.clear()
+        self._layouts.clear()
+        self._repo.close()
+
+    def __enter__(self) -> "Repository":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @classmethod
+    def open(cls, path: Path) -> "Repository":
+        """Open an existing repository; raises FileNotFoundError if there is none, including a
+        ``.git`` folder that is not a complete repository (one being created or deleted by
+        another process right now, or left damaged: dulwich's NotGitRepository)."""
+        if not (Path(path) / ".git").is_dir():
+            raise FileNotFoundError(path)
+        try:
+            return cls(Repo(str(path)))
+        except NotGitRepository:
+            raise FileNotFoundError(path) from None
+
+    @classmethod
+    def create(cls, path: Path) -> "Repository":
+        """Initialise a repository with kb's config (SPEC §2.1) or open the existing one."""
+        path = Path(path)
+        if (path / ".git").is_dir():
+            return cls.open(path)
+        path.mkdir(parents=True, exist_ok=True)
+        repo = Repo.init(str(path))
+        repo.refs.set_symbolic_ref(b"HEAD", BRANCH)
+        config = repo.get_config()
+        config.set((b"core",), b"autocrlf", b"false")
+        config.set((b"core",), b"filemode", b"false")
+        config.set((b"core",), b"hooksPath", b"/dev/null")
+        config.write_to_path()
+        return cls(repo)
+
+    # -- reads -----------------------------------------------------------------------------
+    def head(self) -> str | None:
+        """Hex id of the branch head, or None for an unborn repository. Raises StorageError when
+        the ref holds anything but a 40-digit hex id (a damaged repository, SPEC §14)."""
+        try:  # the loose ref, read directly (dulwich would resolve symrefs and packed refs first)
+            with open(self._ref_path, "rb") as f:
+                loose = f.read().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            loose = b""
+        if len(loose) != 40:
+            try:
+                loose = self._repo.refs[BRANCH]
+            except (KeyError, NotTreeError):
+                return None
+        if len(loose) != 40 or loose.strip(b"0123456789abcdef"):
+            raise StorageError(
+                f"the branch ref {BRANCH.decode()} of {self.path} holds {loose[:60].decode(errors='replace')!r}, "
+                "not a revision id; the repository is damaged: `git fsck` in it shows what else is, then "
+                "restore the workspace from a backup or its remote"
+            )
+        return loose.decode()
+
+    def resolve(self, revision: str) -> str:
+        """The full id of ``revision``, which may be a unique prefix of at least 4 hex digits (as
+        git accepts). Raises RevisionNotFound for an unknown or ambiguous prefix."""
+        text = revision.strip().lower() if isinstance(revision, str) else ""
+        if len(text) == 40:
+            return text
+        if len(text) < 4 or any(c not in "0123456789abcdef" for c in text):
+            raise RevisionNotFound(
+                f"{revision!r} is not a revision id; use the id `kb log` prints (or 4+ of its first hex digits)"
+            )
+        found = {sha.decode() for sha in self._repo.object_store.iter_prefix(text.encode())}
+        commits = [sha for sha in found if isinstance(self._repo.object_store[sha.encode()], Commit)]
+        if len(commits) != 1:
+            raise RevisionNotFound(
+                f"revision {revision!r} is {'ambiguous' if commits else 'not in this workspace'}; "
+                "use more digits of the id `kb log` prints"
+            )
+        return commits[0]
+
+    def commit(self, revision: str) -> Commit:
+        """The commit object of ``revision`` (full id or unique prefix); raises RevisionNotFound."""
+        revision = self.resolve(revision)
+        try:
+            obj = self._tree_object(revision.encode())  # parsed objects are cached (immutable)
+        except (KeyError, ValueError, AssertionError):
+            raise RevisionNotFound(f"revision {revision!r} is not in this workspace's history") from None
+        if not isinstance(obj, Commit):
+            raise RevisionNotFound(f"{revision!r} is not a revision (commit) id")
+        return obj
+
+    def tree_id(self, revision: str | None) -> bytes | None:
+        """Tree id of a revision (None → None, the empty tree of an unborn repo)."""
+        return None if revision is None else self.commit(revision).tree
+
+    def lookup(self, tree_id: bytes | None, path: str) -> str | None:
+        """Blob id at ``path`` in ``tree_id``, or None when absent (or a folder). The folder is
+        resolved once per (tree, folder) and remembered, so many lookups in one big folder (a
+        draft moving it, a turn reading it) cost one dict probe each."""
+        if tree_id is None:
+            return None
+        parent, _, name = path.rpartition("/")
+        folder = self._folder_tree(tree_id, parent)
+        entry = None if folder is None else folder._entries.get(name.encode())
+        return None if entry is None or stat.S_ISDIR(entry[0]) else entry[1].decode()
+
+    def _folder_tree(self, tree_id: bytes, folder: str) -> Tree | None:
+        """The tree object of ``folder`` (a repo path, "" for the root) in ``tree_id``, or None when
+        it is not a folder there; (tree, folder) pairs are cached (trees are immutable)."""
+        cache = self.__dict__.setdefault("_folder_trees", collections.OrderedDict())
+        key = (tree_id, folder)
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        try:
+            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode()) if folder \
+                else (stat.S_IFDIR, tree_id)
+            found = self._referenced(sha) if stat.S_ISDIR(mode) else None
+        except (KeyError, NotTreeError):
+            found = None
+        if found is not None and not isinstance(found, Tree):
+            found = None
+        cache[key] = found
+        if len(cache) > FOLDER_CACHE_SIZE:
+            cache.popitem(last=False)
+        return found
+
+    def lookup_many(self, tree_id: bytes | None, paths: Iterable[str]) -> dict[str, tuple[str, str] | None]:
+        """``{path: ("file" | "folder", sha hex) or None when absent}`` for many paths of one tree,
+        resolving each parent folder once: O(paths), where one ``lookup`` per path would walk the
+        tree from the root each time (a folder rename looks up thousands of paths)."""
+        folders: dict[str, Tree | None] = {}
+        result: dict[str, tuple[str, str] | None] = {}
+        for path in paths:
+            parent, _, name = path.rpartition("/")
+            if parent not in folders:
+                folder = None
+                if tree_id is not None:
+                    try:
+                        mode, sha = tree_lookup_path(self._referenced, tree_id, parent.encode()) if parent \
+                            else (stat.S_IFDIR, tree_id)
+                        folder = self._referenced(sha) if stat.S_ISDIR(mode) else None
+                    except (KeyError, NotTreeError):
+                        folder = None
+                folders[parent] = folder
+            folder = folders[parent]
+            key = name.encode()
+            if folder is None or key not in folder:
+                result[path] = None
+            else:
+                mode, sha = folder[key]
+                result[path] = ("folder" if stat.S_ISDIR(mode) else "file", sha.decode())
+        return result
+
+    def is_folder(self, tree_id: bytes | None, path: str) -> bool:
+        """True when ``path`` names a folder (subtree) in ``tree_id``."""
+        if tree_id is None:
+            return False
+        try:
+            mode, _ = tree_lookup_path(self._referenced, tree_id, path.encode())
+        except (KeyError, NotTreeError):
+            return False
+        return stat.S_ISDIR(mode)
+
+    def list_folder(self, tree_id: bytes | None, folder: str) -> list[tuple[str, str]]:
+        """``(name, "file" | "folder")`` of the direct children of ``folder`` (a repo path such as
+        ``documents/a``) in ``tree_id``; empty when the folder does not exist."""
+        if tree_id is None:
+            return []
+        try:
+            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode())
+        except (KeyError, NotTreeError):
+            return []
+        if not stat.S_ISDIR(mode):
+            return []
+        return list(self._folder_entries(sha))
+
+    def _folder_entries(self, sha: bytes) -> tuple[tuple[str, str], ...]:
+        """``(name, kind)`` of one tree's entries, cached per tree id (trees are immutable): the
+        draft, the turn and the commit's collision check list the same big folder once."""
+        cache = self.__dict__.setdefault("_entries_cache", collections.OrderedDict())
+        entries = cache.get(sha)
+        if entries is None:
+            entries = cache[sha] = tuple(
+                (entry.path.decode(), "folder" if stat.S_ISDIR(entry.mode) else "file")
+                for entry in self._referenced(sha).iteritems()
+            )
+            if len(cache) > 64:
+                cache.popitem(last=False)
+        return entries
+
+    def blob(self, blob_id: str) -> bytes:
+        """The bytes of a blob; raises DocumentNotFound for an unknown id."""
+        try:
+            return self._read_object(blob_id.encode()).as_raw_string()
+        except KeyError:
+            raise DocumentNotFound(f"blob {blob_id} is missing from the object store") from None
+
+    def read(self, revision: str | None, path: str) -> bytes:
+        """Bytes of ``path`` at ``revision``; raises DocumentNotFound."""
+        blob_id = self.lookup(self.tree_id(revision), path)
+        if blob_id is None:
+            raise DocumentNotFound(f"no document at {path!r} in revision {revision or '(empty)'}")
+        return self.blob(blob_id)
+
+    def walk(self, tree_id: bytes | None, prefix: str = "") -> Iterator[tuple[str, str]]:
+        """``(path, blob_id)`` for every file in ``tree_id`` (under ``prefix``), in tree order."""
+        if tree_id is None:
+            return
+        if prefix:
+            try:
+                mode, tree_id = tree_lookup_path(
+                    self._referenced, tree_id, prefix.rstrip("/").encode()
+                )
+            except (KeyError, NotTreeError):
+                return
+            if not stat.S_ISDIR(mode):
+                return
+            base = prefix.rstrip("/") + "/"
+        else:
+            base = ""
+        yield from self._walk_tree(tree_id, base)
+
+    def _walk_tree(self, tree_id: bytes, base: str) -> Iterator[tuple[str, str]]:
+        """Files under one tree in tree order, read through ``_referenced`` (cached; a damaged or
+        missing tree raises StorageError)."""
+        for entry in self._referenced(tree_id).iteritems():
+            path = base + entry.path.decode()
+            if stat.S_ISDIR(entry.mode):
+                yield from self._walk_tree(entry.sha, path + "/")
+            else:
+                yield path, entry.sha.decode()
+
+    def diff(self, old_tree: bytes | None, new_tree: bytes | None) -> list[TreeChange]:
+        """Path-level changes from one tree to another (no rename detection: moves are recorded)."""
+        changes = []
+        try:
+            found = list(tree_changes(self._repo.object_store, old_tree, new_tree))
+        except _READ_ERRORS as exc:
+            raise self._damaged((new_tree or old_tree or b"?"), exc) from None
+        for change in found:
+            old, new = change.old, change.new
+            if change.type == "add":
+                changes.append(TreeChange("added", new.path.decode(), None, new.sha.decode()))
+            elif change.type == "delete":
+                changes.append(TreeChange("removed", old.path.decode(), old.sha.decode(), None))
+            else:
+                if old.path != new.path:  # defensive; tree_changes without rename detection
+                    changes.append(TreeChange("removed", old.path.decode(), old.sha.decode(), None))
+                    changes.append(TreeChange("added", new.path.decode(), None, new.sha.decode()))
+                else:
+                    changes.append(
+                        TreeChange("modified", new.path.decode(), old.sha.decode(), new.sha.decode())
+                    )
+        return changes
+
+    def parents(self, revision: str) -> list[str]:
+        """Parent revision ids of a revision."""
+        return [p.decode() for p in self.commit(revision).parents]
+
+    def ancestry(self, head: str | None, stop: str | None = None) -> list[str]:
+        """First-parent revisions from ``head`` back to (excluding) ``stop``, oldest first."""
+        chain = []
+        current = head
+        while current is not None and current != stop:
+            chain.append(current)
+            parents = self.parents(current)
+            current = parents[0] if parents else None
+        chain.reverse()
+        return chain
+
+    # -- writes ----------------------------------------------------------------------------
+    def add_blob(self, data: bytes) -> str:
+        """Store ``data`` as a blob; returns its id (equals ``git hash-object``)."""
+        blob = Blob.from_string(data)
+        self._add_objects([blob])
+        return blob.id.decode()
+
+    def add_blobs(self, blobs: Iterable[bytes]) -> list[str]:
+        """Store many blobs (loose, or one pack for a large batch); returns their ids in order."""
+        objects = [Blob.from_string(data) for data in blobs]
+        self._add_objects(objects)
+        return [obj.id.decode() for obj in objects]
+
+    def _add_objects(self, objects: Sequence) -> None:
+        """Store objects: loose when few (a pack per small commit would pile up thousands of
+        packs and slow every lookup), one pack for a large batch (an import)."""
+        store = self._repo.object_store
+        if len(objects) < LOOSE_LIMIT:
+            for obj in objects:
+                self._add_loose(obj)
+        else:
+            store.add_objects([(obj, None) for obj in objects])
+
+    def _add_loose(self, obj) -> None:
+        """Store ``obj`` as a loose object. A concurrent ``git repack -d`` / ``prune-packed`` may
+        remove the emptied ``objects/xx/`` folder between dulwich's mkdir and its open of the
+        ``.lock`` (FileNotFoundError): the folder is made again on the next try, as git itself
+        retries. Raises OSError after OBJECT_WRITE_ATTEMPTS tries."""
+        store = self._repo.object_store
+        for attempt in range(1, OBJECT_WRITE_ATTEMPTS + 1):
+            try:
+                store.add_object(obj)
+                return
+            except FileLocked:
+                self._add_loose_beside(obj)
+                return
+            except FileNotFoundError:
+                if attempt == OBJECT_WRITE_ATTEMPTS:
+                    raise
+
+    def _add_loose_beside(self, obj) -> None:
+        """Store ``obj`` as a loose object while another process holds its ``.lock``.
+
+        Writers stage their blobs before taking the workspace lock (group commit, issue 9), so two
+        of them may store the very same object at once; dulwich then refuses the second with
+        FileLocked. The object's bytes are the same whoever writes them, so this writes them to a
+        temporary file of its own and links it into place as git itself does (``tmp_obj_*``):
+        nobody waits, and a lock left by a killed writer cannot block the object. Raises OSError.
+        """
+        store = self._repo.object_store
+        path = store._get_shafile_path(obj.id)
+        data = obj.as_legacy_object(compression_level=store.loose_compression_level)
+        fd, temporary = tempfile.mkstemp(prefix="tmp_obj_", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                if store.fsync_object_files:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            os.chmod(temporary, 0o444)
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                pass  # the other writer's copy landed first: the same bytes
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def build_tree(self, base_tree: bytes | None, changes: Sequence[tuple[str, str | None]]) -> bytes:
+        """New tree id = ``base_tree`` with ``(path, blob_id or None to delete)`` applied.
+
+        Only the trees on changed paths are rewritten (cost grows with the change, not the
+        workspace). A blob may replace a subtree and vice versa (the store checks beforehand that
+        no document ends up under a document); trees left empty are dropped, as git has no empty
+        trees. New objects are added in one batch.
+        """
+        nested: dict = {}
+        # deletions first: a folder emptied to make room for a document (or the reverse) then
+        # meets the addition, which wins
+        for path, sha in sorted(changes, key=lambda change: change[1] is not None):
+            *folders, name = path.encode().split(b"/")
+            node = nested
+            for folder in folders:
+                child = node.get(folder)
+                if not isinstance(child, dict):
+                    child = node[folder] = {}
+                node = child
+            node[name] = None if sha is None else sha.encode()
+        new_objects: list[Tree] = []
+        root = self._apply(base_tree, nested, new_objects, "")
+        if root is None:
+            root = Tree()
+            new_objects.append(root)
+        self._add_objects(new_objects)
+        for tree in new_objects:
+            self._remember(tree)
+        return root.id
+
+    def _apply(self, tree_id: bytes | None, nested: dict, new_objects: list, path: str) -> Tree | None:
+        """Apply ``nested`` ({name: blob sha | None | {sub-changes}}) to the tree at folder ``path``
+        ("" for the root); None if empty. Only the changed entries are spliced into the base's
+        layout (``kb.git.tree_layout``)."""
+        base = None if tree_id is None else self._referenced(tree_id)
+        changes: dict[bytes, tuple[int, bytes] | None] = {}
+        for name, change in nested.items():
+            if isinstance(change, dict):
+                existing = base[name] if base is not None and name in base else None
+                sub_base = existing[1] if existing and stat.S_ISDIR(existing[0]) else None
+                subtree = self._apply(sub_base, change, new_objects,
+                                      f"{path}/{name.decode(errors='surrogateescape')}".lstrip("/"))
+                changes[name] = None if subtree is None else (stat.S_IFDIR, subtree.id)
+            else:
+                changes[name] = None if change is None else (FILE_MODE, change)
+        layout = None if base is None else self._layout_of(base, path)
+        built = None if base is not None and layout is None else apply_changes(base, layout, changes)
+        if built is None:  # a base tree not in git order: let dulwich rebuild (and sort) it whole
+            tree = base.copy()
+            for name, change in changes.items():
+                if change is None:
+                    if name in tree:
+                        del tree[name]
+                else:
+                    tree.add(name, *change)
+        else:
+            tree, layout = built
+            if len(tree):
+                self._layouts.put(tree.id, layout)
+                self._seen(_LAYOUT_SEEN, path, tree.id)
+        if not len(tree):
+            return None
+        new_objects.append(tree)
+        self._derive_keys(tree_id, tree, nested, path)
+        return tree
+
+    def _seen(self, kind: str, folder: str, sha: bytes | None = None) -> bytes | None:
+        """The tree id last laid out / keyed at ``folder`` by this process (``kind``), after
+        recording ``sha`` as such when given. Another process's revision of a big folder is then
+        derived from it by its changed entries (``_changed_names``) instead of from scratch."""
+        seen = self.__dict__.setdefault(kind, collections.OrderedDict())
+        if sha is not None:
+            seen[folder] = sha
+            seen.move_to_end(folder)
+            if len(seen) > FOLDER_CACHE_SIZE:
+                seen.popitem(last=False)
+        return seen.get(folder)
+
+    def _layout_of(self, tree: Tree, folder: str):
+        """The layout of ``tree`` (at ``folder``): cached, else derived from the layout of the tree
+        last laid out there (a revision another process made), else parsed from its text."""
+        layout = self._layouts.peek(tree.id)
+        previous = self._seen(_LAYOUT_SEEN, folder) if layout is None else None
+        old_layout = self._layouts.peek(previous) if previous is not None else None
+        if old_layout is not None:
+            old = self._referenced(previous)
+            built = apply_changes(old, old_layout, {n: tree._entries.get(n) for n in _changed_names(old, tree)})
+            if built is not None and built[0].id == tree.id:  # the same text: the derivation holds
+                layout = built[1]
+                self._layouts.put(tree.id, layout)
+        if layout is None:
+            layout = self._layouts.get(tree)
+        if layout is not None:
+            self._seen(_LAYOUT_SEEN, folder, tree.id)
+        return layout
+
+    # -- collision keys per folder (SPEC §2.2), O(changed entries) per revision ---------------
+    def folder_keys(self, tree_id: bytes | None, folder: str) -> dict[str, tuple[tuple[str, str], ...]]:
+        """``{name_key: ((name, "file" | "folder"), …)}`` of the children of ``folder`` in
+        ``tree_id`` (empty when it is not a folder there). Read-only: do not mutate. Cached per
+        folder tree id, and derived for the trees ``build_tree`` makes from their base's entry by
+        patching only the changed names, so a big folder is keyed once, not once per write."""
+        if tree_id is None:
+            return {}
+        try:
+            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode())
+        except (KeyError, NotTreeError):
+            return {}
+        if not stat.S_ISDIR(mode):
+            return {}
+        cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
+        keys = cache.get(sha)
+        if keys is None:
+            tree = self._referenced(sha)
+            previous = self._seen(_KEYS_SEEN, folder)
+            if previous is not None and previous in cache:  # another revision of this folder: patch it
+                keys = _patched_keys(cache[previous], tree, _changed_names(self._referenced(previous), tree))
+            else:
+                grouped: dict[str, list[tuple[str, str]]] = {}
+                for raw_name, (entry_mode, _) in tree._entries.items():
+                    name = raw_name.decode()
+                    grouped.setdefault(name_key(name), []).append(
+                        (name, "folder" if stat.S_ISDIR(entry_mode) else "file"))
+                keys = {k: tuple(v) for k, v in grouped.items()}
+            self._cache_keys(sha, keys)
+        else:
+            cache.move_to_end(sha)
+        self._seen(_KEYS_SEEN, folder, sha)
+        return keys
+
+    def _cache_keys(self, sha: bytes, keys: dict) -> None:
+        cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
+        cache[sha] = keys
+        if len(cache) > 32:
+            cache.popitem(last=False)
+
+    def _derive_keys(self, base_id: bytes | None, tree: Tree, nested: dict, folder: str) -> None:
+        """Key map of ``tree`` from its base's cached one plus the names ``nested`` changed."""
+        cache = self.__dict__.get("_keys_cache")
+        base = cache.get(base_id) if cache is not None and base_id is not None else None
+        if base is None:
+            return
+        self._cache_keys(tree.id, _patched_keys(base, tree, nested))
+        self._seen(_KEYS_SEEN, folder, tree.id)
+
+    def make_commit(
+        self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str
+    ) -> Commit:
+        """Write a commit object (hooks never run; SPEC §2.1) and return it (ref not moved)."""
+        commit = Commit()
+        commit.tree = tree_id
+        commit.parents = [parent.encode()] if parent else []
+        commit.author = format_identity(author)
+        commit.committer = format_identity(committer)
+        now = int(time.time())
+        commit.author_time = commit.commit_time = now
+        commit.author_timezone = commit.commit_timezone = 0
+        commit.encoding = b"UTF-8"
+        commit.message = (message.rstrip("\n") + "\n").encode()
+        self._add_objects([commit])
+        return commit
+
+    def advance(self, old: str | None, new: str) -> bool:
+        """Compare-and-swap the branch ref from ``old`` to ``new``; False if it moved meanwhile.
+
+        Raises KbError when git's ref lock file is held (a git command run by hand, or a killed
+        writer's leftover younger than STALE_LOCK_SECONDS).
+        """
+        ref = self._ref_path
+        lock = ref + ".lock"
+        try:  # git's protocol: create the lock exclusively, check, write, fsync, rename over the ref
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise KbError(
+                f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists): a git command "
+                f"is running there, or a killed writer left it (removed automatically after "
+                f"{STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was recorded; retry."
+            ) from None
+        try:
+            if self.head() != old:
+                os.close(fd)
+                os.unlink(lock)
+                return False
+            os.write(fd, new.encode() + b"\n")
+            os.fsync(fd)  # durable before Postgres commits the revision (SPEC §3)
+            os.close(fd)
+            os.replace(lock, ref)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            raise
+        self._log_ref(old, new)
+        return True
+
+    def _log_ref(self, old: str | None, new: str) -> None:
+        """Append the ref update to the branch's reflog, as git does (no fsync, as git)."""
+        log = self.path / ".git" / "logs" / BRANCH.decode()
+        line = format_reflog_line(old.encode() if old else ZERO_SHA, new.encode(), b"kb <>",
+                                  int(time.time()), 0, b"kb: commit")
+        try:
+            with open(log, "ab") as f:
+                f.write(line + b"\n")
+        except FileNotFoundError:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as f:
+                f.write(line + b"\n")
+
+    def clear_stale_locks(self, min_age: float = STALE_LOCK_SECONDS) -> list[str]:
+        """Remove git lock files (``index.lock``, ``refs/heads/main.lock`` …) older than ``min_age``
+        seconds: leftovers of a killed writer.
+
+        Call only while holding the workspace write lock, so no kb writer owns one; the age guard
+        spares a lock a person's own git command (``git status``) holds for a moment. ``kb fsck``
+        passes 0. Returns the removed paths relative to the repository.
+        """
+        git_dir = self.path / ".git"
+        removed = []
+        now = time.time()
+        ref_locks = [Path(top) / name for top, _, names in os.walk(git_dir / "refs")
+                     for name in names if name.endswith(".lock")]
+        for lock in [git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")] + sorted(ref_locks):
+            try:
+                if now - lock.stat().st_mtime < min_age:
+                    continue
+                lock.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(str(lock.relative_to(self.path)))
+        return removed
+
+    def invalid_reflog_entries(self) -> list[str]:
+        """Reflog lines (``.git/logs/…``) that do not parse or name a missing commit, as messages
+        like git fsck's. Call under the write lock: writers append to the reflogs."""
+        problems = []
+        logs = self.path / ".git" / "logs"
+        store = self._repo.object_store
+        for log_file in sorted(p for p in logs.rglob("*") if p.is_file()) if logs.is_dir() else []:
+            name = log_file.relative_to(logs).as_posix()
+            for number, line in enumerate(log_file.read_bytes().splitlines(), start=1):
+                fields = line.split(b" ", 2)
+                shas = fields[:2] if len(fields) == 3 else []
+                if len(shas) != 2 or any(len(sha) != 40 for sha in shas):
+                    problems.append(f"error: {name}: reflog line {number} does not parse")
+                    continue
+                for sha in shas:
+                    if sha != b"0" * 40 and sha not in store and not self._readable(sha):
+                        problems.append(f"error: {name}: invalid reflog entry {sha.decode(errors='replace')}")
+        return problems
+
+    def _readable(self, sha: bytes) -> bool:
+        """True when object ``sha`` can be read (re-checking the packs, for a concurrent packing)."""
+        try:
+            self._repo.object_store.get_raw(sha)
+        except KeyError:
+            return False
+        return True
+
+    def remove_temporary_packs(self, min_age: float) -> list[str]:
+        """Delete temporary packs a killed import left (``objects/tmp_pack_*``, and ``.pack`` files
+        without their ``.idx``) whose last write is older than ``min_age`` seconds, so a pack being
+        written right now is spared. Returns the removed paths relative to the repository."""
+        store = self._repo.object_store
+        objects = Path(store.path)
+        candidates = list(objects.glob("tmp_pack_*")) + [
+            p for p in (objects / "pack").glob("*.pack") if not p.with_suffix(".idx").exists()
+        ]
+        store.prune(grace_period=int(min_age))
+        return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
+
+    def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:
+        """Maintenance (SPEC §14): put the loose objects into one pack and, once more than
+        ``max_packs`` packs pile up, consolidate all packs into one. Safe beside concurrent
+        writers and readers: objects are only added to a pack before their loose copy or old
+        pack is removed, and readers re-scan the packs on a miss. Returns ``(objects packed,
+        packs after)``."""
+        store = self._repo.object_store
+        packed = store.pack_loose_objects()
+        if len(store.packs) > max_packs:
+            packed += store.repack()
+        return packed, len(store.packs)

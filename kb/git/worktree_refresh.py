@@ -1,0 +1,256 @@
+"""Refreshing the persistent working tree and index of a workspace repository (SPEC §2.1).
+
+(Turns' private worktrees are ``kb.git.worktree``; this is the repository's own checkout.)
+
+After a commit the working tree and git index are brought to HEAD for the changed paths only,
+outside the workspace write lock and serialized by an flock of their own (issue 9): files are
+written under a temporary name and renamed into place, a folder whose every file moves is renamed
+with one ``rename(2)``, folders left empty are removed once each. ``Repository`` inherits these
+methods; they use its object reads (``lookup_many``, ``blob``) and its index file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+
+from dulwich.index import index_entry_from_stat
+
+from kb.git.gitindex import IndexFile, UnsupportedIndex
+
+FILE_MODE = 0o100644
+"""Git's mode of a regular, non-executable file (the only kind kb writes)."""
+
+
+class WorktreeRefresh:
+    """Working-tree and index refresh for ``kb.git.repository.Repository`` (a mixin: it reads the
+    repository's ``path``, ``_index``, objects and HEAD through the Repository's own methods)."""
+
+    @contextlib.contextmanager
+    def worktree_lock(self) -> Iterator[None]:
+        """Hold ``.git/kb-worktree.lock`` (an flock, released when the holder dies) for the block:
+        working-tree refreshes run outside the workspace write lock (issue 9), so they serialize
+        here, as do ``kb fsck``'s check and repair of the working tree. Re-entrant per Repository."""
+        depth = self.__dict__.get("_worktree_depth", 0)
+        if depth:
+            self._worktree_depth = depth + 1
+            try:
+                yield
+            finally:
+                self._worktree_depth -= 1
+            return
+        fd = os.open(self.path / ".git" / "kb-worktree.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._worktree_depth = 1
+            try:
+                yield
+            finally:
+                self._worktree_depth = 0
+        finally:
+            os.close(fd)
+
+    def refresh_to_head(self, staged: Mapping[str, str | None], data: Mapping[str, bytes] | None = None,
+                        moves: Mapping[str, str] | None = None) -> list[str]:
+        """After a commit, outside the write lock: make the working tree and index equal the
+        *current* HEAD for the paths of ``staged`` (``{repo path: blob id the commit wrote, or
+        None}``). Holding ``worktree_lock`` and reading HEAD under it makes refreshes of racing
+        commits commute: whichever runs last writes what HEAD holds, never an older version.
+        ``data``: bytes at hand for some paths (used only where HEAD still holds that blob);
+        ``moves`` as for :meth:`refresh_worktree`. Returns the paths the file system refused.
+        Raises OSError when the index cannot be written."""
+        with self.worktree_lock():
+            found = self.lookup_many(self.tree_id(self.head()), staged)
+            changes = [(p, f[1] if f is not None and f[0] == "file" else None) for p, f in found.items()]
+            fresh = {p: b for p, b in changes if b is not None and b == staged[p]}
+            return self.refresh_worktree(
+                changes, None if data is None else {p: v for p, v in data.items() if p in fresh}, moves=moves)
+
+    def refresh_worktree(
+        self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None,
+        moves: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1), holding
+        ``worktree_lock``.
+
+        ``changes``: ``(repo path, blob id or None to delete)``; ``data``: bytes already at hand
+        for some of those paths (saves re-reading blobs). Files are written to a temporary name
+        and renamed into place; folders left empty are removed, each one once (O(changed paths),
+        never O(changed × folder size)). ``moves`` (``{new path: old path}``, the change's recorded
+        moves) lets a moved document's file be renamed on disk instead of rewritten from its blob,
+        when the index shows the old file holds exactly that blob. Call under the write lock.
+
+        Returns the repo paths the file system refused (a path too long for it, say): those keep
+        their old index entry, so ``git status`` and ``kb fsck`` show them; the rest is refreshed.
+        Raises OSError only when the index itself cannot be written.
+        """
+        with self.worktree_lock():
+            return self._refresh_worktree(changes, data, moves)
+
+    def _refresh_worktree(self, changes, data, moves) -> list[str]:
+        changes = sorted(changes, key=lambda change: change[1] is not None)  # deletions first
+        try:
+            self._index.load()
+            index = self._index
+        except UnsupportedIndex:
+            index = None
+        fallback = self._repo.open_index() if index is None else None
+        # Plain strings and os calls: per file this is a rename or a write, one lstat and one index
+        # update (pathlib's per-call parsing cost more than the system calls at 4,612 files).
+        root = str(self.path)
+        join, lstat, replace = os.path.join, os.lstat, os.replace
+        failed: list[str] = []
+        emptied: set[str] = set()
+        writes = []
+        deleted = {path for path, blob_id in changes if blob_id is None}
+        renames: dict[str, str] = {}  # new path -> old path whose file is renamed into place
+        kept: set[str] = set()  # the old paths of those renames (a set: O(1) per moved file)
+        if index is not None and moves:
+            for path, blob_id in changes:
+                old = moves.get(path)
+                if blob_id is not None and old in deleted and old not in kept:
+                    try:
+                        st = lstat(join(root, old))
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and index.describes(old.encode(), st, blob_id):
+                        renames[path] = old
+                        kept.add(old)
+        in_moved_folders = self._move_folders(index, renames) if renames else set()
+        for path, blob_id in changes:
+            if blob_id is not None:
+                writes.append((path, blob_id))
+                continue
+            target = join(root, path)
+            try:
+                if path not in kept:
+                    os.unlink(target)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:  # too long to exist on disk: nothing to delete
+                    failed.append(path)
+                    continue
+            if index is not None:
+                index.update(path.encode(), None, None)
+            elif path.encode() in fallback:
+                del fallback[path.encode()]
+            emptied.add(os.path.dirname(target))
+        made: set[str] = set()
+        for path, blob_id in writes:
+            if path in in_moved_folders:
+                continue
+            target = join(root, path)
+            try:
+                parent = os.path.dirname(target)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                if path in renames:
+                    source = join(root, renames[path])
+                else:
+                    name = os.path.basename(target)
+                    source = join(parent, f".{name}.kbtmp" if len(name.encode()) <= 248 else f".kbtmp-{os.getpid()}")
+                    with open(source, "wb") as handle:
+                        handle.write(data[path] if data is not None and path in data else self.blob(blob_id))
+                try:
+                    replace(source, target)
+                except IsADirectoryError:  # a folder became a document: its files are deleted above
+                    shutil.rmtree(target)
+                    replace(source, target)
+                st = lstat(target)
+            except OSError:
+                failed.append(path)
+                continue
+            if index is not None:
+                index.update(path.encode(), st, blob_id)
+            else:
+                fallback[path.encode()] = index_entry_from_stat(st, blob_id.encode(), FILE_MODE)
+        for folder in sorted(emptied, key=lambda f: f.count(os.sep), reverse=True):
+            while folder != root and folder.startswith(root + os.sep):
+                try:
+                    os.rmdir(folder)
+                except FileNotFoundError:  # renamed away whole: its parent may be empty now
+                    pass
+                except OSError:  # not empty (or too long): its ancestors are not empty either
+                    break
+                folder = os.path.dirname(folder)
+        if index is not None:
+            index.write()
+        else:
+            fallback.write()
+        return failed
+
+    def _move_folders(self, index: IndexFile, renames: dict[str, str]) -> set[str]:
+        """Rename on disk, in one call each, the folders whose every file (and subfolder, the same
+        way) moves under the same name to a folder that does not exist yet — a folder rename:
+        O(1) file-system work instead of one rename per file. The files keep their inodes, so
+        their index entries only change path. ``renames``: ``{new path: old path}`` of files the
+        index shows unchanged on disk (a path whose entry cannot move is dropped from it).
+        Returns the new paths done this way; the others are renamed one by one."""
+        groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for new, old in renames.items():
+            old_folder, _, old_name = old.rpartition("/")
+            new_folder, _, new_name = new.rpartition("/")
+            if old_name == new_name and old_folder and new_folder:
+                groups.setdefault((old_folder, new_folder), []).append((new, old))
+        root = str(self.path)
+        whole: dict[tuple[str, str], bool] = {}
+
+        def movable(pair: tuple[str, str]) -> bool:  # the folder holds only what moves with it
+            if pair not in whole:
+                old_folder, new_folder = pair
+                names = {old.rpartition("/")[2] for _, old in groups[pair]}
+                try:
+                    entries = list(os.scandir(os.path.join(root, old_folder)))
+                    whole[pair] = not os.path.lexists(os.path.join(root, new_folder)) and all(
+                        entry.name in names if not entry.is_dir(follow_symlinks=False) else
+                        (f"{old_folder}/{entry.name}", f"{new_folder}/{entry.name}") in groups
+                        and movable((f"{old_folder}/{entry.name}", f"{new_folder}/{entry.name}"))
+                        for entry in entries) and len(entries) >= len(names)
+                except OSError:
+                    whole[pair] = False
+            return whole[pair]
+
+        done: set[str] = set()
+        for pair in sorted(groups, key=lambda p: p[0].count("/")):  # outermost first
+            old_folder, new_folder = pair
+            parent = (old_folder.rpartition("/")[0], new_folder.rpartition("/")[0])
+            if parent in groups and movable(parent) or not movable(pair):
+                continue  # moved with its parent, or file by file
+            try:
+                os.makedirs(os.path.join(root, new_folder.rpartition("/")[0]), exist_ok=True)
+                os.rename(os.path.join(root, old_folder), os.path.join(root, new_folder))
+            except OSError:  # the files are then renamed one by one
+                whole[pair] = False
+                continue
+            moved = [moved for sub_pair, files in groups.items() for moved in files
+                     if sub_pair == pair or sub_pair[0].startswith(old_folder + "/") and whole.get(sub_pair)]
+            entries = index.move_many([(old.encode(), new.encode()) for new, old in moved])
+            for new, _ in moved:
+                if new.encode() in entries:
+                    done.add(new)
+                else:  # no usable entry: the file (already in place) is rewritten from its blob
+                    del renames[new]
+        return done
+
+    def reset_worktree(self) -> None:
+        """Rebuild the whole working tree and index from HEAD (``kb fsck`` repair)."""
+        head = self.head()
+        tree = self.tree_id(head)
+        wanted = dict(self.walk(tree))
+        index = self._repo.open_index()
+        present = {p.decode() for p in index}
+        for root, dirs, files in os.walk(self.path):
+            dirs[:] = [d for d in dirs if not (root == str(self.path) and d == ".git")]
+            for name in files:
+                rel = os.path.relpath(os.path.join(root, name), self.path)
+                present.add(rel)
+        changes = [(p, None) for p in present if p not in wanted]
+        changes += list(wanted.items())
+        self.refresh_worktree(changes)

@@ -1,0 +1,508 @@
+"""Index convergence (SPEC §7): bring a workspace's chunks to git HEAD.
+
+Two runs, both converging to HEAD under the workspace's index lock and neither taking a revision:
+
+- ``Indexer.converge`` (job ``kb.index_changes``): projects rows to HEAD — the projection folds
+  every revision between the last projected one and HEAD — then indexes every document whose
+  indexed content lags its projected content (``content_id <> indexed_content_id``: exactly the
+  documents changed between the stamp and HEAD, plus earlier failures).
+- ``Indexer.reindex`` (job ``kb.reindex``): re-compares the whole tree with the rows (upsert +
+  prune), then re-derives every document's chunks, and finally converges what changed meanwhile.
+  It records its cursor in ``kb.index_runs`` after every batch, so a run killed half-way resumes
+  where it stopped.
+
+Runs use an autocommit connection: every write is an explicit transaction (one per document, one
+per progress checkpoint). Documents are cut and embedded in batches (the embedder sees full batches) but each document is
+written in its own transaction: a failure marks that document ``failed`` with the error and an
+attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others go on. A document with NUL
+bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
+(``last_indexed_revision``) then moves to HEAD: it advances past successes, and the remaining
+failed documents are retried by a follow-up job (``kb.jobs.tasks``) and the sweep until they succeed or
+are quarantined, so one poison document never wedges the workspace.
+
+A document's transaction takes the workspace's chunk lock and then the document's row before it
+writes chunks (the lock order in ``kb.db.locks``, shared with the projection, which may run at the
+same time). A document the projection deleted after the run read it has no row left to lock: it
+is settled as gone, not written (its chunks would violate the foreign key) and not failed. One
+that a projection moved or changed after the run read it (or the artifact layer revised) is
+superseded: not written either — its chunks would describe other content, or its stamp cite a
+path the content no longer has — and it lags until the next run, which the change deferred.
+The stamp a written document gets, ``(indexed_path, indexed_revision)``, is what a search
+envelope cites (SPEC §8): the path it has and a revision where that path holds this content
+(``mark_document_indexed``), not the revision the run projected, which predates rows a later
+projection brought in.
+
+What a chunk embeds is its text after its context line (document title and heading path,
+kb.chunk_context); the full-text index gets the same, in the document's language configuration
+(kb.languages). Embeddings come from the chunk-level cache keyed by ``(sha256(text embedded),
+model, dim)``; only texts
+that no existing chunk row of the document already carries are looked up, and only cache misses
+reach the embedder. Unchanged chunk rows are reused in place (same id) with updated positions and
+spans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kb.db import database
+from kb.index.chunk_context import context_line, embedded_text, heading_paths
+from kb.index.chunking import Chunk, Chunker
+from kb.index.embedding import Embedder, check_vectors, vector_literal
+from kb.errors import UnindexableDocument, WorkspaceNotFound
+from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
+from kb.db.locks import chunk_lock, index_lock
+from kb.store.projection import project
+from kb.git.repository import Repository
+from kb.settings import Settings
+from kb.db.sql import queries
+
+log = logging.getLogger(__name__)
+
+DOCUMENT_BATCH = 64
+"""Documents cut, embedded and checkpointed together."""
+
+
+@dataclass
+class IndexReport:
+    """Counts of one run (``kind``: index_changes | reindex). ``documents_gone``: documents a
+    projection deleted after the run read them (settled: neither indexed nor failed);
+    ``documents_superseded``: documents moved or changed after the run read them (not written;
+    the next run indexes what they hold then)."""
+
+    workspace_id: int
+    kind: str = "index_changes"
+    revision: str | None = None
+    run_id: int | None = None
+    resumed: bool = False
+    documents_total: int = 0
+    documents_indexed: int = 0
+    documents_failed: int = 0
+    documents_unindexable: int = 0
+    documents_still_failed: int = 0
+    documents_gone: int = 0
+    documents_superseded: int = 0
+    failed_attempts: int = 0
+    chunks_written: int = 0
+    chunks_reused: int = 0
+    embeddings_computed: int = 0
+    embeddings_cached: int = 0
+    documents_done: int = 0
+    cursor: int | None = None
+    skipped_locked: bool = False
+    failures: dict[str, str] = field(default_factory=dict)
+    attempted: set[int] = field(default_factory=set, repr=False)
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        """Share of the needed embeddings served by the cache (1.0 when none were needed)."""
+        needed = self.embeddings_cached + self.embeddings_computed
+        return 1.0 if needed == 0 else self.embeddings_cached / needed
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a chunk's UTF-8 text (the embedding cache key, SPEC §7)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def decode_document(data: bytes, max_bytes: int | None = None) -> str:
+    """Decode a blob as UTF-8 text; raises UnindexableDocument for NUL bytes, invalid UTF-8, or
+    more than ``max_bytes`` bytes (``KB_MAX_INDEX_BYTES``: a 50 MB document would cut ~100,000
+    chunks and take gigabytes of memory in one worker; it stays in git, readable and citable)."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise UnindexableDocument(
+            f"{len(data):,} bytes is more than KB_MAX_INDEX_BYTES ({max_bytes:,}); split the document "
+            "or raise the limit"
+        )
+    if b"\x00" in data:
+        raise UnindexableDocument("contains NUL bytes (Postgres text cannot hold them)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnindexableDocument(f"not valid UTF-8 (byte {exc.start})") from None
+
+
+@dataclass
+class _Prepared:
+    row: dict
+    chunks: list[Chunk] = field(default_factory=list)
+    contexts: list[str] = field(default_factory=list)
+    embedded: list[str] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    text_config: str = "english"
+    existing: list[dict] = field(default_factory=list)
+    lexically_stable: bool = True
+    """False for a document whose text or title is not in Unicode form C: its chunk rows may carry
+    tsvectors of the unnormalized text (indexed before kb.languages normalized), so none is reused."""
+    error: str | None = None
+    unindexable: str | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.error is None and self.unindexable is None
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Indexer:
+    """Runs convergence for workspaces with one chunker and one embedder.
+
+    ``progress(done, total, report)`` is called after every batch of documents (``report``: the
+    IndexReport so far).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        database_url: str,
+        embedder: Embedder,
+        chunker: Chunker | None = None,
+        progress: Callable[[int, int, IndexReport], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.database_url = database_url
+        self.embedder = embedder
+        self.chunker = chunker or Chunker(settings.chunk_size)
+        self.progress = progress
+
+    # -- the two runs ------------------------------------------------------------------------
+    def converge(self, workspace_id: int) -> IndexReport:
+        """Project and index ``workspace_id`` up to its HEAD (job ``kb.index_changes``).
+
+        Returns what was done. If another process holds the workspace's index lock the run is
+        skipped (``report.skipped_locked``): that run converges to HEAD itself.
+        """
+        with self._locked_run(workspace_id, "index_changes", full=False) as (report, repo):
+            if repo is not None:
+                with database.connect(self.database_url, autocommit=True) as conn:
+                    self._lagging_pass(conn, repo, workspace_id, report.revision, report, start_run=True)
+                    self._finish(conn, workspace_id, report.revision, report)
+        return report
+
+    @contextlib.contextmanager
+    def _locked_run(self, workspace_id: int, kind: str, *, full: bool):
+        """Hold the workspace's index lock and project to HEAD; yields ``(report, repo)`` with
+        ``report.revision`` = HEAD, or ``(report, None)`` with ``skipped_locked`` set when another
+        run holds the lock (that run converges to HEAD itself)."""
+        report = IndexReport(workspace_id, kind)
+        with index_lock(self.database_url, workspace_id) as locked:
+            if not locked:
+                report.skipped_locked = True
+                yield report, None
+                return
+            try:
+                opened = Repository.open(self.settings.knowledge_store / str(workspace_id))
+            except FileNotFoundError:  # never created, or deleted (kb workspace delete) meanwhile
+                raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them") from None
+            with opened as repo:
+                report.revision = self._project(repo, workspace_id, full=full)
+                yield report, repo
+
+    def reindex(self, workspace_id: int) -> IndexReport:
+        """Rebuild ``workspace_id``'s index from git HEAD (job ``kb.reindex``), resumably.
+
+        Re-compares the whole tree with the document rows (upsert + prune), re-derives every
+        document's chunks (reusing unchanged chunk rows and cached embeddings: a second reindex
+        embeds nothing) and then indexes whatever changed meanwhile. Progress lives in the run's
+        ``kb.index_runs`` row; an unfinished reindex of the workspace (a killed worker) is resumed
+        after its cursor. Skipped (``skipped_locked``) when another run holds the index lock.
+        """
+        with self._locked_run(workspace_id, "reindex", full=True) as (report, repo):
+            if repo is None:
+                return report
+            head = report.revision
+            with database.connect(self.database_url, autocommit=True) as conn:
+                run = conn.execute(
+                    queries["running_index_run"], {"workspace_id": workspace_id, "kind": "reindex"}
+                ).fetchone()
+                cursor = (run["cursor_document_id"] if run else None) or 0
+                todo = conn.execute(
+                    queries["documents_to_reindex"], {"workspace_id": workspace_id, "after_id": cursor}
+                ).fetchall()
+                with conn.transaction():
+                    if run:
+                        report.resumed = True
+                        run = conn.execute(
+                            queries["resume_index_run"],
+                            {"id": run["id"], "target_revision": head,
+                             "documents_total": run["documents_done"] + len(todo)},
+                        ).fetchone()
+                    else:
+                        run = conn.execute(
+                            queries["start_index_run"],
+                            {"workspace_id": workspace_id, "kind": "reindex", "target_revision": head,
+                             "documents_total": len(todo)},
+                        ).fetchone()
+                    conn.execute(queries["interrupt_index_runs"], {"workspace_id": workspace_id, "keep_id": run["id"]})
+                report.run_id = run["id"]
+                report.documents_total = run["documents_total"]
+                report.documents_done = run["documents_done"]
+                report.cursor = run["cursor_document_id"]
+                self._run_documents(conn, repo, workspace_id, head, todo, report, run, move_cursor=True)
+                # documents whose content changed while the tree pass ran (or a failed retry)
+                self._lagging_pass(conn, repo, workspace_id, head, report, start_run=False, run=run)
+                self._finish(conn, workspace_id, head, report)
+            return report
+
+    # -- pieces of a run -----------------------------------------------------------------------
+    def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:
+        with database.transaction(self.database_url) as conn:
+            return project(conn, repo, workspace_id, force=full).revision
+
+    def _lagging_pass(self, conn, repo, workspace_id, head, report, *, start_run: bool, run=None) -> None:
+        """Index the documents whose indexed content lags their projected content (not those this
+        run already attempted, so a failing document costs one attempt per run)."""
+        todo = [
+            row for row in conn.execute(queries["documents_to_index"], {"workspace_id": workspace_id}).fetchall()
+            if row["id"] not in report.attempted
+        ]
+        if start_run:
+            with conn.transaction():
+                run = conn.execute(
+                    queries["start_index_run"],
+                    {"workspace_id": workspace_id, "kind": "index_changes", "target_revision": head,
+                     "documents_total": len(todo)},
+                ).fetchone()
+                conn.execute(
+                    queries["interrupt_index_runs_of_kind"],
+                    {"workspace_id": workspace_id, "kind": "index_changes", "keep_id": run["id"]},
+                )
+            report.run_id = run["id"]
+        report.documents_total += len(todo)
+        self._run_documents(conn, repo, workspace_id, head, todo, report, run, move_cursor=False)
+
+    def _run_documents(self, conn, repo, workspace_id, head, todo, report, run, *, move_cursor: bool) -> None:
+        """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``."""
+        for start in range(0, len(todo), DOCUMENT_BATCH):
+            batch = todo[start : start + DOCUMENT_BATCH]
+            self._index_batch(conn, repo, workspace_id, head, batch, report)
+            report.attempted.update(row["id"] for row in batch)
+            report.documents_done += len(batch)
+            if move_cursor:
+                report.cursor = batch[-1]["id"]
+            with conn.transaction():
+                conn.execute(
+                    queries["update_index_run"],
+                    {"id": run["id"], "documents_done": report.documents_done,
+                     "documents_total": report.documents_total,
+                     "documents_failed": report.documents_failed, "cursor_document_id": report.cursor,
+                     "chunks_written": report.chunks_written, "chunks_reused": report.chunks_reused,
+                     "embeddings_computed": report.embeddings_computed,
+                     "embeddings_cached": report.embeddings_cached},
+                )
+            if self.progress:
+                self.progress(report.documents_done, report.documents_total, report)
+
+    def _finish(self, conn, workspace_id, head, report) -> None:
+        with conn.transaction():
+            conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
+            if report.run_id is not None:
+                conn.execute(queries["finish_index_run"], {"id": report.run_id})
+            still = conn.execute(queries["documents_still_failed"], {"workspace_id": workspace_id}).fetchone()
+        report.documents_still_failed = still["failed"]
+        report.failed_attempts = still["attempts"]
+
+    # -- one batch of documents ----------------------------------------------------------
+    def _prepare(self, repo: Repository, row: dict) -> _Prepared:
+        prepared = _Prepared(row)
+        try:
+            text = decode_document(repo.blob(row["content_id"]), self.settings.max_index_bytes)
+            prepared.chunks = self.chunker.chunk(text)
+            prepared.text_config = self.text_config(text)
+            title = row.get("title") or ""
+            prepared.lexically_stable = lexically_stable(text, title)
+            prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
+            prepared.embedded = [embedded_text(ctx, c.text) for ctx, c in zip(prepared.contexts, prepared.chunks)]
+            prepared.hashes = [sha256_text(e) for e in prepared.embedded]
+        except UnindexableDocument as exc:
+            prepared.unindexable = str(exc)
+        except Exception as exc:  # one document's failure never stops the others (§7)
+            prepared.error = _error_text(exc)
+        return prepared
+
+    def text_config(self, text: str) -> str:
+        """The text-search configuration for a document: ``KB_FTS_CONFIG``, or with ``auto`` the
+        one of the document's detected language (kb.languages)."""
+        if self.settings.fts_config != "auto":
+            return self.settings.fts_config
+        return text_config(detect_language(text))
+
+    def _reusable(self, p: _Prepared, chunk_row: dict) -> bool:
+        """A chunk row can be kept when its vector is of the active model and its tsv of the
+        document's configuration, made from text that normalization does not change (an
+        unnormalized document's rows are written again, their vectors from the cache)."""
+        return (chunk_row["embedding_model"] == self.embedder.model and chunk_row["text_config"] == p.text_config
+                and p.lexically_stable)
+
+    def _needed_hashes(self, p: _Prepared) -> list[str]:
+        """Hashes of the chunks the reconciler must insert (no reusable row carries them)."""
+        available = Counter(r["text_sha256"] for r in p.existing if self._reusable(p, r))
+        needed = []
+        for digest in p.hashes:
+            if available[digest] > 0:
+                available[digest] -= 1
+            else:
+                needed.append(digest)
+        return needed
+
+    def _embed(self, conn, texts_by_hash: dict[str, str], report: IndexReport) -> tuple[dict[str, str], dict[str, str]]:
+        """``(vectors, errors)`` by hash: vectors (pgvector text) from the cache, then the embedder.
+
+        Misses are embedded in batches of ``KB_EMBED_BATCH_SIZE`` and cached batch by batch (a
+        killed run keeps what it paid for). A batch the embedder rejects is retried text by text,
+        so only the poison text fails; NaN/inf rows are rejected per text.
+        """
+        model, dim = self.embedder.model, self.embedder.dim
+        found: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        if not texts_by_hash:
+            return found, errors
+        for r in conn.execute(
+            queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
+        ):
+            found[r["text_sha256"]] = r["embedding"]
+        report.embeddings_cached += len(found)
+        missing = [h for h in texts_by_hash if h not in found]
+        size = max(1, self.settings.embed_batch_size)
+        for start in range(0, len(missing), size):
+            hashes = missing[start : start + size]
+            try:
+                groups = [(hashes, self.embedder.embed([texts_by_hash[h] for h in hashes]))]
+                report.embeddings_computed += len(hashes)
+            except Exception as exc:
+                log.warning("embedding a batch of %d texts failed (%s); retrying one by one", len(hashes), exc)
+                groups = []
+                for h in hashes:
+                    report.embeddings_computed += 1
+                    try:
+                        groups.append(([h], self.embedder.embed([texts_by_hash[h]])))
+                    except Exception as one_exc:
+                        errors[h] = _error_text(one_exc)
+            fresh = []
+            for group, vectors in groups:
+                try:
+                    problems = check_vectors(np.asarray(vectors), len(group), dim)
+                except Exception as exc:
+                    errors.update({h: _error_text(exc) for h in group})
+                    continue
+                for h, vector, problem in zip(group, vectors, problems):
+                    if problem is None:
+                        literal = vector_literal(vector)
+                        found[h] = literal
+                        fresh.append({"text_sha256": h, "model": model, "dim": dim, "embedding": literal})
+                    else:
+                        errors[h] = f"EmbeddingError: {problem}"
+            if fresh:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(queries["cache_embedding"], fresh)
+        return found, errors
+
+    def _index_batch(self, conn, repo, workspace_id, head, batch, report: IndexReport) -> None:
+        prepared = [self._prepare(repo, row) for row in batch]
+        by_document = {p.row["id"]: p for p in prepared}
+        for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": list(by_document)}):
+            by_document[chunk_row["document_id"]].existing.append(chunk_row)
+        texts: dict[str, str] = {}
+        for p in prepared:
+            if p.writable:
+                needed = set(self._needed_hashes(p))
+                texts.update({h: e for h, e in zip(p.hashes, p.embedded) if h in needed})
+        vectors, errors = self._embed(conn, texts, report)
+        for p in prepared:
+            if p.writable:
+                bad = next((h for h in self._needed_hashes(p) if h not in vectors), None)
+                if bad is not None:
+                    p.error = errors.get(bad, "EmbeddingError: no vector for a chunk")
+            self._write_document(conn, workspace_id, head, p, vectors, report)
+
+    def _write_document(self, conn, workspace_id, head, p: _Prepared, vectors, report) -> None:
+        row = p.row
+        params = {"document_id": row["id"], "content_id": row["content_id"], "revision_id": head, "path": row["path"]}
+        error = p.error
+        if error is None:
+            try:
+                with conn.transaction():
+                    # Lock order (kb.locks): chunk lock, this document's row, then its chunks and
+                    # their statistics — as the projection, which may delete or change the row.
+                    chunk_lock(conn, workspace_id)
+                    now = conn.execute(queries["lock_indexed_document"], params).fetchone()
+                    if now is None:
+                        report.documents_gone += 1  # deleted since the run read it: nothing to index
+                        return
+                    if (now["content_id"], now["path"]) != (row["content_id"], row["path"]):
+                        # moved or changed since the run read it: these chunks would describe
+                        # other content or cite a path it no longer has; the document lags
+                        # again and the next run (deferred by what changed it) indexes it
+                        report.documents_superseded += 1
+                        return
+                    if p.unindexable is not None:
+                        conn.execute(queries["delete_document_chunks"], params)
+                        conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
+                        conn.execute(queries["mark_document_indexed"],
+                                     {**params, "status": "unindexable", "error": p.unindexable})
+                        report.documents_unindexable += 1
+                        return
+                    self._reconcile(conn, workspace_id, p, vectors, report)
+                    conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
+                    conn.execute(queries["mark_document_indexed"], {**params, "status": "indexed", "error": None})
+                    report.documents_indexed += 1
+                    return
+            except Exception as exc:  # the document's own transaction rolled back; the rest go on
+                error = _error_text(exc)
+        with conn.transaction():
+            marked = conn.execute(
+                queries["mark_document_failed"],
+                {"document_id": row["id"], "error": error[:2000], "max_attempts": self.settings.max_attempts},
+            ).fetchone()
+        if marked is None:  # deleted since the run read it: its failure no longer matters
+            report.documents_gone += 1
+            return
+        report.documents_failed += 1
+        report.failures[row["path"]] = error
+
+    def _reconcile(self, conn, workspace_id, p: _Prepared, vectors, report) -> None:
+        """Reuse chunk rows whose text is unchanged (updating position and spans), insert the new
+        ones, delete the rest (SPEC §7)."""
+        existing: dict[str, list[dict]] = {}
+        stale: list[int] = []
+        for chunk_row in p.existing:
+            if self._reusable(p, chunk_row):
+                existing.setdefault(chunk_row["text_sha256"], []).append(chunk_row)
+            else:
+                stale.append(chunk_row["id"])
+        updates, inserts = [], []
+        for chunk, digest, context in zip(p.chunks, p.hashes, p.contexts):
+            span = {"position": chunk.position, "start_char": chunk.start_char, "end_char": chunk.end_char,
+                    "start_line": chunk.start_line, "end_line": chunk.end_line}
+            reusable = existing.get(digest)
+            if reusable:
+                old = reusable.pop(0)
+                if any(old[k] != v for k, v in span.items()):
+                    updates.append({"id": old["id"], **span})
+                report.chunks_reused += 1
+            else:
+                inserts.append({
+                    **span, "document_id": p.row["id"], "workspace_id": workspace_id, "text": chunk.text,
+                    "text_sha256": digest, "token_count": chunk.token_count, "model": self.embedder.model,
+                    "embedding": vectors[digest], "text_config": p.text_config,
+                    "lexical_context": lexical_text(context), "lexical_text": lexical_text(chunk.text),
+                })
+        leftover = stale + [r["id"] for rows in existing.values() for r in rows]
+        with conn.cursor() as cur:
+            if leftover:
+                cur.execute(queries["delete_chunks"], {"ids": leftover})
+            if updates:
+                # positions are not unique, so moving rows in any order is safe
+                cur.executemany(queries["update_chunk_position"], updates)
+            if inserts:
+                cur.executemany(queries["insert_chunk"], inserts)
+        report.chunks_written += len(inserts)

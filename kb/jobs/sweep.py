@@ -1,0 +1,146 @@
+"""The periodic sweep (SPEC §3, §7): find workspaces whose Postgres state lags git HEAD and defer
+the missing work, so nothing depends on a job having been deferred successfully.
+
+For each workspace the sweep reads git HEAD and compares it with the recorded head, the projected
+revision and the index stamp (``kb.index_lag``); it defers ``kb.project_changes`` /
+``kb.index_changes`` where they lag, and a delayed ``kb.index_changes`` (backoff by attempts) where
+documents are still ``failed`` (retried until they succeed or are quarantined). Deferral is coalesced by the jobs'
+queueing locks, so sweeping often is cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kb.db import database
+from kb.errors import StorageError, WorkspaceNotFound
+from kb.db.locks import chunk_lock
+from kb.db.sql import queries
+from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
+
+if TYPE_CHECKING:
+    from kb.knowledge_base import KnowledgeBase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    """Workspace ids per action taken by one sweep."""
+
+    checked: int = 0
+    recorded: list[int] = field(default_factory=list)
+    projection_deferred: list[int] = field(default_factory=list)
+    index_deferred: list[int] = field(default_factory=list)
+    retry_deferred: list[int] = field(default_factory=list)
+    blobs_purged: list[int] = field(default_factory=list)
+    quarantine_retried: list[int] = field(default_factory=list)
+    push_deferred: list[int] = field(default_factory=list)
+    damaged: dict[int, str] = field(default_factory=dict)
+    """Workspaces skipped because their repository cannot be read: id → the error's message."""
+
+
+def retry_delay_seconds(attempts: int) -> float:
+    """Backoff before retrying a workspace's failed documents: 5 s × 2^(attempts-1), ≤ 10 min."""
+    return min(600.0, 5.0 * 2 ** max(0, attempts - 1))
+
+
+def defer_failed_retry(conn, workspace_id: int, attempts: int) -> int | None:
+    """Defer a delayed ``kb.index_changes`` that retries failed documents, coalesced on
+    ``index-retry:{ws}`` so it never delays the immediate job a new revision defers."""
+    return defer_job(conn, "index", INDEX_TASK, workspace_id, queueing_lock=f"index-retry:{workspace_id}",
+                     delay_seconds=retry_delay_seconds(attempts))
+
+
+def record_missing_revisions(store: KnowledgeStore) -> bool:
+    """Record revisions git has and Postgres lacks (a crash between ref update and Postgres
+    commit, SPEC §3) via ``KnowledgeStore.reconcile()`` — the one place the sweep calls it.
+
+    Returns True when any revision was recorded (its jobs are deferred by reconcile).
+    """
+    return bool(store.reconcile())
+
+
+def sweep(kb: "KnowledgeBase") -> SweepReport:
+    """Compare every workspace with git HEAD and defer what lags (SPEC §7); returns what it did."""
+    report = SweepReport()
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        lag = conn.execute(queries["index_lag"], {"workspace_id": None}).fetchall()
+    embedder_answers: list[bool] = []  # probed at most once per sweep, only when needed
+    for row in lag:
+        if row["documents_quarantined"] > 0 and retry_quarantined(kb, row["workspace_id"], embedder_answers):
+            report.quarantine_retried.append(row["workspace_id"])
+        ws = row["workspace_id"]
+        store = kb.store(ws)
+        if not store.exists():
+            continue
+        report.checked += 1
+        try:
+            git_head = store.head()
+            if git_head is None:
+                continue
+            if git_head != row["head"] and record_missing_revisions(store):
+                report.recorded.append(ws)
+        except (StorageError, WorkspaceNotFound) as exc:  # one damaged (or vanishing) repository
+            # must not stop the sweep of the others
+            log.warning("sweep: workspace %s skipped: %s", ws, exc)
+            report.damaged[ws] = str(exc)
+            continue
+        with database.transaction(kb.database_url) as conn:
+            if git_head != row["projected"]:
+                defer_job(conn, "projection", PROJECTION_TASK, ws)
+                report.projection_deferred.append(ws)
+            if git_head != row["stamp"]:
+                defer_job(conn, "index", INDEX_TASK, ws)
+                report.index_deferred.append(ws)
+            elif row["documents_failed"] > 0:
+                failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
+                defer_failed_retry(conn, ws, failed["attempts"])
+                report.retry_deferred.append(ws)
+    retry_blob_purges(kb, report)
+    with database.transaction(kb.database_url) as conn:  # issue 18: remotes still behind HEAD
+        for row in conn.execute(queries["remotes_to_push"]).fetchall():
+            if conn.execute(queries["defer_push_if_remote"], {"workspace_id": row["workspace_id"]}).fetchone():
+                report.push_deferred.append(row["workspace_id"])
+    return report
+
+
+def _embedder_answers(kb: "KnowledgeBase") -> bool:
+    try:
+        kb.embedder.embed(["kb: embedder probe"])
+    except Exception as exc:  # any failure means "still down": the quarantine stays
+        log.info("sweep: embedder probe failed (%s); quarantined documents wait", exc)
+        return False
+    return True
+
+
+def retry_quarantined(kb: "KnowledgeBase", workspace_id: int, answers: list[bool]) -> bool:
+    """Give a workspace's quarantined documents one more attempt when the embedder answers a probe
+    (``answers`` caches the probe for one sweep), at most every ``KB_QUARANTINE_RETRY_SECONDS`` per
+    document, and defer the index job; True when any were requeued (SPEC §7)."""
+    if not answers:
+        answers.append(_embedder_answers(kb))
+    if not answers[0]:
+        return False
+    with database.transaction(kb.database_url) as conn:
+        # Lock order (kb.locks): the chunk lock before the document rows (several in one
+        # statement; a projection locks them in path order).
+        chunk_lock(conn, workspace_id)
+        retried = conn.execute(queries["retry_quarantined_documents"], {
+            "workspace_id": workspace_id, "max_attempts": kb.settings.max_attempts,
+            "retry_seconds": kb.settings.quarantine_retry_seconds,
+        }).fetchall()
+        if retried:
+            defer_job(conn, "index", INDEX_TASK, workspace_id)
+    return bool(retried)
+
+
+def retry_blob_purges(kb: "KnowledgeBase", report: SweepReport) -> None:
+    """Retry the artifact blob purges a failed delete left behind (SPEC §11)."""
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        pending = [r["workspace_id"] for r in conn.execute(queries["workspaces_with_blob_purges"])]
+    for ws in pending:
+        if kb.store(ws).exists() and kb.artifacts(ws).purge():
+            report.blobs_purged.append(ws)

@@ -1,0 +1,2 @@
+"""Legacy knowledge bases (design §9, §10): seeding from legacy rows, span fill, drift checks.
+"""

@@ -1,0 +1,772 @@
+"""The store (SPEC §3): transactions applied in call order, one revision per clean exit, reads,
+revert/restore, and catching Postgres up with git.
+
+``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.git.repository``). A commit
+connects to Postgres first (unreachable → nothing is written: fail closed), writes the draft's blobs
+unlocked, takes the workspace write lock (§4), records any revision git has and Postgres lacks,
+builds the tree in the object store from HEAD's tree plus the change set, writes the revision row,
+per-path history rows and the deferred jobs in that same transaction, advances the branch ref with a
+compare-and-swap (fsynced), then commits Postgres (``kb.faults`` names these steps for crash tests)
+and, outside the lock, refreshes the working tree. A crash between the ref update and the Postgres
+commit leaves a revision git has and Postgres lacks; the next commit, ``reconcile()`` (the sweep)
+or ``kb fsck`` records it.
+
+Plain drafts are group-committed (``kb.store.group_commit``, issue 9): queued, then recorded with the
+other queued drafts by whichever writer holds the lock, each as its own revision with its own
+outcome, all in one Postgres transaction and one ref update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from kb.store import artifact_rows
+
+from kb.db import database
+
+from kb.store import group_commit
+from kb.store.draft import BlobRef, Draft, repo_path_of
+from kb.store.commit_checks import check_case_collisions
+from kb.errors import (
+    CommitOutcomeUnknown, DatabaseUnavailable, DocumentNotFound, InvalidInput, KbError, LockTimeout,
+    PathExists, RevisionNotFound, StorageError, WorkspaceNotFound,
+)
+from kb.faults import fault_point
+from kb.store.history import (
+    PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
+)
+from kb.store.listing import Entry, list_tree, not_a_document
+from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
+from kb.git.merge import MergedBlob, merge_staged
+from kb.paths import StorePath, check_workspace_id
+from kb.git.repository import Repository
+from kb.settings import Settings
+from kb.db.sql import queries
+from kb.store.titles import record_titles, rename_taken
+
+__all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
+
+log = logging.getLogger(__name__)
+
+PROJECTION_TASK = "kb.project_changes"
+INDEX_TASK = "kb.index_changes"
+
+
+def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
+    """Refuse commit text git and Postgres cannot both hold (SPEC §14): a NUL anywhere, a line
+    break in an identity. Raises InvalidInput naming the field."""
+    for field, value, single_line in (("message", message, False), ("author", author, True),
+                                      ("committer", committer, True)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidInput(f"{field} must be text, not {type(value).__name__}")
+        if "\x00" in value:
+            raise InvalidInput(f"the {field} contains a NUL character; remove it")
+        if single_line and ("\n" in value or "\r" in value):
+            raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
+
+
+def summarize(changes: list[PathChange]) -> str:
+    """Deterministic commit message for a change set, e.g. ``docs: add 2 files, remove 1`` (SPEC §3)."""
+    counts: dict[str, int] = {}
+    for change in changes:
+        if change.change != "moved_away":
+            counts[change.change] = counts.get(change.change, 0) + 1
+    words = {"added": "add", "modified": "update", "removed": "remove", "moved": "move"}
+    kinds = [k for k in ("added", "modified", "removed", "moved") if counts.get(k)]
+    if not kinds:
+        return "docs: no changes"
+    first, *rest = kinds
+    noun = "file" if counts[first] == 1 else "files"
+    return "docs: " + ", ".join([f"{words[first]} {counts[first]} {noun}", *(f"{words[k]} {counts[k]}" for k in rest)])
+
+
+def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[str, str | None]:
+    """``{repo path: blob id or None}`` that a sequence of path changes leaves (last one wins)."""
+    result: dict[str, str | None] = {}
+    for change in changes:
+        result[change.path] = None if change.change in ("removed", "moved_away") else change.content_id
+    return result
+
+
+class KnowledgeStore:
+    """The store of one workspace: repository at ``{storage_root}/knowledge_store/{id}`` + Postgres."""
+
+    def __init__(self, settings: Settings, database_url: str, workspace_id: int) -> None:
+        self.settings = settings
+        self.database_url = database_url
+        self.workspace_id = check_workspace_id(workspace_id)
+        self.path: Path = settings.knowledge_store / str(workspace_id)
+        self._repository: Repository | None = None
+        self._contended = float("-inf")
+        """When this store last saw other writers in its group commit (``time.monotonic()``)."""
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def repository(self) -> Repository:
+        """The workspace's git repository; raises WorkspaceNotFound when it has none yet."""
+        if self._repository is None:
+            try:
+                self._repository = Repository.open(self.path)
+            except FileNotFoundError:
+                if (self.path / ".git").exists():
+                    raise WorkspaceNotFound(
+                        f"workspace {self.workspace_id}'s git repository at {self.path} is incomplete (being "
+                        "created or deleted right now, or damaged); retry, and if it stays so restore that "
+                        "folder from a backup"
+                    ) from None
+                raise WorkspaceNotFound(
+                    f"workspace {self.workspace_id} does not exist; create it with "
+                    f"`kb import PATH --workspace {self.workspace_id}`"
+                ) from None
+        return self._repository
+
+    def close(self) -> None:
+        """Close the repository if open (idempotent); the next use reopens it."""
+        if self._repository is not None:
+            self._repository.close()
+            self._repository = None
+
+    def exists(self) -> bool:
+        """True when the workspace has a repository."""
+        return (self.path / ".git").is_dir()
+
+    def create(self) -> bool:
+        """Create the repository and the workspace row if missing; True when newly created."""
+        with database.transaction(self.database_url) as conn:
+            row = conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        created = row is not None or not self.exists()
+        self._repository = Repository.create(self.path)
+        return created
+
+    # -- reads (no lock) -----------------------------------------------------------------
+    def head(self) -> str | None:
+        """Hex id of the newest revision, or None for an empty workspace. Raises WorkspaceNotFound
+        when the repository this store opened was deleted since (by another process: a long-lived
+        KnowledgeBase would otherwise read it as empty) or is incomplete; one re-created meanwhile is
+        opened anew."""
+        head = self.repository.head()
+        if head is None and not (self.path / ".git" / "HEAD").is_file():
+            # deleted, or replaced by an incomplete one, since it was opened: open it anew, which
+            # raises WorkspaceNotFound unless it was re-created meanwhile (the old object is left
+            # to the collector, not closed: another thread may be reading through it)
+            self._repository = None
+            return self.repository.head()
+        return head
+
+    def read(self, path: str | StorePath, revision: str | None = None) -> bytes:
+        """Bytes of a document at HEAD (or ``revision``); raises RevisionNotFound, IsAFolder (a folder
+        is there) or DocumentNotFound (saying "did you mean …?" for a path differing in case)."""
+        revision = self.repository.resolve(revision) if revision else self.head()
+        target = repo_path_of(path, allow_keep=True)
+        try:
+            return self.repository.read(revision, target)
+        except DocumentNotFound:  # named as the caller names documents (virtual, with its slash)
+            raise not_a_document(self.repository, self.repository.tree_id(revision), target, revision,
+                                 self.workspace_id) from None
+
+    def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
+        """Bytes of a document at ``revision`` (SPEC §3, citations §8)."""
+        return self.read(path, revision)
+
+    def ls(self, path: str | StorePath = "/documents", revision: str | None = None) -> list[Entry]:
+        """The entries of a folder at HEAD (or ``revision``): folders first, then documents, by
+        name (``.keep`` hidden); a document path lists itself (as ``Turn.ls``, in committed form).
+        Raises InvalidPath, RevisionNotFound, DocumentNotFound (nothing there)."""
+        target = path if isinstance(path, StorePath) else StorePath.parse(path, allow_root=True)
+        revision = self.repository.resolve(revision) if revision else self.head()
+        return list_tree(self.repository, self.repository.tree_id(revision), target, revision, self.workspace_id)
+
+    def list_paths(self, revision: str | None = None) -> dict[str, str]:
+        """``{virtual path: content id}`` of every document at HEAD (or ``revision``)."""
+        tree = self.repository.tree_id(self.repository.resolve(revision) if revision else self.head())
+        return {"/" + p: blob for p, blob in self.repository.walk(tree, "documents")}
+
+    def list_changes(self, revision: str) -> list[PathChange]:
+        """Changes of ``revision`` against its parent (virtual paths, sorted), with the moves the
+        store recorded (from Postgres); for a revision Postgres lacks, from git with exact-content
+        moves inferred. Raises RevisionNotFound."""
+        revision = self.repository.resolve(revision)
+        with database.transaction(self.database_url) as conn:
+            rows = conn.execute(
+                queries["revision_changes"], {"workspace_id": self.workspace_id, "revision_id": revision}
+            ).fetchall()
+        changes = [PathChange(**row) for row in rows] or changes_from_git(self.repository, revision)
+        return [c.virtual() for c in changes]
+
+    def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:
+        """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves.
+
+        ``limit`` ≥ 1. Raises WorkspaceNotFound for a workspace without a repository, InvalidPath.
+        """
+        self.repository  # noqa: B018  (raises WorkspaceNotFound)
+        repo_path = None if path is None else repo_path_of(path, allow_keep=True)
+        with database.transaction(self.database_url) as conn:
+            return read_history(conn, self.workspace_id, repo_path, max(1, int(limit)))
+
+    # -- writes --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self, message: str | None, author: str, committer: str | None = None) -> Iterator[Draft]:
+        """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
+        if the net change is empty. An exception records nothing (SPEC §3).
+
+        Raises InvalidInput (NUL in the message, a NUL or line break in author/committer) before
+        anything is written, WorkspaceNotFound, LockTimeout, LockUnavailable, DatabaseUnavailable,
+        PathExists.
+        """
+        check_commit_text(message, author, committer)
+        repo = self.repository
+        draft = Draft(repo, repo.tree_id(repo.head()))
+        yield draft
+        try:
+            draft.revision = self.commit_draft(draft, message, author, committer or author)
+        except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
+            raise write_failure(self.workspace_id, draft.pending, exc) from exc
+
+    def _stage(self, draft: Draft) -> dict[str, str | None]:
+        """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
+        repo, staged, pending = self.repository, {}, []
+        for path, value in draft._overlay.items():
+            if value is None or isinstance(value, BlobRef):
+                staged[path] = None if value is None else value.id
+            else:
+                pending.append(path)
+        for path, blob in zip(pending, repo.add_blobs(draft._overlay[p] for p in pending)):
+            staged[path] = blob
+        return staged
+
+    def _stage_merged(self, draft: Draft) -> tuple[dict[str, str | None], dict[str, MergedBlob]]:
+        """Unlocked: stage the draft's blobs and merge its ``write_merged`` paths with the head
+        as it is now (redone under the lock only for paths whose head blob moved meanwhile).
+        Raises WorkspaceNotFound when the workspace was deleted since the draft began."""
+        try:
+            staged = self._stage(draft)
+        except FileNotFoundError:
+            if self.exists():
+                raise
+            raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded") from None
+        if not draft._merge_requests:
+            return staged, {}
+        repo = self.repository
+        return staged, merge_staged(repo, draft._merge_requests, staged, repo.tree_id(repo.head()))
+
+    def _merge_with_head(self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None,
+                         premerged: dict[str, MergedBlob]) -> dict[str, str | None]:
+        """Under the lock: three-way merge the draft's ``write_merged`` paths with the current head
+        (SPEC §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
+        if not draft._merge_requests:
+            return staged
+        merged = merge_staged(self.repository, draft._merge_requests, staged, head_tree, premerged)
+        draft.merges = {"/" + p: m.outcome for p, m in merged.items() if m.outcome is not None}
+        return {**staged, **{p: m.blob for p, m in merged.items()}}
+
+    def commit_draft(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
+        """Record ``draft`` on top of the *current* head as one revision (see the module docstring).
+
+        A groupable draft (``kb.store.group_commit``: plain writes, removes and moves) is queued and
+        recorded by whichever writer holds the lock next, together with the others waiting; any
+        other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
+        when the net change is empty. Raises PathExists, ArtifactReadOnly, LockTimeout,
+        CommitOutcomeUnknown, WorkspaceNotFound (SPEC §3, §4).
+        """
+        if draft.is_empty():
+            return None
+        if group_commit.groupable(draft):
+            return self._commit_grouped(draft, message, author, committer)
+        return self._commit_alone(draft, message, author, committer)
+
+    def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
+        """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
+        repo = self.repository
+        with locked_pipeline(self.database_url, self.workspace_id, self.settings,
+                             lambda conn: self._stage_merged(draft),
+                             lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
+            workspace = self._workspace_row(conn, row.fetchone())
+            repo.clear_stale_locks()
+            if self._catch_up(conn, workspace):
+                workspace = self._workspace_row(conn)
+            head = repo.head()
+            built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
+                                workspace["revision_count"] + 1, message, author, committer)
+            if built is None:
+                return None
+            fault_point("objects_written")
+            with conn.pipeline():  # one round trip for the revision's rows and jobs
+                record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
+                defer_convergence(conn, self.workspace_id)
+            draft.pending = built.revision.id
+            self._advance(head, built.revision.id)
+        self._refresh_worktree(built.revision.id, built.effective, draft)
+        return built.result()
+
+    def _commit_grouped(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
+        """Queue ``draft``; when other drafts are queued, wait for the lock's holder and take the
+        outcome it recorded for this one; otherwise (or if it did not) queue for the lock and, unless
+        a holder recorded it meanwhile, record every queued draft as consecutive revisions
+        (``kb.store.group_commit``). Raises LockTimeout after ``lock_timeout`` seconds in all."""
+        repo, ws, intent_id = self.repository, self.workspace_id, None
+        outcome, own, journal = None, None, []
+        deadline = time.monotonic() + self.settings.lock_timeout
+        waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
+        try:
+            with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
+                staged = self._stage_merged(draft)[0]
+                intent_id, ahead = group_commit.enqueue(conn, ws, draft, staged, message, author, committer)
+                if ahead:
+                    self._contended = time.monotonic()
+                    if waits:  # a holder is at work: wait for it, it may record this draft
+                        outcome = group_commit.await_outcome(conn, ws, intent_id, self.settings.lock_timeout)
+                if outcome is None:  # queue for the lock (FIFO: progress for everyone) and lead
+                    with locked_pipeline(
+                        self.database_url, ws, self.settings, connection=conn,
+                        timeout=max(0.001, deadline - time.monotonic()),
+                        with_lock=lambda c, _: (self._fetch_workspace(c), group_commit.claim(c, ws, intent_id)),
+                    ) as (conn, _, (row, claimed)):
+                        rows = claimed.fetchall()
+                        mine = next((r for r in rows if r["id"] == intent_id), None)
+                        if mine is not None and mine["outcome"] is not None:  # recorded while it queued
+                            group_commit.drop(conn, intent_id)
+                            outcome = mine["outcome"]
+                        else:
+                            own, journal = self._record_group(conn, draft, staged, intent_id, row, rows,
+                                                              (message, author, committer))
+        except LockTimeout:
+            if intent_id is None:
+                raise
+            outcome = self._withdraw(intent_id)
+            if outcome is None:
+                raise
+        except BaseException:
+            if intent_id is not None:
+                self._withdraw_quietly(intent_id)
+            raise
+        group_commit.clear_journal(repo, journal)  # only once Postgres has committed (SPEC §3)
+        if outcome is not None:
+            revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
+            if revision is not None:
+                self._refresh_worktree(revision.id, _worktree_changes(
+                    [PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]), draft)
+            return revision
+        if isinstance(own, KbError):
+            raise own
+        if isinstance(own, Revision):  # recorded by an earlier holder that died before Postgres committed
+            return Revision(own.id, own.seq, own.parent_id, own.author, own.committer, own.message, None,
+                            tuple(c.virtual() for c in own.changes))
+        if own is None:
+            return None
+        self._refresh_worktree(own.revision.id, own.effective, draft)
+        return own.result()
+
+    def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
+                      intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
+                      ) -> tuple[object, list[int]]:
+        """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
+        ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
+        ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
+        recovered Revision, None for a net-empty change, or the KbError refusing it) and the intent
+        ids whose journal files to remove once Postgres has committed."""
+        repo, ws = self.repository, self.workspace_id
+        workspace = self._workspace_row(conn, row.fetchone())
+        repo.clear_stale_locks()
+        if self._catch_up(conn, workspace):
+            workspace = self._workspace_row(conn)
+        pending = [r for r in rows if r["outcome"] is None]
+        if not any(r["id"] == intent_id for r in pending):  # its row vanished (server restart): record it too
+            pending.append({"id": intent_id, "payload": None, "outcome": None, "artifact_paths": None})
+        journal = group_commit.read_journal(repo)
+        results: dict[int, object] = {}
+        head0 = head = repo.head()
+        head_tree, seq, built = repo.tree_id(head), workspace["revision_count"], []
+        batch, rounds = pending, 0
+        while batch:
+            for r in batch:
+                landed = journal.get(r["id"])  # a holder that died after the ref moved recorded it (SPEC §3)
+                recorded = None if landed is None else group_commit.recorded_revision(conn, repo, ws, landed)
+                if recorded is not None:
+                    results[r["id"]] = recorded
+                    continue
+                if r["id"] == intent_id:
+                    intent = group_commit.Intent(intent_id, staged, draft.moves(), None, "", "",
+                                                 frozenset(r["artifact_paths"] or ()))
+                    each, words = draft, text
+                else:
+                    intent = group_commit.intent_of(r)
+                    each, words = intent.draft(repo, head_tree), (intent.message, intent.author, intent.committer)
+                try:
+                    result = self._build(conn, each, intent.staged, {}, head, head_tree, seq + 1, *words,
+                                         intent=intent if r["artifact_paths"] is not None else None)
+                except KbError as exc:  # this draft alone is refused; the group goes on
+                    results[r["id"]] = exc
+                    continue
+                results[r["id"]] = result
+                if result is not None:
+                    built.append((r["id"], result))
+                    head, head_tree, seq = result.revision.id, result.commit.tree, seq + 1
+            rounds += 1
+            if len(results) > 1 or any(r["id"] != intent_id for r in batch):
+                self._contended = time.monotonic()
+            if rounds > group_commit.MORE_ROUNDS or len(results) >= group_commit.MAX_GROUP \
+                    or time.monotonic() - self._contended > group_commit.CONTENDED_SECONDS:
+                break
+            # other writers are active: those who queued while this group was built join it
+            batch = [r for r in group_commit.claim(conn, ws, intent_id).fetchall()
+                     if r["outcome"] is None and r["id"] not in results]
+        others = {i: b.revision.id for i, b in built if i != intent_id}
+        if built:
+            fault_point("objects_written")
+            group_commit.write_journal(repo, others)
+        outcomes = {i: group_commit.outcome_of(res.revision if isinstance(res, _Built) else res)
+                    for i, res in results.items() if i != intent_id}
+        with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
+            record_revisions(conn, ws, [(each.revision, each.commit.commit_time) for _, each in built])
+            if built:
+                defer_convergence(conn, ws)
+            group_commit.settle(conn, outcomes)
+            group_commit.drop(conn, intent_id)
+            group_commit.forget_dead(conn, ws, intent_id)
+        own = results.get(intent_id)
+        if built:
+            draft.pending = own.revision.id if isinstance(own, _Built) else None
+            self._advance(head0, head)
+        return own, [*others, *(i for i in journal if i not in others)]
+
+    def _build(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
+               premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
+               message: str | None, author: str, committer: str,
+               intent: "group_commit.Intent | None" = None) -> "_Built | None":
+        """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
+        create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
+        claimed ARTIFACT paths, else a query), the commit object and the draft's hooks. None when
+        the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded)."""
+        repo = self.repository
+        staged = self._merge_with_head(draft, staged, head_tree, premerged)
+        staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (SPEC §2.2)
+        effective: dict[str, str | None] = {}
+        changes: dict[str, PathChange] = {}
+        at_head = repo.lookup_many(head_tree, staged)
+        for path, blob in staged.items():
+            old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
+            if old == blob:
+                continue
+            effective[path] = blob
+            kind = "added" if old is None else ("removed" if blob is None else "modified")
+            changes[path] = PathChange(path, kind, blob)
+        if not effective:
+            return None
+        self._check_tree(head_tree, effective, at_head)
+        check_case_collisions(repo, head_tree, effective, at_head)
+        if intent is not None:
+            group_commit.refuse_artifacts(intent, effective)
+        # Kinds before any move is applied, so the order of moves never matters (a swap
+        # p <-> q records two moves whichever is seen first).
+        kinds = {path: change.change for path, change in changes.items()}
+        for new, origin in draft.moves().items():
+            if new not in changes or kinds.get(origin) not in ("removed", "modified"):
+                continue
+            target, source = changes[new], changes[origin]
+            changes[new] = PathChange(new, "moved", target.content_id, old_path=origin,
+                                      new_path=target.new_path)
+            if source.change == "moved":  # the source is itself a move's destination
+                changes[origin] = PathChange(origin, "moved", source.content_id,
+                                             old_path=source.old_path, new_path=new)
+            else:
+                changes[origin] = PathChange(
+                    origin, "moved_away" if kinds[origin] == "removed" else "modified",
+                    source.content_id, new_path=new,
+                )
+        ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
+        text = message or summarize(list(ordered))
+        commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer)
+        if intent is None:
+            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
+        for hook in draft.on_record:  # e.g. the artifact layer's generation check (SPEC §11)
+            hook(conn, head_tree, commit.id.decode())
+        revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
+        return _Built(commit, revision, effective)
+
+    def _advance(self, head: str | None, new: str) -> None:
+        """Move the branch ref from ``head`` to ``new`` (compare-and-swap, fsynced) under the lock."""
+        if not self.repository.advance(head, new):
+            raise KbError(
+                f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
+                "another process writes without the lock. Nothing was recorded."
+            )
+        fault_point("ref_advanced")
+        fault_point("before_pg_commit")
+
+    def _refresh_worktree(self, revision_id: str, changed: dict[str, str | None], draft: Draft) -> None:
+        """After the commit, outside the write lock: bring the working tree to HEAD for the paths
+        the revision changed (``Repository.refresh_to_head``). The working tree is a convenience:
+        a failure is logged and left to ``kb fsck``, never raised."""
+        repo = self.repository
+        try:
+            refused = repo.refresh_to_head(
+                changed, {p: v for p, v in draft._overlay.items()
+                          if isinstance(v, bytes) and p in changed and p not in draft._merge_requests},
+                moves=draft.moves(),
+            )
+            if refused:
+                log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
+                            self.workspace_id, len(refused), revision_id, refused[0][:80])
+        except OSError as exc:
+            log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
+                        self.workspace_id, revision_id, exc)
+
+    def _withdraw(self, intent_id: int) -> dict | None:
+        """After LockTimeout: withdraw the queued intent (returns None: the caller re-raises),
+        unless a holder recorded it meanwhile (its outcome is returned) or claimed it and died
+        (raises CommitOutcomeUnknown with the revision that may have landed)."""
+        with database.pooled_transaction(self.database_url) as conn:
+            withdrawn = group_commit.withdraw(conn, intent_id)
+            outcome = None if withdrawn else group_commit.take(conn, intent_id)
+        if outcome is not None:
+            return outcome
+        landed = group_commit.read_journal(self.repository).get(intent_id)
+        if landed is not None:
+            group_commit.clear_journal(self.repository, [intent_id])
+            raise CommitOutcomeUnknown(self.workspace_id, landed, "the writer recording it with others died")
+        return None
+
+    def _withdraw_quietly(self, intent_id: int) -> None:
+        """Best effort, on the way out of a failed commit: withdraw the queued intent so that no
+        later holder records a write its caller was told failed."""
+        try:
+            with database.pooled_transaction(self.database_url) as conn:
+                group_commit.withdraw(conn, intent_id)
+        except (KbError, psycopg.Error, OSError):
+            log.warning("workspace %s: could not withdraw queued write %s; a later writer may record it",
+                        self.workspace_id, intent_id)
+
+    def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None],
+                    at_head: dict[str, tuple[str, str] | None]) -> None:
+        """Raise PathExists if applying ``effective`` to HEAD would put a document under a document
+        (possible when a concurrent revision created a file where this draft made a folder).
+        ``at_head``: ``Repository.lookup_many`` of the changed paths in ``head_tree``."""
+        repo, folders_ok = self.repository, set()
+        for path, blob in effective.items():
+            if blob is None:
+                continue
+            parts = path.split("/")
+            for i in range(2, len(parts)):
+                folder = "/".join(parts[:i])
+                if folder in folders_ok:
+                    continue
+                if (effective[folder] if folder in effective else repo.lookup(head_tree, folder)) is not None:
+                    raise PathExists(f"cannot write /{path}: /{folder} is a document (changed meanwhile)")
+                folders_ok.add(folder)
+            if at_head.get(path) and at_head[path][0] == "folder" and any(
+                effective.get(p, b) is not None for p, b in repo.walk(head_tree, path)
+            ):
+                raise PathExists(f"cannot write /{path}: it became a folder holding documents meanwhile")
+
+    def _fetch_workspace(self, conn: psycopg.Connection):
+        """Execute the read of the workspace row (in the lock's round trip); returns the cursor."""
+        return conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id})
+
+    def _workspace_row(self, conn: psycopg.Connection, row: dict | None = None) -> dict:
+        """The ``kb.workspaces`` row (``row`` when already read under the lock), created if missing.
+        Raises WorkspaceNotFound when the workspace was deleted while this writer waited."""
+        if row is not None:
+            return row
+        row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        if row is None and not self.exists():  # deleted while this writer waited for the lock
+            raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded")
+        if row is None:
+            conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        return row
+
+    def _catch_up(self, conn: psycopg.Connection, workspace: dict) -> list[Revision]:
+        """Under the write lock: record revisions git has and Postgres lacks, defer their jobs, and
+        refresh the working tree for the paths they touched (a crashed writer may have left it).
+
+        When there is something to record it first takes the chunk lock (``kb.db.locks``): recording
+        updates the workspace row, and the artifact rows it completes — or the rest of the
+        transaction — may then lock document rows, which a projection may hold while it waits for
+        the workspace row."""
+        if self.repository.head() != workspace["head_revision"]:
+            chunk_lock(conn, self.workspace_id)
+        missing = record_missing(conn, self.repository, workspace)
+        if missing:
+            artifact_rows.recover(conn, self.workspace_id, (r.message for r in missing))
+            defer_convergence(conn, self.workspace_id)
+            try:  # the working tree is a convenience: never let it stop Postgres catching up
+                self.repository.refresh_worktree(
+                    _worktree_changes([c for r in missing for c in r.changes]).items()
+                )
+            except OSError as exc:
+                log.warning("workspace %s: working tree not refreshed while catching up (%s); `kb fsck` "
+                            "repairs it", self.workspace_id, exc)
+        return [
+            Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
+                     tuple(c.virtual() for c in r.changes))
+            for r in missing
+        ]
+
+    def reconcile(self) -> list[Revision]:
+        """Record every revision git has and Postgres lacks, with history rows and deferred
+        projection/index jobs (SPEC §3; the periodic sweep and ``kb fsck`` call this).
+
+        Cheap when nothing is missing (one row read, no lock). Returns the revisions recorded,
+        oldest first (virtual paths). Raises WorkspaceNotFound, HistoryDiverged, LockTimeout.
+        """
+        repo = self.repository
+        with database.transaction(self.database_url) as conn:
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        if row is not None and row["head_revision"] == repo.head():
+            return []
+        with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
+            return self._catch_up(conn, self._workspace_row(conn))
+
+    def revert(self, revision: str, author: str, committer: str | None = None,
+               message: str | None = None) -> Revision | None:
+        """Record a new forward revision that puts every path ``revision`` touched back to its state
+        in ``revision``'s parent (SPEC §3). A recorded move is undone as a move when the moved
+        document is still where the revision put it. Returns None when there is nothing to undo.
+
+        Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
+        path to restore is now a folder holding documents, LockTimeout.
+        """
+        repo = self.repository
+        revision = repo.resolve(revision)
+        target = repo.commit(revision)
+        with database.transaction(self.database_url) as conn:
+            recorded = conn.execute(
+                queries["revision_exists"], {"workspace_id": self.workspace_id, "revision_id": revision}
+            ).fetchone()
+        if recorded is None and revision not in repo.ancestry(repo.head()):
+            raise RevisionNotFound(f"revision {revision} is not in workspace {self.workspace_id}'s history")
+        parent_tree = repo.tree_id(target.parents[0].decode()) if target.parents else None
+        changes = self.list_changes(revision)
+        first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
+        text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
+        with self.transaction(text, author, committer) as draft:
+            draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: revert bumps generations
+            written = {c.path: c.content_id for c in changes}
+            for change in changes:
+                # undo a move as a move while the document is still where the revision put it and
+                # its old path is free or holds what this revision wrote there (move-then-write)
+                if (change.change == "moved" and draft.content_id(change.path) == change.content_id
+                        and draft.content_id(change.old_path) in (None, written.get(change.old_path))):
+                    draft.move(change.path, change.old_path, overwrite=True)
+            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p}
+            for path in sorted(touched):
+                blob = repo.lookup(parent_tree, path[1:])
+                if blob is None:
+                    if draft.exists(path):
+                        draft.remove(path)
+                elif draft.content_id(path) != blob:
+                    draft.write(path, repo.blob(blob), allow_keep=True)
+        return draft.revision
+
+    def restore(self, path: str | StorePath, revision: str, author: str, committer: str | None = None,
+                message: str | None = None) -> Revision | None:
+        """Bring one document back as it was at ``revision``, as a new forward revision (SPEC §3).
+
+        Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
+        DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
+        """
+        revision = self.repository.resolve(revision)
+        data = self.read_as_of(revision, path)
+        virtual = StorePath.parse(str(path), allow_keep=True).virtual
+        text = message or f"restore {virtual} from revision {revision[:12]}"
+        with self.transaction(text, author, committer) as draft:
+            draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: restore bumps generations
+            draft.write(virtual, data, allow_keep=True)
+        return draft.revision
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A revision built under the lock, not yet recorded: the commit object, the Revision (repo
+    paths) and ``effective`` ``{repo path: blob id or None}`` (what it changes)."""
+
+    commit: object
+    revision: Revision
+    effective: dict[str, str | None]
+
+    def result(self) -> Revision:
+        """The Revision as callers see it (virtual paths)."""
+        r = self.revision
+        return Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, None,
+                        tuple(c.virtual() for c in r.changes))
+
+
+def write_failure(workspace_id: int, pending: str | None, exc: BaseException) -> KbError:
+    """The KbError for a Postgres or file-system failure during a commit (SPEC §3, §14): when the
+    branch may have moved (``pending`` set), CommitOutcomeUnknown naming that revision; otherwise
+    WorkspaceNotFound when the workspace was deleted meanwhile (``database.deleted_workspace``),
+    else DatabaseUnavailable / StorageError saying nothing was recorded."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if pending is not None:
+        return CommitOutcomeUnknown(workspace_id, pending, reason)
+    if (missing := database.deleted_workspace(exc)) is not None:
+        return missing
+    if isinstance(exc, OSError):
+        return StorageError(f"workspace {workspace_id}: the file system refused the write ({reason}); "
+                            "nothing was recorded. Free space or fix permissions, then retry.")
+    return DatabaseUnavailable(f"workspace {workspace_id}: Postgres failed during the write ({reason}); "
+                               "nothing was recorded. Retry when the server is back.")
+
+
+def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
+    """Defer the projection and index jobs for a workspace in ``conn``'s transaction (SPEC §3, §7),
+    and the push job when the workspace has a git remote (SPEC §13, ``kb.workspace.remotes``).
+
+    Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
+    """
+    conn.execute(queries["defer_convergence_jobs"], {  # as defer_job for both, in one statement
+        "projection_task": PROJECTION_TASK, "projection_lock": job_lock("projection", workspace_id),
+        "projection_queueing_lock": f"projection:{workspace_id}",
+        "index_task": INDEX_TASK, "index_lock": job_lock("index", workspace_id),
+        "index_queueing_lock": f"index:{workspace_id}", "args": json.dumps({"workspace_id": workspace_id}),
+    })
+    conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # SPEC §13, if any
+
+
+DEFER_WHEN_DUE_TASK = "kb.defer_when_due"
+
+
+def job_lock(queue: str, workspace_id: int) -> str:
+    """The Procrastinate lock a due job of ``queue`` runs under: ``"projection:{ws}"`` or
+    ``"index:{ws}"``. Projection and indexing never share a lock, so projection never waits for an
+    index run or an index retry (issue 19); each job also takes its own advisory lock (SPEC §4)."""
+    return f"{'projection' if queue == 'projection' else 'index'}:{workspace_id}"
+
+
+def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None,
+              delay_seconds: float = 0) -> int | None:
+    """Defer ``task(workspace_id=…)`` on ``queue`` in ``conn``'s transaction; returns the job id,
+    or None when a waiting job with the same queueing lock covers it (default ``"{queue}:{ws}"``;
+    ``"{queue}-delayed:{ws}"`` for a delayed one, so a job scheduled later never covers a due one).
+
+    A due job runs under ``job_lock(queue, ws)`` (serialized per workspace and concern, SPEC §7).
+    ``delay_seconds > 0`` schedules it for later *without any lock*: Procrastinate's fetch treats
+    a waiting job as holding its lock even before its ``scheduled_at``, so a delayed job carrying
+    the lock would hold back every due job of the workspace (issue 19). The delayed job is a
+    ``kb.defer_when_due`` that, once due, defers the real job with its lock (coalesced with one
+    already waiting).
+    """
+    if delay_seconds > 0:
+        args = {"workspace_id": workspace_id, "task": task, "queue": queue}
+        lock, task = None, DEFER_WHEN_DUE_TASK
+        queueing_lock = queueing_lock or f"{queue}-delayed:{workspace_id}"
+    else:
+        args, lock = {"workspace_id": workspace_id}, job_lock(queue, workspace_id)
+    row = conn.execute(
+        queries["defer_job"],
+        {"queue": queue, "task": task, "lock": lock,
+         "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
+         "args": json.dumps(args), "delay_seconds": delay_seconds},
+    ).fetchone()
+    return row["id"] if row else None
