@@ -3,7 +3,7 @@
 -- (chunks are not published at all). Both tables have primary keys, the replica identity that
 -- UPDATE and DELETE need, and the column lists include it.
 --
--- Applied by kb's migration runner (kb/publication.py) after the schema, once, when the connected
+-- Applied by kb's migration runner (kb/db/publication.py) after the schema, once, when the connected
 -- role may create publications (CREATE on the database, owner of the tables, Postgres >= 15 for
 -- column lists); otherwise `kb init` says what to change. Consumers need wal_level=logical.
 -- A DBA may run this file by hand: psql "$(kb db-url)" -f sql/publication.sql

@@ -435,7 +435,7 @@ CREATE TRIGGER chunks_count_terms_delete AFTER DELETE ON kb.chunks
     REFERENCING OLD TABLE AS old_chunks FOR EACH STATEMENT EXECUTE FUNCTION kb.count_chunk_terms();
 
 -- Partial HNSW indexes built per large workspace by the job kb.maintain_vector_index
--- (kb/vector_index.py); search uses only the indexes recorded here (built and valid).
+-- (kb/index/vector_index.py); search uses only the indexes recorded here (built and valid).
 CREATE TABLE kb.vector_indexes (
     workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
     model text NOT NULL,

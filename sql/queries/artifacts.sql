@@ -1,4 +1,4 @@
--- Named queries of artifacts (kb/artifact_rows.py, kb/artifacts.py, SPEC §11).
+-- Named queries of artifacts (kb/store/artifact_rows.py, kb/workspace/artifacts.py, SPEC §11).
 
 -- name: artifact_documents_at
 -- ARTIFACT document rows at some virtual paths (the store's guard: plain writes are refused).

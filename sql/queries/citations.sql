@@ -1,4 +1,4 @@
--- Named queries of the citation registry and follow (kb/citation_registry.py, kb/conversation.py;
+-- Named queries of the citation registry and follow (kb/citations/registry.py, kb/citations/conversation.py;
 -- SPEC §8, issue 10).
 
 -- name: touch_citation_chat

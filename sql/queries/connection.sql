@@ -1,4 +1,4 @@
--- Session settings kb pins on every connection it opens (kb/database.py configure_connection,
+-- Session settings kb pins on every connection it opens (kb/db/database.py configure_connection,
 -- SPEC §13), so PGOPTIONS, ALTER ROLE … SET and ALTER DATABASE … SET cannot change kb's behaviour.
 
 -- name: configure_session

@@ -1,4 +1,4 @@
--- Named queries of the drift check (kb/drift.py).
+-- Named queries of the drift check (kb/legacy/drift.py).
 
 -- name: drift_workspaces
 SELECT w.id AS workspace_id, w.last_projected_revision

@@ -1,16 +1,16 @@
--- Named queries of the derived index (kb/indexer.py, SPEC §7).
+-- Named queries of the derived index (kb/index/indexer.py, SPEC §7).
 
 -- name: try_index_lock
--- Held until the lock connection's transaction ends (kb/indexer.py _index_lock).
+-- Held until the lock connection's transaction ends (kb/index/indexer.py _index_lock).
 SELECT pg_try_advisory_xact_lock(%(namespace)s, %(workspace_id)s) AS locked;
 
 -- name: lock_workspace_chunks
--- The workspace's chunk lock (kb/locks.py chunk_lock: level 2 of the lock order written there).
+-- The workspace's chunk lock (kb/db/locks.py chunk_lock: level 2 of the lock order written there).
 SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
 
 -- name: lock_indexed_document
 -- The row of the document an index run is about to write, locked after the chunk lock and before
--- its chunks (kb/locks.py lock order), with what it holds now: a projection (or the artifact
+-- its chunks (kb/db/locks.py lock order), with what it holds now: a projection (or the artifact
 -- layer) may have deleted, moved or changed it since the run read it (no row: deleted).
 SELECT id, content_id, path FROM kb.documents WHERE id = %(document_id)s FOR NO KEY UPDATE;
 

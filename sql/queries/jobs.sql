@@ -1,4 +1,4 @@
--- Named queries over Procrastinate's job table (kb/jobs.py, kb/store.py).
+-- Named queries over Procrastinate's job table (kb/jobs/tasks.py, kb/store/knowledge_store.py).
 
 -- name: defer_job
 -- Defer a job inside the caller's transaction (the revision's own, SPEC §3). A waiting job with
@@ -12,7 +12,7 @@ ON CONFLICT (queueing_lock) WHERE status = 'todo' DO NOTHING
 RETURNING id;
 
 -- name: defer_convergence_jobs
--- The projection and index jobs of a revision in one statement (kb/store.py defer_convergence):
+-- The projection and index jobs of a revision in one statement (kb/store/knowledge_store.py defer_convergence):
 -- each is a no-op when a waiting job with its queueing lock already covers it.
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, queueing_lock, args)
 VALUES ('projection', %(projection_task)s, 0, %(projection_lock)s, %(projection_queueing_lock)s, %(args)s),
@@ -31,7 +31,7 @@ SELECT count(*) AS pending FROM procrastinate_jobs WHERE status IN ('todo', 'doi
 
 -- name: due_jobs
 -- Waiting jobs that are due now on the given queues, each with the job that holds it back, if
--- any (kb/worker.py, `kb status`): Procrastinate's fetch skips a job while another job with its
+-- any (kb/jobs/worker.py, `kb status`): Procrastinate's fetch skips a job while another job with its
 -- lock is running, or is waiting with a higher priority or an earlier id — even one scheduled later.
 SELECT j.id, j.task_name AS task, j.queue_name AS queue, j.lock, (j.args ->> 'workspace_id')::int AS workspace_id,
        b.id AS blocker_id, b.task_name AS blocker_task, b.status::text AS blocker_status,

@@ -1,4 +1,4 @@
--- Named queries of the migration runner (kb/migrations.py).
+-- Named queries of the migration runner (kb/db/migrations.py).
 
 -- name: create_ledger
 CREATE SCHEMA IF NOT EXISTS kb;

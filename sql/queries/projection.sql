@@ -1,4 +1,4 @@
--- Named queries of the projection (kb/projection.py): documents and folders rows from git (SPEC §6).
+-- Named queries of the projection (kb/store/projection.py): documents and folders rows from git (SPEC §6).
 
 -- name: lock_projection
 SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);

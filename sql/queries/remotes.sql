@@ -1,4 +1,4 @@
--- Named queries of git remotes (kb/remotes.py, SPEC §13).
+-- Named queries of git remotes (kb/workspace/remotes.py, SPEC §13).
 
 -- name: insert_remote
 INSERT INTO kb.remotes (workspace_id, url, branch) VALUES (%(workspace_id)s, %(url)s, %(branch)s)

@@ -1,4 +1,4 @@
--- Named queries of search (kb/search.py, SPEC §8).
+-- Named queries of search (kb/search/hybrid.py, SPEC §8).
 
 -- name: vector_leg
 -- The vector leg: exact nearest chunks of the workspace by cosine distance, vectors of the active
@@ -13,7 +13,7 @@ LIMIT %(limit)s;
 
 -- name: lexical_leg
 -- A full-text leg, ranked by Okapi BM25 (k1, b) from term statistics kept per workspace and text
--- configuration. kb/search.py fills in what it ranks: chunks (kb.chunks with kb.lexeme_stats and
+-- configuration. kb/search/hybrid.py fills in what it ranks: chunks (kb.chunks with kb.lexeme_stats and
 -- kb.text_stats) or whole documents (kb.document_terms with kb.document_lexeme_stats and
 -- kb.document_text_stats, migration 0018); {units}, {unit_id} and {length} name the ranked table,
 -- its id and its length in tokens, {lexeme_stats}, {text_stats} and {count} its statistics.
@@ -111,7 +111,7 @@ LIMIT %(limit)s;
 -- text only for chunks without spans (they render un-numbered, SPEC §8). Document rows (chunk_id
 -- NULL): every document the document leg returned, with its rank and envelope fields. The
 -- placeholders are the exact or approximate vector leg, the chunk leg and the document leg
--- (lexical_leg filled for chunks and for documents). kb/search.py fuses the ranks. An envelope
+-- (lexical_leg filled for chunks and for documents). kb/search/hybrid.py fuses the ranks. An envelope
 -- cites (indexed_path, indexed_revision): where the indexed content is, even when a later commit
 -- moved the document and the index has not caught up (SPEC §8, migration 0019); a document with
 -- chunks but no indexed content (left by an index run that raced a projection before the run
@@ -163,7 +163,7 @@ ORDER BY c.document_id, m.held DESC, c.position, c.id;
 SELECT id, path, title, document_type, metadata, content_id, status, indexed_revision
 FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
 
--- ---- approximate vector indexes (kb/vector_index.py) ----
+-- ---- approximate vector indexes (kb/index/vector_index.py) ----
 
 -- name: vector_leg_approximate
 -- The vector leg through the workspace's partial HNSW index; the workspace, model and dimension
@@ -181,7 +181,7 @@ SELECT set_config('hnsw.ef_search', %(ef_search)s, true),
        set_config('hnsw.iterative_scan', 'strict_order', true);
 
 -- name: hnsw_session_settings
--- The same for the session of one of kb's pooled connections (kb/vector_index.py
+-- The same for the session of one of kb's pooled connections (kb/index/vector_index.py
 -- session_scan_settings): set once per connection, so a search through the HNSW index needs no
 -- transaction of its own.
 SELECT set_config('hnsw.ef_search', %(ef_search)s, false),

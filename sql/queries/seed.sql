@@ -1,4 +1,4 @@
--- Named queries of the legacy seed (kb/seed.py, SPEC §10). The legacy_* queries run against the
+-- Named queries of the legacy seed (kb/legacy/seed.py, SPEC §10). The legacy_* queries run against the
 -- legacy database (schema "legacy", ../shared/legacy/legacy_schema.sql); the others against kb's.
 
 -- name: legacy_meta

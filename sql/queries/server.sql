@@ -1,14 +1,14 @@
--- Named queries about the Postgres server itself (kb/database.py, tests/conftest.py).
+-- Named queries about the Postgres server itself (kb/db/database.py, tests/conftest.py).
 
 -- name: show_wal_level
 SELECT current_setting('wal_level') AS wal_level;
 
 -- name: set_wal_level_logical
--- Takes effect after a restart (kb/database.py restarts the embedded server once).
+-- Takes effect after a restart (kb/db/database.py restarts the embedded server once).
 ALTER SYSTEM SET wal_level = 'logical';
 
 -- name: set_shared_buffers
--- A new embedded server's shared_buffers (kb/embedded_server.py default_shared_buffers; takes
+-- A new embedded server's shared_buffers (kb/db/embedded_server.py default_shared_buffers; takes
 -- effect after the restart that follows). ALTER SYSTEM takes no parameters: the size is a literal.
 ALTER SYSTEM SET shared_buffers = {size};
 

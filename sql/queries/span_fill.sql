@@ -1,4 +1,4 @@
--- Named queries of the span fill (kb/span_fill.py, SPEC §9).
+-- Named queries of the span fill (kb/legacy/span_fill.py, SPEC §9).
 
 -- name: span_fill_control
 SELECT paused, batch_documents, throttle_ms, updated_at FROM kb.span_fill_control;
@@ -48,7 +48,7 @@ WHERE c.id = u.id AND c.start_line IS NULL AND d.id = c.document_id
 
 -- name: skip_stale_document
 -- Not for a document deleted since the batch was read (its row is gone: nothing to skip). The
--- batch holds the chunk lock (kb/locks.py), so no projection deletes it between check and insert.
+-- batch holds the chunk lock (kb/db/locks.py), so no projection deletes it between check and insert.
 INSERT INTO kb.span_fill_skips (document_id, workspace_id, content_id, reason)
 SELECT %(document_id)s, %(workspace_id)s, %(content_id)s, %(reason)s
 WHERE EXISTS (SELECT 1 FROM kb.documents WHERE id = %(document_id)s)

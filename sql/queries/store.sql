@@ -1,4 +1,4 @@
--- Named queries of the store (kb/store.py): workspaces, revisions, per-path history (SPEC §3).
+-- Named queries of the store (kb/store/knowledge_store.py): workspaces, revisions, per-path history (SPEC §3).
 
 -- name: ensure_workspace
 INSERT INTO kb.workspaces (id) VALUES (%(workspace_id)s)

@@ -1,4 +1,4 @@
--- Named queries of workspace listing and deletion (kb/workspaces.py; SPEC §2.1, §6).
+-- Named queries of workspace listing and deletion (kb/workspace/lifecycle.py; SPEC §2.1, §6).
 
 -- name: workspace_summaries
 -- One row per workspace with its document count and index state (from the kb.index_lag view),
@@ -42,7 +42,7 @@ DELETE FROM procrastinate_jobs WHERE (args ->> 'workspace_id') = %(workspace_id)
 DELETE FROM kb.workspaces WHERE id = %(workspace_id)s RETURNING id;
 
 -- name: workspace_vector_index_names
--- The partial HNSW indexes of the workspace (kb/vector_index.py names them
+-- The partial HNSW indexes of the workspace (kb/index/vector_index.py names them
 -- kb_chunks_hnsw_<ws>_<model hash>), recorded or left over by a killed build.
 SELECT indexname AS name FROM pg_indexes
 WHERE schemaname = 'kb' AND left(indexname, length(%(prefix)s)) = %(prefix)s

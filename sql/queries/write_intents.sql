@@ -1,4 +1,4 @@
--- Named queries of group commit (kb/group_commit.py, SPEC §3, §4; issue 9).
+-- Named queries of group commit (kb/store/group_commit.py, SPEC §3, §4; issue 9).
 
 -- name: enqueue_write_intent
 -- A writer's staged change set, queued before it waits for the write lock (committed at once,
