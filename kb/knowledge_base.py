@@ -148,16 +148,24 @@ class KnowledgeBase:
     @contextlib.contextmanager
     def transaction(
         self, workspace_id: int, message: str | None = None, author: str | None = None,
-        committer: str | None = None,
+        committer: str | None = None, idempotency_key: str | None = None,
     ) -> Iterator[Draft]:
         """``with kb.transaction(1, "msg", "alice") as tx: tx.write(...)`` → ``tx.revision``.
 
         Operations apply in call order; one revision per clean exit, None when net-empty, nothing
-        on exception (SPEC §3).
+        on exception (SPEC §3). ``idempotency_key``: a retry with the key of a write that landed
+        records nothing and gets that write's revision (design §3); a failure of Postgres is
+        settled before the call answers (``KnowledgeStore.transaction``). Raises as that method.
         """
         author = author or default_author()
-        with self.store(workspace_id).transaction(message, author, committer) as draft:
+        with self.store(workspace_id).transaction(message, author, committer, idempotency_key) as draft:
             yield draft
+
+    def write_outcome(self, workspace_id: int, idempotency_key: str) -> Revision | None:
+        """The revision a write with ``idempotency_key`` recorded, or None when it recorded none
+        (design §3): the call that settles CommitOutcomeUnknown. Raises InvalidInput,
+        WorkspaceNotFound, HistoryDiverged, LockTimeout, DatabaseUnavailable."""
+        return self.store(workspace_id).write_outcome(idempotency_key)
 
     def head(self, workspace_id: int) -> str | None:
         """Newest revision id of a workspace (None when empty)."""
@@ -224,7 +232,7 @@ class KnowledgeBase:
         commit (SPEC §6); what the ``kb.project_changes`` job runs. Raises WorkspaceNotFound."""
         store = self.store(workspace_id)
         with database.transaction(self.database_url) as conn:
-            return project(conn, store.repository, workspace_id, force=force)
+            return project(conn, store.repository, workspace_id, force=force, database_url=self.database_url)
 
     def rebuild_projection(self, workspace_id: int) -> ProjectionResult:
         """Re-derive documents/folders rows from HEAD even if HEAD is already projected

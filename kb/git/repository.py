@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.file import FileLocked
@@ -263,6 +264,24 @@ class Repository(WorktreeRefresh):
         config.set((b"core",), b"hooksPath", b"/dev/null")
         config.write_to_path()
         return cls(repo)
+
+    # -- identity (design §3) -------------------------------------------------------------
+    def identity(self) -> str | None:
+        """The repository's identity (``kb.repositoryid`` in its git config, read afresh: the
+        folder may have been replaced since it was opened), or None when it has none yet."""
+        try:
+            config = ConfigFile.from_path(os.path.join(self._repo.controldir(), "config"))
+            value = config.get((b"kb",), b"repositoryid")
+        except (KeyError, FileNotFoundError):
+            return None
+        return value.decode("ascii", errors="replace").strip() or None
+
+    def set_identity(self, identity: str) -> None:
+        """Write ``identity`` as the repository's ``kb.repositoryid`` (git config)."""
+        path = os.path.join(self._repo.controldir(), "config")
+        config = ConfigFile.from_path(path)
+        config.set((b"kb",), b"repositoryid", identity.encode("ascii"))
+        config.write_to_path(path)
 
     # -- reads -----------------------------------------------------------------------------
     def head(self) -> str | None:
@@ -710,9 +729,12 @@ class Repository(WorktreeRefresh):
         self._seen(_KEYS_SEEN, folder, tree.id)
 
     def make_commit(
-        self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str
+        self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str,
+        headers: dict[bytes, bytes] | None = None,
     ) -> Commit:
-        """Write a commit object (hooks never run; SPEC §2.1) and return it (ref not moved)."""
+        """Write a commit object (hooks never run; SPEC §2.1) and return it (ref not moved).
+        ``headers``: extra commit headers (git keeps them; e.g. the write's idempotency key,
+        design §3)."""
         commit = Commit()
         commit.tree = tree_id
         commit.parents = [parent.encode()] if parent else []
@@ -723,6 +745,8 @@ class Repository(WorktreeRefresh):
         commit.author_timezone = commit.commit_timezone = 0
         commit.encoding = b"UTF-8"
         commit.message = (message.rstrip("\n") + "\n").encode()
+        for name, value in (headers or {}).items():
+            commit._extra.append((name, value))
         self._add_objects([commit])
         return commit
 

@@ -292,3 +292,13 @@ SELECT kb.refresh_document_terms(ARRAY(SELECT id FROM kb.documents WHERE workspa
 -- name: test_set_workspace_head
 -- Postgres' recorded head of a workspace, set as a reader that queried just before a commit saw it.
 UPDATE kb.workspaces SET head_revision = %(head)s WHERE id = %(workspace_id)s;
+
+-- ---- write outcomes (design §3): a writer's session killed while a leader records its draft ----
+
+-- name: test_write_intents
+SELECT id, backend_pid, payload, outcome FROM kb.write_intents WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: test_hold_workspace_row
+-- Hold the workspace row from a side connection: a group-commit leader waits here with its group
+-- claimed, before its ref moves.
+SELECT id FROM kb.workspaces WHERE id = %(workspace_id)s FOR UPDATE;
