@@ -32,7 +32,7 @@ from kb.store import artifact_rows
 
 from kb.db import database
 
-from kb.store import group_commit, write_keys
+from kb.store import group_commit, repository_guard, write_keys
 from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.commit_checks import check_case_collisions
 from kb.errors import (
@@ -141,12 +141,33 @@ class KnowledgeStore:
         return (self.path / ".git").is_dir()
 
     def create(self) -> bool:
-        """Create the repository and the workspace row if missing; True when newly created."""
+        """Create the repository and the workspace row if missing; True when newly created. A new
+        repository gets a random identity (git config ``kb.repositoryid``) that the row records
+        (``kb.store.repository_guard``, design §3).
+
+        Raises HistoryDiverged — and creates nothing — when Postgres records revisions for the
+        workspace but its repository is missing (an empty repository would then be projected as
+        the workspace, deleting every document row): restore the repository, or delete the
+        workspace to start over."""
         with database.transaction(self.database_url) as conn:
-            row = conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id}).fetchone()
-        created = row is not None or not self.exists()
+            inserted = conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        existed = self.exists()
+        if not existed and row["head_revision"] is not None:
+            raise HistoryDiverged(
+                f"workspace {self.workspace_id}: Postgres records {row['revision_count']} revisions (head "
+                f"{row['head_revision']}) but its repository {self.path} is missing; nothing was created. "
+                f"Restore that folder from a backup (then retry), or delete the workspace to start over "
+                f"(`kb workspace delete {self.workspace_id}`, which also deletes its document rows)."
+            )
         self._repository = Repository.create(self.path)
-        return created
+        if not existed:
+            identity = self._repository.identity() or repository_guard.new_identity()
+            self._repository.set_identity(identity)
+            with database.transaction(self.database_url) as conn:
+                conn.execute(queries["record_repository_identity"],
+                             {"workspace_id": self.workspace_id, "repository_id": identity})
+        return inserted is not None or not existed
 
     # -- reads (no lock) -----------------------------------------------------------------
     def head(self) -> str | None:
@@ -678,6 +699,7 @@ class KnowledgeStore:
         updates the workspace row, and the artifact rows it completes — or the rest of the
         transaction — may then lock document rows, which a projection may hold while it waits for
         the workspace row."""
+        repository_guard.check(conn, self.database_url, self.repository, workspace)  # design §3
         if self.repository.head() != workspace["head_revision"]:
             chunk_lock(conn, self.workspace_id)
         missing = record_missing(conn, self.repository, workspace)
@@ -696,6 +718,17 @@ class KnowledgeStore:
                      tuple(c.virtual() for c in r.changes))
             for r in missing
         ]
+
+    def check_repository(self) -> None:
+        """Check that the workspace's repository is its own and holds every revision Postgres
+        recorded (``kb.store.repository_guard``, design §3); a repository created before
+        identities existed adopts one. Nothing when Postgres has no row for it. Raises
+        HistoryDiverged (the workspace is marked), WorkspaceNotFound."""
+        repo = self.repository
+        with database.transaction(self.database_url) as conn:
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+            if row is not None:
+                repository_guard.check(conn, self.database_url, repo, row)
 
     def reconcile(self) -> list[Revision]:
         """Record every revision git has and Postgres lacks, with history rows and deferred
