@@ -207,3 +207,14 @@ def test_http_outcome_unknown_is_503_naming_the_settling_call(ws, settings):
     body = answer.json()
     assert body["error"] == "CommitOutcomeUnknown" and body["idempotency_key"] == "k/1"
     assert body["settle"] == {"method": "GET", "path": "/v1/workspaces/1/writes/k%2F1"}
+
+
+def test_cli_write_outcome_settles_a_key(ws, kb_env):
+    from conftest import run_cli
+
+    with ws.transaction(WS, "keyed", "w", idempotency_key="cli-1") as tx:
+        tx.write("/documents/k.md", "k\n")
+    landed = run_cli(kb_env, "write-outcome", "cli-1", "--workspace", "1")
+    assert tx.revision.id in landed.stdout
+    missing = run_cli(kb_env, "write-outcome", "cli-2", "--workspace", "1", check=False)
+    assert missing.returncode == 1 and "recorded nothing" in missing.stdout

@@ -378,6 +378,22 @@ def log(path: str | None, workspace: int, limit: int) -> None:
             click.echo(f"    … and {len(paths) - 10} more")
 
 
+@main.command("write-outcome")
+@click.argument("key")
+@workspace_option
+def write_outcome(key: str, workspace: int) -> None:
+    """Settle a write by its idempotency key (design §3): prints the revision it recorded, or says
+    it recorded none (exit status 1). What a CommitOutcomeUnknown error tells you to run.
+
+    Example: kb write-outcome order-17 --workspace 1
+    """
+    revision = _open().write_outcome(workspace, key)
+    if revision is None:
+        click.echo(f"write {key!r} recorded nothing in workspace {workspace}; a retry is safe")
+        raise SystemExit(1)
+    click.echo(f"write {key!r} landed as revision {revision.id} (seq {revision.seq})")
+
+
 def _describe(change) -> str:
     """One line for a path change in ``kb log``: ``moved /a.md -> /b.md``, ``added /c.md`` …"""
     if change.change == "moved" and change.old_path:
