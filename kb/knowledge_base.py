@@ -266,7 +266,8 @@ class KnowledgeBase:
     def search(self, workspace_id: int, query: str, k: int = 5) -> list[Envelope]:
         """Hybrid search → excerpt envelopes with true line numbers (SPEC §8).
 
-        Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100.
+        Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100,
+        HistoryDiverged when the workspace's repository is not its own or is behind Postgres.
         """
         from kb.search.hybrid import check_query
         from kb.search.hybrid import search as hybrid_search
@@ -276,6 +277,7 @@ class KnowledgeBase:
         repo = store.repository
         embedder = self.embedder
         with database.pooled_connection(self.database_url) as conn:
+            store.check_repository(conn)  # never answer from a repository behind Postgres (design §3)
             found = hybrid_search(conn, repo, embedder, workspace_id, query, k)
         if not found and not store.exists():
             # deleted (by another process) since this object opened it: its rows are gone, so the
@@ -294,12 +296,14 @@ class KnowledgeBase:
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8); ``.window(offset,
-        limit)`` cuts it. Raises InvalidPath, RevisionNotFound, IsAFolder, DocumentNotFound."""
+        limit)`` cuts it. Raises InvalidPath, RevisionNotFound, IsAFolder, DocumentNotFound,
+        HistoryDiverged (design §3)."""
         store = self.store(workspace_id)
         target = StorePath.parse(path)
         revision = store.repository.resolve(revision) if revision else store.head()
         data = store.read(target, revision)
         with database.connect(self.database_url) as conn:
+            store.check_repository(conn)  # never answer from a repository behind Postgres (design §3)
             row = conn.execute(
                 queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
             ).fetchone()

@@ -67,6 +67,9 @@ def test_a_repository_restored_from_an_older_backup_is_never_projected_backwards
     with pytest.raises(HistoryDiverged):
         with kb.transaction(WS, "write on the old copy", "t") as tx:
             tx.write("/documents/d.md", "d\n")
+    for reader in (lambda: kb.search(WS, "alpha"), lambda: kb.read_document(WS, "/documents/a.md")):
+        with pytest.raises(HistoryDiverged, match="lacks the recorded head"):
+            reader()
     after = _workspace(kb)
     assert _rows(kb) == before, "document rows were deleted or changed"
     assert (after["last_projected_revision"], after["last_indexed_revision"]) == (

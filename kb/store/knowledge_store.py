@@ -719,13 +719,15 @@ class KnowledgeStore:
             for r in missing
         ]
 
-    def check_repository(self) -> None:
+    def check_repository(self, conn: psycopg.Connection | None = None) -> None:
         """Check that the workspace's repository is its own and holds every revision Postgres
         recorded (``kb.store.repository_guard``, design §3); a repository created before
-        identities existed adopts one. Nothing when Postgres has no row for it. Raises
+        identities existed adopts one. Nothing when Postgres has no row for it. ``conn``: a
+        connection to read the row on (readers pass theirs), else one of its own. Raises
         HistoryDiverged (the workspace is marked), WorkspaceNotFound."""
         repo = self.repository
-        with database.transaction(self.database_url) as conn:
+        with (contextlib.nullcontext(conn) if conn is not None
+              else database.transaction(self.database_url)) as conn:
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
             if row is not None:
                 repository_guard.check(conn, self.database_url, repo, row)
