@@ -200,14 +200,15 @@ class KnowledgeBase:
 
     def import_folder(
         self, source: Path | str, workspace_id: int, *, prefix: str | None = None, prune: bool = False,
-        message: str | None = None, author: str | None = None,
+        message: str | None = None, author: str | None = None, idempotency_key: str | None = None,
     ) -> ImportReport:
-        """Import a folder of markdown as one revision (``kb import``)."""
+        """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
+        ``transaction`` (design §3)."""
         from kb.store.importer import import_folder
 
         return import_folder(
             self.store(workspace_id), Path(source), prefix=prefix, prune=prune, message=message,
-            author=author or default_author(),
+            author=author or default_author(), idempotency_key=idempotency_key,
         )
 
     # -- derived index (SPEC §6, §7) -----------------------------------------------------

@@ -535,8 +535,21 @@ class Repository(WorktreeRefresh):
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
                 self._add_loose(obj)
-        else:
+            return
+        pack_dir = Path(store.pack_dir)
+        before = set(pack_dir.glob("tmp*.pack"))
+        try:
             store.add_objects([(obj, None) for obj in objects])
+        except BaseException as exc:
+            # Interrupted mid-pack (Ctrl-C): remove the temporary pack this call began (never
+            # completed: it has no .idx), and report the interrupt, not dulwich's BufferError
+            # ("cannot close exported pointers exist") from closing the half-written file.
+            for leftover in set(pack_dir.glob("tmp*.pack")) - before:
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+            if isinstance(exc, BufferError) and isinstance(exc.__context__, KeyboardInterrupt):
+                raise exc.__context__ from None
+            raise
 
     def _add_loose(self, obj) -> None:
         """Store ``obj`` as a loose object. A concurrent ``git repack -d`` / ``prune-packed`` may
@@ -857,6 +870,11 @@ class Repository(WorktreeRefresh):
             p for p in (objects / "pack").glob("*.pack") if not p.with_suffix(".idx").exists()
         ]
         store.prune(grace_period=int(min_age))
+        now = time.time()
+        for path in candidates:  # dulwich's own tmp*.pack (mkstemp in objects/pack) is not pruned
+            with contextlib.suppress(OSError):
+                if path.exists() and now - path.stat().st_mtime > min_age:
+                    path.unlink()
         return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
 
     def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:
