@@ -186,7 +186,7 @@ def sweep(timestamp: int) -> dict:
     report = run_sweep(_kb())
     return {"checked": report.checked, "projection": report.projection_deferred,
             "index": report.index_deferred, "retry": report.retry_deferred,
-            "damaged": sorted(report.damaged)}
+            "damaged": sorted(report.damaged), "diverged": sorted(report.diverged)}
 
 
 @app.periodic(cron=STALLED_CRON)
