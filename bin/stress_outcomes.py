@@ -3,7 +3,7 @@
 database is terminated every 0.1-0.6 s; each answer is checked against what landed (what is
 checked: tests/outcome_stress.py). CI runs a short sample (tests/test_outcome_stress.py).
 
-Usage: python bin/stress_outcomes.py [--runs 8] [--seconds 6] [--writers 1]
+Usage: python bin/stress_outcomes.py [--runs 8] [--seconds 6] [--writers 1] [--targets all|busy]
 Each run: a fresh storage root and embedded Postgres in a temporary folder (or KB_DATABASE_URL's
 server, a new workspace per run). Prints one line per run and the totals; exit status 1 on any
 misreported outcome or write applied twice.
@@ -30,13 +30,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--writers", type=int, default=1)
+    parser.add_argument("--targets", choices=["all", "busy"], default="all",
+                        help="terminate every client backend, or only those inside a transaction")
     args = parser.parse_args()
     totals, bad_runs = Counter(), 0
     with tempfile.TemporaryDirectory(prefix="kb-outcomes-") as root:
         kb = KnowledgeBase.open(Settings(storage_root=Path(root), embedding_model="hashing"))
         try:
             for run in range(args.runs):
-                report = stress_outcomes(kb, run + 1, args.seconds, writers=args.writers, seed=run)
+                report = stress_outcomes(kb, run + 1, args.seconds, writers=args.writers, seed=run,
+                                         targets=args.targets)
                 totals.update(report.counts)
                 bad = report.counts["misreported"] + report.counts["applied_twice"]
                 bad_runs += bad > 0

@@ -27,8 +27,16 @@ import psycopg
 from kb.errors import CommitOutcomeUnknown, KbError
 from kb.knowledge_base import KnowledgeBase
 
-TERMINATE = """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"""
+TERMINATE = {
+    "all": """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'""",
+    # only backends inside a transaction (a write, a lock wait, a settle): a kill while the pool
+    # opens a connection sends psycopg_pool into its reconnect backoff (seconds doubling), which
+    # stalls every writer of the process without testing anything kb decides
+    "busy": """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+  AND xact_start IS NOT NULL""",
+}
 
 
 @dataclass
@@ -58,8 +66,11 @@ def _write(kb: KnowledgeBase, ws: int, path: str, text: str, key: str | None):
         return exc
 
 
-def stress_outcomes(kb: KnowledgeBase, ws: int, seconds: float, writers: int = 2, seed: int = 0) -> OutcomeReport:
-    """Run the writers and the killer for ``seconds``, then check every answer (see the module)."""
+def stress_outcomes(kb: KnowledgeBase, ws: int, seconds: float, writers: int = 2, seed: int = 0,
+                    targets: str = "all") -> OutcomeReport:
+    """Run the writers and the killer for ``seconds``, then check every answer (see the module).
+    ``targets``: ``"all"`` client backends of the database, or only the ``"busy"`` ones (inside
+    a transaction)."""
     report, lock = OutcomeReport(), threading.Lock()
     answers: list[tuple[str, object, str | None]] = []
     retries: dict[str, object] = {}
@@ -86,7 +97,7 @@ def stress_outcomes(kb: KnowledgeBase, ws: int, seconds: float, writers: int = 2
             time.sleep(rng.uniform(0.1, 0.6))
             try:
                 with psycopg.connect(kb.database_url, autocommit=True) as conn:
-                    report.counts["kills"] += len(conn.execute(TERMINATE).fetchall())
+                    report.counts["kills"] += len(conn.execute(TERMINATE[targets]).fetchall())
             except psycopg.Error:
                 pass
 
