@@ -178,6 +178,11 @@ class UnknownHandle(KbError):
     """A citation names a handle this conversation was never shown (or that expired or was forgotten)."""
 
 
+class UnknownChat(KbError):
+    """A chat has no handles in this workspace (never shown a document, forgotten, or expired), so
+    its citations cannot be checked; nothing was changed."""
+
+
 class InvalidChat(KbError):
     """A chat id is empty, too long, or holds characters a chat id cannot hold."""
 # -- seeding from legacy rows (issue 11, SPEC §10) ---------------------------------------------
