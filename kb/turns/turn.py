@@ -526,7 +526,7 @@ class Turn:
                 raise DocumentNotFound(f"cannot move {s.virtual}: no such document or folder")
             self._check_parents(d)
             if not self._exists(drp):
-                self._check_new(d)
+                self._check_new(d, renaming=s)
             for old, new in pairs:
                 check_path_length(new, "/" + new)
                 if self._is_folder(new):
@@ -536,6 +536,11 @@ class Turn:
             worktree = self._wt()
             for old, new in pairs:
                 data = self._current(old)
+                same_file = name_key(old) == name_key(new)
+                if same_file:
+                    # a rename by letter case or normalization only: on a case-insensitive file
+                    # system both names are one file, so remove the old name before writing the new
+                    worktree.unlink_disk(old)
                 worktree.write_disk(new, data)
                 worktree.touched.update((old, new))
                 origin = worktree.moves.pop(old, old)
@@ -547,7 +552,8 @@ class Turn:
                     self._titles[new].path = "/" + new
                     worktree.titles[new] = worktree.titles.pop(old, self._titles[new].title)
                 worktree.save()
-                worktree.unlink_disk(old)
+                if not same_file:
+                    worktree.unlink_disk(old)
             return [("/" + old, "/" + new) for old, new in pairs if not old.endswith("/" + KEEP)]
 
     def remove(self, path: str, missing_ok: bool = False) -> str | None:
@@ -624,11 +630,13 @@ class Turn:
             overwrote=[],
         )
 
-    def _check_new(self, sp: StorePath) -> None:
+    def _check_new(self, sp: StorePath, renaming: StorePath | None = None) -> None:
         """Refuse, at write time, a path the turn would create that the commit could not record:
         longer than the path law allows, a new segment that is a Windows device name or ends in a
         dot/space (InvalidPath), or one differing only in case or Unicode normalization from an
-        existing sibling in the turn's view (PathExists, both names shown escaped; SPEC §2.2)."""
+        existing sibling in the turn's view (PathExists, both names shown escaped; SPEC §2.2).
+        ``renaming``: the path a move takes ``sp`` from; it is no twin of its own new name (a
+        rename by letter case only)."""
         check_path_length(sp.repo_path, sp.virtual)
         parent = StorePath(())
         for depth, name in enumerate(sp.parts, start=1):
@@ -642,7 +650,10 @@ class Turn:
                 touched = {p[len(folder) + 1:].split("/")[0] for p in self._worktree.touched if _under(folder, p)}
                 candidates = self._base_sibling_keys(folder).get(key, set()) | {
                     n for n in touched if name_key(n) == key}
+                source = StorePath(renaming.parts[:depth]).repo_path if renaming and len(renaming.parts) >= depth else None
                 for other in sorted(candidates):
+                    if f"{parent.repo_path}/{other}" == source:
+                        continue  # the name being renamed away
                     if other != name and (self._exists(f"{parent.repo_path}/{other}")
                                           or self._is_folder(f"{parent.repo_path}/{other}")):
                         raise PathExists(
