@@ -30,7 +30,7 @@ from dulwich.errors import NotTreeError
 
 from kb.citations.envelope import document_lines
 from kb.errors import (
-    DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPattern, IsAFolder,
+    DocumentGone, DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPattern, IsAFolder,
     PathExists,
 )
 from kb.store.draft import document_bytes
@@ -108,6 +108,9 @@ class CommitResult:
     lost_hunks: dict[str, list[LostHunk]] = field(default_factory=dict)
     titles: dict[str, str] = field(default_factory=dict)
     """``{final virtual path: title}`` of the documents created by title (:meth:`Turn.create`)."""
+    followed: list[tuple[str, str]] = field(default_factory=list)
+    """``(path in the turn, path at HEAD)`` of edited documents another revision moved since the
+    turn's base: the edit followed the move and was merged there."""
 
     def outcome(self, path: str) -> str:
         """``"merged"``, ``"overwrote"`` or ``"plain"`` for a virtual path of this commit."""
@@ -733,18 +736,35 @@ class Turn:
                                   ("removed" if d is None else ("modified" if self._base_blob(p) else "added")))
                        for p, d in changes.items() if not (d is None and p in moves.values())]
             text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
+            gone: list[str] = []
+            followed: list[tuple[str, str]] = []
             with self.store.transaction(text, self.author, self.committer) as draft:
+                recorded_moves = set()
                 for new, origin in moves.items():
                     if draft.exists(origin):
                         draft.move(origin, new, overwrite=True)
+                        recorded_moves.add(new)
                 for rp, data in changes.items():
                     if data is not None and rp in self._titles:  # created by title: named again if taken
                         draft.write_titled(self._free_path(draft, rp, changes), data, self._titles[rp].title,
                                            self._titles[rp])
                     elif data is not None:  # an edit of the base's document: merged with head (§5)
-                        draft.write_merged(rp, data, self._base_blob(moves.get(rp, rp)), allow_keep=True)
+                        # a document the turn moved whose origin is gone at head stands as new
+                        base_blob = None if rp in moves and rp not in recorded_moves else self._base_blob(moves.get(rp, rp))
+                        target = rp
+                        if base_blob is not None and rp not in moves and not draft.exists(rp):
+                            target = self._where_now(rp, draft, gone)
+                            if target is None:
+                                continue
+                            followed.append(("/" + rp, "/" + target))
+                        draft.write_merged(target, data, base_blob, allow_keep=True)
                     elif draft.exists(rp):
                         draft.remove(rp)
+                if gone:
+                    raise DocumentGone(
+                        f"turn {self.turn_id!r} edits {', '.join(gone)}, which another revision removed since the "
+                        "turn began; nothing was recorded and the turn is kept. Keep the text under a new path "
+                        "(move it in the turn) or drop the edit (remove it in the turn), then commit again", gone)
             revision = draft.revision
             if revision is None:
                 self._finish(destroy=True)
@@ -773,9 +793,21 @@ class Turn:
                 merged=sorted(p for p, outcome in draft.merges.items() if outcome.clean),
                 lost_hunks=lost_hunks,
                 titles={document.path: document.title for document in self._titles.values()},
+                followed=followed,
             )
             self._finish(destroy=True)
             return result
+
+    def _where_now(self, rp: str, draft, gone: list[str]) -> str | None:
+        """Where the base's document at ``rp``, absent at the draft's head, went since the turn's
+        base: the path a recorded move took it to (the edit follows it, design §5), or None after
+        adding ``/rp`` to ``gone`` (removed: the edit must not bring it back)."""
+        base = self._worktree.base if self._worktree is not None else None
+        moved = self.store.moved_to("/" + rp, base) if base else None
+        if moved is not None and draft.exists(moved):
+            return moved[1:]
+        gone.append("/" + rp)
+        return None
 
 
 class _NamesByKey:
