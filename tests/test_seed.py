@@ -253,3 +253,26 @@ def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, obsidian_legacy, 
         kb.seed(dsn, 3, 7, yes=True)
     assert kb.list_paths(7) == {"/documents/mine.md": kb.list_paths(7)["/documents/mine.md"]}
     assert kb.seed(dsn, 3, 7).dry_run  # a dry run is always allowed
+
+
+def test_a_writer_removing_documents_during_the_seed_fails_cleanly_and_a_rerun_converges(legacy_kb, obsidian_legacy):
+    """A writer removing seeded documents between the seed revision and identity adoption (a
+    KeyError that left a seed revision without its kb.seeds row, so seeding again was refused)."""
+    kb, _ = legacy_kb
+    dsn, _summary = obsidian_legacy
+    victims = sorted(e.path for e in kb.seed(dsn, 3, 5).seeded[:3])
+
+    def racing_writer(message: str) -> None:
+        if message.startswith("parity:"):
+            with kb.transaction(5, "remove while seeding", "racer") as tx:
+                for path in victims:
+                    tx.remove(path)
+
+    with pytest.raises(SeedRefused, match="removed or moved by another writer"):
+        kb.seed(dsn, 3, 5, yes=True, flip=True, progress=racing_writer)
+    with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        seed = conn.execute(queries["get_seed"], {"workspace_id": 5}).fetchone()
+    assert seed is not None and not seed["parity_ok"] and not seed["flipped"]
+    again = kb.seed(dsn, 3, 5, yes=True, flip=True)  # a re-seed, not refused as foreign documents
+    assert again.parity.ok and again.not_adopted == [] and again.flipped
+    assert all(kb.store(5).read(path) for path in victims)  # the legacy documents are back
