@@ -71,13 +71,18 @@ def embedded_server(prefix: str) -> Iterator[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Against ``KB_TEST_DATABASE_URL``, run only the tests that use the test server (``pg_server``,
-    directly or through ``database_url``, ``kb``, …): the rest — chunking, paths, CLI start-up,
-    private embedded servers — never touch it and already ran in the embedded leg, so CI's second
-    leg (Postgres 15, .ci/run) would repeat them unchanged. They are reported as deselected."""
+    """Mark every test that uses the test server (``pg_server``, directly or through
+    ``database_url``, ``kb``, …) ``postgres``, so ``-m "not postgres"`` runs the pure tests alone.
+
+    Against ``KB_TEST_DATABASE_URL``, run only those tests: the rest — chunking, paths, CLI
+    start-up, private embedded servers — never touch it and already ran in the embedded leg, so
+    CI's second leg (Postgres 15, .ci/run) would repeat them unchanged. They are reported as
+    deselected."""
+    uses_server = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())]
+    for item in uses_server:
+        item.add_marker(pytest.mark.postgres)
     if not os.environ.get("KB_TEST_DATABASE_URL"):
         return
-    uses_server = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())]
     if len(uses_server) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in uses_server])
         items[:] = uses_server

@@ -161,6 +161,7 @@ def zero(zero_kb) -> Iterator[Zero]:
             process.wait(10)
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_zero_replica_follows_kb(zero_kb, zero: Zero, tmp_path) -> None:
     kb, _, _ = zero_kb
     with database.connect(kb.database_url) as conn:
