@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import git
+from support.commands import git
 
 from kb.db.database import start_embedded, stop_embedded
 from kb.errors import InvalidInput

@@ -18,20 +18,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
+from support.network import free_port
 
 from psycopg import sql
 
 from kb.db.database import running_server, start_embedded, stop_embedded
 from kb.db.embedded_server import default_shared_buffers
 from kb.db.sql import queries
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def accepts_tcp(port: int) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import git
+from support.commands import git
 
 from kb.db import database
 
