@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import run_cli
+from support.commands import run_cli
 
 POLICY = "# Refund policy\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\nMonthly plans are not refunded.\n"
 

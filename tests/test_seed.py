@@ -1,5 +1,6 @@
 """Issue 11 / SPEC §10: seeding a workspace from a legacy knowledge base, asserted per planted row
-of make_legacy.py's summary (obsidian-help/en and a tldr subset)."""
+of the legacy generator's summary (tests/support/legacy_source.py: the test corpus's English pages,
+and the first 30 pages of the whole corpus)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import numpy as np
 import psycopg
 import pytest
-from conftest import git, run_cli
-from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en, tldr_pages
+from support.commands import git, run_cli
+from support.legacy import all_pages, drop_legacy, english_pages, LegacyHashEmbedder, make_legacy
 
 from kb.errors import LegacySourceError, SeedRefused
 from kb.paths import blob_id, name_key, safe_filename
@@ -17,19 +18,20 @@ from kb.db.sql import queries
 
 
 @pytest.fixture(scope="module")
-def obsidian_legacy(pg_server):
-    made = make_legacy(pg_server, obsidian_en(), workspace=3)
+def english_legacy(pg_server):
+    made = make_legacy(pg_server, english_pages(), workspace=3)
     yield made
     drop_legacy(pg_server, made[0])
 
 
-@pytest.fixture(scope="module", params=["obsidian-help/en", "tldr subset"])
-def any_legacy(request, pg_server, obsidian_legacy):
-    """The quirk test runs on both legacy sets of the issue: obsidian-help/en and a tldr subset."""
-    if request.param == "obsidian-help/en":
-        yield obsidian_legacy
+@pytest.fixture(scope="module", params=["english pages", "corpus subset"])
+def any_legacy(request, pg_server, english_legacy):
+    """The quirk test runs on two legacy sets: the English pages, and the first 30 pages of the
+    whole corpus (German, Japanese and Arabic titles and folders among them)."""
+    if request.param == "english pages":
+        yield english_legacy
         return
-    made = make_legacy(pg_server, tldr_pages(), workspace=3, subset=120)
+    made = make_legacy(pg_server, all_pages(), workspace=3, subset=30)
     yield made
     drop_legacy(pg_server, made[0])
 
@@ -69,9 +71,9 @@ def expected_rank(by_id, legacy, legacy_id) -> int:
     return 1 + len(earlier)
 
 
-def test_dry_run_writes_nothing_and_reports_the_plan(legacy_kb, obsidian_legacy):
+def test_dry_run_writes_nothing_and_reports_the_plan(legacy_kb, english_legacy):
     kb, _ = legacy_kb
-    dsn, summary = obsidian_legacy
+    dsn, summary = english_legacy
     report = kb.seed(dsn, 3, 5)
     assert report.dry_run and report.revision is None
     assert not kb.store(5).exists()
@@ -187,9 +189,9 @@ def test_seed_quirks_parity_identity_and_zero_embedding(legacy_kb, any_legacy):
     assert embedder.texts == [query]  # the query only
 
 
-def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, obsidian_legacy, pg_server):
+def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_legacy, pg_server):
     kb, embedder = legacy_kb
-    dsn, _ = obsidian_legacy
+    dsn, _ = english_legacy
     first = kb.seed(dsn, 3, 6, yes=True)
     again = kb.seed(dsn, 3, 6, yes=True)
     assert again.revision is None and again.parity.ok and again.chunks_adopted == 0
@@ -235,9 +237,9 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, obsidian
     assert embedder.texts == []
 
 
-def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, obsidian_legacy, pg_server):
+def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, english_legacy, pg_server):
     kb, _ = legacy_kb
-    dsn, _ = obsidian_legacy
+    dsn, _ = english_legacy
     with pytest.raises(SeedRefused, match="--yes"):
         kb.seed(dsn, 3, 7, flip=True)
     with pytest.raises(LegacySourceError, match="no documents"):

@@ -12,7 +12,7 @@ import pytest
 
 from kb.errors import DocumentGone, DocumentNotFound
 from kb.git.merge import merge_documents
-from tests.conftest import git
+from support.commands import git
 
 WS = 1
 PLAN = "".join(f"line {n}\n" for n in range(1, 11)).encode()
