@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kb.errors import UnknownChat
-from tests.conftest import run_cli
+from support.commands import run_cli
 
 POLICY = "# Refund policy\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\n"
 ANSWER = "Annual plans are refundable for 30 days [1:L3-4]; see also [9].\n"

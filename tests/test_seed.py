@@ -257,11 +257,11 @@ def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, english_legacy, p
     assert kb.seed(dsn, 3, 7).dry_run  # a dry run is always allowed
 
 
-def test_a_writer_removing_documents_during_the_seed_fails_cleanly_and_a_rerun_converges(legacy_kb, obsidian_legacy):
+def test_a_writer_removing_documents_during_the_seed_fails_cleanly_and_a_rerun_converges(legacy_kb, english_legacy):
     """A writer removing seeded documents between the seed revision and identity adoption (a
     KeyError that left a seed revision without its kb.seeds row, so seeding again was refused)."""
     kb, _ = legacy_kb
-    dsn, _summary = obsidian_legacy
+    dsn, _summary = english_legacy
     victims = sorted(e.path for e in kb.seed(dsn, 3, 5).seeded[:3])
 
     def racing_writer(message: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from kb.errors import KbError
 from kb.index.chunking import check_piece
-from tests.conftest import run_cli
+from support.commands import run_cli
 
 WS = 1
 
