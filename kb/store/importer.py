@@ -16,7 +16,8 @@ from pathlib import Path
 
 from kb.errors import ImportSourceError, InvalidInput
 from kb.paths import NameRegistry, safe_filename, safe_folder_segment
-from kb.store.knowledge_store import KnowledgeStore, Revision
+from kb.store.history import Revision
+from kb.store.knowledge_store import KnowledgeStore
 
 
 @dataclass
