@@ -116,7 +116,7 @@ def test_status_says_how_long_a_job_waited_in_words_a_reader_takes_in():
     ``kb serve`` it is seconds as a float. Both read as a short age."""
     from datetime import timedelta
 
-    from kb.adapters.cli.main import _age
+    from kb.adapters.cli.status import _age
 
     assert _age(None) == "-"
     assert _age(timedelta(seconds=21.737824)) == "21s"
