@@ -43,3 +43,14 @@ def test_each_command_closes_the_knowledge_base_it_opened(kb, kb_env, opened_and
     assert result.exit_code in (0, 1), result.output
     assert opened_and_closed["opened"] == 1
     assert opened_and_closed["closed"] == 1
+
+
+def test_every_command_help_has_an_example():
+    def commands(group, prefix=""):
+        for name, command in sorted(group.commands.items()):
+            yield prefix + name, command
+            if hasattr(command, "commands"):
+                yield from commands(command, prefix + name + " ")
+
+    missing = [name for name, command in commands(main) if "Example" not in (command.help or "")]
+    assert missing == []

@@ -51,6 +51,7 @@ from kb.jobs.sweep import defer_failed_retry
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
     from kb.settings import Settings
+    from kb.store.stores import Stores
 
 REINDEX_TASK = "kb.reindex"
 QUEUES = ["projection", "index", "maintenance", "span_fill", "push"]
@@ -133,16 +134,16 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
 
 
 
-def defer_index(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+def defer_index(stores: "Stores", workspace_id: int) -> int | None:
     """Defer ``kb.index_changes`` for a workspace (coalesced on ``index:{ws}``); returns the job id."""
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         return defer_job(conn, "index", INDEX_TASK, workspace_id)
 
 
-def defer_reindex(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+def defer_reindex(stores: "Stores", workspace_id: int) -> int | None:
     """Defer ``kb.reindex`` for a workspace (coalesced on ``reindex:{ws}``); returns the job id."""
-    kb.store(workspace_id).require_exists()
-    with database.transaction(kb.database_url) as conn:
+    stores.store(workspace_id).require_exists()
+    with database.transaction(stores.database_url) as conn:
         return defer_job(conn, "index", REINDEX_TASK, workspace_id, queueing_lock=f"reindex:{workspace_id}")
 
 
@@ -151,7 +152,7 @@ def _after_index(kb: "KnowledgeBase", workspace_id: int, report) -> dict:
     if report.documents_still_failed:
         with database.transaction(kb.database_url) as conn:
             defer_failed_retry(conn, workspace_id, report.failed_attempts)
-    defer_vector_index_if_large(kb, workspace_id)
+    defer_vector_index_if_large(kb.stores, workspace_id)
     return {
         "revision": report.revision, "indexed": report.documents_indexed,
         "failed": report.documents_failed, "still_failed": report.documents_still_failed,
@@ -197,7 +198,8 @@ def sweep(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Defer the work of every workspace that lags git HEAD (SPEC §7)."""
     from kb.jobs.sweep import sweep as run_sweep
 
-    report = run_sweep(_kb(context))
+    kb = _kb(context)
+    report = run_sweep(kb.stores, lambda: kb.embedder)
     return {"checked": report.checked, "projection": report.projection_deferred,
             "index": report.index_deferred, "retry": report.retry_deferred,
             "damaged": sorted(report.damaged)}
@@ -325,12 +327,12 @@ def push_remote(context: procrastinate.JobContext, workspace_id: int) -> dict:
 VECTOR_INDEX_TASK = "kb.maintain_vector_index"
 
 
-def defer_vector_index_if_large(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+def defer_vector_index_if_large(stores: "Stores", workspace_id: int) -> int | None:
     """Defer ``kb.maintain_vector_index`` when the workspace is near or past the HNSW threshold
     (coalesced on ``vector-index:{ws}``); small workspaces never get the job. Returns the job id."""
     from kb.index.vector_index import HNSW_MIN_CHUNKS
 
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         chunks = conn.execute(queries["workspace_chunk_total"], {"workspace_id": workspace_id}).fetchone()["n"]
         recorded = conn.execute(queries["workspace_has_vector_index"], {"workspace_id": workspace_id}).fetchone()
         if chunks < HNSW_MIN_CHUNKS and not recorded["any"]:

@@ -184,12 +184,8 @@ def move(source: str, destination: str, workspace: int, overwrite: bool, author:
 
     Example: kb mv "/documents/Old name.md" "/documents/Archive/New name.md" --workspace 1
     """
-    from kb.knowledge_base import default_author
-
-    kb = session.open_kb()
-    with kb.transaction(workspace, message, author or default_author()) as draft:
-        draft.move(source, destination, overwrite=overwrite)
-    revision = draft.revision
+    revision = session.open_kb().workspace(workspace).move(source, destination, overwrite=overwrite,
+                                                            message=message, author=author)
     click.echo("nothing moved" if revision is None else f"revision {revision.id}: moved {source} to {destination}")
 
 
