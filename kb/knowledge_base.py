@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,10 +32,10 @@ from kb.store.history import PathChange, Revision
 from kb.store.draft import Draft
 from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
 from kb.store.titles import recorded_title
-from kb.turns.open_turns import OpenTurns
-from kb.workspace.handle import Workspace
 
 if TYPE_CHECKING:
+    from kb.turns.open_turns import OpenTurns
+    from kb.workspace.handle import Workspace
     from kb.citations.conversation import Conversation
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
     # commands that need none of them (issue 15, SPEC §13).
@@ -69,7 +70,8 @@ class KnowledgeBase:
         check_storage_root(settings.knowledge_store)
         self.stores = Stores(settings, database_url)
         self._embedder: Embedder | None = None
-        self._open_turns = OpenTurns()
+        self._open_turns: OpenTurns | None = None  # made by the first turn (one-shot commands open none)
+        self._open_turns_made = threading.Lock()
 
     @property
     def settings(self) -> Settings:
@@ -116,7 +118,8 @@ class KnowledgeBase:
         it holds open (their worktrees stay for a later commit or the janitor). Idempotent; the
         object stays usable (a later call reopens what it needs). ``with KnowledgeBase.open() as
         kb:`` calls it on exit (issue 15)."""
-        self._open_turns.close_all()
+        if self._open_turns is not None:
+            self._open_turns.close_all()
         self.stores.close()
 
     def __enter__(self) -> "KnowledgeBase":
@@ -137,10 +140,12 @@ class KnowledgeBase:
         """The store of one workspace (raises InvalidWorkspace for a non-positive id)."""
         return self.stores.store(workspace_id)
 
-    def workspace(self, workspace_id: int) -> Workspace:
+    def workspace(self, workspace_id: int) -> "Workspace":
         """One workspace's reads and writes (``kb.workspace.handle.Workspace``): head, read, ls,
         list_paths, list_changes, history, transaction, move, revert, restore, import_folder,
         reconcile, fsck, artifacts, remote (design §3). Raises InvalidWorkspace for a bad id."""
+        from kb.workspace.handle import Workspace
+
         return Workspace(self.store(workspace_id))
 
     def create_workspace(self, workspace_id: int) -> bool:
@@ -419,7 +424,8 @@ class KnowledgeBase:
             return delete_workspace(self.stores, workspace_id, force=force)
         finally:
             self.stores.forget(workspace_id)
-            self._open_turns.forget_workspace(workspace_id)
+            if self._open_turns is not None:
+                self._open_turns.forget_workspace(workspace_id)
 
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
@@ -434,6 +440,11 @@ class KnowledgeBase:
         """
         store = self.store(workspace_id)
         store.require_exists()
+        with self._open_turns_made:
+            if self._open_turns is None:
+                from kb.turns.open_turns import OpenTurns
+
+                self._open_turns = OpenTurns()
         return self._open_turns.turn(store, turn_id, author or default_author(), committer)
 
     def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":

@@ -104,9 +104,10 @@ def test_close_releases_the_repositories_and_the_object_stays_usable(kb):
     kb.create_workspace(1)
     with kb.transaction(1, "one", "alice") as tx:
         tx.write("/documents/a.md", "alpha\n")
-    repository = kb.store(1).repository
+    store = kb.store(1)
+    repository = store.repository
     kb.close()
-    assert kb._stores == {} and repository._repo.object_store._pack_cache == {}
+    assert kb.store(1) is not store and repository._repo.object_store._pack_cache == {}  # stores forgotten
     assert kb.read(1, "/documents/a.md") == b"alpha\n"  # reopened on demand
     kb.close()
 
