@@ -17,7 +17,8 @@ from pathlib import Path
 
 from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError
 from kb.paths import NameRegistry, check_path_length, safe_filename, safe_folder_segment
-from kb.store.knowledge_store import KnowledgeStore, Revision
+from kb.store.history import Revision
+from kb.store.knowledge_store import KnowledgeStore
 
 
 @dataclass
