@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write outcomes under connection kills (design §3): writers write while every backend of the
 database is terminated every 0.1-0.6 s; each answer is checked against what landed (what is
-checked: tests/outcome_stress.py). CI runs a short sample (tests/test_outcome_stress.py).
+checked: tests/support/outcome_stress.py). CI runs a short sample (tests/test_outcome_stress.py).
 
 Usage: python bin/stress_outcomes.py [--runs 8] [--seconds 6] [--writers 1] [--targets all|busy]
 Each run: a fresh storage root and embedded Postgres in a temporary folder (or KB_DATABASE_URL's
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from tests.outcome_stress import stress_outcomes  # noqa: E402
+from tests.support.outcome_stress import stress_outcomes  # noqa: E402
 
 
 def main() -> int:

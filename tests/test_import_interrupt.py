@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 
 from kb.db import database
 from kb.db.sql import queries

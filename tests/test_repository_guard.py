@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 
 from kb.db import database
 from kb.db.sql import queries
