@@ -40,7 +40,7 @@ def _intents(admin: psycopg.Connection) -> list[dict]:
     return admin.execute(queries["test_write_intents"], {"workspace_id": WS}).fetchall()
 
 
-def _wait(predicate, what: str, seconds: float = 20.0):
+def _wait(predicate, what: str, seconds: float = 60.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         value = predicate()
