@@ -278,9 +278,9 @@ class KnowledgeStore:
         try:
             draft.revision = self.commit_draft(draft, message, author, committer or author)
         except (psycopg.Error, OSError, DatabaseUnavailable, LockUnavailable) as exc:
-            draft.revision = self._settle(draft, exc)
+            draft.revision = self._settle_outcome(draft, exc)
 
-    def _settle(self, draft: Draft, failure: BaseException) -> Revision | None:
+    def _settle_outcome(self, draft: Draft, failure: BaseException) -> Revision | None:
         """After ``failure`` (Postgres, the connection or the file system) in a commit: the truth
         about the write (design §3). Returns its Revision when it landed (a group-commit leader
         recorded it, or git has it and Postgres now records it); raises DatabaseUnavailable /
@@ -857,7 +857,7 @@ class _Built:
 
 def write_failure(workspace_id: int, exc: BaseException) -> KbError:
     """The KbError for a Postgres or file-system failure of a commit known to have recorded nothing
-    (SPEC §3, §14; ``KnowledgeStore._settle`` made sure): WorkspaceNotFound when the workspace was
+    (SPEC §3, §14; ``KnowledgeStore._settle_outcome`` made sure): WorkspaceNotFound when the workspace was
     deleted meanwhile (``database.deleted_workspace``), else StorageError / LockUnavailable /
     DatabaseUnavailable saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
