@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import getpass
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,6 +69,10 @@ class KnowledgeBase:
         self.database_url = database_url
         self._stores: dict[int, KnowledgeStore] = {}
         self._embedder: Embedder | None = None
+        self._open_turns: dict[tuple[int, str], "Turn"] = {}
+        # Threads share one KnowledgeBase (design §4, docs/python-api.md "Threads"): the store
+        # cache, the open turns and the embedder are read and set under this lock.
+        self._lock = threading.RLock()
 
     @classmethod
     def open(cls, settings: Settings | None = None, *, migrate: bool = True) -> "KnowledgeBase":
@@ -104,11 +109,13 @@ class KnowledgeBase:
         it holds open (their worktrees stay for a later commit or the janitor). Idempotent; the
         object stays usable (a later call reopens what it needs). ``with KnowledgeBase.open() as
         kb:`` calls it on exit (issue 15)."""
-        for turn in list(self.__dict__.get("_open_turns", {}).values()):
+        with self._lock:
+            turns, stores = list(self._open_turns.values()), list(self._stores.values())
+            self._stores.clear()
+        for turn in turns:
             turn.close()
-        for store in self._stores.values():
+        for store in stores:
             store.close()
-        self._stores.clear()
 
     def __enter__(self) -> "KnowledgeBase":
         return self
@@ -127,9 +134,13 @@ class KnowledgeBase:
     def store(self, workspace_id: int) -> KnowledgeStore:
         """The store of one workspace (raises InvalidWorkspace for a non-positive id)."""
         check_workspace_id(workspace_id)
-        if workspace_id not in self._stores:
-            self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
-        return self._stores[workspace_id]
+        store = self._stores.get(workspace_id)
+        if store is None:
+            with self._lock:
+                store = self._stores.get(workspace_id)
+                if store is None:
+                    store = self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
+        return store
 
     def _forget_store(self, workspace_id: int) -> None:
         """Drop the cached store of a workspace (deleted): the next use opens it anew. Not closed
@@ -206,11 +217,15 @@ class KnowledgeBase:
     @property
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
-        if self._embedder is None:
+        embedder = self._embedder
+        if embedder is None:
             from kb.index.embedding import LazyEmbedder
 
-            self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
-        return self._embedder
+            with self._lock:  # one embedder for every thread
+                if self._embedder is None:
+                    self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
+                embedder = self._embedder
+        return embedder
 
     @functools.cached_property
     def chunker(self) -> Chunker:
@@ -461,8 +476,9 @@ class KnowledgeBase:
             return delete_workspace(self, workspace_id, force=force)
         finally:
             self._forget_store(workspace_id)
-            for key in [k for k in self.__dict__.get("_open_turns", {}) if k[0] == workspace_id]:
-                self._open_turns.pop(key, None)
+            with self._lock:
+                for key in [k for k in self._open_turns if k[0] == workspace_id]:
+                    self._open_turns.pop(key, None)
 
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
@@ -481,13 +497,22 @@ class KnowledgeBase:
         store = self.store(workspace_id)
         store.repository  # noqa: B018  (raises WorkspaceNotFound)
         key = (workspace_id, root_turn_id(turn_id))
-        open_turns = self.__dict__.setdefault("_open_turns", {})
-        turn = open_turns.get(key)
-        if turn is None:
-            turn = Turn(store, turn_id, author or default_author(),
-                        on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None,
-                        on_open=lambda t: open_turns.setdefault(key, t), committer=committer)
-            open_turns[key] = turn
+        open_turns, lock = self._open_turns, self._lock
+
+        def closed(t: "Turn") -> None:
+            with lock:
+                if open_turns.get(key) is t:
+                    del open_turns[key]
+
+        def opened(t: "Turn") -> None:
+            with lock:
+                open_turns.setdefault(key, t)
+
+        with lock:
+            turn = open_turns.get(key)
+            if turn is None:
+                turn = open_turns[key] = Turn(store, turn_id, author or default_author(), on_close=closed,
+                                              on_open=opened, committer=committer)
         return turn
 
     def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ class KnowledgeStore:
         self.workspace_id = check_workspace_id(workspace_id)
         self.path: Path = settings.knowledge_store / str(workspace_id)
         self._repository: Repository | None = None
+        self._opening = threading.Lock()  # threads share a store (design §4): one Repository object
         self._contended = float("-inf")
         """When this store last saw other writers in its group commit (``time.monotonic()``)."""
 
@@ -114,9 +116,14 @@ class KnowledgeStore:
     @property
     def repository(self) -> Repository:
         """The workspace's git repository; raises WorkspaceNotFound when it has none yet."""
-        if self._repository is None:
+        repository = self._repository
+        if repository is not None:
+            return repository
+        with self._opening:
+            if self._repository is not None:
+                return self._repository
             try:
-                self._repository = Repository.open(self.path)
+                repository = self._repository = Repository.open(self.path)
             except FileNotFoundError:
                 if (self.path / ".git").exists():
                     raise WorkspaceNotFound(
@@ -128,7 +135,7 @@ class KnowledgeStore:
                     f"workspace {self.workspace_id} does not exist; create it with "
                     f"`kb import PATH --workspace {self.workspace_id}`"
                 ) from None
-        return self._repository
+        return repository
 
     def close(self) -> None:
         """Close the repository if open (idempotent); the next use reopens it."""
@@ -286,27 +293,32 @@ class KnowledgeStore:
 
     def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
-        repo = self.repository
-        with locked_pipeline(self.database_url, self.workspace_id, self.settings,
-                             lambda conn: self._stage_merged(draft),
-                             lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
-            workspace = self._workspace_row(conn, row.fetchone())
-            repo.clear_stale_locks()
-            if self._catch_up(conn, workspace):
-                workspace = self._workspace_row(conn)
-            head = repo.head()
-            built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
-                                workspace["revision_count"] + 1, message, author, committer)
-            if built is None:
-                return None
-            fault_point("objects_written")
-            with conn.pipeline():  # one round trip for the revision's rows and jobs
-                record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
-                record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
-                defer_convergence(conn, self.workspace_id)
-            draft.pending = built.revision.id
-            self._advance(head, built.revision.id)
-        self._refresh_worktree(built.revision.id, built.effective, draft)
+        repo, owed = self.repository, None
+        try:
+            with locked_pipeline(self.database_url, self.workspace_id, self.settings,
+                                 lambda conn: self._stage_merged(draft),
+                                 lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
+                workspace = self._workspace_row(conn, row.fetchone())
+                repo.clear_stale_locks()
+                if self._catch_up(conn, workspace):
+                    workspace = self._workspace_row(conn)
+                head = repo.head()
+                built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
+                                    workspace["revision_count"] + 1, message, author, committer)
+                if built is None:
+                    return None
+                fault_point("objects_written")
+                with conn.pipeline():  # one round trip for the revision's rows and jobs
+                    record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                    record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
+                    defer_convergence(conn, self.workspace_id)
+                owed = repo.refresh_pending()  # fsck waits for this refresh (design §2.1)
+                draft.pending = built.revision.id
+                self._advance(head, built.revision.id)
+            self._refresh_worktree(built.revision.id, built.effective, draft)
+        finally:
+            if owed is not None:
+                owed.release()
         return built.result()
 
     def _commit_grouped(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
@@ -314,8 +326,19 @@ class KnowledgeStore:
         outcome it recorded for this one; otherwise (or if it did not) queue for the lock and, unless
         a holder recorded it meanwhile, record every queued draft as consecutive revisions
         (``kb.store.group_commit``). Raises LockTimeout after ``lock_timeout`` seconds in all."""
+        owed: list = []  # the refresh this writer owes once it moved the branch (design §2.1)
+        try:
+            return self._commit_queued(draft, message, author, committer, owed)
+        finally:
+            for hold in owed:
+                hold.release()
+
+    def _commit_queued(self, draft: Draft, message: str | None, author: str, committer: str,
+                       owed: list) -> Revision | None:
+        """``_commit_grouped`` itself; ``owed`` receives the refresh hold (``refresh_pending``) when
+        this writer leads a group that moves the branch, released by the caller."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
-        outcome, own, journal = None, None, []
+        outcome, own, journal, group = None, None, [], {}
         deadline = time.monotonic() + self.settings.lock_timeout
         waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
         try:
@@ -338,8 +361,8 @@ class KnowledgeStore:
                             group_commit.drop(conn, intent_id)
                             outcome = mine["outcome"]
                         else:
-                            own, journal = self._record_group(conn, draft, staged, intent_id, row, rows,
-                                                              (message, author, committer))
+                            own, journal, group = self._record_group(
+                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed)
         except LockTimeout:
             if intent_id is None:
                 raise
@@ -351,6 +374,8 @@ class KnowledgeStore:
                 self._withdraw_quietly(intent_id)
             raise
         group_commit.clear_journal(repo, journal)  # only once Postgres has committed (SPEC §3)
+        if group:  # this writer moved the branch: it refreshes every path its group changed
+            self._refresh_worktree(repo.head() or "", group, draft)
         if outcome is not None:
             revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
             if revision is not None:
@@ -364,17 +389,18 @@ class KnowledgeStore:
                             tuple(c.virtual() for c in own.changes))
         if own is None:
             return None
-        self._refresh_worktree(own.revision.id, own.effective, draft)
         return own.result()
 
     def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                       intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
-                      ) -> tuple[object, list[int]]:
+                      owed: list) -> tuple[object, list[int], dict[str, str | None]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
         ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
-        recovered Revision, None for a net-empty change, or the KbError refusing it) and the intent
-        ids whose journal files to remove once Postgres has committed."""
+        recovered Revision, None for a net-empty change, or the KbError refusing it), the intent
+        ids whose journal files to remove once Postgres has committed, and ``{repo path: blob id or
+        None}`` every revision of the group changed (the working tree this writer now owes; its
+        hold, ``Repository.refresh_pending``, is appended to ``owed`` before the ref moves)."""
         repo, ws = self.repository, self.workspace_id
         workspace = self._workspace_row(conn, row.fetchone())
         repo.clear_stale_locks()
@@ -435,10 +461,14 @@ class KnowledgeStore:
             group_commit.drop(conn, intent_id)
             group_commit.forget_dead(conn, ws, intent_id)
         own = results.get(intent_id)
+        group: dict[str, str | None] = {}
         if built:
+            owed.append(repo.refresh_pending())
             draft.pending = own.revision.id if isinstance(own, _Built) else None
             self._advance(head0, head)
-        return own, [*others, *(i for i in journal if i not in others)]
+            for _, each in built:
+                group.update(each.effective)
+        return own, [*others, *(i for i in journal if i not in others)], group
 
     def _build(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
