@@ -293,7 +293,7 @@ class KnowledgeStore:
 
     def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
-        repo, owed = self.repository, None
+        repo, owed = self.repository, _OwedRefresh()
         try:
             with locked_pipeline(self.database_url, self.workspace_id, self.settings,
                                  lambda conn: self._stage_merged(draft),
@@ -312,13 +312,11 @@ class KnowledgeStore:
                     record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
                     record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
                     defer_convergence(conn, self.workspace_id)
-                owed = repo.refresh_pending()  # fsck waits for this refresh (design §2.1)
+                owed.take(repo, built.effective)  # fsck waits for this refresh (design §2.1)
                 draft.pending = built.revision.id
                 self._advance(head, built.revision.id)
-            self._refresh_worktree(built.revision.id, built.effective, draft)
         finally:
-            if owed is not None:
-                owed.release()
+            self._settle(owed, draft)
         return built.result()
 
     def _commit_grouped(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
@@ -326,19 +324,29 @@ class KnowledgeStore:
         outcome it recorded for this one; otherwise (or if it did not) queue for the lock and, unless
         a holder recorded it meanwhile, record every queued draft as consecutive revisions
         (``kb.store.group_commit``). Raises LockTimeout after ``lock_timeout`` seconds in all."""
-        owed: list = []  # the refresh this writer owes once it moved the branch (design §2.1)
+        owed = _OwedRefresh()  # the refresh this writer owes once it moves the branch (design §2.1)
         try:
             return self._commit_queued(draft, message, author, committer, owed)
         finally:
-            for hold in owed:
-                hold.release()
+            self._settle(owed, draft)
+
+    def _settle(self, owed: "_OwedRefresh", draft: Draft) -> None:
+        """After a commit that took ``owed`` (the branch may have moved), whatever Postgres said:
+        refresh the working tree for every path it changed — it follows HEAD, recorded or not —
+        then release the hold ``kb fsck`` waits for."""
+        if owed.hold is None:
+            return
+        try:
+            self._refresh_worktree(self.repository.head() or "", owed.changes, draft)
+        finally:
+            owed.release()
 
     def _commit_queued(self, draft: Draft, message: str | None, author: str, committer: str,
-                       owed: list) -> Revision | None:
-        """``_commit_grouped`` itself; ``owed`` receives the refresh hold (``refresh_pending``) when
-        this writer leads a group that moves the branch, released by the caller."""
+                       owed: "_OwedRefresh") -> Revision | None:
+        """``_commit_grouped`` itself; ``owed`` takes the refresh hold when this writer leads a
+        group that moves the branch, settled by the caller."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
-        outcome, own, journal, group = None, None, [], {}
+        outcome, own, journal = None, None, []
         deadline = time.monotonic() + self.settings.lock_timeout
         waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
         try:
@@ -361,7 +369,7 @@ class KnowledgeStore:
                             group_commit.drop(conn, intent_id)
                             outcome = mine["outcome"]
                         else:
-                            own, journal, group = self._record_group(
+                            own, journal = self._record_group(
                                 conn, draft, staged, intent_id, row, rows, (message, author, committer), owed)
         except LockTimeout:
             if intent_id is None:
@@ -374,8 +382,6 @@ class KnowledgeStore:
                 self._withdraw_quietly(intent_id)
             raise
         group_commit.clear_journal(repo, journal)  # only once Postgres has committed (SPEC §3)
-        if group:  # this writer moved the branch: it refreshes every path its group changed
-            self._refresh_worktree(repo.head() or "", group, draft)
         if outcome is not None:
             revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
             if revision is not None:
@@ -393,14 +399,14 @@ class KnowledgeStore:
 
     def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                       intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
-                      owed: list) -> tuple[object, list[int], dict[str, str | None]]:
+                      owed: "_OwedRefresh") -> tuple[object, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
         ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
-        recovered Revision, None for a net-empty change, or the KbError refusing it), the intent
-        ids whose journal files to remove once Postgres has committed, and ``{repo path: blob id or
-        None}`` every revision of the group changed (the working tree this writer now owes; its
-        hold, ``Repository.refresh_pending``, is appended to ``owed`` before the ref moves)."""
+        recovered Revision, None for a net-empty change, or the KbError refusing it) and the intent
+        ids whose journal files to remove once Postgres has committed. Before the ref moves,
+        ``owed`` takes the refresh hold for every path the group's revisions changed: this writer
+        refreshes them all (its followers' own refreshes would be owed to no one fsck waits for)."""
         repo, ws = self.repository, self.workspace_id
         workspace = self._workspace_row(conn, row.fetchone())
         repo.clear_stale_locks()
@@ -461,14 +467,14 @@ class KnowledgeStore:
             group_commit.drop(conn, intent_id)
             group_commit.forget_dead(conn, ws, intent_id)
         own = results.get(intent_id)
-        group: dict[str, str | None] = {}
         if built:
-            owed.append(repo.refresh_pending())
+            changed: dict[str, str | None] = {}
+            for _, each in built:
+                changed.update(each.effective)
+            owed.take(repo, changed)
             draft.pending = own.revision.id if isinstance(own, _Built) else None
             self._advance(head0, head)
-            for _, each in built:
-                group.update(each.effective)
-        return own, [*others, *(i for i in journal if i not in others)], group
+        return own, [*others, *(i for i in journal if i not in others)]
 
     def _build(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
@@ -548,7 +554,7 @@ class KnowledgeStore:
             if refused:
                 log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
                             self.workspace_id, len(refused), revision_id, refused[0][:80])
-        except OSError as exc:
+        except (OSError, KbError) as exc:
             log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
                         self.workspace_id, revision_id, exc)
 
@@ -714,6 +720,26 @@ class KnowledgeStore:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: restore bumps generations
             draft.write(virtual, data, allow_keep=True)
         return draft.revision
+
+
+class _OwedRefresh:
+    """The working-tree refresh a writer owes once its ref update may have moved the branch: the
+    hold ``kb fsck`` waits for (``Repository.refresh_pending``) and the paths to refresh."""
+
+    def __init__(self) -> None:
+        self.hold = None
+        self.changes: dict[str, str | None] = {}
+
+    def take(self, repo: Repository, changes: dict[str, str | None]) -> None:
+        """Under the write lock, before the ref moves: take the hold for ``changes``."""
+        self.hold = repo.refresh_pending()
+        self.changes = changes
+
+    def release(self) -> None:
+        """Drop the hold (idempotent)."""
+        if self.hold is not None:
+            self.hold.release()
+            self.hold = None
 
 
 @dataclass(frozen=True)
