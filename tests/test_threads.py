@@ -150,13 +150,16 @@ def test_fsck_detects_and_repairs_a_corrupt_index(kb, settings):
     parsed.names = parsed.names + parsed.names[:1]  # a path twice, out of order (two writers at once)
     parsed.entries = parsed.entries + parsed.entries[:1]
     parsed.write()
-    broken = subprocess.run(["git", "-C", str(repo), "ls-files", "--stage"], capture_output=True, text=True)
+    broken = subprocess.run(["git", "-C", str(repo), "fsck"], capture_output=True, text=True)
     assert broken.returncode != 0 and "unordered stage entries" in broken.stderr
+    assert git(repo, "status", "--porcelain") == "A  documents/a.md\n"  # committed, shown as added
+    assert staged_duplicates(repo) == ["documents/a.md"]
 
     report = kb.fsck(1)
     assert report.index_repaired  # says what was wrong
     assert "unordered" in report.index_repaired or "twice" in report.index_repaired
     assert staged_duplicates(repo) == []
+    git(repo, "fsck")
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
     assert kb.fsck(1).index_repaired is None
 
