@@ -545,7 +545,10 @@ class Repository(WorktreeRefresh):
             pass  # absent (or another user's): write it below
         for attempt in range(1, OBJECT_WRITE_ATTEMPTS + 1):
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                try:  # not makedirs(exist_ok=True): it raises FileExistsError when the folder it
+                    os.mkdir(os.path.dirname(path))  # found vanishes before it checks it is one
+                except FileExistsError:
+                    pass
                 self._add_loose_beside(obj)
                 return
             except FileNotFoundError:

@@ -74,12 +74,14 @@ def worktrees_root(knowledge_store: Path, workspace_id: int) -> Path:
 
 def make_folders(folder: Path) -> None:
     """``mkdir -p folder``, made again when another process removes an emptied parent between the
-    parent's creation and the child's (a turn's cleanup, the janitor). Raises OSError."""
+    parent's creation and the child's (a turn's cleanup, the janitor): FileNotFoundError, or
+    FileExistsError from ``exist_ok`` when the folder it found vanished before it checked it.
+    Raises OSError."""
     for attempt in range(1, FOLDER_ATTEMPTS + 1):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             return
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             if attempt == FOLDER_ATTEMPTS:
                 raise
 
