@@ -289,7 +289,7 @@ class Stress:
                                        f"kb.revisions {'has' if o.revision in recorded else 'lacks'} it")
             elif o.reported in ("failed", "raw", "empty") and actual is not None:
                 entry = f"{o.kind} {o.op_id}: {o.error}: {o.message[:160]} — but {actual} landed"
-                if NOTHING_RECORDED in o.message:
+                if NOTHING_RECORDED in o.message.lower():
                     report.nothing_recorded_landed.append(entry)
                 elif o.error in CONNECTION_ERRORS:
                     report.dropped_connection_landed.append(entry)
@@ -332,7 +332,10 @@ def print_report(report: Report, seconds: float, threads: int) -> None:
         print(f"{k:<12}" + "".join(f"{counts[k][c]:>9}" for c in columns) + f"{slowest:>9.1f}")
     errors = Counter(f"{o.kind}/{o.error}" for o in report.outcomes if o.error)
     if errors:
-        print("\nerrors by operation/class: " + ", ".join(f"{e} {n}" for e, n in errors.most_common()))
+        print("\nerrors by operation/class (first message of each):")
+        for name, count in errors.most_common():
+            first = next(o.message for o in report.outcomes if f"{o.kind}/{o.error}" == name)
+            print(f"  {name:<34}{count:>5}  {' '.join(first.split())[:150]}")
     print("\ninvariants")
     rows = [("corrupt indexes", len(report.corrupt_index)), ("hangs", len(report.hangs)),
             ("lost writes (reported landed, absent)", len(report.lost)),
