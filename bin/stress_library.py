@@ -96,6 +96,7 @@ class Report:
     git_fsck: str = ""
     status_lines: int = 0
     fsck_repairs: dict = field(default_factory=dict)
+    pool: dict = field(default_factory=dict)
     repacks: int = 0
     kills: int = 0
     terminated: int = 0
@@ -108,7 +109,8 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not (self.hangs or self.corrupt_index or self.misreported or self.raw_errors or self.git_fsck)
+        return not (self.hangs or self.corrupt_index or self.misreported or self.raw_errors or self.git_fsck
+                    or "error" in self.fsck_repairs)
 
 
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -312,11 +314,25 @@ class Stress:
             if "unordered stage entries" in report.git_fsck:
                 report.corrupt_index.append(report.git_fsck.splitlines()[0])
         report.status_lines = len(git(self.repo, "status", "--porcelain", "--untracked-files=all").stdout.splitlines())
-        kb_fsck = self.kb.fsck(WS)
-        report.fsck_repairs = {"ok": kb_fsck.ok, "index rebuilt": kb_fsck.index_repaired,
-                               "working tree paths": len(kb_fsck.worktree_repaired),
-                               "revisions recorded": len(kb_fsck.recorded)}
+        try:
+            kb_fsck = self.kb.fsck(WS)
+        except KbError as exc:  # reported with the rest, not instead of it
+            report.fsck_repairs = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        else:
+            report.fsck_repairs = {"ok": kb_fsck.ok, "index rebuilt": kb_fsck.index_repaired,
+                                   "working tree paths": len(kb_fsck.worktree_repaired),
+                                   "revisions recorded": len(kb_fsck.recorded)}
+        report.pool = pool_state(self.kb.database_url)
         return report
+
+
+def pool_state(url: str) -> dict:
+    """The process's connection pool for ``url`` after the run (psycopg_pool's statistics)."""
+    from kb.db import database
+
+    stats = database.pool(url).get_stats()
+    return {k: stats.get(k) for k in ("pool_size", "pool_available", "requests_waiting", "connections_lost",
+                                      "requests_errors", "connections_errors")}
 
 
 def print_report(report: Report, seconds: float, threads: int) -> None:
@@ -349,6 +365,7 @@ def print_report(report: Report, seconds: float, threads: int) -> None:
     print(f"  {'unknown outcomes: landed / not landed':<44}{report.unknown_landed:>3} / {report.unknown_not_landed}")
     print(f"  {'git status lines before kb fsck':<44}{report.status_lines:>6}")
     print(f"  kb fsck afterwards: {report.fsck_repairs}")
+    print(f"  connection pool afterwards: {report.pool}")
     for title, items in (("corrupt index", report.corrupt_index), ("hang", report.hangs), ("lost", report.lost),
                          ("phantom", report.phantom), ("nothing-recorded but landed", report.nothing_recorded_landed),
                          ("lost-connection error but landed", report.dropped_connection_landed),
