@@ -73,7 +73,7 @@ def test_normalize_and_resolve_after_reindex_move_delete_and_truncated_chunks(kb
     _seed(kb, {"/documents/Refund policy.md": POLICY})
     conv = kb.conversation(1, "c")
     conv.read("/documents/Refund policy.md")
-    out = conv.normalize("Refunds [1:L6-5] and [7] and `[1:L2]`, see [1, 1:L99].")
+    out = conv.normalize("Refunds [1:L6-5] and [7] and `[1:L2]`, see [1, 1:L99].", drop_unknown=True)
     assert out.text == "Refunds [1:L5-L6] and and `[1:L2]`, see [1][1:L7]."
     assert out.unknown == [7]
     with kb.transaction(1, "move", "alice") as tx:
@@ -154,7 +154,7 @@ def test_the_expiry_task_runs_in_a_real_worker(kb):
         conn.execute(queries["test_age_citation_chat"], {"workspace_id": 1, "chat_id": "old", "days": 40})
     from kb.jobs import tasks as jobs
 
-    with jobs.app.replace_connector(jobs.configure(kb)) as app, app.open():
+    with jobs.app.replace_connector(jobs.connector_for(kb)) as app, app.open():
         jobs.expire_citations.defer(timestamp=0)
     kb.run_worker(until_idle=True)
     assert kb.conversation(1, "old").handles() == []

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 
-from conftest import git
+from support.commands import git
 
 from kb.errors import KbError
 

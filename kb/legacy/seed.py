@@ -49,7 +49,7 @@ from kb.db.sql import queries
 from kb.store.knowledge_store import INDEX_TASK, defer_job
 
 if TYPE_CHECKING:
-    from kb.knowledge_base import KnowledgeBase
+    from kb.store.stores import Stores
 
 MIGRATION_AUTHOR = "kb-migration"
 BLOB_BATCH_BYTES = 8 * 2**20
@@ -114,6 +114,9 @@ class SeedReport:
     revision: str | None = None
     head: str | None = None
     parity: ParityReport | None = None
+    not_adopted: list[str] = field(default_factory=list)
+    """Seeded paths a later revision removed or moved before their identity was adopted (a writer
+    racing the seed): no legacy mapping yet; seeding again adopts them."""
     flipped: bool = False
     unflipped: bool = False
     documents_adopted: int = 0
@@ -158,6 +161,7 @@ class SeedReport:
             "legacy_model": self.legacy_model, "active_model": self.active_model,
             "revision": self.revision, "head": self.head,
             "parity": None if self.parity is None else {**asdict(self.parity), "ok": self.parity.ok},
+            "not_adopted": self.not_adopted,
             "flipped": self.flipped, "unflipped": self.unflipped,
             "documents_adopted": self.documents_adopted, "chunks_adopted": self.chunks_adopted,
             "documents_to_index": self.documents_to_index, "chunks_to_reembed": self.chunks_to_reembed,
@@ -311,11 +315,11 @@ def _place(entry: SeedEntry, names: _Namespace, parent: tuple[str, ...], name: s
 class Seeder:
     """One seed of ``workspace_id`` from ``legacy_workspace`` at ``dsn`` (see the module docstring)."""
 
-    def __init__(self, kb: "KnowledgeBase", dsn: str, legacy_workspace: int, workspace_id: int,
+    def __init__(self, stores: "Stores", dsn: str, legacy_workspace: int, workspace_id: int,
                  progress: Callable[[str], None] | None = None) -> None:
-        self.kb, self.dsn, self.legacy_workspace, self.workspace_id = kb, dsn, legacy_workspace, workspace_id
+        self.stores, self.dsn, self.legacy_workspace, self.workspace_id = stores, dsn, legacy_workspace, workspace_id
         self.progress = progress or (lambda message: None)
-        self.store = kb.store(workspace_id)
+        self.store = stores.store(workspace_id)
 
     def run(self, *, yes: bool, flip: bool, force: bool, active_model: str | None) -> SeedReport:
         started = time.perf_counter()
@@ -359,23 +363,25 @@ class Seeder:
                 return report
             if not self.store.exists():
                 self.store.create()
-            with self._index_lock():
-                self._write_and_adopt(legacy, report)
-            with database.transaction(self.kb.database_url) as conn:
-                conn.execute(queries["record_seed"], {
-                    "workspace_id": self.workspace_id, "source": report.source,
-                    "legacy_workspace": self.legacy_workspace, "legacy_model": report.legacy_model,
-                    "seed_revision": report.head, "documents": len(seeded), "parity_ok": report.parity.ok,
-                })
-                if report.documents_to_index:
-                    defer_job(conn, "index", INDEX_TASK, self.workspace_id)
+            try:
+                with self._index_lock():
+                    self._write_and_adopt(legacy, report)
+            finally:
+                # a seed revision always gets its kb.seeds row, even when a later phase failed,
+                # so that seeding again is a re-seed, not refused as "documents no seed wrote"
+                if report.head is not None:
+                    self._record_seed(report)
         if flip:
+            if report.not_adopted:
+                raise SeedRefused(
+                    f"{len(report.not_adopted)} seeded documents were removed or moved by another writer before "
+                    f"their identity was adopted (e.g. {report.not_adopted[0]}); not flipping. Seed again")
             if not report.parity.ok:
                 raise SeedRefused(
                     f"byte parity failed ({len(report.parity.missing)} missing, {len(report.parity.extra)} extra, "
                     f"{len(report.parity.mismatched)} mismatched); not flipping. See the report and seed again"
                 )
-            report.flipped = set_authority(self.kb, self.workspace_id, flipped=True)
+            report.flipped = set_authority(self.stores, self.workspace_id, flipped=True)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -385,16 +391,17 @@ class Seeder:
         with _phase(report, "blobs"):
             desired = self._write_blobs(legacy, seeded, report.keeps)
         with _phase(report, "commit"):
-            revision = self._commit(report, desired)
+            revision, unchanged_at = self._commit(report, desired)
         report.revision = revision.id if revision else None
-        report.head = self.store.head()
+        # the seed's own revision: a writer may commit on top of it before the checks below
+        report.head = report.revision or unchanged_at
         with _phase(report, "parity"):
             report.parity = self.check_parity(desired, report.head)
         self.progress(f"parity: {'ok' if report.parity.ok else 'FAILED'} over {report.parity.checked} paths")
         with _phase(report, "projection"):
-            self.kb.project(self.workspace_id)
+            self.stores.project(self.workspace_id)
         with _phase(report, "identity"):
-            rows = self._adopt_identity(seeded)
+            rows = self._adopt_identity(seeded, report)
         if report.models_match:
             with _phase(report, "chunks"):
                 self._adopt_chunks(legacy, report, rows)
@@ -402,15 +409,27 @@ class Seeder:
             report.documents_to_index = sum(
                 1 for row in rows.values() if row["indexed_content_id"] != row["content_id"])
 
+    def _record_seed(self, report: SeedReport) -> None:
+        """Record the seed (``kb.seeds``) and defer the index job for documents to re-embed."""
+        with database.transaction(self.stores.database_url) as conn:
+            conn.execute(queries["record_seed"], {
+                "workspace_id": self.workspace_id, "source": report.source,
+                "legacy_workspace": self.legacy_workspace, "legacy_model": report.legacy_model,
+                "seed_revision": report.head, "documents": len(report.seeded),
+                "parity_ok": report.parity is not None and report.parity.ok and not report.not_adopted,
+            })
+            if report.documents_to_index:
+                defer_job(conn, "index", INDEX_TASK, self.workspace_id)
+
     def _seed_row(self) -> dict | None:
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             return conn.execute(queries["get_seed"], {"workspace_id": self.workspace_id}).fetchone()
 
     @contextlib.contextmanager
     def _index_lock(self) -> Iterator[None]:
         """Hold the workspace's index lock (the indexer's, ``kb.db.locks.index_lock``, SPEC §4),
         waiting up to ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
-        with index_lock(self.kb.database_url, self.workspace_id, wait=self.kb.settings.lock_timeout) as locked:
+        with index_lock(self.stores.database_url, self.workspace_id, wait=self.stores.settings.lock_timeout) as locked:
             if not locked:
                 raise LockTimeout(f"workspace {self.workspace_id}: an index run holds the index lock; "
                                   "seed again when it has finished")
@@ -445,12 +464,14 @@ class Seeder:
         return desired
 
     def _commit(self, report: SeedReport, desired: dict[str, str]):
-        """One revision making ``documents/`` exactly ``desired``; None when it already is. A legacy
+        """One revision making ``documents/`` exactly ``desired`` and the head it started from;
+        the revision is None when the tree already was ``desired`` (then that head is the seed's
+        revision). A legacy
         document whose planned path changed since the last seed (a retitle) is moved, so its kb
         document id and history follow it."""
         head = self.store.head()
-        current = self.store.list_paths() if head else {}
-        with database.transaction(self.kb.database_url) as conn:
+        current = self.store.list_paths(head) if head else {}
+        with database.transaction(self.stores.database_url) as conn:
             previous = {r["legacy_id"]: r["path"] for r in conn.execute(
                 queries["legacy_document_paths"], {"workspace_id": self.workspace_id})}
         message = (f"seed workspace {self.workspace_id} from legacy workspace {self.legacy_workspace}\n\n"
@@ -466,7 +487,7 @@ class Seeder:
             for path, blob in desired.items():
                 if current.get(path) != blob:
                     draft.write_blob(path, blob, allow_keep=True)
-        return draft.revision
+        return draft.revision, head
 
     def check_parity(self, desired: dict[str, str], revision: str | None) -> ParityReport:
         """Compare ``desired`` ({virtual path: blob id}) with ``revision``'s ``documents/`` tree."""
@@ -477,8 +498,9 @@ class Seeder:
         parity.mismatched = sorted(p for p, blob in desired.items() if p in tree and tree[p] != blob)
         return parity
 
-    def _adopt_identity(self, seeded: list[SeedEntry]) -> dict[int, dict]:
-        """Title, type, metadata and the legacy id mapping; ``{legacy id: document row}``."""
+    def _adopt_identity(self, seeded: list[SeedEntry], report: SeedReport) -> dict[int, dict]:
+        """Title, type, metadata and the legacy id mapping; ``{legacy id: document row}`` of the
+        seeded documents still at their paths (the others go to ``report.not_adopted``)."""
         ws = self.workspace_id
         params = []
         for e in seeded:
@@ -486,36 +508,40 @@ class Seeder:
                    if e.document_type in PATH_KEYED_TYPES else e.legacy_uid_hash)
             params.append({"workspace_id": ws, "path": e.path, "title": e.title, "document_type": e.document_type,
                            "metadata": json.dumps(e.metadata), "uid_hash": uid})
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             # Lock order (kb.locks): the chunk lock before the document rows, which this updates
             # in the plan's order and a projection of a concurrent revision in path order.
             chunk_lock(conn, ws)
             with conn.cursor() as cur:
                 cur.executemany(queries["adopt_document_identity"], params)
             rows = {r["path"]: r for r in conn.execute(queries["seeded_documents"], {"workspace_id": ws})}
+            # a writer may have removed or moved a seeded document after the seed revision: it
+            # has no row to adopt here; it is reported, and seeding again converges
+            present = [e for e in seeded if e.path in rows]
+            report.not_adopted = sorted(e.path for e in seeded if e.path not in rows)
             with conn.cursor() as cur:
                 cur.executemany(queries["map_legacy_document"], [
                     {"workspace_id": ws, "legacy_id": e.legacy_id, "document_id": rows[e.path]["id"], "path": e.path}
-                    for e in seeded
+                    for e in present
                 ])
             conn.execute(queries["unmap_legacy_documents"],
-                         {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in seeded]})
-        return {e.legacy_id: rows[e.path] for e in seeded}
+                         {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in present]})
+        return {e.legacy_id: rows[e.path] for e in present}
 
     def _text_config(self, text: str) -> str:
         """The document's text-search configuration, as the indexer picks it: ``KB_FTS_CONFIG``,
         or with ``auto`` the one of the language its (legacy chunk) text is written in."""
-        if self.kb.settings.fts_config != "auto":
-            return self.kb.settings.fts_config
+        if self.stores.settings.fts_config != "auto":
+            return self.stores.settings.fts_config
         return text_config(detect_language(text))
 
     def _adopt_chunks(self, legacy: psycopg.Connection, report: SeedReport, rows: dict[int, dict]) -> None:
         """Copy legacy vectors of documents not yet indexed at their content; mark them indexed
-        and set the stamp to HEAD (the seed revision). Documents without legacy chunks stay pending."""
+        and set the stamp to the seed's revision (a writer's later revision is indexed by its job). Documents without legacy chunks stay pending."""
         todo = {legacy_id: row for legacy_id, row in rows.items()
                 if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])}
         with_chunks: set[int] = set()
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             # Lock order (kb.locks): the chunk lock first. This writes chunks and their statistics
             # and then the documents' rows; a projection of a concurrent revision locks document
             # rows and then chunk statistics (index runs skip: the seed holds the index lock).
@@ -539,8 +565,9 @@ class Seeder:
             report.chunks_adopted = conn.execute(queries["adopt_staged_chunks"], {
                 "model": report.legacy_model}).rowcount
             conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"] for row in todo.values()]})
-            conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": self.store.head()})
-            conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": self.store.head()})
+            # the seed's revision, not HEAD: a writer's later revision is not indexed by adopting
+            conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": report.head})
+            conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": report.head})
         report.documents_adopted = len(with_chunks)
         report.documents_to_index = sum(1 for row in todo.values() if row["id"] not in with_chunks)
 
@@ -554,12 +581,12 @@ def _phase(report: SeedReport, name: str) -> Iterator[None]:
         report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - started
 
 
-def set_authority(kb: "KnowledgeBase", workspace_id: int, *, flipped: bool) -> bool:
+def set_authority(stores: "Stores", workspace_id: int, *, flipped: bool) -> bool:
     """Flip (kb becomes the authority) or unflip a seeded workspace (SPEC §10); True when changed.
 
     Raises SeedRefused when the workspace was never seeded, or (flip) its last seed failed parity.
     """
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         seed_row = conn.execute(queries["get_seed"], {"workspace_id": workspace_id}).fetchone()
         if seed_row is None:
             raise SeedRefused(f"workspace {workspace_id} was never seeded; run `kb seed --yes` first")

@@ -6,25 +6,20 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from kb.paths import MAX_WORKSPACE_ID
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
 
 chat_option = click.option(
     "--chat", "-c", "chat", required=True, help="The conversation's id (any text up to 200 characters)."
 )
-workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
-    help="Workspace id (a positive integer).",
-)
 
 
 def _conversation(workspace: int, chat: str):
-    from kb.adapters.cli.main import _open
-
-    return _open().conversation(workspace, chat)
+    """The chat's conversation, of the KnowledgeBase this command opens (and closes)."""
+    return session.open_kb().conversation(workspace, chat)
 
 
 def _echo_json(value) -> None:
@@ -42,15 +37,19 @@ def cite() -> None:
 @cite.command()
 @click.argument("source", metavar="[FILE]", default="-", type=click.File("rb"))
 @chat_option
-@workspace_option
+@workspace_option()
 @click.option("--json", "as_json", is_flag=True, help="Print text, citations, unknown, degraded and adjusted as JSON.")
 @click.option("--in-place", "-i", "in_place", is_flag=True,
               help="Write the normalized text back to FILE instead of printing it.")
-def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) -> None:
+@click.option("--drop-unknown", is_flag=True,
+              help="Remove citations of handles the chat does not have (default: keep them as written).")
+def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, drop_unknown: bool) -> None:
     """Print FILE (default: standard input) with its citations written canonically: [3], [3:L4],
     [3:L4-L6]. FILE itself is left as it is unless --in-place.
 
-    Unknown handles are dropped (reported on stderr), ranges clamped, code left alone.
+    Citations of handles the chat does not have are kept as written and reported on stderr
+    (--drop-unknown removes them), ranges clamped, code left alone. A chat with no handles at all
+    is an error (exit 1) and FILE is left as it is.
 
     Examples: echo "Refunds take 30 days [1:L4-6]." | kb cite normalize --chat c1 -w 1;
     kb cite normalize answer.md --in-place --chat c1 -w 1
@@ -65,7 +64,7 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) 
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{source.name} is not UTF-8 text (byte {exc.start}); convert it to UTF-8 first") from None
-    result = _conversation(workspace, chat).normalize(text)
+    result = _conversation(workspace, chat).normalize(text, drop_unknown=drop_unknown)
     if in_place:
         _rewrite(source.name, result.text, changed=result.text != text)
     if as_json:
@@ -74,7 +73,8 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) 
     if not in_place:
         click.echo(result.text, nl=not result.text.endswith("\n"))
     if result.unknown:
-        click.echo(f"kb: dropped unknown handles: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
+        action = "dropped" if drop_unknown else "kept, unknown to this chat"
+        click.echo(f"kb: {action}: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
     if result.degraded:
         click.echo(f"kb: shown un-numbered, cited as whole documents: {', '.join(map(str, result.degraded))}", err=True)
 
@@ -112,7 +112,7 @@ def _rewrite(name: str, text: str, *, changed: bool) -> None:
 @cite.command()
 @click.argument("citation")
 @chat_option
-@workspace_option
+@workspace_option()
 @click.option("--follow", is_flag=True, help="Also say where the cited lines are at HEAD (unchanged / changed / deleted).")
 @click.option("--json", "as_json", is_flag=True, help="Print the resolution as JSON.")
 def resolve(citation: str, chat: str, workspace: int, follow: bool, as_json: bool) -> None:
@@ -129,7 +129,7 @@ def resolve(citation: str, chat: str, workspace: int, follow: bool, as_json: boo
 
 @cite.command("list")
 @chat_option
-@workspace_option
+@workspace_option()
 @click.option("--json", "as_json", is_flag=True, help="Print the handles as JSON.")
 def list_(chat: str, workspace: int, as_json: bool) -> None:
     """List the chat's handles: number, numbered or not, revision, path and title.
@@ -147,7 +147,7 @@ def list_(chat: str, workspace: int, as_json: bool) -> None:
 
 @cite.command()
 @chat_option
-@workspace_option
+@workspace_option()
 def forget(chat: str, workspace: int) -> None:
     """Delete the chat's handles (its next search starts again at [1]).
 
@@ -165,11 +165,8 @@ def search_in_chat(workspace: int, chat: str, query: str, k: int):
 def read_in_chat(workspace: int, chat: str | None, path: str, revision: str | None, offset: int, limit: int | None):
     """``kb read [--chat] [--offset --limit]``: a windowed read; registered as a handle with a chat."""
     if chat is None:
-        from kb.adapters.cli.main import _open
-
-        return _open().read_document(workspace, path, revision).window(offset, limit)
+        return session.open_kb().read_document(workspace, path, revision).window(offset, limit)
     return _conversation(workspace, chat).read(path, revision, offset, limit)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cite())
+COMMANDS = [cite]
