@@ -263,3 +263,8 @@ class ServerUnavailable(KbError):
 # -- listing and deleting workspaces (issue 13) ----------------------------------------------
 class WorkspaceBusy(KbError):
     """A workspace cannot be deleted while a turn or job uses it (pass force=True to do it anyway)."""
+
+
+class WrongThread(KbError):
+    """An object that belongs to one thread was used from another: a transaction's ``Draft`` is
+    used by the thread that opened the transaction only (docs/python-api.md, "Threads")."""

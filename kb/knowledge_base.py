@@ -72,6 +72,7 @@ class KnowledgeBase:
         self._embedder: Embedder | None = None
         self._open_turns: OpenTurns | None = None  # made by the first turn (one-shot commands open none)
         self._open_turns_made = threading.Lock()
+        self._embedder_made = threading.Lock()
 
     @property
     def settings(self) -> Settings:
@@ -222,11 +223,15 @@ class KnowledgeBase:
     @property
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
-        if self._embedder is None:
+        embedder = self._embedder
+        if embedder is None:
             from kb.index.embedding import LazyEmbedder
 
-            self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
-        return self._embedder
+            with self._embedder_made:  # one embedder for every thread (docs/python-api.md "Threads")
+                if self._embedder is None:
+                    self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
+                embedder = self._embedder
+        return embedder
 
     @functools.cached_property
     def chunker(self) -> Chunker:

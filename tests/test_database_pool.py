@@ -86,3 +86,29 @@ def test_a_pool_whose_connections_are_all_busy_says_so(database_url: str, monkey
         for conn in taken:
             connections.putconn(conn)
         database.close_pools()
+
+
+def test_a_pool_whose_every_connection_ended_serves_the_next_caller_at_once(database_url: str) -> None:
+    """A server restart (or ``pg_terminate_backend`` of every kb session) ends all idle pooled
+    connections. psycopg_pool checks one per attempt and backs off 1, 2, 4, 8 … s between failed
+    checks, so with 8 dead connections the next caller waited 30 s and got DatabaseUnavailable
+    (``bin/stress_library.py``'s ``kb fsck`` after its last kill round). One failed check now
+    drops every dead idle connection: the caller gets a live one within a few seconds."""
+    import time
+
+    connections = database.pool(database_url)
+    held = [connections.getconn() for _ in range(database.POOL_MAX_SIZE)]
+    pids = [conn.execute(queries["test_backend_pid"]).fetchone()["pid"] for conn in held]
+    for conn in held:
+        conn.rollback()
+        connections.putconn(conn)
+    with database.connect(database_url, autocommit=True) as admin:
+        for pid in pids:
+            admin.execute(queries["test_terminate_backend"], {"pid": pid})
+    start = time.monotonic()
+    try:
+        with database.pooled_connection(database_url) as conn:
+            assert conn.execute(queries["test_backend_pid"]).fetchone()["pid"] not in pids
+        assert time.monotonic() - start < 5.0
+    finally:
+        database.close_pools()

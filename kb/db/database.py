@@ -265,6 +265,25 @@ def _pool_configure(url: str):
     return configure
 
 
+def _check_or_sweep(swept: list):
+    """The pool's checkout check: one round trip (``check_connection``); when it fails, every idle
+    connection of the pool (``swept[0]``) is checked at once and the dead ones replaced before the
+    failure is raised. psycopg_pool itself checks one connection per attempt and backs off 1, 2,
+    4 … s between failed ones, so after a server restart ended all 8 idle connections the next
+    caller waited 30 s and got DatabaseUnavailable; now it waits about one back-off (~1 s)."""
+    from psycopg_pool import ConnectionPool
+
+    def check(conn: psycopg.Connection) -> None:
+        try:
+            ConnectionPool.check_connection(conn)
+        except Exception:
+            if swept:
+                swept[0].check()  # the others most likely ended with it
+            raise
+
+    return check
+
+
 def pool(url: str) -> "ConnectionPool":
     """The process-wide connection pool for ``url`` (created and opened on first use).
 
@@ -279,14 +298,16 @@ def pool(url: str) -> "ConnectionPool":
         if existing is not None and not existing.closed:
             return existing
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
+        swept: list[ConnectionPool] = []
         created = ConnectionPool(
             url, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
             kwargs=connection_kwargs(url) or None,
             # one round trip per checkout, so a connection whose backend ended while idle (a
             # server restart, pg_terminate_backend) is replaced instead of failing its caller
-            check=ConnectionPool.check_connection,
+            check=_check_or_sweep(swept),
             timeout=POOL_TIMEOUT, open=False, name="kb",
         )
+        swept.append(created)
         try:
             created.open(wait=True, timeout=POOL_TIMEOUT)
         except (PoolTimeout, psycopg.OperationalError) as exc:

@@ -22,6 +22,8 @@ import struct
 import time
 from pathlib import Path
 
+from kb.git.process_locks import path_lock
+
 _HEADER = struct.Struct(">4sLL")
 _ENTRY = struct.Struct(">LLLLLLLLLL20sH")  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size, sha, flags
 _FLAGS = struct.Struct(">H")
@@ -39,6 +41,41 @@ class UnsupportedIndex(Exception):
 def _entry_length(name_length: int, extended: bool) -> int:
     fixed = _ENTRY.size + (2 if extended else 0)
     return (fixed + name_length + 8) & ~7
+
+
+def order_problem(path: Path) -> str | None:
+    """What breaks git's order in the index file at ``path``: a path listed twice at one stage
+    (``'documents/a.md' is listed twice``) or entries out of order (``unordered entries at …``),
+    as two writers at once once left it — ``git status`` then shows committed files as added and
+    ``git fsck`` dies with "unordered stage entries in index"; ``git ls-files`` does not check.
+    None when the order is sound, the file is absent, or its format is not parsed here (v4,
+    split) — git's own read is the check for those. Raises OSError when it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) < _HEADER.size + 20:
+        return "the index file is truncated"
+    magic, version, count = _HEADER.unpack_from(data, 0)
+    if magic != b"DIRC" or version not in (2, 3):
+        return None
+    offset, previous = _HEADER.size, None
+    for _ in range(count):
+        if offset + _ENTRY.size > len(data) - 20:
+            return "the index file is truncated"
+        flags = _FLAGS.unpack_from(data, offset + _ENTRY.size - 2)[0]
+        start = offset + _ENTRY.size + (2 if flags & _EXTENDED else 0)
+        length = flags & _NAMEMASK
+        if length == _NAMEMASK:
+            length = data.index(b"\0", start) - start
+        key = (data[start:start + length], (flags >> 12) & 3)
+        if previous is not None and key <= previous:
+            name = key[0].decode(errors="replace")
+            return (f"'{name}' is listed twice (unordered stage entries)" if key == previous
+                    else f"unordered stage entries at '{name}'")
+        previous = key
+        offset += (start - offset + length + 8) & ~7
+    return None
 
 
 class IndexFile:
@@ -152,7 +189,15 @@ class IndexFile:
                 and fields[5] == st.st_ino & 0xFFFFFFFF)
 
     def write(self) -> None:
-        """Write header + entries + SHA-1 through ``index.lock`` and an atomic rename."""
+        """Write header + entries + SHA-1 through ``index.lock`` and an atomic rename, holding the
+        process-wide lock of the index file (``kb.git.process_locks``): two threads of one process
+        never write it at once, whichever object they hold. Callers hold ``worktree_lock`` too
+        (the parsed entries are shared state). Raises OSError (``FileExistsError`` when another
+        process holds ``index.lock`` longer than LOCK_WAIT_SECONDS)."""
+        with path_lock(self.path):
+            self._write()
+
+    def _write(self) -> None:
         body = _HEADER.pack(b"DIRC", self.version, len(self.entries)) + b"".join(self.entries)
         lock = self.path.with_name(self.path.name + ".lock")
         deadline = time.monotonic() + LOCK_WAIT_SECONDS

@@ -18,6 +18,7 @@ import hashlib
 import os
 import stat
 import tempfile
+import threading
 import time
 import weakref
 import zlib
@@ -28,7 +29,6 @@ from pathlib import Path
 from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
-from dulwich.file import FileLocked
 from dulwich.object_store import DiskObjectStore, tree_lookup_path
 from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
 from dulwich.reflog import format_reflog_line
@@ -154,6 +154,9 @@ class Repository(WorktreeRefresh):
         # parsed objects, and trees the builder creates enter it directly, so the next turn's
         # lookups never re-read (and re-parse) a large folder's tree from disk.
         self._objects: collections.OrderedDict[bytes, object] = collections.OrderedDict()
+        # Threads share a Repository (design §4): every cache below is read and updated under
+        # this lock, held only around the dict operations, never across a disk read.
+        self._cache_lock = threading.RLock()
         self._index = IndexFile(self.path / ".git" / "index")
         self._layouts = LayoutCache()  # trees' entry layouts, so a new tree is spliced, not re-serialized
         self._ref_path = os.path.join(self.path, ".git", BRANCH.decode())
@@ -162,10 +165,11 @@ class Repository(WorktreeRefresh):
 
     def _tree_object(self, sha: bytes):
         """The parsed object ``sha`` (LRU-cached, at most OBJECT_CACHE_SIZE entries)."""
-        cached = self._objects.get(sha)
-        if cached is not None:
-            self._objects.move_to_end(sha)
-            return cached
+        with self._cache_lock:
+            cached = self._objects.get(sha)
+            if cached is not None:
+                self._objects.move_to_end(sha)
+                return cached
         obj = self._read_object(sha)
         self._remember(obj)
         return obj
@@ -219,9 +223,10 @@ class Repository(WorktreeRefresh):
         )
 
     def _remember(self, obj) -> None:
-        self._objects[obj.id] = obj
-        if len(self._objects) > OBJECT_CACHE_SIZE:
-            self._objects.popitem(last=False)
+        with self._cache_lock:
+            self._objects[obj.id] = obj
+            if len(self._objects) > OBJECT_CACHE_SIZE:
+                self._objects.popitem(last=False)
 
     def close(self) -> None:
         """Close dulwich's pack files and object store (idempotent). Issue 15: left to the garbage
@@ -355,9 +360,10 @@ class Repository(WorktreeRefresh):
         it is not a folder there; (tree, folder) pairs are cached (trees are immutable)."""
         cache = self.__dict__.setdefault("_folder_trees", collections.OrderedDict())
         key = (tree_id, folder)
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
+        with self._cache_lock:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
         try:
             mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode()) if folder \
                 else (stat.S_IFDIR, tree_id)
@@ -366,9 +372,10 @@ class Repository(WorktreeRefresh):
             found = None
         if found is not None and not isinstance(found, Tree):
             found = None
-        cache[key] = found
-        if len(cache) > FOLDER_CACHE_SIZE:
-            cache.popitem(last=False)
+        with self._cache_lock:
+            cache[key] = found
+            if len(cache) > FOLDER_CACHE_SIZE:
+                cache.popitem(last=False)
         return found
 
     def lookup_many(self, tree_id: bytes | None, paths: Iterable[str]) -> dict[str, tuple[str, str] | None]:
@@ -427,12 +434,14 @@ class Repository(WorktreeRefresh):
         cache = self.__dict__.setdefault("_entries_cache", collections.OrderedDict())
         entries = cache.get(sha)
         if entries is None:
-            entries = cache[sha] = tuple(
+            entries = tuple(
                 (entry.path.decode(), "folder" if stat.S_ISDIR(entry.mode) else "file")
                 for entry in self._referenced(sha).iteritems()
             )
-            if len(cache) > 64:
-                cache.popitem(last=False)
+            with self._cache_lock:
+                cache[sha] = entries
+                if len(cache) > 64:
+                    cache.popitem(last=False)
         return entries
 
     def blob(self, blob_id: str) -> bytes:
@@ -552,16 +561,26 @@ class Repository(WorktreeRefresh):
             raise
 
     def _add_loose(self, obj) -> None:
-        """Store ``obj`` as a loose object. A concurrent ``git repack -d`` / ``prune-packed`` may
-        remove the emptied ``objects/xx/`` folder between dulwich's mkdir and its open of the
-        ``.lock`` (FileNotFoundError): the folder is made again on the next try, as git itself
+        """Store ``obj`` as a loose object the way git itself does: written to a ``tmp_obj_*`` file
+        of this writer's own and linked into place. dulwich's own way (a ``<object>.lock`` file
+        renamed into place) showed up in a concurrent ``git fsck`` (``kb fsck`` beside live
+        writers) as ``bad sha1 file: …lock``; git skips ``tmp_obj_*``. Two writers storing the
+        same object at once never wait for each other (the bytes are the same). A concurrent
+        ``git repack -d`` / ``prune-packed`` may remove the emptied ``objects/xx/`` folder between
+        its creation and the write (FileNotFoundError): it is made again on the next try, as git
         retries. Raises OSError after OBJECT_WRITE_ATTEMPTS tries."""
-        store = self._repo.object_store
+        path = self._repo.object_store._get_shafile_path(obj.id)
+        try:  # already there: refresh its mtime (as git and dulwich do), so no prune takes it now
+            os.utime(path, None)
+            return
+        except OSError:
+            pass  # absent (or another user's): write it below
         for attempt in range(1, OBJECT_WRITE_ATTEMPTS + 1):
             try:
-                store.add_object(obj)
-                return
-            except FileLocked:
+                try:  # not makedirs(exist_ok=True): it raises FileExistsError when the folder it
+                    os.mkdir(os.path.dirname(path))  # found vanishes before it checks it is one
+                except FileExistsError:
+                    pass
                 self._add_loose_beside(obj)
                 return
             except FileNotFoundError:
@@ -569,14 +588,9 @@ class Repository(WorktreeRefresh):
                     raise
 
     def _add_loose_beside(self, obj) -> None:
-        """Store ``obj`` as a loose object while another process holds its ``.lock``.
-
-        Writers stage their blobs before taking the workspace lock (group commit, issue 9), so two
-        of them may store the very same object at once; dulwich then refuses the second with
-        FileLocked. The object's bytes are the same whoever writes them, so this writes them to a
-        temporary file of its own and links it into place as git itself does (``tmp_obj_*``):
-        nobody waits, and a lock left by a killed writer cannot block the object. Raises OSError.
-        """
+        """Write ``obj`` to a temporary ``tmp_obj_*`` file in its ``objects/xx/`` folder (which must
+        exist) and link it into place; an object already there (another writer's copy) is kept.
+        Raises OSError (FileNotFoundError when the folder vanished meanwhile)."""
         store = self._repo.object_store
         path = store._get_shafile_path(obj.id)
         data = obj.as_legacy_object(compression_level=store.loose_compression_level)
@@ -667,12 +681,13 @@ class Repository(WorktreeRefresh):
         recording ``sha`` as such when given. Another process's revision of a big folder is then
         derived from it by its changed entries (``_changed_names``) instead of from scratch."""
         seen = self.__dict__.setdefault(kind, collections.OrderedDict())
-        if sha is not None:
-            seen[folder] = sha
-            seen.move_to_end(folder)
-            if len(seen) > FOLDER_CACHE_SIZE:
-                seen.popitem(last=False)
-        return seen.get(folder)
+        with self._cache_lock:
+            if sha is not None:
+                seen[folder] = sha
+                seen.move_to_end(folder)
+                if len(seen) > FOLDER_CACHE_SIZE:
+                    seen.popitem(last=False)
+            return seen.get(folder)
 
     def _layout_of(self, tree: Tree, folder: str):
         """The layout of ``tree`` (at ``folder``): cached, else derived from the layout of the tree
@@ -711,8 +726,9 @@ class Repository(WorktreeRefresh):
         if keys is None:
             tree = self._referenced(sha)
             previous = self._seen(_KEYS_SEEN, folder)
-            if previous is not None and previous in cache:  # another revision of this folder: patch it
-                keys = _patched_keys(cache[previous], tree, _changed_names(self._referenced(previous), tree))
+            base = None if previous is None else cache.get(previous)
+            if base is not None:  # another revision of this folder: patch it
+                keys = _patched_keys(base, tree, _changed_names(self._referenced(previous), tree))
             else:
                 grouped: dict[str, list[tuple[str, str]]] = {}
                 for raw_name, (entry_mode, _) in tree._entries.items():
@@ -722,15 +738,18 @@ class Repository(WorktreeRefresh):
                 keys = {k: tuple(v) for k, v in grouped.items()}
             self._cache_keys(sha, keys)
         else:
-            cache.move_to_end(sha)
+            with self._cache_lock:
+                if sha in cache:
+                    cache.move_to_end(sha)
         self._seen(_KEYS_SEEN, folder, sha)
         return keys
 
     def _cache_keys(self, sha: bytes, keys: dict) -> None:
         cache = self.__dict__.setdefault("_keys_cache", collections.OrderedDict())
-        cache[sha] = keys
-        if len(cache) > 32:
-            cache.popitem(last=False)
+        with self._cache_lock:
+            cache[sha] = keys
+            if len(cache) > 32:
+                cache.popitem(last=False)
 
     def _derive_keys(self, base_id: bytes | None, tree: Tree, nested: dict, folder: str) -> None:
         """Key map of ``tree`` from its base's cached one plus the names ``nested`` changed."""

@@ -19,6 +19,7 @@ import bisect
 import collections
 import hashlib
 import stat
+import threading
 
 from dulwich.objects import FixedSha, Tree
 
@@ -140,12 +141,12 @@ class LayoutCache:
     def __init__(self, size: int = LAYOUT_CACHE_SIZE) -> None:
         self._size = size
         self._layouts: collections.OrderedDict[bytes, TreeLayout] = collections.OrderedDict()
+        self._lock = threading.Lock()  # threads share a Repository and its cache (design §4)
 
     def get(self, tree: Tree) -> TreeLayout | None:
         """The layout of ``tree`` (computed from its raw text on a miss); None when malformed."""
-        layout = self._layouts.get(tree.id)
+        layout = self.peek(tree.id)
         if layout is not None:
-            self._layouts.move_to_end(tree.id)
             return layout
         layout = TreeLayout.of(tree)
         if layout is not None:
@@ -154,18 +155,21 @@ class LayoutCache:
 
     def peek(self, tree_id: bytes) -> TreeLayout | None:
         """The cached layout of ``tree_id``, or None (never computed here)."""
-        layout = self._layouts.get(tree_id)
-        if layout is not None:
-            self._layouts.move_to_end(tree_id)
-        return layout
+        with self._lock:
+            layout = self._layouts.get(tree_id)
+            if layout is not None:
+                self._layouts.move_to_end(tree_id)
+            return layout
 
     def put(self, tree_id: bytes, layout: TreeLayout) -> None:
         """Remember ``layout`` as the layout of ``tree_id``."""
-        self._layouts[tree_id] = layout
-        self._layouts.move_to_end(tree_id)
-        if len(self._layouts) > self._size:
-            self._layouts.popitem(last=False)
+        with self._lock:
+            self._layouts[tree_id] = layout
+            self._layouts.move_to_end(tree_id)
+            if len(self._layouts) > self._size:
+                self._layouts.popitem(last=False)
 
     def clear(self) -> None:
         """Forget every layout."""
-        self._layouts.clear()
+        with self._lock:
+            self._layouts.clear()

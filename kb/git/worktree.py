@@ -38,10 +38,13 @@ from dulwich.index import Index, IndexEntry, index_entry_from_stat
 
 from kb.errors import InvalidTurn, StorageError, TurnBusy, UnsafeWorktreeEntry
 from kb.paths import check_path_length
+from kb.git.process_locks import path_lock
 from kb.git.repository import FILE_MODE, Repository
 
 MANIFEST = "kb-turn.json"
 LOCK = "kb-turn.lock"
+FOLDER_ATTEMPTS = 5
+"""Tries to create a worktree's folders while another process removes their emptied parent."""
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@+=:-")
 
 
@@ -67,6 +70,27 @@ def root_turn_id(turn_id: object) -> str:
 def worktrees_root(knowledge_store: Path, workspace_id: int) -> Path:
     """``{knowledge_store}/.worktrees/{workspace_id}`` (SPEC §2.1)."""
     return Path(knowledge_store) / ".worktrees" / str(workspace_id)
+
+
+def make_folders(folder: Path) -> None:
+    """``mkdir -p folder``, made again when another process removes an emptied parent between the
+    parent's creation and the child's (a turn's cleanup, the janitor): FileNotFoundError, or
+    FileExistsError from ``exist_ok`` when the folder it found vanished before it checked it.
+    Raises OSError."""
+    for attempt in range(1, FOLDER_ATTEMPTS + 1):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return
+        except (FileNotFoundError, FileExistsError):
+            if attempt == FOLDER_ATTEMPTS:
+                raise
+
+
+def folders_lock(repository: Repository):
+    """The process-wide lock under which this process creates turn worktrees and removes the
+    folders they share (``.git/worktrees``, ``.worktrees/{ws}``), so that no thread's cleanup
+    removes a shared folder another thread is creating its worktree in (design §5)."""
+    return path_lock(repository.path / ".git" / "worktrees")
 
 
 def _is_regular(st: os.stat_result) -> bool:
@@ -110,10 +134,20 @@ class LazyWorktree:
         """Lock the worktree, adopting an existing one (recovery) or creating it at ``head``.
 
         Returns True when an existing worktree was adopted. Raises TurnBusy when another process
-        holds it open.
+        (or another Turn object of this process) holds it open, StorageError when its folders
+        cannot be created.
         """
-        self.admin.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        with folders_lock(self.repository):
+            try:
+                make_folders(self.admin)
+                self._lock()
+            except OSError as exc:
+                raise StorageError(f"cannot create the worktree of turn {self.name!r} at {self.admin}: "
+                                   f"{exc.strerror or exc}; free space or fix permissions") from None
+            return self._open_locked(head)
+
+    def _open_locked(self, head: str | None) -> bool:
+        """``open`` once the lock is held."""
         if not self.exists():
             self._clear_leftovers()
         if self.exists():
@@ -128,7 +162,7 @@ class LazyWorktree:
             return True
         self.base, self.touched, self.moves, self.full, self.titles = head, set(), {}, False, {}
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_folders(self.path)
             (self.admin / "commondir").write_text("../..\n")
             (self.admin / "gitdir").write_text(str(self.path / ".git") + "\n")
             (self.path / ".git").write_text(f"gitdir: {self.admin}\n")
@@ -175,7 +209,7 @@ class LazyWorktree:
                 self._lock_fd = fd
                 return
             os.close(fd)
-            self.admin.mkdir(parents=True, exist_ok=True)
+            make_folders(self.admin)
 
     def release(self) -> None:
         """Drop the lock, leaving the worktree on disk (for recovery or the janitor)."""
@@ -191,11 +225,12 @@ class LazyWorktree:
         shutil.rmtree(self.path, ignore_errors=True)
         shutil.rmtree(self.admin, ignore_errors=True)
         self.release()
-        for folder in (self.path.parent, self.repository.path / ".git" / "worktrees"):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+        with folders_lock(self.repository):  # never while another thread creates a worktree here
+            for folder in (self.path.parent, self.repository.path / ".git" / "worktrees"):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
 
     def save(self) -> None:
         """Write the manifest atomically."""

@@ -17,14 +17,35 @@ import fcntl
 import os
 import shutil
 import stat
+import subprocess
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 
 from dulwich.index import index_entry_from_stat
 
-from kb.git.gitindex import IndexFile, UnsupportedIndex
+from kb.errors import ConfigurationError
+from kb.git.gitindex import IndexFile, UnsupportedIndex, order_problem
+from kb.git.process_locks import path_lock
 
 FILE_MODE = 0o100644
 """Git's mode of a regular, non-executable file (the only kind kb writes)."""
+WORKTREE_LOCK = "kb-worktree.lock"
+"""The flock serializing working-tree refreshes (``WorktreeRefresh.worktree_lock``)."""
+REFRESH_LOCK = "kb-refresh.lock"
+"""The flock writers hold shared while a refresh is owed (``WorktreeRefresh.refresh_pending``)."""
+
+
+class PendingRefresh:
+    """A writer's hold on ``.git/kb-refresh.lock`` (shared) while its working-tree refresh is owed."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Drop the hold (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class WorktreeRefresh:
@@ -35,25 +56,93 @@ class WorktreeRefresh:
     def worktree_lock(self) -> Iterator[None]:
         """Hold ``.git/kb-worktree.lock`` (an flock, released when the holder dies) for the block:
         working-tree refreshes run outside the workspace write lock (issue 9), so they serialize
-        here, as do ``kb fsck``'s check and repair of the working tree. Re-entrant per Repository."""
-        depth = self.__dict__.get("_worktree_depth", 0)
-        if depth:
-            self._worktree_depth = depth + 1
+        here, as do ``kb fsck``'s check and repair of the working tree.
+
+        Re-entrant per *thread*: the depth lives in a ``threading.local``, and the threads of this
+        process first take the process-wide lock of the lock file (``kb.git.process_locks``), so a
+        thread never mistakes another thread's hold for its own (design §4; two threads in the
+        index at once duplicated its entries, and a depth shared between threads let a thread
+        wait on an flock it held itself)."""
+        state = self.__dict__.get("_worktree_thread") or self.__dict__.setdefault(
+            "_worktree_thread", threading.local())
+        if getattr(state, "depth", 0):
+            state.depth += 1
             try:
                 yield
             finally:
-                self._worktree_depth -= 1
+                state.depth -= 1
             return
-        fd = os.open(self.path / ".git" / "kb-worktree.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_file = self.path / ".git" / WORKTREE_LOCK
+        with path_lock(lock_file):
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                state.depth = 1
+                try:
+                    yield
+                finally:
+                    state.depth = 0
+            finally:
+                os.close(fd)
+
+    def refresh_pending(self) -> "PendingRefresh":
+        """Mark a working-tree refresh as owed (a shared flock on ``.git/kb-refresh.lock``): taken
+        by a writer *under the write lock, before the branch moves*, released once it has
+        refreshed the working tree for that revision (``PendingRefresh.release``). ``kb fsck``
+        waits for every owed refresh (``refreshes_settled``) before it compares the working tree
+        with HEAD, so a commit whose refresh is still on its way is never reported as damage.
+        A killed writer's hold ends with it (its refresh is then real damage, which fsck repairs).
+        Raises OSError when the lock file cannot be opened."""
+        fd = os.open(self.path / ".git" / REFRESH_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return PendingRefresh(fd)
+
+    @contextlib.contextmanager
+    def refreshes_settled(self) -> Iterator[None]:
+        """Under the workspace write lock (so no new refresh becomes owed): wait until every owed
+        refresh is done (``refresh_pending``), then hold ``worktree_lock`` for the block: the
+        working tree and index then show HEAD unless something damaged them."""
+        fd = os.open(self.path / ".git" / REFRESH_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._worktree_depth = 1
-            try:
+            with self.worktree_lock():
                 yield
-            finally:
-                self._worktree_depth = 0
         finally:
             os.close(fd)
+
+    def index_problem(self) -> str | None:
+        """What is wrong with ``.git/index``: duplicate or unordered entries (``order_problem``; git
+        itself checks the order only in ``git fsck``), or what git's own read refuses (a bad
+        checksum, a truncated file: its message from ``git ls-files --stage``); None when sound.
+        Call under ``worktree_lock``. Raises ConfigurationError when no git CLI is installed,
+        OSError when the index cannot be read."""
+        problem = order_problem(self.path / ".git" / "index")
+        if problem is not None:
+            return problem
+        if not (self.path / ".git" / "index").exists():
+            return None
+        executable = shutil.which("git")
+        if executable is None:
+            raise ConfigurationError("checking the git index needs the `git` executable on PATH; install git")
+        checked = subprocess.run(
+            [executable, "--no-optional-locks", "-C", str(self.path), "ls-files", "--stage", "-z"],
+            capture_output=True, timeout=3600,
+            env={"LC_ALL": "C", "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"},
+        )
+        if checked.returncode == 0:
+            return None
+        return (checked.stderr.decode(errors="replace").strip().splitlines() or ["git cannot read the index"])[0]
+
+    def rebuild_index(self) -> None:
+        """Replace ``.git/index`` with one built from HEAD and the files on disk (``kb fsck``'s
+        repair of an index git cannot read), holding ``worktree_lock``. Raises OSError."""
+        with self.worktree_lock():
+            (self.path / ".git" / "index").unlink(missing_ok=True)
+            self.reset_worktree()
 
     def refresh_to_head(self, staged: Mapping[str, str | None], data: Mapping[str, bytes] | None = None,
                         moves: Mapping[str, str] | None = None) -> list[str]:
@@ -240,17 +329,18 @@ class WorktreeRefresh:
         return done
 
     def reset_worktree(self) -> None:
-        """Rebuild the whole working tree and index from HEAD (``kb fsck`` repair)."""
-        head = self.head()
-        tree = self.tree_id(head)
-        wanted = dict(self.walk(tree))
-        index = self._repo.open_index()
-        present = {p.decode() for p in index}
-        for root, dirs, files in os.walk(self.path):
-            dirs[:] = [d for d in dirs if not (root == str(self.path) and d == ".git")]
-            for name in files:
-                rel = os.path.relpath(os.path.join(root, name), self.path)
-                present.add(rel)
-        changes = [(p, None) for p in present if p not in wanted]
-        changes += list(wanted.items())
-        self.refresh_worktree(changes)
+        """Rebuild the whole working tree and index from HEAD (``kb fsck`` repair), holding
+        ``worktree_lock`` (HEAD is read under it, as ``refresh_to_head`` does)."""
+        with self.worktree_lock():
+            tree = self.tree_id(self.head())
+            wanted = dict(self.walk(tree))
+            index = self._repo.open_index()
+            present = {p.decode() for p in index}
+            for root, dirs, files in os.walk(self.path):
+                dirs[:] = [d for d in dirs if not (root == str(self.path) and d == ".git")]
+                for name in files:
+                    rel = os.path.relpath(os.path.join(root, name), self.path)
+                    present.add(rel)
+            changes = [(p, None) for p in present if p not in wanted]
+            changes += list(wanted.items())
+            self.refresh_worktree(changes)

@@ -18,12 +18,14 @@ into recorded moves when it commits (``kb.store``); nothing here touches git bey
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from kb.errors import DocumentNotFound, InvalidInput, PathExists
+from kb.errors import DocumentNotFound, InvalidInput, PathExists, WrongThread
 from kb.git.merge import MergeOutcome, MergeRequest
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.titles import TitledDocument, check_title, choose_name, folder_and_name
@@ -73,6 +75,24 @@ def _ancestors(repo_path: str) -> list[str]:
     """Folders containing ``repo_path`` below the root, nearest last (``documents/a`` for ``documents/a/b``)."""
     parts = repo_path.split("/")
     return ["/".join(parts[:i]) for i in range(2, len(parts))]
+
+
+def _owner_only(method):
+    """Refuse a Draft method called from another thread than the one that made the draft
+    (WrongThread): a draft is one transaction's private change set, and two threads adding to it
+    at once would corrupt it silently (design §3, §4; docs/python-api.md "Threads")."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        if threading.get_ident() != self._thread:
+            raise WrongThread(
+                f"this transaction's draft belongs to the thread that opened it; {method.__name__}() was "
+                f"called from another thread ({threading.current_thread().name}). Open a transaction "
+                "in each thread (kb.transaction is safe to call from many threads at once)"
+            )
+        return method(self, *args, **kwargs)
+
+    return checked
 
 
 class _KeyOverlay(dict):
@@ -135,6 +155,8 @@ class Draft:
     # commit object is built, before the revision is recorded (a hook raising records nothing).
     artifact_access: str = "refuse"
     on_record: list = field(default_factory=list)
+    _thread: int = field(default_factory=threading.get_ident, repr=False)
+    """The thread that made the draft, the only one its public methods serve (``_owner_only``)."""
 
     # -- state -------------------------------------------------------------------------
     def _current(self, repo_path: str) -> "bytes | BlobRef | None":
@@ -239,10 +261,12 @@ class Draft:
             self._siblings(parent).setdefault(name_key(name), set()).add(name)
 
     # -- reads -------------------------------------------------------------------------
+    @_owner_only
     def exists(self, path: str | StorePath) -> bool:
         """True when a document exists at ``path`` as of the calls made so far."""
         return self._current(repo_path_of(path, allow_keep=True)) is not None
 
+    @_owner_only
     def read(self, path: str | StorePath) -> bytes:
         """Bytes at ``path`` as of the calls made so far; raises DocumentNotFound."""
         value = self._current(repo_path_of(path, allow_keep=True))
@@ -250,6 +274,7 @@ class Draft:
             raise DocumentNotFound(f"no document at {path}")
         return value if isinstance(value, bytes) else self._repo.blob(value.id)
 
+    @_owner_only
     def content_id(self, path: str | StorePath) -> str | None:
         """The blob id (``git hash-object``) of the document at ``path`` now, or None if absent."""
         value = self._current(repo_path_of(path, allow_keep=True))
@@ -258,6 +283,7 @@ class Draft:
         return value.id if isinstance(value, BlobRef) else blob_id(value)
 
     # -- changes -----------------------------------------------------------------------
+    @_owner_only
     def write(self, path: str | StorePath, data: bytes | str, *, allow_keep: bool = False) -> None:
         """Create or replace the document at ``path`` (a str is encoded as UTF-8).
 
@@ -272,6 +298,7 @@ class Draft:
         origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, data, origin)
 
+    @_owner_only
     def write_blob(self, path: str | StorePath, blob: str, *, allow_keep: bool = False) -> None:
         """Like :meth:`write`, for bytes already stored as the blob ``blob`` (40 hex chars, from
         ``Repository.add_blobs``): a writer of many documents (the legacy seed, SPEC §10) streams
@@ -281,6 +308,7 @@ class Draft:
         origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, BlobRef(blob), origin)
 
+    @_owner_only
     def write_merged(self, path: str | StorePath, data: bytes | str, base_blob: str | None,
                      *, allow_keep: bool = False) -> None:
         """Write ``data`` as the writer's edit of the document whose blob was ``base_blob`` (None:
@@ -293,6 +321,7 @@ class Draft:
         repo_path = repo_path_of(path, allow_keep=allow_keep)
         self._merge_requests[repo_path] = MergeRequest(base_blob, self.origin_of(repo_path) or repo_path)
 
+    @_owner_only
     def remove(self, path: str | StorePath, *, missing_ok: bool = False) -> None:
         """Remove the document, or every document of the folder, at ``path``.
 
@@ -308,6 +337,7 @@ class Draft:
         for target in targets:
             self._set(target, None, None)
 
+    @_owner_only
     def move(self, src: str | StorePath, dst: str | StorePath, *, overwrite: bool = False) -> None:
         """Move a document (or every document of a folder) from ``src`` to ``dst``; recorded as a
         move, so history follows it and projection keeps the document id (SPEC §3, §6).
@@ -368,6 +398,7 @@ class Draft:
         keys = set(siblings._base) | set(dict.keys(siblings))  # O(folder): every name, loaded or not
         return {n for key in keys for n in siblings.get(key, ()) if self._exists_now(f"{folder}/{n}")}
 
+    @_owner_only
     def write_titled(self, path: str | StorePath, data: bytes | str, title: str,
                      document: TitledDocument | None = None) -> TitledDocument:
         """Write ``data`` at ``path`` as the document titled ``title`` (recorded in
@@ -383,6 +414,7 @@ class Draft:
         self._titles[repo_path] = document
         return document
 
+    @_owner_only
     def create(self, folder: str | StorePath, title: str, body: bytes | str = b"") -> TitledDocument:
         """Create a document in ``folder`` (``/documents/...``) named from ``title`` by the path
         law: ``safe_filename(title)``, suffixed `` (2)``, `` (3)`` … when a document or folder of
@@ -395,6 +427,7 @@ class Draft:
         name = choose_name(title, self.names_in(folder_path))
         return self.write_titled(f"{folder_path}/{name}", body, title)
 
+    @_owner_only
     def retitle(self, path: str | StorePath, title: str) -> TitledDocument:
         """Give the document at ``path`` a new title: it moves to the path law's name for
         ``title`` in the same folder (a recorded move, so it keeps its id; a change of case or

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ class KnowledgeStore:
         self.workspace_id = check_workspace_id(workspace_id)
         self.path: Path = settings.knowledge_store / str(workspace_id)
         self._repository: Repository | None = None
+        self._opening = threading.Lock()  # threads share a store (design §4): one Repository object
         self._contended = float("-inf")
         """When this store last saw other writers in its group commit (``time.monotonic()``)."""
 
@@ -115,9 +117,14 @@ class KnowledgeStore:
     @property
     def repository(self) -> Repository:
         """The workspace's git repository; raises WorkspaceNotFound when it has none yet."""
-        if self._repository is None:
+        repository = self._repository
+        if repository is not None:
+            return repository
+        with self._opening:
+            if self._repository is not None:
+                return self._repository
             try:
-                self._repository = Repository.open(self.path)
+                repository = self._repository = Repository.open(self.path)
             except FileNotFoundError:
                 if (self.path / ".git").exists():
                     raise WorkspaceNotFound(
@@ -129,7 +136,7 @@ class KnowledgeStore:
                     f"workspace {self.workspace_id} does not exist; create it with "
                     f"`kb import PATH --workspace {self.workspace_id}`"
                 ) from None
-        return self._repository
+        return repository
 
     def close(self) -> None:
         """Close the repository if open (idempotent); the next use reopens it."""
@@ -383,32 +390,35 @@ class KnowledgeStore:
 
     def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
-        repo = self.repository
-        with locked_pipeline(self.database_url, self.workspace_id, self.settings,
-                             lambda conn: self._stage_merged(draft),
-                             lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
-            workspace = self._workspace_row(conn, row.fetchone())
-            repo.clear_stale_locks()
-            if self._catch_up(conn, workspace):
-                workspace = self._workspace_row(conn)
-            key = draft.idempotency_key
-            if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
-                return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
-            head = repo.head()
-            built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
-                                workspace["revision_count"] + 1, message, author, committer, key=key)
-            if built is None:
-                return None
-            fault_point("objects_written")
-            with conn.pipeline():  # one round trip for the revision's rows and jobs
-                record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
-                write_keys.record(conn, self.workspace_id, [(key, built.revision.id)])
-                record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
-                defer_convergence(conn, self.workspace_id)
-            draft.pending = built.revision.id
-            draft.submitted = True  # from here on the revision may land (git first, SPEC §3)
-            self._advance(head, built.revision.id)
-        self._refresh_worktree(built.revision.id, built.effective, draft)
+        repo, owed = self.repository, _OwedRefresh()
+        try:
+            with locked_pipeline(self.database_url, self.workspace_id, self.settings,
+                                 lambda conn: self._stage_merged(draft),
+                                 lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
+                workspace = self._workspace_row(conn, row.fetchone())
+                repo.clear_stale_locks()
+                if self._catch_up(conn, workspace):
+                    workspace = self._workspace_row(conn)
+                key = draft.idempotency_key
+                if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
+                    return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
+                head = repo.head()
+                built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
+                                    workspace["revision_count"] + 1, message, author, committer, key=key)
+                if built is None:
+                    return None
+                fault_point("objects_written")
+                with conn.pipeline():  # one round trip for the revision's rows and jobs
+                    record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                    write_keys.record(conn, self.workspace_id, [(key, built.revision.id)])
+                    record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
+                    defer_convergence(conn, self.workspace_id)
+                owed.take(repo, built.effective)  # fsck waits for this refresh (design §2.1)
+                draft.pending = built.revision.id
+                draft.submitted = True  # from here on the revision may land (git first, design §3)
+                self._advance(head, built.revision.id)
+        finally:
+            self._settle(owed, draft)
         return built.result()
 
     def _commit_grouped(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
@@ -416,6 +426,27 @@ class KnowledgeStore:
         outcome it recorded for this one; otherwise (or if it did not) queue for the lock and, unless
         a holder recorded it meanwhile, record every queued draft as consecutive revisions
         (``kb.store.group_commit``). Raises LockTimeout after ``lock_timeout`` seconds in all."""
+        owed = _OwedRefresh()  # the refresh this writer owes once it moves the branch (design §2.1)
+        try:
+            return self._commit_queued(draft, message, author, committer, owed)
+        finally:
+            self._settle(owed, draft)
+
+    def _settle(self, owed: "_OwedRefresh", draft: Draft) -> None:
+        """After a commit that took ``owed`` (the branch may have moved), whatever Postgres said:
+        refresh the working tree for every path it changed — it follows HEAD, recorded or not —
+        then release the hold ``kb fsck`` waits for."""
+        if owed.hold is None:
+            return
+        try:
+            self._refresh_worktree(self.repository.head() or "", owed.changes, draft)
+        finally:
+            owed.release()
+
+    def _commit_queued(self, draft: Draft, message: str | None, author: str, committer: str,
+                       owed: "_OwedRefresh") -> Revision | None:
+        """``_commit_grouped`` itself; ``owed`` takes the refresh hold when this writer leads a
+        group that moves the branch, settled by the caller."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
         outcome, own, journal = None, None, []
         deadline = time.monotonic() + self.settings.lock_timeout
@@ -442,8 +473,8 @@ class KnowledgeStore:
                             group_commit.drop(conn, intent_id)
                             outcome = mine["outcome"]
                         else:
-                            own, journal = self._record_group(conn, draft, staged, intent_id, row, rows,
-                                                              (message, author, committer))
+                            own, journal = self._record_group(
+                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed)
         except LockTimeout:
             if intent_id is None:
                 raise
@@ -468,17 +499,18 @@ class KnowledgeStore:
             return _virtual(own)
         if own is None:
             return None
-        self._refresh_worktree(own.revision.id, own.effective, draft)
         return own.result()
 
     def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                       intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
-                      ) -> tuple[object, list[int]]:
+                      owed: "_OwedRefresh") -> tuple[object, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
         ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
         recovered Revision, None for a net-empty change, or the KbError refusing it) and the intent
-        ids whose journal files to remove once Postgres has committed."""
+        ids whose journal files to remove once Postgres has committed. Before the ref moves,
+        ``owed`` takes the refresh hold for every path the group's revisions changed: this writer
+        refreshes them all (its followers' own refreshes would be owed to no one fsck waits for)."""
         repo, ws = self.repository, self.workspace_id
         workspace = self._workspace_row(conn, row.fetchone())
         repo.clear_stale_locks()
@@ -555,6 +587,10 @@ class KnowledgeStore:
             group_commit.forget_dead(conn, ws, intent_id)
         own = results.get(intent_id)
         if built:
+            changed: dict[str, str | None] = {}
+            for _, each in built:
+                changed.update(each.effective)
+            owed.take(repo, changed)
             draft.pending = own.revision.id if isinstance(own, _Built) else None
             self._advance(head0, head)
         return own, [*others, *(i for i in journal if i not in others)]
@@ -638,7 +674,7 @@ class KnowledgeStore:
             if refused:
                 log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
                             self.workspace_id, len(refused), revision_id, refused[0][:80])
-        except OSError as exc:
+        except (OSError, KbError) as exc:
             log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
                         self.workspace_id, revision_id, exc)
 
@@ -837,6 +873,24 @@ def _virtual(revision: Revision) -> Revision:
     """``revision`` (repo paths) as callers see it (virtual paths, no commit time)."""
     return Revision(revision.id, revision.seq, revision.parent_id, revision.author, revision.committer,
                     revision.message, None, tuple(c.virtual() for c in revision.changes))
+class _OwedRefresh:
+    """The working-tree refresh a writer owes once its ref update may have moved the branch: the
+    hold ``kb fsck`` waits for (``Repository.refresh_pending``) and the paths to refresh."""
+
+    def __init__(self) -> None:
+        self.hold = None
+        self.changes: dict[str, str | None] = {}
+
+    def take(self, repo: Repository, changes: dict[str, str | None]) -> None:
+        """Under the write lock, before the ref moves: take the hold for ``changes``."""
+        self.hold = repo.refresh_pending()
+        self.changes = changes
+
+    def release(self) -> None:
+        """Drop the hold (idempotent)."""
+        if self.hold is not None:
+            self.hold.release()
+            self.hold = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ the small context the layers below the facade take instead of the whole ``Knowle
 
 from __future__ import annotations
 
+import threading
+
 from kb.db import database
 from kb.settings import Settings
 from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
@@ -17,14 +19,20 @@ class Stores:
         self.settings = settings
         self.database_url = database_url
         self._stores: dict[int, KnowledgeStore] = {}
+        self._lock = threading.Lock()  # threads share one KnowledgeBase (docs/python-api.md "Threads")
 
     def store(self, workspace_id: int) -> KnowledgeStore:
         """The store of one workspace, opened on first use (raises InvalidWorkspace for a
         non-positive id)."""
         check_workspace_id(workspace_id)
-        if workspace_id not in self._stores:
-            self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
-        return self._stores[workspace_id]
+        store = self._stores.get(workspace_id)
+        if store is None:
+            with self._lock:  # one store per workspace, whichever thread asks first
+                store = self._stores.get(workspace_id)
+                if store is None:
+                    store = self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url,
+                                                                        workspace_id)
+        return store
 
     def forget(self, workspace_id: int) -> None:
         """Drop the cached store of a workspace (deleted): the next use opens it anew. Not closed
@@ -41,6 +49,8 @@ class Stores:
 
     def close(self) -> None:
         """Close the stores' git repositories; a later use reopens them. Idempotent."""
-        for store in self._stores.values():
+        with self._lock:
+            stores = list(self._stores.values())
+            self._stores.clear()
+        for store in stores:
             store.close()
-        self._stores.clear()

@@ -13,9 +13,14 @@
    TEMPORARY_PACK_AGE) are removed;
 3. revisions git has and Postgres lacks are recorded (history rows + deferred jobs), the same
    function the periodic sweep calls (``KnowledgeStore.reconcile``);
-4. a stale working tree (``git status`` not clean) is repaired path by path from HEAD; a path at
-   HEAD too long for the path law (SPEC §2.3) cannot be checked out: it is listed in
-   ``overlong_paths`` with the ``kb mv`` that fixes it, never a crash.
+4. once every working-tree refresh writers owe is done (``Repository.refreshes_settled``: a commit
+   refreshes the working tree after it released the write lock, and a refresh on its way is not
+   damage) and holding the working-tree lock: a ``.git/index`` git cannot read (duplicate or
+   unordered entries, as two threads writing it at once once left) is rebuilt from HEAD
+   (``index_repaired`` says what git found); then a stale working tree (``git status`` not clean)
+   is repaired path by path from HEAD; a path at HEAD too long for the path law (SPEC §2.3)
+   cannot be checked out: it is listed in ``overlong_paths`` with the ``kb mv`` that fixes it,
+   never a crash.
 5. artifacts (SPEC §11, ``kb.workspace.artifacts.Artifacts.check``): every attached file's blob must exist
    and hash to its sha256 (else an error); pending purges run; orphan blobs are removed;
 6. the git remote (SPEC §13), when one is configured and reachable: its branch must be absent or an
@@ -28,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb.errors import ConfigurationError
@@ -50,6 +56,8 @@ class FsckReport:
     stale_locks_removed: list[str] = field(default_factory=list)
     recorded: list["Revision"] = field(default_factory=list)
     worktree_repaired: list[str] = field(default_factory=list)
+    index_repaired: str | None = None
+    """What git found wrong with ``.git/index`` (then rebuilt from HEAD), None when it was sound."""
     temporary_packs_removed: list[str] = field(default_factory=list)
     overlong_paths: list[str] = field(default_factory=list)
     """Virtual paths at HEAD longer than MAX_PATH_BYTES below /documents (cannot be checked out)."""
@@ -96,6 +104,16 @@ def stale_worktree_paths(store: "KnowledgeStore") -> list[str]:
     return sorted(paths)
 
 
+def _in_flight(store: "KnowledgeStore", line: str) -> bool:
+    """True for git's ``bad sha1 file: PATH`` about a file gone since (a temporary file another
+    program, or an older kb, was writing into ``objects/`` while git scanned it): not damage."""
+    if not line.startswith("bad sha1 file: "):
+        return False
+    named = line.removeprefix("bad sha1 file: ").strip()
+    path = Path(named) if Path(named).is_absolute() else store.path / ".git" / named
+    return not path.exists() and not (store.path / named).exists()
+
+
 def fsck(store: "KnowledgeStore") -> FsckReport:
     """Check and repair ``store``'s workspace (see the module docstring); returns the report.
 
@@ -109,7 +127,8 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
                    *([head] if head else []))
     report = FsckReport(store.workspace_id, checked.returncode == 0)
     report.git_messages = [
-        line for line in (checked.stdout + checked.stderr).decode(errors="replace").splitlines() if line.strip()
+        line for line in (checked.stdout + checked.stderr).decode(errors="replace").splitlines()
+        if line.strip() and not _in_flight(store, line)
     ]
     if not report.git_ok:
         return report
@@ -128,10 +147,14 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
             if len(p.encode("utf-8", "surrogateescape")) - len("documents/") > MAX_PATH_BYTES
         ]
         overlong = {p[1:] for p in report.overlong_paths}
-        stale_paths = [p for p in stale_worktree_paths(store) if p not in overlong]
-        if stale_paths:
-            refused = set(repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths]))
-            report.worktree_repaired = ["/" + p for p in stale_paths if p not in refused]
+        with repo.refreshes_settled():
+            report.index_repaired = repo.index_problem()
+            if report.index_repaired is not None:
+                repo.rebuild_index()
+            stale_paths = [p for p in stale_worktree_paths(store) if p not in overlong]
+            if stale_paths:
+                refused = set(repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths]))
+                report.worktree_repaired = ["/" + p for p in stale_paths if p not in refused]
     from kb.workspace.artifacts import Artifacts
 
     checked_artifacts = Artifacts(store, lambda: "kb").check()

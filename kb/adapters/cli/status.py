@@ -107,6 +107,8 @@ def fsck(workspace: int) -> None:
         click.echo(f"removed stale lock {lock}")
     for revision in report.recorded:
         click.echo(f"recorded revision {revision.id} ({len(revision.changes)} paths) that Postgres lacked")
+    if report.index_repaired:
+        click.echo(f"rebuilt the git index from HEAD: git could not read it ({report.index_repaired})")
     if report.worktree_repaired:
         click.echo(f"repaired working tree: {len(report.worktree_repaired)} paths")
         for path in report.worktree_repaired[:10]:
@@ -123,7 +125,7 @@ def fsck(workspace: int) -> None:
     if report.artifact_orphans_removed:
         click.echo(f"removed {len(report.artifact_orphans_removed)} unreferenced artifact blobs")
     if report.ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed
-                          or report.overlong_paths):
+                          or report.overlong_paths or report.index_repaired):
         click.echo("clean: git, Postgres history and working tree agree")
     if not report.ok:
         sys.exit(1)
