@@ -110,7 +110,8 @@ def import_prefix(prefix: str | None) -> tuple[str, ...]:
         text = text[len("documents/"):]
     parts = [p for p in text.split("/") if p.strip()]
     if any(p.strip() in (".", "..") for p in parts):
-        raise InvalidInput(f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents")
+        raise InvalidInput(f"prefix={prefix!r} contains '.' or '..'; name a folder under /documents",
+                           cli=f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents")
     return tuple(safe_folder_segment(p) for p in parts)
 
 
