@@ -59,6 +59,7 @@ from kb.index.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
 from kb.db.locks import chunk_lock, index_lock
+from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
 from kb.git.repository import Repository
 from kb.settings import Settings
@@ -110,23 +111,6 @@ class IndexReport:
 def sha256_text(text: str) -> str:
     """Hex sha256 of a chunk's UTF-8 text (the embedding cache key, SPEC §7)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def decode_document(data: bytes, max_bytes: int | None = None) -> str:
-    """Decode a blob as UTF-8 text; raises UnindexableDocument for NUL bytes, invalid UTF-8, or
-    more than ``max_bytes`` bytes (``KB_MAX_INDEX_BYTES``: a 50 MB document would cut ~100,000
-    chunks and take gigabytes of memory in one worker; it stays in git, readable and citable)."""
-    if max_bytes is not None and len(data) > max_bytes:
-        raise UnindexableDocument(
-            f"{len(data):,} bytes is more than KB_MAX_INDEX_BYTES ({max_bytes:,}); split the document "
-            "or raise the limit"
-        )
-    if b"\x00" in data:
-        raise UnindexableDocument("contains NUL bytes (Postgres text cannot hold them)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UnindexableDocument(f"not valid UTF-8 (byte {exc.start})") from None
 
 
 @dataclass

@@ -191,6 +191,10 @@ def _tcp_clients_line(settings: Settings) -> str:
 def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None) -> None:
     """Import every *.md under PATH into a workspace as one revision.
 
+    Hidden files and folders, other files and symbolic links are skipped; each is named with the
+    reason. A document kb stores but cannot index (not UTF-8, NUL bytes, over KB_MAX_INDEX_BYTES)
+    is named too: it stays readable in git, and search does not find it.
+
     Example: kb import ~/notes --workspace 1 --prefix Notes
     """
     kb = _open()
@@ -206,6 +210,21 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
+    shown_per_reason = 20
+    by_reason: dict[str, list[str]] = {}
+    for entry in report.skipped:
+        by_reason.setdefault(entry.reason, []).append(entry.path)
+    for reason, paths in by_reason.items():
+        for path in paths[:shown_per_reason]:
+            click.echo(f"skipped {path}: {reason}")
+        if len(paths) > shown_per_reason:
+            click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
+    if report.unindexable:
+        click.echo(f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
+                   "citations work) but search will not find them; `kb status` counts them as unindexable. "
+                   "Fix the file and import again to index it:")
+        for path, reason in report.unindexable.items():
+            click.echo(f"  {path}: {reason}")
     if report.revision is not None:
         from kb.jobs.worker import live_workers
 
