@@ -140,8 +140,8 @@ def _error_text(exc: BaseException) -> str:
 class Indexer:
     """Runs convergence for workspaces with one chunker and one embedder.
 
-    ``progress(done, total, report)`` is called after every batch of documents (``report``: the
-    IndexReport so far).
+    ``progress(done, total, report)`` is called after every batch of documents and after every
+    embedder call within one (``report``: the IndexReport so far).
     """
 
     def __init__(
@@ -388,6 +388,8 @@ class Indexer:
             if fresh:
                 with conn.transaction(), conn.cursor() as cur:
                     cur.executemany(queries["cache_embedding"], fresh)
+            if self.progress:  # a batch of documents can embed for minutes: say so as it goes
+                self.progress(report.documents_done, report.documents_total, report)
         return found, errors
 
     def _index_batch(self, conn, repo, workspace_id, head, batch, report: IndexReport) -> None:
