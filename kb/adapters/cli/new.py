@@ -22,7 +22,7 @@ def new(folder_or_title: str, title: str | None, workspace: int, body: str | Non
         committer: str | None, message: str | None) -> None:
     """Create a document titled TITLE in FOLDER (default: /documents, the root); the path law
     picks a safe, unique file name (`` (2)`` when taken) and the title is kept as typed. Prints
-    the final path.
+    the final path. A workspace that does not exist yet is created (as kb import does).
 
     \b
     Examples:
@@ -36,6 +36,10 @@ def new(folder_or_title: str, title: str | None, workspace: int, body: str | Non
 
     if body is None:
         body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    with _open().transaction(workspace, message, author, committer) as tx:
+    kb = _open()
+    if not kb.store(workspace).exists():  # as kb import does: a first document starts a workspace
+        kb.create_workspace(workspace)
+        click.echo(f"created workspace {workspace}", err=True)
+    with kb.transaction(workspace, message, author, committer) as tx:
         document = tx.create(folder, title, body)
     click.echo(document.path)
