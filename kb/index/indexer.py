@@ -140,8 +140,8 @@ def _error_text(exc: BaseException) -> str:
 class Indexer:
     """Runs convergence for workspaces with one chunker and one embedder.
 
-    ``progress(done, total, report)`` is called after every batch of documents and after every
-    embedder call within one (``report``: the IndexReport so far).
+    ``progress(done, total, report)`` is called before the first batch of documents, after every
+    batch and after every embedder call within one (``report``: the IndexReport so far).
     """
 
     def __init__(
@@ -266,6 +266,8 @@ class Indexer:
 
     def _run_documents(self, conn, repo, workspace_id, head, todo, report, run, *, move_cursor: bool) -> None:
         """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``."""
+        if self.progress and todo:  # the work ahead, before the first batch is chunked and embedded
+            self.progress(report.documents_done, report.documents_total, report)
         for start in range(0, len(todo), DOCUMENT_BATCH):
             batch = todo[start : start + DOCUMENT_BATCH]
             self._index_batch(conn, repo, workspace_id, head, batch, report)
