@@ -190,11 +190,12 @@ class ProgressDisplay:
 
     def job_started(self, job_id: int, task: str, workspace_id: int | None) -> None:
         """A job began (shown as the live line / one plain line)."""
-        self._started[job_id] = time.monotonic()
-        if workspace_id is not None:
-            self._runs[workspace_id] = time.monotonic()  # rates count from the job's start
-            self._latest.pop(workspace_id, None)
-        self._jobs[job_id] = (task, workspace_id)
+        with self._lock:  # the ticker reads these
+            self._started[job_id] = time.monotonic()
+            if workspace_id is not None:
+                self._runs[workspace_id] = time.monotonic()  # rates count from the job's start
+                self._latest.pop(workspace_id, None)
+            self._jobs[job_id] = (task, workspace_id)
         self._line(f"job {job_id} {task}{_ws(workspace_id)} started", permanent=not self.live_mode)
 
     def _progress_text(self, workspace_id: int, kind: str, done: int, total: int, report) -> str:
@@ -215,17 +216,19 @@ class ProgressDisplay:
 
     def index_progress(self, kind: str, workspace_id: int, done: int, total: int, report) -> None:
         """Documents ``done`` of ``total`` in an index run; ``report`` is its IndexReport so far
-        (called after every batch of documents and every embedder call)."""
-        self._latest[workspace_id] = (kind, done, total, report)
+        (called before the first batch of documents, after every batch and every embedder call)."""
+        with self._lock:
+            self._latest[workspace_id] = (kind, done, total, report)
         self._line(self._progress_text(workspace_id, kind, done, total, report),
                    permanent=done >= total and not self.live_mode)
 
     def job_finished(self, job_id: int, task: str, workspace_id: int | None, ok: bool, detail: str) -> None:
         """A job ended; one permanent line with its outcome and time."""
-        seconds = time.monotonic() - self._started.pop(job_id, time.monotonic())
-        self._jobs.pop(job_id, None)
-        if workspace_id is not None:
-            self._latest.pop(workspace_id, None)
+        with self._lock:
+            seconds = time.monotonic() - self._started.pop(job_id, time.monotonic())
+            self._jobs.pop(job_id, None)
+            if workspace_id is not None:
+                self._latest.pop(workspace_id, None)
         outcome = "done" if ok else "FAILED"
         self._line(f"job {job_id} {task}{_ws(workspace_id)} {outcome} in {seconds:.1f} s"
                    f"{': ' + detail if detail else ''}", permanent=True)
