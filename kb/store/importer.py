@@ -76,7 +76,7 @@ def _utf8(name: str) -> bool:
 
 def _shown(parts: tuple[str, ...]) -> str:
     """A relative path for a message (bytes of a non-UTF-8 name escaped, never an encoding error)."""
-    return "/".join(parts).encode("utf-8", "backslashreplace").decode("utf-8")
+    return os.fsencode("/".join(parts)).decode("utf-8", "backslashreplace")
 
 
 def scan(source: Path) -> tuple[list[tuple[str, ...]], list[Skipped]]:
