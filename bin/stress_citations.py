@@ -2,7 +2,7 @@
 """Citation stress (SPEC §7, §8): searches checked against ``git show`` while commits,
 projections, index runs and reindexes race, for minutes; then convergence. CI runs an 8-second
 sample of the same code (tests/test_citation_stress.py); what is checked is in
-tests/citation_stress.py.
+tests/support/citation_stress.py.
 
 Usage: python bin/stress_citations.py [--seconds 300] [--seed 0] [--separate] [--searchers 2]
 A fresh storage root and embedded Postgres in a temporary folder (or KB_DATABASE_URL's server),
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from kb.index.embedding import HashingEmbedder  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from tests.citation_stress import stress  # noqa: E402
+from tests.support.citation_stress import stress  # noqa: E402
 
 
 def main() -> int:

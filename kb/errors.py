@@ -147,6 +147,15 @@ class EditMismatch(KbError):
     """``edit``'s ``old`` text is absent from the document, or ambiguous without ``replace_all``."""
 
 
+class DocumentGone(KbError):
+    """A writer edited a document that another revision removed after the writer's base: the edit
+    is not recorded (it would bring the document back). ``paths`` holds the virtual paths."""
+
+    def __init__(self, message: str, paths: list[str]) -> None:
+        self.paths = paths
+        super().__init__(message)
+
+
 class FolderNotEmpty(KbError):
     """``rmdir`` of a folder that still holds documents, without ``recursive=True``."""
 
@@ -197,6 +206,11 @@ class InvalidCitation(KbError):
 
 class UnknownHandle(KbError):
     """A citation names a handle this conversation was never shown (or that expired or was forgotten)."""
+
+
+class UnknownChat(KbError):
+    """A chat has no handles in this workspace (never shown a document, forgotten, or expired), so
+    its citations cannot be checked; nothing was changed."""
 
 
 class InvalidChat(KbError):

@@ -4,80 +4,38 @@ The server is ``KB_TEST_DATABASE_URL`` (a role allowed to CREATE DATABASE) or, w
 embedded Postgres 18 + pgvector started for the session in a temporary directory. A template
 database gets kb's schema once; each test gets ``CREATE DATABASE … TEMPLATE`` (a file copy, a few
 milliseconds) and its own storage root, so tests never see each other's rows or repositories.
+
+Only hooks and fixtures live here; the functions tests share are in ``tests/support/``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
+from support.database import embedded_server, fresh_database, make_template, run_admin, wal_level, with_database
 
 from kb.db import database
-from kb.db.database import start_embedded, stop_embedded
 from kb.knowledge_base import KnowledgeBase
-from kb.db.migrations import apply_migrations
 from kb.settings import Settings
-from kb.db.sql import queries
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-CORPUS = SHARED / "corpus"
-TEMPLATE = "kb_test_template"
-_counter = itertools.count()
-
-
-def corpus_path(*parts: str) -> Path:
-    """A folder of ../shared/corpus, or skip the test with the reason."""
-    path = CORPUS.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"test corpus {path} is absent (it lives in ../shared/corpus beside the repo)")
-    return path
-
-
-def with_database(url: str, name: str) -> str:
-    """``url`` pointed at database ``name``."""
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
-
-
-def run_admin(admin_url: str, query: str, **identifiers: str) -> None:
-    """Run a named query of sql/queries/testing.sql with its ``{identifiers}`` filled in."""
-    statement = sql.SQL(queries[query]).format(**{k: sql.Identifier(v) for k, v in identifiers.items()})
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if query == "drop_database":
-            conn.execute(queries["terminate_connections"], {"database": identifiers["database"]})
-        conn.execute(statement)
-
-
-@contextlib.contextmanager
-def embedded_server(prefix: str) -> Iterator[str]:
-    """A private embedded Postgres 18 + pgvector (``wal_level=logical``) for the block; admin URL."""
-    root = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield start_embedded(root / "data", database="postgres")
-    finally:
-        stop_embedded(root / "data")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Against ``KB_TEST_DATABASE_URL``, run only the tests that use the test server (``pg_server``,
-    directly or through ``database_url``, ``kb``, …): the rest — chunking, paths, CLI start-up,
-    private embedded servers — never touch it and already ran in the embedded leg, so CI's second
-    leg (Postgres 15, .ci/run) would repeat them unchanged. They are reported as deselected."""
+    """Mark every test that uses the test server (``pg_server``, directly or through
+    ``database_url``, ``kb``, …) ``postgres``, so ``-m "not postgres"`` runs the pure tests alone.
+
+    Against ``KB_TEST_DATABASE_URL``, run only those tests: the rest — chunking, paths, CLI
+    start-up, private embedded servers — never touch it and already ran in the embedded leg, so
+    CI's second leg (Postgres 15, .ci/run) would repeat them unchanged. They are reported as
+    deselected."""
+    uses_server = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())]
+    for item in uses_server:
+        item.add_marker(pytest.mark.postgres)
     if not os.environ.get("KB_TEST_DATABASE_URL"):
         return
-    uses_server = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())]
     if len(uses_server) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in uses_server])
         items[:] = uses_server
@@ -96,18 +54,6 @@ def pg_server() -> Iterator[str]:
         yield url
 
 
-def make_template(server_url: str) -> str:
-    """Create this session's template database (kb's full schema) on ``server_url``; returns its name.
-
-    Named per test process, so several test runs can share one server."""
-    name = f"{TEMPLATE}_{os.getpid()}"
-    run_admin(server_url, "drop_database", database=name)
-    run_admin(server_url, "create_database", database=name)
-    with database.connect(with_database(server_url, name)) as conn:
-        apply_migrations(conn)
-    return name
-
-
 @pytest.fixture(scope="session")
 def template_url(pg_server: str) -> Iterator[str]:
     """A database holding kb's full schema, used as the template of every test database."""
@@ -117,29 +63,11 @@ def template_url(pg_server: str) -> Iterator[str]:
     run_admin(pg_server, "drop_database", database=name)
 
 
-@contextlib.contextmanager
-def fresh_database(server_url: str, template: str) -> Iterator[str]:
-    """A new database copied from ``template`` on ``server_url`` for the block; its URL."""
-    name = f"kb_test_{os.getpid()}_{next(_counter)}"
-    run_admin(server_url, "create_database_from_template", database=name, template=template)
-    try:
-        yield with_database(server_url, name)
-    finally:
-        database.close_pools()  # a test's pooled connections would block DROP DATABASE
-        run_admin(server_url, "drop_database", database=name)
-
-
 @pytest.fixture
 def database_url(pg_server: str, template_url: str) -> Iterator[str]:
     """URL of a fresh database with kb's schema, dropped after the test."""
     with fresh_database(pg_server, psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]) as url:
         yield url
-
-
-def wal_level(server_url: str) -> str:
-    """The server's ``wal_level``."""
-    with psycopg.connect(server_url) as conn:
-        return conn.execute(queries["show_wal_level"]).fetchone()[0]
 
 
 @pytest.fixture(scope="session")
@@ -159,6 +87,16 @@ def logical_database_url(logical_server: tuple[str, str]) -> Iterator[str]:
     """URL of a fresh database with kb's schema on a ``wal_level=logical`` server."""
     with fresh_database(*logical_server) as url:
         yield url
+
+
+@pytest.fixture
+def listener(database_url: str) -> Iterator[psycopg.Connection]:
+    """A connection to the test's database that ran ``LISTEN kb_events`` (design §6); read what
+    it received with ``support.events.received_events``."""
+    conn = psycopg.connect(database_url, autocommit=True)
+    conn.execute("LISTEN kb_events")
+    yield conn
+    conn.close()
 
 
 @pytest.fixture
@@ -183,20 +121,3 @@ def kb_env(settings: Settings) -> dict[str, str]:
         KB_EMBEDDING_MODEL="hashing",
     )
     return env
-
-
-def run_cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python -m kb.cli ARGS`` with ``env``; returns the completed process."""
-    result = subprocess.run(
-        [sys.executable, "-m", "kb.adapters.cli", *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"kb {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
-    return result
-
-
-def git(repo: Path, *args: str) -> str:
-    """Run the real git CLI in ``repo``; returns stdout (raises on failure)."""
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout

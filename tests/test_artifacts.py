@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import git, run_cli
-from test_projection import _events, listener  # noqa: F401  (the kb_events listener fixture)
+from support.commands import git, run_cli
+from support.events import received_events
 
 from kb.db import database
 from kb.index.embedding import HashingEmbedder
@@ -333,10 +333,10 @@ def test_delete_announces_document_deleted_on_kb_events(kb, listener):
     kb.create_workspace(1)
     saved = kb.artifacts(1).save("Announced", "# a\n")
     kb.project(1)
-    _events(listener)
+    received_events(listener)
     revision = kb.artifacts(1).delete(saved.id)
     kb.project(1)  # finds no row left to delete: the artifact layer announced it
-    deleted = [e for e in _events(listener) if e["event"] == "document_deleted"]
+    deleted = [e for e in received_events(listener) if e["event"] == "document_deleted"]
     assert deleted == [{"event": "document_deleted", "workspace_id": 1, "revision": revision.id,
                         "id": saved.id, "path": saved.path}]
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import git
+from support.commands import git
 
 from kb.db.database import start_embedded, stop_embedded
 from kb.errors import InvalidInput
@@ -68,6 +68,7 @@ def test_large_documents_stay_in_git_but_are_not_indexed(kb, tmp_path, settings)
     assert "KB_MAX_INDEX_BYTES" in problems[0]["index_error"]
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_embedded_server_survives_a_truncated_handle_list(tmp_path):
     """The wheel rewrites .handle_pids.json in place; a kill mid-write left it empty and every
     later start failed with a JSON error."""

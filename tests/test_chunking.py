@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import corpus_path
+from support.corpus import corpus_path, markdown_files
 
 from kb.index.chunking import Chunker, line_of, line_starts
 from kb.citations.envelope import document_lines
@@ -15,10 +15,10 @@ def test_line_of():
     assert [line_of(starts, i) for i in range(len(text))] == [1, 1, 2, 2, 2, 3, 4, 4, 4]
 
 
-@pytest.mark.parametrize("language", ["en", "ja", "ar"])
+@pytest.mark.parametrize("language", ["en", "de", "ja", "ar"])
 def test_spans_match_the_file_on_real_corpus(language):
     chunker = Chunker(64)
-    for path in sorted(corpus_path("obsidian-help", language).rglob("*.md"))[:60]:
+    for path in markdown_files(corpus_path(language)):
         text = path.read_text(encoding="utf-8")
         lines = document_lines(text)
         for chunk in chunker.chunk(text):

@@ -1,11 +1,11 @@
-"""A short sample of the citation stress (tests/citation_stress.py; long runs:
+"""A short sample of the citation stress (tests/support/citation_stress.py; long runs:
 ``bin/stress_citations.py``): searches checked against ``git show`` while commits, projections,
 index runs and reindexes race, then convergence (SPEC §7, §8)."""
 
 from __future__ import annotations
 
 from kb.index.embedding import HashingEmbedder
-from tests.citation_stress import stress
+from support.citation_stress import stress
 
 
 def test_searches_racing_writes_and_index_runs_cite_git_s_lines_and_the_index_converges(kb):

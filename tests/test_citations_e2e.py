@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tests.citation_fuzz import run_e2e
+from support.citation_fuzz import run_e2e
 
 CASES = int(os.environ.get("KB_E2E_CITATION_CASES", "50"))
 

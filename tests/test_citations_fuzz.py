@@ -9,10 +9,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.citation_fuzz import FollowTally, check_follow, check_line_counting, check_normalizer, check_rendering
+from support.citation_fuzz import FollowTally, check_follow, check_line_counting, check_normalizer, check_rendering
 
 SEEDS = st.integers(min_value=0, max_value=2**64 - 1)
-"""Each example is a seed for the shared generators (tests/citation_fuzz.py); a failure prints it,
+"""Each example is a seed for the shared generators (tests/support/citation_fuzz.py); a failure prints it,
 and ``bin/fuzz_citations.py`` runs the same checks over many more."""
 FAST = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 

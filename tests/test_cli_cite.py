@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import run_cli
+from support.commands import run_cli
 
 POLICY = "# Refund policy\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\nMonthly plans are not refunded.\n"
 
@@ -21,7 +21,7 @@ def test_newcomer_flow_search_cite_edit_resolve_follow(kb_env, tmp_path):
     assert 'cite="[1]"' in out and "     4  Annual subscriptions may be refunded within 30 days." in out
     answer = tmp_path / "answer.md"
     answer.write_text("Annual plans are refundable for 30 days [1:L3-4]; see also [9].\n")
-    normalized = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1")
+    normalized = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1", "--drop-unknown")
     assert normalized.stdout == "Annual plans are refundable for 30 days [1:L3-L4]; see also.\n"
     assert "[9]" in normalized.stderr
     # the document is edited: two lines above the cited ones, so they shift down by 2
@@ -63,10 +63,10 @@ def test_normalize_help_is_truthful_and_in_place_rewrites_the_file(kb_env, tmp_p
     answer = tmp_path / "answers" / "answer.md"
     answer.write_text("Refunds within 30 days [1:L3-4] [9].\n")
     answer.chmod(0o640)
-    printed = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1")
+    printed = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1", "--drop-unknown")
     assert printed.stdout == "Refunds within 30 days [1:L3-L4].\n"
     assert answer.read_text() == "Refunds within 30 days [1:L3-4] [9].\n"  # printing leaves FILE alone
-    rewritten = run_cli(kb_env, "cite", "normalize", str(answer), "--in-place", "--chat", "c1", "-w", "1")
+    rewritten = run_cli(kb_env, "cite", "normalize", str(answer), "--in-place", "--chat", "c1", "-w", "1", "--drop-unknown")
     assert rewritten.stdout == "" and f"kb: {answer}: citations normalized" in rewritten.stderr
     assert "[9]" in rewritten.stderr  # the dropped handle is still reported
     assert answer.read_text() == "Refunds within 30 days [1:L3-L4].\n" and answer.stat().st_mode & 0o777 == 0o640

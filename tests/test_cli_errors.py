@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 
 
 def _one_line_error(result) -> str:

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import git, run_cli
+from support.commands import git, run_cli
 
 
 def _notes(tmp_path: Path, count: int = 3, name: str = "notes") -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import run_cli
+from support.commands import run_cli
 
 from kb.adapters.cli.main import main
 from kb.db.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
@@ -122,7 +122,7 @@ def test_schema_check_sends_every_difference_to_the_migration_runner(kb: Knowled
 
 
 def test_schema_check_on_an_empty_database_is_false(pg_server: str) -> None:
-    from conftest import run_admin, with_database
+    from support.database import run_admin, with_database
 
     run_admin(pg_server, "drop_database", database="kb_t_empty")
     run_admin(pg_server, "create_database", database="kb_t_empty")

@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
 from kb.paths import StorePath, name_key
-from tests.conftest import git
+from support.commands import git
 
 WS = 1
 HOSTILE = [
@@ -187,7 +187,7 @@ def test_retitle_moves_the_document_and_keeps_its_id(workspace):
 
 
 def test_cli_new_prints_the_final_path(workspace, kb_env):
-    from conftest import run_cli
+    from support.commands import run_cli
 
     first = run_cli(kb_env, "new", "/documents/Plans", "Q3 plan: draft?", "-w", "1", "--body", "ship\n")
     second = run_cli(kb_env, "new", "/documents/Plans", "q3 PLAN: draft?", "-w", "1", "--body", "again\n")

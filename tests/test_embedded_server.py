@@ -18,20 +18,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
+from support.network import free_port
 
 from psycopg import sql
 
 from kb.db.database import running_server, start_embedded, stop_embedded
 from kb.db.embedded_server import default_shared_buffers
 from kb.db.sql import queries
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def accepts_tcp(port: int) -> bool:
@@ -58,6 +52,7 @@ def _embedded_env(root: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_alter_system_port_and_listen_addresses_cannot_lose_the_server(storage_root: Path) -> None:
     pgdata = storage_root / "postgres"
     url = start_embedded(pgdata)
@@ -78,6 +73,7 @@ def test_alter_system_port_and_listen_addresses_cannot_lose_the_server(storage_r
     assert "schema:" in run_cli(env, "init").stdout
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_embedded_listen_serves_tcp_clients_and_can_be_turned_off(storage_root: Path) -> None:
     port = free_port()
     env = _embedded_env(storage_root, KB_EMBEDDED_LISTEN=f"127.0.0.1:{port}")
@@ -96,6 +92,7 @@ def test_embedded_listen_serves_tcp_clients_and_can_be_turned_off(storage_root: 
     assert not accepts_tcp(port)
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
     env = _embedded_env(storage_root, KB_EMBEDDED_LISTEN="localhost")
     result = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "db-url"], env=env, capture_output=True, text=True)
@@ -104,6 +101,7 @@ def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -> None:
     """Issue 15: commands trust the recorded check of a running server; when that trust is wrong
     (a DBA dropped kb's database while the server ran) the next command makes the full check
@@ -133,6 +131,7 @@ def test_default_shared_buffers_is_an_eighth_of_memory_within_bounds(memory_mb: 
     assert default_shared_buffers(memory_mb * 2**20) == expected
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_a_new_server_gets_shared_buffers_for_the_machine_and_a_dbas_later_choice_stands(storage_root: Path) -> None:
     """kb sizes shared_buffers when it creates the data directory (Postgres' 128 MB is smaller
     than one large workspace's HNSW index) and never again: after a DBA's ALTER SYSTEM and a

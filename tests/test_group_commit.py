@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import git
+from support.commands import git
 
 from kb.db import database
 
@@ -178,6 +178,7 @@ def test_a_blob_another_writer_is_storing_at_the_same_time_is_stored_without_wai
     assert git(repo.path, "cat-file", "-p", blob_id).encode() == data
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_intent_ids_are_never_reused_after_a_postgres_crash(tmp_path):
     """Migration 0017: a Postgres crash empties the UNLOGGED kb.write_intents and, before the fix,
     reset its id sequence to 1 as well, while the group-commit journal in .git survives. A stale

@@ -24,7 +24,7 @@ import pytest
 
 from kb.index.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
-from tests.citation_stress import git_lines
+from support.citation_stress import git_lines
 
 
 class _EmbedderWithHook(HashingEmbedder):

@@ -3,12 +3,11 @@ failures per document, and tells the operator where it stands."""
 
 from __future__ import annotations
 
-import random
 from types import SimpleNamespace
 
-import psycopg
 import pytest
-from embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
+from support.embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
+from support.generated_documents import generated_corpus, generated_paragraphs, named_rows, write_all
 
 from kb.db import database
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
@@ -19,26 +18,15 @@ from kb.index.indexer import sha256_text
 from kb.knowledge_base import KnowledgeBase
 from kb.db.sql import queries
 
-WORDS = "alpha beta gamma delta kappa omega sigma tau refund policy annual plan invoice".split()
-
-
-def _rows(kb: KnowledgeBase, query: str, **params) -> list[dict]:
-    with database.connect(kb.database_url, autocommit=True) as conn:
-        return conn.execute(queries[query], params).fetchall()
 
 
 def _chunk_set(kb, ws):
-    return _rows(kb, "test_chunk_set", workspace_id=ws)
-
-
-def _paragraphs(n: int, seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    return [f"Section {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(25, 45))) for i in range(n)]
+    return named_rows(kb, "test_chunk_set", workspace_id=ws)
 
 
 def _embedded(kb, ws, row, text: str) -> str:
     """The text the indexer embeds for a chunk row: context line (title, heading path) + text."""
-    title = _rows(kb, "document_by_path", workspace_id=ws, path=row["path"])[0]["title"]
+    title = named_rows(kb, "document_by_path", workspace_id=ws, path=row["path"])[0]["title"]
     [path] = heading_paths(text, [SimpleNamespace(start_char=row["start_char"])])
     return embedded_text(context_line(title, path), row["text"])
 
@@ -63,7 +51,7 @@ def small_chunks(settings):
 def test_one_line_edit_embeds_exactly_the_changed_chunks(small_chunks):
     kb = small_chunks
     embedder = kb.use_embedder(CountingEmbedder())
-    paragraphs = _paragraphs(150)
+    paragraphs = generated_paragraphs(150)
     text = "\n\n".join(paragraphs) + "\n"
     kb.create_workspace(1)
     with kb.transaction(1, "big doc", "t") as tx:
@@ -106,19 +94,6 @@ def test_one_line_edit_embeds_exactly_the_changed_chunks(small_chunks):
     _assert_spans_match(kb, 1, {"/documents/Big.md": text3})
 
 
-def _corpus(n: int) -> dict[str, str]:
-    paragraphs = _paragraphs(n * 3, seed=3)
-    return {f"/documents/Folder {i % 4}/Doc {i}.md": "\n\n".join(paragraphs[3 * i : 3 * i + 3]) + "\n"
-            for i in range(n)}
-
-
-def _write_all(kb, ws, docs: dict[str, str], message="import") -> None:
-    kb.create_workspace(ws)
-    with kb.transaction(ws, message, "t") as tx:
-        for path, text in docs.items():
-            tx.write(path, text)
-
-
 def _snapshot(kb, ws):
     return [(r["path"], r["id"], r["position"], r["text_sha256"], r["start_char"], r["end_char"],
              r["start_line"], r["end_line"]) for r in _chunk_set(kb, ws)]
@@ -126,8 +101,8 @@ def _snapshot(kb, ws):
 
 def test_reindex_twice_embeds_nothing_and_rebuilds_from_cache(kb):
     embedder = kb.use_embedder(CountingEmbedder())
-    docs = _corpus(40)
-    _write_all(kb, 1, docs)
+    docs = generated_corpus(40)
+    write_all(kb, 1, docs)
     first = kb.reindex(1)
     assert first.documents_indexed == 40 and first.embeddings_computed > 0
     snapshot = _snapshot(kb, 1)
@@ -146,14 +121,14 @@ def test_reindex_twice_embeds_nothing_and_rebuilds_from_cache(kb):
     rebuilt = _snapshot(kb, 1)
     assert [r[:1] + r[2:] for r in rebuilt] == [r[:1] + r[2:] for r in snapshot]
     _assert_spans_match(kb, 1, docs)
-    runs = _rows(kb, "test_index_runs", workspace_id=1)
+    runs = named_rows(kb, "test_index_runs", workspace_id=1)
     assert [r["status"] for r in runs] == ["finished"] * 3
     assert runs[-1]["documents_done"] == runs[-1]["documents_total"] == 40
 
 
 def test_reindex_prunes_and_upserts_rows_that_drifted_from_git(kb):
-    docs = _corpus(5)
-    _write_all(kb, 1, docs)
+    docs = generated_corpus(5)
+    write_all(kb, 1, docs)
     kb.index(1)
     with kb.transaction(1, "remove one", "t") as tx:
         tx.remove("/documents/Folder 0/Doc 0.md")
@@ -165,17 +140,17 @@ def test_reindex_prunes_and_upserts_rows_that_drifted_from_git(kb):
 
 def test_poison_document_is_quarantined_and_the_workspace_converges(kb):
     embedder = kb.use_embedder(PoisonEmbedder())
-    docs = _corpus(100)
+    docs = generated_corpus(100)
     poison = "/documents/Folder 1/Doc 13.md"
     docs[poison] = "# Bad\n\nthis text is POISON for the model\n"
-    _write_all(kb, 1, docs)
+    write_all(kb, 1, docs)
 
     first = kb.index(1)
     assert first.documents_indexed == 99 and first.documents_failed == 1
     assert list(first.failures) == [poison] and "rejected" in first.failures[poison]
     assert first.documents_still_failed == 1
     head = kb.head(1)
-    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["stamp"] == head and lag["revisions_behind"] == 0  # the stamp advanced past successes
     assert lag["documents_failed"] == 1 and lag["documents_quarantined"] == 0
     swept = kb.sweep()  # failed documents get a delayed retry, not an immediate job
@@ -183,14 +158,14 @@ def test_poison_document_is_quarantined_and_the_workspace_converges(kb):
 
     for _ in range(2):
         kb.index(1)
-    states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
+    states = {r["path"]: r for r in named_rows(kb, "test_document_states", workspace_id=1)}
     assert states[poison]["status"] == "quarantined" and states[poison]["index_attempts"] == 3
     assert "rejected" in states[poison]["index_error"]
     assert sum(1 for r in states.values() if r["status"] == "indexed") == 99
     status = kb.status(1)["workspace"]
     assert status["index_stamp"] == head and status["quarantined"] == 1
     assert [d["path"] for d in status["quarantined_documents"]] == [poison]
-    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["documents_failed"] == 0 and lag["documents_quarantined"] == 1
     # quarantined: no more attempts from index_changes, and the sweep has nothing to do
     calls = embedder.calls
@@ -203,13 +178,13 @@ def test_poison_document_is_quarantined_and_the_workspace_converges(kb):
     with kb.transaction(1, "fix", "t") as tx:
         tx.write(poison, "# Fixed\n\nfine now\n")
     kb.index(1)
-    states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
+    states = {r["path"]: r for r in named_rows(kb, "test_document_states", workspace_id=1)}
     assert states[poison]["status"] == "indexed" and states[poison]["index_attempts"] == 0
 
 
 def test_nan_vector_fails_only_its_document(kb):
     kb.use_embedder(NaNEmbedder())
-    _write_all(kb, 1, {"/documents/a.md": "fine words\n", "/documents/b.md": "has NANTEXT inside\n"})
+    write_all(kb, 1, {"/documents/a.md": "fine words\n", "/documents/b.md": "has NANTEXT inside\n"})
     report = kb.index(1)
     assert report.documents_indexed == 1 and report.documents_failed == 1
     assert "NaN" in report.failures["/documents/b.md"]
@@ -226,7 +201,7 @@ def test_unindexable_documents_stay_in_git_and_do_not_fail_the_job(kb):
         tx.write("/documents/ok.md", b"ok\n")
     report = kb.index(1)
     assert report.documents_unindexable == 2 and report.documents_failed == 0
-    states = {r["path"]: r for r in _rows(kb, "test_document_states", workspace_id=1)}
+    states = {r["path"]: r for r in named_rows(kb, "test_document_states", workspace_id=1)}
     assert states["/documents/nul-byte.md"]["status"] == "unindexable"
     assert "NUL" in states["/documents/nul-byte.md"]["index_error"]
     assert "UTF-8" in states["/documents/latin1.md"]["index_error"]
@@ -241,32 +216,32 @@ def test_dimension_mismatch_names_both_dimensions(kb):
 
 
 def test_index_lag_and_job_health_views(kb):
-    _write_all(kb, 1, _corpus(3))
-    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    write_all(kb, 1, generated_corpus(3))
+    lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["head"] == kb.head(1) and lag["stamp"] is None and lag["revisions_behind"] == 1
-    health = {r["queue"]: r for r in _rows(kb, "test_job_health")}
+    health = {r["queue"]: r for r in named_rows(kb, "test_job_health")}
     assert health["index"]["todo"] == 1 and health["projection"]["todo"] == 1
     assert health["index"]["oldest_waiting"] is not None
     kb.run_worker(until_idle=True)
-    lag = _rows(kb, "test_index_lag", workspace_id=1)[0]
+    lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["stamp"] == lag["head"] and lag["revisions_behind"] == 0
     assert lag["documents_pending"] == 0 and lag["last_run_status"] == "finished"
-    health = {r["queue"]: r for r in _rows(kb, "test_job_health")}
+    health = {r["queue"]: r for r in named_rows(kb, "test_job_health")}
     assert health["index"]["todo"] == 0 and health["index"]["failed"] == 0
 
 
 def test_sweep_defers_work_for_workspaces_behind_git_head(kb):
-    _write_all(kb, 1, _corpus(2))
+    write_all(kb, 1, generated_corpus(2))
     kb.run_worker(until_idle=True)
     assert kb.sweep().index_deferred == []
     # a revision whose jobs were never deferred (e.g. the queue rows were lost): the sweep finds it
-    _write_all(kb, 1, {"/documents/new.md": "new text\n"}, "second")
+    write_all(kb, 1, {"/documents/new.md": "new text\n"}, "second")
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["delete_todo_jobs_for_tests"])
     report = kb.sweep()
     assert report.index_deferred == [1] and report.projection_deferred == [1]
     assert kb.sweep().index_deferred == [1]  # coalesced: still one waiting job
-    jobs = [j for j in _rows(kb, "test_jobs") if j["status"] == "todo"]
+    jobs = [j for j in named_rows(kb, "test_jobs") if j["status"] == "todo"]
     assert sorted(j["task_name"] for j in jobs) == ["kb.index_changes", "kb.project_changes"]
     kb.run_worker(until_idle=True)
     assert kb.status(1)["workspace"]["index_stamp"] == kb.head(1)
@@ -295,17 +270,17 @@ def test_markdown_tables_and_fenced_code_stay_whole():
 
 def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(kb):
     embedder = kb.use_embedder(HashingEmbedder())
-    _write_all(kb, 1, _corpus(80))
-    _write_all(kb, 2, {f"/documents/s{i}.md": p for i, p in enumerate(_paragraphs(12, seed=11))})
+    write_all(kb, 1, generated_corpus(80))
+    write_all(kb, 2, {f"/documents/s{i}.md": p for i, p in enumerate(generated_paragraphs(12, seed=11))})
     kb.index(1)
     kb.index(2)
     small = _chunk_set(kb, 2)
     assert len(small) == 12
-    texts = {f"/documents/s{i}.md": p for i, p in enumerate(_paragraphs(12, seed=11))}
+    texts = {f"/documents/s{i}.md": p for i, p in enumerate(generated_paragraphs(12, seed=11))}
     vector = embedder.embed(["refund policy annual plan"])[0]
     from kb.index.embedding import vector_literal
 
-    leg = [r["id"] for r in _rows(kb, "bench_vector_leg", workspace_id=2, embedding=vector_literal(vector), k=10)]
+    leg = [r["id"] for r in named_rows(kb, "bench_vector_leg", workspace_id=2, embedding=vector_literal(vector), k=10)]
     assert len(leg) == 10
     scores = {r["id"]: float(embedder.embed([_embedded(kb, 2, r, texts[r["path"]])])[0] @ vector) for r in small}
     exact = sorted(scores, key=lambda i: (-scores[i], i))[:10]
@@ -314,18 +289,18 @@ def test_vector_leg_returns_k_exact_rows_in_a_small_workspace_beside_a_big_one(k
 
 def test_index_job_with_failed_documents_defers_a_delayed_retry(kb):
     kb.use_embedder(PoisonEmbedder())
-    _write_all(kb, 1, {"/documents/ok.md": "fine\n", "/documents/bad.md": "POISON here\n"})
+    write_all(kb, 1, {"/documents/ok.md": "fine\n", "/documents/bad.md": "POISON here\n"})
     kb.run_worker(until_idle=True)
-    jobs = _rows(kb, "test_jobs")
+    jobs = named_rows(kb, "test_jobs")
     assert any(j["task_name"] == "kb.index_changes" and j["status"] == "succeeded" for j in jobs)
     waiting = [j for j in jobs if j["status"] == "todo"]
     assert len(waiting) == 1 and waiting[0]["task_name"] == "kb.defer_when_due"
     assert waiting[0]["queueing_lock"] == "index-retry:1" and waiting[0]["scheduled_later"]
     assert kb.sweep().retry_deferred == [1]  # coalesced with the waiting retry
-    assert len([j for j in _rows(kb, "test_jobs") if j["status"] == "todo"]) == 1
+    assert len([j for j in named_rows(kb, "test_jobs") if j["status"] == "todo"]) == 1
     # a new revision's immediate job is not blocked by the waiting retry
-    _write_all(kb, 1, {"/documents/more.md": "more\n"}, "more")
-    locks = sorted(j["queueing_lock"] for j in _rows(kb, "test_jobs") if j["status"] == "todo")
+    write_all(kb, 1, {"/documents/more.md": "more\n"}, "more")
+    locks = sorted(j["queueing_lock"] for j in named_rows(kb, "test_jobs") if j["status"] == "todo")
     assert locks == ["index-retry:1", "index:1", "projection:1"]
 
 

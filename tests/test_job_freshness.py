@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 
 from kb.db import database
 

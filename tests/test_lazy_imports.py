@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 
 from kb.index.embedding import minilm_available
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from conftest import git
+from support.commands import git
 
 from kb.knowledge_base import KnowledgeBase
 from kb.git.maintenance import loose_object_count, maintain_workspaces

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import git, run_cli
+from support.commands import git, run_cli
+from support.network import free_port
 
 AUTHOR = "Ada Lovelace <ada@example.com>"
 PLAN = "# Plan\n\nline three\nline four about the refund window\nline five\n"
@@ -163,15 +163,9 @@ def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace,
     assert git(repo, "show", "HEAD:documents/Crash.md") == "# survived\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def served(workspace, kb_env):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                              "--author", AUTHOR], env=kb_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"

@@ -7,7 +7,7 @@ import re
 import psycopg
 import pytest
 import sqlglot
-from conftest import run_admin, with_database
+from support.database import run_admin, with_database
 
 from kb.errors import MigrationError
 from kb.db.migrations import apply_migrations, migration_files

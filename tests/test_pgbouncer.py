@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from core_flow import WORKSPACE, assert_converged, run_core_flow
+from support.core_flow import WORKSPACE, assert_converged, run_core_flow
+from support.network import free_port
 
 from kb.db import database
 
@@ -30,12 +30,6 @@ from kb.jobs import tasks as jobs
 from kb.settings import Settings
 
 POOL_SIZE = 3  # few server connections, so clients share them all the time
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _run_as(host: str) -> str | None:
@@ -58,7 +52,7 @@ def pgbouncer(database_url: str) -> Iterator[str]:
     host, port, user = info.get("host", "127.0.0.1"), info.get("port", "5432"), info.get("user", "postgres")
     work = Path(tempfile.mkdtemp(prefix="kbbouncer-"))
     work.chmod(0o777)
-    listen = _free_port()
+    listen = free_port()
     (work / "users.txt").write_text(f'"{user}" ""\n')
     (work / "pgbouncer.ini").write_text(
         f"[databases]\n* = host={host} port={port}\n\n[pgbouncer]\n"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import psycopg
-import pytest
-from conftest import run_cli
+from support.commands import run_cli
+from support.events import received_events
 from psycopg.rows import dict_row
 
 from kb.store.projection import event_payload, renamed_folder_candidates
@@ -28,18 +28,6 @@ def _folders(url: str, ws: int = 1) -> dict[str, dict]:
             "SELECT id, path, name, parent_path FROM kb.folders WHERE workspace_id = %s", (ws,)
         ).fetchall()
     return {r["path"]: r for r in rows}
-
-
-@pytest.fixture
-def listener(database_url):
-    conn = psycopg.connect(database_url, autocommit=True)
-    conn.execute("LISTEN kb_events")
-    yield conn
-    conn.close()
-
-
-def _events(listener) -> list[dict]:
-    return [json.loads(n.payload) for n in listener.notifies(timeout=0.5)]
 
 
 def test_folder_candidates_from_a_move():
@@ -72,7 +60,7 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     assert sorted(folders) == ["/documents/A", "/documents/A/B", "/documents/A/B/C", "/documents/C"]
     assert folders["/documents/A/B"]["parent_path"] == "/documents/A"
     assert folders["/documents/A"]["parent_path"] is None
-    created = _events(listener)
+    created = received_events(listener)
     assert {e["id"] for e in created if e["event"] == "document_created"} == {d["id"] for d in docs.values()}
     assert all(e["revision"] == first.revision and e["workspace_id"] == 1 for e in created)
 
@@ -96,7 +84,7 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     assert _docs(url)["/documents/R/B/y.md"]["id"] == docs["/documents/A/B/y.md"]["id"]
     assert sorted(moved.folders_moved) == sorted(f["id"] for f in folders.values() if f["path"].startswith("/documents/A"))
     assert not moved.folders_deleted and not moved.folders_created and not moved.deleted
-    _events(listener)
+    received_events(listener)
 
     # chained moves over two revisions projected at once, and a swap inside one revision
     with kb.transaction(1) as tx:
@@ -120,7 +108,7 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     # moving a folder's every file into a new folder is, to git, that folder's rename
     assert _folders(url)["/documents/T"]["id"] == folders["/documents/A/B/C"]["id"]
     assert "/documents/S" not in _folders(url)
-    events = _events(listener)
+    events = received_events(listener)
     assert {e["event"] for e in events} == {"document_updated", "folder_updated"}
     assert {"event": "folder_updated", "workspace_id": 1, "revision": result.revision,
             "id": folders["/documents/A/B/C"]["id"], "path": "/documents/T"} in events
@@ -135,14 +123,14 @@ def test_last_document_of_folder_removes_folder_unless_keep(kb, settings, listen
     kb.project(1)
     folders = _folders(settings.database_url)
     doc_id = _docs(settings.database_url)["/documents/Old/only.md"]["id"]
-    _events(listener)
+    received_events(listener)
     with kb.transaction(1) as tx:
         tx.remove("/documents/Old/only.md")
         tx.remove("/documents/Kept/only.md")
     result = kb.project(1)
     assert sorted(_folders(settings.database_url)) == ["/documents/Kept"]
     assert result.folders_deleted == [folders["/documents/Old"]["id"]]
-    events = _events(listener)
+    events = received_events(listener)
     assert {"event": "folder_deleted", "workspace_id": 1, "revision": result.revision,
             "id": folders["/documents/Old"]["id"], "path": "/documents/Old"} in events
     assert any(e["event"] == "document_deleted" and e["id"] == doc_id for e in events)
@@ -158,11 +146,11 @@ def test_events_are_sent_only_when_the_projection_commits(kb, settings, listener
 
     with database.connect(settings.database_url) as conn:
         result = project(conn, kb.store(1).repository, 1)
-        assert result.events and _events(listener) == []  # not yet committed
+        assert result.events and received_events(listener) == []  # not yet committed
         conn.rollback()
     assert _docs(settings.database_url) == {}
     kb.project(1)
-    assert [e["event"] for e in _events(listener)] == ["document_created"]
+    assert [e["event"] for e in received_events(listener)] == ["document_created"]
 
 
 def test_client_row_first_keeps_type_metadata_and_title(kb, settings):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import unicodedata
 
 import pytest
-from conftest import git, run_cli
+from support.commands import git, run_cli
 
 from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError, StorageError, WorkspaceNotFound
 from kb.knowledge_base import KnowledgeBase

@@ -15,9 +15,9 @@ import sys
 import psycopg
 from psycopg import sql
 import pytest
-from conftest import git, run_cli
-from git_servers import bare_repository, git_daemon, git_http_server
-from test_worker_kill import _wait
+from support.commands import git, run_cli
+from support.git_servers import bare_repository, git_daemon, git_http_server
+from support.waiting import wait_until
 from pydantic import SecretStr
 
 from kb.db import database
@@ -200,7 +200,7 @@ def test_twenty_revisions_then_kill_9_of_the_worker_mid_push_remote_ends_at_head
     worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: kb.remote(1).status().last_pushed_revision == head, 120, "the retried push")
+        wait_until(lambda: kb.remote(1).status().last_pushed_revision == head, 120, "the retried push")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)

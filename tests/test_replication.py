@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 from psycopg.rows import dict_row
 
 from kb.db.database import start_embedded, stop_embedded

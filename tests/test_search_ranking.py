@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from embedders import CountingEmbedder
+from support.embedders import CountingEmbedder
 
 from kb.db import database
 

@@ -1,5 +1,6 @@
 """Issue 11 / SPEC §10: seeding a workspace from a legacy knowledge base, asserted per planted row
-of make_legacy.py's summary (obsidian-help/en and a tldr subset)."""
+of the legacy generator's summary (tests/support/legacy_source.py: the test corpus's English pages,
+and the first 30 pages of the whole corpus)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import numpy as np
 import psycopg
 import pytest
-from conftest import git, run_cli
-from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en, tldr_pages
+from support.commands import git, run_cli
+from support.legacy import all_pages, drop_legacy, english_pages, LegacyHashEmbedder, make_legacy
 
 from kb.errors import LegacySourceError, SeedRefused
 from kb.paths import blob_id, name_key, safe_filename
@@ -17,19 +18,20 @@ from kb.db.sql import queries
 
 
 @pytest.fixture(scope="module")
-def obsidian_legacy(pg_server):
-    made = make_legacy(pg_server, obsidian_en(), workspace=3)
+def english_legacy(pg_server):
+    made = make_legacy(pg_server, english_pages(), workspace=3)
     yield made
     drop_legacy(pg_server, made[0])
 
 
-@pytest.fixture(scope="module", params=["obsidian-help/en", "tldr subset"])
-def any_legacy(request, pg_server, obsidian_legacy):
-    """The quirk test runs on both legacy sets of the issue: obsidian-help/en and a tldr subset."""
-    if request.param == "obsidian-help/en":
-        yield obsidian_legacy
+@pytest.fixture(scope="module", params=["english pages", "corpus subset"])
+def any_legacy(request, pg_server, english_legacy):
+    """The quirk test runs on two legacy sets: the English pages, and the first 30 pages of the
+    whole corpus (German, Japanese and Arabic titles and folders among them)."""
+    if request.param == "english pages":
+        yield english_legacy
         return
-    made = make_legacy(pg_server, tldr_pages(), workspace=3, subset=120)
+    made = make_legacy(pg_server, all_pages(), workspace=3, subset=30)
     yield made
     drop_legacy(pg_server, made[0])
 
@@ -69,9 +71,9 @@ def expected_rank(by_id, legacy, legacy_id) -> int:
     return 1 + len(earlier)
 
 
-def test_dry_run_writes_nothing_and_reports_the_plan(legacy_kb, obsidian_legacy):
+def test_dry_run_writes_nothing_and_reports_the_plan(legacy_kb, english_legacy):
     kb, _ = legacy_kb
-    dsn, summary = obsidian_legacy
+    dsn, summary = english_legacy
     report = kb.seed(dsn, 3, 5)
     assert report.dry_run and report.revision is None
     assert not kb.store(5).exists()
@@ -187,9 +189,9 @@ def test_seed_quirks_parity_identity_and_zero_embedding(legacy_kb, any_legacy):
     assert embedder.texts == [query]  # the query only
 
 
-def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, obsidian_legacy, pg_server):
+def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_legacy, pg_server):
     kb, embedder = legacy_kb
-    dsn, _ = obsidian_legacy
+    dsn, _ = english_legacy
     first = kb.seed(dsn, 3, 6, yes=True)
     again = kb.seed(dsn, 3, 6, yes=True)
     assert again.revision is None and again.parity.ok and again.chunks_adopted == 0
@@ -235,9 +237,9 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, obsidian
     assert embedder.texts == []
 
 
-def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, obsidian_legacy, pg_server):
+def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, english_legacy, pg_server):
     kb, _ = legacy_kb
-    dsn, _ = obsidian_legacy
+    dsn, _ = english_legacy
     with pytest.raises(SeedRefused, match="yes=True"):
         kb.seed(dsn, 3, 7, flip=True)
     with pytest.raises(LegacySourceError, match="no documents"):
@@ -253,3 +255,26 @@ def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, obsidian_legacy, 
         kb.seed(dsn, 3, 7, yes=True)
     assert kb.list_paths(7) == {"/documents/mine.md": kb.list_paths(7)["/documents/mine.md"]}
     assert kb.seed(dsn, 3, 7).dry_run  # a dry run is always allowed
+
+
+def test_a_writer_removing_documents_during_the_seed_fails_cleanly_and_a_rerun_converges(legacy_kb, english_legacy):
+    """A writer removing seeded documents between the seed revision and identity adoption (a
+    KeyError that left a seed revision without its kb.seeds row, so seeding again was refused)."""
+    kb, _ = legacy_kb
+    dsn, _summary = english_legacy
+    victims = sorted(e.path for e in kb.seed(dsn, 3, 5).seeded[:3])
+
+    def racing_writer(message: str) -> None:
+        if message.startswith("parity:"):
+            with kb.transaction(5, "remove while seeding", "racer") as tx:
+                for path in victims:
+                    tx.remove(path)
+
+    with pytest.raises(SeedRefused, match="removed or moved by another writer"):
+        kb.seed(dsn, 3, 5, yes=True, flip=True, progress=racing_writer)
+    with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        seed = conn.execute(queries["get_seed"], {"workspace_id": 5}).fetchone()
+    assert seed is not None and not seed["parity_ok"] and not seed["flipped"]
+    again = kb.seed(dsn, 3, 5, yes=True, flip=True)  # a re-seed, not refused as foreign documents
+    assert again.parity.ok and again.not_adopted == [] and again.flipped
+    assert all(kb.store(5).read(path) for path in victims)  # the legacy documents are back

@@ -1,5 +1,5 @@
 """Issue 11: ``kb seed`` / ``kb spans`` / ``kb drift`` as a user runs them (real CLI subprocesses), on
-a tldr subset whose legacy model differs from the active one (re-embedded through the cache), and
+the whole test corpus, whose legacy model differs from the active one (re-embedded through the cache), and
 the drift check repairing Postgres-side drift of a flipped workspace."""
 
 from __future__ import annotations
@@ -8,21 +8,21 @@ import json
 
 import psycopg
 import pytest
-from conftest import git, run_cli
-from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, tldr_pages
+from support.commands import git, run_cli
+from support.legacy import all_pages, drop_legacy, LegacyHashEmbedder, make_legacy
 
 from kb.knowledge_base import KnowledgeBase
 
 
 @pytest.fixture(scope="module")
-def tldr_legacy(pg_server):
-    made = make_legacy(pg_server, tldr_pages(), workspace=2, subset=60)
+def corpus_legacy(pg_server):
+    made = make_legacy(pg_server, all_pages(), workspace=2)
     yield made
     drop_legacy(pg_server, made[0])
 
 
-def test_cli_dry_run_seed_flip_status_spans_and_model_mismatch(kb_env, settings, tldr_legacy, tmp_path):
-    dsn, summary = tldr_legacy
+def test_cli_dry_run_seed_flip_status_spans_and_model_mismatch(kb_env, settings, corpus_legacy, tmp_path):
+    dsn, summary = corpus_legacy
     dry = run_cli(kb_env, "seed", "--from-dsn", dsn, "--legacy-workspace", "2", "-w", "4")
     assert "dry run" in dry.stdout and "nothing written" in dry.stdout
     assert "blank    legacy" in dry.stdout and "pending  legacy" in dry.stdout
@@ -68,9 +68,9 @@ def test_cli_dry_run_seed_flip_status_spans_and_model_mismatch(kb_env, settings,
     assert bad.returncode == 1 and "--from-dsn" in bad.stderr
 
 
-def test_drift_check_repairs_postgres_only_and_is_capped(kb, tldr_legacy):
+def test_drift_check_repairs_postgres_only_and_is_capped(kb, corpus_legacy):
     kb.use_embedder(LegacyHashEmbedder())
-    dsn, _ = tldr_legacy
+    dsn, _ = corpus_legacy
     kb.seed(dsn, 2, 8, yes=True, flip=True)
     head = kb.head(8)
     clean = kb.drift_check()

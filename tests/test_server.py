@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,8 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import git, run_cli
-from test_worker_kill import _wait
+from support.commands import git, run_cli
+from support.network import free_port
+from support.waiting import wait_until
 
 from kb.db import database
 from kb.db.sql import queries
@@ -24,12 +24,6 @@ from kb.db.sql import queries
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 
 TESTS = Path(__file__).resolve().parent
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:
@@ -51,14 +45,14 @@ def _ready(url: str) -> bool:
 
 def _start(command: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
     """Start a server on a free port (its output goes to ``log``: an unread pipe could fill up)."""
-    port = _port()
+    port = free_port()
     slow = "slow_server.py" in command[1]
     with log.open("w") as output:
         process = subprocess.Popen([*command, *([] if slow else ["--port"]), str(port), *(["3.0"] if slow else [])],
                                    env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
+        wait_until(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
     except AssertionError:
         process.kill()
         raise
@@ -100,7 +94,7 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert git(kb.settings.knowledge_store / "1", "log", "--format=%s") == "refund policy\n"
         git(kb.settings.knowledge_store / "1", "fsck", "--strict")
         # the in-process worker indexes the revision
-        _wait(lambda: _call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None, 120,
+        wait_until(lambda: _call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None, 120,
               "the in-process worker to index the revision")
         status, found = _call(f"{url}/v1/workspaces/1/search?q=zebra%20refund&k=3")
         assert status == 200 and found["results"][0]["path"] == "/documents/Plans/Refunds.md"
@@ -135,13 +129,13 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
 
 
 def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env, tmp_path):
-    process, url = _start([sys.executable, str(TESTS / "slow_server.py")], kb_env, tmp_path / "serve.log")
+    process, url = _start([sys.executable, str(TESTS / "support" / "slow_server.py")], kb_env, tmp_path / "serve.log")
     try:
         kb.create_workspace(1)
         with kb.transaction(1, "three notes", "alice") as tx:
             for i in range(3):
                 tx.write(f"/documents/N{i}.md", f"note {i} about zebras\n")
-        _wait(lambda: "doing" in _job_status(kb, "kb.index_changes"), 120, "the index job to start")
+        wait_until(lambda: "doing" in _job_status(kb, "kb.index_changes"), 120, "the index job to start")
     finally:
         output = _stop(process, tmp_path / "serve.log")  # the embedder takes 3 s: SIGTERM lands while the job runs
     assert _job_status(kb, "kb.index_changes") == ["succeeded"], output

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import run_admin, with_database
-from core_flow import run_core_flow
+from support.database import run_admin, with_database
+from support.core_flow import run_core_flow
 
 from kb.db import database
 

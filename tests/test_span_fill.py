@@ -15,7 +15,7 @@ import time
 
 import psycopg
 import pytest
-from legacy import drop_legacy, LegacyHashEmbedder, make_legacy, obsidian_en
+from support.legacy import drop_legacy, english_pages, LegacyHashEmbedder, make_legacy
 
 from kb.citations.envelope import document_lines
 from kb.db.database import embedded_bin_dir
@@ -23,18 +23,18 @@ from kb.legacy.span_fill import align_chunks
 
 
 @pytest.fixture(scope="module")
-def obsidian_legacy(pg_server):
-    made = make_legacy(pg_server, obsidian_en(), workspace=3)
+def english_legacy(pg_server):
+    made = make_legacy(pg_server, english_pages(), workspace=3)
     yield made
     drop_legacy(pg_server, made[0])
 
 
 @pytest.fixture
-def seeded(kb, obsidian_legacy):
-    """Workspace 5 seeded from the legacy obsidian-help/en set and flipped."""
+def seeded(kb, english_legacy):
+    """Workspace 5 seeded from the legacy set of the test corpus's English pages and flipped."""
     embedder = LegacyHashEmbedder()
     kb.use_embedder(embedder)
-    dsn, summary = obsidian_legacy
+    dsn, summary = english_legacy
     report = kb.seed(dsn, 3, 5, yes=True, flip=True)
     assert report.flipped and embedder.texts == []
     return kb, embedder, summary, {e.legacy_id: e for e in report.entries}
@@ -156,7 +156,9 @@ def test_pause_with_psql_stops_within_one_batch_and_resume_finishes(seeded):
     assert backlog["last_run_status"] == "paused" and backlog["documents_without_spans"] > 0
     assert fill.run().batches == 0  # still paused: nothing runs
 
-    psql(kb.database_url, "UPDATE kb.span_fill_control SET paused = false, batch_documents = 50, throttle_ms = 0")
+    # batches of 5: the test corpus's English pages leave a dozen or so documents after the pause,
+    # enough for a budgeted run that yields and a last one that finishes
+    psql(kb.database_url, "UPDATE kb.span_fill_control SET paused = false, batch_documents = 5, throttle_ms = 0")
     partial = fill.run(max_batches=1)  # a budget spent with work left: the job queues its continuation
     assert partial.yielded and partial.batches == 1 and not partial.paused
     assert fill.status(5)["backlog"][0]["last_run_status"] == "yielded"

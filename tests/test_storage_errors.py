@@ -13,7 +13,7 @@ import shutil
 import zlib
 
 import pytest
-from conftest import git
+from support.commands import git
 
 from kb.errors import StorageError
 from kb.knowledge_base import KnowledgeBase

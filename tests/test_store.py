@@ -7,7 +7,7 @@ import os
 import threading
 
 import pytest
-from conftest import git, run_cli
+from support.commands import git, run_cli
 
 from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
 from kb.knowledge_base import KnowledgeBase

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from conftest import git
+from support.commands import git
 
 from kb.knowledge_base import KnowledgeBase
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import git, run_cli
+from support.commands import git, run_cli
 
 from kb.faults import COMMIT_POINTS
 

@@ -16,7 +16,7 @@ import time
 import unicodedata
 
 import pytest
-from conftest import git, run_cli
+from support.commands import git, run_cli
 
 from kb.db import database
 from kb.store import knowledge_store as store_module

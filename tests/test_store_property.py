@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 
-from conftest import git
+from support.commands import git
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kb.errors import DocumentNotFound, PathExists

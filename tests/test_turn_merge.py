@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 
-from kb.errors import DocumentNotFound
+from kb.errors import DocumentGone, DocumentNotFound
 from kb.git.merge import merge_documents
-from tests.conftest import git
+from support.commands import git
 
 WS = 1
 PLAN = "".join(f"line {n}\n" for n in range(1, 11)).encode()
@@ -67,75 +73,63 @@ def test_merge_with_a_commit_that_lands_while_the_turn_waits(workspace):
     assert result.merged == ["/documents/Plan.md"]
 
 
-def test_turn_modifying_a_document_another_removed_recreates_it(workspace):
+def test_turn_modifying_a_document_another_removed_is_refused_and_kept(workspace):
+    """An edit of a document removed since the turn's base is reported, not recreated (design §5):
+    nothing is recorded, the turn is kept, and dropping or moving the edit lets it commit."""
     b = _edit_line(workspace, "B", 2, "B's line 2")
+    b.write("/documents/new.md", "new\n")
     with workspace.transaction(WS, "rm", "tx") as tx:
         tx.remove("/documents/Plan.md")
+    head = workspace.store(WS).head()
+    with pytest.raises(DocumentGone) as refused:
+        b.commit()
+    assert refused.value.paths == ["/documents/Plan.md"] and "the turn is kept" in str(refused.value)
+    assert workspace.store(WS).head() == head and b.path.is_dir()
+    b.move("/documents/Plan.md", "/documents/Plan (kept).md")  # keep the text under a new path
     result = b.commit()
-    assert result.overwrote == ["/documents/Plan.md"] and result.lost_hunks == {}
-    assert b"B's line 2\n" in workspace.read(WS, "/documents/Plan.md")
-
-
-def test_transaction_write_keeps_meaning_these_bytes_at_head(workspace):
-    with workspace.transaction(WS, "one", "tx") as first:
-        first.write("/documents/Plan.md", PLAN.replace(b"line 5\n", b"X\n"))
-    with workspace.transaction(WS, "two", "tx") as second:
-        second.write("/documents/Plan.md", b"only this\n")
-    assert workspace.read(WS, "/documents/Plan.md") == b"only this\n"
-    assert second.merges == {}
-
-
-@pytest.mark.parametrize("base, ours, theirs, merged, lost", [
-    (b"a\nb\nc\n", b"A\nb\nc\n", b"a\nb\nC\n", b"A\nb\nC\n", 0),
-    (b"a\nb\nc\n", b"a\nX\nc\n", b"a\nY\nc\n", b"a\nY\nc\n", 1),
-    (b"1\n2\n3\n4\n", b"1\nA\n3\n4\n", b"1\n2\nB\n4\n", b"1\nA\nB\n4\n", 0),  # adjacent lines
-    (b"1\n2\n3\n4\n", b"X\nA\n3\nZ\n", b"Y\n2\nB\nW\n", b"Y\nA\nB\nW\n", 2),
-    (b"a\nb", b"a\nb\nours tail\n", b"head\na\nb", b"head\na\nb\nours tail\n", 0),
-    (None, b"x\n", b"y\n", b"y\n", 1),
-    (b"a\0b", b"a\0c", b"a\0d", b"a\0d", 1),
-    (b"same\n", b"same\n", b"changed\n", b"changed\n", 0),
-    (b"a\r\nb\r\nc\r\n", b"A\r\nb\r\nc\r\n", b"a\r\nb\r\nC\r\n", b"A\r\nb\r\nC\r\n", 0),
-])
-def test_merge_documents_table(base, ours, theirs, merged, lost):
-    outcome = merge_documents("/documents/x.md", base, ours, theirs)
-    assert outcome.data == merged
-    assert len(outcome.lost) == lost
-
-
-def test_committer_is_recorded_separately_from_author(workspace):
-    turn = workspace.turn(WS, "agent-turn", "Ada <ada@example.org>", committer="helper-bot <bot@example.org>")
-    turn.write("/documents/new.md", "x\n")
-    result = turn.commit()
-    repo = workspace.store(WS).path
-    assert git(repo, "log", "-1", "--format=%an|%cn|%ce", result.revision).strip() == \
-        "Ada|helper-bot|bot@example.org"
-    default = workspace.turn(WS, "plain", "Ada")
-    default.write("/documents/new2.md", "y\n")
-    r2 = default.commit()
-    assert git(repo, "log", "-1", "--format=%an|%cn", r2.revision).strip() == "Ada|kb"
-    assert workspace.history(WS, "/documents/new.md")[0].committer.startswith("helper-bot")
-
-
-def test_edit_document_records_committer(workspace):
-    def editor(path):
-        path.write_bytes(path.read_bytes() + b"more\n")
-
-    result = workspace.edit_document(WS, "/documents/other.md", editor, author="Ada", committer="cli-agent")
-    assert git(workspace.store(WS).path, "log", "-1", "--format=%an|%cn", result.revision).strip() == \
-        "Ada|cli-agent"
-
-
-def test_remove_missing_ok(workspace):
+    assert result.added == ["/documents/Plan (kept).md", "/documents/new.md"]
+    assert b"B's line 2\n" in workspace.read(WS, "/documents/Plan (kept).md")
     with pytest.raises(DocumentNotFound):
-        with workspace.transaction(WS, "strict", "tx") as tx:
-            tx.remove("/documents/absent.md")
-    with workspace.transaction(WS, "lenient", "tx") as tx:
-        tx.remove("/documents/absent.md", missing_ok=True)
-        tx.remove("/documents/other.md", missing_ok=True)
-    assert tx.revision is not None and "/documents/other.md" not in workspace.list_paths(WS)
-    assert "/documents/Plan.md" in workspace.list_paths(WS)
-    turn = workspace.turn(WS, "t", "user")
-    assert turn.remove("/documents/absent.md", missing_ok=True) is None
+        workspace.read(WS, "/documents/Plan.md")
+
+
+def test_turn_modifying_a_document_another_moved_follows_the_move(workspace):
+    b = _edit_line(workspace, "B", 2, "B's line 2")
+    with workspace.transaction(WS, "mv", "tx") as tx:
+        tx.move("/documents/Plan.md", "/documents/Archive/Plan.md")
+        tx.write("/documents/Archive/Plan.md", PLAN.replace(b"line 9\n", b"TX line 9\n"))
+    result = b.commit()
+    assert result.followed == [("/documents/Plan.md", "/documents/Archive/Plan.md")]
+    moved = workspace.read(WS, "/documents/Archive/Plan.md")
+    assert b"B's line 2\n" in moved and b"TX line 9\n" in moved  # merged at the new path
     with pytest.raises(DocumentNotFound):
-        turn.remove("/documents/absent.md")
-    turn.abort()
+        workspace.read(WS, "/documents/Plan.md")  # no second copy at the old path
+
+
+def test_a_killed_turns_edit_recovered_after_a_move_follows_it(workspace, settings):
+    """The edit a killed process left in a turn's worktree, committed by the next commit() of its
+    id (recovery) after another writer moved the document, lands at the new path only; after a
+    removal it is refused, not recreated."""
+    killed = textwrap.dedent("""
+        import os, sys
+        from kb.knowledge_base import KnowledgeBase
+        from kb.settings import Settings
+        kb = KnowledgeBase.open(Settings(database_url=sys.argv[1], storage_root=sys.argv[2], embedding_model="hashing"))
+        kb.turn(1, "T", "crasher").edit("/documents/Plan.md", "line 5", "T's line 5")
+        kb.turn(1, "U", "crasher").edit("/documents/other.md", "other", "U's other")
+        os.kill(os.getpid(), 9)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", killed, settings.database_url, str(settings.storage_root)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    with workspace.transaction(WS, "mv", "tx") as tx:
+        tx.move("/documents/Plan.md", "/documents/Moved.md")
+        tx.remove("/documents/other.md")
+    result = workspace.turn(WS, "T", "user").commit()
+    assert result is not None and result.followed == [("/documents/Plan.md", "/documents/Moved.md")]
+    assert b"T's line 5\n" in workspace.read(WS, "/documents/Moved.md")
+    assert sorted(workspace.store(WS).list_paths()) == ["/documents/Moved.md"]
+    with pytest.raises(DocumentGone):
+        workspace.turn(WS, "U", "user").commit()
+    assert sorted(workspace.store(WS).list_paths()) == ["/documents/Moved.md"]

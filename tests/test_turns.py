@@ -14,7 +14,7 @@ from kb.errors import (
     DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPath, InvalidPattern, InvalidTurn,
     IsAFolder, PathExists, UnsafeWorktreeEntry,
 )
-from tests.conftest import git
+from support.commands import git
 
 WS = 1
 
@@ -305,7 +305,7 @@ def test_janitor_runs_as_a_procrastinate_job(workspace, settings):
 
 
 def test_kb_edit_commits_on_save_and_nothing_when_unchanged(workspace, kb_env, tmp_path):
-    from tests.conftest import run_cli
+    from support.commands import run_cli
 
     script = tmp_path / "fake_editor.py"
     script.write_text(textwrap.dedent("""

@@ -6,30 +6,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import corpus_path, git, run_cli
+from support.corpus import corpus_path, markdown_files
+from support.commands import git, run_cli
 
 from kb.citations.envelope import document_lines
 
 
-def test_import_index_search_obsidian_help(kb, kb_env, settings):
-    source = corpus_path("obsidian-help", "en")
+def test_import_index_search_the_test_corpus(kb, kb_env, settings):
+    source = corpus_path("en")
+    pages = len(markdown_files(source))
     run_cli(kb_env, "init")
     out = run_cli(kb_env, "import", str(source), "--workspace", "1").stdout
     assert "created workspace 1" in out
-    assert "173 found, 173 added" in out
+    assert f"{pages} found, {pages} added" in out
 
     repo = settings.knowledge_store / "1"
     git(repo, "fsck", "--strict")
     assert len(git(repo, "log", "--format=%H").split()) == 1
     assert git(repo, "status", "--porcelain") == ""
-    assert len(git(repo, "ls-files").splitlines()) == 173
+    assert len(git(repo, "ls-files").splitlines()) == pages
 
     run_cli(kb_env, "worker", "--until-idle")
     status = json.loads(run_cli(kb_env, "status", "--workspace", "1", "--json").stdout)
     ws = status["workspace"]
     assert ws["index_stamp"] == ws["head"]
-    assert ws["documents"] == 173 and ws["failed"] == 0 and ws["pending"] == 0
-    assert ws["chunks"] > 173
+    assert ws["documents"] == pages and ws["failed"] == 0 and ws["pending"] == 0
+    assert ws["chunks"] > pages
     assert {j["status"] for j in status["jobs"]} == {"succeeded"}
 
     hits = json.loads(

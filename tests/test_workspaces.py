@@ -7,7 +7,7 @@ import json
 import psycopg
 import psycopg.sql
 import pytest
-from conftest import run_cli
+from support.commands import run_cli
 from psycopg.rows import dict_row
 
 from kb.errors import InvalidWorkspace, WorkspaceBusy, WorkspaceNotFound
@@ -257,7 +257,7 @@ def test_workspaces_says_what_an_outside_commit_and_a_damaged_repository_wait_fo
     showed "indexed" (the stamp was compared with Postgres' head, not git's), and once projected it
     showed every revision of the workspace as "waiting to be projected"; one repository that cannot
     be read made the whole listing fail, hiding every other workspace."""
-    from conftest import git
+    from support.commands import git
 
     for ws in (1, 2, 3):
         _fill(kb, ws)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import git
+from support.commands import git
 
 WS = 1
 

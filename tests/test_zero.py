@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,7 +22,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from core_flow import write_tree
+from support.core_flow import write_tree
+from support.network import free_port
 from psycopg.rows import dict_row
 
 from kb.db import database
@@ -40,12 +40,6 @@ CONVERGE_SECONDS = 60
 READY_SECONDS = 180  # zero-cache's first start (initial sync, its own schemas) on a loaded 2-core box
 TABLES = ("kb.documents", "kb.folders")
 NEVER_REPLICATED = {"body", "content", "text", "embedding", "tsv", "search_vector", "fts"}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _epoch_ms(value) -> float:
@@ -117,7 +111,7 @@ def zero_kb() -> Iterator[tuple[KnowledgeBase, Path, str]]:
     if not (NODE.exists() and ZERO_CACHE.exists()):
         pytest.skip("zero-cache is not installed: run `npm ci --prefix tests/zero` (.ci/run does)")
     work = Path(tempfile.mkdtemp(prefix="kbzero-"))
-    port = _free_port()
+    port = free_port()
     settings = Settings(
         storage_root=work / "storage", embedding_model="hashing", embedded_listen=f"127.0.0.1:{port}",
     )
@@ -142,8 +136,8 @@ def zero(zero_kb) -> Iterator[Zero]:
         "ZERO_UPSTREAM_DB": tcp_url,
         "ZERO_APP_PUBLICATIONS": "kb_publication",
         "ZERO_REPLICA_FILE": str(work / "replica.db"),
-        "ZERO_PORT": str(_free_port()),
-        "ZERO_CHANGE_STREAMER_PORT": str(_free_port()),
+        "ZERO_PORT": str(free_port()),
+        "ZERO_CHANGE_STREAMER_PORT": str(free_port()),
         "ZERO_NUM_SYNC_WORKERS": "1",
         "ZERO_ADMIN_PASSWORD": "kb-test",
         "ZERO_LOG_LEVEL": "warn",
@@ -161,6 +155,7 @@ def zero(zero_kb) -> Iterator[Zero]:
             process.wait(10)
 
 
+@pytest.mark.postgres  # starts its own embedded Postgres
 def test_zero_replica_follows_kb(zero_kb, zero: Zero, tmp_path) -> None:
     kb, _, _ = zero_kb
     with database.connect(kb.database_url) as conn:

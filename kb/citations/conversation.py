@@ -21,7 +21,7 @@ from kb.citations.follow import LineMapping, follow_history
 from kb.citations.normalizer import Citation, HandleInfo, NormalizedText, normalize, parse_citation
 from kb.citations.envelope import Envelope
 from kb.citations.registry import Handle, Showing
-from kb.errors import DocumentNotFound, InvalidCitation, InvalidInput, IsAFolder, UnknownHandle
+from kb.errors import DocumentNotFound, InvalidCitation, InvalidInput, IsAFolder, UnknownChat, UnknownHandle
 from kb.lines import document_lines
 from kb.paths import StorePath
 from kb.db.sql import queries
@@ -191,12 +191,24 @@ class Conversation:
         return document_lines(data)
 
     # -- citations ---------------------------------------------------------------------------
-    def normalize(self, text: str) -> NormalizedText:
+    def normalize(self, text: str, *, drop_unknown: bool = False) -> NormalizedText:
         """Rewrite the citations in ``text`` canonically against this chat's handles (rules in
-        :mod:`kb.citations.normalizer`). Raises InvalidInput for non-text."""
+        :mod:`kb.citations.normalizer`, design §8).
+
+        Handles the chat does not have are reported in ``unknown`` and kept as written, unless
+        ``drop_unknown``. Raises InvalidInput for non-text, UnknownChat when the chat has no
+        handles at all (a mistyped, forgotten or expired chat: normalizing against it would treat
+        every citation as unknown), leaving the text untouched.
+        """
         if not isinstance(text, str):
             raise InvalidInput(f"the text to normalize must be a string, not {type(text).__name__}")
         known = {h.n: h for h in self.handles()}
+        if not known:
+            raise UnknownChat(
+                f"chat {self.chat_id!r} has no handles in workspace {self.workspace_id} (never shown a "
+                "document, forgotten, or expired after KB_CITATION_TTL), so its citations cannot be "
+                f"checked; nothing was changed. Check the chat id (`kb cite list --chat {self.chat_id} "
+                f"-w {self.workspace_id}`), or search or read as this chat first")
         counts: dict[int, int] = {}
 
         def lookup(n: int) -> HandleInfo | None:
@@ -207,7 +219,7 @@ class Conversation:
                 counts[n] = len(self._lines_of(handle))
             return HandleInfo(handle.numbered, counts[n])
 
-        result = normalize(text, lookup)
+        result = normalize(text, lookup, drop_unknown=drop_unknown)
         if known:
             with database.pooled_transaction(self._kb.database_url) as conn:
                 registry.mark_used(conn, self.workspace_id, self.chat_id)

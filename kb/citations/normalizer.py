@@ -222,11 +222,13 @@ def _strip_trailing_blanks(out: list[str]) -> None:
         out[-1] = out[-1].rstrip(" \t")
 
 
-def normalize(text: str, lookup: Callable[[int], HandleInfo | None]) -> NormalizedText:
+def normalize(text: str, lookup: Callable[[int], HandleInfo | None], *, drop_unknown: bool = False) -> NormalizedText:
     """Rewrite the citations of ``text`` canonically (rules in the module docstring, SPEC §8).
 
     ``lookup(n)`` returns the HandleInfo of handle ``n``, or None when the conversation has no
-    such handle. Raises InvalidInput (kb.errors) when ``text`` is not a string.
+    such handle. An unknown handle is listed in ``unknown`` and kept as written (``[9]`` stays
+    ``[9]``), so no text is lost; with ``drop_unknown`` it is removed instead. Raises InvalidInput
+    (kb.errors) when ``text`` is not a string.
     """
     if not isinstance(text, str):
         from kb.errors import InvalidInput
@@ -255,10 +257,13 @@ def normalize(text: str, lookup: Callable[[int], HandleInfo | None]) -> Normaliz
             scan = m.start() + 1
             continue
         kept = []
+        written: list[str] = []  # the group's pieces in order: known citations and kept unknown ones
         for handle, start, end, raw in _items(m.group(0)):
             info = lookup(handle)
             if info is None:
                 result.unknown.append(handle)
+                if not drop_unknown and f"[{raw}]" not in written:
+                    written.append(f"[{raw}]")
                 continue
             citation = Citation(handle)
             if start is not None:
@@ -273,10 +278,11 @@ def normalize(text: str, lookup: Callable[[int], HandleInfo | None]) -> Normaliz
                         result.adjusted.append((f"[{raw}]", citation))
             if citation not in kept:
                 kept.append(citation)
+                written.append(str(citation))
         out.append(text[pos:m.start()])
         resume = m.end()
-        if kept:
-            out.append("".join(str(c) for c in kept))
+        if written:
+            out.append("".join(written))
         else:
             after = text[m.end()] if m.end() < len(text) else ""
             if after == "" or after in " \t\r\n.,;:!?)":

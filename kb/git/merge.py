@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from merge3 import Merge3
 
+from kb.errors import DocumentGone
+
 
 @dataclass(frozen=True)
 class LostHunk:
@@ -156,11 +158,15 @@ def merge_staged(repo, requests: dict[str, MergeRequest], staged: dict[str, str 
     under the lock). ``repo`` is a ``kb.git.repository.Repository``.
     """
     results: dict[str, MergedBlob] = {}
+    gone = []
     for path, request in requests.items():
         theirs_blob = staged.get(path)
         if theirs_blob is None:
             continue
         head_blob = repo.lookup(head_tree, request.head_path)
+        if head_blob is None and request.base_blob is not None:
+            gone.append("/" + request.head_path)  # an edit of a document removed since the base
+            continue
         previous = (earlier or {}).get(path)
         if previous is not None and previous.head_blob == head_blob:
             results[path] = previous
@@ -171,4 +177,9 @@ def merge_staged(repo, requests: dict[str, MergeRequest], staged: dict[str, str 
         base = None if request.base_blob is None else repo.blob(request.base_blob)
         outcome = merge_documents("/" + path, base, repo.blob(head_blob), repo.blob(theirs_blob))
         results[path] = MergedBlob(head_blob, outcome, repo.add_blob(outcome.data))
+    if gone:
+        raise DocumentGone(
+            f"{', '.join(gone)}: edited by this writer but removed by another revision since the writer "
+            "began; nothing was recorded. Keep the text under a new path or drop the edit, then write again",
+            gone)
     return results

@@ -284,11 +284,27 @@ class LazyWorktree:
         symlink or special file anywhere in the worktree (the turn is kept)."""
         found: list[str] = []
         root = self.path / "documents"
-        for folder, dirs, files in os.walk(root):
+
+        def unreadable(exc: OSError) -> None:
+            if isinstance(exc, FileNotFoundError):
+                return  # no documents/ folder (nothing written), or one removed while walking
+            raise StorageError(f"cannot read {exc.filename} in turn {self.name!r}: {exc.strerror or exc}; "
+                               "fix its permissions or remove it, then commit again, or abort the turn")
+
+        for folder, dirs, files in os.walk(root, onerror=unreadable):
             for name in dirs + files:
                 full = os.path.join(folder, name)
-                st = os.lstat(full)
                 rel = os.path.relpath(full, self.path).replace(os.sep, "/")
+                # checked before the entry is touched: a path past the path law may also be past
+                # the operating system's limit, where every call on it fails (design §2.3)
+                check_path_length(rel, f"/{rel} (on disk in turn {self.name!r}: move it to a shorter path "
+                                       "or remove it, then commit again, or abort the turn)")
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    continue  # removed while walking
+                except OSError as exc:
+                    unreadable(exc)
                 if stat.S_ISLNK(st.st_mode):
                     raise UnsafeWorktreeEntry(
                         f"/{rel} in turn {self.name!r} is a symlink; kb refuses symlinks. Remove it "

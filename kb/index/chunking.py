@@ -219,6 +219,18 @@ def markdown_rules():
     ])
 
 
+def check_piece(section: str, start: int, end: int, text: str, offset: int = 0) -> None:
+    """Refuse a piece a chunker returned for ``section`` unless ``0 <= start < end <= len(section)``
+    and ``section[start:end] == text`` (design §7: a chunk's span must be true). A negative or
+    reversed offset can still slice out the same text, so the bounds are checked first.
+    ``offset``: where ``section`` starts in the document, for the message. Raises KbError."""
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(section)):
+        raise KbError(f"chunker offsets [{start + offset}:{end + offset}] lie outside its section "
+                      f"[{offset}:{offset + len(section)}]; not indexing")
+    if section[start:end] != text:
+        raise KbError(f"chunker offsets [{start + offset}:{end + offset}] do not reproduce its text; not indexing")
+
+
 class Chunker:
     """Cuts markdown text into :class:`Chunk` s with chonkie's RecursiveChunker.
 
@@ -279,9 +291,8 @@ class Chunker:
         pieces = ([_Piece(0, len(section), section, tokens)] if tokens <= self._size
                   else self._chunker.chunk(section))
         for piece in pieces:
+            check_piece(section, piece.start_index, piece.end_index, piece.text, offset)
             start, end = piece.start_index + offset, piece.end_index + offset
-            if section[piece.start_index:piece.end_index] != piece.text:
-                raise KbError(f"chunker offsets [{start}:{end}] do not reproduce its text; not indexing")
             piece_text = text[start:end]
             # trim surrounding whitespace so spans cover only lines with content
             stripped = piece_text.strip()

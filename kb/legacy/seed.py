@@ -114,6 +114,9 @@ class SeedReport:
     revision: str | None = None
     head: str | None = None
     parity: ParityReport | None = None
+    not_adopted: list[str] = field(default_factory=list)
+    """Seeded paths a later revision removed or moved before their identity was adopted (a writer
+    racing the seed): no legacy mapping yet; seeding again adopts them."""
     flipped: bool = False
     unflipped: bool = False
     documents_adopted: int = 0
@@ -158,6 +161,7 @@ class SeedReport:
             "legacy_model": self.legacy_model, "active_model": self.active_model,
             "revision": self.revision, "head": self.head,
             "parity": None if self.parity is None else {**asdict(self.parity), "ok": self.parity.ok},
+            "not_adopted": self.not_adopted,
             "flipped": self.flipped, "unflipped": self.unflipped,
             "documents_adopted": self.documents_adopted, "chunks_adopted": self.chunks_adopted,
             "documents_to_index": self.documents_to_index, "chunks_to_reembed": self.chunks_to_reembed,
@@ -359,17 +363,19 @@ class Seeder:
                 return report
             if not self.store.exists():
                 self.store.create()
-            with self._index_lock():
-                self._write_and_adopt(legacy, report)
-            with database.transaction(self.kb.database_url) as conn:
-                conn.execute(queries["record_seed"], {
-                    "workspace_id": self.workspace_id, "source": report.source,
-                    "legacy_workspace": self.legacy_workspace, "legacy_model": report.legacy_model,
-                    "seed_revision": report.head, "documents": len(seeded), "parity_ok": report.parity.ok,
-                })
-                if report.documents_to_index:
-                    defer_job(conn, "index", INDEX_TASK, self.workspace_id)
+            try:
+                with self._index_lock():
+                    self._write_and_adopt(legacy, report)
+            finally:
+                # a seed revision always gets its kb.seeds row, even when a later phase failed,
+                # so that seeding again is a re-seed, not refused as "documents no seed wrote"
+                if report.head is not None:
+                    self._record_seed(report)
         if flip:
+            if report.not_adopted:
+                raise SeedRefused(
+                    f"{len(report.not_adopted)} seeded documents were removed or moved by another writer before "
+                    f"their identity was adopted (e.g. {report.not_adopted[0]}); not flipping. Seed again")
             if not report.parity.ok:
                 raise SeedRefused(
                     f"byte parity failed ({len(report.parity.missing)} missing, {len(report.parity.extra)} extra, "
@@ -385,22 +391,35 @@ class Seeder:
         with _phase(report, "blobs"):
             desired = self._write_blobs(legacy, seeded, report.keeps)
         with _phase(report, "commit"):
-            revision = self._commit(report, desired)
+            revision, unchanged_at = self._commit(report, desired)
         report.revision = revision.id if revision else None
-        report.head = self.store.head()
+        # the seed's own revision: a writer may commit on top of it before the checks below
+        report.head = report.revision or unchanged_at
         with _phase(report, "parity"):
             report.parity = self.check_parity(desired, report.head)
         self.progress(f"parity: {'ok' if report.parity.ok else 'FAILED'} over {report.parity.checked} paths")
         with _phase(report, "projection"):
             self.kb.project(self.workspace_id)
         with _phase(report, "identity"):
-            rows = self._adopt_identity(seeded)
+            rows = self._adopt_identity(seeded, report)
         if report.models_match:
             with _phase(report, "chunks"):
                 self._adopt_chunks(legacy, report, rows)
         else:  # the index job embeds them with the active model, through the cache
             report.documents_to_index = sum(
                 1 for row in rows.values() if row["indexed_content_id"] != row["content_id"])
+
+    def _record_seed(self, report: SeedReport) -> None:
+        """Record the seed (``kb.seeds``) and defer the index job for documents to re-embed."""
+        with database.transaction(self.kb.database_url) as conn:
+            conn.execute(queries["record_seed"], {
+                "workspace_id": self.workspace_id, "source": report.source,
+                "legacy_workspace": self.legacy_workspace, "legacy_model": report.legacy_model,
+                "seed_revision": report.head, "documents": len(report.seeded),
+                "parity_ok": report.parity is not None and report.parity.ok and not report.not_adopted,
+            })
+            if report.documents_to_index:
+                defer_job(conn, "index", INDEX_TASK, self.workspace_id)
 
     def _seed_row(self) -> dict | None:
         with database.transaction(self.kb.database_url) as conn:
@@ -445,11 +464,13 @@ class Seeder:
         return desired
 
     def _commit(self, report: SeedReport, desired: dict[str, str]):
-        """One revision making ``documents/`` exactly ``desired``; None when it already is. A legacy
+        """One revision making ``documents/`` exactly ``desired`` and the head it started from;
+        the revision is None when the tree already was ``desired`` (then that head is the seed's
+        revision). A legacy
         document whose planned path changed since the last seed (a retitle) is moved, so its kb
         document id and history follow it."""
         head = self.store.head()
-        current = self.store.list_paths() if head else {}
+        current = self.store.list_paths(head) if head else {}
         with database.transaction(self.kb.database_url) as conn:
             previous = {r["legacy_id"]: r["path"] for r in conn.execute(
                 queries["legacy_document_paths"], {"workspace_id": self.workspace_id})}
@@ -466,7 +487,7 @@ class Seeder:
             for path, blob in desired.items():
                 if current.get(path) != blob:
                     draft.write_blob(path, blob, allow_keep=True)
-        return draft.revision
+        return draft.revision, head
 
     def check_parity(self, desired: dict[str, str], revision: str | None) -> ParityReport:
         """Compare ``desired`` ({virtual path: blob id}) with ``revision``'s ``documents/`` tree."""
@@ -477,8 +498,9 @@ class Seeder:
         parity.mismatched = sorted(p for p, blob in desired.items() if p in tree and tree[p] != blob)
         return parity
 
-    def _adopt_identity(self, seeded: list[SeedEntry]) -> dict[int, dict]:
-        """Title, type, metadata and the legacy id mapping; ``{legacy id: document row}``."""
+    def _adopt_identity(self, seeded: list[SeedEntry], report: SeedReport) -> dict[int, dict]:
+        """Title, type, metadata and the legacy id mapping; ``{legacy id: document row}`` of the
+        seeded documents still at their paths (the others go to ``report.not_adopted``)."""
         ws = self.workspace_id
         params = []
         for e in seeded:
@@ -493,14 +515,18 @@ class Seeder:
             with conn.cursor() as cur:
                 cur.executemany(queries["adopt_document_identity"], params)
             rows = {r["path"]: r for r in conn.execute(queries["seeded_documents"], {"workspace_id": ws})}
+            # a writer may have removed or moved a seeded document after the seed revision: it
+            # has no row to adopt here; it is reported, and seeding again converges
+            present = [e for e in seeded if e.path in rows]
+            report.not_adopted = sorted(e.path for e in seeded if e.path not in rows)
             with conn.cursor() as cur:
                 cur.executemany(queries["map_legacy_document"], [
                     {"workspace_id": ws, "legacy_id": e.legacy_id, "document_id": rows[e.path]["id"], "path": e.path}
-                    for e in seeded
+                    for e in present
                 ])
             conn.execute(queries["unmap_legacy_documents"],
-                         {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in seeded]})
-        return {e.legacy_id: rows[e.path] for e in seeded}
+                         {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in present]})
+        return {e.legacy_id: rows[e.path] for e in present}
 
     def _text_config(self, text: str) -> str:
         """The document's text-search configuration, as the indexer picks it: ``KB_FTS_CONFIG``,
@@ -511,7 +537,7 @@ class Seeder:
 
     def _adopt_chunks(self, legacy: psycopg.Connection, report: SeedReport, rows: dict[int, dict]) -> None:
         """Copy legacy vectors of documents not yet indexed at their content; mark them indexed
-        and set the stamp to HEAD (the seed revision). Documents without legacy chunks stay pending."""
+        and set the stamp to the seed's revision (a writer's later revision is indexed by its job). Documents without legacy chunks stay pending."""
         todo = {legacy_id: row for legacy_id, row in rows.items()
                 if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])}
         with_chunks: set[int] = set()
@@ -539,8 +565,9 @@ class Seeder:
             report.chunks_adopted = conn.execute(queries["adopt_staged_chunks"], {
                 "model": report.legacy_model}).rowcount
             conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"] for row in todo.values()]})
-            conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": self.store.head()})
-            conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": self.store.head()})
+            # the seed's revision, not HEAD: a writer's later revision is not indexed by adopting
+            conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": report.head})
+            conn.execute(queries["set_index_stamp"], {"workspace_id": self.workspace_id, "revision_id": report.head})
         report.documents_adopted = len(with_chunks)
         report.documents_to_index = sum(1 for row in todo.values() if row["id"] not in with_chunks)
 

@@ -203,3 +203,26 @@ def read_history(conn: psycopg.Connection, workspace_id: int, path: str | None, 
                 current, max_seq = r["old_path"], r["seq"] - 1
                 break
     return result
+
+
+MAX_MOVES_FOLLOWED = 1000
+"""A bound on the move chain :func:`moved_to` walks (a cycle of moves cannot loop for ever)."""
+
+
+def moved_to(conn: psycopg.Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
+    """Where the document at repo path ``path`` in ``since_revision`` was moved by the revisions
+    recorded after it, following a chain of recorded moves (design §3); None when no recorded
+    revision moved it (it was removed, or is still there). An unrecorded ``since_revision`` has no
+    recorded moves to follow: None."""
+    row = conn.execute(queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": since_revision}).fetchone()
+    if row is None:
+        return None
+    seq, moved = row["seq"], None
+    for _ in range(MAX_MOVES_FOLLOWED):
+        rows = conn.execute(queries["document_changes_after"],
+                            {"workspace_id": workspace_id, "path": path, "after_seq": seq}).fetchall()
+        away = next((r for r in rows if r["new_path"]), None)
+        if away is None or any(r["change"] == "removed" for r in rows if r["seq"] < away["seq"]):
+            return moved
+        moved, path, seq = away["new_path"], away["new_path"], away["seq"]
+    return moved

@@ -12,12 +12,13 @@ folder no longer has.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kb.errors import ImportSourceError, InvalidInput
-from kb.paths import NameRegistry, safe_filename, safe_folder_segment
+from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError
+from kb.paths import NameRegistry, check_path_length, safe_filename, safe_folder_segment
 from kb.store.indexable import unindexable_reason
 from kb.store.knowledge_store import KnowledgeStore, Revision
 
@@ -85,11 +86,16 @@ def scan(source: Path) -> tuple[list[tuple[str, ...]], list[Skipped]]:
 
     Skipped: hidden files and folders (a hidden folder once, not its contents), non-markdown
     files, symbolic links (never followed: a link could pull in files from outside the folder),
-    and files or folders whose names are not valid UTF-8.
+    and files or folders whose names are not valid UTF-8. Raises the OSError of a folder or file
+    the system will not read (``import_folder`` explains it).
     """
     found: list[tuple[str, ...]] = []
     skipped: list[Skipped] = []
-    for root, dirs, files in os.walk(source):
+
+    def unlistable(exc: OSError) -> None:
+        raise exc  # a folder that cannot be listed is never skipped in silence
+
+    for root, dirs, files in os.walk(source, onerror=unlistable):
         rel_root = Path(root).relative_to(source).parts
         kept = []
         for d in sorted(dirs):
@@ -121,6 +127,22 @@ def scan(source: Path) -> tuple[list[tuple[str, ...]], list[Skipped]]:
             else:
                 skipped.append(Skipped(_shown((*rel_root, name)), reason))
     return sorted(found), sorted(skipped, key=lambda entry: entry.path)
+
+
+def _unreadable(source: Path, exc: OSError) -> KbError:
+    """The error for a file or folder of ``source`` the operating system would not read: nothing
+    is imported (the import is one revision or none)."""
+    name = exc.filename or source
+    try:
+        shown = "/".join(Path(name).relative_to(source).parts) or str(source)
+    except ValueError:
+        shown = str(name)
+    if exc.errno == errno.ENAMETOOLONG:
+        return InvalidPath(shown, f"its path on disk is longer than the operating system allows "
+                                  f"({len(os.fsencode(name))} bytes); use shorter folder or file names. "
+                                  "Nothing was imported")
+    return ImportSourceError(f"cannot read {shown} in {source}: {exc.strerror or exc}; fix its permissions "
+                             "or move it out of the folder, then import again. Nothing was imported")
 
 
 def plan_paths(relative: list[tuple[str, ...]], prefix: tuple[str, ...]) -> dict[tuple[str, ...], str]:
@@ -182,8 +204,13 @@ def import_folder(
         raise ImportSourceError(f"{source} is not a folder; pass a folder of markdown files")
     source = source.resolve()
     prefix_parts = import_prefix(prefix)
-    relative, skipped = scan(source)
+    try:
+        relative, skipped = scan(source)
+    except OSError as exc:
+        raise _unreadable(source, exc) from None
     planned = plan_paths(relative, prefix_parts)
+    for repo_path in planned.values():  # the whole import is refused before anything is created
+        check_path_length(repo_path, "/" + repo_path)
     created = not store.exists()
     if created:
         store.create()
@@ -195,7 +222,10 @@ def import_folder(
     text = message or f"import {len(relative)} documents from {source.name}"
     with store.transaction(text, author) as draft:
         for parts, repo_path in planned.items():
-            data = source.joinpath(*parts).read_bytes()
+            try:
+                data = source.joinpath(*parts).read_bytes()
+            except OSError as exc:
+                raise _unreadable(source, exc) from None
             reason = unindexable_reason(data, store.settings.max_index_bytes)
             if reason is not None:
                 report.unindexable["/" + repo_path] = reason

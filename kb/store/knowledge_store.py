@@ -43,6 +43,7 @@ from kb.faults import fault_point
 from kb.store.history import (
     PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
 )
+from kb.store.history import moved_to as history_moved_to
 from kb.store.listing import Entry, list_tree, not_a_document
 from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
 from kb.git.merge import MergedBlob, merge_staged
@@ -202,6 +203,15 @@ class KnowledgeStore:
             ).fetchall()
         changes = [PathChange(**row) for row in rows] or changes_from_git(self.repository, revision)
         return [c.virtual() for c in changes]
+
+    def moved_to(self, path: str | StorePath, since_revision: str) -> str | None:
+        """The virtual path the document at ``path`` in ``since_revision`` was moved to by the
+        revisions recorded since (following chains of moves), or None when none moved it (design
+        §3). Used to carry a writer's edit to where its document went. Raises InvalidPath."""
+        repo_path = repo_path_of(path, allow_keep=True)
+        with database.transaction(self.database_url) as conn:
+            found = history_moved_to(conn, self.workspace_id, repo_path, since_revision)
+        return None if found is None else "/" + found
 
     def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:
         """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves.

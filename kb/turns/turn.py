@@ -30,7 +30,7 @@ from dulwich.errors import NotTreeError
 
 from kb.citations.envelope import document_lines
 from kb.errors import (
-    DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPattern, IsAFolder,
+    DocumentGone, DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPattern, IsAFolder,
     PathExists,
 )
 from kb.store.draft import document_bytes
@@ -108,6 +108,9 @@ class CommitResult:
     lost_hunks: dict[str, list[LostHunk]] = field(default_factory=dict)
     titles: dict[str, str] = field(default_factory=dict)
     """``{final virtual path: title}`` of the documents created by title (:meth:`Turn.create`)."""
+    followed: list[tuple[str, str]] = field(default_factory=list)
+    """``(path in the turn, path at HEAD)`` of edited documents another revision moved since the
+    turn's base: the edit followed the move and was merged there."""
 
     def outcome(self, path: str) -> str:
         """``"merged"``, ``"overwrote"`` or ``"plain"`` for a virtual path of this commit."""
@@ -526,7 +529,7 @@ class Turn:
                 raise DocumentNotFound(f"cannot move {s.virtual}: no such document or folder")
             self._check_parents(d)
             if not self._exists(drp):
-                self._check_new(d)
+                self._check_new(d, renaming=s)
             for old, new in pairs:
                 check_path_length(new, "/" + new)
                 if self._is_folder(new):
@@ -536,6 +539,11 @@ class Turn:
             worktree = self._wt()
             for old, new in pairs:
                 data = self._current(old)
+                same_file = name_key(old) == name_key(new)
+                if same_file:
+                    # a rename by letter case or normalization only: on a case-insensitive file
+                    # system both names are one file, so remove the old name before writing the new
+                    worktree.unlink_disk(old)
                 worktree.write_disk(new, data)
                 worktree.touched.update((old, new))
                 origin = worktree.moves.pop(old, old)
@@ -547,7 +555,8 @@ class Turn:
                     self._titles[new].path = "/" + new
                     worktree.titles[new] = worktree.titles.pop(old, self._titles[new].title)
                 worktree.save()
-                worktree.unlink_disk(old)
+                if not same_file:
+                    worktree.unlink_disk(old)
             return [("/" + old, "/" + new) for old, new in pairs if not old.endswith("/" + KEEP)]
 
     def remove(self, path: str, missing_ok: bool = False) -> str | None:
@@ -624,11 +633,13 @@ class Turn:
             overwrote=[],
         )
 
-    def _check_new(self, sp: StorePath) -> None:
+    def _check_new(self, sp: StorePath, renaming: StorePath | None = None) -> None:
         """Refuse, at write time, a path the turn would create that the commit could not record:
         longer than the path law allows, a new segment that is a Windows device name or ends in a
         dot/space (InvalidPath), or one differing only in case or Unicode normalization from an
-        existing sibling in the turn's view (PathExists, both names shown escaped; SPEC §2.2)."""
+        existing sibling in the turn's view (PathExists, both names shown escaped; SPEC §2.2).
+        ``renaming``: the path a move takes ``sp`` from; it is no twin of its own new name (a
+        rename by letter case only)."""
         check_path_length(sp.repo_path, sp.virtual)
         parent = StorePath(())
         for depth, name in enumerate(sp.parts, start=1):
@@ -642,7 +653,10 @@ class Turn:
                 touched = {p[len(folder) + 1:].split("/")[0] for p in self._worktree.touched if _under(folder, p)}
                 candidates = self._base_sibling_keys(folder).get(key, set()) | {
                     n for n in touched if name_key(n) == key}
+                source = StorePath(renaming.parts[:depth]).repo_path if renaming and len(renaming.parts) >= depth else None
                 for other in sorted(candidates):
+                    if f"{parent.repo_path}/{other}" == source:
+                        continue  # the name being renamed away
                     if other != name and (self._exists(f"{parent.repo_path}/{other}")
                                           or self._is_folder(f"{parent.repo_path}/{other}")):
                         raise PathExists(
@@ -722,18 +736,35 @@ class Turn:
                                   ("removed" if d is None else ("modified" if self._base_blob(p) else "added")))
                        for p, d in changes.items() if not (d is None and p in moves.values())]
             text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
+            gone: list[str] = []
+            followed: list[tuple[str, str]] = []
             with self.store.transaction(text, self.author, self.committer) as draft:
+                recorded_moves = set()
                 for new, origin in moves.items():
                     if draft.exists(origin):
                         draft.move(origin, new, overwrite=True)
+                        recorded_moves.add(new)
                 for rp, data in changes.items():
                     if data is not None and rp in self._titles:  # created by title: named again if taken
                         draft.write_titled(self._free_path(draft, rp, changes), data, self._titles[rp].title,
                                            self._titles[rp])
                     elif data is not None:  # an edit of the base's document: merged with head (§5)
-                        draft.write_merged(rp, data, self._base_blob(moves.get(rp, rp)), allow_keep=True)
+                        # a document the turn moved whose origin is gone at head stands as new
+                        base_blob = None if rp in moves and rp not in recorded_moves else self._base_blob(moves.get(rp, rp))
+                        target = rp
+                        if base_blob is not None and rp not in moves and not draft.exists(rp):
+                            target = self._where_now(rp, draft, gone)
+                            if target is None:
+                                continue
+                            followed.append(("/" + rp, "/" + target))
+                        draft.write_merged(target, data, base_blob, allow_keep=True)
                     elif draft.exists(rp):
                         draft.remove(rp)
+                if gone:
+                    raise DocumentGone(
+                        f"turn {self.turn_id!r} edits {', '.join(gone)}, which another revision removed since the "
+                        "turn began; nothing was recorded and the turn is kept. Keep the text under a new path "
+                        "(move it in the turn) or drop the edit (remove it in the turn), then commit again", gone)
             revision = draft.revision
             if revision is None:
                 self._finish(destroy=True)
@@ -762,9 +793,21 @@ class Turn:
                 merged=sorted(p for p, outcome in draft.merges.items() if outcome.clean),
                 lost_hunks=lost_hunks,
                 titles={document.path: document.title for document in self._titles.values()},
+                followed=followed,
             )
             self._finish(destroy=True)
             return result
+
+    def _where_now(self, rp: str, draft, gone: list[str]) -> str | None:
+        """Where the base's document at ``rp``, absent at the draft's head, went since the turn's
+        base: the path a recorded move took it to (the edit follows it, design §5), or None after
+        adding ``/rp`` to ``gone`` (removed: the edit must not bring it back)."""
+        base = self._worktree.base if self._worktree is not None else None
+        moved = self.store.moved_to("/" + rp, base) if base else None
+        if moved is not None and draft.exists(moved):
+            return moved[1:]
+        gone.append("/" + rp)
+        return None
 
 
 class _NamesByKey:

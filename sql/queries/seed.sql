@@ -1,5 +1,5 @@
 -- Named queries of the legacy seed (kb/legacy/seed.py, SPEC §10). The legacy_* queries run against the
--- legacy database (schema "legacy", ../shared/legacy/legacy_schema.sql); the others against kb's.
+-- legacy database (schema "legacy", the shape of tests/support/legacy_schema.sql); the others against kb's.
 
 -- name: legacy_meta
 SELECT key, value FROM legacy.meta;

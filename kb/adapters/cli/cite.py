@@ -46,11 +46,15 @@ def cite() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print text, citations, unknown, degraded and adjusted as JSON.")
 @click.option("--in-place", "-i", "in_place", is_flag=True,
               help="Write the normalized text back to FILE instead of printing it.")
-def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) -> None:
+@click.option("--drop-unknown", is_flag=True,
+              help="Remove citations of handles the chat does not have (default: keep them as written).")
+def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, drop_unknown: bool) -> None:
     """Print FILE (default: standard input) with its citations written canonically: [3], [3:L4],
     [3:L4-L6]. FILE itself is left as it is unless --in-place.
 
-    Unknown handles are dropped (reported on stderr), ranges clamped, code left alone.
+    Citations of handles the chat does not have are kept as written and reported on stderr
+    (--drop-unknown removes them), ranges clamped, code left alone. A chat with no handles at all
+    is an error (exit 1) and FILE is left as it is.
 
     Examples: echo "Refunds take 30 days [1:L4-6]." | kb cite normalize --chat c1 -w 1;
     kb cite normalize answer.md --in-place --chat c1 -w 1
@@ -65,7 +69,7 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) 
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{source.name} is not UTF-8 text (byte {exc.start}); convert it to UTF-8 first") from None
-    result = _conversation(workspace, chat).normalize(text)
+    result = _conversation(workspace, chat).normalize(text, drop_unknown=drop_unknown)
     if in_place:
         _rewrite(source.name, result.text, changed=result.text != text)
     if as_json:
@@ -74,7 +78,8 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool) 
     if not in_place:
         click.echo(result.text, nl=not result.text.endswith("\n"))
     if result.unknown:
-        click.echo(f"kb: dropped unknown handles: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
+        action = "dropped" if drop_unknown else "kept, unknown to this chat"
+        click.echo(f"kb: {action}: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
     if result.degraded:
         click.echo(f"kb: shown un-numbered, cited as whole documents: {', '.join(map(str, result.degraded))}", err=True)
 

@@ -74,6 +74,11 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
     for kind in ("missing", "extra", "mismatched"):
         for path in getattr(parity, kind):
             click.echo(f"  {kind}: {path}")
+    if report.not_adopted:
+        click.echo(f"not adopted: {len(report.not_adopted)} documents another writer removed or moved after the "
+                   "seed revision; seed again to adopt what remains")
+        for path in report.not_adopted:
+            click.echo(f"  not adopted: {path}")
     click.echo(f"adopted:    {report.documents_adopted} documents, {report.chunks_adopted} chunks (no embedding); "
                f"{report.documents_to_index} documents queued for indexing")
     click.echo(f"authority:  {'kb (flipped)' if report.flipped else 'legacy (not flipped)'}")

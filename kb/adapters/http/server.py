@@ -56,6 +56,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.FolderNotEmpty: 409, errors.LockTimeout: 503, errors.LockUnavailable: 503,
     errors.DatabaseUnavailable: 503, errors.DatabaseNotReady: 503, errors.ArtifactReadOnly: 403,
     errors.UnknownHandle: 404,
+    errors.UnknownChat: 404,
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
@@ -94,6 +95,7 @@ class NormalizeBody(BaseModel):
     """``POST …/chats/{chat}/normalize``: an answer whose citations to rewrite canonically."""
 
     text: str
+    drop_unknown: bool = False
 
 
 class CommitBody(BaseModel):
@@ -290,7 +292,7 @@ def citation_router(service: Service) -> APIRouter:
     @router.post("/normalize")
     def normalize(workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
         """Rewrite an answer's citations canonically against the chat's handles."""
-        return service.kb().conversation(workspace_id, chat_id).normalize(body.text).as_json()
+        return service.kb().conversation(workspace_id, chat_id).normalize(body.text, drop_unknown=body.drop_unknown).as_json()
 
     @router.get("/resolve")
     def resolve(workspace_id: int, chat_id: str, citation: str = Query(description="e.g. [1:L3-L4]"),

@@ -303,11 +303,13 @@ def build_server(
         return call(lambda: json_form(state.conversation.resolve(citation, follow=follow)), state)
 
     @server.tool()
-    def normalize_citations(text: str, ctx: Context) -> dict:
+    def normalize_citations(text: str, ctx: Context, drop_unknown: bool = False) -> dict:
         """Normalize the citations in an answer: canonical [n:Lx-Ly] forms, line ranges clamped to
-        each document, unknown handles dropped (and reported). Returns the text and its citations."""
+        each document; citations of handles this chat was never shown are kept as written and
+        listed in `unknown` (removed with drop_unknown). Returns the text and its citations; an
+        error when the chat has no handles yet (search or read first)."""
         state = chat(ctx)
-        return call(lambda: json_form(state.conversation.normalize(text)), state)
+        return call(lambda: json_form(state.conversation.normalize(text, drop_unknown=drop_unknown)), state)
 
     # -- documents as resources (kb://workspace/<id>/documents/...) -----------------------
     @server.resource("kb://workspace/{workspace}/documents/{+path}", mime_type="text/markdown")

@@ -1,4 +1,4 @@
-"""``kb serve --with-worker`` whose embedder is slow (``python tests/slow_server.py PORT DELAY``):
+"""``kb serve --with-worker`` whose embedder is slow (``python tests/support/slow_server.py PORT DELAY``):
 settings come from the environment (``KB_*``) like ``kb serve``; used by the SIGTERM test."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, which holds support/
 
-from embedders import SlowEmbedder  # noqa: E402
+from support.embedders import SlowEmbedder  # noqa: E402
 
 from kb.adapters.http.server import serve  # noqa: E402
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import git
+from support.commands import git
 
 from kb.db import database
 from kb.knowledge_base import KnowledgeBase

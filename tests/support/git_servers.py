@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from support.network import free_port
 
 
 def bare_repository(path: Path) -> Path:
@@ -22,12 +23,6 @@ def bare_repository(path: Path) -> Path:
     subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
     subprocess.run(["git", "-C", str(path), "config", "http.receivepack", "true"], check=True)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_port(port: int, timeout: float = 15.0) -> None:

@@ -1,4 +1,4 @@
-"""A kb worker process whose embedder is slow (``python tests/slow_worker.py DELAY``): settings come
+"""A kb worker process whose embedder is slow (``python tests/support/slow_worker.py DELAY``): settings come
 from the environment (``KB_*``) like ``kb worker``; used by the kill -9 tests."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, which holds support/
 
-from embedders import SlowEmbedder  # noqa: E402
+from support.embedders import SlowEmbedder  # noqa: E402
 
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 

@@ -1,0 +1,109 @@
+"""Faults found by using kb as a library (design §5, §7): a turn renaming a document by letter
+case only, and chunk offsets outside their section."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from kb.errors import KbError
+from kb.index.chunking import check_piece
+from support.commands import run_cli
+
+WS = 1
+
+
+def _git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_a_turn_renames_a_document_and_a_folder_by_letter_case_only(kb):
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/ROADMAP.md", "# Roadmap\nship it\n")
+        tx.write("/documents/notes/a.md", "alpha\n")
+    turn = kb.turn(WS, "case", "agent")
+    assert turn.move("/documents/ROADMAP.md", "/documents/Roadmap.md") == [
+        ("/documents/ROADMAP.md", "/documents/Roadmap.md")]
+    assert turn.move("/documents/notes", "/documents/Notes") == [("/documents/notes/a.md", "/documents/Notes/a.md")]
+    assert turn.read("/documents/Roadmap.md").lines == [(1, "# Roadmap"), (2, "ship it")]
+    revision = turn.commit()
+    assert revision is not None
+    repo = kb.store(WS).path
+    assert _git(repo, "ls-tree", "-r", "--name-only", "HEAD").split() == ["documents/Notes/a.md", "documents/Roadmap.md"]
+    _git(repo, "fsck", "--strict")
+
+
+def test_a_case_twin_of_another_document_is_still_refused(kb):
+    from kb.errors import PathExists
+
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/ROADMAP.md", "a\n")
+        tx.write("/documents/other.md", "b\n")
+    turn = kb.turn(WS, "twin", "agent")
+    with pytest.raises(PathExists, match="differs only in case"):
+        turn.move("/documents/other.md", "/documents/Roadmap.md")
+
+
+@pytest.mark.parametrize(("start", "end"), [(-5, 5), (-3, -1), (3, 2), (0, 0), (0, 99), (2, 2)])
+def test_chunk_offsets_outside_their_section_are_refused(start, end):
+    section = "hello world"
+    with pytest.raises(KbError, match="outside its section"):
+        check_piece(section, start, end, section[start:end], offset=100)
+
+
+def test_chunk_offsets_that_do_not_reproduce_the_text_are_refused():
+    with pytest.raises(KbError, match="do not reproduce"):
+        check_piece("hello world", 0, 5, "HELLO")
+    check_piece("hello world", 6, 11, "world")  # a true piece passes
+
+
+def _deep_tree(top, segments: int, name: str = "deep.md") -> None:
+    """Folders ``segments`` deep under ``top`` (past the OS's PATH_MAX when long), made through
+    folder descriptors as a tool writing into a folder could; a markdown file at the bottom."""
+    import os
+
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(segments):
+            part = f"folder_segment_number_{i:03d}"
+            os.mkdir(part, dir_fd=fd)
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        file_fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(file_fd, b"# deep\n")
+        os.close(file_fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("segments", [60, 200])  # past the path law; also past the OS's PATH_MAX
+def test_import_of_a_tree_deeper_than_the_path_law_is_refused_whole(kb_env, tmp_path, segments):
+    source = tmp_path / "notes"
+    source.mkdir()
+    (source / "ok.md").write_text("# fine\n")
+    _deep_tree(source, segments)
+    result = run_cli(kb_env, "import", str(source), "-w", "5", check=False)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("kb: error: invalid path ") and "unexpected" not in result.stderr
+    assert "shorter folder or file names" in result.stderr
+    listed = run_cli(kb_env, "workspaces").stdout
+    assert not any(line.split()[:1] == ["5"] for line in listed.splitlines())  # no empty workspace left
+
+
+def test_a_turn_with_a_too_long_path_on_disk_refuses_to_commit_and_keeps_the_turn(kb):
+    from kb.errors import InvalidPath
+
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/a.md", "alpha\n")
+    turn = kb.turn(WS, "deep", "agent")
+    turn.write("/documents/b.md", "beta\n")
+    _deep_tree(turn.path / "documents", 200)  # a tool wrote it straight into the worktree
+    with pytest.raises(InvalidPath, match="move it to a shorter path or remove it"):
+        turn.commit()
+    assert turn.path.is_dir()  # kept for the agent to fix
+    assert kb.read(WS, "/documents/a.md") and kb.store(WS).head() is not None
