@@ -1,15 +1,18 @@
-"""``KnowledgeBase``: the one facade the CLI, the jobs and library users call (issue 2).
+"""``KnowledgeBase``: the one facade the CLI, the jobs and library users call (design §18).
 
-Open it from settings (``KnowledgeBase.open()``): it resolves the database (embedded by default),
-applies the schema, and hands out per-workspace stores. Each public method names the SPEC section
-whose rule it implements.
+Open it from settings (``KnowledgeBase.open()``): it resolves the database (embedded by default)
+and applies the schema. It owns the lifecycle (``open``, ``migrate``, ``close``) and hands out what
+works on one workspace — ``workspace(id)`` (reads and writes), ``turn``, ``conversation``,
+``artifacts``, ``remote`` — and the knowledge-base-wide services (index, worker, legacy migration).
+Its per-workspace methods (``read``, ``transaction``, ``history`` …) are the documented API,
+kept as one-line forwards to ``workspace(id)``; the logic lives in the modules they call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import getpass
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,14 +22,20 @@ from kb.citations.envelope import Envelope, document_lines
 from kb.errors import DatabaseUnavailable, DimensionMismatch
 from kb.db.migrations import MigrationReport, apply_migrations, schema_is_current
 from kb.paths import StorePath, check_storage_root
-from kb.store.projection import ProjectionResult, project
+from kb.store.projection import ProjectionResult
+from kb.store.stores import Stores
 from kb.db.publication import PublicationStatus, ensure_publication
 from kb.settings import Settings
+from kb.store.authors import default_author
 from kb.db.sql import queries
-from kb.store.knowledge_store import Draft, KnowledgeStore, PathChange, Revision, check_workspace_id
+from kb.store.history import PathChange, Revision
+from kb.store.draft import Draft
+from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
 from kb.store.titles import recorded_title
 
 if TYPE_CHECKING:
+    from kb.turns.open_turns import OpenTurns
+    from kb.workspace.handle import Workspace
     from kb.citations.conversation import Conversation
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
     # commands that need none of them (issue 15, SPEC §13).
@@ -50,12 +59,7 @@ if TYPE_CHECKING:
     from kb.workspace.lifecycle import DeletedWorkspace, WorkspaceSummary
 
 
-def default_author() -> str:
-    """The OS user name, used when a caller names no author."""
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "kb"
+__all__ = ["KnowledgeBase", "default_author"]
 
 
 class KnowledgeBase:
@@ -64,10 +68,20 @@ class KnowledgeBase:
     def __init__(self, settings: Settings, database_url: str) -> None:
         """Raises ConfigurationError when the storage root is too deep for the path law (SPEC §2.3)."""
         check_storage_root(settings.knowledge_store)
-        self.settings = settings
-        self.database_url = database_url
-        self._stores: dict[int, KnowledgeStore] = {}
+        self.stores = Stores(settings, database_url)
         self._embedder: Embedder | None = None
+        self._open_turns: OpenTurns | None = None  # made by the first turn (one-shot commands open none)
+        self._open_turns_made = threading.Lock()
+
+    @property
+    def settings(self) -> Settings:
+        """The settings this KnowledgeBase was opened with."""
+        return self.stores.settings
+
+    @property
+    def database_url(self) -> str:
+        """The URL of kb's database (the embedded server's unless ``KB_DATABASE_URL``)."""
+        return self.stores.database_url
 
     @classmethod
     def open(cls, settings: Settings | None = None, *, migrate: bool = True) -> "KnowledgeBase":
@@ -92,7 +106,7 @@ class KnowledgeBase:
                 raise
             # The embedded server's quick check vouched for a server or database that is gone
             # (dropped, or its postmaster replaced): make the full check once, then connect.
-            self.database_url = database.recheck_embedded(self.settings)
+            self.stores.database_url = database.recheck_embedded(self.settings)
             conn = database.connect(self.database_url)
         with conn:
             current = schema_is_current(conn)
@@ -104,11 +118,9 @@ class KnowledgeBase:
         it holds open (their worktrees stay for a later commit or the janitor). Idempotent; the
         object stays usable (a later call reopens what it needs). ``with KnowledgeBase.open() as
         kb:`` calls it on exit (issue 15)."""
-        for turn in list(self.__dict__.get("_open_turns", {}).values()):
-            turn.close()
-        for store in self._stores.values():
-            store.close()
-        self._stores.clear()
+        if self._open_turns is not None:
+            self._open_turns.close_all()
+        self.stores.close()
 
     def __enter__(self) -> "KnowledgeBase":
         return self
@@ -126,15 +138,15 @@ class KnowledgeBase:
     # -- workspaces and the store (SPEC §2, §3) ------------------------------------------
     def store(self, workspace_id: int) -> KnowledgeStore:
         """The store of one workspace (raises InvalidWorkspace for a non-positive id)."""
-        check_workspace_id(workspace_id)
-        if workspace_id not in self._stores:
-            self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
-        return self._stores[workspace_id]
+        return self.stores.store(workspace_id)
 
-    def _forget_store(self, workspace_id: int) -> None:
-        """Drop the cached store of a workspace (deleted): the next use opens it anew. Not closed
-        here: another thread may be using it (its repository closes when it is collected)."""
-        self._stores.pop(workspace_id, None)
+    def workspace(self, workspace_id: int) -> "Workspace":
+        """One workspace's reads and writes (``kb.workspace.handle.Workspace``): head, read, ls,
+        list_paths, list_changes, history, transaction, move, revert, restore, import_folder,
+        reconcile, fsck, artifacts, remote (design §3). Raises InvalidWorkspace for a bad id."""
+        from kb.workspace.handle import Workspace
+
+        return Workspace(self.store(workspace_id))
 
     def create_workspace(self, workspace_id: int) -> bool:
         """Create a workspace (repo + row); True when it did not exist."""
@@ -155,17 +167,16 @@ class KnowledgeBase:
         Operations apply in call order; one revision per clean exit, None when net-empty, nothing
         on exception (SPEC §3).
         """
-        author = author or default_author()
-        with self.store(workspace_id).transaction(message, author, committer) as draft:
+        with self.workspace(workspace_id).transaction(message, author, committer) as draft:
             yield draft
 
     def head(self, workspace_id: int) -> str | None:
         """Newest revision id of a workspace (None when empty)."""
-        return self.store(workspace_id).head()
+        return self.workspace(workspace_id).head()
 
     def read(self, workspace_id: int, path: str, revision: str | None = None) -> bytes:
         """Bytes of a document at HEAD or ``revision`` (SPEC §3)."""
-        return self.store(workspace_id).read(path, revision)
+        return self.workspace(workspace_id).read(path, revision)
 
     def read_as_of(self, workspace_id: int, revision: str, path: str) -> bytes:
         """Bytes of a document at ``revision`` (SPEC §3, §8)."""
@@ -176,31 +187,27 @@ class KnowledgeBase:
         ``kind`` "folder" or "file", folders first, by name; a document path lists itself. The
         committed counterpart of ``Turn.ls`` (the MCP ``ls`` tool). Raises InvalidPath,
         RevisionNotFound, DocumentNotFound (nothing there; "did you mean …?" for another case)."""
-        return self.store(workspace_id).ls(path, revision)
+        return self.workspace(workspace_id).ls(path, revision)
 
     def list_paths(self, workspace_id: int, revision: str | None = None) -> dict[str, str]:
         """``{virtual path: content id}`` at HEAD or ``revision``."""
-        return self.store(workspace_id).list_paths(revision)
+        return self.workspace(workspace_id).list_paths(revision)
 
     def list_changes(self, workspace_id: int, revision: str) -> list[PathChange]:
         """Changes a revision made, recorded moves included."""
-        return self.store(workspace_id).list_changes(revision)
+        return self.workspace(workspace_id).list_changes(revision)
 
     def history(self, workspace_id: int, path: str | None = None, limit: int = 50) -> list[Revision]:
         """Revisions newest first, from Postgres; for a path, following its moves (SPEC §3)."""
-        return self.store(workspace_id).history(path, limit)
+        return self.workspace(workspace_id).history(path, limit)
 
     def import_folder(
         self, source: Path | str, workspace_id: int, *, prefix: str | None = None, prune: bool = False,
         message: str | None = None, author: str | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``)."""
-        from kb.store.importer import import_folder
-
-        return import_folder(
-            self.store(workspace_id), Path(source), prefix=prefix, prune=prune, message=message,
-            author=author or default_author(),
-        )
+        return self.workspace(workspace_id).import_folder(source, prefix=prefix, prune=prune, message=message,
+                                                          author=author)
 
     # -- derived index (SPEC §6, §7) -----------------------------------------------------
     @property
@@ -222,9 +229,7 @@ class KnowledgeBase:
     def project(self, workspace_id: int, *, force: bool = False) -> ProjectionResult:
         """Converge documents/folders rows to HEAD in one transaction, sending ``kb_events`` on
         commit (SPEC §6); what the ``kb.project_changes`` job runs. Raises WorkspaceNotFound."""
-        store = self.store(workspace_id)
-        with database.transaction(self.database_url) as conn:
-            return project(conn, store.repository, workspace_id, force=force)
+        return self.stores.project(workspace_id, force=force)
 
     def rebuild_projection(self, workspace_id: int) -> ProjectionResult:
         """Re-derive documents/folders rows from HEAD even if HEAD is already projected
@@ -240,7 +245,7 @@ class KnowledgeBase:
 
     def index(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
         """Project and index a workspace up to HEAD in this process (what the index job runs)."""
-        self.store(workspace_id).repository  # raises WorkspaceNotFound early
+        self.store(workspace_id).require_exists()
         from kb.index.indexer import Indexer
 
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
@@ -272,8 +277,8 @@ class KnowledgeBase:
         if not found and not store.exists():
             # deleted (by another process) since this object opened it: its rows are gone, so the
             # search found nothing, but that is no answer for a workspace that is not there
-            self._forget_store(workspace_id)
-            self.store(workspace_id).repository  # noqa: B018 - raises WorkspaceNotFound unless re-created meanwhile
+            self.stores.forget(workspace_id)
+            self.store(workspace_id).require_exists()  # unless re-created meanwhile
         return found
 
     def index_freshness(self, workspace_id: int) -> "IndexFreshness":
@@ -306,7 +311,10 @@ class KnowledgeBase:
         Raises InvalidChat, InvalidWorkspace, WorkspaceNotFound."""
         from kb.citations.conversation import Conversation
 
-        return Conversation(self, workspace_id, chat_id)
+        store = self.store(workspace_id)
+        return Conversation(
+            store, chat_id, search=lambda query, k: self.search(workspace_id, query, k),
+            read_document=lambda path, revision: self.read_document(workspace_id, path, revision))
 
     def expire_citations(self) -> int:
         """Delete chats unused for ``KB_CITATION_TTL`` seconds with their handles (what the
@@ -317,51 +325,12 @@ class KnowledgeBase:
             return citation_registry.expire(conn, self.settings.citation_ttl)
 
     def status(self, workspace_id: int | None = None) -> dict:
-        """Head, index stamp, job counts, chunk and document counts (``kb status``). Raises
-        InvalidWorkspace for a bad id, WorkspaceNotFound for one that does not exist."""
-        if workspace_id is not None:
-            check_workspace_id(workspace_id)
-        result: dict = {"database": database.redact(self.database_url),
-                        "storage_root": str(self.settings.storage_root),
-                        "embedding_model": self.settings.embedding_model}
-        with database.connect(self.database_url) as conn:
-            jobs = conn.execute(queries["job_counts"], {"workspace_id": workspace_id}).fetchall()
-            result["jobs"] = [dict(j) for j in jobs]
-            if workspace_id is not None:
-                store = self.store(workspace_id)
-                row = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
-                if row is None or not store.exists():
-                    store.repository  # raises WorkspaceNotFound with the fix
-                result["workspace"] = {
-                    "id": workspace_id,
-                    "head": store.head(),
-                    "recorded_head": row["head_revision"],
-                    "index_stamp": row["last_indexed_revision"],
-                    "projected": row["last_projected_revision"],
-                    **conn.execute(queries["workspace_counts"], {"workspace_id": workspace_id}).fetchone(),
-                    "problems": conn.execute(queries["problem_documents"], {"workspace_id": workspace_id}).fetchall(),
-                    "quarantined_documents": conn.execute(
-                        queries["quarantined_documents"], {"workspace_id": workspace_id}
-                    ).fetchall(),
-                }
-                from kb.legacy.seed import migration_status  # issue 11: authority, span backlog, drift
+        """Head, index stamp, job counts, chunk and document counts (``kb status``, ``kb.status``).
+        Raises InvalidWorkspace for a bad id, WorkspaceNotFound for one that does not exist."""
+        from kb.status import status
 
-                result["workspace"]["migration"] = migration_status(conn, workspace_id)
-                from kb.legacy.drift import drift_report
-
-                result["workspace"]["drift"] = drift_report(conn, workspace_id)
-
-                remote = self.remote(workspace_id).status_or_none(conn)  # issue 18: URL redacted
-                result["workspace"]["remote"] = None if remote is None else remote.__dict__
-            result["index_lag"] = conn.execute(queries["index_lag"], {"workspace_id": workspace_id}).fetchall()
-            result["job_health"] = conn.execute(queries["job_health"]).fetchall()
-            # issue 19: due jobs something holds back (and what), and jobs scheduled for later
-            due = conn.execute(queries["due_jobs"], {"queues": None}).fetchall()
-            result["blocked_jobs"] = [j for j in due if j["blocker_id"] is not None
-                                      and workspace_id in (None, j["workspace_id"])]
-            result["scheduled_jobs"] = [j for j in conn.execute(queries["scheduled_jobs"], {"queues": None})
-                                        if workspace_id in (None, j["workspace_id"])]
-        return result
+        store = None if workspace_id is None else self.store(workspace_id)
+        return status(self.settings, self.database_url, store)
 
     # -- store maintenance and undo (issue 3: SPEC §2.1, §3) ------------------------------
     def revert(
@@ -369,24 +338,22 @@ class KnowledgeBase:
         message: str | None = None,
     ) -> Revision | None:
         """Record a forward revision undoing ``revision`` (SPEC §3); None when nothing to undo."""
-        return self.store(workspace_id).revert(revision, author or default_author(), committer, message)
+        return self.workspace(workspace_id).revert(revision, author, committer, message)
 
     def restore(
         self, workspace_id: int, path: str, revision: str, author: str | None = None,
         committer: str | None = None, message: str | None = None,
     ) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new revision (SPEC §3)."""
-        return self.store(workspace_id).restore(path, revision, author or default_author(), committer, message)
+        return self.workspace(workspace_id).restore(path, revision, author, committer, message)
 
     def reconcile(self, workspace_id: int) -> list[Revision]:
         """Record revisions git has and Postgres lacks, deferring their jobs (SPEC §3; the sweep)."""
-        return self.store(workspace_id).reconcile()
+        return self.workspace(workspace_id).reconcile()
 
     def fsck(self, workspace_id: int) -> "FsckReport":
         """git's consistency check, stale-lock and working-tree repair, reconcile (``kb fsck``)."""
-        from kb.workspace.fsck import fsck
-
-        return fsck(self.store(workspace_id))
+        return self.workspace(workspace_id).fsck()
 
     # -- issue 4: the derived index's operations (SPEC §7) ---------------------------------
     def use_embedder(self, embedder: Embedder) -> Embedder:
@@ -409,7 +376,7 @@ class KnowledgeBase:
     def reindex(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
         """Rebuild a workspace's index from git HEAD in this process, resuming an interrupted
         rebuild (what the ``kb.reindex`` job runs, SPEC §7)."""
-        self.store(workspace_id).repository  # raises WorkspaceNotFound early
+        self.store(workspace_id).require_exists()
         from kb.index.indexer import Indexer
 
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
@@ -419,37 +386,33 @@ class KnowledgeBase:
         """Queue ``kb.reindex`` for a worker; returns the job id (None: one is already waiting)."""
         from kb.jobs import tasks as jobs
 
-        return jobs.defer_reindex(self, workspace_id)
+        return jobs.defer_reindex(self.stores, workspace_id)
 
     def sweep(self):
         """Defer projection/index jobs for every workspace lagging git HEAD (SPEC §7)."""
         from kb.jobs.sweep import sweep
 
-        return sweep(self)
+        return sweep(self.stores, lambda: self.embedder)
 
 
     # -- artifacts (issue 17, SPEC §11) ---------------------------------------------------
     def artifacts(self, workspace_id: int) -> "Artifacts":
         """The artifacts of a workspace: ``save``, ``revise``, ``get``, ``list``, ``read_file``,
         ``delete`` (``kb.workspace.artifacts.Artifacts``). Raises InvalidWorkspace."""
-        from kb.workspace.artifacts import Artifacts
-
-        return Artifacts(self.store(workspace_id), default_author)
+        return self.workspace(workspace_id).artifacts()
 
     # -- git remotes (issue 18, SPEC §13) ----------------------------------------------------
     def remote(self, workspace_id: int) -> "Remote":
         """The workspace's push-only git remote: ``add``, ``status``, ``remove``, ``push``,
         ``defer_push`` (``kb.workspace.remotes.Remote``). Raises InvalidWorkspace."""
-        from kb.workspace.remotes import Remote
-
-        return Remote(self.store(workspace_id))
+        return self.workspace(workspace_id).remote()
 
     # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
     def list_workspaces(self) -> "list[WorkspaceSummary]":
         """Every workspace: id, documents, git head, index state (``kb workspaces``)."""
         from kb.workspace.lifecycle import list_workspaces
 
-        return list_workspaces(self)
+        return list_workspaces(self.stores)
 
     def delete_workspace(self, workspace_id: int, *, force: bool = False) -> "DeletedWorkspace":
         """Delete a workspace with its repository, rows, chunks, jobs and worktrees, announced on
@@ -458,11 +421,11 @@ class KnowledgeBase:
         from kb.workspace.lifecycle import delete_workspace
 
         try:
-            return delete_workspace(self, workspace_id, force=force)
+            return delete_workspace(self.stores, workspace_id, force=force)
         finally:
-            self._forget_store(workspace_id)
-            for key in [k for k in self.__dict__.get("_open_turns", {}) if k[0] == workspace_id]:
-                self._open_turns.pop(key, None)
+            self.stores.forget(workspace_id)
+            if self._open_turns is not None:
+                self._open_turns.forget_workspace(workspace_id)
 
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
@@ -475,20 +438,14 @@ class KnowledgeBase:
         Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
         disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
         """
-        from kb.turns.turn import Turn
-        from kb.git.worktree import root_turn_id
-
         store = self.store(workspace_id)
-        store.repository  # noqa: B018  (raises WorkspaceNotFound)
-        key = (workspace_id, root_turn_id(turn_id))
-        open_turns = self.__dict__.setdefault("_open_turns", {})
-        turn = open_turns.get(key)
-        if turn is None:
-            turn = Turn(store, turn_id, author or default_author(),
-                        on_close=lambda t: open_turns.pop(key, None) if open_turns.get(key) is t else None,
-                        on_open=lambda t: open_turns.setdefault(key, t), committer=committer)
-            open_turns[key] = turn
-        return turn
+        store.require_exists()
+        with self._open_turns_made:
+            if self._open_turns is None:
+                from kb.turns.open_turns import OpenTurns
+
+                self._open_turns = OpenTurns()
+        return self._open_turns.turn(store, turn_id, author or default_author(), committer)
 
     def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":
         """Remove abandoned turn worktrees older than ``ttl`` seconds (default
@@ -516,37 +473,10 @@ class KnowledgeBase:
         nothing changed (the turn is discarded). Raises ArtifactReadOnly for ARTIFACT documents
         (SPEC §11), InvalidPath, WorkspaceNotFound, and whatever ``editor`` raises (turn discarded).
         """
-        import uuid
+        from kb.turns.editor_save import edit_document
 
-        from kb.errors import ArtifactReadOnly, DocumentNotFound
-
-        target = StorePath.parse(path)
-        with database.connect(self.database_url) as conn:
-            row = conn.execute(
-                queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
-            ).fetchone()
-        if row and row["document_type"] == "ARTIFACT":
-            refused = f"{target.virtual} is an ARTIFACT document (id {row['id']}); editor saves refuse artifacts:"
-            raise ArtifactReadOnly(
-                f"{refused} use artifacts({workspace_id}).revise({row['id']}, generation, markdown)",
-                cli=f"{refused} use `kb artifact revise {row['id']} --generation N FILE -w {workspace_id}`")
-        turn = self.turn(workspace_id, f"edit-{uuid.uuid4().hex}", author, committer)
-        try:
-            try:
-                turn.read(target.virtual, limit=0)
-                created = False
-            except DocumentNotFound:
-                turn.write(target.virtual, b"")
-                created = True
-            editor(turn.path / target.repo_path)
-            turn.forget_untracked()  # editor swap/backup files never become documents
-            if created and not turn.read_bytes(target.virtual):
-                turn.abort()
-                return None
-        except BaseException:
-            turn.abort()
-            raise
-        return turn.commit(message or f"Edit {target.virtual}")
+        return edit_document(self.database_url, workspace_id,
+                             lambda turn_id: self.turn(workspace_id, turn_id, author, committer), path, editor, message)
 
     # -- issue 11: seeding from legacy rows, span fill, drift check (SPEC §9, §10) ----------
     def seed(
@@ -564,7 +494,7 @@ class KnowledgeBase:
 
         check_workspace_id(workspace_id)
         active = self.embedder.model
-        return Seeder(self, dsn, legacy_workspace, workspace_id, progress).run(
+        return Seeder(self.stores, dsn, legacy_workspace, workspace_id, progress).run(
             yes=yes, flip=flip, force=force, active_model=active)
 
     def set_authority(self, workspace_id: int, *, flipped: bool) -> bool:
@@ -572,17 +502,17 @@ class KnowledgeBase:
         Raises SeedRefused when the workspace was never seeded or (flip) parity did not pass."""
         from kb.legacy.seed import set_authority
 
-        return set_authority(self, check_workspace_id(workspace_id), flipped=flipped)
+        return set_authority(self.stores, check_workspace_id(workspace_id), flipped=flipped)
 
     def span_fill(self) -> "SpanFill":
         """The span fill (SPEC §9): ``status()``, ``pause()``, ``resume()``, ``run()``."""
         from kb.legacy.span_fill import SpanFill
 
-        return SpanFill(self)
+        return SpanFill(self.stores)
 
     def drift_check(self, workspace_id: int | None = None) -> "list[DriftReport]":
         """Compare git HEAD with document and chunk rows of flipped workspaces (or one workspace)
         and repair the Postgres side, capped per run (SPEC §10 after the flip)."""
         from kb.legacy.drift import drift_check
 
-        return drift_check(self, workspace_id)
+        return drift_check(self.stores, workspace_id)

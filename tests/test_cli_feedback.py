@@ -104,9 +104,10 @@ def test_close_releases_the_repositories_and_the_object_stays_usable(kb):
     kb.create_workspace(1)
     with kb.transaction(1, "one", "alice") as tx:
         tx.write("/documents/a.md", "alpha\n")
-    repository = kb.store(1).repository
+    store = kb.store(1)
+    repository = store.repository
     kb.close()
-    assert kb._stores == {} and repository._repo.object_store._pack_cache == {}
+    assert kb.store(1) is not store and repository._repo.object_store._pack_cache == {}  # stores forgotten
     assert kb.read(1, "/documents/a.md") == b"alpha\n"  # reopened on demand
     kb.close()
 
@@ -116,7 +117,7 @@ def test_status_says_how_long_a_job_waited_in_words_a_reader_takes_in():
     ``kb serve`` it is seconds as a float. Both read as a short age."""
     from datetime import timedelta
 
-    from kb.adapters.cli.main import _age
+    from kb.adapters.cli.status import _age
 
     assert _age(None) == "-"
     assert _age(timedelta(seconds=21.737824)) == "21s"

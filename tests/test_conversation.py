@@ -154,7 +154,7 @@ def test_the_expiry_task_runs_in_a_real_worker(kb):
         conn.execute(queries["test_age_citation_chat"], {"workspace_id": 1, "chat_id": "old", "days": 40})
     from kb.jobs import tasks as jobs
 
-    with jobs.app.replace_connector(jobs.configure(kb)) as app, app.open():
+    with jobs.app.replace_connector(jobs.connector_for(kb)) as app, app.open():
         jobs.expire_citations.defer(timestamp=0)
     kb.run_worker(until_idle=True)
     assert kb.conversation(1, "old").handles() == []

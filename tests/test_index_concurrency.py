@@ -321,7 +321,7 @@ def test_retrying_quarantined_documents_waits_for_a_running_projection(projectin
         for path in ("/documents/f.md", "/documents/y.md"):
             conn.execute(queries["test_quarantine_document"], {"workspace_id": 1, "path": path})
     projection, projection_pid, release = hold()
-    retrying = _Run(lambda: retry_quarantined(kb, 1, []))
+    retrying = _Run(lambda: retry_quarantined(kb.stores, lambda: kb.embedder, 1, []))
     _wait_blocked_by(kb, [projection_pid], retrying)
     release()
     assert len(projection.result().deleted) == 2

@@ -121,17 +121,17 @@ def test_projection_never_waits_for_indexing(kb):
     assert head
 
 
-@pytest.mark.parametrize("periodic", sorted(t.task.name for t in jobs.app.periodic_registry.periodic_tasks.values()))
+@pytest.mark.parametrize("periodic", [t.name for t in jobs.periodic_tasks()])
 def test_periodic_tasks_cannot_delay_a_due_job(kb, periodic):
     """Each periodic task, even waiting with a schedule in the future as Procrastinate's own
     deferral would store it, holds no lock that a workspace's due jobs need."""
-    task = next(t.task for t in jobs.app.periodic_registry.periodic_tasks.values() if t.task.name == periodic)
+    task = next(t for t in jobs.periodic_tasks() if t.name == periodic)
     assert task.lock is None or not task.lock.startswith(("projection:", "index:", "ws:"))  # never a workspace's
     _write(kb, "first version")
     kb.run_worker(until_idle=True)
 
     async def defer_later() -> int:
-        with jobs.app.replace_connector(jobs.configure(kb)) as bound:
+        with jobs.app.replace_connector(jobs.connector_for(kb)) as bound:
             async with bound.open_async():
                 return await bound.tasks[periodic].configure(schedule_in={"minutes": 10}).defer_async(timestamp=0)
 

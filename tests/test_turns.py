@@ -297,7 +297,7 @@ def test_janitor_runs_as_a_procrastinate_job(workspace, settings):
     open_turn.write("/documents/w.md", "w\n")
     left = open_turn.path.parent / "left-behind"
     janitor_kb = KnowledgeBase.open(settings.model_copy(update={"worktree_ttl": 0.0}))
-    with jobs.app.replace_connector(jobs.configure(janitor_kb)) as bound, bound.open():
+    with jobs.app.replace_connector(jobs.connector_for(janitor_kb)) as bound, bound.open():
         jobs.sweep_worktrees.defer(timestamp=0)
     janitor_kb.run_worker(until_idle=True)
     assert not left.exists() and open_turn.path.is_dir()

@@ -27,7 +27,9 @@ from kb.paths import StorePath
 from kb.db.sql import queries
 
 if TYPE_CHECKING:
-    from kb.knowledge_base import KnowledgeBase
+    from collections.abc import Callable
+
+    from kb.store.knowledge_store import KnowledgeStore
 
 MAX_MOVES_FOLLOWED = 10_000
 
@@ -103,14 +105,21 @@ def _git_blob_id(data: bytes) -> str:
 
 class Conversation:
     """One chat's reads and citations in one workspace (SPEC §8). Obtain it with
-    ``kb.citations.conversation(workspace_id, chat_id)``; it holds no connection between calls."""
+    ``kb.conversation(workspace_id, chat_id)``; it holds no connection between calls."""
 
-    def __init__(self, kb: "KnowledgeBase", workspace_id: int, chat_id: str) -> None:
-        self._kb = kb
-        self.workspace_id = workspace_id
+    def __init__(self, store: "KnowledgeStore", chat_id: str, *,
+                 search: "Callable[[str, int], list[Envelope]]",
+                 read_document: "Callable[[str, str | None], Envelope]") -> None:
+        """``store``: the workspace's store; ``search(query, k)`` and ``read_document(path,
+        revision)``: the workspace's hybrid search and full-view read, which live above this layer
+        (the facade hands them in, design §18). Raises InvalidChat, WorkspaceNotFound."""
+        self.workspace_id = store.workspace_id
         self.chat_id = registry.check_chat_id(chat_id)
-        self._store = kb.store(workspace_id)
-        self._store.repository  # noqa: B018  (raises WorkspaceNotFound early)
+        self._store = store
+        self._store.require_exists()
+        self._database_url = store.database_url
+        self._search = search
+        self._read_document = read_document
 
     # -- reading -----------------------------------------------------------------------------
     def search(self, query: str, k: int = 5) -> list[Envelope]:
@@ -118,9 +127,9 @@ class Conversation:
 
         Returns excerpt envelopes best first; raises InvalidInput like ``kb.search``.
         """
-        envelopes = self._kb.search(self.workspace_id, query, k)
+        envelopes = self._search(query, k)
         showings = [self._showing(e) for e in envelopes]
-        with database.pooled_transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._database_url) as conn:
             handles = registry.register(conn, self.workspace_id, self.chat_id, showings)
         for envelope, handle in zip(envelopes, handles):
             envelope.cite = handle.n
@@ -135,12 +144,12 @@ class Conversation:
         ``total_lines``. Raises InvalidInput (OffsetOutOfRange: ``offset`` past the line count),
         InvalidPath, IsAFolder, DocumentNotFound, RevisionNotFound.
         """
-        full = self._kb.read_document(self.workspace_id, path, revision)
+        full = self._read_document(path, revision)
         full.content_id = _git_blob_id(self._store.read_as_of(full.revision, full.path))
         envelope = full.window(offset, limit)
         shown = envelope.lines
         showing = Showing(envelope.path, envelope.content_id, envelope.revision, envelope.title, bool(shown))
-        with database.pooled_transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._database_url) as conn:
             envelope.cite = registry.register(conn, self.workspace_id, self.chat_id, [showing])[0].n
         return envelope
 
@@ -152,7 +161,7 @@ class Conversation:
         repo_path = StorePath.parse(envelope.path).repo_path
         revision = envelope.revision
         if revision is None or repo.lookup(repo.tree_id(revision), repo_path) != envelope.content_id:
-            with database.pooled_connection(self._kb.database_url) as conn:
+            with database.pooled_connection(self._database_url) as conn:
                 row = conn.execute(queries["revision_holding_blob"], {
                     "workspace_id": self.workspace_id, "path": repo_path, "content_id": envelope.content_id,
                 }).fetchone()
@@ -167,13 +176,13 @@ class Conversation:
     # -- the registry ------------------------------------------------------------------------
     def handles(self) -> list[Handle]:
         """Every handle of this chat, by number (empty for a new or forgotten chat)."""
-        with database.pooled_connection(self._kb.database_url) as conn:
+        with database.pooled_connection(self._database_url) as conn:
             return registry.handles(conn, self.workspace_id, self.chat_id)
 
     def forget(self) -> int:
         """Delete this chat's handles; returns how many numbers it had handed out. A later search
         starts again at [1]."""
-        with database.pooled_transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._database_url) as conn:
             return registry.forget(conn, self.workspace_id, self.chat_id)
 
     def _lines_of(self, handle: Handle) -> list[str]:
@@ -221,7 +230,7 @@ class Conversation:
 
         result = normalize(text, lookup, drop_unknown=drop_unknown)
         if known:
-            with database.pooled_transaction(self._kb.database_url) as conn:
+            with database.pooled_transaction(self._database_url) as conn:
                 registry.mark_used(conn, self.workspace_id, self.chat_id)
         return result
 
@@ -237,7 +246,7 @@ class Conversation:
             citation = parse_citation(citation)
         elif not isinstance(citation, Citation):
             raise InvalidCitation(f"expected a Citation or a string such as '[3:L12-L14]', not {type(citation).__name__}")
-        with database.pooled_transaction(self._kb.database_url) as conn:
+        with database.pooled_transaction(self._database_url) as conn:
             handle = registry.lookup(conn, self.workspace_id, self.chat_id, citation.handle)
             if handle is not None:
                 registry.mark_used(conn, self.workspace_id, self.chat_id)

@@ -18,10 +18,14 @@ from kb.db import database
 from kb.errors import StorageError, WorkspaceNotFound
 from kb.db.locks import chunk_lock
 from kb.db.sql import queries
+from kb.store.authors import default_author
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
 
 if TYPE_CHECKING:
-    from kb.knowledge_base import KnowledgeBase
+    from collections.abc import Callable
+
+    from kb.index.embedding import Embedder
+    from kb.store.stores import Stores
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +67,20 @@ def record_missing_revisions(store: KnowledgeStore) -> bool:
     return bool(store.reconcile())
 
 
-def sweep(kb: "KnowledgeBase") -> SweepReport:
-    """Compare every workspace with git HEAD and defer what lags (SPEC §7); returns what it did."""
+def sweep(stores: "Stores", embedder: "Callable[[], Embedder]") -> SweepReport:
+    """Compare every workspace with git HEAD and defer what lags (SPEC §7); returns what it did.
+
+    ``stores``: the workspaces' stores; ``embedder()`` returns the active embedder, called only to
+    probe it before quarantined documents are retried."""
     report = SweepReport()
-    with database.connect(kb.database_url, autocommit=True) as conn:
+    with database.connect(stores.database_url, autocommit=True) as conn:
         lag = conn.execute(queries["index_lag"], {"workspace_id": None}).fetchall()
     embedder_answers: list[bool] = []  # probed at most once per sweep, only when needed
     for row in lag:
-        if row["documents_quarantined"] > 0 and retry_quarantined(kb, row["workspace_id"], embedder_answers):
+        if row["documents_quarantined"] > 0 and retry_quarantined(stores, embedder, row["workspace_id"], embedder_answers):
             report.quarantine_retried.append(row["workspace_id"])
         ws = row["workspace_id"]
-        store = kb.store(ws)
+        store = stores.store(ws)
         if not store.exists():
             continue
         report.checked += 1
@@ -88,7 +95,7 @@ def sweep(kb: "KnowledgeBase") -> SweepReport:
             log.warning("sweep: workspace %s skipped: %s", ws, exc)
             report.damaged[ws] = str(exc)
             continue
-        with database.transaction(kb.database_url) as conn:
+        with database.transaction(stores.database_url) as conn:
             if git_head != row["projected"]:
                 defer_job(conn, "projection", PROJECTION_TASK, ws)
                 report.projection_deferred.append(ws)
@@ -99,48 +106,51 @@ def sweep(kb: "KnowledgeBase") -> SweepReport:
                 failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
                 defer_failed_retry(conn, ws, failed["attempts"])
                 report.retry_deferred.append(ws)
-    retry_blob_purges(kb, report)
-    with database.transaction(kb.database_url) as conn:  # issue 18: remotes still behind HEAD
+    retry_blob_purges(stores, report)
+    with database.transaction(stores.database_url) as conn:  # issue 18: remotes still behind HEAD
         for row in conn.execute(queries["remotes_to_push"]).fetchall():
             if conn.execute(queries["defer_push_if_remote"], {"workspace_id": row["workspace_id"]}).fetchone():
                 report.push_deferred.append(row["workspace_id"])
     return report
 
 
-def _embedder_answers(kb: "KnowledgeBase") -> bool:
+def _embedder_answers(embedder: "Callable[[], Embedder]") -> bool:
     try:
-        kb.embedder.embed(["kb: embedder probe"])
+        embedder().embed(["kb: embedder probe"])
     except Exception as exc:  # any failure means "still down": the quarantine stays
         log.info("sweep: embedder probe failed (%s); quarantined documents wait", exc)
         return False
     return True
 
 
-def retry_quarantined(kb: "KnowledgeBase", workspace_id: int, answers: list[bool]) -> bool:
+def retry_quarantined(stores: "Stores", embedder: "Callable[[], Embedder]", workspace_id: int,
+                      answers: list[bool]) -> bool:
     """Give a workspace's quarantined documents one more attempt when the embedder answers a probe
     (``answers`` caches the probe for one sweep), at most every ``KB_QUARANTINE_RETRY_SECONDS`` per
     document, and defer the index job; True when any were requeued (SPEC §7)."""
     if not answers:
-        answers.append(_embedder_answers(kb))
+        answers.append(_embedder_answers(embedder))
     if not answers[0]:
         return False
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         # Lock order (kb.locks): the chunk lock before the document rows (several in one
         # statement; a projection locks them in path order).
         chunk_lock(conn, workspace_id)
         retried = conn.execute(queries["retry_quarantined_documents"], {
-            "workspace_id": workspace_id, "max_attempts": kb.settings.max_attempts,
-            "retry_seconds": kb.settings.quarantine_retry_seconds,
+            "workspace_id": workspace_id, "max_attempts": stores.settings.max_attempts,
+            "retry_seconds": stores.settings.quarantine_retry_seconds,
         }).fetchall()
         if retried:
             defer_job(conn, "index", INDEX_TASK, workspace_id)
     return bool(retried)
 
 
-def retry_blob_purges(kb: "KnowledgeBase", report: SweepReport) -> None:
+def retry_blob_purges(stores: "Stores", report: SweepReport) -> None:
     """Retry the artifact blob purges a failed delete left behind (SPEC §11)."""
-    with database.connect(kb.database_url, autocommit=True) as conn:
+    from kb.workspace.artifacts import Artifacts
+
+    with database.connect(stores.database_url, autocommit=True) as conn:
         pending = [r["workspace_id"] for r in conn.execute(queries["workspaces_with_blob_purges"])]
     for ws in pending:
-        if kb.store(ws).exists() and kb.artifacts(ws).purge():
+        if stores.store(ws).exists() and Artifacts(stores.store(ws), default_author).purge():
             report.blobs_purged.append(ws)

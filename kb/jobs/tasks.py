@@ -14,7 +14,10 @@ one. After a run that leaves documents ``failed``, a delayed retry is deferred
 ``kb.defer_when_due`` that defers the real job once due — a job scheduled for later never holds a
 lock a due job needs (issue 19). No periodic task takes a workspace's lock.
 
-Periodic tasks (``@app.periodic``):
+Every task takes its knowledge base from the job's context (``pass_context=True``:
+``context.additional_context["kb"]``, which the worker sets with ``worker_context``), never from a
+module global. Periodic tasks (``@app.periodic``, or ``schedule_periodic(settings)`` for those whose
+cron is a setting, so that importing this module reads no settings):
 
 - ``kb.sweep`` (``KB_MAINTENANCE_CRON``, default every minute): defers projection/index jobs for
   workspaces whose projection or stamp lags git HEAD, and a delayed retry for those that still have
@@ -36,47 +39,69 @@ Periodic tasks (``@app.periodic``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import procrastinate
 
 from kb.db import database
-from kb.settings import Settings
 from kb.db.sql import queries
 from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 from kb.jobs.sweep import defer_failed_retry
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
+    from kb.settings import Settings
+    from kb.store.stores import Stores
 
 REINDEX_TASK = "kb.reindex"
 QUEUES = ["projection", "index", "maintenance", "span_fill", "push"]
-SWEEP_CRON = STALLED_CRON = Settings().maintenance_cron  # read once, when the tasks are declared
 CLEANUP_CRON = "17 * * * *"
 
 log = logging.getLogger(__name__)
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector())
-"""kb's Procrastinate app; ``configure(kb)`` points it at the knowledge base's database."""
+"""kb's Procrastinate app. A worker binds it to a knowledge base with ``connector_for`` (its
+database) and ``worker_context`` (what the tasks receive as ``context.additional_context``), and
+schedules the periodic tasks from settings with ``schedule_periodic``; nothing here reads settings
+at import (design §7, §13)."""
 
-_current: "KnowledgeBase | None" = None
-_progress: "Callable[[str, int, int, int, object], None] | None" = None
 
-
-def configure(kb: "KnowledgeBase", progress=None) -> procrastinate.PsycopgConnector:
-    """Bind the tasks to ``kb``; returns a connector to kb's database for ``app.replace_connector``.
-
-    ``progress(kind, workspace_id, done, total, report)``, when given, receives index runs'
-    progress (``kb.jobs.worker.ProgressDisplay.index_progress``).
+def connector_for(kb: "KnowledgeBase") -> procrastinate.PsycopgConnector:
+    """A connector to ``kb``'s database for ``app.replace_connector`` (to run a worker, or to defer
+    a task from outside a revision's transaction).
 
     The connector uses ``KB_DIRECT_DATABASE_URL`` when set (a real session, so LISTEN works), else
     kb's URL; its connections pass through ``database.configure_async_connection`` like every kb
-    connection, or, behind a transaction-mode pooler, get no prepared statements (SPEC §13).
+    connection, or, behind a transaction-mode pooler, get no prepared statements (design §13).
     """
-    global _current, _progress
-    _current, _progress = kb, progress
     return _ConfiguredConnector(database.session_database_url(kb.settings, kb.database_url))
+
+
+def worker_context(kb: "KnowledgeBase", progress=None) -> dict:
+    """The ``additional_context`` a worker hands every job (``JobContext.additional_context``):
+    ``kb``, the knowledge base the tasks act on, and ``progress``, a sink
+    ``progress(kind, workspace_id, done, total, report)`` for index runs' progress
+    (``kb.jobs.worker.ProgressDisplay.index_progress``) or None."""
+    return {"kb": kb, "progress": progress}
+
+
+def _kb(context: procrastinate.JobContext) -> "KnowledgeBase":
+    """The knowledge base a job runs against, from its worker's context. Raises ConfigurationError
+    for a worker started without ``worker_context`` (not kb's worker)."""
+    kb = context.additional_context.get("kb")
+    if kb is None:
+        from kb.errors import ConfigurationError
+
+        raise ConfigurationError("kb's tasks run in kb's worker (`kb worker`, `kb serve --with-worker`), "
+                                 "which passes the knowledge base as additional_context['kb']")
+    return kb
+
+
+def _progress_for(context: procrastinate.JobContext, kind: str, workspace_id: int):
+    sink = context.additional_context.get("progress")
+    if sink is None:
+        return None
+    return lambda done, total, report: sink(kind, workspace_id, done, total, report)
 
 
 def worker_listens(kb: "KnowledgeBase") -> bool:
@@ -107,38 +132,27 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
         return super().get_sync_connector()
 
 
-def _progress_for(kind: str, workspace_id: int):
-    sink = _progress
-    if sink is None:
-        return None
-    return lambda done, total, report: sink(kind, workspace_id, done, total, report)
 
 
-def _kb() -> "KnowledgeBase":
-    if _current is None:
-        raise RuntimeError("kb.jobs.configure(kb) must be called before running kb's tasks")
-    return _current
-
-
-def defer_index(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+def defer_index(stores: "Stores", workspace_id: int) -> int | None:
     """Defer ``kb.index_changes`` for a workspace (coalesced on ``index:{ws}``); returns the job id."""
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         return defer_job(conn, "index", INDEX_TASK, workspace_id)
 
 
-def defer_reindex(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+def defer_reindex(stores: "Stores", workspace_id: int) -> int | None:
     """Defer ``kb.reindex`` for a workspace (coalesced on ``reindex:{ws}``); returns the job id."""
-    kb.store(workspace_id).repository  # raises WorkspaceNotFound early
-    with database.transaction(kb.database_url) as conn:
+    stores.store(workspace_id).require_exists()
+    with database.transaction(stores.database_url) as conn:
         return defer_job(conn, "index", REINDEX_TASK, workspace_id, queueing_lock=f"reindex:{workspace_id}")
 
 
-def _after_index(workspace_id: int, report) -> dict:
+def _after_index(kb: "KnowledgeBase", workspace_id: int, report) -> dict:
     log.info("%s workspace %s: %s", report.kind, workspace_id, report)
     if report.documents_still_failed:
-        with database.transaction(_kb().database_url) as conn:
+        with database.transaction(kb.database_url) as conn:
             defer_failed_retry(conn, workspace_id, report.failed_attempts)
-    defer_vector_index_if_large(_kb(), workspace_id)
+    defer_vector_index_if_large(kb.stores, workspace_id)
     return {
         "revision": report.revision, "indexed": report.documents_indexed,
         "failed": report.documents_failed, "still_failed": report.documents_still_failed,
@@ -148,52 +162,53 @@ def _after_index(workspace_id: int, report) -> dict:
     }
 
 
-@app.task(name=PROJECTION_TASK, queue="projection")
-def project_changes(workspace_id: int) -> dict:
+@app.task(name=PROJECTION_TASK, queue="projection", pass_context=True)
+def project_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Converge ``documents``/``folders`` rows of a workspace to HEAD and announce the changes on
     ``kb_events`` (SPEC §6); returns the counts of rows changed."""
-    return _kb().project(workspace_id).counts()
+    return _kb(context).project(workspace_id).counts()
 
 
-@app.task(name=INDEX_TASK, queue="index")
-def index_changes(workspace_id: int) -> dict:
+@app.task(name=INDEX_TASK, queue="index", pass_context=True)
+def index_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Converge a workspace's chunks and embeddings to HEAD (SPEC §7); failed documents get a
     delayed retry job."""
-    return _after_index(workspace_id, _kb().index(workspace_id, _progress_for("index", workspace_id)))
+    kb = _kb(context)
+    return _after_index(kb, workspace_id, kb.index(workspace_id, _progress_for(context, "index", workspace_id)))
 
 
-@app.task(name=REINDEX_TASK, queue="index")
-def reindex(workspace_id: int) -> dict:
+@app.task(name=REINDEX_TASK, queue="index", pass_context=True)
+def reindex(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Rebuild a workspace's index from git HEAD, resuming an interrupted rebuild (SPEC §7)."""
-    return _after_index(workspace_id, _kb().reindex(workspace_id, _progress_for("reindex", workspace_id)))
+    kb = _kb(context)
+    return _after_index(kb, workspace_id, kb.reindex(workspace_id, _progress_for(context, "reindex", workspace_id)))
 
 
-@app.task(name=DEFER_WHEN_DUE_TASK, queue="index")
-def defer_when_due(workspace_id: int, task: str, queue: str) -> int | None:
+@app.task(name=DEFER_WHEN_DUE_TASK, queue="index", pass_context=True)
+def defer_when_due(context: procrastinate.JobContext, workspace_id: int, task: str, queue: str) -> int | None:
     """A delayed job's stand-in (``kb.store.defer_job`` with ``delay_seconds``): once due, defer
     ``task`` for the workspace with its lock, coalesced with one already waiting (issue 19).
     Returns the deferred job's id, or None when a waiting job covers it."""
-    with database.transaction(_kb().database_url) as conn:
+    with database.transaction(_kb(context).database_url) as conn:
         return defer_job(conn, queue, task, workspace_id)
 
 
-@app.periodic(cron=SWEEP_CRON)
-@app.task(name="kb.sweep", queue="maintenance")
-def sweep(timestamp: int) -> dict:
+@app.task(name="kb.sweep", queue="maintenance", pass_context=True)
+def sweep(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Defer the work of every workspace that lags git HEAD (SPEC §7)."""
     from kb.jobs.sweep import sweep as run_sweep
 
-    report = run_sweep(_kb())
+    kb = _kb(context)
+    report = run_sweep(kb.stores, lambda: kb.embedder)
     return {"checked": report.checked, "projection": report.projection_deferred,
             "index": report.index_deferred, "retry": report.retry_deferred,
             "damaged": sorted(report.damaged)}
 
 
-@app.periodic(cron=STALLED_CRON)
 @app.task(name="kb.retry_stalled_jobs", queue="maintenance", pass_context=True)
 async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) -> list[int]:
     """Put jobs of workers silent for ``KB_STALLED_JOB_SECONDS`` back to ``todo`` (SPEC §7)."""
-    return await retry_stalled(context.app.job_manager, _kb().settings.stalled_job_seconds, context.job.id)
+    return await retry_stalled(context.app.job_manager, _kb(context).settings.stalled_job_seconds, context.job.id)
 
 
 async def retry_stalled(manager, seconds: float, own_job_id: int | None = None) -> list[int]:
@@ -224,9 +239,10 @@ async def retry_stalled(manager, seconds: float, own_job_id: int | None = None) 
 async def remove_old_jobs(context: procrastinate.JobContext, timestamp: int) -> None:
     """Delete succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS`` ago, and index run rows
     (``kb.index_runs``) as old, keeping each workspace's latest."""
-    hours = _kb().settings.job_retention_hours
+    kb = _kb(context)
+    hours = kb.settings.job_retention_hours
     await context.app.job_manager.delete_old_jobs(nb_hours=hours)
-    with database.transaction(_kb().database_url) as conn:
+    with database.transaction(kb.database_url) as conn:
         conn.execute(queries["prune_index_runs"], {"hours": hours})
 
 
@@ -234,11 +250,11 @@ JANITOR_TASK = "kb.sweep_worktrees"
 
 
 @app.periodic(cron="*/15 * * * *", periodic_id="worktree-janitor")
-@app.task(name=JANITOR_TASK, queue="maintenance", queueing_lock="worktree-janitor")
-def sweep_worktrees(timestamp: int) -> dict:
+@app.task(name=JANITOR_TASK, queue="maintenance", queueing_lock="worktree-janitor", pass_context=True)
+def sweep_worktrees(context: procrastinate.JobContext, timestamp: int) -> dict:
     """The turn-worktree janitor (SPEC §5), every 15 minutes: remove worktrees no open turn holds
     whose newest file is older than ``KB_WORKTREE_TTL`` seconds (default 24 h)."""
-    report = _kb().sweep_worktrees()
+    report = _kb(context).sweep_worktrees()
     if report.removed:
         log.info("janitor removed %d abandoned turn worktrees: %s", len(report.removed), report.removed)
     return {"removed": len(report.removed), "kept_open": len(report.kept_open), "kept_fresh": report.kept_fresh}
@@ -249,48 +265,45 @@ MAINTAIN_TASK = "kb.maintain_repositories"
 
 
 @app.periodic(cron="*/10 * * * *", periodic_id="repository-maintenance")
-@app.task(name=MAINTAIN_TASK, queue="maintenance", queueing_lock="repository-maintenance")
-def maintain_repositories(timestamp: int) -> dict:
+@app.task(name=MAINTAIN_TASK, queue="maintenance", queueing_lock="repository-maintenance", pass_context=True)
+def maintain_repositories(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Every 10 minutes: pack the loose objects of workspace repositories that gathered many
     (``kb.git.maintenance``); safe beside concurrent writers. Returns ``{workspace id: objects packed}``."""
     from kb.git.maintenance import maintain_workspaces
 
-    return {str(ws): n for ws, n in maintain_workspaces(_kb().settings.knowledge_store).packed.items()}
+    return {str(ws): n for ws, n in maintain_workspaces(_kb(context).settings.knowledge_store).packed.items()}
 
 
 @app.periodic(cron="23 * * * *", periodic_id="citation-expiry")
-@app.task(name="kb.expire_citations", queue="maintenance", queueing_lock="citation-expiry")
-def expire_citations(timestamp: int) -> dict:
+@app.task(name="kb.expire_citations", queue="maintenance", queueing_lock="citation-expiry", pass_context=True)
+def expire_citations(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Hourly: delete chats whose citation handles went unused for ``KB_CITATION_TTL`` seconds
     (SPEC §8, issue 10)."""
-    return {"chats_expired": _kb().expire_citations()}
+    return {"chats_expired": _kb(context).expire_citations()}
 
 
 # -- issue 11: span fill and drift check (SPEC §9, §10) -------------------------------------
-SPAN_FILL_CRON = Settings().span_fill_cron
-DRIFT_CRON = Settings().drift_cron
 
 
-@app.periodic(cron=SPAN_FILL_CRON, periodic_id="span-fill")
-@app.task(name="kb.span_fill", queue="span_fill", queueing_lock="span-fill", lock="span-fill")
-def span_fill(timestamp: int) -> dict:
+@app.task(name="kb.span_fill", queue="span_fill", queueing_lock="span-fill", lock="span-fill", pass_context=True)
+def span_fill(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Fill spans of adopted legacy chunks in flipped workspaces, most used first, in batches,
     until the backlog is empty or a DBA pauses it (``kb.span_fill_control``, SPEC §9). One job runs
     at most ``KB_SPAN_FILL_JOB_SECONDS`` and then queues its continuation, so index jobs on the same
     worker are never held up for long."""
-    fill = _kb().span_fill()
-    report = fill.run(max_seconds=_kb().settings.span_fill_job_seconds)
+    kb = _kb(context)
+    fill = kb.span_fill()
+    report = fill.run(max_seconds=kb.settings.span_fill_job_seconds)
     if report.yielded:
         fill.defer()
     return report.as_dict()
 
 
-@app.periodic(cron=DRIFT_CRON, periodic_id="drift-check")
-@app.task(name="kb.drift_check", queue="maintenance", queueing_lock="drift-check", lock="drift-check")
-def drift_check(timestamp: int) -> list[dict]:
+@app.task(name="kb.drift_check", queue="maintenance", queueing_lock="drift-check", lock="drift-check", pass_context=True)
+def drift_check(context: procrastinate.JobContext, timestamp: int) -> list[dict]:
     """Compare git HEAD with document/chunk rows of flipped workspaces; repair Postgres only,
     capped per run (``KB_DRIFT_MAX_REPAIRS``)."""
-    return [report.as_dict() for report in _kb().drift_check()]
+    return [report.as_dict() for report in _kb(context).drift_check()]
 
 
 # -- issue 18: push to a git remote (SPEC §13) ------------------------------------------------------
@@ -298,14 +311,14 @@ PUSH_RETRY = procrastinate.RetryStrategy(max_attempts=8, exponential_wait=2)
 """A failed push is retried after 2, 4, 8 … 256 s; then the sweep re-defers it (30 s doubling, ≤ 1 h)."""
 
 
-@app.task(name="kb.push_remote", queue="push", retry=PUSH_RETRY)
-def push_remote(workspace_id: int) -> dict:
+@app.task(name="kb.push_remote", queue="push", retry=PUSH_RETRY, pass_context=True)
+def push_remote(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Push the workspace's current HEAD to its remote, fast-forward only (``kb.workspace.remotes``); does
     nothing when the remote is already at HEAD. Deferred with lock ``push:{ws}`` (never ``ws:{ws}``)."""
     from kb.errors import RemoteNotFound
 
     try:
-        return _kb().remote(workspace_id).push().as_dict()
+        return _kb(context).remote(workspace_id).push().as_dict()
     except RemoteNotFound:  # removed since the job was deferred
         return {"revision": None, "pushed": False, "previous": None}
 
@@ -314,12 +327,12 @@ def push_remote(workspace_id: int) -> dict:
 VECTOR_INDEX_TASK = "kb.maintain_vector_index"
 
 
-def defer_vector_index_if_large(kb: "KnowledgeBase", workspace_id: int) -> int | None:
+def defer_vector_index_if_large(stores: "Stores", workspace_id: int) -> int | None:
     """Defer ``kb.maintain_vector_index`` when the workspace is near or past the HNSW threshold
     (coalesced on ``vector-index:{ws}``); small workspaces never get the job. Returns the job id."""
     from kb.index.vector_index import HNSW_MIN_CHUNKS
 
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         chunks = conn.execute(queries["workspace_chunk_total"], {"workspace_id": workspace_id}).fetchone()["n"]
         recorded = conn.execute(queries["workspace_has_vector_index"], {"workspace_id": workspace_id}).fetchone()
         if chunks < HNSW_MIN_CHUNKS and not recorded["any"]:
@@ -328,12 +341,39 @@ def defer_vector_index_if_large(kb: "KnowledgeBase", workspace_id: int) -> int |
                          queueing_lock=f"vector-index:{workspace_id}")
 
 
-@app.task(name=VECTOR_INDEX_TASK, queue="maintenance")
-def maintain_vector_index(workspace_id: int) -> dict:
+@app.task(name=VECTOR_INDEX_TASK, queue="maintenance", pass_context=True)
+def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Build, keep or drop the workspace's partial HNSW index for the active model (SPEC §8)."""
     from kb.index.vector_index import maintain
 
-    kb = _kb()
+    kb = _kb(context)
     change = maintain(kb.database_url, workspace_id, kb.embedder.model, kb.embedder.dim)
     return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
 
+
+def _scheduled_from_settings(settings: "Settings") -> list[tuple[procrastinate.tasks.Task, str, str]]:
+    """``(task, cron, periodic_id)`` of the periodic tasks whose cron is a setting."""
+    return [
+        (sweep, settings.maintenance_cron, ""),
+        (retry_stalled_jobs, settings.maintenance_cron, ""),
+        (span_fill, settings.span_fill_cron, "span-fill"),
+        (drift_check, settings.drift_cron, "drift-check"),
+    ]
+
+
+def schedule_periodic(settings: "Settings") -> None:
+    """Schedule the periodic tasks whose cron comes from settings (``KB_MAINTENANCE_CRON`` for
+    ``kb.sweep`` and ``kb.retry_stalled_jobs``, ``KB_SPAN_FILL_CRON``, ``KB_DRIFT_CRON``), replacing
+    an earlier schedule; a worker calls it before it starts (design §7). The other periodic tasks
+    have fixed schedules, declared with their tasks."""
+    registry = app.periodic_registry
+    for task, cron, periodic_id in _scheduled_from_settings(settings):
+        registry.periodic_tasks.pop((task.name, periodic_id), None)
+        registry.register_task(task=task, cron=cron, periodic_id=periodic_id, configure_kwargs={})
+
+
+def periodic_tasks() -> list[procrastinate.tasks.Task]:
+    """Every periodic task, scheduled yet or not (those of ``schedule_periodic`` included)."""
+    tasks = {t.task.name: t.task for t in app.periodic_registry.periodic_tasks.values()}
+    tasks.update({t.name: t for t in (sweep, retry_stalled_jobs, span_fill, drift_check)})
+    return [tasks[name] for name in sorted(tasks)]

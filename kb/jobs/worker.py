@@ -313,7 +313,9 @@ async def run_worker_async(
     gracefully: it fetches nothing more and waits for the jobs it holds to finish."""
     from kb.jobs import tasks as jobs
 
-    connector = jobs.configure(kb, progress=display.index_progress if display else None)
+    connector = jobs.connector_for(kb)
+    jobs.schedule_periodic(kb.settings)
+    context = jobs.worker_context(kb, progress=display.index_progress if display else None)
     listens = jobs.worker_listens(kb)  # not behind a transaction pooler without a direct URL
     stalled = kb.settings.stalled_job_seconds
     started = time.monotonic()
@@ -328,6 +330,7 @@ async def run_worker_async(
                         install_signal_handlers=install_signal_handlers,
                         update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
                         worker_middleware=[job_middleware(report, display)],
+                        additional_context=context,
                     )
                     if not until_idle:
                         return

@@ -28,7 +28,7 @@ from kb.db.locks import chunk_lock
 from kb.db.sql import queries
 
 if TYPE_CHECKING:
-    from kb.knowledge_base import KnowledgeBase
+    from kb.store.stores import Stores
 
 ROW_KINDS = ("missing_row", "extra_row", "content_mismatch")
 
@@ -76,18 +76,18 @@ def compare(tree: dict[str, str], rows: list[dict]) -> list[dict]:
     return findings
 
 
-def drift_check(kb: "KnowledgeBase", workspace_id: int | None = None) -> list[DriftReport]:
+def drift_check(stores: "Stores", workspace_id: int | None = None) -> list[DriftReport]:
     """Check every flipped workspace (or ``workspace_id``, flipped or not, if it was seeded) and
     repair within the cap; returns one DriftReport per workspace (see the module docstring)."""
     from kb.store.knowledge_store import INDEX_TASK, defer_job
 
-    cap = max(0, kb.settings.drift_max_repairs)
-    with database.transaction(kb.database_url) as conn:
+    cap = max(0, stores.settings.drift_max_repairs)
+    with database.transaction(stores.database_url) as conn:
         targets = conn.execute(queries["drift_workspaces"], {"workspace_id": workspace_id}).fetchall()
     reports = []
     for target in targets:
         ws = target["workspace_id"]
-        store = kb.store(ws)
+        store = stores.store(ws)
         head = store.head() if store.exists() else None
         report = DriftReport(ws, head)
         reports.append(report)
@@ -98,7 +98,7 @@ def drift_check(kb: "KnowledgeBase", workspace_id: int | None = None) -> list[Dr
             report.skipped = "projection behind HEAD (lag, handled by the sweep)"
             continue
         tree = {p: b for p, b in store.list_paths(head).items() if posixpath.basename(p) != ".keep"}
-        with database.transaction(kb.database_url) as conn:
+        with database.transaction(stores.database_url) as conn:
             rows = conn.execute(queries["drift_document_rows"], {"workspace_id": ws}).fetchall()
         report.findings = [{**f, "repaired": False} for f in compare(tree, rows)]
         row_findings = [f for f in report.findings if f["kind"] in ROW_KINDS]
@@ -106,7 +106,7 @@ def drift_check(kb: "KnowledgeBase", workspace_id: int | None = None) -> list[Dr
         budget = cap
         if row_findings:
             if len(row_findings) <= budget:
-                kb.project(ws, force=True)
+                stores.project(ws, force=True)
                 for finding in row_findings:
                     finding["repaired"] = True
                 budget -= len(row_findings)
@@ -114,7 +114,7 @@ def drift_check(kb: "KnowledgeBase", workspace_id: int | None = None) -> list[Dr
                 report.capped = True
         repair = index_findings[:budget]
         report.capped = report.capped or len(repair) < len(index_findings)
-        with database.transaction(kb.database_url) as conn:
+        with database.transaction(stores.database_url) as conn:
             if repair:
                 # Lock order (kb.locks): the chunk lock before the document rows (several, in id
                 # order; a projection locks them in path order).

@@ -49,7 +49,7 @@ from kb.db.sql import queries
 from kb.store.knowledge_store import INDEX_TASK, defer_job
 
 if TYPE_CHECKING:
-    from kb.knowledge_base import KnowledgeBase
+    from kb.store.stores import Stores
 
 MIGRATION_AUTHOR = "kb-migration"
 BLOB_BATCH_BYTES = 8 * 2**20
@@ -315,11 +315,11 @@ def _place(entry: SeedEntry, names: _Namespace, parent: tuple[str, ...], name: s
 class Seeder:
     """One seed of ``workspace_id`` from ``legacy_workspace`` at ``dsn`` (see the module docstring)."""
 
-    def __init__(self, kb: "KnowledgeBase", dsn: str, legacy_workspace: int, workspace_id: int,
+    def __init__(self, stores: "Stores", dsn: str, legacy_workspace: int, workspace_id: int,
                  progress: Callable[[str], None] | None = None) -> None:
-        self.kb, self.dsn, self.legacy_workspace, self.workspace_id = kb, dsn, legacy_workspace, workspace_id
+        self.stores, self.dsn, self.legacy_workspace, self.workspace_id = stores, dsn, legacy_workspace, workspace_id
         self.progress = progress or (lambda message: None)
-        self.store = kb.store(workspace_id)
+        self.store = stores.store(workspace_id)
 
     def run(self, *, yes: bool, flip: bool, force: bool, active_model: str | None) -> SeedReport:
         started = time.perf_counter()
@@ -381,7 +381,7 @@ class Seeder:
                     f"byte parity failed ({len(report.parity.missing)} missing, {len(report.parity.extra)} extra, "
                     f"{len(report.parity.mismatched)} mismatched); not flipping. See the report and seed again"
                 )
-            report.flipped = set_authority(self.kb, self.workspace_id, flipped=True)
+            report.flipped = set_authority(self.stores, self.workspace_id, flipped=True)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -399,7 +399,7 @@ class Seeder:
             report.parity = self.check_parity(desired, report.head)
         self.progress(f"parity: {'ok' if report.parity.ok else 'FAILED'} over {report.parity.checked} paths")
         with _phase(report, "projection"):
-            self.kb.project(self.workspace_id)
+            self.stores.project(self.workspace_id)
         with _phase(report, "identity"):
             rows = self._adopt_identity(seeded, report)
         if report.models_match:
@@ -411,7 +411,7 @@ class Seeder:
 
     def _record_seed(self, report: SeedReport) -> None:
         """Record the seed (``kb.seeds``) and defer the index job for documents to re-embed."""
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             conn.execute(queries["record_seed"], {
                 "workspace_id": self.workspace_id, "source": report.source,
                 "legacy_workspace": self.legacy_workspace, "legacy_model": report.legacy_model,
@@ -422,14 +422,14 @@ class Seeder:
                 defer_job(conn, "index", INDEX_TASK, self.workspace_id)
 
     def _seed_row(self) -> dict | None:
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             return conn.execute(queries["get_seed"], {"workspace_id": self.workspace_id}).fetchone()
 
     @contextlib.contextmanager
     def _index_lock(self) -> Iterator[None]:
         """Hold the workspace's index lock (the indexer's, ``kb.db.locks.index_lock``, SPEC §4),
         waiting up to ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
-        with index_lock(self.kb.database_url, self.workspace_id, wait=self.kb.settings.lock_timeout) as locked:
+        with index_lock(self.stores.database_url, self.workspace_id, wait=self.stores.settings.lock_timeout) as locked:
             if not locked:
                 raise LockTimeout(f"workspace {self.workspace_id}: an index run holds the index lock; "
                                   "seed again when it has finished")
@@ -471,7 +471,7 @@ class Seeder:
         document id and history follow it."""
         head = self.store.head()
         current = self.store.list_paths(head) if head else {}
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             previous = {r["legacy_id"]: r["path"] for r in conn.execute(
                 queries["legacy_document_paths"], {"workspace_id": self.workspace_id})}
         message = (f"seed workspace {self.workspace_id} from legacy workspace {self.legacy_workspace}\n\n"
@@ -508,7 +508,7 @@ class Seeder:
                    if e.document_type in PATH_KEYED_TYPES else e.legacy_uid_hash)
             params.append({"workspace_id": ws, "path": e.path, "title": e.title, "document_type": e.document_type,
                            "metadata": json.dumps(e.metadata), "uid_hash": uid})
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             # Lock order (kb.locks): the chunk lock before the document rows, which this updates
             # in the plan's order and a projection of a concurrent revision in path order.
             chunk_lock(conn, ws)
@@ -531,8 +531,8 @@ class Seeder:
     def _text_config(self, text: str) -> str:
         """The document's text-search configuration, as the indexer picks it: ``KB_FTS_CONFIG``,
         or with ``auto`` the one of the language its (legacy chunk) text is written in."""
-        if self.kb.settings.fts_config != "auto":
-            return self.kb.settings.fts_config
+        if self.stores.settings.fts_config != "auto":
+            return self.stores.settings.fts_config
         return text_config(detect_language(text))
 
     def _adopt_chunks(self, legacy: psycopg.Connection, report: SeedReport, rows: dict[int, dict]) -> None:
@@ -541,7 +541,7 @@ class Seeder:
         todo = {legacy_id: row for legacy_id, row in rows.items()
                 if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])}
         with_chunks: set[int] = set()
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             # Lock order (kb.locks): the chunk lock first. This writes chunks and their statistics
             # and then the documents' rows; a projection of a concurrent revision locks document
             # rows and then chunk statistics (index runs skip: the seed holds the index lock).
@@ -581,12 +581,12 @@ def _phase(report: SeedReport, name: str) -> Iterator[None]:
         report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - started
 
 
-def set_authority(kb: "KnowledgeBase", workspace_id: int, *, flipped: bool) -> bool:
+def set_authority(stores: "Stores", workspace_id: int, *, flipped: bool) -> bool:
     """Flip (kb becomes the authority) or unflip a seeded workspace (SPEC §10); True when changed.
 
     Raises SeedRefused when the workspace was never seeded, or (flip) its last seed failed parity.
     """
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         seed_row = conn.execute(queries["get_seed"], {"workspace_id": workspace_id}).fetchone()
         if seed_row is None:
             raise SeedRefused(f"workspace {workspace_id} was never seeded; run seed(…, yes=True) first",

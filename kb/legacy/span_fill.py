@@ -38,7 +38,7 @@ from kb.db.locks import chunk_lock
 from kb.db.sql import queries
 
 if TYPE_CHECKING:
-    from kb.knowledge_base import KnowledgeBase
+    from kb.store.stores import Stores
 
 SPAN_FILL_TASK = "kb.span_fill"
 
@@ -101,13 +101,13 @@ class SpanFillReport:
 class SpanFill:
     """The span fill of one knowledge base (``kb.span_fill()``; CLI ``kb spans``)."""
 
-    def __init__(self, kb: "KnowledgeBase") -> None:
-        self.kb = kb
+    def __init__(self, stores: "Stores") -> None:
+        self.stores = stores
 
     def status(self, workspace_id: int | None = None) -> dict:
         """``{"control": {paused, batch_documents, throttle_ms, updated_at}, "backlog": [rows of
         kb.span_backlog]}``."""
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             return {"control": conn.execute(queries["span_fill_control"]).fetchone(),
                     "backlog": conn.execute(queries["span_backlog"], {"workspace_id": workspace_id}).fetchall()}
 
@@ -120,12 +120,12 @@ class SpanFill:
         return self._set_paused(False)
 
     def _set_paused(self, paused: bool) -> dict:
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             return conn.execute(queries["set_span_fill_paused"], {"paused": paused}).fetchone()
 
     def defer(self) -> int | None:
         """Queue one run for a worker (queue ``span_fill``); the job id, None if one is waiting."""
-        with database.transaction(self.kb.database_url) as conn:
+        with database.transaction(self.stores.database_url) as conn:
             row = conn.execute(queries["defer_span_fill"], {
                 "task": SPAN_FILL_TASK, "args": json.dumps({"timestamp": int(time.time())})}).fetchone()
         return row["id"] if row else None
@@ -139,7 +139,7 @@ class SpanFill:
         started = time.perf_counter()
         self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
         report = SpanFillReport()
-        with database.connect(self.kb.database_url, autocommit=True) as conn:
+        with database.connect(self.stores.database_url, autocommit=True) as conn:
             workspaces = [r["workspace_id"] for r in conn.execute(
                 queries["span_fill_workspaces"], {"workspace_id": workspace_id})]
             for ws in workspaces:
@@ -152,7 +152,7 @@ class SpanFill:
     def _fill_workspace(self, conn, ws: int, report: SpanFillReport, max_batches: int | None,
                         progress: Callable[[SpanFillReport], None] | None) -> bool:
         """One workspace, batch by batch; False when the run must stop (pause, batch budget)."""
-        repo = self.kb.store(ws).repository
+        repo = self.stores.store(ws).repository
         with conn.transaction():
             run_id = conn.execute(queries["start_span_fill_run"], {"workspace_id": ws}).fetchone()["id"]
             conn.execute(queries["interrupt_span_fill_runs"], {"workspace_id": ws, "keep_id": run_id})

@@ -18,7 +18,9 @@ into recorded moves when it commits (``kb.store``); nothing here touches git bey
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
@@ -28,7 +30,7 @@ from kb.store.titles import TitledDocument, check_title, choose_name, folder_and
 
 if TYPE_CHECKING:
     from kb.git.repository import Repository
-    from kb.store.knowledge_store import Revision
+    from kb.store.history import Revision
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class Draft:
         blob_id = self._repo.lookup(self._base_tree, repo_path)
         return None if blob_id is None else BlobRef(blob_id)
 
-    def _origin_of(self, repo_path: str) -> str | None:
+    def origin_of(self, repo_path: str) -> str | None:
         """The base path whose document sits at ``repo_path`` now (None: created in this draft)."""
         if repo_path in self._origin:
             return self._origin[repo_path]
@@ -262,7 +264,7 @@ class Draft:
         if self._current(repo_path) is None:
             self._check_new(repo_path, str(path))
         self._check_placeable(repo_path, str(path))
-        origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
+        origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, data, origin)
 
     def write_blob(self, path: str | StorePath, blob: str, *, allow_keep: bool = False) -> None:
@@ -271,7 +273,7 @@ class Draft:
         them into the object store and keeps only ids in memory. Raises as :meth:`write`."""
         repo_path = repo_path_of(path, allow_keep=allow_keep)
         self._check_placeable(repo_path, str(path))
-        origin = self._origin_of(repo_path) if self._current(repo_path) is not None else None
+        origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, BlobRef(blob), origin)
 
     def write_merged(self, path: str | StorePath, data: bytes | str, base_blob: str | None,
@@ -284,7 +286,7 @@ class Draft:
         """
         self.write(path, data, allow_keep=allow_keep)
         repo_path = repo_path_of(path, allow_keep=allow_keep)
-        self._merge_requests[repo_path] = MergeRequest(base_blob, self._origin_of(repo_path) or repo_path)
+        self._merge_requests[repo_path] = MergeRequest(base_blob, self.origin_of(repo_path) or repo_path)
 
     def remove(self, path: str | StorePath, *, missing_ok: bool = False) -> None:
         """Remove the document, or every document of the folder, at ``path``.
@@ -333,7 +335,7 @@ class Draft:
                 taken = f"cannot move {virtual_of(old)} to {virtual_of(new)}: a document exists there"
                 raise PathExists(f"{taken} (pass overwrite=True to replace it)",
                                  cli=f"{taken} (pass --overwrite to replace it)")
-        moving = [(old, new, self._current(old), self._origin_of(old)) for old, new in pairs]
+        moving = [(old, new, self._current(old), self.origin_of(old)) for old, new in pairs]
         titled = {old: self._titles[old] for old, _ in pairs if old in self._titles}
         for old, _, _, _ in moving:
             self._set(old, None, None)
@@ -354,7 +356,7 @@ class Draft:
                 self._titles[new].path = virtual_of(new)
 
     # -- documents named by title (SPEC §2.2, §5; kb.titles) ------------------------------
-    def _names_in(self, folder: str) -> set[str]:
+    def names_in(self, folder: str) -> set[str]:
         """Names of the entries of ``folder`` (repo path) that exist as of the calls so far."""
         siblings = self._siblings(folder)
         keys = set(siblings._base) | set(dict.keys(siblings))  # O(folder): every name, loaded or not
@@ -384,7 +386,7 @@ class Draft:
         resulting path too long), PathExists (``folder`` is a document), TypeError (title not str).
         """
         folder_path = StorePath.parse(str(folder), allow_root=True).repo_path
-        name = choose_name(title, self._names_in(folder_path))
+        name = choose_name(title, self.names_in(folder_path))
         return self.write_titled(f"{folder_path}/{name}", body, title)
 
     def retitle(self, path: str | StorePath, title: str) -> TitledDocument:
@@ -397,7 +399,7 @@ class Draft:
         if self._current(repo_path) is None:
             raise DocumentNotFound(f"cannot retitle {path}: no such document")
         folder, name = folder_and_name(repo_path)
-        new_name = choose_name(title, self._names_in(folder) - {name})
+        new_name = choose_name(title, self.names_in(folder) - {name})
         new_path = f"{folder}/{new_name}"
         if new_path != repo_path:
             self.move(repo_path, new_path)
@@ -406,7 +408,7 @@ class Draft:
         self._titles[new_path] = document
         return document
 
-    def _rename_entry(self, old: str, new: str) -> None:
+    def rename_entry(self, old: str, new: str) -> None:
         """Under the write lock (``kb.store.titles.rename_taken``): the document this draft put at
         ``old`` goes to ``new`` instead (a name a racing commit took)."""
         self._overlay[new] = self._overlay.pop(old)
@@ -423,6 +425,31 @@ class Draft:
     def titles(self) -> dict[str, str]:
         """``{repo path: title}`` of the documents named by title in this draft."""
         return {path: document.title for path, document in self._titles.items()}
+
+    @property
+    def base_tree(self) -> bytes | None:
+        """The tree the transaction started from (None: an empty workspace)."""
+        return self._base_tree
+
+    def changes(self) -> "Mapping[str, bytes | BlobRef | None]":
+        """The net change so far, read-only: ``{repo path: new bytes, BlobRef (bytes already a
+        blob: unchanged or moved), or None (removed)}`` (what the store stages, design §3)."""
+        return MappingProxyType(self._overlay)
+
+    def merge_requests(self) -> "Mapping[str, MergeRequest]":
+        """Read-only ``{repo path: MergeRequest}`` of the :meth:`write_merged` paths, which the
+        store three-way merges with the head under the write lock (design §5)."""
+        return MappingProxyType(self._merge_requests)
+
+    @classmethod
+    def from_staged(cls, repo: "Repository", base_tree: bytes | None, staged: dict[str, str | None],
+                    moves: dict[str, str | None]) -> "Draft":
+        """A draft of blobs already in the object store: ``staged`` ``{repo path: blob id or None}``,
+        ``moves`` ``{repo path: origin}`` (a group commit records another writer's draft, design §3)."""
+        draft = cls(repo, base_tree)
+        draft._overlay = {p: None if b is None else BlobRef(b) for p, b in staged.items()}
+        draft._origin = dict(moves)
+        return draft
 
     def is_empty(self) -> bool:
         """True when no change has been made (the net change may still be empty)."""

@@ -24,7 +24,7 @@ Crash safety keeps SPEC §3's shape: git moves first, Postgres catches up. Befor
 holder writes a journal file per intent it records for another writer (``.git/kb-intents/<id>``
 holding the revision id). If it dies after the ref moved and before Postgres committed, the
 intents are still waiting and git has their revisions; the next holder records those revisions
-(``KnowledgeStore._catch_up``) and, finding the journal, settles each intent with the revision that
+(``KnowledgeStore.catch_up``) and, finding the journal, settles each intent with the revision that
 landed instead of applying it twice. A writer that gives up waiting (LockTimeout) withdraws its
 intent unless a holder already claimed it; if a holder that claimed it died, the journal tells it
 the revision that may have landed (CommitOutcomeUnknown).
@@ -43,7 +43,7 @@ import psycopg
 from kb import errors
 
 from kb.store import artifact_rows
-from kb.store.draft import BlobRef, Draft
+from kb.store.draft import Draft
 from kb.errors import ArtifactReadOnly, KbError, LockTimeout
 from kb.store.history import PathChange, Revision
 from kb.db.locks import WRITE_LOCK_NAMESPACE, lock_statements
@@ -77,17 +77,14 @@ class Intent:
 
     def draft(self, repo: "Repository", base_tree: bytes | None) -> Draft:
         """A Draft equal to the writer's (blobs already in the object store)."""
-        draft = Draft(repo, base_tree)
-        draft._overlay = {p: None if b is None else BlobRef(b) for p, b in self.staged.items()}
-        draft._origin = dict(self.moves)
-        return draft
+        return Draft.from_staged(repo, base_tree, self.staged, self.moves)
 
 
 def groupable(draft: Draft) -> bool:
     """True when another writer may record ``draft`` for its writer: nothing but plain writes,
     removes and moves (no ``write_merged``, no titles, no ``on_record`` hooks, artifact access
     ``refuse``). Other drafts are committed by their own writer under the lock."""
-    return (not draft._merge_requests and not draft._titles and not draft.on_record
+    return (not draft.merge_requests() and not draft.titles() and not draft.on_record
             and draft.artifact_access == artifact_rows.ACCESS_REFUSE)
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError
 from kb.paths import NameRegistry, check_path_length, safe_filename, safe_folder_segment
+from kb.store.history import Revision
 from kb.store.indexable import unindexable_reason
-from kb.store.knowledge_store import KnowledgeStore, Revision
+from kb.store.knowledge_store import KnowledgeStore
 
 HIDDEN = "hidden (its name starts with '.')"
 SYMLINK = "symbolic link (never followed: it could pull in files from outside the folder)"

@@ -137,6 +137,11 @@ class KnowledgeStore:
             self._repository.close()
             self._repository = None
 
+    def require_exists(self) -> None:
+        """Raise WorkspaceNotFound (saying how to create it) unless the workspace's git repository
+        exists; opens it for later use (design §2.1)."""
+        self.repository  # noqa: B018  (opening it raises WorkspaceNotFound)
+
     def exists(self) -> bool:
         """True when the workspace has a repository."""
         return (self.path / ".git").is_dir()
@@ -218,7 +223,7 @@ class KnowledgeStore:
 
         ``limit`` ≥ 1. Raises WorkspaceNotFound for a workspace without a repository, InvalidPath.
         """
-        self.repository  # noqa: B018  (raises WorkspaceNotFound)
+        self.require_exists()
         repo_path = None if path is None else repo_path_of(path, allow_keep=True)
         with database.transaction(self.database_url) as conn:
             return read_history(conn, self.workspace_id, repo_path, max(1, int(limit)))
@@ -245,12 +250,13 @@ class KnowledgeStore:
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
         repo, staged, pending = self.repository, {}, []
-        for path, value in draft._overlay.items():
+        changes = draft.changes()
+        for path, value in changes.items():
             if value is None or isinstance(value, BlobRef):
                 staged[path] = None if value is None else value.id
             else:
                 pending.append(path)
-        for path, blob in zip(pending, repo.add_blobs(draft._overlay[p] for p in pending)):
+        for path, blob in zip(pending, repo.add_blobs(changes[p] for p in pending)):
             staged[path] = blob
         return staged
 
@@ -264,18 +270,18 @@ class KnowledgeStore:
             if self.exists():
                 raise
             raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded") from None
-        if not draft._merge_requests:
+        if not draft.merge_requests():
             return staged, {}
         repo = self.repository
-        return staged, merge_staged(repo, draft._merge_requests, staged, repo.tree_id(repo.head()))
+        return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
     def _merge_with_head(self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None,
                          premerged: dict[str, MergedBlob]) -> dict[str, str | None]:
         """Under the lock: three-way merge the draft's ``write_merged`` paths with the current head
         (SPEC §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
-        if not draft._merge_requests:
+        if not draft.merge_requests():
             return staged
-        merged = merge_staged(self.repository, draft._merge_requests, staged, head_tree, premerged)
+        merged = merge_staged(self.repository, draft.merge_requests(), staged, head_tree, premerged)
         draft.merges = {"/" + p: m.outcome for p, m in merged.items() if m.outcome is not None}
         return {**staged, **{p: m.blob for p, m in merged.items()}}
 
@@ -521,8 +527,8 @@ class KnowledgeStore:
         repo = self.repository
         try:
             refused = repo.refresh_to_head(
-                changed, {p: v for p, v in draft._overlay.items()
-                          if isinstance(v, bytes) and p in changed and p not in draft._merge_requests},
+                changed, {p: v for p, v in draft.changes().items()
+                          if isinstance(v, bytes) and p in changed and p not in draft.merge_requests()},
                 moves=draft.moves(),
             )
             if refused:
@@ -623,6 +629,13 @@ class KnowledgeStore:
             for r in missing
         ]
 
+    def catch_up(self, conn: psycopg.Connection) -> list[Revision]:
+        """Under the write lock (``conn`` from ``kb.db.locks.locked_transaction``): record the
+        revisions git has and Postgres lacks, as :meth:`reconcile` does (design §3), before a
+        caller writes rows that must follow git's head (artifacts, ``kb fsck``). Returns them,
+        oldest first. Raises WorkspaceNotFound when the workspace was deleted meanwhile."""
+        return self._catch_up(conn, self._workspace_row(conn))
+
     def reconcile(self) -> list[Revision]:
         """Record every revision git has and Postgres lacks, with history rows and deferred
         projection/index jobs (SPEC §3; the periodic sweep and ``kb fsck`` call this).
@@ -636,7 +649,7 @@ class KnowledgeStore:
         if row is not None and row["head_revision"] == repo.head():
             return []
         with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
-            return self._catch_up(conn, self._workspace_row(conn))
+            return self.catch_up(conn)
 
     def revert(self, revision: str, author: str, committer: str | None = None,
                message: str | None = None) -> Revision | None:

@@ -81,14 +81,14 @@ def rename_taken(repo, draft, staged: dict[str, str | None], head_tree: bytes | 
     path: blob or None}``. Returns the staged map with such paths renamed; the draft's entries and
     its TitledDocuments are renamed with them. Documents that kept their name are untouched.
     """
-    if not draft._titles:
+    if not draft.titles():
         return staged
     staged = dict(staged)
-    for path in sorted(draft._titles):
-        if staged.get(path) is None or draft._origin_of(path) == path:
+    for path in sorted(draft.titles()):
+        if staged.get(path) is None or draft.origin_of(path) == path:
             continue  # removed meanwhile in the draft, or retitled to its own name
         folder, name = folder_and_name(path)
-        at_base = {n for n, _ in repo.list_folder(draft._base_tree, folder)}
+        at_base = {n for n, _ in repo.list_folder(draft.base_tree, folder)}
         at_head = {n for n, _ in repo.list_folder(head_tree, folder)
                    if staged.get(f"{folder}/{n}", "absent") is not None}  # names the draft removes are free
         ours = {folder_and_name(p)[1] for p, blob in staged.items()
@@ -98,9 +98,9 @@ def rename_taken(repo, draft, staged: dict[str, str | None], head_tree: bytes | 
             continue
         new_path = f"{folder}/{new_name}"
         staged[new_path] = staged.pop(path)
-        if repo.lookup(draft._base_tree, path) is not None:  # it replaced the base's document there
+        if repo.lookup(draft.base_tree, path) is not None:  # it replaced the base's document there
             staged[path] = None
-        draft._rename_entry(path, new_path)
+        draft.rename_entry(path, new_path)
     return staged
 
 

@@ -39,7 +39,8 @@ from kb.store.listing import KEEP, Entry, folder_entries
 from kb.git.merge import LostHunk
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
-from kb.store.knowledge_store import KnowledgeStore, PathChange, summarize
+from kb.store.history import PathChange
+from kb.store.knowledge_store import KnowledgeStore, summarize
 from kb.git.worktree import LazyWorktree, root_turn_id, worktrees_root
 
 KB_COMMITTER = "kb"
@@ -702,7 +703,7 @@ class Turn:
         at_base = {n for n, _ in list_folder(self.store.repository, self._base_tree, folder)}
         own = {folder_and_name(p)[1] for p, d in changes.items()
                if d is not None and p != rp and folder_and_name(p)[0] == folder}
-        new_name = name_taken_since(name, draft._names_in(folder), at_base, own)
+        new_name = name_taken_since(name, draft.names_in(folder), at_base, own)
         return rp if new_name is None else f"{folder}/{new_name}"
 
     def commit(self, message: str | None = None) -> CommitResult | None:

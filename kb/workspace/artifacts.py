@@ -37,7 +37,8 @@ from kb.errors import ArtifactNotFound, InvalidInput, PathExists, StaleGeneratio
 from kb.db.locks import chunk_lock, locked_transaction
 from kb.paths import StorePath, name_key, safe_filename, unique_name
 from kb.db.sql import queries
-from kb.store.knowledge_store import KnowledgeStore, Revision
+from kb.store.history import Revision
+from kb.store.knowledge_store import KnowledgeStore
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ class Artifacts:
         """Run ``record(conn, head_tree)`` under the write lock after catching Postgres up with git."""
         store = self.store
         with locked_transaction(store.database_url, self.workspace_id, store.settings) as (conn, _):
-            store._catch_up(conn, store._workspace_row(conn))
+            store.catch_up(conn)
             record(conn, None, None)
 
     def delete(self, artifact_id: int, expected_generation: int | None = None, author: str | None = None,
@@ -336,7 +337,7 @@ class Artifacts:
         a failure is logged, counted on its entry and left for the sweep to retry."""
         store = self.store
         with locked_transaction(store.database_url, self.workspace_id, store.settings) as (conn, _):
-            store._catch_up(conn, store._workspace_row(conn))
+            store.catch_up(conn)
             return self._purge_pending(conn)
 
     def _purge_pending(self, conn) -> list[str]:
@@ -363,7 +364,7 @@ class Artifacts:
         ``temp_file_age`` seconds. Returns an :class:`ArtifactCheck`."""
         store, result = self.store, ArtifactCheck()
         with locked_transaction(store.database_url, self.workspace_id, store.settings) as (conn, _):
-            store._catch_up(conn, store._workspace_row(conn))
+            store.catch_up(conn)
             result.purged = self._purge_pending(conn)
             rows = conn.execute(queries["workspace_artifact_files"], {"workspace_id": self.workspace_id}).fetchall()
             referenced = set()

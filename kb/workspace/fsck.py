@@ -121,7 +121,7 @@ def fsck(store: "KnowledgeStore") -> FsckReport:
             return report
         report.stale_locks_removed = repo.clear_stale_locks(min_age=0)
         report.temporary_packs_removed = repo.remove_temporary_packs(TEMPORARY_PACK_AGE)
-        report.recorded = store._catch_up(conn, store._workspace_row(conn))
+        report.recorded = store.catch_up(conn)
         head_tree = repo.tree_id(repo.head())
         report.overlong_paths = [
             "/" + p for p, _ in repo.walk(head_tree, "documents")

@@ -27,6 +27,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb.db import database
 from kb.errors import KbError, WorkspaceBusy, WorkspaceNotFound
@@ -34,6 +35,9 @@ from kb.db.locks import chunk_lock, locked_transaction
 from kb.store.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
 from kb.db.sql import queries
 from kb.store.knowledge_store import check_workspace_id
+
+if TYPE_CHECKING:
+    from kb.store.stores import Stores
 
 
 @dataclass(frozen=True)
@@ -125,15 +129,15 @@ def _index_state(row: dict, head: str | None) -> str:
     return "indexed"
 
 
-def list_workspaces(kb) -> list[WorkspaceSummary]:
-    """Every workspace with a row, by id (SPEC §2.1). ``kb`` is the KnowledgeBase facade. A
+def list_workspaces(stores: "Stores") -> list[WorkspaceSummary]:
+    """Every workspace with a row, by id (SPEC §2.1). ``stores`` are the workspaces' stores. A
     workspace whose repository cannot be read is listed as ``damaged`` with the reason; the
     others are listed all the same."""
-    with database.transaction(kb.database_url) as conn:
+    with database.transaction(stores.database_url) as conn:
         rows = conn.execute(queries["workspace_summaries"]).fetchall()
     summaries, heads = [], {}
     for row in rows:
-        store = kb.store(row["id"])
+        store = stores.store(row["id"])
         counts = dict(revisions_behind=row["revisions_behind"], documents_pending=row["documents_pending"],
                       documents_failed=row["documents_failed"], revisions_unprojected=row["revisions_unprojected"],
                       documents_quarantined=row["documents_quarantined"],
@@ -151,7 +155,7 @@ def list_workspaces(kb) -> list[WorkspaceSummary]:
             heads[row["id"]] = head
         summaries.append(WorkspaceSummary(row["id"], row["documents"], head, _index_state(row, head), **counts))
     if heads:  # git moved past Postgres' head: recorded since the query above, or made outside kb?
-        with database.connect(kb.database_url) as conn:
+        with database.connect(stores.database_url) as conn:
             recorded = {r["workspace_id"] for r in conn.execute(
                 queries["recorded_heads"], {"workspace_ids": list(heads), "heads": list(heads.values())})}
         summaries = [dataclasses.replace(s, head_unrecorded=True) if s.id in heads and s.id not in recorded else s
@@ -159,10 +163,10 @@ def list_workspaces(kb) -> list[WorkspaceSummary]:
     return summaries
 
 
-def _turn_worktrees(kb, workspace_id: int) -> list[str]:
+def _turn_worktrees(stores: "Stores", workspace_id: int) -> list[str]:
     from kb.git.worktree import worktrees_root
 
-    root = worktrees_root(kb.settings.knowledge_store, workspace_id)
+    root = worktrees_root(stores.settings.knowledge_store, workspace_id)
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
 
@@ -170,7 +174,7 @@ def _leftovers(knowledge_store: Path, workspace_id: int) -> list[Path]:
     return sorted(knowledge_store.glob(f".deleted-{workspace_id}-*"))
 
 
-def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
+def delete_workspace(stores: "Stores", workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
     """Delete a workspace and everything it owns (see the module docstring; SPEC §2.1, §6).
 
     Returns a DeletedWorkspace. Raises InvalidWorkspace (bad id), WorkspaceNotFound (no row, no
@@ -181,10 +185,10 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
     from kb.git.worktree import worktrees_root
 
     check_workspace_id(workspace_id)
-    store = kb.store(workspace_id)
-    knowledge_store = kb.settings.knowledge_store
-    turns = _turn_worktrees(kb, workspace_id)
-    with database.transaction(kb.database_url) as conn:
+    store = stores.store(workspace_id)
+    knowledge_store = stores.settings.knowledge_store
+    turns = _turn_worktrees(stores, workspace_id)
+    with database.transaction(stores.database_url) as conn:
         row = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
         running = conn.execute(queries["workspace_running_jobs"], {"workspace_id": workspace_id}).fetchall()
     leftovers = _leftovers(knowledge_store, workspace_id)
@@ -198,7 +202,7 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
         raise WorkspaceBusy(f"{busy} force=True to delete it anyway", cli=f"{busy} --force to delete it anyway")
     tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
     moved = False
-    with locked_transaction(kb.database_url, workspace_id, kb.settings) as (conn, _):
+    with locked_transaction(stores.database_url, workspace_id, stores.settings) as (conn, _):
         # Lock order (kb.locks): write lock, projection lock, chunk lock, then the rows. Deleting the
         # workspace row cascades to its document rows, chunks and statistics: without the two
         # locks a running projection (holding document rows, waiting for the workspace row) or
@@ -223,9 +227,9 @@ def delete_workspace(kb, workspace_id: int, *, force: bool = False) -> DeletedWo
         if store.path.exists():
             store.path.rename(tombstone)  # under the lock: no writer commits to it after this
             moved = True
-    dropped = _drop_vector_indexes(kb.database_url, workspace_id)
+    dropped = _drop_vector_indexes(stores.database_url, workspace_id)
     removed = []
-    artifact_files = artifact_blobs_path(kb.settings.storage_root, workspace_id)
+    artifact_files = artifact_blobs_path(stores.settings.storage_root, workspace_id)
     for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), artifact_files,
                  *leftovers]:
         if path.exists():

@@ -211,7 +211,7 @@ class Remote:
         url = check_url(url)
         if not isinstance(branch, str) or not _BRANCH.match(branch):
             raise InvalidInput(f"branch {branch!r}: give a plain branch name such as main")
-        self.store.repository  # noqa: B018  (raises WorkspaceNotFound)
+        self.store.require_exists()
         if self.status_or_none() is not None:
             raise RemoteExists(f"workspace {self.workspace_id} already has a remote; "
                                f"`kb remote remove -w {self.workspace_id}` first")

@@ -1,6 +1,6 @@
 """``kb artifact save|revise|show|list|delete`` (SPEC §11): the CLI of ``kb.workspace.artifacts.Artifacts``.
 
-Registered from ``kb/adapters/cli/main.py``; errors (``KbError``) become one-line messages there.
+Registered by ``kb/adapters/cli/main.py``; errors (``KbError``) become one-line messages there.
 """
 
 from __future__ import annotations
@@ -10,12 +10,9 @@ from pathlib import Path
 
 import click
 
-from kb.paths import MAX_WORKSPACE_ID
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
 
-workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
-    help="Workspace id (a positive integer).",
-)
 file_option = click.option(
     "--file", "files", multiple=True, metavar="ROLE=PATH",
     help="Attach a file under a role name (repeatable), e.g. --file data.csv=./out/data.csv",
@@ -23,10 +20,8 @@ file_option = click.option(
 
 
 def _artifacts(workspace: int):
-    from kb.knowledge_base import KnowledgeBase
-    from kb.settings import Settings
-
-    return KnowledgeBase.open(Settings()).artifacts(workspace)
+    """The workspace's artifacts, of the KnowledgeBase this command opens (and closes)."""
+    return session.open_kb().artifacts(workspace)
 
 
 def _read_files(specs: tuple[str, ...]) -> dict[str, bytes]:
@@ -76,7 +71,7 @@ def artifact() -> None:
 @click.option("--format", "fmt", default="markdown", show_default=True, help="Format label, e.g. html, csv.")
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message (default: artifact: save \"<title>\").")
-@workspace_option
+@workspace_option()
 def save(markdown: str, title: str, files: tuple[str, ...], fmt: str, author: str | None,
          message: str | None, workspace: int) -> None:
     """Save a new artifact from a markdown file (MARKDOWN, or - for stdin) as one revision.
@@ -97,7 +92,7 @@ def save(markdown: str, title: str, files: tuple[str, ...], fmt: str, author: st
 @click.option("--no-files", is_flag=True, help="Remove every attached file.")
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message.")
-@workspace_option
+@workspace_option()
 def revise(artifact_id: int, markdown_file: str | None, generation: int, markdown: str | None,
            files: tuple[str, ...], no_files: bool, author: str | None, message: str | None, workspace: int) -> None:
     """Revise an artifact from a new markdown file (MARKDOWN, or - for stdin; omitted keeps the
@@ -123,7 +118,7 @@ def revise(artifact_id: int, markdown_file: str | None, generation: int, markdow
 @click.option("--file", "role", help="Write this attached file's bytes to stdout (or --output).")
 @click.option("--markdown", "show_markdown", is_flag=True, help="Print the markdown.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
-@workspace_option
+@workspace_option()
 def show(artifact_id: int, role: str | None, show_markdown: bool, output: Path | None, workspace: int) -> None:
     """Show an artifact's metadata, its markdown (--markdown) or one attached file (--file ROLE).
 
@@ -142,7 +137,7 @@ def show(artifact_id: int, role: str | None, show_markdown: bool, output: Path |
 
 
 @artifact.command("list")
-@workspace_option
+@workspace_option()
 def list_(workspace: int) -> None:
     """List a workspace's artifacts: id, generation, format, files, path.
 
@@ -156,7 +151,7 @@ def list_(workspace: int) -> None:
 @click.argument("artifact_id", type=int)
 @click.option("--generation", "-g", type=int, help="Refuse unless the artifact is still at this generation.")
 @click.option("--author", help="Author of the revision (default: your user name).")
-@workspace_option
+@workspace_option()
 def delete(artifact_id: int, generation: int | None, author: str | None, workspace: int) -> None:
     """Delete an artifact: its markdown is removed in one revision (history keeps it), its rows
     go and its files are purged.
@@ -165,3 +160,6 @@ def delete(artifact_id: int, generation: int | None, author: str | None, workspa
     """
     revision = _artifacts(workspace).delete(artifact_id, generation, author)
     click.echo(f"deleted artifact {artifact_id}" + (f" in revision {revision.id}" if revision else ""))
+
+
+COMMANDS = [artifact]

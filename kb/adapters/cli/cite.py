@@ -6,25 +6,20 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from kb.paths import MAX_WORKSPACE_ID
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
 
 chat_option = click.option(
     "--chat", "-c", "chat", required=True, help="The conversation's id (any text up to 200 characters)."
 )
-workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
-    help="Workspace id (a positive integer).",
-)
 
 
 def _conversation(workspace: int, chat: str):
-    from kb.adapters.cli.main import _open
-
-    return _open().conversation(workspace, chat)
+    """The chat's conversation, of the KnowledgeBase this command opens (and closes)."""
+    return session.open_kb().conversation(workspace, chat)
 
 
 def _echo_json(value) -> None:
@@ -42,7 +37,7 @@ def cite() -> None:
 @cite.command()
 @click.argument("source", metavar="[FILE]", default="-", type=click.File("rb"))
 @chat_option
-@workspace_option
+@workspace_option()
 @click.option("--json", "as_json", is_flag=True, help="Print text, citations, unknown, degraded and adjusted as JSON.")
 @click.option("--in-place", "-i", "in_place", is_flag=True,
               help="Write the normalized text back to FILE instead of printing it.")
@@ -117,7 +112,7 @@ def _rewrite(name: str, text: str, *, changed: bool) -> None:
 @cite.command()
 @click.argument("citation")
 @chat_option
-@workspace_option
+@workspace_option()
 @click.option("--follow", is_flag=True, help="Also say where the cited lines are at HEAD (unchanged / changed / deleted).")
 @click.option("--json", "as_json", is_flag=True, help="Print the resolution as JSON.")
 def resolve(citation: str, chat: str, workspace: int, follow: bool, as_json: bool) -> None:
@@ -134,7 +129,7 @@ def resolve(citation: str, chat: str, workspace: int, follow: bool, as_json: boo
 
 @cite.command("list")
 @chat_option
-@workspace_option
+@workspace_option()
 @click.option("--json", "as_json", is_flag=True, help="Print the handles as JSON.")
 def list_(chat: str, workspace: int, as_json: bool) -> None:
     """List the chat's handles: number, numbered or not, revision, path and title.
@@ -152,7 +147,7 @@ def list_(chat: str, workspace: int, as_json: bool) -> None:
 
 @cite.command()
 @chat_option
-@workspace_option
+@workspace_option()
 def forget(chat: str, workspace: int) -> None:
     """Delete the chat's handles (its next search starts again at [1]).
 
@@ -170,11 +165,8 @@ def search_in_chat(workspace: int, chat: str, query: str, k: int):
 def read_in_chat(workspace: int, chat: str | None, path: str, revision: str | None, offset: int, limit: int | None):
     """``kb read [--chat] [--offset --limit]``: a windowed read; registered as a handle with a chat."""
     if chat is None:
-        from kb.adapters.cli.main import _open
-
-        return _open().read_document(workspace, path, revision).window(offset, limit)
+        return session.open_kb().read_document(workspace, path, revision).window(offset, limit)
     return _conversation(workspace, chat).read(path, revision, offset, limit)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cite())
+COMMANDS = [cite]

@@ -1,25 +1,20 @@
 """``kb remote add|show|remove|push`` (SPEC §13): the CLI of ``kb.workspace.remotes.Remote``.
 
-Registered from ``kb/adapters/cli/main.py``; errors (``KbError``) become one-line messages there.
+Registered by ``kb/adapters/cli/main.py``; errors (``KbError``) become one-line messages there.
 """
 
 from __future__ import annotations
 
 import click
 
-from kb.paths import MAX_WORKSPACE_ID
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
 
-workspace_option = click.option(
-    "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True,
-    help="Workspace id (a positive integer).",
-)
 
 
 def _remote(workspace: int):
-    from kb.knowledge_base import KnowledgeBase
-    from kb.settings import Settings
-
-    return KnowledgeBase.open(Settings()).remote(workspace)
+    """The workspace's remote, of the KnowledgeBase this command opens (and closes)."""
+    return session.open_kb().remote(workspace)
 
 
 def _describe(status) -> None:
@@ -45,7 +40,7 @@ def remote() -> None:
 @remote.command()
 @click.argument("url")
 @click.option("--branch", default="main", show_default=True, help="Remote branch to push to.")
-@workspace_option
+@workspace_option()
 def add(url: str, branch: str, workspace: int) -> None:
     """Configure the workspace's remote (its branch must be absent or an ancestor of HEAD) and
     queue a first push.
@@ -56,7 +51,7 @@ def add(url: str, branch: str, workspace: int) -> None:
 
 
 @remote.command()
-@workspace_option
+@workspace_option()
 def show(workspace: int) -> None:
     """Show the remote, what was pushed last, and the last push error.
 
@@ -66,7 +61,7 @@ def show(workspace: int) -> None:
 
 
 @remote.command("remove")
-@workspace_option
+@workspace_option()
 def remove(workspace: int) -> None:
     """Forget the workspace's remote (nothing is deleted on the remote).
 
@@ -78,7 +73,7 @@ def remove(workspace: int) -> None:
 
 @remote.command()
 @click.option("--now", is_flag=True, help="Push in this process and wait, instead of queueing a job.")
-@workspace_option
+@workspace_option()
 def push(now: bool, workspace: int) -> None:
     """Push HEAD to the remote: queue a push job (default) or push now (--now).
 
@@ -91,3 +86,6 @@ def push(now: bool, workspace: int) -> None:
         return
     result = target.push()
     click.echo(f"pushed {result.revision}" if result.pushed else f"remote already at {result.revision}")
+
+
+COMMANDS = [remote]

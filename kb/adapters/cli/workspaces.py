@@ -1,4 +1,4 @@
-"""``kb workspaces`` and ``kb workspace delete`` (issue 13; SPEC §2.1, §6), registered from kb.adapters.cli.main."""
+"""``kb workspaces`` and ``kb workspace delete`` (issue 13; SPEC §2.1, §6), registered by kb.adapters.cli.main."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ import json
 
 import click
 
+from kb.adapters.cli import session
 from kb.paths import MAX_WORKSPACE_ID
-
-
-def _open():
-    from kb.adapters.cli.main import _open as open_kb
-
-    return open_kb()
 
 
 @click.command("workspaces")
@@ -24,7 +19,7 @@ def workspaces(as_json: bool) -> None:
 
     Example: kb workspaces --json
     """
-    summaries = _open().list_workspaces()
+    summaries = session.open_kb().list_workspaces()
     if as_json:
         for summary in summaries:
             click.echo(json.dumps(dataclasses.asdict(summary)))
@@ -60,6 +55,9 @@ def delete(workspace_id: int, yes: bool, force: bool) -> None:
     """
     if not yes:
         raise click.UsageError(f"deleting workspace {workspace_id} cannot be undone; pass --yes to confirm")
-    report = _open().delete_workspace(workspace_id, force=force)
+    report = session.open_kb().delete_workspace(workspace_id, force=force)
     click.echo(f"deleted workspace {report.id}: {report.documents} documents, {report.folders} folders, "
                f"{report.jobs} jobs; removed {len(report.removed_paths)} folders from disk")
+
+
+COMMANDS = [workspaces, workspace]

@@ -1,5 +1,5 @@
 """``kb seed``, ``kb spans`` and ``kb drift``: migrating a legacy knowledge base (issue 11, SPEC §9,
-§10). Registered from ``kb/adapters/cli/main.py``; the facade is imported inside the commands."""
+§10). Registered by ``kb/adapters/cli/main.py``; the facade is imported inside the commands."""
 
 from __future__ import annotations
 
@@ -7,20 +7,15 @@ import json
 
 import click
 
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
 from kb.errors import InvalidInput
-from kb.paths import MAX_WORKSPACE_ID
-
-
-def _open():
-    from kb.adapters.cli.main import _open as open_kb
-
-    return open_kb()
 
 
 @click.command("seed")
 @click.option("--from-dsn", "dsn", metavar="DSN", help="Postgres URL of the legacy database (schema legacy).")
 @click.option("--legacy-workspace", type=int, help="Workspace id in the legacy tables.")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=True, help="kb workspace id.")
+@workspace_option(help="kb workspace id.")
 @click.option("--yes", is_flag=True, help="Write the seed revision (default: dry run, nothing written).")
 @click.option("--flip", is_flag=True, help="After parity passed in this run, make kb the authority.")
 @click.option("--unflip", is_flag=True, help="Hand authority back to the legacy system (nothing else).")
@@ -36,7 +31,7 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
 
     Example: kb seed --from-dsn postgresql://app@db/legacy --legacy-workspace 3 -w 5 --yes --flip
     """
-    kb = _open()
+    kb = session.open_kb()
     if unflip:
         if yes or flip:
             raise InvalidInput("--unflip hands authority back on its own; do not combine it with --yes or --flip")
@@ -93,14 +88,14 @@ def spans() -> None:
 
 
 @spans.command("status")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="One workspace.")
+@workspace_option(required=False, help="One workspace.")
 @click.option("--json", "as_json", is_flag=True)
 def spans_status(workspace, as_json) -> None:
     """Pause flag, batch size, throttle, and the backlog per workspace (view kb.span_backlog).
 
     Example: kb spans status -w 5
     """
-    info = _open().span_fill().status(workspace)
+    info = session.open_kb().span_fill().status(workspace)
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -120,7 +115,7 @@ def spans_pause() -> None:
 
     Same as: UPDATE kb.span_fill_control SET paused = true. Example: kb spans pause
     """
-    _open().span_fill().pause()
+    session.open_kb().span_fill().pause()
     click.echo("span fill paused")
 
 
@@ -130,12 +125,12 @@ def spans_resume() -> None:
 
     Example: kb spans resume
     """
-    _open().span_fill().resume()
+    session.open_kb().span_fill().resume()
     click.echo("span fill resumed")
 
 
 @spans.command("run-once")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="Only this workspace.")
+@workspace_option(required=False, help="Only this workspace.")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Stop after this many batches.")
 @click.option("--defer", is_flag=True, help="Queue the run for a worker instead of running it here.")
 def spans_run_once(workspace, max_batches, defer) -> None:
@@ -143,7 +138,7 @@ def spans_run_once(workspace, max_batches, defer) -> None:
 
     Example: kb spans run-once -w 5
     """
-    fill = _open().span_fill()
+    fill = session.open_kb().span_fill()
     if defer:
         job = fill.defer()
         click.echo(f"queued job {job}" if job else "a span fill is already waiting")
@@ -155,14 +150,14 @@ def spans_run_once(workspace, max_batches, defer) -> None:
 
 
 @click.command("drift")
-@click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), help="One seeded workspace.")
+@workspace_option(required=False, help="One seeded workspace.")
 @click.option("--json", "as_json", is_flag=True)
 def drift(workspace, as_json) -> None:
     """Compare git HEAD with document/chunk rows of flipped workspaces; repair Postgres only.
 
     Example: kb drift -w 5
     """
-    reports = _open().drift_check(workspace)
+    reports = session.open_kb().drift_check(workspace)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
         return
@@ -173,3 +168,6 @@ def drift(workspace, as_json) -> None:
         found = ", ".join(f"{k}={v}" for k, v in d["findings"].items()) or "no drift"
         click.echo(f"workspace {r.workspace_id}: {r.skipped or found}; repaired {r.repaired}"
                    + (" (capped: the rest needs an operator)" if r.capped else ""))
+
+
+COMMANDS = [seed, spans, drift]

@@ -1,0 +1,220 @@
+"""Commands on documents (design §3, §5, §8): ``kb import``, ``kb read``, ``kb ls``, ``kb new``,
+``kb mv`` and ``kb edit``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
+
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@workspace_option()
+@click.option("--prefix", help="Folder under /documents to import into.")
+@click.option("--prune", is_flag=True, help="Also remove documents under the prefix that PATH no longer has.")
+@click.option("--message", "-m", help="Revision message (default: a summary).")
+@click.option("--author", help="Author of the revision (default: your user name).")
+def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None) -> None:
+    """Import every *.md under PATH into a workspace as one revision.
+
+    Hidden files and folders, other files and symbolic links are skipped; each is named with the
+    reason. A document kb stores but cannot index (not UTF-8, NUL bytes, over KB_MAX_INDEX_BYTES)
+    is named too: it stays readable in git, and search does not find it.
+
+    Example: kb import ~/notes --workspace 1 --prefix Notes
+    """
+    kb = session.open_kb()
+    report = kb.import_folder(path, workspace, prefix=prefix, prune=prune, message=message, author=author)
+    if report.created_workspace:
+        click.echo(f"created workspace {workspace}")
+    if report.revision is None:
+        click.echo(f"no changes: {report.documents_found} documents already up to date")
+    else:
+        click.echo(f"revision {report.revision.id}")
+    click.echo(
+        f"documents: {report.documents_found} found, {report.added} added, {report.modified} modified, "
+        f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
+        f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
+    )
+    shown_per_reason = 20
+    by_reason: dict[str, list[str]] = {}
+    for entry in report.skipped:
+        by_reason.setdefault(entry.reason, []).append(entry.path)
+    for reason, paths in by_reason.items():
+        for path in paths[:shown_per_reason]:
+            click.echo(f"skipped {path}: {reason}")
+        if len(paths) > shown_per_reason:
+            click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
+    if report.unindexable:
+        click.echo(f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
+                   "citations work) but search will not find them; `kb status` counts them as unindexable. "
+                   "Fix the file and import again to index it:")
+        for path, reason in report.unindexable.items():
+            click.echo(f"  {path}: {reason}")
+    if report.revision is not None:
+        from kb.jobs.worker import live_workers
+
+        workers = live_workers(kb.database_url, kb.settings.stalled_job_seconds)
+        if workers:
+            click.echo(f"{workers} kb worker(s) running will index it; `kb status -w {workspace}` shows progress")
+        else:
+            click.echo(f"not indexed yet: run `kb worker --until-idle` (or keep `kb worker` or "
+                       f"`kb serve --with-worker` running), then `kb search QUERY -w {workspace}`")
+    if report.renamed:
+        count = len(report.renamed)
+        click.echo(f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
+                   f"(e.g. {next(iter(report.renamed))} -> {next(iter(report.renamed.values()))}); "
+                   "see docs/storage-and-paths.md")
+
+
+@click.command()
+@click.argument("path")
+@workspace_option()
+@click.option("--revision", "-r", help="Revision id (default: HEAD).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the envelope.")
+@click.option("--chat", "-c", "chat", help="Read as this conversation: the envelope cites its handle (kb cite).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Lines to skip.")
+@click.option("--limit", type=click.IntRange(min=0), help="Most lines to show (default: to the end).")
+def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: str | None, offset: int,
+         limit: int | None) -> None:
+    """Print one document's envelope: every line, or a window of lines with their true numbers.
+
+    Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb read
+    "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
+    """
+    server = session.server() if chat is None else None
+    if server:
+        envelope = server.read_document(workspace, path, revision).window(offset, limit)
+    else:
+        from kb.adapters.cli.cite import read_in_chat
+
+        envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
+    click.echo(json.dumps(envelope.as_json(), ensure_ascii=False, indent=2) if as_json else envelope.render())
+
+
+@click.command()
+@click.argument("path")
+@workspace_option()
+@click.option("--author", help="Author of the revision (default: your user name).")
+@click.option("--message", "-m", help="Revision message (default: 'Edit PATH').")
+@click.option("--committer", help="Who records the revision (default: kb), e.g. an agent acting for --author.")
+def edit(path: str, workspace: int, author: str | None, message: str | None, committer: str | None) -> None:
+    """Open a document in $EDITOR (else $VISUAL, else vi) inside a private turn; saving a change
+    records one revision, quitting without a change records nothing. A missing document is created
+    if you save text into it; deleting the file removes the document (one revision, in history).
+
+    Someone else's save to the same document meanwhile is merged line by line; only where both
+    changed the same lines does your save win (reported, their lines stay in history).
+
+    Example: EDITOR=nano kb edit "/documents/Notes/Todo.md" --workspace 1 --committer "helper-bot"
+    """
+    import shlex
+
+    command = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
+
+    def run_editor(file: Path) -> None:
+        try:
+            code = subprocess.call([*shlex.split(command), str(file)])
+        except FileNotFoundError:
+            raise click.ClickException(f"editor {command!r} not found; set EDITOR") from None
+        if code != 0:
+            raise click.ClickException(f"editor {command!r} exited with status {code}; nothing was recorded")
+
+    result = session.open_kb().edit_document(workspace, path, run_editor, author=author, message=message,
+                                   committer=committer)
+    if result is None:
+        click.echo("no changes; nothing recorded")
+    else:
+        verbs = [("created", result.added), ("updated", result.modified), ("removed", result.removed)]
+        click.echo(f"revision {result.revision}: "
+                   + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in verbs if paths))
+        for merged in result.merged:
+            click.echo(f"note: {merged} was changed by someone else meanwhile; both changes were merged")
+        for overwritten in result.overwrote:
+            hunks = result.lost_hunks.get(overwritten, [])
+            where = ", ".join(f"line {h.start_line}" for h in hunks)
+            click.echo(f"note: {overwritten} was changed by someone else meanwhile; your save replaced "
+                       + (f"their lines at {where} (still in history)" if hunks else "it"))
+
+
+@click.command("ls")
+@click.argument("folder", default="/documents")
+@workspace_option()
+@click.option("--revision", "-r", help="Revision id (default: HEAD).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, path, kind} (as the MCP ls tool).")
+def ls(folder: str, workspace: int, revision: str | None, as_json: bool) -> None:
+    """List FOLDER (default: /documents): its folders, then its documents, one path a line
+    (folders end in /); a document's path lists itself.
+
+    Example: kb ls "/documents/Notes" --workspace 1
+    """
+    from kb.adapters.json_form import json_form
+
+    entries = session.open_kb().ls(workspace, folder, revision)
+    if as_json:
+        click.echo(json.dumps(json_form(entries), ensure_ascii=False, indent=2))
+        return
+    for entry in entries:
+        click.echo(entry.path + ("/" if entry.kind == "folder" else ""))
+
+
+@click.command("new")
+@click.argument("folder_or_title", metavar="[FOLDER]")
+@click.argument("title", required=False, metavar="TITLE")
+@workspace_option()
+@click.option("--body", help="The document's text (default: read standard input when it is not a terminal).")
+@click.option("--author", help="Author of the revision (default: your user name).")
+@click.option("--committer", help="Who records the revision (default: the author).")
+@click.option("--message", "-m", help="Revision message (default: a summary such as 'docs: add 1 file').")
+def new(folder_or_title: str, title: str | None, workspace: int, body: str | None, author: str | None,
+        committer: str | None, message: str | None) -> None:
+    """Create a document titled TITLE in FOLDER (default: /documents, the root); the path law
+    picks a safe, unique file name (`` (2)`` when taken) and the title is kept as typed. Prints
+    the final path. A workspace that does not exist yet is created (as kb import does).
+
+    \b
+    Examples:
+      kb new "Client/Server FAQ" -w 1                     # prints /documents/Client_Server FAQ.md
+      echo "- ship it" | kb new /documents/Plans "Q3 plan: draft?" -w 1
+    """
+    # One argument is the title (at the root); two are FOLDER TITLE, as before.
+    folder, title = ("/documents", folder_or_title) if title is None else (folder_or_title, title)
+    if body is None:
+        body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    kb = session.open_kb()
+    if not kb.store(workspace).exists():  # as kb import does: a first document starts a workspace
+        kb.create_workspace(workspace)
+        click.echo(f"created workspace {workspace}", err=True)
+    with kb.transaction(workspace, message, author, committer) as tx:
+        document = tx.create(folder, title, body)
+    click.echo(document.path)
+
+
+@click.command("mv")
+@click.argument("source")
+@click.argument("destination")
+@workspace_option()
+@click.option("--overwrite", is_flag=True, help="Replace a document already at DESTINATION.")
+@click.option("--author", help="Author of the revision (default: your user name).")
+@click.option("--message", "-m", help="Revision message (default: 'docs: move N files').")
+def move(source: str, destination: str, workspace: int, overwrite: bool, author: str | None,
+         message: str | None) -> None:
+    """Move the document or folder SOURCE to DESTINATION in one revision; history follows it.
+
+    Example: kb mv "/documents/Old name.md" "/documents/Archive/New name.md" --workspace 1
+    """
+    revision = session.open_kb().workspace(workspace).move(source, destination, overwrite=overwrite,
+                                                            message=message, author=author)
+    click.echo("nothing moved" if revision is None else f"revision {revision.id}: moved {source} to {destination}")
+
+
+COMMANDS = [import_, read, ls, new, move, edit]

@@ -1,0 +1,86 @@
+"""A workspace's history (design §3): ``kb log``, ``kb revert``, ``kb restore``."""
+
+from __future__ import annotations
+
+import click
+
+from kb.adapters.cli import session
+from kb.adapters.cli.options import workspace_option
+
+
+
+@click.command()
+@click.argument("path", required=False)
+@workspace_option()
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Most revisions to show, newest first.")
+def log(path: str | None, workspace: int, limit: int) -> None:
+    """Revisions newest first (id, author, date, message, paths changed).
+
+    Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb log --workspace 1 "/documents/Notes/Todo.md"
+    """
+    for revision in (session.server() or session.open_kb()).history(workspace, path, limit):
+        when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
+        click.echo(f"{revision.id}  {revision.author}  {when}")
+        click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
+        sources = {c.old_path for c in revision.changes if c.change == "moved"}
+        paths = [_describe(c) for c in revision.changes if not (c.change == "moved_away" and c.path in sources)]
+        for changed in paths[:10]:
+            click.echo(f"    {changed}")
+        if len(paths) > 10:
+            click.echo(f"    … and {len(paths) - 10} more")
+
+
+def _describe(change) -> str:
+    """One line for a path change in ``kb log``: ``moved /a.md -> /b.md``, ``added /c.md`` …"""
+    if change.change == "moved" and change.old_path:
+        return f"moved    {change.old_path} -> {change.path}"
+    if change.change == "moved_away" and change.new_path:
+        return f"moved    {change.path} -> {change.new_path}"
+    return f"{change.change or 'changed':<8} {change.path}"
+
+
+@click.command()
+@click.argument("revision")
+@workspace_option()
+@click.option("--message", "-m", help="Revision message (default: Revert \"<message>\").")
+@click.option("--author", help="Author of the revision (default: your user name).")
+def revert(revision: str, workspace: int, message: str | None, author: str | None) -> None:
+    """Record a new revision that undoes REVISION (the paths it touched go back to their state
+    before it). History is never rewritten.
+
+    Example: kb revert 9f2c41d0e6b1a3c5d7e9f1a2b4c6d8e0f1a3b5c7 --workspace 1
+    """
+    result = session.open_kb().revert(workspace, revision, author=author, message=message)
+    click.echo("nothing to revert: the workspace already matches" if result is None else _described(result))
+
+
+@click.command()
+@click.argument("path")
+@workspace_option()
+@click.option("--revision", "-r", required=True, help="Revision whose version of PATH to bring back.")
+@click.option("--message", "-m", help="Revision message (default: restore PATH from revision R).")
+@click.option("--author", help="Author of the revision (default: your user name).")
+def restore(path: str, workspace: int, revision: str, message: str | None, author: str | None) -> None:
+    """Bring one document back as it was at a revision, as a new revision.
+
+    Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
+    """
+    result = session.open_kb().restore(workspace, path, revision, author=author, message=message)
+    click.echo(f"unchanged: {path} already holds that version" if result is None else _described(result))
+
+
+def _described(revision) -> str:
+    """``revision <id>: created …; updated …; removed …; moved … to …`` for a recorded Revision."""
+    verbs = {"added": "created", "modified": "updated", "removed": "removed"}
+    parts: dict[str, list[str]] = {}
+    for change in revision.changes:
+        if change.change in verbs:
+            parts.setdefault(verbs[change.change], []).append(change.path)
+        elif change.change == "moved":
+            parts.setdefault("moved", []).append(f"{change.old_path} to {change.path}")
+    return f"revision {revision.id}" + (": " + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in parts.items())
+                                        if parts else "")
+
+
+COMMANDS = [log, revert, restore]

@@ -1,0 +1,91 @@
+"""A command's session with kb (design §13): its settings, the one ``KnowledgeBase`` it opens and
+closes, the client of a running ``kb serve``, and the collector pause of quick commands.
+
+Every command module opens kb through :func:`open_kb` (never ``KnowledgeBase.open`` itself), so
+every KnowledgeBase a command opens is closed when the command ends.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from kb.adapters.http.client import ServerClient
+    from kb.knowledge_base import KnowledgeBase
+    from kb.settings import Settings
+
+QUICK_COMMANDS = frozenset({"read", "ls", "log", "status", "search", "show", "db-url"})
+"""Commands a user runs interactively and waits for; they load their modules with the cyclic
+garbage collector paused (design §13)."""
+
+
+def settings() -> "Settings":
+    """``kb.settings.Settings()`` from the environment; pydantic is imported only by commands that
+    need settings (a command answered by ``kb serve`` never does, design §13). Raises pydantic's
+    ValidationError for a refused ``KB_*`` variable (the group turns it into one line)."""
+    from kb.settings import Settings
+
+    return Settings()
+
+
+def open_kb(*, migrate: bool = True) -> "KnowledgeBase":
+    """The KnowledgeBase of the running command, closed when the command ends (design §13).
+
+    ``migrate=False`` (``kb init``) leaves the schema to the caller. Must run inside a click
+    command. Raises DatabaseUnavailable, DatabaseNotReady, MigrationError, ConfigurationError.
+    """
+    from kb.knowledge_base import KnowledgeBase
+
+    try:
+        kb = KnowledgeBase.open(settings(), migrate=migrate)
+    finally:
+        modules_loaded()
+    click.get_current_context().call_on_close(kb.close)
+    return kb
+
+
+def server() -> "ServerClient | None":
+    """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (design §13)."""
+    # The environment variable itself: no pydantic import on this path (Settings.server_url
+    # documents it; pydantic-settings reads names case-insensitively, hence both spellings).
+    url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")
+    if not url:
+        return None
+    from kb.adapters.http.client import ServerClient
+
+    modules_loaded()
+    return ServerClient(url)
+
+
+def is_settings_error(exc: Exception) -> bool:
+    """True for pydantic's ValidationError, told without importing pydantic (a command answered
+    by ``kb serve`` never loads it)."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
+
+
+def pause_gc_while_loading(command: str | None) -> None:
+    """Pause the cyclic garbage collector while a quick command imports kb's dependencies.
+
+    Importing psycopg, pydantic and dulwich allocates hundreds of thousands of objects that all
+    stay alive, so the collections their allocation triggers find nothing to free, yet cost a
+    tenth of the start-up (measured by bin/bench_cli_startup.py). ``modules_loaded`` (after
+    opening kb) moves those objects out of the collector's view and resumes it; the group resumes
+    it in any case when the command ends. Other commands (worker, serve, import) run with the
+    collector untouched.
+    """
+    if command in QUICK_COMMANDS:
+        gc.disable()
+
+
+def modules_loaded() -> None:
+    """Resume the collector paused by ``pause_gc_while_loading``, after freezing what start-up
+    allocated (those objects live as long as the process: no collection has to walk them)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
