@@ -353,7 +353,8 @@ def create_app(
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        return JSONResponse({"error": type(exc).__name__, "message": str(exc)}, status_code=status_for(exc))
+        return JSONResponse({"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message},
+                            status_code=status_for(exc))
 
     @app.get("/health", tags=["operations"])
     def health() -> dict:
