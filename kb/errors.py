@@ -1,16 +1,36 @@
 """The one error hierarchy of kb.
 
 Every error a user can hit derives from :class:`KbError` and carries a message that says what was
-wrong and what to do about it. The CLI prints ``str(error)`` as a one-line reason and exits
+wrong and what to do about it. The CLI prints ``error.cli_message`` as a one-line reason and exits
 non-zero; library users catch the class that matches the condition (psycopg style: one class per
 condition).
+
+A message that tells the caller what to pass names it the way the caller spells it: ``str(error)``
+speaks Python (``pass overwrite=True``), ``error.cli_message`` speaks the command line (``pass
+--overwrite``). The code raising such an error gives both (``cli=``); the CLI's error printer uses
+``cli_message``, which is ``str(error)`` for the messages that name no argument.
 """
 
 from __future__ import annotations
 
 
 class KbError(Exception):
-    """Base class of every error kb raises on purpose."""
+    """Base class of every error kb raises on purpose.
+
+    ``cli``: the message as the CLI says it, when it differs from the Python one (the first
+    argument) only in how an argument is spelled — ``--overwrite`` for ``overwrite=True``.
+    """
+
+    _cli_message: str | None = None
+
+    def __init__(self, *args: object, cli: str | None = None) -> None:
+        super().__init__(*args)
+        self._cli_message = cli
+
+    @property
+    def cli_message(self) -> str:
+        """The message with the CLI's spelling of what to pass (``str(self)`` when the same)."""
+        return self._cli_message if self._cli_message is not None else str(self)
 
 
 class ConfigurationError(KbError):
@@ -65,7 +85,7 @@ class DocumentNotFound(KbError):
 
 
 class PathExists(KbError):
-    """A move or write would replace an existing document without ``overwrite=True``."""
+    """A move or write would replace an existing document without ``overwrite=True`` (``--overwrite``)."""
 
 
 class RevisionNotFound(KbError):
@@ -154,7 +174,8 @@ class InvalidPattern(KbError):
 
 class ArtifactReadOnly(KbError):
     """A plain transaction, a turn commit or an editor save would change an ARTIFACT document's
-    file; artifacts are revised through ``revise_artifact`` (``kb.workspace.artifacts``, SPEC §11)."""
+    file; artifacts are revised through ``KnowledgeBase.artifacts(workspace).revise`` (``kb artifact
+    revise``; ``kb.workspace.artifacts``, SPEC §11)."""
 
 
 # -- store under contention and crashes (issue 9, SPEC §3, §14) -------------------------------
@@ -216,14 +237,24 @@ class ArtifactNotFound(KbError):
 
 
 class StaleGeneration(KbError):
-    """``revise_artifact``/``delete_artifact`` named an older generation than the artifact's current
-    one: someone revised it meanwhile. ``current`` holds the current generation; reload and retry."""
+    """``Artifacts.revise``/``Artifacts.delete`` named an older generation than the artifact's current
+    one: someone revised it meanwhile. ``current`` holds the current generation; reload and retry.
+    ``verb`` is what was refused (``revise`` or ``delete``), ``workspace_id`` the artifact's
+    workspace (the CLI hint names both commands with their ``-w``)."""
 
-    def __init__(self, artifact_id: int, expected: int, current: int) -> None:
+    def __init__(self, artifact_id: int, expected: int, current: int, workspace_id: int | None = None,
+                 verb: str = "revise") -> None:
         self.artifact_id, self.expected, self.current = artifact_id, expected, current
+        self.workspace_id = workspace_id
+        stale = (f"artifact {artifact_id} is at generation {current}, not {expected}: it was revised "
+                 f"meanwhile; reload it")
+        workspace = f" -w {workspace_id}" if workspace_id is not None else ""
+        retry = f"kb artifact revise {artifact_id} --generation {current} FILE" if verb == "revise" else \
+            f"kb artifact {verb} {artifact_id} --generation {current}"
         super().__init__(
-            f"artifact {artifact_id} is at generation {current}, not {expected}: it was revised "
-            f"meanwhile; reload it (`kb artifact show {artifact_id}`) and revise generation {current}"
+            f"{stale} (artifacts.get({artifact_id})) and {verb} generation {current}",
+            cli=(f"{stale} (`kb artifact show {artifact_id}{workspace}`) and {verb} generation {current}: "
+                 f"`{retry}{workspace}`"),
         )
 
 
@@ -262,7 +293,7 @@ class ServerUnavailable(KbError):
 
 # -- listing and deleting workspaces (issue 13) ----------------------------------------------
 class WorkspaceBusy(KbError):
-    """A workspace cannot be deleted while a turn or job uses it (pass force=True to do it anyway)."""
+    """A workspace cannot be deleted while a turn or job uses it (``force=True``, ``--force``, does it anyway)."""
 
 
 class WrongThread(KbError):

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         default=5_000_000,
         description="Documents larger than this many bytes are kept in git but marked unindexable.",
     )
+    progress_interval: float = Field(
+        default=5.0, gt=0,
+        description="Seconds between `kb worker`'s progress lines when its output is not a terminal "
+                    "(a script's capture, a service manager's log).",
+    )
     stalled_job_seconds: float = Field(
         default=60.0,
         description="Seconds without a worker heartbeat after which its running jobs are retried.",

@@ -225,7 +225,7 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_
         assert after[doc_id]["id"] == before[doc_id]["id"] and after[doc_id]["status"] == "indexed"
         assert "/documents/Empty_ folder/.keep" in kb.list_paths(6) and changed.keeps == ["/documents/Empty_ folder/.keep"]
         assert kb.status(6)["workspace"]["migration"]["flipped"] is True
-        with pytest.raises(SeedRefused, match="--force"):
+        with pytest.raises(SeedRefused, match="force=True"):
             kb.seed(dsn, 3, 6, yes=True)
         assert kb.set_authority(6, flipped=False) is True
         assert kb.status(6)["workspace"]["migration"]["flipped"] is False
@@ -240,7 +240,7 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_
 def test_flip_needs_yes_and_source_errors_are_clear(legacy_kb, english_legacy, pg_server):
     kb, _ = legacy_kb
     dsn, _ = english_legacy
-    with pytest.raises(SeedRefused, match="--yes"):
+    with pytest.raises(SeedRefused, match="yes=True"):
         kb.seed(dsn, 3, 7, flip=True)
     with pytest.raises(LegacySourceError, match="no documents"):
         kb.seed(dsn, 999, 7)

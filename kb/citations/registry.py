@@ -61,7 +61,8 @@ def check_chat_id(chat_id: object) -> str:
     if not isinstance(chat_id, str):
         raise InvalidChat(f"a chat id must be text, not {type(chat_id).__name__}")
     if not chat_id.strip():
-        raise InvalidChat("the chat id is empty; pass the conversation's id, e.g. --chat support-4711")
+        raise InvalidChat("the chat id is empty; pass the conversation's id, e.g. conversation(1, \"support-4711\")",
+                          cli="the chat id is empty; pass the conversation's id, e.g. --chat support-4711")
     if len(chat_id) > MAX_CHAT_ID_CHARS:
         raise InvalidChat(f"the chat id has {len(chat_id)} characters; use at most {MAX_CHAT_ID_CHARS}")
     for ch in chat_id:

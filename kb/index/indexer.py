@@ -59,6 +59,7 @@ from kb.index.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
 from kb.db.locks import chunk_lock, index_lock
+from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
 from kb.git.repository import Repository
 from kb.settings import Settings
@@ -112,23 +113,6 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def decode_document(data: bytes, max_bytes: int | None = None) -> str:
-    """Decode a blob as UTF-8 text; raises UnindexableDocument for NUL bytes, invalid UTF-8, or
-    more than ``max_bytes`` bytes (``KB_MAX_INDEX_BYTES``: a 50 MB document would cut ~100,000
-    chunks and take gigabytes of memory in one worker; it stays in git, readable and citable)."""
-    if max_bytes is not None and len(data) > max_bytes:
-        raise UnindexableDocument(
-            f"{len(data):,} bytes is more than KB_MAX_INDEX_BYTES ({max_bytes:,}); split the document "
-            "or raise the limit"
-        )
-    if b"\x00" in data:
-        raise UnindexableDocument("contains NUL bytes (Postgres text cannot hold them)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UnindexableDocument(f"not valid UTF-8 (byte {exc.start})") from None
-
-
 @dataclass
 class _Prepared:
     row: dict
@@ -156,8 +140,8 @@ def _error_text(exc: BaseException) -> str:
 class Indexer:
     """Runs convergence for workspaces with one chunker and one embedder.
 
-    ``progress(done, total, report)`` is called after every batch of documents (``report``: the
-    IndexReport so far).
+    ``progress(done, total, report)`` is called before the first batch of documents, after every
+    batch and after every embedder call within one (``report``: the IndexReport so far).
     """
 
     def __init__(
@@ -282,6 +266,8 @@ class Indexer:
 
     def _run_documents(self, conn, repo, workspace_id, head, todo, report, run, *, move_cursor: bool) -> None:
         """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``."""
+        if self.progress and todo:  # the work ahead, before the first batch is chunked and embedded
+            self.progress(report.documents_done, report.documents_total, report)
         for start in range(0, len(todo), DOCUMENT_BATCH):
             batch = todo[start : start + DOCUMENT_BATCH]
             self._index_batch(conn, repo, workspace_id, head, batch, report)
@@ -404,6 +390,8 @@ class Indexer:
             if fresh:
                 with conn.transaction(), conn.cursor() as cur:
                     cur.executemany(queries["cache_embedding"], fresh)
+            if self.progress:  # a batch of documents can embed for minutes: say so as it goes
+                self.progress(report.documents_done, report.documents_total, report)
         return found, errors
 
     def _index_batch(self, conn, repo, workspace_id, head, batch, report: IndexReport) -> None:

@@ -121,26 +121,45 @@ class ProgressDisplay:
     """Per-job progress of a worker: a live line (rich) on a terminal, plain lines otherwise.
 
     Thread-safe: index jobs report progress from their worker thread. Lines look like
-    ``index ws 2: 57/173 documents, 312 chunks, 4.1 chunks/s, ETA 2m05s`` (``312 chunks (270
-    unchanged)`` when rows of unchanged chunks were kept: the count is not what was embedded).
+    ``index ws 2: 57/173 documents, 312 chunks, 4.1 chunks/s, embedded 290 (4.0/s), 116 documents
+    left, ETA 2m05s`` (``312 chunks (270 unchanged)`` when rows of unchanged chunks were kept: the
+    count is not what was embedded). Off a terminal (a script's capture, a service manager's log)
+    a line is printed at least every ``every`` seconds (``KB_PROGRESS_INTERVAL``) while a job
+    runs, also in the middle of a long batch of documents and before an index run reports its
+    first progress (``job 7 kb.index_changes (workspace 2) running for 40 s``), so a log never
+    stays silent while work is being done.
     """
 
     PLAIN_EVERY_SECONDS = 5.0
 
-    def __init__(self, stream: TextIO | None = None, live: bool | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, live: bool | None = None, every: float | None = None) -> None:
         self.stream = stream or sys.stderr
         self.live_mode = self.stream.isatty() if live is None else live
+        self.every = self.PLAIN_EVERY_SECONDS if every is None else max(float(every), 0.01)
         self._lock = threading.Lock()
         self._started: dict[int, float] = {}
+        self._jobs: dict[int, tuple[str, int | None]] = {}  # running: job id -> (task, workspace)
         self._runs: dict[int, float] = {}
+        self._latest: dict[int, tuple[str, int, int, object]] = {}  # workspace -> (kind, done, total, report)
         self._last_plain = 0.0
         self._live = None
+        self._stopped = threading.Event()
+        self._ticker: threading.Thread | None = None
         if self.live_mode:
             from rich.console import Console
             from rich.live import Live
 
             self._live = Live("", console=Console(file=self.stream), transient=True, refresh_per_second=4)
             self._live.start()
+        else:
+            self._ticker = threading.Thread(target=self._tick, name="kb-progress", daemon=True)
+            self._ticker.start()
+
+    def _print_plain(self, text: str) -> None:
+        """One time-stamped line (the lock is held)."""
+        self._last_plain = time.monotonic()
+        stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
+        print(f"{stamp} {text}", file=self.stream, flush=True)
 
     def _line(self, text: str, *, permanent: bool) -> None:
         with self._lock:
@@ -152,41 +171,73 @@ class ProgressDisplay:
                     self._live.update(Text(""))
                 else:
                     self._live.update(Text(text))
-            elif permanent or time.monotonic() - self._last_plain >= self.PLAIN_EVERY_SECONDS:
-                self._last_plain = time.monotonic()
-                stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
-                print(f"{stamp} {text}", file=self.stream, flush=True)
+            elif permanent or time.monotonic() - self._last_plain >= self.every:
+                self._print_plain(text)
+
+    def _tick(self) -> None:
+        """Off a terminal: every ``every`` seconds without a line, one line per running job."""
+        while not self._stopped.wait(self.every / 4):
+            with self._lock:
+                if not self._jobs or time.monotonic() - self._last_plain < self.every:
+                    continue
+                for job_id, (task, workspace_id) in list(self._jobs.items()):
+                    latest = self._latest.get(workspace_id) if workspace_id is not None else None
+                    if latest is not None:
+                        self._print_plain(self._progress_text(workspace_id, *latest))
+                    else:
+                        seconds = time.monotonic() - self._started.get(job_id, time.monotonic())
+                        self._print_plain(f"job {job_id} {task}{_ws(workspace_id)} running for {seconds:.0f} s")
 
     def job_started(self, job_id: int, task: str, workspace_id: int | None) -> None:
         """A job began (shown as the live line / one plain line)."""
-        self._started[job_id] = time.monotonic()
-        if workspace_id is not None:
-            self._runs[workspace_id] = time.monotonic()  # rates count from the job's start
+        with self._lock:  # the ticker reads these
+            self._started[job_id] = time.monotonic()
+            if workspace_id is not None:
+                self._runs[workspace_id] = time.monotonic()  # rates count from the job's start
+                self._latest.pop(workspace_id, None)
+            self._jobs[job_id] = (task, workspace_id)
         self._line(f"job {job_id} {task}{_ws(workspace_id)} started", permanent=not self.live_mode)
 
-    def index_progress(self, kind: str, workspace_id: int, done: int, total: int, report) -> None:
-        """Documents ``done`` of ``total`` in an index run; ``report`` is its IndexReport so far."""
+    def _progress_text(self, workspace_id: int, kind: str, done: int, total: int, report) -> str:
+        """``index ws 2: 57/173 documents, 312 chunks, …`` from an index run's report as it is now."""
         started = self._runs.setdefault(workspace_id, time.monotonic())
         elapsed = max(time.monotonic() - started, 1e-6)
         chunks = report.chunks_written + report.chunks_reused
-        rate = chunks / elapsed
+        embedded = report.embeddings_computed
         eta = ""
         if 0 < done < total:
             left = elapsed / done * (total - done)
             eta = f", ETA {int(left) // 60}m{int(left) % 60:02d}s"
         unchanged = f" ({report.chunks_reused} unchanged)" if report.chunks_reused else ""
-        self._line(f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks{unchanged}, "
-                   f"{rate:.1f} chunks/s{eta}", permanent=done >= total and not self.live_mode)
+        remaining = f", {total - done} documents left" if done < total else ""
+        return (f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks{unchanged}, "
+                f"{chunks / elapsed:.1f} chunks/s, embedded {embedded} ({embedded / elapsed:.1f}/s)"
+                f"{remaining}{eta}")
+
+    def index_progress(self, kind: str, workspace_id: int, done: int, total: int, report) -> None:
+        """Documents ``done`` of ``total`` in an index run; ``report`` is its IndexReport so far
+        (called before the first batch of documents, after every batch and every embedder call)."""
+        with self._lock:
+            self._latest[workspace_id] = (kind, done, total, report)
+        self._line(self._progress_text(workspace_id, kind, done, total, report),
+                   permanent=done >= total and not self.live_mode)
 
     def job_finished(self, job_id: int, task: str, workspace_id: int | None, ok: bool, detail: str) -> None:
         """A job ended; one permanent line with its outcome and time."""
-        seconds = time.monotonic() - self._started.pop(job_id, time.monotonic())
+        with self._lock:
+            seconds = time.monotonic() - self._started.pop(job_id, time.monotonic())
+            self._jobs.pop(job_id, None)
+            if workspace_id is not None:
+                self._latest.pop(workspace_id, None)
         outcome = "done" if ok else "FAILED"
         self._line(f"job {job_id} {task}{_ws(workspace_id)} {outcome} in {seconds:.1f} s"
                    f"{': ' + detail if detail else ''}", permanent=True)
 
     def close(self) -> None:
-        """Stop the live line (idempotent)."""
+        """Stop the live line or the periodic lines (idempotent)."""
+        self._stopped.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join()
         with self._lock:
             if self._live is not None:
                 self._live.stop()

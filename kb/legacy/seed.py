@@ -327,18 +327,18 @@ class Seeder:
                             active_model=active_model)
         seed_row = self._seed_row()
         if yes and seed_row is not None and seed_row["flipped"] and not force:
+            flipped = (f"workspace {self.workspace_id} is flipped: kb is its authority since "
+                       f"{seed_row['flipped_at']:%Y-%m-%d %H:%M}; re-seeding would revert edits made in kb.")
             raise SeedRefused(
-                f"workspace {self.workspace_id} is flipped: kb is its authority since "
-                f"{seed_row['flipped_at']:%Y-%m-%d %H:%M}; re-seeding would revert edits made in kb. "
-                "Pass --force to seed anyway, or --unflip first"
-            )
+                f"{flipped} Pass force=True to seed anyway, or set_authority({self.workspace_id}, flipped=False) first",
+                cli=f"{flipped} Pass --force to seed anyway, or --unflip first")
         if yes and seed_row is None and not force and self.store.exists() and self.store.head() is not None:
-            raise SeedRefused(
-                f"workspace {self.workspace_id} already has documents that no seed wrote; seeding makes its "
-                "tree exactly the legacy documents and would remove them. Seed into a new workspace, or pass --force"
-            )
+            unseeded = (f"workspace {self.workspace_id} already has documents that no seed wrote; seeding makes "
+                        "its tree exactly the legacy documents and would remove them. Seed into a new workspace, or pass")
+            raise SeedRefused(f"{unseeded} force=True", cli=f"{unseeded} --force")
         if flip and not yes:
-            raise SeedRefused("--flip needs --yes: authority moves only after a seed whose byte parity passed")
+            raise SeedRefused("flip=True needs yes=True: authority moves only after a seed whose byte parity passed",
+                              cli="--flip needs --yes: authority moves only after a seed whose byte parity passed")
         with legacy_connection(self.dsn) as legacy:
             meta = {r["key"]: r["value"] for r in legacy.execute(queries["legacy_meta"])}
             report.legacy_model = meta.get("embedding_model")
@@ -589,7 +589,8 @@ def set_authority(stores: "Stores", workspace_id: int, *, flipped: bool) -> bool
     with database.transaction(stores.database_url) as conn:
         seed_row = conn.execute(queries["get_seed"], {"workspace_id": workspace_id}).fetchone()
         if seed_row is None:
-            raise SeedRefused(f"workspace {workspace_id} was never seeded; run `kb seed --yes` first")
+            raise SeedRefused(f"workspace {workspace_id} was never seeded; run seed(…, yes=True) first",
+                              cli=f"workspace {workspace_id} was never seeded; run `kb seed --yes` first")
         if flipped and seed_row["flipped"]:
             return False
         changed = conn.execute(queries["flip_seed" if flipped else "unflip_seed"],

@@ -94,10 +94,12 @@ def guard(conn: psycopg.Connection, workspace_id: int, effective: Mapping[str, s
         return
     if access == ACCESS_REFUSE:
         path = rows[0]["path"]
+        refused = (f"{path} is an ARTIFACT (id {rows[0]['id']}); plain writes, turns and editor saves refuse "
+                   "it: use")
         raise ArtifactReadOnly(
-            f"{path} is an ARTIFACT (id {rows[0]['id']}); plain writes, turns and editor saves refuse "
-            f"it: use revise_artifact (`kb artifact revise {rows[0]['id']}`) or delete_artifact"
-        )
+            f"{refused} artifacts({workspace_id}).revise({rows[0]['id']}, …) or .delete({rows[0]['id']})",
+            cli=(f"{refused} `kb artifact revise {rows[0]['id']} --generation N FILE -w {workspace_id}` or "
+                 f"`kb artifact delete {rows[0]['id']} -w {workspace_id}`"))
     # Lock order (kb.locks): the chunk lock before the first document row. Dropping a removed
     # artifact's row cascades to its chunks and their statistics, and the bump locks several
     # document rows in one statement: a projection or an index run of the workspace doing the same

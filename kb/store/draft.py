@@ -367,10 +367,9 @@ class Draft:
                 self._check_new(new, virtual_of(new), names=False)
         for old, new in pairs:
             if new not in sources and self._current(new) is not None and not overwrite:
-                raise PathExists(
-                    f"cannot move {virtual_of(old)} to {virtual_of(new)}: a document exists there "
-                    "(pass overwrite=True to replace it)"
-                )
+                taken = f"cannot move {virtual_of(old)} to {virtual_of(new)}: a document exists there"
+                raise PathExists(f"{taken} (pass overwrite=True to replace it)",
+                                 cli=f"{taken} (pass --overwrite to replace it)")
         moving = [(old, new, self._current(old), self.origin_of(old)) for old, new in pairs]
         titled = {old: self._titles[old] for old, _ in pairs if old in self._titles}
         for old, _, _, _ in moving:

@@ -154,10 +154,9 @@ def refuse_artifacts(intent: Intent, effective: dict[str, str | None]) -> None:
     an ARTIFACT document."""
     for path in sorted(intent.artifact_paths):
         if path[1:] in effective:
-            raise ArtifactReadOnly(
-                f"{path} is an ARTIFACT; plain writes, turns and editor saves refuse it: use "
-                "revise_artifact (`kb artifact revise ID`) or delete_artifact"
-            )
+            refused = f"{path} is an ARTIFACT; plain writes, turns and editor saves refuse it: use"
+            raise ArtifactReadOnly(f"{refused} artifacts(workspace).revise or .delete",
+                                   cli=f"{refused} `kb artifact revise` or `kb artifact delete`")
 
 
 # -- outcomes ------------------------------------------------------------------------------

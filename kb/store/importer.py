@@ -3,9 +3,11 @@
 Every ``*.md`` under the folder (recursively) becomes ``documents/[PREFIX/]<relative path>`` with
 each segment passed through the path law; folder and file names that collide case- or
 NFC-insensitively get `` (2)``, `` (3)`` … in sorted source order, so the result is deterministic.
-Hidden files and folders (``.obsidian/``, ``.trash/``) are skipped; other files are skipped and
-counted. Unchanged content records nothing; ``prune`` also removes documents under the prefix
-that the folder no longer has.
+Hidden files and folders (``.obsidian/``, ``.trash/``) are skipped, and so are other files; the
+report names each skipped entry with the reason, and each imported document the index will not
+take (``kb.store.indexable``: not UTF-8, NUL bytes, too large), which is stored all the same.
+Unchanged content records nothing; ``prune`` also removes documents under the prefix that the
+folder no longer has.
 """
 
 from __future__ import annotations
@@ -18,12 +20,38 @@ from pathlib import Path
 from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError
 from kb.paths import NameRegistry, check_path_length, safe_filename, safe_folder_segment
 from kb.store.history import Revision
+from kb.store.indexable import unindexable_reason
 from kb.store.knowledge_store import KnowledgeStore
+
+HIDDEN = "hidden (its name starts with '.')"
+SYMLINK = "symbolic link (never followed: it could pull in files from outside the folder)"
+NOT_MARKDOWN = "not markdown (only *.md files are imported)"
+NOT_UTF8_NAME = "its name is not valid UTF-8"
+NOT_A_FILE = "not a regular file"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry of the source folder ``kb import`` did not import: ``path`` relative to the folder
+    (a folder ends in ``/``; a name that is not UTF-8 shows its bytes escaped), and why."""
+
+    path: str
+    reason: str
+
+    @property
+    def hidden(self) -> bool:
+        """True when skipped for being hidden."""
+        return self.reason == HIDDEN
 
 
 @dataclass
 class ImportReport:
-    """Outcome of one import: the revision (None when nothing changed) and counts."""
+    """Outcome of one import: the revision (None when nothing changed) and counts.
+
+    ``skipped`` names every entry not imported and why (``skipped_other``/``skipped_hidden`` count
+    them); ``unindexable`` maps each imported document the index will not take (stored in git all
+    the same, search never finds it) to the reason.
+    """
 
     workspace_id: int
     created_workspace: bool
@@ -36,6 +64,8 @@ class ImportReport:
     removed: int = 0
     unchanged: int = 0
     renamed: dict[str, str] = field(default_factory=dict)
+    skipped: list[Skipped] = field(default_factory=list)
+    unindexable: dict[str, str] = field(default_factory=dict)
 
 
 def _utf8(name: str) -> bool:
@@ -46,41 +76,58 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def scan(source: Path) -> tuple[list[tuple[str, ...]], int, int]:
-    """Relative paths (as segment tuples, sorted) of the markdown files under ``source``, the count
-    of other entries skipped, and of hidden entries skipped.
+def _shown(parts: tuple[str, ...]) -> str:
+    """A relative path for a message (bytes of a non-UTF-8 name escaped, never an encoding error)."""
+    return os.fsencode("/".join(parts)).decode("utf-8", "backslashreplace")
 
-    Skipped as "other": non-markdown files, symbolic links (never followed: a link could pull in
-    files from outside the folder), and files or folders whose names are not valid UTF-8. Raises
-    the OSError of a folder or file the system will not read (``import_folder`` explains it).
+
+def scan(source: Path) -> tuple[list[tuple[str, ...]], list[Skipped]]:
+    """Relative paths (as segment tuples, sorted) of the markdown files under ``source``, and the
+    entries skipped with the reason (sorted by path).
+
+    Skipped: hidden files and folders (a hidden folder once, not its contents), non-markdown
+    files, symbolic links (never followed: a link could pull in files from outside the folder),
+    and files or folders whose names are not valid UTF-8. Raises the OSError of a folder or file
+    the system will not read (``import_folder`` explains it).
     """
     found: list[tuple[str, ...]] = []
-    other = hidden = 0
+    skipped: list[Skipped] = []
+
     def unlistable(exc: OSError) -> None:
         raise exc  # a folder that cannot be listed is never skipped in silence
 
     for root, dirs, files in os.walk(source, onerror=unlistable):
-        hidden += sum(1 for d in dirs if d.startswith("."))
+        rel_root = Path(root).relative_to(source).parts
         kept = []
         for d in sorted(dirs):
+            shown = _shown((*rel_root, d)) + "/"
             if d.startswith("."):
-                continue
-            if not _utf8(d) or (Path(root) / d).is_symlink():
-                other += 1
-                continue
-            kept.append(d)
+                skipped.append(Skipped(shown, HIDDEN))
+            elif (Path(root) / d).is_symlink():
+                skipped.append(Skipped(shown, SYMLINK))
+            elif not _utf8(d):
+                skipped.append(Skipped(shown, NOT_UTF8_NAME))
+            else:
+                kept.append(d)
         dirs[:] = kept
-        rel_root = Path(root).relative_to(source).parts
         for name in files:
             path = Path(root) / name
+            reason = None
             if name.startswith("."):
-                hidden += 1
-            elif (name.lower().endswith(".md") and _utf8(name) and not path.is_symlink()
-                  and path.is_file()):
+                reason = HIDDEN
+            elif path.is_symlink():
+                reason = SYMLINK
+            elif not name.lower().endswith(".md"):
+                reason = NOT_MARKDOWN
+            elif not _utf8(name):
+                reason = NOT_UTF8_NAME
+            elif not path.is_file():
+                reason = NOT_A_FILE
+            if reason is None:
                 found.append((*rel_root, name))
             else:
-                other += 1
-    return sorted(found), other, hidden
+                skipped.append(Skipped(_shown((*rel_root, name)), reason))
+    return sorted(found), sorted(skipped, key=lambda entry: entry.path)
 
 
 def _unreadable(source: Path, exc: OSError) -> KbError:
@@ -132,7 +179,8 @@ def import_prefix(prefix: str | None) -> tuple[str, ...]:
         text = text[len("documents/"):]
     parts = [p for p in text.split("/") if p.strip()]
     if any(p.strip() in (".", "..") for p in parts):
-        raise InvalidInput(f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents")
+        raise InvalidInput(f"prefix={prefix!r} contains '.' or '..'; name a folder under /documents",
+                           cli=f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents")
     return tuple(safe_folder_segment(p) for p in parts)
 
 
@@ -162,7 +210,7 @@ def import_folder(
     source = source.resolve()
     prefix_parts = import_prefix(prefix)
     try:
-        relative, other, hidden = scan(source)
+        relative, skipped = scan(source)
     except OSError as exc:
         raise _unreadable(source, exc) from None
     planned = plan_paths(relative, prefix_parts)
@@ -171,7 +219,9 @@ def import_folder(
     created = not store.exists()
     if created:
         store.create()
-    report = ImportReport(store.workspace_id, created, None, len(relative), other, hidden)
+    hidden = sum(1 for entry in skipped if entry.hidden)
+    report = ImportReport(store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden,
+                          skipped=skipped)
     existing = store.list_paths() if store.head() else {}
     root = "/" + "/".join(("documents", *prefix_parts))
     text = message or f"import {len(relative)} documents from {source.name}"
@@ -181,6 +231,9 @@ def import_folder(
                 data = source.joinpath(*parts).read_bytes()
             except OSError as exc:
                 raise _unreadable(source, exc) from None
+            reason = unindexable_reason(data, store.settings.max_index_bytes)
+            if reason is not None:
+                report.unindexable["/" + repo_path] = reason
             if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
                 report.renamed["/".join(parts)] = "/" + repo_path
             draft.write(repo_path, data)

@@ -36,10 +36,10 @@ def edit_document(
             queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
         ).fetchone()
     if row and row["document_type"] == "ARTIFACT":
+        refused = f"{target.virtual} is an ARTIFACT document (id {row['id']}); editor saves refuse artifacts:"
         raise ArtifactReadOnly(
-            f"{target.virtual} is an ARTIFACT document (id {row['id']}); editor saves refuse artifacts: "
-            f"use revise_artifact (`kb artifact revise {row['id']} --generation N --markdown FILE`)"
-        )
+            f"{refused} use artifacts({workspace_id}).revise({row['id']}, generation, markdown)",
+            cli=f"{refused} use `kb artifact revise {row['id']} --generation N FILE -w {workspace_id}`")
     turn = open_turn(f"edit-{uuid.uuid4().hex}")
     try:
         try:

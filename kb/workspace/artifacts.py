@@ -219,14 +219,14 @@ class Artifacts:
                             draft.revision.id, stored)
         raise PathExists(f"could not find a free name for artifact {title!r} in {FOLDER}; retry")
 
-    def _locked_row(self, conn, artifact_id: int, expected_generation: int | None) -> dict:
+    def _locked_row(self, conn, artifact_id: int, expected_generation: int | None, verb: str = "revise") -> dict:
         row = conn.execute(queries["artifact_for_update"],
                            {"workspace_id": self.workspace_id, "document_id": artifact_id}).fetchone()
         if row is None or row["document_type"] != "ARTIFACT":
             raise ArtifactNotFound(f"workspace {self.workspace_id} has no artifact {artifact_id} (deleted meanwhile?)")
         current = row["generation"] or 1
         if expected_generation is not None and expected_generation != current:
-            raise StaleGeneration(artifact_id, expected_generation, current)
+            raise StaleGeneration(artifact_id, expected_generation, current, self.workspace_id, verb)
         return row
 
     def revise(self, artifact_id: int, expected_generation: int, markdown: str | bytes | None = None,
@@ -250,7 +250,7 @@ class Artifacts:
         author = author or self._default_author()
         current = self.get(artifact_id)  # raises ArtifactNotFound; gives the path and current files
         if expected_generation != current.generation:
-            raise StaleGeneration(artifact_id, expected_generation, current.generation)
+            raise StaleGeneration(artifact_id, expected_generation, current.generation, self.workspace_id)
         stored = current.files if attached is None else self._store_blobs(attached)
         kept = {f.role: f for f in current.files}
         result: dict = {}
@@ -305,7 +305,8 @@ class Artifacts:
         author = author or self._default_author()
         current = self.get(artifact_id)
         if expected_generation is not None and expected_generation != current.generation:
-            raise StaleGeneration(artifact_id, expected_generation, current.generation)
+            raise StaleGeneration(artifact_id, expected_generation, current.generation, self.workspace_id,
+                                  "delete")
         manifest = Manifest("delete", current.path, current.title, current.format, current.generation,
                             current.files)
 
@@ -313,7 +314,7 @@ class Artifacts:
             # Lock order (kb.locks): the chunk lock before the artifact's row, whose delete
             # cascades to its chunks and their statistics (as a projection's or an index run's).
             chunk_lock(conn, self.workspace_id)
-            self._locked_row(conn, artifact_id, expected_generation)
+            self._locked_row(conn, artifact_id, expected_generation, "delete")
             delete_rows(conn, self.workspace_id, artifact_id)
             announce_deleted(conn, self.workspace_id, artifact_id, current.path, revision_id)
 

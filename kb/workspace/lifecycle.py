@@ -197,10 +197,9 @@ def delete_workspace(stores: "Stores", workspace_id: int, *, force: bool = False
     if not force and (turns or running):
         what = ([f"{len(turns)} turn worktree(s) ({', '.join(turns[:5])})"] if turns else []) + \
                ([f"{len(running)} running job(s)"] if running else [])
-        raise WorkspaceBusy(
-            f"workspace {workspace_id} is in use: {' and '.join(what)}; commit or abort the turns and "
-            "let the jobs finish, or pass --force to delete it anyway"
-        )
+        busy = (f"workspace {workspace_id} is in use: {' and '.join(what)}; commit or abort the turns and "
+                "let the jobs finish, or pass")
+        raise WorkspaceBusy(f"{busy} force=True to delete it anyway", cli=f"{busy} --force to delete it anyway")
     tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
     moved = False
     with locked_transaction(stores.database_url, workspace_id, stores.settings) as (conn, _):

@@ -84,26 +84,32 @@ def save(markdown: str, title: str, files: tuple[str, ...], fmt: str, author: st
 
 @artifact.command()
 @click.argument("artifact_id", type=int)
+@click.argument("markdown_file", metavar="[MARKDOWN]", required=False)
 @click.option("--generation", "-g", type=int, required=True, help="The generation you read (kb artifact show).")
-@click.option("--markdown", "markdown", help="New markdown file (or - for stdin); omitted keeps it.")
+@click.option("--markdown", "markdown", metavar="MARKDOWN",
+              help="The new markdown file, as an option (the same as the MARKDOWN argument).")
 @file_option
 @click.option("--no-files", is_flag=True, help="Remove every attached file.")
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message.")
 @workspace_option()
-def revise(artifact_id: int, generation: int, markdown: str | None, files: tuple[str, ...], no_files: bool,
-           author: str | None, message: str | None, workspace: int) -> None:
-    """Revise an artifact, naming the generation you read; a stale one is refused (exit 1) with
-    the current generation. --file replaces the whole set of files.
+def revise(artifact_id: int, markdown_file: str | None, generation: int, markdown: str | None,
+           files: tuple[str, ...], no_files: bool, author: str | None, message: str | None, workspace: int) -> None:
+    """Revise an artifact from a new markdown file (MARKDOWN, or - for stdin; omitted keeps the
+    markdown), naming the generation you read; a stale one is refused (exit 1) with the current
+    generation. --file replaces the whole set of files.
 
-    Example: kb artifact revise 12 --generation 3 --markdown report.md -w 1
+    Example: kb artifact revise 12 --generation 3 report.md -w 1
     """
+    if markdown_file is not None and markdown is not None and markdown_file != markdown:
+        raise click.UsageError("give the markdown file once: as MARKDOWN or as --markdown")
+    markdown = markdown_file if markdown_file is not None else markdown
     if no_files and files:
         raise click.UsageError("give --file or --no-files, not both")
     new_files = {} if no_files else (_read_files(files) if files else None)
     data = None if markdown is None else _markdown(markdown)
     if data is None and new_files is None:
-        raise click.UsageError("nothing to revise: give --markdown, --file or --no-files")
+        raise click.UsageError("nothing to revise: give a MARKDOWN file, --file or --no-files")
     _describe(_artifacts(workspace).revise(artifact_id, generation, data, new_files, author, message))
 
 

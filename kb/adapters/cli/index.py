@@ -20,14 +20,15 @@ def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
     """Run the Procrastinate worker for kb's queues (projection, index, maintenance), including
     the periodic sweep, stalled-job retry, job cleanup and worktree janitor.
 
-    Shows each job's progress on stderr (a live line on a terminal) and a summary at the end.
+    Shows each job's progress on stderr (a live line on a terminal; otherwise a line every
+    KB_PROGRESS_INTERVAL seconds, default 5, while a job runs) and a summary at the end.
     SIGINT/SIGTERM finish the jobs in hand, then stop. Example: kb worker --until-idle
     """
     from kb.jobs.worker import ProgressDisplay, describe_blocked
 
     kb = session.open_kb()
     report = kb.run_worker(until_idle=until_idle, concurrency=concurrency,
-                           display=None if quiet else ProgressDisplay())
+                           display=None if quiet else ProgressDisplay(every=kb.settings.progress_interval))
     click.echo(report.summary())
     later = report.later()
     click.echo(later if later else "no job is scheduled for later")

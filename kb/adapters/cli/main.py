@@ -30,7 +30,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except KbError as exc:
-            click.echo(f"kb: error: {exc}", err=True)
+            click.echo(f"kb: error: {exc.cli_message}", err=True)  # the CLI's spelling of what to pass
             sys.exit(1)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise

@@ -75,7 +75,13 @@ def _error_from(exc: urllib.error.HTTPError) -> errors.KbError:
     if not (isinstance(kind, type) and issubclass(kind, errors.KbError)):
         kind = errors.KbError if exc.code < 500 else errors.ServerUnavailable
     message = body.get("message") or body.get("detail") or f"HTTP {exc.code}"
-    return kind(message if isinstance(message, str) else json.dumps(message))
+    cli = body.get("cli_message")
+    # Built without the class's own constructor: some take their parts (InvalidPath(path, reason)),
+    # and the server sent the finished message, with the CLI's spelling of it.
+    error = kind.__new__(kind)
+    errors.KbError.__init__(error, message if isinstance(message, str) else json.dumps(message),
+                            cli=cli if isinstance(cli, str) else None)
+    return error
 
 
 def envelope_from_json(data: dict) -> Envelope:

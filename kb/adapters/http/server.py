@@ -367,7 +367,7 @@ def create_app(
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        body = {"error": type(exc).__name__, "message": str(exc)}
+        body = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
             body.update(workspace_id=exc.workspace_id, idempotency_key=exc.idempotency_key,
                         revision=exc.revision,
