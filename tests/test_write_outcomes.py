@@ -74,9 +74,9 @@ def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | No
                for p in paths]
     admin = _admin(url)
     try:
-        for thread in threads:
+        for queued, thread in enumerate(threads, start=1):
             thread.start()
-            _wait(lambda n=len(_intents(admin)) + 1: len(_intents(admin)) >= n or None, "the intent")
+            _wait(lambda n=queued: len(_intents(admin)) >= n or None, "the intent")
         row = _admin(url)
         row.execute("BEGIN")
         row.execute(queries["test_hold_workspace_row"], {"workspace_id": WS})
