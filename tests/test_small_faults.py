@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from kb.errors import KbError
+from kb.errors import KbError, PathExists
 from kb.index.chunking import check_piece
 from support.commands import run_cli
 
@@ -107,3 +107,47 @@ def test_a_turn_with_a_too_long_path_on_disk_refuses_to_commit_and_keeps_the_tur
         turn.commit()
     assert turn.path.is_dir()  # kept for the agent to fix
     assert kb.read(WS, "/documents/a.md") and kb.store(WS).head() is not None
+
+
+def test_moving_a_folder_onto_an_existing_folder_is_refused_unless_merging(kb_env, kb):
+    """kb mv of a folder onto an existing folder merged the two in silence (a new user expected the
+    folder inside, or a refusal as for a document); now a refusal naming both ways."""
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/Notes/Personal/Books.md", "books\n")
+        tx.write("/documents/Notes/Projects/Plan.md", "plan\n")
+    refused = run_cli(kb_env, "mv", "/documents/Notes/Personal", "/documents/Notes/Projects", "-w", "1", check=False)
+    assert refused.returncode == 1 and "a folder exists there" in refused.stderr and "--overwrite" in refused.stderr
+    assert sorted(kb.store(WS).list_paths()) == ["/documents/Notes/Personal/Books.md", "/documents/Notes/Projects/Plan.md"]
+    turn = kb.turn(WS, "mv", "agent")
+    with pytest.raises(PathExists, match="a folder exists there"):
+        turn.move("/documents/Notes/Personal", "/documents/Notes/Projects")
+    turn.move("/documents/Notes/Personal", "/documents/Notes/Projects/Personal")
+    turn.commit()
+    run_cli(kb_env, "mv", "/documents/Notes/Projects/Personal", "/documents/Notes/Projects", "-w", "1", "--overwrite")
+    assert sorted(kb.store(WS).list_paths()) == ["/documents/Notes/Projects/Books.md", "/documents/Notes/Projects/Plan.md"]
+
+
+def test_cli_new_refuses_an_empty_title_and_normalize_says_what_it_adjusted(kb_env, tmp_path):
+    empty = run_cli(kb_env, "new", "  ", "-w", "1", check=False)
+    assert empty.returncode == 2 and "the title is empty" in empty.stderr
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "p.md").write_text("one\ntwo\nthree\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    run_cli(kb_env, "read", "/documents/p.md", "-w", "1", "--chat", "c")
+    answer = tmp_path / "a.md"
+    answer.write_text("see [1:L2-9]\n")
+    out = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c", "-w", "1")
+    assert out.stdout == "see [1:L2-L3]\n" and "adjusted to the documents: [1:L2-9] → [1:L2-L3]" in out.stderr
+
+
+def test_an_unknown_revision_is_not_told_to_use_more_digits(kb):
+    from kb.errors import RevisionNotFound
+
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/a.md", "a\n")
+    with pytest.raises(RevisionNotFound) as missing:
+        kb.revert(WS, "deadbeef")
+    assert "no revision 'deadbeef' in this workspace" in str(missing.value) and "digits" not in str(missing.value)

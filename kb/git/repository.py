@@ -322,11 +322,11 @@ class Repository(WorktreeRefresh):
             )
         found = {sha.decode() for sha in self._repo.object_store.iter_prefix(text.encode())}
         commits = [sha for sha in found if isinstance(self._repo.object_store[sha.encode()], Commit)]
-        if len(commits) != 1:
-            raise RevisionNotFound(
-                f"revision {revision!r} is {'ambiguous' if commits else 'not in this workspace'}; "
-                "use more digits of the id `kb log` prints"
-            )
+        if len(commits) > 1:
+            raise RevisionNotFound(f"revision {revision!r} is ambiguous ({len(commits)} revisions start with it); "
+                                   "use more digits of the id `kb log` prints")
+        if not commits:
+            raise RevisionNotFound(f"no revision {revision!r} in this workspace; `kb log` lists its revisions")
         return commits[0]
 
     def commit(self, revision: str) -> Commit:

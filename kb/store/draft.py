@@ -343,8 +343,10 @@ class Draft:
         move, so history follows it and projection keeps the document id (SPEC §3, §6).
 
         Raises DocumentNotFound when ``src`` does not exist; PathExists when a destination document
-        exists and ``overwrite`` is False, when a folder would move into itself, or when the
-        destination conflicts with the tree (see :meth:`write`).
+        exists and ``overwrite`` is False, when a folder would move onto an existing folder and
+        ``overwrite`` is False (with it, the folders merge and colliding documents are replaced),
+        when a folder would move into itself, or when the destination conflicts with the tree
+        (see :meth:`write`).
         """
         src_path, dst_path = repo_path_of(src, allow_keep=True), repo_path_of(dst, allow_keep=True)
         if src_path == dst_path:
@@ -359,6 +361,13 @@ class Draft:
                 raise DocumentNotFound(f"cannot move {src}: no such document or folder")
             if dst_path.startswith(src_path + "/"):
                 raise PathExists(f"cannot move folder {src} into itself ({dst})")
+            if not overwrite and self._files_under(dst_path):
+                # ``dst`` names the folder's new path: an existing folder there is not silently
+                # merged into (design §3)
+                name = virtual_of(src_path).rsplit("/", 1)[-1]
+                taken = (f"cannot move folder {virtual_of(src_path)} to {virtual_of(dst_path)}: a folder exists there; "
+                         f"name the new path (e.g. {virtual_of(dst_path)}/{name}) or merge into it")
+                raise PathExists(f"{taken} with overwrite=True", cli=f"{taken} with --overwrite")
             pairs = [(f, dst_path + f[len(src_path):]) for f in files]
         sources = {old for old, _ in pairs}
         self._check_new(dst_path, str(dst), names=self._current(dst_path) is None)

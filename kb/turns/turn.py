@@ -525,6 +525,9 @@ class Turn:
             elif self._is_folder(srp):
                 if _under(srp, drp):
                     raise PathExists(f"cannot move folder {s.virtual} into itself")
+                if not overwrite and self._is_folder(drp) and name_key(srp) != name_key(drp):
+                    raise PathExists(f"cannot move folder {s.virtual} to {d.virtual}: a folder exists there; name the "
+                                     f"new path (e.g. {d.virtual}/{s.parts[-1]}) or merge into it with overwrite=True")
                 pairs = [(p, drp + p[len(srp):]) for p in self._files(srp)]
             else:
                 raise DocumentNotFound(f"cannot move {s.virtual}: no such document or folder")

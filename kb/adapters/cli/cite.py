@@ -75,6 +75,9 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, 
     if result.unknown:
         action = "dropped" if drop_unknown else "kept, unknown to this chat"
         click.echo(f"kb: {action}: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
+    if result.adjusted:
+        click.echo("kb: line ranges adjusted to the documents: "
+                   + ", ".join(f"{raw} → {citation}" for raw, citation in result.adjusted), err=True)
     if result.degraded:
         click.echo(f"kb: shown un-numbered, cited as whole documents: {', '.join(map(str, result.degraded))}", err=True)
 

@@ -196,6 +196,9 @@ def new(folder_or_title: str, title: str | None, workspace: int, body: str | Non
     """
     # One argument is the title (at the root); two are FOLDER TITLE, as before.
     folder, title = ("/documents", folder_or_title) if title is None else (folder_or_title, title)
+    if not title.strip():
+        raise click.BadParameter("the title is empty; give the document a title, e.g. kb new \"Meeting notes\" -w 1",
+                                 param_hint="TITLE")
     if body is None:
         body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     kb = session.open_kb()
@@ -211,7 +214,8 @@ def new(folder_or_title: str, title: str | None, workspace: int, body: str | Non
 @click.argument("source")
 @click.argument("destination")
 @workspace_option()
-@click.option("--overwrite", is_flag=True, help="Replace a document already at DESTINATION.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a document already at DESTINATION; for a folder, merge into an existing folder there.")
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message (default: 'docs: move N files').")
 def move(source: str, destination: str, workspace: int, overwrite: bool, author: str | None,
