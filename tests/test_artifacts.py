@@ -329,7 +329,7 @@ def test_bad_titles_and_formats_are_refused_before_anything_is_written(kb):
     assert two_lines.title == "first second" and two_lines.path == "/documents/Artifacts/first second.md"
 
 
-def test_delete_announces_document_deleted_on_kb_events(kb, listener):
+def test_delete_announces_document_deleted_on_kb_events(kb, listener):  # noqa: F811  (the fixture imported above)
     kb.create_workspace(1)
     saved = kb.artifacts(1).save("Announced", "# a\n")
     kb.project(1)

@@ -49,7 +49,7 @@ def test_recorded_check_answers_for_the_same_live_postmaster_only(tmp_path: Path
 
     _record_verified(pgdata, "kb", None)
     url = _verified_url(pgdata, "kb", None)
-    assert url is not None and f"port=5432" in url and "/kb?" in url
+    assert url is not None and "port=5432" in url and "/kb?" in url
     assert _verified_url(pgdata, "other", None) is None  # a database the full check never made
     assert _verified_url(pgdata, "kb", ("127.0.0.1", 5432)) is None  # other addresses asked for
 

@@ -15,7 +15,7 @@ from kb.errors import EmbeddingError
 class _Handler(BaseHTTPRequestHandler):
     reference = HashingEmbedder(384)
 
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):  # http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body["model"] == "missing-model":
             self.send_response(404)

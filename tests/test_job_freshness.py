@@ -155,4 +155,4 @@ def test_until_idle_reports_a_due_job_held_back_by_a_foreign_delayed_job(kb, kb_
     assert "holds lock index:1" in result.stdout
     assert _workspace(kb)["last_projected_revision"] == kb.head(1)  # projection was not held back
     status = run_cli(kb_env, "status").stdout
-    assert f"blocked:    job" in status and f"waits for job {foreign}" in status
+    assert "blocked:    job" in status and f"waits for job {foreign}" in status

@@ -13,7 +13,6 @@ from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockU
 from kb.knowledge_base import KnowledgeBase
 from kb.db.locks import locked_transaction
 from kb.paths import blob_id
-from kb.settings import Settings
 
 A, B, C = "/documents/a.md", "/documents/b.md", "/documents/c.md"
 

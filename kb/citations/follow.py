@@ -66,9 +66,9 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
                 equal_map[i1 + offset] = j1 + offset
     first, last = start - 1, end - 1
     mapped = [equal_map.get(i) for i in range(first, last + 1)]
-    if all(m is not None for m in mapped) and mapped[-1] - mapped[0] == last - first:
-        if new[mapped[0]:mapped[-1] + 1] == cited:
-            return LineMapping("unchanged", mapped[0] + 1, mapped[-1] + 1)
+    if (all(m is not None for m in mapped) and mapped[-1] - mapped[0] == last - first
+            and new[mapped[0]:mapped[-1] + 1] == cited):
+        return LineMapping("unchanged", mapped[0] + 1, mapped[-1] + 1)
     # The alignment split the cited range (repeated lines). Look for the exact block only between
     # the nearest aligned lines around it: where the cited lines must stand if they are intact.
     before = max((equal_map[i] for i in range(first) if i in equal_map), default=-1)

@@ -66,7 +66,7 @@ def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -
     Returns the merged bytes; overlapping hunks take ``theirs`` and are listed as lost hunks with
     ``path`` (the virtual path, for reporting). Never raises for any bytes.
     """
-    if ours == theirs or ours == base:
+    if ours in (theirs, base):
         return MergeOutcome(theirs, ())
     if theirs == base:
         return MergeOutcome(ours, ())
@@ -116,7 +116,7 @@ def _merge_line_by_line(path: str, base: list[bytes], ours: list[bytes], theirs:
             pending.clear()
 
     for i, (b, o, t) in enumerate(zip(base, ours, theirs)):
-        if o == b or o == t:
+        if o in (b, t):
             merged.append(t)
         elif t == b:
             merged.append(o)

@@ -293,7 +293,7 @@ def run_worker(
     ``report.blocked``. Without it, run until SIGINT/SIGTERM, finishing the jobs in hand first.
     Checks the embedder against the database first (DimensionMismatch is a startup error).
     """
-    kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
+    kb.embedder  # noqa: B018  (startup check: database vector dimension vs model dimension (SPEC §7))
     report = WorkerReport()
     try:
         asyncio.run(run_worker_async(kb, report, until_idle=until_idle, concurrency=concurrency,

@@ -357,7 +357,7 @@ class Draft:
             pairs = [(f, dst_path + f[len(src_path):]) for f in files]
         sources = {old for old, _ in pairs}
         self._check_new(dst_path, str(dst), names=self._current(dst_path) is None)
-        for old, new in pairs:
+        for _old, new in pairs:
             if new != dst_path and self._current(new) is None:
                 self._check_new(new, virtual_of(new), names=False)
         for old, new in pairs:

@@ -507,7 +507,7 @@ class E2ECase:
             return
         try:
             lines = document_lines(self.kb.read_as_of(self.ws, envelope.revision, envelope.path))
-        except Exception as exc:  # noqa: BLE001 - any failure to read it back is the finding
+        except Exception as exc:  # any failure to read it back is the finding
             self._fail(f"envelope {envelope.path} @ {envelope.revision[:12]} does not read back: {exc}")
             return
         for n, text in envelope.lines:
