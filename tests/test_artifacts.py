@@ -38,7 +38,7 @@ class SwitchableEmbedder(HashingEmbedder):
 
 
 def _row(kb, sql_name: str, **params):
-    from kb.db.sql import queries
+    from tests.named_queries import queries
 
     with database.connect(kb.database_url) as conn:
         return conn.execute(queries[sql_name], params).fetchall()
@@ -220,7 +220,7 @@ def test_revert_and_restore_bump_the_generation_and_sidecarless_rows_start_at_on
     with kb.transaction(1, "legacy", "seed") as tx:
         tx.write("/documents/Artifacts/Legacy.md", b"# legacy\n")
     kb.project(1)
-    from kb.db.sql import queries
+    from tests.named_queries import queries
 
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["test_set_document_type"], {"document_type": "ARTIFACT", "workspace_id": 1,

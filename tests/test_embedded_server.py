@@ -25,7 +25,7 @@ from psycopg import sql
 
 from kb.db.database import running_server, start_embedded, stop_embedded
 from kb.db.embedded_server import default_shared_buffers
-from kb.db.sql import queries
+from tests.named_queries import queries
 
 
 def accepts_tcp(port: int) -> bool:

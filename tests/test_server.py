@@ -18,7 +18,7 @@ from support.network import free_port
 from support.waiting import wait_until
 
 from kb.db import database
-from kb.db.sql import queries
+from tests.named_queries import queries
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 

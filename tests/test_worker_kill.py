@@ -14,7 +14,7 @@ from support.generated_documents import generated_corpus, named_rows, write_all
 from support.waiting import wait_until
 
 from kb.db import database
-from kb.db.sql import queries
+from tests.named_queries import queries
 
 TESTS = Path(__file__).resolve().parent
 

@@ -70,11 +70,3 @@ SELECT path, change, old_path, new_path, content_id
 FROM kb.path_changes
 WHERE workspace_id = %(workspace_id)s AND revision_id = %(revision_id)s
 ORDER BY path;
-
--- name: moves_since
--- Recorded moves after a sequence number, oldest first (projection keeps document ids, SPEC §6).
-SELECT seq, old_path, path AS new_path
-FROM kb.path_changes
-WHERE workspace_id = %(workspace_id)s AND change = 'moved' AND seq > %(after_seq)s
-      AND seq <= %(upto_seq)s
-ORDER BY seq, path;
