@@ -17,6 +17,7 @@ deleted passage is not "found" in an unrelated copy of the same text.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,7 +86,7 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
     return LineMapping("changed", lo + 1, hi + 1)
 
 
-def _new_position(opcodes: list[tuple[str, int, int, int, int]], i: int, at_end: bool = False) -> int:
+def _new_position(opcodes: Sequence[tuple[str, int, int, int, int]], i: int, at_end: bool = False) -> int:
     """0-based line of the new text standing where old line ``i`` stood. In an ``equal`` block the
     line itself; in a ``replace`` block its replacement's first (``at_end``: last) line; in a
     ``delete`` block the line after (``at_end``: before) the gap — so a range wholly deleted maps
@@ -112,7 +113,8 @@ def follow_history(cited_lines: list[str], versions: list[list[str] | None], sta
     if not 1 <= start <= end <= len(cited_lines):
         raise ValueError(f"lines {start}-{end} are outside a {len(cited_lines)}-line text")
     cited = cited_lines[start - 1:end]
-    current, status, lo, hi = cited_lines, "unchanged", start, end
+    current, lo, hi = cited_lines, start, end
+    status: Status = "unchanged"
     for version in versions:
         if version is None or version is current:
             continue

@@ -21,6 +21,7 @@ head moved for that path in between (``kb.store``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from merge3 import Merge3
 
@@ -87,7 +88,8 @@ def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -
         elif kind == "b":
             merged.extend(their_lines[region[1]:region[2]])
         else:
-            _, z_start, z_end, a_start, a_end, b_start, b_end = region
+            # a conflict region carries all three ranges (merge3 types regions as 3-tuples)
+            _, z_start, z_end, a_start, a_end, b_start, b_end = cast(tuple[str, int, int, int, int, int, int], region)
             if z_end - z_start == a_end - a_start == b_end - b_start:
                 _merge_line_by_line(path, base_lines[z_start:z_end], our_lines[a_start:a_end],
                                     their_lines[b_start:b_end], a_start, merged, lost)

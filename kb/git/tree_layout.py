@@ -21,7 +21,7 @@ import hashlib
 import stat
 import threading
 
-from dulwich.objects import FixedSha, Tree
+from dulwich.objects import FixedSha, ObjectID, Tree
 
 _DIR_MODE_PREFIXES = (b"4", b"04")
 BULK_CHANGES = 32
@@ -101,7 +101,7 @@ def apply_changes(base: Tree | None, layout: TreeLayout | None,
             i = bisect.bisect_left(keys, key)
             keys.insert(i, key)
             chunks.insert(i, entry_bytes(name, mode, hexsha))
-            entries[name] = (mode, hexsha)
+            entries[name] = (mode, ObjectID(hexsha))
     return _finish(entries, keys, chunks)
 
 

@@ -54,7 +54,7 @@ import numpy as np
 
 from kb.db import database
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
-from kb.index.chunking import Chunk, Chunker
+from kb.index.chunking import Chunk, Chunker, LazyChunker
 from kb.index.embedding import Embedder, check_vectors, vector_literal
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
@@ -149,7 +149,7 @@ class Indexer:
         settings: Settings,
         database_url: str,
         embedder: Embedder,
-        chunker: Chunker | None = None,
+        chunker: Chunker | LazyChunker | None = None,
         progress: Callable[[int, int, IndexReport], None] | None = None,
     ) -> None:
         self.settings = settings

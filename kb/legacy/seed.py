@@ -551,11 +551,11 @@ class Seeder:
             conn.execute(queries["create_adopt_staging"])
             with conn.cursor().copy(queries["copy_adopt_staging"]) as copy:
                 legacy_chunks = _stream(legacy, queries["legacy_chunks"], {"workspace": self.legacy_workspace})
-                for document_id, chunks in itertools.groupby(legacy_chunks, key=lambda c: c["document_id"]):
+                for document_id, of_document in itertools.groupby(legacy_chunks, key=lambda c: c["document_id"]):
                     row = todo.get(document_id)
                     if row is None:
                         continue
-                    chunks = list(chunks)  # one document's chunks at a time
+                    chunks = list(of_document)  # one document's chunks at a time
                     with_chunks.add(row["id"])
                     config = self._text_config("\n\n".join(c["content"] for c in chunks))
                     context = lexical_text(context_line(row["title"], ()))

@@ -134,7 +134,7 @@ class Draft:
     _overlay: dict[str, "bytes | BlobRef | None"] = field(default_factory=dict)
     _origin: dict[str, str | None] = field(default_factory=dict)
     _dirs: set[str] = field(default_factory=set)
-    _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    _sibling_keys: dict[str, _KeyOverlay] = field(default_factory=dict)
     _merge_requests: dict[str, MergeRequest] = field(default_factory=dict)
     _titles: dict[str, TitledDocument] = field(default_factory=dict)
     revision: "Revision | None" = None
@@ -178,7 +178,7 @@ class Draft:
             return False
         return bool(self._files_under(repo_path))
 
-    def _siblings(self, folder: str) -> dict[str, set[str]]:
+    def _siblings(self, folder: str) -> _KeyOverlay:
         """``{name_key: names}`` of the entries of ``folder`` at the base plus those this draft
         created (cached per folder; a name may since have been removed, callers check)."""
         keys = self._sibling_keys.get(folder)

@@ -23,8 +23,8 @@ from kb.errors import HistoryDiverged
 from kb.db.sql import queries
 
 if TYPE_CHECKING:  # annotations only: the revision dataclasses stay importable without psycopg/dulwich
-    import psycopg
 
+    from kb.db.database import Connection
     from kb.git.repository import Repository
 
 
@@ -68,7 +68,7 @@ class Revision:
     changes: tuple[PathChange, ...] = ()
 
 
-def record_revision(conn: psycopg.Connection, workspace_id: int, revision: Revision, commit_time: int) -> None:
+def record_revision(conn: Connection, workspace_id: int, revision: Revision, commit_time: int) -> None:
     """Insert the revision row, its path-change rows, and advance the workspace's recorded head.
 
     ``revision.changes`` carry repo paths; ``commit_time`` is seconds since the epoch. Runs in the
@@ -77,7 +77,7 @@ def record_revision(conn: psycopg.Connection, workspace_id: int, revision: Revis
     record_revisions(conn, workspace_id, [(revision, commit_time)])
 
 
-def record_revisions(conn: psycopg.Connection, workspace_id: int, revisions: list[tuple[Revision, int]]) -> None:
+def record_revisions(conn: Connection, workspace_id: int, revisions: list[tuple[Revision, int]]) -> None:
     """``record_revision`` for consecutive revisions ``[(revision, commit_time), …]`` (oldest
     first) in one statement; the recorded head becomes the last one. Nothing for an empty list."""
     if not revisions:
@@ -135,7 +135,7 @@ def _identity(raw: bytes) -> str:
     return text[:-3] if text.endswith(" <>") else text
 
 
-def record_missing(conn: psycopg.Connection, repo: Repository, workspace: dict) -> list[Revision]:
+def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[Revision]:
     """Record every revision between the workspace's recorded head and git HEAD (oldest first).
 
     ``workspace`` is the ``kb.workspaces`` row, read under the write lock. Returns the revisions
@@ -175,7 +175,7 @@ def _revision(row: dict, changes: tuple[PathChange, ...]) -> Revision:
                     row["committed_at"], changes)
 
 
-def read_history(conn: psycopg.Connection, workspace_id: int, path: str | None, limit: int) -> list[Revision]:
+def read_history(conn: Connection, workspace_id: int, path: str | None, limit: int) -> list[Revision]:
     """Revisions newest first from Postgres (SPEC §3). ``path`` is a repo path or None (all).
 
     With a path, each revision carries the one change of that path, and a ``moved`` row continues
@@ -190,7 +190,8 @@ def read_history(conn: psycopg.Connection, workspace_id: int, path: str | None, 
                                for p, k, o, n in zip(r["paths"], r["kinds"], r["old_paths"], r["new_paths"])))
             for r in rows
         ]
-    current, max_seq, result = path, 2**62, []
+    current, max_seq = path, 2**62
+    result: list[Revision] = []
     while current and len(result) < limit:
         rows = conn.execute(
             queries["path_history"], {**params, "path": current, "max_seq": max_seq, "limit": limit - len(result)}

@@ -31,14 +31,16 @@ import itertools
 import json
 import posixpath
 from dataclasses import dataclass, field
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from kb.errors import RevisionNotFound, WorkspaceNotFound
 from kb.db.locks import chunk_lock
 from kb.paths import unique_identifier_hash
 from kb.git.repository import Repository
 from kb.db.sql import queries
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 PROJECTION_LOCK_NAMESPACE = 7103
 KEEP = ".keep"
@@ -123,7 +125,7 @@ class _Projection:
     """One run of the projection inside one transaction (see the module docstring)."""
 
     def __init__(
-        self, conn: psycopg.Connection, repo: Repository, workspace_id: int, head: str,
+        self, conn: Connection, repo: Repository, workspace_id: int, head: str,
         paths: set[str] | None = None,
     ) -> None:
         """Load the document rows at ``paths`` (all of the workspace's when None) and every folder row."""
@@ -143,8 +145,8 @@ class _Projection:
     # -- 1. recorded moves ----------------------------------------------------------------
     def replay_moves(self, moves: list[dict]) -> None:
         """Apply recorded moves (``recorded_moves_since`` rows), one revision at a time."""
-        for _, group in itertools.groupby(moves, key=lambda m: m["seq"]):
-            group = list(group)
+        for _, rows in itertools.groupby(moves, key=lambda m: m["seq"]):
+            group = list(rows)
             pairs = [(_virtual(m["old_path"]), _virtual(m["new_path"])) for m in group]
             self._move_documents([(o, n) for o, n in pairs if o in self.rows and o != n])
             self._move_folders(pairs, self.repo.tree_id(group[0]["revision_id"]))
@@ -320,7 +322,7 @@ def event_payload(event: dict) -> str:
 
 
 def project(
-    conn: psycopg.Connection, repo: Repository, workspace: dict | int, *, force: bool = False
+    conn: Connection, repo: Repository, workspace: dict | int, *, force: bool = False
 ) -> ProjectionResult:
     """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction (SPEC §6).
 

@@ -668,7 +668,7 @@ class Turn:
                         )
             parent = None  # below a new folder nothing exists yet
 
-    def _base_sibling_keys(self, folder: str) -> dict[str, set[str]]:
+    def _base_sibling_keys(self, folder: str) -> _NamesByKey:
         """``{name_key: names}`` of the children of ``folder`` in the turn's base tree, cached per
         base (which never changes for a worktree): O(folder) once, then O(1) per write."""
         found = self.store.repository.folder_keys(self._base_tree, folder)

@@ -20,6 +20,7 @@ left as an entry (``kb.artifact_blob_purges``) that the periodic sweep retries.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import re
 import time
@@ -331,7 +332,7 @@ class Artifacts:
         self.purge()
         return revision
 
-    def purge(self) -> list[str]:
+    def purge(self) -> builtins.list[str]:
         """Remove blobs with a purge entry that no artifact references, under the write lock (so a
         concurrent save re-creates rather than loses a blob it needs). Returns the sha256s removed;
         a failure is logged, counted on its entry and left for the sweep to retry."""
@@ -340,7 +341,7 @@ class Artifacts:
             store.catch_up(conn)
             return self._purge_pending(conn)
 
-    def _purge_pending(self, conn) -> list[str]:
+    def _purge_pending(self, conn) -> builtins.list[str]:
         removed = []
         for entry in conn.execute(queries["pending_blob_purges"], {"workspace_id": self.workspace_id}).fetchall():
             params = {"workspace_id": self.workspace_id, "sha256": entry["sha256"]}
