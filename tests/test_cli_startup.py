@@ -22,10 +22,9 @@ from support.commands import run_cli
 
 from kb.adapters.cli.main import main
 from kb.db.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
+from kb.db.migrations import schema_is_current
 from kb.errors import MigrationError
 from kb.knowledge_base import KnowledgeBase
-from kb.db.migrations import schema_is_current
-
 
 # -- the embedded server's recorded check -------------------------------------------------------
 

@@ -8,10 +8,10 @@ import unicodedata
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from support.commands import git
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
 from kb.paths import StorePath, name_key
-from support.commands import git
 
 WS = 1
 HOSTILE = [

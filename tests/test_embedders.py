@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kb.index.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
 from kb.errors import EmbeddingError
+from kb.index.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
 
 
 class _Handler(BaseHTTPRequestHandler):

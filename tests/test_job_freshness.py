@@ -12,14 +12,13 @@ import asyncio
 
 import pytest
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.db import database
-
 from kb.jobs import tasks as jobs
-from kb.knowledge_base import KnowledgeBase
-from kb.db.sql import queries
-from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 from kb.jobs.sweep import defer_failed_retry
+from kb.knowledge_base import KnowledgeBase
+from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 
 
 def _jobs(kb: KnowledgeBase) -> list[dict]:

@@ -15,7 +15,6 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-
 from support.commands import git, run_cli
 from support.network import free_port
 

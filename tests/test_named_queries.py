@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from support.named_queries import UNSHIPPED_DIRS, load_unshipped_queries
+
 from kb.db.query_names import QueryName
 from kb.db.sql import load_queries, sql_root
-from tests.named_queries import UNSHIPPED_DIRS, load_unshipped_queries
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCESSORS = {"queries", "composable", "run_admin", "_rows", "_row"}

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import psycopg
 import pytest
-from support.commands import git, run_cli
-from support.legacy import all_pages, drop_legacy, english_pages, LegacyHashEmbedder, make_legacy
+from support.commands import git
+from support.legacy import LegacyHashEmbedder, all_pages, drop_legacy, english_pages, make_legacy
 
+from kb.db.sql import queries
 from kb.errors import LegacySourceError, SeedRefused
 from kb.paths import blob_id, name_key, safe_filename
-from kb.db.sql import queries
 
 
 @pytest.fixture(scope="module")

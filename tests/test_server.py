@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from support.commands import git, run_cli
+from support.named_queries import queries
 from support.network import free_port
 from support.waiting import wait_until
 
 from kb.db import database
-from tests.named_queries import queries
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 

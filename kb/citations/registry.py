@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from kb.errors import InvalidChat
 from kb.db.sql import queries
+from kb.errors import InvalidChat
 
 if TYPE_CHECKING:
     from kb.db.database import Connection

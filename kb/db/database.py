@@ -18,25 +18,29 @@ server connection ran it), and keeps session work — the worker's LISTEN — on
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
 import atexit
+import contextlib
 import os
 import re
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
-    EMBEDDED_DATABASE, embedded_bin_dir, forget_verified, parse_listen, running_server, start_embedded,
+    EMBEDDED_DATABASE,
+    embedded_bin_dir,
+    forget_verified,
+    parse_listen,
+    running_server,
+    start_embedded,
     stop_embedded,
 )
+from kb.db.sql import queries
 from kb.errors import DatabaseNotReady, DatabaseUnavailable, KbError, StatementCanceled, WorkspaceNotFound
 from kb.settings import Settings
-from kb.db.sql import queries
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -245,7 +249,7 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     return conn
 
 
-_pools: dict[str, "ConnectionPool"] = {}
+_pools: dict[str, ConnectionPool] = {}
 _pools_lock = threading.Lock()
 POOL_MIN_SIZE = 2
 """Connections a pool keeps open (it grows to POOL_MAX_SIZE while callers wait)."""
@@ -284,7 +288,7 @@ def _check_or_sweep(swept: list):
     return check
 
 
-def pool(url: str) -> "ConnectionPool":
+def pool(url: str) -> ConnectionPool:
     """The process-wide connection pool for ``url`` (created and opened on first use).
 
     Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
@@ -369,7 +373,7 @@ def close_pools() -> None:
 
 atexit.register(close_pools)
 
-_inherited: list["ConnectionPool"] = []
+_inherited: list[ConnectionPool] = []
 
 
 def _forget_pools_after_fork() -> None:

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, TypeVar
 import psycopg
 
 from kb.db import database
+from kb.db.sql import queries
 from kb.errors import LockTimeout, LockUnavailable
 from kb.settings import Settings
-from kb.db.sql import queries
 
 if TYPE_CHECKING:
     from kb.db.database import Connection

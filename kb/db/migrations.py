@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from kb.db.database import JOB_QUEUE_SCHEMA, configure_connection
-from kb.errors import MigrationError
 from kb.db.publication import PUBLICATION, PublicationStatus, ensure_publication
 from kb.db.sql import migrations_dir, queries, sql_root
+from kb.errors import MigrationError
 
 if TYPE_CHECKING:
     from kb.db.database import Connection

@@ -41,7 +41,7 @@ class TreeLayout:
         self.chunks = chunks
 
     @classmethod
-    def of(cls, tree: Tree) -> "TreeLayout | None":
+    def of(cls, tree: Tree) -> TreeLayout | None:
         """The layout of an existing tree, from its raw text (O(entries), once per tree).
         None when the text is not in git order (a malformed tree from elsewhere): the caller
         then lets dulwich re-serialize it, which sorts."""

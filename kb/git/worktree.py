@@ -38,9 +38,9 @@ from dulwich.index import Index, IndexEntry, index_entry_from_stat
 from dulwich.objects import ObjectID
 
 from kb.errors import InvalidTurn, StorageError, TurnBusy, UnsafeWorktreeEntry
-from kb.paths import check_path_length
 from kb.git.process_locks import path_lock
 from kb.git.repository import FILE_MODE, Repository
+from kb.paths import check_path_length
 
 MANIFEST = "kb-turn.json"
 LOCK = "kb-turn.lock"

@@ -82,7 +82,7 @@ RECORD_CACHE_SECONDS = 30.0
 dropped index makes the approximate statement an exact one, a new index is used a little later."""
 
 
-_database_keys: "weakref.WeakKeyDictionary[psycopg.Connection, str]" = weakref.WeakKeyDictionary()
+_database_keys: weakref.WeakKeyDictionary[psycopg.Connection, str] = weakref.WeakKeyDictionary()
 
 
 def _database_key(conn: psycopg.Connection) -> str:
@@ -127,7 +127,7 @@ def scan_settings(conn: psycopg.Connection, limit: int) -> None:
     conn.execute(queries["hnsw_scan_settings"], {"ef_search": str(ef_search(limit))})
 
 
-_session_ef_search: "weakref.WeakKeyDictionary[psycopg.Connection, int]" = weakref.WeakKeyDictionary()
+_session_ef_search: weakref.WeakKeyDictionary[psycopg.Connection, int] = weakref.WeakKeyDictionary()
 
 
 def session_scan_settings(conn: psycopg.Connection, limit: int) -> bool:

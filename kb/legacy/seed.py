@@ -39,14 +39,14 @@ import psycopg
 from psycopg.rows import dict_row
 
 from kb.db import database
-from kb.index.chunk_context import context_line
-from kb.errors import LegacySourceError, LockTimeout, SeedRefused
-from kb.index.languages import detect_language, lexical_text, text_config
 from kb.db.locks import chunk_lock, index_lock
-from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
-from kb.store.projection import PATH_KEYED_TYPES
 from kb.db.sql import queries
+from kb.errors import LegacySourceError, LockTimeout, SeedRefused
+from kb.index.chunk_context import context_line
+from kb.index.languages import detect_language, lexical_text, text_config
+from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
 from kb.store.knowledge_store import INDEX_TASK, defer_job
+from kb.store.projection import PATH_KEYED_TYPES
 
 if TYPE_CHECKING:
     from kb.store.stores import Stores
@@ -315,7 +315,7 @@ def _place(entry: SeedEntry, names: _Namespace, parent: tuple[str, ...], name: s
 class Seeder:
     """One seed of ``workspace_id`` from ``legacy_workspace`` at ``dsn`` (see the module docstring)."""
 
-    def __init__(self, stores: "Stores", dsn: str, legacy_workspace: int, workspace_id: int,
+    def __init__(self, stores: Stores, dsn: str, legacy_workspace: int, workspace_id: int,
                  progress: Callable[[str], None] | None = None) -> None:
         self.stores, self.dsn, self.legacy_workspace, self.workspace_id = stores, dsn, legacy_workspace, workspace_id
         self.progress = progress or (lambda message: None)
@@ -581,7 +581,7 @@ def _phase(report: SeedReport, name: str) -> Iterator[None]:
         report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - started
 
 
-def set_authority(stores: "Stores", workspace_id: int, *, flipped: bool) -> bool:
+def set_authority(stores: Stores, workspace_id: int, *, flipped: bool) -> bool:
     """Flip (kb becomes the authority) or unflip a seeded workspace (SPEC §10); True when changed.
 
     Raises SeedRefused when the workspace was never seeded, or (flip) its last seed failed parity.

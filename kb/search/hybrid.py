@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, TypeVar
 import psycopg
 from psycopg import sql
 
-from kb.index import vector_index
 from kb.citations.envelope import Envelope, document_lines, excerpt_lines
-from kb.index.embedding import Embedder, vector_literal
-from kb.errors import InvalidInput
-from kb.index.languages import language_share, lexical_text
-from kb.git.repository import Repository
 from kb.db.sql import composable
+from kb.errors import InvalidInput
+from kb.git.repository import Repository
+from kb.index import vector_index
+from kb.index.embedding import Embedder, vector_literal
+from kb.index.languages import language_share, lexical_text
 
 if TYPE_CHECKING:
     from kb.db.database import Connection

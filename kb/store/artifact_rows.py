@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kb.errors import ArtifactReadOnly
 from kb.db.locks import chunk_lock
+from kb.db.sql import queries
+from kb.errors import ArtifactReadOnly
 from kb.paths import unique_identifier_hash
 from kb.store.projection import EVENTS_CHANNEL, event_payload
-from kb.db.sql import queries
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -60,7 +60,7 @@ class Manifest:
         return TRAILER + json.dumps(body, ensure_ascii=True, separators=(",", ":"))
 
     @classmethod
-    def from_message(cls, message: str) -> "Manifest | None":
+    def from_message(cls, message: str) -> Manifest | None:
         """The manifest in a commit message, or None (not an artifact revision, or unreadable)."""
         for line in reversed(message.splitlines()):
             if line.startswith(TRAILER):

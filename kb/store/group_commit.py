@@ -41,13 +41,12 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from kb import errors
-
-from kb.store import artifact_rows
-from kb.store.draft import Draft
-from kb.errors import ArtifactReadOnly, KbError, LockTimeout
-from kb.store.history import PathChange, Revision
 from kb.db.locks import WRITE_LOCK_NAMESPACE, lock_statements
 from kb.db.sql import queries
+from kb.errors import ArtifactReadOnly, KbError, LockTimeout
+from kb.store import artifact_rows
+from kb.store.draft import Draft
+from kb.store.history import PathChange, Revision
 
 if TYPE_CHECKING:
     from kb.git.repository import Repository
@@ -75,7 +74,7 @@ class Intent:
     artifact_paths: frozenset[str]
     """Virtual paths among ``staged`` that are ARTIFACT documents (refused, SPEC §11)."""
 
-    def draft(self, repo: "Repository", base_tree: bytes | None) -> Draft:
+    def draft(self, repo: Repository, base_tree: bytes | None) -> Draft:
         """A Draft equal to the writer's (blobs already in the object store)."""
         return Draft.from_staged(repo, base_tree, self.staged, self.moves)
 
@@ -223,11 +222,11 @@ def withdraw(conn: psycopg.Connection, intent_id: int) -> bool:
 
 
 # -- the journal (crash between the ref update and Postgres' COMMIT) -------------------------
-def _journal(repo: "Repository") -> Path:
+def _journal(repo: Repository) -> Path:
     return repo.path / ".git" / JOURNAL
 
 
-def write_journal(repo: "Repository", revisions: dict[int, str]) -> None:
+def write_journal(repo: Repository, revisions: dict[int, str]) -> None:
     """Before the ref moves: ``{intent id: revision id}`` of the intents recorded for others. No
     fsync: it matters only to writers alive while the holder died, not across a machine crash."""
     if not revisions:
@@ -238,7 +237,7 @@ def write_journal(repo: "Repository", revisions: dict[int, str]) -> None:
         (folder / str(intent_id)).write_text(revision)
 
 
-def read_journal(repo: "Repository") -> dict[int, str]:
+def read_journal(repo: Repository) -> dict[int, str]:
     """``{intent id: revision id}`` left in the journal (empty almost always)."""
     try:
         names = os.listdir(_journal(repo))
@@ -253,7 +252,7 @@ def read_journal(repo: "Repository") -> dict[int, str]:
     return found
 
 
-def clear_journal(repo: "Repository", intent_ids) -> None:
+def clear_journal(repo: Repository, intent_ids) -> None:
     """Remove the journal files of ``intent_ids`` (missing ones are fine)."""
     folder = _journal(repo)
     for intent_id in intent_ids:
@@ -263,7 +262,7 @@ def clear_journal(repo: "Repository", intent_ids) -> None:
             pass
 
 
-def recorded_revision(conn: psycopg.Connection, repo: "Repository", workspace_id: int,
+def recorded_revision(conn: psycopg.Connection, repo: Repository, workspace_id: int,
                       revision_id: str) -> Revision | None:
     """The Revision (repo paths) Postgres records as ``revision_id``, or None when it has none."""
     row = conn.execute(queries["revision_exists"],

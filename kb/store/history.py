@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from kb.errors import HistoryDiverged
 from kb.db.sql import queries
+from kb.errors import HistoryDiverged
 
 if TYPE_CHECKING:  # annotations only: the revision dataclasses stay importable without psycopg/dulwich
 
@@ -45,7 +45,7 @@ class PathChange:
     old_path: str | None = None
     new_path: str | None = None
 
-    def virtual(self) -> "PathChange":
+    def virtual(self) -> PathChange:
         """The same change with repo paths turned into ``/documents/...`` paths."""
         def v(p: str | None) -> str | None:
             return None if p is None else (p if p.startswith("/") else "/" + p)
@@ -161,7 +161,7 @@ def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[
         revision = Revision(
             revision_id, seq, parent, _identity(commit.author), _identity(commit.committer),
             commit.message.decode("utf-8", errors="replace").rstrip("\n"),
-            datetime.fromtimestamp(commit.commit_time, timezone.utc),
+            datetime.fromtimestamp(commit.commit_time, UTC),
             tuple(changes_from_git(repo, revision_id)),
         )
         record_revision(conn, workspace["id"], revision, commit.commit_time)
@@ -210,7 +210,7 @@ MAX_MOVES_FOLLOWED = 1000
 """A bound on the move chain :func:`moved_to` walks (a cycle of moves cannot loop for ever)."""
 
 
-def moved_to(conn: psycopg.Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
+def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
     """Where the document at repo path ``path`` in ``since_revision`` was moved by the revisions
     recorded after it, following a chain of recorded moves (design §3); None when no recorded
     revision moved it (it was removed, or is still there). An unrecorded ``since_revision`` has no

@@ -29,29 +29,40 @@ from pathlib import Path
 
 import psycopg
 
-from kb.store import artifact_rows
-
 from kb.db import database
-
-from kb.store import group_commit
-from kb.store.draft import BlobRef, Draft, repo_path_of
-from kb.store.commit_checks import check_case_collisions
+from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
+from kb.db.sql import queries
 from kb.errors import (
-    CommitOutcomeUnknown, DatabaseUnavailable, DocumentNotFound, InvalidInput, KbError, LockTimeout,
-    PathExists, RevisionNotFound, StorageError, WorkspaceNotFound,
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    DocumentNotFound,
+    InvalidInput,
+    KbError,
+    LockTimeout,
+    PathExists,
+    RevisionNotFound,
+    StorageError,
+    WorkspaceNotFound,
 )
 from kb.faults import fault_point
+from kb.git.merge import MergedBlob, merge_staged
+from kb.git.repository import Repository
+from kb.paths import StorePath, check_workspace_id
+from kb.settings import Settings
+from kb.store import artifact_rows, group_commit
+from kb.store.commit_checks import check_case_collisions
+from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.history import (
-    PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
+    PathChange,
+    Revision,
+    changes_from_git,
+    read_history,
+    record_missing,
+    record_revision,
+    record_revisions,
 )
 from kb.store.history import moved_to as history_moved_to
 from kb.store.listing import Entry, list_tree, not_a_document
-from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
-from kb.git.merge import MergedBlob, merge_staged
-from kb.paths import StorePath, check_workspace_id
-from kb.git.repository import Repository
-from kb.settings import Settings
-from kb.db.sql import queries
 from kb.store.titles import record_titles, rename_taken
 
 __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
@@ -346,7 +357,7 @@ class KnowledgeStore:
         finally:
             self._settle(owed, draft)
 
-    def _settle(self, owed: "_OwedRefresh", draft: Draft) -> None:
+    def _settle(self, owed: _OwedRefresh, draft: Draft) -> None:
         """After a commit that took ``owed`` (the branch may have moved), whatever Postgres said:
         refresh the working tree for every path it changed — it follows HEAD, recorded or not —
         then release the hold ``kb fsck`` waits for."""
@@ -358,7 +369,7 @@ class KnowledgeStore:
             owed.release()
 
     def _commit_queued(self, draft: Draft, message: str | None, author: str, committer: str,
-                       owed: "_OwedRefresh") -> Revision | None:
+                       owed: _OwedRefresh) -> Revision | None:
         """``_commit_grouped`` itself; ``owed`` takes the refresh hold when this writer leads a
         group that moves the branch, settled by the caller."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
@@ -415,7 +426,7 @@ class KnowledgeStore:
 
     def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                       intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
-                      owed: "_OwedRefresh") -> tuple[object, list[int]]:
+                      owed: _OwedRefresh) -> tuple[object, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
         ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
@@ -495,7 +506,7 @@ class KnowledgeStore:
     def _build(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
                premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
                message: str | None, author: str, committer: str,
-               intent: "group_commit.Intent | None" = None) -> "_Built | None":
+               intent: group_commit.Intent | None = None) -> _Built | None:
         """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
         create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
         claimed ARTIFACT paths, else a query), the commit object and the draft's hooks. None when

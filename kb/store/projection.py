@@ -33,11 +33,11 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kb.errors import RevisionNotFound, WorkspaceNotFound
 from kb.db.locks import chunk_lock
-from kb.paths import unique_identifier_hash
-from kb.git.repository import Repository
 from kb.db.sql import queries
+from kb.errors import RevisionNotFound, WorkspaceNotFound
+from kb.git.repository import Repository
+from kb.paths import unique_identifier_hash
 
 if TYPE_CHECKING:
     from kb.db.database import Connection

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kb.db.sql import queries
 from kb.errors import InvalidInput
 from kb.paths import NameRegistry, name_key, safe_filename
-from kb.db.sql import queries
 
 if TYPE_CHECKING:
     from kb.db.database import Connection

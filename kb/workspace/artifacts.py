@@ -30,16 +30,21 @@ from datetime import datetime
 from pathlib import Path
 
 from kb.db import database
-from kb.store.artifact_rows import (
-    ACCESS_ARTIFACT, ArtifactFile, Manifest, announce_deleted, delete_rows, write_manifest,
-)
-from kb.workspace.blobstore import BlobStore, sha256_of
-from kb.errors import ArtifactNotFound, InvalidInput, PathExists, StaleGeneration
 from kb.db.locks import chunk_lock, locked_transaction
-from kb.paths import StorePath, name_key, safe_filename, unique_name
 from kb.db.sql import queries
+from kb.errors import ArtifactNotFound, InvalidInput, PathExists, StaleGeneration
+from kb.paths import StorePath, name_key, safe_filename, unique_name
+from kb.store.artifact_rows import (
+    ACCESS_ARTIFACT,
+    ArtifactFile,
+    Manifest,
+    announce_deleted,
+    delete_rows,
+    write_manifest,
+)
 from kb.store.history import Revision
 from kb.store.knowledge_store import KnowledgeStore
+from kb.workspace.blobstore import BlobStore, sha256_of
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +362,7 @@ class Artifacts:
             conn.execute(queries["finish_blob_purge"], params)
         return removed
 
-    def check(self, temp_file_age: float = 3600.0) -> "ArtifactCheck":
+    def check(self, temp_file_age: float = 3600.0) -> ArtifactCheck:
         """``kb fsck`` for artifacts, under the write lock: every file row's blob must exist and
         hash to its address (problems are reported, never "repaired" by guessing); pending purges
         run; orphan blobs (on disk, referenced by no row — e.g. a save killed before it recorded

@@ -26,12 +26,17 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from kb.db import database
+from kb.db.sql import queries
 from kb.errors import (
-    InvalidInput, PushFailed, RemoteDiverged, RemoteExists, RemoteNotFound, RemoteUnreachable,
+    InvalidInput,
+    PushFailed,
+    RemoteDiverged,
+    RemoteExists,
+    RemoteNotFound,
+    RemoteUnreachable,
 )
 from kb.faults import fault_point
 from kb.settings import Settings
-from kb.db.sql import queries
 from kb.store.knowledge_store import KnowledgeStore
 
 if TYPE_CHECKING:

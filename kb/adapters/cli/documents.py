@@ -15,7 +15,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 @click.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
 @workspace_option()

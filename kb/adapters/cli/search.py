@@ -10,7 +10,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 class _QueryCommand(click.Command):
     """A command taking a free-text query: an unknown option (a query starting with "-" read as
     options) gets the hint to put the query after "--"."""

@@ -5,7 +5,7 @@ evaluation in ``bin/sql/*.sql`` (some tests check those too); both use kb's ``--
 are parsed by :func:`kb.db.sql.parse_named_queries`. :data:`queries` here reads those and every
 query kb ships (``kb.db.sql.queries``), so a test helper can take either kind by name. A name
 defined twice, in these files or beside one of kb's, is an error. Used as
-``from tests.named_queries import queries``.
+``from support.named_queries import queries``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from kb.db.sql import load_queries, parse_named_queries
 from kb.errors import ConfigurationError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNSHIPPED_DIRS = (ROOT / "tests" / "sql", ROOT / "bin" / "sql")
 """Folders of named queries that stay out of the wheel."""
 
