@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
     # commands that need none of them (issue 15, SPEC §13).
-    from kb.index.chunking import Chunker
+    from kb.index.chunking import LazyChunker
     from kb.index.embedding import Embedder
     from kb.index.freshness import IndexFreshness
     from kb.index.indexer import IndexReport
@@ -224,7 +224,7 @@ class KnowledgeBase:
         return embedder
 
     @functools.cached_property
-    def chunker(self) -> Chunker:
+    def chunker(self) -> LazyChunker:
         """The chunker (chunk size in model tokens, SPEC §7)."""
         from kb.index.chunking import LazyChunker
 

@@ -20,6 +20,7 @@ head moved for that path in between (``kb.store``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -151,7 +152,7 @@ class MergedBlob:
     blob: str | None
 
 
-def merge_staged(repo, requests: dict[str, MergeRequest], staged: dict[str, str | None],
+def merge_staged(repo, requests: Mapping[str, MergeRequest], staged: dict[str, str | None],
                  head_tree: bytes | None, earlier: dict[str, MergedBlob] | None = None) -> dict[str, MergedBlob]:
     """Merge every requested path of ``staged`` (``{repo path: blob}``, the writer's blobs) with
     the documents in ``head_tree``; returns ``{repo path: MergedBlob}`` and writes merged blobs to

@@ -10,11 +10,13 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import click
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from kb.adapters.http.client import ServerClient
     from kb.knowledge_base import KnowledgeBase
     from kb.settings import Settings
@@ -62,7 +64,7 @@ def server() -> ServerClient | None:
     return ServerClient(url)
 
 
-def is_settings_error(exc: Exception) -> bool:
+def is_settings_error(exc: Exception) -> TypeGuard[ValidationError]:
     """True for pydantic's ValidationError, told without importing pydantic (a command answered
     by ``kb serve`` never loads it)."""
     pydantic = sys.modules.get("pydantic")
