@@ -47,11 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
 
-from kb.db.sql import queries
 from kb.errors import CommitOutcomeUnknown, KbError
 from kb.git.gitindex import order_problem
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
+from tests.support.named_queries import queries
 
 WS = 1
 WRITES = ("transaction", "move", "turn")
