@@ -181,20 +181,27 @@ class ArtifactReadOnly(KbError):
 
 # -- store under contention and crashes (issue 9, SPEC §3, §14) -------------------------------
 class CommitOutcomeUnknown(KbError):
-    """Postgres went away after the revision's ref may have moved: the write may have landed.
+    """Postgres went away while a write was being recorded and could not be asked since: the write
+    may have landed (design §3).
 
-    ``revision`` is the id that may now be HEAD; ``workspace_id`` the workspace. Check with
-    ``kb log`` / ``kb fsck`` (which records a revision git has and Postgres lacks) before retrying.
+    ``idempotency_key`` is the write's key and ``workspace_id`` its workspace: once Postgres is
+    back, ``KnowledgeBase.write_outcome(workspace_id, idempotency_key)`` (HTTP ``GET
+    /v1/workspaces/{ws}/writes/{key}``, CLI ``kb write-outcome KEY --workspace WS``) returns the
+    revision if it landed and None if it did not; retrying the write with the same key applies it
+    at most once. ``revision`` is the revision id that may have landed, when known.
     """
 
-    def __init__(self, workspace_id: int, revision: str, reason: str) -> None:
+    def __init__(self, workspace_id: int, idempotency_key: str, reason: str, revision: str | None = None) -> None:
         self.workspace_id = workspace_id
+        self.idempotency_key = idempotency_key
         self.revision = revision
+        maybe = f" as revision {revision}" if revision else ""
         super().__init__(
             f"workspace {workspace_id}: the outcome of this write is unknown: Postgres went away while "
-            f"recording revision {revision} ({reason}). It may have landed: run `kb fsck --workspace "
-            f"{workspace_id}` (records it if git has it), then `kb log --workspace {workspace_id}` shows "
-            f"whether {revision[:12]} is there, before retrying."
+            f"recording it{maybe} ({reason}) and could not be asked since. Once it is back, settle it with "
+            f"write_outcome({workspace_id}, {idempotency_key!r}) (`kb write-outcome {idempotency_key} "
+            f"--workspace {workspace_id}`): it gives the revision if the write landed, none if it did not; "
+            f"or retry the write with idempotency key {idempotency_key!r}, which applies it at most once."
         )
 
 

@@ -13,6 +13,9 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
   after that commit, outside the write lock, issue 9).
 
 With group commit (``kb.store.group_commit``) the holder reaches each point once for its whole group.
+
+``KB_FAULT_SIGNAL=INT`` sends SIGINT instead (Ctrl-C: KeyboardInterrupt at that point, for the
+interrupted-import tests); unset or ``KILL`` → SIGKILL.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ COMMIT_POINTS = ("objects_written", "ref_advanced", "before_pg_commit")
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL this process if ``KB_FAULT_POINT`` equals ``name``; otherwise return at once."""
+    """SIGKILL (or SIGINT, ``KB_FAULT_SIGNAL=INT``) this process if ``KB_FAULT_POINT`` equals
+    ``name``; otherwise return at once."""
     if os.environ.get("KB_FAULT_POINT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+        kind = os.environ.get("KB_FAULT_SIGNAL", "KILL").upper()
+        os.kill(os.getpid(), signal.SIGINT if kind == "INT" else signal.SIGKILL)

@@ -160,15 +160,23 @@ class KnowledgeBase:
     @contextlib.contextmanager
     def transaction(
         self, workspace_id: int, message: str | None = None, author: str | None = None,
-        committer: str | None = None,
+        committer: str | None = None, idempotency_key: str | None = None,
     ) -> Iterator[Draft]:
         """``with kb.transaction(1, "msg", "alice") as tx: tx.write(...)`` → ``tx.revision``.
 
         Operations apply in call order; one revision per clean exit, None when net-empty, nothing
-        on exception (SPEC §3).
+        on exception (SPEC §3). ``idempotency_key``: a retry with the key of a write that landed
+        records nothing and gets that write's revision (design §3); a failure of Postgres is
+        settled before the call answers (``KnowledgeStore.transaction``). Raises as that method.
         """
-        with self.workspace(workspace_id).transaction(message, author, committer) as draft:
+        with self.workspace(workspace_id).transaction(message, author, committer, idempotency_key) as draft:
             yield draft
+
+    def write_outcome(self, workspace_id: int, idempotency_key: str) -> Revision | None:
+        """The revision a write with ``idempotency_key`` recorded, or None when it recorded none
+        (design §3): the call that settles CommitOutcomeUnknown. Raises InvalidInput,
+        WorkspaceNotFound, HistoryDiverged, LockTimeout, DatabaseUnavailable."""
+        return self.store(workspace_id).write_outcome(idempotency_key)
 
     def head(self, workspace_id: int) -> str | None:
         """Newest revision id of a workspace (None when empty)."""
@@ -203,11 +211,12 @@ class KnowledgeBase:
 
     def import_folder(
         self, source: Path | str, workspace_id: int, *, prefix: str | None = None, prune: bool = False,
-        message: str | None = None, author: str | None = None,
+        message: str | None = None, author: str | None = None, idempotency_key: str | None = None,
     ) -> ImportReport:
-        """Import a folder of markdown as one revision (``kb import``)."""
+        """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
+        ``transaction`` (design §3)."""
         return self.workspace(workspace_id).import_folder(source, prefix=prefix, prune=prune, message=message,
-                                                          author=author)
+                                                          author=author, idempotency_key=idempotency_key)
 
     # -- derived index (SPEC §6, §7) -----------------------------------------------------
     @property
@@ -267,7 +276,8 @@ class KnowledgeBase:
     def search(self, workspace_id: int, query: str, k: int = 5) -> list[Envelope]:
         """Hybrid search → excerpt envelopes with true line numbers (SPEC §8).
 
-        Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100.
+        Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100,
+        HistoryDiverged when the workspace's repository is not its own or is behind Postgres.
         """
         from kb.search.hybrid import check_query
         from kb.search.hybrid import search as hybrid_search
@@ -277,6 +287,7 @@ class KnowledgeBase:
         repo = store.repository
         embedder = self.embedder
         with database.pooled_connection(self.database_url) as conn:
+            store.check_repository(conn)  # never answer from a repository behind Postgres (design §3)
             found = hybrid_search(conn, repo, embedder, workspace_id, query, k)
         if not found and not store.exists():
             # deleted (by another process) since this object opened it: its rows are gone, so the
@@ -295,12 +306,14 @@ class KnowledgeBase:
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8); ``.window(offset,
-        limit)`` cuts it. Raises InvalidPath, RevisionNotFound, IsAFolder, DocumentNotFound."""
+        limit)`` cuts it. Raises InvalidPath, RevisionNotFound, IsAFolder, DocumentNotFound,
+        HistoryDiverged (design §3)."""
         store = self.store(workspace_id)
         target = StorePath.parse(path)
         revision = store.repository.resolve(revision) if revision else store.head()
         data = store.read(target, revision)
         with database.connect(self.database_url) as conn:
+            store.check_repository(conn)  # never answer from a repository behind Postgres (design §3)
             row = conn.execute(
                 queries["document_by_path"], {"workspace_id": workspace_id, "path": target.virtual}
             ).fetchone()

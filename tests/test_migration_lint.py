@@ -17,6 +17,11 @@ lint_migrations = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = lint_migrations  # a dataclass looks its module up there
 _spec.loader.exec_module(lint_migrations)
 
+LAST = list(lint_migrations.read_checksums(ROOT / "migrations"))[-1]
+"""The last recorded migration; the new files below take the numbers after it."""
+NEXT = f"{int(LAST[:4]) + 1:04d}"
+AFTER_NEXT = f"{int(LAST[:4]) + 2:04d}"
+
 
 @pytest.fixture
 def migrations(tmp_path: Path) -> Path:
@@ -43,33 +48,33 @@ def test_every_migration_file_is_recorded_with_the_checksum_kb_applies_it_by():
 
 
 def test_a_new_well_formed_migration_is_recorded_and_then_passes(migrations: Path):
-    (migrations / "0020_add_chunk_language.sql").write_text("ALTER TABLE kb.chunks ADD COLUMN language text;\n")
-    assert _messages(migrations) == [f"0020_add_chunk_language.sql: {lint_migrations.UNRECORDED}"]
+    (migrations / f"{NEXT}_add_chunk_language.sql").write_text("ALTER TABLE kb.chunks ADD COLUMN language text;\n")
+    assert _messages(migrations) == [f"{NEXT}_add_chunk_language.sql: {lint_migrations.UNRECORDED}"]
     assert lint_migrations.main(["--dir", str(migrations), "--record"]) == 0
     assert _messages(migrations) == []
 
 
 def test_destructive_statement_passes_with_its_marker(migrations: Path):
-    (migrations / "0020_drop_legacy_table.sql").write_text(
+    (migrations / f"{NEXT}_drop_legacy_table.sql").write_text(
         "-- kb:destructive the table has been empty since 0011; nothing reads it\nDROP TABLE kb.legacy_rows;\n")
     lint_migrations.record(migrations)
     assert _messages(migrations) == []
 
 
 @pytest.mark.parametrize(("name", "sql", "expected"), [
-    ("0020_drop_documents.sql", "DROP TABLE kb.documents;", "DROP TABLE without a marker"),
-    ("0020_drop_title_column.sql", "ALTER TABLE kb.documents DROP COLUMN title;", "DROP COLUMN without a marker"),
-    ("0020_alter_position_type.sql", "ALTER TABLE kb.chunks ALTER COLUMN position TYPE bigint;",
+    (f"{NEXT}_drop_documents.sql", "DROP TABLE kb.documents;", "DROP TABLE without a marker"),
+    (f"{NEXT}_drop_title_column.sql", "ALTER TABLE kb.documents DROP COLUMN title;", "DROP COLUMN without a marker"),
+    (f"{NEXT}_alter_position_type.sql", "ALTER TABLE kb.chunks ALTER COLUMN position TYPE bigint;",
      "ALTER COLUMN … TYPE without a marker"),
-    ("0020_remove_stats.sql", "TRUNCATE kb.text_stats;", "TRUNCATE without a marker"),
-    ("0020_remove_jobs.sql", "-- empties the queue\nDELETE FROM procrastinate_jobs;", "DELETE without WHERE without a marker"),
-    ("0020_drop_schema.sql", "-- kb:destructive\nDROP SCHEMA kb CASCADE;", "DROP SCHEMA without a marker"),
-    ("0020_add_broken.sql", "CREATE TABLE kb.x (id int;", "does not parse as postgres SQL"),
-    ("0020_add_rule.sql", "CREATE RULE r AS ON INSERT TO kb.x DO INSTEAD NOTHING;", "sqlglot cannot parse"),
-    ("0021_add_chunk_language.sql", "SELECT 1;", "should be number 0020"),
-    ("0020_chunk_language.sql", "SELECT 1;", "should start with a verb"),
+    (f"{NEXT}_remove_stats.sql", "TRUNCATE kb.text_stats;", "TRUNCATE without a marker"),
+    (f"{NEXT}_remove_jobs.sql", "-- empties the queue\nDELETE FROM procrastinate_jobs;", "DELETE without WHERE without a marker"),
+    (f"{NEXT}_drop_schema.sql", "-- kb:destructive\nDROP SCHEMA kb CASCADE;", "DROP SCHEMA without a marker"),
+    (f"{NEXT}_add_broken.sql", "CREATE TABLE kb.x (id int;", "does not parse as postgres SQL"),
+    (f"{NEXT}_add_rule.sql", "CREATE RULE r AS ON INSERT TO kb.x DO INSTEAD NOTHING;", "sqlglot cannot parse"),
+    (f"{AFTER_NEXT}_add_chunk_language.sql", "SELECT 1;", f"should be number {NEXT}"),
+    (f"{NEXT}_chunk_language.sql", "SELECT 1;", "should start with a verb"),
     ("20_add_chunk_language.sql", "SELECT 1;", "not NNNN_verb_object.sql"),
-    ("0019_add_chunk_language.sql", "SELECT 1;", "number 0019 is already used by 0019_indexed_path.sql"),
+    (f"{LAST[:4]}_add_chunk_language.sql", "SELECT 1;", f"number {LAST[:4]} is already used by {LAST}"),
 ])
 def test_bad_new_migration_is_caught(migrations: Path, name: str, sql: str, expected: str):
     (migrations / name).write_text(sql + "\n")

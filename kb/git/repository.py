@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.object_store import DiskObjectStore, tree_lookup_path
@@ -268,6 +269,24 @@ class Repository(WorktreeRefresh):
         config.set((b"core",), b"hooksPath", b"/dev/null")
         config.write_to_path()
         return cls(repo)
+
+    # -- identity (design §3) -------------------------------------------------------------
+    def identity(self) -> str | None:
+        """The repository's identity (``kb.repositoryid`` in its git config, read afresh: the
+        folder may have been replaced since it was opened), or None when it has none yet."""
+        try:
+            config = ConfigFile.from_path(os.path.join(self._repo.controldir(), "config"))
+            value = config.get((b"kb",), b"repositoryid")
+        except (KeyError, FileNotFoundError):
+            return None
+        return value.decode("ascii", errors="replace").strip() or None
+
+    def set_identity(self, identity: str) -> None:
+        """Write ``identity`` as the repository's ``kb.repositoryid`` (git config)."""
+        path = os.path.join(self._repo.controldir(), "config")
+        config = ConfigFile.from_path(path)
+        config.set((b"kb",), b"repositoryid", identity.encode("ascii"))
+        config.write_to_path(path)
 
     # -- reads -----------------------------------------------------------------------------
     def head(self) -> str | None:
@@ -525,8 +544,21 @@ class Repository(WorktreeRefresh):
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
                 self._add_loose(obj)
-        else:
+            return
+        pack_dir = Path(store.pack_dir)
+        before = set(pack_dir.glob("tmp*.pack"))
+        try:
             store.add_objects([(obj, None) for obj in objects])
+        except BaseException as exc:
+            # Interrupted mid-pack (Ctrl-C): remove the temporary pack this call began (never
+            # completed: it has no .idx), and report the interrupt, not dulwich's BufferError
+            # ("cannot close exported pointers exist") from closing the half-written file.
+            for leftover in set(pack_dir.glob("tmp*.pack")) - before:
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+            if isinstance(exc, BufferError) and isinstance(exc.__context__, KeyboardInterrupt):
+                raise exc.__context__ from None
+            raise
 
     def _add_loose(self, obj) -> None:
         """Store ``obj`` as a loose object the way git itself does: written to a ``tmp_obj_*`` file
@@ -729,9 +761,12 @@ class Repository(WorktreeRefresh):
         self._seen(_KEYS_SEEN, folder, tree.id)
 
     def make_commit(
-        self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str
+        self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str,
+        headers: dict[bytes, bytes] | None = None,
     ) -> Commit:
-        """Write a commit object (hooks never run; SPEC §2.1) and return it (ref not moved)."""
+        """Write a commit object (hooks never run; SPEC §2.1) and return it (ref not moved).
+        ``headers``: extra commit headers (git keeps them; e.g. the write's idempotency key,
+        design §3)."""
         commit = Commit()
         commit.tree = tree_id
         commit.parents = [parent.encode()] if parent else []
@@ -742,6 +777,8 @@ class Repository(WorktreeRefresh):
         commit.author_timezone = commit.commit_timezone = 0
         commit.encoding = b"UTF-8"
         commit.message = (message.rstrip("\n") + "\n").encode()
+        for name, value in (headers or {}).items():
+            commit._extra.append((name, value))
         self._add_objects([commit])
         return commit
 
@@ -852,6 +889,11 @@ class Repository(WorktreeRefresh):
             p for p in (objects / "pack").glob("*.pack") if not p.with_suffix(".idx").exists()
         ]
         store.prune(grace_period=int(min_age))
+        now = time.time()
+        for path in candidates:  # dulwich's own tmp*.pack (mkstemp in objects/pack) is not pruned
+            with contextlib.suppress(OSError):
+                if path.exists() and now - path.stat().st_mtime > min_age:
+                    path.unlink()
         return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
 
     def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:

@@ -240,7 +240,7 @@ class Indexer:
     # -- pieces of a run -----------------------------------------------------------------------
     def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:
         with database.transaction(self.database_url) as conn:
-            return project(conn, repo, workspace_id, force=full).revision
+            return project(conn, repo, workspace_id, force=full, database_url=self.database_url).revision
 
     def _lagging_pass(self, conn, repo, workspace_id, head, report, *, start_run: bool, run=None) -> None:
         """Index the documents whose indexed content lags their projected content (not those this

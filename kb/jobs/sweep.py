@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kb.db import database
 from kb.db.locks import chunk_lock
 from kb.db.sql import queries
-from kb.errors import StorageError, WorkspaceNotFound
+from kb.errors import HistoryDiverged, StorageError, WorkspaceNotFound
 from kb.store.authors import default_author
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
 
@@ -44,6 +44,9 @@ class SweepReport:
     push_deferred: list[int] = field(default_factory=list)
     damaged: dict[int, str] = field(default_factory=dict)
     """Workspaces skipped because their repository cannot be read: id → the error's message."""
+    diverged: dict[int, str] = field(default_factory=dict)
+    """Workspaces skipped because their repository is not theirs or lacks a revision Postgres
+    recorded (HistoryDiverged, design §3): id → the reason. Nothing is deferred for them."""
 
 
 def retry_delay_seconds(attempts: int) -> float:
@@ -85,11 +88,16 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
             continue
         report.checked += 1
         try:
+            store.check_repository()  # never converge backwards (design §3)
             git_head = store.head()
             if git_head is None:
                 continue
             if git_head != row["head"] and record_missing_revisions(store):
                 report.recorded.append(ws)
+        except HistoryDiverged as exc:  # skipped with the reason; the others go on
+            log.error("sweep: workspace %s skipped: %s", ws, exc)
+            report.diverged[ws] = str(exc)
+            continue
         except (StorageError, WorkspaceNotFound) as exc:  # one damaged (or vanishing) repository
             # must not stop the sweep of the others
             log.warning("sweep: workspace %s skipped: %s", ws, exc)

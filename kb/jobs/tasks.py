@@ -202,7 +202,7 @@ def sweep(context: procrastinate.JobContext, timestamp: int) -> dict:
     report = run_sweep(kb.stores, lambda: kb.embedder)
     return {"checked": report.checked, "projection": report.projection_deferred,
             "index": report.index_deferred, "retry": report.retry_deferred,
-            "damaged": sorted(report.damaged)}
+            "damaged": sorted(report.damaged), "diverged": sorted(report.diverged)}
 
 
 @app.task(name="kb.retry_stalled_jobs", queue="maintenance", pass_context=True)

@@ -140,6 +140,11 @@ class Draft:
     revision: Revision | None = None
     pending: str | None = None
     """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
+    idempotency_key: str | None = None
+    """The write's idempotency key (design §3, ``kb.store.write_keys``): set by the store's
+    transaction, the caller's or a generated one."""
+    submitted: bool = False
+    """True once the commit may have reached Postgres or git (queued, or the lock asked for)."""
     merges: dict[str, MergeOutcome] = field(default_factory=dict)
     """After commit: ``{virtual path: MergeOutcome}`` for each :meth:`write_merged` path that
     head had changed meanwhile (three-way merged, SPEC §5)."""

@@ -74,6 +74,8 @@ class Intent:
     committer: str
     artifact_paths: frozenset[str]
     """Virtual paths among ``staged`` that are ARTIFACT documents (refused, SPEC §11)."""
+    key: str | None = None
+    """The write's idempotency key (design §3, ``kb.store.write_keys``)."""
 
     def draft(self, repo: Repository, base_tree: bytes | None) -> Draft:
         """A Draft equal to the writer's (blobs already in the object store)."""
@@ -89,13 +91,13 @@ def groupable(draft: Draft) -> bool:
 
 
 def enqueue(conn: Connection, workspace_id: int, draft: Draft, staged: dict[str, str | None],
-            message: str | None, author: str, committer: str) -> tuple[int, bool]:
+            message: str | None, author: str, committer: str, key: str | None = None) -> tuple[int, bool]:
     """Queue ``draft`` (its blobs ``staged``) as an intent, committed at once; returns ``(intent
-    id, ahead)``, ``ahead`` True when another live writer's intent was already waiting. Call
-    outside any transaction on ``conn``; the intent lives as long as its session. Raises
-    psycopg.Error."""
+    id, ahead)``, ``ahead`` True when another live writer's intent was already waiting. ``key``:
+    the write's idempotency key (design §3). Call outside any transaction on ``conn``; the intent
+    lives as long as its session. Raises psycopg.Error."""
     payload = {"staged": staged, "moves": draft.moves(), "message": message, "author": author,
-               "committer": committer}
+               "committer": committer, "key": key}
     conn.autocommit = True  # one round trip: the INSERT is its own transaction
     try:
         row = conn.execute(queries["enqueue_write_intent"], {
@@ -144,7 +146,7 @@ def intent_of(row: dict) -> Intent:
     """The Intent of a claimed row."""
     payload = row["payload"]
     return Intent(row["id"], payload["staged"], payload["moves"], payload["message"], payload["author"],
-                  payload["committer"], frozenset(row["artifact_paths"] or ()))
+                  payload["committer"], frozenset(row["artifact_paths"] or ()), payload.get("key"))
 
 
 def refuse_artifacts(intent: Intent, effective: dict[str, str | None]) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kb.db.sql import queries
 from kb.errors import HistoryDiverged
+from kb.store import write_keys
 
 if TYPE_CHECKING:  # annotations only: the revision dataclasses stay importable without psycopg/dulwich
 
@@ -154,9 +155,11 @@ def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[
             f"rebuilt, delete the rows (DELETE FROM kb.workspaces WHERE id = {workspace['id']}) and run "
             f"`kb fsck --workspace {workspace['id']}` to record git's history again."
         )
-    seq, parent, recorded_revisions = workspace["revision_count"], recorded, []
+    seq, parent, recorded_revisions, keys = workspace["revision_count"], recorded, [], []
     for revision_id in chain:
         commit = repo.commit(revision_id)
+        if (key := write_keys.key_of_commit(commit)) is not None:
+            keys.append((key, revision_id))  # design §3: the key travels in the commit object
         seq += 1
         revision = Revision(
             revision_id, seq, parent, _identity(commit.author), _identity(commit.committer),
@@ -167,6 +170,7 @@ def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[
         record_revision(conn, workspace["id"], revision, commit.commit_time)
         recorded_revisions.append(revision)
         parent = revision_id
+    write_keys.record(conn, workspace["id"], keys)
     return recorded_revisions
 
 

@@ -192,11 +192,15 @@ def import_folder(
     prune: bool = False,
     message: str | None = None,
     author: str = "kb-import",
+    idempotency_key: str | None = None,
 ) -> ImportReport:
     """Import ``source`` into the store's workspace as one revision (created if needed).
 
-    Raises ImportSourceError when ``source`` is not a readable directory; LockTimeout etc. from
-    the commit. Nothing is written on error.
+    ``idempotency_key``: the write's key (design §3): an interrupted import is settled with
+    ``KnowledgeStore.write_outcome(key)``, and a retry with the key records it at most once.
+    Raises ImportSourceError when ``source`` is not a readable directory; HistoryDiverged when
+    Postgres records revisions for the workspace but its repository is missing; LockTimeout etc.
+    from the commit. Nothing is written on error.
     """
     source = Path(source).expanduser()
     if not source.exists():
@@ -221,7 +225,7 @@ def import_folder(
     existing = store.list_paths() if store.head() else {}
     root = "/" + "/".join(("documents", *prefix_parts))
     text = message or f"import {len(relative)} documents from {source.name}"
-    with store.transaction(text, author) as draft:
+    with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
         for parts, repo_path in planned.items():
             try:
                 data = source.joinpath(*parts).read_bytes()

@@ -37,9 +37,11 @@ from kb.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
     DocumentNotFound,
+    HistoryDiverged,
     InvalidInput,
     KbError,
     LockTimeout,
+    LockUnavailable,
     PathExists,
     RevisionNotFound,
     StorageError,
@@ -50,7 +52,7 @@ from kb.git.merge import MergedBlob, merge_staged
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
 from kb.settings import Settings
-from kb.store import artifact_rows, group_commit
+from kb.store import artifact_rows, group_commit, repository_guard, write_keys
 from kb.store.commit_checks import check_case_collisions
 from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.history import (
@@ -172,12 +174,33 @@ class KnowledgeStore:
         return (self.path / ".git").is_dir()
 
     def create(self) -> bool:
-        """Create the repository and the workspace row if missing; True when newly created."""
+        """Create the repository and the workspace row if missing; True when newly created. A new
+        repository gets a random identity (git config ``kb.repositoryid``) that the row records
+        (``kb.store.repository_guard``, design §3).
+
+        Raises HistoryDiverged — and creates nothing — when Postgres records revisions for the
+        workspace but its repository is missing (an empty repository would then be projected as
+        the workspace, deleting every document row): restore the repository, or delete the
+        workspace to start over."""
         with database.transaction(self.database_url) as conn:
-            row = conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id}).fetchone()
-        created = row is not None or not self.exists()
+            inserted = conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+        existed = self.exists()
+        if not existed and row["head_revision"] is not None:
+            raise HistoryDiverged(
+                f"workspace {self.workspace_id}: Postgres records {row['revision_count']} revisions (head "
+                f"{row['head_revision']}) but its repository {self.path} is missing; nothing was created. "
+                f"Restore that folder from a backup (then retry), or delete the workspace to start over "
+                f"(`kb workspace delete {self.workspace_id}`, which also deletes its document rows)."
+            )
         self._repository = Repository.create(self.path)
-        return created
+        if not existed:
+            identity = self._repository.identity() or repository_guard.new_identity()
+            self._repository.set_identity(identity)
+            with database.transaction(self.database_url) as conn:
+                conn.execute(queries["record_repository_identity"],
+                             {"workspace_id": self.workspace_id, "repository_id": identity})
+        return inserted is not None or not existed
 
     # -- reads (no lock) -----------------------------------------------------------------
     def head(self) -> str | None:
@@ -255,22 +278,80 @@ class KnowledgeStore:
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self, message: str | None, author: str, committer: str | None = None) -> Iterator[Draft]:
+    def transaction(self, message: str | None, author: str, committer: str | None = None,
+                    idempotency_key: str | None = None) -> Iterator[Draft]:
         """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
         if the net change is empty. An exception records nothing (SPEC §3).
 
-        Raises InvalidInput (NUL in the message, a NUL or line break in author/committer) before
-        anything is written, WorkspaceNotFound, LockTimeout, LockUnavailable, DatabaseUnavailable,
-        PathExists.
+        ``idempotency_key`` (design §3, ``kb.store.write_keys``): when a revision was already
+        recorded with this key, nothing is recorded and ``draft.revision`` is that revision, so a
+        retry after any failure applies the change at most once; None generates a key
+        (``draft.idempotency_key``). When Postgres or the connection fails after the write was
+        submitted, the writer settles its own write before answering: a write that landed returns
+        normally with its revision, one that did not raises DatabaseUnavailable / StorageError /
+        LockUnavailable saying nothing was recorded, and when Postgres cannot be asked,
+        CommitOutcomeUnknown names the key and the call that settles it.
+
+        Raises InvalidInput (NUL in the message, a NUL or line break in author/committer, a bad
+        key) before anything is written, WorkspaceNotFound, LockTimeout, LockUnavailable,
+        DatabaseUnavailable, CommitOutcomeUnknown, PathExists.
         """
         check_commit_text(message, author, committer)
+        key = write_keys.new_key() if idempotency_key is None else write_keys.check_key(idempotency_key)
         repo = self.repository
         draft = Draft(repo, repo.tree_id(repo.head()))
+        draft.idempotency_key = key
         yield draft
         try:
             draft.revision = self.commit_draft(draft, message, author, committer or author)
-        except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
-            raise write_failure(self.workspace_id, draft.pending, exc) from exc
+        except (psycopg.Error, OSError, DatabaseUnavailable, LockUnavailable) as exc:
+            draft.revision = self._settle_outcome(draft, exc)
+
+    def _settle_outcome(self, draft: Draft, failure: BaseException) -> Revision | None:
+        """After ``failure`` (Postgres, the connection or the file system) in a commit: the truth
+        about the write (design §3). Returns its Revision when it landed (a group-commit leader
+        recorded it, or git has it and Postgres now records it); raises DatabaseUnavailable /
+        StorageError / LockUnavailable ("nothing was recorded") when it did not, and
+        CommitOutcomeUnknown when Postgres cannot be asked (a few tries over about a second)."""
+        if not draft.submitted:  # nothing reached Postgres or git
+            raise write_failure(self.workspace_id, failure) from failure
+        reason = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
+        for attempt in range(SETTLE_ATTEMPTS):
+            try:
+                revision = self.write_outcome(draft.idempotency_key)
+                break
+            except (WorkspaceNotFound, HistoryDiverged):
+                raise
+            except (KbError, psycopg.Error, OSError) as exc:
+                if attempt + 1 == SETTLE_ATTEMPTS:
+                    raise CommitOutcomeUnknown(self.workspace_id, draft.idempotency_key, reason,
+                                               draft.pending) from exc
+                time.sleep(SETTLE_PAUSE * (attempt + 1))
+        if revision is None:
+            raise write_failure(self.workspace_id, failure) from failure
+        self._refresh_worktree(revision.id, _worktree_changes(
+            [PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]), draft)
+        return revision
+
+    def write_outcome(self, idempotency_key: str) -> Revision | None:
+        """Settle a write by its idempotency key (design §3): the Revision (virtual paths) recorded
+        with ``idempotency_key``, or None when none was, and none will be unless its writer is still
+        running. Under the write lock: first records any revision git has and Postgres lacks (a
+        writer that died after its ref moved), then withdraws any queued intent of that key that
+        no holder recorded, then looks the key up.
+
+        Raises InvalidInput (a bad key), WorkspaceNotFound, HistoryDiverged, LockTimeout,
+        LockUnavailable, DatabaseUnavailable.
+        """
+        key = write_keys.check_key(idempotency_key)
+        repo = self.repository
+        with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
+            self._catch_up(conn, self._workspace_row(conn))
+            write_keys.withdraw_intents(conn, self.workspace_id, key)
+            revision_id = write_keys.recorded(conn, self.workspace_id, [key]).get(key)
+            recorded = None if revision_id is None else group_commit.recorded_revision(
+                conn, repo, self.workspace_id, revision_id)
+        return None if recorded is None else _virtual(recorded)
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
@@ -322,6 +403,8 @@ class KnowledgeStore:
         """
         if draft.is_empty():
             return None
+        if draft.idempotency_key is None:
+            draft.idempotency_key = write_keys.new_key()
         if group_commit.groupable(draft):
             return self._commit_grouped(draft, message, author, committer)
         return self._commit_alone(draft, message, author, committer)
@@ -337,18 +420,23 @@ class KnowledgeStore:
                 repo.clear_stale_locks()
                 if self._catch_up(conn, workspace):
                     workspace = self._workspace_row(conn)
+                key = draft.idempotency_key
+                if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
+                    return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
                 head = repo.head()
                 built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
-                                    workspace["revision_count"] + 1, message, author, committer)
+                                    workspace["revision_count"] + 1, message, author, committer, key=key)
                 if built is None:
                     return None
                 fault_point("objects_written")
                 with conn.pipeline():  # one round trip for the revision's rows and jobs
                     record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                    write_keys.record(conn, self.workspace_id, [(key, built.revision.id)])
                     record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
                     defer_convergence(conn, self.workspace_id)
                 owed.take(repo, built.effective)  # fsck waits for this refresh (design §2.1)
                 draft.pending = built.revision.id
+                draft.submitted = True  # from here on the revision may land (git first, design §3)
                 self._advance(head, built.revision.id)
         finally:
             self._settle(owed, draft)
@@ -388,7 +476,9 @@ class KnowledgeStore:
         try:
             with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
                 staged = self._stage_merged(draft)[0]
-                intent_id, ahead = group_commit.enqueue(conn, ws, draft, staged, message, author, committer)
+                draft.submitted = True  # once queued, a holder may record it
+                intent_id, ahead = group_commit.enqueue(conn, ws, draft, staged, message, author, committer,
+                                                        draft.idempotency_key)
                 if ahead:
                     self._contended = time.monotonic()
                     if waits:  # a holder is at work: wait for it, it may record this draft
@@ -410,12 +500,13 @@ class KnowledgeStore:
         except LockTimeout:
             if intent_id is None:
                 raise
-            outcome = self._withdraw(intent_id)
+            outcome = self._withdraw(intent_id, draft.idempotency_key)
             if outcome is None:
                 raise
         except BaseException:
-            if intent_id is not None:
-                self._withdraw_quietly(intent_id)
+            if intent_id is not None and self._withdraw_quietly(intent_id) and draft.pending is None \
+                    and intent_id not in group_commit.read_journal(repo):
+                draft.submitted = False  # withdrawn before any holder recorded it: nothing landed
             raise
         group_commit.clear_journal(repo, journal)  # only once Postgres has committed (SPEC §3)
         if outcome is not None:
@@ -426,9 +517,8 @@ class KnowledgeStore:
             return revision
         if isinstance(own, KbError):
             raise own
-        if isinstance(own, Revision):  # recorded by an earlier holder that died before Postgres committed
-            return Revision(own.id, own.seq, own.parent_id, own.author, own.committer, own.message, None,
-                            tuple(c.virtual() for c in own.changes))
+        if isinstance(own, Revision):  # recorded earlier: by a holder that died, or with the same key
+            return _virtual(own)
         if own is None:
             return None
         return own.result()
@@ -453,11 +543,21 @@ class KnowledgeStore:
             pending.append({"id": intent_id, "payload": None, "outcome": None, "artifact_paths": None})
         journal = group_commit.read_journal(repo)
         results: dict[int, Revision | _Built | KbError | None] = {}
+        key_of = {intent_id: draft.idempotency_key}
+        by_key: dict[str, Revision] = {}  # design §3: a key recorded earlier or in this group
         head0 = head = repo.head()
         head_tree, seq, built = repo.tree_id(head), workspace["revision_count"], []
         batch, rounds = pending, 0
         while batch:
+            key_of.update({r["id"]: (r["payload"] or {}).get("key") for r in batch if r["id"] != intent_id})
+            known = write_keys.recorded(conn, ws, [k for k in (key_of.get(r["id"]) for r in batch)
+                                                   if k is not None and k not in by_key])
+            for key, revision_id in known.items():
+                by_key[key] = group_commit.recorded_revision(conn, repo, ws, revision_id)
             for r in batch:
+                if by_key.get(key_of.get(r["id"])) is not None:  # a retry of a recorded write
+                    results[r["id"]] = by_key[key_of[r["id"]]]
+                    continue
                 landed = journal.get(r["id"])  # a holder that died after the ref moved recorded it (SPEC §3)
                 recorded = None if landed is None else group_commit.recorded_revision(conn, repo, ws, landed)
                 if recorded is not None:
@@ -472,13 +572,16 @@ class KnowledgeStore:
                     each, words = intent.draft(repo, head_tree), (intent.message, intent.author, intent.committer)
                 try:
                     result = self._build(conn, each, intent.staged, {}, head, head_tree, seq + 1, *words,
-                                         intent=intent if r["artifact_paths"] is not None else None)
+                                         intent=intent if r["artifact_paths"] is not None else None,
+                                         key=key_of.get(r["id"]))
                 except KbError as exc:  # this draft alone is refused; the group goes on
                     results[r["id"]] = exc
                     continue
                 results[r["id"]] = result
                 if result is not None:
                     built.append((r["id"], result))
+                    if key_of.get(r["id"]) is not None:
+                        by_key[key_of[r["id"]]] = result.revision
                     head, head_tree, seq = result.revision.id, result.commit.tree, seq + 1
             rounds += 1
             if len(results) > 1 or any(r["id"] != intent_id for r in batch):
@@ -497,6 +600,8 @@ class KnowledgeStore:
                     for i, res in results.items() if i != intent_id}
         with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
             record_revisions(conn, ws, [(b.revision, b.commit.commit_time) for _, b in built])
+            write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built
+                                         if key_of.get(i) is not None])
             if built:
                 defer_convergence(conn, ws)
             group_commit.settle(conn, outcomes)
@@ -515,10 +620,10 @@ class KnowledgeStore:
     def _build(self, conn: Connection, draft: Draft, staged: dict[str, str | None],
                premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
                message: str | None, author: str, committer: str,
-               intent: group_commit.Intent | None = None) -> _Built | None:
+               intent: group_commit.Intent | None = None, key: str | None = None) -> _Built | None:
         """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
         create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
-        claimed ARTIFACT paths, else a query), the commit object and the draft's hooks. None when
+        claimed ARTIFACT paths, else a query), the commit object (carrying the idempotency ``key``, design §3) and the draft's hooks. None when
         the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded)."""
         repo = self.repository
         staged = self._merge_with_head(draft, staged, head_tree, premerged)
@@ -558,7 +663,8 @@ class KnowledgeStore:
                 )
         ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
         text = message or summarize(list(ordered))
-        commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer)
+        commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer,
+                                  None if key is None else {write_keys.COMMIT_HEADER: key.encode()})
         if intent is None:
             artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
         for hook in draft.on_record:  # e.g. the artifact layer's generation check (SPEC §11)
@@ -594,7 +700,7 @@ class KnowledgeStore:
             log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
                         self.workspace_id, revision_id, exc)
 
-    def _withdraw(self, intent_id: int) -> dict | None:
+    def _withdraw(self, intent_id: int, key: str) -> dict | None:
         """After LockTimeout: withdraw the queued intent (returns None: the caller re-raises),
         unless a holder recorded it meanwhile (its outcome is returned) or claimed it and died
         (raises CommitOutcomeUnknown with the revision that may have landed)."""
@@ -606,18 +712,19 @@ class KnowledgeStore:
         landed = group_commit.read_journal(self.repository).get(intent_id)
         if landed is not None:
             group_commit.clear_journal(self.repository, [intent_id])
-            raise CommitOutcomeUnknown(self.workspace_id, landed, "the writer recording it with others died")
+            raise CommitOutcomeUnknown(self.workspace_id, key, "the writer recording it with others died", landed)
         return None
 
-    def _withdraw_quietly(self, intent_id: int) -> None:
+    def _withdraw_quietly(self, intent_id: int) -> bool:
         """Best effort, on the way out of a failed commit: withdraw the queued intent so that no
-        later holder records a write its caller was told failed."""
+        later holder records it. True when it was withdrawn unrecorded (no holder recorded it)."""
         try:
             with database.pooled_transaction(self.database_url) as conn:
-                group_commit.withdraw(conn, intent_id)
+                return group_commit.withdraw(conn, intent_id)
         except (KbError, psycopg.Error, OSError):
-            log.warning("workspace %s: could not withdraw queued write %s; a later writer may record it",
+            log.warning("workspace %s: could not withdraw queued write %s; its outcome is settled next",
                         self.workspace_id, intent_id)
+            return False
 
     def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None],
                     at_head: dict[str, tuple[str, str] | None]) -> None:
@@ -666,6 +773,7 @@ class KnowledgeStore:
         updates the workspace row, and the artifact rows it completes — or the rest of the
         transaction — may then lock document rows, which a projection may hold while it waits for
         the workspace row."""
+        repository_guard.check(conn, self.database_url, self.repository, workspace)  # design §3
         if self.repository.head() != workspace["head_revision"]:
             chunk_lock(conn, self.workspace_id)
         missing = record_missing(conn, self.repository, workspace)
@@ -684,6 +792,19 @@ class KnowledgeStore:
                      tuple(c.virtual() for c in r.changes))
             for r in missing
         ]
+
+    def check_repository(self, conn: Connection | None = None) -> None:
+        """Check that the workspace's repository is its own and holds every revision Postgres
+        recorded (``kb.store.repository_guard``, design §3); a repository created before
+        identities existed adopts one. Nothing when Postgres has no row for it. ``conn``: a
+        connection to read the row on (readers pass theirs), else one of its own. Raises
+        HistoryDiverged (the workspace is marked), WorkspaceNotFound."""
+        repo = self.repository
+        with (contextlib.nullcontext(conn) if conn is not None
+              else database.transaction(self.database_url)) as conn:
+            row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+            if row is not None:
+                repository_guard.check(conn, self.database_url, repo, row)
 
     def catch_up(self, conn: Connection) -> list[Revision]:
         """Under the write lock (``conn`` from ``kb.db.locks.locked_transaction``): record the
@@ -765,6 +886,16 @@ class KnowledgeStore:
         return draft.revision
 
 
+SETTLE_ATTEMPTS = 4
+"""How many times a writer whose commit failed asks Postgres for its write's outcome."""
+SETTLE_PAUSE = 0.15
+"""Seconds before the second try of settling (growing by as much each try)."""
+
+
+def _virtual(revision: Revision) -> Revision:
+    """``revision`` (repo paths) as callers see it (virtual paths, no commit time)."""
+    return Revision(revision.id, revision.seq, revision.parent_id, revision.author, revision.committer,
+                    revision.message, None, tuple(c.virtual() for c in revision.changes))
 class _OwedRefresh:
     """The working-tree refresh a writer owes once its ref update may have moved the branch: the
     hold ``kb fsck`` waits for (``Repository.refresh_pending``) and the paths to refresh."""
@@ -801,14 +932,15 @@ class _Built:
                         tuple(c.virtual() for c in r.changes))
 
 
-def write_failure(workspace_id: int, pending: str | None, exc: BaseException) -> KbError:
-    """The KbError for a Postgres or file-system failure during a commit (SPEC §3, §14): when the
-    branch may have moved (``pending`` set), CommitOutcomeUnknown naming that revision; otherwise
-    WorkspaceNotFound when the workspace was deleted meanwhile (``database.deleted_workspace``),
-    else DatabaseUnavailable / StorageError saying nothing was recorded."""
+def write_failure(workspace_id: int, exc: BaseException) -> KbError:
+    """The KbError for a Postgres or file-system failure of a commit known to have recorded nothing
+    (SPEC §3, §14; ``KnowledgeStore._settle_outcome`` made sure): WorkspaceNotFound when the workspace was
+    deleted meanwhile (``database.deleted_workspace``), else StorageError / LockUnavailable /
+    DatabaseUnavailable saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if pending is not None:
-        return CommitOutcomeUnknown(workspace_id, pending, reason)
+    if isinstance(exc, LockUnavailable):
+        return LockUnavailable(f"workspace {workspace_id}: {reason}; nothing was recorded. Retry when "
+                               "Postgres is back.")
     if (missing := database.deleted_workspace(exc)) is not None:
         return missing
     if isinstance(exc, OSError):

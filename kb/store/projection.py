@@ -38,6 +38,7 @@ from kb.db.sql import queries
 from kb.errors import RevisionNotFound, WorkspaceNotFound
 from kb.git.repository import Repository
 from kb.paths import unique_identifier_hash
+from kb.store import repository_guard
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -322,20 +323,25 @@ def event_payload(event: dict) -> str:
 
 
 def project(
-    conn: Connection, repo: Repository, workspace: dict | int, *, force: bool = False
+    conn: Connection, repo: Repository, workspace: dict | int, *, force: bool = False,
+    database_url: str | None = None,
 ) -> ProjectionResult:
     """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction (SPEC §6).
 
     ``workspace`` is its ``kb.workspaces`` row or id (the row is re-read under the projection lock,
     so two concurrent runs never replay the same moves). ``force`` converges even when HEAD is
     already projected (``rebuild-projection``). Returns the row ids it changed and the events it
-    sent on ``kb_events``. Raises WorkspaceNotFound when the workspace has no row.
+    sent on ``kb_events``. Raises WorkspaceNotFound when the workspace has no row, HistoryDiverged
+    (nothing changed; the workspace is marked when ``database_url`` is given) when ``repo`` is not
+    the workspace's repository or lacks a revision Postgres recorded (``kb.store.repository_guard``:
+    never converge backwards, design §3).
     """
     ws = workspace if isinstance(workspace, int) else workspace["id"]
     conn.execute(queries["lock_projection"], {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": ws})
     row = conn.execute(queries["get_workspace"], {"workspace_id": ws}).fetchone()
     if row is None:
         raise WorkspaceNotFound(f"workspace {ws} has no row; create it with `kb import PATH --workspace {ws}`")
+    repository_guard.check(conn, database_url, repo, row)
     head = repo.head()
     projected = row["last_projected_revision"]
     if head is None or (head == projected and not force):

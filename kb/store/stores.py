@@ -45,7 +45,7 @@ class Stores:
         WorkspaceNotFound."""
         store = self.store(workspace_id)
         with database.transaction(self.database_url) as conn:
-            return project(conn, store.repository, workspace_id, force=force)
+            return project(conn, store.repository, workspace_id, force=force, database_url=self.database_url)
 
     def close(self) -> None:
         """Close the stores' git repositories; a later use reopens them. Idempotent."""

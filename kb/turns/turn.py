@@ -711,14 +711,19 @@ class Turn:
         new_name = name_taken_since(name, draft.names_in(folder), at_base, own)
         return rp if new_name is None else f"{folder}/{new_name}"
 
-    def commit(self, message: str | None = None) -> CommitResult | None:
+    def commit(self, message: str | None = None, idempotency_key: str | None = None) -> CommitResult | None:
         """Record the turn's changes as one revision on top of the current head (SPEC §5) and
         delete the worktree; None when nothing changed. A worktree a crashed process left for
         this turn id is committed too (recovery). After a commit the turn can be used again (a
         fresh worktree at the then-current head).
 
+        ``idempotency_key`` (design §3): a retry of a commit that landed with this key records
+        nothing and returns that commit's revision (the worktree is then discarded); None generates
+        one. A failure of Postgres is settled before the call answers (``KnowledgeStore.transaction``).
+
         Raises UnsafeWorktreeEntry (symlink/special file: nothing recorded, worktree kept),
-        InvalidPath (a badly named file), PathExists, LockTimeout, LockUnavailable.
+        InvalidPath (a badly named file), PathExists, LockTimeout, LockUnavailable,
+        CommitOutcomeUnknown (the worktree is kept: retry with the same key).
         """
         with self._mutex:
             if self._worktree is None:
@@ -744,7 +749,7 @@ class Turn:
             text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
             gone: list[str] = []
             followed: list[tuple[str, str]] = []
-            with self.store.transaction(text, self.author, self.committer) as draft:
+            with self.store.transaction(text, self.author, self.committer, idempotency_key) as draft:
                 recorded_moves = set()
                 for new, origin in moves.items():
                     if draft.exists(origin):

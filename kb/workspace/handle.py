@@ -64,11 +64,18 @@ class Workspace:
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(self, message: str | None = None, author: str | None = None,
-                    committer: str | None = None) -> Iterator[Draft]:
+                    committer: str | None = None, idempotency_key: str | None = None) -> Iterator[Draft]:
         """``with ws.transaction("msg", "alice") as tx: tx.write(...)`` → ``tx.revision``: one
-        revision per clean exit, None when net-empty, nothing on exception (design §3)."""
-        with self.store.transaction(message, author or default_author(), committer) as draft:
+        revision per clean exit, None when net-empty, nothing on exception (design §3).
+        ``idempotency_key``: a retry with the key of a write that landed records nothing and gets
+        that write's revision; a failure of Postgres is settled before the call answers
+        (``KnowledgeStore.transaction``, design §3)."""
+        with self.store.transaction(message, author or default_author(), committer, idempotency_key) as draft:
             yield draft
+
+    def write_outcome(self, idempotency_key: str) -> Revision | None:
+        """The revision a write with ``idempotency_key`` recorded, or None (design §3)."""
+        return self.store.write_outcome(idempotency_key)
 
     def move(self, source: str, destination: str, *, overwrite: bool = False, message: str | None = None,
              author: str | None = None) -> Revision | None:
@@ -89,12 +96,14 @@ class Workspace:
         return self.store.restore(path, revision, author or default_author(), committer, message)
 
     def import_folder(self, source: Path | str, *, prefix: str | None = None, prune: bool = False,
-                      message: str | None = None, author: str | None = None) -> ImportReport:
-        """Import a folder of markdown as one revision (``kb import``)."""
+                      message: str | None = None, author: str | None = None,
+                      idempotency_key: str | None = None) -> ImportReport:
+        """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
+        ``transaction``."""
         from kb.store.importer import import_folder
 
         return import_folder(self.store, Path(source), prefix=prefix, prune=prune, message=message,
-                             author=author or default_author())
+                             author=author or default_author(), idempotency_key=idempotency_key)
 
     # -- maintenance and services ----------------------------------------------------------
     def reconcile(self) -> list[Revision]:

@@ -70,3 +70,25 @@ SELECT path, change, old_path, new_path, content_id
 FROM kb.path_changes
 WHERE workspace_id = %(workspace_id)s AND revision_id = %(revision_id)s
 ORDER BY path;
+
+-- ---- the repository guard (kb/store/repository_guard.py, design §3) ----------------------------
+
+-- name: set_repository_identity
+-- A workspace adopts its repository's identity (first check after creation or upgrade).
+UPDATE kb.workspaces SET repository_id = %(repository_id)s
+WHERE id = %(workspace_id)s AND repository_id IS NULL;
+
+-- name: short_lock_timeout
+SET lock_timeout = '2s';
+
+-- name: mark_workspace_diverged
+-- Why the workspace's repository cannot be converged (committed on its own connection).
+UPDATE kb.workspaces SET diverged = %(reason)s WHERE id = %(workspace_id)s;
+
+-- name: clear_workspace_diverged
+UPDATE kb.workspaces SET diverged = NULL WHERE id = %(workspace_id)s AND diverged IS NOT NULL;
+
+-- name: record_repository_identity
+-- A repository kb just created: the workspace records its identity (replacing one of a repository
+-- that is gone: only when Postgres recorded no revision, see KnowledgeStore.create).
+UPDATE kb.workspaces SET repository_id = %(repository_id)s, diverged = NULL WHERE id = %(workspace_id)s;

@@ -307,3 +307,20 @@ WHERE datname = %(database)s AND pid <> pg_backend_pid();
 
 -- name: drop_database
 DROP DATABASE IF EXISTS {database};
+
+-- ---- write outcomes (design §3): a writer's session killed while a leader records its draft ----
+
+-- name: test_write_intents
+SELECT id, backend_pid, payload, outcome FROM kb.write_intents WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: test_hold_workspace_row
+-- Hold the workspace row from a side connection: a group-commit leader waits here with its group
+-- claimed, before its ref moves.
+SELECT id FROM kb.workspaces WHERE id = %(workspace_id)s FOR UPDATE;
+
+-- name: test_document_ids_of
+SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY path;
+
+-- name: test_forget_repository_identity
+-- A workspace as it was before repository identities existed.
+UPDATE kb.workspaces SET repository_id = NULL WHERE id = %(workspace_id)s;

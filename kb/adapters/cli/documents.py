@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import click
@@ -32,7 +34,13 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
     Example: kb import ~/notes --workspace 1 --prefix Notes
     """
     kb = session.open_kb()
-    report = kb.import_folder(path, workspace, prefix=prefix, prune=prune, message=message, author=author)
+    key = uuid.uuid4().hex
+    existed = kb.store(workspace).exists()
+    try:
+        report = kb.import_folder(path, workspace, prefix=prefix, prune=prune, message=message, author=author,
+                                  idempotency_key=key)
+    except KeyboardInterrupt:
+        _settle_interrupted_import(kb, workspace, key, existed)
     if report.created_workspace:
         click.echo(f"created workspace {workspace}")
     if report.revision is None:
@@ -214,6 +222,35 @@ def move(source: str, destination: str, workspace: int, overwrite: bool, author:
     revision = session.open_kb().workspace(workspace).move(source, destination, overwrite=overwrite,
                                                             message=message, author=author)
     click.echo("nothing moved" if revision is None else f"revision {revision.id}: moved {source} to {destination}")
+
+
+def _settle_interrupted_import(kb, workspace: int, key: str, existed: bool) -> None:
+    """Ctrl-C during ``kb import``: say exactly what happened (design §3) — the import landed (its
+    revision), or nothing was recorded — and remove the empty workspace an interrupted first import
+    made. Further Ctrl-C is ignored while it settles (a few seconds at most). Exits 130."""
+    from kb.errors import KbError, WorkspaceNotFound
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        revision = kb.write_outcome(workspace, key)
+    except WorkspaceNotFound:
+        revision = None
+    except KbError as exc:
+        click.echo(f"kb: interrupted; whether the import was recorded is unknown ({exc}). Run "
+                   f"`kb write-outcome {key} --workspace {workspace}` to find out before importing again.",
+                   err=True)
+        raise SystemExit(130) from None
+    if revision is not None:
+        click.echo(f"kb: interrupted, but the import had already landed: revision {revision.id}", err=True)
+        raise SystemExit(130)
+    store = kb.store(workspace)
+    if not existed and store.exists() and store.head() is None:
+        try:  # the first import made this workspace and recorded nothing: leave no empty workspace
+            kb.delete_workspace(workspace, force=True)
+        except KbError as exc:
+            click.echo(f"kb: could not remove the empty workspace {workspace} ({exc})", err=True)
+    click.echo(f"kb: interrupted: nothing was recorded in workspace {workspace}", err=True)
+    raise SystemExit(130)
 
 
 COMMANDS = [import_, read, ls, new, move, edit]

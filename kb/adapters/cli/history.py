@@ -82,4 +82,20 @@ def _described(revision) -> str:
                                         if parts else "")
 
 
-COMMANDS = [log, revert, restore]
+@click.command("write-outcome")
+@click.argument("key")
+@workspace_option()
+def write_outcome(key: str, workspace: int) -> None:
+    """Settle a write by its idempotency key (design §3): prints the revision it recorded, or says
+    it recorded none (exit status 1). What a CommitOutcomeUnknown error tells you to run.
+
+    Example: kb write-outcome order-17 --workspace 1
+    """
+    revision = session.open_kb().write_outcome(workspace, key)
+    if revision is None:
+        click.echo(f"write {key!r} recorded nothing in workspace {workspace}; a retry is safe")
+        raise SystemExit(1)
+    click.echo(f"write {key!r} landed as revision {revision.id} (seq {revision.seq})")
+
+
+COMMANDS = [log, revert, restore, write_outcome]

@@ -33,8 +33,9 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -54,7 +55,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.PathExists: 409, errors.TurnBusy: 409, errors.EditMismatch: 409, errors.HistoryDiverged: 409,
     errors.FolderNotEmpty: 409, errors.LockTimeout: 503, errors.LockUnavailable: 503,
     errors.DatabaseUnavailable: 503, errors.DatabaseNotReady: 503, errors.ArtifactReadOnly: 403,
-    errors.UnknownHandle: 404,
+    errors.UnknownHandle: 404, errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
@@ -192,6 +193,15 @@ def read_router(service: Service) -> APIRouter:
         """One document's full-view envelope at HEAD or ``revision`` (``kb read``)."""
         return service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision).as_json()
 
+    @router.get("/workspaces/{workspace_id}/writes/{key:path}")
+    def write_outcome(workspace_id: int, key: str) -> dict:
+        """Settle a write by its idempotency key (design §3): ``{"landed": true, "revision": …}``
+        when it recorded a revision, ``{"landed": false, "revision": null}`` when it did not (and,
+        its writer being gone, never will). The call a 503 ``CommitOutcomeUnknown`` names."""
+        revision = service.kb().write_outcome(workspace_id, key)
+        return {"idempotency_key": key, "landed": revision is not None,
+                "revision": None if revision is None else json_form(revision)}
+
     @router.get("/workspaces/{workspace_id}/log")
     def history(workspace_id: int, path: str | None = None, limit: int = Query(20, ge=1)) -> list[dict]:
         """Revisions newest first, following a path's moves (``kb log``)."""
@@ -245,10 +255,14 @@ def turn_router(service: Service) -> APIRouter:
             return {"moved": json_form(turn(kb, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
 
     @router.post("/commit")
-    def commit(workspace_id: int, turn_id: str, body: CommitBody) -> dict:
-        """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed."""
+    def commit(workspace_id: int, turn_id: str, body: CommitBody,
+               idempotency_key: str | None = Header(None, alias="Idempotency-Key")) -> dict:
+        """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed.
+        With an ``Idempotency-Key`` header, a retry of a commit that landed records nothing and
+        answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
+        settle one whose outcome is unknown."""
         with service.turns() as kb:
-            result = turn(kb, workspace_id, turn_id).commit(body.message)
+            result = turn(kb, workspace_id, turn_id).commit(body.message, idempotency_key=idempotency_key)
         return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
@@ -352,8 +366,15 @@ def create_app(
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        return JSONResponse({"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message},
-                            status_code=status_for(exc))
+        body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc),
+                                   "cli_message": exc.cli_message}
+        if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
+            body.update(workspace_id=exc.workspace_id, idempotency_key=exc.idempotency_key,
+                        revision=exc.revision,
+                        settle={"method": "GET", "path": f"/v1/workspaces/{exc.workspace_id}/writes/"
+                                                          f"{quote(exc.idempotency_key, safe='')}"})
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse(body, status_code=status_for(exc))
 
     @app.get("/health", tags=["operations"])
     def health() -> dict:

@@ -1,0 +1,61 @@
+"""Ctrl-C during ``kb import`` (design §3): the command says exactly what happened — the import
+landed (with its revision) or nothing was recorded — and leaves no debris: no empty workspace
+from an interrupted first import, no ``Aborted!``, no BufferError; ``kb fsck`` removes temporary
+packs an interrupted pack write left. SIGINT is delivered at deterministic steps of the commit
+(``KB_FAULT_POINT`` with ``KB_FAULT_SIGNAL=INT``, kb/faults.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from support.commands import run_cli
+
+from kb.db import database
+from kb.db.sql import queries
+
+
+def _source(tmp_path, count: int = 3):
+    source = tmp_path / "notes"
+    source.mkdir()
+    for i in range(count):
+        (source / f"n{i}.md").write_text(f"# Note {i}\n\nbody {i}\n")
+    return source
+
+
+def _workspace_row(settings, ws: int):
+    with database.transaction(settings.database_url) as conn:
+        return conn.execute(queries["get_workspace"], {"workspace_id": ws}).fetchone()
+
+
+def test_ctrl_c_after_the_ref_moved_reports_the_landed_revision(kb_env, settings, tmp_path):
+    result = run_cli({**kb_env, "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
+                     "import", str(_source(tmp_path)), "--workspace", "1", check=False)
+    assert result.returncode == 130, result.stderr
+    assert "Aborted!" not in result.stderr and "Traceback" not in result.stderr
+    row = _workspace_row(settings, 1)
+    assert row["head_revision"] is not None
+    assert f"the import had already landed: revision {row['head_revision']}" in result.stderr
+
+
+def test_ctrl_c_before_anything_landed_says_so_and_leaves_no_empty_workspace(kb_env, settings, tmp_path):
+    result = run_cli({**kb_env, "KB_FAULT_POINT": "objects_written", "KB_FAULT_SIGNAL": "INT"},
+                     "import", str(_source(tmp_path)), "--workspace", "1", check=False)
+    assert result.returncode == 130, result.stderr
+    assert "nothing was recorded in workspace 1" in result.stderr
+    assert "Aborted!" not in result.stderr and "Traceback" not in result.stderr
+    assert _workspace_row(settings, 1) is None
+    assert not (settings.knowledge_store / "1").exists()
+
+
+def test_fsck_removes_a_stale_temporary_pack(kb, kb_env, tmp_path):
+    kb.create_workspace(1)
+    with kb.transaction(1, "one", "t") as tx:
+        tx.write("/documents/a.md", "a\n")
+    pack = kb.store(1).path / ".git" / "objects" / "pack" / "tmpk2j3h4.pack"
+    pack.parent.mkdir(parents=True, exist_ok=True)
+    pack.write_bytes(b"PACK\x00\x00\x00\x02")
+    old = time.time() - 7200
+    os.utime(pack, (old, old))
+    run_cli(kb_env, "fsck", "--workspace", "1")
+    assert not pack.exists()

@@ -1,0 +1,220 @@
+"""A writer learns the truth about its write (design §3): landed (with the revision), not landed,
+or unknown with the one call that settles it; and an idempotency key makes a retry apply a change
+at most once.
+
+The faults are real: ``pg_terminate_backend`` of a writer's own server session while the group
+commit's leader (kb/store/group_commit.py) records that writer's queued draft, held at the right
+moment by a row lock the test takes on the workspace row (the leader's last write before the ref
+moves)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from kb.db import database
+from kb.db.locks import WRITE_LOCK_NAMESPACE
+from kb.db.sql import queries
+from kb.errors import CommitOutcomeUnknown, KbError
+from kb.knowledge_base import KnowledgeBase
+
+WS = 1
+
+
+@pytest.fixture
+def ws(kb):
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "base", "t") as tx:
+        tx.write("/documents/base.md", "base\n")
+    return kb
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return database.connect(url, autocommit=True)
+
+
+def _intents(admin: psycopg.Connection) -> list[dict]:
+    return admin.execute(queries["test_write_intents"], {"workspace_id": WS}).fetchall()
+
+
+def _wait(predicate, what: str, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _writer(kb: KnowledgeBase, path: str, results: dict, key: str | None = None) -> None:
+    try:
+        with kb.transaction(WS, f"write {path}", "w", **({} if key is None else {"idempotency_key": key})) as tx:
+            tx.write(path, f"{path}\n")
+        results[path] = tx.revision
+    except KbError as exc:
+        results[path] = exc
+
+
+def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | None = None) -> dict:
+    """Two writers queue while the test holds the write lock; the one that leads claims both and
+    is held before its ref moves; the other's server session is terminated; then the leader goes
+    on and records both. Returns ``{path: Revision or KbError}`` and the killed writer's path."""
+    url, keys = ws.database_url, keys or {}
+    paths = ["/documents/a.md", "/documents/b.md"]
+    results: dict = {}
+    lock = _admin(url)
+    lock.execute("BEGIN")
+    lock.execute(queries["lock_workspace_write_bounded"],
+                 {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS})
+    threads = [threading.Thread(target=_writer, args=(KnowledgeBase(ws.settings, url), p, results, keys.get(p)))
+               for p in paths]
+    admin = _admin(url)
+    try:
+        for queued, thread in enumerate(threads, start=1):
+            thread.start()
+            _wait(lambda n=queued: len(_intents(admin)) >= n or None, "the intent")
+        row = _admin(url)
+        row.execute("BEGIN")
+        row.execute(queries["test_hold_workspace_row"], {"workspace_id": WS})
+        lock.execute("COMMIT")  # the leader takes the lock, claims both, and waits for the row
+        leader = _wait(lambda: [r["pid"] for r in admin.execute(
+            queries["test_backends_blocked_by"], {"pids": [row.info.backend_pid]}).fetchall()],
+            "the leader to wait for the workspace row")[0]
+        victim = next(i for i in _intents(admin) if i["backend_pid"] != leader)
+        admin.execute(queries["test_terminate_backend"], {"pid": victim["backend_pid"]})
+        time.sleep(0.2)
+        row.execute("COMMIT")
+        for thread in threads:
+            thread.join(60)
+        killed = next(p for p in paths if p[1:] in victim["payload"]["staged"])
+        return {"results": results, "killed": killed}
+    finally:
+        for conn in (lock, admin):
+            conn.close()
+        database.close_pools()
+
+
+def test_a_waiter_killed_while_the_leader_records_it_is_told_it_landed(ws):
+    run = _leader_records_a_killed_waiter(ws)
+    results, killed = run["results"], run["killed"]
+    history = ws.history(WS)
+    landed = {c.path: r.id for r in history for c in r.changes}
+    assert killed in landed, "the leader recorded the killed writer's draft"
+    outcome = results[killed]
+    assert not isinstance(outcome, KbError), f"a write that landed was reported as {outcome!r}"
+    assert outcome.id == landed[killed]
+    other = next(p for p in results if p != killed)
+    assert results[other].id == landed[other]
+
+
+def test_a_retry_with_the_same_key_returns_the_first_revision(ws):
+    with ws.transaction(WS, "first", "w", idempotency_key="order-17") as tx:
+        tx.write("/documents/x.md", "x\n")
+    first = tx.revision
+    with ws.transaction(WS, "again", "w", idempotency_key="order-17") as tx:
+        tx.write("/documents/x.md", "x\n")
+        tx.write("/documents/y.md", "y\n")
+    assert tx.revision.id == first.id
+    assert len(ws.history(WS)) == 2
+    assert ws.write_outcome(WS, "order-17").id == first.id
+    assert ws.write_outcome(WS, "never-used") is None
+
+
+def test_a_killed_waiter_retrying_with_its_key_applies_the_write_once(ws):
+    keys = {"/documents/a.md": "key-a", "/documents/b.md": "key-b"}
+    run = _leader_records_a_killed_waiter(ws, keys)
+    killed = run["killed"]
+    with ws.transaction(WS, "retry", "w", idempotency_key=keys[killed]) as tx:
+        tx.write(killed, "retried\n")
+    assert tx.revision.id == ws.write_outcome(WS, keys[killed]).id
+    assert ws.read(WS, killed) == f"{killed}\n".encode()
+    assert len(ws.history(WS)) == 3
+
+
+def test_the_key_survives_a_revision_git_has_and_postgres_lacks(ws, monkeypatch):
+    """The leader's own session dies after the ref moved (before Postgres committed): the key is
+    in the commit object, so catching up records it and the writer is told the write landed."""
+    from kb.store import knowledge_store as store_module
+
+    def fault(name):
+        if name == "before_pg_commit":
+            with _admin(ws.database_url) as admin:
+                for r in admin.execute(queries["test_write_lock_holders"],
+                                       {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}).fetchall():
+                    admin.execute(queries["test_terminate_backend"], {"pid": r["pid"]})
+            time.sleep(0.2)
+
+    monkeypatch.setattr(store_module, "fault_point", fault)
+    with ws.transaction(WS, "doomed?", "w", idempotency_key="k-pg-commit") as tx:
+        tx.write("/documents/z.md", "z\n")
+    monkeypatch.undo()
+    assert tx.revision is not None and tx.revision.id == ws.head(WS)
+    assert ws.write_outcome(WS, "k-pg-commit").id == ws.head(WS)
+    database.close_pools()
+
+
+def test_outcome_unknown_names_the_key_and_the_settling_call():
+    error = CommitOutcomeUnknown(3, "k-1", "server closed the connection")
+    assert error.idempotency_key == "k-1"
+    assert "write_outcome(3, 'k-1')" in str(error) and "k-1" in str(error)
+
+
+# -- the HTTP API (kb serve): Idempotency-Key, and the status of an unknown outcome ------------
+def _app(settings, extra=None):
+    pytest.importorskip("fastapi", reason="kb serve needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    from kb.adapters.http.server import create_app
+
+    return TestClient(create_app(settings, routers=extra or []))
+
+
+def test_http_commit_with_the_same_idempotency_key_records_once(ws, settings):
+    with _app(settings) as client:
+        turn = "/v1/workspaces/1/turns/agent-1"
+        assert client.put(f"{turn}/files/documents/h.md", json={"content": "h\n"}).status_code == 200
+        first = client.post(f"{turn}/commit", json={"message": "h"}, headers={"Idempotency-Key": "req-42"})
+        assert first.status_code == 200, first.text
+        client.put(f"{turn}/files/documents/h.md", json={"content": "h again\n"})
+        second = client.post(f"{turn}/commit", json={"message": "h"}, headers={"Idempotency-Key": "req-42"})
+        assert second.status_code == 200 and second.json()["revision"] == first.json()["revision"]
+        settled = client.get("/v1/workspaces/1/writes/req-42").json()
+        assert settled["landed"] and settled["revision"]["id"] == first.json()["revision"]
+        assert client.get("/v1/workspaces/1/writes/other").json() == {
+            "idempotency_key": "other", "landed": False, "revision": None}
+        assert len(client.get("/v1/workspaces/1/log").json()) == 2
+
+
+def test_http_outcome_unknown_is_503_naming_the_settling_call(ws, settings):
+    from fastapi import APIRouter
+
+    def failing(service):
+        router = APIRouter()
+
+        @router.post("/v1/fail")
+        def fail() -> dict:
+            raise CommitOutcomeUnknown(1, "k/1", "server closed the connection", "abc123")
+
+        return router
+
+    with _app(settings, [failing]) as client:
+        answer = client.post("/v1/fail")
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+    body = answer.json()
+    assert body["error"] == "CommitOutcomeUnknown" and body["idempotency_key"] == "k/1"
+    assert body["settle"] == {"method": "GET", "path": "/v1/workspaces/1/writes/k%2F1"}
+
+
+def test_cli_write_outcome_settles_a_key(ws, kb_env):
+    from support.commands import run_cli
+
+    with ws.transaction(WS, "keyed", "w", idempotency_key="cli-1") as tx:
+        tx.write("/documents/k.md", "k\n")
+    landed = run_cli(kb_env, "write-outcome", "cli-1", "--workspace", "1")
+    assert tx.revision.id in landed.stdout
+    missing = run_cli(kb_env, "write-outcome", "cli-2", "--workspace", "1", check=False)
+    assert missing.returncode == 1 and "recorded nothing" in missing.stdout
