@@ -10,9 +10,9 @@ import os
 import time
 
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.db import database
-from kb.db.sql import queries
 
 
 def _source(tmp_path, count: int = 3):
