@@ -39,13 +39,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_store import database, git  # noqa: E402
+from bench_store import database, git
 
-from kb.errors import KbError  # noqa: E402
-from kb.faults import COMMIT_POINTS  # noqa: E402
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.paths import name_key  # noqa: E402
-from kb.settings import Settings  # noqa: E402
+from kb.errors import KbError
+from kb.faults import COMMIT_POINTS
+from kb.knowledge_base import KnowledgeBase
+from kb.paths import name_key
+from kb.settings import Settings
 
 WS = 1
 TWINS = ["Foo.md", "FOO.md", "foo.md", unicodedata.normalize("NFC", "Café.md"),
@@ -100,7 +100,7 @@ def _writer(settings, url, k, revisions, seed, out):
             ledger["committed"].append((tx.revision.id, f"/documents/w{k}.md", f"{k}:{i}\n"))
         except KbError as exc:
             ledger["refused"][type(exc).__name__] += 1
-        except Exception as exc:  # noqa: BLE001 - counting escapes is the point
+        except Exception as exc:  # counting escapes is the point
             ledger["escaped"].append(f"{type(exc).__name__}: {exc}"[:200])
     out.put((k, ledger))
 
@@ -131,7 +131,7 @@ def run_writers(kb: KnowledgeBase, writers: int, revisions: int, with_worker: bo
     history = {r.id for r in kb.history(WS, limit=10**6)}
     lost = [rev for rev, _, _ in committed if rev not in history]
     last = {}
-    for rev, path, text in committed:
+    for _rev, path, text in committed:
         last[path] = text
     stale = [p for p, text in last.items() if kb.read(WS, p).decode() != text]
     twins = twins_at_head(kb)
@@ -277,7 +277,7 @@ def run_fuzz(kb: KnowledgeBase, paths: int, seed: int) -> list[str]:
             outcomes["stored"] += 1
         except KbError as exc:
             outcomes[type(exc).__name__] += 1
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             escaped.append(f"{'turn' if via_turn else 'transaction'} {path!r}: {type(exc).__name__}: {exc}"[:300])
     twins = twins_at_head(kb)
     problems = git_checks(kb)

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.settings import Settings  # noqa: E402
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
 
 WS = 1
 

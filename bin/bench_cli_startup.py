@@ -56,10 +56,10 @@ def outside_imports(command: list[str], env: dict[str, str]) -> str:
     names = []
     for i, (depth, name) in enumerate(rows):  # post-order: a module's importer follows it, one level up
         parent = next((n for d, n in rows[i + 1:] if d < depth), None)
-        if not (name == "kb" or name.startswith("kb.")) and (parent is None or parent == "kb"
-                                                           or parent.startswith("kb.")):
-            if name != "encodings" and not name.startswith("_"):
-                names.append(name)
+        outside_kb = not (name == "kb" or name.startswith("kb."))
+        imported_by_kb = parent is None or parent == "kb" or parent.startswith("kb.")
+        if outside_kb and imported_by_kb and name != "encodings" and not name.startswith("_"):
+            names.append(name)
     # with the collector paused, as kb.cli pauses it for these commands while they import
     return "import gc; gc.disable(); import " + ", ".join(dict.fromkeys(names))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from kb.db.database import connect, start_embedded, stop_embedded
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
-from kb.db.sql import queries
+from tests.support.named_queries import queries
 
 
 def main() -> int:

@@ -41,7 +41,7 @@ from kb.index.indexer import decode_document  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.search.hybrid import LEG_LIMIT, lexical_leg, vector_leg  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from kb.db.sql import queries  # noqa: E402
+from tests.support.named_queries import queries  # noqa: E402
 
 WS = 1
 

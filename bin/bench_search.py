@@ -52,20 +52,22 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kb.db import database  # noqa: E402
 from kb.citations.envelope import document_lines  # noqa: E402
+from kb.db import database  # noqa: E402
+from kb.db.sql import composable  # noqa: E402
 from kb.index.chunk_context import context_line  # noqa: E402
 from kb.index.embedding import HashingEmbedder, vector_literal  # noqa: E402
+from kb.index.vector_index import maintain  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.search import hybrid as search_module  # noqa: E402
 from kb.search.hybrid import vector_leg  # noqa: E402
-from kb.index.vector_index import maintain  # noqa: E402
 from kb.settings import Settings  # noqa: E402
-from kb.db.sql import composable, queries  # noqa: E402
+from tests.support.named_queries import queries  # noqa: E402
 
 K = 10
 
@@ -127,7 +129,7 @@ def _chunk_legs_only(vector_leg_text: str) -> bytes:
     returning no rows without running (``bench_empty_document_leg``)."""
     return composable("search_candidates").format(
         vector_leg=psycopg.sql.SQL(vector_leg_text), lexical_leg=search_module.lexical_statement("chunk"),
-        document_leg=composable("bench_empty_document_leg"),
+        document_leg=sql.SQL(queries["bench_empty_document_leg"].rstrip().rstrip(";")),
     ).as_string().encode()
 
 

@@ -40,11 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import psycopg  # noqa: E402
+import numpy as np
+import psycopg
 
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.settings import Settings  # noqa: E402
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
 
 HERE = Path(__file__).resolve().parents[1]
 SHARED = HERE.parent / "shared"

@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg  # noqa: E402
+import psycopg
 
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.settings import Settings  # noqa: E402
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
 
 WS = 1
 

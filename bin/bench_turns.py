@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.settings import Settings  # noqa: E402
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 WORKSPACES = {1: ("obsidian-help/en", CORPUS / "obsidian-help" / "en"), 2: ("tldr", CORPUS / "tldr" / "pages")}

@@ -36,10 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_store import database, git  # noqa: E402
+from bench_store import database, git
 
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.settings import Settings  # noqa: E402
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
 
 RATE_WS, SMALL_WS, LARGE_WS = 1, 2, 3
 

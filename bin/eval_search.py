@@ -75,20 +75,32 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kb.db import database  # noqa: E402
 from kb.index.embedding import make_embedder  # noqa: E402
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.index.languages import lexical_text  # noqa: E402
+from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.search.hybrid import (  # noqa: E402
-    DOCUMENT_WEIGHT, LEG_LIMIT, RRF_K, TEXT_WEIGHT, UNCOVERED_VECTOR_WEIGHT, VECTOR_WEIGHT, fuse, lexical_leg,
-    vector_leg, vector_weight,
+    DOCUMENT_WEIGHT,
+    LEG_LIMIT,
+    RRF_K,
+    TEXT_WEIGHT,
+    UNCOVERED_VECTOR_WEIGHT,
+    VECTOR_WEIGHT,
+    fuse,
+    lexical_leg,
+    vector_leg,
+    vector_weight,
 )
 from kb.settings import Settings  # noqa: E402
-from kb.db.sql import queries  # noqa: E402
+from tests.support.named_queries import queries  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus"
 VAULTS = {"de": "de", "ru": "ru", "ar": "ar", "ja": "ja", "zh-TW": "zh-TW"}
@@ -160,7 +172,7 @@ class RememberedQueries:
     """The active embedder, answering the eval's queries from vectors computed once in a batch (so
     the facade's own query embedding does not embed each query a second time)."""
 
-    def __init__(self, embedder, vectors: dict[str, "np.ndarray"]) -> None:
+    def __init__(self, embedder, vectors: dict[str, np.ndarray]) -> None:
         self.embedder, self.vectors = embedder, vectors
         self.model, self.dim, self.semantic = embedder.model, embedder.dim, embedder.semantic
         self.languages = getattr(embedder, "languages", None)

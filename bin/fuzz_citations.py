@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.citation_fuzz import PURE_CHECKS, FollowTally, check_follow, run_e2e  # noqa: E402
+from tests.support.citation_fuzz import PURE_CHECKS, FollowTally, check_follow, run_e2e
 
 
 def _confusion(tally: FollowTally) -> str:

@@ -45,13 +45,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psycopg  # noqa: E402
+import psycopg
 
-from kb.errors import CommitOutcomeUnknown, KbError  # noqa: E402
-from kb.git.gitindex import order_problem  # noqa: E402
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
-from kb.settings import Settings  # noqa: E402
-from kb.db.sql import queries  # noqa: E402
+from kb.errors import CommitOutcomeUnknown, KbError
+from kb.git.gitindex import order_problem
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
+from tests.support.named_queries import queries
 
 WS = 1
 WRITES = ("transaction", "move", "turn")
@@ -206,7 +206,7 @@ class Stress:
             unknown = "may have landed" in str(exc) or "outcome is unknown" in str(exc)
             outcome.reported = ("unknown" if unknown else "failed") if kind in WRITES else "error"
             outcome.error, outcome.message = type(exc).__name__, str(exc)
-        except Exception as exc:  # noqa: BLE001 - a raw error escaping the facade is a finding
+        except Exception as exc:
             frames = traceback.extract_tb(exc.__traceback__)
             where = ([f for f in frames if "/kb/" in f.filename] or frames)[-1]  # kb's last frame
             outcome.reported, outcome.error = "raw", type(exc).__name__

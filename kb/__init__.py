@@ -4,7 +4,13 @@ Public surface: ``KnowledgeBase`` (the facade), ``Settings``, and the error hier
 ``kb.errors``. Everything else is reachable but private to kb's own modules.
 """
 
-from kb.errors import *  # noqa: F401,F403  (the error hierarchy is public)
+from typing import TYPE_CHECKING
+
+from kb.errors import *  # noqa: F403  (the error hierarchy is public)
+
+if TYPE_CHECKING:
+    from kb.knowledge_base import KnowledgeBase
+    from kb.settings import Settings
 
 
 def __getattr__(name: str):

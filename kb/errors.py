@@ -95,13 +95,14 @@ class RevisionNotFound(KbError):
 class LockTimeout(KbError):
     """The workspace write lock was not acquired within the configured wait (SPEC §4)."""
 
-    def __init__(self, workspace_id: int, waited_seconds: float, backend: str = "postgres") -> None:
+    def __init__(self, workspace_id: int, waited_seconds: float, backend: str = "postgres", *,
+                 lock: str = "write", holder: str = "another writer holds it. Retry, or raise KB_LOCK_TIMEOUT") -> None:
         self.workspace_id = workspace_id
         self.waited_seconds = waited_seconds
         self.backend = backend
         super().__init__(
-            f"workspace {workspace_id}: write lock ({backend}) not acquired within "
-            f"{waited_seconds:g}s; another writer holds it. Retry, or raise KB_LOCK_TIMEOUT."
+            f"workspace {workspace_id}: {lock} lock ({backend}) not acquired within "
+            f"{waited_seconds:g}s; {holder}."
         )
 
 

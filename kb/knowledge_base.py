@@ -17,46 +17,45 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kb.db import database
 from kb.citations.envelope import Envelope, document_lines
-from kb.errors import DatabaseUnavailable, DimensionMismatch
+from kb.db import database
 from kb.db.migrations import MigrationReport, apply_migrations, schema_is_current
-from kb.paths import StorePath, check_storage_root
-from kb.store.projection import ProjectionResult
-from kb.store.stores import Stores
 from kb.db.publication import PublicationStatus, ensure_publication
+from kb.db.sql import queries
+from kb.errors import DatabaseUnavailable, DimensionMismatch
+from kb.paths import StorePath, check_storage_root
 from kb.settings import Settings
 from kb.store.authors import default_author
-from kb.db.sql import queries
-from kb.store.history import PathChange, Revision
 from kb.store.draft import Draft
+from kb.store.history import PathChange, Revision
 from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
+from kb.store.projection import ProjectionResult
+from kb.store.stores import Stores
 from kb.store.titles import recorded_title
 
 if TYPE_CHECKING:
-    from kb.turns.open_turns import OpenTurns
-    from kb.workspace.handle import Workspace
     from kb.citations.conversation import Conversation
+    from kb.git.worktree import JanitorReport
+
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
     # commands that need none of them (issue 15, SPEC §13).
-    from kb.index.chunking import Chunker
+    from kb.index.chunking import LazyChunker
     from kb.index.embedding import Embedder
     from kb.index.freshness import IndexFreshness
-    from kb.store.importer import ImportReport
     from kb.index.indexer import IndexReport
-    from kb.workspace.artifacts import Artifacts
-    from kb.workspace.remotes import Remote
-    from kb.workspace.fsck import FsckReport
-    from kb.store.listing import Entry
-
-
-    from kb.turns.turn import CommitResult, Turn
     from kb.jobs.worker import WorkerReport
-    from kb.git.worktree import JanitorReport
     from kb.legacy.drift import DriftReport
     from kb.legacy.seed import SeedReport
     from kb.legacy.span_fill import SpanFill
+    from kb.store.importer import ImportReport
+    from kb.store.listing import Entry
+    from kb.turns.open_turns import OpenTurns
+    from kb.turns.turn import CommitResult, Turn
+    from kb.workspace.artifacts import Artifacts
+    from kb.workspace.fsck import FsckReport
+    from kb.workspace.handle import Workspace
     from kb.workspace.lifecycle import DeletedWorkspace, WorkspaceSummary
+    from kb.workspace.remotes import Remote
 
 
 __all__ = ["KnowledgeBase", "default_author"]
@@ -85,7 +84,7 @@ class KnowledgeBase:
         return self.stores.database_url
 
     @classmethod
-    def open(cls, settings: Settings | None = None, *, migrate: bool = True) -> "KnowledgeBase":
+    def open(cls, settings: Settings | None = None, *, migrate: bool = True) -> KnowledgeBase:
         """Open kb from settings (environment ``KB_*`` when None), applying pending migrations.
 
         Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError.
@@ -123,7 +122,7 @@ class KnowledgeBase:
             self._open_turns.close_all()
         self.stores.close()
 
-    def __enter__(self) -> "KnowledgeBase":
+    def __enter__(self) -> KnowledgeBase:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -141,7 +140,7 @@ class KnowledgeBase:
         """The store of one workspace (raises InvalidWorkspace for a non-positive id)."""
         return self.stores.store(workspace_id)
 
-    def workspace(self, workspace_id: int) -> "Workspace":
+    def workspace(self, workspace_id: int) -> Workspace:
         """One workspace's reads and writes (``kb.workspace.handle.Workspace``): head, read, ls,
         list_paths, list_changes, history, transaction, move, revert, restore, import_folder,
         reconcile, fsck, artifacts, remote (design §3). Raises InvalidWorkspace for a bad id."""
@@ -191,7 +190,7 @@ class KnowledgeBase:
         """Bytes of a document at ``revision`` (SPEC §3, §8)."""
         return self.store(workspace_id).read_as_of(revision, path)
 
-    def ls(self, workspace_id: int, path: str = "/documents", revision: str | None = None) -> "list[Entry]":
+    def ls(self, workspace_id: int, path: str = "/documents", revision: str | None = None) -> list[Entry]:
         """A folder's entries at HEAD or ``revision`` (``kb ls``): ``Entry(name, path, kind)`` with
         ``kind`` "folder" or "file", folders first, by name; a document path lists itself. The
         committed counterpart of ``Turn.ls`` (the MCP ``ls`` tool). Raises InvalidPath,
@@ -234,7 +233,7 @@ class KnowledgeBase:
         return embedder
 
     @functools.cached_property
-    def chunker(self) -> Chunker:
+    def chunker(self) -> LazyChunker:
         """The chunker (chunk size in model tokens, SPEC §7)."""
         from kb.index.chunking import LazyChunker
 
@@ -265,7 +264,7 @@ class KnowledgeBase:
         indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
         return indexer.converge(workspace_id)
 
-    def run_worker(self, until_idle: bool = False, concurrency: int = 1, display=None) -> "WorkerReport":
+    def run_worker(self, until_idle: bool = False, concurrency: int = 1, display=None) -> WorkerReport:
         """Run the Procrastinate worker for kb's queues (``kb worker``); with ``until_idle`` return
         once no job is due or runnable (SPEC §7, issue 19). ``display``: a
         ``kb.jobs.worker.ProgressDisplay`` for per-job progress. Returns a ``kb.jobs.worker.WorkerReport``."""
@@ -297,7 +296,7 @@ class KnowledgeBase:
             self.store(workspace_id).require_exists()  # unless re-created meanwhile
         return found
 
-    def index_freshness(self, workspace_id: int) -> "IndexFreshness":
+    def index_freshness(self, workspace_id: int) -> IndexFreshness:
         """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
         SPEC §7, §8, issue 15). Zeros for a workspace that does not exist; raises
         InvalidWorkspace for a bad id."""
@@ -323,7 +322,7 @@ class KnowledgeBase:
         lines = list(enumerate(document_lines(data), start=1))
         return Envelope(target.virtual, title, revision, "full", lines)
 
-    def conversation(self, workspace_id: int, chat_id: str) -> "Conversation":
+    def conversation(self, workspace_id: int, chat_id: str) -> Conversation:
         """The chat ``chat_id``'s door to search, read and cite (SPEC §8, issue 10): a
         :class:`kb.citations.conversation.Conversation` (search, read, normalize, resolve, handles, forget).
         Raises InvalidChat, InvalidWorkspace, WorkspaceNotFound."""
@@ -369,7 +368,7 @@ class KnowledgeBase:
         """Record revisions git has and Postgres lacks, deferring their jobs (SPEC §3; the sweep)."""
         return self.workspace(workspace_id).reconcile()
 
-    def fsck(self, workspace_id: int) -> "FsckReport":
+    def fsck(self, workspace_id: int) -> FsckReport:
         """git's consistency check, stale-lock and working-tree repair, reconcile (``kb fsck``)."""
         return self.workspace(workspace_id).fsck()
 
@@ -414,25 +413,25 @@ class KnowledgeBase:
 
 
     # -- artifacts (issue 17, SPEC §11) ---------------------------------------------------
-    def artifacts(self, workspace_id: int) -> "Artifacts":
+    def artifacts(self, workspace_id: int) -> Artifacts:
         """The artifacts of a workspace: ``save``, ``revise``, ``get``, ``list``, ``read_file``,
         ``delete`` (``kb.workspace.artifacts.Artifacts``). Raises InvalidWorkspace."""
         return self.workspace(workspace_id).artifacts()
 
     # -- git remotes (issue 18, SPEC §13) ----------------------------------------------------
-    def remote(self, workspace_id: int) -> "Remote":
+    def remote(self, workspace_id: int) -> Remote:
         """The workspace's push-only git remote: ``add``, ``status``, ``remove``, ``push``,
         ``defer_push`` (``kb.workspace.remotes.Remote``). Raises InvalidWorkspace."""
         return self.workspace(workspace_id).remote()
 
     # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
-    def list_workspaces(self) -> "list[WorkspaceSummary]":
+    def list_workspaces(self) -> list[WorkspaceSummary]:
         """Every workspace: id, documents, git head, index state (``kb workspaces``)."""
         from kb.workspace.lifecycle import list_workspaces
 
         return list_workspaces(self.stores)
 
-    def delete_workspace(self, workspace_id: int, *, force: bool = False) -> "DeletedWorkspace":
+    def delete_workspace(self, workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
         """Delete a workspace with its repository, rows, chunks, jobs and worktrees, announced on
         ``kb_events``; refused while a turn or job uses it unless ``force`` (see ``kb.workspaces``).
         Raises InvalidWorkspace, WorkspaceNotFound, WorkspaceBusy, LockTimeout."""
@@ -447,7 +446,7 @@ class KnowledgeBase:
 
     # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
-             committer: str | None = None) -> "Turn":
+             committer: str | None = None) -> Turn:
         """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
         operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir, create) and
         ``commit()``. ``author`` = whom the turn acts for (default: the OS user), ``committer`` =
@@ -465,7 +464,7 @@ class KnowledgeBase:
                 self._open_turns = OpenTurns()
         return self._open_turns.turn(store, turn_id, author or default_author(), committer)
 
-    def sweep_worktrees(self, ttl: float | None = None) -> "JanitorReport":
+    def sweep_worktrees(self, ttl: float | None = None) -> JanitorReport:
         """Remove abandoned turn worktrees older than ``ttl`` seconds (default
         ``settings.worktree_ttl``); never an open turn's (SPEC §5). What the janitor job runs."""
         from kb.git.worktree import sweep_worktrees
@@ -480,9 +479,9 @@ class KnowledgeBase:
         )
 
     def edit_document(
-        self, workspace_id: int, path: str, editor: "Callable[[Path], None]", author: str | None = None,
+        self, workspace_id: int, path: str, editor: Callable[[Path], None], author: str | None = None,
         message: str | None = None, committer: str | None = None,
-    ) -> "CommitResult | None":
+    ) -> CommitResult | None:
         """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
         ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
 
@@ -500,7 +499,7 @@ class KnowledgeBase:
     def seed(
         self, dsn: str, legacy_workspace: int, workspace_id: int, *, yes: bool = False, flip: bool = False,
         force: bool = False, progress: Callable[[str], None] | None = None,
-    ) -> "SeedReport":
+    ) -> SeedReport:
         """Seed ``workspace_id`` from legacy workspace ``legacy_workspace`` of the legacy database
         at ``dsn`` (``kb seed``, SPEC §10). Dry run unless ``yes``: plans paths and reports
         documents, skipped rows, collisions and bytes. With ``yes``: one seed revision, byte parity
@@ -522,13 +521,13 @@ class KnowledgeBase:
 
         return set_authority(self.stores, check_workspace_id(workspace_id), flipped=flipped)
 
-    def span_fill(self) -> "SpanFill":
+    def span_fill(self) -> SpanFill:
         """The span fill (SPEC §9): ``status()``, ``pause()``, ``resume()``, ``run()``."""
         from kb.legacy.span_fill import SpanFill
 
         return SpanFill(self.stores)
 
-    def drift_check(self, workspace_id: int | None = None) -> "list[DriftReport]":
+    def drift_check(self, workspace_id: int | None = None) -> list[DriftReport]:
         """Compare git HEAD with document and chunk rows of flipped workspaces (or one workspace)
         and repair the Postgres side, capped per run (SPEC §10 after the flip)."""
         from kb.legacy.drift import drift_check

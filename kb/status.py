@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from kb.store.knowledge_store import KnowledgeStore
 
 
-def status(settings: "Settings", database_url: str, store: "KnowledgeStore | None" = None) -> dict:
+def status(settings: Settings, database_url: str, store: KnowledgeStore | None = None) -> dict:
     """Head, index stamp, job counts, chunk and document counts of ``store``'s workspace (or only
     what spans every workspace when None). Raises WorkspaceNotFound for a workspace that does not
     exist."""
@@ -37,7 +37,7 @@ def status(settings: "Settings", database_url: str, store: "KnowledgeStore | Non
     return result
 
 
-def _workspace_status(conn, store: "KnowledgeStore") -> dict:
+def _workspace_status(conn, store: KnowledgeStore) -> dict:
     """The ``workspace`` part of ``status``: rows, counts, migration, drift and remote."""
     from kb.legacy.drift import drift_report
     from kb.legacy.seed import migration_status

@@ -18,9 +18,9 @@ from support.commands import git, run_cli
 from support.events import received_events
 
 from kb.db import database
-from kb.index.embedding import HashingEmbedder
 from kb.errors import ArtifactNotFound, ArtifactReadOnly, InvalidInput, StaleGeneration
 from kb.faults import COMMIT_POINTS
+from kb.index.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
 
 CSV, PNG = b"region,total\nnorth,12\nsouth,7\n", bytes(range(256)) * 40
@@ -38,7 +38,7 @@ class SwitchableEmbedder(HashingEmbedder):
 
 
 def _row(kb, sql_name: str, **params):
-    from kb.db.sql import queries
+    from support.named_queries import queries
 
     with database.connect(kb.database_url) as conn:
         return conn.execute(queries[sql_name], params).fetchall()
@@ -220,7 +220,7 @@ def test_revert_and_restore_bump_the_generation_and_sidecarless_rows_start_at_on
     with kb.transaction(1, "legacy", "seed") as tx:
         tx.write("/documents/Artifacts/Legacy.md", b"# legacy\n")
     kb.project(1)
-    from kb.db.sql import queries
+    from support.named_queries import queries
 
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["test_set_document_type"], {"document_type": "ARTIFACT", "workspace_id": 1,

@@ -7,8 +7,7 @@ from collections import Counter
 
 from kb.index.chunking import Chunker
 
-WORDS = ("vault note plugin sync graph canvas link embed property template query filter sort "
-         "folder heading block callout table code theme snippet").split()
+WORDS = ["vault", "note", "plugin", "sync", "graph", "canvas", "link", "embed", "property", "template", "query", "filter", "sort", "folder", "heading", "block", "callout", "table", "code", "theme", "snippet"]
 
 
 def _document(rng: random.Random, sections: int = 40) -> str:

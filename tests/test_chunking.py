@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support.corpus import corpus_path, markdown_files
 
-from kb.index.chunking import Chunker, line_of, line_starts
 from kb.citations.envelope import document_lines
+from kb.index.chunking import Chunker, line_of, line_starts
 
 
 def test_line_of():

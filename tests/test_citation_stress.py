@@ -4,8 +4,9 @@ index runs and reindexes race, then convergence (SPEC §7, §8)."""
 
 from __future__ import annotations
 
-from kb.index.embedding import HashingEmbedder
 from support.citation_stress import stress
+
+from kb.index.embedding import HashingEmbedder
 
 
 def test_searches_racing_writes_and_index_runs_cite_git_s_lines_and_the_index_converges(kb):

@@ -5,9 +5,9 @@ asks to drop them."""
 from __future__ import annotations
 
 import pytest
+from support.commands import run_cli
 
 from kb.errors import UnknownChat
-from support.commands import run_cli
 
 POLICY = "# Refund policy\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\n"
 ANSWER = "Annual plans are refundable for 30 days [1:L3-4]; see also [9].\n"

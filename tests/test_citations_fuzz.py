@@ -8,7 +8,6 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from support.citation_fuzz import FollowTally, check_follow, check_line_counting, check_normalizer, check_rendering
 
 SEEDS = st.integers(min_value=0, max_value=2**64 - 1)

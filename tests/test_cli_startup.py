@@ -22,10 +22,9 @@ from support.commands import run_cli
 
 from kb.adapters.cli.main import main
 from kb.db.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
+from kb.db.migrations import schema_is_current
 from kb.errors import MigrationError
 from kb.knowledge_base import KnowledgeBase
-from kb.db.migrations import schema_is_current
-
 
 # -- the embedded server's recorded check -------------------------------------------------------
 
@@ -49,7 +48,7 @@ def test_recorded_check_answers_for_the_same_live_postmaster_only(tmp_path: Path
 
     _record_verified(pgdata, "kb", None)
     url = _verified_url(pgdata, "kb", None)
-    assert url is not None and f"port=5432" in url and "/kb?" in url
+    assert url is not None and "port=5432" in url and "/kb?" in url
     assert _verified_url(pgdata, "other", None) is None  # a database the full check never made
     assert _verified_url(pgdata, "kb", ("127.0.0.1", 5432)) is None  # other addresses asked for
 

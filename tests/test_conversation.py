@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+from support.named_queries import queries
 
-from kb.db import database
 from kb.citations.normalizer import Citation
-from kb.db.sql import queries
+from kb.db import database
 from kb.errors import InvalidChat, InvalidCitation, InvalidInput, UnknownHandle
 
 POLICY = "# Refund policy\n\nIntro line.\n\n## Annual plans\nAnnual subscriptions may be refunded within 30 days.\nContact billing.\n"

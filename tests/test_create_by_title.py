@@ -8,10 +8,10 @@ import unicodedata
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from support.commands import git
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
 from kb.paths import StorePath, name_key
-from support.commands import git
 
 WS = 1
 HOSTILE = [
@@ -108,7 +108,7 @@ def test_racing_threads_creating_one_title_get_distinct_paths(workspace):
                 doc = tx.create("/documents/Notes", "Plan", f"writer {i}\n")
                 barrier.wait(timeout=30)
             results.append((i, doc.path))
-        except Exception as exc:  # noqa: BLE001 (reported below)
+        except Exception as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support.named_queries import queries
 
 from kb.db import database
 from kb.errors import DatabaseUnavailable
-from kb.db.sql import queries
 
 
 def test_pooled_connections_are_reused_and_give_dict_rows(database_url: str) -> None:

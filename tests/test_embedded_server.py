@@ -18,14 +18,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support.commands import run_cli
-from support.network import free_port
-
 from psycopg import sql
+from support.commands import run_cli
+from support.named_queries import queries
+from support.network import free_port
 
 from kb.db.database import running_server, start_embedded, stop_embedded
 from kb.db.embedded_server import default_shared_buffers
-from kb.db.sql import queries
 
 
 def accepts_tcp(port: int) -> bool:

@@ -8,14 +8,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kb.index.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
 from kb.errors import EmbeddingError
+from kb.index.embedding import HashingEmbedder, OpenAIEmbedder, make_embedder
 
 
 class _Handler(BaseHTTPRequestHandler):
     reference = HashingEmbedder(384)
 
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):  # http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body["model"] == "missing-model":
             self.send_response(404)

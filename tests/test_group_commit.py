@@ -19,12 +19,11 @@ import pytest
 from support.commands import git
 
 from kb.db import database
-
-from kb.store import group_commit
-from kb.store.draft import Draft
+from kb.db.locks import WRITE_LOCK_NAMESPACE
 from kb.errors import LockTimeout, PathExists
 from kb.knowledge_base import KnowledgeBase
-from kb.db.locks import WRITE_LOCK_NAMESPACE
+from kb.store import group_commit
+from kb.store.draft import Draft
 
 BASE = {"/documents/keep.md": b"keep"}
 
@@ -185,9 +184,10 @@ def test_intent_ids_are_never_reused_after_a_postgres_crash(tmp_path):
     journal entry (here for the id the reset sequence would hand out next, naming a revision
     already recorded) then "settled" the next write with that old revision: the write returned
     without error and its document was never committed."""
+    from support.named_queries import queries
+
     from kb.db import embedded_server
     from kb.settings import Settings
-    from kb.db.sql import queries
 
     root = Path(tempfile.mkdtemp(prefix="kbcrash-"))  # outside tmp_path: the server's OS user must reach it
     pgdata = root / "pg"

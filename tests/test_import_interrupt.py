@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.db import database
-from kb.db.sql import queries
 
 
 def _source(tmp_path, count: int = 3):

@@ -21,10 +21,10 @@ run that follows it:
 from __future__ import annotations
 
 import pytest
+from support.citation_stress import git_lines
 
 from kb.index.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
-from support.citation_stress import git_lines
 
 
 class _EmbedderWithHook(HashingEmbedder):

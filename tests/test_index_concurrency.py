@@ -22,17 +22,17 @@ import time
 
 import psycopg
 import pytest
+from support.named_queries import queries
 
 from kb.db import database
 from kb.index.embedding import HashingEmbedder
 from kb.knowledge_base import KnowledgeBase
-from kb.db.sql import queries
 
 WAIT_SECONDS = 30.0
 
 
 def _paragraphs(prefix: str, n: int) -> str:
-    words = "alpha beta gamma delta kappa omega sigma refund policy annual plan invoice".split()
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "refund", "policy", "annual", "plan", "invoice"]
     return "\n\n".join(f"{prefix} {i}: " + " ".join(words[(i + j) % len(words)] for j in range(30)) for i in range(n))
 
 

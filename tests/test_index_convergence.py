@@ -8,16 +8,15 @@ from types import SimpleNamespace
 import pytest
 from support.embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
 from support.generated_documents import generated_corpus, generated_paragraphs, named_rows, write_all
+from support.named_queries import queries
 
 from kb.db import database
+from kb.errors import DimensionMismatch
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunker
 from kb.index.embedding import HashingEmbedder
-from kb.errors import DimensionMismatch
 from kb.index.indexer import sha256_text
 from kb.knowledge_base import KnowledgeBase
-from kb.db.sql import queries
-
 
 
 def _chunk_set(kb, ws):

@@ -12,14 +12,13 @@ import asyncio
 
 import pytest
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.db import database
-
 from kb.jobs import tasks as jobs
-from kb.knowledge_base import KnowledgeBase
-from kb.db.sql import queries
-from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 from kb.jobs.sweep import defer_failed_retry
+from kb.knowledge_base import KnowledgeBase
+from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 
 
 def _jobs(kb: KnowledgeBase) -> list[dict]:
@@ -155,4 +154,4 @@ def test_until_idle_reports_a_due_job_held_back_by_a_foreign_delayed_job(kb, kb_
     assert "holds lock index:1" in result.stdout
     assert _workspace(kb)["last_projected_revision"] == kb.head(1)  # projection was not held back
     status = run_cli(kb_env, "status").stdout
-    assert f"blocked:    job" in status and f"waits for job {foreign}" in status
+    assert "blocked:    job" in status and f"waits for job {foreign}" in status

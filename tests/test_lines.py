@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kb.index.chunking import Chunker
-from kb.lines import document_lines, line_count, line_of, line_starts
+from kb.lines import document_lines, line_count, line_starts
 
 
 @pytest.mark.parametrize(("text", "lines"), [

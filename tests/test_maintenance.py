@@ -6,8 +6,8 @@ import multiprocessing
 
 from support.commands import git
 
-from kb.knowledge_base import KnowledgeBase
 from kb.git.maintenance import loose_object_count, maintain_workspaces
+from kb.knowledge_base import KnowledgeBase
 
 WS = 1
 

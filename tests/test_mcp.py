@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,6 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-
 from support.commands import git, run_cli
 from support.network import free_port
 

@@ -9,9 +9,9 @@ import pytest
 import sqlglot
 from support.database import run_admin, with_database
 
-from kb.errors import MigrationError
 from kb.db.migrations import apply_migrations, migration_files
 from kb.db.sql import load_queries, sql_root
+from kb.errors import MigrationError
 
 CATALOG = """
 SELECT 'column' AS kind, table_schema || '.' || table_name || '.' || column_name || ' ' || data_type

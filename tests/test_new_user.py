@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.commands import run_cli
+
 from kb.errors import PathExists, WorkspaceBusy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,9 +87,10 @@ def _python_keyword_hints_without_cli_spelling() -> list[str]:
                 continue
             texts = [c.value for arg in node.exc.args for c in ast.walk(arg)
                      if isinstance(c, ast.Constant) and isinstance(c.value, str)]
-            if any(keyword.search(t) for t in texts) and not any(k.arg == "cli" for k in node.exc.keywords):
-                if path.parts[-3:-1] != ("kb", "turns"):  # turns: Python, HTTP and MCP only, no CLI
-                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            python_only = path.parts[-3:-1] == ("kb", "turns")  # turns: Python, HTTP and MCP only, no CLI
+            if (any(keyword.search(t) for t in texts) and not any(k.arg == "cli" for k in node.exc.keywords)
+                    and not python_only):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     return missing
 
 

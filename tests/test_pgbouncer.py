@@ -25,7 +25,6 @@ from support.core_flow import WORKSPACE, assert_converged, run_core_flow
 from support.network import free_port
 
 from kb.db import database
-
 from kb.jobs import tasks as jobs
 from kb.settings import Settings
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import psycopg
+from psycopg.rows import dict_row
 from support.commands import run_cli
 from support.events import received_events
-from psycopg.rows import dict_row
 
 from kb.store.projection import event_payload, renamed_folder_candidates
 

@@ -13,16 +13,16 @@ import subprocess
 import sys
 
 import psycopg
-from psycopg import sql
 import pytest
+from psycopg import sql
+from pydantic import SecretStr
 from support.commands import git, run_cli
 from support.git_servers import bare_repository, git_daemon, git_http_server
+from support.named_queries import queries
 from support.waiting import wait_until
-from pydantic import SecretStr
 
 from kb.db import database
 from kb.errors import InvalidInput, PushFailed, RemoteDiverged, RemoteUnreachable
-from kb.db.sql import queries
 
 PASSWORD = "s3cr3t-t0ken-Zq9"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support.commands import run_cli
 from psycopg.rows import dict_row
+from support.commands import run_cli
 
 from kb.db.database import start_embedded, stop_embedded
 from kb.db.migrations import apply_migrations

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.db import database
-from kb.db.sql import queries
 from kb.errors import HistoryDiverged
 from kb.knowledge_base import KnowledgeBase
 

@@ -33,7 +33,6 @@ def test_indexed_workspace_returns_k_when_few_rows_are_left_and_the_connection_c
     import psycopg
 
     from kb.db import database
-
     from kb.index import vector_index
     from kb.search.hybrid import search
 
@@ -120,9 +119,9 @@ def test_a_document_only_the_document_leg_found_shows_its_chunk_holding_most_que
     """No chunk leg returned a chunk of the document: its envelope shows the chunk holding the most
     distinct query terms (``excerpt_chunks``), with the document's true lines at the indexed
     revision."""
+    from kb.db.sql import queries
     from kb.index.languages import lexical_text
     from kb.search.hybrid import envelopes
-    from kb.db.sql import queries
 
     kb.use_embedder(HashingEmbedder())
     kb.create_workspace(1)

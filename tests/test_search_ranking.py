@@ -8,16 +8,15 @@ import functools
 
 import pytest
 from support.embedders import CountingEmbedder
+from support.named_queries import queries
 
 from kb.db import database
-
+from kb.errors import ConfigurationError
 from kb.index import vector_index
 from kb.index.embedding import HashingEmbedder, minilm_available
-from kb.errors import ConfigurationError
 from kb.knowledge_base import KnowledgeBase
 from kb.search.hybrid import lexical_leg, vector_leg
 from kb.settings import Settings
-from kb.db.sql import queries
 
 
 def _rows(kb, query: str, **params) -> list[dict]:
@@ -271,7 +270,7 @@ def test_japanese_and_chinese_queries_find_their_page_lexically(kb):
 
 def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch):
     embedder = kb.use_embedder(HashingEmbedder())
-    words = "alpha beta gamma delta kappa omega sigma tau refund policy annual plan invoice".split()
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "tau", "refund", "policy", "annual", "plan", "invoice"]
     docs = {f"/documents/p{i}.md": " ".join(words[(i * 7 + j) % len(words)] for j in range(9)) + f" n{i}\n"
             for i in range(60)}
     _write_all(kb, 1, docs)

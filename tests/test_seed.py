@@ -9,12 +9,13 @@ import json
 import numpy as np
 import psycopg
 import pytest
-from support.commands import git, run_cli
-from support.legacy import all_pages, drop_legacy, english_pages, LegacyHashEmbedder, make_legacy
+from support.commands import git
+from support.legacy import LegacyHashEmbedder, all_pages, drop_legacy, english_pages, make_legacy
 
-from kb.errors import LegacySourceError, SeedRefused
-from kb.paths import blob_id, name_key, safe_filename
+from kb.db.locks import index_lock
 from kb.db.sql import queries
+from kb.errors import LegacySourceError, LockTimeout, SeedRefused
+from kb.paths import blob_id, name_key, safe_filename
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +279,15 @@ def test_a_writer_removing_documents_during_the_seed_fails_cleanly_and_a_rerun_c
     again = kb.seed(dsn, 3, 5, yes=True, flip=True)  # a re-seed, not refused as foreign documents
     assert again.parity.ok and again.not_adopted == [] and again.flipped
     assert all(kb.store(5).read(path) for path in victims)  # the legacy documents are back
+
+
+def test_seed_while_an_index_run_holds_the_lock_raises_lock_timeout(legacy_kb, english_legacy):
+    """The seed waits lock_timeout seconds for a running index run, then says which lock it waited
+    for (it raised a TypeError from LockTimeout's constructor before)."""
+    kb, _ = legacy_kb
+    dsn, _ = english_legacy
+    kb.settings.lock_timeout = 0.3
+    with index_lock(kb.database_url, 8) as held:
+        assert held
+        with pytest.raises(LockTimeout, match="index lock .* an index run holds the index lock"):
+            kb.seed(dsn, 3, 8, yes=True)

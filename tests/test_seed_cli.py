@@ -9,7 +9,7 @@ import json
 import psycopg
 import pytest
 from support.commands import git, run_cli
-from support.legacy import all_pages, drop_legacy, LegacyHashEmbedder, make_legacy
+from support.legacy import LegacyHashEmbedder, all_pages, drop_legacy, make_legacy
 
 from kb.knowledge_base import KnowledgeBase
 

@@ -8,18 +8,17 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from support.commands import git, run_cli
+from support.named_queries import queries
 from support.network import free_port
 from support.waiting import wait_until
 
 from kb.db import database
-from kb.db.sql import queries
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 

@@ -16,17 +16,16 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from support.database import run_admin, with_database
 from support.core_flow import run_core_flow
+from support.database import run_admin, with_database
+from support.named_queries import queries
 
 from kb.db import database
-
-from kb.jobs import tasks as jobs
-from kb.errors import MigrationError
-from kb.knowledge_base import KnowledgeBase
 from kb.db.migrations import apply_migrations
+from kb.errors import MigrationError
+from kb.jobs import tasks as jobs
+from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
-from kb.db.sql import queries
 
 HOSTILE = {
     "search_path": "kb, public",

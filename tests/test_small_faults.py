@@ -6,10 +6,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from support.commands import run_cli
 
 from kb.errors import KbError, PathExists
 from kb.index.chunking import check_piece
-from support.commands import run_cli
 
 WS = 1
 

@@ -15,7 +15,7 @@ import time
 
 import psycopg
 import pytest
-from support.legacy import drop_legacy, english_pages, LegacyHashEmbedder, make_legacy
+from support.legacy import LegacyHashEmbedder, drop_legacy, english_pages, make_legacy
 
 from kb.citations.envelope import document_lines
 from kb.db.database import embedded_bin_dir

@@ -9,11 +9,10 @@ import threading
 import pytest
 from support.commands import git, run_cli
 
+from kb.db.locks import locked_transaction
 from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
 from kb.knowledge_base import KnowledgeBase
-from kb.db.locks import locked_transaction
 from kb.paths import blob_id
-from kb.settings import Settings
 
 A, B, C = "/documents/a.md", "/documents/b.md", "/documents/c.md"
 

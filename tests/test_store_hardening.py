@@ -17,18 +17,22 @@ import unicodedata
 
 import pytest
 from support.commands import git, run_cli
+from support.named_queries import queries
 
 from kb.db import database
-from kb.store import knowledge_store as store_module
-from kb.index.chunking import Chunker
+from kb.db.locks import WRITE_LOCK_NAMESPACE
 from kb.errors import (
-    CommitOutcomeUnknown, ConfigurationError, DatabaseUnavailable, InvalidInput, InvalidPath, KbError,
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidPath,
+    KbError,
     PathExists,
 )
+from kb.index.chunking import Chunker
 from kb.knowledge_base import KnowledgeBase
-from kb.db.locks import WRITE_LOCK_NAMESPACE
 from kb.paths import MAX_PATH_BYTES, safe_filename
-from kb.db.sql import queries
+from kb.store import knowledge_store as store_module
 
 WS = 1
 NFC = unicodedata.normalize("NFC", "Café.md")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.commands import git
-from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kb.errors import DocumentNotFound, PathExists
 from kb.paths import blob_id

@@ -30,7 +30,7 @@ def run_threads(target, count: int = THREADS) -> list[BaseException]:
     def body(k: int) -> None:
         try:
             target(k)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=body, args=(k,), daemon=True) for k in range(count)]
@@ -201,5 +201,5 @@ def test_a_draft_used_from_another_thread_is_refused(kb):
 def _write_catching(tx, caught) -> None:
     try:
         tx.write("/documents/other.md", "other\n")
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         caught.append(exc)

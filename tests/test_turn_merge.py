@@ -9,10 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.commands import git
 
 from kb.errors import DocumentGone, DocumentNotFound
-from kb.git.merge import merge_documents
-from support.commands import git
 
 WS = 1
 PLAN = "".join(f"line {n}\n" for n in range(1, 11)).encode()

@@ -9,12 +9,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.commands import git
 
 from kb.errors import (
-    DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPath, InvalidPattern, InvalidTurn,
-    IsAFolder, PathExists, UnsafeWorktreeEntry,
+    DocumentNotFound,
+    EditMismatch,
+    FolderNotEmpty,
+    InvalidPath,
+    InvalidPattern,
+    InvalidTurn,
+    IsAFolder,
+    PathExists,
+    UnsafeWorktreeEntry,
 )
-from support.commands import git
 
 WS = 1
 

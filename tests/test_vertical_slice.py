@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support.corpus import corpus_path, markdown_files
 from support.commands import git, run_cli
+from support.corpus import corpus_path, markdown_files
 
 from kb.citations.envelope import document_lines
 

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from support.generated_documents import generated_corpus, named_rows, write_all
+from support.named_queries import queries
 from support.waiting import wait_until
 
 from kb.db import database
-from kb.db.sql import queries
 
 TESTS = Path(__file__).resolve().parent
 

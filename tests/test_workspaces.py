@@ -7,13 +7,13 @@ import json
 import psycopg
 import psycopg.sql
 import pytest
-from support.commands import run_cli
 from psycopg.rows import dict_row
+from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.errors import InvalidWorkspace, WorkspaceBusy, WorkspaceNotFound
-from kb.db.sql import queries
-from kb.index.vector_index import index_name
 from kb.git.worktree import worktrees_root
+from kb.index.vector_index import index_name
 
 
 def _fill(kb, ws: int, n: int = 3) -> None:
@@ -187,8 +187,8 @@ def test_a_search_canceled_by_an_administrator_is_a_kb_error(kb):
     import threading
     import time
 
-    from kb.index.embedding import HashingEmbedder
     from kb.errors import StatementCanceled
+    from kb.index.embedding import HashingEmbedder
 
     kb.use_embedder(HashingEmbedder())
     _fill(kb, 1)

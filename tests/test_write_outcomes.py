@@ -14,10 +14,10 @@ import time
 
 import psycopg
 import pytest
+from support.named_queries import queries
 
 from kb.db import database
 from kb.db.locks import WRITE_LOCK_NAMESPACE
-from kb.db.sql import queries
 from kb.errors import CommitOutcomeUnknown, KbError
 from kb.knowledge_base import KnowledgeBase
 

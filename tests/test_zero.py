@@ -22,14 +22,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 from support.core_flow import write_tree
 from support.network import free_port
-from psycopg.rows import dict_row
 
 from kb.db import database
 from kb.db.database import stop_embedded
-from kb.knowledge_base import KnowledgeBase
 from kb.db.publication import publication_columns
+from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
 
 ZERO_DIR = Path(__file__).parent / "zero"

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kb.citations import registry
-from kb.db import database
+from kb.citations.envelope import Envelope
 from kb.citations.follow import LineMapping, follow_history
 from kb.citations.normalizer import Citation, HandleInfo, NormalizedText, normalize, parse_citation
-from kb.citations.envelope import Envelope
 from kb.citations.registry import Handle, Showing
+from kb.db import database
+from kb.db.sql import queries
 from kb.errors import DocumentNotFound, InvalidCitation, InvalidInput, IsAFolder, UnknownChat, UnknownHandle
 from kb.lines import document_lines
 from kb.paths import StorePath
-from kb.db.sql import queries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,9 +107,9 @@ class Conversation:
     """One chat's reads and citations in one workspace (SPEC §8). Obtain it with
     ``kb.conversation(workspace_id, chat_id)``; it holds no connection between calls."""
 
-    def __init__(self, store: "KnowledgeStore", chat_id: str, *,
-                 search: "Callable[[str, int], list[Envelope]]",
-                 read_document: "Callable[[str, str | None], Envelope]") -> None:
+    def __init__(self, store: KnowledgeStore, chat_id: str, *,
+                 search: Callable[[str, int], list[Envelope]],
+                 read_document: Callable[[str, str | None], Envelope]) -> None:
         """``store``: the workspace's store; ``search(query, k)`` and ``read_document(path,
         revision)``: the workspace's hybrid search and full-view read, which live above this layer
         (the facade hands them in, design §18). Raises InvalidChat, WorkspaceNotFound."""

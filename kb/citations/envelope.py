@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
-from kb.lines import check_offset, check_window_arguments
-from kb.lines import document_lines  # noqa: F401  (re-exported: the one line counter, kb.lines)
+from kb.lines import (
+    check_offset,
+    check_window_arguments,
+    document_lines,  # noqa: F401  (re-exported: the one line counter, kb.lines)
+)
 
 GAP = "   ⋮"
 
@@ -41,7 +44,7 @@ class Envelope:
         """True when every line carries its true line number."""
         return all(n is not None for n, _ in self.lines)
 
-    def window(self, offset: int = 0, limit: int | None = None) -> "Envelope":
+    def window(self, offset: int = 0, limit: int | None = None) -> Envelope:
         """Lines ``offset+1 … offset+limit`` of this full-view envelope (``limit`` None: to the
         end), keeping their true numbers. The whole document stays ``view="full"``; anything less
         is ``view="window"`` with ``total_lines``. Raises InvalidInput for a negative or non-integer

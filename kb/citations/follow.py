@@ -17,6 +17,7 @@ deleted passage is not "found" in an unrelated copy of the same text.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,9 +67,9 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
                 equal_map[i1 + offset] = j1 + offset
     first, last = start - 1, end - 1
     mapped = [equal_map.get(i) for i in range(first, last + 1)]
-    if all(m is not None for m in mapped) and mapped[-1] - mapped[0] == last - first:
-        if new[mapped[0]:mapped[-1] + 1] == cited:
-            return LineMapping("unchanged", mapped[0] + 1, mapped[-1] + 1)
+    if (all(m is not None for m in mapped) and mapped[-1] - mapped[0] == last - first
+            and new[mapped[0]:mapped[-1] + 1] == cited):
+        return LineMapping("unchanged", mapped[0] + 1, mapped[-1] + 1)
     # The alignment split the cited range (repeated lines). Look for the exact block only between
     # the nearest aligned lines around it: where the cited lines must stand if they are intact.
     before = max((equal_map[i] for i in range(first) if i in equal_map), default=-1)
@@ -85,7 +86,7 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
     return LineMapping("changed", lo + 1, hi + 1)
 
 
-def _new_position(opcodes: list[tuple[str, int, int, int, int]], i: int, at_end: bool = False) -> int:
+def _new_position(opcodes: Sequence[tuple[str, int, int, int, int]], i: int, at_end: bool = False) -> int:
     """0-based line of the new text standing where old line ``i`` stood. In an ``equal`` block the
     line itself; in a ``replace`` block its replacement's first (``at_end``: last) line; in a
     ``delete`` block the line after (``at_end``: before) the gap — so a range wholly deleted maps
@@ -112,7 +113,8 @@ def follow_history(cited_lines: list[str], versions: list[list[str] | None], sta
     if not 1 <= start <= end <= len(cited_lines):
         raise ValueError(f"lines {start}-{end} are outside a {len(cited_lines)}-line text")
     cited = cited_lines[start - 1:end]
-    current, status, lo, hi = cited_lines, "unchanged", start, end
+    current, lo, hi = cited_lines, start, end
+    status: Status = "unchanged"
     for version in versions:
         if version is None or version is current:
             continue

@@ -166,7 +166,7 @@ def _fenced_regions(text: str) -> list[tuple[int, int]]:
 def _code_span_regions(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """Inline code spans in ``text[start:end]`` (CommonMark: a run of N backticks closed by the
     next run of exactly N); an unclosed run is literal backticks."""
-    regions = []
+    regions: list[tuple[int, int]] = []
     pos = start
     while True:
         m = _BACKTICKS.search(text, pos, end)

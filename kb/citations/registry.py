@@ -14,11 +14,13 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import psycopg
-
-from kb.errors import InvalidChat
 from kb.db.sql import queries
+from kb.errors import InvalidChat
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 MAX_CHAT_ID_CHARS = 200
 
@@ -77,7 +79,7 @@ def _handle(row: dict) -> Handle:
                   row.get("created_at"))
 
 
-def register(conn: psycopg.Connection, workspace_id: int, chat_id: str, showings: list[Showing]) -> list[Handle]:
+def register(conn: Connection, workspace_id: int, chat_id: str, showings: list[Showing]) -> list[Handle]:
     """Handles of ``showings`` in order (existing ones reused, new ones numbered next), in the
     caller's transaction; the chat row stays locked until it ends. Paths are virtual."""
     params = {"workspace_id": workspace_id, "chat_id": chat_id}
@@ -93,29 +95,29 @@ def register(conn: psycopg.Connection, workspace_id: int, chat_id: str, showings
     return handles
 
 
-def lookup(conn: psycopg.Connection, workspace_id: int, chat_id: str, n: int) -> Handle | None:
+def lookup(conn: Connection, workspace_id: int, chat_id: str, n: int) -> Handle | None:
     """Handle ``n`` of the chat, or None."""
     row = conn.execute(queries["citation_handle"], {"workspace_id": workspace_id, "chat_id": chat_id, "n": n}).fetchone()
     return None if row is None else _handle(row)
 
 
-def handles(conn: psycopg.Connection, workspace_id: int, chat_id: str) -> list[Handle]:
+def handles(conn: Connection, workspace_id: int, chat_id: str) -> list[Handle]:
     """Every handle of the chat, by number."""
     rows = conn.execute(queries["citation_handles"], {"workspace_id": workspace_id, "chat_id": chat_id}).fetchall()
     return [_handle(r) for r in rows]
 
 
-def mark_used(conn: psycopg.Connection, workspace_id: int, chat_id: str) -> None:
+def mark_used(conn: Connection, workspace_id: int, chat_id: str) -> None:
     """Push the chat's expiry back (KB_CITATION_TTL counts from the last use)."""
     conn.execute(queries["mark_citation_chat_used"], {"workspace_id": workspace_id, "chat_id": chat_id})
 
 
-def forget(conn: psycopg.Connection, workspace_id: int, chat_id: str) -> int:
+def forget(conn: Connection, workspace_id: int, chat_id: str) -> int:
     """Delete the chat and its handles; returns how many handles it had handed out (0: unknown chat)."""
     row = conn.execute(queries["forget_citation_chat"], {"workspace_id": workspace_id, "chat_id": chat_id}).fetchone()
     return 0 if row is None else row["handle_count"]
 
 
-def expire(conn: psycopg.Connection, ttl_seconds: float) -> int:
+def expire(conn: Connection, ttl_seconds: float) -> int:
     """Delete chats unused for ``ttl_seconds`` seconds (with their handles); returns how many."""
     return conn.execute(queries["expire_citation_chats"], {"ttl_seconds": ttl_seconds}).fetchone()["chats"]

@@ -18,28 +18,35 @@ server connection ran it), and keeps session work — the worker's LISTEN — on
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
 import atexit
+import contextlib
 import os
 import re
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
 from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
-    EMBEDDED_DATABASE, embedded_bin_dir, forget_verified, parse_listen, running_server, start_embedded,
+    EMBEDDED_DATABASE,
+    embedded_bin_dir,
+    forget_verified,
+    parse_listen,
+    running_server,
+    start_embedded,
     stop_embedded,
 )
+from kb.db.sql import queries
 from kb.errors import DatabaseNotReady, DatabaseUnavailable, KbError, StatementCanceled, WorkspaceNotFound
 from kb.settings import Settings
-from kb.db.sql import queries
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
+
+Connection: TypeAlias = "psycopg.Connection[DictRow]"
+"""Every connection kb opens (``connect``, the pools) returns rows as dicts (``dict_row``)."""
 
 JOB_QUEUE_SCHEMA = "public"
 """The schema of Procrastinate's tables (where Procrastinate puts them, SPEC §12). kb's
@@ -111,7 +118,7 @@ def tcp_database_url(settings: Settings) -> str | None:
     return server.tcp_url(EMBEDDED_DATABASE) if server else None
 
 
-def configure_connection(conn: psycopg.Connection, *, local: bool = False) -> None:
+def configure_connection(conn: Connection, *, local: bool = False) -> None:
     """Set on ``conn`` what kb relies on, whatever the session defaults say (SPEC §13).
 
     One statement (``configure_session`` in sql/queries/connection.sql) pins ``search_path``
@@ -197,7 +204,7 @@ def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
 
 
 @contextlib.contextmanager
-def _lost_raises_unavailable(conn: psycopg.Connection) -> Iterator[None]:
+def _lost_raises_unavailable(conn: Connection) -> Iterator[None]:
     """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
     DatabaseUnavailable, a canceled statement StatementCanceled, and a write to a workspace
     deleted meanwhile WorkspaceNotFound (``deleted_workspace``); other errors of a healthy
@@ -212,7 +219,7 @@ def _lost_raises_unavailable(conn: psycopg.Connection) -> Iterator[None]:
         raise (deleted_workspace(exc) or exc) from exc
 
 
-class KbConnection(psycopg.Connection):
+class KbConnection(psycopg.Connection[DictRow]):
     """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
     backend was terminated) into DatabaseUnavailable, a canceled statement into StatementCanceled
     and a write to a workspace deleted meanwhile into WorkspaceNotFound, so no raw psycopg error
@@ -228,7 +235,7 @@ class KbConnection(psycopg.Connection):
             raise missing from exc_val
 
 
-def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
+def connect(url: str, *, autocommit: bool = False) -> Connection:
     """Open a psycopg connection with dict rows, configured by ``configure_connection`` (not behind
     a transaction-mode pooler, see the module docstring). Raises DatabaseUnavailable naming the
     server; used as a context manager, a connection lost inside the block raises DatabaseUnavailable."""
@@ -245,7 +252,7 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     return conn
 
 
-_pools: dict[str, "ConnectionPool"] = {}
+_pools: dict[str, ConnectionPool[Connection]] = {}
 _pools_lock = threading.Lock()
 POOL_MIN_SIZE = 2
 """Connections a pool keeps open (it grows to POOL_MAX_SIZE while callers wait)."""
@@ -256,7 +263,7 @@ POOL_TIMEOUT = 30.0
 def _pool_configure(url: str):
     pooled = is_transaction_pooled(url)
 
-    def configure(conn: psycopg.Connection) -> None:
+    def configure(conn: Connection) -> None:
         conn.row_factory = dict_row
         if not pooled:
             configure_connection(conn)
@@ -273,7 +280,7 @@ def _check_or_sweep(swept: list):
     caller waited 30 s and got DatabaseUnavailable; now it waits about one back-off (~1 s)."""
     from psycopg_pool import ConnectionPool
 
-    def check(conn: psycopg.Connection) -> None:
+    def check(conn: Connection) -> None:
         try:
             ConnectionPool.check_connection(conn)
         except Exception:
@@ -284,7 +291,7 @@ def _check_or_sweep(swept: list):
     return check
 
 
-def pool(url: str) -> "ConnectionPool":
+def pool(url: str) -> ConnectionPool[Connection]:
     """The process-wide connection pool for ``url`` (created and opened on first use).
 
     Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
@@ -298,7 +305,7 @@ def pool(url: str) -> "ConnectionPool":
         if existing is not None and not existing.closed:
             return existing
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
-        swept: list[ConnectionPool] = []
+        swept: list[ConnectionPool[Connection]] = []
         created = ConnectionPool(
             url, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
             kwargs=connection_kwargs(url) or None,
@@ -318,7 +325,7 @@ def pool(url: str) -> "ConnectionPool":
 
 
 @contextlib.contextmanager
-def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
+def pooled_connection(url: str) -> Iterator[Connection]:
     """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
 
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
@@ -351,7 +358,7 @@ def pooled_connection(url: str) -> Iterator[psycopg.Connection]:
 
 
 @contextlib.contextmanager
-def pooled_transaction(url: str) -> Iterator[psycopg.Connection]:
+def pooled_transaction(url: str) -> Iterator[Connection]:
     """Like ``transaction`` on a pooled connection: committed on clean exit, rolled back on error."""
     with pooled_connection(url) as conn:
         with conn.transaction():
@@ -369,7 +376,7 @@ def close_pools() -> None:
 
 atexit.register(close_pools)
 
-_inherited: list["ConnectionPool"] = []
+_inherited: list[ConnectionPool[Connection]] = []
 
 
 def _forget_pools_after_fork() -> None:
@@ -393,11 +400,11 @@ def redact(url: str) -> str:
         return "<unparseable database URL>"
     if info.get("password"):
         info["password"] = "***"
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
 
 
 @contextlib.contextmanager
-def transaction(url: str) -> Iterator[psycopg.Connection]:
+def transaction(url: str) -> Iterator[Connection]:
     """A connection inside one transaction: committed on clean exit, rolled back on error."""
     conn = connect(url)
     try:
@@ -407,7 +414,7 @@ def transaction(url: str) -> Iterator[psycopg.Connection]:
         conn.close()
 
 
-def require_pgvector(conn: psycopg.Connection, url: str) -> None:
+def require_pgvector(conn: Connection, url: str) -> None:
     """Raise DatabaseNotReady if the server cannot provide pgvector ≥ 0.5 (SPEC §13)."""
     row = conn.execute(queries["pgvector_available"]).fetchone()
     if row is None:

@@ -31,9 +31,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from kb.db.sql import queries
 from kb.errors import DatabaseUnavailable
 from kb.settings import parse_listen  # noqa: F401  (re-exported)
-from kb.db.sql import queries
 
 EMBEDDED_DATABASE = "kb"
 DEFAULT_PORT = 5432

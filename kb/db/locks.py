@@ -15,14 +15,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 
 from kb.db import database
+from kb.db.sql import queries
 from kb.errors import LockTimeout, LockUnavailable
 from kb.settings import Settings
-from kb.db.sql import queries
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -80,7 +83,7 @@ CHUNK_LOCK_NAMESPACE = 7104
 # polls it before anything else), never waited for in Postgres.
 
 
-def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: int, timeout: float) -> None:
+def advisory_xact_lock(conn: Connection, namespace: int, workspace_id: int, timeout: float) -> None:
     """Take ``pg_advisory_xact_lock(namespace, workspace_id)`` in ``conn``'s open transaction.
 
     Waits at most ``timeout`` seconds, then raises LockTimeout (the transaction is then aborted
@@ -95,14 +98,14 @@ def advisory_xact_lock(conn: psycopg.Connection, namespace: int, workspace_id: i
         raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
 
 
-def lock_statements(conn: psycopg.Connection, namespace: int, workspace_id: int, timeout: float) -> None:
+def lock_statements(conn: Connection, namespace: int, workspace_id: int, timeout: float) -> None:
     """Queue (in ``conn``'s pipeline or run) the bounded ``pg_advisory_xact_lock(namespace,
     workspace_id)``: waits at most ``timeout`` seconds, then fails with LockNotAvailable."""
     conn.execute(queries["lock_workspace_write_bounded"], {
         "timeout": f"{max(1, int(timeout * 1000))}ms", "namespace": namespace, "workspace_id": workspace_id})
 
 
-def chunk_lock(conn: psycopg.Connection, workspace_id: int) -> None:
+def chunk_lock(conn: Connection, workspace_id: int) -> None:
     """Take the workspace's chunk lock in ``conn``'s open transaction (level 2 of the lock order
     above), waiting for it: held until the transaction ends. A transaction that writes several of a
     workspace's document rows, any of its chunk or statistics rows, or document rows after the
@@ -133,7 +136,7 @@ def index_lock(database_url: str, workspace_id: int, wait: float = 0.0) -> Itera
 @contextlib.contextmanager
 def locked_transaction(
     database_url: str, workspace_id: int, settings: Settings, prepare: Callable[[], T] | None = None
-) -> Iterator[tuple[psycopg.Connection, T | None]]:
+) -> Iterator[tuple[Connection, T | None]]:
     """A Postgres transaction holding the workspace write lock until it has committed (SPEC §3, §4).
 
     Order: take a connection from the process's pool (``kb.db.database.pool``; unreachable →
@@ -152,10 +155,10 @@ def locked_transaction(
 @contextlib.contextmanager
 def locked_pipeline(
     database_url: str, workspace_id: int, settings: Settings,
-    prepare: Callable[[psycopg.Connection], T] | None = None,
-    with_lock: Callable[[psycopg.Connection, T | None], R] | None = None,
-    connection: psycopg.Connection | None = None, timeout: float | None = None,
-) -> Iterator[tuple[psycopg.Connection, T | None, R | None]]:
+    prepare: Callable[[Connection], T] | None = None,
+    with_lock: Callable[[Connection, T | None], R] | None = None,
+    connection: Connection | None = None, timeout: float | None = None,
+) -> Iterator[tuple[Connection, T | None, R | None]]:
     """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
     it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
     prepared)`` runs its statements in the same round trip as taking the lock (it returns cursors,

@@ -15,13 +15,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from kb.db.database import JOB_QUEUE_SCHEMA, configure_connection
-from kb.errors import MigrationError
 from kb.db.publication import PUBLICATION, PublicationStatus, ensure_publication
 from kb.db.sql import migrations_dir, queries, sql_root
+from kb.errors import MigrationError
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 MIGRATION_LOCK_NAMESPACE = 7301
 """Advisory-lock namespace of the migration runner (the write and index locks use others, §4)."""
@@ -53,7 +57,7 @@ def _procrastinate_schema() -> tuple[str, str]:
     return f"procrastinate/{procrastinate.__version__}", SchemaManager.get_schema()
 
 
-def _job_queue_installed(conn: psycopg.Connection) -> bool:
+def _job_queue_installed(conn: Connection) -> bool:
     """Whether Procrastinate's tables are in ``JOB_QUEUE_SCHEMA``; raises MigrationError when they
     are only elsewhere (an install made under a session ``search_path`` before kb pinned its own)."""
     schemas = [row["schema"] for row in conn.execute(queries["procrastinate_schemas"])]
@@ -69,7 +73,7 @@ def _job_queue_installed(conn: psycopg.Connection) -> bool:
     return False
 
 
-def schema_is_current(conn: psycopg.Connection) -> bool:
+def schema_is_current(conn: Connection) -> bool:
     """True when ``apply_migrations`` would do nothing: the ledger records every migration file
     with its checksum, Procrastinate's tables are in ``JOB_QUEUE_SCHEMA``, pgvector is installed
     and the publication exists (SPEC §12).
@@ -93,7 +97,7 @@ def schema_is_current(conn: psycopg.Connection) -> bool:
     return all(applied.get(path.name) == checksum(path) for path in migration_files())
 
 
-def apply_migrations(conn: psycopg.Connection, *, from_migrations: bool = False) -> MigrationReport:
+def apply_migrations(conn: Connection, *, from_migrations: bool = False) -> MigrationReport:
     """Bring the database to the current schema; returns what was applied.
 
     ``from_migrations=True`` builds a fresh database by replaying every migration instead of

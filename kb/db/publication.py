@@ -10,10 +10,14 @@ never fails ``kb init``: kb works without the publication, only replication cons
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from kb.db.sql import queries, sql_root
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 PUBLICATION = "kb_publication"
 COLUMN_LIST_MIN_VERSION = 150000
@@ -50,7 +54,7 @@ def publication_sql() -> str:
     return (sql_root() / "publication.sql").read_text()
 
 
-def ensure_publication(conn: psycopg.Connection) -> PublicationStatus:
+def ensure_publication(conn: Connection) -> PublicationStatus:
     """Create ``kb_publication`` if missing and allowed, inside ``conn``'s open transaction.
 
     Never raises for a missing privilege or an old server: the reasons are in ``problems``.
@@ -93,7 +97,7 @@ def ensure_publication(conn: psycopg.Connection) -> PublicationStatus:
     return status
 
 
-def publication_columns(conn: psycopg.Connection) -> dict[str, list[str]]:
+def publication_columns(conn: Connection) -> dict[str, list[str]]:
     """``{table: [published columns]}`` of ``kb_publication`` (empty when it does not exist)."""
     return {
         r["table_name"]: list(r["attnames"])

@@ -2,7 +2,9 @@
 
 Named queries live in ``sql/queries/<concept>.sql`` as blocks introduced by ``-- name: <query>``
 (the procrastinate convention); Python code refers to them as ``queries["<query>"]``. Nothing else
-in kb holds SQL text.
+in kb holds SQL text. A name is a :data:`~kb.db.query_names.QueryName` (a Literal generated from the
+files by bin/write_query_names.py), so the type checker rejects a name no file defines. Queries only
+the tests or the benchmarks run live in tests/sql and bin/sql and do not ship (tests/named_queries.py).
 """
 
 from __future__ import annotations
@@ -10,8 +12,13 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kb.db.query_names import QueryName
 from kb.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from psycopg import sql
 
 # The kb package folder (this module lives in kb/db/).
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -65,7 +72,7 @@ def load_queries() -> dict[str, str]:
 
 
 class _Queries:
-    def __getitem__(self, name: str) -> str:
+    def __getitem__(self, name: QueryName) -> str:
         try:
             return load_queries()[name]
         except KeyError:
@@ -77,7 +84,7 @@ queries = _Queries()
 
 
 @functools.cache
-def composable(name: str):
+def composable(name: QueryName) -> sql.SQL:
     """The named query as a psycopg ``sql.SQL`` without its final semicolon, to be nested in
     another statement or have its ``{placeholders}`` filled by ``.format`` (e.g. the legs of
     ``search_candidates``). Raises ConfigurationError for an unknown name."""

@@ -20,7 +20,9 @@ head moved for that path in between (``kb.store``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from merge3 import Merge3
 
@@ -66,7 +68,7 @@ def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -
     Returns the merged bytes; overlapping hunks take ``theirs`` and are listed as lost hunks with
     ``path`` (the virtual path, for reporting). Never raises for any bytes.
     """
-    if ours == theirs or ours == base:
+    if ours in (theirs, base):
         return MergeOutcome(theirs, ())
     if theirs == base:
         return MergeOutcome(ours, ())
@@ -87,7 +89,8 @@ def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -
         elif kind == "b":
             merged.extend(their_lines[region[1]:region[2]])
         else:
-            _, z_start, z_end, a_start, a_end, b_start, b_end = region
+            # a conflict region carries all three ranges (merge3 types regions as 3-tuples)
+            _, z_start, z_end, a_start, a_end, b_start, b_end = cast(tuple[str, int, int, int, int, int, int], region)
             if z_end - z_start == a_end - a_start == b_end - b_start:
                 _merge_line_by_line(path, base_lines[z_start:z_end], our_lines[a_start:a_end],
                                     their_lines[b_start:b_end], a_start, merged, lost)
@@ -116,7 +119,7 @@ def _merge_line_by_line(path: str, base: list[bytes], ours: list[bytes], theirs:
             pending.clear()
 
     for i, (b, o, t) in enumerate(zip(base, ours, theirs)):
-        if o == b or o == t:
+        if o in (b, t):
             merged.append(t)
         elif t == b:
             merged.append(o)
@@ -149,7 +152,7 @@ class MergedBlob:
     blob: str | None
 
 
-def merge_staged(repo, requests: dict[str, MergeRequest], staged: dict[str, str | None],
+def merge_staged(repo, requests: Mapping[str, MergeRequest], staged: dict[str, str | None],
                  head_tree: bytes | None, earlier: dict[str, MergedBlob] | None = None) -> dict[str, MergedBlob]:
     """Merge every requested path of ``staged`` (``{repo path: blob}``, the writer's blobs) with
     the documents in ``head_tree``; returns ``{repo path: MergedBlob}`` and writes merged blobs to

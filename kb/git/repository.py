@@ -36,9 +36,9 @@ from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
 from kb.git.gitindex import IndexFile
-from kb.paths import name_key
 from kb.git.tree_layout import LayoutCache, apply_changes
 from kb.git.worktree_refresh import FILE_MODE, WorktreeRefresh
+from kb.paths import name_key
 
 BRANCH = b"refs/heads/main"
 OBJECT_CACHE_SIZE = 8192
@@ -127,7 +127,7 @@ def _loose_compression_as_git(repo: Repo) -> None:
     repo.object_store.loose_compression_level = LOOSE_COMPRESSION
 
 
-_open_repositories: "weakref.WeakSet[Repository]" = weakref.WeakSet()
+_open_repositories: weakref.WeakSet[Repository] = weakref.WeakSet()
 
 
 @atexit.register
@@ -236,14 +236,14 @@ class Repository(WorktreeRefresh):
         self._layouts.clear()
         self._repo.close()
 
-    def __enter__(self) -> "Repository":
+    def __enter__(self) -> Repository:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     @classmethod
-    def open(cls, path: Path) -> "Repository":
+    def open(cls, path: Path) -> Repository:
         """Open an existing repository; raises FileNotFoundError if there is none, including a
         ``.git`` folder that is not a complete repository (one being created or deleted by
         another process right now, or left damaged: dulwich's NotGitRepository)."""
@@ -255,7 +255,7 @@ class Repository(WorktreeRefresh):
             raise FileNotFoundError(path) from None
 
     @classmethod
-    def create(cls, path: Path) -> "Repository":
+    def create(cls, path: Path) -> Repository:
         """Initialise a repository with kb's config (SPEC §2.1) or open the existing one."""
         path = Path(path)
         if (path / ".git").is_dir():

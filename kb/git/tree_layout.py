@@ -21,7 +21,7 @@ import hashlib
 import stat
 import threading
 
-from dulwich.objects import FixedSha, Tree
+from dulwich.objects import FixedSha, ObjectID, Tree
 
 _DIR_MODE_PREFIXES = (b"4", b"04")
 BULK_CHANGES = 32
@@ -41,7 +41,7 @@ class TreeLayout:
         self.chunks = chunks
 
     @classmethod
-    def of(cls, tree: Tree) -> "TreeLayout | None":
+    def of(cls, tree: Tree) -> TreeLayout | None:
         """The layout of an existing tree, from its raw text (O(entries), once per tree).
         None when the text is not in git order (a malformed tree from elsewhere): the caller
         then lets dulwich re-serialize it, which sorts."""
@@ -101,7 +101,7 @@ def apply_changes(base: Tree | None, layout: TreeLayout | None,
             i = bisect.bisect_left(keys, key)
             keys.insert(i, key)
             chunks.insert(i, entry_bytes(name, mode, hexsha))
-            entries[name] = (mode, hexsha)
+            entries[name] = (mode, ObjectID(hexsha))
     return _finish(entries, keys, chunks)
 
 

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dulwich.index import Index, IndexEntry, index_entry_from_stat
+from dulwich.objects import ObjectID
 
 from kb.errors import InvalidTurn, StorageError, TurnBusy, UnsafeWorktreeEntry
-from kb.paths import check_path_length
 from kb.git.process_locks import path_lock
 from kb.git.repository import FILE_MODE, Repository
+from kb.paths import check_path_length
 
 MANIFEST = "kb-turn.json"
 LOCK = "kb-turn.lock"
@@ -360,7 +361,7 @@ class LazyWorktree:
         index = Index(str(self.admin / "index"), read=False)
         written = 0
         for path, blob_id in repo.walk(tree):
-            sha = blob_id.encode()
+            sha = ObjectID(blob_id.encode())
             if path in self.touched:
                 index[path.encode()] = IndexEntry((0, 0), (0, 0), 0, 0, FILE_MODE, 0, 0, 0, sha)
                 continue

@@ -85,7 +85,7 @@ class WorktreeRefresh:
             finally:
                 os.close(fd)
 
-    def refresh_pending(self) -> "PendingRefresh":
+    def refresh_pending(self) -> PendingRefresh:
         """Mark a working-tree refresh as owed (a shared flock on ``.git/kb-refresh.lock``): taken
         by a writer *under the write lock, before the branch moves*, released once it has
         refreshed the working tree for that revision (``PendingRefresh.release``). ``kb fsck``

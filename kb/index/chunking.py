@@ -81,7 +81,7 @@ def _lossless_tokenizer(model_tokenizer):
         def __repr__(self) -> str:
             return "ModelTokenPieces(all-MiniLM-L6-v2)"
 
-        def encode(self, text: str) -> list[str]:
+        def encode(self, text: str) -> list[str]:  # type: ignore[override]  # pieces, not ids: chonkie counts them
             offsets = model_tokenizer(
                 text, add_special_tokens=False, return_offsets_mapping=True
             )["offset_mapping"]

@@ -47,23 +47,23 @@ import contextlib
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kb.db import database
-from kb.index.chunk_context import context_line, embedded_text, heading_paths
-from kb.index.chunking import Chunk, Chunker
-from kb.index.embedding import Embedder, check_vectors, vector_literal
-from kb.errors import UnindexableDocument, WorkspaceNotFound
-from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
 from kb.db.locks import chunk_lock, index_lock
+from kb.db.sql import queries
+from kb.errors import UnindexableDocument, WorkspaceNotFound
+from kb.git.repository import Repository
+from kb.index.chunk_context import context_line, embedded_text, heading_paths
+from kb.index.chunking import Chunk, Chunker, LazyChunker
+from kb.index.embedding import Embedder, check_vectors, vector_literal
+from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
+from kb.settings import Settings
 from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
-from kb.git.repository import Repository
-from kb.settings import Settings
-from kb.db.sql import queries
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Indexer:
         settings: Settings,
         database_url: str,
         embedder: Embedder,
-        chunker: Chunker | None = None,
+        chunker: Chunker | LazyChunker | None = None,
         progress: Callable[[int, int, IndexReport], None] | None = None,
     ) -> None:
         self.settings = settings

@@ -27,11 +27,14 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import psycopg
 from psycopg import sql
 
 from kb.db.sql import composable, queries
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ def index_name(workspace_id: int, model: str) -> str:
     return f"kb_chunks_hnsw_{workspace_id}_{hashlib.sha1(model.encode()).hexdigest()[:8]}"
 
 
-def pgvector_version(conn: psycopg.Connection) -> tuple[int, ...]:
+def pgvector_version(conn: Connection) -> tuple[int, ...]:
     """The installed pgvector version as integers, e.g. ``(0, 8, 1)``."""
     row = conn.execute(queries["pgvector_version"]).fetchone()
     return tuple(int(p) for p in row["extversion"].split(".")[:3] if p.isdigit())
@@ -82,10 +85,10 @@ RECORD_CACHE_SECONDS = 30.0
 dropped index makes the approximate statement an exact one, a new index is used a little later."""
 
 
-_database_keys: "weakref.WeakKeyDictionary[psycopg.Connection, str]" = weakref.WeakKeyDictionary()
+_database_keys: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
 
 
-def _database_key(conn: psycopg.Connection) -> str:
+def _database_key(conn: Connection) -> str:
     """``conn.info.dsn``, remembered per connection (psycopg parses the connection's parameters on
     every read of it: 0.8 ms of every search)."""
     key = _database_keys.get(conn)
@@ -94,7 +97,7 @@ def _database_key(conn: psycopg.Connection) -> str:
     return key
 
 
-def recorded_index(conn: psycopg.Connection, workspace_id: int, model: str) -> dict | None:
+def recorded_index(conn: Connection, workspace_id: int, model: str) -> dict | None:
     """The recorded HNSW index of a workspace's vectors of ``model`` (``{index_name, dim}``) or
     None; cached per process for ``RECORD_CACHE_SECONDS`` (searches skip a round trip)."""
     key = (_database_key(conn), workspace_id, model)
@@ -122,15 +125,15 @@ def approximate_statement(index: dict, workspace_id: int, model: str) -> sql.Com
     )
 
 
-def scan_settings(conn: psycopg.Connection, limit: int) -> None:
+def scan_settings(conn: Connection, limit: int) -> None:
     """Set the HNSW scan settings for ``conn``'s current transaction (pgvector ≥ 0.8)."""
     conn.execute(queries["hnsw_scan_settings"], {"ef_search": str(ef_search(limit))})
 
 
-_session_ef_search: "weakref.WeakKeyDictionary[psycopg.Connection, int]" = weakref.WeakKeyDictionary()
+_session_ef_search: weakref.WeakKeyDictionary[Connection, int] = weakref.WeakKeyDictionary()
 
 
-def session_scan_settings(conn: psycopg.Connection, limit: int) -> bool:
+def session_scan_settings(conn: Connection, limit: int) -> bool:
     """Give ``conn``'s session the HNSW scan settings for ``limit`` (pgvector ≥ 0.8), so its
     searches need no transaction to set them: one round trip the first time per connection and
     ef_search value, none after (the value is remembered per connection object; a replaced

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb.db import database
-from kb.errors import HistoryDiverged, StorageError, WorkspaceNotFound
 from kb.db.locks import chunk_lock
 from kb.db.sql import queries
+from kb.errors import HistoryDiverged, StorageError, WorkspaceNotFound
 from kb.store.authors import default_author
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
 
@@ -70,7 +70,7 @@ def record_missing_revisions(store: KnowledgeStore) -> bool:
     return bool(store.reconcile())
 
 
-def sweep(stores: "Stores", embedder: "Callable[[], Embedder]") -> SweepReport:
+def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
     """Compare every workspace with git HEAD and defer what lags (SPEC §7); returns what it did.
 
     ``stores``: the workspaces' stores; ``embedder()`` returns the active embedder, called only to
@@ -122,7 +122,7 @@ def sweep(stores: "Stores", embedder: "Callable[[], Embedder]") -> SweepReport:
     return report
 
 
-def _embedder_answers(embedder: "Callable[[], Embedder]") -> bool:
+def _embedder_answers(embedder: Callable[[], Embedder]) -> bool:
     try:
         embedder().embed(["kb: embedder probe"])
     except Exception as exc:  # any failure means "still down": the quarantine stays
@@ -131,7 +131,7 @@ def _embedder_answers(embedder: "Callable[[], Embedder]") -> bool:
     return True
 
 
-def retry_quarantined(stores: "Stores", embedder: "Callable[[], Embedder]", workspace_id: int,
+def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspace_id: int,
                       answers: list[bool]) -> bool:
     """Give a workspace's quarantined documents one more attempt when the embedder answers a probe
     (``answers`` caches the probe for one sweep), at most every ``KB_QUARANTINE_RETRY_SECONDS`` per
@@ -153,7 +153,7 @@ def retry_quarantined(stores: "Stores", embedder: "Callable[[], Embedder]", work
     return bool(retried)
 
 
-def retry_blob_purges(stores: "Stores", report: SweepReport) -> None:
+def retry_blob_purges(stores: Stores, report: SweepReport) -> None:
     """Retry the artifact blob purges a failed delete left behind (SPEC §11)."""
     from kb.workspace.artifacts import Artifacts
 

@@ -45,8 +45,8 @@ import procrastinate
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 from kb.jobs.sweep import defer_failed_retry
+from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -66,7 +66,7 @@ schedules the periodic tasks from settings with ``schedule_periodic``; nothing h
 at import (design §7, §13)."""
 
 
-def connector_for(kb: "KnowledgeBase") -> procrastinate.PsycopgConnector:
+def connector_for(kb: KnowledgeBase) -> procrastinate.PsycopgConnector:
     """A connector to ``kb``'s database for ``app.replace_connector`` (to run a worker, or to defer
     a task from outside a revision's transaction).
 
@@ -77,7 +77,7 @@ def connector_for(kb: "KnowledgeBase") -> procrastinate.PsycopgConnector:
     return _ConfiguredConnector(database.session_database_url(kb.settings, kb.database_url))
 
 
-def worker_context(kb: "KnowledgeBase", progress=None) -> dict:
+def worker_context(kb: KnowledgeBase, progress=None) -> dict:
     """The ``additional_context`` a worker hands every job (``JobContext.additional_context``):
     ``kb``, the knowledge base the tasks act on, and ``progress``, a sink
     ``progress(kind, workspace_id, done, total, report)`` for index runs' progress
@@ -85,7 +85,7 @@ def worker_context(kb: "KnowledgeBase", progress=None) -> dict:
     return {"kb": kb, "progress": progress}
 
 
-def _kb(context: procrastinate.JobContext) -> "KnowledgeBase":
+def _kb(context: procrastinate.JobContext) -> KnowledgeBase:
     """The knowledge base a job runs against, from its worker's context. Raises ConfigurationError
     for a worker started without ``worker_context`` (not kb's worker)."""
     kb = context.additional_context.get("kb")
@@ -104,7 +104,7 @@ def _progress_for(context: procrastinate.JobContext, kind: str, workspace_id: in
     return lambda done, total, report: sink(kind, workspace_id, done, total, report)
 
 
-def worker_listens(kb: "KnowledgeBase") -> bool:
+def worker_listens(kb: KnowledgeBase) -> bool:
     """Whether the worker can LISTEN for new jobs (False behind a transaction-mode pooler without
     ``KB_DIRECT_DATABASE_URL``: it then polls every ``POLL_SECONDS``)."""
     return not database.is_transaction_pooled(database.session_database_url(kb.settings, kb.database_url))
@@ -134,20 +134,20 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
 
 
 
-def defer_index(stores: "Stores", workspace_id: int) -> int | None:
+def defer_index(stores: Stores, workspace_id: int) -> int | None:
     """Defer ``kb.index_changes`` for a workspace (coalesced on ``index:{ws}``); returns the job id."""
     with database.transaction(stores.database_url) as conn:
         return defer_job(conn, "index", INDEX_TASK, workspace_id)
 
 
-def defer_reindex(stores: "Stores", workspace_id: int) -> int | None:
+def defer_reindex(stores: Stores, workspace_id: int) -> int | None:
     """Defer ``kb.reindex`` for a workspace (coalesced on ``reindex:{ws}``); returns the job id."""
     stores.store(workspace_id).require_exists()
     with database.transaction(stores.database_url) as conn:
         return defer_job(conn, "index", REINDEX_TASK, workspace_id, queueing_lock=f"reindex:{workspace_id}")
 
 
-def _after_index(kb: "KnowledgeBase", workspace_id: int, report) -> dict:
+def _after_index(kb: KnowledgeBase, workspace_id: int, report) -> dict:
     log.info("%s workspace %s: %s", report.kind, workspace_id, report)
     if report.documents_still_failed:
         with database.transaction(kb.database_url) as conn:
@@ -327,7 +327,7 @@ def push_remote(context: procrastinate.JobContext, workspace_id: int) -> dict:
 VECTOR_INDEX_TASK = "kb.maintain_vector_index"
 
 
-def defer_vector_index_if_large(stores: "Stores", workspace_id: int) -> int | None:
+def defer_vector_index_if_large(stores: Stores, workspace_id: int) -> int | None:
     """Defer ``kb.maintain_vector_index`` when the workspace is near or past the HNSW threshold
     (coalesced on ``vector-index:{ws}``); small workspaces never get the job. Returns the job id."""
     from kb.index.vector_index import HNSW_MIN_CHUNKS
@@ -351,7 +351,7 @@ def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) 
     return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
 
 
-def _scheduled_from_settings(settings: "Settings") -> list[tuple[procrastinate.tasks.Task, str, str]]:
+def _scheduled_from_settings(settings: Settings) -> list[tuple[procrastinate.tasks.Task, str, str]]:
     """``(task, cron, periodic_id)`` of the periodic tasks whose cron is a setting."""
     return [
         (sweep, settings.maintenance_cron, ""),
@@ -361,7 +361,7 @@ def _scheduled_from_settings(settings: "Settings") -> list[tuple[procrastinate.t
     ]
 
 
-def schedule_periodic(settings: "Settings") -> None:
+def schedule_periodic(settings: Settings) -> None:
     """Schedule the periodic tasks whose cron comes from settings (``KB_MAINTENANCE_CRON`` for
     ``kb.sweep`` and ``kb.retry_stalled_jobs``, ``KB_SPAN_FILL_CRON``, ``KB_DRIFT_CRON``), replacing
     an earlier schedule; a worker calls it before it starts (design §7). The other periodic tasks

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
 from kb.db import database
@@ -77,7 +77,7 @@ class WorkerReport:
         first = self.scheduled[0]
         what = first["defers_task"] or first["task"]
         seconds = max(0, int(first["due_in"].total_seconds()))
-        when = first["scheduled_at"].astimezone(timezone.utc).strftime("%H:%M:%S UTC")
+        when = first["scheduled_at"].astimezone(UTC).strftime("%H:%M:%S UTC")
         return (f"{len(self.scheduled)} job(s) scheduled for later; next: {what} for workspace "
                 f"{first['workspace_id']} at {when} (in {seconds // 60}m{seconds % 60:02d}s)")
 
@@ -97,7 +97,7 @@ def describe_scheduled(job: dict) -> str:
     """A job scheduled for later, e.g. ``job 9 kb.index_changes (workspace 1) due at 2026-11-30
     16:20:05 UTC, in 9m58s (queueing lock index-retry:1)``."""
     seconds = max(0, int(job["due_in"].total_seconds()))
-    when = job["scheduled_at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    when = job["scheduled_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (f"job {job['id']} {job['defers_task'] or job['task']}{_ws(job['workspace_id'])} due at {when}, "
             f"in {seconds // 60}m{seconds % 60:02d}s (queueing lock {job['queueing_lock']})")
 
@@ -158,7 +158,7 @@ class ProgressDisplay:
     def _print_plain(self, text: str) -> None:
         """One time-stamped line (the lock is held)."""
         self._last_plain = time.monotonic()
-        stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
+        stamp = datetime.now(UTC).strftime("%H:%M:%S")
         print(f"{stamp} {text}", file=self.stream, flush=True)
 
     def _line(self, text: str, *, permanent: bool) -> None:
@@ -282,7 +282,7 @@ def job_middleware(report: WorkerReport, display: ProgressDisplay | None):
 
 
 def run_worker(
-    kb: "KnowledgeBase", until_idle: bool = False, concurrency: int = 1,
+    kb: KnowledgeBase, until_idle: bool = False, concurrency: int = 1,
     display: ProgressDisplay | None = None,
 ) -> WorkerReport:
     """Run a worker on kb's queues; returns what it did.
@@ -293,7 +293,7 @@ def run_worker(
     ``report.blocked``. Without it, run until SIGINT/SIGTERM, finishing the jobs in hand first.
     Checks the embedder against the database first (DimensionMismatch is a startup error).
     """
-    kb.embedder  # startup check: database vector dimension vs model dimension (SPEC §7)
+    kb.embedder  # noqa: B018  (startup check: database vector dimension vs model dimension (SPEC §7))
     report = WorkerReport()
     try:
         asyncio.run(run_worker_async(kb, report, until_idle=until_idle, concurrency=concurrency,
@@ -305,7 +305,7 @@ def run_worker(
 
 
 async def run_worker_async(
-    kb: "KnowledgeBase", report: WorkerReport, *, until_idle: bool = False, concurrency: int = 1,
+    kb: KnowledgeBase, report: WorkerReport, *, until_idle: bool = False, concurrency: int = 1,
     display: ProgressDisplay | None = None, install_signal_handlers: bool = False,
 ) -> None:
     """The worker loop of ``run_worker`` on the running event loop, filling ``report`` (also when

@@ -76,7 +76,7 @@ def compare(tree: dict[str, str], rows: list[dict]) -> list[dict]:
     return findings
 
 
-def drift_check(stores: "Stores", workspace_id: int | None = None) -> list[DriftReport]:
+def drift_check(stores: Stores, workspace_id: int | None = None) -> list[DriftReport]:
     """Check every flipped workspace (or ``workspace_id``, flipped or not, if it was seeded) and
     repair within the cap; returns one DriftReport per workspace (see the module docstring)."""
     from kb.store.knowledge_store import INDEX_TASK, defer_job

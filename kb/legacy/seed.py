@@ -39,16 +39,17 @@ import psycopg
 from psycopg.rows import dict_row
 
 from kb.db import database
-from kb.index.chunk_context import context_line
-from kb.errors import LegacySourceError, LockTimeout, SeedRefused
-from kb.index.languages import detect_language, lexical_text, text_config
 from kb.db.locks import chunk_lock, index_lock
-from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
-from kb.store.projection import PATH_KEYED_TYPES
 from kb.db.sql import queries
+from kb.errors import LegacySourceError, LockTimeout, SeedRefused
+from kb.index.chunk_context import context_line
+from kb.index.languages import detect_language, lexical_text, text_config
+from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
 from kb.store.knowledge_store import INDEX_TASK, defer_job
+from kb.store.projection import PATH_KEYED_TYPES
 
 if TYPE_CHECKING:
+    from kb.db.database import Connection
     from kb.store.stores import Stores
 
 MIGRATION_AUTHOR = "kb-migration"
@@ -178,7 +179,7 @@ class SeedReport:
 
 # -- the legacy source ------------------------------------------------------------------------
 @contextlib.contextmanager
-def legacy_connection(dsn: str) -> Iterator[psycopg.Connection]:
+def legacy_connection(dsn: str) -> Iterator[Connection]:
     """A read-only connection to the legacy database; raises LegacySourceError (DSN redacted)."""
     try:
         conn = psycopg.connect(dsn, row_factory=dict_row)
@@ -198,7 +199,7 @@ def legacy_connection(dsn: str) -> Iterator[psycopg.Connection]:
         conn.close()
 
 
-def _stream(conn: psycopg.Connection, query: str, params: dict) -> Iterator[dict]:
+def _stream(conn: Connection, query: str, params: dict) -> Iterator[dict]:
     """Rows of ``query`` through a server-side cursor (memory flat in the number of rows)."""
     with conn.transaction(), conn.cursor(name=f"kb_seed_{time.monotonic_ns()}", row_factory=dict_row) as cur:
         cur.itersize = CURSOR_ROWS
@@ -248,7 +249,7 @@ def legacy_path_parts(virtual_path: object, legacy_id: int) -> tuple[tuple[str, 
     return tuple(folders), safe_filename(stem)
 
 
-def plan(conn: psycopg.Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int, list[str]]:
+def plan(conn: Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int, list[str]]:
     """Plan every legacy document of ``legacy_workspace`` (no bodies read).
 
     Returns ``(entries in created_at/id order, number of legacy folders, .keep paths)``; seeded
@@ -315,7 +316,7 @@ def _place(entry: SeedEntry, names: _Namespace, parent: tuple[str, ...], name: s
 class Seeder:
     """One seed of ``workspace_id`` from ``legacy_workspace`` at ``dsn`` (see the module docstring)."""
 
-    def __init__(self, stores: "Stores", dsn: str, legacy_workspace: int, workspace_id: int,
+    def __init__(self, stores: Stores, dsn: str, legacy_workspace: int, workspace_id: int,
                  progress: Callable[[str], None] | None = None) -> None:
         self.stores, self.dsn, self.legacy_workspace, self.workspace_id = stores, dsn, legacy_workspace, workspace_id
         self.progress = progress or (lambda message: None)
@@ -385,7 +386,7 @@ class Seeder:
         report.seconds = time.perf_counter() - started
         return report
 
-    def _write_and_adopt(self, legacy: psycopg.Connection, report: SeedReport) -> None:
+    def _write_and_adopt(self, legacy: Connection, report: SeedReport) -> None:
         """Under the index lock: blobs, the revision, parity, projection, identity, chunks."""
         seeded = report.seeded
         with _phase(report, "blobs"):
@@ -431,11 +432,11 @@ class Seeder:
         waiting up to ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
         with index_lock(self.stores.database_url, self.workspace_id, wait=self.stores.settings.lock_timeout) as locked:
             if not locked:
-                raise LockTimeout(f"workspace {self.workspace_id}: an index run holds the index lock; "
-                                  "seed again when it has finished")
+                raise LockTimeout(self.workspace_id, self.stores.settings.lock_timeout, lock="index",
+                                  holder="an index run holds the index lock; seed again when it has finished")
             yield
 
-    def _write_blobs(self, legacy: psycopg.Connection, seeded: list[SeedEntry], keeps: list[str]) -> dict[str, str]:
+    def _write_blobs(self, legacy: Connection, seeded: list[SeedEntry], keeps: list[str]) -> dict[str, str]:
         """Stream the bodies into the object store; ``{virtual path: blob id}`` of the planned set
         (documents and the ``.keep`` files of folders left without documents)."""
         by_id = {e.legacy_id: e for e in seeded}
@@ -535,7 +536,7 @@ class Seeder:
             return self.stores.settings.fts_config
         return text_config(detect_language(text))
 
-    def _adopt_chunks(self, legacy: psycopg.Connection, report: SeedReport, rows: dict[int, dict]) -> None:
+    def _adopt_chunks(self, legacy: Connection, report: SeedReport, rows: dict[int, dict]) -> None:
         """Copy legacy vectors of documents not yet indexed at their content; mark them indexed
         and set the stamp to the seed's revision (a writer's later revision is indexed by its job). Documents without legacy chunks stay pending."""
         todo = {legacy_id: row for legacy_id, row in rows.items()
@@ -551,11 +552,11 @@ class Seeder:
             conn.execute(queries["create_adopt_staging"])
             with conn.cursor().copy(queries["copy_adopt_staging"]) as copy:
                 legacy_chunks = _stream(legacy, queries["legacy_chunks"], {"workspace": self.legacy_workspace})
-                for document_id, chunks in itertools.groupby(legacy_chunks, key=lambda c: c["document_id"]):
+                for document_id, of_document in itertools.groupby(legacy_chunks, key=lambda c: c["document_id"]):
                     row = todo.get(document_id)
                     if row is None:
                         continue
-                    chunks = list(chunks)  # one document's chunks at a time
+                    chunks = list(of_document)  # one document's chunks at a time
                     with_chunks.add(row["id"])
                     config = self._text_config("\n\n".join(c["content"] for c in chunks))
                     context = lexical_text(context_line(row["title"], ()))
@@ -581,7 +582,7 @@ def _phase(report: SeedReport, name: str) -> Iterator[None]:
         report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - started
 
 
-def set_authority(stores: "Stores", workspace_id: int, *, flipped: bool) -> bool:
+def set_authority(stores: Stores, workspace_id: int, *, flipped: bool) -> bool:
     """Flip (kb becomes the authority) or unflip a seeded workspace (SPEC §10); True when changed.
 
     Raises SeedRefused when the workspace was never seeded, or (flip) its last seed failed parity.
@@ -600,6 +601,6 @@ def set_authority(stores: "Stores", workspace_id: int, *, flipped: bool) -> bool
         return changed is not None
 
 
-def migration_status(conn: psycopg.Connection, workspace_id: int) -> dict | None:
+def migration_status(conn: Connection, workspace_id: int) -> dict | None:
     """The seed row of a workspace with its span backlog (for ``kb status``), or None."""
     return conn.execute(queries["migration_status"], {"workspace_id": workspace_id}).fetchone()

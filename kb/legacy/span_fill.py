@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 from psycopg.rows import tuple_row
 
 from kb.db import database
-from kb.lines import line_of, line_starts
-from kb.errors import DocumentNotFound
 from kb.db.locks import chunk_lock
 from kb.db.sql import queries
+from kb.errors import DocumentNotFound
+from kb.lines import line_of, line_starts
 
 if TYPE_CHECKING:
     from kb.store.stores import Stores
@@ -101,7 +101,7 @@ class SpanFillReport:
 class SpanFill:
     """The span fill of one knowledge base (``kb.span_fill()``; CLI ``kb spans``)."""
 
-    def __init__(self, stores: "Stores") -> None:
+    def __init__(self, stores: Stores) -> None:
         self.stores = stores
 
     def status(self, workspace_id: int | None = None) -> dict:

@@ -35,17 +35,21 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 from psycopg import sql
 
-from kb.index import vector_index
 from kb.citations.envelope import Envelope, document_lines, excerpt_lines
-from kb.index.embedding import Embedder, vector_literal
-from kb.errors import InvalidInput
-from kb.index.languages import language_share, lexical_text
-from kb.git.repository import Repository
 from kb.db.sql import composable
+from kb.errors import InvalidInput
+from kb.git.repository import Repository
+from kb.index import vector_index
+from kb.index.embedding import Embedder, vector_literal
+from kb.index.languages import language_share, lexical_text
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 MAX_QUERY_CHARS = 4000
 """Longer queries are refused: Postgres' tsquery parser overflows its stack near 100k characters,
@@ -154,8 +158,8 @@ def _params(workspace_id: int, model: str, vector_text: str, query: str, limit: 
             "selective_units": SELECTIVE_UNITS, "selective_share": SELECTIVE_SHARE, "max_terms": MAX_QUERY_TERMS}
 
 
-def _with_exact_fallback(conn: psycopg.Connection, workspace_id: int, model: str, limit: int,
-                         run: Callable[[sql.Composable, int | None], list], vector_rows: Callable[[list], int]) -> list:
+def _with_exact_fallback(conn: Connection, workspace_id: int, model: str, limit: int,
+                         run: Callable[[sql.Composed | sql.SQL, int | None], list], vector_rows: Callable[[list], int]) -> list:
     """``run(vector leg statement, hnsw_limit)`` through the workspace's HNSW index when one is
     recorded (kb.vector_index; ``hnsw_limit`` = ``limit``), and again with the exact scan
     (``hnsw_limit`` None) when there is none or its result held fewer than ``limit`` vector rows
@@ -168,7 +172,7 @@ def _with_exact_fallback(conn: psycopg.Connection, workspace_id: int, model: str
     return run(composable("vector_leg"), None)
 
 
-def vector_leg(conn: psycopg.Connection, workspace_id: int, model: str, vector, limit: int) -> list[int]:
+def vector_leg(conn: Connection, workspace_id: int, model: str, vector, limit: int) -> list[int]:
     """Chunk ids of the workspace nearest to ``vector`` (a float array), best first, at most
     ``limit`` (exactly ``limit`` when the workspace has that many chunks of ``model``).
 
@@ -177,13 +181,13 @@ def vector_leg(conn: psycopg.Connection, workspace_id: int, model: str, vector, 
     """
     params = {"workspace_id": workspace_id, "model": model, "embedding": vector_literal(vector), "limit": limit}
 
-    def run(statement: sql.Composable, hnsw_limit: int | None) -> list[int]:
+    def run(statement: sql.Composed | sql.SQL, hnsw_limit: int | None) -> list[int]:
         return [row["id"] for row in _fetch(conn, statement, params, hnsw_limit)]
 
     return _with_exact_fallback(conn, workspace_id, model, limit, run, len)
 
 
-def lexical_leg(conn: psycopg.Connection, workspace_id: int, query: str, limit: int,
+def lexical_leg(conn: Connection, workspace_id: int, query: str, limit: int,
                 unit: str = "chunk") -> list[int]:
     """Ids of the workspace's chunks (``unit="chunk"``) or documents (``"document"``) ranked by
     BM25 for ``query``, best first, at most ``limit`` (fewer when fewer hold a query term)."""
@@ -191,10 +195,14 @@ def lexical_leg(conn: psycopg.Connection, workspace_id: int, query: str, limit: 
     return [row["id"] for row in _fetch(conn, lexical_statement(unit), params)]
 
 
-def fuse(legs: list[tuple[float, list]], rrf_k: float = RRF_K) -> list[tuple[object, float]]:
+Ranked = TypeVar("Ranked", int, str)
+"""What a leg ranks: chunk or document ids (kb), or paths (bin/eval_search.py)."""
+
+
+def fuse(legs: list[tuple[float, list[Ranked]]], rrf_k: float = RRF_K) -> list[tuple[Ranked, float]]:
     """Weighted reciprocal-rank fusion of ranked id lists ``[(weight, ids), ...]``:
     ``score(id) = Σ weight / (rrf_k + rank)`` with 1-based ranks; best first, ties by id."""
-    scores: dict = {}
+    scores: dict[Ranked, float] = {}
     for weight, ids in legs:
         for rank, item in enumerate(ids, start=1):
             scores[item] = scores.get(item, 0.0) + weight / (rrf_k + rank)
@@ -219,17 +227,17 @@ def candidates_statement(vector_leg_text: str) -> bytes:
     ).as_string().encode()
 
 
-def _candidates(conn: psycopg.Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
+def _candidates(conn: Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
     """Every leg's rows from one statement (``search_candidates``)."""
 
-    def run(vector: sql.Composable, hnsw_limit: int | None) -> list[dict]:
+    def run(vector: sql.Composed | sql.SQL, hnsw_limit: int | None) -> list[dict]:
         return _fetch(conn, candidates_statement(vector.as_string()), params, hnsw_limit)
 
     return _with_exact_fallback(conn, workspace_id, model, limit, run,
                                 lambda rows: sum(1 for r in rows if r["vector_rank"] is not None))
 
 
-def _fetch(conn: psycopg.Connection, statement: sql.Composable | bytes, params: dict,
+def _fetch(conn: Connection, statement: sql.Composed | sql.SQL | bytes, params: dict,
            hnsw_limit: int | None = None) -> list[dict]:
     """Rows of ``statement``, with the HNSW scan settings for ``hnsw_limit`` when given; the
     connection comes back idle.
@@ -256,7 +264,7 @@ def _fetch(conn: psycopg.Connection, statement: sql.Composable | bytes, params: 
 
 
 @contextlib.contextmanager
-def _autocommit(conn: psycopg.Connection) -> Iterator[None]:
+def _autocommit(conn: Connection) -> Iterator[None]:
     """``conn`` (idle) in autocommit mode for the block, as it was after."""
     if conn.autocommit:
         yield
@@ -304,7 +312,7 @@ blob_lines = BlobLines()
 
 
 def search(
-    conn: psycopg.Connection,
+    conn: Connection,
     repo: Repository,
     embedder: Embedder,
     workspace_id: int,
@@ -353,7 +361,7 @@ def rank_documents(rows: list[dict], vector_weight: float = VECTOR_WEIGHT,
     return documents, fuse([(vector_weight, by_vector), (TEXT_WEIGHT, by_text)])
 
 
-def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], documents: list[tuple[int, float]],
+def envelopes(conn: Connection, repo: Repository, rows: list[dict], documents: list[tuple[int, float]],
               excerpts: list[tuple[int, float]], k: int, lexical_query: str) -> list[Envelope]:
     """The top ``k`` of the ranked ``documents`` as excerpt envelopes: each document's chunks in
     ``excerpts`` order (at most EXCERPTS_PER_DOCUMENT). A document only the document leg found
@@ -367,7 +375,8 @@ def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], docu
     chunks_of: dict[int, list[dict]] = {}
     for chunk_id, _score in excerpts:
         chunks_of.setdefault(chunks[chunk_id]["document_id"], []).append(chunks[chunk_id])
-    order, position, chosen, paths = [doc for doc, _ in documents], 0, [], set()
+    order, position, paths = [doc for doc, _ in documents], 0, set()
+    chosen: list[int] = []
     while len(chosen) < k and position < len(order):
         window = order[position : position + k - len(chosen)]
         position += len(window)
@@ -387,7 +396,8 @@ def envelopes(conn: psycopg.Connection, repo: Repository, rows: list[dict], docu
     for cite, document_id in enumerate(chosen, start=1):
         group = chunks_of[document_id]
         first = group[0]
-        spans, unnumbered = [], []
+        spans: list[tuple[int, int]] = []
+        unnumbered: list[str] = []
         for row in group:
             if row["indexed_content_id"] != first["indexed_content_id"]:
                 continue  # read in another snapshot, after the document was re-indexed: other lines

@@ -17,14 +17,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import psycopg
-
-from kb.errors import ArtifactReadOnly
 from kb.db.locks import chunk_lock
+from kb.db.sql import queries
+from kb.errors import ArtifactReadOnly
 from kb.paths import unique_identifier_hash
 from kb.store.projection import EVENTS_CHANNEL, event_payload
-from kb.db.sql import queries
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 TRAILER = "Kb-Artifact: "
 ACCESS_REFUSE, ACCESS_BUMP, ACCESS_ARTIFACT = "refuse", "bump", "artifact"
@@ -58,7 +60,7 @@ class Manifest:
         return TRAILER + json.dumps(body, ensure_ascii=True, separators=(",", ":"))
 
     @classmethod
-    def from_message(cls, message: str) -> "Manifest | None":
+    def from_message(cls, message: str) -> Manifest | None:
         """The manifest in a commit message, or None (not an artifact revision, or unreadable)."""
         for line in reversed(message.splitlines()):
             if line.startswith(TRAILER):
@@ -75,7 +77,7 @@ def _virtual(repo_path: str) -> str:
     return repo_path if repo_path.startswith("/") else "/" + repo_path
 
 
-def guard(conn: psycopg.Connection, workspace_id: int, effective: Mapping[str, str | None], access: str,
+def guard(conn: Connection, workspace_id: int, effective: Mapping[str, str | None], access: str,
           revision_id: str | None = None) -> None:
     """Apply the artifact rule to a revision about to be recorded (under the write lock).
 
@@ -114,7 +116,7 @@ def guard(conn: psycopg.Connection, workspace_id: int, effective: Mapping[str, s
         conn.execute(queries["bump_artifact_generations"], {"workspace_id": workspace_id, "document_ids": kept})
 
 
-def write_manifest(conn: psycopg.Connection, workspace_id: int, manifest: Manifest,
+def write_manifest(conn: Connection, workspace_id: int, manifest: Manifest,
                    document_id: int | None = None) -> int:
     """Write an artifact's rows as ``manifest`` records them; returns the document id.
 
@@ -137,7 +139,7 @@ def write_manifest(conn: psycopg.Connection, workspace_id: int, manifest: Manife
     return document_id
 
 
-def delete_rows(conn: psycopg.Connection, workspace_id: int, document_id: int) -> list[str]:
+def delete_rows(conn: Connection, workspace_id: int, document_id: int) -> list[str]:
     """Delete an artifact's document row (sidecar, file, chunk and term rows cascade) and request
     the purge of blobs nothing references any more; returns the sha256s it referenced. The caller
     holds the workspace's chunk lock, taken before it locked any document row (``kb.db.locks``)."""
@@ -147,7 +149,7 @@ def delete_rows(conn: psycopg.Connection, workspace_id: int, document_id: int) -
     return shas
 
 
-def announce_deleted(conn: psycopg.Connection, workspace_id: int, document_id: int, path: str,
+def announce_deleted(conn: Connection, workspace_id: int, document_id: int, path: str,
                      revision_id: str | None) -> None:
     """Send the ``document_deleted`` event (``kb_events``, on commit) for an artifact whose row this
     transaction deleted: projection will find no row to delete, so it would not announce it (SPEC §6)."""
@@ -156,14 +158,14 @@ def announce_deleted(conn: psycopg.Connection, workspace_id: int, document_id: i
     conn.execute(queries["notify_event"], {"channel": EVENTS_CHANNEL, "payload": event_payload(event)})
 
 
-def request_purges(conn: psycopg.Connection, workspace_id: int, shas: Iterable[str]) -> None:
+def request_purges(conn: Connection, workspace_id: int, shas: Iterable[str]) -> None:
     """Record a purge entry for each of ``shas`` that no artifact file row references."""
     shas = sorted(set(shas))
     if shas:
         conn.execute(queries["request_blob_purges"], {"workspace_id": workspace_id, "shas": shas})
 
 
-def recover(conn: psycopg.Connection, workspace_id: int, messages: Iterable[str]) -> int:
+def recover(conn: Connection, workspace_id: int, messages: Iterable[str]) -> int:
     """Complete the rows of artifact revisions git recorded and Postgres lacked, oldest first
     (called by the store's catch-up under the write lock). Returns how many were applied."""
     applied = 0

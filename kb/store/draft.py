@@ -129,15 +129,15 @@ class Draft:
     block exits cleanly (None for a net-empty change).
     """
 
-    _repo: "Repository"
+    _repo: Repository
     _base_tree: bytes | None
-    _overlay: dict[str, "bytes | BlobRef | None"] = field(default_factory=dict)
+    _overlay: dict[str, bytes | BlobRef | None] = field(default_factory=dict)
     _origin: dict[str, str | None] = field(default_factory=dict)
     _dirs: set[str] = field(default_factory=set)
-    _sibling_keys: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    _sibling_keys: dict[str, _KeyOverlay] = field(default_factory=dict)
     _merge_requests: dict[str, MergeRequest] = field(default_factory=dict)
     _titles: dict[str, TitledDocument] = field(default_factory=dict)
-    revision: "Revision | None" = None
+    revision: Revision | None = None
     pending: str | None = None
     """The revision id a commit is about to make HEAD (set by the store just before the ref moves)."""
     idempotency_key: str | None = None
@@ -159,7 +159,7 @@ class Draft:
     """The thread that made the draft, the only one its public methods serve (``_owner_only``)."""
 
     # -- state -------------------------------------------------------------------------
-    def _current(self, repo_path: str) -> "bytes | BlobRef | None":
+    def _current(self, repo_path: str) -> bytes | BlobRef | None:
         if repo_path in self._overlay:
             return self._overlay[repo_path]
         blob_id = self._repo.lookup(self._base_tree, repo_path)
@@ -183,7 +183,7 @@ class Draft:
             return False
         return bool(self._files_under(repo_path))
 
-    def _siblings(self, folder: str) -> dict[str, set[str]]:
+    def _siblings(self, folder: str) -> _KeyOverlay:
         """``{name_key: names}`` of the entries of ``folder`` at the base plus those this draft
         created (cached per folder; a name may since have been removed, callers check)."""
         keys = self._sibling_keys.get(folder)
@@ -244,7 +244,7 @@ class Draft:
                 continue
             check_new_segment(parts[depth - 1], virtual)
 
-    def _set(self, repo_path: str, value: "bytes | BlobRef | None", origin: str | None) -> None:
+    def _set(self, repo_path: str, value: bytes | BlobRef | None, origin: str | None) -> None:
         self._overlay[repo_path] = value
         self._merge_requests.pop(repo_path, None)
         if value is None:
@@ -371,7 +371,7 @@ class Draft:
             pairs = [(f, dst_path + f[len(src_path):]) for f in files]
         sources = {old for old, _ in pairs}
         self._check_new(dst_path, str(dst), names=self._current(dst_path) is None)
-        for old, new in pairs:
+        for _old, new in pairs:
             if new != dst_path and self._current(new) is None:
                 self._check_new(new, virtual_of(new), names=False)
         for old, new in pairs:
@@ -478,19 +478,19 @@ class Draft:
         """The tree the transaction started from (None: an empty workspace)."""
         return self._base_tree
 
-    def changes(self) -> "Mapping[str, bytes | BlobRef | None]":
+    def changes(self) -> Mapping[str, bytes | BlobRef | None]:
         """The net change so far, read-only: ``{repo path: new bytes, BlobRef (bytes already a
         blob: unchanged or moved), or None (removed)}`` (what the store stages, design §3)."""
         return MappingProxyType(self._overlay)
 
-    def merge_requests(self) -> "Mapping[str, MergeRequest]":
+    def merge_requests(self) -> Mapping[str, MergeRequest]:
         """Read-only ``{repo path: MergeRequest}`` of the :meth:`write_merged` paths, which the
         store three-way merges with the head under the write lock (design §5)."""
         return MappingProxyType(self._merge_requests)
 
     @classmethod
-    def from_staged(cls, repo: "Repository", base_tree: bytes | None, staged: dict[str, str | None],
-                    moves: dict[str, str | None]) -> "Draft":
+    def from_staged(cls, repo: Repository, base_tree: bytes | None, staged: dict[str, str | None],
+                    moves: dict[str, str | None]) -> Draft:
         """A draft of blobs already in the object store: ``staged`` ``{repo path: blob id or None}``,
         ``moves`` ``{repo path: origin}`` (a group commit records another writer's draft, design §3)."""
         draft = cls(repo, base_tree)

@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from kb import errors
-
-from kb.store import artifact_rows
-from kb.store.draft import Draft
-from kb.errors import ArtifactReadOnly, KbError, LockTimeout
-from kb.store.history import PathChange, Revision
 from kb.db.locks import WRITE_LOCK_NAMESPACE, lock_statements
 from kb.db.sql import queries
+from kb.errors import ArtifactReadOnly, KbError, LockTimeout
+from kb.store import artifact_rows
+from kb.store.draft import Draft
+from kb.store.history import PathChange, Revision
 
 if TYPE_CHECKING:
+    from kb.db.database import Connection
     from kb.git.repository import Repository
 
 MORE_ROUNDS = 2
@@ -77,7 +77,7 @@ class Intent:
     key: str | None = None
     """The write's idempotency key (design §3, ``kb.store.write_keys``)."""
 
-    def draft(self, repo: "Repository", base_tree: bytes | None) -> Draft:
+    def draft(self, repo: Repository, base_tree: bytes | None) -> Draft:
         """A Draft equal to the writer's (blobs already in the object store)."""
         return Draft.from_staged(repo, base_tree, self.staged, self.moves)
 
@@ -90,7 +90,7 @@ def groupable(draft: Draft) -> bool:
             and draft.artifact_access == artifact_rows.ACCESS_REFUSE)
 
 
-def enqueue(conn: psycopg.Connection, workspace_id: int, draft: Draft, staged: dict[str, str | None],
+def enqueue(conn: Connection, workspace_id: int, draft: Draft, staged: dict[str, str | None],
             message: str | None, author: str, committer: str, key: str | None = None) -> tuple[int, bool]:
     """Queue ``draft`` (its blobs ``staged``) as an intent, committed at once; returns ``(intent
     id, ahead)``, ``ahead`` True when another live writer's intent was already waiting. ``key``:
@@ -108,7 +108,7 @@ def enqueue(conn: psycopg.Connection, workspace_id: int, draft: Draft, staged: d
     return row["id"], row["ahead"]
 
 
-def await_outcome(conn: psycopg.Connection, workspace_id: int, intent_id: int, timeout: float) -> dict | None:
+def await_outcome(conn: Connection, workspace_id: int, intent_id: int, timeout: float) -> dict | None:
     """Wait for the write lock's current holder to finish and take the outcome it recorded for
     intent ``intent_id`` (removing the intent), or None when it did not record it (the caller then
     queues to lead). One round trip — BEGIN, the bounded lock, the read, COMMIT sent together — so
@@ -134,7 +134,7 @@ def await_outcome(conn: psycopg.Connection, workspace_id: int, intent_id: int, t
         conn.autocommit = False
 
 
-def claim(conn: psycopg.Connection, workspace_id: int, intent_id: int):
+def claim(conn: Connection, workspace_id: int, intent_id: int):
     """Execute (in one round trip with the workspace row) the try of the write lock and, when it
     is held, the claim of the caller's intent and every waiting one; returns the cursor (rows: id,
     payload, outcome, artifact_paths; none when another writer holds the lock)."""
@@ -195,41 +195,41 @@ def result_of(outcome: dict) -> Revision | None:
                     None, tuple(PathChange(*c).virtual() for c in rev["changes"]))
 
 
-def take(conn: psycopg.Connection, intent_id: int) -> dict | None:
+def take(conn: Connection, intent_id: int) -> dict | None:
     """Delete the caller's intent in ``conn``'s transaction; returns its outcome (None if unset)."""
     row = conn.execute(queries["take_write_intent"], {"intent_id": intent_id}).fetchone()
     return None if row is None else row["outcome"]
 
 
-def drop(conn: psycopg.Connection, intent_id: int) -> None:
+def drop(conn: Connection, intent_id: int) -> None:
     """Delete the caller's intent in ``conn``'s transaction without reading it (pipeline-friendly)."""
     conn.execute(queries["take_write_intent"], {"intent_id": intent_id})
 
 
-def forget_dead(conn: psycopg.Connection, workspace_id: int, intent_id: int) -> None:
+def forget_dead(conn: Connection, workspace_id: int, intent_id: int) -> None:
     """Delete the intents of killed writers (their server session ended), except the caller's."""
     conn.execute(queries["forget_dead_write_intents"], {"workspace_id": workspace_id, "intent_id": intent_id})
 
 
-def settle(conn: psycopg.Connection, outcomes: dict[int, str]) -> None:
+def settle(conn: Connection, outcomes: dict[int, str]) -> None:
     """Write the outcomes ``{intent id: JSON}`` of intents recorded for other writers."""
     if outcomes:
         conn.execute(queries["settle_write_intents"],
                      {"ids": list(outcomes), "outcomes": list(outcomes.values())})
 
 
-def withdraw(conn: psycopg.Connection, intent_id: int) -> bool:
+def withdraw(conn: Connection, intent_id: int) -> bool:
     """Delete the caller's intent unless a holder recorded it (waits for a holder that claimed it);
     True when it was withdrawn (nothing will record it)."""
     return conn.execute(queries["withdraw_write_intent"], {"intent_id": intent_id}).fetchone() is not None
 
 
 # -- the journal (crash between the ref update and Postgres' COMMIT) -------------------------
-def _journal(repo: "Repository") -> Path:
+def _journal(repo: Repository) -> Path:
     return repo.path / ".git" / JOURNAL
 
 
-def write_journal(repo: "Repository", revisions: dict[int, str]) -> None:
+def write_journal(repo: Repository, revisions: dict[int, str]) -> None:
     """Before the ref moves: ``{intent id: revision id}`` of the intents recorded for others. No
     fsync: it matters only to writers alive while the holder died, not across a machine crash."""
     if not revisions:
@@ -240,7 +240,7 @@ def write_journal(repo: "Repository", revisions: dict[int, str]) -> None:
         (folder / str(intent_id)).write_text(revision)
 
 
-def read_journal(repo: "Repository") -> dict[int, str]:
+def read_journal(repo: Repository) -> dict[int, str]:
     """``{intent id: revision id}`` left in the journal (empty almost always)."""
     try:
         names = os.listdir(_journal(repo))
@@ -255,7 +255,7 @@ def read_journal(repo: "Repository") -> dict[int, str]:
     return found
 
 
-def clear_journal(repo: "Repository", intent_ids) -> None:
+def clear_journal(repo: Repository, intent_ids) -> None:
     """Remove the journal files of ``intent_ids`` (missing ones are fine)."""
     folder = _journal(repo)
     for intent_id in intent_ids:
@@ -265,7 +265,7 @@ def clear_journal(repo: "Repository", intent_ids) -> None:
             pass
 
 
-def recorded_revision(conn: psycopg.Connection, repo: "Repository", workspace_id: int,
+def recorded_revision(conn: Connection, repo: Repository, workspace_id: int,
                       revision_id: str) -> Revision | None:
     """The Revision (repo paths) Postgres records as ``revision_id``, or None when it has none."""
     row = conn.execute(queries["revision_exists"],

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from kb.errors import HistoryDiverged
 from kb.db.sql import queries
+from kb.errors import HistoryDiverged
 from kb.store import write_keys
 
 if TYPE_CHECKING:  # annotations only: the revision dataclasses stay importable without psycopg/dulwich
-    import psycopg
 
+    from kb.db.database import Connection
     from kb.git.repository import Repository
 
 
@@ -46,7 +46,7 @@ class PathChange:
     old_path: str | None = None
     new_path: str | None = None
 
-    def virtual(self) -> "PathChange":
+    def virtual(self) -> PathChange:
         """The same change with repo paths turned into ``/documents/...`` paths."""
         def v(p: str | None) -> str | None:
             return None if p is None else (p if p.startswith("/") else "/" + p)
@@ -69,7 +69,7 @@ class Revision:
     changes: tuple[PathChange, ...] = ()
 
 
-def record_revision(conn: psycopg.Connection, workspace_id: int, revision: Revision, commit_time: int) -> None:
+def record_revision(conn: Connection, workspace_id: int, revision: Revision, commit_time: int) -> None:
     """Insert the revision row, its path-change rows, and advance the workspace's recorded head.
 
     ``revision.changes`` carry repo paths; ``commit_time`` is seconds since the epoch. Runs in the
@@ -78,7 +78,7 @@ def record_revision(conn: psycopg.Connection, workspace_id: int, revision: Revis
     record_revisions(conn, workspace_id, [(revision, commit_time)])
 
 
-def record_revisions(conn: psycopg.Connection, workspace_id: int, revisions: list[tuple[Revision, int]]) -> None:
+def record_revisions(conn: Connection, workspace_id: int, revisions: list[tuple[Revision, int]]) -> None:
     """``record_revision`` for consecutive revisions ``[(revision, commit_time), …]`` (oldest
     first) in one statement; the recorded head becomes the last one. Nothing for an empty list."""
     if not revisions:
@@ -136,7 +136,7 @@ def _identity(raw: bytes) -> str:
     return text[:-3] if text.endswith(" <>") else text
 
 
-def record_missing(conn: psycopg.Connection, repo: Repository, workspace: dict) -> list[Revision]:
+def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[Revision]:
     """Record every revision between the workspace's recorded head and git HEAD (oldest first).
 
     ``workspace`` is the ``kb.workspaces`` row, read under the write lock. Returns the revisions
@@ -164,7 +164,7 @@ def record_missing(conn: psycopg.Connection, repo: Repository, workspace: dict) 
         revision = Revision(
             revision_id, seq, parent, _identity(commit.author), _identity(commit.committer),
             commit.message.decode("utf-8", errors="replace").rstrip("\n"),
-            datetime.fromtimestamp(commit.commit_time, timezone.utc),
+            datetime.fromtimestamp(commit.commit_time, UTC),
             tuple(changes_from_git(repo, revision_id)),
         )
         record_revision(conn, workspace["id"], revision, commit.commit_time)
@@ -179,7 +179,7 @@ def _revision(row: dict, changes: tuple[PathChange, ...]) -> Revision:
                     row["committed_at"], changes)
 
 
-def read_history(conn: psycopg.Connection, workspace_id: int, path: str | None, limit: int) -> list[Revision]:
+def read_history(conn: Connection, workspace_id: int, path: str | None, limit: int) -> list[Revision]:
     """Revisions newest first from Postgres (SPEC §3). ``path`` is a repo path or None (all).
 
     With a path, each revision carries the one change of that path, and a ``moved`` row continues
@@ -194,7 +194,8 @@ def read_history(conn: psycopg.Connection, workspace_id: int, path: str | None, 
                                for p, k, o, n in zip(r["paths"], r["kinds"], r["old_paths"], r["new_paths"])))
             for r in rows
         ]
-    current, max_seq, result = path, 2**62, []
+    current, max_seq = path, 2**62
+    result: list[Revision] = []
     while current and len(result) < limit:
         rows = conn.execute(
             queries["path_history"], {**params, "path": current, "max_seq": max_seq, "limit": limit - len(result)}
@@ -213,7 +214,7 @@ MAX_MOVES_FOLLOWED = 1000
 """A bound on the move chain :func:`moved_to` walks (a cycle of moves cannot loop for ever)."""
 
 
-def moved_to(conn: psycopg.Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
+def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
     """Where the document at repo path ``path`` in ``since_revision`` was moved by the revisions
     recorded after it, following a chain of recorded moves (design §3); None when no recorded
     revision moved it (it was removed, or is still there). An unrecorded ``since_revision`` has no

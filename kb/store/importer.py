@@ -240,9 +240,9 @@ def import_folder(
         if prune:
             wanted = {"/" + p for p in planned.values()}
             for virtual in existing:
-                if (virtual == root or virtual.startswith(root + "/")) and virtual not in wanted:
-                    if not virtual.endswith("/.keep"):
-                        draft.remove(virtual)
+                if ((virtual == root or virtual.startswith(root + "/")) and virtual not in wanted
+                        and not virtual.endswith("/.keep")):
+                    draft.remove(virtual)
     report.revision = draft.revision
     if draft.revision is not None:
         for change in draft.revision.changes:

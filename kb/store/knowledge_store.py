@@ -26,33 +26,53 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
-from kb.store import artifact_rows
-
 from kb.db import database
-
-from kb.store import group_commit, repository_guard, write_keys
-from kb.store.draft import BlobRef, Draft, repo_path_of
-from kb.store.commit_checks import check_case_collisions
+from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
+from kb.db.sql import queries
 from kb.errors import (
-    CommitOutcomeUnknown, DatabaseUnavailable, DocumentNotFound, HistoryDiverged, InvalidInput, KbError,
-    LockTimeout, LockUnavailable, PathExists, RevisionNotFound, StorageError, WorkspaceNotFound,
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    DocumentNotFound,
+    HistoryDiverged,
+    InvalidInput,
+    KbError,
+    LockTimeout,
+    LockUnavailable,
+    PathExists,
+    RevisionNotFound,
+    StorageError,
+    WorkspaceNotFound,
 )
 from kb.faults import fault_point
+from kb.git.merge import MergedBlob, merge_staged
+from kb.git.repository import Repository
+from kb.paths import StorePath, check_workspace_id
+from kb.settings import Settings
+from kb.store import artifact_rows, group_commit, repository_guard, write_keys
+from kb.store.commit_checks import check_case_collisions
+from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.history import (
-    PathChange, Revision, changes_from_git, read_history, record_missing, record_revision, record_revisions,
+    PathChange,
+    Revision,
+    changes_from_git,
+    read_history,
+    record_missing,
+    record_revision,
+    record_revisions,
 )
 from kb.store.history import moved_to as history_moved_to
 from kb.store.listing import Entry, list_tree, not_a_document
-from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
-from kb.git.merge import MergedBlob, merge_staged
-from kb.paths import StorePath, check_workspace_id
-from kb.git.repository import Repository
-from kb.settings import Settings
-from kb.db.sql import queries
 from kb.store.titles import record_titles, rename_taken
+
+if TYPE_CHECKING:
+    from dulwich.objects import Commit
+
+    from kb.db.database import Connection
+    from kb.git.worktree_refresh import PendingRefresh
 
 __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
 
@@ -336,13 +356,14 @@ class KnowledgeStore:
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
         repo, staged, pending = self.repository, {}, []
-        changes = draft.changes()
-        for path, value in changes.items():
+        contents: list[bytes] = []
+        for path, value in draft.changes().items():
             if value is None or isinstance(value, BlobRef):
                 staged[path] = None if value is None else value.id
             else:
                 pending.append(path)
-        for path, blob in zip(pending, repo.add_blobs(changes[p] for p in pending)):
+                contents.append(value)
+        for path, blob in zip(pending, repo.add_blobs(contents)):
             staged[path] = blob
         return staged
 
@@ -432,7 +453,7 @@ class KnowledgeStore:
         finally:
             self._settle(owed, draft)
 
-    def _settle(self, owed: "_OwedRefresh", draft: Draft) -> None:
+    def _settle(self, owed: _OwedRefresh, draft: Draft) -> None:
         """After a commit that took ``owed`` (the branch may have moved), whatever Postgres said:
         refresh the working tree for every path it changed — it follows HEAD, recorded or not —
         then release the hold ``kb fsck`` waits for."""
@@ -444,11 +465,12 @@ class KnowledgeStore:
             owed.release()
 
     def _commit_queued(self, draft: Draft, message: str | None, author: str, committer: str,
-                       owed: "_OwedRefresh") -> Revision | None:
+                       owed: _OwedRefresh) -> Revision | None:
         """``_commit_grouped`` itself; ``owed`` takes the refresh hold when this writer leads a
         group that moves the branch, settled by the caller."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
-        outcome, own, journal = None, None, []
+        outcome, own = None, None
+        journal: list[int] = []
         deadline = time.monotonic() + self.settings.lock_timeout
         waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
         try:
@@ -501,9 +523,9 @@ class KnowledgeStore:
             return None
         return own.result()
 
-    def _record_group(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
+    def _record_group(self, conn: Connection, draft: Draft, staged: dict[str, str | None],
                       intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
-                      owed: "_OwedRefresh") -> tuple[object, list[int]]:
+                      owed: _OwedRefresh) -> tuple[Revision | _Built | KbError | None, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
         ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
@@ -520,7 +542,7 @@ class KnowledgeStore:
         if not any(r["id"] == intent_id for r in pending):  # its row vanished (server restart): record it too
             pending.append({"id": intent_id, "payload": None, "outcome": None, "artifact_paths": None})
         journal = group_commit.read_journal(repo)
-        results: dict[int, object] = {}
+        results: dict[int, Revision | _Built | KbError | None] = {}
         key_of = {intent_id: draft.idempotency_key}
         by_key: dict[str, Revision] = {}  # design §3: a key recorded earlier or in this group
         head0 = head = repo.head()
@@ -577,8 +599,8 @@ class KnowledgeStore:
         outcomes = {i: group_commit.outcome_of(res.revision if isinstance(res, _Built) else res)
                     for i, res in results.items() if i != intent_id}
         with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
-            record_revisions(conn, ws, [(each.revision, each.commit.commit_time) for _, each in built])
-            write_keys.record(conn, ws, [(key_of[i], each.revision.id) for i, each in built
+            record_revisions(conn, ws, [(b.revision, b.commit.commit_time) for _, b in built])
+            write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built
                                          if key_of.get(i) is not None])
             if built:
                 defer_convergence(conn, ws)
@@ -588,17 +610,17 @@ class KnowledgeStore:
         own = results.get(intent_id)
         if built:
             changed: dict[str, str | None] = {}
-            for _, each in built:
-                changed.update(each.effective)
+            for _, b in built:
+                changed.update(b.effective)
             owed.take(repo, changed)
             draft.pending = own.revision.id if isinstance(own, _Built) else None
             self._advance(head0, head)
         return own, [*others, *(i for i in journal if i not in others)]
 
-    def _build(self, conn: psycopg.Connection, draft: Draft, staged: dict[str, str | None],
+    def _build(self, conn: Connection, draft: Draft, staged: dict[str, str | None],
                premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
                message: str | None, author: str, committer: str,
-               intent: "group_commit.Intent | None" = None, key: str | None = None) -> "_Built | None":
+               intent: group_commit.Intent | None = None, key: str | None = None) -> _Built | None:
         """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
         create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
         claimed ARTIFACT paths, else a query), the commit object (carrying the idempotency ``key``, design §3) and the draft's hooks. None when
@@ -726,11 +748,11 @@ class KnowledgeStore:
             ):
                 raise PathExists(f"cannot write /{path}: it became a folder holding documents meanwhile")
 
-    def _fetch_workspace(self, conn: psycopg.Connection):
+    def _fetch_workspace(self, conn: Connection):
         """Execute the read of the workspace row (in the lock's round trip); returns the cursor."""
         return conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id})
 
-    def _workspace_row(self, conn: psycopg.Connection, row: dict | None = None) -> dict:
+    def _workspace_row(self, conn: Connection, row: dict | None = None) -> dict:
         """The ``kb.workspaces`` row (``row`` when already read under the lock), created if missing.
         Raises WorkspaceNotFound when the workspace was deleted while this writer waited."""
         if row is not None:
@@ -743,7 +765,7 @@ class KnowledgeStore:
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
         return row
 
-    def _catch_up(self, conn: psycopg.Connection, workspace: dict) -> list[Revision]:
+    def _catch_up(self, conn: Connection, workspace: dict) -> list[Revision]:
         """Under the write lock: record revisions git has and Postgres lacks, defer their jobs, and
         refresh the working tree for the paths they touched (a crashed writer may have left it).
 
@@ -771,7 +793,7 @@ class KnowledgeStore:
             for r in missing
         ]
 
-    def check_repository(self, conn: psycopg.Connection | None = None) -> None:
+    def check_repository(self, conn: Connection | None = None) -> None:
         """Check that the workspace's repository is its own and holds every revision Postgres
         recorded (``kb.store.repository_guard``, design §3); a repository created before
         identities existed adopts one. Nothing when Postgres has no row for it. ``conn``: a
@@ -783,7 +805,8 @@ class KnowledgeStore:
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
             if row is not None:
                 repository_guard.check(conn, self.database_url, repo, row)
-    def catch_up(self, conn: psycopg.Connection) -> list[Revision]:
+
+    def catch_up(self, conn: Connection) -> list[Revision]:
         """Under the write lock (``conn`` from ``kb.db.locks.locked_transaction``): record the
         revisions git has and Postgres lacks, as :meth:`reconcile` does (design §3), before a
         caller writes rows that must follow git's head (artifacts, ``kb fsck``). Returns them,
@@ -878,7 +901,7 @@ class _OwedRefresh:
     hold ``kb fsck`` waits for (``Repository.refresh_pending``) and the paths to refresh."""
 
     def __init__(self) -> None:
-        self.hold = None
+        self.hold: PendingRefresh | None = None
         self.changes: dict[str, str | None] = {}
 
     def take(self, repo: Repository, changes: dict[str, str | None]) -> None:
@@ -898,7 +921,7 @@ class _Built:
     """A revision built under the lock, not yet recorded: the commit object, the Revision (repo
     paths) and ``effective`` ``{repo path: blob id or None}`` (what it changes)."""
 
-    commit: object
+    commit: Commit
     revision: Revision
     effective: dict[str, str | None]
 
@@ -927,7 +950,7 @@ def write_failure(workspace_id: int, exc: BaseException) -> KbError:
                                "nothing was recorded. Retry when the server is back.")
 
 
-def defer_convergence(conn: psycopg.Connection, workspace_id: int) -> None:
+def defer_convergence(conn: Connection, workspace_id: int) -> None:
     """Defer the projection and index jobs for a workspace in ``conn``'s transaction (SPEC §3, §7),
     and the push job when the workspace has a git remote (SPEC §13, ``kb.workspace.remotes``).
 

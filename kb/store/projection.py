@@ -31,15 +31,17 @@ import itertools
 import json
 import posixpath
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import psycopg
-
-from kb.errors import RevisionNotFound, WorkspaceNotFound
 from kb.db.locks import chunk_lock
-from kb.store import repository_guard
-from kb.paths import unique_identifier_hash
-from kb.git.repository import Repository
 from kb.db.sql import queries
+from kb.errors import RevisionNotFound, WorkspaceNotFound
+from kb.git.repository import Repository
+from kb.paths import unique_identifier_hash
+from kb.store import repository_guard
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 PROJECTION_LOCK_NAMESPACE = 7103
 KEEP = ".keep"
@@ -124,7 +126,7 @@ class _Projection:
     """One run of the projection inside one transaction (see the module docstring)."""
 
     def __init__(
-        self, conn: psycopg.Connection, repo: Repository, workspace_id: int, head: str,
+        self, conn: Connection, repo: Repository, workspace_id: int, head: str,
         paths: set[str] | None = None,
     ) -> None:
         """Load the document rows at ``paths`` (all of the workspace's when None) and every folder row."""
@@ -144,8 +146,8 @@ class _Projection:
     # -- 1. recorded moves ----------------------------------------------------------------
     def replay_moves(self, moves: list[dict]) -> None:
         """Apply recorded moves (``recorded_moves_since`` rows), one revision at a time."""
-        for _, group in itertools.groupby(moves, key=lambda m: m["seq"]):
-            group = list(group)
+        for _, rows in itertools.groupby(moves, key=lambda m: m["seq"]):
+            group = list(rows)
             pairs = [(_virtual(m["old_path"]), _virtual(m["new_path"])) for m in group]
             self._move_documents([(o, n) for o, n in pairs if o in self.rows and o != n])
             self._move_folders(pairs, self.repo.tree_id(group[0]["revision_id"]))
@@ -321,7 +323,7 @@ def event_payload(event: dict) -> str:
 
 
 def project(
-    conn: psycopg.Connection, repo: Repository, workspace: dict | int, *, force: bool = False,
+    conn: Connection, repo: Repository, workspace: dict | int, *, force: bool = False,
     database_url: str | None = None,
 ) -> ProjectionResult:
     """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction (SPEC §6).

@@ -28,13 +28,13 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-import psycopg
-
 from kb.db import database
 from kb.db.sql import queries
 from kb.errors import HistoryDiverged
 
 if TYPE_CHECKING:
+    from kb.db.database import Connection
+    from kb.db.query_names import QueryName
     from kb.git.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def new_identity() -> str:
     return uuid.uuid4().hex
 
 
-def contains(repo: "Repository", head: str | None, revision: str) -> bool:
+def contains(repo: Repository, head: str | None, revision: str) -> bool:
     """True when ``revision`` is ``head`` or a first-parent ancestor of it."""
     if head is None:
         return False
@@ -55,7 +55,7 @@ def contains(repo: "Repository", head: str | None, revision: str) -> bool:
     return bool(chain) and (repo.parents(chain[0]) or [None])[0] == revision
 
 
-def _missing_revision(repo: "Repository", row: dict) -> tuple[str, str] | None:
+def _missing_revision(repo: Repository, row: dict) -> tuple[str, str] | None:
     """``(what, revision)`` of the newest revision Postgres recorded that the repository lacks."""
     head = repo.head()
     for what, column in (("recorded head", "head_revision"), ("projected revision", "last_projected_revision"),
@@ -67,7 +67,7 @@ def _missing_revision(repo: "Repository", row: dict) -> tuple[str, str] | None:
     return None
 
 
-def check(conn: psycopg.Connection, database_url: str | None, repo: "Repository", row: dict) -> None:
+def check(conn: Connection, database_url: str | None, repo: Repository, row: dict) -> None:
     """Check that ``repo`` is the workspace's repository and holds what Postgres recorded (``row``:
     its ``kb.workspaces`` row, read in ``conn``'s transaction). Adopts a missing identity (in
     ``conn``'s transaction and the git config); clears a stale mark. Raises HistoryDiverged (after
@@ -104,7 +104,7 @@ def check(conn: psycopg.Connection, database_url: str | None, repo: "Repository"
         log.info("workspace %s: its repository holds what Postgres recorded again; mark cleared", ws)
 
 
-def _update(conn: psycopg.Connection, database_url: str | None, query: str, params: dict) -> None:
+def _update(conn: Connection, database_url: str | None, query: QueryName, params: dict) -> None:
     """Run an update of the workspace row on a connection of its own (committed at once, and the
     caller's transaction takes no workspace row lock out of the lock order, ``kb.db.locks``), or
     in ``conn``'s transaction when no ``database_url`` is given."""

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import psycopg
-
+from kb.db.sql import queries
 from kb.errors import InvalidInput
 from kb.paths import NameRegistry, name_key, safe_filename
-from kb.db.sql import queries
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 
 @dataclass
@@ -104,7 +106,7 @@ def rename_taken(repo, draft, staged: dict[str, str | None], head_tree: bytes | 
     return staged
 
 
-def record_titles(conn: psycopg.Connection, workspace_id: int, seq: int, titles: dict[str, str]) -> None:
+def record_titles(conn: Connection, workspace_id: int, seq: int, titles: dict[str, str]) -> None:
     """Record ``{repo path: title}`` given with revision ``seq`` (in the revision's transaction);
     the projection copies them into ``kb.documents.title`` (SPEC §6)."""
     if not titles:
@@ -116,7 +118,7 @@ def record_titles(conn: psycopg.Connection, workspace_id: int, seq: int, titles:
         ])
 
 
-def recorded_title(conn: psycopg.Connection, workspace_id: int, path: str) -> str | None:
+def recorded_title(conn: Connection, workspace_id: int, path: str) -> str | None:
     """The title last recorded for virtual ``path`` (``kb.recorded_titles``), or None: what a
     document created by title is called before the projection copies it into its row."""
     row = conn.execute(queries["latest_recorded_title"], {"workspace_id": workspace_id, "path": path}).fetchone()

@@ -18,11 +18,13 @@ the key up): the answer is then the truth, landed or not.
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
-import psycopg
-
-from kb.errors import InvalidInput
 from kb.db.sql import queries
+from kb.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 COMMIT_HEADER = b"kb-write-key"
 """The commit header holding a revision's idempotency key."""
@@ -55,7 +57,7 @@ def key_of_commit(commit) -> str | None:
     return None
 
 
-def record(conn: psycopg.Connection, workspace_id: int, pairs: list[tuple[str, str]]) -> None:
+def record(conn: Connection, workspace_id: int, pairs: list[tuple[str, str]]) -> None:
     """Record ``[(key, revision id), …]`` in ``conn``'s transaction (the one recording those
     revisions under the write lock); a key recorded already keeps its first revision."""
     if pairs:
@@ -63,7 +65,7 @@ def record(conn: psycopg.Connection, workspace_id: int, pairs: list[tuple[str, s
             "workspace_id": workspace_id, "keys": [k for k, _ in pairs], "revision_ids": [r for _, r in pairs]})
 
 
-def recorded(conn: psycopg.Connection, workspace_id: int, keys: list[str]) -> dict[str, str]:
+def recorded(conn: Connection, workspace_id: int, keys: list[str]) -> dict[str, str]:
     """``{key: revision id}`` of those ``keys`` that are recorded (call under the write lock for
     an answer that stays true)."""
     if not keys:
@@ -72,7 +74,7 @@ def recorded(conn: psycopg.Connection, workspace_id: int, keys: list[str]) -> di
     return {r["key"]: r["revision_id"] for r in rows.fetchall()}
 
 
-def withdraw_intents(conn: psycopg.Connection, workspace_id: int, key: str) -> None:
+def withdraw_intents(conn: Connection, workspace_id: int, key: str) -> None:
     """Under the write lock: remove the queued intents carrying ``key`` that no holder recorded,
     so that nothing records them after their writer was told the write was not recorded."""
     conn.execute(queries["withdraw_write_intents_of_key"], {"workspace_id": workspace_id, "key": key})

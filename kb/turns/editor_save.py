@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 
 def edit_document(
-    database_url: str, workspace_id: int, open_turn: Callable[[str], "Turn"], path: str,
+    database_url: str, workspace_id: int, open_turn: Callable[[str], Turn], path: str,
     editor: Callable[[Path], None], message: str | None = None,
-) -> "CommitResult | None":
+) -> CommitResult | None:
     """Materialize ``path`` in a fresh turn (``open_turn(turn_id)`` opens one for the editing
     person), call ``editor(file_path)`` (which edits the file in place), and commit when the bytes
     changed (design §5).

@@ -16,10 +16,10 @@ class OpenTurns:
     """``{(workspace id, root turn id): Turn}`` of the turns open in one KnowledgeBase."""
 
     def __init__(self) -> None:
-        self._turns: dict[tuple[int, str], "Turn"] = {}
+        self._turns: dict[tuple[int, str], Turn] = {}
         self._lock = threading.Lock()
 
-    def turn(self, store: "KnowledgeStore", turn_id: str, author: str, committer: str | None) -> "Turn":
+    def turn(self, store: KnowledgeStore, turn_id: str, author: str, committer: str | None) -> Turn:
         """The open Turn of ``turn_id``'s root in ``store``'s workspace, or a new one (nothing
         touches the disk until its first file operation). Raises InvalidTurn."""
         from kb.git.worktree import root_turn_id  # imported by the first turn: one-shot commands open none
@@ -34,12 +34,12 @@ class OpenTurns:
                 self._turns[key] = turn
         return turn
 
-    def _forget(self, key: tuple[int, str], turn: "Turn") -> None:
+    def _forget(self, key: tuple[int, str], turn: Turn) -> None:
         with self._lock:
             if self._turns.get(key) is turn:
                 del self._turns[key]
 
-    def _hold(self, key: tuple[int, str], turn: "Turn") -> None:
+    def _hold(self, key: tuple[int, str], turn: Turn) -> None:
         with self._lock:
             self._turns.setdefault(key, turn)
 

@@ -30,18 +30,23 @@ from dulwich.errors import NotTreeError
 
 from kb.citations.envelope import document_lines
 from kb.errors import (
-    DocumentGone, DocumentNotFound, EditMismatch, FolderNotEmpty, InvalidPattern, IsAFolder,
+    DocumentGone,
+    DocumentNotFound,
+    EditMismatch,
+    FolderNotEmpty,
+    InvalidPattern,
+    IsAFolder,
     PathExists,
 )
-from kb.store.draft import document_bytes
-from kb.lines import check_offset, check_window_arguments
-from kb.store.listing import KEEP, Entry, folder_entries
 from kb.git.merge import LostHunk
+from kb.git.worktree import LazyWorktree, root_turn_id, worktrees_root
+from kb.lines import check_offset, check_window_arguments
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
-from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
+from kb.store.draft import document_bytes
 from kb.store.history import PathChange
 from kb.store.knowledge_store import KnowledgeStore, summarize
-from kb.git.worktree import LazyWorktree, root_turn_id, worktrees_root
+from kb.store.listing import KEEP, Entry, folder_entries
+from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 
 KB_COMMITTER = "kb"
 """The committer a turn records when the caller names none: kb itself (SPEC §5, seed contract C4)."""
@@ -155,8 +160,8 @@ class Turn:
     """
 
     def __init__(self, store: KnowledgeStore, turn_id: str, author: str,
-                 on_close: Callable[["Turn"], None] | None = None,
-                 on_open: Callable[["Turn"], None] | None = None, committer: str | None = None) -> None:
+                 on_close: Callable[[Turn], None] | None = None,
+                 on_open: Callable[[Turn], None] | None = None, committer: str | None = None) -> None:
         self.turn_id = root_turn_id(turn_id)
         self.store = store
         self.author = author
@@ -671,7 +676,7 @@ class Turn:
                         )
             parent = None  # below a new folder nothing exists yet
 
-    def _base_sibling_keys(self, folder: str) -> dict[str, set[str]]:
+    def _base_sibling_keys(self, folder: str) -> _NamesByKey:
         """``{name_key: names}`` of the children of ``folder`` in the turn's base tree, cached per
         base (which never changes for a worktree): O(folder) once, then O(1) per write."""
         found = self.store.repository.folder_keys(self._base_tree, folder)

@@ -20,6 +20,7 @@ left as an entry (``kb.artifact_blob_purges``) that the periodic sweep retries.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import re
 import time
@@ -29,16 +30,21 @@ from datetime import datetime
 from pathlib import Path
 
 from kb.db import database
-from kb.store.artifact_rows import (
-    ACCESS_ARTIFACT, ArtifactFile, Manifest, announce_deleted, delete_rows, write_manifest,
-)
-from kb.workspace.blobstore import BlobStore, sha256_of
-from kb.errors import ArtifactNotFound, InvalidInput, PathExists, StaleGeneration
 from kb.db.locks import chunk_lock, locked_transaction
-from kb.paths import StorePath, name_key, safe_filename, unique_name
 from kb.db.sql import queries
+from kb.errors import ArtifactNotFound, InvalidInput, PathExists, StaleGeneration
+from kb.paths import StorePath, name_key, safe_filename, unique_name
+from kb.store.artifact_rows import (
+    ACCESS_ARTIFACT,
+    ArtifactFile,
+    Manifest,
+    announce_deleted,
+    delete_rows,
+    write_manifest,
+)
 from kb.store.history import Revision
 from kb.store.knowledge_store import KnowledgeStore
+from kb.workspace.blobstore import BlobStore, sha256_of
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +337,7 @@ class Artifacts:
         self.purge()
         return revision
 
-    def purge(self) -> list[str]:
+    def purge(self) -> builtins.list[str]:
         """Remove blobs with a purge entry that no artifact references, under the write lock (so a
         concurrent save re-creates rather than loses a blob it needs). Returns the sha256s removed;
         a failure is logged, counted on its entry and left for the sweep to retry."""
@@ -340,7 +346,7 @@ class Artifacts:
             store.catch_up(conn)
             return self._purge_pending(conn)
 
-    def _purge_pending(self, conn) -> list[str]:
+    def _purge_pending(self, conn) -> builtins.list[str]:
         removed = []
         for entry in conn.execute(queries["pending_blob_purges"], {"workspace_id": self.workspace_id}).fetchall():
             params = {"workspace_id": self.workspace_id, "sha256": entry["sha256"]}
@@ -356,7 +362,7 @@ class Artifacts:
             conn.execute(queries["finish_blob_purge"], params)
         return removed
 
-    def check(self, temp_file_age: float = 3600.0) -> "ArtifactCheck":
+    def check(self, temp_file_age: float = 3600.0) -> ArtifactCheck:
         """``kb fsck`` for artifacts, under the write lock: every file row's blob must exist and
         hash to its address (problems are reported, never "repaired" by guessing); pending purges
         run; orphan blobs (on disk, referenced by no row — e.g. a save killed before it recorded

@@ -54,7 +54,7 @@ class FsckReport:
     git_ok: bool
     git_messages: list[str] = field(default_factory=list)
     stale_locks_removed: list[str] = field(default_factory=list)
-    recorded: list["Revision"] = field(default_factory=list)
+    recorded: list[Revision] = field(default_factory=list)
     worktree_repaired: list[str] = field(default_factory=list)
     index_repaired: str | None = None
     """What git found wrong with ``.git/index`` (then rebuilt from HEAD), None when it was sound."""
@@ -76,7 +76,7 @@ class FsckReport:
         return f"kb mv --workspace {self.workspace_id} {shlex.quote(path)} {shlex.quote(shorter)}"
 
 
-def _git(store: "KnowledgeStore", *args: str) -> subprocess.CompletedProcess:
+def _git(store: KnowledgeStore, *args: str) -> subprocess.CompletedProcess:
     executable = shutil.which("git")
     if executable is None:
         raise ConfigurationError("kb fsck runs git's own check but no `git` executable is on PATH; install git")
@@ -86,7 +86,7 @@ def _git(store: "KnowledgeStore", *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def stale_worktree_paths(store: "KnowledgeStore") -> list[str]:
+def stale_worktree_paths(store: KnowledgeStore) -> list[str]:
     """Repo paths where the working tree or index differs from HEAD (``git status``), sorted."""
     out = _git(store, "status", "--porcelain=v1", "-z", "--untracked-files=all").stdout
     paths = set()
@@ -104,7 +104,7 @@ def stale_worktree_paths(store: "KnowledgeStore") -> list[str]:
     return sorted(paths)
 
 
-def _in_flight(store: "KnowledgeStore", line: str) -> bool:
+def _in_flight(store: KnowledgeStore, line: str) -> bool:
     """True for git's ``bad sha1 file: PATH`` about a file gone since (a temporary file another
     program, or an older kb, was writing into ``objects/`` while git scanned it): not damage."""
     if not line.startswith("bad sha1 file: "):
@@ -114,7 +114,7 @@ def _in_flight(store: "KnowledgeStore", line: str) -> bool:
     return not path.exists() and not (store.path / named).exists()
 
 
-def fsck(store: "KnowledgeStore") -> FsckReport:
+def fsck(store: KnowledgeStore) -> FsckReport:
     """Check and repair ``store``'s workspace (see the module docstring); returns the report.
 
     Raises WorkspaceNotFound, ConfigurationError (no git CLI), HistoryDiverged, LockTimeout.

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class Workspace:
     """The reads and writes of one workspace (design §3), over its ``KnowledgeStore``."""
 
-    def __init__(self, store: "KnowledgeStore") -> None:
+    def __init__(self, store: KnowledgeStore) -> None:
         self.store = store
         self.id = store.workspace_id
 
@@ -43,7 +43,7 @@ class Workspace:
         IsAFolder, DocumentNotFound, WorkspaceNotFound."""
         return self.store.read(path, revision)
 
-    def ls(self, path: str = "/documents", revision: str | None = None) -> "list[Entry]":
+    def ls(self, path: str = "/documents", revision: str | None = None) -> list[Entry]:
         """A folder's entries at HEAD or ``revision``: ``Entry(name, path, kind)``, folders first,
         by name; a document path lists itself. Raises InvalidPath, RevisionNotFound,
         DocumentNotFound ("did you mean …?" for another case)."""
@@ -53,18 +53,18 @@ class Workspace:
         """``{virtual path: content id}`` at HEAD or ``revision``."""
         return self.store.list_paths(revision)
 
-    def list_changes(self, revision: str) -> "list[PathChange]":
+    def list_changes(self, revision: str) -> list[PathChange]:
         """Changes a revision made, recorded moves included."""
         return self.store.list_changes(revision)
 
-    def history(self, path: str | None = None, limit: int = 50) -> "list[Revision]":
+    def history(self, path: str | None = None, limit: int = 50) -> list[Revision]:
         """Revisions newest first, from Postgres; for a path, following its moves (``kb log``)."""
         return self.store.history(path, limit)
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(self, message: str | None = None, author: str | None = None,
-                    committer: str | None = None, idempotency_key: str | None = None) -> "Iterator[Draft]":
+                    committer: str | None = None, idempotency_key: str | None = None) -> Iterator[Draft]:
         """``with ws.transaction("msg", "alice") as tx: tx.write(...)`` → ``tx.revision``: one
         revision per clean exit, None when net-empty, nothing on exception (design §3).
         ``idempotency_key``: a retry with the key of a write that landed records nothing and gets
@@ -73,12 +73,12 @@ class Workspace:
         with self.store.transaction(message, author or default_author(), committer, idempotency_key) as draft:
             yield draft
 
-    def write_outcome(self, idempotency_key: str) -> "Revision | None":
+    def write_outcome(self, idempotency_key: str) -> Revision | None:
         """The revision a write with ``idempotency_key`` recorded, or None (design §3)."""
         return self.store.write_outcome(idempotency_key)
 
     def move(self, source: str, destination: str, *, overwrite: bool = False, message: str | None = None,
-             author: str | None = None) -> "Revision | None":
+             author: str | None = None) -> Revision | None:
         """Move a document or folder in one revision; history follows it (``kb mv``). Returns the
         revision (None: nothing moved). Raises DocumentNotFound, PathExists, InvalidPath."""
         with self.transaction(message, author) as draft:
@@ -86,18 +86,18 @@ class Workspace:
         return draft.revision
 
     def revert(self, revision: str, author: str | None = None, committer: str | None = None,
-               message: str | None = None) -> "Revision | None":
+               message: str | None = None) -> Revision | None:
         """Record a forward revision undoing ``revision``; None when nothing to undo (design §3)."""
         return self.store.revert(revision, author or default_author(), committer, message)
 
     def restore(self, path: str, revision: str, author: str | None = None, committer: str | None = None,
-                message: str | None = None) -> "Revision | None":
+                message: str | None = None) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
         return self.store.restore(path, revision, author or default_author(), committer, message)
 
     def import_folder(self, source: Path | str, *, prefix: str | None = None, prune: bool = False,
                       message: str | None = None, author: str | None = None,
-                      idempotency_key: str | None = None) -> "ImportReport":
+                      idempotency_key: str | None = None) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
         ``transaction``."""
         from kb.store.importer import import_folder
@@ -106,23 +106,23 @@ class Workspace:
                              author=author or default_author(), idempotency_key=idempotency_key)
 
     # -- maintenance and services ----------------------------------------------------------
-    def reconcile(self) -> "list[Revision]":
+    def reconcile(self) -> list[Revision]:
         """Record revisions git has and Postgres lacks, deferring their jobs (design §3)."""
         return self.store.reconcile()
 
-    def fsck(self) -> "FsckReport":
+    def fsck(self) -> FsckReport:
         """git's consistency check, stale-lock and working-tree repair, reconcile (``kb fsck``)."""
         from kb.workspace.fsck import fsck
 
         return fsck(self.store)
 
-    def artifacts(self) -> "Artifacts":
+    def artifacts(self) -> Artifacts:
         """The workspace's artifacts (design §11): save, revise, get, list, read_file, delete."""
         from kb.workspace.artifacts import Artifacts
 
         return Artifacts(self.store, default_author)
 
-    def remote(self) -> "Remote":
+    def remote(self) -> Remote:
         """The workspace's push-only git remote (design §13): add, status, remove, push, defer_push."""
         from kb.workspace.remotes import Remote
 

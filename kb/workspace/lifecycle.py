@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb.db import database
-from kb.errors import KbError, WorkspaceBusy, WorkspaceNotFound
 from kb.db.locks import chunk_lock, locked_transaction
-from kb.store.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
 from kb.db.sql import queries
+from kb.errors import KbError, WorkspaceBusy, WorkspaceNotFound
 from kb.store.knowledge_store import check_workspace_id
+from kb.store.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
 
 if TYPE_CHECKING:
     from kb.store.stores import Stores
@@ -129,7 +129,7 @@ def _index_state(row: dict, head: str | None) -> str:
     return "indexed"
 
 
-def list_workspaces(stores: "Stores") -> list[WorkspaceSummary]:
+def list_workspaces(stores: Stores) -> list[WorkspaceSummary]:
     """Every workspace with a row, by id (SPEC §2.1). ``stores`` are the workspaces' stores. A
     workspace whose repository cannot be read is listed as ``damaged`` with the reason; the
     others are listed all the same."""
@@ -163,7 +163,7 @@ def list_workspaces(stores: "Stores") -> list[WorkspaceSummary]:
     return summaries
 
 
-def _turn_worktrees(stores: "Stores", workspace_id: int) -> list[str]:
+def _turn_worktrees(stores: Stores, workspace_id: int) -> list[str]:
     from kb.git.worktree import worktrees_root
 
     root = worktrees_root(stores.settings.knowledge_store, workspace_id)
@@ -174,15 +174,15 @@ def _leftovers(knowledge_store: Path, workspace_id: int) -> list[Path]:
     return sorted(knowledge_store.glob(f".deleted-{workspace_id}-*"))
 
 
-def delete_workspace(stores: "Stores", workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
+def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
     """Delete a workspace and everything it owns (see the module docstring; SPEC §2.1, §6).
 
     Returns a DeletedWorkspace. Raises InvalidWorkspace (bad id), WorkspaceNotFound (no row, no
     repository, nothing left over), WorkspaceBusy (a turn worktree exists or a job of it is running,
     and not ``force``), LockTimeout.
     """
-    from kb.workspace.artifacts import artifact_blobs_path
     from kb.git.worktree import worktrees_root
+    from kb.workspace.artifacts import artifact_blobs_path
 
     check_workspace_id(workspace_id)
     store = stores.store(workspace_id)

@@ -26,16 +26,22 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from kb.db import database
+from kb.db.sql import queries
 from kb.errors import (
-    InvalidInput, PushFailed, RemoteDiverged, RemoteExists, RemoteNotFound, RemoteUnreachable,
+    InvalidInput,
+    PushFailed,
+    RemoteDiverged,
+    RemoteExists,
+    RemoteNotFound,
+    RemoteUnreachable,
 )
 from kb.faults import fault_point
 from kb.settings import Settings
-from kb.db.sql import queries
 from kb.store.knowledge_store import KnowledgeStore
 
 if TYPE_CHECKING:
-    import psycopg
+
+    from kb.db.database import Connection
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +235,7 @@ class Remote:
             conn.execute(queries["defer_push_if_remote"], {"workspace_id": self.workspace_id})
         return self.status()
 
-    def status_or_none(self, conn: psycopg.Connection | None = None) -> RemoteStatus | None:
+    def status_or_none(self, conn: Connection | None = None) -> RemoteStatus | None:
         """The remote and its push state, or None when the workspace has none. ``conn``: an open
         connection to read it on (``kb status`` passes its own), else one is opened."""
         if conn is None:

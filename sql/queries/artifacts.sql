@@ -105,9 +105,6 @@ DELETE FROM kb.artifact_blob_purges WHERE workspace_id = %(workspace_id)s AND sh
 UPDATE kb.artifact_blob_purges SET attempts = attempts + 1, last_error = %(error)s
 WHERE workspace_id = %(workspace_id)s AND sha256 = %(sha256)s;
 
--- name: referenced_blobs
-SELECT DISTINCT sha256 FROM kb.artifact_files WHERE workspace_id = %(workspace_id)s;
-
 -- name: workspace_artifact_files
 SELECT f.document_id, d.path, f.role, f.size, f.sha256
 FROM kb.artifact_files f JOIN kb.documents d ON d.id = f.document_id

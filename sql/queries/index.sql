@@ -34,10 +34,6 @@ INSERT INTO kb.embedding_cache (text_sha256, model, dim, embedding)
 VALUES (%(text_sha256)s, %(model)s, %(dim)s, %(embedding)s::vector)
 ON CONFLICT DO NOTHING;
 
--- name: document_chunks
-SELECT id, position, text_sha256, start_char, end_char, start_line, end_line, embedding_model, text_config
-FROM kb.chunks WHERE document_id = %(document_id)s ORDER BY position;
-
 -- name: update_chunk_position
 UPDATE kb.chunks
 SET position = %(position)s, start_char = %(start_char)s, end_char = %(end_char)s,
@@ -108,9 +104,6 @@ UPDATE kb.workspaces SET last_indexed_revision = %(revision_id)s WHERE id = %(wo
 SELECT nullif(a.atttypmod, -1) AS dim
 FROM pg_attribute a
 WHERE a.attrelid = 'kb.chunks'::regclass AND a.attname = 'embedding';
-
--- name: bench_chunk_texts
-SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- ---- issue 4: reindex, progress rows, sweeps ------------------------------------------------
 

@@ -26,9 +26,6 @@ WHERE %(workspace_id)s::int IS NULL OR (args ->> 'workspace_id')::int = %(worksp
 GROUP BY queue_name, status
 ORDER BY queue_name, status;
 
--- name: jobs_pending
-SELECT count(*) AS pending FROM procrastinate_jobs WHERE status IN ('todo', 'doing');
-
 -- name: due_jobs
 -- Waiting jobs that are due now on the given queues, each with the job that holds it back, if
 -- any (kb/jobs/worker.py, `kb status`): Procrastinate's fetch skips a job while another job with its

@@ -1,4 +1,4 @@
--- Named queries about the Postgres server itself (kb/db/database.py, tests/conftest.py).
+-- Named queries about the Postgres server itself (kb/db/database.py, kb/db/embedded_server.py).
 
 -- name: show_wal_level
 SELECT current_setting('wal_level') AS wal_level;
@@ -12,24 +12,11 @@ ALTER SYSTEM SET wal_level = 'logical';
 -- effect after the restart that follows). ALTER SYSTEM takes no parameters: the size is a literal.
 ALTER SYSTEM SET shared_buffers = {size};
 
--- name: show_shared_buffers
-SELECT pg_size_bytes(current_setting('shared_buffers')) AS shared_buffers_bytes;
-
 -- name: database_exists
 SELECT 1 AS found FROM pg_database WHERE datname = %(database)s;
 
 -- name: create_database
 CREATE DATABASE {database};
-
--- name: create_database_from_template
-CREATE DATABASE {database} TEMPLATE {template};
-
--- name: terminate_connections
-SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = %(database)s AND pid <> pg_backend_pid();
-
--- name: drop_database
-DROP DATABASE IF EXISTS {database};
 
 -- name: pgvector_available
 SELECT default_version FROM pg_available_extensions WHERE name = 'vector';

@@ -71,14 +71,6 @@ FROM kb.path_changes
 WHERE workspace_id = %(workspace_id)s AND revision_id = %(revision_id)s
 ORDER BY path;
 
--- name: moves_since
--- Recorded moves after a sequence number, oldest first (projection keeps document ids, SPEC §6).
-SELECT seq, old_path, path AS new_path
-FROM kb.path_changes
-WHERE workspace_id = %(workspace_id)s AND change = 'moved' AND seq > %(after_seq)s
-      AND seq <= %(upto_seq)s
-ORDER BY seq, path;
-
 -- ---- the repository guard (kb/store/repository_guard.py, design §3) ----------------------------
 
 -- name: set_repository_identity
@@ -95,9 +87,6 @@ UPDATE kb.workspaces SET diverged = %(reason)s WHERE id = %(workspace_id)s;
 
 -- name: clear_workspace_diverged
 UPDATE kb.workspaces SET diverged = NULL WHERE id = %(workspace_id)s AND diverged IS NOT NULL;
-
--- name: workspace_repository_identity
-SELECT repository_id, diverged FROM kb.workspaces WHERE id = %(workspace_id)s;
 
 -- name: record_repository_identity
 -- A repository kb just created: the workspace records its identity (replacing one of a repository

@@ -14,9 +14,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kb.citations.envelope import Envelope, excerpt_lines
 from kb.citations.follow import follow_history
 from kb.citations.normalizer import Citation, HandleInfo, normalize
-from kb.citations.envelope import Envelope, excerpt_lines
 from kb.lines import document_lines, line_of, line_starts
 
 # -- documents -------------------------------------------------------------------------------------
@@ -421,7 +421,7 @@ class E2ECase:
     # -- showing and citing ------------------------------------------------------------------------
     def _maybe_strip_spans(self) -> None:
         from kb.db import database
-        from kb.db.sql import queries
+        from support.named_queries import queries
 
         self.stripped = None
         if self.docs and self.rng.random() < 0.4:
@@ -507,7 +507,7 @@ class E2ECase:
             return
         try:
             lines = document_lines(self.kb.read_as_of(self.ws, envelope.revision, envelope.path))
-        except Exception as exc:  # noqa: BLE001 - any failure to read it back is the finding
+        except Exception as exc:  # any failure to read it back is the finding
             self._fail(f"envelope {envelope.path} @ {envelope.revision[:12]} does not read back: {exc}")
             return
         for n, text in envelope.lines:
@@ -578,7 +578,7 @@ class E2ECase:
             self.kb.reindex(self.ws)
         else:
             from kb.db import database
-            from kb.db.sql import queries
+            from support.named_queries import queries
 
             with database.transaction(self.kb.database_url) as conn:
                 conn.execute(queries["test_truncate_chunks"])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from kb.errors import KbError
 from kb.knowledge_base import KnowledgeBase
 
-VOCABULARY = "alpha beta gamma delta kappa omega sigma refund policy annual plan invoice tomato river".split()
+VOCABULARY = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "refund", "policy", "annual", "plan", "invoice", "tomato", "river"]
 QUERIES = ["alpha gamma", "refund policy", "annual plan invoice", "tomato", "river omega", "## Heading"]
 FIRST_DOCUMENTS = 30
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.commands import git
-
 from kb.db import database
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
-from kb.db.sql import queries
+from support.commands import git
+from support.named_queries import queries
 
 WORKSPACE = 1
 NOTES = {

@@ -17,7 +17,7 @@ from psycopg import sql
 from kb.db import database
 from kb.db.database import start_embedded, stop_embedded
 from kb.db.migrations import apply_migrations
-from kb.db.sql import queries
+from support.named_queries import queries
 
 TEMPLATE = "kb_test_template"
 _counter = itertools.count()
@@ -31,7 +31,7 @@ def with_database(url: str, name: str) -> str:
 
 
 def run_admin(admin_url: str, query: str, **identifiers: str) -> None:
-    """Run a named query of sql/queries/testing.sql with its ``{identifiers}`` filled in."""
+    """Run a named query of tests/sql/testing.sql with its ``{identifiers}`` filled in."""
     statement = sql.SQL(queries[query]).format(**{k: sql.Identifier(v) for k, v in identifiers.items()})
     with psycopg.connect(admin_url, autocommit=True) as conn:
         if query == "drop_database":

@@ -6,14 +6,14 @@ from __future__ import annotations
 import random
 
 from kb.db import database
-from kb.db.sql import queries
 from kb.knowledge_base import KnowledgeBase
+from support.named_queries import queries
 
-WORDS = "alpha beta gamma delta kappa omega sigma tau refund policy annual plan invoice".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "tau", "refund", "policy", "annual", "plan", "invoice"]
 
 
 def named_rows(kb: KnowledgeBase, query: str, **params) -> list[dict]:
-    """The rows of named query ``query`` (sql/queries/testing.sql) on ``kb``'s database."""
+    """The rows of named query ``query`` (tests/sql/testing.sql) on ``kb``'s database."""
     with database.connect(kb.database_url, autocommit=True) as conn:
         return conn.execute(queries[query], params).fetchall()
 

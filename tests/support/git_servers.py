@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
 from support.network import free_port
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+
+from kb.index.embedding import HashingEmbedder
 from support.corpus import corpus_path, markdown_files
 from support.database import run_admin, with_database
 from support.legacy_source import DIMENSIONS, MODEL, fill_legacy, legacy_hash_vector
-
-from kb.index.embedding import HashingEmbedder
 
 _counter = itertools.count()
 

@@ -91,7 +91,7 @@ class _Writer:
 
     def __init__(self, conn: psycopg.Connection, workspace: int, seed: int) -> None:
         self.conn, self.workspace, self.rng = conn, workspace, random.Random(seed)
-        self.clock = dt.datetime(2025, 3, 1, 9, 0, tzinfo=dt.timezone.utc)
+        self.clock = dt.datetime(2025, 3, 1, 9, 0, tzinfo=dt.UTC)
         self.folders: dict[str, int | None] = {"": None}
         self.quirks: dict[str, list] = {name: [] for name in QUIRKS}
 
@@ -176,7 +176,7 @@ class _Writer:
                 self.quirks[kind].append([document_id, marker])
             elif kind == "dup_title":
                 draft = self.document(title, folder_id, body[: max(1, len(body) // 3)] + "\n\n(draft)\n",
-                                      created_at=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+                                      created_at=dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
                                       + dt.timedelta(seconds=i))
                 self.quirks[kind].append([document_id, draft])
             elif kind == "case_dup":

@@ -8,9 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, which holds support/
 
-from support.embedders import SlowEmbedder  # noqa: E402
-
-from kb.adapters.http.server import serve  # noqa: E402
+from kb.adapters.http.server import serve
+from support.embedders import SlowEmbedder
 
 if __name__ == "__main__":
     serve(port=int(sys.argv[1]), with_worker=True, embedder=SlowEmbedder(float(sys.argv[2])))

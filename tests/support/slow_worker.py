@@ -8,9 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, which holds support/
 
-from support.embedders import SlowEmbedder  # noqa: E402
-
-from kb.knowledge_base import KnowledgeBase  # noqa: E402
+from kb.knowledge_base import KnowledgeBase
+from support.embedders import SlowEmbedder
 
 if __name__ == "__main__":
     kb = KnowledgeBase.open()

@@ -35,7 +35,7 @@ def init() -> None:
     click.echo(f"tcp clients:   {_tcp_clients_line(settings)}")
 
 
-def _tcp_clients_line(settings: "Settings") -> str:
+def _tcp_clients_line(settings: Settings) -> str:
     """How Zero, GUI tools and non-libpq drivers reach kb's database (``kb init``)."""
     from kb.db.database import tcp_database_url
 

@@ -17,7 +17,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 @click.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
 @workspace_option()
@@ -58,16 +57,16 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
     for entry in report.skipped:
         by_reason.setdefault(entry.reason, []).append(entry.path)
     for reason, paths in by_reason.items():
-        for path in paths[:shown_per_reason]:
-            click.echo(f"skipped {path}: {reason}")
+        for skipped in paths[:shown_per_reason]:
+            click.echo(f"skipped {skipped}: {reason}")
         if len(paths) > shown_per_reason:
             click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
     if report.unindexable:
         click.echo(f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
                    "citations work) but search will not find them; `kb status` counts them as unindexable. "
                    "Fix the file and import again to index it:")
-        for path, reason in report.unindexable.items():
-            click.echo(f"  {path}: {reason}")
+        for unindexable, reason in report.unindexable.items():
+            click.echo(f"  {unindexable}: {reason}")
     if report.revision is not None:
         from kb.jobs.worker import live_workers
 

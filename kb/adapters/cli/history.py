@@ -8,7 +8,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 @click.command()
 @click.argument("path", required=False)
 @workspace_option()

@@ -11,7 +11,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 @click.command()
 @click.option("--until-idle", is_flag=True, help="Exit 0 once no job is due or runnable (jobs scheduled for later are listed).")
 @click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")

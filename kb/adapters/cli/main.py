@@ -16,7 +16,18 @@ import sys
 import click
 
 from kb.adapters.cli import (
-    artifact, cite, database, documents, history, index, legacy, remote, search, servers, session, status,
+    artifact,
+    cite,
+    database,
+    documents,
+    history,
+    index,
+    legacy,
+    remote,
+    search,
+    servers,
+    session,
+    status,
     workspaces,
 )
 from kb.errors import KbError

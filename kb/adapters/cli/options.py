@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import click
 from collections.abc import Callable
+
+import click
 
 from kb.paths import MAX_WORKSPACE_ID
 

@@ -11,7 +11,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 def _remote(workspace: int):
     """The workspace's remote, of the KnowledgeBase this command opens (and closes)."""
     return session.open_kb().remote(workspace)

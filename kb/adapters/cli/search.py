@@ -10,7 +10,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 class _QueryCommand(click.Command):
     """A command taking a free-text query: an unknown option (a query starting with "-" read as
     options) gets the hint to put the query after "--"."""
@@ -19,9 +18,9 @@ class _QueryCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
-            exc.message = exc.message.rstrip(".") + (
-                f'; a query that starts with "-" goes after "--": kb {self.name} -w 1 -- "-rf flag"')
-            raise
+            hint = f'; a query that starts with "-" goes after "--": kb {self.name} -w 1 -- "-rf flag"'
+            raise click.NoSuchOption(exc.option_name, exc.message.rstrip(".") + hint, exc.possibilities,
+                                     exc.ctx) from None
 
 
 @click.command(cls=_QueryCommand)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import click
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from kb.adapters.http.client import ServerClient
     from kb.knowledge_base import KnowledgeBase
     from kb.settings import Settings
@@ -24,7 +26,7 @@ QUICK_COMMANDS = frozenset({"read", "ls", "log", "status", "search", "show", "db
 garbage collector paused (design §13)."""
 
 
-def settings() -> "Settings":
+def settings() -> Settings:
     """``kb.settings.Settings()`` from the environment; pydantic is imported only by commands that
     need settings (a command answered by ``kb serve`` never does, design §13). Raises pydantic's
     ValidationError for a refused ``KB_*`` variable (the group turns it into one line)."""
@@ -33,7 +35,7 @@ def settings() -> "Settings":
     return Settings()
 
 
-def open_kb(*, migrate: bool = True) -> "KnowledgeBase":
+def open_kb(*, migrate: bool = True) -> KnowledgeBase:
     """The KnowledgeBase of the running command, closed when the command ends (design §13).
 
     ``migrate=False`` (``kb init``) leaves the schema to the caller. Must run inside a click
@@ -49,11 +51,11 @@ def open_kb(*, migrate: bool = True) -> "KnowledgeBase":
     return kb
 
 
-def server() -> "ServerClient | None":
+def server() -> ServerClient | None:
     """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (design §13)."""
     # The environment variable itself: no pydantic import on this path (Settings.server_url
     # documents it; pydantic-settings reads names case-insensitively, hence both spellings).
-    url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")
+    url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")  # noqa: SIM112
     if not url:
         return None
     from kb.adapters.http.client import ServerClient
@@ -62,7 +64,7 @@ def server() -> "ServerClient | None":
     return ServerClient(url)
 
 
-def is_settings_error(exc: Exception) -> bool:
+def is_settings_error(exc: Exception) -> TypeGuard[ValidationError]:
     """True for pydantic's ValidationError, told without importing pydantic (a command answered
     by ``kb serve`` never loads it)."""
     pydantic = sys.modules.get("pydantic")

@@ -11,7 +11,6 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 
-
 def _age(waited) -> str:
     """A wait (a timedelta, or seconds as ``kb serve`` sends it) as ``41s``, ``2m 05s`` or
     ``3h 12m``; ``-`` for none."""

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import datetime, timedelta
+from typing import Any
 
 from kb import errors
 from kb.citations.envelope import Envelope
@@ -26,7 +27,7 @@ class ServerClient:
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
 
-    def _get(self, route: str, **params) -> object:
+    def _get(self, route: str, **params) -> Any:
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         url = f"{self.base_url}{urllib.parse.quote(route)}{'?' + query if query else ''}"
         try:

@@ -31,18 +31,17 @@ import asyncio
 import contextlib
 import logging
 import threading
-from urllib.parse import quote
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from kb import errors
-
-from kb.db import database
 from kb.adapters.json_form import json_form
+from kb.db import database
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -108,7 +107,7 @@ class CommitBody(BaseModel):
 class Service:
     """What the routes call: per-thread KnowledgeBase objects sharing one embedder, and the turns."""
 
-    def __init__(self, settings: Settings, embedder: "Embedder | None" = None) -> None:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self._embedder = embedder
         self._local = threading.local()
@@ -119,7 +118,7 @@ class Service:
         self.ready = False
         self.ready_error: str | None = None
 
-    def start(self) -> "KnowledgeBase":
+    def start(self) -> KnowledgeBase:
         """Open kb (migrating) and load the embedder once; returns a KnowledgeBase of its own
         for the in-process worker (its jobs run in the worker's threads)."""
         first = self.new_kb()
@@ -128,7 +127,7 @@ class Service:
         self.ready = True
         return first
 
-    def new_kb(self) -> "KnowledgeBase":
+    def new_kb(self) -> KnowledgeBase:
         """A KnowledgeBase of its own (sharing the loaded embedder), closed with the service."""
         from kb.knowledge_base import KnowledgeBase
 
@@ -139,7 +138,7 @@ class Service:
             self._opened.append(kb)
         return kb
 
-    def kb(self) -> "KnowledgeBase":
+    def kb(self) -> KnowledgeBase:
         """This thread's KnowledgeBase."""
         kb = getattr(self._local, "kb", None)
         if kb is None:
@@ -319,7 +318,7 @@ def citation_router(service: Service) -> APIRouter:
 
 def create_app(
     settings: Settings | None = None, *, with_worker: bool = False, concurrency: int = 1,
-    embedder: "Embedder | None" = None, routers: list[Callable[[Service], APIRouter]] | None = None,
+    embedder: Embedder | None = None, routers: list[Callable[[Service], APIRouter]] | None = None,
     mcp_author: str | None = None,
 ) -> FastAPI:
     """The ASGI app of ``kb serve``.
@@ -338,8 +337,8 @@ def create_app(
         from kb.jobs.worker import WorkerReport, run_worker_async
 
         kb = await asyncio.to_thread(service.start)
-        from kb.knowledge_base import default_author
         from kb.adapters.mcp.server import http_app
+        from kb.knowledge_base import default_author
 
         mcp_app, mcp_lifespan = http_app(await asyncio.to_thread(service.new_kb),
                                          author=mcp_author or default_author(), kb_factory=service.new_kb)
@@ -367,7 +366,8 @@ def create_app(
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        body = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
+        body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc),
+                                   "cli_message": exc.cli_message}
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
             body.update(workspace_id=exc.workspace_id, idempotency_key=exc.idempotency_key,
                         revision=exc.revision,
@@ -418,7 +418,7 @@ class _LateMount:
 
 def serve(
     settings: Settings | None = None, *, host: str = "127.0.0.1", port: int = 8765,
-    with_worker: bool = False, concurrency: int = 1, embedder: "Embedder | None" = None,
+    with_worker: bool = False, concurrency: int = 1, embedder: Embedder | None = None,
     mcp_author: str | None = None,
 ) -> None:
     """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown."""

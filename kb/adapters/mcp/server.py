@@ -35,8 +35,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import ListResourcesResult, PaginatedRequestParams, Resource
 
-from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
 from kb.adapters.json_form import json_form
+from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
 from kb.paths import StorePath
 
 if TYPE_CHECKING:
@@ -70,8 +70,8 @@ class ChatState:
 
     workspace_id: int
     chat_id: str
-    kb: "KnowledgeBase"
-    turn: "Turn"
+    kb: KnowledgeBase
+    turn: Turn
     conversation: Any
     lock: threading.RLock
 
@@ -79,8 +79,8 @@ class ChatState:
 class McpSessions:
     """The conversations an MCP server holds, keyed by ``(workspace, chat id)``. Thread-safe."""
 
-    def __init__(self, kb: "KnowledgeBase", author: str, committer: str | None,
-                 kb_factory: "Callable[[], KnowledgeBase] | None" = None) -> None:
+    def __init__(self, kb: KnowledgeBase, author: str, committer: str | None,
+                 kb_factory: Callable[[], KnowledgeBase] | None = None) -> None:
         self.kb = kb
         self.kb_factory = kb_factory
         self.author = author
@@ -135,13 +135,13 @@ class McpSessions:
 
 
 def build_server(
-    kb: "KnowledgeBase",
+    kb: KnowledgeBase,
     *,
     workspace_id: int | None,
     author: str,
     committer: str | None = None,
     chat_id: str | None = None,
-    kb_factory: "Callable[[], KnowledgeBase] | None" = None,
+    kb_factory: Callable[[], KnowledgeBase] | None = None,
 ) -> tuple[MCPServer, McpSessions]:
     """An MCP server exposing kb's tools for one workspace (stdio) or for the workspace each HTTP
     request names (``workspace_id=None``; ``kb serve`` sets the ``x-kb-workspace`` header).
@@ -349,7 +349,7 @@ def build_server(
     return server, sessions
 
 
-def run_stdio(kb: "KnowledgeBase", *, workspace_id: int, author: str, chat_id: str | None = None,
+def run_stdio(kb: KnowledgeBase, *, workspace_id: int, author: str, chat_id: str | None = None,
               committer: str | None = None) -> None:
     """Serve kb's MCP tools over stdin/stdout until the client disconnects, then commit the open
     turn (``kb mcp``). stdout carries protocol messages only: the caller routes logs to stderr."""
@@ -405,8 +405,8 @@ class WorkspaceRouting:
                 await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), chat_id)
 
 
-def http_app(kb: "KnowledgeBase", *, author: str, committer: str | None = None,
-             kb_factory: "Callable[[], KnowledgeBase] | None" = None):
+def http_app(kb: KnowledgeBase, *, author: str, committer: str | None = None,
+             kb_factory: Callable[[], KnowledgeBase] | None = None):
     """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
 
     ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share

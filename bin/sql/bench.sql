@@ -1,4 +1,4 @@
--- Named queries of the index/search benchmark (bin/bench_index.py, SPEC §14).
+-- Named queries of the benchmarks and the search evaluation (bin/; loaded by tests/named_queries.py, SPEC §14). They do not ship with kb.
 
 -- name: bench_delete_workspace_chunks
 -- Wipe a workspace's chunk rows (they are disposable, SPEC §1) to time a rebuild from the cache.
@@ -47,9 +47,6 @@ SELECT document_id, workspace_id, position, text, md5(text), 0, length(text), st
        setweight(to_tsvector('english', context), 'A') || to_tsvector('english', text)
 FROM bench_chunks;
 
--- name: bench_chunk_count
-SELECT count(*) AS n FROM kb.chunks WHERE workspace_id = %(workspace_id)s;
-
 -- name: bench_analyze
 ANALYZE kb.chunks;
 
@@ -77,3 +74,8 @@ SELECT id, path FROM kb.documents WHERE workspace_id = %(workspace_id)s;
 -- name: bench_empty_document_leg
 -- bin/bench_search.py: the document leg returning nothing, to time the search without it.
 SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false;
+
+-- ---- bin/bench_import_index.py ----
+
+-- name: bench_chunk_texts
+SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;

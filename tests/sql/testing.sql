@@ -1,4 +1,4 @@
--- Named queries the test suite reads the derived index and the job queue with (issue 4).
+-- Named queries of the test suite (loaded by tests/named_queries.py). They do not ship with kb.
 
 -- ---- issue 4: reads of the derived index for tests ----------------------------------------
 
@@ -292,6 +292,21 @@ SELECT kb.refresh_document_terms(ARRAY(SELECT id FROM kb.documents WHERE workspa
 -- name: test_set_workspace_head
 -- Postgres' recorded head of a workspace, set as a reader that queried just before a commit saw it.
 UPDATE kb.workspaces SET head_revision = %(head)s WHERE id = %(workspace_id)s;
+
+-- ---- the test server: a database per test, copied from a template ----
+
+-- name: show_shared_buffers
+SELECT pg_size_bytes(current_setting('shared_buffers')) AS shared_buffers_bytes;
+
+-- name: create_database_from_template
+CREATE DATABASE {database} TEMPLATE {template};
+
+-- name: terminate_connections
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = %(database)s AND pid <> pg_backend_pid();
+
+-- name: drop_database
+DROP DATABASE IF EXISTS {database};
 
 -- ---- write outcomes (design §3): a writer's session killed while a leader records its draft ----
 
