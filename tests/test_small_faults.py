@@ -151,3 +151,40 @@ def test_an_unknown_revision_is_not_told_to_use_more_digits(kb):
     with pytest.raises(RevisionNotFound) as missing:
         kb.revert(WS, "deadbeef")
     assert "no revision 'deadbeef' in this workspace" in str(missing.value) and "digits" not in str(missing.value)
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, None, float("nan"), float("inf"), 2**63])
+def test_history_limits_that_are_not_whole_positive_numbers_are_invalid_input(kb, limit):
+    from kb.errors import InvalidInput
+
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/a.md", "a\n")
+    with pytest.raises(InvalidInput, match="limit must be a whole number"):
+        kb.history(WS, limit=limit)
+
+
+def test_text_that_is_not_unicode_is_invalid_input_not_a_database_failure(kb, kb_env):
+    import os
+    import subprocess
+    import sys
+
+    from kb.errors import InvalidInput
+
+    kb.create_workspace(WS)
+    for field in ("author", "message"):
+        with pytest.raises(InvalidInput, match="not valid Unicode"):
+            with kb.transaction(WS, **{"message": "m", "author": "a", field: "x\udcff"}) as tx:
+                tx.write("/documents/a.md", "a\n")
+    turn = kb.turn(WS, "sur", author="x\udcff")
+    turn.write("/documents/b.md", "b\n")
+    with pytest.raises(InvalidInput, match="not valid Unicode"):
+        turn.commit()
+    turn.abort()
+    assert kb.store(WS).head() is None
+    for args in ([b"new", b"bad\xff", b"-w", b"1", b"--body", b"x"],
+                 [b"new", b"T2", b"-w", b"1", b"--author", b"a\xff", b"--body", b"x"]):
+        result = subprocess.run([os.fsencode(sys.executable), b"-m", b"kb.adapters.cli", *args], env=kb_env,
+                                capture_output=True, timeout=300)
+        assert result.returncode == 1, result.stderr
+        assert b"not valid Unicode" in result.stderr and b"unexpected" not in result.stderr

@@ -83,8 +83,8 @@ INDEX_TASK = "kb.index_changes"
 
 
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
-    """Refuse commit text git and Postgres cannot both hold (SPEC §14): a NUL anywhere, a line
-    break in an identity. Raises InvalidInput naming the field."""
+    """Refuse commit text git and Postgres cannot both hold (SPEC §14): a NUL or a lone surrogate
+    anywhere, a line break in an identity. Raises InvalidInput naming the field."""
     for field, value, single_line in (("message", message, False), ("author", author, True),
                                       ("committer", committer, True)):
         if value is None:
@@ -93,6 +93,11 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
             raise InvalidInput(f"{field} must be text, not {type(value).__name__}")
         if "\x00" in value:
             raise InvalidInput(f"the {field} contains a NUL character; remove it")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: bytes that were not UTF-8 (argv, a file name)
+            raise InvalidInput(f"the {field} {value!r} is not valid Unicode text (character {exc.start + 1} is "
+                               "half of a surrogate pair, e.g. from bytes that were not UTF-8); pass UTF-8 text") from None
         if single_line and ("\n" in value or "\r" in value):
             raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
 
@@ -119,6 +124,11 @@ def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[
         result[change.path] = None if change.change in ("removed", "moved_away") else change.content_id
     return result
 
+
+
+MAX_HISTORY_LIMIT = 100_000
+"""The most revisions one history call returns (a Postgres ``LIMIT`` of any size is accepted,
+but a caller asking for more wants paging, not one list)."""
 
 class KnowledgeStore:
     """The store of one workspace: repository at ``{storage_root}/knowledge_store/{id}`` + Postgres."""
@@ -269,12 +279,15 @@ class KnowledgeStore:
     def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:
         """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves.
 
-        ``limit`` ≥ 1. Raises WorkspaceNotFound for a workspace without a repository, InvalidPath.
+        ``limit``: a whole number from 1 to MAX_HISTORY_LIMIT. Raises InvalidInput for any other
+        limit, WorkspaceNotFound for a workspace without a repository, InvalidPath.
         """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HISTORY_LIMIT:
+            raise InvalidInput(f"limit must be a whole number from 1 to {MAX_HISTORY_LIMIT}, not {limit!r}")
         self.require_exists()
         repo_path = None if path is None else repo_path_of(path, allow_keep=True)
         with database.transaction(self.database_url) as conn:
-            return read_history(conn, self.workspace_id, repo_path, max(1, int(limit)))
+            return read_history(conn, self.workspace_id, repo_path, limit)
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -50,12 +50,18 @@ def folder_and_name(repo_path: str) -> tuple[str, str]:
 
 def check_title(title: object) -> str:
     """Return ``title`` if it can be kept exactly as typed: a str without NUL (Postgres text
-    cannot hold NUL). Raises TypeError for a non-str, InvalidInput for a NUL."""
+    cannot hold NUL) that encodes as UTF-8. Raises TypeError for a non-str, InvalidInput for a NUL
+    or a lone surrogate."""
     if not isinstance(title, str):
         raise TypeError(f"title must be str, not {type(title).__name__}")
     if "\0" in title:
         raise InvalidInput(f"title {title!r} contains a NUL character, which Postgres text cannot "
                            "hold; remove it")
+    try:
+        title.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: bytes that were not UTF-8 (argv, a file name)
+        raise InvalidInput(f"title {title!r} is not valid Unicode text (bytes that were not UTF-8); "
+                           "pass UTF-8 text") from None
     return title
 
 

@@ -11,7 +11,7 @@ from kb.adapters.cli.options import workspace_option
 @click.command()
 @click.argument("path", required=False)
 @workspace_option()
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1),
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1, max=100_000),
               help="Most revisions to show, newest first.")
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
