@@ -188,3 +188,23 @@ def test_text_that_is_not_unicode_is_invalid_input_not_a_database_failure(kb, kb
                                 capture_output=True, timeout=300)
         assert result.returncode == 1, result.stderr
         assert b"not valid Unicode" in result.stderr and b"unexpected" not in result.stderr
+
+
+def test_a_pack_written_before_its_ref_moves_survives_a_concurrent_git_repack(kb):
+    """kb import writes its blobs as one pack before the revision's ref moves; a `git repack -a -d`
+    in between dropped every one of them (unreachable yet): an import reported success over a
+    revision git could not read. The pack is kept (.keep) until maintenance releases it."""
+    from kb.git.repository import LOOSE_LIMIT
+
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "alice") as tx:
+        tx.write("/documents/a.md", "a\n")
+    repository = kb.store(WS).repository
+    blobs = repository.add_blobs([f"pending blob {i}\n".encode() for i in range(LOOSE_LIMIT)])
+    repo = kb.store(WS).path
+    _git(repo, "repack", "-a", "-d", "-q")
+    missing = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-check"], input="\n".join(blobs) + "\n",
+                             capture_output=True, text=True, check=True).stdout
+    assert "missing" not in missing
+    assert repository.release_pending_packs(older_than=0) == 1  # as maintenance does after an hour
+    assert repository.release_pending_packs(older_than=0) == 0

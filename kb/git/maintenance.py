@@ -54,13 +54,17 @@ def maintain_workspaces(knowledge_store: Path, min_loose: int = LOOSE_OBJECTS_TO
         if not path.name.isdigit() or not (path / ".git").is_dir():
             continue
         report.checked += 1
-        if loose_object_count(path) < min_loose:
-            continue
         try:
             repository = Repository.open(path)
         except FileNotFoundError:  # the workspace was deleted since the listing
             continue
-        packed, packs = repository.pack_loose_objects(MAX_PACKS)
+        try:
+            repository.release_pending_packs()  # packs whose writes have long landed or died
+            if loose_object_count(path) < min_loose:
+                continue
+            packed, packs = repository.pack_loose_objects(MAX_PACKS)
+        finally:
+            repository.close()
         report.packed[int(path.name)] = packed
         log.info("workspace %s: packed %d objects (%d packs now)", path.name, packed, packs)
     return report

@@ -143,6 +143,22 @@ OBJECT_WRITE_ATTEMPTS = 5
 folder (``git prune-packed``) between the folder's creation and the object's write."""
 
 
+
+PENDING_PACK_MARK = b"kb: objects of a write whose revision may not be recorded yet\n"
+"""The content of the ``.keep`` file kb puts beside a pack it writes (see keep_pending_pack)."""
+PENDING_PACK_SECONDS = 3600.0
+"""How long a pending pack stays kept: far longer than any write takes to move its ref."""
+
+
+def keep_pending_pack(basename: Path) -> None:
+    """Mark the pack ``{basename}.pack`` kept (``{basename}.keep``, as git's receive-pack does)
+    until its objects are reachable: a concurrent ``git repack -a -d`` (or ``git gc``) drops
+    packed objects no ref reaches yet, which lost every blob of an import whose ref had not moved
+    (design §14). Maintenance removes the mark after PENDING_PACK_SECONDS
+    (:meth:`Repository.release_pending_packs`). Raises OSError."""
+    keep = basename.with_name(basename.name + ".keep")
+    keep.write_bytes(PENDING_PACK_MARK)
+
 class Repository(WorktreeRefresh):
     """One workspace's non-bare git repository at ``path`` (created on ``Repository.create``)."""
 
@@ -548,7 +564,9 @@ class Repository(WorktreeRefresh):
         pack_dir = Path(store.pack_dir)
         before = set(pack_dir.glob("tmp*.pack"))
         try:
-            store.add_objects([(obj, None) for obj in objects])
+            pack = store.add_objects([(obj, None) for obj in objects])
+            if pack is not None:
+                keep_pending_pack(Path(pack._basename))
         except BaseException as exc:
             # Interrupted mid-pack (Ctrl-C): remove the temporary pack this call began (never
             # completed: it has no .idx), and report the interrupt, not dulwich's BufferError
@@ -559,6 +577,21 @@ class Repository(WorktreeRefresh):
             if isinstance(exc, BufferError) and isinstance(exc.__context__, KeyboardInterrupt):
                 raise exc.__context__ from None
             raise
+
+    def release_pending_packs(self, older_than: float = PENDING_PACK_SECONDS) -> int:
+        """Remove kb's ``.keep`` marks older than ``older_than`` seconds (see
+        :func:`keep_pending_pack`): by then the write that made the pack has landed (its objects
+        are reachable) or died (they are garbage). Returns how many were removed."""
+        removed = 0
+        now = time.time()
+        for keep in Path(self._repo.object_store.pack_dir).glob("pack-*.keep"):
+            try:
+                if keep.read_bytes() == PENDING_PACK_MARK and now - keep.stat().st_mtime >= older_than:
+                    keep.unlink()
+                    removed += 1
+            except OSError:
+                continue  # removed meanwhile, or not ours to read
+        return removed
 
     def _add_loose(self, obj) -> None:
         """Store ``obj`` as a loose object the way git itself does: written to a ``tmp_obj_*`` file
