@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Adversarial runs of the store and turns (SPEC §3, §5, §14; issue 9). Each prints its figures
+"""Adversarial runs of the store and turns (design §3, §5, §14). Each prints its figures
 and exits 1 when an invariant broke. Subcommands:
 
 * ``writers`` — N writer processes × M transactions on one workspace with a Procrastinate worker

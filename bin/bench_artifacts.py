@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Artifact save benchmark (SPEC §11, §14, issue 17): what a save costs over a plain revision.
+"""Artifact save benchmark (design §11, §14): what a save costs over a plain revision.
 
 Interleaves, round by round in one process and one workspace, the median wall time of:
 

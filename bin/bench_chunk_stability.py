@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How many chunks a one-line edit re-embeds (SPEC §7, issue 13), kb's anchored chunker vs the
+"""How many chunks a one-line edit re-embeds (design §7), kb's anchored chunker vs the
 reference: chonkie's RecursiveChunker run over the whole document with the same rules, tokenizer and
 chunk size (what kb did before sections were anchored).
 

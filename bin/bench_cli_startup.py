@@ -1,4 +1,4 @@
-"""Wall time of kb's everyday CLI commands against references measured in the same run (issue 15).
+"""Wall time of kb's everyday CLI commands against references measured in the same run (design §13).
 
     python bin/bench_cli_startup.py [--rounds 7] [--documents 50]
 
@@ -9,7 +9,7 @@ embedder, then times, round by round and interleaved, ``python -c pass`` (interp
 ``kb search`` (hashing embedder) as subprocesses — what a user waits for — and, for read, log
 and status, a ``python -c`` that imports only what the command imports from outside kb (standard
 library and third-party modules, ``outside_imports``): the floor under the command. Prints medians
-and the ratio of each kb command to ``python -c pass``. Goals (issue 15): read/log/status ≤ 0.5 s,
+and the ratio of each kb command to ``python -c pass``. Goals (design §13): read/log/status ≤ 0.5 s,
 search ≤ 1.5 s with hashing.
 
 With ``--server`` the same kb commands also run against a ``kb serve`` subprocess

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 2 benchmark: import a folder of markdown, index it, and compare kb's indexing throughput
+"""design §3 benchmark: import a folder of markdown, index it, and compare kb's indexing throughput
 with the raw embedder's on the same chunks, measured in the same process.
 
     python bin/bench_import_index.py ../shared/corpus/tldr/pages [--model minilm] [--sample 1500]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Indexing and search benchmark on a real corpus (SPEC §14, issue 4), as ratios in one process.
+"""Indexing and search benchmark on a real corpus (design §14), as ratios in one process.
 
 Legs, all with the same embedder and the same ``torch.set_num_threads``:
 

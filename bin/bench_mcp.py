@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark an MCP tool call round trip over stdio against the same call on the facade (issue 16).
+"""Benchmark an MCP tool call round trip over stdio against the same call on the facade (design §5).
 
 One process holds both legs. The MCP leg is the SDK's own client talking to a real ``kb mcp``
 subprocess over stdin/stdout (JSON-RPC framing, pydantic validation, the tool's thread hop, the

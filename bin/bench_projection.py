@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Projection cost at scale (SPEC §6, §14), as ratios against `git ls-tree -r` of the same tree.
+"""Projection cost at scale (design §6, §14), as ratios against `git ls-tree -r` of the same tree.
 
 Imports the tldr corpus (~6,600 small documents in two folders) into a scratch workspace, then
 times: the first projection (every row created, one kb_events notification each), a one-file edit,

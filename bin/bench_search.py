@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Search latency at scale (SPEC §8, §14, issue 12): facade ``kb.search`` vs a numpy exact top-10.
+"""Search latency at scale (design §8, §14): facade ``kb.search`` vs a numpy exact top-10.
 
 Set-up: the tldr pages are imported (real git repositories, real blobs) into three workspaces, and
 each gets synthetic chunk rows pointing at its documents: ``--sizes`` chunks per measured

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Seed and span-fill benchmark (issue 11, SPEC §9, §10, §14): ratios against references in one run.
+"""Seed and span-fill benchmark (design §9, §10, §14): ratios against references in one run.
 
 Builds a legacy database with ``../shared/legacy/make_legacy.py`` from ``--source`` (default the
 tldr pages, hash vectors named ``legacy-hash-384``) as legacy workspace 1, and the ``linux`` part of

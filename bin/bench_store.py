@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Store benchmark (SPEC §14, issue 3): kb vs the git CLI on the same repository, ratios in one run.
+"""Store benchmark (design §14): kb vs the git CLI on the same repository, ratios in one run.
 
 Builds a workspace of ``--documents`` documents (default 20,000) over ``--revisions`` revisions
 (default 1,000: one import, then revisions editing, adding and moving a few documents each), then

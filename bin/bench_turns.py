@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark a turn (SPEC §5, issue 6) against the git CLI's full-checkout turn, in one process.
+"""Benchmark a turn (design §5) against the git CLI's full-checkout turn, in one process.
 
 A turn = open it, read 3 documents, edit one, commit. Reference = ``git worktree add --detach``
 (a full checkout), the same reads and edit, ``git commit`` (worktree removal not timed). Both run

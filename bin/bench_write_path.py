@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write-path benchmark (SPEC §3, §4, §14; issue 9): kb vs the git CLI, side by side in one run.
+"""Write-path benchmark (design §3, §4, §14): kb vs the git CLI, side by side in one run.
 
 Three measurements, each leg interleaved round by round with its reference, medians reported:
 

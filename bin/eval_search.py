@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Search quality eval (SPEC §8, issue 12): kb vs BM25 vs the vector leg alone, per language.
+"""Search quality eval (design §8): kb vs BM25 vs the vector leg alone, per language.
 
 Pairs (query → the one relevant document) are built from the shared corpus itself; no query is
 written by hand.

@@ -1,4 +1,4 @@
-"""Citation fuzz, long runs (issue 10). Two layers:
+"""Citation fuzz, long runs (design §8). Two layers:
 
     python bin/fuzz_citations.py --cases 10000          # pure layer: line counting, envelope
                                                          # rendering, normalizer, follow over

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Citation stress (SPEC §7, §8): searches checked against ``git show`` while commits,
+"""Citation stress (design §7, §8): searches checked against ``git show`` while commits,
 projections, index runs and reindexes race, for minutes; then convergence. CI runs an 8-second
 sample of the same code (tests/test_citation_stress.py); what is checked is in
 tests/support/citation_stress.py.

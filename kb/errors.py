@@ -34,7 +34,7 @@ class KbError(Exception):
 
 
 class ConfigurationError(KbError):
-    """A setting is missing or invalid (SPEC §13)."""
+    """A setting is missing or invalid (design §13)."""
 
 
 class DatabaseUnavailable(KbError):
@@ -51,7 +51,7 @@ class DatabaseNotReady(KbError):
 
 
 class MigrationError(KbError):
-    """A migration failed, or an applied migration's checksum no longer matches its file (SPEC §12)."""
+    """A migration failed, or an applied migration's checksum no longer matches its file (design §12)."""
 
 
 class InvalidInput(KbError):
@@ -64,7 +64,7 @@ class OffsetOutOfRange(InvalidInput):
 
 
 class InvalidWorkspace(KbError):
-    """A workspace id is not a positive integer (SPEC §2.1)."""
+    """A workspace id is not a positive integer (design §2.1)."""
 
 
 class WorkspaceNotFound(KbError):
@@ -72,7 +72,7 @@ class WorkspaceNotFound(KbError):
 
 
 class InvalidPath(KbError):
-    """A caller path violates the path law (SPEC §2.3). ``path`` holds the offending path."""
+    """A caller path violates the path law (design §2.3). ``path`` holds the offending path."""
 
     def __init__(self, path: object, reason: str) -> None:
         self.path = path
@@ -93,7 +93,7 @@ class RevisionNotFound(KbError):
 
 
 class LockTimeout(KbError):
-    """The workspace write lock was not acquired within the configured wait (SPEC §4)."""
+    """The workspace write lock was not acquired within the configured wait (design §4)."""
 
     def __init__(self, workspace_id: int, waited_seconds: float, backend: str = "postgres", *,
                  lock: str = "write", holder: str = "another writer holds it. Retry, or raise KB_LOCK_TIMEOUT") -> None:
@@ -119,11 +119,11 @@ class EmbeddingError(KbError):
 
 
 class DimensionMismatch(EmbeddingError):
-    """The database's vector dimension differs from the active embedding model's (SPEC §7)."""
+    """The database's vector dimension differs from the active embedding model's (design §7)."""
 
 
 class UnindexableDocument(KbError):
-    """A document cannot be indexed (NUL bytes, invalid UTF-8); it stays in git untouched (SPEC §7)."""
+    """A document cannot be indexed (NUL bytes, invalid UTF-8); it stays in git untouched (design §7)."""
 
 
 class ImportSourceError(KbError):
@@ -135,9 +135,9 @@ class OutputFileError(KbError):
     cannot be written, or there is no file to rewrite (standard input)."""
 
 
-# -- turns (issue 6, SPEC §5) ----------------------------------------------------------------
+# -- turns (design §5) ----------------------------------------------------------------
 class InvalidTurn(KbError):
-    """A turn id is empty or has characters that cannot name a worktree directory (SPEC §5)."""
+    """A turn id is empty or has characters that cannot name a worktree directory (design §5)."""
 
 
 class TurnBusy(KbError):
@@ -176,10 +176,10 @@ class InvalidPattern(KbError):
 class ArtifactReadOnly(KbError):
     """A plain transaction, a turn commit or an editor save would change an ARTIFACT document's
     file; artifacts are revised through ``KnowledgeBase.artifacts(workspace).revise`` (``kb artifact
-    revise``; ``kb.workspace.artifacts``, SPEC §11)."""
+    revise``; ``kb.workspace.artifacts``, design §11)."""
 
 
-# -- store under contention and crashes (issue 9, SPEC §3, §14) -------------------------------
+# -- store under contention and crashes (design §3, §14) -------------------------------
 class CommitOutcomeUnknown(KbError):
     """Postgres went away while a write was being recorded and could not be asked since: the write
     may have landed (design §3).
@@ -207,7 +207,7 @@ class CommitOutcomeUnknown(KbError):
 
 class StorageError(KbError):
     """The file system refused an operation on kb's storage (disk full, permissions, name too long)."""
-# -- citations (issue 10, SPEC §8) ------------------------------------------------------------
+# -- citations (design §8) ------------------------------------------------------------
 class InvalidCitation(KbError):
     """A citation is not written as ``[n]``, ``[n:Lx]`` or ``[n:Lx-Ly]``, or names bad lines."""
 
@@ -223,7 +223,7 @@ class UnknownChat(KbError):
 
 class InvalidChat(KbError):
     """A chat id is empty, too long, or holds characters a chat id cannot hold."""
-# -- seeding from legacy rows (issue 11, SPEC §10) ---------------------------------------------
+# -- seeding from legacy rows (design §10) ---------------------------------------------
 class LegacySourceError(KbError):
     """The legacy database cannot be read: unreachable, no ``legacy`` schema, or no such workspace."""
 
@@ -232,7 +232,7 @@ class SeedRefused(KbError):
     """A seed step was refused: re-seeding a flipped workspace without ``--force``, or ``--flip``
     without byte parity in the same run."""
 
-# -- artifacts (issue 17, SPEC §11) -------------------------------------------------------------
+# -- artifacts (design §11) -------------------------------------------------------------
 class ArtifactNotFound(KbError):
     """No artifact with that id in the workspace (deleted, or never saved)."""
 
@@ -263,7 +263,7 @@ class BlobStoreError(KbError):
     """The artifact blob store could not write or read a file (disk full, permissions, missing)."""
 
 
-# -- git remotes (issue 18, SPEC §13) -----------------------------------------------------------
+# -- git remotes (design §13) -----------------------------------------------------------
 class RemoteError(KbError):
     """A workspace's git remote cannot be configured or pushed to (messages are redacted)."""
 
@@ -289,10 +289,10 @@ class PushFailed(RemoteError):
 
 
 class ServerUnavailable(KbError):
-    """``KB_SERVER_URL`` names a ``kb serve`` that does not answer (issue 15)."""
+    """``KB_SERVER_URL`` names a ``kb serve`` that does not answer (design §13)."""
 
 
-# -- listing and deleting workspaces (issue 13) ----------------------------------------------
+# -- listing and deleting workspaces (design §3) ----------------------------------------------
 class WorkspaceBusy(KbError):
     """A workspace cannot be deleted while a turn or job uses it (``force=True``, ``--force``, does it anyway)."""
 

@@ -1,4 +1,4 @@
-"""A documented test hook for crash tests (SPEC §14: "kill -9 at any step of a commit").
+"""A documented test hook for crash tests (design §14: "kill -9 at any step of a commit").
 
 Set ``KB_FAULT_POINT`` to a point name and the process SIGKILLs itself when it reaches that point,
 exactly as ``kill -9`` from outside would, at a deterministic step. It is read from the environment
@@ -10,7 +10,7 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
 * ``ref_advanced`` — the branch ref points at the new revision, the working tree is not refreshed
   and Postgres has not committed the revision rows;
 * ``before_pg_commit`` — the last step before Postgres commits (the working tree is refreshed only
-  after that commit, outside the write lock, issue 9).
+  after that commit, outside the write lock, design §14).
 
 With group commit (``kb.store.group_commit``) the holder reaches each point once for its whole group.
 

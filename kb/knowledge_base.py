@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kb.git.worktree import JanitorReport
 
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
-    # commands that need none of them (issue 15, SPEC §13).
+    # commands that need none of them (design §13).
     from kb.index.chunking import LazyChunker
     from kb.index.embedding import Embedder
     from kb.index.freshness import IndexFreshness
@@ -65,7 +65,7 @@ class KnowledgeBase:
     """kb's public surface over one database and one storage root."""
 
     def __init__(self, settings: Settings, database_url: str) -> None:
-        """Raises ConfigurationError when the storage root is too deep for the path law (SPEC §2.3)."""
+        """Raises ConfigurationError when the storage root is too deep for the path law (design §2.3)."""
         check_storage_root(settings.knowledge_store)
         self.stores = Stores(settings, database_url)
         self._embedder: Embedder | None = None
@@ -97,7 +97,7 @@ class KnowledgeBase:
 
     def _ensure_schema(self) -> None:
         """Migrate only when something is to do: a current schema costs one connection and two
-        reads (``schema_is_current``), not the migration lock and pgvector probe (issue 15).
+        reads (``schema_is_current``), not the migration lock and pgvector probe (design §13).
         Whatever the quick read cannot vouch for goes to ``migrate()``, which reports errors."""
         try:
             conn = database.connect(self.database_url)
@@ -117,7 +117,7 @@ class KnowledgeBase:
         """Close what this KnowledgeBase opened: its workspaces' git repositories and the turns
         it holds open (their worktrees stay for a later commit or the janitor). Idempotent; the
         object stays usable (a later call reopens what it needs). ``with KnowledgeBase.open() as
-        kb:`` calls it on exit (issue 15)."""
+        kb:`` calls it on exit (design §13)."""
         if self._open_turns is not None:
             self._open_turns.close_all()
         self.stores.close()
@@ -129,13 +129,13 @@ class KnowledgeBase:
         self.close()
 
     def migrate(self) -> MigrationReport:
-        """Apply the schema and pending migrations, Procrastinate's included (SPEC §12)."""
+        """Apply the schema and pending migrations, Procrastinate's included (design §12)."""
         with database.connect(self.database_url) as conn:
             database.require_pgvector(conn, self.database_url)
             conn.commit()
             return apply_migrations(conn)
 
-    # -- workspaces and the store (SPEC §2, §3) ------------------------------------------
+    # -- workspaces and the store (design §2, §3) ------------------------------------------
     def store(self, workspace_id: int) -> KnowledgeStore:
         """The store of one workspace (raises InvalidWorkspace for a non-positive id)."""
         return self.stores.store(workspace_id)
@@ -165,7 +165,7 @@ class KnowledgeBase:
         """``with kb.transaction(1, "msg", "alice") as tx: tx.write(...)`` → ``tx.revision``.
 
         Operations apply in call order; one revision per clean exit, None when net-empty, nothing
-        on exception (SPEC §3). ``idempotency_key``: a retry with the key of a write that landed
+        on exception (design §3). ``idempotency_key``: a retry with the key of a write that landed
         records nothing and gets that write's revision (design §3); a failure of Postgres is
         settled before the call answers (``KnowledgeStore.transaction``). Raises as that method.
         """
@@ -183,11 +183,11 @@ class KnowledgeBase:
         return self.workspace(workspace_id).head()
 
     def read(self, workspace_id: int, path: str, revision: str | None = None) -> bytes:
-        """Bytes of a document at HEAD or ``revision`` (SPEC §3)."""
+        """Bytes of a document at HEAD or ``revision`` (design §3)."""
         return self.workspace(workspace_id).read(path, revision)
 
     def read_as_of(self, workspace_id: int, revision: str, path: str) -> bytes:
-        """Bytes of a document at ``revision`` (SPEC §3, §8)."""
+        """Bytes of a document at ``revision`` (design §3, §8)."""
         return self.store(workspace_id).read_as_of(revision, path)
 
     def ls(self, workspace_id: int, path: str = "/documents", revision: str | None = None) -> list[Entry]:
@@ -206,7 +206,7 @@ class KnowledgeBase:
         return self.workspace(workspace_id).list_changes(revision)
 
     def history(self, workspace_id: int, path: str | None = None, limit: int = 50) -> list[Revision]:
-        """Revisions newest first, from Postgres; for a path, following its moves (SPEC §3)."""
+        """Revisions newest first, from Postgres; for a path, following its moves (design §3)."""
         return self.workspace(workspace_id).history(path, limit)
 
     def import_folder(
@@ -218,7 +218,7 @@ class KnowledgeBase:
         return self.workspace(workspace_id).import_folder(source, prefix=prefix, prune=prune, message=message,
                                                           author=author, idempotency_key=idempotency_key)
 
-    # -- derived index (SPEC §6, §7) -----------------------------------------------------
+    # -- derived index (design §6, §7) -----------------------------------------------------
     @property
     def embedder(self) -> Embedder:
         """The active embedder (loaded on first use); checks the database's vector dimension."""
@@ -234,25 +234,25 @@ class KnowledgeBase:
 
     @functools.cached_property
     def chunker(self) -> LazyChunker:
-        """The chunker (chunk size in model tokens, SPEC §7)."""
+        """The chunker (chunk size in model tokens, design §7)."""
         from kb.index.chunking import LazyChunker
 
         return LazyChunker(self.settings.chunk_size)  # chonkie and the tokenizer load on first cut
 
     def project(self, workspace_id: int, *, force: bool = False) -> ProjectionResult:
         """Converge documents/folders rows to HEAD in one transaction, sending ``kb_events`` on
-        commit (SPEC §6); what the ``kb.project_changes`` job runs. Raises WorkspaceNotFound."""
+        commit (design §6); what the ``kb.project_changes`` job runs. Raises WorkspaceNotFound."""
         return self.stores.project(workspace_id, force=force)
 
     def rebuild_projection(self, workspace_id: int) -> ProjectionResult:
         """Re-derive documents/folders rows from HEAD even if HEAD is already projected
-        (``kb rebuild-projection``, SPEC §1, §6): missing folder rows come back, drifted rows are
+        (``kb rebuild-projection``, design §1, §6): missing folder rows come back, drifted rows are
         repaired, and no row whose file exists is deleted, so ids stay stable for replicas."""
         return self.project(workspace_id, force=True)
 
     def publication_status(self) -> PublicationStatus:
         """Create ``kb_publication`` if missing and allowed; say whether subscribers can stream it
-        and what to change if not (SPEC §6)."""
+        and what to change if not (design §6)."""
         with database.transaction(self.database_url) as conn:
             return ensure_publication(conn)
 
@@ -266,15 +266,15 @@ class KnowledgeBase:
 
     def run_worker(self, until_idle: bool = False, concurrency: int = 1, display=None) -> WorkerReport:
         """Run the Procrastinate worker for kb's queues (``kb worker``); with ``until_idle`` return
-        once no job is due or runnable (SPEC §7, issue 19). ``display``: a
+        once no job is due or runnable (design §7). ``display``: a
         ``kb.jobs.worker.ProgressDisplay`` for per-job progress. Returns a ``kb.jobs.worker.WorkerReport``."""
         from kb.jobs.worker import run_worker
 
         return run_worker(self, until_idle=until_idle, concurrency=concurrency, display=display)
 
-    # -- reads for people and agents (SPEC §8) -------------------------------------------
+    # -- reads for people and agents (design §8) -------------------------------------------
     def search(self, workspace_id: int, query: str, k: int = 5) -> list[Envelope]:
-        """Hybrid search → excerpt envelopes with true line numbers (SPEC §8).
+        """Hybrid search → excerpt envelopes with true line numbers (design §8).
 
         Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100,
         HistoryDiverged when the workspace's repository is not its own or is behind Postgres.
@@ -298,14 +298,14 @@ class KnowledgeBase:
 
     def index_freshness(self, workspace_id: int) -> IndexFreshness:
         """How far the workspace's index lags its head (``kb search`` warns with its ``hint()``;
-        SPEC §7, §8, issue 15). Zeros for a workspace that does not exist; raises
+        design §7, §8). Zeros for a workspace that does not exist; raises
         InvalidWorkspace for a bad id."""
         from kb.index.freshness import index_freshness
 
         return index_freshness(self.database_url, check_workspace_id(workspace_id))
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
-        """The full-view envelope of one document at HEAD or ``revision`` (SPEC §8); ``.window(offset,
+        """The full-view envelope of one document at HEAD or ``revision`` (design §8); ``.window(offset,
         limit)`` cuts it. Raises InvalidPath, RevisionNotFound, IsAFolder, DocumentNotFound,
         HistoryDiverged (design §3)."""
         store = self.store(workspace_id)
@@ -323,7 +323,7 @@ class KnowledgeBase:
         return Envelope(target.virtual, title, revision, "full", lines)
 
     def conversation(self, workspace_id: int, chat_id: str) -> Conversation:
-        """The chat ``chat_id``'s door to search, read and cite (SPEC §8, issue 10): a
+        """The chat ``chat_id``'s door to search, read and cite (design §8): a
         :class:`kb.citations.conversation.Conversation` (search, read, normalize, resolve, handles, forget).
         Raises InvalidChat, InvalidWorkspace, WorkspaceNotFound."""
         from kb.citations.conversation import Conversation
@@ -335,7 +335,7 @@ class KnowledgeBase:
 
     def expire_citations(self) -> int:
         """Delete chats unused for ``KB_CITATION_TTL`` seconds with their handles (what the
-        periodic ``kb.expire_citations`` task runs, SPEC §8); returns how many chats."""
+        periodic ``kb.expire_citations`` task runs, design §8); returns how many chats."""
         from kb.citations import registry as citation_registry
 
         with database.transaction(self.database_url) as conn:
@@ -349,35 +349,35 @@ class KnowledgeBase:
         store = None if workspace_id is None else self.store(workspace_id)
         return status(self.settings, self.database_url, store)
 
-    # -- store maintenance and undo (issue 3: SPEC §2.1, §3) ------------------------------
+    # -- store maintenance and undo (design §2.1, §3) ------------------------------
     def revert(
         self, workspace_id: int, revision: str, author: str | None = None, committer: str | None = None,
         message: str | None = None,
     ) -> Revision | None:
-        """Record a forward revision undoing ``revision`` (SPEC §3); None when nothing to undo."""
+        """Record a forward revision undoing ``revision`` (design §3); None when nothing to undo."""
         return self.workspace(workspace_id).revert(revision, author, committer, message)
 
     def restore(
         self, workspace_id: int, path: str, revision: str, author: str | None = None,
         committer: str | None = None, message: str | None = None,
     ) -> Revision | None:
-        """Bring one document back as it was at ``revision``, as a new revision (SPEC §3)."""
+        """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
         return self.workspace(workspace_id).restore(path, revision, author, committer, message)
 
     def reconcile(self, workspace_id: int) -> list[Revision]:
-        """Record revisions git has and Postgres lacks, deferring their jobs (SPEC §3; the sweep)."""
+        """Record revisions git has and Postgres lacks, deferring their jobs (design §3; the sweep)."""
         return self.workspace(workspace_id).reconcile()
 
     def fsck(self, workspace_id: int) -> FsckReport:
         """git's consistency check, stale-lock and working-tree repair, reconcile (``kb fsck``)."""
         return self.workspace(workspace_id).fsck()
 
-    # -- issue 4: the derived index's operations (SPEC §7) ---------------------------------
+    # -- the derived index's operations (design §7) ---------------------------------
     def use_embedder(self, embedder: Embedder) -> Embedder:
         """Make ``embedder`` the active one after checking it against the database.
 
         Raises DimensionMismatch naming both dimensions when ``kb.chunks.embedding`` is declared
-        with another dimension than the model makes (the startup check of SPEC §7).
+        with another dimension than the model makes (the startup check of design §7).
         """
         with database.connect(self.database_url) as conn:
             dim = conn.execute(queries["chunk_vector_dimension"]).fetchone()["dim"]
@@ -392,7 +392,7 @@ class KnowledgeBase:
 
     def reindex(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
         """Rebuild a workspace's index from git HEAD in this process, resuming an interrupted
-        rebuild (what the ``kb.reindex`` job runs, SPEC §7)."""
+        rebuild (what the ``kb.reindex`` job runs, design §7)."""
         self.store(workspace_id).require_exists()
         from kb.index.indexer import Indexer
 
@@ -406,25 +406,25 @@ class KnowledgeBase:
         return jobs.defer_reindex(self.stores, workspace_id)
 
     def sweep(self):
-        """Defer projection/index jobs for every workspace lagging git HEAD (SPEC §7)."""
+        """Defer projection/index jobs for every workspace lagging git HEAD (design §7)."""
         from kb.jobs.sweep import sweep
 
         return sweep(self.stores, lambda: self.embedder)
 
 
-    # -- artifacts (issue 17, SPEC §11) ---------------------------------------------------
+    # -- artifacts (design §11) ---------------------------------------------------
     def artifacts(self, workspace_id: int) -> Artifacts:
         """The artifacts of a workspace: ``save``, ``revise``, ``get``, ``list``, ``read_file``,
         ``delete`` (``kb.workspace.artifacts.Artifacts``). Raises InvalidWorkspace."""
         return self.workspace(workspace_id).artifacts()
 
-    # -- git remotes (issue 18, SPEC §13) ----------------------------------------------------
+    # -- git remotes (design §13) ----------------------------------------------------
     def remote(self, workspace_id: int) -> Remote:
         """The workspace's push-only git remote: ``add``, ``status``, ``remove``, ``push``,
         ``defer_push`` (``kb.workspace.remotes.Remote``). Raises InvalidWorkspace."""
         return self.workspace(workspace_id).remote()
 
-    # -- listing and deleting workspaces (issue 13, SPEC §2.1, §6; kb.workspaces) -----------
+    # -- listing and deleting workspaces (design §2.1, §6; kb.workspaces) -----------
     def list_workspaces(self) -> list[WorkspaceSummary]:
         """Every workspace: id, documents, git head, index state (``kb workspaces``)."""
         from kb.workspace.lifecycle import list_workspaces
@@ -444,13 +444,13 @@ class KnowledgeBase:
             if self._open_turns is not None:
                 self._open_turns.forget_workspace(workspace_id)
 
-    # -- turns (issue 6, SPEC §5) ----------------------------------------------------------
+    # -- turns (design §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
              committer: str | None = None) -> Turn:
         """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
         operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir, create) and
         ``commit()``. ``author`` = whom the turn acts for (default: the OS user), ``committer`` =
-        who records it (default: kb itself, ``kb.turns.turn.KB_COMMITTER``; SPEC §5).
+        who records it (default: kb itself, ``kb.turns.turn.KB_COMMITTER``; design §5).
 
         Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
         disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
@@ -466,7 +466,7 @@ class KnowledgeBase:
 
     def sweep_worktrees(self, ttl: float | None = None) -> JanitorReport:
         """Remove abandoned turn worktrees older than ``ttl`` seconds (default
-        ``settings.worktree_ttl``); never an open turn's (SPEC §5). What the janitor job runs."""
+        ``settings.worktree_ttl``); never an open turn's (design §5). What the janitor job runs."""
         from kb.git.worktree import sweep_worktrees
 
         def repository_for(workspace_id: int):
@@ -485,23 +485,23 @@ class KnowledgeBase:
         """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
         ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
 
-        ``committer`` defaults to kb itself (SPEC §5). A missing document starts empty (saving
-        creates it); a document changed meanwhile by someone else is three-way merged (SPEC §5). Returns the CommitResult, or None when
+        ``committer`` defaults to kb itself (design §5). A missing document starts empty (saving
+        creates it); a document changed meanwhile by someone else is three-way merged (design §5). Returns the CommitResult, or None when
         nothing changed (the turn is discarded). Raises ArtifactReadOnly for ARTIFACT documents
-        (SPEC §11), InvalidPath, WorkspaceNotFound, and whatever ``editor`` raises (turn discarded).
+        (design §11), InvalidPath, WorkspaceNotFound, and whatever ``editor`` raises (turn discarded).
         """
         from kb.turns.editor_save import edit_document
 
         return edit_document(self.database_url, workspace_id,
                              lambda turn_id: self.turn(workspace_id, turn_id, author, committer), path, editor, message)
 
-    # -- issue 11: seeding from legacy rows, span fill, drift check (SPEC §9, §10) ----------
+    # -- seeding from legacy rows, span fill, drift check (design §9, §10) ----------
     def seed(
         self, dsn: str, legacy_workspace: int, workspace_id: int, *, yes: bool = False, flip: bool = False,
         force: bool = False, progress: Callable[[str], None] | None = None,
     ) -> SeedReport:
         """Seed ``workspace_id`` from legacy workspace ``legacy_workspace`` of the legacy database
-        at ``dsn`` (``kb seed``, SPEC §10). Dry run unless ``yes``: plans paths and reports
+        at ``dsn`` (``kb seed``, design §10). Dry run unless ``yes``: plans paths and reports
         documents, skipped rows, collisions and bytes. With ``yes``: one seed revision, byte parity
         check, identity and (same model) chunk adoption without embedding; ``flip`` then makes kb
         the authority. Raises LegacySourceError, SeedRefused (flipped without ``force``; ``flip``
@@ -515,21 +515,21 @@ class KnowledgeBase:
             yes=yes, flip=flip, force=force, active_model=active)
 
     def set_authority(self, workspace_id: int, *, flipped: bool) -> bool:
-        """``--flip`` / ``--unflip`` of a seeded workspace (SPEC §10); True when it changed.
+        """``--flip`` / ``--unflip`` of a seeded workspace (design §10); True when it changed.
         Raises SeedRefused when the workspace was never seeded or (flip) parity did not pass."""
         from kb.legacy.seed import set_authority
 
         return set_authority(self.stores, check_workspace_id(workspace_id), flipped=flipped)
 
     def span_fill(self) -> SpanFill:
-        """The span fill (SPEC §9): ``status()``, ``pause()``, ``resume()``, ``run()``."""
+        """The span fill (design §9): ``status()``, ``pause()``, ``resume()``, ``run()``."""
         from kb.legacy.span_fill import SpanFill
 
         return SpanFill(self.stores)
 
     def drift_check(self, workspace_id: int | None = None) -> list[DriftReport]:
         """Compare git HEAD with document and chunk rows of flipped workspaces (or one workspace)
-        and repair the Postgres side, capped per run (SPEC §10 after the flip)."""
+        and repair the Postgres side, capped per run (design §10 after the flip)."""
         from kb.legacy.drift import drift_check
 
         return drift_check(self.stores, workspace_id)

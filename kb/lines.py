@@ -1,4 +1,4 @@
-"""Line counting — the one definition every line number in kb is produced and consumed with (SPEC §8).
+"""Line counting — the one definition every line number in kb is produced and consumed with (design §8).
 
 Chunk spans at cut time (:mod:`kb.index.chunking`), the envelope rendering of search and reads
 (:mod:`kb.citations.envelope`), ``turn.read``/``turn.grep`` (:mod:`kb.turns.turn`), the citation normalizer and

@@ -1,13 +1,13 @@
 """The path law: safe names, collision keys, validated caller paths and identities.
 
-* SPEC §2.2 — :func:`safe_filename`, :func:`safe_folder_segment` turn arbitrary titles into names
+* design §2.2 — :func:`safe_filename`, :func:`safe_folder_segment` turn arbitrary titles into names
   that check out on Linux, macOS and Windows; :func:`name_key`, :func:`unique_name` and
   :class:`NameRegistry` resolve collisions case- and NFC-insensitively (``x.md`` → ``x (2).md``).
-* SPEC §2.3 — :class:`StorePath` validates every caller path (under ``/documents``, no empty, ``.``,
+* design §2.3 — :class:`StorePath` validates every caller path (under ``/documents``, no empty, ``.``,
   ``..`` or ``.git`` segments, no ``.keep``, no control characters) and raises
   :class:`~kb.errors.InvalidPath`. It validates, it never rewrites: an existing document is
   addressed by its exact (byte-exact, not re-normalized) name.
-* SPEC §2.4 — :func:`unique_identifier_hash` and :func:`blob_id` (the ``git hash-object`` id).
+* design §2.4 — :func:`unique_identifier_hash` and :func:`blob_id` (the ``git hash-object`` id).
 
 Pure Python, standard library only.
 """
@@ -38,7 +38,7 @@ _BACKSLASH = "backslash is not a separator and not allowed in names; use '/'"
 _SPACES = re.compile(" {2,}")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _SEPARATORS = "\x1c\x1d\x1e\x1f"  # str.isspace() says yes, Unicode White_Space says no: removed
-# Windows device names (SPEC §2.2), plus the superscript-digit ports and console devices Windows
+# Windows device names (design §2.2), plus the superscript-digit ports and console devices Windows
 # also reserves. Compared on the ASCII-uppercased stem before the first dot, sans trailing spaces.
 _DEVICES = frozenset(
     ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
@@ -87,7 +87,7 @@ def _split_ext(name: str) -> tuple[str, str]:
 
 
 def safe_filename(title: str) -> str:
-    """Map any title to a document file name (SPEC §2.2). Deterministic and idempotent.
+    """Map any title to a document file name (design §2.2). Deterministic and idempotent.
 
     ``title`` (str) → a non-empty NFC name ending in ``.md``, ≤ 255 UTF-8 bytes. Control chars are
     removed (whitespace ones become spaces), ``\\ / : * ? " < > |`` become ``_``, space runs become
@@ -113,7 +113,7 @@ def safe_filename(title: str) -> str:
 
 
 def safe_folder_segment(name: str) -> str:
-    """Map any name to a folder segment (SPEC §2.2): the rules of :func:`safe_filename` without
+    """Map any name to a folder segment (design §2.2): the rules of :func:`safe_filename` without
     the extension. ``name`` (str) → non-empty segment ≤ 255 UTF-8 bytes; empty result → ``folder``;
     ``CON`` → ``CON_``, ``..`` → ``folder``, ``.git`` → ``_.git``, ``GIT~1`` → ``GIT~1_``. Raises ``TypeError`` on
     non-str."""
@@ -127,7 +127,7 @@ def safe_folder_segment(name: str) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def name_key(name: str) -> str:
-    """The collision key of a name (SPEC §2.2: "case-insensitive and NFC-insensitive").
+    """The collision key of a name (design §2.2: "case-insensitive and NFC-insensitive").
 
     ``name`` (str) → ``NFC(casefold(upper(NFD(name))))``: Unicode canonical caseless matching,
     plus the upper-casing Windows (NTFS) compares with, so ``Café``/``Cafe\\u0301``/``CAFÉ`` share
@@ -138,7 +138,7 @@ def name_key(name: str) -> str:
 
 
 class NameRegistry:
-    """The names taken in one folder (SPEC §2.2 collisions), for batches: O(1) amortized per claim.
+    """The names taken in one folder (design §2.2 collisions), for batches: O(1) amortized per claim.
 
     ``NameRegistry(names)`` with ``names`` an iterable of names (or keys) already present at HEAD;
     ``claim(name) -> str`` returns ``name`` or its first free ``name (n)`` variant and records it;
@@ -186,7 +186,7 @@ class NameRegistry:
 
 def unique_name(name: str, taken: Iterable[str] | NameRegistry) -> str:
     """``name`` if its key is not among ``taken``'s keys, else ``stem (2).md``, ``stem (3).md`` …
-    (``name (2)`` for a segment without ``.md``), stem shortened to fit 255 bytes (SPEC §2.2).
+    (``name (2)`` for a segment without ``.md``), stem shortened to fit 255 bytes (design §2.2).
 
     ``taken``: names or keys (any iterable, rebuilt into a key set: O(len(taken)) per call) or a
     :class:`NameRegistry` (queried, not modified). For many names in one folder, use
@@ -205,7 +205,7 @@ _GIT_NAMES = {".git", "git~1", ".gitattributes", ".gitignore", ".gitmodules"}
 def git_special_name(segment: str) -> bool:
     """True when ``segment`` is, on some file system, a name git itself interprets: ``.git``
     (also as NTFS short name ``GIT~1``, with HFS-ignored code points, trailing dots/spaces or an
-    NTFS stream suffix ``::$…``), ``.gitattributes``, ``.gitignore`` or ``.gitmodules`` (SPEC §2.3,
+    NTFS stream suffix ``::$…``), ``.gitattributes``, ``.gitignore`` or ``.gitmodules`` (design §2.3,
     §14: a document must never change how git reads the repository)."""
     name = segment.translate(_HFS_IGNORED).split(":", 1)[0].rstrip(". ").casefold()
     return name in _GIT_NAMES
@@ -238,7 +238,7 @@ def _check_segment(segment: object, path: object) -> None:
 
 @dataclass(frozen=True, order=True)
 class StorePath:
-    """A validated path inside the projected root ``documents`` (SPEC §2.3). Immutable, hashable,
+    """A validated path inside the projected root ``documents`` (design §2.3). Immutable, hashable,
     ordered by ``parts``; equality is exact (no case or NFC folding: git names are bytes).
 
     ``parts`` — the segments after ``documents`` (``()`` is the root itself). Construction checks
@@ -339,7 +339,7 @@ class StorePath:
 
 def author_path(relative_parts: Sequence[str], prefix: Sequence[str] = ()) -> tuple[str, ...]:
     """Map a relative file path (e.g. ``("Licenses & payment", "Refund policy")``) to safe segments
-    after ``documents`` (SPEC §2.2): ``(*prefix, *map(safe_folder_segment, folders),
+    after ``documents`` (design §2.2): ``(*prefix, *map(safe_folder_segment, folders),
     safe_filename(last))``. ``prefix`` segments are validated as they are, never rewritten.
 
     Split OS paths on the separator first: a ``/`` inside a segment becomes ``_``. Collisions are
@@ -357,11 +357,11 @@ def author_path(relative_parts: Sequence[str], prefix: Sequence[str] = ()) -> tu
 
 MAX_WORKSPACE_ID = 2**31 - 1
 """The largest workspace id: ``kb.workspaces.id`` and every ``workspace_id`` column are Postgres
-``integer`` (SPEC §2.1: workspace ids are positive integers)."""
+``integer`` (design §2.1: workspace ids are positive integers)."""
 
 
 def check_workspace_id(workspace_id: object) -> int:
-    """Return ``workspace_id`` if it is an int from 1 to MAX_WORKSPACE_ID (SPEC §2.1), else raise
+    """Return ``workspace_id`` if it is an int from 1 to MAX_WORKSPACE_ID (design §2.1), else raise
     InvalidWorkspace."""
     if isinstance(workspace_id, bool) or not isinstance(workspace_id, int) or not 0 < workspace_id <= MAX_WORKSPACE_ID:
         raise InvalidWorkspace(f"workspace ids are integers from 1 to {MAX_WORKSPACE_ID}, got {workspace_id!r}")
@@ -369,7 +369,7 @@ def check_workspace_id(workspace_id: object) -> int:
 
 
 def unique_identifier_hash(document_type: str, unique_id: str, workspace_id: int) -> str:
-    """``sha256(f"{document_type}:{unique_id}:{workspace_id}")`` as 64 hex chars (SPEC §2.4); the
+    """``sha256(f"{document_type}:{unique_id}:{workspace_id}")`` as 64 hex chars (design §2.4); the
     legacy host's exact format. ``unique_id`` is the virtual path for NOTE/ARTIFACT, else the
     source id. Raises :class:`InvalidWorkspace` unless ``workspace_id`` is an int from 1 to
     MAX_WORKSPACE_ID (§2.1, ``check_workspace_id``)."""
@@ -379,14 +379,14 @@ def unique_identifier_hash(document_type: str, unique_id: str, workspace_id: int
 
 def blob_id(data: bytes) -> str:
     """The git blob SHA-1 of ``data`` as 40 hex chars — ``content_id``, equal to
-    ``git hash-object`` (SPEC §2.4). Accepts bytes-like objects; raises ``TypeError`` for str."""
+    ``git hash-object`` (design §2.4). Accepts bytes-like objects; raises ``TypeError`` for str."""
     if isinstance(data, str):
         raise TypeError("blob_id takes bytes, not str (encode first)")
     raw = bytes(data)
     return hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()
 
 
-# -- rules for NEW names (SPEC §2.2, §2.3, §14; issue 9) -------------------------------------
+# -- rules for NEW names (design §2.2, §2.3, §14) -------------------------------------
 # Names that exist already stay readable, movable and removable whatever they are; these rules
 # apply to every name a write or move *creates*, so nothing new can fail to check out.
 
@@ -411,7 +411,7 @@ def check_new_segment(segment: str, path: object) -> None:
 
 def check_path_length(repo_path: str, path: object) -> None:
     """Raise InvalidPath (for ``path``) when ``repo_path`` (``documents/…``) is longer than
-    MAX_PATH_BYTES below ``documents``: it could not be checked out everywhere (SPEC §2.3)."""
+    MAX_PATH_BYTES below ``documents``: it could not be checked out everywhere (design §2.3)."""
     size = len(repo_path.encode("utf-8", "surrogatepass")) - len(ROOT) - 1
     if size > MAX_PATH_BYTES:
         raise InvalidPath(path, f"path of {size} UTF-8 bytes below /documents exceeds {MAX_PATH_BYTES}; "
@@ -429,7 +429,7 @@ _DEEPEST_SUFFIX = (len("/.worktrees/") + 20 + 1 + 200 + 1 + len(ROOT) + 1 + MAX_
 def check_storage_root(knowledge_store: object) -> None:
     """Raise ConfigurationError when the deepest file kb may create below ``knowledge_store`` (a
     turn's worktree copy of a MAX_PATH_BYTES path, plus a temporary name) would exceed the OS path
-    limit, so a valid path could fail on disk (SPEC §2.3, §13). Called at start-up."""
+    limit, so a valid path could fail on disk (design §2.3, §13). Called at start-up."""
     from kb.errors import ConfigurationError
 
     size = len(str(knowledge_store).encode("utf-8", "surrogateescape"))

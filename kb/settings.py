@@ -1,4 +1,4 @@
-"""Settings (SPEC §13): pydantic-settings, read from the environment with the prefix ``KB_``.
+"""Settings (design §13): pydantic-settings, read from the environment with the prefix ``KB_``.
 
 Every setting, its default and its unit is listed in the README. ``Settings()`` reads the
 environment each time it is constructed; tests build one explicitly with overrides.
@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         description="Seconds a chat's citation handles live after its last use (search, read, normalize, resolve).",
         gt=0,
     )
-    # issue 11: span fill and drift check (SPEC §9, §10); batch size, throttle and pause live in
+    # span fill and drift check (design §9, §10); batch size, throttle and pause live in
     # the kb.span_fill_control row so a DBA can change them with psql while a fill runs.
     span_fill_cron: str = Field(default="23 3 * * *", description="Cron of the span fill (daily by default).")
     span_fill_job_seconds: float = Field(
@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     drift_cron: str = Field(default="*/30 * * * *", description="Cron of the drift check of flipped workspaces.")
     drift_max_repairs: int = Field(default=100, description="Drift findings repaired per workspace per run.")
 
-    # -- connections: pooler, direct URL, embedded server's TCP address (SPEC §13) ------------
+    # -- connections: pooler, direct URL, embedded server's TCP address (design §13) ------------
     database_pooler: Literal["none", "transaction"] = Field(
         default="none",
         description=(
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         "(for Zero and GUI clients). Default: its Unix socket only.",
     )
 
-    # issue 15: the CLI's read commands ask a running `kb serve` (kb/adapters/cli/main.py reads the variable itself)
+    # the CLI's read commands ask a running `kb serve` (kb/adapters/cli/main.py reads the variable itself)
     server_url: str | None = Field(
         default=None,
         description="URL of a running `kb serve` (e.g. http://127.0.0.1:8765): kb search/read/log/status ask it.",
@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     def _listen_address(cls, value: str | None) -> str | None:
         parse_listen(value)  # ValueError → a validation error naming the variable
         return value or None
-    # -- git remotes (issue 18, SPEC §13): credentials are read at push time, never stored
+    # -- git remotes (design §13): credentials are read at push time, never stored
     remote_username: str | None = Field(default=None, description="User name for pushing to an https remote.")
     remote_password: SecretStr | None = Field(default=None, description="Password or token for the remote.")
     remote_credentials_file: Path | None = Field(
@@ -159,7 +159,7 @@ class Settings(BaseSettings):
 
     @property
     def knowledge_store(self) -> Path:
-        """``{storage_root}/knowledge_store`` — one git repository per workspace (SPEC §2.1)."""
+        """``{storage_root}/knowledge_store`` — one git repository per workspace (design §2.1)."""
         return self.storage_root / "knowledge_store"
 
 

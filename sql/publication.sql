@@ -1,4 +1,4 @@
--- kb_publication: documents and folders rows for logical-replication consumers (SPEC §6), e.g.
+-- kb_publication: documents and folders rows for logical-replication consumers (design §6), e.g.
 -- a Postgres subscriber or Rocicorp Zero. Thin metadata only: no vectors, tsvectors or bodies
 -- (chunks are not published at all). Both tables have primary keys, the replica identity that
 -- UPDATE and DELETE need, and the column lists include it.

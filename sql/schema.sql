@@ -1,4 +1,4 @@
--- kb: the full current schema for a fresh database (SPEC §12).
+-- kb: the full current schema for a fresh database (design §12).
 -- Every change here also gets an append-only file in migrations/; tests/test_migrations.py proves
 -- that this file and all migrations applied in order produce the same catalog.
 
@@ -7,7 +7,7 @@ CREATE EXTENSION IF NOT EXISTS btree_gin;
 CREATE SCHEMA IF NOT EXISTS kb;
 
 -- One row per workspace. head_revision: the newest revision Postgres has recorded;
--- last_indexed_revision: the index stamp (SPEC §7); last_projected_revision: the projection's.
+-- last_indexed_revision: the index stamp (design §7); last_projected_revision: the projection's.
 CREATE TABLE kb.workspaces (
     id integer PRIMARY KEY CHECK (id > 0),
     created_at timestamptz NOT NULL DEFAULT now(),
@@ -17,7 +17,7 @@ CREATE TABLE kb.workspaces (
     last_projected_revision text
 );
 
--- One row per revision (git commit), written in the transaction that holds the write lock (SPEC §3).
+-- One row per revision (git commit), written in the transaction that holds the write lock (design §3).
 CREATE TABLE kb.revisions (
     workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
     id text NOT NULL,
@@ -32,7 +32,7 @@ CREATE TABLE kb.revisions (
     UNIQUE (workspace_id, seq)
 );
 
--- Per-path history rows, so history(path) never walks git (SPEC §3).
+-- Per-path history rows, so history(path) never walks git (design §3).
 -- change: added | modified | removed | moved (path is the destination, old_path the source)
 -- | moved_away (path is the source, new_path the destination).
 CREATE TABLE kb.path_changes (
@@ -49,8 +49,8 @@ CREATE TABLE kb.path_changes (
 );
 CREATE INDEX path_changes_by_path ON kb.path_changes (workspace_id, path, seq DESC);
 
--- Document rows: identity, type, metadata and title are Postgres' own (SPEC §1); path mirrors git.
--- status is the derived index's state for the document (SPEC §7).
+-- Document rows: identity, type, metadata and title are Postgres' own (design §1); path mirrors git.
+-- status is the derived index's state for the document (design §7).
 CREATE TABLE kb.documents (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
@@ -73,7 +73,7 @@ CREATE TABLE kb.documents (
 );
 CREATE INDEX documents_by_status ON kb.documents (workspace_id, status);
 
--- Folder rows: every folder implied by a document path or holding a .keep (SPEC §6).
+-- Folder rows: every folder implied by a document path or holding a .keep (design §6).
 CREATE TABLE kb.folders (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
@@ -84,7 +84,7 @@ CREATE TABLE kb.folders (
     UNIQUE (workspace_id, path)
 );
 
--- Chunks: disposable, rebuildable from git (SPEC §1). Spans (character and line) are nullable so
+-- Chunks: disposable, rebuildable from git (design §1). Spans (character and line) are nullable so
 -- adopted legacy rows fit until the span fill converges them (§9, §10).
 CREATE TABLE kb.chunks (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -108,7 +108,7 @@ CREATE INDEX chunks_by_workspace ON kb.chunks (workspace_id);
 -- (migration 0013).
 CREATE INDEX chunks_tsv ON kb.chunks USING gin (workspace_id, tsv) WITH (fastupdate = off);
 
--- Content-addressed embedding cache, chunk level (SPEC §7): a one-line edit re-embeds only the
+-- Content-addressed embedding cache, chunk level (design §7): a one-line edit re-embeds only the
 -- chunks whose text changed.
 CREATE TABLE kb.embedding_cache (
     text_sha256 text NOT NULL,
@@ -119,7 +119,7 @@ CREATE TABLE kb.embedding_cache (
     PRIMARY KEY (text_sha256, model, dim)
 );
 
--- ---- issue 4: derived index observability (migration 0003) ----
+-- ---- (design §7) derived index observability (migration 0003) ----
 
 -- One row per index run (index_changes or reindex), updated after every batch of documents, so a
 -- DBA can watch a run with SELECT. A reindex killed mid-way resumes after cursor_document_id.
@@ -147,7 +147,7 @@ CREATE INDEX index_runs_by_workspace ON kb.index_runs (workspace_id, kind, id DE
 
 -- Per workspace: recorded head, index stamp, how many revisions the stamp is behind the recorded
 -- head, document states, and the latest index run. (git HEAD itself is not in Postgres: the
--- periodic sweep compares it and records what is missing, SPEC §3, §7.)
+-- periodic sweep compares it and records what is missing, design §3, §7.)
 CREATE VIEW kb.index_lag AS
 SELECT w.id AS workspace_id,
        w.head_revision AS head,
@@ -196,7 +196,7 @@ LEFT JOIN LATERAL (
 ) e ON true
 GROUP BY j.queue_name;
 
--- Citation registry (SPEC §8, issue 10): per conversation (chat) in a workspace, handle n →
+-- Citation registry (design §8): per conversation (chat) in a workspace, handle n →
 -- {path, blob id, revision, title, numbered}, never a chunk id. A handle is keyed on the
 -- document's path and content (blob id); revision is one revision holding that blob at that path
 -- (resolution reads from there). handle_count is the chat's last handed-out number: taking the
@@ -226,9 +226,9 @@ CREATE TABLE kb.citation_handles (
     UNIQUE (workspace_id, chat_id, path, content_id),
     FOREIGN KEY (workspace_id, chat_id) REFERENCES kb.citation_chats (workspace_id, chat_id) ON DELETE CASCADE
 );
--- ---- issue 11: seeding from legacy rows, span fill, drift check (migration 0006) ----
+-- ---- (design §10) seeding from legacy rows, span fill, drift check (migration 0006) ----
 
--- One row per seeded workspace (SPEC §10): where it came from, the seed revision, whether byte
+-- One row per seeded workspace (design §10): where it came from, the seed revision, whether byte
 -- parity passed, and who is the authority (flipped = kb; a re-seed then needs --force).
 CREATE TABLE kb.seeds (
     workspace_id integer PRIMARY KEY REFERENCES kb.workspaces (id) ON DELETE CASCADE,
@@ -244,7 +244,7 @@ CREATE TABLE kb.seeds (
     unflipped_at timestamptz
 );
 
--- Legacy document id → kb document row (SPEC §10 identity adoption). document_id is NULL once
+-- Legacy document id → kb document row (design §10 identity adoption). document_id is NULL once
 -- the kb row is gone (removed in kb after the flip).
 CREATE TABLE kb.legacy_documents (
     workspace_id integer NOT NULL REFERENCES kb.workspaces (id) ON DELETE CASCADE,
@@ -255,7 +255,7 @@ CREATE TABLE kb.legacy_documents (
 );
 CREATE INDEX legacy_documents_by_document ON kb.legacy_documents (document_id);
 
--- The span fill's knobs (SPEC §9), one row a DBA flips with psql:
+-- The span fill's knobs (design §9), one row a DBA flips with psql:
 --   UPDATE kb.span_fill_control SET paused = true;   -- honoured within one batch
 CREATE TABLE kb.span_fill_control (
     id boolean PRIMARY KEY DEFAULT true CHECK (id),
@@ -337,7 +337,7 @@ SELECT workspace_id, kind, count(*) AS findings, count(*) FILTER (WHERE repaired
        max(found_at) AS checked_at, max(checked_revision) AS checked_revision
 FROM kb.drift_findings
 GROUP BY workspace_id, kind;
--- ---- issue 12: search statistics and inline vectors (migration 0007) ----
+-- ---- (design §8) search statistics and inline vectors (migration 0007) ----
 
 -- Vectors (1.5 kB) stay in the heap row instead of TOAST, so the exact scan reads no TOAST pages.
 -- New rows only: rows written before this migration move inline when they are rewritten, which
@@ -445,7 +445,7 @@ CREATE TABLE kb.vector_indexes (
     PRIMARY KEY (workspace_id, model)
 );
 
--- ---- issue 17: artifacts (migration 0011, SPEC §11) ----
+-- ---- (design §11) artifacts (migration 0011, design §11) ----
 
 -- Sidecar of an ARTIFACT document (the markdown lives in git at documents/Artifacts/<title>.md):
 -- its format and generation counter (optimistic revisions: revise with the generation you read).
@@ -483,10 +483,10 @@ CREATE TABLE kb.artifact_blob_purges (
 );
 
 -- When the document was last quarantined: the sweep gives it another attempt once the embedder
--- answers again, at most every KB_QUARANTINE_RETRY_SECONDS (SPEC §7, issue 17).
+-- answers again, at most every KB_QUARANTINE_RETRY_SECONDS (design §7).
 ALTER TABLE kb.documents ADD COLUMN quarantined_at timestamptz;
 
--- ---- issue 18: push to a git remote (migration 0012, SPEC §13) ----
+-- ---- (design §13) push to a git remote (migration 0012, design §13) ----
 
 -- One push-only remote per workspace. The URL never holds credentials (they come from the
 -- environment or a credentials file at push time); errors are stored redacted.
@@ -511,7 +511,7 @@ SELECT r.workspace_id, r.url, r.branch, r.last_pushed_revision, r.last_pushed_at
 FROM kb.remotes r
 JOIN kb.workspaces w ON w.id = r.workspace_id;
 
--- ---- issue 13: titles given by writers (migration 0008) ----
+-- ---- (design §3) titles given by writers (migration 0008) ----
 
 -- One row per document named by title in a revision (path is the virtual path at that revision).
 CREATE TABLE kb.recorded_titles (
@@ -522,7 +522,7 @@ CREATE TABLE kb.recorded_titles (
     PRIMARY KEY (workspace_id, seq, path)
 );
 
--- ---- issue 12: simple + unaccent (migration 0014; its BM25 statistics per configuration are
+-- ---- (design §8) simple + unaccent (migration 0014; its BM25 statistics per configuration are
 -- folded into kb.lexeme_stats and kb.text_stats above) ----
 CREATE TEXT SEARCH CONFIGURATION kb.simple_unaccent (COPY = pg_catalog.simple);
 
@@ -551,7 +551,7 @@ BEGIN
 END;
 $$;
 
--- ---- issue 9: group commit (migration 0015) ----
+-- ---- (design §14) group commit (migration 0015) ----
 
 CREATE UNLOGGED TABLE kb.write_intents (
     id bigserial PRIMARY KEY,
@@ -568,7 +568,7 @@ CREATE INDEX write_intents_pending ON kb.write_intents (workspace_id, id) WHERE 
 -- entry of an old one and be settled with that old revision.
 ALTER SEQUENCE kb.write_intents_id_seq SET LOGGED;
 
--- ---- issue 12: whole-document BM25 (migration 0018) ----
+-- ---- (design §8) whole-document BM25 (migration 0018) ----
 
 -- Each indexed document's terms as one tsvector, for the search's document leg: Okapi BM25 over
 -- whole documents beside the chunk leg (a query whose words are spread over several sections of
@@ -734,7 +734,7 @@ BEGIN
 END;
 $$;
 
--- SPEC §8: a search envelope cites (path, revision) of what was indexed, and the pair must name
+-- design §8: a search envelope cites (path, revision) of what was indexed, and the pair must name
 -- the document with those lines. kb.documents kept the indexed content and revision but not the
 -- path: after a commit that moved and edited a document, its envelopes paired the new path with
 -- the old revision (where the path did not exist, or named another file: swap two files and edit

@@ -73,7 +73,7 @@ def database_url(pg_server: str, template_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def logical_server(pg_server: str, template_url: str) -> Iterator[tuple[str, str]]:
     """``(admin URL, template name)`` of a server with ``wal_level=logical`` (logical replication
-    tests, SPEC §6): the test server when it has it, else a private embedded one (a server's
+    tests, design §6): the test server when it has it, else a private embedded one (a server's
     wal_level needs a restart, which a shared server must not get from a test)."""
     if wal_level(pg_server) == "logical":
         yield pg_server, psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]

@@ -1,4 +1,4 @@
-"""Issue 9: a small, still meaningful sample of each adversarial run in ``bin/adversarial_store.py``
+"""(design §14) a small, still meaningful sample of each adversarial run in ``bin/adversarial_store.py``
 (the full runs — 32 × 100 writers, 100 SIGKILLs, 2,000 fuzzed paths — are for the closing note).
 Each run builds its own database on the test server and exits 1 when an invariant broke."""
 

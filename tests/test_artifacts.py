@@ -1,4 +1,4 @@
-"""Issue 17 (SPEC §11): artifacts — saved durably before indexing, revised with an expected
+"""design §11 (design §11): artifacts — saved durably before indexing, revised with an expected
 generation, deleted with their blobs purged, refused by every other writer; crash-safe saves."""
 
 from __future__ import annotations

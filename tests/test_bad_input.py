@@ -1,4 +1,4 @@
-"""Bad input gets a clear error and loses nothing (SPEC §14); cases found by adversarial testing."""
+"""Bad input gets a clear error and loses nothing (design §14); cases found by adversarial testing."""
 
 from __future__ import annotations
 

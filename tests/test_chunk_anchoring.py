@@ -1,4 +1,4 @@
-"""Anchored chunk boundaries (issue 13, SPEC §7): a one-line edit re-cuts only nearby chunks."""
+"""Anchored chunk boundaries (design §7): a one-line edit re-cuts only nearby chunks."""
 
 from __future__ import annotations
 

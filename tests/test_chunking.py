@@ -1,4 +1,4 @@
-"""SPEC §7: chunks carry exact offsets and true line spans, computed at cut time."""
+"""design §7: chunks carry exact offsets and true line spans, computed at cut time."""
 
 from __future__ import annotations
 

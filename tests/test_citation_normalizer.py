@@ -1,4 +1,4 @@
-"""Golden cases of the citation normalizer (SPEC §8, issue 10): exact output text and citations.
+"""Golden cases of the citation normalizer (design §8): exact output text and citations.
 
 Handles: [1] numbered, 10 lines; [2] shown un-numbered, 5 lines; [3] numbered, 20 lines; [4]
 numbered, an empty document. Each case: input, output text, citations left, unknown handles

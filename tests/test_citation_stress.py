@@ -1,6 +1,6 @@
 """A short sample of the citation stress (tests/support/citation_stress.py; long runs:
 ``bin/stress_citations.py``): searches checked against ``git show`` while commits, projections,
-index runs and reindexes race, then convergence (SPEC §7, §8)."""
+index runs and reindexes race, then convergence (design §7, §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""End-to-end citation fuzz (issue 10) through the real store, index and registry: random
+"""End-to-end citation fuzz (design §8) through the real store, index and registry: random
 documents, a reader citing only lines it was shown (search excerpts and windowed reads), random
 histories (edits above and inside cited ranges through transactions and turns, moves, swaps,
 deletes, restores, reindex, NULL spans, truncated chunks), then every citation resolved with

@@ -1,4 +1,4 @@
-"""Pure-layer citation fuzz (issue 10): line counting, envelope rendering, the normalizer and
+"""Pure-layer citation fuzz (design §8): line counting, envelope rendering, the normalizer and
 ``follow`` over in-memory histories, 2,000+ hypothesis examples in all. The long run is
 ``python bin/fuzz_citations.py --cases 10000``."""
 

@@ -1,4 +1,4 @@
-"""``kb search/read --chat`` and ``kb cite …`` as a newcomer runs them (README, issue 10)."""
+"""``kb search/read --chat`` and ``kb cite …`` as a newcomer runs them (README, design §8)."""
 
 from __future__ import annotations
 

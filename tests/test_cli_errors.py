@@ -1,4 +1,4 @@
-"""Every command exits non-zero with a one-line reason on bad input, never a traceback (issue 2)."""
+"""Every command exits non-zero with a one-line reason on bad input, never a traceback (design §3)."""
 
 from __future__ import annotations
 

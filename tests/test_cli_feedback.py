@@ -1,4 +1,4 @@
-"""Issue 15: the CLI says what it is waiting for — the index lag on search and in `kb workspaces`,
+"""(design §13) the CLI says what it is waiting for — the index lag on search and in `kb workspaces`,
 how to index after an import, the worker's progress and summary — and what is there (`kb ls`), and
 ends without dulwich noise on stderr."""
 

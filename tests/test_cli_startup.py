@@ -1,4 +1,4 @@
-"""Issue 15: what a one-shot command skips at start-up, and that skipping never hides a problem.
+"""(design §13) what a one-shot command skips at start-up, and that skipping never hides a problem.
 
 The quick paths (the embedded server's recorded check, the schema's one-read check, the paused
 garbage collector) are proved here to fall back to the full path whenever their premise fails.

@@ -1,4 +1,4 @@
-"""Conversations (SPEC §8, issue 10): handles, windows, normalize, resolve and follow through the
+"""Conversations (design §8): handles, windows, normalize, resolve and follow through the
 real store, index and registry."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Documents created by title (issue 13, SPEC §2.2, §5, §6): safe unique names, titles kept."""
+"""Documents created by title (design §2.2, §5, §6): safe unique names, titles kept."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Every design section cited in kb's code and documentation exists in docs/design.md.
 
 Comments and documents cite the design as ``design §7`` or ``design §2.1`` (and, from before the
-design was written down, ``SPEC §7``; both spellings number the same sections). A list continues
-the citation: ``design §9, §10`` and ``SPEC §2.2/§14`` cite both sections. A section is a heading
+design was written down, ``design §7``; both spellings number the same sections). A list continues
+the citation: ``design §9, §10`` and ``design §2.2/§14`` cite both sections. A section is a heading
 of docs/design.md: ``## 7. The derived index`` or ``### 2.1 Layout``."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def scanned_files() -> list[Path]:
 
 
 def test_citations_are_recognised_in_both_spellings_and_in_lists():
-    text = "see design §7 and SPEC §2.1, §14; SPEC §2.2/§5. Not: design §N, §3 alone, specification §9"
+    text = "see design §7 and design §2.1, §14; design §2.2/§5. Not: design §N, §3 alone, specification §9"
     assert cited_sections(text) == [(1, "7"), (1, "2.1"), (1, "14"), (1, "2.2"), (1, "5")]
     assert {"7", "2.1"} <= design_sections()
 

@@ -1,4 +1,4 @@
-"""Issue 14 (SPEC §13): the embedded server's addresses belong to kb.
+"""design §13 (design §13): the embedded server's addresses belong to kb.
 
 ``KB_EMBEDDED_LISTEN`` adds a TCP address (for Zero and GUI clients) passed explicitly on start,
 and an ``ALTER SYSTEM SET port``/``listen_addresses`` by a DBA can neither stop kb from starting the
@@ -102,7 +102,7 @@ def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
 
 @pytest.mark.postgres  # starts its own embedded Postgres
 def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -> None:
-    """Issue 15: commands trust the recorded check of a running server; when that trust is wrong
+    """(design §13) commands trust the recorded check of a running server; when that trust is wrong
     (a DBA dropped kb's database while the server ran) the next command makes the full check
     again instead of failing."""
     pgdata = storage_root / "postgres"

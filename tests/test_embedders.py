@@ -1,4 +1,4 @@
-"""Issue 4 / SPEC §7: the OpenAI-compatible embedder against a real local HTTP endpoint."""
+"""design §7: the OpenAI-compatible embedder against a real local HTTP endpoint."""
 
 from __future__ import annotations
 

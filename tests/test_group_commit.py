@@ -1,4 +1,4 @@
-"""Group commit (issue 9, SPEC §3, §4): the write lock's holder records every queued draft as
+"""Group commit (design §3, §4): the write lock's holder records every queued draft as
 consecutive revisions in one Postgres transaction and one ref update.
 
 Other writers are played by intents queued on connections the test keeps open (a writer's session

@@ -1,5 +1,5 @@
 """Search envelopes cite what was indexed while commits, projections and index runs interleave
-(SPEC §7, §8).
+(design §7, §8).
 
 An envelope is ``(path, revision)`` plus numbered lines, and ``git show REVISION:PATH`` must give
 those lines. These tests force the interleavings that broke that, deterministically: the index

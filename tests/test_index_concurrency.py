@@ -1,4 +1,4 @@
-"""Projection and indexing of one workspace running at the same time (SPEC §4, §6, §7).
+"""Projection and indexing of one workspace running at the same time (design §4, §6, §7).
 
 The projection job and an index run touch the same rows: documents, their chunks and the BM25
 statistics the chunk and document-term triggers keep. These tests force the interleavings that

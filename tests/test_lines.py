@@ -1,4 +1,4 @@
-"""The one line counter (SPEC §8, issue 10): the rules, and that chunk spans, envelopes and turns
+"""The one line counter (design §8): the rules, and that chunk spans, envelopes and turns
 agree with it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9 (SPEC §14): repository maintenance packs loose objects, safely beside live writers."""
+"""design §14 (design §14): repository maintenance packs loose objects, safely beside live writers."""
 
 from __future__ import annotations
 

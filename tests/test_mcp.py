@@ -1,4 +1,4 @@
-"""kb over MCP (issue 16): the SDK's own client against a real ``kb mcp`` (stdio) and a real
+"""kb over MCP (design §5): the SDK's own client against a real ``kb mcp`` (stdio) and a real
 ``kb serve`` (streamable HTTP) on a real workspace, with the real git CLI checking the result."""
 
 from __future__ import annotations

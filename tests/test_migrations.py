@@ -1,4 +1,4 @@
-"""SPEC §12: schema.sql equals all migrations applied; the ledger; every SQL file parses."""
+"""design §12: schema.sql equals all migrations applied; the ledger; every SQL file parses."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of the path law (SPEC §2.2, §2.3, §2.4): kb/paths.py."""
+"""Tests of the path law (design §2.2, §2.3, §2.4): kb/paths.py."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def test_registry_ten_thousand_claims() -> None:
 
 
 def test_retitle_case_only_is_same_key() -> None:
-    # SPEC §2.2: a case/NFC-only retitle is a move of the same document; the key says so.
+    # design §2.2: a case/NFC-only retitle is a move of the same document; the key says so.
     assert name_key(safe_filename("refund policy")) == name_key(safe_filename("Refund Policy"))
 
 

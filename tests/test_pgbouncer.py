@@ -1,4 +1,4 @@
-"""Issue 14 (SPEC §13): kb behind a real PgBouncer in transaction mode (Debian's ``pgbouncer``).
+"""design §13 (design §13): kb behind a real PgBouncer in transaction mode (Debian's ``pgbouncer``).
 
 Before the fix every worker job and every concurrent writer failed with
 ``DuplicatePreparedStatement: prepared statement "_pg3_0" already exists`` (psycopg prepares

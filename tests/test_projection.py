@@ -1,4 +1,4 @@
-"""Issue 5 (SPEC §1, §6): projection keeps ids across moves and folder renames, preserves rows
+"""design §6 (design §1, §6): projection keeps ids across moves and folder renames, preserves rows
 clients own, announces changes on kb_events with real row ids, and rebuilds without wiping."""
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def test_incremental_runs_agree_with_a_full_rebuild(kb, settings):
 
 
 def test_a_document_moved_then_removed_before_one_projection_loses_its_row(kb):
-    """Found by the citation fuzz (issue 10): the replayed move put the row at a path the
+    """Found by the citation fuzz (design §8): the replayed move put the row at a path the
     base-to-HEAD diff does not name, so the removal never reached it and search kept showing a
     deleted document."""
     kb.create_workspace(1)

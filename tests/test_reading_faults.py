@@ -1,4 +1,4 @@
-"""Faults found by trying to break reading (`kb ls`, `kb read`, windows; SPEC §3, §8, §14): each
+"""Faults found by trying to break reading (`kb ls`, `kb read`, windows; design §3, §8, §14): each
 failed before its fix — a raw KeyError or TypeError, a hint that led nowhere, or a deleted
 workspace listed as empty."""
 

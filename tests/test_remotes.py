@@ -1,4 +1,4 @@
-"""Issue 18 (SPEC §13): push each workspace to a git remote — fast-forward only, as a Procrastinate
+"""design §13 (design §13): push each workspace to a git remote — fast-forward only, as a Procrastinate
 job deferred with each revision, against real servers on loopback (a bare repository by path,
 ``git daemon`` with receive-pack, basic-auth HTTP in front of ``git http-backend``); credentials
 never stored or shown."""

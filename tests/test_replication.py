@@ -1,4 +1,4 @@
-"""Issue 5 acceptance (SPEC §6): a second Postgres server subscribes to kb_publication and, after an
+"""design §6 acceptance (design §6): a second Postgres server subscribes to kb_publication and, after an
 import, a move, a delete and a folder removal projected by a real Procrastinate worker, holds the
 same documents/folders rows (same ids) as the publisher, within a bounded wait."""
 

@@ -1,4 +1,4 @@
-"""SPEC §8 search rules beyond the vertical slice's acceptance test."""
+"""design §8 search rules beyond the vertical slice's acceptance test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 / SPEC §7, §8: what chunks embed, BM25 term statistics, languages, CJK, the
+"""design §7, §8: what chunks embed, BM25 term statistics, languages, CJK, the
 per-workspace HNSW index and model directories. (Speed lives in bin/bench_search.py, quality in
 bin/eval_search.py: no timing here.)"""
 

@@ -1,4 +1,4 @@
-"""Issue 11 / SPEC §10: seeding a workspace from a legacy knowledge base, asserted per planted row
+"""design §10: seeding a workspace from a legacy knowledge base, asserted per planted row
 of the legacy generator's summary (tests/support/legacy_source.py: the test corpus's English pages,
 and the first 30 pages of the whole corpus)."""
 

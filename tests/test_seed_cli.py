@@ -1,4 +1,4 @@
-"""Issue 11: ``kb seed`` / ``kb spans`` / ``kb drift`` as a user runs them (real CLI subprocesses), on
+"""(design §10) ``kb seed`` / ``kb spans`` / ``kb drift`` as a user runs them (real CLI subprocesses), on
 the whole test corpus, whose legacy model differs from the active one (re-embedded through the cache), and
 the drift check repairing Postgres-side drift of a flipped workspace."""
 

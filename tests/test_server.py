@@ -1,4 +1,4 @@
-"""Issue 15 / SPEC §13: `kb serve` — real HTTP requests against a real server process: health and
+"""design §13: `kb serve` — real HTTP requests against a real server process: health and
 readiness, search, read, log, a turn committed through the API, the CLI through KB_SERVER_URL, and
 SIGTERM while the in-process worker runs a job (the job finishes, nothing is lost)."""
 

@@ -1,4 +1,4 @@
-"""Issue 14 (SPEC §13): kb's behaviour does not depend on the session defaults the environment
+"""design §13 (design §13): kb's behaviour does not depend on the session defaults the environment
 (``PGOPTIONS``), the role (``ALTER ROLE … SET``) or the database (``ALTER DATABASE … SET``) sets.
 
 Each kind of hostile default runs the whole core flow (init on an empty database, import, a real

@@ -1,4 +1,4 @@
-"""Issue 11 / SPEC §9: the span fill converges adopted legacy chunks to true spans — all or nothing
+"""design §9: the span fill converges adopted legacy chunks to true spans — all or nothing
 per document, repeated paragraphs by order, pausable with psql within one batch, and a killed
 worker converges."""
 

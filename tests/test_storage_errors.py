@@ -1,4 +1,4 @@
-"""Issue 9, fault 4's kind (SPEC §14): a damaged repository surfaces as a kb error, never a raw one.
+"""design §14, fault 4's kind (design §14): a damaged repository surfaces as a kb error, never a raw one.
 
 A loose object of a real workspace repository is corrupted on disk (garbage, truncated, content that
 does not match its id, or unreadable), then the document is read through the facade and through a

@@ -1,4 +1,4 @@
-"""Issue 3: the store's transaction semantics (call order), reads, history, revert/restore,
+"""(design §3) the store's transaction semantics (call order), reads, history, revert/restore,
 reconcile/fsck and the lock, checked against the real git CLI."""
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def test_revision_prefixes_resolve_like_git(kb):
 
 
 def test_case_and_normalization_only_collisions_are_refused_but_renames_allowed(kb, settings):
-    """SPEC §2.2/§14: names differing only in case or NFC/NFD would not check out on macOS or
+    """design §2.2/§14: names differing only in case or NFC/NFD would not check out on macOS or
     Windows; a retitle that changes only case is a move of the same document."""
     kb.create_workspace(1)
     with kb.transaction(1, "seed", "t") as tx:

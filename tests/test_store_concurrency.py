@@ -1,4 +1,4 @@
-"""Issue 3 concurrency test (SPEC §3, §4, §14): 8 processes × 50 transactions on one workspace
+"""design §3 concurrency test (design §3, §4, §14): 8 processes × 50 transactions on one workspace
 plus 8 processes on their own workspaces, all at once. No revision is lost, history is linear, and
 every write is present — checked with the real git CLI and against Postgres' rows."""
 

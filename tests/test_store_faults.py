@@ -1,4 +1,4 @@
-"""Issue 3 fault test (SPEC §3, §14): a writer SIGKILLed at each step of a commit (the documented
+"""Fault test (design §3, §14): a writer SIGKILLed at each step of a commit (the documented
 ``KB_FAULT_POINT`` hook in kb/faults.py, a real subprocess killing itself) leaves git fsck-clean,
 no partial revision visible, and ``kb fsck`` brings Postgres level with git."""
 

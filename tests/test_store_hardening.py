@@ -1,4 +1,4 @@
-"""Issue 9 (SPEC §2, §3, §4, §5, §14): the store and turns under contention and crashes.
+"""design §14 (design §2, §3, §4, §5, §14): the store and turns under contention and crashes.
 
 Each test is one kind of fault the issue found, with real Postgres, the real git CLI and real
 subprocesses killed with SIGKILL; each failed before its fix.

@@ -1,4 +1,4 @@
-"""Issue 3 property test (SPEC §3): random sequences of write/remove/move (of documents and of
+"""design §3 property test (design §3): random sequences of write/remove/move (of documents and of
 whole folders) across transactions.
 
 After every transaction the tree at HEAD equals a model dict (applied in call order, with the

@@ -1,4 +1,4 @@
-"""Issue 9 (SPEC §2.1): trees built by splicing changed entries (``kb.git.tree_layout``) are exactly the
+"""design §14 (design §2.1): trees built by splicing changed entries (``kb.git.tree_layout``) are exactly the
 trees git would write, whatever mix of additions, deletions and file/folder swaps a revision makes.
 
 Each revision's tree id is compared with a tree serialized from scratch by dulwich (which sorts every

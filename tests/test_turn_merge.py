@@ -1,4 +1,4 @@
-"""Writers' expectations (issue 13, SPEC §5): three-way merge of turns, committer, missing_ok."""
+"""Writers' expectations (design §5): three-way merge of turns, committer, missing_ok."""
 
 from __future__ import annotations
 

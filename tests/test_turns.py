@@ -1,4 +1,4 @@
-"""Turns (SPEC §5, issue 6): lazy private worktrees, file operations, diff commits, recovery."""
+"""Turns (design §5): lazy private worktrees, file operations, diff commits, recovery."""
 
 from __future__ import annotations
 
@@ -345,14 +345,14 @@ def test_kb_edit_commits_on_save_and_nothing_when_unchanged(workspace, kb_env, t
 
 
 def _projection_emits_events() -> bool:
-    """True once the projection job emits ``kb_events`` (issue 5); until then the test below skips."""
+    """True once the projection job emits ``kb_events`` (design §6); until then the test below skips."""
     root = Path(__file__).resolve().parents[1]
     sources = [root / "kb" / "projection.py", *(root / "sql" / "queries").glob("*.sql")]
     return any("kb_events" in p.read_text() for p in sources if p.exists())
 
 
 @pytest.mark.skipif(not _projection_emits_events(),
-                    reason="projection does not emit kb_events yet (issue 5 owns it); runs once it does")
+                    reason="projection does not emit kb_events yet (design §6 owns it); runs once it does")
 def test_turn_commit_emits_one_event_per_document_after_projection(workspace, settings):
     import json
 

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: import a real markdown folder, index it with a real Procrastinate worker,
+"""design §3 acceptance: import a real markdown folder, index it with a real Procrastinate worker,
 search it, and check every envelope line against the file on disk and the repo with real git."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 4 / SPEC §7, §14: kill -9 a real Procrastinate worker in the middle of a reindex; the
+"""design §7, §14: kill -9 a real Procrastinate worker in the middle of a reindex; the
 stalled-job task retries the job, the reindex resumes from its recorded cursor, and the index ends
 identical to an uninterrupted one."""
 

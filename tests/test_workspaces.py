@@ -1,4 +1,4 @@
-"""Listing and deleting workspaces (issue 13, SPEC §2.1, §6)."""
+"""Listing and deleting workspaces (design §2.1, §6)."""
 
 from __future__ import annotations
 

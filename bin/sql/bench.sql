@@ -1,7 +1,7 @@
--- Named queries of the benchmarks and the search evaluation (bin/; loaded by tests/named_queries.py, SPEC §14). They do not ship with kb.
+-- Named queries of the benchmarks and the search evaluation (bin/; loaded by tests/named_queries.py, design §14). They do not ship with kb.
 
 -- name: bench_delete_workspace_chunks
--- Wipe a workspace's chunk rows (they are disposable, SPEC §1) to time a rebuild from the cache.
+-- Wipe a workspace's chunk rows (they are disposable, design §1) to time a rebuild from the cache.
 DELETE FROM kb.chunks WHERE workspace_id = %(workspace_id)s;
 
 -- name: bench_vector_leg
@@ -17,7 +17,7 @@ SELECT id, embedding::text AS embedding FROM kb.chunks WHERE workspace_id = %(wo
 -- name: bench_sample_chunks
 SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY md5(id::text) LIMIT %(n)s;
 
--- ---- bin/bench_search.py (issue 12) ----
+-- ---- bin/bench_search.py (design §8) ----
 
 -- name: bench_workspace_documents
 SELECT id, path, title, content_id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY id;
@@ -55,7 +55,7 @@ ANALYZE kb.chunks;
 -- would otherwise follow does not run during the measured searches.
 CHECKPOINT;
 
--- ---- bin/eval_search.py (issue 12) ----
+-- ---- bin/eval_search.py (design §8) ----
 
 -- name: eval_chunk_documents
 SELECT c.id, d.path FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id

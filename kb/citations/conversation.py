@@ -1,4 +1,4 @@
-"""A conversation: the one door through which a chat reads and cites (SPEC §8, issue 10).
+"""A conversation: the one door through which a chat reads and cites (design §8).
 
 ``conv = kb.conversation(workspace_id, chat_id)``; ``conv.search`` and ``conv.read`` register a
 handle per document shown (:mod:`kb.citations.registry`) and number the envelopes with it;
@@ -104,7 +104,7 @@ def _git_blob_id(data: bytes) -> str:
 
 
 class Conversation:
-    """One chat's reads and citations in one workspace (SPEC §8). Obtain it with
+    """One chat's reads and citations in one workspace (design §8). Obtain it with
     ``kb.conversation(workspace_id, chat_id)``; it holds no connection between calls."""
 
     def __init__(self, store: KnowledgeStore, chat_id: str, *,
@@ -137,7 +137,7 @@ class Conversation:
 
     def read(self, path: str, revision: str | None = None, offset: int = 0, limit: int | None = None) -> Envelope:
         """Lines ``offset+1 … offset+limit`` of a document at HEAD or ``revision``, with their true
-        line numbers, registered as a numbered handle of this chat (SPEC §8).
+        line numbers, registered as a numbered handle of this chat (design §8).
 
         ``offset`` ≥ 0 lines skipped, ``limit`` ≥ 0 most lines shown (None: to the end). The
         envelope's view is ``full`` when every line is shown, else ``window`` with
@@ -186,7 +186,7 @@ class Conversation:
             return registry.forget(conn, self.workspace_id, self.chat_id)
 
     def _lines_of(self, handle: Handle) -> list[str]:
-        """The document's lines at the handle's revision, read with ``read_as_of`` (SPEC §8). When
+        """The document's lines at the handle's revision, read with ``read_as_of`` (design §8). When
         that revision no longer holds the registered blob at that path, the registered blob itself
         (by id) is read — the exact text that was shown."""
         data = None
@@ -235,7 +235,7 @@ class Conversation:
         return result
 
     def resolve(self, citation: Citation | str, follow: bool = False) -> Resolution:
-        """The text a citation names, at its handle's revision (SPEC §8).
+        """The text a citation names, at its handle's revision (design §8).
 
         ``citation``: a Citation or a string such as ``"[3:L12-L14]"``. A line citation of a
         handle shown un-numbered resolves to the whole document (``degraded``). With ``follow``
@@ -295,7 +295,7 @@ class Conversation:
     def _versions_since(self, conn, handle: Handle, head: str | None) -> tuple[str, list[str | None]]:
         """The document's virtual path at HEAD and its blob ids after the handle's revision, oldest
         first (None: removed), from the recorded path changes (``kb.path_changes``), following
-        recorded moves (SPEC §3). When git HEAD holds other content at that path than the last
+        recorded moves (design §3). When git HEAD holds other content at that path than the last
         recorded change (revisions not yet recorded), HEAD's blob is the last version."""
         path = StorePath.parse(handle.path).repo_path
         blobs: list[str | None] = []

@@ -1,4 +1,4 @@
-"""The read contract's envelope (SPEC §8): one rendering for search excerpts and full reads.
+"""The read contract's envelope (design §8): one rendering for search excerpts and full reads.
 
     <document title="Refund policy" path="/documents/Licenses/Refund policy.md" cite="[3]" view="excerpts" revision="9f2c…">
         12  ## Annual plans
@@ -35,7 +35,7 @@ class Envelope:
     cite: int | None = None
     score: float | None = None
     content_id: str | None = None
-    """The blob id the lines were read from (what a citation handle is keyed on, SPEC §8)."""
+    """The blob id the lines were read from (what a citation handle is keyed on, design §8)."""
     total_lines: int | None = None
     """For a windowed read (``view="window"``): the document's line count at that revision."""
 
@@ -59,7 +59,7 @@ class Envelope:
                         self.score, self.content_id, total_lines=len(self.lines))
 
     def render(self) -> str:
-        """The envelope text (SPEC §8); non-contiguous excerpt ranges are separated by ``⋮``."""
+        """The envelope text (design §8); non-contiguous excerpt ranges are separated by ``⋮``."""
         attrs = {"title": self.title, "path": self.path}
         if self.cite is not None:
             attrs["cite"] = f"[{self.cite}]"

@@ -1,4 +1,4 @@
-"""Where cited lines are now (SPEC §8 ``follow=True``): mapping a line range between two texts.
+"""Where cited lines are now (design §8 ``follow=True``): mapping a line range between two texts.
 
 Pure: given the lines of the cited revision and the lines of the same document at HEAD (after
 following its recorded moves, :mod:`kb.citations.conversation`), say whether the cited lines are

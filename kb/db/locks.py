@@ -1,4 +1,4 @@
-"""Workspace locks (SPEC §4).
+"""Workspace locks (design §4).
 
 The default write lock is ``pg_advisory_xact_lock(WRITE_LOCK_NAMESPACE, workspace_id)`` taken
 inside the Postgres transaction that records the revision: it is released with that transaction
@@ -115,7 +115,7 @@ def chunk_lock(conn: Connection, workspace_id: int) -> None:
 
 @contextlib.contextmanager
 def index_lock(database_url: str, workspace_id: int, wait: float = 0.0) -> Iterator[bool]:
-    """The workspace's index lock (SPEC §4) for the block; yields whether it was taken.
+    """The workspace's index lock (design §4) for the block; yields whether it was taken.
 
     Tries for up to ``wait`` seconds (every 0.1 s). A transaction-level advisory lock held by a
     transaction kept open on its own connection for the whole block: released when the block ends
@@ -137,7 +137,7 @@ def index_lock(database_url: str, workspace_id: int, wait: float = 0.0) -> Itera
 def locked_transaction(
     database_url: str, workspace_id: int, settings: Settings, prepare: Callable[[], T] | None = None
 ) -> Iterator[tuple[Connection, T | None]]:
-    """A Postgres transaction holding the workspace write lock until it has committed (SPEC §3, §4).
+    """A Postgres transaction holding the workspace write lock until it has committed (design §3, §4).
 
     Order: take a connection from the process's pool (``kb.db.database.pool``; unreachable →
     DatabaseUnavailable before anything else runs: fail closed), run ``prepare()`` unlocked

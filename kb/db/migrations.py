@@ -1,4 +1,4 @@
-"""The migration runner with a ledger (SPEC §12).
+"""The migration runner with a ledger (design §12).
 
 A fresh database gets ``sql/schema.sql`` and every migration file is recorded as applied; an
 existing one gets the migrations it lacks, in order. Each file's sha256 is stored in
@@ -76,10 +76,10 @@ def _job_queue_installed(conn: Connection) -> bool:
 def schema_is_current(conn: Connection) -> bool:
     """True when ``apply_migrations`` would do nothing: the ledger records every migration file
     with its checksum, Procrastinate's tables are in ``JOB_QUEUE_SCHEMA``, pgvector is installed
-    and the publication exists (SPEC §12).
+    and the publication exists (design §12).
 
     Two reads and no lock, so opening kb for a one-shot command costs one round trip more than
-    its own work (issue 15); anything missing or different sends the caller to the full runner,
+    its own work (design §13); anything missing or different sends the caller to the full runner,
     which takes the migration lock and reports what it changed (or raises MigrationError for an
     edited migration). Runs in ``conn``'s current transaction; a statement that fails (a role
     that may not read the catalog, say) answers False, so the full runner says what is wrong.
@@ -113,9 +113,9 @@ def apply_migrations(conn: Connection, *, from_migrations: bool = False) -> Migr
             conn.execute(queries["create_ledger"])
             conn.execute(queries["lock_migrations"], {"namespace": MIGRATION_LOCK_NAMESPACE})
             applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
-            # Procrastinate's tables first: kb's views over them (kb.job_health, issue 4) need them.
+            # Procrastinate's tables first: kb's views over them (kb.job_health, design §7) need them.
             if not _job_queue_installed(conn):
-                name, schema = _procrastinate_schema()  # imported only when needed (issue 15)
+                name, schema = _procrastinate_schema()  # imported only when needed (design §13)
                 conn.execute(schema)
                 if name not in applied:  # a re-install after its misplaced copy was dropped
                     conn.execute(

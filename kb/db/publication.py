@@ -1,4 +1,4 @@
-"""The logical-replication publication ``kb_publication`` (SPEC §6).
+"""The logical-replication publication ``kb_publication`` (design §6).
 
 ``ensure_publication(conn)`` is called by the migration runner after the schema: it creates the
 publication from ``sql/publication.sql`` when it is missing and the connected role may create it,

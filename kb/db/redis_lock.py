@@ -1,4 +1,4 @@
-"""The optional Redis write lock (SPEC §4, ``KB_LOCK_BACKEND=redis``).
+"""The optional Redis write lock (design §4, ``KB_LOCK_BACKEND=redis``).
 
 Token-owned: ``SET key token NX PX ttl`` acquires, a compare-and-delete script releases only
 the holder's own token, the TTL (``KB_LOCK_TTL`` seconds) frees a crashed holder's lock, the wait

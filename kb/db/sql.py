@@ -1,4 +1,4 @@
-"""Loading SQL from ``.sql`` files: the schema, the numbered migrations and named queries (SPEC §12).
+"""Loading SQL from ``.sql`` files: the schema, the numbered migrations and named queries (design §12).
 
 Named queries live in ``sql/queries/<concept>.sql`` as blocks introduced by ``-- name: <query>``
 (the procrastinate convention); Python code refers to them as ``queries["<query>"]``. Nothing else

@@ -1,6 +1,6 @@
 """A fast updater for a workspace's git index file (``.git/index``, format versions 2 and 3).
 
-The working tree is refreshed after every commit (SPEC §2.1) so ``git status`` stays clean. That
+The working tree is refreshed after every commit (design §2.1) so ``git status`` stays clean. That
 needs the index entries of the changed paths updated. dulwich parses and re-serializes every entry
 in Python on each write (~0.25 s per write at 20k documents, inside the write lock), so this module
 keeps the parsed index in memory as raw per-entry byte strings, replaces only the changed entries,

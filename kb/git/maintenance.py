@@ -1,4 +1,4 @@
-"""Repository maintenance (SPEC §14; issue 9): keep each workspace repository packed.
+"""Repository maintenance (design §14): keep each workspace repository packed.
 
 kb writes a revision's few objects loose (a pack per small commit would pile up packs). Left alone,
 a busy workspace gathers tens of thousands of loose objects and every git tool — and kb's own

@@ -1,4 +1,4 @@
-"""Three-way merge of a document two writers changed (SPEC §5).
+"""Three-way merge of a document two writers changed (design §5).
 
 A turn records its changes on top of the *current* head. When a path it changed was also changed
 by a revision recorded after the turn's base, the two versions are merged line by line with
@@ -6,7 +6,7 @@ by a revision recorded after the turn's base, the two versions are merged line b
 revision, ours = the document at the current head, theirs = the turn's document.
 
 * Non-overlapping edits both survive (the path is reported as ``merged``).
-* Overlapping hunks fall back to the SPEC's rule, last writer wins: the turn's lines replace head's
+* Overlapping hunks fall back to the design's rule, last writer wins: the turn's lines replace head's
   in each conflicting hunk, and every such hunk is reported as a :class:`LostHunk` (the path is
   reported in ``overwrote``). The lines that lost are not gone: they are the document at the
   parent revision, so ``read_as_of(parent, path)`` / ``git show parent:path`` still has them.
@@ -62,7 +62,7 @@ def _text(lines) -> tuple[str, ...]:
 
 
 def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -> MergeOutcome:
-    """Three-way merge of one document (SPEC §5): ``base`` = the common ancestor (None: both sides
+    """Three-way merge of one document (design §5): ``base`` = the common ancestor (None: both sides
     created the path), ``ours`` = head's bytes, ``theirs`` = the later writer's bytes.
 
     Returns the merged bytes; overlapping hunks take ``theirs`` and are listed as lost hunks with
@@ -157,7 +157,7 @@ def merge_staged(repo, requests: Mapping[str, MergeRequest], staged: dict[str, s
     """Merge every requested path of ``staged`` (``{repo path: blob}``, the writer's blobs) with
     the documents in ``head_tree``; returns ``{repo path: MergedBlob}`` and writes merged blobs to
     the object store. An ``earlier`` result whose head blob is unchanged is reused, so the merge
-    under the write lock only redoes what moved since the unlocked one (SPEC §4: no slow work
+    under the write lock only redoes what moved since the unlocked one (design §4: no slow work
     under the lock). ``repo`` is a ``kb.git.repository.Repository``.
     """
     results: dict[str, MergedBlob] = {}

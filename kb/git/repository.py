@@ -1,4 +1,4 @@
-"""Git plumbing for one workspace repository (SPEC §2.1), on dulwich.
+"""Git plumbing for one workspace repository (design §2.1), on dulwich.
 
 The porcelain (``kb.store``) speaks in intent verbs; this module owns objects, trees and refs:
 opening/initialising the repo with kb's config, reading blobs and trees at a revision, building a
@@ -193,7 +193,7 @@ class Repository(WorktreeRefresh):
     def _read_object(self, sha: bytes):
         """``object_store[sha]``, parsing a loose object once (dulwich parses it, re-serializes it and
         parses it again: ~10 ms for a 4,612-entry tree) and checking its id as dulwich does.
-        Raises KeyError (absent), StorageError (a corrupt or unreadable object, SPEC §14)."""
+        Raises KeyError (absent), StorageError (a corrupt or unreadable object, design §14)."""
         store = self._repo.object_store
         try:
             obj = store._get_loose_object(sha) if isinstance(store, DiskObjectStore) else None
@@ -213,7 +213,7 @@ class Repository(WorktreeRefresh):
     def _referenced(self, sha: bytes):
         """The parsed object ``sha`` that a commit or tree of this repository refers to (a tree
         walk's lookup function): absent, it is damage, not "no such path" — raises StorageError, or
-        WorkspaceNotFound when the repository was deleted while it was read (SPEC §14)."""
+        WorkspaceNotFound when the repository was deleted while it was read (design §14)."""
         try:
             return self._tree_object(sha)
         except KeyError:
@@ -245,7 +245,7 @@ class Repository(WorktreeRefresh):
                 self._objects.popitem(last=False)
 
     def close(self) -> None:
-        """Close dulwich's pack files and object store (idempotent). Issue 15: left to the garbage
+        """Close dulwich's pack files and object store (idempotent). (design §13) left to the garbage
         collector at interpreter exit they print ``Exception ignored in … __del__`` noise."""
         _open_repositories.discard(self)
         self._objects.clear()
@@ -272,7 +272,7 @@ class Repository(WorktreeRefresh):
 
     @classmethod
     def create(cls, path: Path) -> Repository:
-        """Initialise a repository with kb's config (SPEC §2.1) or open the existing one."""
+        """Initialise a repository with kb's config (design §2.1) or open the existing one."""
         path = Path(path)
         if (path / ".git").is_dir():
             return cls.open(path)
@@ -307,7 +307,7 @@ class Repository(WorktreeRefresh):
     # -- reads -----------------------------------------------------------------------------
     def head(self) -> str | None:
         """Hex id of the branch head, or None for an unborn repository. Raises StorageError when
-        the ref holds anything but a 40-digit hex id (a damaged repository, SPEC §14)."""
+        the ref holds anything but a 40-digit hex id (a damaged repository, design §14)."""
         try:  # the loose ref, read directly (dulwich would resolve symrefs and packed refs first)
             with open(self._ref_path, "rb") as f:
                 loose = f.read().strip()
@@ -740,7 +740,7 @@ class Repository(WorktreeRefresh):
             self._seen(_LAYOUT_SEEN, folder, tree.id)
         return layout
 
-    # -- collision keys per folder (SPEC §2.2), O(changed entries) per revision ---------------
+    # -- collision keys per folder (design §2.2), O(changed entries) per revision ---------------
     def folder_keys(self, tree_id: bytes | None, folder: str) -> dict[str, tuple[tuple[str, str], ...]]:
         """``{name_key: ((name, "file" | "folder"), …)}`` of the children of ``folder`` in
         ``tree_id`` (empty when it is not a folder there). Read-only: do not mutate. Cached per
@@ -797,7 +797,7 @@ class Repository(WorktreeRefresh):
         self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str,
         headers: dict[bytes, bytes] | None = None,
     ) -> Commit:
-        """Write a commit object (hooks never run; SPEC §2.1) and return it (ref not moved).
+        """Write a commit object (hooks never run; design §2.1) and return it (ref not moved).
         ``headers``: extra commit headers (git keeps them; e.g. the write's idempotency key,
         design §3)."""
         commit = Commit()
@@ -837,7 +837,7 @@ class Repository(WorktreeRefresh):
                 os.unlink(lock)
                 return False
             os.write(fd, new.encode() + b"\n")
-            os.fsync(fd)  # durable before Postgres commits the revision (SPEC §3)
+            os.fsync(fd)  # durable before Postgres commits the revision (design §3)
             os.close(fd)
             os.replace(lock, ref)
         except BaseException:
@@ -930,7 +930,7 @@ class Repository(WorktreeRefresh):
         return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
 
     def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:
-        """Maintenance (SPEC §14): put the loose objects into one pack and, once more than
+        """Maintenance (design §14): put the loose objects into one pack and, once more than
         ``max_packs`` packs pile up, consolidate all packs into one. Safe beside concurrent
         writers and readers: objects are only added to a pack before their loose copy or old
         pack is removed, and readers re-scan the packs on a miss. Returns ``(objects packed,

@@ -1,4 +1,4 @@
-"""Incremental serialization of git tree objects (SPEC §2.1, issue 9: O(changed entries) writes).
+"""Incremental serialization of git tree objects (design §2.1: O(changed entries) writes).
 
 A git tree object is its entries in git's tree order (a folder sorts as ``name/``), each one
 ``<octal mode> <name>\\0<20-byte sha>``. dulwich rebuilds that text in Python from the entry dict

@@ -1,4 +1,4 @@
-"""Lazily materialized git worktrees for turns (SPEC §5), and the janitor that prunes them.
+"""Lazily materialized git worktrees for turns (design §5), and the janitor that prunes them.
 
 A turn's worktree lives at ``{storage_root}/knowledge_store/.worktrees/{workspace_id}/{name}`` and
 is a real git worktree of the workspace repository: its ``.git`` file points at the admin folder
@@ -50,7 +50,7 @@ _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 
 
 def root_turn_id(turn_id: object) -> str:
-    """The turn a (sub-agent) turn id belongs to: ``root::task:7`` → ``root`` (SPEC §5).
+    """The turn a (sub-agent) turn id belongs to: ``root::task:7`` → ``root`` (design §5).
 
     The one derivation used on both the write and the commit side. Raises InvalidTurn when the root
     id is empty, longer than 200 characters, starts with ``.``, or uses characters other than
@@ -69,7 +69,7 @@ def root_turn_id(turn_id: object) -> str:
 
 
 def worktrees_root(knowledge_store: Path, workspace_id: int) -> Path:
-    """``{knowledge_store}/.worktrees/{workspace_id}`` (SPEC §2.1)."""
+    """``{knowledge_store}/.worktrees/{workspace_id}`` (design §2.1)."""
     return Path(knowledge_store) / ".worktrees" / str(workspace_id)
 
 
@@ -177,7 +177,7 @@ class LazyWorktree:
     def _clear_leftovers(self) -> None:
         """Delete what a worktree that is not complete left (a process killed while creating or
         destroying it): none of it is a turn's work, and files left there must never be committed
-        as one (issue 9). Keeps the lock file this process holds."""
+        as one (design §14). Keeps the lock file this process holds."""
         shutil.rmtree(self.path, ignore_errors=True)
         for entry in list(self.admin.iterdir()) if self.admin.is_dir() else []:
             if entry.name == LOCK:
@@ -245,7 +245,7 @@ class LazyWorktree:
     def _checked(self, repo_path: str) -> Path:
         """The disk path of ``repo_path``; raises UnsafeWorktreeEntry when any existing component
         is a symlink or not the expected kind (folders for parents), InvalidPath when the path is
-        longer than the path law allows (it cannot exist on disk; SPEC §2.3)."""
+        longer than the path law allows (it cannot exist on disk; design §2.3)."""
         check_path_length(repo_path, "/" + repo_path)
         current = self.path
         parts = repo_path.split("/")
@@ -398,7 +398,7 @@ class JanitorReport:
 
 
 def sweep_worktrees(repository_for, knowledge_store: Path, ttl: float, now: float | None = None) -> JanitorReport:
-    """Remove abandoned turn worktrees (SPEC §5): those whose lock no process holds and whose newest
+    """Remove abandoned turn worktrees (design §5): those whose lock no process holds and whose newest
     file is older than ``ttl`` seconds. ``repository_for(workspace_id)`` returns the Repository (or
     None when the workspace has no repository). Never touches a worktree an open turn holds.
     """

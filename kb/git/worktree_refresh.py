@@ -1,9 +1,9 @@
-"""Refreshing the persistent working tree and index of a workspace repository (SPEC §2.1).
+"""Refreshing the persistent working tree and index of a workspace repository (design §2.1).
 
 (Turns' private worktrees are ``kb.git.worktree``; this is the repository's own checkout.)
 
 After a commit the working tree and git index are brought to HEAD for the changed paths only,
-outside the workspace write lock and serialized by an flock of their own (issue 9): files are
+outside the workspace write lock and serialized by an flock of their own (design §14): files are
 written under a temporary name and renamed into place, a folder whose every file moves is renamed
 with one ``rename(2)``, folders left empty are removed once each. ``Repository`` inherits these
 methods; they use its object reads (``lookup_many``, ``blob``) and its index file.
@@ -55,7 +55,7 @@ class WorktreeRefresh:
     @contextlib.contextmanager
     def worktree_lock(self) -> Iterator[None]:
         """Hold ``.git/kb-worktree.lock`` (an flock, released when the holder dies) for the block:
-        working-tree refreshes run outside the workspace write lock (issue 9), so they serialize
+        working-tree refreshes run outside the workspace write lock (design §14), so they serialize
         here, as do ``kb fsck``'s check and repair of the working tree.
 
         Re-entrant per *thread*: the depth lives in a ``threading.local``, and the threads of this
@@ -164,7 +164,7 @@ class WorktreeRefresh:
         self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None,
         moves: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Make the working tree and index equal HEAD for the changed paths (SPEC §2.1), holding
+        """Make the working tree and index equal HEAD for the changed paths (design §2.1), holding
         ``worktree_lock``.
 
         ``changes``: ``(repo path, blob id or None to delete)``; ``data``: bytes already at hand

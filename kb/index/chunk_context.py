@@ -1,4 +1,4 @@
-"""What each chunk gives the embedder and the full-text index besides its own text (SPEC §7).
+"""What each chunk gives the embedder and the full-text index besides its own text (design §7).
 
 A chunk cut from the middle of a section does not say what it is about: "Annual subscriptions may
 be refunded within 30 days" never names the page "Refund policy". So the embedder sees the

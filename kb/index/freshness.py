@@ -1,4 +1,4 @@
-"""How far a workspace's search index lags its head (issue 15, SPEC §7, §8).
+"""How far a workspace's search index lags its head (design §7, §8).
 
 Search answers from the index, which a worker brings up to HEAD after each revision. When the
 stamp lags, ``kb search`` (and the HTTP API) still return what the index has, and say how far

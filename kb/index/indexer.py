@@ -1,4 +1,4 @@
-"""Index convergence (SPEC §7): bring a workspace's chunks to git HEAD.
+"""Index convergence (design §7): bring a workspace's chunks to git HEAD.
 
 Two runs, both converging to HEAD under the workspace's index lock and neither taking a revision:
 
@@ -28,7 +28,7 @@ that a projection moved or changed after the run read it (or the artifact layer 
 superseded: not written either — its chunks would describe other content, or its stamp cite a
 path the content no longer has — and it lags until the next run, which the change deferred.
 The stamp a written document gets, ``(indexed_path, indexed_revision)``, is what a search
-envelope cites (SPEC §8): the path it has and a revision where that path holds this content
+envelope cites (design §8): the path it has and a revision where that path holds this content
 (``mark_document_indexed``), not the revision the run projected, which predates rows a later
 projection brought in.
 
@@ -109,7 +109,7 @@ class IndexReport:
 
 
 def sha256_text(text: str) -> str:
-    """Hex sha256 of a chunk's UTF-8 text (the embedding cache key, SPEC §7)."""
+    """Hex sha256 of a chunk's UTF-8 text (the embedding cache key, design §7)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -459,7 +459,7 @@ class Indexer:
 
     def _reconcile(self, conn, workspace_id, p: _Prepared, vectors, report) -> None:
         """Reuse chunk rows whose text is unchanged (updating position and spans), insert the new
-        ones, delete the rest (SPEC §7)."""
+        ones, delete the rest (design §7)."""
         existing: dict[str, list[dict]] = {}
         stale: list[int] = []
         for chunk_row in p.existing:

@@ -1,4 +1,4 @@
-"""Languages of the full-text leg (SPEC §7, §8): per-document language detection, the matching
+"""Languages of the full-text leg (design §7, §8): per-document language detection, the matching
 Postgres text-search configuration, and CJK segmentation.
 
 - ``detect_language(text)``: ISO 639-1 code from py3langid (a compact, offline n-gram classifier

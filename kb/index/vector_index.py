@@ -1,4 +1,4 @@
-"""Approximate vector indexes per workspace (SPEC §8): exact scans for small workspaces, a partial
+"""Approximate vector indexes per workspace (design §8): exact scans for small workspaces, a partial
 HNSW index for each large one.
 
 The exact scan is right and fast enough while a workspace is small; past ``HNSW_MIN_CHUNKS``

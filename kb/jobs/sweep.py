@@ -1,4 +1,4 @@
-"""The periodic sweep (SPEC §3, §7): find workspaces whose Postgres state lags git HEAD and defer
+"""The periodic sweep (design §3, §7): find workspaces whose Postgres state lags git HEAD and defer
 the missing work, so nothing depends on a job having been deferred successfully.
 
 For each workspace the sweep reads git HEAD and compares it with the recorded head, the projected
@@ -63,7 +63,7 @@ def defer_failed_retry(conn, workspace_id: int, attempts: int) -> int | None:
 
 def record_missing_revisions(store: KnowledgeStore) -> bool:
     """Record revisions git has and Postgres lacks (a crash between ref update and Postgres
-    commit, SPEC §3) via ``KnowledgeStore.reconcile()`` — the one place the sweep calls it.
+    commit, design §3) via ``KnowledgeStore.reconcile()`` — the one place the sweep calls it.
 
     Returns True when any revision was recorded (its jobs are deferred by reconcile).
     """
@@ -71,7 +71,7 @@ def record_missing_revisions(store: KnowledgeStore) -> bool:
 
 
 def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
-    """Compare every workspace with git HEAD and defer what lags (SPEC §7); returns what it did.
+    """Compare every workspace with git HEAD and defer what lags (design §7); returns what it did.
 
     ``stores``: the workspaces' stores; ``embedder()`` returns the active embedder, called only to
     probe it before quarantined documents are retried."""
@@ -115,7 +115,7 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
                 defer_failed_retry(conn, ws, failed["attempts"])
                 report.retry_deferred.append(ws)
     retry_blob_purges(stores, report)
-    with database.transaction(stores.database_url) as conn:  # issue 18: remotes still behind HEAD
+    with database.transaction(stores.database_url) as conn:  # remotes still behind HEAD
         for row in conn.execute(queries["remotes_to_push"]).fetchall():
             if conn.execute(queries["defer_push_if_remote"], {"workspace_id": row["workspace_id"]}).fetchone():
                 report.push_deferred.append(row["workspace_id"])
@@ -135,7 +135,7 @@ def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspac
                       answers: list[bool]) -> bool:
     """Give a workspace's quarantined documents one more attempt when the embedder answers a probe
     (``answers`` caches the probe for one sweep), at most every ``KB_QUARANTINE_RETRY_SECONDS`` per
-    document, and defer the index job; True when any were requeued (SPEC §7)."""
+    document, and defer the index job; True when any were requeued (design §7)."""
     if not answers:
         answers.append(_embedder_answers(embedder))
     if not answers[0]:
@@ -154,7 +154,7 @@ def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspac
 
 
 def retry_blob_purges(stores: Stores, report: SweepReport) -> None:
-    """Retry the artifact blob purges a failed delete left behind (SPEC §11)."""
+    """Retry the artifact blob purges a failed delete left behind (design §11)."""
     from kb.workspace.artifacts import Artifacts
 
     with database.connect(stores.database_url, autocommit=True) as conn:

@@ -1,18 +1,18 @@
-"""Procrastinate jobs (SPEC §6, §7): the app, kb's tasks, the periodic tasks, and the worker.
+"""Procrastinate jobs (design §6, §7): the app, kb's tasks, the periodic tasks, and the worker.
 
 Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``),
-``maintenance`` (the periodic tasks), ``span_fill`` (``kb.span_fill``, issue 11) and ``push``
-(``kb.push_remote``, issue 18, SPEC §13: lock ``push:{ws}``, coalesced by the deferring query,
+``maintenance`` (the periodic tasks), ``span_fill`` (``kb.span_fill``, design §10) and ``push``
+(``kb.push_remote``design §13: lock ``push:{ws}``, coalesced by the deferring query,
 retried with Procrastinate's backoff). Workspace jobs
 take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``,
 ``"reindex:{ws}"``) and serializing them is always safe. Projection runs under
 ``lock="projection:{ws}"`` and indexing under ``lock="index:{ws}"``: projection never waits for an
-index run (issue 19). Jobs are deferred by the store inside the revision's own Postgres transaction
+index run (design §7). Jobs are deferred by the store inside the revision's own Postgres transaction
 (``kb.store.defer_convergence``); ``defer_reindex``/``defer_index`` here are for callers outside
 one. After a run that leaves documents ``failed``, a delayed retry is deferred
 (``kb.sweep.defer_failed_retry``: 5 s doubling per attempt, at most 10 min) as a lock-free
 ``kb.defer_when_due`` that defers the real job once due — a job scheduled for later never holds a
-lock a due job needs (issue 19). No periodic task takes a workspace's lock.
+lock a due job needs (design §7). No periodic task takes a workspace's lock.
 
 Every task takes its knowledge base from the job's context (``pass_context=True``:
 ``context.additional_context["kb"]``, which the worker sets with ``worker_context``), never from a
@@ -28,7 +28,7 @@ cron is a setting, so that importing this module reads no settings):
 - ``kb.remove_old_jobs`` (hourly): succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS``
   ago are deleted (failed ones are kept for the operator), and so are index run rows as old
   (each workspace's latest is kept).
-- ``kb.sweep_worktrees`` (every 15 minutes): the turn worktree janitor (SPEC §5); removes
+- ``kb.sweep_worktrees`` (every 15 minutes): the turn worktree janitor (design §5); removes
   worktrees idle longer than ``KB_WORKTREE_TTL`` that no open turn holds.
 - ``kb.maintain_repositories`` (every 10 minutes): packs the loose objects of busy workspace
   repositories (``kb.git.maintenance``).
@@ -165,13 +165,13 @@ def _after_index(kb: KnowledgeBase, workspace_id: int, report) -> dict:
 @app.task(name=PROJECTION_TASK, queue="projection", pass_context=True)
 def project_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Converge ``documents``/``folders`` rows of a workspace to HEAD and announce the changes on
-    ``kb_events`` (SPEC §6); returns the counts of rows changed."""
+    ``kb_events`` (design §6); returns the counts of rows changed."""
     return _kb(context).project(workspace_id).counts()
 
 
 @app.task(name=INDEX_TASK, queue="index", pass_context=True)
 def index_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
-    """Converge a workspace's chunks and embeddings to HEAD (SPEC §7); failed documents get a
+    """Converge a workspace's chunks and embeddings to HEAD (design §7); failed documents get a
     delayed retry job."""
     kb = _kb(context)
     return _after_index(kb, workspace_id, kb.index(workspace_id, _progress_for(context, "index", workspace_id)))
@@ -179,7 +179,7 @@ def index_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
 
 @app.task(name=REINDEX_TASK, queue="index", pass_context=True)
 def reindex(context: procrastinate.JobContext, workspace_id: int) -> dict:
-    """Rebuild a workspace's index from git HEAD, resuming an interrupted rebuild (SPEC §7)."""
+    """Rebuild a workspace's index from git HEAD, resuming an interrupted rebuild (design §7)."""
     kb = _kb(context)
     return _after_index(kb, workspace_id, kb.reindex(workspace_id, _progress_for(context, "reindex", workspace_id)))
 
@@ -187,7 +187,7 @@ def reindex(context: procrastinate.JobContext, workspace_id: int) -> dict:
 @app.task(name=DEFER_WHEN_DUE_TASK, queue="index", pass_context=True)
 def defer_when_due(context: procrastinate.JobContext, workspace_id: int, task: str, queue: str) -> int | None:
     """A delayed job's stand-in (``kb.store.defer_job`` with ``delay_seconds``): once due, defer
-    ``task`` for the workspace with its lock, coalesced with one already waiting (issue 19).
+    ``task`` for the workspace with its lock, coalesced with one already waiting (design §7).
     Returns the deferred job's id, or None when a waiting job covers it."""
     with database.transaction(_kb(context).database_url) as conn:
         return defer_job(conn, queue, task, workspace_id)
@@ -195,7 +195,7 @@ def defer_when_due(context: procrastinate.JobContext, workspace_id: int, task: s
 
 @app.task(name="kb.sweep", queue="maintenance", pass_context=True)
 def sweep(context: procrastinate.JobContext, timestamp: int) -> dict:
-    """Defer the work of every workspace that lags git HEAD (SPEC §7)."""
+    """Defer the work of every workspace that lags git HEAD (design §7)."""
     from kb.jobs.sweep import sweep as run_sweep
 
     kb = _kb(context)
@@ -207,7 +207,7 @@ def sweep(context: procrastinate.JobContext, timestamp: int) -> dict:
 
 @app.task(name="kb.retry_stalled_jobs", queue="maintenance", pass_context=True)
 async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) -> list[int]:
-    """Put jobs of workers silent for ``KB_STALLED_JOB_SECONDS`` back to ``todo`` (SPEC §7)."""
+    """Put jobs of workers silent for ``KB_STALLED_JOB_SECONDS`` back to ``todo`` (design §7)."""
     return await retry_stalled(context.app.job_manager, _kb(context).settings.stalled_job_seconds, context.job.id)
 
 
@@ -252,7 +252,7 @@ JANITOR_TASK = "kb.sweep_worktrees"
 @app.periodic(cron="*/15 * * * *", periodic_id="worktree-janitor")
 @app.task(name=JANITOR_TASK, queue="maintenance", queueing_lock="worktree-janitor", pass_context=True)
 def sweep_worktrees(context: procrastinate.JobContext, timestamp: int) -> dict:
-    """The turn-worktree janitor (SPEC §5), every 15 minutes: remove worktrees no open turn holds
+    """The turn-worktree janitor (design §5), every 15 minutes: remove worktrees no open turn holds
     whose newest file is older than ``KB_WORKTREE_TTL`` seconds (default 24 h)."""
     report = _kb(context).sweep_worktrees()
     if report.removed:
@@ -260,7 +260,7 @@ def sweep_worktrees(context: procrastinate.JobContext, timestamp: int) -> dict:
     return {"removed": len(report.removed), "kept_open": len(report.kept_open), "kept_fresh": report.kept_fresh}
 
 
-# ---- issue 9: repository maintenance (SPEC §14) ----------------------------------------------
+# ---- repository maintenance (design §14) ----------------------------------------------
 MAINTAIN_TASK = "kb.maintain_repositories"
 
 
@@ -278,17 +278,17 @@ def maintain_repositories(context: procrastinate.JobContext, timestamp: int) -> 
 @app.task(name="kb.expire_citations", queue="maintenance", queueing_lock="citation-expiry", pass_context=True)
 def expire_citations(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Hourly: delete chats whose citation handles went unused for ``KB_CITATION_TTL`` seconds
-    (SPEC §8, issue 10)."""
+    (design §8)."""
     return {"chats_expired": _kb(context).expire_citations()}
 
 
-# -- issue 11: span fill and drift check (SPEC §9, §10) -------------------------------------
+# -- span fill and drift check (design §9, §10) -------------------------------------
 
 
 @app.task(name="kb.span_fill", queue="span_fill", queueing_lock="span-fill", lock="span-fill", pass_context=True)
 def span_fill(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Fill spans of adopted legacy chunks in flipped workspaces, most used first, in batches,
-    until the backlog is empty or a DBA pauses it (``kb.span_fill_control``, SPEC §9). One job runs
+    until the backlog is empty or a DBA pauses it (``kb.span_fill_control``, design §9). One job runs
     at most ``KB_SPAN_FILL_JOB_SECONDS`` and then queues its continuation, so index jobs on the same
     worker are never held up for long."""
     kb = _kb(context)
@@ -306,7 +306,7 @@ def drift_check(context: procrastinate.JobContext, timestamp: int) -> list[dict]
     return [report.as_dict() for report in _kb(context).drift_check()]
 
 
-# -- issue 18: push to a git remote (SPEC §13) ------------------------------------------------------
+# -- push to a git remote (design §13) ------------------------------------------------------
 PUSH_RETRY = procrastinate.RetryStrategy(max_attempts=8, exponential_wait=2)
 """A failed push is retried after 2, 4, 8 … 256 s; then the sweep re-defers it (30 s doubling, ≤ 1 h)."""
 
@@ -323,7 +323,7 @@ def push_remote(context: procrastinate.JobContext, workspace_id: int) -> dict:
         return {"revision": None, "pushed": False, "previous": None}
 
 
-# ---- issue 12: per-workspace HNSW indexes (kb/index/vector_index.py) ----
+# ---- per-workspace HNSW indexes (kb/index/vector_index.py) ----
 VECTOR_INDEX_TASK = "kb.maintain_vector_index"
 
 
@@ -343,7 +343,7 @@ def defer_vector_index_if_large(stores: Stores, workspace_id: int) -> int | None
 
 @app.task(name=VECTOR_INDEX_TASK, queue="maintenance", pass_context=True)
 def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) -> dict:
-    """Build, keep or drop the workspace's partial HNSW index for the active model (SPEC §8)."""
+    """Build, keep or drop the workspace's partial HNSW index for the active model (design §8)."""
     from kb.index.vector_index import maintain
 
     kb = _kb(context)

@@ -1,7 +1,7 @@
-"""The worker (SPEC §7): run kb's Procrastinate queues until stopped or until idle, showing each
-job's progress and ending with a summary (issue 15).
+"""The worker (design §7): run kb's Procrastinate queues until stopped or until idle, showing each
+job's progress and ending with a summary (design §13).
 
-``--until-idle`` means *converged*, not "the fetch found nothing" (issue 19): after Procrastinate's
+``--until-idle`` means *converged*, not "the fetch found nothing" (design §7): after Procrastinate's
 worker stops, kb looks at the queue again. Due jobs held back by a job running in another worker
 are waited for (stalled ones are put back, as ``kb.retry_stalled_jobs`` does); jobs scheduled for
 later (a retry's backoff) are reported with their time, never waited for. kb never gives a delayed
@@ -287,13 +287,13 @@ def run_worker(
 ) -> WorkerReport:
     """Run a worker on kb's queues; returns what it did.
 
-    ``until_idle``: return once no job is due or runnable (issue 19) — jobs running in another
+    ``until_idle``: return once no job is due or runnable (design §7) — jobs running in another
     worker are waited for; jobs scheduled for later are listed in ``report.scheduled``; due jobs
     held back by a job scheduled later (only possible for jobs kb did not defer) in
     ``report.blocked``. Without it, run until SIGINT/SIGTERM, finishing the jobs in hand first.
     Checks the embedder against the database first (DimensionMismatch is a startup error).
     """
-    kb.embedder  # noqa: B018  (startup check: database vector dimension vs model dimension (SPEC §7))
+    kb.embedder  # noqa: B018  (startup check: database vector dimension vs model dimension (design §7))
     report = WorkerReport()
     try:
         asyncio.run(run_worker_async(kb, report, until_idle=until_idle, concurrency=concurrency,

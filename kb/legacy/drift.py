@@ -1,4 +1,4 @@
-"""Drift check for flipped workspaces (issue 11): git HEAD is the truth; Postgres' document and
+"""Drift check for flipped workspaces (design §10): git HEAD is the truth; Postgres' document and
 chunk rows must match it.
 
 For each flipped workspace whose projection claims HEAD (a workspace still catching up is lag, the

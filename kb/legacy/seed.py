@@ -1,10 +1,10 @@
-"""Seeding a workspace from a legacy knowledge base (SPEC §10; issue 11).
+"""Seeding a workspace from a legacy knowledge base (design §10).
 
 The legacy source is a Postgres schema ``legacy`` (folders and documents as rows, chunks with
 vectors and no spans). A seed:
 
 1. **plans** every path from the legacy rows without reading a body (one streamed pass): the
-   folder chain from display names through the path law (SPEC §2.2), the file name from the
+   folder chain from display names through the path law (design §2.2), the file name from the
    title, collisions suffixed `` (2)``, `` (3)`` in ``created_at`` then id order. A recorded
    legacy path (``document_metadata.virtual_path``, also the old ``X.xml`` and ``X (<id>).xml``
    spellings) is honoured: converted to ``X.md`` and claimed before the derived names. Blank bodies
@@ -17,7 +17,7 @@ vectors and no spans). A seed:
 4. **adopts identity** (title, type, metadata, the legacy id in ``kb.legacy_documents``) and, when
    the legacy model is the active one, **adopts chunks**: legacy vectors copied into ``kb.chunks``
    with NULL spans and computed tsvectors, the documents marked indexed and the index stamp set to
-   the seed revision, so nothing is embedded. The embedding cache is never warmed from them (SPEC
+   the seed revision, so nothing is embedded. The embedding cache is never warmed from them (design
    §7). When the models differ the documents stay pending and the index job re-embeds them.
 
 The workspace's index lock is held from before the commit until adoption is done, so a worker's
@@ -209,7 +209,7 @@ def _stream(conn: Connection, query: str, params: dict) -> Iterator[dict]:
 
 # -- 1. the path plan -------------------------------------------------------------------------
 class _Namespace:
-    """Names taken per folder (files and folders share one namespace, SPEC §2.2)."""
+    """Names taken per folder (files and folders share one namespace, design §2.2)."""
 
     def __init__(self) -> None:
         self.registries: dict[tuple[str, ...], NameRegistry] = {}
@@ -231,7 +231,7 @@ class _Namespace:
 
 
 def legacy_path_parts(virtual_path: object, legacy_id: int) -> tuple[tuple[str, ...], str] | None:
-    """Convert a recorded legacy path to ``(folder display names, file name)`` (SPEC §2.2):
+    """Convert a recorded legacy path to ``(folder display names, file name)`` (design §2.2):
     ``/documents/A/X.xml`` and ``/documents/A/X (<legacy_id>).xml`` → ``(("A",), "X.md")``; a
     ``.md`` path is taken as written. ``(<n>)`` with another id is part of the title. None when the
     value is not such a path (it is then ignored and the folder chain is used)."""
@@ -254,7 +254,7 @@ def plan(conn: Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int,
 
     Returns ``(entries in created_at/id order, number of legacy folders, .keep paths)``; seeded
     entries carry their virtual path; a legacy folder that ends up holding no document keeps a
-    ``.keep`` file so the folder tree survives (SPEC §1). Recorded legacy paths are claimed first, then the derived ones, each in
+    ``.keep`` file so the folder tree survives (design §1). Recorded legacy paths are claimed first, then the derived ones, each in
     ``created_at`` then id order; legacy folders are claimed before any file.
     """
     folders = {r["id"]: r for r in conn.execute(queries["legacy_folders"], {"workspace": legacy_workspace})}
@@ -428,7 +428,7 @@ class Seeder:
 
     @contextlib.contextmanager
     def _index_lock(self) -> Iterator[None]:
-        """Hold the workspace's index lock (the indexer's, ``kb.db.locks.index_lock``, SPEC §4),
+        """Hold the workspace's index lock (the indexer's, ``kb.db.locks.index_lock``, design §4),
         waiting up to ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
         with index_lock(self.stores.database_url, self.workspace_id, wait=self.stores.settings.lock_timeout) as locked:
             if not locked:
@@ -583,7 +583,7 @@ def _phase(report: SeedReport, name: str) -> Iterator[None]:
 
 
 def set_authority(stores: Stores, workspace_id: int, *, flipped: bool) -> bool:
-    """Flip (kb becomes the authority) or unflip a seeded workspace (SPEC §10); True when changed.
+    """Flip (kb becomes the authority) or unflip a seeded workspace (design §10); True when changed.
 
     Raises SeedRefused when the workspace was never seeded, or (flip) its last seed failed parity.
     """

@@ -1,4 +1,4 @@
-"""Span fill: converging adopted legacy chunks to true spans (SPEC §9; issue 11).
+"""Span fill: converging adopted legacy chunks to true spans (design §9).
 
 Adopted chunks (``kb.seed``) carry vectors but no spans, so search renders them un-numbered. The
 span fill aligns each document's stored chunk texts against its git blob at HEAD in position order

@@ -1,4 +1,4 @@
-"""Hybrid search (SPEC §8): one query embedding, a vector leg and two full-text legs (chunks and
+"""Hybrid search (design §8): one query embedding, a vector leg and two full-text legs (chunks and
 whole documents), one weighted reciprocal-rank fusion of the documents they rank, and envelopes
 whose lines are the document's true lines at the indexed revision.
 
@@ -55,7 +55,7 @@ MAX_QUERY_CHARS = 4000
 """Longer queries are refused: Postgres' tsquery parser overflows its stack near 100k characters,
 and the embedder reads only its first 256 tokens anyway."""
 RRF_K = 5
-"""Reciprocal-rank fusion constant (SPEC §8)."""
+"""Reciprocal-rank fusion constant (design §8)."""
 VECTOR_WEIGHT = 1.0
 TEXT_WEIGHT = 0.5
 DOCUMENT_WEIGHT = 0.5
@@ -85,7 +85,7 @@ LEG_LIMIT = 100
 """Chunks each leg contributes to the fusion (at least 4 k)."""
 WIDEN_FACTOR = 4
 """When the legs' chunks name fewer than k documents and the workspace has more vectors, the
-search asks again for this many times more (SPEC §8: k results)."""
+search asks again for this many times more (design §8: k results)."""
 EXCERPTS_PER_DOCUMENT = 3
 
 BM25_K1 = 1.2

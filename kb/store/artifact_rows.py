@@ -1,4 +1,4 @@
-"""Artifact sidecar rows inside a revision's transaction (SPEC §11), below the store.
+"""Artifact sidecar rows inside a revision's transaction (design §11), below the store.
 
 The store calls :func:`guard` for every revision, under the workspace write lock: a plain
 transaction, a turn or an editor save that touches an ARTIFACT document's file is refused
@@ -8,7 +8,7 @@ rows through :func:`write_manifest` / :func:`delete_rows`.
 
 Every artifact revision carries its manifest as a commit trailer (``Kb-Artifact: {json}``), so a
 revision git recorded but Postgres did not (a writer killed between the ref update and the
-Postgres commit, SPEC §3) is completed by :func:`recover` when the store catches up: the artifact
+Postgres commit, design §3) is completed by :func:`recover` when the store catches up: the artifact
 is then whole — markdown in git, rows in Postgres, blobs already durable on disk.
 """
 
@@ -152,7 +152,7 @@ def delete_rows(conn: Connection, workspace_id: int, document_id: int) -> list[s
 def announce_deleted(conn: Connection, workspace_id: int, document_id: int, path: str,
                      revision_id: str | None) -> None:
     """Send the ``document_deleted`` event (``kb_events``, on commit) for an artifact whose row this
-    transaction deleted: projection will find no row to delete, so it would not announce it (SPEC §6)."""
+    transaction deleted: projection will find no row to delete, so it would not announce it (design §6)."""
     event = {"event": "document_deleted", "workspace_id": workspace_id, "revision": revision_id,
              "id": document_id, "path": path}
     conn.execute(queries["notify_event"], {"channel": EVENTS_CHANNEL, "payload": event_payload(event)})

@@ -1,4 +1,4 @@
-"""Checks a change set must pass against the tree a revision is actually built on (SPEC §2.2, §3).
+"""Checks a change set must pass against the tree a revision is actually built on (design §2.2, §3).
 
 A draft checks each call against the tree its transaction *started* from. Between that start and
 the commit, other writers may have committed: the store therefore re-checks, under the workspace

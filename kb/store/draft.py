@@ -1,4 +1,4 @@
-"""The change set of one store transaction (SPEC §3): ``write``/``remove``/``move`` in call order.
+"""The change set of one store transaction (design §3): ``write``/``remove``/``move`` in call order.
 
 A :class:`Draft` is an overlay on the tree the transaction started from. Every call sees the
 result of the calls before it, so:
@@ -44,7 +44,7 @@ class BlobRef:
 
 
 def repo_path_of(path: str | StorePath, *, allow_keep: bool = False) -> str:
-    """``documents/...`` for a caller path or StorePath; raises InvalidPath (SPEC §2.3)."""
+    """``documents/...`` for a caller path or StorePath; raises InvalidPath (design §2.3)."""
     if isinstance(path, StorePath):
         return path.repo_path
     return StorePath.parse(path, allow_keep=allow_keep).repo_path
@@ -125,7 +125,7 @@ class Draft:
     """The change set of one transaction, applied in call order against the base tree.
 
     Paths are caller paths (``/documents/...`` or ``documents/...``) or StorePaths, validated by
-    the path law (SPEC §2.3, raising InvalidPath). ``revision`` is set when the transaction's
+    the path law (design §2.3, raising InvalidPath). ``revision`` is set when the transaction's
     block exits cleanly (None for a net-empty change).
     """
 
@@ -147,9 +147,9 @@ class Draft:
     """True once the commit may have reached Postgres or git (queued, or the lock asked for)."""
     merges: dict[str, MergeOutcome] = field(default_factory=dict)
     """After commit: ``{virtual path: MergeOutcome}`` for each :meth:`write_merged` path that
-    head had changed meanwhile (three-way merged, SPEC §5)."""
+    head had changed meanwhile (three-way merged, design §5)."""
 
-    # Artifacts (SPEC §11): how the store treats ARTIFACT documents this draft touches
+    # Artifacts (design §11): how the store treats ARTIFACT documents this draft touches
     # (``kb.store.artifact_rows``: refuse | bump | artifact), and callbacks ``hook(conn, head_tree,
     # revision_id)`` the store runs under the write lock in the revision's transaction once the
     # commit object is built, before the revision is recorded (a hook raising records nothing).
@@ -197,7 +197,7 @@ class Draft:
     def _check_collision(self, repo_path: str, virtual: str) -> None:
         """Raise PathExists when a segment of ``repo_path`` that does not exist yet differs only
         in case or Unicode normalization from an existing sibling: the tree would not check out on
-        macOS/Windows (SPEC §2.2, §14). Re-using the existing spelling is always fine."""
+        macOS/Windows (design §2.2, §14). Re-using the existing spelling is always fine."""
         parts = repo_path.split("/")
         for depth in range(2, len(parts) + 1):
             path, parent, name = "/".join(parts[:depth]), "/".join(parts[: depth - 1]), parts[depth - 1]
@@ -232,7 +232,7 @@ class Draft:
     def _check_new(self, repo_path: str, virtual: str, *, names: bool = True) -> None:
         """Raise InvalidPath when a path this call creates breaks the rules for new paths: longer
         than MAX_PATH_BYTES, or (``names``) a segment that does not exist yet is a Windows device
-        name or ends in a dot or space (SPEC §2.2, §2.3). Existing names are never re-judged."""
+        name or ends in a dot or space (design §2.2, §2.3). Existing names are never re-judged."""
         check_path_length(repo_path, virtual)
         if not names:
             return
@@ -287,7 +287,7 @@ class Draft:
     def write(self, path: str | StorePath, data: bytes | str, *, allow_keep: bool = False) -> None:
         """Create or replace the document at ``path`` (a str is encoded as UTF-8).
 
-        Raises InvalidPath (path law, SPEC §2.3), PathExists when ``path`` is a folder holding
+        Raises InvalidPath (path law, design §2.3), PathExists when ``path`` is a folder holding
         documents or lies under a path that is a document.
         """
         repo_path = repo_path_of(path, allow_keep=allow_keep)
@@ -301,7 +301,7 @@ class Draft:
     @_owner_only
     def write_blob(self, path: str | StorePath, blob: str, *, allow_keep: bool = False) -> None:
         """Like :meth:`write`, for bytes already stored as the blob ``blob`` (40 hex chars, from
-        ``Repository.add_blobs``): a writer of many documents (the legacy seed, SPEC §10) streams
+        ``Repository.add_blobs``): a writer of many documents (the legacy seed, design §10) streams
         them into the object store and keeps only ids in memory. Raises as :meth:`write`."""
         repo_path = repo_path_of(path, allow_keep=allow_keep)
         self._check_placeable(repo_path, str(path))
@@ -313,7 +313,7 @@ class Draft:
                      *, allow_keep: bool = False) -> None:
         """Write ``data`` as the writer's edit of the document whose blob was ``base_blob`` (None:
         the writer created it). When the revision is recorded, a head that changed the document
-        since is three-way merged with it (base, head, ``data``; SPEC §5): non-overlapping edits
+        since is three-way merged with it (base, head, ``data``; design §5): non-overlapping edits
         both survive, overlapping hunks take ``data``. The outcome lands in :attr:`merges`.
         :meth:`write` instead means "exactly these bytes at HEAD". Raises as :meth:`write`.
         """
@@ -340,7 +340,7 @@ class Draft:
     @_owner_only
     def move(self, src: str | StorePath, dst: str | StorePath, *, overwrite: bool = False) -> None:
         """Move a document (or every document of a folder) from ``src`` to ``dst``; recorded as a
-        move, so history follows it and projection keeps the document id (SPEC §3, §6).
+        move, so history follows it and projection keeps the document id (design §3, §6).
 
         Raises DocumentNotFound when ``src`` does not exist; PathExists when a destination document
         exists and ``overwrite`` is False, when a folder would move onto an existing folder and
@@ -399,7 +399,7 @@ class Draft:
                 self._titles[new] = self._titles.pop(old)
                 self._titles[new].path = virtual_of(new)
 
-    # -- documents named by title (SPEC §2.2, §5; kb.titles) ------------------------------
+    # -- documents named by title (design §2.2, §5; kb.titles) ------------------------------
     def names_in(self, folder: str) -> set[str]:
         """Names of the entries of ``folder`` (repo path) that exist as of the calls so far."""
         siblings = self._siblings(folder)
@@ -426,7 +426,7 @@ class Draft:
     def create(self, folder: str | StorePath, title: str, body: bytes | str = b"") -> TitledDocument:
         """Create a document in ``folder`` (``/documents/...``) named from ``title`` by the path
         law: ``safe_filename(title)``, suffixed `` (2)``, `` (3)`` … when a document or folder of
-        that folder (case- and NFC-insensitively) has the name, as of the calls so far (SPEC
+        that folder (case- and NFC-insensitively) has the name, as of the calls so far (design
         §2.2). The title is kept exactly as typed. Returns a TitledDocument whose ``path`` is final
         once the transaction has committed. Raises InvalidPath (folder outside /documents, or the
         resulting path too long), PathExists (``folder`` is a document), TypeError (title not str).

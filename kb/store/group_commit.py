@@ -1,4 +1,4 @@
-"""Group commit of one workspace's writers (SPEC §3, §4; issue 9).
+"""Group commit of one workspace's writers (design §3, §4).
 
 A commit's fixed costs under the write lock — the branch ref's fsync and Postgres' WAL flush at
 COMMIT, ~10 ms each here — cap one workspace at a few dozen revisions a second when every writer
@@ -20,7 +20,7 @@ active, a holder claims again, before recording, the drafts queued while it buil
 An intent belongs to its writer's server session (``backend_pid``): a killed writer's intent is
 never recorded and is deleted by the next holder.
 
-Crash safety keeps SPEC §3's shape: git moves first, Postgres catches up. Before the ref moves the
+Crash safety keeps design §3's shape: git moves first, Postgres catches up. Before the ref moves the
 holder writes a journal file per intent it records for another writer (``.git/kb-intents/<id>``
 holding the revision id). If it dies after the ref moved and before Postgres committed, the
 intents are still waiting and git has their revisions; the next holder records those revisions
@@ -73,7 +73,7 @@ class Intent:
     author: str
     committer: str
     artifact_paths: frozenset[str]
-    """Virtual paths among ``staged`` that are ARTIFACT documents (refused, SPEC §11)."""
+    """Virtual paths among ``staged`` that are ARTIFACT documents (refused, design §11)."""
     key: str | None = None
     """The write's idempotency key (design §3, ``kb.store.write_keys``)."""
 

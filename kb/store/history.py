@@ -1,4 +1,4 @@
-"""Revision history in Postgres (SPEC §3): recording revisions, catching up with git, reading.
+"""Revision history in Postgres (design §3): recording revisions, catching up with git, reading.
 
 Every revision gets a ``kb.revisions`` row and one ``kb.path_changes`` row per changed path,
 written in the Postgres transaction that holds the workspace write lock. ``history(path)`` reads
@@ -73,7 +73,7 @@ def record_revision(conn: Connection, workspace_id: int, revision: Revision, com
     """Insert the revision row, its path-change rows, and advance the workspace's recorded head.
 
     ``revision.changes`` carry repo paths; ``commit_time`` is seconds since the epoch. Runs in the
-    caller's transaction (the one holding the write lock, SPEC §3).
+    caller's transaction (the one holding the write lock, design §3).
     """
     record_revisions(conn, workspace_id, [(revision, commit_time)])
 
@@ -180,7 +180,7 @@ def _revision(row: dict, changes: tuple[PathChange, ...]) -> Revision:
 
 
 def read_history(conn: Connection, workspace_id: int, path: str | None, limit: int) -> list[Revision]:
-    """Revisions newest first from Postgres (SPEC §3). ``path`` is a repo path or None (all).
+    """Revisions newest first from Postgres (design §3). ``path`` is a repo path or None (all).
 
     With a path, each revision carries the one change of that path, and a ``moved`` row continues
     the walk at its ``old_path`` below the move (so a moved document keeps its history). Changes

@@ -1,4 +1,4 @@
-"""``kb import``: a folder of markdown becomes one revision (issue 2, SPEC §2.2).
+"""``kb import``: a folder of markdown becomes one revision (design §2.2).
 
 Every ``*.md`` under the folder (recursively) becomes ``documents/[PREFIX/]<relative path>`` with
 each segment passed through the path law; folder and file names that collide case- or
@@ -171,7 +171,7 @@ def plan_paths(relative: list[tuple[str, ...]], prefix: tuple[str, ...]) -> dict
 def import_prefix(prefix: str | None) -> tuple[str, ...]:
     """Folder segments under ``documents/`` for ``--prefix``: ``Notes/2026``, ``/Notes`` and
     ``/documents/Notes`` all name ``documents/Notes...``; each segment passes through the path
-    law (SPEC §2.2). Raises InvalidInput for ``.``/``..`` segments rather than guessing."""
+    law (design §2.2). Raises InvalidInput for ``.``/``..`` segments rather than guessing."""
     text = (prefix or "").strip().strip("/")
     if text == "documents":
         text = ""

@@ -1,4 +1,4 @@
-"""The store (SPEC §3): transactions applied in call order, one revision per clean exit, reads,
+"""The store (design §3): transactions applied in call order, one revision per clean exit, reads,
 revert/restore, and catching Postgres up with git.
 
 ``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.git.repository``). A commit
@@ -11,7 +11,7 @@ and, outside the lock, refreshes the working tree. A crash between the ref updat
 commit leaves a revision git has and Postgres lacks; the next commit, ``reconcile()`` (the sweep)
 or ``kb fsck`` records it.
 
-Plain drafts are group-committed (``kb.store.group_commit``, issue 9): queued, then recorded with the
+Plain drafts are group-committed (``kb.store.group_commit``, design §14): queued, then recorded with the
 other queued drafts by whichever writer holds the lock, each as its own revision with its own
 outcome, all in one Postgres transaction and one ref update.
 """
@@ -83,7 +83,7 @@ INDEX_TASK = "kb.index_changes"
 
 
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
-    """Refuse commit text git and Postgres cannot both hold (SPEC §14): a NUL or a lone surrogate
+    """Refuse commit text git and Postgres cannot both hold (design §14): a NUL or a lone surrogate
     anywhere, a line break in an identity. Raises InvalidInput naming the field."""
     for field, value, single_line in (("message", message, False), ("author", author, True),
                                       ("committer", committer, True)):
@@ -103,7 +103,7 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
 
 
 def summarize(changes: list[PathChange]) -> str:
-    """Deterministic commit message for a change set, e.g. ``docs: add 2 files, remove 1`` (SPEC §3)."""
+    """Deterministic commit message for a change set, e.g. ``docs: add 2 files, remove 1`` (design §3)."""
     counts: dict[str, int] = {}
     for change in changes:
         if change.change != "moved_away":
@@ -239,7 +239,7 @@ class KnowledgeStore:
                                  self.workspace_id) from None
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
-        """Bytes of a document at ``revision`` (SPEC §3, citations §8)."""
+        """Bytes of a document at ``revision`` (design §3, citations §8)."""
         return self.read(path, revision)
 
     def ls(self, path: str | StorePath = "/documents", revision: str | None = None) -> list[Entry]:
@@ -277,7 +277,7 @@ class KnowledgeStore:
         return None if found is None else "/" + found
 
     def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:
-        """Revisions newest first, from Postgres (SPEC §3); for one path, following recorded moves.
+        """Revisions newest first, from Postgres (design §3); for one path, following recorded moves.
 
         ``limit``: a whole number from 1 to MAX_HISTORY_LIMIT. Raises InvalidInput for any other
         limit, WorkspaceNotFound for a workspace without a repository, InvalidPath.
@@ -294,7 +294,7 @@ class KnowledgeStore:
     def transaction(self, message: str | None, author: str, committer: str | None = None,
                     idempotency_key: str | None = None) -> Iterator[Draft]:
         """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
-        if the net change is empty. An exception records nothing (SPEC §3).
+        if the net change is empty. An exception records nothing (design §3).
 
         ``idempotency_key`` (design §3, ``kb.store.write_keys``): when a revision was already
         recorded with this key, nothing is recorded and ``draft.revision`` is that revision, so a
@@ -398,7 +398,7 @@ class KnowledgeStore:
     def _merge_with_head(self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None,
                          premerged: dict[str, MergedBlob]) -> dict[str, str | None]:
         """Under the lock: three-way merge the draft's ``write_merged`` paths with the current head
-        (SPEC §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
+        (design §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
         if not draft.merge_requests():
             return staged
         merged = merge_staged(self.repository, draft.merge_requests(), staged, head_tree, premerged)
@@ -412,7 +412,7 @@ class KnowledgeStore:
         recorded by whichever writer holds the lock next, together with the others waiting; any
         other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
         when the net change is empty. Raises PathExists, ArtifactReadOnly, LockTimeout,
-        CommitOutcomeUnknown, WorkspaceNotFound (SPEC §3, §4).
+        CommitOutcomeUnknown, WorkspaceNotFound (design §3, §4).
         """
         if draft.is_empty():
             return None
@@ -521,7 +521,7 @@ class KnowledgeStore:
                     and intent_id not in group_commit.read_journal(repo):
                 draft.submitted = False  # withdrawn before any holder recorded it: nothing landed
             raise
-        group_commit.clear_journal(repo, journal)  # only once Postgres has committed (SPEC §3)
+        group_commit.clear_journal(repo, journal)  # only once Postgres has committed (design §3)
         if outcome is not None:
             revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
             if revision is not None:
@@ -571,7 +571,7 @@ class KnowledgeStore:
                 if by_key.get(key_of.get(r["id"])) is not None:  # a retry of a recorded write
                     results[r["id"]] = by_key[key_of[r["id"]]]
                     continue
-                landed = journal.get(r["id"])  # a holder that died after the ref moved recorded it (SPEC §3)
+                landed = journal.get(r["id"])  # a holder that died after the ref moved recorded it (design §3)
                 recorded = None if landed is None else group_commit.recorded_revision(conn, repo, ws, landed)
                 if recorded is not None:
                     results[r["id"]] = recorded
@@ -640,7 +640,7 @@ class KnowledgeStore:
         the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded)."""
         repo = self.repository
         staged = self._merge_with_head(draft, staged, head_tree, premerged)
-        staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (SPEC §2.2)
+        staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (design §2.2)
         effective: dict[str, str | None] = {}
         changes: dict[str, PathChange] = {}
         at_head = repo.lookup_many(head_tree, staged)
@@ -680,7 +680,7 @@ class KnowledgeStore:
                                   None if key is None else {write_keys.COMMIT_HEADER: key.encode()})
         if intent is None:
             artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
-        for hook in draft.on_record:  # e.g. the artifact layer's generation check (SPEC §11)
+        for hook in draft.on_record:  # e.g. the artifact layer's generation check (design §11)
             hook(conn, head_tree, commit.id.decode())
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
@@ -828,7 +828,7 @@ class KnowledgeStore:
 
     def reconcile(self) -> list[Revision]:
         """Record every revision git has and Postgres lacks, with history rows and deferred
-        projection/index jobs (SPEC §3; the periodic sweep and ``kb fsck`` call this).
+        projection/index jobs (design §3; the periodic sweep and ``kb fsck`` call this).
 
         Cheap when nothing is missing (one row read, no lock). Returns the revisions recorded,
         oldest first (virtual paths). Raises WorkspaceNotFound, HistoryDiverged, LockTimeout.
@@ -844,7 +844,7 @@ class KnowledgeStore:
     def revert(self, revision: str, author: str, committer: str | None = None,
                message: str | None = None) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
-        in ``revision``'s parent (SPEC §3). A recorded move is undone as a move when the moved
+        in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
         document is still where the revision put it. Returns None when there is nothing to undo.
 
         Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
@@ -864,7 +864,7 @@ class KnowledgeStore:
         first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
         with self.transaction(text, author, committer) as draft:
-            draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: revert bumps generations
+            draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
             written = {c.path: c.content_id for c in changes}
             for change in changes:
                 # undo a move as a move while the document is still where the revision put it and
@@ -884,7 +884,7 @@ class KnowledgeStore:
 
     def restore(self, path: str | StorePath, revision: str, author: str, committer: str | None = None,
                 message: str | None = None) -> Revision | None:
-        """Bring one document back as it was at ``revision``, as a new forward revision (SPEC §3).
+        """Bring one document back as it was at ``revision``, as a new forward revision (design §3).
 
         Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
         DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
@@ -894,7 +894,7 @@ class KnowledgeStore:
         virtual = StorePath.parse(str(path), allow_keep=True).virtual
         text = message or f"restore {virtual} from revision {revision[:12]}"
         with self.transaction(text, author, committer) as draft:
-            draft.artifact_access = artifact_rows.ACCESS_BUMP  # SPEC §11: restore bumps generations
+            draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: restore bumps generations
             draft.write(virtual, data, allow_keep=True)
         return draft.revision
 
@@ -947,7 +947,7 @@ class _Built:
 
 def write_failure(workspace_id: int, exc: BaseException) -> KbError:
     """The KbError for a Postgres or file-system failure of a commit known to have recorded nothing
-    (SPEC §3, §14; ``KnowledgeStore._settle_outcome`` made sure): WorkspaceNotFound when the workspace was
+    (design §3, §14; ``KnowledgeStore._settle_outcome`` made sure): WorkspaceNotFound when the workspace was
     deleted meanwhile (``database.deleted_workspace``), else StorageError / LockUnavailable /
     DatabaseUnavailable saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -964,8 +964,8 @@ def write_failure(workspace_id: int, exc: BaseException) -> KbError:
 
 
 def defer_convergence(conn: Connection, workspace_id: int) -> None:
-    """Defer the projection and index jobs for a workspace in ``conn``'s transaction (SPEC §3, §7),
-    and the push job when the workspace has a git remote (SPEC §13, ``kb.workspace.remotes``).
+    """Defer the projection and index jobs for a workspace in ``conn``'s transaction (design §3, §7),
+    and the push job when the workspace has a git remote (design §13, ``kb.workspace.remotes``).
 
     Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
     """
@@ -975,7 +975,7 @@ def defer_convergence(conn: Connection, workspace_id: int) -> None:
         "index_task": INDEX_TASK, "index_lock": job_lock("index", workspace_id),
         "index_queueing_lock": f"index:{workspace_id}", "args": json.dumps({"workspace_id": workspace_id}),
     })
-    conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # SPEC §13, if any
+    conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # design §13, if any
 
 
 DEFER_WHEN_DUE_TASK = "kb.defer_when_due"
@@ -984,7 +984,7 @@ DEFER_WHEN_DUE_TASK = "kb.defer_when_due"
 def job_lock(queue: str, workspace_id: int) -> str:
     """The Procrastinate lock a due job of ``queue`` runs under: ``"projection:{ws}"`` or
     ``"index:{ws}"``. Projection and indexing never share a lock, so projection never waits for an
-    index run or an index retry (issue 19); each job also takes its own advisory lock (SPEC §4)."""
+    index run or an index retry (design §7); each job also takes its own advisory lock (design §4)."""
     return f"{'projection' if queue == 'projection' else 'index'}:{workspace_id}"
 
 
@@ -994,10 +994,10 @@ def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: 
     or None when a waiting job with the same queueing lock covers it (default ``"{queue}:{ws}"``;
     ``"{queue}-delayed:{ws}"`` for a delayed one, so a job scheduled later never covers a due one).
 
-    A due job runs under ``job_lock(queue, ws)`` (serialized per workspace and concern, SPEC §7).
+    A due job runs under ``job_lock(queue, ws)`` (serialized per workspace and concern, design §7).
     ``delay_seconds > 0`` schedules it for later *without any lock*: Procrastinate's fetch treats
     a waiting job as holding its lock even before its ``scheduled_at``, so a delayed job carrying
-    the lock would hold back every due job of the workspace (issue 19). The delayed job is a
+    the lock would hold back every due job of the workspace (design §7). The delayed job is a
     ``kb.defer_when_due`` that, once due, defers the real job with its lock (coalesced with one
     already waiting).
     """

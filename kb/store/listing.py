@@ -1,4 +1,4 @@
-"""What a revision's tree holds at a path, for readers (SPEC §2.3, §3): a folder's entries
+"""What a revision's tree holds at a path, for readers (design §2.3, §3): a folder's entries
 (``ls``) and, when a path holds no document, the error that says what is there instead — a folder,
 or a document whose path differs only in letter case (or Unicode normalization).
 
@@ -17,7 +17,7 @@ from kb.errors import DocumentNotFound, IsAFolder, KbError
 from kb.paths import StorePath, name_key
 
 KEEP = ".keep"
-"""The marker file of an empty folder (SPEC §1); never listed."""
+"""The marker file of an empty folder (design §1); never listed."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: s
                   listing: bool = False) -> str:
     """What to type instead of a path that holds nothing: ``"; did you mean '/documents/Todo.md'?"``
     when ``tree_id`` holds it spelled otherwise (letter case, NFC/NFD: the collision key
-    ``name_key``, SPEC §2.2) or with the ``.md`` left off (the ``kb ls`` that lists it when that
+    ``name_key``, design §2.2) or with the ``.md`` left off (the ``kb ls`` that lists it when that
     is a folder and ``listing`` is false: a read), else the listing of its nearest folder that
     exists, as the tree spells it; for an empty workspace, how documents get there."""
     if tree_id is None:
@@ -106,7 +106,7 @@ def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: s
 
 def _as_spelled(repository, tree_id: bytes, repo_path: str, folders_only: bool = False) -> tuple[str, bool]:
     """``repo_path`` as ``tree_id`` spells it, segment by segment under each name's collision key
-    (letter case, NFC/NFD: ``name_key``, SPEC §2.2; an exact name wins over a variant, a ``.keep``
+    (letter case, NFC/NFD: ``name_key``, design §2.2; an exact name wins over a variant, a ``.keep``
     marker is never one; only folders with ``folders_only``), walking down from the root: ``(the
     deepest path found, True when every segment was)``. One folder read per segment found
     (``Repository.folder_keys``, cached per tree), so a path of thousands of segments costs what

@@ -1,4 +1,4 @@
-"""Projection of git into ``documents`` and ``folders`` rows (SPEC §6), converging to HEAD.
+"""Projection of git into ``documents`` and ``folders`` rows (design §6), converging to HEAD.
 
 ``project(conn, repo, workspace)`` runs inside the caller's transaction under the workspace's
 projection lock and, once it has something to change, its chunk lock (the lock order shared with
@@ -17,7 +17,7 @@ index runs is written in ``kb.db.locks``). It is idempotent and order-free:
 3. Folder rows: one for every folder implied by a document path or holding a ``.keep``; the rest
    are pruned (an incremental run looks only at the folders above the paths that changed).
 4. Every change is announced with ``pg_notify('kb_events', json)`` in the same transaction, so
-   listeners hear it exactly when the rows commit (SPEC §5, §6).
+   listeners hear it exactly when the rows commit (design §5, §6).
 
 ``force=True`` (``kb rebuild-projection``) converges even when HEAD is the projected revision: it
 recreates missing folder rows and repairs drifted document rows without ever deleting a row whose
@@ -49,7 +49,7 @@ ROOT = "/documents"
 EVENTS_CHANNEL = "kb_events"
 MAX_PAYLOAD_BYTES = 8000
 PATH_KEYED_TYPES = ("NOTE", "ARTIFACT")
-"""Document types whose ``unique_identifier_hash`` is keyed by the virtual path (SPEC §2.4)."""
+"""Document types whose ``unique_identifier_hash`` is keyed by the virtual path (design §2.4)."""
 
 
 @dataclass
@@ -270,7 +270,7 @@ class _Projection:
     def apply_titles(self, after_seq: int) -> None:
         """Copy the titles writers recorded with revisions after ``after_seq`` into the rows of
         their documents, following later recorded moves; the newest title of a document wins.
-        Rows whose title changes are announced as updated (SPEC §5, §6)."""
+        Rows whose title changes are announced as updated (design §5, §6)."""
         params = {"workspace_id": self.ws, "after_seq": after_seq}
         titles = self.conn.execute(queries["recorded_titles_since"], params).fetchall()
         if not titles:
@@ -326,7 +326,7 @@ def project(
     conn: Connection, repo: Repository, workspace: dict | int, *, force: bool = False,
     database_url: str | None = None,
 ) -> ProjectionResult:
-    """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction (SPEC §6).
+    """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction (design §6).
 
     ``workspace`` is its ``kb.workspaces`` row or id (the row is re-read under the projection lock,
     so two concurrent runs never replay the same moves). ``force`` converges even when HEAD is

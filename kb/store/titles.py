@@ -1,4 +1,4 @@
-"""Documents created by title (SPEC §2.2, §5): the path law picks the file name, the title is kept.
+"""Documents created by title (design §2.2, §5): the path law picks the file name, the title is kept.
 
 ``create(folder, title, body)`` on a transaction's draft or a turn picks ``safe_filename(title)``
 in ``folder``, suffixed `` (2)``, `` (3)`` … when the name is taken (case- and NFC-insensitively)
@@ -8,7 +8,7 @@ revision is recorded, under the workspace write lock, the name is checked again 
 (:func:`rename_taken`) and the TitledDocument's ``path`` says where the document went.
 
 The title as typed is recorded with the revision (``kb.recorded_titles``, written in the same
-transaction as the revision row) and the projection copies it into ``kb.documents.title`` (SPEC
+transaction as the revision row) and the projection copies it into ``kb.documents.title`` (design
 §6: Postgres owns titles). ``retitle(path, title)`` moves the document to its new name — a
 recorded move, so the row keeps its id — and records the new title.
 """
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class TitledDocument:
     """A document named from its title. ``path`` is the virtual path chosen so far; once the
     transaction or turn has committed it is the final path (it may differ from the first choice
-    when a racing commit took the name, SPEC §2.2). ``title`` is exactly as the caller typed it."""
+    when a racing commit took the name, design §2.2). ``title`` is exactly as the caller typed it."""
 
     title: str
     path: str
@@ -67,7 +67,7 @@ def check_title(title: object) -> str:
 
 def choose_name(title: str, taken: Iterable[str]) -> str:
     """The file name for ``title`` in a folder whose entries are ``taken`` (names): the path law's
-    ``safe_filename`` plus the first free `` (n)`` suffix (SPEC §2.2). Raises TypeError for a
+    ``safe_filename`` plus the first free `` (n)`` suffix (design §2.2). Raises TypeError for a
     non-str title, InvalidInput for a title with NUL."""
     return NameRegistry(taken).claim(safe_filename(check_title(title)))
 
@@ -75,7 +75,7 @@ def choose_name(title: str, taken: Iterable[str]) -> str:
 def name_taken_since(name: str, now: set[str], at_base: set[str], own: set[str]) -> str | None:
     """None when ``name`` (chosen free among the names ``at_base``) is still free among the names
     that appeared since (``now - at_base``); else the next free name among ``now`` and the writer's
-    ``own`` other names in that folder (SPEC §2.2 collisions, case- and NFC-insensitive)."""
+    ``own`` other names in that folder (design §2.2 collisions, case- and NFC-insensitive)."""
     if name_key(name) not in {name_key(n) for n in now - at_base}:
         return None
     return NameRegistry(now | own).claim(name)
@@ -114,7 +114,7 @@ def rename_taken(repo, draft, staged: dict[str, str | None], head_tree: bytes | 
 
 def record_titles(conn: Connection, workspace_id: int, seq: int, titles: dict[str, str]) -> None:
     """Record ``{repo path: title}`` given with revision ``seq`` (in the revision's transaction);
-    the projection copies them into ``kb.documents.title`` (SPEC §6)."""
+    the projection copies them into ``kb.documents.title`` (design §6)."""
     if not titles:
         return
     with conn.cursor() as cur:

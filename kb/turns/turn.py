@@ -1,9 +1,9 @@
-"""Turns (SPEC §5): the agent file-operations API over a private, lazily materialized worktree.
+"""Turns (design §5): the agent file-operations API over a private, lazily materialized worktree.
 
 ``kb.turn(workspace, turn_id, author)`` hands out a :class:`Turn`. Nothing touches the disk until
 the first file operation; then the turn's worktree (``kb.git.worktree.LazyWorktree``) is created at the
 current head. Every operation takes a caller path under ``/documents`` (parsed by ``StorePath``,
-SPEC §2.3) and returns a structured result. Reads see the turn's own writes; ``ls``/``glob``/``grep``
+design §2.3) and returns a structured result. Reads see the turn's own writes; ``ls``/``glob``/``grep``
 answer from the base revision's tree plus the turn's own changes, so nothing costs O(workspace)
 except what by nature reads everything (``grep``/``glob`` over the whole tree, ``materialize_all``).
 
@@ -49,7 +49,7 @@ from kb.store.listing import KEEP, Entry, folder_entries
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 
 KB_COMMITTER = "kb"
-"""The committer a turn records when the caller names none: kb itself (SPEC §5, seed contract C4)."""
+"""The committer a turn records when the caller names none: kb itself (design §5, seed contract C4)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class GrepMatch:
 class CommitResult:
     """The revision a turn recorded and its changes (virtual paths). ``moved`` holds ``(old, new)``.
 
-    For paths another revision also changed since the turn's base (SPEC §5): ``merged`` lists those
+    For paths another revision also changed since the turn's base (design §5): ``merged`` lists those
     three-way merged cleanly (both sides' edits at HEAD); ``overwrote`` those where the turn won
     over the other revision's change (overlapping hunks, or a document one side removed), with
     ``lost_hunks[path]`` naming the hunks that lost when the document was merged. The lost lines
@@ -152,7 +152,7 @@ def _glob_match(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
 
 
 class Turn:
-    """One turn's private view of a workspace (SPEC §5). Thread-safe; sub-agents share it.
+    """One turn's private view of a workspace (design §5). Thread-safe; sub-agents share it.
 
     Errors: InvalidPath (path law), DocumentNotFound, PathExists, IsAFolder, FolderNotEmpty,
     EditMismatch, InvalidPattern, UnsafeWorktreeEntry (symlinks/special files), TurnBusy (open in
@@ -365,7 +365,7 @@ class Turn:
             return folder_entries(sp, children.items())
 
     def read(self, path: str, offset: int = 0, limit: int | None = None) -> ReadResult:
-        """Lines ``offset+1 … offset+limit`` of a document with their true line numbers (SPEC §5, §8).
+        """Lines ``offset+1 … offset+limit`` of a document with their true line numbers (design §5, §8).
 
         ``offset`` = lines skipped (≥ 0), ``limit`` = most lines returned (None: to the end).
         Raises DocumentNotFound, IsAFolder, InvalidPath, InvalidInput for an offset/limit that is
@@ -434,7 +434,7 @@ class Turn:
             return EditResult(sp.virtual, count)
 
     def create(self, folder: str, title: str, body: str | bytes = b"") -> TitledDocument:
-        """Create a document in ``folder`` named from ``title`` by the path law (SPEC §2.2, §5):
+        """Create a document in ``folder`` named from ``title`` by the path law (design §2.2, §5):
         ``safe_filename(title)`` with the first free `` (n)`` suffix among the folder's entries in
         this turn's view; chosen again at commit, under the write lock, if a commit that landed
         meanwhile took the name. The title is recorded as typed (``documents.title``). Returns a
@@ -502,7 +502,7 @@ class Turn:
             return matches
 
     def mkdir(self, path: str) -> bool:
-        """Create a folder (writes ``.keep``, SPEC §1); True when it was created, False when it
+        """Create a folder (writes ``.keep``, design §1); True when it was created, False when it
         already existed. Raises PathExists when a document has that path."""
         with self._mutex:
             sp = StorePath.parse(path)
@@ -611,7 +611,7 @@ class Turn:
                 self._worktree.unlink_disk(p)
             return ["/" + p for p in stray]
 
-    # -- recovery and new-name checks (issue 9) ------------------------------------------------
+    # -- recovery and new-name checks (design §14) ------------------------------------------------
     def _leftover(self) -> bool:
         """True when this turn id has anything on disk: a worktree to recover, or the remains of
         one a killed process was creating or deleting (cleaned by ``_wt()``)."""
@@ -646,7 +646,7 @@ class Turn:
         """Refuse, at write time, a path the turn would create that the commit could not record:
         longer than the path law allows, a new segment that is a Windows device name or ends in a
         dot/space (InvalidPath), or one differing only in case or Unicode normalization from an
-        existing sibling in the turn's view (PathExists, both names shown escaped; SPEC §2.2).
+        existing sibling in the turn's view (PathExists, both names shown escaped; design §2.2).
         ``renaming``: the path a move takes ``sp`` from; it is no twin of its own new name (a
         rename by letter case only)."""
         check_path_length(sp.repo_path, sp.virtual)
@@ -706,7 +706,7 @@ class Turn:
 
     def _free_path(self, draft, rp: str, changes: dict[str, bytes | None]) -> str:
         """Where a document this turn created by title goes in ``draft`` (at the current head):
-        ``rp``, or the next free name if a commit since the turn's base took it (SPEC §2.2)."""
+        ``rp``, or the next free name if a commit since the turn's base took it (design §2.2)."""
         folder, name = folder_and_name(rp)
         at_base = {n for n, _ in list_folder(self.store.repository, self._base_tree, folder)}
         own = {folder_and_name(p)[1] for p, d in changes.items()
@@ -715,7 +715,7 @@ class Turn:
         return rp if new_name is None else f"{folder}/{new_name}"
 
     def commit(self, message: str | None = None, idempotency_key: str | None = None) -> CommitResult | None:
-        """Record the turn's changes as one revision on top of the current head (SPEC §5) and
+        """Record the turn's changes as one revision on top of the current head (design §5) and
         delete the worktree; None when nothing changed. A worktree a crashed process left for
         this turn id is committed too (recovery). After a commit the turn can be used again (a
         fresh worktree at the then-current head).

@@ -1,4 +1,4 @@
-"""Artifacts (SPEC §11, issue 17): generated deliverables saved as documents, with durable blobs
+"""Artifacts (design §11): generated deliverables saved as documents, with durable blobs
 and optimistic revisions. ``kb.workspace.artifacts(workspace)`` hands out an :class:`Artifacts` object.
 
 An artifact is an ARTIFACT document at ``/documents/Artifacts/<title>.md`` (path law, collisions
@@ -111,7 +111,7 @@ def artifact_blobs_path(storage_root: Path, workspace_id: int) -> Path:
 
 
 class Artifacts:
-    """The artifacts of one workspace (SPEC §11). Errors: ArtifactNotFound, StaleGeneration,
+    """The artifacts of one workspace (design §11). Errors: ArtifactNotFound, StaleGeneration,
     InvalidInput, BlobStoreError, plus the store's (LockTimeout, WorkspaceNotFound, …)."""
 
     def __init__(self, store: KnowledgeStore, default_author: Callable[[], str]) -> None:
@@ -184,7 +184,7 @@ class Artifacts:
 
     def save(self, title: str, markdown: str | bytes, files: Mapping[str, bytes] | None = None,
              format: str = "markdown", author: str | None = None, message: str | None = None) -> Artifact:
-        """Save a new artifact as one revision (SPEC §11): markdown at
+        """Save a new artifact as one revision (design §11): markdown at
         ``/documents/Artifacts/<safe_filename(title)>`` (`` (2)`` on a collision), ``files``
         (``{role: bytes}``) in the blob store, sidecar rows at generation 1. Returns the Artifact.
 
@@ -238,7 +238,7 @@ class Artifacts:
     def revise(self, artifact_id: int, expected_generation: int, markdown: str | bytes | None = None,
                files: Mapping[str, bytes] | None = None, author: str | None = None,
                message: str | None = None) -> Artifact:
-        """Record a new generation of an artifact (SPEC §11): ``markdown`` replaces the document
+        """Record a new generation of an artifact (design §11): ``markdown`` replaces the document
         (None keeps it), ``files`` replaces the whole set of attached files (None keeps them).
 
         The generation check-and-bump happens under the workspace write lock in the revision's
@@ -300,7 +300,7 @@ class Artifacts:
 
     def delete(self, artifact_id: int, expected_generation: int | None = None, author: str | None = None,
                message: str | None = None) -> Revision | None:
-        """Delete an artifact (SPEC §11): its markdown is removed in one revision (history keeps the
+        """Delete an artifact (design §11): its markdown is removed in one revision (history keeps the
         old text), its rows go, and blobs nothing else references are purged from disk. A purge that
         fails is logged and retried by the sweep; no row ever points at a missing blob.
 

@@ -1,4 +1,4 @@
-"""The content-addressed blob store of artifact files (SPEC §11).
+"""The content-addressed blob store of artifact files (design §11).
 
 One store per workspace at ``{storage_root}/artifact_blobs/{workspace_id}``; a blob's bytes live at
 ``{sha256[:2]}/{sha256}``. ``put`` writes to a temporary file in the same folder, fsyncs it, renames

@@ -1,4 +1,4 @@
-"""``kb fsck``: check and repair one workspace (SPEC §2.1, §3).
+"""``kb fsck``: check and repair one workspace (design §2.1, §3).
 
 1. git's own consistency check (``git fsck --strict``, the real git CLI) of a consistent snapshot:
    every object, and connectivity from the HEAD read just before git starts — errors are reported
@@ -18,12 +18,12 @@
    damage) and holding the working-tree lock: a ``.git/index`` git cannot read (duplicate or
    unordered entries, as two threads writing it at once once left) is rebuilt from HEAD
    (``index_repaired`` says what git found); then a stale working tree (``git status`` not clean)
-   is repaired path by path from HEAD; a path at HEAD too long for the path law (SPEC §2.3)
+   is repaired path by path from HEAD; a path at HEAD too long for the path law (design §2.3)
    cannot be checked out: it is listed in ``overlong_paths`` with the ``kb mv`` that fixes it,
    never a crash.
-5. artifacts (SPEC §11, ``kb.workspace.artifacts.Artifacts.check``): every attached file's blob must exist
+5. artifacts (design §11, ``kb.workspace.artifacts.Artifacts.check``): every attached file's blob must exist
    and hash to its sha256 (else an error); pending purges run; orphan blobs are removed;
-6. the git remote (SPEC §13), when one is configured and reachable: its branch must be absent or an
+6. the git remote (design §13), when one is configured and reachable: its branch must be absent or an
    ancestor of HEAD (else an error).
 """
 
@@ -71,7 +71,7 @@ class FsckReport:
         return self.git_ok and not self.artifact_problems and self.remote_problem is None
 
     def fix_for(self, path: str) -> str:
-        """The command that moves an over-long ``path`` to a name that fits (SPEC §2.3)."""
+        """The command that moves an over-long ``path`` to a name that fits (design §2.3)."""
         shorter = "/documents/" + path.rsplit("/", 1)[-1][:120]
         return f"kb mv --workspace {self.workspace_id} {shlex.quote(path)} {shlex.quote(shorter)}"
 

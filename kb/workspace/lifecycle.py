@@ -1,4 +1,4 @@
-"""Listing and deleting workspaces (SPEC §2.1, §6): ``kb workspaces``, ``kb workspace delete``.
+"""Listing and deleting workspaces (design §2.1, §6): ``kb workspaces``, ``kb workspace delete``.
 
 A workspace owns its repository (``{knowledge_store}/{id}``), its turn worktrees
 (``{knowledge_store}/.worktrees/{id}``), its artifact files (``{storage_root}/artifact_blobs/{id}``),
@@ -6,7 +6,7 @@ its Postgres rows and its Procrastinate jobs. Deleting it:
 
 1. refuses while a turn of the workspace has a worktree (open in some process, or left by a
    crashed one for recovery) or a job of it is running, unless ``force``;
-2. under the workspace write lock (SPEC §4) and then its projection and chunk locks (the lock
+2. under the workspace write lock (design §4) and then its projection and chunk locks (the lock
    order of ``kb.db.locks``: a running projection or index run finishes first), in one Postgres
    transaction: announces every document
    and folder row as deleted on ``kb_events`` (then ``workspace_deleted``), deletes the jobs and the
@@ -130,7 +130,7 @@ def _index_state(row: dict, head: str | None) -> str:
 
 
 def list_workspaces(stores: Stores) -> list[WorkspaceSummary]:
-    """Every workspace with a row, by id (SPEC §2.1). ``stores`` are the workspaces' stores. A
+    """Every workspace with a row, by id (design §2.1). ``stores`` are the workspaces' stores. A
     workspace whose repository cannot be read is listed as ``damaged`` with the reason; the
     others are listed all the same."""
     with database.transaction(stores.database_url) as conn:
@@ -175,7 +175,7 @@ def _leftovers(knowledge_store: Path, workspace_id: int) -> list[Path]:
 
 
 def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) -> DeletedWorkspace:
-    """Delete a workspace and everything it owns (see the module docstring; SPEC §2.1, §6).
+    """Delete a workspace and everything it owns (see the module docstring; design §2.1, §6).
 
     Returns a DeletedWorkspace. Raises InvalidWorkspace (bad id), WorkspaceNotFound (no row, no
     repository, nothing left over), WorkspaceBusy (a turn worktree exists or a job of it is running,

@@ -1,4 +1,4 @@
-"""Push each workspace to a git remote (SPEC §13, issue 18): one push-only remote per workspace,
+"""Push each workspace to a git remote (design §13): one push-only remote per workspace,
 fast-forward only, never merged or force-pushed. ``kb.remote(workspace)`` hands out a :class:`Remote`.
 
 - ``add(url, branch)`` refuses a remote whose branch exists and is not an ancestor of HEAD.
@@ -160,7 +160,7 @@ def resolve_credentials(settings: Settings, url: str) -> Credentials | None:
 
 
 class Remote:
-    """The remote of one workspace (SPEC §13). Errors: RemoteNotFound, RemoteExists,
+    """The remote of one workspace (design §13). Errors: RemoteNotFound, RemoteExists,
     RemoteDiverged, RemoteUnreachable, PushFailed, InvalidInput (all KbError, messages redacted)."""
 
     def __init__(self, store: KnowledgeStore) -> None:
@@ -201,7 +201,7 @@ class Remote:
         with database.connect(self.store.database_url) as conn:
             if conn.execute(queries["revision_exists"],
                             {"workspace_id": self.workspace_id, "revision_id": revision}).fetchone():
-                return True  # every recorded revision is on the branch (SPEC §3)
+                return True  # every recorded revision is on the branch (design §3)
         repo = self.store.repository
         try:  # a revision git has and Postgres has not recorded yet
             repo.commit(revision)

@@ -1,4 +1,4 @@
--- Named queries of artifacts (kb/store/artifact_rows.py, kb/workspace/artifacts.py, SPEC §11).
+-- Named queries of artifacts (kb/store/artifact_rows.py, kb/workspace/artifacts.py, design §11).
 
 -- name: artifact_documents_at
 -- ARTIFACT document rows at some virtual paths (the store's guard: plain writes are refused).
@@ -9,7 +9,7 @@ WHERE d.workspace_id = %(workspace_id)s AND d.path = ANY(%(paths)s) AND d.docume
 
 -- name: claim_artifact_document
 -- The document row of a new artifact, written in its revision's transaction: a claim (no
--- content_id) that projection fills in and never demotes (SPEC §6).
+-- content_id) that projection fills in and never demotes (design §6).
 INSERT INTO kb.documents (workspace_id, path, title, document_type, unique_identifier_hash)
 VALUES (%(workspace_id)s, %(path)s, %(title)s, 'ARTIFACT', %(uid_hash)s)
 ON CONFLICT (workspace_id, path) DO UPDATE
@@ -61,7 +61,7 @@ INSERT INTO kb.artifact_files (document_id, workspace_id, role, size, sha256)
 VALUES (%(document_id)s, %(workspace_id)s, %(role)s, %(size)s, %(sha256)s);
 
 -- name: bump_artifact_generations
--- revert/restore of artifacts (SPEC §11): a sidecar-less ARTIFACT row starts at generation 1.
+-- revert/restore of artifacts (design §11): a sidecar-less ARTIFACT row starts at generation 1.
 INSERT INTO kb.artifacts (document_id, workspace_id, format, generation)
 SELECT d.id, d.workspace_id, 'markdown', 2
 FROM kb.documents d

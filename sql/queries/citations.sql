@@ -1,5 +1,5 @@
 -- Named queries of the citation registry and follow (kb/citations/registry.py, kb/citations/conversation.py;
--- SPEC §8, issue 10).
+-- design §8).
 
 -- name: touch_citation_chat
 -- Create the chat or mark it used now; locks the chat row until the transaction ends, which

@@ -1,5 +1,5 @@
 -- Session settings kb pins on every connection it opens (kb/db/database.py configure_connection,
--- SPEC §13), so PGOPTIONS, ALTER ROLE … SET and ALTER DATABASE … SET cannot change kb's behaviour.
+-- design §13), so PGOPTIONS, ALTER ROLE … SET and ALTER DATABASE … SET cannot change kb's behaviour.
 
 -- name: configure_session
 -- search_path: the job queue's schema (Procrastinate's unqualified names), then pgvector's schema

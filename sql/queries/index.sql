@@ -1,4 +1,4 @@
--- Named queries of the derived index (kb/index/indexer.py, SPEC §7).
+-- Named queries of the derived index (kb/index/indexer.py, design §7).
 
 -- name: try_index_lock
 -- Held until the lock connection's transaction ends (kb/index/indexer.py _index_lock).
@@ -63,7 +63,7 @@ SELECT kb.refresh_document_terms(%(document_ids)s::bigint[]);
 -- The document's chunks are written (status 'indexed', error NULL) or it is kept out of the index
 -- with a reason (status 'unindexable', error the reason). Only while the row still holds what was
 -- indexed, at the path it had (the run checked it under the chunk lock: lock_indexed_document).
--- The stamp (indexed_path, indexed_revision) is a search envelope's citation (SPEC §8) and must
+-- The stamp (indexed_path, indexed_revision) is a search envelope's citation (design §8) and must
 -- name this content: the revision is the later of the workspace's projected revision (under the
 -- chunk lock no projection is half done, so every projected row is as that revision has it) and
 -- the revision that wrote the row's content (the artifact layer writes its rows ahead of the
@@ -105,10 +105,10 @@ SELECT nullif(a.atttypmod, -1) AS dim
 FROM pg_attribute a
 WHERE a.attrelid = 'kb.chunks'::regclass AND a.attname = 'embedding';
 
--- ---- issue 4: reindex, progress rows, sweeps ------------------------------------------------
+-- ---- (design §7) reindex, progress rows, sweeps ------------------------------------------------
 
 -- name: documents_to_reindex
--- Every document of the workspace after the resume cursor, in id order (SPEC §7 reindex).
+-- Every document of the workspace after the resume cursor, in id order (design §7 reindex).
 SELECT id, path, title, content_id, index_attempts
 FROM kb.documents
 WHERE workspace_id = %(workspace_id)s AND id > %(after_id)s
@@ -184,7 +184,7 @@ WHERE r.status <> 'running'
   AND r.id <> (SELECT max(id) FROM kb.index_runs l WHERE l.workspace_id = r.workspace_id);
 
 -- name: retry_quarantined_documents
--- Quarantined documents get one more attempt (SPEC §7, issue 17) once the embedder answers again,
+-- Quarantined documents get one more attempt (design §7) once the embedder answers again,
 -- at most every retry_seconds: a document failing again is quarantined again at once.
 UPDATE kb.documents
 SET status = 'failed', index_attempts = greatest(%(max_attempts)s - 1, 0)

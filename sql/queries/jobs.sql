@@ -1,7 +1,7 @@
 -- Named queries over Procrastinate's job table (kb/jobs/tasks.py, kb/store/knowledge_store.py).
 
 -- name: defer_job
--- Defer a job inside the caller's transaction (the revision's own, SPEC §3). A waiting job with
+-- Defer a job inside the caller's transaction (the revision's own, design §3). A waiting job with
 -- the same queueing lock already covers it (jobs converge to HEAD), so a conflict is a no-op.
 -- delay_seconds > 0 schedules it for later (a retry's backoff).
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, queueing_lock, args, scheduled_at)

@@ -23,7 +23,7 @@ SELECT n.nspname AS schema FROM pg_class c JOIN pg_namespace n ON n.oid = c.reln
 WHERE c.relname = 'procrastinate_jobs' AND c.relkind IN ('r', 'p') ORDER BY n.nspname;
 
 -- name: schema_state
--- One read for KnowledgeBase.open's "is anything to do?" check (issue 15): the ledger's rows as
+-- One read for KnowledgeBase.open's "is anything to do?" check (design §13): the ledger's rows as
 -- {name: checksum} when the ledger exists (NULL otherwise), whether Procrastinate's job table is in
 -- the job-queue schema, pgvector is installed in this database, and the publication exists.
 SELECT (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

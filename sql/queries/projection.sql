@@ -1,4 +1,4 @@
--- Named queries of the projection (kb/store/projection.py): documents and folders rows from git (SPEC §6).
+-- Named queries of the projection (kb/store/projection.py): documents and folders rows from git (design §6).
 
 -- name: lock_projection
 SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
@@ -15,7 +15,7 @@ SELECT id, path, content_id, document_type
 FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = ANY(%(paths)s);
 
 -- name: recorded_moves_since
--- Document moves the store recorded after a sequence number, oldest revision first (SPEC §6: a
+-- Document moves the store recorded after a sequence number, oldest revision first (design §6: a
 -- recorded move keeps the document id; no similarity rename detection).
 SELECT seq, revision_id, old_path, path AS new_path
 FROM kb.path_changes
@@ -23,7 +23,7 @@ WHERE workspace_id = %(workspace_id)s AND change = 'moved' AND seq > %(after_seq
 ORDER BY seq, path;
 
 -- name: move_document
--- A path-keyed type (NOTE, ARTIFACT) gets the hash of its new path (SPEC §2.4); others keep theirs.
+-- A path-keyed type (NOTE, ARTIFACT) gets the hash of its new path (design §2.4); others keep theirs.
 UPDATE kb.documents
 SET path = %(new_path)s,
     unique_identifier_hash = coalesce(%(uid_hash)s::text, unique_identifier_hash),
@@ -33,7 +33,7 @@ RETURNING id;
 
 -- name: upsert_document
 -- A new file becomes a NOTE titled from its file name; an existing row keeps its type, metadata
--- and title (they are Postgres' own, SPEC §1). A content change resets the index state.
+-- and title (they are Postgres' own, design §1). A content change resets the index state.
 INSERT INTO kb.documents (workspace_id, path, title, document_type, unique_identifier_hash,
                           content_id, revision_id)
 VALUES (%(workspace_id)s, %(path)s, %(title)s, 'NOTE', %(uid_hash)s, %(content_id)s, %(revision_id)s)
@@ -83,5 +83,5 @@ WHERE workspace_id = %(workspace_id)s AND id = ANY (%(ids)s)
 UPDATE kb.workspaces SET last_projected_revision = %(revision_id)s WHERE id = %(workspace_id)s;
 
 -- name: notify_event
--- A change event (SPEC §5, §6); delivered to listeners when the projection's transaction commits.
+-- A change event (design §5, §6); delivered to listeners when the projection's transaction commits.
 SELECT pg_notify(%(channel)s, %(payload)s);

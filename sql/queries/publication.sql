@@ -1,4 +1,4 @@
--- Named queries of the publication check (kb/db/publication.py, SPEC §6).
+-- Named queries of the publication check (kb/db/publication.py, design §6).
 
 -- name: publication_capabilities
 -- What the connected role and server allow: column lists need Postgres 15; creating a publication

@@ -1,4 +1,4 @@
--- Named queries of git remotes (kb/workspace/remotes.py, SPEC §13).
+-- Named queries of git remotes (kb/workspace/remotes.py, design §13).
 
 -- name: insert_remote
 INSERT INTO kb.remotes (workspace_id, url, branch) VALUES (%(workspace_id)s, %(url)s, %(branch)s)
@@ -23,7 +23,7 @@ SET last_push_error = %(error)s, last_push_attempt_at = now(), push_failures = p
 WHERE workspace_id = %(workspace_id)s AND url = %(url)s AND branch = %(branch)s;
 
 -- name: defer_push_if_remote
--- Deferred in every revision's transaction (SPEC §13): only for a workspace with a remote, and
+-- Deferred in every revision's transaction (design §13): only for a workspace with a remote, and
 -- coalesced — no job is added while one is waiting (it pushes the then-current HEAD). The lock
 -- "push:N" serializes pushes of a workspace and is never the workspace's job lock.
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, args)

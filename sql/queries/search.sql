@@ -1,9 +1,9 @@
--- Named queries of search (kb/search/hybrid.py, SPEC §8).
+-- Named queries of search (kb/search/hybrid.py, design §8).
 
 -- name: vector_leg
 -- The vector leg: exact nearest chunks of the workspace by cosine distance, vectors of the active
 -- model only (another model's vectors live in another space). An exact scan returns its limit
--- whenever the workspace has that many chunks (SPEC §8); vectors are stored inline (STORAGE
+-- whenever the workspace has that many chunks (design §8); vectors are stored inline (STORAGE
 -- PLAIN, migration 0007), so the scan reads no TOAST.
 SELECT id, embedding <=> %(embedding)s::vector AS distance
 FROM kb.chunks
@@ -108,12 +108,12 @@ LIMIT %(limit)s;
 -- name: search_candidates
 -- The three legs in one statement (one round trip). Chunk rows: every chunk a chunk leg returned,
 -- with its rank in each (NULL where that leg did not return it) and what its envelope needs, the
--- text only for chunks without spans (they render un-numbered, SPEC §8). Document rows (chunk_id
+-- text only for chunks without spans (they render un-numbered, design §8). Document rows (chunk_id
 -- NULL): every document the document leg returned, with its rank and envelope fields. The
 -- placeholders are the exact or approximate vector leg, the chunk leg and the document leg
 -- (lexical_leg filled for chunks and for documents). kb/search/hybrid.py fuses the ranks. An envelope
 -- cites (indexed_path, indexed_revision): where the indexed content is, even when a later commit
--- moved the document and the index has not caught up (SPEC §8, migration 0019); a document with
+-- moved the document and the index has not caught up (design §8, migration 0019); a document with
 -- chunks but no indexed content (left by an index run that raced a projection before the run
 -- checked its row under the chunk lock) has nothing to cite and is left out.
 WITH vector_leg AS MATERIALIZED ({vector_leg}),
@@ -228,7 +228,7 @@ SELECT coalesce(sum(chunk_count), 0) AS n FROM kb.text_stats WHERE workspace_id 
 SELECT count(*) > 0 AS any FROM kb.vector_indexes WHERE workspace_id = %(workspace_id)s;
 
 -- name: index_freshness
--- How far a workspace's index stamp lags its recorded head (issue 15: search says so): revisions
+-- How far a workspace's index stamp lags its recorded head (design §13: search says so): revisions
 -- not yet indexed and the documents they touch, plus projected documents still pending.
 SELECT w.revision_count - coalesce(s.seq, 0) AS revisions_behind,
        (SELECT count(*) FROM (

@@ -1,4 +1,4 @@
--- Named queries of the legacy seed (kb/legacy/seed.py, SPEC §10). The legacy_* queries run against the
+-- Named queries of the legacy seed (kb/legacy/seed.py, design §10). The legacy_* queries run against the
 -- legacy database (schema "legacy", the shape of tests/support/legacy_schema.sql); the others against kb's.
 
 -- name: legacy_meta
@@ -60,7 +60,7 @@ UPDATE kb.seeds SET flipped = false, unflipped_at = now()
 WHERE workspace_id = %(workspace_id)s AND flipped RETURNING *;
 
 -- name: adopt_document_identity
--- Title, type and metadata are Postgres' own (SPEC §1): the projection keeps them from now on.
+-- Title, type and metadata are Postgres' own (design §1): the projection keeps them from now on.
 UPDATE kb.documents
 SET title = %(title)s, document_type = %(document_type)s, metadata = %(metadata)s::jsonb,
     unique_identifier_hash = %(uid_hash)s, updated_at = now()
@@ -97,11 +97,11 @@ COPY kb_adopt_staging (document_id, position, text, embedding, text_config, lexi
 FROM STDIN;
 
 -- name: adopt_staged_chunks
--- Legacy chunk rows: their vectors kept, no spans yet (the span fill converges them, SPEC §9), the
+-- Legacy chunk rows: their vectors kept, no spans yet (the span fill converges them, design §9), the
 -- tsv built as the indexer builds it (context line weight A, text weight D, the document's text
 -- configuration; kb.lexeme_stats follow through the chunks trigger). The text the legacy model
 -- embedded is unknown, so text_sha256 carries a "legacy:" prefix: it never equals an
--- embedding-cache key and the indexer never reuses the row for its own chunks (SPEC §7: the cache
+-- embedding-cache key and the indexer never reuses the row for its own chunks (design §7: the cache
 -- is never warmed from legacy rows).
 INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
                        start_line, end_line, token_count, embedding_model, embedding, text_config, tsv)

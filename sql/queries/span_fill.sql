@@ -1,4 +1,4 @@
--- Named queries of the span fill (kb/legacy/span_fill.py, SPEC §9).
+-- Named queries of the span fill (kb/legacy/span_fill.py, design §9).
 
 -- name: span_fill_control
 SELECT paused, batch_documents, throttle_ms, updated_at FROM kb.span_fill_control;

@@ -1,4 +1,4 @@
--- Named queries of the store (kb/store/knowledge_store.py): workspaces, revisions, per-path history (SPEC §3).
+-- Named queries of the store (kb/store/knowledge_store.py): workspaces, revisions, per-path history (design §3).
 
 -- name: ensure_workspace
 INSERT INTO kb.workspaces (id) VALUES (%(workspace_id)s)
@@ -19,7 +19,7 @@ SELECT set_config('lock_timeout', %(timeout)s, true) AS bounded,
        set_config('lock_timeout', '0', true) AS unbounded;
 
 -- name: record_revisions
--- Consecutive revisions in one statement (group commit, issue 9): their rows, all their path
+-- Consecutive revisions in one statement (group commit, design §14): their rows, all their path
 -- changes (each tagged with its revision), and the workspace's recorded head = the last of them.
 WITH revisions AS (
     INSERT INTO kb.revisions (workspace_id, id, seq, parent_id, author, committer, message, committed_at)

@@ -1,4 +1,4 @@
--- Named queries of documents named by title (kb/store/titles.py, kb/store/projection.py; SPEC §2.2, §5, §6).
+-- Named queries of documents named by title (kb/store/titles.py, kb/store/projection.py; design §2.2, §5, §6).
 
 -- name: insert_recorded_title
 -- Written in the revision's transaction, under the write lock.

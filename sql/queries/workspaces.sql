@@ -1,4 +1,4 @@
--- Named queries of workspace listing and deletion (kb/workspace/lifecycle.py; SPEC §2.1, §6).
+-- Named queries of workspace listing and deletion (kb/workspace/lifecycle.py; design §2.1, §6).
 
 -- name: workspace_summaries
 -- One row per workspace with its document count and index state (from the kb.index_lag view),
@@ -49,7 +49,7 @@ WHERE schemaname = 'kb' AND left(indexname, length(%(prefix)s)) = %(prefix)s
 ORDER BY indexname;
 
 -- name: delete_workspace_lexeme_stats
--- BM25 statistics (issue 12) have no foreign key to kb.workspaces: the chunk trigger keeps them,
+-- BM25 statistics (design §8) have no foreign key to kb.workspaces: the chunk trigger keeps them,
 -- so after the cascade removed the chunks their zeroed rows are deleted here.
 DELETE FROM kb.lexeme_stats WHERE workspace_id = %(workspace_id)s;
 

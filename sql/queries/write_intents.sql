@@ -1,4 +1,4 @@
--- Named queries of group commit (kb/store/group_commit.py, SPEC §3, §4; issue 9).
+-- Named queries of group commit (kb/store/group_commit.py, design §3, §4).
 
 -- name: enqueue_write_intent
 -- A writer's staged change set, queued before it waits for the write lock (committed at once,
@@ -19,7 +19,7 @@ RETURNING id, EXISTS (
 -- The write lock, tried without waiting (pg_try_advisory_xact_lock, once per statement; true at
 -- once for a caller that already holds it), and only when it is held: the caller's own intent
 -- (with its outcome, when an earlier holder already recorded it) and every intent still waiting,
--- oldest first, each with those of its paths that are ARTIFACT documents (SPEC §11: plain writes
+-- oldest first, each with those of its paths that are ARTIFACT documents (design §11: plain writes
 -- are refused there). No rows: another writer holds the lock. Rows are locked, so a writer
 -- withdrawing its intent waits for this holder. An intent whose writer's session has ended (a
 -- killed writer) is left out: nothing records it.

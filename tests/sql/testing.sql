@@ -1,6 +1,6 @@
 -- Named queries of the test suite (loaded by tests/named_queries.py). They do not ship with kb.
 
--- ---- issue 4: reads of the derived index for tests ----------------------------------------
+-- ---- (design §7) reads of the derived index for tests ----------------------------------------
 
 -- name: test_chunk_set
 SELECT d.path, c.id, c.position, c.text, c.text_sha256, c.start_char, c.end_char, c.start_line,
@@ -47,7 +47,7 @@ INSERT INTO pool_probe VALUES (1);
 -- name: test_count_pool_probe
 SELECT count(*) AS n FROM pool_probe;
 
--- ---- issue 9: Postgres going away under a writer -------------------------------------------
+-- ---- (design §14) Postgres going away under a writer -------------------------------------------
 
 -- name: test_write_lock_holders
 SELECT pid FROM pg_locks
@@ -55,27 +55,27 @@ WHERE locktype = 'advisory' AND classid = %(namespace)s AND objid = %(workspace_
 
 -- name: test_terminate_backend
 SELECT pg_terminate_backend(%(pid)s) AS terminated;
--- ---- issue 10: citations -----------------------------------------------------------------------
+-- ---- (design §8) citations -----------------------------------------------------------------------
 
 -- name: test_truncate_chunks
--- Resolution must never need chunk rows after render (SPEC §8).
+-- Resolution must never need chunk rows after render (design §8).
 TRUNCATE kb.chunks;
 
 -- name: test_null_chunk_spans
--- Chunks of one document as legacy rows without spans (SPEC §9): they render un-numbered.
+-- Chunks of one document as legacy rows without spans (design §9): they render un-numbered.
 UPDATE kb.chunks c SET start_line = NULL, end_line = NULL
 FROM kb.documents d
 WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(path)s;
 
 -- name: test_quarantine_document
--- One document as the indexer leaves it after its last attempt failed (SPEC §7), due for a retry.
+-- One document as the indexer leaves it after its last attempt failed (design §7), due for a retry.
 UPDATE kb.documents SET status = 'quarantined', quarantined_at = NULL
 WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
 
 -- name: test_age_citation_chat
 UPDATE kb.citation_chats SET last_used_at = now() - make_interval(days => %(days)s)
 WHERE workspace_id = %(workspace_id)s AND chat_id = %(chat_id)s;
--- ---- issue 12 (tests/test_search_ranking.py) ----
+-- ---- design §8 (tests/test_search_ranking.py) ----
 
 -- name: test_lexeme_stats
 SELECT text_config, lexeme, chunk_count FROM kb.lexeme_stats
@@ -103,7 +103,7 @@ SELECT relname FROM pg_class WHERE relname = %(name)s AND relnamespace = 'kb'::r
 -- name: test_vector_distances
 SELECT id, (embedding <=> %(embedding)s::vector)::float8 AS distance FROM kb.chunks
 WHERE workspace_id = %(workspace_id)s;
--- ---- issue 14: session settings, document identity ------------------------------------------
+-- ---- (design §13) session settings, document identity ------------------------------------------
 
 -- name: test_session_settings
 SELECT current_setting('search_path') AS search_path, current_setting('TimeZone') AS "TimeZone",
@@ -120,7 +120,7 @@ WHERE c.relname LIKE 'procrastinate%%' ORDER BY 1;
 -- name: test_document_ids
 SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY path;
 
--- ---- issues 17, 18: artifacts and remotes ----
+-- ---- (design §11) artifacts and remotes ----
 
 -- name: test_push_jobs
 SELECT id, queue_name, lock, queueing_lock, status::text AS status, attempts
@@ -135,7 +135,7 @@ WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
 SELECT schemaname, tablename FROM pg_tables
 WHERE schemaname = 'kb' OR tablename LIKE 'procrastinate%'
 ORDER BY 1, 2;
--- ---- issue 19: job locks and delayed jobs ------------------------------------------------------
+-- ---- (design §7) job locks and delayed jobs ------------------------------------------------------
 
 -- name: test_job_lock
 SELECT lock, queueing_lock FROM procrastinate_jobs WHERE id = %(id)s;

@@ -1,4 +1,4 @@
-"""Generators and checks of the citation fuzz (issue 10), shared by the CI tests and
+"""Generators and checks of the citation fuzz (design §8), shared by the CI tests and
 ``bin/fuzz_citations.py``. Everything draws from one ``random.Random`` so hypothesis (CI) and a
 seed (the bench) drive the same code.
 
@@ -501,7 +501,7 @@ class E2ECase:
 
     def _check_envelope_reads_back(self, envelope) -> None:
         """What an envelope names is where its lines are: the document at (path, revision) reads
-        back, and every numbered line is that line of it (SPEC §8; a moved, unedited document
+        back, and every numbered line is that line of it (design §8; a moved, unedited document
         once came back under its new path with the revision before the move)."""
         if envelope.revision is None:
             return

@@ -1,4 +1,4 @@
-"""Searches checked against git while commits, projections and index runs race (SPEC §7, §8),
+"""Searches checked against git while commits, projections and index runs race (design §7, §8),
 shared by the CI test (a few seconds) and ``bin/stress_citations.py`` (minutes).
 
 Threads on one KnowledgeBase (or one each, ``shared=False``): a writer commits random edits,

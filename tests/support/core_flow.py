@@ -1,4 +1,4 @@
-"""kb's core flow, run end to end against whatever server a test arranges (issue 14): init,
+"""kb's core flow, run end to end against whatever server a test arranges (design §13): init,
 import, a real Procrastinate worker, search, a move, a revert. Used by the session-settings,
 PgBouncer and embedded-server tests, so each proves the same user-visible behaviour."""
 

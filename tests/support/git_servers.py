@@ -1,4 +1,4 @@
-"""Real git servers on loopback for the remote tests (issue 18): ``git daemon`` with receive-pack,
+"""Real git servers on loopback for the remote tests (design §13): ``git daemon`` with receive-pack,
 and a basic-auth HTTP server in front of ``git http-backend`` (a small WSGI wrapper of the CGI)."""
 
 from __future__ import annotations

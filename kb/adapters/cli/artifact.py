@@ -1,4 +1,4 @@
-"""``kb artifact save|revise|show|list|delete`` (SPEC §11): the CLI of ``kb.workspace.artifacts.Artifacts``.
+"""``kb artifact save|revise|show|list|delete`` (design §11): the CLI of ``kb.workspace.artifacts.Artifacts``.
 
 Registered by ``kb/adapters/cli/main.py``; errors (``KbError``) become one-line messages there.
 """
@@ -58,7 +58,7 @@ def _describe(artifact) -> None:
 @click.group()
 def artifact() -> None:
     """Generated deliverables (reports, decks, CSVs) saved as ARTIFACT documents with attached
-    files and optimistic revisions (SPEC §11).
+    files and optimistic revisions (design §11).
 
     Example: kb artifact save report.md --title "Q3 report" --file data.csv=./data.csv -w 1
     """

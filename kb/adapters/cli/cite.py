@@ -1,4 +1,4 @@
-"""``kb cite …``: a chat's citations from the command line (SPEC §8, issue 10), mirroring
+"""``kb cite …``: a chat's citations from the command line (design §8), mirroring
 ``kb.citations.conversation(workspace_id, chat_id)``: ``normalize``, ``resolve``, ``list``, ``forget``.
 (``kb search --chat`` and ``kb read --chat`` are the conversation's search and read.)
 """

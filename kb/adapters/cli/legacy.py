@@ -1,4 +1,4 @@
-"""``kb seed``, ``kb spans`` and ``kb drift``: migrating a legacy knowledge base (issue 11, SPEC §9,
+"""``kb seed``, ``kb spans`` and ``kb drift``: migrating a legacy knowledge base (design §9,
 §10). Registered by ``kb/adapters/cli/main.py``; the facade is imported inside the commands."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kb.errors import InvalidInput
 @click.option("--out", "out", type=click.Path(dir_okay=False), help="Write one JSON line per legacy document.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_json) -> None:
-    """Seed a workspace from a legacy knowledge base (SPEC §10): dry run unless --yes.
+    """Seed a workspace from a legacy knowledge base (design §10): dry run unless --yes.
 
     Prints documents, folders, skipped rows with reasons, path collisions and bytes. With --yes:
     one seed revision, byte parity check, legacy ids/types/titles kept, legacy vectors adopted
@@ -81,7 +81,7 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
 
 @click.group("spans")
 def spans() -> None:
-    """The span fill of adopted legacy chunks (SPEC §9): status, pause, resume, run-once.
+    """The span fill of adopted legacy chunks (design §9): status, pause, resume, run-once.
 
     Example: kb spans status
     """

@@ -1,4 +1,4 @@
-"""``kb remote add|show|remove|push`` (SPEC §13): the CLI of ``kb.workspace.remotes.Remote``.
+"""``kb remote add|show|remove|push`` (design §13): the CLI of ``kb.workspace.remotes.Remote``.
 
 Registered by ``kb/adapters/cli/main.py``; errors (``KbError``) become one-line messages there.
 """
@@ -29,7 +29,7 @@ def _describe(status) -> None:
 @click.group()
 def remote() -> None:
     """A push-only git remote per workspace: every revision is pushed, fast-forward only, by a
-    worker job (SPEC §13). Credentials: KB_REMOTE_USERNAME/KB_REMOTE_PASSWORD or a git-credentials
+    worker job (design §13). Credentials: KB_REMOTE_USERNAME/KB_REMOTE_PASSWORD or a git-credentials
     file named by KB_REMOTE_CREDENTIALS_FILE; never in the URL.
 
     Example: kb remote add https://forge.example/team/notes.git --branch main -w 1

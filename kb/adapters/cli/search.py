@@ -30,7 +30,7 @@ class _QueryCommand(click.Command):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of envelopes.")
 @click.option("--chat", "-c", "chat", help="Search as this conversation: envelopes cite its handles (kb cite).")
 def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) -> None:
-    """Hybrid search; prints line-numbered envelopes (SPEC §8).
+    """Hybrid search; prints line-numbered envelopes (design §8).
 
     Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb search
     "refund for an annual subscription" --workspace 1 -k 3 --chat c1. A query that starts with

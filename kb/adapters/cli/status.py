@@ -58,7 +58,7 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"chunks:     {ws['chunks']}")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
-        migration = ws.get("migration")  # issue 11: seeded from a legacy knowledge base
+        migration = ws.get("migration")  # seeded from a legacy knowledge base
         if migration:
             click.echo(f"authority:  {'kb (flipped ' + str(migration['flipped_at']) + ')' if migration['flipped'] else 'legacy (not flipped)'}"
                        f"; seeded {migration['seeded_at']} from legacy workspace {migration['legacy_workspace']}, "

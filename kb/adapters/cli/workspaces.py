@@ -1,4 +1,4 @@
-"""``kb workspaces`` and ``kb workspace delete`` (issue 13; SPEC §2.1, §6), registered by kb.adapters.cli.main."""
+"""``kb workspaces`` and ``kb workspace delete`` (design §2.1, §6), registered by kb.adapters.cli.main."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CLI's side of ``kb serve`` (issue 15): with ``KB_SERVER_URL`` set, ``kb search``, ``read``,
+"""The CLI's side of ``kb serve`` (design §13): with ``KB_SERVER_URL`` set, ``kb search``, ``read``,
 ``log`` and ``status`` ask the running server (model already loaded) instead of opening kb.
 
 Standard library only (``urllib``), so a command that talks to the server stays as light as

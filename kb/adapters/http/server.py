@@ -1,4 +1,4 @@
-"""``kb serve`` (SPEC §13, issue 15): one long-lived process with an HTTP JSON API, optionally the
+"""``kb serve`` (design §13): one long-lived process with an HTTP JSON API, optionally the
 Procrastinate worker in the same process.
 
 The app is FastAPI (OpenAPI at ``/openapi.json``, docs at ``/docs``) served by uvicorn:
@@ -9,9 +9,9 @@ The app is FastAPI (OpenAPI at ``/openapi.json``, docs at ``/docs``) served by u
   ``GET /v1/workspaces/{ws}/log`` — the CLI's read commands (``KB_SERVER_URL`` makes the CLI use
   them, ``kb.adapters.http.client``).
 - ``/v1/workspaces/{ws}/turns/{turn_id}/…`` — a turn's file operations (write, edit, read, ls,
-  remove, move) and ``commit`` / ``DELETE`` (abort), SPEC §5.
-- ``/mcp/{ws}`` — the MCP endpoint (streamable HTTP, issue 16; ``kb.adapters.mcp.server``).
-- ``/v1/workspaces/{ws}/chats/{chat_id}/…`` — citations (SPEC §8): search and read as a chat
+  remove, move) and ``commit`` / ``DELETE`` (abort), design §5.
+- ``/mcp/{ws}`` — the MCP endpoint (streamable HTTP, design §5; ``kb.adapters.mcp.server``).
+- ``/v1/workspaces/{ws}/chats/{chat_id}/…`` — citations (design §8): search and read as a chat
   (envelopes cite its handles), ``handles``, ``normalize``, ``resolve?citation=[1:L3-L4]&follow=true``.
 
 The model is loaded once at start-up, so a search costs only the query. Requests run in
@@ -180,7 +180,7 @@ def read_router(service: Service) -> APIRouter:
     @router.get("/workspaces/{workspace_id}/search")
     def search(workspace_id: int, q: str = Query(description="The query."),
                k: int = Query(5, ge=1, le=100)) -> dict:
-        """Hybrid search → envelopes (SPEC §8), with how far the index lags the head."""
+        """Hybrid search → envelopes (design §8), with how far the index lags the head."""
         kb = service.kb()
         hits = kb.search(workspace_id, q, k)
         freshness = kb.index_freshness(workspace_id)
@@ -211,7 +211,7 @@ def read_router(service: Service) -> APIRouter:
 
 
 def turn_router(service: Service) -> APIRouter:
-    """A turn's file operations and commit (SPEC §5); the turn's worktree is private to it."""
+    """A turn's file operations and commit (design §5); the turn's worktree is private to it."""
     router = APIRouter(prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"])
 
     def turn(kb, workspace_id: int, turn_id: str, author: str | None = None):
@@ -277,7 +277,7 @@ def turn_router(service: Service) -> APIRouter:
 
 def citation_router(service: Service) -> APIRouter:
     """A chat's searches and reads that hand out citation handles, and resolving its citations
-    (SPEC §8, ``kb.citations.conversation``; the CLI's ``kb search --chat`` / ``kb cite``)."""
+    (design §8, ``kb.citations.conversation``; the CLI's ``kb search --chat`` / ``kb cite``)."""
     router = APIRouter(prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}", tags=["citations"])
 
     @router.get("/search")
@@ -326,7 +326,7 @@ def create_app(
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
     taking the Service. ``mcp_author`` is whom MCP turns record as author (default: the OS user);
-    the MCP endpoint (issue 16) is served at ``/mcp/<workspace>``. Start-up raises what ``KnowledgeBase.open`` raises
+    the MCP endpoint (design §5) is served at ``/mcp/<workspace>``. Start-up raises what ``KnowledgeBase.open`` raises
     (DatabaseUnavailable, MigrationError, DimensionMismatch…).
     """
     settings = settings or Settings()

@@ -1,7 +1,7 @@
-"""kb over the Model Context Protocol (issue 16; SPEC §5 turns, §8 citations, §13 ``kb mcp``).
+"""kb over the Model Context Protocol (design §5 turns, §8 citations, §13 ``kb mcp``).
 
-One MCP conversation is one kb *conversation* (its citation handles, SPEC §8) and one *turn* (its
-private worktree, SPEC §5). The tools an agent gets are the turn's file operations plus search,
+One MCP conversation is one kb *conversation* (its citation handles, design §8) and one *turn* (its
+private worktree, design §5). The tools an agent gets are the turn's file operations plus search,
 windowed reads and citations; ``commit`` records the turn's changes as one revision.
 
 Where the conversation comes from:
@@ -15,7 +15,7 @@ Where the conversation comes from:
 
 If the server process dies, nothing is lost: the turn id is derived from the chat id
 (``mcp:<chat>``), so the next conversation with the same chat id commits the worktree left behind
-(turn recovery, SPEC §5), and the janitor removes it only after ``KB_WORKTREE_TTL``.
+(turn recovery, design §5), and the janitor removes it only after ``KB_WORKTREE_TTL``.
 
 Errors come back as MCP tool errors carrying kb's one-line messages (``KbError``); bad paths are
 refused exactly as in turns (``InvalidPath``).
