@@ -48,8 +48,14 @@ from kb.paths import name_key
 from kb.settings import Settings
 
 WS = 1
-TWINS = ["Foo.md", "FOO.md", "foo.md", unicodedata.normalize("NFC", "Café.md"),
-         unicodedata.normalize("NFD", "Café.md"), "CAFÉ.md"]
+TWINS = [
+    "Foo.md",
+    "FOO.md",
+    "foo.md",
+    unicodedata.normalize("NFC", "Café.md"),
+    unicodedata.normalize("NFD", "Café.md"),
+    "CAFÉ.md",
+]
 
 
 def twins_at_head(kb: KnowledgeBase) -> list[tuple[str, str]]:
@@ -59,7 +65,7 @@ def twins_at_head(kb: KnowledgeBase) -> list[tuple[str, str]]:
         folder, _, name = path.rpartition("/")
         parts = folder.split("/")
         for depth in range(2, len(parts) + 1):  # folder names too
-            key = ("/".join(parts[:depth - 1]), name_key(parts[depth - 1]))
+            key = ("/".join(parts[: depth - 1]), name_key(parts[depth - 1]))
             other = seen.setdefault(key, parts[depth - 1])
             if other != parts[depth - 1]:
                 clashes.append((other, parts[depth - 1]))
@@ -113,8 +119,9 @@ def run_writers(kb: KnowledgeBase, writers: int, revisions: int, with_worker: bo
     if worker:
         worker.start()
     start = time.perf_counter()
-    procs = [ctx.Process(target=_writer, args=(kb.settings, kb.database_url, k, revisions, k, out))
-             for k in range(writers)]
+    procs = [
+        ctx.Process(target=_writer, args=(kb.settings, kb.database_url, k, revisions, k, out)) for k in range(writers)
+    ]
     for proc in procs:
         proc.start()
     ledgers = dict(out.get(timeout=3600) for _ in procs)
@@ -135,9 +142,11 @@ def run_writers(kb: KnowledgeBase, writers: int, revisions: int, with_worker: bo
         last[path] = text
     stale = [p for p, text in last.items() if kb.read(WS, p).decode() != text]
     twins = twins_at_head(kb)
-    print(f"writers: {writers} × {revisions}: {len(committed)} revisions in {elapsed:.1f}s "
-          f"({len(committed) / elapsed:.1f}/s); refused {dict(refused)}; escaped {len(escaped)}; "
-          f"lost {len(lost)}; stale last writes {len(stale)}; twins at HEAD {len(twins)}")
+    print(
+        f"writers: {writers} × {revisions}: {len(committed)} revisions in {elapsed:.1f}s "
+        f"({len(committed) / elapsed:.1f}/s); refused {dict(refused)}; escaped {len(escaped)}; "
+        f"lost {len(lost)}; stale last writes {len(stale)}; twins at HEAD {len(twins)}"
+    )
     problems += [f"escaped: {e}" for e in escaped[:5]] + [f"lost revision {r}" for r in lost[:5]]
     problems += [f"last write missing at {p}" for p in stale[:5]] + [f"twins {t}" for t in twins[:5]]
     if len(committed) + sum(refused.values()) + len(escaped) != writers * revisions:
@@ -198,8 +207,13 @@ def run_kills(kb: KnowledgeBase, env: dict, kills: int, seed: int, workdir: Path
         point = rng.choice([*COMMIT_POINTS, None, None])
         if point and action in ("transaction", "turn"):
             child_env["KB_FAULT_POINT"] = point
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, action, str(n), turn_id, str(source)],
-                                env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, action, str(n), turn_id, str(source)],
+            env=child_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if "KB_FAULT_POINT" not in child_env:
             try:
                 proc.wait(timeout=rng.uniform(0.5, 6.0))
@@ -237,19 +251,59 @@ def run_kills(kb: KnowledgeBase, env: dict, kills: int, seed: int, workdir: Path
             written = frozenset((c.path, c.content_id) for c in kb.list_changes(WS, revision.id))
             per_turn.setdefault(last_line[6:], []).append(written)
     replayed = {t: len(sets) for t, sets in per_turn.items() if len(set(sets)) < len(sets)}
-    print(f"kills: {sum(killed.values())} SIGKILLs {dict(killed)}; {n} children, exits {dict(exits)}; "
-          f"{len(reported)} revisions reported, lost {len(lost)}; turns replayed {len(replayed)} "
-          f"(of {len(per_turn)} turn ids, {sum(len(v) for v in per_turn.values())} turn revisions); "
-          f"kb fsck recorded {len(report.recorded)}, repaired {len(report.worktree_repaired)} paths")
+    print(
+        f"kills: {sum(killed.values())} SIGKILLs {dict(killed)}; {n} children, exits {dict(exits)}; "
+        f"{len(reported)} revisions reported, lost {len(lost)}; turns replayed {len(replayed)} "
+        f"(of {len(per_turn)} turn ids, {sum(len(v) for v in per_turn.values())} turn revisions); "
+        f"kb fsck recorded {len(report.recorded)}, repaired {len(report.worktree_repaired)} paths"
+    )
     return problems + [f"lost {r}" for r in lost[:5]] + [f"turn replayed: {t}" for t in list(replayed)[:5]]
 
 
 # -- fuzz ----------------------------------------------------------------------------------
 def fuzz_path(rng: random.Random) -> str:
-    pieces = ["a", "Foo", "FOO", "foo", "Café", unicodedata.normalize("NFD", "Café"), "CAFÉ", "NUL", "lpt9.txt",
-              "con", "x.", "y ", ".git", "GIT~1", "..", ".", "", "\ud800", "\udcff", "a\x00b", "tab\there",
-              "ß", "SS", "ı", "I", "Ω", "Ω", "ǅ", "x" * 255, "y" * 256, "é" * 130, "dir", "Dir", " lead",
-              "emoji 😀", "a:b", "a*b", "back\\slash", ".keep", "\u200d.git"]
+    pieces = [
+        "a",
+        "Foo",
+        "FOO",
+        "foo",
+        "Café",
+        unicodedata.normalize("NFD", "Café"),
+        "CAFÉ",
+        "NUL",
+        "lpt9.txt",
+        "con",
+        "x.",
+        "y ",
+        ".git",
+        "GIT~1",
+        "..",
+        ".",
+        "",
+        "\ud800",
+        "\udcff",
+        "a\x00b",
+        "tab\there",
+        "ß",
+        "SS",
+        "ı",
+        "I",
+        "Ω",
+        "Ω",
+        "ǅ",
+        "x" * 255,
+        "y" * 256,
+        "é" * 130,
+        "dir",
+        "Dir",
+        " lead",
+        "emoji 😀",
+        "a:b",
+        "a*b",
+        "back\\slash",
+        ".keep",
+        "\u200d.git",
+    ]
     depth = rng.choice([1, 1, 2, 2, 3, 6, 12])
     segments = [rng.choice(pieces) for _ in range(depth)]
     name = segments[-1] + rng.choice([".md", "", ".MD", ".txt"])
@@ -281,8 +335,9 @@ def run_fuzz(kb: KnowledgeBase, paths: int, seed: int) -> list[str]:
             escaped.append(f"{'turn' if via_turn else 'transaction'} {path!r}: {type(exc).__name__}: {exc}"[:300])
     twins = twins_at_head(kb)
     problems = git_checks(kb)
-    print(f"fuzz: {paths} paths through both APIs: {dict(outcomes)}; escaped {len(escaped)}; twins at HEAD "
-          f"{len(twins)}")
+    print(
+        f"fuzz: {paths} paths through both APIs: {dict(outcomes)}; escaped {len(escaped)}; twins at HEAD {len(twins)}"
+    )
     return problems + escaped[:10] + [f"twins {t}" for t in twins[:5]]
 
 
@@ -318,11 +373,16 @@ def run_fsck_load(kb: KnowledgeBase, runs: int, writers: int) -> list[str]:
     for proc in procs:
         proc.join(60)
     crashed = [proc.exitcode for proc in procs if proc.exitcode != 0]
-    print(f"fsck-load: {runs} kb fsck runs beside {writers} writers ({len(kb.history(WS, limit=10**6))} "
-          f"revisions): {len(false_reports)} reported errors; writers that died of a non-kb error "
-          f"{len(crashed)}")
-    return ([f"fsck reported {m}" for m in false_reports[:5]] + git_checks(kb)
-            + [f"a writer died (exit {code}): a non-KbError escaped the facade" for code in crashed])
+    print(
+        f"fsck-load: {runs} kb fsck runs beside {writers} writers ({len(kb.history(WS, limit=10**6))} "
+        f"revisions): {len(false_reports)} reported errors; writers that died of a non-kb error "
+        f"{len(crashed)}"
+    )
+    return (
+        [f"fsck reported {m}" for m in false_reports[:5]]
+        + git_checks(kb)
+        + [f"a writer died (exit {code}): a non-KbError escaped the facade" for code in crashed]
+    )
 
 
 def main() -> None:
@@ -343,11 +403,17 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kb-adversarial-"))
     url, cleanup = database(workdir)
-    settings = Settings(database_url=url, storage_root=workdir / "storage", embedding_model="hashing",
-                        lock_timeout=600.0)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KB_")},
-           "KB_DATABASE_URL": url, "KB_STORAGE_ROOT": str(settings.storage_root), "KB_EMBEDDING_MODEL": "hashing",
-           "KB_LOCK_TIMEOUT": "600", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    settings = Settings(
+        database_url=url, storage_root=workdir / "storage", embedding_model="hashing", lock_timeout=600.0
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KB_")},
+        "KB_DATABASE_URL": url,
+        "KB_STORAGE_ROOT": str(settings.storage_root),
+        "KB_EMBEDDING_MODEL": "hashing",
+        "KB_LOCK_TIMEOUT": "600",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
     try:
         kb = KnowledgeBase.open(settings)
         if args.command == "writers":

@@ -38,8 +38,9 @@ def main() -> None:
     parser.add_argument("--file-bytes", type=int, default=1_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kb-bench-artifacts-") as tmp:
-        settings = Settings(storage_root=Path(tmp), embedding_model="hashing",
-                            database_url=os.environ.get("KB_DATABASE_URL"))
+        settings = Settings(
+            storage_root=Path(tmp), embedding_model="hashing", database_url=os.environ.get("KB_DATABASE_URL")
+        )
         kb = KnowledgeBase.open(settings)
         kb.create_workspace(WS)
         artifacts = kb.artifacts(WS)

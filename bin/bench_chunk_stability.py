@@ -40,7 +40,7 @@ def reference_texts(chunker: Chunker, text: str) -> list[tuple[str, int, int]]:
     starts = line_starts(text)
     out = []
     for piece in chunker._chunker.chunk(masked):
-        body = text[piece.start_index:piece.end_index]
+        body = text[piece.start_index : piece.end_index]
         if body.strip():
             start = piece.start_index + len(body) - len(body.lstrip())
             end = start + len(body.strip())
@@ -91,8 +91,9 @@ def main() -> None:
     args = parser.parse_args()
     if not args.corpus.is_dir():
         sys.exit(f"corpus {args.corpus} not found (pass --corpus DIR)")
-    overrides = {k: v for k, v in (("anchor_every", args.anchor_every), ("min_fraction", args.min_fraction))
-                 if v is not None}
+    overrides = {
+        k: v for k, v in (("anchor_every", args.anchor_every), ("min_fraction", args.min_fraction)) if v is not None
+    }
     chunker = Chunker(args.chunk_size, **overrides)
     files = sorted(args.corpus.rglob("*.md"), key=lambda p: p.stat().st_size, reverse=True)[: args.documents]
     rng = random.Random(args.seed)
@@ -126,20 +127,28 @@ def main() -> None:
                 if missed > touched + 1:
                     over_touched[leg] += 1
     total = len(reembedded["anchored"])
-    print(f"{len(files)} documents (largest of {args.corpus}), {total} one-line edits, chunk size "
-          f"{args.chunk_size} {chunker.unit}")
+    print(
+        f"{len(files)} documents (largest of {args.corpus}), {total} one-line edits, chunk size "
+        f"{args.chunk_size} {chunker.unit}"
+    )
     for leg in legs:
         values = sorted(reembedded[leg])
-        print(f"{leg:>9}: re-embedded per edit median {statistics.median(values)}, "
-              f"p95 {values[int(0.95 * (len(values) - 1))]}, max {values[-1]}; edits > 3: "
-              f"{sum(v > 3 for v in values)}; edits > touched + 1: {over_touched[leg]}; "
-              f"chunks/document median {statistics.median(chunk_counts[leg])}, "
-              f"mean chunk {statistics.mean(chunk_sizes[leg]):.0f} chars; "
-              f"chunking median {statistics.median(seconds[leg]) * 1000:.1f} ms/document")
+        print(
+            f"{leg:>9}: re-embedded per edit median {statistics.median(values)}, "
+            f"p95 {values[int(0.95 * (len(values) - 1))]}, max {values[-1]}; edits > 3: "
+            f"{sum(v > 3 for v in values)}; edits > touched + 1: {over_touched[leg]}; "
+            f"chunks/document median {statistics.median(chunk_counts[leg])}, "
+            f"mean chunk {statistics.mean(chunk_sizes[leg]):.0f} chars; "
+            f"chunking median {statistics.median(seconds[leg]) * 1000:.1f} ms/document"
+        )
     ratio = statistics.median(seconds["anchored"]) / statistics.median(seconds["reference"])
     print(f"chunking time anchored/reference (medians): {ratio:.2f}")
-    print("distribution (re-embedded: edits) anchored", dict(sorted(Counter(reembedded["anchored"]).items())),
-          "reference", dict(sorted(Counter(reembedded["reference"]).items())))
+    print(
+        "distribution (re-embedded: edits) anchored",
+        dict(sorted(Counter(reembedded["anchored"]).items())),
+        "reference",
+        dict(sorted(Counter(reembedded["reference"]).items())),
+    )
 
 
 if __name__ == "__main__":

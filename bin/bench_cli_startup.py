@@ -45,8 +45,9 @@ def outside_imports(command: list[str], env: dict[str, str]) -> str:
     order it first imports them, read from the run's ``python -X importtime`` report, with the
     garbage collector paused as kb.cli pauses it for quick commands. Timed as a command of its
     own, it is the floor under ``command``: what the command pays before any line of kb runs."""
-    result = subprocess.run([command[0], "-X", "importtime", *command[1:]], env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [command[0], "-X", "importtime", *command[1:]], env=env, capture_output=True, text=True, check=True
+    )
     rows = []
     for line in result.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line or "cumulative" in line:
@@ -55,7 +56,7 @@ def outside_imports(command: list[str], env: dict[str, str]) -> str:
         rows.append(((len(name) - len(name.lstrip())) // 2, name.strip()))
     names = []
     for i, (depth, name) in enumerate(rows):  # post-order: a module's importer follows it, one level up
-        parent = next((n for d, n in rows[i + 1:] if d < depth), None)
+        parent = next((n for d, n in rows[i + 1 :] if d < depth), None)
         outside_kb = not (name == "kb" or name.startswith("kb."))
         imported_by_kb = parent is None or parent == "kb" or parent.startswith("kb.")
         if outside_kb and imported_by_kb and name != "encodings" and not name.startswith("_"):
@@ -106,21 +107,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--documents", type=int, default=50)
     parser.add_argument("--server", action="store_true", help="also time the commands through kb serve")
-    parser.add_argument("--compare", type=Path, metavar="TREE",
-                        help="also time read/log/status/search from another kb source tree (e.g. a clone of "
-                             "an older commit) in the same rounds")
-    parser.add_argument("--minilm", action="store_true",
-                        help="also time a cold kb search with MiniLM (imports torch: cannot meet 1.5 s)")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="TREE",
+        help="also time read/log/status/search from another kb source tree (e.g. a clone of "
+        "an older commit) in the same rounds",
+    )
+    parser.add_argument(
+        "--minilm",
+        action="store_true",
+        help="also time a cold kb search with MiniLM (imports torch: cannot meet 1.5 s)",
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="kb-bench-cli-"))
     # A user's Python caches bytecode (pip compiles installed packages; an editable install writes
     # __pycache__ on first run): a sandbox's PYTHONDONTWRITEBYTECODE would make every command
     # recompile kb's modules, which no user waits for. One untimed warm-up round writes the caches.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("KB_") and k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(KB_STORAGE_ROOT=str(root / "storage"), KB_EMBEDDING_MODEL="hashing",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(
+        KB_STORAGE_ROOT=str(root / "storage"),
+        KB_EMBEDDING_MODEL="hashing",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
+    )
     if os.environ.get("KB_DATABASE_URL"):
         env["KB_DATABASE_URL"] = os.environ["KB_DATABASE_URL"]
     server = None
@@ -153,8 +163,9 @@ def main() -> None:
         if args.server:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            server = subprocess.Popen(kb_cli("serve", "--port", str(port)), env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            server = subprocess.Popen(
+                kb_cli("serve", "--port", str(port)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             wait_ready(url)
             served = {**env, "KB_SERVER_URL": url}
             for name in ("read", "log", "status", "search"):
@@ -167,20 +178,26 @@ def main() -> None:
                 times[name].append(timed(command, leg_env))
         base = statistics.median(wall for wall, _ in times["python -c pass"])
         load = os.getloadavg()[0]
-        print(f"{args.rounds} rounds, {args.documents} documents, load average {load:.1f} on "
-              f"{os.cpu_count()} CPUs; medians (interleaved round by round):")
+        print(
+            f"{args.rounds} rounds, {args.documents} documents, load average {load:.1f} on "
+            f"{os.cpu_count()} CPUs; medians (interleaved round by round):"
+        )
         for name, samples in times.items():
             median = statistics.median(wall for wall, _ in samples)
             cpu = statistics.median(c for _, c in samples)
             goal = GOALS.get(name.split(" ")[0]) if name not in ("python -c pass", "git log -n 20") else None
             verdict = "" if goal is None else f"  goal ≤ {goal:.1f} s: {'met' if median <= goal else 'MISSED'}"
-            print(f"  {name:<21} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass), "
-                  f"CPU {cpu * 1000:6.0f} ms{verdict}")
+            print(
+                f"  {name:<21} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass), "
+                f"CPU {cpu * 1000:6.0f} ms{verdict}"
+            )
         for name in FLOORED:
             floor = statistics.median(wall for wall, _ in times[f"{name}: imports"])
             own = statistics.median(wall for wall, _ in times[name]) - floor
-            print(f"  {name}: its imports from outside kb alone take {floor * 1000:.0f} ms; kb's own "
-                  f"modules and work {own * 1000:.0f} ms")
+            print(
+                f"  {name}: its imports from outside kb alone take {floor * 1000:.0f} ms; kb's own "
+                f"modules and work {own * 1000:.0f} ms"
+            )
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)

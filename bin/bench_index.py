@@ -53,9 +53,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--search-model", default=None,
-                        help="embedder for the whole-corpus search leg (default: --model); 'hashing' "
-                             "indexes the whole corpus in seconds when the throughput legs use --limit")
+    parser.add_argument(
+        "--search-model",
+        default=None,
+        help="embedder for the whole-corpus search leg (default: --model); 'hashing' "
+        "indexes the whole corpus in seconds when the throughput legs use --limit",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench"))
     args = parser.parse_args()
 
@@ -84,9 +87,15 @@ def main() -> None:
         target = source / path.relative_to(args.corpus)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    result: dict = {"corpus": str(args.corpus), "files": len(files), "model": embedder.model,
-                    "threads": args.threads, "chunk_size": settings.chunk_size, "chunk_unit": chunker.unit,
-                    "batch_size": settings.embed_batch_size}
+    result: dict = {
+        "corpus": str(args.corpus),
+        "files": len(files),
+        "model": embedder.model,
+        "threads": args.threads,
+        "chunk_size": settings.chunk_size,
+        "chunk_unit": chunker.unit,
+        "batch_size": settings.embed_batch_size,
+    }
 
     # 1. raw embedder on the corpus' distinct chunk texts
     texts: dict[str, None] = {}
@@ -102,10 +111,17 @@ def main() -> None:
     for start in range(0, len(distinct), size):
         embedder.embed(distinct[start : start + size])
     raw_seconds = time.perf_counter() - t0
-    result.update(chunks=chunk_count, distinct_chunks=len(distinct), raw_seconds=raw_seconds,
-                  raw_chunks_per_second=len(distinct) / raw_seconds)
-    print(f"raw embedder: {len(distinct)} distinct chunks in {raw_seconds:.1f}s = "
-          f"{len(distinct) / raw_seconds:.2f} chunks/s", flush=True)
+    result.update(
+        chunks=chunk_count,
+        distinct_chunks=len(distinct),
+        raw_seconds=raw_seconds,
+        raw_chunks_per_second=len(distinct) / raw_seconds,
+    )
+    print(
+        f"raw embedder: {len(distinct)} distinct chunks in {raw_seconds:.1f}s = "
+        f"{len(distinct) / raw_seconds:.2f} chunks/s",
+        flush=True,
+    )
 
     # 2. kb end to end: import, then index (projection, chunking, cache, embedding, rows)
     t0 = time.perf_counter()
@@ -116,13 +132,21 @@ def main() -> None:
     index_seconds = time.perf_counter() - t0
     assert report.documents_failed == 0, report.failures
     kb_rate = report.embeddings_computed / index_seconds
-    result.update(import_seconds=import_seconds, index_seconds=index_seconds,
-                  kb_documents=report.documents_indexed, kb_chunks_written=report.chunks_written,
-                  kb_embeddings_computed=report.embeddings_computed, kb_chunks_per_second=kb_rate,
-                  ratio_kb_to_raw=kb_rate / result["raw_chunks_per_second"])
-    print(f"kb index: {report.documents_indexed} documents, {report.chunks_written} chunk rows, "
-          f"{report.embeddings_computed} embedded in {index_seconds:.1f}s = {kb_rate:.2f} chunks/s "
-          f"→ ratio {result['ratio_kb_to_raw']:.3f} (import took {import_seconds:.1f}s)", flush=True)
+    result.update(
+        import_seconds=import_seconds,
+        index_seconds=index_seconds,
+        kb_documents=report.documents_indexed,
+        kb_chunks_written=report.chunks_written,
+        kb_embeddings_computed=report.embeddings_computed,
+        kb_chunks_per_second=kb_rate,
+        ratio_kb_to_raw=kb_rate / result["raw_chunks_per_second"],
+    )
+    print(
+        f"kb index: {report.documents_indexed} documents, {report.chunks_written} chunk rows, "
+        f"{report.embeddings_computed} embedded in {index_seconds:.1f}s = {kb_rate:.2f} chunks/s "
+        f"→ ratio {result['ratio_kb_to_raw']:.3f} (import took {import_seconds:.1f}s)",
+        flush=True,
+    )
 
     # 3. warm-cache reindex: rows in place, then rows wiped (cache only)
     t0 = time.perf_counter()
@@ -133,20 +157,30 @@ def main() -> None:
     t0 = time.perf_counter()
     rebuilt = kb.reindex(WS)
     rebuild_seconds = time.perf_counter() - t0
-    result.update(warm_reindex_seconds=warm_seconds, warm_reindex_embedded=again.embeddings_computed,
-                  warm_reindex_reused=again.chunks_reused, rebuild_from_cache_seconds=rebuild_seconds,
-                  rebuild_embedded=rebuilt.embeddings_computed, rebuild_cache_hits=rebuilt.embeddings_cached,
-                  rebuild_chunks_written=rebuilt.chunks_written)
-    print(f"warm reindex: {warm_seconds:.1f}s, embedded {again.embeddings_computed}, reused "
-          f"{again.chunks_reused}; rebuild after wiping chunk rows: {rebuild_seconds:.1f}s, embedded "
-          f"{rebuilt.embeddings_computed}, cache hits {rebuilt.embeddings_cached}", flush=True)
+    result.update(
+        warm_reindex_seconds=warm_seconds,
+        warm_reindex_embedded=again.embeddings_computed,
+        warm_reindex_reused=again.chunks_reused,
+        rebuild_from_cache_seconds=rebuild_seconds,
+        rebuild_embedded=rebuilt.embeddings_computed,
+        rebuild_cache_hits=rebuilt.embeddings_cached,
+        rebuild_chunks_written=rebuilt.chunks_written,
+    )
+    print(
+        f"warm reindex: {warm_seconds:.1f}s, embedded {again.embeddings_computed}, reused "
+        f"{again.chunks_reused}; rebuild after wiping chunk rows: {rebuild_seconds:.1f}s, embedded "
+        f"{rebuilt.embeddings_computed}, cache hits {rebuilt.embeddings_cached}",
+        flush=True,
+    )
 
     # 4. search latency (SQL only) and vector-leg recall@10 against an exact scan, at the whole
     # corpus: workspace 1 when the legs above used it all, else workspace 2 with --search-model
     search_ws, search_embedder = WS, embedder
     if args.limit or (args.search_model and args.search_model != args.model):
         search_ws = 2
-        search_embedder = make_embedder(settings.model_copy(update={"embedding_model": args.search_model or args.model}))
+        search_embedder = make_embedder(
+            settings.model_copy(update={"embedding_model": args.search_model or args.model})
+        )
         kb.use_embedder(search_embedder)
         whole = args.work / "corpus-whole"
         shutil.rmtree(whole, ignore_errors=True)
@@ -154,12 +188,17 @@ def main() -> None:
         kb.import_folder(whole, search_ws)
         t0 = time.perf_counter()
         whole_report = kb.index(search_ws)
-        result.update(search_index_model=search_embedder.model, search_index_seconds=time.perf_counter() - t0,
-                      search_index_documents=whole_report.documents_indexed)
+        result.update(
+            search_index_model=search_embedder.model,
+            search_index_seconds=time.perf_counter() - t0,
+            search_index_documents=whole_report.documents_indexed,
+        )
     result["search_model"] = search_embedder.model
     with database.connect(kb.database_url, autocommit=True) as conn:
-        samples = [r["text"].split("\n")[0][:80] for r in conn.execute(
-            queries["bench_sample_chunks"], {"workspace_id": search_ws, "n": args.queries})]
+        samples = [
+            r["text"].split("\n")[0][:80]
+            for r in conn.execute(queries["bench_sample_chunks"], {"workspace_id": search_ws, "n": args.queries})
+        ]
         rows = conn.execute(queries["bench_all_embeddings"], {"workspace_id": search_ws}).fetchall()
         ids = np.array([r["id"] for r in rows])
         matrix = np.array([json.loads(r["embedding"]) for r in rows], dtype=np.float32)
@@ -171,8 +210,12 @@ def main() -> None:
             vector_leg(conn, search_ws, search_embedder.model, vector, LEG_LIMIT)
             lexical_leg(conn, search_ws, query, LEG_LIMIT)
             latencies.append(time.perf_counter() - t0)
-            leg = [r["id"] for r in conn.execute(
-                queries["bench_vector_leg"], {"workspace_id": search_ws, "embedding": literal, "k": 10})]
+            leg = [
+                r["id"]
+                for r in conn.execute(
+                    queries["bench_vector_leg"], {"workspace_id": search_ws, "embedding": literal, "k": 10}
+                )
+            ]
             distances = 1 - (matrix @ vector) / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(vector))
             tenth = np.sort(distances)[9]
             by_id = dict(zip(ids.tolist(), distances.tolist()))
@@ -181,13 +224,20 @@ def main() -> None:
             recalls.append(sum(1 for i in leg if by_id[i] <= tenth + 1e-6) / 10)
             lengths.append(len(leg))
     latencies.sort()
-    result.update(search_queries=len(samples), search_chunks=len(ids),
-                  search_p50_ms=1000 * statistics.median(latencies),
-                  search_p95_ms=1000 * latencies[int(0.95 * (len(latencies) - 1))],
-                  vector_recall_at_10=statistics.mean(recalls), vector_leg_min_rows=min(lengths))
-    print(f"search ({search_embedder.model}) over {len(ids)} chunks: p50 {result['search_p50_ms']:.1f} ms, p95 "
-          f"{result['search_p95_ms']:.1f} ms (query embedding excluded); vector leg recall@10 "
-          f"{result['vector_recall_at_10']:.4f}, min rows {min(lengths)}", flush=True)
+    result.update(
+        search_queries=len(samples),
+        search_chunks=len(ids),
+        search_p50_ms=1000 * statistics.median(latencies),
+        search_p95_ms=1000 * latencies[int(0.95 * (len(latencies) - 1))],
+        vector_recall_at_10=statistics.mean(recalls),
+        vector_leg_min_rows=min(lengths),
+    )
+    print(
+        f"search ({search_embedder.model}) over {len(ids)} chunks: p50 {result['search_p50_ms']:.1f} ms, p95 "
+        f"{result['search_p95_ms']:.1f} ms (query embedding excluded); vector leg recall@10 "
+        f"{result['vector_recall_at_10']:.4f}, min rows {min(lengths)}",
+        flush=True,
+    )
 
     out = ROOT / "bench-results"
     out.mkdir(exist_ok=True)

@@ -50,8 +50,9 @@ def main() -> None:
     path = sorted(kb.list_paths(1))[0]
     conv = kb.conversation(1, "bench-direct")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    server = StdioServerParameters(command=sys.executable, args=["-m", "kb.adapters.cli", "mcp", "--workspace", "1"],
-                                   env=env, cwd=str(REPO))
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "kb.adapters.cli", "mcp", "--workspace", "1"], env=env, cwd=str(REPO)
+    )
     timings: dict[str, list[float]] = {"mcp read": [], "facade read": [], "mcp search": [], "facade search": []}
 
     async def run() -> None:
@@ -78,8 +79,10 @@ def main() -> None:
     for name, value in medians.items():
         print(f"{name:>14}: median {value:7.2f} ms over {args.rounds} rounds")
     for op in ("read", "search"):
-        print(f"{op}: MCP over stdio / facade = {medians['mcp ' + op] / medians['facade ' + op]:.2f}x "
-              f"(+{medians['mcp ' + op] - medians['facade ' + op]:.2f} ms per call)")
+        print(
+            f"{op}: MCP over stdio / facade = {medians['mcp ' + op] / medians['facade ' + op]:.2f}x "
+            f"(+{medians['mcp ' + op] - medians['facade ' + op]:.2f} ms per call)"
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ def timed(fn):
 
 
 def main() -> None:
-    corpus = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/corpus/tldr/pages"
+    corpus = (
+        Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/corpus/tldr/pages"
+    )
     if not corpus.is_dir():
         sys.exit(f"corpus {corpus} is absent; pass a folder of markdown")
     scratch = Path(tempfile.mkdtemp(prefix="kb-bench-projection-"))
@@ -47,8 +49,11 @@ def main() -> None:
 
         def git_listing() -> float:
             return min(
-                timed(lambda: subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "HEAD", "documents"],
-                                             check=True, capture_output=True))[0]
+                timed(
+                    lambda: subprocess.run(
+                        ["git", "-C", str(repo), "ls-tree", "-r", "HEAD", "documents"], check=True, capture_output=True
+                    )
+                )[0]
                 for _ in range(3)
             )
 
@@ -61,8 +66,10 @@ def main() -> None:
             tx.write(some, tx.read(some) + b"\nedited\n")
         t, edit = timed(lambda: kb.project(ws))
         rows.append(("one-file edit", t, len(edit.updated), len(edit.events)))
-        folders = sorted({p.split("/")[2] for p in kb.list_paths(ws)},
-                         key=lambda f: -sum(p.startswith(f"/documents/{f}/") for p in kb.list_paths(ws)))
+        folders = sorted(
+            {p.split("/")[2] for p in kb.list_paths(ws)},
+            key=lambda f: -sum(p.startswith(f"/documents/{f}/") for p in kb.list_paths(ws)),
+        )
         with kb.transaction(ws, "rename the biggest folder") as tx:
             tx.move(f"/documents/{folders[0]}", f"/documents/{folders[0]}-renamed")
         reference_after = git_listing()
@@ -72,8 +79,10 @@ def main() -> None:
         t, rebuilt = timed(lambda: kb.rebuild_projection(ws))
         rows.append(("forced rebuild, no change", t, len(rebuilt.updated), len(rebuilt.events)))
 
-        print(f"corpus {corpus}: {report.documents_found} documents; git ls-tree -r: "
-              f"{reference * 1000:.1f} ms (after rename {reference_after * 1000:.1f} ms)")
+        print(
+            f"corpus {corpus}: {report.documents_found} documents; git ls-tree -r: "
+            f"{reference * 1000:.1f} ms (after rename {reference_after * 1000:.1f} ms)"
+        )
         print(f"{'step':32} {'ms':>9} {'rows':>6} {'events':>7} {'× git ls-tree':>14}")
         for name, seconds, changed, events in rows:
             print(f"{name:32} {seconds * 1000:9.1f} {changed:6d} {events:7d} {seconds / reference:14.1f}")

@@ -111,15 +111,21 @@ class CachedEmbedder:
             t0 = time.perf_counter()
             self.known.update(zip(batch, self.embedder.embed([by_key[k] for k in batch])))
             self.save()
-            print(f"{self.model}: embedded {start + len(batch)} of {len(missing)} new texts "
-                  f"({len(batch) / (time.perf_counter() - t0):.0f}/s)", flush=True)
+            print(
+                f"{self.model}: embedded {start + len(batch)} of {len(missing)} new texts "
+                f"({len(batch) / (time.perf_counter() - t0):.0f}/s)",
+                flush=True,
+            )
         return np.stack([self.known[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
 
     def save(self) -> None:
         keys = list(self.known)
         partial = self.path.with_suffix(".partial.npz")
-        np.savez(partial, keys=np.array([np.frombuffer(k, np.uint8) for k in keys]),
-                 vectors=np.stack([self.known[k] for k in keys]))
+        np.savez(
+            partial,
+            keys=np.array([np.frombuffer(k, np.uint8) for k in keys]),
+            vectors=np.stack([self.known[k] for k in keys]),
+        )
         partial.replace(self.path)
 
 
@@ -127,10 +133,16 @@ class CachedEmbedder:
 def _chunk_legs_only(vector_leg_text: str) -> bytes:
     """``search_candidates`` as kb.search.candidates_statement renders it, with the document leg
     returning no rows without running (``bench_empty_document_leg``)."""
-    return composable("search_candidates").format(
-        vector_leg=psycopg.sql.SQL(vector_leg_text), lexical_leg=search_module.lexical_statement("chunk"),
-        document_leg=sql.SQL(queries["bench_empty_document_leg"].rstrip().rstrip(";")),
-    ).as_string().encode()
+    return (
+        composable("search_candidates")
+        .format(
+            vector_leg=psycopg.sql.SQL(vector_leg_text),
+            lexical_leg=search_module.lexical_statement("chunk"),
+            document_leg=sql.SQL(queries["bench_empty_document_leg"].rstrip().rstrip(";")),
+        )
+        .as_string()
+        .encode()
+    )
 
 
 @contextlib.contextmanager
@@ -173,8 +185,10 @@ def fill_workspace(kb: KnowledgeBase, ws: int, corpus: Path, size: int, embedder
     for doc in documents:
         lines = document_lines(repo.blob(doc["content_id"]))
         context = context_line(doc["title"], [])
-        blocks.extend((doc["id"], position, start, end, text, context)
-                      for position, (start, end, text) in enumerate(paragraphs(lines)))
+        blocks.extend(
+            (doc["id"], position, start, end, text, context)
+            for position, (start, end, text) in enumerate(paragraphs(lines))
+        )
     rows = []
     for i in range(size):
         document_id, position, start, end, text, context = blocks[i % len(blocks)]
@@ -196,8 +210,9 @@ def fill_workspace(kb: KnowledgeBase, ws: int, corpus: Path, size: int, embedder
                 conn.execute(queries["bench_insert_staged"])
         conn.execute(queries["refresh_document_terms"], {"document_ids": [doc["id"] for doc in documents]})
         conn.commit()
-    print(f"workspace {ws}: {size} chunks over {len(documents)} documents in {time.perf_counter() - t0:.0f}s",
-          flush=True)
+    print(
+        f"workspace {ws}: {size} chunks over {len(documents)} documents in {time.perf_counter() - t0:.0f}s", flush=True
+    )
 
 
 def main() -> None:
@@ -206,10 +221,14 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--other", type=int, default=20_000, help="chunks of one more workspace")
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--exact", action="store_true",
-                        help="do not build the per-workspace HNSW indexes (exact scans everywhere)")
-    parser.add_argument("--minilm", action="store_true",
-                        help="real all-MiniLM-L6-v2 vectors (file-cached under --work) instead of hashing")
+    parser.add_argument(
+        "--exact", action="store_true", help="do not build the per-workspace HNSW indexes (exact scans everywhere)"
+    )
+    parser.add_argument(
+        "--minilm",
+        action="store_true",
+        help="real all-MiniLM-L6-v2 vectors (file-cached under --work) instead of hashing",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench-search"))
     args = parser.parse_args()
     if not args.corpus.exists():
@@ -240,8 +259,14 @@ def main() -> None:
         fill_workspace(kb, ws, corpus, size, embedder)
     with database.connect(kb.database_url, autocommit=True) as conn:
         conn.execute(queries["bench_analyze"])
-    result: dict = {"corpus": str(args.corpus), "model": embedder.model, "k": K, "exact_only": args.exact,
-                    "table_chunks": sum(sizes.values()), "workspaces": {}}
+    result: dict = {
+        "corpus": str(args.corpus),
+        "model": embedder.model,
+        "k": K,
+        "exact_only": args.exact,
+        "table_chunks": sum(sizes.values()),
+        "workspaces": {},
+    }
     if not args.exact:
         for ws in sizes:
             t0 = time.perf_counter()
@@ -257,8 +282,10 @@ def main() -> None:
     for ws, size in list(sizes.items())[:-1]:
         with database.connect(kb.database_url, autocommit=True) as conn:
             rows = conn.execute(queries["bench_all_embeddings"], {"workspace_id": ws}).fetchall()
-            samples = [r["text"].split("\n")[0][:80] for r in conn.execute(
-                queries["bench_sample_chunks"], {"workspace_id": ws, "n": args.queries})]
+            samples = [
+                r["text"].split("\n")[0][:80]
+                for r in conn.execute(queries["bench_sample_chunks"], {"workspace_id": ws, "n": args.queries})
+            ]
         ids = np.array([r["id"] for r in rows])
         matrix = np.array([json.loads(r["embedding"]) for r in rows], dtype=np.float32)
         matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
@@ -274,7 +301,7 @@ def main() -> None:
             for round_no, query in enumerate(samples):
                 vector = vectors[query]
                 # the facade as shipped and, in alternating order, without the document leg
-                for leg in (("kb", "chunk_only") if round_no % 2 else ("chunk_only", "kb")):
+                for leg in ("kb", "chunk_only") if round_no % 2 else ("chunk_only", "kb"):
                     t0 = time.perf_counter()
                     with without_document_leg(leg == "chunk_only"):
                         found = kb.search(ws, query, k=K)
@@ -300,22 +327,31 @@ def main() -> None:
         def pct(values, q):
             return 1000 * values[int(q * (len(values) - 1))]
 
-        figures = {"chunks": size, "queries": len(samples), "load_average": os.getloadavg(),
-                   "kb_p50_ms": 1000 * statistics.median(kb_times), "kb_p95_ms": pct(kb_times, 0.95),
-                   "numpy_p50_ms": 1000 * statistics.median(numpy_times), "numpy_p95_ms": pct(numpy_times, 0.95),
-                   "vector_recall_at_10": statistics.mean(recalls), "min_envelopes": min(counts),
-                   "without_document_leg_p50_ms": 1000 * statistics.median(chunk_only_times),
-                   "without_document_leg_p95_ms": pct(chunk_only_times, 0.95)}
+        figures = {
+            "chunks": size,
+            "queries": len(samples),
+            "load_average": os.getloadavg(),
+            "kb_p50_ms": 1000 * statistics.median(kb_times),
+            "kb_p95_ms": pct(kb_times, 0.95),
+            "numpy_p50_ms": 1000 * statistics.median(numpy_times),
+            "numpy_p95_ms": pct(numpy_times, 0.95),
+            "vector_recall_at_10": statistics.mean(recalls),
+            "min_envelopes": min(counts),
+            "without_document_leg_p50_ms": 1000 * statistics.median(chunk_only_times),
+            "without_document_leg_p95_ms": pct(chunk_only_times, 0.95),
+        }
         figures["p50_ratio"] = figures["kb_p50_ms"] / figures["numpy_p50_ms"]
         result["workspaces"][ws] = figures
-        print(f"workspace {ws} ({size} chunks, {result['table_chunks']} in the table): kb.search p50 "
-              f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms (without the "
-              f"document leg: p50 {figures['without_document_leg_p50_ms']:.1f} "
-              f"p95 {figures['without_document_leg_p95_ms']:.1f}) | numpy exact top-10 p50 "
-              f"{figures['numpy_p50_ms']:.1f} ms p95 {figures['numpy_p95_ms']:.1f} ms | vector leg recall@10 "
-              f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K} | "
-              f"load average {' '.join(f'{x:.2f}' for x in figures['load_average'])}",
-              flush=True)
+        print(
+            f"workspace {ws} ({size} chunks, {result['table_chunks']} in the table): kb.search p50 "
+            f"{figures['kb_p50_ms']:.1f} ms p95 {figures['kb_p95_ms']:.1f} ms (without the "
+            f"document leg: p50 {figures['without_document_leg_p50_ms']:.1f} "
+            f"p95 {figures['without_document_leg_p95_ms']:.1f}) | numpy exact top-10 p50 "
+            f"{figures['numpy_p50_ms']:.1f} ms p95 {figures['numpy_p95_ms']:.1f} ms | vector leg recall@10 "
+            f"{figures['vector_recall_at_10']:.4f} | min envelopes {figures['min_envelopes']} of {K} | "
+            f"load average {' '.join(f'{x:.2f}' for x in figures['load_average'])}",
+            flush=True,
+        )
     database.close_pools()
     out = ROOT / "bench-results"
     out.mkdir(exist_ok=True)

@@ -68,8 +68,21 @@ def create_database(server: str, name: str) -> str:
 
 
 def make_legacy(dsn: str, source: Path, workspace: int) -> dict:
-    out = subprocess.run([sys.executable, str(SHARED / "legacy" / "make_legacy.py"), "--dsn", dsn, "--source",
-                          str(source), "--workspace", str(workspace)], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SHARED / "legacy" / "make_legacy.py"),
+            "--dsn",
+            dsn,
+            "--source",
+            str(source),
+            "--workspace",
+            str(workspace),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -83,9 +96,12 @@ def reference_alignment(kb: KnowledgeBase, ws: int) -> int:
     """Read every adopted document's blob from git and find its chunk texts in order (no Postgres
     writes): the alignment work alone. Returns the documents aligned."""
     with psycopg.connect(kb.database_url) as conn:
-        rows = conn.execute("SELECT d.content_id, array_agg(c.text ORDER BY c.position, c.id) FROM kb.documents d "
-                            "JOIN kb.chunks c ON c.document_id = d.id WHERE d.workspace_id = %s "
-                            "GROUP BY d.id, d.content_id", (ws,)).fetchall()
+        rows = conn.execute(
+            "SELECT d.content_id, array_agg(c.text ORDER BY c.position, c.id) FROM kb.documents d "
+            "JOIN kb.chunks c ON c.document_id = d.id WHERE d.workspace_id = %s "
+            "GROUP BY d.id, d.content_id",
+            (ws,),
+        ).fetchall()
     repo = kb.store(ws).repository
     for content_id, texts in rows:
         text, cursor = repo.blob(content_id).decode(), 0
@@ -132,8 +148,11 @@ def main() -> int:
             import_s.append(t)
             imported = imp.documents_found
             with psycopg.connect(kb.database_url, autocommit=True) as conn:  # spans back to NULL
-                conn.execute("UPDATE kb.chunks SET start_char = NULL, end_char = NULL, start_line = NULL, "
-                             "end_line = NULL WHERE workspace_id = %s", (ws_seed,))
+                conn.execute(
+                    "UPDATE kb.chunks SET start_char = NULL, end_char = NULL, start_line = NULL, "
+                    "end_line = NULL WHERE workspace_id = %s",
+                    (ws_seed,),
+                )
                 conn.execute("DELETE FROM kb.span_fill_skips")
                 conn.execute("UPDATE kb.span_fill_control SET batch_documents = 500, throttle_ms = 0, paused = false")
             t, fill = timed(lambda: kb.span_fill().run(ws_seed))
@@ -141,17 +160,21 @@ def main() -> int:
             filled = fill.documents_filled + fill.documents_stale
             t, aligned = timed(lambda: reference_alignment(kb, ws_seed))
             ref_s.append(t)
-            print(f"round {r + 1}: seed {seed_s[-1]:.1f} s, import {import_s[-1]:.1f} s, span fill {fill_s[-1]:.2f} s "
-                  f"({fill.documents_filled} filled, {fill.documents_stale} stale), reference alignment {ref_s[-1]:.2f} s",
-                  flush=True)
+            print(
+                f"round {r + 1}: seed {seed_s[-1]:.1f} s, import {import_s[-1]:.1f} s, span fill {fill_s[-1]:.2f} s "
+                f"({fill.documents_filled} filled, {fill.documents_stale} stale), reference alignment {ref_s[-1]:.2f} s",
+                flush=True,
+            )
         ms, mi, mf, mr = (statistics.median(x) for x in (seed_s, import_s, fill_s, ref_s))
         print(f"seed phases of the last round (s): {report.summary()['phases']}")
         print(f"\nseed:      {seeded} documents in {ms:.2f} s = {seeded / ms:,.0f} documents/s (median of {a.rounds})")
         print(f"import+projection: {imported} documents in {mi:.2f} s = {imported / mi:,.0f} documents/s (reference)")
         print(f"ratio seed/import throughput: {(seeded / ms) / (imported / mi):.2f}")
         print(f"span fill: {filled} documents in {mf:.2f} s = {filled / mf:,.0f} documents/s (goal >= 1,000)")
-        print(f"alignment alone (git blobs + str.find): {aligned / mr:,.0f} documents/s; "
-              f"span fill / alignment = {(filled / mf) / (aligned / mr):.2f}")
+        print(
+            f"alignment alone (git blobs + str.find): {aligned / mr:,.0f} documents/s; "
+            f"span fill / alignment = {(filled / mf) / (aligned / mr):.2f}"
+        )
 
         for legacy_ws, summary in ((2, small), (1, full)):
             if summary is None:
@@ -160,8 +183,10 @@ def main() -> int:
             kb.seed(legacy_url, legacy_ws, 500 + legacy_ws, yes=True)
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
-            print(f"memory: seeding {summary['documents']} legacy rows peaked at {peak / 2**20:.1f} MiB of Python heap "
-                  f"({peak / summary['documents'] / 1024:.1f} KiB per document)")
+            print(
+                f"memory: seeding {summary['documents']} legacy rows peaked at {peak / 2**20:.1f} MiB of Python heap "
+                f"({peak / summary['documents'] / 1024:.1f} KiB per document)"
+            )
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             for name in (f"kb_bench_{tag}", f"legacy_bench_{tag}"):

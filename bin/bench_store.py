@@ -130,24 +130,41 @@ def main() -> None:
         def git_history() -> None:
             assert len(git(repo, "log", "--format=%H", "--", paths[0][1:]).split()) >= args.revisions
 
-        figures = {"kb commit (1 file)": median_ms(kb_commit, args.repeat),
-                   "kb history (1 document)": median_ms(kb_history, args.repeat),
-                   "git log -- path": median_ms(git_history, args.repeat)}
+        figures = {
+            "kb commit (1 file)": median_ms(kb_commit, args.repeat),
+            "kb history (1 document)": median_ms(kb_history, args.repeat),
+            "git log -- path": median_ms(git_history, args.repeat),
+        }
         target = repo / paths[2][1:]
 
         def git_commit() -> None:
             target.write_text(f"git commit {next(counter)}\n")
-            git(repo, "-c", "user.name=bench", "-c", "user.email=b@x", "commit", "-q", "-m", "git bench", "--",
-                paths[2][1:])
+            git(
+                repo,
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=b@x",
+                "commit",
+                "-q",
+                "-m",
+                "git bench",
+                "--",
+                paths[2][1:],
+            )
 
         figures["git commit -- path (1 file)"] = median_ms(git_commit, args.repeat)
         recorded = kb.reconcile(WS)  # the git CLI's commits are recorded like any outside revision
         assert len(recorded) == args.repeat
-        print(f"\nworkspace: {len(kb.list_paths(WS))} documents, {len(kb.history(WS, limit=10**6))} revisions, "
-              f"history of {paths[0]}: {len(kb.history(WS, paths[0], limit=10**6))} revisions")
+        print(
+            f"\nworkspace: {len(kb.list_paths(WS))} documents, {len(kb.history(WS, limit=10**6))} revisions, "
+            f"history of {paths[0]}: {len(kb.history(WS, paths[0], limit=10**6))} revisions"
+        )
         for name, value in figures.items():
             print(f"{name:<32} {value:8.1f} ms (median of {args.repeat})")
-        print(f"{'ratio commit kb/git':<32} {figures['kb commit (1 file)'] / figures['git commit -- path (1 file)']:8.2f}")
+        print(
+            f"{'ratio commit kb/git':<32} {figures['kb commit (1 file)'] / figures['git commit -- path (1 file)']:8.2f}"
+        )
         print(f"{'ratio history kb/git':<32} {figures['kb history (1 document)'] / figures['git log -- path']:8.2f}")
     finally:
         cleanup()

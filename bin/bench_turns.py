@@ -83,8 +83,10 @@ def main() -> None:
         if not (kb.store(ws).exists() and kb.head(ws)):
             t0 = time.perf_counter()
             report = kb.import_folder(source, ws, message=f"bench import {label}", author="bench")
-            print(f"imported {label}: {report.documents_found} documents as revision {report.revision.id} "
-                  f"in {time.perf_counter() - t0:.1f}s")
+            print(
+                f"imported {label}: {report.documents_found} documents as revision {report.revision.id} "
+                f"in {time.perf_counter() - t0:.1f}s"
+            )
         paths = list(kb.list_paths(ws))
         docs = pick(paths)
         repo = kb.store(ws).path
@@ -94,8 +96,10 @@ def main() -> None:
             ours.append(kb_turn(kb, ws, docs, run))
             theirs.append(git_turn(repo, scratch, docs, run))
         figures[ws] = p50(ours)
-        print(f"{label:18} {len(paths):5d} docs  kb turn p50 {p50(ours):7.1f} ms   "
-              f"git full-checkout turn p50 {p50(theirs):8.1f} ms   git/kb {p50(theirs) / p50(ours):6.1f}x")
+        print(
+            f"{label:18} {len(paths):5d} docs  kb turn p50 {p50(ours):7.1f} ms   "
+            f"git full-checkout turn p50 {p50(theirs):8.1f} ms   git/kb {p50(theirs) / p50(ours):6.1f}x"
+        )
     print(f"6,600-doc turn / 173-doc turn: {figures[2] / figures[1]:.2f}x (goal <= 1.5x)")
 
     head = kb.head(2)
@@ -108,11 +112,14 @@ def main() -> None:
         grep_ours.append(time.perf_counter() - start)
         turn.abort()
         start = time.perf_counter()
-        out = subprocess.run([*GIT, "-C", str(repo), "grep", "-n", "-e", "tar", head, "--", "documents"],
-                             check=True, capture_output=True).stdout
+        out = subprocess.run(
+            [*GIT, "-C", str(repo), "grep", "-n", "-e", "tar", head, "--", "documents"], check=True, capture_output=True
+        ).stdout
         grep_git.append(time.perf_counter() - start)
-    print(f"grep 'tar' over tldr: kb turn p50 {p50(grep_ours):.1f} ms ({len(hits)} lines)   "
-          f"git grep p50 {p50(grep_git):.1f} ms ({len(out.splitlines())} lines)   kb/git {p50(grep_ours) / p50(grep_git):.1f}x")
+    print(
+        f"grep 'tar' over tldr: kb turn p50 {p50(grep_ours):.1f} ms ({len(hits)} lines)   "
+        f"git grep p50 {p50(grep_git):.1f} ms ({len(out.splitlines())} lines)   kb/git {p50(grep_ours) / p50(grep_git):.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -109,8 +109,10 @@ def bench_rates(kb: KnowledgeBase, url: str, workdir: Path, seconds: float, roun
             kb_rates.append(_rate(_kb_writer, lambda k: (kb.settings, url, k), writers, seconds))
             git_rates.append(_rate(_git_writer, lambda k: (gitrepo, k), writers, seconds))
         kb_r, git_r = statistics.median(kb_rates), statistics.median(git_rates)
-        print(f"  {writers:>2} writers: kb {kb_r:7.1f}/s   git CLI {git_r:7.1f}/s   kb/git {kb_r / git_r:5.2f}",
-              flush=True)
+        print(
+            f"  {writers:>2} writers: kb {kb_r:7.1f}/s   git CLI {git_r:7.1f}/s   kb/git {kb_r / git_r:5.2f}",
+            flush=True,
+        )
 
 
 def build_workspace(kb: KnowledgeBase, ws: int, documents: int, flat: int) -> None:
@@ -141,9 +143,12 @@ def bench_turns(kb: KnowledgeBase, small: int, large: int, flat: int, rounds: in
                 assert turn.commit() is not None
                 times[ws].append((time.perf_counter() - start) * 1000)
         s, lg = statistics.median(times[SMALL_WS]), statistics.median(times[LARGE_WS])
-        print(f"\nturn (write 1 document into the flat folder + commit), {leg}, median of {rounds}:\n"
-              f"  {small} documents: {s:6.1f} ms   {large} documents ({flat} in one folder): {lg:6.1f} ms   "
-              f"ratio {lg / s:4.2f}", flush=True)
+        print(
+            f"\nturn (write 1 document into the flat folder + commit), {leg}, median of {rounds}:\n"
+            f"  {small} documents: {s:6.1f} ms   {large} documents ({flat} in one folder): {lg:6.1f} ms   "
+            f"ratio {lg / s:4.2f}",
+            flush=True,
+        )
 
 
 class _LockHolds(logging.Handler):
@@ -186,10 +191,12 @@ def bench_rename(kb: KnowledgeBase, url: str, flat: int) -> None:
     other.join(60)
     lock_log.removeHandler(holds)
     moved = sum(1 for p in kb.list_paths(LARGE_WS) if p.startswith("/documents/Flat renamed/"))
-    print(f"\nrename of a folder of {moved} documents while a one-file writer commits:\n"
-          f"  rename wall {wall:5.2f} s, write lock held {max(holds.holds):5.2f} s; other writer: "
-          f"{len(latencies)} commits, worst latency {max(latencies):5.2f} s, "
-          f"median {statistics.median(latencies) * 1000:5.1f} ms")
+    print(
+        f"\nrename of a folder of {moved} documents while a one-file writer commits:\n"
+        f"  rename wall {wall:5.2f} s, write lock held {max(holds.holds):5.2f} s; other writer: "
+        f"{len(latencies)} commits, worst latency {max(latencies):5.2f} s, "
+        f"median {statistics.median(latencies) * 1000:5.1f} ms"
+    )
 
 
 def main() -> None:
@@ -205,8 +212,9 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kb-bench-write-"))
     url, cleanup = database(workdir)
     try:
-        kb = KnowledgeBase.open(Settings(database_url=url, storage_root=workdir / "storage",
-                                         embedding_model="hashing", lock_timeout=120.0))
+        kb = KnowledgeBase.open(
+            Settings(database_url=url, storage_root=workdir / "storage", embedding_model="hashing", lock_timeout=120.0)
+        )
         if "rates" not in skip:
             bench_rates(kb, url, workdir, args.seconds, args.rounds)
         if "turns" not in skip or "rename" not in skip:

@@ -216,14 +216,16 @@ def bm25_index(documents: dict[str, str], language: str):
     stemmer = Stemmer.Stemmer(STEMMERS[language]) if language in STEMMERS else None
     stopwords = STOPWORDS.get(language, [])
     paths = list(documents)
-    corpus_tokens = bm25s.tokenize([lexical_text(documents[p]) for p in paths], stopwords=stopwords,
-                                   stemmer=stemmer, show_progress=False)
+    corpus_tokens = bm25s.tokenize(
+        [lexical_text(documents[p]) for p in paths], stopwords=stopwords, stemmer=stemmer, show_progress=False
+    )
     retriever = bm25s.BM25()
     retriever.index(corpus_tokens, show_progress=False)
 
     def tokenize(query: str, return_ids: bool = True):
-        return bm25s.tokenize([lexical_text(query)], stopwords=stopwords, stemmer=stemmer,
-                              show_progress=False, return_ids=return_ids)
+        return bm25s.tokenize(
+            [lexical_text(query)], stopwords=stopwords, stemmer=stemmer, show_progress=False, return_ids=return_ids
+        )
 
     return paths, corpus_tokens, retriever, tokenize
 
@@ -251,7 +253,7 @@ def word_grams(text: str, n: int = 4) -> list[str]:
     out = []
     for word in _WORD.findall(lexical_text(text).lower()):
         padded = f"_{word}_"
-        out.extend(padded[i:i + n] for i in range(max(1, len(padded) - n + 1)))
+        out.extend(padded[i : i + n] for i in range(max(1, len(padded) - n + 1)))
     return out
 
 
@@ -270,8 +272,9 @@ def unit_rankings(documents: dict[str, str], units_of, pairs, exclude_sources: b
         query_ids = [vocab[u] for u in units_of(query) if u in vocab]
         scores = retriever.get_scores(query_ids) if query_ids else [0.0] * len(paths)
         order = sorted(range(len(paths)), key=lambda i: -scores[i])
-        rankings.append([paths[i] for i in order
-                         if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:limit])
+        rankings.append(
+            [paths[i] for i in order if scores[i] > 0 and not (exclude_sources and paths[i] == source)][:limit]
+        )
     return rankings
 
 
@@ -298,8 +301,7 @@ class ChunkVectors:
     def __init__(self, conn, workspace_id: int, model: str) -> None:
         import numpy as np
 
-        rows = conn.execute(queries["eval_chunk_vectors"],
-                            {"workspace_id": workspace_id, "model": model}).fetchall()
+        rows = conn.execute(queries["eval_chunk_vectors"], {"workspace_id": workspace_id, "model": model}).fetchall()
         self.ids = [r["id"] for r in rows]
         self.paths = [r["path"].removeprefix("/documents/") for r in rows]
         self.vectors = np.array([json.loads(r["embedding"]) for r in rows], dtype=np.float32)
@@ -337,8 +339,15 @@ class ChunkVectors:
         return documents_of([self.ids[i] for i in order], dict(zip(self.ids, self.paths)), exclude)[:LEG_LIMIT]
 
 
-def rm3_rankings(documents: dict[str, str], language: str, pairs, exclude_sources: bool,
-                 feedback_documents: int = 3, feedback_terms: int = 10, weight: float = 0.3) -> list[list[str]]:
+def rm3_rankings(
+    documents: dict[str, str],
+    language: str,
+    pairs,
+    exclude_sources: bool,
+    feedback_documents: int = 3,
+    feedback_terms: int = 10,
+    weight: float = 0.3,
+) -> list[list[str]]:
     """bm25s as ``bm25_rankings`` with RM3 feedback: the query's terms (1 - ``weight``, spread
     evenly) plus the ``feedback_terms`` terms weighing most in the first ``feedback_documents``
     documents (term frequency / length × log(1 + N / df), each document weighted by the softmax of
@@ -389,8 +398,10 @@ def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict
         chosen = sorted(rng.sample(pages, min(args.tldr_pages, len(pages))))
         originals = {str(p.relative_to(CORPUS / "tldr" / "pages")): p.read_text(encoding="utf-8") for p in chosen}
         pairs = [(q, None, path) for path, text in originals.items() if (q := tldr_query(text))]
-        documents = {path: "\n".join(line for line in text.split("\n") if not line.startswith("> "))
-                     for path, text in originals.items()}
+        documents = {
+            path: "\n".join(line for line in text.split("\n") if not line.startswith("> "))
+            for path, text in originals.items()
+        }
         exclude_sources = False
     else:
         vault = CORPUS / "obsidian-help" / VAULTS[language]
@@ -418,31 +429,50 @@ def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict
         kb.import_folder(work, ws)
     t0 = time.perf_counter()
     report = kb.index(ws)
-    print(f"{language}: {len(documents)} documents, {len(pairs)} pairs; index {time.perf_counter() - t0:.0f}s "
-          f"({report.embeddings_computed} embedded, {report.embeddings_cached} cached, "
-          f"{len(report.failures)} failed)", flush=True)
+    print(
+        f"{language}: {len(documents)} documents, {len(pairs)} pairs; index {time.perf_counter() - t0:.0f}s "
+        f"({report.embeddings_computed} embedded, {report.embeddings_cached} cached, "
+        f"{len(report.failures)} failed)",
+        flush=True,
+    )
     return pairs, documents, exclude_sources
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--languages", nargs="+", default=["en", "de", "ru", "ar", "ja", "zh-TW"])
-    parser.add_argument("--pairs", type=int, default=0,
-                        help="pairs per language (a seeded sample of the split; 0: all of it)")
-    parser.add_argument("--split", choices=("held-out", "tune", "all"), default="held-out",
-                        help="which half of the pairs to score (choose settings on tune, report held-out)")
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="pairs per language (a seeded sample of the split; 0: all of it)"
+    )
+    parser.add_argument(
+        "--split",
+        choices=("held-out", "tune", "all"),
+        default="held-out",
+        help="which half of the pairs to score (choose settings on tune, report held-out)",
+    )
     parser.add_argument("--tldr-pages", type=int, default=1000)
-    parser.add_argument("--vault-documents", type=int, default=60,
-                        help="per vault, the N pages most linked to form the corpus (0: all 173)")
+    parser.add_argument(
+        "--vault-documents",
+        type=int,
+        default=60,
+        help="per vault, the N pages most linked to form the corpus (0: all 173)",
+    )
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grid", action="store_true", help="also score other fusion weights and k")
-    parser.add_argument("--alternatives", action="store_true",
-                        help="also score kb+grams, bm25+rm3, kb+phrases, kb+docvec and kb+vprf "
-                             "(measured, not adopted; see the docstring)")
+    parser.add_argument(
+        "--alternatives",
+        action="store_true",
+        help="also score kb+grams, bm25+rm3, kb+phrases, kb+docvec and kb+vprf "
+        "(measured, not adopted; see the docstring)",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-eval"))
-    parser.add_argument("--dump", type=Path, default=None,
-                        help="also write each pair's leg rankings (JSON) here, to study fusion offline")
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        default=None,
+        help="also write each pair's leg rankings (JSON) here, to study fusion offline",
+    )
     args = parser.parse_args()
     if not CORPUS.exists():
         sys.exit(f"corpus {CORPUS} is absent")
@@ -454,27 +484,46 @@ def main() -> None:
         pass
     settings = Settings(storage_root=args.work / "storage", embedding_model=args.model)
     if settings.database_url is None:
-        settings = settings.model_copy(update={
-            "database_url": database.start_embedded(args.work / "pg", database="kb_eval")})
+        settings = settings.model_copy(
+            update={"database_url": database.start_embedded(args.work / "pg", database="kb_eval")}
+        )
     kb = KnowledgeBase.open(settings)
     embedder = kb.use_embedder(make_embedder(settings))
-    result: dict = {"model": embedder.model, "split": args.split, "load_average": os.getloadavg(),
-                    "settings": {"rrf_k": RRF_K, "vector_weight": VECTOR_WEIGHT,
-                                                          "text_weight": TEXT_WEIGHT, "document_weight": DOCUMENT_WEIGHT,
-                          "uncovered_vector_weight": UNCOVERED_VECTOR_WEIGHT}, "languages": {}}
+    result: dict = {
+        "model": embedder.model,
+        "split": args.split,
+        "load_average": os.getloadavg(),
+        "settings": {
+            "rrf_k": RRF_K,
+            "vector_weight": VECTOR_WEIGHT,
+            "text_weight": TEXT_WEIGHT,
+            "document_weight": DOCUMENT_WEIGHT,
+            "uncovered_vector_weight": UNCOVERED_VECTOR_WEIGHT,
+        },
+        "languages": {},
+    }
     # fusion per document, as kb.search.rank_documents does; wv is the covered-language weight (a
     # query the model does not cover gets wv × UNCOVERED_VECTOR_WEIGHT / VECTOR_WEIGHT, as in kb)
-    grid = [(wv, wt, wd, rk) for wv in (0.5, 1.0) for wt in (0.1, 0.25, 0.5, 0.75)
-            for wd in (0.25, 0.5, 0.75, 1.0) for rk in (2, 5, 10, 20)]
+    grid = [
+        (wv, wt, wd, rk)
+        for wv in (0.5, 1.0)
+        for wt in (0.1, 0.25, 0.5, 0.75)
+        for wd in (0.25, 0.5, 0.75, 1.0)
+        for rk in (2, 5, 10, 20)
+    ]
     for language, ws in WORKSPACES.items():
         if language not in args.languages:
             continue
         pairs, documents, exclude_sources = prepare(kb, ws, language, args)
         with database.connect(kb.database_url, autocommit=True) as conn:
-            chunk_document = {r["id"]: r["path"].removeprefix("/documents/") for r in conn.execute(
-                queries["eval_chunk_documents"], {"workspace_id": ws})}
-            document_path = {r["id"]: r["path"].removeprefix("/documents/") for r in conn.execute(
-                queries["eval_document_paths"], {"workspace_id": ws})}
+            chunk_document = {
+                r["id"]: r["path"].removeprefix("/documents/")
+                for r in conn.execute(queries["eval_chunk_documents"], {"workspace_id": ws})
+            }
+            document_path = {
+                r["id"]: r["path"].removeprefix("/documents/")
+                for r in conn.execute(queries["eval_document_paths"], {"workspace_id": ws})
+            }
         vectors = embedder.embed([q for q, _, _ in pairs])
         kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
         scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "document": [], "bm25": []}
@@ -484,7 +533,9 @@ def main() -> None:
             phrases = phrase_rankings(documents, language, pairs, exclude_sources)
             with database.connect(kb.database_url, autocommit=True) as conn:
                 chunk_vectors = ChunkVectors(conn, ws, embedder.model)
-            for ranked, (_query, _source, target) in zip(rm3_rankings(documents, language, pairs, exclude_sources), pairs):
+            for ranked, (_query, _source, target) in zip(
+                rm3_rankings(documents, language, pairs, exclude_sources), pairs
+            ):
                 scores["bm25+rm3"].append(metrics(ranked, target))
         grid_scores: dict[tuple, list] = {g: [] for g in grid}
         legs = []
@@ -507,22 +558,48 @@ def main() -> None:
                     wv = vector_weight(embedder, query)
                     fused = fuse([(wv, v_paths), (0.25, t_paths), (0.25, d_paths), (0.25, grams[len(legs) - 1])])
                     scores["kb+grams"].append(metrics([p for p, _ in fused], target))
-                    fused = fuse([(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT / 2, d_paths),
-                                  (0.1, phrases[len(legs) - 1])], 10)
+                    fused = fuse(
+                        [
+                            (wv, v_paths),
+                            (TEXT_WEIGHT, t_paths),
+                            (DOCUMENT_WEIGHT / 2, d_paths),
+                            (0.1, phrases[len(legs) - 1]),
+                        ],
+                        10,
+                    )
                     scores["kb+phrases"].append(metrics([p for p, _ in fused], target))
-                    fused = fuse([(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT, d_paths),
-                                  (wv / 2, chunk_vectors.document_ranking(vector, exclude))], 10)
+                    fused = fuse(
+                        [
+                            (wv, v_paths),
+                            (TEXT_WEIGHT, t_paths),
+                            (DOCUMENT_WEIGHT, d_paths),
+                            (wv / 2, chunk_vectors.document_ranking(vector, exclude)),
+                        ],
+                        10,
+                    )
                     scores["kb+docvec"].append(metrics([p for p, _ in fused], target))
-                    kb_first = [p for p, _ in fuse(
-                        [(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT, d_paths)])][:3]
-                    fused = fuse([(wv, chunk_vectors.feedback_ranking(vector, kb_first, 0.3, exclude)),
-                                  (0.25, t_paths), (0.25, d_paths)])
+                    kb_first = [
+                        p for p, _ in fuse([(wv, v_paths), (TEXT_WEIGHT, t_paths), (DOCUMENT_WEIGHT, d_paths)])
+                    ][:3]
+                    fused = fuse(
+                        [
+                            (wv, chunk_vectors.feedback_ranking(vector, kb_first, 0.3, exclude)),
+                            (0.25, t_paths),
+                            (0.25, d_paths),
+                        ]
+                    )
                     scores["kb+vprf"].append(metrics([p for p, _ in fused], target))
                 if args.grid:
                     covered = vector_weight(embedder, query) == VECTOR_WEIGHT
                     for wv, wt, wd, rk in grid:
-                        fused = fuse([(wv if covered else wv * UNCOVERED_VECTOR_WEIGHT / VECTOR_WEIGHT, v_paths),
-                                      (wt, t_paths), (wd, d_paths)], rk)
+                        fused = fuse(
+                            [
+                                (wv if covered else wv * UNCOVERED_VECTOR_WEIGHT / VECTOR_WEIGHT, v_paths),
+                                (wt, t_paths),
+                                (wd, d_paths),
+                            ],
+                            rk,
+                        )
                         grid_scores[(wv, wt, wd, rk)].append(metrics([p for p, _ in fused], target))
         kb.use_embedder(embedder)
         bm25 = bm25_rankings(documents, language, pairs, exclude_sources)
@@ -530,23 +607,42 @@ def main() -> None:
             scores["bm25"].append(metrics(ranked, target))
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
-            (args.dump / f"{language}-{args.split}.json").write_text(json.dumps({
-                "chunk_document": chunk_document, "exclude_sources": exclude_sources,
-                "pairs": [{"query": q, "source": s, "target": t, "vector": v, "text": x, "document": d, "bm25": b}
-                          for (q, s, t), (v, x, d), b in zip(pairs, legs, bm25)]}))
-        summary = {name: {"recall@5": round(statistics.mean(r for r, _ in s), 4),
-                          "mrr@10": round(statistics.mean(m for _, m in s), 4)} for name, s in scores.items()}
+            (args.dump / f"{language}-{args.split}.json").write_text(
+                json.dumps(
+                    {
+                        "chunk_document": chunk_document,
+                        "exclude_sources": exclude_sources,
+                        "pairs": [
+                            {"query": q, "source": s, "target": t, "vector": v, "text": x, "document": d, "bm25": b}
+                            for (q, s, t), (v, x, d), b in zip(pairs, legs, bm25)
+                        ],
+                    }
+                )
+            )
+        summary = {
+            name: {
+                "recall@5": round(statistics.mean(r for r, _ in s), 4),
+                "mrr@10": round(statistics.mean(m for _, m in s), 4),
+            }
+            for name, s in scores.items()
+        }
         summary["pairs"] = len(pairs)
         best_other = max(summary["bm25"]["recall@5"], summary["vector"]["recall@5"])
         summary["kb_margin_recall@5"] = round(summary["kb"]["recall@5"] - best_other, 4)
         if args.grid:
-            summary["grid"] = {f"wv={wv} wt={wt} wd={wd} k={rk}": round(statistics.mean(r for r, _ in s), 4)
-                               for (wv, wt, wd, rk), s in grid_scores.items()}
+            summary["grid"] = {
+                f"wv={wv} wt={wt} wd={wd} k={rk}": round(statistics.mean(r for r, _ in s), 4)
+                for (wv, wt, wd, rk), s in grid_scores.items()
+            }
         result["languages"][language] = summary
-        print(f"{language} ({len(pairs)} pairs): " + " | ".join(
-            f"{name} R@5 {summary[name]['recall@5']:.3f} MRR@10 {summary[name]['mrr@10']:.3f}"
-            for name in scores) + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
-            flush=True)
+        print(
+            f"{language} ({len(pairs)} pairs): "
+            + " | ".join(
+                f"{name} R@5 {summary[name]['recall@5']:.3f} MRR@10 {summary[name]['mrr@10']:.3f}" for name in scores
+            )
+            + f" | kb − best other R@5 {summary['kb_margin_recall@5']:+.3f}",
+            flush=True,
+        )
         if args.grid:
             best = sorted(summary["grid"].items(), key=lambda item: -item[1])[:5]
             print(f"  grid best R@5: {best}", flush=True)

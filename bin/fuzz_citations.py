@@ -80,8 +80,11 @@ def e2e(cases: int, seed: int) -> bool:
         print("  FAIL", failure)
     for note in tally.notes[:20]:
         print("  NOTE", note)
-    return (tally.confidently_wrong == 0 and tally.degraded == tally.expected_degraded
-            and tally.follow.wrong_unchanged == tally.follow.missed_unchanged == tally.follow.wrong_numbers == 0)
+    return (
+        tally.confidently_wrong == 0
+        and tally.degraded == tally.expected_degraded
+        and tally.follow.wrong_unchanged == tally.follow.missed_unchanged == tally.follow.wrong_numbers == 0
+    )
 
 
 def main() -> int:

@@ -39,10 +39,30 @@ ROOT = Path(__file__).resolve().parents[1]
 MIGRATIONS = ROOT / "migrations"
 CHECKSUMS = "CHECKSUMS"
 NAME = re.compile(r"^(\d{4})_([a-z0-9]+(?:_[a-z0-9]+)+)\.sql$")
-VERBS = frozenset({
-    "add", "allow", "alter", "backfill", "change", "create", "drop", "enable", "disable", "extend",
-    "index", "make", "merge", "move", "record", "remove", "rename", "replace", "split", "store",
-})
+VERBS = frozenset(
+    {
+        "add",
+        "allow",
+        "alter",
+        "backfill",
+        "change",
+        "create",
+        "drop",
+        "enable",
+        "disable",
+        "extend",
+        "index",
+        "make",
+        "merge",
+        "move",
+        "record",
+        "remove",
+        "rename",
+        "replace",
+        "split",
+        "store",
+    }
+)
 """First word of a new migration's name: what it does to the object that follows."""
 MARKER = re.compile(r"kb:destructive\s+\S")
 UNPARSED_ALLOWED = [
@@ -55,7 +75,8 @@ UNPARSED_ALLOWED = [
 ]
 """Statement forms sqlglot keeps as an opaque Command that a migration may still use."""
 DESTRUCTIVE_TEXT = re.compile(
-    r"\b(DROP\s+(TABLE|SCHEMA|COLUMN)|TRUNCATE|ALTER\s+COLUMN\s+\S+\s+(SET\s+DATA\s+)?TYPE)\b", re.I)
+    r"\b(DROP\s+(TABLE|SCHEMA|COLUMN)|TRUNCATE|ALTER\s+COLUMN\s+\S+\s+(SET\s+DATA\s+)?TYPE)\b", re.I
+)
 """Destructive keywords searched for in the text of a statement sqlglot could not parse."""
 DESTRUCTIVE_BEFORE_MARKER = {
     "0014_search_per_language.sql": "TRUNCATE of the derived term statistics, refilled by the same migration",
@@ -107,11 +128,17 @@ def check_sequence(folder: Path) -> list[Finding]:
     paths = {path.name: path for path in migration_paths(folder)}
     for name, digest in recorded.items():
         if name not in paths:
-            findings.append(Finding(name, "recorded in CHECKSUMS but missing: migrations are append-only, "
-                                          "restore the file"))
+            findings.append(
+                Finding(name, "recorded in CHECKSUMS but missing: migrations are append-only, restore the file")
+            )
         elif sha256(paths[name]) != digest:
-            findings.append(Finding(name, "changed after it was recorded: an applied migration is never "
-                                          "edited, undo the edit and add a new migration instead"))
+            findings.append(
+                Finding(
+                    name,
+                    "changed after it was recorded: an applied migration is never "
+                    "edited, undo the edit and add a new migration instead",
+                )
+            )
     numbers: dict[int, str] = {}
     for name in sorted(paths, key=lambda n: (n not in recorded, n)):  # a clash is the new file's fault
         match = NAME.match(name)
@@ -129,11 +156,21 @@ def check_sequence(folder: Path) -> list[Finding]:
         if name in recorded:
             continue
         if name.split("_")[1] not in VERBS:
-            findings.append(Finding(name, f"name should start with a verb ({', '.join(sorted(VERBS))}) "
-                                          "then the object, e.g. 0020_add_chunk_language.sql"))
+            findings.append(
+                Finding(
+                    name,
+                    f"name should start with a verb ({', '.join(sorted(VERBS))}) "
+                    "then the object, e.g. 0020_add_chunk_language.sql",
+                )
+            )
         if number != expected:
-            findings.append(Finding(name, f"new migration should be number {expected:04d} (the next after the "
-                                          "last recorded one; no gaps, no numbers below it)"))
+            findings.append(
+                Finding(
+                    name,
+                    f"new migration should be number {expected:04d} (the next after the "
+                    "last recorded one; no gaps, no numbers below it)",
+                )
+            )
         findings.append(Finding(name, UNRECORDED))
         expected = number + 1
     return findings
@@ -180,15 +217,25 @@ def check_statements(path: Path) -> list[Finding]:
         if isinstance(statement, exp.Command):
             head = _statement_text(statement).lstrip()
             if not any(pattern.match(head) for pattern, _ in UNPARSED_ALLOWED):
-                findings.append(Finding(path.name, f"sqlglot cannot parse {head[:60]!r}: write it in a form it "
-                                                   "parses, or add the form to UNPARSED_ALLOWED with a reason"))
+                findings.append(
+                    Finding(
+                        path.name,
+                        f"sqlglot cannot parse {head[:60]!r}: write it in a form it "
+                        "parses, or add the form to UNPARSED_ALLOWED with a reason",
+                    )
+                )
         what = destructive(statement)
         if what is None or any(MARKER.search(c) for c in statement.comments or []):
             continue
         if path.name in DESTRUCTIVE_BEFORE_MARKER:
             continue
-        findings.append(Finding(path.name, f"{what} without a marker: put '-- kb:destructive <reason>' on the "
-                                           "line before the statement (what is lost and why that is safe)"))
+        findings.append(
+            Finding(
+                path.name,
+                f"{what} without a marker: put '-- kb:destructive <reason>' on the "
+                "line before the statement (what is lost and why that is safe)",
+            )
+        )
     return findings
 
 

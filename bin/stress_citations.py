@@ -38,15 +38,17 @@ def main() -> int:
         kb.use_embedder(HashingEmbedder())
         started = time.perf_counter()
         try:
-            report = stress(kb, 1, args.seconds, seed=args.seed, shared=not args.separate,
-                            searchers=args.searchers)
+            report = stress(kb, 1, args.seconds, seed=args.seed, shared=not args.separate, searchers=args.searchers)
         finally:
             kb.close()
             if not kb.settings.database_url:
                 from kb.db.database import stop_embedded
 
                 stop_embedded(Path(root) / "postgres")
-    print(f"{time.perf_counter() - started:.0f} s: " + ", ".join(f"{n} {kind}" for kind, n in sorted(report.counts.items())))
+    print(
+        f"{time.perf_counter() - started:.0f} s: "
+        + ", ".join(f"{n} {kind}" for kind, n in sorted(report.counts.items()))
+    )
     print(f"faults: {sum(report.fault_counts.values())} {dict(report.fault_counts)}")
     for fault in report.faults:
         print("  FAULT", fault)

@@ -104,13 +104,20 @@ class Report:
     @property
     def misreported(self) -> int:
         """Every outcome that disagrees with git/Postgres."""
-        return (len(self.lost) + len(self.phantom) + len(self.nothing_recorded_landed)
-                + len(self.dropped_connection_landed))
+        return (
+            len(self.lost) + len(self.phantom) + len(self.nothing_recorded_landed) + len(self.dropped_connection_landed)
+        )
 
     @property
     def ok(self) -> bool:
-        return not (self.hangs or self.corrupt_index or self.misreported or self.raw_errors or self.git_fsck
-                    or "error" in self.fsck_repairs)
+        return not (
+            self.hangs
+            or self.corrupt_index
+            or self.misreported
+            or self.raw_errors
+            or self.git_fsck
+            or "error" in self.fsck_repairs
+        )
 
 
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -120,9 +127,17 @@ def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
 class Stress:
     """One run: ``run()`` drives the threads, ``check()`` compares outcomes with git and Postgres."""
 
-    def __init__(self, kb: KnowledgeBase, threads: int, seconds: float, op_timeout: float = 60.0,
-                 repack_every: float = 1.0, kill_every: float = 3.0, kill_fraction: float = 0.5,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        kb: KnowledgeBase,
+        threads: int,
+        seconds: float,
+        op_timeout: float = 60.0,
+        repack_every: float = 1.0,
+        kill_every: float = 3.0,
+        kill_fraction: float = 0.5,
+        seed: int = 0,
+    ) -> None:
         self.kb, self.threads, self.seconds = kb, threads, seconds
         self.op_timeout, self.repack_every, self.kill_every = op_timeout, repack_every, kill_every
         self.kill_fraction = kill_fraction
@@ -252,10 +267,14 @@ class Stress:
             for i in range(5):
                 tx.write(f"/documents/shared/{i}.md", f"shared {i}\n")
         deadline = time.monotonic() + self.seconds
-        workers = [threading.Thread(target=self._worker, args=(k, deadline), name=f"worker-{k}", daemon=True)
-                   for k in range(self.threads)]
-        helpers = [threading.Thread(target=f, name=f.__name__, daemon=True)
-                   for f in (self._repacker, self._killer, self._watchdog)]
+        workers = [
+            threading.Thread(target=self._worker, args=(k, deadline), name=f"worker-{k}", daemon=True)
+            for k in range(self.threads)
+        ]
+        helpers = [
+            threading.Thread(target=f, name=f.__name__, daemon=True)
+            for f in (self._repacker, self._killer, self._watchdog)
+        ]
         for thread in workers + helpers:
             thread.start()
         for thread in workers:
@@ -269,8 +288,13 @@ class Stress:
     def check(self) -> Report:
         """Compare every write's reported outcome with git and ``kb.revisions``; run git's checks
         of the repository and its index, then ``kb fsck``."""
-        report = Report(list(self.outcomes), hangs=list(self.hangs), repacks=self.repacks, kills=self.kills,
-                        terminated=self.terminated)
+        report = Report(
+            list(self.outcomes),
+            hangs=list(self.hangs),
+            repacks=self.repacks,
+            kills=self.kills,
+            terminated=self.terminated,
+        )
         log = git(self.repo, "log", "--format=%H %s").stdout.splitlines()
         landed = {}
         for line in log:
@@ -287,8 +311,10 @@ class Stress:
             actual = landed.get(o.op_id)
             if o.reported == "landed":
                 if actual != o.revision or o.revision not in recorded:
-                    report.lost.append(f"{o.kind} {o.op_id}: reported {o.revision}, git {actual}, "
-                                       f"kb.revisions {'has' if o.revision in recorded else 'lacks'} it")
+                    report.lost.append(
+                        f"{o.kind} {o.op_id}: reported {o.revision}, git {actual}, "
+                        f"kb.revisions {'has' if o.revision in recorded else 'lacks'} it"
+                    )
             elif o.reported in ("failed", "raw", "empty") and actual is not None:
                 entry = f"{o.kind} {o.op_id}: {o.error}: {o.message[:160]} — but {actual} landed"
                 if NOTHING_RECORDED in o.message.lower():
@@ -319,9 +345,12 @@ class Stress:
         except KbError as exc:  # reported with the rest, not instead of it
             report.fsck_repairs = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         else:
-            report.fsck_repairs = {"ok": kb_fsck.ok, "index rebuilt": kb_fsck.index_repaired,
-                                   "working tree paths": len(kb_fsck.worktree_repaired),
-                                   "revisions recorded": len(kb_fsck.recorded)}
+            report.fsck_repairs = {
+                "ok": kb_fsck.ok,
+                "index rebuilt": kb_fsck.index_repaired,
+                "working tree paths": len(kb_fsck.worktree_repaired),
+                "revisions recorded": len(kb_fsck.recorded),
+            }
         report.pool = pool_state(self.kb.database_url)
         return report
 
@@ -331,8 +360,17 @@ def pool_state(url: str) -> dict:
     from kb.db import database
 
     stats = database.pool(url).get_stats()
-    return {k: stats.get(k) for k in ("pool_size", "pool_available", "requests_waiting", "connections_lost",
-                                      "requests_errors", "connections_errors")}
+    return {
+        k: stats.get(k)
+        for k in (
+            "pool_size",
+            "pool_available",
+            "requests_waiting",
+            "connections_lost",
+            "requests_errors",
+            "connections_errors",
+        )
+    }
 
 
 def print_report(report: Report, seconds: float, threads: int) -> None:
@@ -340,8 +378,10 @@ def print_report(report: Report, seconds: float, threads: int) -> None:
     kinds = list(WEIGHTS)
     columns = ["landed", "ok", "empty", "failed", "unknown", "error", "raw"]
     counts = {k: Counter(o.reported for o in report.outcomes if o.kind == k) for k in kinds}
-    print(f"\n{threads} threads on one KnowledgeBase for {seconds:g}s: {len(report.outcomes)} operations, "
-          f"{report.repacks} `git repack -ad`, {report.kills} kill rounds ({report.terminated} sessions ended)\n")
+    print(
+        f"\n{threads} threads on one KnowledgeBase for {seconds:g}s: {len(report.outcomes)} operations, "
+        f"{report.repacks} `git repack -ad`, {report.kills} kill rounds ({report.terminated} sessions ended)\n"
+    )
     print(f"{'operation':<12}" + "".join(f"{c:>9}" for c in columns) + f"{'max s':>9}")
     for k in kinds:
         slowest = max((o.seconds for o in report.outcomes if o.kind == k), default=0.0)
@@ -353,23 +393,31 @@ def print_report(report: Report, seconds: float, threads: int) -> None:
             first = next(o.message for o in report.outcomes if f"{o.kind}/{o.error}" == name)
             print(f"  {name:<34}{count:>5}  {' '.join(first.split())[:150]}")
     print("\ninvariants")
-    rows = [("corrupt indexes", len(report.corrupt_index)), ("hangs", len(report.hangs)),
-            ("lost writes (reported landed, absent)", len(report.lost)),
-            ("phantom writes (reported failed, landed)", len(report.phantom)),
-            ("nothing-recorded but landed (misreport)", len(report.nothing_recorded_landed)),
-            ("lost-connection error but landed (misreport)", len(report.dropped_connection_landed)),
-            ("raw (non-KbError) exceptions", len(report.raw_errors)),
-            ("git fsck --strict errors", 1 if report.git_fsck else 0)]
+    rows = [
+        ("corrupt indexes", len(report.corrupt_index)),
+        ("hangs", len(report.hangs)),
+        ("lost writes (reported landed, absent)", len(report.lost)),
+        ("phantom writes (reported failed, landed)", len(report.phantom)),
+        ("nothing-recorded but landed (misreport)", len(report.nothing_recorded_landed)),
+        ("lost-connection error but landed (misreport)", len(report.dropped_connection_landed)),
+        ("raw (non-KbError) exceptions", len(report.raw_errors)),
+        ("git fsck --strict errors", 1 if report.git_fsck else 0),
+    ]
     for name, value in rows:
         print(f"  {name:<44}{value:>6}")
     print(f"  {'unknown outcomes: landed / not landed':<44}{report.unknown_landed:>3} / {report.unknown_not_landed}")
     print(f"  {'git status lines before kb fsck':<44}{report.status_lines:>6}")
     print(f"  kb fsck afterwards: {report.fsck_repairs}")
     print(f"  connection pool afterwards: {report.pool}")
-    for title, items in (("corrupt index", report.corrupt_index), ("hang", report.hangs), ("lost", report.lost),
-                         ("phantom", report.phantom), ("nothing-recorded but landed", report.nothing_recorded_landed),
-                         ("lost-connection error but landed", report.dropped_connection_landed),
-                         ("raw", report.raw_errors)):
+    for title, items in (
+        ("corrupt index", report.corrupt_index),
+        ("hang", report.hangs),
+        ("lost", report.lost),
+        ("phantom", report.phantom),
+        ("nothing-recorded but landed", report.nothing_recorded_landed),
+        ("lost-connection error but landed", report.dropped_connection_landed),
+        ("raw", report.raw_errors),
+    ):
         for item in items[:5]:
             print(f"  {title}: {item}")
     if report.git_fsck:
@@ -391,11 +439,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kb-stress-") as tmp:
         url, cleanup = database(Path(tmp))
         try:
-            settings = Settings(database_url=url, storage_root=Path(tmp) / "storage", embedding_model="hashing",
-                                lock_timeout=20.0)
+            settings = Settings(
+                database_url=url, storage_root=Path(tmp) / "storage", embedding_model="hashing", lock_timeout=20.0
+            )
             kb = KnowledgeBase.open(settings)
-            stress = Stress(kb, args.threads, args.seconds, args.op_timeout, args.repack_every, args.kill_every,
-                            seed=args.seed)
+            stress = Stress(
+                kb, args.threads, args.seconds, args.op_timeout, args.repack_every, args.kill_every, seed=args.seed
+            )
             stress.run()
             report = stress.check()
             print_report(report, args.seconds, args.threads)

@@ -30,16 +30,21 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--writers", type=int, default=1)
-    parser.add_argument("--targets", choices=["all", "busy"], default="all",
-                        help="terminate every client backend, or only those inside a transaction")
+    parser.add_argument(
+        "--targets",
+        choices=["all", "busy"],
+        default="all",
+        help="terminate every client backend, or only those inside a transaction",
+    )
     args = parser.parse_args()
     totals, bad_runs = Counter(), 0
     with tempfile.TemporaryDirectory(prefix="kb-outcomes-") as root:
         kb = KnowledgeBase.open(Settings(storage_root=Path(root), embedding_model="hashing"))
         try:
             for run in range(args.runs):
-                report = stress_outcomes(kb, run + 1, args.seconds, writers=args.writers, seed=run,
-                                         targets=args.targets)
+                report = stress_outcomes(
+                    kb, run + 1, args.seconds, writers=args.writers, seed=run, targets=args.targets
+                )
                 totals.update(report.counts)
                 bad = report.counts["misreported"] + report.counts["applied_twice"]
                 bad_runs += bad > 0

@@ -95,14 +95,20 @@ class RevisionNotFound(KbError):
 class LockTimeout(KbError):
     """The workspace write lock was not acquired within the configured wait (design §4)."""
 
-    def __init__(self, workspace_id: int, waited_seconds: float, backend: str = "postgres", *,
-                 lock: str = "write", holder: str = "another writer holds it. Retry, or raise KB_LOCK_TIMEOUT") -> None:
+    def __init__(
+        self,
+        workspace_id: int,
+        waited_seconds: float,
+        backend: str = "postgres",
+        *,
+        lock: str = "write",
+        holder: str = "another writer holds it. Retry, or raise KB_LOCK_TIMEOUT",
+    ) -> None:
         self.workspace_id = workspace_id
         self.waited_seconds = waited_seconds
         self.backend = backend
         super().__init__(
-            f"workspace {workspace_id}: {lock} lock ({backend}) not acquired within "
-            f"{waited_seconds:g}s; {holder}."
+            f"workspace {workspace_id}: {lock} lock ({backend}) not acquired within {waited_seconds:g}s; {holder}."
         )
 
 
@@ -207,6 +213,8 @@ class CommitOutcomeUnknown(KbError):
 
 class StorageError(KbError):
     """The file system refused an operation on kb's storage (disk full, permissions, name too long)."""
+
+
 # -- citations (design §8) ------------------------------------------------------------
 class InvalidCitation(KbError):
     """A citation is not written as ``[n]``, ``[n:Lx]`` or ``[n:Lx-Ly]``, or names bad lines."""
@@ -223,6 +231,8 @@ class UnknownChat(KbError):
 
 class InvalidChat(KbError):
     """A chat id is empty, too long, or holds characters a chat id cannot hold."""
+
+
 # -- seeding from legacy rows (design §10) ---------------------------------------------
 class LegacySourceError(KbError):
     """The legacy database cannot be read: unreachable, no ``legacy`` schema, or no such workspace."""
@@ -231,6 +241,7 @@ class LegacySourceError(KbError):
 class SeedRefused(KbError):
     """A seed step was refused: re-seeding a flipped workspace without ``--force``, or ``--flip``
     without byte parity in the same run."""
+
 
 # -- artifacts (design §11) -------------------------------------------------------------
 class ArtifactNotFound(KbError):
@@ -243,19 +254,26 @@ class StaleGeneration(KbError):
     ``verb`` is what was refused (``revise`` or ``delete``), ``workspace_id`` the artifact's
     workspace (the CLI hint names both commands with their ``-w``)."""
 
-    def __init__(self, artifact_id: int, expected: int, current: int, workspace_id: int | None = None,
-                 verb: str = "revise") -> None:
+    def __init__(
+        self, artifact_id: int, expected: int, current: int, workspace_id: int | None = None, verb: str = "revise"
+    ) -> None:
         self.artifact_id, self.expected, self.current = artifact_id, expected, current
         self.workspace_id = workspace_id
-        stale = (f"artifact {artifact_id} is at generation {current}, not {expected}: it was revised "
-                 f"meanwhile; reload it")
+        stale = (
+            f"artifact {artifact_id} is at generation {current}, not {expected}: it was revised meanwhile; reload it"
+        )
         workspace = f" -w {workspace_id}" if workspace_id is not None else ""
-        retry = f"kb artifact revise {artifact_id} --generation {current} FILE" if verb == "revise" else \
-            f"kb artifact {verb} {artifact_id} --generation {current}"
+        retry = (
+            f"kb artifact revise {artifact_id} --generation {current} FILE"
+            if verb == "revise"
+            else f"kb artifact {verb} {artifact_id} --generation {current}"
+        )
         super().__init__(
             f"{stale} (artifacts.get({artifact_id})) and {verb} generation {current}",
-            cli=(f"{stale} (`kb artifact show {artifact_id}{workspace}`) and {verb} generation {current}: "
-                 f"`{retry}{workspace}`"),
+            cli=(
+                f"{stale} (`kb artifact show {artifact_id}{workspace}`) and {verb} generation {current}: "
+                f"`{retry}{workspace}`"
+            ),
         )
 
 

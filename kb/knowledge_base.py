@@ -159,8 +159,12 @@ class KnowledgeBase:
 
     @contextlib.contextmanager
     def transaction(
-        self, workspace_id: int, message: str | None = None, author: str | None = None,
-        committer: str | None = None, idempotency_key: str | None = None,
+        self,
+        workspace_id: int,
+        message: str | None = None,
+        author: str | None = None,
+        committer: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Iterator[Draft]:
         """``with kb.transaction(1, "msg", "alice") as tx: tx.write(...)`` → ``tx.revision``.
 
@@ -210,13 +214,21 @@ class KnowledgeBase:
         return self.workspace(workspace_id).history(path, limit)
 
     def import_folder(
-        self, source: Path | str, workspace_id: int, *, prefix: str | None = None, prune: bool = False,
-        message: str | None = None, author: str | None = None, idempotency_key: str | None = None,
+        self,
+        source: Path | str,
+        workspace_id: int,
+        *,
+        prefix: str | None = None,
+        prune: bool = False,
+        message: str | None = None,
+        author: str | None = None,
+        idempotency_key: str | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
         ``transaction`` (design §3)."""
-        return self.workspace(workspace_id).import_folder(source, prefix=prefix, prune=prune, message=message,
-                                                          author=author, idempotency_key=idempotency_key)
+        return self.workspace(workspace_id).import_folder(
+            source, prefix=prefix, prune=prune, message=message, author=author, idempotency_key=idempotency_key
+        )
 
     # -- derived index (design §6, §7) -----------------------------------------------------
     @property
@@ -330,8 +342,11 @@ class KnowledgeBase:
 
         store = self.store(workspace_id)
         return Conversation(
-            store, chat_id, search=lambda query, k: self.search(workspace_id, query, k),
-            read_document=lambda path, revision: self.read_document(workspace_id, path, revision))
+            store,
+            chat_id,
+            search=lambda query, k: self.search(workspace_id, query, k),
+            read_document=lambda path, revision: self.read_document(workspace_id, path, revision),
+        )
 
     def expire_citations(self) -> int:
         """Delete chats unused for ``KB_CITATION_TTL`` seconds with their handles (what the
@@ -351,15 +366,24 @@ class KnowledgeBase:
 
     # -- store maintenance and undo (design §2.1, §3) ------------------------------
     def revert(
-        self, workspace_id: int, revision: str, author: str | None = None, committer: str | None = None,
+        self,
+        workspace_id: int,
+        revision: str,
+        author: str | None = None,
+        committer: str | None = None,
         message: str | None = None,
     ) -> Revision | None:
         """Record a forward revision undoing ``revision`` (design §3); None when nothing to undo."""
         return self.workspace(workspace_id).revert(revision, author, committer, message)
 
     def restore(
-        self, workspace_id: int, path: str, revision: str, author: str | None = None,
-        committer: str | None = None, message: str | None = None,
+        self,
+        workspace_id: int,
+        path: str,
+        revision: str,
+        author: str | None = None,
+        committer: str | None = None,
+        message: str | None = None,
     ) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
         return self.workspace(workspace_id).restore(path, revision, author, committer, message)
@@ -390,7 +414,9 @@ class KnowledgeBase:
         self._embedder = embedder
         return embedder
 
-    def reindex(self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None) -> IndexReport:
+    def reindex(
+        self, workspace_id: int, progress: Callable[[int, int, IndexReport], None] | None = None
+    ) -> IndexReport:
         """Rebuild a workspace's index from git HEAD in this process, resuming an interrupted
         rebuild (what the ``kb.reindex`` job runs, design §7)."""
         self.store(workspace_id).require_exists()
@@ -410,7 +436,6 @@ class KnowledgeBase:
         from kb.jobs.sweep import sweep
 
         return sweep(self.stores, lambda: self.embedder)
-
 
     # -- artifacts (design §11) ---------------------------------------------------
     def artifacts(self, workspace_id: int) -> Artifacts:
@@ -445,8 +470,7 @@ class KnowledgeBase:
                 self._open_turns.forget_workspace(workspace_id)
 
     # -- turns (design §5) ----------------------------------------------------------
-    def turn(self, workspace_id: int, turn_id: str, author: str | None = None,
-             committer: str | None = None) -> Turn:
+    def turn(self, workspace_id: int, turn_id: str, author: str | None = None, committer: str | None = None) -> Turn:
         """The turn ``turn_id`` of a workspace: a private, lazily created worktree with the file
         operations (ls, read, write, edit, glob, grep, mkdir, move, remove, rmdir, create) and
         ``commit()``. ``author`` = whom the turn acts for (default: the OS user), ``committer`` =
@@ -474,13 +498,19 @@ class KnowledgeBase:
             return store.repository if store.exists() else None
 
         return sweep_worktrees(
-            repository_for, self.settings.knowledge_store,
+            repository_for,
+            self.settings.knowledge_store,
             self.settings.worktree_ttl if ttl is None else ttl,
         )
 
     def edit_document(
-        self, workspace_id: int, path: str, editor: Callable[[Path], None], author: str | None = None,
-        message: str | None = None, committer: str | None = None,
+        self,
+        workspace_id: int,
+        path: str,
+        editor: Callable[[Path], None],
+        author: str | None = None,
+        message: str | None = None,
+        committer: str | None = None,
     ) -> CommitResult | None:
         """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
         ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
@@ -492,13 +522,26 @@ class KnowledgeBase:
         """
         from kb.turns.editor_save import edit_document
 
-        return edit_document(self.database_url, workspace_id,
-                             lambda turn_id: self.turn(workspace_id, turn_id, author, committer), path, editor, message)
+        return edit_document(
+            self.database_url,
+            workspace_id,
+            lambda turn_id: self.turn(workspace_id, turn_id, author, committer),
+            path,
+            editor,
+            message,
+        )
 
     # -- seeding from legacy rows, span fill, drift check (design §9, §10) ----------
     def seed(
-        self, dsn: str, legacy_workspace: int, workspace_id: int, *, yes: bool = False, flip: bool = False,
-        force: bool = False, progress: Callable[[str], None] | None = None,
+        self,
+        dsn: str,
+        legacy_workspace: int,
+        workspace_id: int,
+        *,
+        yes: bool = False,
+        flip: bool = False,
+        force: bool = False,
+        progress: Callable[[str], None] | None = None,
     ) -> SeedReport:
         """Seed ``workspace_id`` from legacy workspace ``legacy_workspace`` of the legacy database
         at ``dsn`` (``kb seed``, design §10). Dry run unless ``yes``: plans paths and reports
@@ -512,7 +555,8 @@ class KnowledgeBase:
         check_workspace_id(workspace_id)
         active = self.embedder.model
         return Seeder(self.stores, dsn, legacy_workspace, workspace_id, progress).run(
-            yes=yes, flip=flip, force=force, active_model=active)
+            yes=yes, flip=flip, force=force, active_model=active
+        )
 
     def set_authority(self, workspace_id: int, *, flipped: bool) -> bool:
         """``--flip`` / ``--unflip`` of a seeded workspace (design §10); True when it changed.

@@ -44,7 +44,7 @@ def document_lines(data: bytes | str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     if lines and lines[0].startswith(BOM):
-        lines[0] = lines[0][len(BOM):]
+        lines[0] = lines[0][len(BOM) :]
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 

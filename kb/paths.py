@@ -24,8 +24,21 @@ from dataclasses import dataclass
 from kb.errors import InvalidPath, InvalidWorkspace
 
 __all__ = [
-    "MAX_PATH_BYTES", "MAX_SEGMENT_BYTES", "check_new_segment", "check_storage_root", "describe_name", "ROOT", "NameRegistry", "StorePath", "author_path", "blob_id", "name_key",
-    "safe_filename", "safe_folder_segment", "unique_identifier_hash", "unique_name",
+    "MAX_PATH_BYTES",
+    "MAX_SEGMENT_BYTES",
+    "check_new_segment",
+    "check_storage_root",
+    "describe_name",
+    "ROOT",
+    "NameRegistry",
+    "StorePath",
+    "author_path",
+    "blob_id",
+    "name_key",
+    "safe_filename",
+    "safe_folder_segment",
+    "unique_identifier_hash",
+    "unique_name",
 ]
 
 MAX_SEGMENT_BYTES = 255
@@ -81,8 +94,8 @@ def _cut(text: str, max_bytes: int) -> str:
 
 def _split_ext(name: str) -> tuple[str, str]:
     """``(stem, ".md")`` if ``name`` ends in ``.md`` (any case, kept as is), else ``(name, "")``."""
-    if len(name) > len(_EXT) and name[-len(_EXT):].lower() == _EXT:
-        return name[: -len(_EXT)], name[-len(_EXT):]
+    if len(name) > len(_EXT) and name[-len(_EXT) :].lower() == _EXT:
+        return name[: -len(_EXT)], name[-len(_EXT) :]
     return name, ""
 
 
@@ -196,9 +209,7 @@ def unique_name(name: str, taken: Iterable[str] | NameRegistry) -> str:
 
 
 # Code points HFS+ ignores in file names (git's fsck checks .git spellings without them).
-_HFS_IGNORED = dict.fromkeys(
-    [0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF]
-)
+_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
 _GIT_NAMES = {".git", "git~1", ".gitattributes", ".gitignore", ".gitmodules"}
 
 
@@ -231,8 +242,9 @@ def _check_segment(segment: object, path: object) -> None:
         raise InvalidPath(path, f"segment of {size} UTF-8 bytes exceeds {MAX_SEGMENT_BYTES}")
     if git_special_name(segment):
         raise InvalidPath(
-            path, f"segment {segment!r} is (or checks out as) a file git itself interprets "
-            "(.git, .gitattributes, .gitignore, .gitmodules); choose another name"
+            path,
+            f"segment {segment!r} is (or checks out as) a file git itself interprets "
+            "(.git, .gitattributes, .gitignore, .gitmodules); choose another name",
         )
 
 
@@ -257,9 +269,7 @@ class StorePath:
             _check_segment(segment, whole)
 
     @classmethod
-    def parse(
-        cls, path: object, *, allow_root: bool = False, allow_keep: bool = False
-    ) -> StorePath:
+    def parse(cls, path: object, *, allow_root: bool = False, allow_keep: bool = False) -> StorePath:
         """Parse a virtual path (``/documents/a/b.md``) or repo path (``documents/a/b.md``).
 
         Returns a :class:`StorePath`. One trailing ``/`` is accepted and dropped
@@ -390,6 +400,7 @@ def blob_id(data: bytes) -> str:
 # Names that exist already stay readable, movable and removable whatever they are; these rules
 # apply to every name a write or move *creates*, so nothing new can fail to check out.
 
+
 def describe_name(name: str) -> str:
     """``name`` quoted so look-alikes differ on screen: ASCII as is, anything else escaped
     (``'Café.md'`` → ``'Caf\\xe9.md'``, its NFD twin → ``'Cafe\\u0301.md'``)."""
@@ -401,12 +412,16 @@ def check_new_segment(segment: str, path: object) -> None:
     name (``NUL``, ``lpt9.txt``, ``CON .md`` — judged like Windows on the stem before the first
     dot) or a name ending in a dot or a space (Windows strips those, so two names would meet)."""
     if segment.endswith((".", " ")):
-        raise InvalidPath(path, f"name {describe_name(segment)} ends in a dot or space, which Windows "
-                                "drops; choose a name without it")
+        raise InvalidPath(
+            path, f"name {describe_name(segment)} ends in a dot or space, which Windows drops; choose a name without it"
+        )
     stem = segment.partition(".")[0].rstrip(" ")
     if "".join(c.upper() if c.isascii() else c for c in stem) in _DEVICES:
-        raise InvalidPath(path, f"name {describe_name(segment)} is a Windows device name; choose another "
-                                f"(for example {describe_name(safe_folder_segment(segment))})")
+        raise InvalidPath(
+            path,
+            f"name {describe_name(segment)} is a Windows device name; choose another "
+            f"(for example {describe_name(safe_folder_segment(segment))})",
+        )
 
 
 def check_path_length(repo_path: str, path: object) -> None:
@@ -414,14 +429,25 @@ def check_path_length(repo_path: str, path: object) -> None:
     MAX_PATH_BYTES below ``documents``: it could not be checked out everywhere (design §2.3)."""
     size = len(repo_path.encode("utf-8", "surrogatepass")) - len(ROOT) - 1
     if size > MAX_PATH_BYTES:
-        raise InvalidPath(path, f"path of {size} UTF-8 bytes below /documents exceeds {MAX_PATH_BYTES}; "
-                                "use shorter folder or file names")
+        raise InvalidPath(
+            path,
+            f"path of {size} UTF-8 bytes below /documents exceeds {MAX_PATH_BYTES}; use shorter folder or file names",
+        )
 
 
 OS_PATH_MAX = 4096
 """Linux ``PATH_MAX`` (bytes, including the terminating NUL)."""
-_DEEPEST_SUFFIX = (len("/.worktrees/") + 20 + 1 + 200 + 1 + len(ROOT) + 1 + MAX_PATH_BYTES
-                   + len("/.kbtmp-4194304-18446744073709551615"))
+_DEEPEST_SUFFIX = (
+    len("/.worktrees/")
+    + 20
+    + 1
+    + 200
+    + 1
+    + len(ROOT)
+    + 1
+    + MAX_PATH_BYTES
+    + len("/.kbtmp-4194304-18446744073709551615")
+)
 """Bytes a turn worktree adds below ``knowledge_store``: ``/.worktrees/{ws ≤ 20 digits}/{turn id
 ≤ 200}/documents/{path ≤ MAX_PATH_BYTES}`` plus the temporary name a write uses next to a file."""
 

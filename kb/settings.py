@@ -57,9 +57,7 @@ class Settings(BaseSettings):
     embedding_dim: int = Field(default=384, description="Vector dimension of the chunks table.")
     openai_base_url: str = Field(default="https://api.openai.com/v1")
     openai_api_key: str | None = None
-    chunk_size: int = Field(
-        default=240, description="Chunk size in tokens of the embedding model's own tokenizer."
-    )
+    chunk_size: int = Field(default=240, description="Chunk size in tokens of the embedding model's own tokenizer.")
     embed_batch_size: int = Field(default=64, description="Chunks per embedder call.")
     lock_backend: Literal["postgres", "redis"] = "postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -70,16 +68,17 @@ class Settings(BaseSettings):
     quarantine_retry_seconds: float = Field(
         default=3600.0,
         description="Seconds before the sweep gives a quarantined document one more attempt (once the "
-                    "embedder answers a probe again).",
+        "embedder answers a probe again).",
     )
     max_index_bytes: int = Field(
         default=5_000_000,
         description="Documents larger than this many bytes are kept in git but marked unindexable.",
     )
     progress_interval: float = Field(
-        default=5.0, gt=0,
+        default=5.0,
+        gt=0,
         description="Seconds between `kb worker`'s progress lines when its output is not a terminal "
-                    "(a script's capture, a service manager's log).",
+        "(a script's capture, a service manager's log).",
     )
     stalled_job_seconds: float = Field(
         default=60.0,
@@ -108,7 +107,8 @@ class Settings(BaseSettings):
     # the kb.span_fill_control row so a DBA can change them with psql while a fill runs.
     span_fill_cron: str = Field(default="23 3 * * *", description="Cron of the span fill (daily by default).")
     span_fill_job_seconds: float = Field(
-        default=60.0, description="Seconds one span-fill job runs before it queues its continuation.")
+        default=60.0, description="Seconds one span-fill job runs before it queues its continuation."
+    )
     drift_cron: str = Field(default="*/30 * * * *", description="Cron of the drift check of flipped workspaces.")
     drift_max_repairs: int = Field(default=100, description="Drift findings repaired per workspace per run.")
 
@@ -144,11 +144,13 @@ class Settings(BaseSettings):
     def _listen_address(cls, value: str | None) -> str | None:
         parse_listen(value)  # ValueError → a validation error naming the variable
         return value or None
+
     # -- git remotes (design §13): credentials are read at push time, never stored
     remote_username: str | None = Field(default=None, description="User name for pushing to an https remote.")
     remote_password: SecretStr | None = Field(default=None, description="Password or token for the remote.")
     remote_credentials_file: Path | None = Field(
-        default=None, description="A git-credentials file (lines https://user:token@host[/path]) to read at push time.",
+        default=None,
+        description="A git-credentials file (lines https://user:token@host[/path]) to read at push time.",
     )
     remote_ssh_key: Path | None = Field(default=None, description="Private key file for ssh:// remotes.")
 
@@ -165,7 +167,5 @@ class Settings(BaseSettings):
 
 def settings_error(exc: ValidationError) -> str:
     """One line naming each refused ``KB_*`` variable and why (for the CLI's error output)."""
-    problems = [
-        f"KB_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()
-    ]
+    problems = [f"KB_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}" for error in exc.errors()]
     return "invalid setting " + "; ".join(problems) + " (fix or unset the environment variable)"

@@ -18,9 +18,11 @@ def status(settings: Settings, database_url: str, store: KnowledgeStore | None =
     what spans every workspace when None). Raises WorkspaceNotFound for a workspace that does not
     exist."""
     workspace_id = None if store is None else store.workspace_id
-    result: dict = {"database": database.redact(database_url),
-                    "storage_root": str(settings.storage_root),
-                    "embedding_model": settings.embedding_model}
+    result: dict = {
+        "database": database.redact(database_url),
+        "storage_root": str(settings.storage_root),
+        "embedding_model": settings.embedding_model,
+    }
     with database.connect(database_url) as conn:
         jobs = conn.execute(queries["job_counts"], {"workspace_id": workspace_id}).fetchall()
         result["jobs"] = [dict(j) for j in jobs]
@@ -30,10 +32,14 @@ def status(settings: Settings, database_url: str, store: KnowledgeStore | None =
         result["job_health"] = conn.execute(queries["job_health"]).fetchall()
         # due jobs something holds back (and what), and jobs scheduled for later
         due = conn.execute(queries["due_jobs"], {"queues": None}).fetchall()
-        result["blocked_jobs"] = [j for j in due if j["blocker_id"] is not None
-                                  and workspace_id in (None, j["workspace_id"])]
-        result["scheduled_jobs"] = [j for j in conn.execute(queries["scheduled_jobs"], {"queues": None})
-                                    if workspace_id in (None, j["workspace_id"])]
+        result["blocked_jobs"] = [
+            j for j in due if j["blocker_id"] is not None and workspace_id in (None, j["workspace_id"])
+        ]
+        result["scheduled_jobs"] = [
+            j
+            for j in conn.execute(queries["scheduled_jobs"], {"queues": None})
+            if workspace_id in (None, j["workspace_id"])
+        ]
     return result
 
 

@@ -14,17 +14,20 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "bin" / "adversarial_store.py"
 
 
-@pytest.mark.parametrize("args", [
-    ["writers", "--writers", "4", "--revisions", "8"],
-    ["kills", "--kills", "5"],
-    ["fuzz", "--paths", "150"],
-    ["fsck-load", "--runs", "3", "--writers", "2"],
-], ids=["writers", "kills", "fuzz", "fsck-load"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["writers", "--writers", "4", "--revisions", "8"],
+        ["kills", "--kills", "5"],
+        ["fuzz", "--paths", "150"],
+        ["fsck-load", "--runs", "3", "--writers", "2"],
+    ],
+    ids=["writers", "kills", "fuzz", "fsck-load"],
+)
 def test_adversarial_sample(pg_server, args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
     env.update(KB_DATABASE_URL=pg_server, PYTHONPATH=str(SCRIPT.parents[1]))
-    result = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("OK")
     assert "escaped 0" in result.stdout or args[0] in ("kills", "fsck-load")

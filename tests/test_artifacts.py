@@ -52,8 +52,9 @@ def _blob_files(kb, ws=1) -> set[str]:
 def test_save_with_two_files_is_one_revision_with_hashed_readable_blobs(kb):
     kb.create_workspace(1)
     before = len(kb.history(1))
-    saved = kb.artifacts(1).save("Q3: report?", "# Q3\n\nRevenue grew.\n", {"data.csv": CSV, "chart.png": PNG},
-                                 author="agent")
+    saved = kb.artifacts(1).save(
+        "Q3: report?", "# Q3\n\nRevenue grew.\n", {"data.csv": CSV, "chart.png": PNG}, author="agent"
+    )
     assert saved.path == "/documents/Artifacts/Q3_ report_.md" and saved.generation == 1
     assert len(kb.history(1)) == before + 1 and kb.history(1)[0].id == saved.revision
     assert [c.path for c in kb.list_changes(1, saved.revision)] == [saved.path]
@@ -109,8 +110,14 @@ def test_concurrent_revisions_of_one_generation_exactly_one_wins(kb, settings):
             artifacts = KnowledgeBase(settings, kb.database_url).artifacts(1)
             barrier.wait()
             try:
-                outcomes.append(artifacts.revise(saved.id, generation, markdown=f"# r{round_} w{n}\n",
-                                                 files={"slides.pdf": f"{round_}{n}".encode()}))
+                outcomes.append(
+                    artifacts.revise(
+                        saved.id,
+                        generation,
+                        markdown=f"# r{round_} w{n}\n",
+                        files={"slides.pdf": f"{round_}{n}".encode()},
+                    )
+                )
             except StaleGeneration as exc:
                 outcomes.append(exc)
 
@@ -127,8 +134,7 @@ def test_concurrent_revisions_of_one_generation_exactly_one_wins(kb, settings):
         assert all(e.current == generation and str(generation) in str(e) for e in losers)
         current = kb.artifacts(1).get(saved.id)
         assert current.generation == generation
-        [n] = [n for n in range(3) if hashlib.sha256(f"{round_}{n}".encode()).hexdigest()
-               == winners[0].files[0].sha256]
+        [n] = [n for n in range(3) if hashlib.sha256(f"{round_}{n}".encode()).hexdigest() == winners[0].files[0].sha256]
         assert kb.read(1, saved.path) == f"# r{round_} w{n}\n".encode()  # the winner's markdown and file
         assert kb.artifacts(1).read_file(saved.id, "slides.pdf") == f"{round_}{n}".encode()
         assert kb.history(1)[0].id == winners[0].revision
@@ -223,8 +229,10 @@ def test_revert_and_restore_bump_the_generation_and_sidecarless_rows_start_at_on
     from support.named_queries import queries
 
     with database.transaction(kb.database_url) as conn:
-        conn.execute(queries["test_set_document_type"], {"document_type": "ARTIFACT", "workspace_id": 1,
-                                                         "path": "/documents/Artifacts/Legacy.md"})
+        conn.execute(
+            queries["test_set_document_type"],
+            {"document_type": "ARTIFACT", "workspace_id": 1, "path": "/documents/Artifacts/Legacy.md"},
+        )
     legacy = next(x for x in a.list() if x.path.endswith("Legacy.md"))
     assert legacy.generation == 1
     assert a.revise(legacy.id, 1, markdown="# legacy v2\n").generation == 2
@@ -258,8 +266,13 @@ def test_kill_during_save_leaves_a_complete_artifact_or_none(kb, kb_env, point):
     with kb.transaction(1, "base", "t") as tx:
         tx.write("/documents/base.md", b"base")
     base = kb.head(1)
-    proc = subprocess.run([sys.executable, "-c", SAVER], env={**kb_env, "KB_FAULT_POINT": point},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SAVER],
+        env={**kb_env, "KB_FAULT_POINT": point},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     out = run_cli(kb_env, "fsck", "--workspace", "1").stdout
     assert "git fsck --strict: ok" in out and "artifact ERROR" not in out
@@ -283,17 +296,39 @@ def test_cli_save_list_show_revise_delete(kb, kb_env, tmp_path):
     kb.create_workspace(1)
     (tmp_path / "r.md").write_text("# cli\n")
     (tmp_path / "d.csv").write_bytes(CSV)
-    out = run_cli(kb_env, "artifact", "save", str(tmp_path / "r.md"), "--title", "CLI report",
-                  "--file", f"d.csv={tmp_path / 'd.csv'}", "-w", "1").stdout
+    out = run_cli(
+        kb_env,
+        "artifact",
+        "save",
+        str(tmp_path / "r.md"),
+        "--title",
+        "CLI report",
+        "--file",
+        f"d.csv={tmp_path / 'd.csv'}",
+        "-w",
+        "1",
+    ).stdout
     artifact_id = out.split()[1].rstrip(":")
     assert "generation: 1" in out and "/documents/Artifacts/CLI report.md" in out
     assert "CLI report.md" in run_cli(kb_env, "artifact", "list", "-w", "1").stdout
     assert run_cli(kb_env, "artifact", "show", artifact_id, "--file", "d.csv", "-w", "1").stdout == CSV.decode()
-    stale = run_cli(kb_env, "artifact", "revise", artifact_id, "-g", "7", "--markdown", str(tmp_path / "r.md"),
-                    "-w", "1", check=False)
+    stale = run_cli(
+        kb_env,
+        "artifact",
+        "revise",
+        artifact_id,
+        "-g",
+        "7",
+        "--markdown",
+        str(tmp_path / "r.md"),
+        "-w",
+        "1",
+        check=False,
+    )
     assert stale.returncode == 1 and "generation 1, not 7" in stale.stderr
-    assert "generation: 2" in run_cli(kb_env, "artifact", "revise", artifact_id, "-g", "1", "--no-files",
-                                      "-w", "1").stdout
+    assert (
+        "generation: 2" in run_cli(kb_env, "artifact", "revise", artifact_id, "-g", "1", "--no-files", "-w", "1").stdout
+    )
     assert "deleted artifact" in run_cli(kb_env, "artifact", "delete", artifact_id, "-w", "1").stdout
 
 
@@ -311,8 +346,11 @@ def test_concurrent_saves_with_one_title_get_distinct_names(kb, settings):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(a.path for a in saved) == ["/documents/Artifacts/Weekly (2).md", "/documents/Artifacts/Weekly (3).md",
-                                             "/documents/Artifacts/Weekly.md"]
+    assert sorted(a.path for a in saved) == [
+        "/documents/Artifacts/Weekly (2).md",
+        "/documents/Artifacts/Weekly (3).md",
+        "/documents/Artifacts/Weekly.md",
+    ]
     for a in saved:  # each name holds its own save's markdown and file: nothing overwritten
         n = kb.artifacts(1).read_file(a.id, "n.txt").decode()
         assert kb.read(1, a.path) == f"# weekly {n}\n".encode()
@@ -337,8 +375,9 @@ def test_delete_announces_document_deleted_on_kb_events(kb, listener):
     revision = kb.artifacts(1).delete(saved.id)
     kb.project(1)  # finds no row left to delete: the artifact layer announced it
     deleted = [e for e in received_events(listener) if e["event"] == "document_deleted"]
-    assert deleted == [{"event": "document_deleted", "workspace_id": 1, "revision": revision.id,
-                        "id": saved.id, "path": saved.path}]
+    assert deleted == [
+        {"event": "document_deleted", "workspace_id": 1, "revision": revision.id, "id": saved.id, "path": saved.path}
+    ]
 
 
 def test_fsck_removes_old_temp_files_of_killed_writes_but_not_fresh_ones(kb):
@@ -368,9 +407,13 @@ print("deleted")
 def test_kill_during_delete_after_git_moved_is_completed_by_catch_up(kb, kb_env):
     kb.create_workspace(1)
     saved = kb.artifacts(1).save("Doomed", "# doomed\n", {"d.bin": b"doomed bytes"})
-    proc = subprocess.run([sys.executable, "-c", DELETER, str(saved.id)],
-                          env={**kb_env, "KB_FAULT_POINT": "before_pg_commit"}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", DELETER, str(saved.id)],
+        env={**kb_env, "KB_FAULT_POINT": "before_pg_commit"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert saved.path not in kb.list_paths(1)  # git has the delete; Postgres does not yet
     out = run_cli(kb_env, "fsck", "--workspace", "1").stdout

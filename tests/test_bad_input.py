@@ -26,8 +26,20 @@ def test_commit_text_git_and_postgres_cannot_hold_is_refused_before_any_write(kb
     git(settings.knowledge_store / "1", "fsck", "--strict")  # no stray malformed commit object
 
 
-@pytest.mark.parametrize("query, k", [("", 5), ("   ", 5), ("a\x00b", 5), ("x" * 4001, 5),
-                                      ("\ud800", 5), (None, 5), ("ok", 0), ("ok", 101), ("ok", "5")])
+@pytest.mark.parametrize(
+    "query, k",
+    [
+        ("", 5),
+        ("   ", 5),
+        ("a\x00b", 5),
+        ("x" * 4001, 5),
+        ("\ud800", 5),
+        (None, 5),
+        ("ok", 0),
+        ("ok", 101),
+        ("ok", "5"),
+    ],
+)
 def test_bad_queries_are_refused(kb, tmp_path, query, k):
     notes = tmp_path / "n"
     notes.mkdir()
@@ -78,8 +90,14 @@ def test_embedded_server_survives_a_truncated_handle_list(tmp_path):
         (pgdata / ".handle_pids.json").write_text("")
         # a new process, as the next `kb` command would be (the wheel caches servers per process)
         out = subprocess.run(
-            [sys.executable, "-c", f"from kb.db.database import start_embedded; print(start_embedded({str(pgdata)!r}))"],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-c",
+                f"from kb.db.database import start_embedded; print(start_embedded({str(pgdata)!r}))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("postgresql://")
@@ -87,10 +105,18 @@ def test_embedded_server_survives_a_truncated_handle_list(tmp_path):
         stop_embedded(pgdata)
 
 
-@pytest.mark.parametrize("prefix, expected", [
-    ("Notes/2026", ("Notes", "2026")), ("/Notes/", ("Notes",)), ("/documents/Notes", ("Notes",)),
-    ("documents", ()), ("documentsX", ("documentsX",)), ("a:b", ("a_b",)), (None, ()),
-])
+@pytest.mark.parametrize(
+    "prefix, expected",
+    [
+        ("Notes/2026", ("Notes", "2026")),
+        ("/Notes/", ("Notes",)),
+        ("/documents/Notes", ("Notes",)),
+        ("documents", ()),
+        ("documentsX", ("documentsX",)),
+        ("a:b", ("a_b",)),
+        (None, ()),
+    ],
+)
 def test_import_prefix_names_a_folder_under_documents(prefix, expected):
     from kb.store.importer import import_prefix
 

@@ -7,7 +7,29 @@ from collections import Counter
 
 from kb.index.chunking import Chunker
 
-WORDS = ["vault", "note", "plugin", "sync", "graph", "canvas", "link", "embed", "property", "template", "query", "filter", "sort", "folder", "heading", "block", "callout", "table", "code", "theme", "snippet"]
+WORDS = [
+    "vault",
+    "note",
+    "plugin",
+    "sync",
+    "graph",
+    "canvas",
+    "link",
+    "embed",
+    "property",
+    "template",
+    "query",
+    "filter",
+    "sort",
+    "folder",
+    "heading",
+    "block",
+    "callout",
+    "table",
+    "code",
+    "theme",
+    "snippet",
+]
 
 
 def _document(rng: random.Random, sections: int = 40) -> str:
@@ -20,14 +42,27 @@ def _document(rng: random.Random, sections: int = 40) -> str:
             if kind == 0:
                 parts.append(" ".join(rng.choices(WORDS, k=rng.randint(15, 60))) + ".\n")
             elif kind == 1:
-                parts.append("\n".join(f"- {' '.join(rng.choices(WORDS, k=rng.randint(3, 9)))}"
-                                       for _ in range(rng.randint(2, 8))) + "\n")
+                parts.append(
+                    "\n".join(
+                        f"- {' '.join(rng.choices(WORDS, k=rng.randint(3, 9)))}" for _ in range(rng.randint(2, 8))
+                    )
+                    + "\n"
+                )
             elif kind == 2:
-                parts.append("| a | b |\n|---|---|\n" + "\n".join(
-                    f"| {rng.choice(WORDS)} | {' '.join(rng.choices(WORDS, k=4))} |" for _ in range(rng.randint(2, 6))) + "\n")
+                parts.append(
+                    "| a | b |\n|---|---|\n"
+                    + "\n".join(
+                        f"| {rng.choice(WORDS)} | {' '.join(rng.choices(WORDS, k=4))} |"
+                        for _ in range(rng.randint(2, 6))
+                    )
+                    + "\n"
+                )
             else:
-                parts.append("```bash\n# not a heading\n" + "\n\n".join(
-                    f"kb {rng.choice(WORDS)} --{rng.choice(WORDS)}" for _ in range(rng.randint(2, 6))) + "\n```\n")
+                parts.append(
+                    "```bash\n# not a heading\n"
+                    + "\n\n".join(f"kb {rng.choice(WORDS)} --{rng.choice(WORDS)}" for _ in range(rng.randint(2, 6)))
+                    + "\n```\n"
+                )
     return "\n".join(parts)
 
 
@@ -67,8 +102,8 @@ def test_chunks_tile_the_document_in_order_with_exact_offsets():
     chunks = Chunker(64).chunk(text)
     end = 0
     for chunk in chunks:
-        assert chunk.start_char >= end and text[chunk.start_char:chunk.end_char] == chunk.text
-        assert text[end:chunk.start_char].strip() == ""  # nothing but whitespace is left out
+        assert chunk.start_char >= end and text[chunk.start_char : chunk.end_char] == chunk.text
+        assert text[end : chunk.start_char].strip() == ""  # nothing but whitespace is left out
         end = chunk.end_char
     assert text[end:].strip() == ""
 

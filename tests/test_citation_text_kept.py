@@ -28,8 +28,7 @@ def test_a_chat_that_does_not_exist_is_an_error_and_the_file_is_untouched(search
     answer = tmp_path / "answer.md"
     answer.write_text(ANSWER)
     for extra in ((), ("--in-place",), ("--json",)):
-        result = run_cli(searched, "cite", "normalize", str(answer), "--chat", "c-typo", "-w", "1", *extra,
-                         check=False)
+        result = run_cli(searched, "cite", "normalize", str(answer), "--chat", "c-typo", "-w", "1", *extra, check=False)
         assert result.returncode == 1, extra
         assert result.stdout == "" and "chat 'c-typo' has no handles in workspace 1" in result.stderr
         assert "nothing was changed" in result.stderr

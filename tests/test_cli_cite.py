@@ -25,16 +25,21 @@ def test_newcomer_flow_search_cite_edit_resolve_follow(kb_env, tmp_path):
     assert normalized.stdout == "Annual plans are refundable for 30 days [1:L3-L4]; see also.\n"
     assert "[9]" in normalized.stderr
     # the document is edited: two lines above the cited ones, so they shift down by 2
-    (notes / "Refund policy.md").write_text("# Refund policy\n\nUpdated 2026.\nAsk billing.\n" + POLICY.split("\n", 2)[2])
+    (notes / "Refund policy.md").write_text(
+        "# Refund policy\n\nUpdated 2026.\nAsk billing.\n" + POLICY.split("\n", 2)[2]
+    )
     run_cli(kb_env, "import", str(notes), "--workspace", "1")
     resolved = run_cli(kb_env, "cite", "resolve", "[1:L3-L4]", "--chat", "c1", "-w", "1", "--follow").stdout
     assert "     3  ## Annual plans\n     4  Annual subscriptions may be refunded within 30 days." in resolved
     assert "now: unchanged — /documents/Refund policy.md" in resolved and "lines 5-6" in resolved
-    data = json.loads(run_cli(kb_env, "cite", "resolve", "[1:L4]", "--chat", "c1", "-w", "1", "--follow", "--json").stdout)
+    data = json.loads(
+        run_cli(kb_env, "cite", "resolve", "[1:L4]", "--chat", "c1", "-w", "1", "--follow", "--json").stdout
+    )
     assert data["lines"] == [[4, "Annual subscriptions may be refunded within 30 days."]]
     assert (data["follow"]["status"], data["follow"]["start"]) == ("unchanged", 6)
-    window = run_cli(kb_env, "read", "/documents/Refund policy.md", "-w", "1", "--chat", "c1", "--offset", "4",
-                     "--limit", "2").stdout
+    window = run_cli(
+        kb_env, "read", "/documents/Refund policy.md", "-w", "1", "--chat", "c1", "--offset", "4", "--limit", "2"
+    ).stdout
     assert 'cite="[2]"' in window and 'lines="5-6" of="7"' in window
     listed = run_cli(kb_env, "cite", "list", "--chat", "c1", "-w", "1").stdout
     assert listed.count("numbered") == 2
@@ -66,13 +71,21 @@ def test_normalize_help_is_truthful_and_in_place_rewrites_the_file(kb_env, tmp_p
     printed = run_cli(kb_env, "cite", "normalize", str(answer), "--chat", "c1", "-w", "1", "--drop-unknown")
     assert printed.stdout == "Refunds within 30 days [1:L3-L4].\n"
     assert answer.read_text() == "Refunds within 30 days [1:L3-4] [9].\n"  # printing leaves FILE alone
-    rewritten = run_cli(kb_env, "cite", "normalize", str(answer), "--in-place", "--chat", "c1", "-w", "1", "--drop-unknown")
+    rewritten = run_cli(
+        kb_env, "cite", "normalize", str(answer), "--in-place", "--chat", "c1", "-w", "1", "--drop-unknown"
+    )
     assert rewritten.stdout == "" and f"kb: {answer}: citations normalized" in rewritten.stderr
     assert "[9]" in rewritten.stderr  # the dropped handle is still reported
     assert answer.read_text() == "Refunds within 30 days [1:L3-L4].\n" and answer.stat().st_mode & 0o777 == 0o640
     again = run_cli(kb_env, "cite", "normalize", str(answer), "-i", "--chat", "c1", "-w", "1", "--json")
     assert json.loads(again.stdout)["text"] == answer.read_text() and "unchanged" in again.stderr
     assert [p.name for p in answer.parent.iterdir()] == ["answer.md"]  # no temporary file left
-    piped = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "cite", "normalize", "--in-place", "-c", "c1", "-w", "1"],
-                           input="[1:L3]", env=kb_env, capture_output=True, text=True, timeout=120)
+    piped = subprocess.run(
+        [sys.executable, "-m", "kb.adapters.cli", "cite", "normalize", "--in-place", "-c", "c1", "-w", "1"],
+        input="[1:L3]",
+        env=kb_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert piped.returncode == 1 and piped.stderr.startswith("kb: error: --in-place needs a FILE to rewrite")

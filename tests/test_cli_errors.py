@@ -55,7 +55,9 @@ def test_read_missing_document_and_bad_path(kb, kb_env, tmp_path):
     assert "no document at '/documents/b.md'" in line  # the path as the user wrote it
     line = _one_line_error(run_cli(kb_env, "read", "/documents/../etc/passwd", "--workspace", "1", check=False))
     assert "invalid path" in line
-    line = _one_line_error(run_cli(kb_env, "read", "/documents/a.md", "--workspace", "1", "--revision", "deadbeef", check=False))
+    line = _one_line_error(
+        run_cli(kb_env, "read", "/documents/a.md", "--workspace", "1", "--revision", "deadbeef", check=False)
+    )
     assert "revision" in line
 
 
@@ -76,8 +78,9 @@ def test_messages_say_what_to_type_instead(kb, kb_env, tmp_path):
     assert result.returncode == 2 and 'goes after "--": kb search -w 1 -- "-rf flag"' in result.stderr
     line = _one_line_error(run_cli(kb_env, "read", "faq.md", "--workspace", "1", check=False))
     assert "did you mean '/documents/faq.md'?" in line
-    line = _one_line_error(run_cli(kb_env, "cite", "resolve", "[9:L1-L2]", "--chat", "c1", "--workspace", "1",
-                                   check=False))
+    line = _one_line_error(
+        run_cli(kb_env, "cite", "resolve", "[9:L1-L2]", "--chat", "c1", "--workspace", "1", check=False)
+    )
     assert "kb cite list --chat c1 --workspace 1" in line
 
 
@@ -98,7 +101,10 @@ def test_read_of_a_folder_or_another_letter_case_says_what_to_type(kb, kb_env, t
 
     _alpha_and_sub(tmp_path, kb_env)
     line = _one_line_error(run_cli(kb_env, "read", "/documents/Sub", "--workspace", "1", check=False))
-    assert line == "kb: error: /documents/Sub is a folder, not a document; list it with `kb ls /documents/Sub --workspace 1`"
+    assert (
+        line
+        == "kb: error: /documents/Sub is a folder, not a document; list it with `kb ls /documents/Sub --workspace 1`"
+    )
     line = _one_line_error(run_cli(kb_env, "read", "/documents/alpha.md", "--workspace", "1", check=False))
     assert "no document at '/documents/alpha.md'" in line and line.endswith("; did you mean '/documents/Alpha.md'?")
     line = _one_line_error(run_cli(kb_env, "read", "/documents/SUB/beta.md", "-w", "1", "--chat", "c1", check=False))
@@ -139,8 +145,10 @@ def test_read_offset_past_the_end_is_an_error_naming_the_line_count(kb, kb_env, 
     from kb.errors import InvalidInput, OffsetOutOfRange
 
     _alpha_and_sub(tmp_path, kb_env)
-    expected = ("kb: error: offset 10 is past the end of /documents/Alpha.md: it has 4 lines; "
-                "use an offset ≤ 4 (the lines to skip)")
+    expected = (
+        "kb: error: offset 10 is past the end of /documents/Alpha.md: it has 4 lines; "
+        "use an offset ≤ 4 (the lines to skip)"
+    )
     for chat in ([], ["--chat", "c1"]):
         result = run_cli(kb_env, "read", "/documents/Alpha.md", "-w", "1", "--offset", "10", *chat, check=False)
         assert _one_line_error(result) == expected and result.stdout == ""

@@ -54,7 +54,6 @@ def test_worker_prints_progress_lines_and_a_summary(kb_env, tmp_path):
     assert second.stderr == ""
 
 
-
 def test_worker_progress_says_which_chunks_were_kept_unchanged(kb_env, tmp_path):
     """After a one-paragraph edit the progress line said "1/1 documents, 42 chunks" while one
     chunk was embedded: the count includes the rows of unchanged chunks, and now says so."""
@@ -91,12 +90,21 @@ def test_scripts_and_commands_end_without_dulwich_noise(kb_env, kb, tmp_path):
         "kb = KnowledgeBase.open()\nprint(len(kb.search(1, 'zebra', 3)))",  # never closed: atexit does
     ]
     for body in bodies:
-        result = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT.format(body=body))],
-                                env=kb_env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(SCRIPT.format(body=body))],
+            env=kb_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0 and result.stdout.strip() == "3", result.stderr
         assert result.stderr == "", body
-    for args in (("search", "zebra", "-w", "1"), ("read", "/documents/Note 1.md", "-w", "1"),
-                 ("log", "-w", "1"), ("status", "-w", "1")):
+    for args in (
+        ("search", "zebra", "-w", "1"),
+        ("read", "/documents/Note 1.md", "-w", "1"),
+        ("log", "-w", "1"),
+        ("status", "-w", "1"),
+    ):
         assert run_cli(kb_env, *args).stderr == "", args
 
 
@@ -158,7 +166,11 @@ def test_ls_lists_a_folder_as_the_python_api_and_the_mcp_tool_do(kb, kb_env, tmp
     with kb.transaction(1, "an empty folder", "alice") as tx:
         tx.write("/documents/Empty/.keep", b"", allow_keep=True)
     assert run_cli(kb_env, "ls", "-w", "1").stdout.splitlines() == [
-        "/documents/Empty/", "/documents/Sub/", "/documents/Note 0.md", "/documents/Note 1.md"]
+        "/documents/Empty/",
+        "/documents/Sub/",
+        "/documents/Note 0.md",
+        "/documents/Note 1.md",
+    ]
     assert run_cli(kb_env, "ls", "/documents/Empty", "-w", "1").stdout == ""
     listed = json.loads(run_cli(kb_env, "ls", "/documents/Sub", "-w", "1", "--json").stdout)
     assert listed == [{"name": "Deep.md", "path": "/documents/Sub/Deep.md", "kind": "file"}]

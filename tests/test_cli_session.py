@@ -29,12 +29,15 @@ def opened_and_closed(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("args", [
-    ["artifact", "list", "-w", "1"],
-    ["remote", "show", "-w", "1"],  # no remote: exits 1, and still closes kb
-    ["ls", "-w", "1"],
-    ["status", "-w", "1"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["artifact", "list", "-w", "1"],
+        ["remote", "show", "-w", "1"],  # no remote: exits 1, and still closes kb
+        ["ls", "-w", "1"],
+        ["status", "-w", "1"],
+    ],
+)
 def test_each_command_closes_the_knowledge_base_it_opened(kb, kb_env, opened_and_closed, args):
     kb.create_workspace(1)
     with kb.transaction(1, "seed", "t") as tx:

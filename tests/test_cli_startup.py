@@ -28,8 +28,10 @@ from kb.knowledge_base import KnowledgeBase
 
 # -- the embedded server's recorded check -------------------------------------------------------
 
-def _postmaster_pid(pgdata: Path, *, pid: int, started: int, port: int = 5432, listen: str = "",
-                    status: str = "ready") -> None:
+
+def _postmaster_pid(
+    pgdata: Path, *, pid: int, started: int, port: int = 5432, listen: str = "", status: str = "ready"
+) -> None:
     """Write ``postmaster.pid`` in Postgres' own layout for a process of this machine."""
     pgdata.mkdir(parents=True, exist_ok=True)
     lines = [str(pid), str(pgdata), str(started), str(port), str(pgdata), listen, "  1234  5678", status]
@@ -100,6 +102,7 @@ def test_corrupt_record_or_pid_file_falls_back(tmp_path: Path) -> None:
 
 # -- the schema's one-read check ------------------------------------------------------------------
 
+
 def test_schema_check_sends_every_difference_to_the_migration_runner(kb: KnowledgeBase, database_url: str) -> None:
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         assert schema_is_current(conn)
@@ -110,10 +113,15 @@ def test_schema_check_sends_every_difference_to_the_migration_runner(kb: Knowled
     KnowledgeBase.open(kb.settings).close()
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         assert schema_is_current(conn)
-        assert conn.execute("SELECT count(*) AS n FROM pg_publication WHERE pubname = 'kb_publication'").fetchone()["n"] == 1
+        assert (
+            conn.execute("SELECT count(*) AS n FROM pg_publication WHERE pubname = 'kb_publication'").fetchone()["n"]
+            == 1
+        )
         # An edited migration: the quick check does not vouch for it, and opening says so.
-        conn.execute("UPDATE kb.schema_migrations SET checksum = 'edited' WHERE name = "
-                     "(SELECT min(name) FROM kb.schema_migrations WHERE name NOT LIKE 'procrastinate/%')")
+        conn.execute(
+            "UPDATE kb.schema_migrations SET checksum = 'edited' WHERE name = "
+            "(SELECT min(name) FROM kb.schema_migrations WHERE name NOT LIKE 'procrastinate/%')"
+        )
         conn.commit()
         assert not schema_is_current(conn)
     with pytest.raises(MigrationError, match="changed after it was applied"):
@@ -133,6 +141,7 @@ def test_schema_check_on_an_empty_database_is_false(pg_server: str) -> None:
 
 
 # -- the command line -----------------------------------------------------------------------------
+
 
 def test_quick_commands_leave_the_collector_running(kb: KnowledgeBase, kb_env: dict[str, str], monkeypatch) -> None:
     kb.create_workspace(1)
@@ -158,8 +167,12 @@ def test_a_closed_pipe_ends_the_command_quietly(kb: KnowledgeBase, kb_env: dict[
         with kb.transaction(1, f"note {i}", "alice") as tx:
             tx.write(f"/documents/Note {i}.md", f"# Note {i}\n")
     for command in (["log", "-w", "1"], ["status", "-w", "1"], ["read", "/documents/Note 1.md", "-w", "1"]):
-        process = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", *command], env=kb_env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kb.adapters.cli", *command],
+            env=kb_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         process.stdout.close()  # the reader is gone before kb writes its first line
         stderr = process.stderr.read().decode()
         assert process.wait(timeout=120) == 141, (command, stderr)

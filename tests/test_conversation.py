@@ -87,7 +87,10 @@ def test_normalize_and_resolve_after_reindex_move_delete_and_truncated_chunks(kb
     with kb.transaction(1, "edit inside", "alice") as tx:
         tx.write("/documents/Policies/Refunds.md", POLICY.replace("30 days", "14 days"))
     changed = conv.resolve("[1:L5-L6]", follow=True).follow
-    assert changed.status == "changed" and changed.lines[-1] == (6, "Annual subscriptions may be refunded within 14 days.")
+    assert changed.status == "changed" and changed.lines[-1] == (
+        6,
+        "Annual subscriptions may be refunded within 14 days.",
+    )
     with kb.transaction(1, "delete", "alice") as tx:
         tx.remove("/documents/Policies/Refunds.md")
     gone = conv.resolve("[1:L5-L6]", follow=True)

@@ -15,11 +15,44 @@ from kb.paths import StorePath, name_key
 
 WS = 1
 HOSTILE = [
-    "", " ", "🚀", "Q3 plan: draft?", "a/b", "..", ".", ".git", ".keep", "é" * 200, "x" * 300,
-    "Cafe\u0301", "Café", "CAFÉ", "con", "CON", "nul.txt", "COM1", "lpt9.md", "tab\there",
-    "new\nline", "esc\x1bape", "trailing dot.", '<>:"|?*', "back\\slash",
-    "Node.js", "Report.MD", "report.md", "Straße", "STRASSE", "日本語のタイトル", "$(rm -rf /)",
-    "%2e%2e", "-", "Plan", "plan", "PLAN", "Plan (2)",
+    "",
+    " ",
+    "🚀",
+    "Q3 plan: draft?",
+    "a/b",
+    "..",
+    ".",
+    ".git",
+    ".keep",
+    "é" * 200,
+    "x" * 300,
+    "Cafe\u0301",
+    "Café",
+    "CAFÉ",
+    "con",
+    "CON",
+    "nul.txt",
+    "COM1",
+    "lpt9.md",
+    "tab\there",
+    "new\nline",
+    "esc\x1bape",
+    "trailing dot.",
+    '<>:"|?*',
+    "back\\slash",
+    "Node.js",
+    "Report.MD",
+    "report.md",
+    "Straße",
+    "STRASSE",
+    "日本語のタイトル",
+    "$(rm -rf /)",
+    "%2e%2e",
+    "-",
+    "Plan",
+    "plan",
+    "PLAN",
+    "Plan (2)",
 ]
 
 
@@ -218,8 +251,13 @@ def test_a_crashed_turn_keeps_the_titles_it_created(workspace, settings):
     from pathlib import Path
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-c", CREATE_THEN_CRASH, settings.database_url, str(settings.storage_root)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CREATE_THEN_CRASH, settings.database_url, str(settings.storage_root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -9, proc.stderr
     result = workspace.turn(WS, "crashy", "agent").commit()
     assert result.titles == {"/documents/Notes/Crash_ report_.md": "Crash: report?"}

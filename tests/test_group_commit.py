@@ -79,8 +79,12 @@ def test_holder_records_queued_drafts_as_consecutive_revisions_and_a_colliding_o
     assert (rev_a.seq, rev_c.seq, lead.seq) == (2, 3, 4)
     assert [c.path for c in rev_a.changes] == ["/documents/Foo.md"]
     assert kb.store(1).repository.parents(lead.id) == [rev_c.id]
-    assert sorted(kb.list_paths(1)) == ["/documents/Foo.md", "/documents/c.md", "/documents/keep.md",
-                                        "/documents/lead.md"]
+    assert sorted(kb.list_paths(1)) == [
+        "/documents/Foo.md",
+        "/documents/c.md",
+        "/documents/keep.md",
+        "/documents/lead.md",
+    ]
     repo = kb.settings.knowledge_store / "1"
     git(repo, "fsck", "--strict")
     # the holder refreshed its own path; each queued writer refreshes its own when it returns
@@ -117,8 +121,13 @@ def test_crash_between_ref_and_postgres_within_a_group_records_each_queued_draft
     base = _base(kb)
     queued, queued_id = _queue(kb, {"/documents/q.md": b"queued"}, "queued writer")
     try:
-        proc = subprocess.run([sys.executable, "-c", HOLDER], env={**kb_env, "KB_FAULT_POINT": "ref_advanced"},
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", HOLDER],
+            env={**kb_env, "KB_FAULT_POINT": "ref_advanced"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         repo_path = kb.settings.knowledge_store / "1"
         in_git = git(repo_path, "log", "--format=%H %s", "HEAD").splitlines()
@@ -162,8 +171,11 @@ def test_a_blob_another_writer_is_storing_at_the_same_time_is_stored_without_wai
     _base(kb)
     repo = kb.store(1).repository
     data = b"the same bytes from two writers\n"
-    blob_id = subprocess.run(["git", "hash-object", "--stdin"], input=data, capture_output=True,
-                             check=True).stdout.decode().strip()
+    blob_id = (
+        subprocess.run(["git", "hash-object", "--stdin"], input=data, capture_output=True, check=True)
+        .stdout.decode()
+        .strip()
+    )
     folder = repo.path / ".git" / "objects" / blob_id[:2]
     folder.mkdir(exist_ok=True)
     lock = folder / f"{blob_id[2:]}.lock"
@@ -194,15 +206,15 @@ def test_intent_ids_are_never_reused_after_a_postgres_crash(tmp_path):
     url = embedded_server.start_embedded(pgdata, database="kb_crash")
     kb = None
     try:
-        kb = KnowledgeBase.open(Settings(storage_root=root / "storage", database_url=url,
-                                         embedding_model="hashing"))
+        kb = KnowledgeBase.open(Settings(storage_root=root / "storage", database_url=url, embedding_model="hashing"))
         base = _base(kb)
         with database.connect(url) as conn:
             before = conn.execute(queries["test_write_intent_sequence"]).fetchone()
         assert before["persistence"] == "p"
         ep = embedded_server._embedded_module()
-        ep.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pgdata,
-                  user=embedded_server._system_user(ep, pgdata), timeout=120)
+        ep.pg_ctl(
+            ["-w", "-m", "immediate", "stop"], pgdata=pgdata, user=embedded_server._system_user(ep, pgdata), timeout=120
+        )
         database.close_pools()
         embedded_server.start_embedded(pgdata, database="kb_crash")  # crash recovery
         repo = kb.settings.knowledge_store / "1"

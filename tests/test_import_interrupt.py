@@ -29,8 +29,14 @@ def _workspace_row(settings, ws: int):
 
 
 def test_ctrl_c_after_the_ref_moved_reports_the_landed_revision(kb_env, settings, tmp_path):
-    result = run_cli({**kb_env, "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
-                     "import", str(_source(tmp_path)), "--workspace", "1", check=False)
+    result = run_cli(
+        {**kb_env, "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
+        "import",
+        str(_source(tmp_path)),
+        "--workspace",
+        "1",
+        check=False,
+    )
     assert result.returncode == 130, result.stderr
     assert "Aborted!" not in result.stderr and "Traceback" not in result.stderr
     row = _workspace_row(settings, 1)
@@ -39,8 +45,14 @@ def test_ctrl_c_after_the_ref_moved_reports_the_landed_revision(kb_env, settings
 
 
 def test_ctrl_c_before_anything_landed_says_so_and_leaves_no_empty_workspace(kb_env, settings, tmp_path):
-    result = run_cli({**kb_env, "KB_FAULT_POINT": "objects_written", "KB_FAULT_SIGNAL": "INT"},
-                     "import", str(_source(tmp_path)), "--workspace", "1", check=False)
+    result = run_cli(
+        {**kb_env, "KB_FAULT_POINT": "objects_written", "KB_FAULT_SIGNAL": "INT"},
+        "import",
+        str(_source(tmp_path)),
+        "--workspace",
+        "1",
+        check=False,
+    )
     assert result.returncode == 130, result.stderr
     assert "nothing was recorded in workspace 1" in result.stderr
     assert "Aborted!" not in result.stderr and "Traceback" not in result.stderr

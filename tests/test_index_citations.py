@@ -83,9 +83,14 @@ def test_documents_moved_while_an_index_run_embeds_them_are_left_to_the_next_run
         tx.write("/documents/edited.md", "# Edited\nnew first line\nnew zorblax line\nmore\n")
     kb.project(1)
 
-    move_both = _committing(kb, "move both", lambda tx: (
-        tx.move("/documents/new.md", "/documents/new-moved.md"),
-        tx.move("/documents/edited.md", "/documents/edited-moved.md")))
+    move_both = _committing(
+        kb,
+        "move both",
+        lambda tx: (
+            tx.move("/documents/new.md", "/documents/new-moved.md"),
+            tx.move("/documents/edited.md", "/documents/edited-moved.md"),
+        ),
+    )
     kb.use_embedder(_EmbedderWithHook("zorblax", move_both))
     report = kb.index(1)
     assert report.documents_superseded == 2 and report.documents_indexed == 0 and not report.failures
@@ -106,9 +111,14 @@ def test_a_document_a_later_projection_brought_in_is_stamped_where_it_exists(ws)
     with kb.transaction(1, "touch edited", "t") as tx:
         tx.write("/documents/edited.md", "# Edited\nslowmarker text\n")
 
-    later_commit = _committing(kb, "R2", lambda tx: (
-        tx.write("/documents/other.md", "# Other\nnew line\nzorblax in other\n"),
-        tx.write("/documents/c.md", "# C\nzorblax in c\n")))
+    later_commit = _committing(
+        kb,
+        "R2",
+        lambda tx: (
+            tx.write("/documents/other.md", "# Other\nnew line\nzorblax in other\n"),
+            tx.write("/documents/c.md", "# C\nzorblax in c\n"),
+        ),
+    )
     kb.use_embedder(_EmbedderWithHook("slowmarker", later_commit))
     kb.reindex(1)  # projects, embeds edited.md (R2 lands), then indexes what R2 brought in
     found = kb.search(1, "zorblax", k=2)

@@ -32,7 +32,20 @@ WAIT_SECONDS = 30.0
 
 
 def _paragraphs(prefix: str, n: int) -> str:
-    words = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "refund", "policy", "annual", "plan", "invoice"]
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "kappa",
+        "omega",
+        "sigma",
+        "refund",
+        "policy",
+        "annual",
+        "plan",
+        "invoice",
+    ]
     return "\n\n".join(f"{prefix} {i}: " + " ".join(words[(i + j) % len(words)] for j in range(30)) for i in range(n))
 
 
@@ -292,9 +305,18 @@ def test_a_span_fill_batch_waits_for_a_running_projection(projecting):
     the projection, which then waited for f's chunks in f's cascaded delete."""
     kb, _, hold = projecting
     with database.connect(kb.database_url, autocommit=True) as conn:
-        conn.execute(queries["record_seed"], {
-            "workspace_id": 1, "source": "test", "legacy_workspace": 1, "legacy_model": "hashing",
-            "seed_revision": kb.head(1), "documents": 4, "parity_ok": True})
+        conn.execute(
+            queries["record_seed"],
+            {
+                "workspace_id": 1,
+                "source": "test",
+                "legacy_workspace": 1,
+                "legacy_model": "hashing",
+                "seed_revision": kb.head(1),
+                "documents": 4,
+                "parity_ok": True,
+            },
+        )
         conn.execute(queries["flip_seed"], {"workspace_id": 1})
         for path in ("/documents/y.md", "/documents/f.md"):
             conn.execute(queries["test_null_chunk_spans"], {"workspace_id": 1, "path": path})

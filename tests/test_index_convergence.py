@@ -94,8 +94,19 @@ def test_one_line_edit_embeds_exactly_the_changed_chunks(small_chunks):
 
 
 def _snapshot(kb, ws):
-    return [(r["path"], r["id"], r["position"], r["text_sha256"], r["start_char"], r["end_char"],
-             r["start_line"], r["end_line"]) for r in _chunk_set(kb, ws)]
+    return [
+        (
+            r["path"],
+            r["id"],
+            r["position"],
+            r["text_sha256"],
+            r["start_char"],
+            r["end_char"],
+            r["start_line"],
+            r["end_line"],
+        )
+        for r in _chunk_set(kb, ws)
+    ]
 
 
 def test_reindex_twice_embeds_nothing_and_rebuilds_from_cache(kb):
@@ -250,8 +261,10 @@ def test_markdown_tables_and_fenced_code_stay_whole():
     chunker = Chunker(60)
     table = "| a | b |\n|---|---|\n" + "".join(f"| row {i} | value {i} |\n" for i in range(5))
     code = "```python\n" + "\n\n".join(f"def f{i}():\n    return {i}" for i in range(4)) + "\n```"
-    text = "\n\n".join([f"Paragraph {i} with some words in it to fill tokens." for i in range(6)]
-                       + [table, "More text here.", code, "end"])
+    text = "\n\n".join(
+        [f"Paragraph {i} with some words in it to fill tokens." for i in range(6)]
+        + [table, "More text here.", code, "end"]
+    )
     chunks = chunker.chunk(text)
     holding_table = [c for c in chunks if "| row" in c.text]
     holding_code = [c for c in chunks if "def f" in c.text]

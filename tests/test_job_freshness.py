@@ -111,7 +111,10 @@ def test_projection_never_waits_for_indexing(kb):
     head = _write(kb, "second version zebra")
     locks = {j["task_name"]: j for j in _jobs(kb) if j["status"] == "todo"}
     with database.connect(kb.database_url, autocommit=True) as conn:
-        assert conn.execute(queries["test_job_lock"], {"id": locks[PROJECTION_TASK]["id"]}).fetchone()["lock"] == "projection:1"
+        assert (
+            conn.execute(queries["test_job_lock"], {"id": locks[PROJECTION_TASK]["id"]}).fetchone()["lock"]
+            == "projection:1"
+        )
         assert conn.execute(queries["test_job_lock"], {"id": locks[INDEX_TASK]["id"]}).fetchone()["lock"] == "index:1"
         conn.execute(queries["test_mark_job_doing"], {"id": locks[INDEX_TASK]["id"]})  # "running" elsewhere
         conn.execute(queries["test_fetch_job"], {"queues": ["projection"]})

@@ -18,16 +18,22 @@ def test_importing_the_tasks_reads_no_settings():
 
 def test_the_worker_schedules_periodic_tasks_from_its_settings(settings, kb):
     try:
-        jobs.schedule_periodic(settings.model_copy(update={"maintenance_cron": "*/7 * * * *",
-                                                           "drift_cron": "5 4 * * *"}))
+        jobs.schedule_periodic(
+            settings.model_copy(update={"maintenance_cron": "*/7 * * * *", "drift_cron": "5 4 * * *"})
+        )
         crons = {key: t.cron for key, t in jobs.app.periodic_registry.periodic_tasks.items()}
         assert crons[("kb.sweep", "")] == crons[("kb.retry_stalled_jobs", "")] == "*/7 * * * *"
         assert crons[("kb.drift_check", "drift-check")] == "5 4 * * *"
         assert crons[("kb.span_fill", "span-fill")] == settings.span_fill_cron
     finally:
         jobs.schedule_periodic(settings)
-    assert {t.name for t in jobs.periodic_tasks()} >= {"kb.sweep", "kb.retry_stalled_jobs", "kb.span_fill",
-                                                       "kb.drift_check", "kb.sweep_worktrees"}
+    assert {t.name for t in jobs.periodic_tasks()} >= {
+        "kb.sweep",
+        "kb.retry_stalled_jobs",
+        "kb.span_fill",
+        "kb.drift_check",
+        "kb.sweep_worktrees",
+    }
 
 
 def test_a_job_finds_its_knowledge_base_in_the_worker_context(kb):

@@ -31,8 +31,13 @@ finally:
 
 
 def _heavy_imports(env: dict[str, str], *args: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
-    result = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args), heavy=heavy)], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(args=list(args), heavy=heavy)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stderr.splitlines() if line.startswith("HEAVY="))
     return json.loads(line.removeprefix("HEAVY="))
@@ -49,8 +54,12 @@ def indexed(kb_env, tmp_path):
 
 
 def test_read_commands_and_hashing_search_import_no_model(indexed):
-    for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1"),
-                 ("search", "refund", "-w", "1")):
+    for args in (
+        ("status", "-w", "1"),
+        ("read", "/documents/Todo.md", "-w", "1"),
+        ("log", "-w", "1"),
+        ("search", "refund", "-w", "1"),
+    ):
         assert _heavy_imports(indexed, *args) == [], args
 
 
@@ -67,7 +76,11 @@ def test_with_minilm_configured_only_embedding_loads_the_model(indexed):
     minilm = {**indexed, "KB_EMBEDDING_MODEL": "minilm"}  # 384-d like the hashing index above
     status = run_cli(minilm, "status").stdout
     assert "embedder:   all-MiniLM-L6-v2 (384-d, semantic)" in status
-    for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1"),
-                 ("index", "-w", "1")):  # index: nothing to do, so nothing to embed or cut
+    for args in (
+        ("status", "-w", "1"),
+        ("read", "/documents/Todo.md", "-w", "1"),
+        ("log", "-w", "1"),
+        ("index", "-w", "1"),
+    ):  # index: nothing to do, so nothing to embed or cut
         assert _heavy_imports(minilm, *args) == [], args
     assert "torch" in _heavy_imports(minilm, "search", "refund", "-w", "1")  # the query is embedded

@@ -46,8 +46,10 @@ def workspace(kb, kb_env) -> int:
 
 def _stdio(kb_env, *extra: str) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "kb.adapters.cli", "mcp", "--workspace", "1", "--author", AUTHOR, *extra],
-        env=kb_env, cwd=str(Path(__file__).resolve().parents[1]),
+        command=sys.executable,
+        args=["-m", "kb.adapters.cli", "mcp", "--workspace", "1", "--author", AUTHOR, *extra],
+        env=kb_env,
+        cwd=str(Path(__file__).resolve().parents[1]),
     )
 
 
@@ -59,21 +61,44 @@ def test_stdio_tools_search_read_edit_commit_and_cite(workspace, kb, kb_env, set
             names = {t.name for t in (await client.list_tools()).tools}
             found = _text(await client.call_tool("search", {"query": "refund annual plans", "k": 3}))
             window = _text(await client.call_tool("read", {"path": "/documents/Plan.md", "offset": 2, "limit": 2}))
-            edited = await client.call_tool("edit", {"path": "/documents/Plan.md", "old": "line five",
-                                                     "new": "line five, edited over MCP"})
+            edited = await client.call_tool(
+                "edit", {"path": "/documents/Plan.md", "old": "line five", "new": "line five, edited over MCP"}
+            )
             escape = await client.call_tool("write", {"path": "/documents/../etc/passwd", "content": "x"})
-            ambiguous = await client.call_tool("edit", {"path": "/documents/Plan.md", "old": "line",
-                                                        "new": "LINE"})
+            ambiguous = await client.call_tool("edit", {"path": "/documents/Plan.md", "old": "line", "new": "LINE"})
             committed = _structured(await client.call_tool("commit", {"message": "mcp edit"}))
             cite = found.split('cite="', 1)[1].split('"', 1)[0]
             resolved = _structured(await client.call_tool("resolve_citation", {"citation": cite}))
             resources = await client.list_resources()
-            return dict(names=names, found=found, window=window, edited=edited, escape=escape,
-                        ambiguous=ambiguous, committed=committed, resolved=resolved, resources=resources)
+            return dict(
+                names=names,
+                found=found,
+                window=window,
+                edited=edited,
+                escape=escape,
+                ambiguous=ambiguous,
+                committed=committed,
+                resolved=resolved,
+                resources=resources,
+            )
 
     out = anyio.run(session)
-    assert {"search", "read", "ls", "glob", "grep", "write", "edit", "move", "remove", "mkdir", "commit",
-            "abort", "resolve_citation", "normalize_citations"} <= out["names"]
+    assert {
+        "search",
+        "read",
+        "ls",
+        "glob",
+        "grep",
+        "write",
+        "edit",
+        "move",
+        "remove",
+        "mkdir",
+        "commit",
+        "abort",
+        "resolve_citation",
+        "normalize_citations",
+    } <= out["names"]
     assert "/documents/Notes/Refunds.md" in out["found"]
     assert "     3  line three" in out["window"] and "     4  line four" in out["window"]
     assert "line five" not in out["window"]  # honest window: exactly lines 3-4
@@ -94,8 +119,9 @@ def test_stdio_read_past_the_end_and_ls_agree_with_the_cli(workspace, kb, kb_env
     """The read tool refuses an offset past the end with the message `kb read` and
     ``conv.read`` give, for a committed document and for one written in the turn alike; the ls
     tool lists what ``kb ls --json`` lists."""
-    committed_message = ("offset 9 is past the end of /documents/Plan.md: it has 5 lines; "
-                         "use an offset ≤ 5 (the lines to skip)")
+    committed_message = (
+        "offset 9 is past the end of /documents/Plan.md: it has 5 lines; use an offset ≤ 5 (the lines to skip)"
+    )
 
     async def session() -> dict:
         async with Client(_stdio(kb_env)) as client:
@@ -133,15 +159,31 @@ def test_stdio_disconnect_commits_the_turn(workspace, kb_env, settings) -> None:
 
 def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace, kb_env, settings) -> None:
     repo = settings.knowledge_store / "1"
-    request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    request = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "kb.adapters.cli", "mcp", "--workspace", "1", "--chat", "crashy", "--author", AUTHOR],
-        env=kb_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        env=kb_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        for message in (request, {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-                            "name": "write", "arguments": {"path": "/documents/Crash.md", "content": "# survived\n"}}}):
+        for message in (
+            request,
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "write", "arguments": {"path": "/documents/Crash.md", "content": "# survived\n"}},
+            },
+        ):
             proc.stdin.write(json.dumps(message) + "\n")
             proc.stdin.flush()
             if "id" in message:
@@ -164,8 +206,23 @@ def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace,
 @pytest.fixture
 def served(workspace, kb_env):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--author", AUTHOR], env=kb_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kb.adapters.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--author",
+            AUTHOR,
+        ],
+        env=kb_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -56,26 +56,41 @@ def test_a_new_well_formed_migration_is_recorded_and_then_passes(migrations: Pat
 
 def test_destructive_statement_passes_with_its_marker(migrations: Path):
     (migrations / f"{NEXT}_drop_legacy_table.sql").write_text(
-        "-- kb:destructive the table has been empty since 0011; nothing reads it\nDROP TABLE kb.legacy_rows;\n")
+        "-- kb:destructive the table has been empty since 0011; nothing reads it\nDROP TABLE kb.legacy_rows;\n"
+    )
     lint_migrations.record(migrations)
     assert _messages(migrations) == []
 
 
-@pytest.mark.parametrize(("name", "sql", "expected"), [
-    (f"{NEXT}_drop_documents.sql", "DROP TABLE kb.documents;", "DROP TABLE without a marker"),
-    (f"{NEXT}_drop_title_column.sql", "ALTER TABLE kb.documents DROP COLUMN title;", "DROP COLUMN without a marker"),
-    (f"{NEXT}_alter_position_type.sql", "ALTER TABLE kb.chunks ALTER COLUMN position TYPE bigint;",
-     "ALTER COLUMN … TYPE without a marker"),
-    (f"{NEXT}_remove_stats.sql", "TRUNCATE kb.text_stats;", "TRUNCATE without a marker"),
-    (f"{NEXT}_remove_jobs.sql", "-- empties the queue\nDELETE FROM procrastinate_jobs;", "DELETE without WHERE without a marker"),
-    (f"{NEXT}_drop_schema.sql", "-- kb:destructive\nDROP SCHEMA kb CASCADE;", "DROP SCHEMA without a marker"),
-    (f"{NEXT}_add_broken.sql", "CREATE TABLE kb.x (id int;", "does not parse as postgres SQL"),
-    (f"{NEXT}_add_rule.sql", "CREATE RULE r AS ON INSERT TO kb.x DO INSTEAD NOTHING;", "sqlglot cannot parse"),
-    (f"{AFTER_NEXT}_add_chunk_language.sql", "SELECT 1;", f"should be number {NEXT}"),
-    (f"{NEXT}_chunk_language.sql", "SELECT 1;", "should start with a verb"),
-    ("20_add_chunk_language.sql", "SELECT 1;", "not NNNN_verb_object.sql"),
-    (f"{LAST[:4]}_add_chunk_language.sql", "SELECT 1;", f"number {LAST[:4]} is already used by {LAST}"),
-])
+@pytest.mark.parametrize(
+    ("name", "sql", "expected"),
+    [
+        (f"{NEXT}_drop_documents.sql", "DROP TABLE kb.documents;", "DROP TABLE without a marker"),
+        (
+            f"{NEXT}_drop_title_column.sql",
+            "ALTER TABLE kb.documents DROP COLUMN title;",
+            "DROP COLUMN without a marker",
+        ),
+        (
+            f"{NEXT}_alter_position_type.sql",
+            "ALTER TABLE kb.chunks ALTER COLUMN position TYPE bigint;",
+            "ALTER COLUMN … TYPE without a marker",
+        ),
+        (f"{NEXT}_remove_stats.sql", "TRUNCATE kb.text_stats;", "TRUNCATE without a marker"),
+        (
+            f"{NEXT}_remove_jobs.sql",
+            "-- empties the queue\nDELETE FROM procrastinate_jobs;",
+            "DELETE without WHERE without a marker",
+        ),
+        (f"{NEXT}_drop_schema.sql", "-- kb:destructive\nDROP SCHEMA kb CASCADE;", "DROP SCHEMA without a marker"),
+        (f"{NEXT}_add_broken.sql", "CREATE TABLE kb.x (id int;", "does not parse as postgres SQL"),
+        (f"{NEXT}_add_rule.sql", "CREATE RULE r AS ON INSERT TO kb.x DO INSTEAD NOTHING;", "sqlglot cannot parse"),
+        (f"{AFTER_NEXT}_add_chunk_language.sql", "SELECT 1;", f"should be number {NEXT}"),
+        (f"{NEXT}_chunk_language.sql", "SELECT 1;", "should start with a verb"),
+        ("20_add_chunk_language.sql", "SELECT 1;", "not NNNN_verb_object.sql"),
+        (f"{LAST[:4]}_add_chunk_language.sql", "SELECT 1;", f"number {LAST[:4]} is already used by {LAST}"),
+    ],
+)
 def test_bad_new_migration_is_caught(migrations: Path, name: str, sql: str, expected: str):
     (migrations / name).write_text(sql + "\n")
     messages = [m for m in _messages(migrations) if not m.endswith(lint_migrations.UNRECORDED)]

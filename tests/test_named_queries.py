@@ -25,8 +25,11 @@ def _python_files(*folders: str) -> list[Path]:
 
 
 def _string_constants(path: Path) -> set[str]:
-    return {node.value for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
 
 
 def _literal_names(node: ast.AST) -> list[str]:
@@ -71,8 +74,9 @@ def _write_query_names():
 def test_query_name_literal_matches_the_sql_files():
     assert set(get_args(QueryName)) == set(load_queries())
     generated = _write_query_names().query_names_module()
-    assert (ROOT / "kb" / "db" / "query_names.py").read_text() == generated, \
+    assert (ROOT / "kb" / "db" / "query_names.py").read_text() == generated, (
         "kb/db/query_names.py is out of date: run python bin/write_query_names.py"
+    )
 
 
 def test_every_shipped_query_is_used_by_kb():
@@ -87,11 +91,18 @@ def test_every_test_or_benchmark_query_is_used_by_tests_or_bin():
 
 def test_every_query_name_used_is_defined():
     shipped, unshipped = set(load_queries()), set(load_unshipped_queries())
-    missing = [f"{path.relative_to(ROOT)}:{line}: {name}"
-               for path in _python_files("kb") for line, name in names_used(path) if name not in shipped]
-    missing += [f"{path.relative_to(ROOT)}:{line}: {name}"
-                for path in _python_files("tests", "bin") for line, name in names_used(path)
-                if name not in shipped | unshipped]
+    missing = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in _python_files("kb")
+        for line, name in names_used(path)
+        if name not in shipped
+    ]
+    missing += [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in _python_files("tests", "bin")
+        for line, name in names_used(path)
+        if name not in shipped | unshipped
+    ]
     assert missing == []
 
 

@@ -85,11 +85,18 @@ def _python_keyword_hints_without_cli_spelling() -> list[str]:
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
                 continue
-            texts = [c.value for arg in node.exc.args for c in ast.walk(arg)
-                     if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            texts = [
+                c.value
+                for arg in node.exc.args
+                for c in ast.walk(arg)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            ]
             python_only = path.parts[-3:-1] == ("kb", "turns")  # turns: Python, HTTP and MCP only, no CLI
-            if (any(keyword.search(t) for t in texts) and not any(k.arg == "cli" for k in node.exc.keywords)
-                    and not python_only):
+            if (
+                any(keyword.search(t) for t in texts)
+                and not any(k.arg == "cli" for k in node.exc.keywords)
+                and not python_only
+            ):
                 missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     return missing
 
@@ -105,13 +112,24 @@ def test_artifact_revise_takes_the_file_as_an_argument_like_save(kb_env, tmp_pat
     run_cli(kb_env, "import", str(_notes(tmp_path, {"a.md": "a\n"})), "-w", "3")
     saved = run_cli(kb_env, "artifact", "save", str(tmp_path / "report.md"), "--title", "Report", "-w", "3").stdout
     artifact_id = saved.split()[1].rstrip(":")
-    revised = run_cli(kb_env, "artifact", "revise", artifact_id, "--generation", "1", str(tmp_path / "report2.md"),
-                      "-w", "3")
+    revised = run_cli(
+        kb_env, "artifact", "revise", artifact_id, "--generation", "1", str(tmp_path / "report2.md"), "-w", "3"
+    )
     assert "generation: 2" in revised.stdout
     shown = run_cli(kb_env, "artifact", "show", artifact_id, "--markdown", "-w", "3").stdout
     assert "second" in shown
-    stale = run_cli(kb_env, "artifact", "revise", artifact_id, "--generation", "1", str(tmp_path / "report.md"),
-                    "-w", "3", check=False)
+    stale = run_cli(
+        kb_env,
+        "artifact",
+        "revise",
+        artifact_id,
+        "--generation",
+        "1",
+        str(tmp_path / "report.md"),
+        "-w",
+        "3",
+        check=False,
+    )
     assert stale.returncode == 1 and "generation 2, not 1" in stale.stderr
     assert f"`kb artifact show {artifact_id} -w 3`" in stale.stderr
     assert f"`kb artifact revise {artifact_id} --generation 2 FILE -w 3`" in stale.stderr
@@ -176,8 +194,12 @@ def test_worker_logs_progress_every_interval_when_not_on_a_terminal(kb_env, tmp_
 # -- 7. skip reasons in the README's test line ---------------------------------------------------
 def _readme_test_lines() -> list[str]:
     readme = (ROOT / "README.md").read_text()
-    return [line for block in re.findall(r"```bash\n(.*?)```", readme, re.S) for line in block.splitlines()
-            if "python -m pytest" in line]
+    return [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+        for line in block.splitlines()
+        if "python -m pytest" in line
+    ]
 
 
 def test_readme_test_lines_run_verbatim_in_ci_and_show_why_tests_skipped(tmp_path):
@@ -190,8 +212,14 @@ def test_readme_test_lines_run_verbatim_in_ci_and_show_why_tests_skipped(tmp_pat
     # the pytest options of the README's line, run on a test that skips: the reason is printed
     options = lines[0].split("python -m pytest", 1)[1].split()
     (tmp_path / "test_skips.py").write_text(
-        "import pytest\n\ndef test_needs_redis():\n    pytest.skip('no Redis server at 127.0.0.1:6379')\n")
-    result = subprocess.run([sys.executable, "-m", "pytest", *options, "-p", "no:cacheprovider", "test_skips.py"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        "import pytest\n\ndef test_needs_redis():\n    pytest.skip('no Redis server at 127.0.0.1:6379')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, "-p", "no:cacheprovider", "test_skips.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "1 skipped" in result.stdout
     assert "no Redis server at 127.0.0.1:6379" in result.stdout, result.stdout

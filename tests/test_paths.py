@@ -27,7 +27,7 @@ from kb.paths import (
 
 JA_300 = "日本語の長いタイトル" * 10  # 100 characters × 3 bytes = 300 bytes
 JA_CLAMPED = ("日本語の長いタイトル" * 9)[:84] + ".md"  # 84 × 3 = 252 bytes + ".md" = 255
-EMOJI = "\U0001F600\U0001F680\U0001F44D\U0001F3FD"  # 😀🚀👍🏽
+EMOJI = "\U0001f600\U0001f680\U0001f44d\U0001f3fd"  # 😀🚀👍🏽
 
 FILENAME_CASES = [
     # (title, expected file name)
@@ -39,7 +39,7 @@ FILENAME_CASES = [
     ("Report.Md", "Report.Md"),
     ("a/b", "a_b.md"),
     ("a\\b", "a_b.md"),
-    ('Q: "why?"', 'Q_ _why__.md'),
+    ('Q: "why?"', "Q_ _why__.md"),
     ("<x>|*", "_x___.md"),
     ("..", "untitled.md"),
     (".", "untitled.md"),
@@ -217,8 +217,7 @@ def test_retitle_case_only_is_same_key() -> None:
 
 
 def test_author_path() -> None:
-    assert author_path(("Licenses & payment", "Refund policy.md")) == (
-        "Licenses & payment", "Refund policy.md")
+    assert author_path(("Licenses & payment", "Refund policy.md")) == ("Licenses & payment", "Refund policy.md")
     assert author_path(["..", ".git", "CON", "x:y"]) == ("folder", "_.git", "CON_", "x_y.md")
     assert author_path(("a",), prefix=("Imports", "Batch 1")) == ("Imports", "Batch 1", "a.md")
     sp = StorePath.from_parts(author_path(("..", "..", "etc", "passwd")))
@@ -361,8 +360,7 @@ BLOBS = [b"", b"hello\n", b"a\x00b", b"\r\n\r\n", "Café ☕\n".encode(), bytes(
 @pytest.mark.skipif(shutil.which("git") is None, reason="git CLI not installed")
 @pytest.mark.parametrize("data", BLOBS)
 def test_blob_id_matches_git(data: bytes) -> None:
-    out = subprocess.run(["git", "hash-object", "--stdin"], input=data, capture_output=True,
-                         check=True)
+    out = subprocess.run(["git", "hash-object", "--stdin"], input=data, capture_output=True, check=True)
     assert blob_id(data) == out.stdout.decode().strip()
     assert blob_id(bytearray(data)) == blob_id(memoryview(data)) == blob_id(data)
 
@@ -376,9 +374,12 @@ def test_blob_id_known_value_and_type() -> None:
 # --- properties ---------------------------------------------------------------------------------
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300)
-NASTY = st.text(alphabet=st.sampled_from(
-    list(" .\t\n\x00\x1b\x7f\x85\x1c\u00a0\u0301\u0338\u0327e<>:/\\|?*\"COMNULPTcon1日😀ßı\u212b"
-         "\u1100\u1161\u11a8")), max_size=300)
+NASTY = st.text(
+    alphabet=st.sampled_from(
+        list(' .\t\n\x00\x1b\x7f\x85\x1c\u00a0\u0301\u0338\u0327e<>:/\\|?*"COMNULPTcon1日😀ßı\u212b\u1100\u1161\u11a8')
+    ),
+    max_size=300,
+)
 ANY_TEXT = st.one_of(TEXT, NASTY, st.text(max_size=600))
 
 
@@ -431,10 +432,24 @@ def test_registry_claims_are_distinct_and_safe(titles: list[str], existing: list
         _check_safe(name)
 
 
-@pytest.mark.parametrize("segment", [
-    ".git", ".GIT", ".git.", ".git ", "GIT~1", "git~1", ".g\u200cit", ".git\u200d",
-    ".git::$INDEX_ALLOCATION", ".gitattributes", ".GitIgnore", ".gitmodules", "\ufeff.gitmodules",
-])
+@pytest.mark.parametrize(
+    "segment",
+    [
+        ".git",
+        ".GIT",
+        ".git.",
+        ".git ",
+        "GIT~1",
+        "git~1",
+        ".g\u200cit",
+        ".git\u200d",
+        ".git::$INDEX_ALLOCATION",
+        ".gitattributes",
+        ".GitIgnore",
+        ".gitmodules",
+        "\ufeff.gitmodules",
+    ],
+)
 def test_git_interpreted_names_are_refused_as_caller_paths(segment):
     """A caller path may not create a file git interprets, on any file system (git fsck --strict
     rejects GIT~1 and HFS/NTFS spellings of .git; .gitattributes would change checkouts)."""

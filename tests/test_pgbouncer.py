@@ -64,7 +64,8 @@ def pgbouncer(database_url: str) -> Iterator[str]:
     run_as = _run_as(host)
     process = subprocess.Popen(
         [binary, *(["-u", run_as] if run_as else []), str(work / "pgbouncer.ini")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = psycopg.conninfo.make_conninfo(host="127.0.0.1", port=listen, user=user, dbname=info["dbname"])
     try:
@@ -88,8 +89,10 @@ def pgbouncer(database_url: str) -> Iterator[str]:
 
 def test_core_flow_through_transaction_pooler(pgbouncer: str, tmp_path) -> None:
     settings = Settings(
-        database_url=pgbouncer, database_pooler="transaction",
-        storage_root=tmp_path / "storage", embedding_model="hashing",
+        database_url=pgbouncer,
+        database_pooler="transaction",
+        storage_root=tmp_path / "storage",
+        embedding_model="hashing",
     )
     kb = run_core_flow(settings, tmp_path / "notes")
     assert not jobs.worker_listens(kb)  # no direct URL: the worker polls through the pooler
@@ -122,8 +125,11 @@ def test_core_flow_through_transaction_pooler(pgbouncer: str, tmp_path) -> None:
 
 def test_direct_url_gives_the_worker_a_session(pgbouncer: str, database_url: str, tmp_path) -> None:
     settings = Settings(
-        database_url=pgbouncer, database_pooler="transaction", direct_database_url=database_url,
-        storage_root=tmp_path / "storage", embedding_model="hashing",
+        database_url=pgbouncer,
+        database_pooler="transaction",
+        direct_database_url=database_url,
+        storage_root=tmp_path / "storage",
+        embedding_model="hashing",
     )
     kb = run_core_flow(settings, tmp_path / "notes")
     assert jobs.worker_listens(kb)

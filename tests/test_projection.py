@@ -16,8 +16,8 @@ from kb.store.projection import event_payload, renamed_folder_candidates
 def _docs(url: str, ws: int = 1) -> dict[str, dict]:
     with psycopg.connect(url, row_factory=dict_row) as conn:
         rows = conn.execute(
-            "SELECT id, path, title, document_type, metadata, content_id FROM kb.documents "
-            "WHERE workspace_id = %s", (ws,)
+            "SELECT id, path, title, document_type, metadata, content_id FROM kb.documents WHERE workspace_id = %s",
+            (ws,),
         ).fetchall()
     return {r["path"]: r for r in rows}
 
@@ -32,7 +32,9 @@ def _folders(url: str, ws: int = 1) -> dict[str, dict]:
 
 def test_folder_candidates_from_a_move():
     assert renamed_folder_candidates("/documents/a/b/x.md", "/documents/c/b/x.md") == [
-        ("/documents/a/b", "/documents/c/b"), ("/documents/a", "/documents/c")]
+        ("/documents/a/b", "/documents/c/b"),
+        ("/documents/a", "/documents/c"),
+    ]
     assert renamed_folder_candidates("/documents/a/x.md", "/documents/a/y.md") == []
     assert renamed_folder_candidates("/documents/a/x.md", "/documents/x.md") == []
 
@@ -82,7 +84,9 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     assert after["/documents/R/B"]["parent_path"] == "/documents/R"
     assert after["/documents/R/B/C"]["name"] == "C"
     assert _docs(url)["/documents/R/B/y.md"]["id"] == docs["/documents/A/B/y.md"]["id"]
-    assert sorted(moved.folders_moved) == sorted(f["id"] for f in folders.values() if f["path"].startswith("/documents/A"))
+    assert sorted(moved.folders_moved) == sorted(
+        f["id"] for f in folders.values() if f["path"].startswith("/documents/A")
+    )
     assert not moved.folders_deleted and not moved.folders_created and not moved.deleted
     received_events(listener)
 
@@ -100,7 +104,9 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     assert now["/documents/T/w.md"]["id"] == docs["/documents/A/B/C/w.md"]["id"]
     # the store records the swap as two moves, so each document keeps its id at its new path
     assert {(c.path, c.change, c.old_path) for c in kb.list_changes(1, kb.head(1))} == {
-        ("/documents/p.md", "moved", "/documents/q.md"), ("/documents/q.md", "moved", "/documents/p.md")}
+        ("/documents/p.md", "moved", "/documents/q.md"),
+        ("/documents/q.md", "moved", "/documents/p.md"),
+    }
     assert now["/documents/p.md"]["id"] == docs["/documents/q.md"]["id"]
     assert now["/documents/q.md"]["id"] == docs["/documents/p.md"]["id"]
     assert now["/documents/p.md"]["content_id"] == docs["/documents/q.md"]["content_id"]
@@ -110,8 +116,13 @@ def test_moves_keep_ids_folder_rename_keeps_folder_ids(kb, settings, listener):
     assert "/documents/S" not in _folders(url)
     events = received_events(listener)
     assert {e["event"] for e in events} == {"document_updated", "folder_updated"}
-    assert {"event": "folder_updated", "workspace_id": 1, "revision": result.revision,
-            "id": folders["/documents/A/B/C"]["id"], "path": "/documents/T"} in events
+    assert {
+        "event": "folder_updated",
+        "workspace_id": 1,
+        "revision": result.revision,
+        "id": folders["/documents/A/B/C"]["id"],
+        "path": "/documents/T",
+    } in events
 
 
 def test_last_document_of_folder_removes_folder_unless_keep(kb, settings, listener):
@@ -131,8 +142,13 @@ def test_last_document_of_folder_removes_folder_unless_keep(kb, settings, listen
     assert sorted(_folders(settings.database_url)) == ["/documents/Kept"]
     assert result.folders_deleted == [folders["/documents/Old"]["id"]]
     events = received_events(listener)
-    assert {"event": "folder_deleted", "workspace_id": 1, "revision": result.revision,
-            "id": folders["/documents/Old"]["id"], "path": "/documents/Old"} in events
+    assert {
+        "event": "folder_deleted",
+        "workspace_id": 1,
+        "revision": result.revision,
+        "id": folders["/documents/Old"]["id"],
+        "path": "/documents/Old",
+    } in events
     assert any(e["event"] == "document_deleted" and e["id"] == doc_id for e in events)
     assert kb.project(1).events == []  # converged: a second run changes and announces nothing
 
@@ -172,7 +188,11 @@ def test_client_row_first_keeps_type_metadata_and_title(kb, settings):
     kb.rebuild_projection(1)
     row = _docs(url)["/documents/Uploads/report.md"]
     assert (row["id"], row["document_type"], row["metadata"], row["title"]) == (
-        claim["id"], "FILE", {"source": "upload"}, "Q3 report")
+        claim["id"],
+        "FILE",
+        {"source": "upload"},
+        "Q3 report",
+    )
     assert row["content_id"] == kb.list_paths(1)["/documents/Uploads/report.md"]
     assert _docs(url)["/documents/other.md"]["document_type"] == "NOTE"
     assert _docs(url)["/documents/other.md"]["title"] == "other"
@@ -195,8 +215,10 @@ def test_wiped_chunks_and_folders_come_back(kb, kb_env, settings, tmp_path):
     kb.index(1)
     url = settings.database_url
     with psycopg.connect(url) as conn:
-        conn.execute("UPDATE kb.documents SET document_type = 'FILE', metadata = '{\"k\": 1}' "
-                     "WHERE path = '/documents/Guides/doc 0.md'")
+        conn.execute(
+            "UPDATE kb.documents SET document_type = 'FILE', metadata = '{\"k\": 1}' "
+            "WHERE path = '/documents/Guides/doc 0.md'"
+        )
         chunks_before = conn.execute(CHUNKS).fetchall()
     docs_before, folders_before = _docs(url), _folders(url)
     assert len(chunks_before) > len(docs_before) and len(folders_before) == 5
@@ -213,7 +235,8 @@ def test_wiped_chunks_and_folders_come_back(kb, kb_env, settings, tmp_path):
         assert conn.execute(CHUNKS).fetchall() == chunks_before
     assert _docs(url) == docs_before  # same ids, types, metadata, titles
     assert {p: (f["name"], f["parent_path"]) for p, f in _folders(url).items()} == {
-        p: (f["name"], f["parent_path"]) for p, f in folders_before.items()}
+        p: (f["name"], f["parent_path"]) for p, f in folders_before.items()
+    }
 
 
 def test_incremental_runs_agree_with_a_full_rebuild(kb, settings):
@@ -254,8 +277,7 @@ def test_incremental_runs_agree_with_a_full_rebuild(kb, settings):
     assert rebuilt.events == [], rebuilt.events
     paths = kb.list_paths(1)
     docs = _docs(settings.database_url)
-    assert {p: d["content_id"] for p, d in docs.items()} == {
-        p: c for p, c in paths.items() if not p.endswith("/.keep")}
+    assert {p: d["content_id"] for p, d in docs.items()} == {p: c for p, c in paths.items() if not p.endswith("/.keep")}
     from kb.store.projection import folders_of
 
     assert set(_folders(settings.database_url)) == folders_of(list(paths))

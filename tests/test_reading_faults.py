@@ -38,8 +38,12 @@ def test_a_missing_tree_object_is_damage_not_a_raw_key_error(kb, settings):
     (repo / ".git" / "objects" / tree[:2] / tree[2:]).unlink()
     fresh = KnowledgeBase.open(settings)  # no object cached from the writes
     try:
-        for read in (lambda: fresh.ls(8, "/documents/Notes"), lambda: fresh.read(8, "/documents/Notes/Todo.md"),
-                     lambda: fresh.read(8, "/documents/notes/todo.md"), lambda: fresh.ls(8, "/documents/Notes/x")):
+        for read in (
+            lambda: fresh.ls(8, "/documents/Notes"),
+            lambda: fresh.read(8, "/documents/Notes/Todo.md"),
+            lambda: fresh.read(8, "/documents/notes/todo.md"),
+            lambda: fresh.ls(8, "/documents/Notes/x"),
+        ):
             with pytest.raises(StorageError, match=f"object {tree} is missing .* run `kb fsck`"):
                 read()
         assert [e.name for e in fresh.ls(8)] == ["Notes", "Other"]  # the rest still reads
@@ -66,15 +70,30 @@ def test_a_long_lived_knowledge_base_sees_a_workspace_deleted_elsewhere(kb, kb_e
     assert [e.name for e in kb.ls(5)] == ["b.md"]
 
 
-@pytest.mark.parametrize("offset, limit", [(None, None), (None, 2), (-1, None), ("1", None), (1.5, None),
-                                           (9.5, None), (True, None), (0, -1), (0, "2"), (0, 1.0)])
+@pytest.mark.parametrize(
+    "offset, limit",
+    [
+        (None, None),
+        (None, 2),
+        (-1, None),
+        ("1", None),
+        (1.5, None),
+        (9.5, None),
+        (True, None),
+        (0, -1),
+        (0, "2"),
+        (0, 1.0),
+    ],
+)
 def test_every_reader_refuses_a_window_that_is_not_whole_numbers(kb, offset, limit):
     """`Envelope.window(None)` and `conv.read(offset=None)` raised TypeError, `Turn.read` a
     ValueError (500 over HTTP) or TypeError, and `offset=9.5` came back as "past the end": every
     reader now refuses anything but whole numbers ≥ 0 with InvalidInput, one check for all."""
     _write(kb, 1, {"/documents/a.md": "1\n2\n3\n"})
-    readers = [lambda: kb.read_document(1, "/documents/a.md").window(offset, limit),
-               lambda: kb.conversation(1, "c1").read("/documents/a.md", offset=offset, limit=limit)]
+    readers = [
+        lambda: kb.read_document(1, "/documents/a.md").window(offset, limit),
+        lambda: kb.conversation(1, "c1").read("/documents/a.md", offset=offset, limit=limit),
+    ]
     turn = kb.turn(1, "t-window")
     readers.append(lambda: turn.read("/documents/a.md", offset, limit))
     try:
@@ -98,7 +117,9 @@ def test_hints_name_the_revision_asked_about(kb, kb_env):
     line = _one_line_error(run_cli(kb_env, "read", "/documents/Old/c.md", "-w", "1", "-r", first, check=False))
     hint = f"`kb ls /documents/Old --workspace 1 --revision {first[:12]}` lists what is there"
     assert line.endswith(hint)
-    assert run_cli(kb_env, "ls", "/documents/Old", "-w", "1", "--revision", first[:12]).stdout == "/documents/Old/b.md\n"
+    assert (
+        run_cli(kb_env, "ls", "/documents/Old", "-w", "1", "--revision", first[:12]).stdout == "/documents/Old/b.md\n"
+    )
     line = _one_line_error(run_cli(kb_env, "read", "/documents/New/c.md", "-w", "1", check=False))
     assert line.endswith("`kb ls /documents/New --workspace 1` lists what is there")  # HEAD: no --revision
 
@@ -111,11 +132,11 @@ def test_hints_a_shell_can_take_back(kb):
     with pytest.raises(DocumentNotFound, match=r"no revision yet: `kb import FOLDER --workspace 2`"):
         kb.read(2, "/documents/x.md")
     nfd = unicodedata.normalize("NFD", "/documents/Résumé.md")
-    _write(kb, 1, {"/documents/It's \"quoted\".md": "q\n", "/documents/Notes/a.md": "a\n", nfd: "r\n"})
+    _write(kb, 1, {'/documents/It\'s "quoted".md': "q\n", "/documents/Notes/a.md": "a\n", nfd: "r\n"})
     with kb.transaction(1, "empty folder", "alice") as tx:
         tx.write("/documents/Empty/.keep", b"", allow_keep=True)
     with pytest.raises(DocumentNotFound) as caught:
-        kb.read(1, "/documents/it's \"QUOTED\".md")
+        kb.read(1, '/documents/it\'s "QUOTED".md')
     assert str(caught.value).endswith("""did you mean '/documents/It'"'"'s "quoted".md'?""")
     with pytest.raises(DocumentNotFound) as caught:
         kb.read(1, "/documents/Empty/.KEEP")
@@ -124,8 +145,10 @@ def test_hints_a_shell_can_take_back(kb):
         kb.read(1, "/documents/notes/missing.md")
     with pytest.raises(DocumentNotFound) as caught:
         kb.read(1, unicodedata.normalize("NFC", "/documents/Résumé.md"))
-    assert str(caught.value).endswith("a name there has the same letters in other code points (Unicode NFD): "
-                                      "`kb ls /documents --workspace 1` prints it to copy")
+    assert str(caught.value).endswith(
+        "a name there has the same letters in other code points (Unicode NFD): "
+        "`kb ls /documents --workspace 1` prints it to copy"
+    )
     with pytest.raises(IsAFolder):
         kb.read(1, "/documents/Notes")
 
@@ -146,7 +169,11 @@ def test_the_root_spelled_in_another_case_is_suggested_as_the_root():
     from kb.errors import InvalidPath
     from kb.paths import StorePath
 
-    for typed, meant in (("/DOCUMENTS/A/x.md", "/documents/A/x.md"), ("Documents/x.md", "/documents/x.md"),
-                         ("/etc/passwd", "/documents/etc/passwd"), ("notes/x.md", "/documents/notes/x.md")):
+    for typed, meant in (
+        ("/DOCUMENTS/A/x.md", "/documents/A/x.md"),
+        ("Documents/x.md", "/documents/x.md"),
+        ("/etc/passwd", "/documents/etc/passwd"),
+        ("notes/x.md", "/documents/notes/x.md"),
+    ):
         with pytest.raises(InvalidPath, match=f"must be under /documents \\(did you mean '{meant}'\\?\\)$"):
             StorePath.parse(typed)

@@ -34,8 +34,9 @@ def _write(kb, n: int, ws: int = 1) -> str:
 
 
 def _remote_branch(bare, branch="main") -> str | None:
-    out = subprocess.run(["git", "-C", str(bare), "rev-parse", "--verify", "-q", f"refs/heads/{branch}"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "-C", str(bare), "rev-parse", "--verify", "-q", f"refs/heads/{branch}"], capture_output=True, text=True
+    )
     return out.stdout.strip() or None
 
 
@@ -139,7 +140,8 @@ def _all_text_in_postgres(kb) -> str:
     with psycopg.connect(kb.database_url) as conn:
         tables = conn.execute(queries["test_text_tables"]).fetchall()
         return "\n".join(
-            str(row) for schema, table in tables
+            str(row)
+            for schema, table in tables
             for row in conn.execute(sql.SQL("SELECT t::text FROM {} t").format(sql.Identifier(schema, table)))
         )
 
@@ -191,14 +193,26 @@ def test_twenty_revisions_then_kill_9_of_the_worker_mid_push_remote_ends_at_head
         _write(kb, n)
     head = kb.head(1)
     assert len([j for j in _push_jobs(kb) if j["status"] == "todo"]) == 1  # coalesced
-    env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
-    crashing = subprocess.run([sys.executable, "-m", "kb.adapters.cli", "worker"], env={**env, "KB_FAULT_POINT": "push_sending"},
-                              capture_output=True, timeout=300)
+    env = {
+        **kb_env,
+        "KB_STALLED_JOB_SECONDS": "2",
+        "KB_MAINTENANCE_CRON": "* * * * * *",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    crashing = subprocess.run(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"],
+        env={**env, "KB_FAULT_POINT": "push_sending"},
+        capture_output=True,
+        timeout=300,
+    )
     assert crashing.returncode == -signal.SIGKILL
     assert _remote_branch(bare) is None and [j["status"] for j in _push_jobs(kb)] == ["doing"]
-    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: kb.remote(1).status().last_pushed_revision == head, 120, "the retried push")
     finally:

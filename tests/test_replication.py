@@ -19,9 +19,20 @@ from kb.db.migrations import apply_migrations
 from kb.db.publication import PUBLICATION, ensure_publication, publication_columns
 
 WAIT_SECONDS = 60
-DOCUMENT_COLUMNS = ["id", "workspace_id", "path", "title", "document_type", "metadata",
-                    "unique_identifier_hash", "content_id", "revision_id", "status", "created_at",
-                    "updated_at"]
+DOCUMENT_COLUMNS = [
+    "id",
+    "workspace_id",
+    "path",
+    "title",
+    "document_type",
+    "metadata",
+    "unique_identifier_hash",
+    "content_id",
+    "revision_id",
+    "status",
+    "created_at",
+    "updated_at",
+]
 FOLDER_COLUMNS = ["id", "workspace_id", "path", "name", "parent_path", "created_at"]
 
 
@@ -70,8 +81,11 @@ def test_publication_columns_are_thin_metadata(database_url):
 def test_subscriber_converges_to_publisher(kb, settings, tmp_path, subscriber_server):
     notes = tmp_path / "notes"
     for rel, text in {
-        "Guides/Install.md": "# Install\n", "Guides/Deep/Tuning.md": "# Tuning\n",
-        "Archive/Old.md": "# Old\n", "Archive/2019/Notes.md": "# 2019\n", "Todo.md": "- [ ] ship\n",
+        "Guides/Install.md": "# Install\n",
+        "Guides/Deep/Tuning.md": "# Tuning\n",
+        "Archive/Old.md": "# Old\n",
+        "Archive/2019/Notes.md": "# 2019\n",
+        "Todo.md": "- [ ] ship\n",
     }.items():
         (notes / rel).parent.mkdir(parents=True, exist_ok=True)
         (notes / rel).write_text(text)
@@ -82,7 +96,9 @@ def test_subscriber_converges_to_publisher(kb, settings, tmp_path, subscriber_se
         apply_migrations(conn)  # the same table definitions on the subscriber
     publisher = psycopg.conninfo.conninfo_to_dict(settings.database_url)
     source = psycopg.conninfo.make_conninfo(
-        host=publisher["host"], port=publisher.get("port") or 5432, user=publisher["user"],
+        host=publisher["host"],
+        port=publisher.get("port") or 5432,
+        user=publisher["user"],
         dbname=publisher["dbname"],
     )
     with psycopg.connect(subscriber_server, autocommit=True) as conn:

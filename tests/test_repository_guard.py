@@ -73,7 +73,9 @@ def test_a_repository_restored_from_an_older_backup_is_never_projected_backwards
     after = _workspace(kb)
     assert _rows(kb) == before, "document rows were deleted or changed"
     assert (after["last_projected_revision"], after["last_indexed_revision"]) == (
-        workspace["last_projected_revision"], workspace["last_indexed_revision"])
+        workspace["last_projected_revision"],
+        workspace["last_indexed_revision"],
+    )
     assert "lacks the recorded head" in after["diverged"]
     # the newest repository comes back: the same rows, same ids, and the mark is cleared
     path = kb.store(WS).path

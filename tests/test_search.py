@@ -103,10 +103,23 @@ def test_excerpts_of_a_document_come_from_one_indexed_version(kb):
     v1 = repo.lookup(repo.tree_id(first), "documents/a.md")
     v2 = repo.lookup(repo.tree_id(tx.revision.id), "documents/a.md")
     row = {"document_id": 7, "path": "/documents/a.md", "title": "a", "text": None}
-    rows = [{**row, "chunk_id": chunk, "start_line": line, "end_line": line, "indexed_content_id": blob,
-             "indexed_revision": revision}
-            for chunk, line, blob, revision in ((1, 1, v1, first), (2, 2, v2, tx.revision.id), (3, 3, v1, first),
-                                                (4, 2, v1, first), (5, 3, v2, tx.revision.id))]
+    rows = [
+        {
+            **row,
+            "chunk_id": chunk,
+            "start_line": line,
+            "end_line": line,
+            "indexed_content_id": blob,
+            "indexed_revision": revision,
+        }
+        for chunk, line, blob, revision in (
+            (1, 1, v1, first),
+            (2, 2, v2, tx.revision.id),
+            (3, 3, v1, first),
+            (4, 2, v1, first),
+            (5, 3, v2, tx.revision.id),
+        )
+    ]
     with database.connect(kb.database_url) as conn:
         [envelope] = envelopes(conn, repo, rows, [(7, 0.9)], [(c, 1 - c / 10) for c in range(1, 6)], 5, "one")
     # three excerpts, all of the first row's version: the other version's rows are skipped, not
@@ -125,14 +138,17 @@ def test_a_document_only_the_document_leg_found_shows_its_chunk_holding_most_que
 
     kb.use_embedder(HashingEmbedder())
     kb.create_workspace(1)
-    page = "# Guide\n\n" + "\n".join(f"## Part {j}\n\n" + " ".join([f"word{j} filler text"] * 80) + "\n"
-                                     for j in range(4))
+    page = "# Guide\n\n" + "\n".join(
+        f"## Part {j}\n\n" + " ".join([f"word{j} filler text"] * 80) + "\n" for j in range(4)
+    )
     with kb.transaction(1, "page", "t") as tx:
         tx.write("/documents/guide.md", page)
     kb.index(1)
     repo = kb.store(1).repository
     with database.connect(kb.database_url) as conn:
-        document = conn.execute(queries["document_by_path"], {"workspace_id": 1, "path": "/documents/guide.md"}).fetchone()
+        document = conn.execute(
+            queries["document_by_path"], {"workspace_id": 1, "path": "/documents/guide.md"}
+        ).fetchone()
         rows = [{"chunk_id": None, "document_id": document["id"], "document_rank": 1}]
         [envelope] = envelopes(conn, repo, rows, [(document["id"], 0.5)], [], 5, lexical_text("word2 filler"))
     text = [line for _, line in envelope.lines]
@@ -148,8 +164,9 @@ def test_k_envelopes_when_the_legs_first_chunks_come_from_fewer_documents(kb):
     kb.create_workspace(1)
 
     def page(word: str) -> str:
-        return "# Page\n\n" + "\n".join(f"## Part {j}\n\n" + " ".join([f"{word} {word} marker text"] * 70) + "\n"
-                                          for j in range(12))
+        return "# Page\n\n" + "\n".join(
+            f"## Part {j}\n\n" + " ".join([f"{word} {word} marker text"] * 70) + "\n" for j in range(12)
+        )
 
     with kb.transaction(1, "docs", "t") as tx:
         tx.write("/documents/a.md", page("alpha"))
@@ -184,8 +201,10 @@ def test_a_word_found_in_one_document_puts_it_first_whatever_the_model_makes_of_
     kb.create_workspace(1)
     with kb.transaction(1, "docs", "t") as tx:
         for i in range(20):
-            tx.write(f"/documents/p{i}.md", f"# Page {i}\n\nCustomers ask about refunds, plans number {i} "
-                                            f"and please read the billing notes {i}.\n")
+            tx.write(
+                f"/documents/p{i}.md",
+                f"# Page {i}\n\nCustomers ask about refunds, plans number {i} and please read the billing notes {i}.\n",
+            )
         tx.write("/documents/zz-home.md", "# Home\n\nZorblaxian customers get an extended refund window.\n")
     kb.index(1)
     assert kb.search(1, "Zorblaxian", k=5)[0].path == "/documents/zz-home.md"

@@ -41,10 +41,12 @@ def _lexical_paths(kb, ws: int, query: str, limit: int = 10) -> list[str]:
 def test_chunks_embed_title_and_heading_path_and_a_heading_edit_reembeds_its_section(settings):
     kb = KnowledgeBase.open(settings.model_copy(update={"chunk_size": 16}))  # about one chunk per paragraph
     embedder = kb.use_embedder(CountingEmbedder())
-    body = ["Annual subscriptions may be refunded within thirty days of purchase.",
-            "Monthly plans are never refunded."]
-    text = "# Refund policy\n\nWho may ask for a refund, and how it is paid back.\n\n## Annual plans\n\n" + \
-        "\n\n".join(body) + "\n"
+    body = ["Annual subscriptions may be refunded within thirty days of purchase.", "Monthly plans are never refunded."]
+    text = (
+        "# Refund policy\n\nWho may ask for a refund, and how it is paid back.\n\n## Annual plans\n\n"
+        + "\n\n".join(body)
+        + "\n"
+    )
     _write_all(kb, 1, {"/documents/Licenses/Refund policy.md": text})
     kb.index(1)
     assert f"Refund policy › Annual plans\n\n{body[1]}" in embedder.texts
@@ -62,8 +64,10 @@ def test_chunks_embed_title_and_heading_path_and_a_heading_edit_reembeds_its_sec
 
 def _kept_equals_recount(kb, ws: int, kept: str, recount: str, count: str) -> None:
     """The lexeme statistics a trigger keeps (named query ``kept``) equal a recount (``recount``)."""
-    found = [{(r["text_config"], r["lexeme"]): r[count] for r in _rows(kb, name, workspace_id=ws)}
-             for name in (kept, recount)]
+    found = [
+        {(r["text_config"], r["lexeme"]): r[count] for r in _rows(kb, name, workspace_id=ws)}
+        for name in (kept, recount)
+    ]
     assert found[0] == found[1]
 
 
@@ -106,8 +110,9 @@ def test_document_terms_and_their_statistics_follow_every_change_of_the_chunks(s
 
 def _long_page() -> str:
     """A page of four sections, each long enough to be a chunk of its own (word0 … word3)."""
-    return "# Guide\n\n" + "\n".join(f"## Part {j}\n\n" + " ".join([f"word{j} filler text"] * 80) + "\n"
-                                     for j in range(4))
+    return "# Guide\n\n" + "\n".join(
+        f"## Part {j}\n\n" + " ".join([f"word{j} filler text"] * 80) + "\n" for j in range(4)
+    )
 
 
 def test_upgrading_to_document_terms_fills_them_from_the_indexed_chunks(kb):
@@ -117,8 +122,14 @@ def test_upgrading_to_document_terms_fills_them_from_the_indexed_chunks(kb):
 
     kb.use_embedder(HashingEmbedder())
     long_page = _long_page()
-    _write_all(kb, 1, {**{f"/documents/d{i}.md": f"# D{i}\n\nwords about topic{i % 3}\n" for i in range(6)},
-                       "/documents/long.md": long_page})
+    _write_all(
+        kb,
+        1,
+        {
+            **{f"/documents/d{i}.md": f"# D{i}\n\nwords about topic{i % 3}\n" for i in range(6)},
+            "/documents/long.md": long_page,
+        },
+    )
     kb.index(1)
     before = [(e.path, e.score) for e in kb.search(1, "topic1 word2 filler", k=5)]
     with database.connect(kb.database_url) as conn:
@@ -141,9 +152,15 @@ def test_document_leg_counts_every_occurrence_in_a_page_longer_than_a_tsvector_p
     kb = KnowledgeBase.open(settings.model_copy(update={"fts_config": "simple"}))
     kb.use_embedder(HashingEmbedder())
     filler = "\n\n".join(" ".join(f"f{j}x{t}" for t in range(40)) for j in range(450))
-    _write_all(kb, 1, {"/documents/long.md": f"# Long\n\n{filler}\n\n" + "late " * 50 + "\n",
-                       "/documents/short.md": "# Short\n\nlate once\n",
-                       "/documents/other.md": "# Other\n\nnothing here\n"})
+    _write_all(
+        kb,
+        1,
+        {
+            "/documents/long.md": f"# Long\n\n{filler}\n\n" + "late " * 50 + "\n",
+            "/documents/short.md": "# Short\n\nlate once\n",
+            "/documents/other.md": "# Other\n\nnothing here\n",
+        },
+    )
     kb.index(1)
     reference = _reference_bm25(kb, 1, "late", "document")
     with database.connect(kb.database_url, autocommit=True) as conn:
@@ -160,8 +177,9 @@ def test_a_long_query_is_scored_by_its_rarest_terms(settings):
 
     kb = KnowledgeBase.open(settings.model_copy(update={"fts_config": "simple"}))
     kb.use_embedder(HashingEmbedder())
-    _write_all(kb, 1, {f"/documents/p{i}.md": "# Page\n\n" + " ".join(f"t{j}" for j in range(i, 70)) + "\n"
-                       for i in range(70)})
+    _write_all(
+        kb, 1, {f"/documents/p{i}.md": "# Page\n\n" + " ".join(f"t{j}" for j in range(i, 70)) + "\n" for i in range(70)}
+    )
     kb.index(1)
     assert MAX_QUERY_TERMS == 64
     query = " ".join(f"t{j}" for j in range(70))
@@ -203,11 +221,15 @@ def test_lexical_leg_weights_rare_terms_over_a_word_in_every_chunk(kb):
 
 def test_documents_get_their_language_configuration_and_stemming(kb):
     kb.use_embedder(HashingEmbedder())
-    _write_all(kb, 1, {
-        "/documents/de.md": "# Häuser\n\nIn diesem Kapitel werden die Häuser der Stadt und ihre Gärten beschrieben.\n",
-        "/documents/ru.md": "# Заметки\n\nЭта страница описывает, как создавать заметки и хранить их в хранилище.\n",
-        "/documents/en.md": "# Houses\n\nThis chapter describes the houses of the town and their gardens.\n",
-    })
+    _write_all(
+        kb,
+        1,
+        {
+            "/documents/de.md": "# Häuser\n\nIn diesem Kapitel werden die Häuser der Stadt und ihre Gärten beschrieben.\n",
+            "/documents/ru.md": "# Заметки\n\nЭта страница описывает, как создавать заметки и хранить их в хранилище.\n",
+            "/documents/en.md": "# Houses\n\nThis chapter describes the houses of the town and their gardens.\n",
+        },
+    )
     kb.index(1)
     configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
     assert configs == {"/documents/de.md": "german", "/documents/ru.md": "russian", "/documents/en.md": "english"}
@@ -223,7 +245,7 @@ def _lexical_documents(kb, ws: int, query: str) -> list[str]:
 
 
 def test_composed_and_decomposed_text_find_each_other_and_a_reindex_normalizes_older_rows(kb):
-    """"ü" as one character (NFC, what keyboards type) and as "u" + a combining diaeresis (NFD:
+    """ "ü" as one character (NFC, what keyboards type) and as "u" + a combining diaeresis (NFD:
     macOS file names, PDFs) are one word to a reader, but Postgres' parser and German stemmer made
     different lexemes of them, so a query in one form missed a page in the other, in its body and
     in its title (from an NFD file name). Both sides are normalized now; rows an earlier kb wrote
@@ -233,11 +255,15 @@ def test_composed_and_decomposed_text_find_each_other_and_a_reindex_normalizes_o
     kb.use_embedder(HashingEmbedder())
     nfd = functools.partial(unicodedata.normalize, "NFD")
     page = "/documents/" + nfd("Brückenbau") + ".md"
-    _write_all(kb, 1, {
-        page: nfd("In diesem Kapitel werden die Brücken der Stadt und ihre Gärten beschrieben.\n"),
-        "/documents/andere.md": "In diesem Kapitel werden die Straßen der Stadt und ihre Häuser beschrieben.\n",
-        "/documents/en.md": "This chapter describes the bridges of the town and their gardens.\n",
-    })
+    _write_all(
+        kb,
+        1,
+        {
+            page: nfd("In diesem Kapitel werden die Brücken der Stadt und ihre Gärten beschrieben.\n"),
+            "/documents/andere.md": "In diesem Kapitel werden die Straßen der Stadt und ihre Häuser beschrieben.\n",
+            "/documents/en.md": "This chapter describes the bridges of the town and their gardens.\n",
+        },
+    )
     kb.index(1)
     for query in ("Brücken Gärten", nfd("Brücken Gärten"), "Brückenbau", nfd("Brückenbau")):
         assert _lexical_paths(kb, 1, query)[:1] == [page], query
@@ -256,11 +282,15 @@ def test_composed_and_decomposed_text_find_each_other_and_a_reindex_normalizes_o
 
 def test_japanese_and_chinese_queries_find_their_page_lexically(kb):
     kb.use_embedder(HashingEmbedder())
-    _write_all(kb, 1, {
-        "/documents/ja.md": "# 同期\n\nノートを複数のデバイス間で同期するには、同期設定を開きます。\n",
-        "/documents/zh.md": "# 外掛\n\n社群外掛可以擴充應用程式的功能，請在設定中啟用。\n",
-        "/documents/ja2.md": "# テーマ\n\nテーマを変更すると外観が変わります。\n",
-    })
+    _write_all(
+        kb,
+        1,
+        {
+            "/documents/ja.md": "# 同期\n\nノートを複数のデバイス間で同期するには、同期設定を開きます。\n",
+            "/documents/zh.md": "# 外掛\n\n社群外掛可以擴充應用程式的功能，請在設定中啟用。\n",
+            "/documents/ja2.md": "# テーマ\n\nテーマを変更すると外観が変わります。\n",
+        },
+    )
     kb.index(1)
     assert _lexical_paths(kb, 1, "デバイス間で同期")[0] == "/documents/ja.md"
     assert _lexical_paths(kb, 1, "擴充功能")[0] == "/documents/zh.md"
@@ -270,9 +300,25 @@ def test_japanese_and_chinese_queries_find_their_page_lexically(kb):
 
 def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch):
     embedder = kb.use_embedder(HashingEmbedder())
-    words = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "tau", "refund", "policy", "annual", "plan", "invoice"]
-    docs = {f"/documents/p{i}.md": " ".join(words[(i * 7 + j) % len(words)] for j in range(9)) + f" n{i}\n"
-            for i in range(60)}
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "kappa",
+        "omega",
+        "sigma",
+        "tau",
+        "refund",
+        "policy",
+        "annual",
+        "plan",
+        "invoice",
+    ]
+    docs = {
+        f"/documents/p{i}.md": " ".join(words[(i * 7 + j) % len(words)] for j in range(9)) + f" n{i}\n"
+        for i in range(60)
+    }
     _write_all(kb, 1, docs)
     _write_all(kb, 2, {"/documents/small.md": "alpha beta\n"})
     kb.index(1)
@@ -285,14 +331,23 @@ def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch)
     with database.pooled_connection(kb.database_url) as conn:
         assert vector_index.recorded_index(conn, 1, embedder.model) is not None
         approximate = vector_leg(conn, 1, embedder.model, vector, 10)
-        distance = {r["id"]: r["distance"] for r in conn.execute(queries["test_vector_distances"], {
-            "workspace_id": 1, "embedding": "[" + ",".join(map(str, vector.tolist())) + "]"})}
+        distance = {
+            r["id"]: r["distance"]
+            for r in conn.execute(
+                queries["test_vector_distances"],
+                {"workspace_id": 1, "embedding": "[" + ",".join(map(str, vector.tolist())) + "]"},
+            )
+        }
         # the index serves the plan, returns k rows, and they are the exact nearest ones (ties of
         # equal distance may come in any order; halfvec rounding is below 1e-3)
-        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
-            "EXPLAIN " + queries["vector_leg_approximate"].format(
-                workspace_id=1, model=f"'{embedder.model}'", dim=384),
-            {"embedding": "[" + ",".join(map(str, vector.tolist())) + "]", "limit": 10}))
+        plan = "\n".join(
+            r["QUERY PLAN"]
+            for r in conn.execute(
+                "EXPLAIN "
+                + queries["vector_leg_approximate"].format(workspace_id=1, model=f"'{embedder.model}'", dim=384),
+                {"embedding": "[" + ",".join(map(str, vector.tolist())) + "]", "limit": 10},
+            )
+        )
         assert change.index_name in plan
     tenth = sorted(distance.values())[9]
     assert len(approximate) == 10 and all(distance[i] <= tenth + 1e-3 for i in approximate)
@@ -312,8 +367,17 @@ def test_search_through_hnsw_widens_past_pgvectors_largest_ef_search(settings, m
     1000 and the iterative scan returns the rest: every document comes back."""
     kb = KnowledgeBase.open(settings.model_copy(update={"chunk_size": 16}))
     embedder = kb.use_embedder(HashingEmbedder())
-    _write_all(kb, 1, {f"/documents/long{d}.md": "\n\n".join(
-        f"paragraph {p} of doc {d} with some filler words here" for p in range(60)) + "\n" for d in range(10)})
+    _write_all(
+        kb,
+        1,
+        {
+            f"/documents/long{d}.md": "\n\n".join(
+                f"paragraph {p} of doc {d} with some filler words here" for p in range(60)
+            )
+            + "\n"
+            for d in range(10)
+        },
+    )
     kb.index(1)
     monkeypatch.setattr(vector_index, "HNSW_MIN_CHUNKS", 40)
     assert vector_index.maintain(kb.database_url, 1, embedder.model, embedder.dim).action == "built"
@@ -367,8 +431,10 @@ def test_vector_leg_weighs_less_for_a_query_in_a_language_the_model_does_not_cov
 
 def test_a_rare_title_word_beats_a_common_body_word(kb):
     kb.use_embedder(HashingEmbedder())
-    docs = {f"/documents/page{i}.md": f"# Page {i}\n\nThe sidebar shows your notes; open the sidebar to see note {i}.\n"
-            for i in range(20)}
+    docs = {
+        f"/documents/page{i}.md": f"# Page {i}\n\nThe sidebar shows your notes; open the sidebar to see note {i}.\n"
+        for i in range(20)
+    }
     docs["/documents/Canvas.md"] = "# Canvas\n\nLay out cards on an infinite board.\n"
     docs["/documents/sidebar.md"] = "# Sidebar\n\nThe sidebar lists files, sidebar tabs and sidebar panes.\n"
     _write_all(kb, 1, docs)
@@ -408,11 +474,15 @@ def test_an_accented_query_matches_unaccented_text_under_simple_unaccent(kb):
         folds = conn.execute(queries["test_unaccent_folds"]).fetchone()["folds"]
     if not folds:
         pytest.skip("this server has no unaccent extension: kb.simple_unaccent is plain simple there")
-    _write_all(kb, 1, {
-        "/documents/cs.md": "# Koně\n\nPříliš žluťoučký kůň úpěl ďábelské ódy. Kůň běžel přes louku k řece.\n",
-        "/documents/cs2.md": "# Město\n\nVe městě je mnoho ulic, obchodů a lidí, kteří spěchají do práce.\n",
-        "/documents/vi.md": "# Ca phe\n\nCa phe sua da la mot thuc uong pho bien o Viet Nam.\n",
-    })
+    _write_all(
+        kb,
+        1,
+        {
+            "/documents/cs.md": "# Koně\n\nPříliš žluťoučký kůň úpěl ďábelské ódy. Kůň běžel přes louku k řece.\n",
+            "/documents/cs2.md": "# Město\n\nVe městě je mnoho ulic, obchodů a lidí, kteří spěchají do práce.\n",
+            "/documents/vi.md": "# Ca phe\n\nCa phe sua da la mot thuc uong pho bien o Viet Nam.\n",
+        },
+    )
     kb.index(1)
     configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
     assert configs["/documents/cs.md"] == "kb.simple_unaccent"
@@ -478,19 +548,26 @@ def test_lexical_leg_scores_equal_a_reference_bm25_in_every_configuration(kb):
     docs = {}
     for i in range(12):
         body = " ".join(["deploy"] * (i % 3 + 1) + ["server"] * (i % 4) + ["notes"] * (1 + i % 2))
-        docs[f"/documents/en{i}.md"] = (f"# {'Deploy' if i % 5 == 0 else 'Page'} {i}\n\n"
-                                        f"This page explains how to {body} for the team.\n")
+        docs[f"/documents/en{i}.md"] = (
+            f"# {'Deploy' if i % 5 == 0 else 'Page'} {i}\n\nThis page explains how to {body} for the team.\n"
+        )
     docs["/documents/de.md"] = "# Server\n\nSo wird der Server in diesem Kapitel eingerichtet und gewartet.\n"
     docs["/documents/ru.md"] = "# Сервер\n\nЭта страница описывает, как настроить сервер и хранить заметки.\n"
     for i in range(3):  # long pages of several chunks: a document's tf and length sum its chunks'
-        sections = [f"## Part {j}\n\n" + " ".join(["filler words about nothing much"] * 60)
-                    + (" deploy the server" * (i + j)) + (" team notes" if j == i else "") + "\n"
-                    for j in range(4)]
+        sections = [
+            f"## Part {j}\n\n"
+            + " ".join(["filler words about nothing much"] * 60)
+            + (" deploy the server" * (i + j))
+            + (" team notes" if j == i else "")
+            + "\n"
+            for j in range(4)
+        ]
         docs[f"/documents/long{i}.md"] = f"# Server guide {i}\n\n" + "\n".join(sections)
     _write_all(kb, 1, docs)
     kb.index(1)
-    assert len({p["document_id"] for p in _rows(kb, "test_chunk_postings", workspace_id=1)
-                if p["position"] > 0}) >= 3  # the long pages (at least) are cut into several chunks
+    assert (
+        len({p["document_id"] for p in _rows(kb, "test_chunk_postings", workspace_id=1) if p["position"] > 0}) >= 3
+    )  # the long pages (at least) are cut into several chunks
     from kb.search.hybrid import _params, lexical_statement
 
     for unit in ("chunk", "document"):
@@ -511,10 +588,12 @@ def _plan_nodes(plan: dict) -> list[dict]:
     return nodes
 
 
-@pytest.mark.parametrize("unit, units, stats", [("chunk", "chunks", "lexeme_stats"),
-                                                ("document", "document_terms", "document_lexeme_stats")])
+@pytest.mark.parametrize(
+    "unit, units, stats", [("chunk", "chunks", "lexeme_stats"), ("document", "document_terms", "document_lexeme_stats")]
+)
 def test_lexical_leg_probes_term_statistics_by_key_and_candidates_by_index_whatever_the_estimates(
-        kb, unit, units, stats):
+    kb, unit, units, stats
+):
     """A lexical leg must look each query term up by key and select candidates through the GIN
     index with the query, however the planner estimates the joins. Right after a bulk index run,
     before autovacuum first analyzed the statistics tables, the planner joined them by hashing:
@@ -524,14 +603,22 @@ def test_lexical_leg_probes_term_statistics_by_key_and_candidates_by_index_whate
     from psycopg import sql as psql
 
     from kb.search.hybrid import _params, lexical_statement
+
     kb.use_embedder(HashingEmbedder())
-    _write_all(kb, 1, {f"/documents/n{i}.md": f"# Page {i}\n\nNotes about topic{i % 7} and deploys.\n"
-                       for i in range(40)})
+    _write_all(
+        kb, 1, {f"/documents/n{i}.md": f"# Page {i}\n\nNotes about topic{i % 7} and deploys.\n" for i in range(40)}
+    )
     kb.index(1)
     with database.connect(kb.database_url) as conn:
         conn.execute(queries["test_planner_without_nested_loops"])
-        [[plan]] = conn.execute(psql.SQL("EXPLAIN (FORMAT JSON) ") + lexical_statement(unit),
-                                _params(1, "", "", "deploys about topic3", 10)).fetchall()[0].values()
+        [[plan]] = (
+            conn.execute(
+                psql.SQL("EXPLAIN (FORMAT JSON) ") + lexical_statement(unit),
+                _params(1, "", "", "deploys about topic3", 10),
+            )
+            .fetchall()[0]
+            .values()
+        )
         found = conn.execute(lexical_statement(unit), _params(1, "", "", "deploys about topic3", 10)).fetchall()
         conn.rollback()
     nodes = _plan_nodes(plan["Plan"])
@@ -540,6 +627,10 @@ def test_lexical_leg_probes_term_statistics_by_key_and_candidates_by_index_whate
     # the query's selector is a condition of the scan of the units (an index condition once the
     # workspace is large), never a filter applied after joining every unit with the selectors
     assert not [n for n in nodes if "@@" in n.get("Join Filter", "") + n.get("Hash Cond", "")]
-    assert [n for n in nodes if n.get("Relation Name") == units or units in n.get("Index Name", "")
-            if "@@" in n.get("Index Cond", "") + n.get("Recheck Cond", "") + n.get("Filter", "")]
+    assert [
+        n
+        for n in nodes
+        if n.get("Relation Name") == units or units in n.get("Index Name", "")
+        if "@@" in n.get("Index Cond", "") + n.get("Recheck Cond", "") + n.get("Filter", "")
+    ]
     assert found  # and the statement still answers under that setting

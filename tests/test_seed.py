@@ -46,16 +46,26 @@ def legacy_kb(kb):
 
 def legacy_rows(dsn: str, workspace: int) -> dict[int, dict]:
     with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
-        return {r["id"]: r for r in conn.execute(
-            "SELECT id, title, document_type, document_metadata, content, source_markdown, status, created_at "
-            "FROM legacy.documents WHERE workspace_id = %s", (workspace,))}
+        return {
+            r["id"]: r
+            for r in conn.execute(
+                "SELECT id, title, document_type, document_metadata, content, source_markdown, status, created_at "
+                "FROM legacy.documents WHERE workspace_id = %s",
+                (workspace,),
+            )
+        }
 
 
 def kb_documents(kb, workspace: int) -> dict[str, dict]:
     with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
-        return {r["path"]: r for r in conn.execute(
-            "SELECT d.*, l.legacy_id FROM kb.documents d LEFT JOIN kb.legacy_documents l ON l.document_id = d.id "
-            "WHERE d.workspace_id = %s", (workspace,))}
+        return {
+            r["path"]: r
+            for r in conn.execute(
+                "SELECT d.*, l.legacy_id FROM kb.documents d LEFT JOIN kb.legacy_documents l ON l.document_id = d.id "
+                "WHERE d.workspace_id = %s",
+                (workspace,),
+            )
+        }
 
 
 def expected_rank(by_id, legacy, legacy_id) -> int:
@@ -64,8 +74,11 @@ def expected_rank(by_id, legacy, legacy_id) -> int:
     entry = by_id[legacy_id]
     folder, key = entry.path.rsplit("/", 1)[0], name_key(safe_filename(entry.title))
     earlier = [
-        e for e in by_id.values()
-        if e.outcome == "seeded" and e.legacy_path is None and e.path.rsplit("/", 1)[0] == folder
+        e
+        for e in by_id.values()
+        if e.outcome == "seeded"
+        and e.legacy_path is None
+        and e.path.rsplit("/", 1)[0] == folder
         and name_key(safe_filename(e.title)) == key
         and (legacy[e.legacy_id]["created_at"], e.legacy_id) < (legacy[legacy_id]["created_at"], legacy_id)
     ]
@@ -152,7 +165,7 @@ def test_seed_quirks_parity_identity_and_zero_embedding(legacy_kb, any_legacy):
         assert any(f"/{folder.replace('/', '_')}/" in p for p in docs)
     # legacy markers honoured: "/documents/X (<id>).xml" → "/documents/X.md" (or its collision name)
     for legacy_id, marker in quirks["legacy_marker"]:
-        stem = marker[len("/documents/"):].rsplit(" (", 1)[0]
+        stem = marker[len("/documents/") :].rsplit(" (", 1)[0]
         assert by_id[legacy_id].legacy_path == marker
         assert by_id[legacy_id].path in (f"/documents/{stem}.md", f"/documents/{stem} (2).md")
     # FILE and ARTIFACT kept, with metadata
@@ -162,14 +175,17 @@ def test_seed_quirks_parity_identity_and_zero_embedding(legacy_kb, any_legacy):
 
     # chunks adopted: legacy vectors, NULL spans, documents indexed, stamp = seed revision, cache cold
     with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
-        chunks = conn.execute("SELECT count(*) AS n, count(start_line) AS spanned, count(start_char) AS chars, "
-                              "min(embedding_model) AS model FROM kb.chunks WHERE workspace_id = 5").fetchone()
+        chunks = conn.execute(
+            "SELECT count(*) AS n, count(start_line) AS spanned, count(start_char) AS chars, "
+            "min(embedding_model) AS model FROM kb.chunks WHERE workspace_id = 5"
+        ).fetchone()
         assert chunks["n"] == report.chunks_adopted > 0 and chunks["spanned"] == chunks["chars"] == 0
         assert chunks["model"] == "legacy-hash-384"
         # the adopted vectors are the legacy model's: the registered embedder reproduces them, so
         # a query embedded by it lives in the same space (computed here on a copy, not counted)
-        sample = conn.execute("SELECT text, embedding::text AS e FROM kb.chunks WHERE workspace_id = 5 "
-                              "ORDER BY id LIMIT 3").fetchall()
+        sample = conn.execute(
+            "SELECT text, embedding::text AS e FROM kb.chunks WHERE workspace_id = 5 ORDER BY id LIMIT 3"
+        ).fetchall()
         for row in sample:
             stored = np.array(json.loads(row["e"]), dtype=np.float32)
             assert np.allclose(LegacyHashEmbedder()._vector(row["text"]), stored, atol=2e-6)
@@ -198,18 +214,25 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_
     assert again.revision is None and again.parity.ok and again.chunks_adopted == 0
     # a changed legacy row converges with one new revision
     with psycopg.connect(dsn) as conn:
-        doc_id = conn.execute("SELECT id FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
-                              "AND source_markdown IS NOT NULL AND document_type = 'NOTE' ORDER BY id LIMIT 1"
-                              ).fetchone()[0]
+        doc_id = conn.execute(
+            "SELECT id FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
+            "AND source_markdown IS NOT NULL AND document_type = 'NOTE' ORDER BY id LIMIT 1"
+        ).fetchone()[0]
         original = conn.execute("SELECT source_markdown FROM legacy.documents WHERE id = %s", (doc_id,)).fetchone()[0]
-        conn.execute("UPDATE legacy.documents SET source_markdown = source_markdown || 'edited\n' WHERE id = %s",
-                     (doc_id,))
-        retitled = conn.execute("SELECT id, title FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
-                                "AND id <> %s AND document_type = 'NOTE' AND folder_id IS NOT NULL "
-                                "AND source_markdown <> '' ORDER BY id DESC LIMIT 1", (doc_id,)).fetchone()
+        conn.execute(
+            "UPDATE legacy.documents SET source_markdown = source_markdown || 'edited\n' WHERE id = %s", (doc_id,)
+        )
+        retitled = conn.execute(
+            "SELECT id, title FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
+            "AND id <> %s AND document_type = 'NOTE' AND folder_id IS NOT NULL "
+            "AND source_markdown <> '' ORDER BY id DESC LIMIT 1",
+            (doc_id,),
+        ).fetchone()
         conn.execute("UPDATE legacy.documents SET title = 'Retitled in legacy' WHERE id = %s", (retitled[0],))
-        empty_folder = conn.execute("INSERT INTO legacy.folders (workspace_id, name, created_at) "
-                                    "VALUES (3, 'Empty: folder', now()) RETURNING id").fetchone()[0]
+        empty_folder = conn.execute(
+            "INSERT INTO legacy.folders (workspace_id, name, created_at) "
+            "VALUES (3, 'Empty: folder', now()) RETURNING id"
+        ).fetchone()[0]
     before = {d["legacy_id"]: d for d in kb_documents(kb, 6).values()}
     try:
         changed = kb.seed(dsn, 3, 6, yes=True, flip=True)
@@ -224,7 +247,9 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_
         assert [(c.old_path, c.path) for c in moved] == [(before[retitled[0]]["path"], after[retitled[0]]["path"])]
         # the edited document changed in place and got its legacy chunks again; the empty folder kept
         assert after[doc_id]["id"] == before[doc_id]["id"] and after[doc_id]["status"] == "indexed"
-        assert "/documents/Empty_ folder/.keep" in kb.list_paths(6) and changed.keeps == ["/documents/Empty_ folder/.keep"]
+        assert "/documents/Empty_ folder/.keep" in kb.list_paths(6) and changed.keeps == [
+            "/documents/Empty_ folder/.keep"
+        ]
         assert kb.status(6)["workspace"]["migration"]["flipped"] is True
         with pytest.raises(SeedRefused, match="force=True"):
             kb.seed(dsn, 3, 6, yes=True)

@@ -30,8 +30,9 @@ def test_cli_dry_run_seed_flip_status_spans_and_model_mismatch(kb_env, settings,
     assert "password" not in dry.stdout
 
     out = tmp_path / "report.jsonl"
-    done = run_cli(kb_env, "seed", "--from-dsn", dsn, "--legacy-workspace", "2", "-w", "4", "--yes", "--flip",
-                   "--out", str(out))
+    done = run_cli(
+        kb_env, "seed", "--from-dsn", dsn, "--legacy-workspace", "2", "-w", "4", "--yes", "--flip", "--out", str(out)
+    )
     assert "parity:     ok" in done.stdout and "authority:  kb (flipped)" in done.stdout
     assert "re-embeds" in done.stderr  # the count, before anything was written
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -53,8 +54,10 @@ def test_cli_dry_run_seed_flip_status_spans_and_model_mismatch(kb_env, settings,
     with psycopg.connect(kb.database_url) as conn:
         states = conn.execute("SELECT status, count(*) FROM kb.documents WHERE workspace_id = 4 GROUP BY 1").fetchall()
         assert states == [("indexed", len(lines) - 1 - len(skipped))]
-        assert conn.execute("SELECT count(*) FROM kb.chunks WHERE workspace_id = 4 AND start_line IS NULL"
-                            ).fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM kb.chunks WHERE workspace_id = 4 AND start_line IS NULL").fetchone()[0]
+            == 0
+        )
     spans = run_cli(kb_env, "spans", "status", "-w", "4").stdout
     assert "span fill:  active" in spans and "0 chunks / 0 documents without spans" in spans
     assert "paused" in run_cli(kb_env, "spans", "pause").stdout
@@ -76,18 +79,26 @@ def test_drift_check_repairs_postgres_only_and_is_capped(kb, corpus_legacy):
     clean = kb.drift_check()
     assert [r.as_dict()["findings"] for r in clean] == [{}]
     with psycopg.connect(kb.database_url) as conn:
-        paths = [r[0] for r in conn.execute(
-            "SELECT path FROM kb.documents WHERE workspace_id = 8 ORDER BY id LIMIT 3").fetchall()]
+        paths = [
+            r[0]
+            for r in conn.execute("SELECT path FROM kb.documents WHERE workspace_id = 8 ORDER BY id LIMIT 3").fetchall()
+        ]
         conn.execute("DELETE FROM kb.documents WHERE path = %s", (paths[0],))
-        conn.execute("UPDATE kb.documents SET content_id = repeat('0', 40), indexed_content_id = repeat('0', 40) "
-                     "WHERE path = %s", (paths[1],))
+        conn.execute(
+            "UPDATE kb.documents SET content_id = repeat('0', 40), indexed_content_id = repeat('0', 40) "
+            "WHERE path = %s",
+            (paths[1],),
+        )
         conn.execute("UPDATE kb.documents SET indexed_content_id = repeat('1', 40) WHERE path = %s", (paths[2],))
     kb.settings.drift_max_repairs = 1
     capped = kb.drift_check(8)[0]
     assert capped.capped and capped.repaired == 1  # two row findings exceed the cap; one index finding fits
     kinds = {(f["kind"], f["path"]): f["repaired"] for f in capped.findings}
-    assert kinds == {("missing_row", paths[0]): False, ("content_mismatch", paths[1]): False,
-                     ("index_mismatch", paths[2]): True}
+    assert kinds == {
+        ("missing_row", paths[0]): False,
+        ("content_mismatch", paths[1]): False,
+        ("index_mismatch", paths[2]): True,
+    }
     assert {r["kind"] for r in kb.status(8)["workspace"]["drift"]} >= {"missing_row", "content_mismatch"}
 
     kb.settings.drift_max_repairs = 100
@@ -97,5 +108,9 @@ def test_drift_check_repairs_postgres_only_and_is_capped(kb, corpus_legacy):
     kb.index(8)  # the re-queued documents are re-indexed
     assert [r.as_dict()["findings"] for r in kb.drift_check(8)] == [{}]
     with psycopg.connect(kb.database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM kb.documents WHERE workspace_id = 8 AND path = ANY(%s)",
-                            (paths,)).fetchone()[0] == 3
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM kb.documents WHERE workspace_id = 8 AND path = ANY(%s)", (paths,)
+            ).fetchone()[0]
+            == 3
+        )

@@ -47,8 +47,13 @@ def _start(command: list[str], env: dict[str, str], log: Path) -> tuple[subproce
     port = free_port()
     slow = "slow_server.py" in command[1]
     with log.open("w") as output:
-        process = subprocess.Popen([*command, *([] if slow else ["--port"]), str(port), *(["3.0"] if slow else [])],
-                                   env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(
+            [*command, *([] if slow else ["--port"]), str(port), *(["3.0"] if slow else [])],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
@@ -75,15 +80,20 @@ def _job_status(kb, task: str) -> list[str]:
 
 
 def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_path):
-    process, url = _start([sys.executable, "-m", "kb.adapters.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log")
+    process, url = _start(
+        [sys.executable, "-m", "kb.adapters.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log"
+    )
     try:
         assert _call(f"{url}/health") == (200, {"status": "ok"})
         assert _call(f"{url}/ready") == (200, {"status": "ready", "worker": True})
         assert "/v1/workspaces/{workspace_id}/search" in _call(f"{url}/openapi.json")[1]["paths"]
         kb.create_workspace(1)
         turn = f"{url}/v1/workspaces/1/turns/agent-1"
-        status, written = _call(f"{turn}/files/documents/Plans/Refunds.md", "PUT",
-                                {"content": "# Refunds\n\nAnnual plans get a prorated zebra refund.\n"})
+        status, written = _call(
+            f"{turn}/files/documents/Plans/Refunds.md",
+            "PUT",
+            {"content": "# Refunds\n\nAnnual plans get a prorated zebra refund.\n"},
+        )
         assert status == 200 and written["created"] is True
         view = _call(f"{turn}/files/documents/Plans/Refunds.md")[1]
         assert view["lines"][2] == [3, "Annual plans get a prorated zebra refund."] and view["total_lines"] == 3
@@ -93,8 +103,11 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert git(kb.settings.knowledge_store / "1", "log", "--format=%s") == "refund policy\n"
         git(kb.settings.knowledge_store / "1", "fsck", "--strict")
         # the in-process worker indexes the revision
-        wait_until(lambda: _call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None, 120,
-              "the in-process worker to index the revision")
+        wait_until(
+            lambda: _call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None,
+            120,
+            "the in-process worker to index the revision",
+        )
         status, found = _call(f"{url}/v1/workspaces/1/search?q=zebra%20refund&k=3")
         assert status == 200 and found["results"][0]["path"] == "/documents/Plans/Refunds.md"
         assert [3, "Annual plans get a prorated zebra refund."] in found["results"][0]["lines"]

@@ -78,16 +78,22 @@ def hostile_url(request, pg_server: str, empty_database: str, monkeypatch) -> It
             admin.execute(psycopg.sql.SQL("DROP ROLE IF EXISTS {}").format(psycopg.sql.Identifier(role)))
             admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(psycopg.sql.Identifier(role)))
             for name, value in HOSTILE.items():
-                admin.execute(psycopg.sql.SQL("ALTER ROLE {} SET {} = {}").format(
-                    psycopg.sql.Identifier(role), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)))
+                admin.execute(
+                    psycopg.sql.SQL("ALTER ROLE {} SET {} = {}").format(
+                        psycopg.sql.Identifier(role), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                    )
+                )
             info = psycopg.conninfo.conninfo_to_dict(empty_database)
             info["user"] = role
             yield psycopg.conninfo.make_conninfo(**info)
         else:
             dbname = psycopg.conninfo.conninfo_to_dict(empty_database)["dbname"]
             for name, value in HOSTILE.items():
-                admin.execute(psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                    psycopg.sql.Identifier(dbname), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)))
+                admin.execute(
+                    psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        psycopg.sql.Identifier(dbname), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                    )
+                )
             yield empty_database
     finally:
         database.close_pools()

@@ -25,13 +25,17 @@ def test_a_turn_renames_a_document_and_a_folder_by_letter_case_only(kb):
         tx.write("/documents/notes/a.md", "alpha\n")
     turn = kb.turn(WS, "case", "agent")
     assert turn.move("/documents/ROADMAP.md", "/documents/Roadmap.md") == [
-        ("/documents/ROADMAP.md", "/documents/Roadmap.md")]
+        ("/documents/ROADMAP.md", "/documents/Roadmap.md")
+    ]
     assert turn.move("/documents/notes", "/documents/Notes") == [("/documents/notes/a.md", "/documents/Notes/a.md")]
     assert turn.read("/documents/Roadmap.md").lines == [(1, "# Roadmap"), (2, "ship it")]
     revision = turn.commit()
     assert revision is not None
     repo = kb.store(WS).path
-    assert _git(repo, "ls-tree", "-r", "--name-only", "HEAD").split() == ["documents/Notes/a.md", "documents/Roadmap.md"]
+    assert _git(repo, "ls-tree", "-r", "--name-only", "HEAD").split() == [
+        "documents/Notes/a.md",
+        "documents/Roadmap.md",
+    ]
     _git(repo, "fsck", "--strict")
 
 
@@ -118,14 +122,20 @@ def test_moving_a_folder_onto_an_existing_folder_is_refused_unless_merging(kb_en
         tx.write("/documents/Notes/Projects/Plan.md", "plan\n")
     refused = run_cli(kb_env, "mv", "/documents/Notes/Personal", "/documents/Notes/Projects", "-w", "1", check=False)
     assert refused.returncode == 1 and "a folder exists there" in refused.stderr and "--overwrite" in refused.stderr
-    assert sorted(kb.store(WS).list_paths()) == ["/documents/Notes/Personal/Books.md", "/documents/Notes/Projects/Plan.md"]
+    assert sorted(kb.store(WS).list_paths()) == [
+        "/documents/Notes/Personal/Books.md",
+        "/documents/Notes/Projects/Plan.md",
+    ]
     turn = kb.turn(WS, "mv", "agent")
     with pytest.raises(PathExists, match="a folder exists there"):
         turn.move("/documents/Notes/Personal", "/documents/Notes/Projects")
     turn.move("/documents/Notes/Personal", "/documents/Notes/Projects/Personal")
     turn.commit()
     run_cli(kb_env, "mv", "/documents/Notes/Projects/Personal", "/documents/Notes/Projects", "-w", "1", "--overwrite")
-    assert sorted(kb.store(WS).list_paths()) == ["/documents/Notes/Projects/Books.md", "/documents/Notes/Projects/Plan.md"]
+    assert sorted(kb.store(WS).list_paths()) == [
+        "/documents/Notes/Projects/Books.md",
+        "/documents/Notes/Projects/Plan.md",
+    ]
 
 
 def test_cli_new_refuses_an_empty_title_and_normalize_says_what_it_adjusted(kb_env, tmp_path):
@@ -182,10 +192,16 @@ def test_text_that_is_not_unicode_is_invalid_input_not_a_database_failure(kb, kb
         turn.commit()
     turn.abort()
     assert kb.store(WS).head() is None
-    for args in ([b"new", b"bad\xff", b"-w", b"1", b"--body", b"x"],
-                 [b"new", b"T2", b"-w", b"1", b"--author", b"a\xff", b"--body", b"x"]):
-        result = subprocess.run([os.fsencode(sys.executable), b"-m", b"kb.adapters.cli", *args], env=kb_env,
-                                capture_output=True, timeout=300)
+    for args in (
+        [b"new", b"bad\xff", b"-w", b"1", b"--body", b"x"],
+        [b"new", b"T2", b"-w", b"1", b"--author", b"a\xff", b"--body", b"x"],
+    ):
+        result = subprocess.run(
+            [os.fsencode(sys.executable), b"-m", b"kb.adapters.cli", *args],
+            env=kb_env,
+            capture_output=True,
+            timeout=300,
+        )
         assert result.returncode == 1, result.stderr
         assert b"not valid Unicode" in result.stderr and b"unexpected" not in result.stderr
 
@@ -203,8 +219,13 @@ def test_a_pack_written_before_its_ref_moves_survives_a_concurrent_git_repack(kb
     blobs = repository.add_blobs([f"pending blob {i}\n".encode() for i in range(LOOSE_LIMIT)])
     repo = kb.store(WS).path
     _git(repo, "repack", "-a", "-d", "-q")
-    missing = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-check"], input="\n".join(blobs) + "\n",
-                             capture_output=True, text=True, check=True).stdout
+    missing = subprocess.run(
+        ["git", "-C", str(repo), "cat-file", "--batch-check"],
+        input="\n".join(blobs) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "missing" not in missing
     assert repository.release_pending_packs(older_than=0) == 1  # as maintenance does after an hour
     assert repository.release_pending_packs(older_than=0) == 0

@@ -44,7 +44,9 @@ def chunk_rows(kb, path: str) -> list[dict]:
     with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(
             "SELECT c.* FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id "
-            "WHERE d.workspace_id = 5 AND d.path = %s ORDER BY c.position, c.id", (path,)).fetchall()
+            "WHERE d.workspace_id = 5 AND d.path = %s ORDER BY c.position, c.id",
+            (path,),
+        ).fetchall()
 
 
 def scalar(kb, query: str, *params):
@@ -67,7 +69,7 @@ def test_align_chunks_cursor_scan_picks_repeated_text_by_order():
     text = "# T\n\npara\n\nother\n\npara\n\npara\n"
     spans = align_chunks(text, ["# T", "para", "other", "para", "para"])
     assert [s.start_line for s in spans] == [1, 3, 5, 7, 9]
-    assert all(text[s.start_char:s.end_char] for s in spans)
+    assert all(text[s.start_char : s.end_char] for s in spans)
     assert align_chunks(text, ["other", "# T"]) is None  # out of order: all or nothing
     assert align_chunks(text, ["para", "gone"]) is None
     crlf = "a\r\n\r\nb\r\n"
@@ -83,8 +85,10 @@ def test_span_fill_gives_true_spans_keeps_stale_documents_null_and_search_number
     report = kb.span_fill().run()
     stale_ids = set(quirks["stale_chunks"])
     assert report.documents_stale == len([i for i in stale_ids if by_id[i].outcome == "seeded"])
-    assert report.documents_filled == len(by_id) - len([e for e in by_id.values() if e.outcome == "skipped"]) \
-        - report.documents_stale
+    assert (
+        report.documents_filled
+        == len(by_id) - len([e for e in by_id.values() if e.outcome == "skipped"]) - report.documents_stale
+    )
     store = kb.store(5)
     for legacy_id, entry in by_id.items():
         if entry.outcome != "seeded":
@@ -97,7 +101,7 @@ def test_span_fill_gives_true_spans_keeps_stale_documents_null_and_search_number
             continue
         previous_end = 0
         for row in rows:
-            assert text[row["start_char"]:row["end_char"]] == row["text"]
+            assert text[row["start_char"] : row["end_char"]] == row["text"]
             assert row["start_char"] >= previous_end  # in order, never overlapping
             previous_end = row["end_char"]
             first = row["start_char"] + len(row["text"]) - len(row["text"].lstrip())
@@ -118,7 +122,8 @@ def test_span_fill_gives_true_spans_keeps_stale_documents_null_and_search_number
     backlog = kb.span_fill().status(5)["backlog"][0]
     assert backlog["documents_stale"] == report.documents_stale
     assert backlog["chunks_without_spans"] == scalar(
-        kb, "SELECT count(*) FROM kb.chunks c JOIN kb.span_fill_skips k USING (document_id)")
+        kb, "SELECT count(*) FROM kb.chunks c JOIN kb.span_fill_skips k USING (document_id)"
+    )
 
     # the same search now shows true line numbers equal to the file
     after = kb.search(5, "keyboard shortcuts hotkeys", k=5)
@@ -165,8 +170,14 @@ def test_pause_with_psql_stops_within_one_batch_and_resume_finishes(seeded):
     finished = fill.run()
     assert not finished.paused and finished.documents_filled > 0
     assert fill.status(5)["backlog"][0]["last_run_status"] == "finished"
-    assert scalar(kb, "SELECT count(*) FROM kb.chunks c WHERE c.workspace_id = 5 AND c.start_line IS NULL "
-                      "AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips)") == 0
+    assert (
+        scalar(
+            kb,
+            "SELECT count(*) FROM kb.chunks c WHERE c.workspace_id = 5 AND c.start_line IS NULL "
+            "AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips)",
+        )
+        == 0
+    )
 
 
 def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
@@ -176,13 +187,18 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
         conn.execute("DELETE FROM procrastinate_jobs WHERE status = 'todo'")
     job_id = kb.span_fill().defer()
     assert job_id is not None
-    env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {
+        **kb_env,
+        "KB_STALLED_JOB_SECONDS": "2",
+        "KB_MAINTENANCE_CRON": "* * * * * *",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     # stderr to a file, not a pipe nobody reads: a worker whose progress lines fill a pipe's
     # buffer blocks on its next line (a slow run prints a line per periodic job every second)
     log = tempfile.TemporaryFile()
-    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=log)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"], env=env, stdout=subprocess.DEVNULL, stderr=log
+    )
     try:
         deadline = time.monotonic() + 120
         while scalar(kb, "SELECT coalesce(max(batches), 0) FROM kb.span_fill_runs") < 3:
@@ -196,26 +212,42 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
     assert left > 0
 
     psql(kb.database_url, "UPDATE kb.span_fill_control SET batch_documents = 50, throttle_ms = 0")
-    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=log)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"], env=env, stdout=subprocess.DEVNULL, stderr=log
+    )
     try:
         deadline = time.monotonic() + 120
-        while (status := scalar(kb, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", job_id)) != "succeeded":
+        while (
+            status := scalar(kb, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", job_id)
+        ) != "succeeded":
             if time.monotonic() >= deadline or worker.poll() is not None:
                 worker.send_signal(signal.SIGTERM)
                 worker.wait(timeout=60)
                 log.seek(0)
-                jobs = psycopg.connect(kb.database_url).execute(
-                    "SELECT id, task_name, status::text, attempts FROM procrastinate_jobs ORDER BY id").fetchall()
-                raise AssertionError(f"the stalled span fill never finished: job {job_id} is {status}; jobs {jobs}; "
-                                     f"worker stderr (last 3000 characters): {log.read().decode()[-3000:]}")
+                jobs = (
+                    psycopg.connect(kb.database_url)
+                    .execute("SELECT id, task_name, status::text, attempts FROM procrastinate_jobs ORDER BY id")
+                    .fetchall()
+                )
+                raise AssertionError(
+                    f"the stalled span fill never finished: job {job_id} is {status}; jobs {jobs}; "
+                    f"worker stderr (last 3000 characters): {log.read().decode()[-3000:]}"
+                )
             time.sleep(0.2)
     finally:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
-    runs = [r[0] for r in psycopg.connect(kb.database_url).execute(
-        "SELECT status FROM kb.span_fill_runs ORDER BY id").fetchall()]
+    runs = [
+        r[0]
+        for r in psycopg.connect(kb.database_url).execute("SELECT status FROM kb.span_fill_runs ORDER BY id").fetchall()
+    ]
     assert runs[0] == "interrupted" and runs[-1] == "finished"
-    assert scalar(kb, "SELECT count(*) FROM kb.chunks c WHERE c.workspace_id = 5 AND c.start_line IS NULL "
-                      "AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips)") == 0
+    assert (
+        scalar(
+            kb,
+            "SELECT count(*) FROM kb.chunks c WHERE c.workspace_id = 5 AND c.start_line IS NULL "
+            "AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips)",
+        )
+        == 0
+    )

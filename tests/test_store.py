@@ -54,7 +54,9 @@ def test_call_order_semantics(kb):
     # move then write at the new path: the moved document gets the new bytes, still a move
     rev = commit(kb, 1, ("move", B, "/documents/d.md"), ("write", "/documents/d.md", b"two v2"))
     assert {c.path: (c.change, c.old_path) for c in rev.changes} == {
-        B: ("moved_away", None), "/documents/d.md": ("moved", B)}
+        B: ("moved_away", None),
+        "/documents/d.md": ("moved", B),
+    }
     # chained moves collapse; a -> b -> a nets to nothing
     rev = commit(kb, 1, ("move", C, "/documents/x.md"), ("move", "/documents/x.md", "/documents/y.md"))
     assert {c.path: c.change for c in rev.changes} == {C: "moved_away", "/documents/y.md": "moved"}
@@ -118,7 +120,9 @@ def test_reads_history_follows_moves(kb):
     assert kb.read_as_of(4, r1.id, A) == b"v1"
     assert kb.list_paths(4, r2.id) == {A: blob_id(b"v2"), B: blob_id(b"b")}
     assert [(c.path, c.change, c.old_path) for c in kb.list_changes(4, r3.id)] == [
-        (A, "moved_away", None), (C, "moved", A)]
+        (A, "moved_away", None),
+        (C, "moved", A),
+    ]
     assert [r.id for r in kb.history(4, C)] == [r4.id, r3.id, r2.id, r1.id]
     assert [r.id for r in kb.history(4, C, limit=2)] == [r4.id, r3.id]
     assert [r.id for r in kb.history(4)] == [r4.id, r3.id, r2.id, r1.id]
@@ -140,7 +144,9 @@ def test_revert_and_restore(kb, kb_env):
     r4 = commit(kb, 5, ("move", C, "/documents/c2.md"), ("write", C, b"replacement"))
     undone = kb.revert(5, r4.id)
     assert {c.path: (c.change, c.old_path) for c in undone.changes} == {
-        "/documents/c2.md": ("moved_away", None), C: ("moved", "/documents/c2.md")}
+        "/documents/c2.md": ("moved_away", None),
+        C: ("moved", "/documents/c2.md"),
+    }
     assert tree(kb, 5) == {A: b"a2", C: b"c"}
     assert [c.change for c in kb.history(5, limit=1)[0].changes] == ["moved", "moved_away"]
     out = run_cli(kb_env, "revert", r2.id, "--workspace", "5").stdout
@@ -192,8 +198,10 @@ def test_postgres_unreachable_writes_nothing_to_git(kb, settings):
     commit(kb, 7, ("write", A, b"a"))
     repo = repo_of(kb, 7)
     before = (_object_files(repo), kb.head(7))
-    dead = KnowledgeBase(settings.model_copy(update={"database_url": "postgresql://kb@127.0.0.1:1/kb"}),
-                         "postgresql://kb@127.0.0.1:1/kb?connect_timeout=2")
+    dead = KnowledgeBase(
+        settings.model_copy(update={"database_url": "postgresql://kb@127.0.0.1:1/kb"}),
+        "postgresql://kb@127.0.0.1:1/kb?connect_timeout=2",
+    )
     from kb.errors import DatabaseUnavailable
 
     with pytest.raises(DatabaseUnavailable):
@@ -341,8 +349,7 @@ def test_case_and_normalization_only_collisions_are_refused_but_renames_allowed(
         tx.write("/documents/Roadmap.md", "r\n")
         tx.write("/documents/Caf\u00e9.md", "nfc\n")
         tx.write("/documents/Notes/a.md", "a\n")
-    for path in ("/documents/roadmap.md", "/documents/Cafe\u0301.md", "/documents/notes/b.md",
-                 "/documents/NOTES"):
+    for path in ("/documents/roadmap.md", "/documents/Cafe\u0301.md", "/documents/notes/b.md", "/documents/NOTES"):
         with pytest.raises(PathExists, match="differs only in case"):
             with kb.transaction(1, "clash", "t") as tx:
                 tx.write(path, "x\n")
@@ -354,7 +361,12 @@ def test_case_and_normalization_only_collisions_are_refused_but_renames_allowed(
         tx.move("/documents/Roadmap.md", "/documents/roadmap.md")
         tx.write("/documents/Notes/b.md", "same spelling is fine\n")
     assert ("/documents/roadmap.md", "moved", "/documents/Roadmap.md") in {
-        (c.path, c.change, c.old_path) for c in tx.revision.changes}
-    assert sorted(kb.list_paths(1)) == ["/documents/Café.md", "/documents/Notes/a.md",
-                                        "/documents/Notes/b.md", "/documents/roadmap.md"]
+        (c.path, c.change, c.old_path) for c in tx.revision.changes
+    }
+    assert sorted(kb.list_paths(1)) == [
+        "/documents/Café.md",
+        "/documents/Notes/a.md",
+        "/documents/Notes/b.md",
+        "/documents/roadmap.md",
+    ]
     git(settings.knowledge_store / "1", "fsck", "--strict")

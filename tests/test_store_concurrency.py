@@ -51,8 +51,7 @@ def test_concurrent_writers_lose_nothing(kb, settings):
         history = kb.history(ws, limit=10_000)
         assert [r.id for r in history] == commits
         assert [r.seq for r in history] == list(range(len(commits), 0, -1))
-        assert all(r.parent_id == (history[n + 1].id if n + 1 < len(history) else None)
-                   for n, r in enumerate(history))
+        assert all(r.parent_id == (history[n + 1].id if n + 1 < len(history) else None) for n, r in enumerate(history))
         expected = {}
         for k in writers:
             for i in range(TRANSACTIONS):
@@ -66,4 +65,6 @@ def test_concurrent_writers_lose_nothing(kb, settings):
         assert shared == f"last by {k}:{i}\n".encode()  # last writer wins
         for k in writers:  # moved documents keep their history
             assert [r.message for r in kb.history(ws, f"/documents/w{k}/moved-5.md")] == [
-                f"writer {k} txn 6", f"writer {k} txn 5"]
+                f"writer {k} txn 6",
+                f"writer {k} txn 5",
+            ]

@@ -32,8 +32,13 @@ def test_kill_at_each_commit_step(kb, kb_env, point):
         tx.write("/documents/b.md", b"b")
     base = tx.revision.id
     repo = kb.settings.knowledge_store / "1"
-    proc = subprocess.run([sys.executable, "-c", WRITER], env={**kb_env, "KB_FAULT_POINT": point},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER],
+        env={**kb_env, "KB_FAULT_POINT": point},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert "committed" not in proc.stdout
     git(repo, "fsck", "--strict")
@@ -45,7 +50,10 @@ def test_kill_at_each_commit_step(kb, kb_env, point):
     else:
         assert head != base  # the ref moved: the whole revision is there
         assert sorted(git(repo, "ls-tree", "-r", "--name-only", head).split()) == [
-            "documents/b.md", "documents/moved/a.md", "documents/new/c.md"]
+            "documents/b.md",
+            "documents/moved/a.md",
+            "documents/new/c.md",
+        ]
     out = run_cli(kb_env, "fsck", "--workspace", "1").stdout
     assert "git fsck --strict: ok" in out
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""

@@ -196,8 +196,13 @@ print("committed")
 
 @pytest.mark.parametrize("point", ["ref_advanced", "before_pg_commit"])
 def test_recovered_turn_is_not_replayed_over_newer_work(ws, kb_env, point):
-    proc = subprocess.run([sys.executable, "-c", TURN_WRITER], env={**kb_env, "KB_FAULT_POINT": point},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", TURN_WRITER],
+        env={**kb_env, "KB_FAULT_POINT": point},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     landed = ws.head(WS)
     assert ws.read(WS, "/documents/a.md") == b"from the turn\n"
@@ -219,8 +224,9 @@ def terminate(database_url: str, pid: int) -> None:
 def kill_lock_holder(database_url: str) -> None:
     """Terminate the backend holding workspace WS's write lock (Postgres going away mid-commit)."""
     with database.connect(database_url, autocommit=True) as admin:
-        pids = admin.execute(queries["test_write_lock_holders"],
-                             {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}).fetchall()
+        pids = admin.execute(
+            queries["test_write_lock_holders"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}
+        ).fetchall()
     assert pids
     for row in pids:
         terminate(database_url, row["pid"])

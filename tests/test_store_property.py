@@ -62,7 +62,7 @@ def apply_model(model: dict, operation) -> type[Exception] | None:
             return None
         if dst.startswith(path + "/"):
             return PathExists
-        pairs = [(p, dst + p[len(path):]) for p in inside]
+        pairs = [(p, dst + p[len(path) :]) for p in inside]
         if not overwrite and any(new in model and new not in inside for _, new in pairs):
             return PathExists
         values = {old: model.pop(old) for old, _ in pairs}

@@ -28,5 +28,6 @@ def test_no_test_imports_conftest_or_another_test_module():
             last = module.rsplit(".", 1)[-1]
             if last == "conftest" or (last.startswith("test_") and module.split(".")[0] in ("tests", last)):
                 offenders.append(f"{path.relative_to(TESTS)} imports {module}")
-    assert not offenders, ("import shared functions from tests/support/ (fixtures come from conftest "
-                           "by name):\n" + "\n".join(offenders))
+    assert not offenders, (
+        "import shared functions from tests/support/ (fixtures come from conftest by name):\n" + "\n".join(offenders)
+    )

@@ -130,8 +130,11 @@ def test_fsck_on_a_live_workspace_reports_no_damage(kb, settings):
     errors = run_threads(role, THREADS + 1)
     assert errors == []
     assert len(reports) == 6
-    damage = [(r.git_messages, r.worktree_repaired) for r in reports
-              if not r.ok or r.worktree_repaired or any("bad sha1 file" in m for m in r.git_messages)]
+    damage = [
+        (r.git_messages, r.worktree_repaired)
+        for r in reports
+        if not r.ok or r.worktree_repaired or any("bad sha1 file" in m for m in r.git_messages)
+    ]
     assert damage == []
     assert [r.index_repaired for r in reports] == [None] * len(reports)
 

@@ -49,8 +49,9 @@ def git(repo, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
-def random_change(rng: random.Random, files: dict[str, str],
-                  blobs: list[str]) -> tuple[list[tuple[str, str | None]], dict[str, str]]:
+def random_change(
+    rng: random.Random, files: dict[str, str], blobs: list[str]
+) -> tuple[list[tuple[str, str | None]], dict[str, str]]:
     """A change set of 1–6 paths: writes (files or, by writing below a name, folders) and deletions;
     a write replaces whatever document or folder stood in its way, as the store allows."""
     changes: dict[str, str | None] = {}
@@ -105,7 +106,9 @@ def test_spliced_trees_equal_trees_serialized_whole(tmp_path, monkeypatch, bulk)
         commit = repo.make_commit(tree, parent, f"step {step}", "t", "t")
         assert repo.advance(parent, commit.id.decode())
         parent = commit.id.decode()
-    listed = git(tmp_path / "repo", "-c", "core.quotePath=false", "ls-tree", "-r", "-z", "--format=%(objectname) %(path)", "HEAD")
+    listed = git(
+        tmp_path / "repo", "-c", "core.quotePath=false", "ls-tree", "-r", "-z", "--format=%(objectname) %(path)", "HEAD"
+    )
     assert dict(reversed(line.split(" ", 1)) for line in listed.split("\0") if line) == files
     git(tmp_path / "repo", "fsck", "--strict", "--no-dangling")
     repo.close()
@@ -142,13 +145,16 @@ def test_another_writers_revision_of_a_folder_is_keyed_and_laid_out_from_the_las
     blob = ours.add_blob(b"x\n")
     tree = ours.build_tree(None, [(f"documents/Flat/note {i}.md", blob) for i in range(300)])
     assert ours.folder_keys(tree, "documents/Flat")["note 7.md"] == (("note 7.md", "file"),)
-    for step, changes in enumerate([
-        [("documents/Flat/NOTE 7.md", blob), ("documents/Flat/note 8.md", None)],
-        [("documents/Flat/Café.md", blob), ("documents/Flat/sub/x.md", blob)],
-        [("documents/Flat/note 7.md", None), ("documents/Flat/sub/x.md", None)],
-    ]):
+    for step, changes in enumerate(
+        [
+            [("documents/Flat/NOTE 7.md", blob), ("documents/Flat/note 8.md", None)],
+            [("documents/Flat/Café.md", blob), ("documents/Flat/sub/x.md", blob)],
+            [("documents/Flat/note 7.md", None), ("documents/Flat/sub/x.md", None)],
+        ]
+    ):
         tree = theirs.build_tree(tree, changes)
         fresh = Repository.open(tmp_path / "repo")
+
         def keyed(repo):  # {key: set of (name, kind)}: the order within a key carries no meaning
             return {key: set(names) for key, names in repo.folder_keys(tree, "documents/Flat").items()}
 

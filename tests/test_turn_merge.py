@@ -119,8 +119,13 @@ def test_a_killed_turns_edit_recovered_after_a_move_follows_it(workspace, settin
         os.kill(os.getpid(), 9)
     """)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-c", killed, settings.database_url, str(settings.storage_root)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", killed, settings.database_url, str(settings.storage_root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -9, proc.stderr
     with workspace.transaction(WS, "mv", "tx") as tx:
         tx.move("/documents/Plan.md", "/documents/Moved.md")

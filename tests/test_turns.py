@@ -81,13 +81,18 @@ def test_file_operations_and_views(workspace):
     assert t.edit("/documents/rep.md", "x", "y", replace_all=True).replacements == 3
     assert t.read("/documents/b.md").text == "one\ndeux"  # reads see own writes
     assert t.glob("**/*.md") == [
-        "/documents/New/n.md", "/documents/Notes/Deep/d.md", "/documents/Notes/c.md",
-        "/documents/a.md", "/documents/b.md", "/documents/rep.md",
+        "/documents/New/n.md",
+        "/documents/Notes/Deep/d.md",
+        "/documents/Notes/c.md",
+        "/documents/a.md",
+        "/documents/b.md",
+        "/documents/rep.md",
     ]
     assert t.glob("/documents/Notes/*.md") == ["/documents/Notes/c.md"]
     hits = t.grep("alpha")
     assert [(h.path, h.line_number, h.line) for h in hits] == [
-        ("/documents/New/n.md", 1, "new alpha"), ("/documents/Notes/c.md", 1, "see alpha"),
+        ("/documents/New/n.md", 1, "new alpha"),
+        ("/documents/Notes/c.md", 1, "see alpha"),
         ("/documents/a.md", 1, "alpha"),
     ]
     assert [h.path for h in t.grep("^d", path="/documents/Notes")] == ["/documents/Notes/Deep/d.md"]
@@ -138,10 +143,16 @@ def test_one_turn_many_operations_is_one_revision(workspace):
     assert result.moved == [("/documents/b.md", "/documents/Notes/b.md")]
     assert result.overwrote == []
     names = git(repo_path(workspace), "diff", "--name-status", "--no-renames", before, result.revision)
-    assert sorted(names.splitlines()) == sorted([
-        "A\tdocuments/Folder/.keep", "A\tdocuments/new.md", "M\tdocuments/a.md",
-        "D\tdocuments/Notes/Deep/d.md", "D\tdocuments/b.md", "A\tdocuments/Notes/b.md",
-    ])
+    assert sorted(names.splitlines()) == sorted(
+        [
+            "A\tdocuments/Folder/.keep",
+            "A\tdocuments/new.md",
+            "M\tdocuments/a.md",
+            "D\tdocuments/Notes/Deep/d.md",
+            "D\tdocuments/b.md",
+            "A\tdocuments/Notes/b.md",
+        ]
+    )
     message = git(repo_path(workspace), "log", "-1", "--format=%B", result.revision)
     assert message.strip().endswith("Turn: many")
     assert workspace.read(WS, "/documents/Notes/b.md") == b"one\ntwo\n"
@@ -201,8 +212,15 @@ def test_path_safety(workspace, tmp_path):
     t = workspace.turn(WS, "safe", "agent")
     outside = tmp_path / "outside.txt"
     outside.write_text("secret\n")
-    for bad in ("/documents/../x.md", "../x.md", "/etc/passwd", "/documents/.git/config", ".git/config",
-                "/documents/a\x00.md", "/documents/x/.git/config"):
+    for bad in (
+        "/documents/../x.md",
+        "../x.md",
+        "/etc/passwd",
+        "/documents/.git/config",
+        ".git/config",
+        "/documents/a\x00.md",
+        "/documents/x/.git/config",
+    ):
         with pytest.raises(InvalidPath):
             t.write(bad, "pwned")
         with pytest.raises(InvalidPath):
@@ -264,7 +282,10 @@ def crash_turn(settings, turn_id: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.run(
         [sys.executable, "-c", CRASHER, settings.database_url, str(settings.storage_root), turn_id],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == -9, proc.stderr
 
@@ -315,12 +336,14 @@ def test_kb_edit_commits_on_save_and_nothing_when_unchanged(workspace, kb_env, t
     from support.commands import run_cli
 
     script = tmp_path / "fake_editor.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import pathlib, sys
         target = pathlib.Path(sys.argv[1])
         target.with_name("." + target.name + ".swp").write_text("swap")  # editor droppings
         target.write_text(target.read_text().replace("beta", "edited by a person"))
-    """))
+    """)
+    )
     env = {**kb_env, "EDITOR": f"{sys.executable} {script}"}
     head = workspace.head(WS)
     out = run_cli(env, "edit", "/documents/a.md", "--workspace", "1").stdout
@@ -351,8 +374,10 @@ def _projection_emits_events() -> bool:
     return any("kb_events" in p.read_text() for p in sources if p.exists())
 
 
-@pytest.mark.skipif(not _projection_emits_events(),
-                    reason="projection does not emit kb_events yet (design §6 owns it); runs once it does")
+@pytest.mark.skipif(
+    not _projection_emits_events(),
+    reason="projection does not emit kb_events yet (design §6 owns it); runs once it does",
+)
 def test_turn_commit_emits_one_event_per_document_after_projection(workspace, settings):
     import json
 
@@ -376,8 +401,7 @@ def test_turn_commit_emits_one_event_per_document_after_projection(workspace, se
         by_kind[event["event"]] = by_kind.get(event["event"], 0) + 1
         if event["event"] in ("document_created", "document_updated"):
             assert event["id"] in ids
-    assert by_kind == {"document_created": 1, "document_updated": 1, "document_deleted": 3,
-                       "folder_deleted": 2}
+    assert by_kind == {"document_created": 1, "document_updated": 1, "document_deleted": 3, "folder_deleted": 2}
 
 
 def test_trees_built_for_a_turn_are_in_git_order_and_fsck_clean(workspace):

@@ -24,8 +24,10 @@ def _job(kb, task: str) -> dict | None:
 
 
 def _comparable(kb, ws):
-    return [(r["path"], r["position"], r["text_sha256"], r["start_char"], r["end_char"], r["start_line"],
-             r["end_line"]) for r in named_rows(kb, "test_chunk_set", workspace_id=ws)]
+    return [
+        (r["path"], r["position"], r["text_sha256"], r["start_char"], r["end_char"], r["start_line"], r["end_line"])
+        for r in named_rows(kb, "test_chunk_set", workspace_id=ws)
+    ]
 
 
 def _kill_a_worker_mid_reindex(kb, kb_env, documents: int, done: int) -> dict:
@@ -35,13 +37,27 @@ def _kill_a_worker_mid_reindex(kb, kb_env, documents: int, done: int) -> dict:
     with database.transaction(kb.database_url) as conn:
         conn.execute(queries["delete_todo_jobs_for_tests"])  # only the reindex below runs
     kb.defer_reindex(1)
-    env = {**kb_env, "KB_STALLED_JOB_SECONDS": "2", "KB_MAINTENANCE_CRON": "* * * * * *",
-           "KB_EMBED_BATCH_SIZE": "8", "PYTHONPATH": os.pathsep.join(sys.path)}
-    slow = subprocess.Popen([sys.executable, str(TESTS / "support" / "slow_worker.py"), "0.3"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **kb_env,
+        "KB_STALLED_JOB_SECONDS": "2",
+        "KB_MAINTENANCE_CRON": "* * * * * *",
+        "KB_EMBED_BATCH_SIZE": "8",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    slow = subprocess.Popen(
+        [sys.executable, str(TESTS / "support" / "slow_worker.py"), "0.3"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_until(lambda: next((r for r in named_rows(kb, "test_index_runs", workspace_id=1)
-                            if r["documents_done"] >= done), None), 120, f"{done} documents indexed")
+        wait_until(
+            lambda: next(
+                (r for r in named_rows(kb, "test_index_runs", workspace_id=1) if r["documents_done"] >= done), None
+            ),
+            120,
+            f"{done} documents indexed",
+        )
     finally:
         os.kill(slow.pid, signal.SIGKILL)
         slow.wait()
@@ -56,15 +72,22 @@ def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env)
     assert runs[0]["cursor_document_id"] is not None
     assert _job(kb, "kb.reindex")["status"] == "doing"  # its worker is dead
 
-    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: _job(kb, "kb.reindex")["status"] == "succeeded", 120, "the retried reindex")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
-    retried = [j for j in named_rows(kb, "test_jobs") if j["task_name"] == "kb.retry_stalled_jobs"
-               and j["status"] == "succeeded"]
+    retried = [
+        j
+        for j in named_rows(kb, "test_jobs")
+        if j["task_name"] == "kb.retry_stalled_jobs" and j["status"] == "succeeded"
+    ]
     assert retried, "the stalled-job task ran"
     assert _job(kb, "kb.reindex")["attempts"] == 2
     runs = named_rows(kb, "test_index_runs", workspace_id=1)
@@ -90,11 +113,20 @@ def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_conv
     assert stalled["status"] == "doing"
     assert kb.defer_reindex(1) is not None  # a second one waits with the same queueing lock
 
-    worker = subprocess.Popen([sys.executable, "-m", "kb.adapters.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_until(lambda: any(j["task_name"] == "kb.reindex" and j["status"] == "succeeded"
-                          for j in named_rows(kb, "test_jobs")), 120, "the waiting reindex")
+        wait_until(
+            lambda: any(
+                j["task_name"] == "kb.reindex" and j["status"] == "succeeded" for j in named_rows(kb, "test_jobs")
+            ),
+            120,
+            "the waiting reindex",
+        )
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)

@@ -59,8 +59,13 @@ def test_list_workspaces(kb):
 def test_a_workspace_id_outside_postgres_integer_is_refused_before_the_database(kb, bad):
     """kb.workspaces.id is a Postgres integer: 2**31 and past reached the server and came back
     as psycopg's NumericValueOutOfRange."""
-    calls = [lambda: kb.create_workspace(bad), lambda: kb.status(bad), lambda: kb.index_freshness(bad),
-             lambda: kb.search(bad, "anything"), lambda: kb.index(bad)]
+    calls = [
+        lambda: kb.create_workspace(bad),
+        lambda: kb.status(bad),
+        lambda: kb.index_freshness(bad),
+        lambda: kb.search(bad, "anything"),
+        lambda: kb.index(bad),
+    ]
     if bad is None:
         calls = calls[:1] + calls[2:]  # kb.status(None): every workspace
     for call in calls:
@@ -78,9 +83,14 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     with kb.transaction(1, "more", "w") as tx:  # a revision whose jobs are still waiting
         tx.write("/documents/late.md", "late\n")
     with psycopg.connect(database_url, autocommit=True) as conn:  # a partial HNSW index, as the job builds
-        conn.execute(psycopg.sql.SQL(queries["create_vector_index"]).format(
-            name=psycopg.sql.Identifier(index_name(1, "hashing")), dim=psycopg.sql.Literal(384),
-            workspace_id=psycopg.sql.Literal(1), model=psycopg.sql.Literal("hashing")))
+        conn.execute(
+            psycopg.sql.SQL(queries["create_vector_index"]).format(
+                name=psycopg.sql.Identifier(index_name(1, "hashing")),
+                dim=psycopg.sql.Literal(384),
+                workspace_id=psycopg.sql.Literal(1),
+                model=psycopg.sql.Literal("hashing"),
+            )
+        )
     artifact = kb.artifacts(1).save("Report", "# Report\n", files={"pdf": b"%PDF-1.4 fake"})
     assert artifact and (kb.settings.storage_root / "artifact_blobs" / "1").is_dir()
     turn = kb.turn(1, "open-turn", "agent")
@@ -105,8 +115,10 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         assert {k: v for k, v in _rows_of(conn, 1).items() if v} == {}
         assert _rows_of(conn, 2) == other_before
-        assert conn.execute("SELECT count(*) AS n FROM pg_indexes WHERE indexname LIKE 'kb_chunks_hnsw%%'"
-                            ).fetchone()["n"] == 0
+        assert (
+            conn.execute("SELECT count(*) AS n FROM pg_indexes WHERE indexname LIKE 'kb_chunks_hnsw%%'").fetchone()["n"]
+            == 0
+        )
     store = kb.settings.knowledge_store
     assert not (store / "1").exists() and not worktrees_root(store, 1).exists()
     assert not list(store.glob(".deleted-*"))
@@ -268,8 +280,9 @@ def test_workspaces_says_what_an_outside_commit_and_a_damaged_repository_wait_fo
     git(repo, "-c", "user.name=Outside", "-c", "user.email=o@example.org", "commit", "-qm", "outside kb")
     outside = {s.id: s for s in kb.list_workspaces()}[1]
     assert (outside.index_state, outside.head_unrecorded, outside.head) == ("behind", True, kb.head(1))
-    assert outside.describe_lag() == ("git's HEAD is a revision made outside kb: `kb sweep` records it, "
-                                      "then `kb worker --until-idle` indexes it")
+    assert outside.describe_lag() == (
+        "git's HEAD is a revision made outside kb: `kb sweep` records it, then `kb worker --until-idle` indexes it"
+    )
     kb.rebuild_projection(1)  # projects git's HEAD before Postgres has recorded it
     kb.index(1)  # indexed, still unrecorded: the hint stays what records it
     projected = {s.id: s for s in kb.list_workspaces()}[1]
@@ -293,14 +306,24 @@ def test_workspaces_says_what_an_outside_commit_and_a_damaged_repository_wait_fo
 
 
 def test_problems_name_the_documents_and_any_lag_besides():
-    """"problems" alone said neither what failed nor that revisions were waiting as well."""
+    """ "problems" alone said neither what failed nor that revisions were waiting as well."""
     from kb.workspace.lifecycle import WorkspaceSummary
 
-    summary = WorkspaceSummary(4, 10, "ab" * 20, "problems", revisions_behind=1, documents_pending=0,
-                               documents_failed=2, revisions_unprojected=1, documents_unindexable=1)
+    summary = WorkspaceSummary(
+        4,
+        10,
+        "ab" * 20,
+        "problems",
+        revisions_behind=1,
+        documents_pending=0,
+        documents_failed=2,
+        revisions_unprojected=1,
+        documents_unindexable=1,
+    )
     assert summary.describe_lag() == (
         "2 documents failed, 1 document unindexable (`kb status --workspace 4` lists them); "
-        "1 revision waiting to be projected, then indexed (`kb worker --until-idle` does it)")
+        "1 revision waiting to be projected, then indexed (`kb worker --until-idle` does it)"
+    )
     settled = WorkspaceSummary(4, 10, "ab" * 20, "problems", 0, 0, 0, documents_quarantined=1)
     assert settled.describe_lag() == "1 document quarantined (`kb status --workspace 4` lists them)"
 
@@ -367,4 +390,6 @@ def test_lag_a_worker_is_working_on_says_so(kb):
         assert conn.execute(queries["test_fetch_job"], {"queues": ["projection"]}).fetchone()["id"] is not None
     running = {s.id: s for s in kb.list_workspaces()}[1]
     assert running.jobs_running == 1
-    assert running.describe_lag() == "1 revision waiting to be projected, then indexed (a worker is running its job now)"
+    assert (
+        running.describe_lag() == "1 revision waiting to be projected, then indexed (a worker is running its job now)"
+    )

@@ -68,10 +68,13 @@ def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | No
     results: dict = {}
     lock = _admin(url)
     lock.execute("BEGIN")
-    lock.execute(queries["lock_workspace_write_bounded"],
-                 {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS})
-    threads = [threading.Thread(target=_writer, args=(KnowledgeBase(ws.settings, url), p, results, keys.get(p)))
-               for p in paths]
+    lock.execute(
+        queries["lock_workspace_write_bounded"],
+        {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS},
+    )
+    threads = [
+        threading.Thread(target=_writer, args=(KnowledgeBase(ws.settings, url), p, results, keys.get(p))) for p in paths
+    ]
     admin = _admin(url)
     try:
         for queued, thread in enumerate(threads, start=1):
@@ -81,9 +84,13 @@ def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | No
         row.execute("BEGIN")
         row.execute(queries["test_hold_workspace_row"], {"workspace_id": WS})
         lock.execute("COMMIT")  # the leader takes the lock, claims both, and waits for the row
-        leader = _wait(lambda: [r["pid"] for r in admin.execute(
-            queries["test_backends_blocked_by"], {"pids": [row.info.backend_pid]}).fetchall()],
-            "the leader to wait for the workspace row")[0]
+        leader = _wait(
+            lambda: [
+                r["pid"]
+                for r in admin.execute(queries["test_backends_blocked_by"], {"pids": [row.info.backend_pid]}).fetchall()
+            ],
+            "the leader to wait for the workspace row",
+        )[0]
         victim = next(i for i in _intents(admin) if i["backend_pid"] != leader)
         admin.execute(queries["test_terminate_backend"], {"pid": victim["backend_pid"]})
         time.sleep(0.2)
@@ -143,8 +150,9 @@ def test_the_key_survives_a_revision_git_has_and_postgres_lacks(ws, monkeypatch)
     def fault(name):
         if name == "before_pg_commit":
             with _admin(ws.database_url) as admin:
-                for r in admin.execute(queries["test_write_lock_holders"],
-                                       {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}).fetchall():
+                for r in admin.execute(
+                    queries["test_write_lock_holders"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}
+                ).fetchall():
                     admin.execute(queries["test_terminate_backend"], {"pid": r["pid"]})
             time.sleep(0.2)
 
@@ -185,7 +193,10 @@ def test_http_commit_with_the_same_idempotency_key_records_once(ws, settings):
         settled = client.get("/v1/workspaces/1/writes/req-42").json()
         assert settled["landed"] and settled["revision"]["id"] == first.json()["revision"]
         assert client.get("/v1/workspaces/1/writes/other").json() == {
-            "idempotency_key": "other", "landed": False, "revision": None}
+            "idempotency_key": "other",
+            "landed": False,
+            "revision": None,
+        }
         assert len(client.get("/v1/workspaces/1/log").json()) == 2
 
 

@@ -54,9 +54,7 @@ def publisher_rows(url: str, columns: dict[str, list[str]]) -> dict[str, list[di
         for table in TABLES:
             cols = ", ".join(columns[table])
             rows = conn.execute(f"SELECT {cols} FROM {table} ORDER BY id").fetchall()
-            out[table] = [
-                {k: _epoch_ms(v) if hasattr(v, "timestamp") else v for k, v in row.items()} for row in rows
-            ]
+            out[table] = [{k: _epoch_ms(v) if hasattr(v, "timestamp") else v for k, v in row.items()} for row in rows]
     return out
 
 
@@ -64,7 +62,10 @@ def replica_tables(replica: Path) -> dict[str, dict]:
     """``{table: {columns, rows}}`` of the Zero replica (via tests/zero/read_replica.cjs)."""
     result = subprocess.run(
         [str(NODE), str(ZERO_DIR / "read_replica.cjs"), str(replica)],
-        capture_output=True, text=True, timeout=60, cwd=ZERO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ZERO_DIR,
     )
     if result.returncode != 0:
         return {}
@@ -76,9 +77,16 @@ def replica_rows(tables: dict[str, dict], columns: dict[str, list[str]]) -> dict
     for table in TABLES:
         rows = tables.get(table, {}).get("rows", [])
         out[table] = [
-            {k: (round(row[k], 3) if k.endswith("_at") and row[k] is not None
-                 else json.loads(row[k]) if k == "metadata" and isinstance(row[k], str) else row[k])
-             for k in columns[table]}
+            {
+                k: (
+                    round(row[k], 3)
+                    if k.endswith("_at") and row[k] is not None
+                    else json.loads(row[k])
+                    if k == "metadata" and isinstance(row[k], str)
+                    else row[k]
+                )
+                for k in columns[table]
+            }
             for row in rows
         ]
     return out
@@ -101,7 +109,9 @@ class Zero:
             if self.process.poll() is not None:
                 raise AssertionError(f"zero-cache exited {self.process.returncode}:\n{self.log.read_text()[-4000:]}")
             if time.monotonic() > deadline:
-                assert replica_rows(tables, columns) == expected, f"replica did not converge within {seconds}s after the {step}"
+                assert replica_rows(tables, columns) == expected, (
+                    f"replica did not converge within {seconds}s after the {step}"
+                )
             time.sleep(0.5)
 
 
@@ -113,7 +123,9 @@ def zero_kb() -> Iterator[tuple[KnowledgeBase, Path, str]]:
     work = Path(tempfile.mkdtemp(prefix="kbzero-"))
     port = free_port()
     settings = Settings(
-        storage_root=work / "storage", embedding_model="hashing", embedded_listen=f"127.0.0.1:{port}",
+        storage_root=work / "storage",
+        embedding_model="hashing",
+        embedded_listen=f"127.0.0.1:{port}",
     )
     kb = KnowledgeBase.open(settings)  # `kb init`: schema and kb_publication on the TCP-listening server
     tcp_url = database.tcp_database_url(settings)
@@ -143,7 +155,9 @@ def zero(zero_kb) -> Iterator[Zero]:
         "ZERO_LOG_LEVEL": "warn",
     }
     with open(log, "w") as out:
-        process = subprocess.Popen([str(NODE), str(ZERO_CACHE)], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work)
+        process = subprocess.Popen(
+            [str(NODE), str(ZERO_CACHE)], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work
+        )
     try:
         yield Zero(process, work / "replica.db", log)
     finally:
@@ -160,10 +174,16 @@ def test_zero_replica_follows_kb(zero_kb, zero: Zero, tmp_path) -> None:
     kb, _, _ = zero_kb
     with database.connect(kb.database_url) as conn:
         columns = publication_columns(conn)
-    notes = write_tree(tmp_path / "notes", {
-        "Guides/Install.md": "# Install\n", "Guides/Deep/Tuning.md": "# Tuning\n",
-        "Archive/Old.md": "# Old\n", "Todo.md": "- [ ] ship\n", "Notes/Ideas.md": "# Ideas\n",
-    })
+    notes = write_tree(
+        tmp_path / "notes",
+        {
+            "Guides/Install.md": "# Install\n",
+            "Guides/Deep/Tuning.md": "# Tuning\n",
+            "Archive/Old.md": "# Old\n",
+            "Todo.md": "- [ ] ship\n",
+            "Notes/Ideas.md": "# Ideas\n",
+        },
+    )
     kb.import_folder(notes, WS)
     kb.run_worker(until_idle=True)
     tables = zero.wait_until_equal(kb.database_url, columns, READY_SECONDS, "import")
@@ -201,7 +221,9 @@ def test_zero_replica_follows_kb(zero_kb, zero: Zero, tmp_path) -> None:
     after = converge("revert")
     assert after["/documents/Guides/Install.md"] == ids["/documents/Guides/Install.md"]
     assert set(after) == {
-        "/documents/Guides/Install.md", "/documents/Guides/Deep/Tuning.md", "/documents/Archive/Old.md",
+        "/documents/Guides/Install.md",
+        "/documents/Guides/Deep/Tuning.md",
+        "/documents/Archive/Old.md",
         "/documents/Journal/Ideas.md",
     }
 

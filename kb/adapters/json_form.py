@@ -13,8 +13,9 @@ def json_form(value: Any) -> Any:
     if callable(getattr(value, "as_json", None)):
         return value.as_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: json_form(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not f.name.startswith("_")}
+        return {
+            f.name: json_form(getattr(value, f.name)) for f in dataclasses.fields(value) if not f.name.startswith("_")
+        }
     if isinstance(value, dict):
         return {str(k): json_form(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):

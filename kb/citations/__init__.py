@@ -1,2 +1,1 @@
-"""Citations (design §8): the read envelope, chat handles, following cited lines to HEAD.
-"""
+"""Citations (design §8): the read envelope, chat handles, following cited lines to HEAD."""

@@ -49,8 +49,14 @@ class Follow:
 
     def as_json(self) -> dict:
         """``{status, path, revision, start, end, lines: [[n, text], ...]}``."""
-        return {"status": self.status, "path": self.path, "revision": self.revision, "start": self.start,
-                "end": self.end, "lines": [[n, t] for n, t in self.lines]}
+        return {
+            "status": self.status,
+            "path": self.path,
+            "revision": self.revision,
+            "start": self.start,
+            "end": self.end,
+            "lines": [[n, t] for n, t in self.lines],
+        }
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,14 @@ class Resolution:
 
     def as_json(self) -> dict:
         """JSON shape of ``kb cite resolve --json``."""
-        return {"citation": str(self.citation), "handle": self.handle.as_json(), "level": self.level,
-                "degraded": self.degraded, "lines": [[n, t] for n, t in self.lines],
-                "follow": None if self.follow is None else self.follow.as_json()}
+        return {
+            "citation": str(self.citation),
+            "handle": self.handle.as_json(),
+            "level": self.level,
+            "degraded": self.degraded,
+            "lines": [[n, t] for n, t in self.lines],
+            "follow": None if self.follow is None else self.follow.as_json(),
+        }
 
     def render(self) -> str:
         """Human-readable: the cited lines at their revision, then where they are at HEAD."""
@@ -91,7 +102,9 @@ class Resolution:
         f = self.follow
         if f is not None:
             if f.status == "deleted":
-                where = f"deleted at HEAD {(f.revision or '')[:12]}" + (f" (document now at {f.path})" if f.path else "")
+                where = f"deleted at HEAD {(f.revision or '')[:12]}" + (
+                    f" (document now at {f.path})" if f.path else ""
+                )
                 out.append(f"now: {where}")
             else:
                 out.append(f"now: {f.status} — {f.path} @ {(f.revision or '')[:12]} lines {f.start}-{f.end}")
@@ -107,9 +120,14 @@ class Conversation:
     """One chat's reads and citations in one workspace (design §8). Obtain it with
     ``kb.conversation(workspace_id, chat_id)``; it holds no connection between calls."""
 
-    def __init__(self, store: KnowledgeStore, chat_id: str, *,
-                 search: Callable[[str, int], list[Envelope]],
-                 read_document: Callable[[str, str | None], Envelope]) -> None:
+    def __init__(
+        self,
+        store: KnowledgeStore,
+        chat_id: str,
+        *,
+        search: Callable[[str, int], list[Envelope]],
+        read_document: Callable[[str, str | None], Envelope],
+    ) -> None:
         """``store``: the workspace's store; ``search(query, k)`` and ``read_document(path,
         revision)``: the workspace's hybrid search and full-view read, which live above this layer
         (the facade hands them in, design §18). Raises InvalidChat, WorkspaceNotFound."""
@@ -162,9 +180,14 @@ class Conversation:
         revision = envelope.revision
         if revision is None or repo.lookup(repo.tree_id(revision), repo_path) != envelope.content_id:
             with database.pooled_connection(self._database_url) as conn:
-                row = conn.execute(queries["revision_holding_blob"], {
-                    "workspace_id": self.workspace_id, "path": repo_path, "content_id": envelope.content_id,
-                }).fetchone()
+                row = conn.execute(
+                    queries["revision_holding_blob"],
+                    {
+                        "workspace_id": self.workspace_id,
+                        "path": repo_path,
+                        "content_id": envelope.content_id,
+                    },
+                ).fetchone()
             head = self._store.head()
             if row is not None:
                 revision = row["revision_id"]
@@ -217,7 +240,8 @@ class Conversation:
                 f"chat {self.chat_id!r} has no handles in workspace {self.workspace_id} (never shown a "
                 "document, forgotten, or expired after KB_CITATION_TTL), so its citations cannot be "
                 f"checked; nothing was changed. Check the chat id (`kb cite list --chat {self.chat_id} "
-                f"-w {self.workspace_id}`), or search or read as this chat first")
+                f"-w {self.workspace_id}`), or search or read as this chat first"
+            )
         counts: dict[int, int] = {}
 
         def lookup(n: int) -> HandleInfo | None:
@@ -245,7 +269,9 @@ class Conversation:
         if isinstance(citation, str):
             citation = parse_citation(citation)
         elif not isinstance(citation, Citation):
-            raise InvalidCitation(f"expected a Citation or a string such as '[3:L12-L14]', not {type(citation).__name__}")
+            raise InvalidCitation(
+                f"expected a Citation or a string such as '[3:L12-L14]', not {type(citation).__name__}"
+            )
         with database.pooled_transaction(self._database_url) as conn:
             handle = registry.lookup(conn, self.workspace_id, self.chat_id, citation.handle)
             if handle is not None:
@@ -270,22 +296,38 @@ class Conversation:
                 f"{citation} names lines {start}-{end} but {handle.path} has {len(lines)} lines at "
                 f"{handle.revision[:12]}; normalize the answer first (kb cite normalize)"
             )
-        resolved = Resolution(citation, handle, "lines", False, numbered[start - 1:end])
+        resolved = Resolution(citation, handle, "lines", False, numbered[start - 1 : end])
         return resolved if not follow else self._with_follow(resolved, lines, start, end, head, path, blobs)
 
-    def _with_follow(self, resolved: Resolution, lines: list[str], start: int, end: int, head: str | None,
-                     path: str, blobs: list[str | None]) -> Resolution:
+    def _with_follow(
+        self,
+        resolved: Resolution,
+        lines: list[str],
+        start: int,
+        end: int,
+        head: str | None,
+        path: str,
+        blobs: list[str | None],
+    ) -> Resolution:
         """``resolved`` with :class:`Follow`: lines ``start``..``end`` of ``lines`` mapped through the
         document's later versions (``blobs``, see :meth:`_versions_since`) to HEAD."""
         repo = self._store.repository
         versions: list[list[str] | None] = []
         for blob in blobs:  # consecutive equal blobs are read once
-            versions.append(None if blob is None else
-                            versions[-1] if versions and blobs[len(versions) - 1] == blob else document_lines(repo.blob(blob)))
+            versions.append(
+                None
+                if blob is None
+                else versions[-1]
+                if versions and blobs[len(versions) - 1] == blob
+                else document_lines(repo.blob(blob))
+            )
         final = versions[-1] if versions else lines
         if not lines:  # an empty document: unchanged while it stays empty
-            mapping = LineMapping("deleted") if final is None else (
-                LineMapping("unchanged") if not final else LineMapping("changed", 1, len(final)))
+            mapping = (
+                LineMapping("deleted")
+                if final is None
+                else (LineMapping("unchanged") if not final else LineMapping("changed", 1, len(final)))
+            )
         else:
             mapping = follow_history(lines, versions, start, end)
         shown = [] if mapping.start is None else [(n, final[n - 1]) for n in range(mapping.start, mapping.end + 1)]
@@ -299,13 +341,15 @@ class Conversation:
         recorded change (revisions not yet recorded), HEAD's blob is the last version."""
         path = StorePath.parse(handle.path).repo_path
         blobs: list[str | None] = []
-        row = conn.execute(queries["revision_seq"],
-                           {"workspace_id": self.workspace_id, "revision_id": handle.revision}).fetchone()
+        row = conn.execute(
+            queries["revision_seq"], {"workspace_id": self.workspace_id, "revision_id": handle.revision}
+        ).fetchone()
         # an unrecorded revision: no history to walk, the blob is compared with HEAD directly
         seq, arrived = (row["seq"] if row else 2**62), False
         for _ in range(MAX_MOVES_FOLLOWED):
-            rows = conn.execute(queries["document_changes_after"],
-                                {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}).fetchall()
+            rows = conn.execute(
+                queries["document_changes_after"], {"workspace_id": self.workspace_id, "path": path, "after_seq": seq}
+            ).fetchall()
             moved = None
             for r in rows:
                 if arrived:  # the row that brought the document here; its new_path is the former occupant's

@@ -55,8 +55,17 @@ class Envelope:
         end = len(self.lines) if limit is None else offset + limit
         if offset == 0 and end >= len(self.lines):
             return self
-        return Envelope(self.path, self.title, self.revision, "window", self.lines[offset:end], self.cite,
-                        self.score, self.content_id, total_lines=len(self.lines))
+        return Envelope(
+            self.path,
+            self.title,
+            self.revision,
+            "window",
+            self.lines[offset:end],
+            self.cite,
+            self.score,
+            self.content_id,
+            total_lines=len(self.lines),
+        )
 
     def render(self) -> str:
         """The envelope text (design §8); non-contiguous excerpt ranges are separated by ``⋮``."""

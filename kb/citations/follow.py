@@ -39,7 +39,7 @@ def _block_positions(lines: list[str], block: list[str]) -> list[int]:
     if not block or len(block) > len(lines):
         return []
     first, size = block[0], len(block)
-    return [i for i in range(len(lines) - size + 1) if lines[i] == first and lines[i:i + size] == block]
+    return [i for i in range(len(lines) - size + 1) if lines[i] == first and lines[i : i + size] == block]
 
 
 def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> LineMapping:
@@ -52,7 +52,7 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
         raise ValueError(f"lines {start}-{end} are outside a {len(old)}-line text")
     if new is None:
         return LineMapping("deleted")
-    cited = old[start - 1:end]
+    cited = old[start - 1 : end]
     in_new = _block_positions(new, cited)
     if len(in_new) == 1 and len(_block_positions(old, cited)) == 1:
         # the passage occurs once before and once after: it is the same passage (the idea of
@@ -67,8 +67,11 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
                 equal_map[i1 + offset] = j1 + offset
     first, last = start - 1, end - 1
     mapped = [equal_map.get(i) for i in range(first, last + 1)]
-    if (all(m is not None for m in mapped) and mapped[-1] - mapped[0] == last - first
-            and new[mapped[0]:mapped[-1] + 1] == cited):
+    if (
+        all(m is not None for m in mapped)
+        and mapped[-1] - mapped[0] == last - first
+        and new[mapped[0] : mapped[-1] + 1] == cited
+    ):
         return LineMapping("unchanged", mapped[0] + 1, mapped[-1] + 1)
     # The alignment split the cited range (repeated lines). Look for the exact block only between
     # the nearest aligned lines around it: where the cited lines must stand if they are intact.
@@ -112,7 +115,7 @@ def follow_history(cited_lines: list[str], versions: list[list[str] | None], sta
     """
     if not 1 <= start <= end <= len(cited_lines):
         raise ValueError(f"lines {start}-{end} are outside a {len(cited_lines)}-line text")
-    cited = cited_lines[start - 1:end]
+    cited = cited_lines[start - 1 : end]
     current, lo, hi = cited_lines, start, end
     status: Status = "unchanged"
     for version in versions:
@@ -125,8 +128,8 @@ def follow_history(cited_lines: list[str], versions: list[list[str] | None], sta
         current, lo, hi = version, step.start, step.end
     if versions and versions[-1] is None:
         return LineMapping("deleted")
-    if status == "changed" and current[lo - 1:hi] == cited:
+    if status == "changed" and current[lo - 1 : hi] == cited:
         status = "unchanged"  # changed on the way and changed back: the text is the cited text
-    if status == "unchanged" and current[lo - 1:hi] != cited:
+    if status == "unchanged" and current[lo - 1 : hi] != cited:
         status = "changed"  # a range that grew or shrank on the way
     return LineMapping(status, lo, hi)

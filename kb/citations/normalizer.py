@@ -123,9 +123,7 @@ def parse_citation(text: str) -> Citation:
     stripped = text.strip() if isinstance(text, str) else ""
     candidate = stripped if stripped.startswith("[") else f"[{stripped}]"
     if not _GROUP_RE.fullmatch(candidate):
-        raise InvalidCitation(
-            f"{text!r} is not a citation; write it as [n], [n:Lx] or [n:Lx-Ly] (e.g. [3:L12-L14])"
-        )
+        raise InvalidCitation(f"{text!r} is not a citation; write it as [n], [n:Lx] or [n:Lx-Ly] (e.g. [3:L12-L14])")
     items = _items(candidate)
     if len(items) != 1:
         raise InvalidCitation(f"{text!r} holds {len(items)} citations; resolve them one at a time")
@@ -152,7 +150,7 @@ def _fenced_regions(text: str) -> list[tuple[int, int]]:
     for line in text.split("\n"):
         if open_at is None:
             m = _FENCE_OPEN.match(line)
-            if m and not (m.group(1)[0] == "`" and "`" in line[m.end():]):
+            if m and not (m.group(1)[0] == "`" and "`" in line[m.end() :]):
                 open_at, marker = offset, m.group(1)
         elif _fence_closes(line, marker):
             regions.append((open_at, offset + len(line)))
@@ -279,7 +277,7 @@ def normalize(text: str, lookup: Callable[[int], HandleInfo | None], *, drop_unk
             if citation not in kept:
                 kept.append(citation)
                 written.append(str(citation))
-        out.append(text[pos:m.start()])
+        out.append(text[pos : m.start()])
         resume = m.end()
         if written:
             out.append("".join(written))

@@ -41,8 +41,15 @@ class Handle:
 
     def as_json(self) -> dict:
         """``{cite: "[n]", n, path, content_id, revision, title, numbered}``."""
-        return {"cite": f"[{self.n}]", "n": self.n, "path": self.path, "content_id": self.content_id,
-                "revision": self.revision, "title": self.title, "numbered": self.numbered}
+        return {
+            "cite": f"[{self.n}]",
+            "n": self.n,
+            "path": self.path,
+            "content_id": self.content_id,
+            "revision": self.revision,
+            "title": self.title,
+            "numbered": self.numbered,
+        }
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,10 @@ def check_chat_id(chat_id: object) -> str:
     if not isinstance(chat_id, str):
         raise InvalidChat(f"a chat id must be text, not {type(chat_id).__name__}")
     if not chat_id.strip():
-        raise InvalidChat("the chat id is empty; pass the conversation's id, e.g. conversation(1, \"support-4711\")",
-                          cli="the chat id is empty; pass the conversation's id, e.g. --chat support-4711")
+        raise InvalidChat(
+            'the chat id is empty; pass the conversation\'s id, e.g. conversation(1, "support-4711")',
+            cli="the chat id is empty; pass the conversation's id, e.g. --chat support-4711",
+        )
     if len(chat_id) > MAX_CHAT_ID_CHARS:
         raise InvalidChat(f"the chat id has {len(chat_id)} characters; use at most {MAX_CHAT_ID_CHARS}")
     for ch in chat_id:
@@ -75,8 +84,15 @@ def check_chat_id(chat_id: object) -> str:
 
 
 def _handle(row: dict) -> Handle:
-    return Handle(row["n"], "/" + row["path"], row["content_id"], row["revision"], row["title"], row["numbered"],
-                  row.get("created_at"))
+    return Handle(
+        row["n"],
+        "/" + row["path"],
+        row["content_id"],
+        row["revision"],
+        row["title"],
+        row["numbered"],
+        row.get("created_at"),
+    )
 
 
 def register(conn: Connection, workspace_id: int, chat_id: str, showings: list[Showing]) -> list[Handle]:
@@ -88,8 +104,14 @@ def register(conn: Connection, workspace_id: int, chat_id: str, showings: list[S
     for s in showings:
         row = conn.execute(
             queries["register_citation_handle"],
-            {**params, "path": s.path.lstrip("/"), "content_id": s.content_id, "revision": s.revision,
-             "title": s.title, "numbered": s.numbered},
+            {
+                **params,
+                "path": s.path.lstrip("/"),
+                "content_id": s.content_id,
+                "revision": s.revision,
+                "title": s.title,
+                "numbered": s.numbered,
+            },
         ).fetchone()
         handles.append(_handle(row))
     return handles
@@ -97,7 +119,9 @@ def register(conn: Connection, workspace_id: int, chat_id: str, showings: list[S
 
 def lookup(conn: Connection, workspace_id: int, chat_id: str, n: int) -> Handle | None:
     """Handle ``n`` of the chat, or None."""
-    row = conn.execute(queries["citation_handle"], {"workspace_id": workspace_id, "chat_id": chat_id, "n": n}).fetchone()
+    row = conn.execute(
+        queries["citation_handle"], {"workspace_id": workspace_id, "chat_id": chat_id, "n": n}
+    ).fetchone()
     return None if row is None else _handle(row)
 
 

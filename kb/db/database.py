@@ -165,7 +165,8 @@ def _no_pooled_connection(url: str, connections, exc: BaseException) -> Database
     if stats.get("pool_size", 0) >= connections.max_size and not stats.get("pool_available"):
         return DatabaseUnavailable(
             f"all {connections.max_size} pooled connections to Postgres stayed busy for "
-            f"{connections.timeout:g} s; retry, or make fewer calls at once from this process")
+            f"{connections.timeout:g} s; retry, or make fewer calls at once from this process"
+        )
     return _unavailable(url, exc)
 
 
@@ -182,8 +183,10 @@ def _operational_error(exc: psycopg.OperationalError, broken: bool) -> KbError |
         return _lost(exc)
     if isinstance(exc, psycopg.errors.QueryCanceled):
         reason = (str(exc).strip().splitlines() or ["canceled"])[0]
-        return StatementCanceled(f"Postgres canceled this call's statement ({reason}), by an administrator "
-                                 "or a server-side timeout; nothing of it was kept: retry")
+        return StatementCanceled(
+            f"Postgres canceled this call's statement ({reason}), by an administrator "
+            "or a server-side timeout; nothing of it was kept: retry"
+        )
     return None
 
 
@@ -199,8 +202,10 @@ def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
     found = _MISSING_WORKSPACE.search(exc.diag.message_detail or "")
     if found is None:
         return None
-    return WorkspaceNotFound(f"workspace {found.group(1)} was deleted while this call ran; nothing was "
-                             "recorded. `kb workspaces` lists the workspaces there are")
+    return WorkspaceNotFound(
+        f"workspace {found.group(1)} was deleted while this call ran; nothing was "
+        "recorded. `kb workspaces` lists the workspaces there are"
+    )
 
 
 @contextlib.contextmanager
@@ -228,8 +233,10 @@ class KbConnection(psycopg.Connection[DictRow]):
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         super().__exit__(exc_type, exc_val, exc_tb)
-        if isinstance(exc_val, psycopg.OperationalError) and (
-                translated := _operational_error(exc_val, self.broken)) is not None:
+        if (
+            isinstance(exc_val, psycopg.OperationalError)
+            and (translated := _operational_error(exc_val, self.broken)) is not None
+        ):
             raise translated from exc_val
         if (missing := deleted_workspace(exc_val)) is not None:
             raise missing from exc_val
@@ -307,12 +314,17 @@ def pool(url: str) -> ConnectionPool[Connection]:
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
         swept: list[ConnectionPool[Connection]] = []
         created = ConnectionPool(
-            url, min_size=POOL_MIN_SIZE, max_size=POOL_MAX_SIZE, configure=_pool_configure(url),
+            url,
+            min_size=POOL_MIN_SIZE,
+            max_size=POOL_MAX_SIZE,
+            configure=_pool_configure(url),
             kwargs=connection_kwargs(url) or None,
             # one round trip per checkout, so a connection whose backend ended while idle (a
             # server restart, pg_terminate_backend) is replaced instead of failing its caller
             check=_check_or_sweep(swept),
-            timeout=POOL_TIMEOUT, open=False, name="kb",
+            timeout=POOL_TIMEOUT,
+            open=False,
+            name="kb",
         )
         swept.append(created)
         try:
@@ -347,8 +359,10 @@ def pooled_connection(url: str) -> Iterator[Connection]:
     except PoolTimeout as exc:
         raise _no_pooled_connection(url, connections, exc) from exc
     except PoolClosed as exc:
-        raise DatabaseUnavailable("kb's connection pool was closed while this call was starting (the "
-                                  "process is shutting down); retry in a process that is not") from exc
+        raise DatabaseUnavailable(
+            "kb's connection pool was closed while this call was starting (the "
+            "process is shutting down); retry in a process that is not"
+        ) from exc
     except psycopg.OperationalError as exc:
         if (translated := _operational_error(exc, broken)) is None:
             raise
@@ -425,6 +439,4 @@ def require_pgvector(conn: Connection, url: str) -> None:
         )
     major, minor = (int(p) for p in row["default_version"].split(".")[:2])
     if (major, minor) < (0, 5):
-        raise DatabaseNotReady(
-            f"pgvector {row['default_version']} on {redact(url)} is too old; kb needs ≥ 0.5."
-        )
+        raise DatabaseNotReady(f"pgvector {row['default_version']} on {redact(url)} is too old; kb needs ≥ 0.5.")

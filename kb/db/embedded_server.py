@@ -141,9 +141,10 @@ def _pg_start(ep, pgdata: Path, system_user: str | None, listen: tuple[str, int]
         socket_dir.chmod(0o777)
     host, port = listen if listen is not None else ("", DEFAULT_PORT)
     ep.pg_ctl(
-        ["-w", "-o", f'-h "{host}"', "-o", f"-k {socket_dir}", "-o", f"-p {port}",
-         "-l", str(pgdata / "log"), "start"],
-        pgdata=pgdata, user=system_user, timeout=START_TIMEOUT,
+        ["-w", "-o", f'-h "{host}"', "-o", f"-k {socket_dir}", "-o", f"-p {port}", "-l", str(pgdata / "log"), "start"],
+        pgdata=pgdata,
+        user=system_user,
+        timeout=START_TIMEOUT,
     )
 
 
@@ -163,9 +164,7 @@ def _system_user(ep, pgdata: Path) -> str | None:
     return None
 
 
-def start_embedded(
-    pgdata: Path, database: str = EMBEDDED_DATABASE, listen: tuple[str, int] | None = None
-) -> str:
+def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE, listen: tuple[str, int] | None = None) -> str:
     """Start (or reuse) an embedded Postgres in ``pgdata``; returns a Unix-socket URL for ``database``.
 
     ``listen``: also listen on this TCP ``(host, port)`` (``KB_EMBEDDED_LISTEN``); None = socket
@@ -245,9 +244,12 @@ def _verified_url(pgdata: Path, database: str, listen: tuple[str, int] | None) -
     except (OSError, ValueError):
         return None
     postmaster = [fields[0], fields[2], fields[3], fields[4], fields[5].strip()]
-    if not isinstance(marker, dict) or marker.get("postmaster") != postmaster \
-            or marker.get("listen") != (list(listen) if listen else None) \
-            or database not in marker.get("databases", []):
+    if (
+        not isinstance(marker, dict)
+        or marker.get("postmaster") != postmaster
+        or marker.get("listen") != (list(listen) if listen else None)
+        or database not in marker.get("databases", [])
+    ):
         return None
     if not _alive(pid):
         return None
@@ -290,8 +292,11 @@ def _record_verified(pgdata: Path, database: str, listen: tuple[str, int] | None
         databases = marker["databases"] if marker.get("postmaster") == postmaster else []
     except (OSError, ValueError, KeyError, TypeError):
         databases = []
-    record = {"postmaster": postmaster, "listen": list(listen) if listen else None,
-              "databases": sorted({*databases, database})}
+    record = {
+        "postmaster": postmaster,
+        "listen": list(listen) if listen else None,
+        "databases": sorted({*databases, database}),
+    }
     temporary = path.with_name(f"{VERIFIED_MARKER}.{os.getpid()}")
     try:
         temporary.write_text(json.dumps(record))

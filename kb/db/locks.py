@@ -101,8 +101,10 @@ def advisory_xact_lock(conn: Connection, namespace: int, workspace_id: int, time
 def lock_statements(conn: Connection, namespace: int, workspace_id: int, timeout: float) -> None:
     """Queue (in ``conn``'s pipeline or run) the bounded ``pg_advisory_xact_lock(namespace,
     workspace_id)``: waits at most ``timeout`` seconds, then fails with LockNotAvailable."""
-    conn.execute(queries["lock_workspace_write_bounded"], {
-        "timeout": f"{max(1, int(timeout * 1000))}ms", "namespace": namespace, "workspace_id": workspace_id})
+    conn.execute(
+        queries["lock_workspace_write_bounded"],
+        {"timeout": f"{max(1, int(timeout * 1000))}ms", "namespace": namespace, "workspace_id": workspace_id},
+    )
 
 
 def chunk_lock(conn: Connection, workspace_id: int) -> None:
@@ -147,17 +149,21 @@ def locked_transaction(
     released, so the next holder always sees this holder's rows; on an exception it rolls back.
     Raises LockTimeout (with the workspace id), LockUnavailable.
     """
-    with locked_pipeline(database_url, workspace_id, settings,
-                         None if prepare is None else (lambda conn: prepare())) as (conn, prepared, _):
+    with locked_pipeline(
+        database_url, workspace_id, settings, None if prepare is None else (lambda conn: prepare())
+    ) as (conn, prepared, _):
         yield conn, prepared
 
 
 @contextlib.contextmanager
 def locked_pipeline(
-    database_url: str, workspace_id: int, settings: Settings,
+    database_url: str,
+    workspace_id: int,
+    settings: Settings,
     prepare: Callable[[Connection], T] | None = None,
     with_lock: Callable[[Connection, T | None], R] | None = None,
-    connection: Connection | None = None, timeout: float | None = None,
+    connection: Connection | None = None,
+    timeout: float | None = None,
 ) -> Iterator[tuple[Connection, T | None, R | None]]:
     """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
     it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
@@ -167,8 +173,9 @@ def locked_pipeline(
     ``settings.lock_timeout`` (LockTimeout still names the configured one). Yields ``(conn, prepared, with_lock's result)``. Raises as
     ``locked_transaction``.
     """
-    with (contextlib.nullcontext(connection) if connection is not None
-          else database.pooled_connection(database_url)) as conn:  # pooled: no connect per commit
+    with (
+        contextlib.nullcontext(connection) if connection is not None else database.pooled_connection(database_url)
+    ) as conn:  # pooled: no connect per commit
         prepared = prepare(conn) if prepare is not None else None
         with contextlib.ExitStack() as stack:
             if settings.lock_backend == "redis":
@@ -179,8 +186,12 @@ def locked_pipeline(
                 try:
                     with conn.pipeline():  # one round trip: bound the wait, lock, unbound, then with_lock
                         if settings.lock_backend != "redis":
-                            lock_statements(conn, WRITE_LOCK_NAMESPACE, workspace_id,
-                                            settings.lock_timeout if timeout is None else timeout)
+                            lock_statements(
+                                conn,
+                                WRITE_LOCK_NAMESPACE,
+                                workspace_id,
+                                settings.lock_timeout if timeout is None else timeout,
+                            )
                         extra = with_lock(conn, prepared) if with_lock is not None else None
                 except psycopg.errors.LockNotAvailable:
                     raise LockTimeout(workspace_id, settings.lock_timeout) from None

@@ -88,8 +88,7 @@ def schema_is_current(conn: Connection) -> bool:
         state = conn.execute(
             queries["schema_state"], {"job_schema": JOB_QUEUE_SCHEMA, "publication": PUBLICATION}
         ).fetchone()
-        if not (state["has_ledger"] and state["has_job_queue"] and state["has_vector"]
-                and state["has_publication"]):
+        if not (state["has_ledger"] and state["has_job_queue"] and state["has_vector"] and state["has_publication"]):
             return False
         applied = {r["name"]: r["checksum"] for r in conn.execute(queries["applied_migrations"])}
     except psycopg.Error:

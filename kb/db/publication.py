@@ -82,8 +82,7 @@ def ensure_publication(conn: Connection) -> PublicationStatus:
             except psycopg.Error as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 status.problems.append(
-                    f"creating {PUBLICATION} failed ({reason}); run sql/publication.sql as the "
-                    "tables' owner."
+                    f"creating {PUBLICATION} failed ({reason}); run sql/publication.sql as the tables' owner."
                 )
     if caps["wal_level"] != "logical":
         status.problems.append(
@@ -91,15 +90,12 @@ def ensure_publication(conn: Connection) -> PublicationStatus:
             "'logical', or in postgresql.conf) and restart the server so subscribers can stream."
         )
     if caps["max_replication_slots"] < 1 or caps["max_wal_senders"] < 1:
-        status.problems.append(
-            "max_replication_slots and max_wal_senders must be at least 1 (set them and restart)."
-        )
+        status.problems.append("max_replication_slots and max_wal_senders must be at least 1 (set them and restart).")
     return status
 
 
 def publication_columns(conn: Connection) -> dict[str, list[str]]:
     """``{table: [published columns]}`` of ``kb_publication`` (empty when it does not exist)."""
     return {
-        r["table_name"]: list(r["attnames"])
-        for r in conn.execute(queries["publication_tables"], {"name": PUBLICATION})
+        r["table_name"]: list(r["attnames"]) for r in conn.execute(queries["publication_tables"], {"name": PUBLICATION})
     }

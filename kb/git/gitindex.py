@@ -68,11 +68,14 @@ def order_problem(path: Path) -> str | None:
         length = flags & _NAMEMASK
         if length == _NAMEMASK:
             length = data.index(b"\0", start) - start
-        key = (data[start:start + length], (flags >> 12) & 3)
+        key = (data[start : start + length], (flags >> 12) & 3)
         if previous is not None and key <= previous:
             name = key[0].decode(errors="replace")
-            return (f"'{name}' is listed twice (unordered stage entries)" if key == previous
-                    else f"unordered stage entries at '{name}'")
+            return (
+                f"'{name}' is listed twice (unordered stage entries)"
+                if key == previous
+                else f"unordered stage entries at '{name}'"
+            )
         previous = key
         offset += (start - offset + length + 8) & ~7
     return None
@@ -120,7 +123,7 @@ class IndexFile:
             if length == _NAMEMASK:
                 length = data.index(b"\0", start) - start
             end = offset + ((start - offset + length + 8) & ~7)
-            names.append(data[start:start + length])
+            names.append(data[start : start + length])
             entries.append(data[offset:end])
             offset = end
         while offset < len(data) - 20:  # extensions: 4-byte signature, 4-byte size, payload
@@ -140,10 +143,18 @@ class IndexFile:
             return
         flags = min(len(path), _NAMEMASK)
         head = _ENTRY.pack(
-            int(st.st_ctime) & 0xFFFFFFFF, st.st_ctime_ns % 1_000_000_000,
-            int(st.st_mtime) & 0xFFFFFFFF, st.st_mtime_ns % 1_000_000_000,
-            st.st_dev & 0xFFFFFFFF, st.st_ino & 0xFFFFFFFF, mode, st.st_uid & 0xFFFFFFFF,
-            st.st_gid & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF, bytes.fromhex(sha_hex), flags,
+            int(st.st_ctime) & 0xFFFFFFFF,
+            st.st_ctime_ns % 1_000_000_000,
+            int(st.st_mtime) & 0xFFFFFFFF,
+            st.st_mtime_ns % 1_000_000_000,
+            st.st_dev & 0xFFFFFFFF,
+            st.st_ino & 0xFFFFFFFF,
+            mode,
+            st.st_uid & 0xFFFFFFFF,
+            st.st_gid & 0xFFFFFFFF,
+            st.st_size & 0xFFFFFFFF,
+            bytes.fromhex(sha_hex),
+            flags,
         )
         entry = head + path + b"\0" * (_entry_length(len(path), False) - len(head) - len(path))
         if present:
@@ -184,9 +195,13 @@ class IndexFile:
         if i == len(self.names) or self.names[i] != path:
             return False
         fields = _ENTRY.unpack_from(self.entries[i], 0)
-        return (fields[10] == bytes.fromhex(sha_hex) and fields[9] == st.st_size & 0xFFFFFFFF
-                and fields[2] == int(st.st_mtime) & 0xFFFFFFFF and fields[3] == st.st_mtime_ns % 1_000_000_000
-                and fields[5] == st.st_ino & 0xFFFFFFFF)
+        return (
+            fields[10] == bytes.fromhex(sha_hex)
+            and fields[9] == st.st_size & 0xFFFFFFFF
+            and fields[2] == int(st.st_mtime) & 0xFFFFFFFF
+            and fields[3] == st.st_mtime_ns % 1_000_000_000
+            and fields[5] == st.st_ino & 0xFFFFFFFF
+        )
 
     def write(self) -> None:
         """Write header + entries + SHA-1 through ``index.lock`` and an atomic rename, holding the
@@ -212,7 +227,7 @@ class IndexFile:
         try:
             view = memoryview(body + hashlib.sha1(body).digest())
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(lock, self.path)

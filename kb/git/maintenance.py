@@ -39,10 +39,15 @@ class MaintenanceReport:
 def loose_object_count(repository_path: Path) -> int:
     """Number of loose objects under ``{repository}/.git/objects/??/``."""
     objects = Path(repository_path) / ".git" / "objects"
-    return sum(
-        sum(1 for entry in folder.iterdir() if len(entry.name) == 38)
-        for folder in objects.iterdir() if len(folder.name) == 2 and folder.is_dir()
-    ) if objects.is_dir() else 0
+    return (
+        sum(
+            sum(1 for entry in folder.iterdir() if len(entry.name) == 38)
+            for folder in objects.iterdir()
+            if len(folder.name) == 2 and folder.is_dir()
+        )
+        if objects.is_dir()
+        else 0
+    )
 
 
 def maintain_workspaces(knowledge_store: Path, min_loose: int = LOOSE_OBJECTS_TO_PACK) -> MaintenanceReport:

@@ -73,8 +73,7 @@ def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -
     if theirs == base:
         return MergeOutcome(ours, ())
     if b"\0" in ours or b"\0" in theirs or (base is not None and b"\0" in base):
-        return MergeOutcome(theirs, (LostHunk(path, 1, _text(ours.splitlines(True)),
-                                              _text(theirs.splitlines(True))),))
+        return MergeOutcome(theirs, (LostHunk(path, 1, _text(ours.splitlines(True)), _text(theirs.splitlines(True))),))
     base_lines = (base or b"").splitlines(True)
     our_lines, their_lines = ours.splitlines(True), theirs.splitlines(True)
     merged: list[bytes] = []
@@ -83,26 +82,41 @@ def merge_documents(path: str, base: bytes | None, ours: bytes, theirs: bytes) -
     for region in merger.merge_regions():
         kind = region[0]
         if kind == "unchanged":
-            merged.extend(base_lines[region[1]:region[2]])
+            merged.extend(base_lines[region[1] : region[2]])
         elif kind in ("a", "same"):
-            merged.extend(our_lines[region[1]:region[2]])
+            merged.extend(our_lines[region[1] : region[2]])
         elif kind == "b":
-            merged.extend(their_lines[region[1]:region[2]])
+            merged.extend(their_lines[region[1] : region[2]])
         else:
             # a conflict region carries all three ranges (merge3 types regions as 3-tuples)
             _, z_start, z_end, a_start, a_end, b_start, b_end = cast(tuple[str, int, int, int, int, int, int], region)
             if z_end - z_start == a_end - a_start == b_end - b_start:
-                _merge_line_by_line(path, base_lines[z_start:z_end], our_lines[a_start:a_end],
-                                    their_lines[b_start:b_end], a_start, merged, lost)
+                _merge_line_by_line(
+                    path,
+                    base_lines[z_start:z_end],
+                    our_lines[a_start:a_end],
+                    their_lines[b_start:b_end],
+                    a_start,
+                    merged,
+                    lost,
+                )
             else:  # overlapping hunks: last writer wins
                 merged.extend(their_lines[b_start:b_end])
-                lost.append(LostHunk(path, a_start + 1, _text(our_lines[a_start:a_end]),
-                                     _text(their_lines[b_start:b_end])))
+                lost.append(
+                    LostHunk(path, a_start + 1, _text(our_lines[a_start:a_end]), _text(their_lines[b_start:b_end]))
+                )
     return MergeOutcome(b"".join(merged), tuple(lost))
 
 
-def _merge_line_by_line(path: str, base: list[bytes], ours: list[bytes], theirs: list[bytes],
-                        our_start: int, merged: list[bytes], lost: list[LostHunk]) -> None:
+def _merge_line_by_line(
+    path: str,
+    base: list[bytes],
+    ours: list[bytes],
+    theirs: list[bytes],
+    our_start: int,
+    merged: list[bytes],
+    lost: list[LostHunk],
+) -> None:
     """Resolve a diff3 conflict whose three sides have the same number of lines line by line.
 
     diff3 reports *adjacent* edits (one side changed line 3, the other line 4) as one conflict;
@@ -114,8 +128,14 @@ def _merge_line_by_line(path: str, base: list[bytes], ours: list[bytes], theirs:
 
     def flush() -> None:
         if pending:
-            lost.append(LostHunk(path, our_start + pending[0] + 1, _text(ours[pending[0]:pending[-1] + 1]),
-                                 _text(theirs[pending[0]:pending[-1] + 1])))
+            lost.append(
+                LostHunk(
+                    path,
+                    our_start + pending[0] + 1,
+                    _text(ours[pending[0] : pending[-1] + 1]),
+                    _text(theirs[pending[0] : pending[-1] + 1]),
+                )
+            )
             pending.clear()
 
     for i, (b, o, t) in enumerate(zip(base, ours, theirs)):
@@ -152,8 +172,13 @@ class MergedBlob:
     blob: str | None
 
 
-def merge_staged(repo, requests: Mapping[str, MergeRequest], staged: dict[str, str | None],
-                 head_tree: bytes | None, earlier: dict[str, MergedBlob] | None = None) -> dict[str, MergedBlob]:
+def merge_staged(
+    repo,
+    requests: Mapping[str, MergeRequest],
+    staged: dict[str, str | None],
+    head_tree: bytes | None,
+    earlier: dict[str, MergedBlob] | None = None,
+) -> dict[str, MergedBlob]:
     """Merge every requested path of ``staged`` (``{repo path: blob}``, the writer's blobs) with
     the documents in ``head_tree``; returns ``{repo path: MergedBlob}`` and writes merged blobs to
     the object store. An ``earlier`` result whose head blob is unchanged is reused, so the merge
@@ -184,5 +209,6 @@ def merge_staged(repo, requests: Mapping[str, MergeRequest], staged: dict[str, s
         raise DocumentGone(
             f"{', '.join(gone)}: edited by this writer but removed by another revision since the writer "
             "began; nothing was recorded. Keep the text under a new path or drop the edit, then write again",
-            gone)
+            gone,
+        )
     return results

@@ -143,7 +143,6 @@ OBJECT_WRITE_ATTEMPTS = 5
 folder (``git prune-packed``) between the folder's creation and the object's write."""
 
 
-
 PENDING_PACK_MARK = b"kb: objects of a write whose revision may not be recorded yet\n"
 """The content of the ``.keep`` file kb puts beside a pack it writes (see keep_pending_pack)."""
 PENDING_PACK_SECONDS = 3600.0
@@ -158,6 +157,7 @@ def keep_pending_pack(basename: Path) -> None:
     (:meth:`Repository.release_pending_packs`). Raises OSError."""
     keep = basename.with_name(basename.name + ".keep")
     keep.write_bytes(PENDING_PACK_MARK)
+
 
 class Repository(WorktreeRefresh):
     """One workspace's non-bare git repository at ``path`` (created on ``Repository.create``)."""
@@ -222,8 +222,10 @@ class Repository(WorktreeRefresh):
     def _missing(self, sha: bytes) -> KbError:
         """The error for object ``sha`` absent though referred to (see ``_referenced``)."""
         if not (self.path / ".git").is_dir():
-            return WorkspaceNotFound(f"the repository at {self.path} was deleted while it was being read; "
-                                     "if the workspace was re-created, retry")
+            return WorkspaceNotFound(
+                f"the repository at {self.path} was deleted while it was being read; "
+                "if the workspace was re-created, retry"
+            )
         return StorageError(
             f"object {sha.decode(errors='replace')} is missing from {self.path} though a revision refers to it; "
             "the repository is damaged: run `kb fsck`, then restore the workspace from a backup or its remote"
@@ -339,8 +341,10 @@ class Repository(WorktreeRefresh):
         found = {sha.decode() for sha in self._repo.object_store.iter_prefix(text.encode())}
         commits = [sha for sha in found if isinstance(self._repo.object_store[sha.encode()], Commit)]
         if len(commits) > 1:
-            raise RevisionNotFound(f"revision {revision!r} is ambiguous ({len(commits)} revisions start with it); "
-                                   "use more digits of the id `kb log` prints")
+            raise RevisionNotFound(
+                f"revision {revision!r} is ambiguous ({len(commits)} revisions start with it); "
+                "use more digits of the id `kb log` prints"
+            )
         if not commits:
             raise RevisionNotFound(f"no revision {revision!r} in this workspace; `kb log` lists its revisions")
         return commits[0]
@@ -381,8 +385,9 @@ class Repository(WorktreeRefresh):
                 cache.move_to_end(key)
                 return cache[key]
         try:
-            mode, sha = tree_lookup_path(self._referenced, tree_id, folder.encode()) if folder \
-                else (stat.S_IFDIR, tree_id)
+            mode, sha = (
+                tree_lookup_path(self._referenced, tree_id, folder.encode()) if folder else (stat.S_IFDIR, tree_id)
+            )
             found = self._referenced(sha) if stat.S_ISDIR(mode) else None
         except (KeyError, NotTreeError):
             found = None
@@ -406,8 +411,11 @@ class Repository(WorktreeRefresh):
                 folder = None
                 if tree_id is not None:
                     try:
-                        mode, sha = tree_lookup_path(self._referenced, tree_id, parent.encode()) if parent \
+                        mode, sha = (
+                            tree_lookup_path(self._referenced, tree_id, parent.encode())
+                            if parent
                             else (stat.S_IFDIR, tree_id)
+                        )
                         folder = self._referenced(sha) if stat.S_ISDIR(mode) else None
                     except (KeyError, NotTreeError):
                         folder = None
@@ -480,9 +488,7 @@ class Repository(WorktreeRefresh):
             return
         if prefix:
             try:
-                mode, tree_id = tree_lookup_path(
-                    self._referenced, tree_id, prefix.rstrip("/").encode()
-                )
+                mode, tree_id = tree_lookup_path(self._referenced, tree_id, prefix.rstrip("/").encode())
             except (KeyError, NotTreeError):
                 return
             if not stat.S_ISDIR(mode):
@@ -520,9 +526,7 @@ class Repository(WorktreeRefresh):
                     changes.append(TreeChange("removed", old.path.decode(), old.sha.decode(), None))
                     changes.append(TreeChange("added", new.path.decode(), None, new.sha.decode()))
                 else:
-                    changes.append(
-                        TreeChange("modified", new.path.decode(), old.sha.decode(), new.sha.decode())
-                    )
+                    changes.append(TreeChange("modified", new.path.decode(), old.sha.decode(), new.sha.decode()))
         return changes
 
     def parents(self, revision: str) -> list[str]:
@@ -683,8 +687,9 @@ class Repository(WorktreeRefresh):
             if isinstance(change, dict):
                 existing = base[name] if base is not None and name in base else None
                 sub_base = existing[1] if existing and stat.S_ISDIR(existing[0]) else None
-                subtree = self._apply(sub_base, change, new_objects,
-                                      f"{path}/{name.decode(errors='surrogateescape')}".lstrip("/"))
+                subtree = self._apply(
+                    sub_base, change, new_objects, f"{path}/{name.decode(errors='surrogateescape')}".lstrip("/")
+                )
                 changes[name] = None if subtree is None else (stat.S_IFDIR, subtree.id)
             else:
                 changes[name] = None if change is None else (FILE_MODE, change)
@@ -767,7 +772,8 @@ class Repository(WorktreeRefresh):
                 for raw_name, (entry_mode, _) in tree._entries.items():
                     name = raw_name.decode()
                     grouped.setdefault(name_key(name), []).append(
-                        (name, "folder" if stat.S_ISDIR(entry_mode) else "file"))
+                        (name, "folder" if stat.S_ISDIR(entry_mode) else "file")
+                    )
                 keys = {k: tuple(v) for k, v in grouped.items()}
             self._cache_keys(sha, keys)
         else:
@@ -794,7 +800,12 @@ class Repository(WorktreeRefresh):
         self._seen(_KEYS_SEEN, folder, tree.id)
 
     def make_commit(
-        self, tree_id: bytes, parent: str | None, message: str, author: str, committer: str,
+        self,
+        tree_id: bytes,
+        parent: str | None,
+        message: str,
+        author: str,
+        committer: str,
         headers: dict[bytes, bytes] | None = None,
     ) -> Commit:
         """Write a commit object (hooks never run; design §2.1) and return it (ref not moved).
@@ -852,8 +863,9 @@ class Repository(WorktreeRefresh):
     def _log_ref(self, old: str | None, new: str) -> None:
         """Append the ref update to the branch's reflog, as git does (no fsync, as git)."""
         log = self.path / ".git" / "logs" / BRANCH.decode()
-        line = format_reflog_line(old.encode() if old else ZERO_SHA, new.encode(), b"kb <>",
-                                  int(time.time()), 0, b"kb: commit")
+        line = format_reflog_line(
+            old.encode() if old else ZERO_SHA, new.encode(), b"kb <>", int(time.time()), 0, b"kb: commit"
+        )
         try:
             with open(log, "ab") as f:
                 f.write(line + b"\n")
@@ -873,8 +885,9 @@ class Repository(WorktreeRefresh):
         git_dir = self.path / ".git"
         removed = []
         now = time.time()
-        ref_locks = [Path(top) / name for top, _, names in os.walk(git_dir / "refs")
-                     for name in names if name.endswith(".lock")]
+        ref_locks = [
+            Path(top) / name for top, _, names in os.walk(git_dir / "refs") for name in names if name.endswith(".lock")
+        ]
         for lock in [git_dir / n for n in ("index.lock", "HEAD.lock", "packed-refs.lock")] + sorted(ref_locks):
             try:
                 if now - lock.stat().st_mtime < min_age:

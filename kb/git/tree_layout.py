@@ -54,7 +54,7 @@ class TreeLayout:
                 space = raw.index(b" ", position)
                 nul = raw.index(b"\0", space)
                 stop = nul + 21
-                name = raw[space + 1:nul]
+                name = raw[space + 1 : nul]
                 keys.append(name + b"/" if raw.startswith(_DIR_MODE_PREFIXES, position) else name)
                 chunks.append(raw[position:stop])
                 position = stop
@@ -74,8 +74,9 @@ def _key(name: bytes, mode: int) -> bytes:
     return name + b"/" if stat.S_ISDIR(mode) else name
 
 
-def apply_changes(base: Tree | None, layout: TreeLayout | None,
-                  changes: dict[bytes, tuple[int, bytes] | None]) -> tuple[Tree, TreeLayout] | None:
+def apply_changes(
+    base: Tree | None, layout: TreeLayout | None, changes: dict[bytes, tuple[int, bytes] | None]
+) -> tuple[Tree, TreeLayout] | None:
     """A new tree = ``base`` (with its ``layout``; both None for an empty base) with ``changes``
     (``{name: (mode, hex sha), or None to delete}``) applied. Returns the tree, its id and raw
     text already set, and its layout. Cost: O(changes · log entries) in Python plus a copy of
@@ -105,8 +106,9 @@ def apply_changes(base: Tree | None, layout: TreeLayout | None,
     return _finish(entries, keys, chunks)
 
 
-def _apply_in_bulk(entries: dict, keys: list[bytes], chunks: list[bytes],
-                   changes: dict[bytes, tuple[int, bytes] | None]) -> tuple[Tree, TreeLayout] | None:
+def _apply_in_bulk(
+    entries: dict, keys: list[bytes], chunks: list[bytes], changes: dict[bytes, tuple[int, bytes] | None]
+) -> tuple[Tree, TreeLayout] | None:
     """:func:`apply_changes` for a change set about as big as the tree (a folder filled or emptied
     by a move): one sort instead of an insertion per entry."""
     by_key = dict(zip(keys, chunks))

@@ -59,8 +59,7 @@ def root_turn_id(turn_id: object) -> str:
     if not isinstance(turn_id, str):
         raise InvalidTurn(f"a turn id is a string, got {type(turn_id).__name__}")
     root = turn_id.split("::", 1)[0]
-    if not root or len(root) > 200 or root.startswith(".") or not set(root) <= _NAME_CHARS \
-            or root.endswith(".lock"):
+    if not root or len(root) > 200 or root.startswith(".") or not set(root) <= _NAME_CHARS or root.endswith(".lock"):
         raise InvalidTurn(
             f"turn id {turn_id!r}: the root id {root!r} must be 1-200 characters of letters, digits "
             "and . _ @ + = : - (not starting with '.'); sub-agents append '::<anything>'"
@@ -143,8 +142,10 @@ class LazyWorktree:
                 make_folders(self.admin)
                 self._lock()
             except OSError as exc:
-                raise StorageError(f"cannot create the worktree of turn {self.name!r} at {self.admin}: "
-                                   f"{exc.strerror or exc}; free space or fix permissions") from None
+                raise StorageError(
+                    f"cannot create the worktree of turn {self.name!r} at {self.admin}: "
+                    f"{exc.strerror or exc}; free space or fix permissions"
+                ) from None
             return self._open_locked(head)
 
     def _open_locked(self, head: str | None) -> bool:
@@ -170,8 +171,10 @@ class LazyWorktree:
             (self.admin / "HEAD").write_text((head or "ref: refs/heads/main") + "\n")  # last: marks it complete
         except OSError as exc:
             self.release()
-            raise StorageError(f"cannot create the worktree of turn {self.name!r} at {self.path}: "
-                               f"{exc.strerror or exc}; free space or fix permissions") from None
+            raise StorageError(
+                f"cannot create the worktree of turn {self.name!r} at {self.path}: "
+                f"{exc.strerror or exc}; free space or fix permissions"
+            ) from None
         return False
 
     def _clear_leftovers(self) -> None:
@@ -235,8 +238,15 @@ class LazyWorktree:
 
     def save(self) -> None:
         """Write the manifest atomically."""
-        data = {"version": 1, "turn": self.name, "base": self.base, "full": self.full,
-                "touched": sorted(self.touched), "moves": self.moves, "titles": self.titles}
+        data = {
+            "version": 1,
+            "turn": self.name,
+            "base": self.base,
+            "full": self.full,
+            "touched": sorted(self.touched),
+            "moves": self.moves,
+            "titles": self.titles,
+        }
         tmp = self.admin / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.manifest_path)
@@ -258,7 +268,7 @@ class LazyWorktree:
             last = i == len(parts) - 1
             if stat.S_ISLNK(st.st_mode) or (not last and not stat.S_ISDIR(st.st_mode)):
                 raise UnsafeWorktreeEntry(
-                    f"/{'/'.join(parts[:i + 1])} in turn {self.name!r} is "
+                    f"/{'/'.join(parts[: i + 1])} in turn {self.name!r} is "
                     f"{'a symlink' if stat.S_ISLNK(st.st_mode) else 'not a folder'}; kb refuses "
                     f"symlinks and special files. Remove it from {self.path} or abort the turn"
                 )
@@ -294,8 +304,10 @@ class LazyWorktree:
                 handle.write(data)
             os.replace(tmp, target)
         except OSError as exc:
-            raise StorageError(f"cannot write /{repo_path} in turn {self.name!r}: {exc.strerror or exc}; "
-                               "free space or fix permissions, then retry") from None
+            raise StorageError(
+                f"cannot write /{repo_path} in turn {self.name!r}: {exc.strerror or exc}; "
+                "free space or fix permissions, then retry"
+            ) from None
 
     def unlink_disk(self, repo_path: str) -> None:
         """Remove the file at ``repo_path`` if present, and folders it leaves empty."""
@@ -305,8 +317,9 @@ class LazyWorktree:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise StorageError(f"cannot delete /{repo_path} in turn {self.name!r}: {exc.strerror or exc}; "
-                               "fix permissions, then retry") from None
+            raise StorageError(
+                f"cannot delete /{repo_path} in turn {self.name!r}: {exc.strerror or exc}; fix permissions, then retry"
+            ) from None
         parent = target.parent
         while parent != self.path and parent.is_dir():
             try:
@@ -324,8 +337,10 @@ class LazyWorktree:
         def unreadable(exc: OSError) -> None:
             if isinstance(exc, FileNotFoundError):
                 return  # no documents/ folder (nothing written), or one removed while walking
-            raise StorageError(f"cannot read {exc.filename} in turn {self.name!r}: {exc.strerror or exc}; "
-                               "fix its permissions or remove it, then commit again, or abort the turn")
+            raise StorageError(
+                f"cannot read {exc.filename} in turn {self.name!r}: {exc.strerror or exc}; "
+                "fix its permissions or remove it, then commit again, or abort the turn"
+            )
 
         for folder, dirs, files in os.walk(root, onerror=unreadable):
             for name in dirs + files:
@@ -333,8 +348,11 @@ class LazyWorktree:
                 rel = os.path.relpath(full, self.path).replace(os.sep, "/")
                 # checked before the entry is touched: a path past the path law may also be past
                 # the operating system's limit, where every call on it fails (design §2.3)
-                check_path_length(rel, f"/{rel} (on disk in turn {self.name!r}: move it to a shorter path "
-                                       "or remove it, then commit again, or abort the turn)")
+                check_path_length(
+                    rel,
+                    f"/{rel} (on disk in turn {self.name!r}: move it to a shorter path "
+                    "or remove it, then commit again, or abort the turn)",
+                )
                 try:
                     st = os.lstat(full)
                 except FileNotFoundError:

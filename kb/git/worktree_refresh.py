@@ -63,8 +63,7 @@ class WorktreeRefresh:
         thread never mistakes another thread's hold for its own (design §4; two threads in the
         index at once duplicated its entries, and a depth shared between threads let a thread
         wait on an flock it held itself)."""
-        state = self.__dict__.get("_worktree_thread") or self.__dict__.setdefault(
-            "_worktree_thread", threading.local())
+        state = self.__dict__.get("_worktree_thread") or self.__dict__.setdefault("_worktree_thread", threading.local())
         if getattr(state, "depth", 0):
             state.depth += 1
             try:
@@ -130,7 +129,8 @@ class WorktreeRefresh:
             raise ConfigurationError("checking the git index needs the `git` executable on PATH; install git")
         checked = subprocess.run(
             [executable, "--no-optional-locks", "-C", str(self.path), "ls-files", "--stage", "-z"],
-            capture_output=True, timeout=3600,
+            capture_output=True,
+            timeout=3600,
             env={"LC_ALL": "C", "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"},
         )
         if checked.returncode == 0:
@@ -144,8 +144,12 @@ class WorktreeRefresh:
             (self.path / ".git" / "index").unlink(missing_ok=True)
             self.reset_worktree()
 
-    def refresh_to_head(self, staged: Mapping[str, str | None], data: Mapping[str, bytes] | None = None,
-                        moves: Mapping[str, str] | None = None) -> list[str]:
+    def refresh_to_head(
+        self,
+        staged: Mapping[str, str | None],
+        data: Mapping[str, bytes] | None = None,
+        moves: Mapping[str, str] | None = None,
+    ) -> list[str]:
         """After a commit, outside the write lock: make the working tree and index equal the
         *current* HEAD for the paths of ``staged`` (``{repo path: blob id the commit wrote, or
         None}``). Holding ``worktree_lock`` and reading HEAD under it makes refreshes of racing
@@ -158,10 +162,13 @@ class WorktreeRefresh:
             changes = [(p, f[1] if f is not None and f[0] == "file" else None) for p, f in found.items()]
             fresh = {p: b for p, b in changes if b is not None and b == staged[p]}
             return self.refresh_worktree(
-                changes, None if data is None else {p: v for p, v in data.items() if p in fresh}, moves=moves)
+                changes, None if data is None else {p: v for p, v in data.items() if p in fresh}, moves=moves
+            )
 
     def refresh_worktree(
-        self, changes: Iterable[tuple[str, str | None]], data: Mapping[str, bytes] | None = None,
+        self,
+        changes: Iterable[tuple[str, str | None]],
+        data: Mapping[str, bytes] | None = None,
         moves: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Make the working tree and index equal HEAD for the changed paths (design §2.1), holding
@@ -297,11 +304,17 @@ class WorktreeRefresh:
                 names = {old.rpartition("/")[2] for _, old in groups[pair]}
                 try:
                     entries = list(os.scandir(os.path.join(root, old_folder)))
-                    whole[pair] = not os.path.lexists(os.path.join(root, new_folder)) and all(
-                        entry.name in names if not entry.is_dir(follow_symlinks=False) else
-                        (f"{old_folder}/{entry.name}", f"{new_folder}/{entry.name}") in groups
-                        and movable((f"{old_folder}/{entry.name}", f"{new_folder}/{entry.name}"))
-                        for entry in entries) and len(entries) >= len(names)
+                    whole[pair] = (
+                        not os.path.lexists(os.path.join(root, new_folder))
+                        and all(
+                            entry.name in names
+                            if not entry.is_dir(follow_symlinks=False)
+                            else (f"{old_folder}/{entry.name}", f"{new_folder}/{entry.name}") in groups
+                            and movable((f"{old_folder}/{entry.name}", f"{new_folder}/{entry.name}"))
+                            for entry in entries
+                        )
+                        and len(entries) >= len(names)
+                    )
                 except OSError:
                     whole[pair] = False
             return whole[pair]
@@ -318,8 +331,12 @@ class WorktreeRefresh:
             except OSError:  # the files are then renamed one by one
                 whole[pair] = False
                 continue
-            moved = [moved for sub_pair, files in groups.items() for moved in files
-                     if sub_pair == pair or sub_pair[0].startswith(old_folder + "/") and whole.get(sub_pair)]
+            moved = [
+                moved
+                for sub_pair, files in groups.items()
+                for moved in files
+                if sub_pair == pair or sub_pair[0].startswith(old_folder + "/") and whole.get(sub_pair)
+            ]
             entries = index.move_many([(old.encode(), new.encode()) for new, old in moved])
             for new, _ in moved:
                 if new.encode() in entries:

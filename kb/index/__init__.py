@@ -1,2 +1,1 @@
-"""The derived index (design §7): chunking, embedding, the per-workspace vector index, index lag.
-"""
+"""The derived index (design §7): chunking, embedding, the per-workspace vector index, index lag."""

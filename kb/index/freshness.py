@@ -34,8 +34,10 @@ class IndexFreshness:
             return None
         revisions = f"{self.revisions_behind} revision{'' if self.revisions_behind == 1 else 's'}"
         documents = f"{self.documents_pending} document{'' if self.documents_pending == 1 else 's'}"
-        return (f"index is {revisions} behind HEAD: {documents} pending — run `kb worker --until-idle` "
-                f"(or `kb index -w {self.workspace_id}`); results may be missing or stale")
+        return (
+            f"index is {revisions} behind HEAD: {documents} pending — run `kb worker --until-idle` "
+            f"(or `kb index -w {self.workspace_id}`); results may be missing or stale"
+        )
 
 
 def index_freshness(database_url: str, workspace_id: int) -> IndexFreshness:

@@ -186,7 +186,9 @@ class Indexer:
             try:
                 opened = Repository.open(self.settings.knowledge_store / str(workspace_id))
             except FileNotFoundError:  # never created, or deleted (kb workspace delete) meanwhile
-                raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them") from None
+                raise WorkspaceNotFound(
+                    f"workspace {workspace_id} does not exist; `kb workspaces` lists them"
+                ) from None
             with opened as repo:
                 report.revision = self._project(repo, workspace_id, full=full)
                 yield report, repo
@@ -217,14 +219,21 @@ class Indexer:
                         report.resumed = True
                         run = conn.execute(
                             queries["resume_index_run"],
-                            {"id": run["id"], "target_revision": head,
-                             "documents_total": run["documents_done"] + len(todo)},
+                            {
+                                "id": run["id"],
+                                "target_revision": head,
+                                "documents_total": run["documents_done"] + len(todo),
+                            },
                         ).fetchone()
                     else:
                         run = conn.execute(
                             queries["start_index_run"],
-                            {"workspace_id": workspace_id, "kind": "reindex", "target_revision": head,
-                             "documents_total": len(todo)},
+                            {
+                                "workspace_id": workspace_id,
+                                "kind": "reindex",
+                                "target_revision": head,
+                                "documents_total": len(todo),
+                            },
                         ).fetchone()
                     conn.execute(queries["interrupt_index_runs"], {"workspace_id": workspace_id, "keep_id": run["id"]})
                 report.run_id = run["id"]
@@ -246,15 +255,20 @@ class Indexer:
         """Index the documents whose indexed content lags their projected content (not those this
         run already attempted, so a failing document costs one attempt per run)."""
         todo = [
-            row for row in conn.execute(queries["documents_to_index"], {"workspace_id": workspace_id}).fetchall()
+            row
+            for row in conn.execute(queries["documents_to_index"], {"workspace_id": workspace_id}).fetchall()
             if row["id"] not in report.attempted
         ]
         if start_run:
             with conn.transaction():
                 run = conn.execute(
                     queries["start_index_run"],
-                    {"workspace_id": workspace_id, "kind": "index_changes", "target_revision": head,
-                     "documents_total": len(todo)},
+                    {
+                        "workspace_id": workspace_id,
+                        "kind": "index_changes",
+                        "target_revision": head,
+                        "documents_total": len(todo),
+                    },
                 ).fetchone()
                 conn.execute(
                     queries["interrupt_index_runs_of_kind"],
@@ -278,12 +292,17 @@ class Indexer:
             with conn.transaction():
                 conn.execute(
                     queries["update_index_run"],
-                    {"id": run["id"], "documents_done": report.documents_done,
-                     "documents_total": report.documents_total,
-                     "documents_failed": report.documents_failed, "cursor_document_id": report.cursor,
-                     "chunks_written": report.chunks_written, "chunks_reused": report.chunks_reused,
-                     "embeddings_computed": report.embeddings_computed,
-                     "embeddings_cached": report.embeddings_cached},
+                    {
+                        "id": run["id"],
+                        "documents_done": report.documents_done,
+                        "documents_total": report.documents_total,
+                        "documents_failed": report.documents_failed,
+                        "cursor_document_id": report.cursor,
+                        "chunks_written": report.chunks_written,
+                        "chunks_reused": report.chunks_reused,
+                        "embeddings_computed": report.embeddings_computed,
+                        "embeddings_cached": report.embeddings_cached,
+                    },
                 )
             if self.progress:
                 self.progress(report.documents_done, report.documents_total, report)
@@ -326,8 +345,11 @@ class Indexer:
         """A chunk row can be kept when its vector is of the active model and its tsv of the
         document's configuration, made from text that normalization does not change (an
         unnormalized document's rows are written again, their vectors from the cache)."""
-        return (chunk_row["embedding_model"] == self.embedder.model and chunk_row["text_config"] == p.text_config
-                and p.lexically_stable)
+        return (
+            chunk_row["embedding_model"] == self.embedder.model
+            and chunk_row["text_config"] == p.text_config
+            and p.lexically_stable
+        )
 
     def _needed_hashes(self, p: _Prepared) -> list[str]:
         """Hashes of the chunks the reconciler must insert (no reusable row carries them)."""
@@ -435,8 +457,10 @@ class Indexer:
                     if p.unindexable is not None:
                         conn.execute(queries["delete_document_chunks"], params)
                         conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"]]})
-                        conn.execute(queries["mark_document_indexed"],
-                                     {**params, "status": "unindexable", "error": p.unindexable})
+                        conn.execute(
+                            queries["mark_document_indexed"],
+                            {**params, "status": "unindexable", "error": p.unindexable},
+                        )
                         report.documents_unindexable += 1
                         return
                     self._reconcile(conn, workspace_id, p, vectors, report)
@@ -469,8 +493,13 @@ class Indexer:
                 stale.append(chunk_row["id"])
         updates, inserts = [], []
         for chunk, digest, context in zip(p.chunks, p.hashes, p.contexts):
-            span = {"position": chunk.position, "start_char": chunk.start_char, "end_char": chunk.end_char,
-                    "start_line": chunk.start_line, "end_line": chunk.end_line}
+            span = {
+                "position": chunk.position,
+                "start_char": chunk.start_char,
+                "end_char": chunk.end_char,
+                "start_line": chunk.start_line,
+                "end_line": chunk.end_line,
+            }
             reusable = existing.get(digest)
             if reusable:
                 old = reusable.pop(0)
@@ -478,12 +507,21 @@ class Indexer:
                     updates.append({"id": old["id"], **span})
                 report.chunks_reused += 1
             else:
-                inserts.append({
-                    **span, "document_id": p.row["id"], "workspace_id": workspace_id, "text": chunk.text,
-                    "text_sha256": digest, "token_count": chunk.token_count, "model": self.embedder.model,
-                    "embedding": vectors[digest], "text_config": p.text_config,
-                    "lexical_context": lexical_text(context), "lexical_text": lexical_text(chunk.text),
-                })
+                inserts.append(
+                    {
+                        **span,
+                        "document_id": p.row["id"],
+                        "workspace_id": workspace_id,
+                        "text": chunk.text,
+                        "text_sha256": digest,
+                        "token_count": chunk.token_count,
+                        "model": self.embedder.model,
+                        "embedding": vectors[digest],
+                        "text_config": p.text_config,
+                        "lexical_context": lexical_text(context),
+                        "lexical_text": lexical_text(chunk.text),
+                    }
+                )
         leftover = stale + [r["id"] for rows in existing.values() for r in rows]
         with conn.cursor() as cur:
             if leftover:

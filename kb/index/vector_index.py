@@ -121,7 +121,9 @@ def approximate_statement(index: dict, workspace_id: int, model: str) -> sql.Com
     """The approximate vector leg through the recorded ``index`` (parameters: embedding, limit)."""
     # the workspace and model are literals, so the planner can match the partial index's predicate
     return composable("vector_leg_approximate").format(
-        workspace_id=sql.Literal(workspace_id), model=sql.Literal(model), dim=sql.Literal(index["dim"]),
+        workspace_id=sql.Literal(workspace_id),
+        model=sql.Literal(model),
+        dim=sql.Literal(index["dim"]),
     )
 
 
@@ -160,8 +162,9 @@ def maintain(database_url: str, workspace_id: int, model: str, dim: int) -> Vect
 
     name = index_name(workspace_id, model)
     with database.connect(database_url, autocommit=True) as conn:
-        chunks = conn.execute(queries["workspace_model_chunks"],
-                              {"workspace_id": workspace_id, "model": model}).fetchone()["n"]
+        chunks = conn.execute(
+            queries["workspace_model_chunks"], {"workspace_id": workspace_id, "model": model}
+        ).fetchone()["n"]
         recorded = recorded_index(conn, workspace_id, model)
         change = VectorIndexChange(workspace_id, model, chunks, "none", name)
         if chunks >= HNSW_MIN_CHUNKS and pgvector_version(conn) >= MIN_PGVECTOR:
@@ -170,13 +173,20 @@ def maintain(database_url: str, workspace_id: int, model: str, dim: int) -> Vect
                 return change
             # an invalid leftover of a killed build must go first (IF NOT EXISTS would keep it)
             conn.execute(sql.SQL(queries["drop_vector_index"]).format(name=sql.Identifier("kb", name)))
-            conn.execute(sql.SQL(queries["create_vector_index"]).format(
-                name=sql.Identifier(name), dim=sql.Literal(dim),
-                workspace_id=sql.Literal(workspace_id), model=sql.Literal(model)))
+            conn.execute(
+                sql.SQL(queries["create_vector_index"]).format(
+                    name=sql.Identifier(name),
+                    dim=sql.Literal(dim),
+                    workspace_id=sql.Literal(workspace_id),
+                    model=sql.Literal(model),
+                )
+            )
             if not conn.execute(queries["vector_index_valid"], {"name": name}).fetchone()["valid"]:
                 return change
-            conn.execute(queries["record_vector_index"],
-                         {"workspace_id": workspace_id, "model": model, "index_name": name, "dim": dim})
+            conn.execute(
+                queries["record_vector_index"],
+                {"workspace_id": workspace_id, "model": model, "index_name": name, "dim": dim},
+            )
             change.action = "built"
             forget_cached(workspace_id)
         elif recorded is not None and chunks < HNSW_MIN_CHUNKS // 2:

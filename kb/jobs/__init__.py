@@ -1,2 +1,1 @@
-"""The job queue (design §7, §14): Procrastinate tasks, the worker, the periodic sweep.
-"""
+"""The job queue (design §7, §14): Procrastinate tasks, the worker, the periodic sweep."""

@@ -57,8 +57,14 @@ def retry_delay_seconds(attempts: int) -> float:
 def defer_failed_retry(conn, workspace_id: int, attempts: int) -> int | None:
     """Defer a delayed ``kb.index_changes`` that retries failed documents, coalesced on
     ``index-retry:{ws}`` so it never delays the immediate job a new revision defers."""
-    return defer_job(conn, "index", INDEX_TASK, workspace_id, queueing_lock=f"index-retry:{workspace_id}",
-                     delay_seconds=retry_delay_seconds(attempts))
+    return defer_job(
+        conn,
+        "index",
+        INDEX_TASK,
+        workspace_id,
+        queueing_lock=f"index-retry:{workspace_id}",
+        delay_seconds=retry_delay_seconds(attempts),
+    )
 
 
 def record_missing_revisions(store: KnowledgeStore) -> bool:
@@ -80,7 +86,9 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
         lag = conn.execute(queries["index_lag"], {"workspace_id": None}).fetchall()
     embedder_answers: list[bool] = []  # probed at most once per sweep, only when needed
     for row in lag:
-        if row["documents_quarantined"] > 0 and retry_quarantined(stores, embedder, row["workspace_id"], embedder_answers):
+        if row["documents_quarantined"] > 0 and retry_quarantined(
+            stores, embedder, row["workspace_id"], embedder_answers
+        ):
             report.quarantine_retried.append(row["workspace_id"])
         ws = row["workspace_id"]
         store = stores.store(ws)
@@ -131,8 +139,7 @@ def _embedder_answers(embedder: Callable[[], Embedder]) -> bool:
     return True
 
 
-def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspace_id: int,
-                      answers: list[bool]) -> bool:
+def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspace_id: int, answers: list[bool]) -> bool:
     """Give a workspace's quarantined documents one more attempt when the embedder answers a probe
     (``answers`` caches the probe for one sweep), at most every ``KB_QUARANTINE_RETRY_SECONDS`` per
     document, and defer the index job; True when any were requeued (design §7)."""
@@ -144,10 +151,14 @@ def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspac
         # Lock order (kb.locks): the chunk lock before the document rows (several in one
         # statement; a projection locks them in path order).
         chunk_lock(conn, workspace_id)
-        retried = conn.execute(queries["retry_quarantined_documents"], {
-            "workspace_id": workspace_id, "max_attempts": stores.settings.max_attempts,
-            "retry_seconds": stores.settings.quarantine_retry_seconds,
-        }).fetchall()
+        retried = conn.execute(
+            queries["retry_quarantined_documents"],
+            {
+                "workspace_id": workspace_id,
+                "max_attempts": stores.settings.max_attempts,
+                "retry_seconds": stores.settings.quarantine_retry_seconds,
+            },
+        ).fetchall()
         if retried:
             defer_job(conn, "index", INDEX_TASK, workspace_id)
     return bool(retried)

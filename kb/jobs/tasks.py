@@ -92,8 +92,10 @@ def _kb(context: procrastinate.JobContext) -> KnowledgeBase:
     if kb is None:
         from kb.errors import ConfigurationError
 
-        raise ConfigurationError("kb's tasks run in kb's worker (`kb worker`, `kb serve --with-worker`), "
-                                 "which passes the knowledge base as additional_context['kb']")
+        raise ConfigurationError(
+            "kb's tasks run in kb's worker (`kb worker`, `kb serve --with-worker`), "
+            "which passes the knowledge base as additional_context['kb']"
+        )
     return kb
 
 
@@ -125,13 +127,15 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
             super().__init__(conninfo=url, configure=database.configure_async_connection)
 
     def get_sync_connector(self) -> procrastinate.connector.BaseConnector:
-        if self._async_pool is None and self._sync_connector is None and not database.is_transaction_pooled(self._kb_url):
+        if (
+            self._async_pool is None
+            and self._sync_connector is None
+            and not database.is_transaction_pooled(self._kb_url)
+        ):
             self._sync_connector = procrastinate.SyncPsycopgConnector(
                 conninfo=self._kb_url, configure=database.configure_connection
             )
         return super().get_sync_connector()
-
-
 
 
 def defer_index(stores: Stores, workspace_id: int) -> int | None:
@@ -154,10 +158,14 @@ def _after_index(kb: KnowledgeBase, workspace_id: int, report) -> dict:
             defer_failed_retry(conn, workspace_id, report.failed_attempts)
     defer_vector_index_if_large(kb.stores, workspace_id)
     return {
-        "revision": report.revision, "indexed": report.documents_indexed,
-        "failed": report.documents_failed, "still_failed": report.documents_still_failed,
-        "skipped_locked": report.skipped_locked, "chunks_written": report.chunks_written,
-        "embedded": report.embeddings_computed, "cached": report.embeddings_cached,
+        "revision": report.revision,
+        "indexed": report.documents_indexed,
+        "failed": report.documents_failed,
+        "still_failed": report.documents_still_failed,
+        "skipped_locked": report.skipped_locked,
+        "chunks_written": report.chunks_written,
+        "embedded": report.embeddings_computed,
+        "cached": report.embeddings_cached,
         "reused": report.chunks_reused,
     }
 
@@ -200,9 +208,14 @@ def sweep(context: procrastinate.JobContext, timestamp: int) -> dict:
 
     kb = _kb(context)
     report = run_sweep(kb.stores, lambda: kb.embedder)
-    return {"checked": report.checked, "projection": report.projection_deferred,
-            "index": report.index_deferred, "retry": report.retry_deferred,
-            "damaged": sorted(report.damaged), "diverged": sorted(report.diverged)}
+    return {
+        "checked": report.checked,
+        "projection": report.projection_deferred,
+        "index": report.index_deferred,
+        "retry": report.retry_deferred,
+        "damaged": sorted(report.damaged),
+        "diverged": sorted(report.diverged),
+    }
 
 
 @app.task(name="kb.retry_stalled_jobs", queue="maintenance", pass_context=True)
@@ -227,8 +240,7 @@ async def retry_stalled(manager, seconds: float, own_job_id: int | None = None) 
             log.warning("retrying stalled job %s (%s %s)", job.id, job.task_name, job.task_kwargs)
             await manager.retry_job(job)
         except procrastinate.exceptions.UniqueViolation:
-            log.warning("stalled job %s is covered by a waiting job (%s); marking it failed",
-                        job.id, job.queueing_lock)
+            log.warning("stalled job %s is covered by a waiting job (%s); marking it failed", job.id, job.queueing_lock)
             await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=False)
         retried.append(job.id)
     return retried
@@ -299,7 +311,9 @@ def span_fill(context: procrastinate.JobContext, timestamp: int) -> dict:
     return report.as_dict()
 
 
-@app.task(name="kb.drift_check", queue="maintenance", queueing_lock="drift-check", lock="drift-check", pass_context=True)
+@app.task(
+    name="kb.drift_check", queue="maintenance", queueing_lock="drift-check", lock="drift-check", pass_context=True
+)
 def drift_check(context: procrastinate.JobContext, timestamp: int) -> list[dict]:
     """Compare git HEAD with document/chunk rows of flipped workspaces; repair Postgres only,
     capped per run (``KB_DRIFT_MAX_REPAIRS``)."""
@@ -337,8 +351,9 @@ def defer_vector_index_if_large(stores: Stores, workspace_id: int) -> int | None
         recorded = conn.execute(queries["workspace_has_vector_index"], {"workspace_id": workspace_id}).fetchone()
         if chunks < HNSW_MIN_CHUNKS and not recorded["any"]:
             return None
-        return defer_job(conn, "maintenance", VECTOR_INDEX_TASK, workspace_id,
-                         queueing_lock=f"vector-index:{workspace_id}")
+        return defer_job(
+            conn, "maintenance", VECTOR_INDEX_TASK, workspace_id, queueing_lock=f"vector-index:{workspace_id}"
+        )
 
 
 @app.task(name=VECTOR_INDEX_TASK, queue="maintenance", pass_context=True)

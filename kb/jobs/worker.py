@@ -78,8 +78,10 @@ class WorkerReport:
         what = first["defers_task"] or first["task"]
         seconds = max(0, int(first["due_in"].total_seconds()))
         when = first["scheduled_at"].astimezone(UTC).strftime("%H:%M:%S UTC")
-        return (f"{len(self.scheduled)} job(s) scheduled for later; next: {what} for workspace "
-                f"{first['workspace_id']} at {when} (in {seconds // 60}m{seconds % 60:02d}s)")
+        return (
+            f"{len(self.scheduled)} job(s) scheduled for later; next: {what} for workspace "
+            f"{first['workspace_id']} at {when} (in {seconds // 60}m{seconds % 60:02d}s)"
+        )
 
 
 def describe_blocked(job: dict) -> str:
@@ -98,8 +100,10 @@ def describe_scheduled(job: dict) -> str:
     16:20:05 UTC, in 9m58s (queueing lock index-retry:1)``."""
     seconds = max(0, int(job["due_in"].total_seconds()))
     when = job["scheduled_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (f"job {job['id']} {job['defers_task'] or job['task']}{_ws(job['workspace_id'])} due at {when}, "
-            f"in {seconds // 60}m{seconds % 60:02d}s (queueing lock {job['queueing_lock']})")
+    return (
+        f"job {job['id']} {job['defers_task'] or job['task']}{_ws(job['workspace_id'])} due at {when}, "
+        f"in {seconds // 60}m{seconds % 60:02d}s (queueing lock {job['queueing_lock']})"
+    )
 
 
 def queue_state(database_url: str, queues: list[str] | None) -> tuple[list[dict], list[dict]]:
@@ -210,17 +214,20 @@ class ProgressDisplay:
             eta = f", ETA {int(left) // 60}m{int(left) % 60:02d}s"
         unchanged = f" ({report.chunks_reused} unchanged)" if report.chunks_reused else ""
         remaining = f", {total - done} documents left" if done < total else ""
-        return (f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks{unchanged}, "
-                f"{chunks / elapsed:.1f} chunks/s, embedded {embedded} ({embedded / elapsed:.1f}/s)"
-                f"{remaining}{eta}")
+        return (
+            f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks{unchanged}, "
+            f"{chunks / elapsed:.1f} chunks/s, embedded {embedded} ({embedded / elapsed:.1f}/s)"
+            f"{remaining}{eta}"
+        )
 
     def index_progress(self, kind: str, workspace_id: int, done: int, total: int, report) -> None:
         """Documents ``done`` of ``total`` in an index run; ``report`` is its IndexReport so far
         (called before the first batch of documents, after every batch and every embedder call)."""
         with self._lock:
             self._latest[workspace_id] = (kind, done, total, report)
-        self._line(self._progress_text(workspace_id, kind, done, total, report),
-                   permanent=done >= total and not self.live_mode)
+        self._line(
+            self._progress_text(workspace_id, kind, done, total, report), permanent=done >= total and not self.live_mode
+        )
 
     def job_finished(self, job_id: int, task: str, workspace_id: int | None, ok: bool, detail: str) -> None:
         """A job ended; one permanent line with its outcome and time."""
@@ -230,8 +237,10 @@ class ProgressDisplay:
             if workspace_id is not None:
                 self._latest.pop(workspace_id, None)
         outcome = "done" if ok else "FAILED"
-        self._line(f"job {job_id} {task}{_ws(workspace_id)} {outcome} in {seconds:.1f} s"
-                   f"{': ' + detail if detail else ''}", permanent=True)
+        self._line(
+            f"job {job_id} {task}{_ws(workspace_id)} {outcome} in {seconds:.1f} s{': ' + detail if detail else ''}",
+            permanent=True,
+        )
 
     def close(self) -> None:
         """Stop the live line or the periodic lines (idempotent)."""
@@ -251,8 +260,10 @@ def _ws(workspace_id: int | None) -> str:
 def _detail(result: object) -> str:
     if isinstance(result, dict) and "indexed" in result:
         indexed, embedded = result["indexed"], result.get("embedded", 0)
-        return (f"{indexed} document{'' if indexed == 1 else 's'}, {embedded} chunk{'' if embedded == 1 else 's'} "
-                f"embedded, {result.get('cached', 0)} from cache, {result['failed']} failed")
+        return (
+            f"{indexed} document{'' if indexed == 1 else 's'}, {embedded} chunk{'' if embedded == 1 else 's'} "
+            f"embedded, {result.get('cached', 0)} from cache, {result['failed']} failed"
+        )
     return ""
 
 
@@ -282,7 +293,9 @@ def job_middleware(report: WorkerReport, display: ProgressDisplay | None):
 
 
 def run_worker(
-    kb: KnowledgeBase, until_idle: bool = False, concurrency: int = 1,
+    kb: KnowledgeBase,
+    until_idle: bool = False,
+    concurrency: int = 1,
     display: ProgressDisplay | None = None,
 ) -> WorkerReport:
     """Run a worker on kb's queues; returns what it did.
@@ -296,8 +309,16 @@ def run_worker(
     kb.embedder  # noqa: B018  (startup check: database vector dimension vs model dimension (design §7))
     report = WorkerReport()
     try:
-        asyncio.run(run_worker_async(kb, report, until_idle=until_idle, concurrency=concurrency,
-                                     display=display, install_signal_handlers=not until_idle))
+        asyncio.run(
+            run_worker_async(
+                kb,
+                report,
+                until_idle=until_idle,
+                concurrency=concurrency,
+                display=display,
+                install_signal_handlers=not until_idle,
+            )
+        )
     finally:
         if display:
             display.close()
@@ -305,8 +326,13 @@ def run_worker(
 
 
 async def run_worker_async(
-    kb: KnowledgeBase, report: WorkerReport, *, until_idle: bool = False, concurrency: int = 1,
-    display: ProgressDisplay | None = None, install_signal_handlers: bool = False,
+    kb: KnowledgeBase,
+    report: WorkerReport,
+    *,
+    until_idle: bool = False,
+    concurrency: int = 1,
+    display: ProgressDisplay | None = None,
+    install_signal_handlers: bool = False,
 ) -> None:
     """The worker loop of ``run_worker`` on the running event loop, filling ``report`` (also when
     ``kb serve --with-worker`` runs it beside the HTTP API). Cancelling the task stops the worker
@@ -324,11 +350,14 @@ async def run_worker_async(
             async with bound.open_async():
                 while True:
                     await bound.run_worker_async(
-                        queues=jobs.QUEUES, wait=not until_idle, concurrency=concurrency,
+                        queues=jobs.QUEUES,
+                        wait=not until_idle,
+                        concurrency=concurrency,
                         listen_notify=listens,
                         fetch_job_polling_interval=5.0 if listens else jobs.POLL_SECONDS,
                         install_signal_handlers=install_signal_handlers,
-                        update_heartbeat_interval=stalled / 4, stalled_worker_timeout=stalled,
+                        update_heartbeat_interval=stalled / 4,
+                        stalled_worker_timeout=stalled,
                         worker_middleware=[job_middleware(report, display)],
                         additional_context=context,
                     )

@@ -52,8 +52,14 @@ class DriftReport:
         kinds: dict[str, int] = {}
         for finding in self.findings:
             kinds[finding["kind"]] = kinds.get(finding["kind"], 0) + 1
-        return {"workspace": self.workspace_id, "revision": self.revision, "findings": kinds,
-                "repaired": self.repaired, "capped": self.capped, "skipped": self.skipped}
+        return {
+            "workspace": self.workspace_id,
+            "revision": self.revision,
+            "findings": kinds,
+            "repaired": self.repaired,
+            "capped": self.capped,
+            "skipped": self.skipped,
+        }
 
 
 def compare(tree: dict[str, str], rows: list[dict]) -> list[dict]:
@@ -65,14 +71,25 @@ def compare(tree: dict[str, str], rows: list[dict]) -> list[dict]:
         if row is None:
             findings.append({"kind": "missing_row", "path": path, "detail": f"file {blob} has no row"})
         elif row["content_id"] != blob:
-            findings.append({"kind": "content_mismatch", "path": path,
-                             "detail": f"row {row['id']} has {row['content_id']}, git has {blob}"})
+            findings.append(
+                {
+                    "kind": "content_mismatch",
+                    "path": path,
+                    "detail": f"row {row['id']} has {row['content_id']}, git has {blob}",
+                }
+            )
     for row in rows:
         if row["path"] not in tree and row["content_id"] is not None:
             findings.append({"kind": "extra_row", "path": row["path"], "detail": f"row {row['id']} has no file"})
         if row["status"] == "indexed" and row["indexed_content_id"] != row["content_id"]:
-            findings.append({"kind": "index_mismatch", "path": row["path"], "id": row["id"],
-                             "detail": f"indexed at {row['indexed_content_id']}, content {row['content_id']}"})
+            findings.append(
+                {
+                    "kind": "index_mismatch",
+                    "path": row["path"],
+                    "id": row["id"],
+                    "detail": f"indexed at {row['indexed_content_id']}, content {row['content_id']}",
+                }
+            )
     return findings
 
 
@@ -125,9 +142,20 @@ def drift_check(stores: Stores, workspace_id: int | None = None) -> list[DriftRe
                     finding["repaired"] = True
             conn.execute(queries["clear_drift_findings"], {"workspace_id": ws})
             with conn.cursor() as cur:
-                cur.executemany(queries["record_drift_finding"], [
-                    {"workspace_id": ws, "checked_revision": head, "kind": f["kind"], "path": f["path"],
-                     "detail": f["detail"], "repaired": f["repaired"]} for f in report.findings])
+                cur.executemany(
+                    queries["record_drift_finding"],
+                    [
+                        {
+                            "workspace_id": ws,
+                            "checked_revision": head,
+                            "kind": f["kind"],
+                            "path": f["path"],
+                            "detail": f["detail"],
+                            "repaired": f["repaired"],
+                        }
+                        for f in report.findings
+                    ],
+                )
     return reports
 
 

@@ -156,17 +156,29 @@ class SeedReport:
     def summary(self) -> dict:
         """A JSON-able summary (the last line of ``--out``, ``kb seed --json``)."""
         return {
-            "workspace": self.workspace_id, "legacy_workspace": self.legacy_workspace, "source": self.source,
-            "dry_run": self.dry_run, "documents": len(self.seeded), "skipped": len(self.skipped),
-            "collisions": len(self.collisions), "folders": self.folders, "bytes": self.bytes,
-            "legacy_model": self.legacy_model, "active_model": self.active_model,
-            "revision": self.revision, "head": self.head,
+            "workspace": self.workspace_id,
+            "legacy_workspace": self.legacy_workspace,
+            "source": self.source,
+            "dry_run": self.dry_run,
+            "documents": len(self.seeded),
+            "skipped": len(self.skipped),
+            "collisions": len(self.collisions),
+            "folders": self.folders,
+            "bytes": self.bytes,
+            "legacy_model": self.legacy_model,
+            "active_model": self.active_model,
+            "revision": self.revision,
+            "head": self.head,
             "parity": None if self.parity is None else {**asdict(self.parity), "ok": self.parity.ok},
             "not_adopted": self.not_adopted,
-            "flipped": self.flipped, "unflipped": self.unflipped,
-            "documents_adopted": self.documents_adopted, "chunks_adopted": self.chunks_adopted,
-            "documents_to_index": self.documents_to_index, "chunks_to_reembed": self.chunks_to_reembed,
-            "seconds": round(self.seconds, 3), "phases": {k: round(v, 3) for k, v in self.phases.items()},
+            "flipped": self.flipped,
+            "unflipped": self.unflipped,
+            "documents_adopted": self.documents_adopted,
+            "chunks_adopted": self.chunks_adopted,
+            "documents_to_index": self.documents_to_index,
+            "chunks_to_reembed": self.chunks_to_reembed,
+            "seconds": round(self.seconds, 3),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
 
     def write_jsonl(self, path) -> None:
@@ -237,7 +249,7 @@ def legacy_path_parts(virtual_path: object, legacy_id: int) -> tuple[tuple[str, 
     value is not such a path (it is then ignored and the folder chain is used)."""
     if not isinstance(virtual_path, str) or not virtual_path.startswith("/documents/"):
         return None
-    *folders, last = virtual_path[len("/documents/"):].split("/")
+    *folders, last = virtual_path[len("/documents/") :].split("/")
     match = _LEGACY_NAME.match(last)
     if match is None or any(not f.strip() for f in folders):
         return None
@@ -276,8 +288,15 @@ def plan(conn: Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int,
     recorded: list[tuple[SeedEntry, tuple[tuple[str, ...], str]]] = []
     derived: list[tuple[SeedEntry, dict]] = []
     for row in _stream(conn, queries["legacy_document_plan"], {"workspace": legacy_workspace}):
-        entry = SeedEntry(row["id"], row["title"], row["document_type"], "seeded", body_source=row["body_source"],
-                          bytes=row["bytes"], chunks=row["chunks"])
+        entry = SeedEntry(
+            row["id"],
+            row["title"],
+            row["document_type"],
+            "seeded",
+            body_source=row["body_source"],
+            bytes=row["bytes"],
+            chunks=row["chunks"],
+        )
         entries.append(entry)
         if row["status"] == "pending" or row["placeholder"]:
             entry.outcome, entry.reason, entry.bytes = "skipped", "pending", 0
@@ -301,8 +320,9 @@ def plan(conn: Connection, legacy_workspace: int) -> tuple[list[SeedEntry], int,
     for entry, row in derived:
         _place(entry, names, chain(row["folder_id"]), safe_filename(row["title"]))
     used = {tuple(e.path.split("/")[2:i]) for e in entries if e.path for i in range(3, e.path.count("/") + 1)}
-    keeps = sorted("/" + "/".join(("documents", *parts, ".keep")) for parts in folder_parts.values()
-                   if parts not in used)
+    keeps = sorted(
+        "/" + "/".join(("documents", *parts, ".keep")) for parts in folder_parts.values() if parts not in used
+    )
     return entries, len(folders), keeps
 
 
@@ -316,49 +336,69 @@ def _place(entry: SeedEntry, names: _Namespace, parent: tuple[str, ...], name: s
 class Seeder:
     """One seed of ``workspace_id`` from ``legacy_workspace`` at ``dsn`` (see the module docstring)."""
 
-    def __init__(self, stores: Stores, dsn: str, legacy_workspace: int, workspace_id: int,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        stores: Stores,
+        dsn: str,
+        legacy_workspace: int,
+        workspace_id: int,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.stores, self.dsn, self.legacy_workspace, self.workspace_id = stores, dsn, legacy_workspace, workspace_id
         self.progress = progress or (lambda message: None)
         self.store = stores.store(workspace_id)
 
     def run(self, *, yes: bool, flip: bool, force: bool, active_model: str | None) -> SeedReport:
         started = time.perf_counter()
-        report = SeedReport(self.workspace_id, self.legacy_workspace, database.redact(self.dsn), dry_run=not yes,
-                            active_model=active_model)
+        report = SeedReport(
+            self.workspace_id,
+            self.legacy_workspace,
+            database.redact(self.dsn),
+            dry_run=not yes,
+            active_model=active_model,
+        )
         seed_row = self._seed_row()
         if yes and seed_row is not None and seed_row["flipped"] and not force:
-            flipped = (f"workspace {self.workspace_id} is flipped: kb is its authority since "
-                       f"{seed_row['flipped_at']:%Y-%m-%d %H:%M}; re-seeding would revert edits made in kb.")
+            flipped = (
+                f"workspace {self.workspace_id} is flipped: kb is its authority since "
+                f"{seed_row['flipped_at']:%Y-%m-%d %H:%M}; re-seeding would revert edits made in kb."
+            )
             raise SeedRefused(
                 f"{flipped} Pass force=True to seed anyway, or set_authority({self.workspace_id}, flipped=False) first",
-                cli=f"{flipped} Pass --force to seed anyway, or --unflip first")
+                cli=f"{flipped} Pass --force to seed anyway, or --unflip first",
+            )
         if yes and seed_row is None and not force and self.store.exists() and self.store.head() is not None:
-            unseeded = (f"workspace {self.workspace_id} already has documents that no seed wrote; seeding makes "
-                        "its tree exactly the legacy documents and would remove them. Seed into a new workspace, or pass")
+            unseeded = (
+                f"workspace {self.workspace_id} already has documents that no seed wrote; seeding makes "
+                "its tree exactly the legacy documents and would remove them. Seed into a new workspace, or pass"
+            )
             raise SeedRefused(f"{unseeded} force=True", cli=f"{unseeded} --force")
         if flip and not yes:
-            raise SeedRefused("flip=True needs yes=True: authority moves only after a seed whose byte parity passed",
-                              cli="--flip needs --yes: authority moves only after a seed whose byte parity passed")
+            raise SeedRefused(
+                "flip=True needs yes=True: authority moves only after a seed whose byte parity passed",
+                cli="--flip needs --yes: authority moves only after a seed whose byte parity passed",
+            )
         with legacy_connection(self.dsn) as legacy:
             meta = {r["key"]: r["value"] for r in legacy.execute(queries["legacy_meta"])}
             report.legacy_model = meta.get("embedding_model")
             with _phase(report, "plan"):
                 report.entries, report.folders, report.keeps = plan(legacy, self.legacy_workspace)
             if not report.entries:
-                raise LegacySourceError(
-                    f"legacy workspace {self.legacy_workspace} has no documents at {report.source}"
-                )
+                raise LegacySourceError(f"legacy workspace {self.legacy_workspace} has no documents at {report.source}")
             seeded = report.seeded
             if not report.models_match:
                 report.chunks_to_reembed = sum(e.chunks for e in seeded)
                 report.documents_to_index = len(seeded)
-            self.progress(f"planned {len(seeded)} documents, {len(report.skipped)} skipped, "
-                          f"{len(report.collisions)} renamed by collisions")
+            self.progress(
+                f"planned {len(seeded)} documents, {len(report.skipped)} skipped, "
+                f"{len(report.collisions)} renamed by collisions"
+            )
             if not report.models_match:
-                self.progress(f"legacy model {report.legacy_model!r} is not the active model {active_model!r}: "
-                              f"{report.chunks_to_reembed} legacy chunks are not adopted; the index job "
-                              f"re-embeds {report.documents_to_index} documents (through the embedding cache)")
+                self.progress(
+                    f"legacy model {report.legacy_model!r} is not the active model {active_model!r}: "
+                    f"{report.chunks_to_reembed} legacy chunks are not adopted; the index job "
+                    f"re-embeds {report.documents_to_index} documents (through the embedding cache)"
+                )
             if not yes:
                 report.seconds = time.perf_counter() - started
                 return report
@@ -376,7 +416,8 @@ class Seeder:
             if report.not_adopted:
                 raise SeedRefused(
                     f"{len(report.not_adopted)} seeded documents were removed or moved by another writer before "
-                    f"their identity was adopted (e.g. {report.not_adopted[0]}); not flipping. Seed again")
+                    f"their identity was adopted (e.g. {report.not_adopted[0]}); not flipping. Seed again"
+                )
             if not report.parity.ok:
                 raise SeedRefused(
                     f"byte parity failed ({len(report.parity.missing)} missing, {len(report.parity.extra)} extra, "
@@ -408,17 +449,24 @@ class Seeder:
                 self._adopt_chunks(legacy, report, rows)
         else:  # the index job embeds them with the active model, through the cache
             report.documents_to_index = sum(
-                1 for row in rows.values() if row["indexed_content_id"] != row["content_id"])
+                1 for row in rows.values() if row["indexed_content_id"] != row["content_id"]
+            )
 
     def _record_seed(self, report: SeedReport) -> None:
         """Record the seed (``kb.seeds``) and defer the index job for documents to re-embed."""
         with database.transaction(self.stores.database_url) as conn:
-            conn.execute(queries["record_seed"], {
-                "workspace_id": self.workspace_id, "source": report.source,
-                "legacy_workspace": self.legacy_workspace, "legacy_model": report.legacy_model,
-                "seed_revision": report.head, "documents": len(report.seeded),
-                "parity_ok": report.parity is not None and report.parity.ok and not report.not_adopted,
-            })
+            conn.execute(
+                queries["record_seed"],
+                {
+                    "workspace_id": self.workspace_id,
+                    "source": report.source,
+                    "legacy_workspace": self.legacy_workspace,
+                    "legacy_model": report.legacy_model,
+                    "seed_revision": report.head,
+                    "documents": len(report.seeded),
+                    "parity_ok": report.parity is not None and report.parity.ok and not report.not_adopted,
+                },
+            )
             if report.documents_to_index:
                 defer_job(conn, "index", INDEX_TASK, self.workspace_id)
 
@@ -432,8 +480,12 @@ class Seeder:
         waiting up to ``lock_timeout`` seconds for a running index job; raises LockTimeout."""
         with index_lock(self.stores.database_url, self.workspace_id, wait=self.stores.settings.lock_timeout) as locked:
             if not locked:
-                raise LockTimeout(self.workspace_id, self.stores.settings.lock_timeout, lock="index",
-                                  holder="an index run holds the index lock; seed again when it has finished")
+                raise LockTimeout(
+                    self.workspace_id,
+                    self.stores.settings.lock_timeout,
+                    lock="index",
+                    holder="an index run holds the index lock; seed again when it has finished",
+                )
             yield
 
     def _write_blobs(self, legacy: Connection, seeded: list[SeedEntry], keeps: list[str]) -> dict[str, str]:
@@ -473,10 +525,14 @@ class Seeder:
         head = self.store.head()
         current = self.store.list_paths(head) if head else {}
         with database.transaction(self.stores.database_url) as conn:
-            previous = {r["legacy_id"]: r["path"] for r in conn.execute(
-                queries["legacy_document_paths"], {"workspace_id": self.workspace_id})}
-        message = (f"seed workspace {self.workspace_id} from legacy workspace {self.legacy_workspace}\n\n"
-                   f"Source: {report.source}\nDocuments: {len(report.seeded)}, skipped: {len(report.skipped)}")
+            previous = {
+                r["legacy_id"]: r["path"]
+                for r in conn.execute(queries["legacy_document_paths"], {"workspace_id": self.workspace_id})
+            }
+        message = (
+            f"seed workspace {self.workspace_id} from legacy workspace {self.legacy_workspace}\n\n"
+            f"Source: {report.source}\nDocuments: {len(report.seeded)}, skipped: {len(report.skipped)}"
+        )
         with self.store.transaction(message, MIGRATION_AUTHOR) as draft:
             for entry in report.seeded:
                 old = previous.get(entry.legacy_id)
@@ -505,10 +561,21 @@ class Seeder:
         ws = self.workspace_id
         params = []
         for e in seeded:
-            uid = (unique_identifier_hash(e.document_type, e.path, ws)
-                   if e.document_type in PATH_KEYED_TYPES else e.legacy_uid_hash)
-            params.append({"workspace_id": ws, "path": e.path, "title": e.title, "document_type": e.document_type,
-                           "metadata": json.dumps(e.metadata), "uid_hash": uid})
+            uid = (
+                unique_identifier_hash(e.document_type, e.path, ws)
+                if e.document_type in PATH_KEYED_TYPES
+                else e.legacy_uid_hash
+            )
+            params.append(
+                {
+                    "workspace_id": ws,
+                    "path": e.path,
+                    "title": e.title,
+                    "document_type": e.document_type,
+                    "metadata": json.dumps(e.metadata),
+                    "uid_hash": uid,
+                }
+            )
         with database.transaction(self.stores.database_url) as conn:
             # Lock order (kb.locks): the chunk lock before the document rows, which this updates
             # in the plan's order and a projection of a concurrent revision in path order.
@@ -521,12 +588,21 @@ class Seeder:
             present = [e for e in seeded if e.path in rows]
             report.not_adopted = sorted(e.path for e in seeded if e.path not in rows)
             with conn.cursor() as cur:
-                cur.executemany(queries["map_legacy_document"], [
-                    {"workspace_id": ws, "legacy_id": e.legacy_id, "document_id": rows[e.path]["id"], "path": e.path}
-                    for e in present
-                ])
-            conn.execute(queries["unmap_legacy_documents"],
-                         {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in present]})
+                cur.executemany(
+                    queries["map_legacy_document"],
+                    [
+                        {
+                            "workspace_id": ws,
+                            "legacy_id": e.legacy_id,
+                            "document_id": rows[e.path]["id"],
+                            "path": e.path,
+                        }
+                        for e in present
+                    ],
+                )
+            conn.execute(
+                queries["unmap_legacy_documents"], {"workspace_id": ws, "legacy_ids": [e.legacy_id for e in present]}
+            )
         return {e.legacy_id: rows[e.path] for e in present}
 
     def _text_config(self, text: str) -> str:
@@ -539,8 +615,11 @@ class Seeder:
     def _adopt_chunks(self, legacy: Connection, report: SeedReport, rows: dict[int, dict]) -> None:
         """Copy legacy vectors of documents not yet indexed at their content; mark them indexed
         and set the stamp to the seed's revision (a writer's later revision is indexed by its job). Documents without legacy chunks stay pending."""
-        todo = {legacy_id: row for legacy_id, row in rows.items()
-                if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])}
+        todo = {
+            legacy_id: row
+            for legacy_id, row in rows.items()
+            if not (row["has_chunks"] and row["indexed_content_id"] == row["content_id"])
+        }
         with_chunks: set[int] = set()
         with database.transaction(self.stores.database_url) as conn:
             # Lock order (kb.locks): the chunk lock first. This writes chunks and their statistics
@@ -561,10 +640,20 @@ class Seeder:
                     config = self._text_config("\n\n".join(c["content"] for c in chunks))
                     context = lexical_text(context_line(row["title"], ()))
                     for chunk in chunks:
-                        copy.write_row((row["id"], chunk["position"], chunk["content"], chunk["embedding"],
-                                        config, context, lexical_text(chunk["content"])))
-            report.chunks_adopted = conn.execute(queries["adopt_staged_chunks"], {
-                "model": report.legacy_model}).rowcount
+                        copy.write_row(
+                            (
+                                row["id"],
+                                chunk["position"],
+                                chunk["content"],
+                                chunk["embedding"],
+                                config,
+                                context,
+                                lexical_text(chunk["content"]),
+                            )
+                        )
+            report.chunks_adopted = conn.execute(
+                queries["adopt_staged_chunks"], {"model": report.legacy_model}
+            ).rowcount
             conn.execute(queries["refresh_document_terms"], {"document_ids": [row["id"] for row in todo.values()]})
             # the seed's revision, not HEAD: a writer's later revision is not indexed by adopting
             conn.execute(queries["mark_documents_adopted"], {"ids": sorted(with_chunks), "revision_id": report.head})
@@ -590,12 +679,15 @@ def set_authority(stores: Stores, workspace_id: int, *, flipped: bool) -> bool:
     with database.transaction(stores.database_url) as conn:
         seed_row = conn.execute(queries["get_seed"], {"workspace_id": workspace_id}).fetchone()
         if seed_row is None:
-            raise SeedRefused(f"workspace {workspace_id} was never seeded; run seed(…, yes=True) first",
-                              cli=f"workspace {workspace_id} was never seeded; run `kb seed --yes` first")
+            raise SeedRefused(
+                f"workspace {workspace_id} was never seeded; run seed(…, yes=True) first",
+                cli=f"workspace {workspace_id} was never seeded; run `kb seed --yes` first",
+            )
         if flipped and seed_row["flipped"]:
             return False
-        changed = conn.execute(queries["flip_seed" if flipped else "unflip_seed"],
-                               {"workspace_id": workspace_id}).fetchone()
+        changed = conn.execute(
+            queries["flip_seed" if flipped else "unflip_seed"], {"workspace_id": workspace_id}
+        ).fetchone()
         if flipped and changed is None:
             raise SeedRefused(f"workspace {workspace_id}'s last seed did not pass byte parity; seed again")
         return changed is not None

@@ -92,10 +92,16 @@ class SpanFillReport:
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"workspaces": self.workspaces, "documents_filled": self.documents_filled,
-                "documents_stale": self.documents_stale, "chunks_filled": self.chunks_filled,
-                "batches": self.batches, "paused": self.paused, "yielded": self.yielded,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "workspaces": self.workspaces,
+            "documents_filled": self.documents_filled,
+            "documents_stale": self.documents_stale,
+            "chunks_filled": self.chunks_filled,
+            "batches": self.batches,
+            "paused": self.paused,
+            "yielded": self.yielded,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 class SpanFill:
@@ -108,8 +114,10 @@ class SpanFill:
         """``{"control": {paused, batch_documents, throttle_ms, updated_at}, "backlog": [rows of
         kb.span_backlog]}``."""
         with database.transaction(self.stores.database_url) as conn:
-            return {"control": conn.execute(queries["span_fill_control"]).fetchone(),
-                    "backlog": conn.execute(queries["span_backlog"], {"workspace_id": workspace_id}).fetchall()}
+            return {
+                "control": conn.execute(queries["span_fill_control"]).fetchone(),
+                "backlog": conn.execute(queries["span_backlog"], {"workspace_id": workspace_id}).fetchall(),
+            }
 
     def pause(self) -> dict:
         """Pause: a running fill stops before its next batch (the same as the DBA's UPDATE)."""
@@ -126,13 +134,20 @@ class SpanFill:
     def defer(self) -> int | None:
         """Queue one run for a worker (queue ``span_fill``); the job id, None if one is waiting."""
         with database.transaction(self.stores.database_url) as conn:
-            row = conn.execute(queries["defer_span_fill"], {
-                "task": SPAN_FILL_TASK, "args": json.dumps({"timestamp": int(time.time())})}).fetchone()
+            row = conn.execute(
+                queries["defer_span_fill"],
+                {"task": SPAN_FILL_TASK, "args": json.dumps({"timestamp": int(time.time())})},
+            ).fetchone()
         return row["id"] if row else None
 
-    def run(self, workspace_id: int | None = None, *, max_batches: int | None = None,
-            max_seconds: float | None = None,
-            progress: Callable[[SpanFillReport], None] | None = None) -> SpanFillReport:
+    def run(
+        self,
+        workspace_id: int | None = None,
+        *,
+        max_batches: int | None = None,
+        max_seconds: float | None = None,
+        progress: Callable[[SpanFillReport], None] | None = None,
+    ) -> SpanFillReport:
         """Fill spans of flipped workspaces (or one) until the backlog is empty, a pause, or a
         budget (``max_batches`` batches, ``max_seconds`` seconds) is spent. Returns the counts;
         ``paused`` says it stopped for a pause, ``yielded`` that a budget ran out with work left."""
@@ -140,8 +155,9 @@ class SpanFill:
         self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
         report = SpanFillReport()
         with database.connect(self.stores.database_url, autocommit=True) as conn:
-            workspaces = [r["workspace_id"] for r in conn.execute(
-                queries["span_fill_workspaces"], {"workspace_id": workspace_id})]
+            workspaces = [
+                r["workspace_id"] for r in conn.execute(queries["span_fill_workspaces"], {"workspace_id": workspace_id})
+            ]
             for ws in workspaces:
                 report.workspaces.append(ws)
                 if not self._fill_workspace(conn, ws, report, max_batches, progress):
@@ -149,8 +165,14 @@ class SpanFill:
         report.seconds = time.perf_counter() - started
         return report
 
-    def _fill_workspace(self, conn, ws: int, report: SpanFillReport, max_batches: int | None,
-                        progress: Callable[[SpanFillReport], None] | None) -> bool:
+    def _fill_workspace(
+        self,
+        conn,
+        ws: int,
+        report: SpanFillReport,
+        max_batches: int | None,
+        progress: Callable[[SpanFillReport], None] | None,
+    ) -> bool:
         """One workspace, batch by batch; False when the run must stop (pause, batch budget)."""
         repo = self.stores.store(ws).repository
         with conn.transaction():
@@ -163,11 +185,13 @@ class SpanFill:
                 report.paused, status, go_on = True, "paused", False
                 break
             if (max_batches is not None and report.batches >= max_batches) or (
-                    self._deadline is not None and time.monotonic() >= self._deadline):
+                self._deadline is not None and time.monotonic() >= self._deadline
+            ):
                 report.yielded, status, go_on = True, "yielded", False
                 break
-            batch = conn.execute(queries["span_fill_batch"], {
-                "workspace_id": ws, "after_id": after, "limit": control["batch_documents"]}).fetchall()
+            batch = conn.execute(
+                queries["span_fill_batch"], {"workspace_id": ws, "after_id": after, "limit": control["batch_documents"]}
+            ).fetchall()
             if not batch:
                 break
             self._fill_batch(conn, ws, repo, batch, run_id, report)
@@ -183,10 +207,12 @@ class SpanFill:
         chunks: dict[int, list[tuple]] = {}  # document id -> [(chunk id, text, start_line)] in order
         with conn.cursor(row_factory=tuple_row) as cur:
             for chunk_id, document_id, _, text, start_line in cur.execute(
-                    queries["span_fill_chunks"], {"document_ids": [d["id"] for d in batch]}):
+                queries["span_fill_chunks"], {"document_ids": [d["id"] for d in batch]}
+            ):
                 chunks.setdefault(document_id, []).append((chunk_id, text, start_line))
-        columns: dict[str, list] = {k: [] for k in ("ids", "start_chars", "end_chars", "start_lines",
-                                                     "end_lines", "content_ids")}
+        columns: dict[str, list] = {
+            k: [] for k in ("ids", "start_chars", "end_chars", "start_lines", "end_lines", "content_ids")
+        }
         stale: list[dict] = []
         filled = 0
         for document in batch:
@@ -200,8 +226,14 @@ class SpanFill:
             except (UnicodeDecodeError, DocumentNotFound) as exc:
                 reason, spans = f"blob unreadable: {exc}", None
             if spans is None:
-                stale.append({"document_id": document["id"], "workspace_id": ws,
-                              "content_id": document["content_id"], "reason": reason})
+                stale.append(
+                    {
+                        "document_id": document["id"],
+                        "workspace_id": ws,
+                        "content_id": document["content_id"],
+                        "reason": reason,
+                    }
+                )
                 continue
             filled += 1
             for (chunk_id, _, start_line), span in zip(rows, spans):
@@ -222,8 +254,10 @@ class SpanFill:
             if stale:
                 with conn.cursor() as cur:
                     cur.executemany(queries["skip_stale_document"], stale)
-            conn.execute(queries["update_span_fill_run"], {
-                "id": run_id, "filled": filled, "stale": len(stale), "chunks": updated})
+            conn.execute(
+                queries["update_span_fill_run"],
+                {"id": run_id, "filled": filled, "stale": len(stale), "chunks": updated},
+            )
         report.documents_filled += filled
         report.documents_stale += len(stale)
         report.chunks_filled += updated

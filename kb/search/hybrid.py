@@ -135,12 +135,22 @@ def vector_weight(embedder: Embedder, query: str) -> float:
 
 
 _UNITS = {
-    "chunk": {"units": ("kb", "chunks"), "unit_id": ("id",), "length": ("tsv_tokens",),
-              "lexeme_stats": ("kb", "lexeme_stats"), "text_stats": ("kb", "text_stats"),
-              "count": ("chunk_count",)},
-    "document": {"units": ("kb", "document_terms"), "unit_id": ("document_id",), "length": ("tokens",),
-                 "lexeme_stats": ("kb", "document_lexeme_stats"), "text_stats": ("kb", "document_text_stats"),
-                 "count": ("document_count",)},
+    "chunk": {
+        "units": ("kb", "chunks"),
+        "unit_id": ("id",),
+        "length": ("tsv_tokens",),
+        "lexeme_stats": ("kb", "lexeme_stats"),
+        "text_stats": ("kb", "text_stats"),
+        "count": ("chunk_count",),
+    },
+    "document": {
+        "units": ("kb", "document_terms"),
+        "unit_id": ("document_id",),
+        "length": ("tokens",),
+        "lexeme_stats": ("kb", "document_lexeme_stats"),
+        "text_stats": ("kb", "document_text_stats"),
+        "count": ("document_count",),
+    },
 }
 
 
@@ -153,13 +163,29 @@ def lexical_statement(unit: str) -> sql.Composed:
 
 def _params(workspace_id: int, model: str, vector_text: str, query: str, limit: int) -> dict:
     """The parameters every leg statement takes."""
-    return {"workspace_id": workspace_id, "model": model, "embedding": vector_text, "limit": limit,
-            "query": lexical_text(query), "k1": BM25_K1, "b": BM25_B, "title_weight": TITLE_WEIGHT,
-            "selective_units": SELECTIVE_UNITS, "selective_share": SELECTIVE_SHARE, "max_terms": MAX_QUERY_TERMS}
+    return {
+        "workspace_id": workspace_id,
+        "model": model,
+        "embedding": vector_text,
+        "limit": limit,
+        "query": lexical_text(query),
+        "k1": BM25_K1,
+        "b": BM25_B,
+        "title_weight": TITLE_WEIGHT,
+        "selective_units": SELECTIVE_UNITS,
+        "selective_share": SELECTIVE_SHARE,
+        "max_terms": MAX_QUERY_TERMS,
+    }
 
 
-def _with_exact_fallback(conn: Connection, workspace_id: int, model: str, limit: int,
-                         run: Callable[[sql.Composed | sql.SQL, int | None], list], vector_rows: Callable[[list], int]) -> list:
+def _with_exact_fallback(
+    conn: Connection,
+    workspace_id: int,
+    model: str,
+    limit: int,
+    run: Callable[[sql.Composed | sql.SQL, int | None], list],
+    vector_rows: Callable[[list], int],
+) -> list:
     """``run(vector leg statement, hnsw_limit)`` through the workspace's HNSW index when one is
     recorded (kb.vector_index; ``hnsw_limit`` = ``limit``), and again with the exact scan
     (``hnsw_limit`` None) when there is none or its result held fewer than ``limit`` vector rows
@@ -187,8 +213,7 @@ def vector_leg(conn: Connection, workspace_id: int, model: str, vector, limit: i
     return _with_exact_fallback(conn, workspace_id, model, limit, run, len)
 
 
-def lexical_leg(conn: Connection, workspace_id: int, query: str, limit: int,
-                unit: str = "chunk") -> list[int]:
+def lexical_leg(conn: Connection, workspace_id: int, query: str, limit: int, unit: str = "chunk") -> list[int]:
     """Ids of the workspace's chunks (``unit="chunk"``) or documents (``"document"``) ranked by
     BM25 for ``query``, best first, at most ``limit`` (fewer when fewer hold a query term)."""
     params = _params(workspace_id, "", "", query, limit)
@@ -221,10 +246,16 @@ def candidates_statement(vector_leg_text: str) -> bytes:
     workspace's approximate leg rendered with its literals) and the two lexical legs, rendered
     to bytes once per vector leg: psycopg renders a composed statement on every execution, and
     for this one (15 kB) that took 0.3 ms of each search."""
-    return composable("search_candidates").format(
-        vector_leg=sql.SQL(vector_leg_text), lexical_leg=lexical_statement("chunk"),
-        document_leg=lexical_statement("document"),
-    ).as_string().encode()
+    return (
+        composable("search_candidates")
+        .format(
+            vector_leg=sql.SQL(vector_leg_text),
+            lexical_leg=lexical_statement("chunk"),
+            document_leg=lexical_statement("document"),
+        )
+        .as_string()
+        .encode()
+    )
 
 
 def _candidates(conn: Connection, workspace_id: int, model: str, params: dict, limit: int) -> list[dict]:
@@ -233,12 +264,14 @@ def _candidates(conn: Connection, workspace_id: int, model: str, params: dict, l
     def run(vector: sql.Composed | sql.SQL, hnsw_limit: int | None) -> list[dict]:
         return _fetch(conn, candidates_statement(vector.as_string()), params, hnsw_limit)
 
-    return _with_exact_fallback(conn, workspace_id, model, limit, run,
-                                lambda rows: sum(1 for r in rows if r["vector_rank"] is not None))
+    return _with_exact_fallback(
+        conn, workspace_id, model, limit, run, lambda rows: sum(1 for r in rows if r["vector_rank"] is not None)
+    )
 
 
-def _fetch(conn: Connection, statement: sql.Composed | sql.SQL | bytes, params: dict,
-           hnsw_limit: int | None = None) -> list[dict]:
+def _fetch(
+    conn: Connection, statement: sql.Composed | sql.SQL | bytes, params: dict, hnsw_limit: int | None = None
+) -> list[dict]:
     """Rows of ``statement``, with the HNSW scan settings for ``hnsw_limit`` when given; the
     connection comes back idle.
 
@@ -342,27 +375,50 @@ def search(
     return envelopes(conn, repo, rows, documents, excerpts, k, params["query"])
 
 
-def rank_documents(rows: list[dict], vector_weight: float = VECTOR_WEIGHT,
-                   ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+def rank_documents(
+    rows: list[dict],
+    vector_weight: float = VECTOR_WEIGHT,
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """``(documents, excerpts)`` from the legs' rows (``search_candidates``' shape): document ids
     with their fused score (``Σ w / (RRF_K + rank)`` over the vector leg at ``vector_weight``, the
     chunk leg at TEXT_WEIGHT — each ranking documents by their best chunk — and the document leg at
     DOCUMENT_WEIGHT), best first; and chunk ids fused from the two chunk legs, the order in which
     a document's excerpts are shown."""
     chunks = {r["chunk_id"]: r for r in rows if r["chunk_id"] is not None}
-    by_vector = [c for c, r in sorted(((c, r) for c, r in chunks.items() if r["vector_rank"] is not None),
-                                      key=lambda item: item[1]["vector_rank"])]
-    by_text = [c for c, r in sorted(((c, r) for c, r in chunks.items() if r["text_rank"] is not None),
-                                    key=lambda item: item[1]["text_rank"])]
-    by_document = [r["document_id"] for r in sorted((r for r in rows if r["chunk_id"] is None),
-                                                    key=lambda r: r["document_rank"])]
-    documents = fuse([(vector_weight, documents_in_order(by_vector, chunks)),
-                      (TEXT_WEIGHT, documents_in_order(by_text, chunks)), (DOCUMENT_WEIGHT, by_document)])
+    by_vector = [
+        c
+        for c, r in sorted(
+            ((c, r) for c, r in chunks.items() if r["vector_rank"] is not None), key=lambda item: item[1]["vector_rank"]
+        )
+    ]
+    by_text = [
+        c
+        for c, r in sorted(
+            ((c, r) for c, r in chunks.items() if r["text_rank"] is not None), key=lambda item: item[1]["text_rank"]
+        )
+    ]
+    by_document = [
+        r["document_id"] for r in sorted((r for r in rows if r["chunk_id"] is None), key=lambda r: r["document_rank"])
+    ]
+    documents = fuse(
+        [
+            (vector_weight, documents_in_order(by_vector, chunks)),
+            (TEXT_WEIGHT, documents_in_order(by_text, chunks)),
+            (DOCUMENT_WEIGHT, by_document),
+        ]
+    )
     return documents, fuse([(vector_weight, by_vector), (TEXT_WEIGHT, by_text)])
 
 
-def envelopes(conn: Connection, repo: Repository, rows: list[dict], documents: list[tuple[int, float]],
-              excerpts: list[tuple[int, float]], k: int, lexical_query: str) -> list[Envelope]:
+def envelopes(
+    conn: Connection,
+    repo: Repository,
+    rows: list[dict],
+    documents: list[tuple[int, float]],
+    excerpts: list[tuple[int, float]],
+    k: int,
+    lexical_query: str,
+) -> list[Envelope]:
     """The top ``k`` of the ranked ``documents`` as excerpt envelopes: each document's chunks in
     ``excerpts`` order (at most EXCERPTS_PER_DOCUMENT). A document only the document leg found
     gets the chunk holding most of the query's terms (``excerpt_chunks``, one query for all such
@@ -407,8 +463,15 @@ def envelopes(conn: Connection, repo: Repository, rows: list[dict], documents: l
                 unnumbered.append(row["text"])
             else:
                 spans.append((row["start_line"], row["end_line"]))
-        envelope = Envelope(first["path"], first["title"], first["indexed_revision"], "excerpts", cite=cite,
-                            score=round(scores[document_id], 6), content_id=first["indexed_content_id"])
+        envelope = Envelope(
+            first["path"],
+            first["title"],
+            first["indexed_revision"],
+            "excerpts",
+            cite=cite,
+            score=round(scores[document_id], 6),
+            content_id=first["indexed_content_id"],
+        )
         if spans:
             envelope.lines = excerpt_lines(blob_lines.get(repo, first["indexed_content_id"]), spans)
         envelope.lines += [(None, line) for text in unnumbered for line in text.split("\n")]

@@ -55,8 +55,14 @@ class Manifest:
 
     def trailer(self) -> str:
         """The one-line commit trailer carrying this manifest."""
-        body = {"op": self.op, "path": self.path, "title": self.title, "format": self.format,
-                "generation": self.generation, "files": [[f.role, f.size, f.sha256] for f in self.files]}
+        body = {
+            "op": self.op,
+            "path": self.path,
+            "title": self.title,
+            "format": self.format,
+            "generation": self.generation,
+            "files": [[f.role, f.size, f.sha256] for f in self.files],
+        }
         return TRAILER + json.dumps(body, ensure_ascii=True, separators=(",", ":"))
 
     @classmethod
@@ -65,9 +71,15 @@ class Manifest:
         for line in reversed(message.splitlines()):
             if line.startswith(TRAILER):
                 try:
-                    body = json.loads(line[len(TRAILER):])
-                    return cls(body["op"], body["path"], body["title"], body["format"], int(body["generation"]),
-                               tuple(ArtifactFile(r, int(s), h) for r, s, h in body["files"]))
+                    body = json.loads(line[len(TRAILER) :])
+                    return cls(
+                        body["op"],
+                        body["path"],
+                        body["title"],
+                        body["format"],
+                        int(body["generation"]),
+                        tuple(ArtifactFile(r, int(s), h) for r, s, h in body["files"]),
+                    )
                 except (ValueError, KeyError, TypeError):
                     return None
         return None
@@ -77,8 +89,13 @@ def _virtual(repo_path: str) -> str:
     return repo_path if repo_path.startswith("/") else "/" + repo_path
 
 
-def guard(conn: Connection, workspace_id: int, effective: Mapping[str, str | None], access: str,
-          revision_id: str | None = None) -> None:
+def guard(
+    conn: Connection,
+    workspace_id: int,
+    effective: Mapping[str, str | None],
+    access: str,
+    revision_id: str | None = None,
+) -> None:
     """Apply the artifact rule to a revision about to be recorded (under the write lock).
 
     ``effective``: ``{repo path: new blob id or None (removed)}``; ``revision_id``: the commit
@@ -89,19 +106,25 @@ def guard(conn: Connection, workspace_id: int, effective: Mapping[str, str | Non
     """
     if access == ACCESS_ARTIFACT or not effective:
         return
-    rows = conn.execute(queries["artifact_documents_at"], {
-        "workspace_id": workspace_id, "paths": [_virtual(p) for p in effective],
-    }).fetchall()
+    rows = conn.execute(
+        queries["artifact_documents_at"],
+        {
+            "workspace_id": workspace_id,
+            "paths": [_virtual(p) for p in effective],
+        },
+    ).fetchall()
     if not rows:
         return
     if access == ACCESS_REFUSE:
         path = rows[0]["path"]
-        refused = (f"{path} is an ARTIFACT (id {rows[0]['id']}); plain writes, turns and editor saves refuse "
-                   "it: use")
+        refused = f"{path} is an ARTIFACT (id {rows[0]['id']}); plain writes, turns and editor saves refuse it: use"
         raise ArtifactReadOnly(
             f"{refused} artifacts({workspace_id}).revise({rows[0]['id']}, …) or .delete({rows[0]['id']})",
-            cli=(f"{refused} `kb artifact revise {rows[0]['id']} --generation N FILE -w {workspace_id}` or "
-                 f"`kb artifact delete {rows[0]['id']} -w {workspace_id}`"))
+            cli=(
+                f"{refused} `kb artifact revise {rows[0]['id']} --generation N FILE -w {workspace_id}` or "
+                f"`kb artifact delete {rows[0]['id']} -w {workspace_id}`"
+            ),
+        )
     # Lock order (kb.locks): the chunk lock before the first document row. Dropping a removed
     # artifact's row cascades to its chunks and their statistics, and the bump locks several
     # document rows in one statement: a projection or an index run of the workspace doing the same
@@ -116,8 +139,7 @@ def guard(conn: Connection, workspace_id: int, effective: Mapping[str, str | Non
         conn.execute(queries["bump_artifact_generations"], {"workspace_id": workspace_id, "document_ids": kept})
 
 
-def write_manifest(conn: Connection, workspace_id: int, manifest: Manifest,
-                   document_id: int | None = None) -> int:
+def write_manifest(conn: Connection, workspace_id: int, manifest: Manifest, document_id: int | None = None) -> int:
     """Write an artifact's rows as ``manifest`` records them; returns the document id.
 
     A ``save`` (or ``document_id`` None) claims the document row at ``manifest.path`` as ARTIFACT;
@@ -125,16 +147,36 @@ def write_manifest(conn: Connection, workspace_id: int, manifest: Manifest,
     referenced get a purge entry.
     """
     if document_id is None:
-        document_id = conn.execute(queries["claim_artifact_document"], {
-            "workspace_id": workspace_id, "path": manifest.path, "title": manifest.title,
-            "uid_hash": unique_identifier_hash("ARTIFACT", manifest.path, workspace_id),
-        }).fetchone()["id"]
-    conn.execute(queries["upsert_artifact"], {"document_id": document_id, "workspace_id": workspace_id,
-                                              "format": manifest.format, "generation": manifest.generation})
+        document_id = conn.execute(
+            queries["claim_artifact_document"],
+            {
+                "workspace_id": workspace_id,
+                "path": manifest.path,
+                "title": manifest.title,
+                "uid_hash": unique_identifier_hash("ARTIFACT", manifest.path, workspace_id),
+            },
+        ).fetchone()["id"]
+    conn.execute(
+        queries["upsert_artifact"],
+        {
+            "document_id": document_id,
+            "workspace_id": workspace_id,
+            "format": manifest.format,
+            "generation": manifest.generation,
+        },
+    )
     dropped = [r["sha256"] for r in conn.execute(queries["delete_artifact_files"], {"document_id": document_id})]
     for file in manifest.files:
-        conn.execute(queries["insert_artifact_file"], {"document_id": document_id, "workspace_id": workspace_id,
-                                                       "role": file.role, "size": file.size, "sha256": file.sha256})
+        conn.execute(
+            queries["insert_artifact_file"],
+            {
+                "document_id": document_id,
+                "workspace_id": workspace_id,
+                "role": file.role,
+                "size": file.size,
+                "sha256": file.sha256,
+            },
+        )
     request_purges(conn, workspace_id, dropped)
     return document_id
 
@@ -149,12 +191,16 @@ def delete_rows(conn: Connection, workspace_id: int, document_id: int) -> list[s
     return shas
 
 
-def announce_deleted(conn: Connection, workspace_id: int, document_id: int, path: str,
-                     revision_id: str | None) -> None:
+def announce_deleted(conn: Connection, workspace_id: int, document_id: int, path: str, revision_id: str | None) -> None:
     """Send the ``document_deleted`` event (``kb_events``, on commit) for an artifact whose row this
     transaction deleted: projection will find no row to delete, so it would not announce it (design §6)."""
-    event = {"event": "document_deleted", "workspace_id": workspace_id, "revision": revision_id,
-             "id": document_id, "path": path}
+    event = {
+        "event": "document_deleted",
+        "workspace_id": workspace_id,
+        "revision": revision_id,
+        "id": document_id,
+        "path": path,
+    }
     conn.execute(queries["notify_event"], {"channel": EVENTS_CHANNEL, "payload": event_payload(event)})
 
 
@@ -174,8 +220,9 @@ def recover(conn: Connection, workspace_id: int, messages: Iterable[str]) -> int
         if manifest is None:
             continue
         if manifest.op == "delete":
-            row = conn.execute(queries["delete_artifact_document_at"],
-                               {"workspace_id": workspace_id, "path": manifest.path}).fetchone()
+            row = conn.execute(
+                queries["delete_artifact_document_at"], {"workspace_id": workspace_id, "path": manifest.path}
+            ).fetchone()
             request_purges(conn, workspace_id, [f.sha256 for f in manifest.files])
             applied += row is not None
             continue

@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from kb.git.repository import Repository
 
 
-def check_case_collisions(repo: Repository, head_tree: bytes | None, effective: dict[str, str | None],
-                          at_head: dict[str, tuple[str, str] | None] | None = None) -> None:
+def check_case_collisions(
+    repo: Repository,
+    head_tree: bytes | None,
+    effective: dict[str, str | None],
+    at_head: dict[str, tuple[str, str] | None] | None = None,
+) -> None:
     """Raise PathExists when applying ``effective`` (``{repo path: blob id, None = delete}``) to
     ``head_tree`` would leave two entries of one folder whose names differ only in case or Unicode
     normalization (``name_key``). A name that already exists at HEAD is always fine (its spelling

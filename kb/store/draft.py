@@ -42,7 +42,6 @@ class BlobRef:
     id: str
 
 
-
 def repo_path_of(path: str | StorePath, *, allow_keep: bool = False) -> str:
     """``documents/...`` for a caller path or StorePath; raises InvalidPath (design §2.3)."""
     if isinstance(path, StorePath):
@@ -220,8 +219,7 @@ class Draft:
                 continue
             if self._current(folder) is not None:
                 raise PathExists(
-                    f"cannot place {virtual}: {virtual_of(folder)} is a document, not a folder; "
-                    "move or remove it first"
+                    f"cannot place {virtual}: {virtual_of(folder)} is a document, not a folder; move or remove it first"
                 )
         if self._is_folder(repo_path):
             raise PathExists(
@@ -239,8 +237,11 @@ class Draft:
         parts = repo_path.split("/")
         for depth in range(2, len(parts) + 1):
             prefix = "/".join(parts[:depth])
-            if (prefix in self._dirs or self._current(prefix) is not None
-                    or self._repo.is_folder(self._base_tree, prefix)):  # O(1): never list a folder
+            if (
+                prefix in self._dirs
+                or self._current(prefix) is not None
+                or self._repo.is_folder(self._base_tree, prefix)
+            ):  # O(1): never list a folder
                 continue
             check_new_segment(parts[depth - 1], virtual)
 
@@ -309,8 +310,9 @@ class Draft:
         self._set(repo_path, BlobRef(blob), origin)
 
     @_owner_only
-    def write_merged(self, path: str | StorePath, data: bytes | str, base_blob: str | None,
-                     *, allow_keep: bool = False) -> None:
+    def write_merged(
+        self, path: str | StorePath, data: bytes | str, base_blob: str | None, *, allow_keep: bool = False
+    ) -> None:
         """Write ``data`` as the writer's edit of the document whose blob was ``base_blob`` (None:
         the writer created it). When the revision is recorded, a head that changed the document
         since is three-way merged with it (base, head, ``data``; design §5): non-overlapping edits
@@ -365,10 +367,12 @@ class Draft:
                 # ``dst`` names the folder's new path: an existing folder there is not silently
                 # merged into (design §3)
                 name = virtual_of(src_path).rsplit("/", 1)[-1]
-                taken = (f"cannot move folder {virtual_of(src_path)} to {virtual_of(dst_path)}: a folder exists there; "
-                         f"name the new path (e.g. {virtual_of(dst_path)}/{name}) or merge into it")
+                taken = (
+                    f"cannot move folder {virtual_of(src_path)} to {virtual_of(dst_path)}: a folder exists there; "
+                    f"name the new path (e.g. {virtual_of(dst_path)}/{name}) or merge into it"
+                )
                 raise PathExists(f"{taken} with overwrite=True", cli=f"{taken} with --overwrite")
-            pairs = [(f, dst_path + f[len(src_path):]) for f in files]
+            pairs = [(f, dst_path + f[len(src_path) :]) for f in files]
         sources = {old for old, _ in pairs}
         self._check_new(dst_path, str(dst), names=self._current(dst_path) is None)
         for _old, new in pairs:
@@ -377,8 +381,9 @@ class Draft:
         for old, new in pairs:
             if new not in sources and self._current(new) is not None and not overwrite:
                 taken = f"cannot move {virtual_of(old)} to {virtual_of(new)}: a document exists there"
-                raise PathExists(f"{taken} (pass overwrite=True to replace it)",
-                                 cli=f"{taken} (pass --overwrite to replace it)")
+                raise PathExists(
+                    f"{taken} (pass overwrite=True to replace it)", cli=f"{taken} (pass --overwrite to replace it)"
+                )
         moving = [(old, new, self._current(old), self.origin_of(old)) for old, new in pairs]
         titled = {old: self._titles[old] for old, _ in pairs if old in self._titles}
         for old, _, _, _ in moving:
@@ -407,8 +412,9 @@ class Draft:
         return {n for key in keys for n in siblings.get(key, ()) if self._exists_now(f"{folder}/{n}")}
 
     @_owner_only
-    def write_titled(self, path: str | StorePath, data: bytes | str, title: str,
-                     document: TitledDocument | None = None) -> TitledDocument:
+    def write_titled(
+        self, path: str | StorePath, data: bytes | str, title: str, document: TitledDocument | None = None
+    ) -> TitledDocument:
         """Write ``data`` at ``path`` as the document titled ``title`` (recorded in
         ``documents.title`` by the projection). If ``path`` is a name this draft chose (not the
         base's document there), it is chosen again under the write lock should a racing commit
@@ -489,8 +495,9 @@ class Draft:
         return MappingProxyType(self._merge_requests)
 
     @classmethod
-    def from_staged(cls, repo: Repository, base_tree: bytes | None, staged: dict[str, str | None],
-                    moves: dict[str, str | None]) -> Draft:
+    def from_staged(
+        cls, repo: Repository, base_tree: bytes | None, staged: dict[str, str | None], moves: dict[str, str | None]
+    ) -> Draft:
         """A draft of blobs already in the object store: ``staged`` ``{repo path: blob id or None}``,
         ``moves`` ``{repo path: origin}`` (a group commit records another writer's draft, design §3)."""
         draft = cls(repo, base_tree)
@@ -505,7 +512,7 @@ class Draft:
     def moves(self) -> dict[str, str]:
         """``{destination: base path}`` for documents that now live elsewhere than they started."""
         return {
-            new: origin for new, origin in self._origin.items()
+            new: origin
+            for new, origin in self._origin.items()
             if origin is not None and origin != new and self._overlay.get(new) is not None
         }
-

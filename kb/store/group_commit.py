@@ -86,23 +86,46 @@ def groupable(draft: Draft) -> bool:
     """True when another writer may record ``draft`` for its writer: nothing but plain writes,
     removes and moves (no ``write_merged``, no titles, no ``on_record`` hooks, artifact access
     ``refuse``). Other drafts are committed by their own writer under the lock."""
-    return (not draft.merge_requests() and not draft.titles() and not draft.on_record
-            and draft.artifact_access == artifact_rows.ACCESS_REFUSE)
+    return (
+        not draft.merge_requests()
+        and not draft.titles()
+        and not draft.on_record
+        and draft.artifact_access == artifact_rows.ACCESS_REFUSE
+    )
 
 
-def enqueue(conn: Connection, workspace_id: int, draft: Draft, staged: dict[str, str | None],
-            message: str | None, author: str, committer: str, key: str | None = None) -> tuple[int, bool]:
+def enqueue(
+    conn: Connection,
+    workspace_id: int,
+    draft: Draft,
+    staged: dict[str, str | None],
+    message: str | None,
+    author: str,
+    committer: str,
+    key: str | None = None,
+) -> tuple[int, bool]:
     """Queue ``draft`` (its blobs ``staged``) as an intent, committed at once; returns ``(intent
     id, ahead)``, ``ahead`` True when another live writer's intent was already waiting. ``key``:
     the write's idempotency key (design §3). Call outside any transaction on ``conn``; the intent
     lives as long as its session. Raises psycopg.Error."""
-    payload = {"staged": staged, "moves": draft.moves(), "message": message, "author": author,
-               "committer": committer, "key": key}
+    payload = {
+        "staged": staged,
+        "moves": draft.moves(),
+        "message": message,
+        "author": author,
+        "committer": committer,
+        "key": key,
+    }
     conn.autocommit = True  # one round trip: the INSERT is its own transaction
     try:
-        row = conn.execute(queries["enqueue_write_intent"], {
-            "workspace_id": workspace_id, "paths": ["/" + p for p in staged], "payload": json.dumps(payload),
-        }).fetchone()
+        row = conn.execute(
+            queries["enqueue_write_intent"],
+            {
+                "workspace_id": workspace_id,
+                "paths": ["/" + p for p in staged],
+                "payload": json.dumps(payload),
+            },
+        ).fetchone()
     finally:
         conn.autocommit = False
     return row["id"], row["ahead"]
@@ -138,15 +161,25 @@ def claim(conn: Connection, workspace_id: int, intent_id: int):
     """Execute (in one round trip with the workspace row) the try of the write lock and, when it
     is held, the claim of the caller's intent and every waiting one; returns the cursor (rows: id,
     payload, outcome, artifact_paths; none when another writer holds the lock)."""
-    return conn.execute(queries["claim_write_intents"], {
-        "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": workspace_id, "intent_id": intent_id})
+    return conn.execute(
+        queries["claim_write_intents"],
+        {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": workspace_id, "intent_id": intent_id},
+    )
 
 
 def intent_of(row: dict) -> Intent:
     """The Intent of a claimed row."""
     payload = row["payload"]
-    return Intent(row["id"], payload["staged"], payload["moves"], payload["message"], payload["author"],
-                  payload["committer"], frozenset(row["artifact_paths"] or ()), payload.get("key"))
+    return Intent(
+        row["id"],
+        payload["staged"],
+        payload["moves"],
+        payload["message"],
+        payload["author"],
+        payload["committer"],
+        frozenset(row["artifact_paths"] or ()),
+        payload.get("key"),
+    )
 
 
 def refuse_artifacts(intent: Intent, effective: dict[str, str | None]) -> None:
@@ -155,8 +188,10 @@ def refuse_artifacts(intent: Intent, effective: dict[str, str | None]) -> None:
     for path in sorted(intent.artifact_paths):
         if path[1:] in effective:
             refused = f"{path} is an ARTIFACT; plain writes, turns and editor saves refuse it: use"
-            raise ArtifactReadOnly(f"{refused} artifacts(workspace).revise or .delete",
-                                   cli=f"{refused} `kb artifact revise` or `kb artifact delete`")
+            raise ArtifactReadOnly(
+                f"{refused} artifacts(workspace).revise or .delete",
+                cli=f"{refused} `kb artifact revise` or `kb artifact delete`",
+            )
 
 
 # -- outcomes ------------------------------------------------------------------------------
@@ -167,11 +202,19 @@ def outcome_of(result: Revision | KbError | None) -> str:
         return json.dumps({"error": type(result).__name__, "message": str(result)})
     if result is None:
         return json.dumps({"revision": None})
-    return json.dumps({"revision": {
-        "id": result.id, "seq": result.seq, "parent_id": result.parent_id, "author": result.author,
-        "committer": result.committer, "message": result.message,
-        "changes": [[c.path, c.change, c.content_id, c.old_path, c.new_path] for c in result.changes],
-    }})
+    return json.dumps(
+        {
+            "revision": {
+                "id": result.id,
+                "seq": result.seq,
+                "parent_id": result.parent_id,
+                "author": result.author,
+                "committer": result.committer,
+                "message": result.message,
+                "changes": [[c.path, c.change, c.content_id, c.old_path, c.new_path] for c in result.changes],
+            }
+        }
+    )
 
 
 def result_of(outcome: dict) -> Revision | None:
@@ -191,8 +234,16 @@ def result_of(outcome: dict) -> Revision | None:
     rev = outcome["revision"]
     if rev is None:
         return None
-    return Revision(rev["id"], rev["seq"], rev["parent_id"], rev["author"], rev["committer"], rev["message"],
-                    None, tuple(PathChange(*c).virtual() for c in rev["changes"]))
+    return Revision(
+        rev["id"],
+        rev["seq"],
+        rev["parent_id"],
+        rev["author"],
+        rev["committer"],
+        rev["message"],
+        None,
+        tuple(PathChange(*c).virtual() for c in rev["changes"]),
+    )
 
 
 def take(conn: Connection, intent_id: int) -> dict | None:
@@ -214,8 +265,7 @@ def forget_dead(conn: Connection, workspace_id: int, intent_id: int) -> None:
 def settle(conn: Connection, outcomes: dict[int, str]) -> None:
     """Write the outcomes ``{intent id: JSON}`` of intents recorded for other writers."""
     if outcomes:
-        conn.execute(queries["settle_write_intents"],
-                     {"ids": list(outcomes), "outcomes": list(outcomes.values())})
+        conn.execute(queries["settle_write_intents"], {"ids": list(outcomes), "outcomes": list(outcomes.values())})
 
 
 def withdraw(conn: Connection, intent_id: int) -> bool:
@@ -265,19 +315,26 @@ def clear_journal(repo: Repository, intent_ids) -> None:
             pass
 
 
-def recorded_revision(conn: Connection, repo: Repository, workspace_id: int,
-                      revision_id: str) -> Revision | None:
+def recorded_revision(conn: Connection, repo: Repository, workspace_id: int, revision_id: str) -> Revision | None:
     """The Revision (repo paths) Postgres records as ``revision_id``, or None when it has none."""
-    row = conn.execute(queries["revision_exists"],
-                       {"workspace_id": workspace_id, "revision_id": revision_id}).fetchone()
+    row = conn.execute(
+        queries["revision_exists"], {"workspace_id": workspace_id, "revision_id": revision_id}
+    ).fetchone()
     if row is None:
         return None
     commit = repo.commit(revision_id)
-    changes = conn.execute(queries["revision_changes"],
-                           {"workspace_id": workspace_id, "revision_id": revision_id}).fetchall()
+    changes = conn.execute(
+        queries["revision_changes"], {"workspace_id": workspace_id, "revision_id": revision_id}
+    ).fetchall()
     from kb.store.history import _identity
 
-    return Revision(revision_id, row["seq"], (commit.parents[0].decode() if commit.parents else None),
-                    _identity(commit.author), _identity(commit.committer),
-                    commit.message.decode("utf-8", errors="replace").rstrip("\n"), None,
-                    tuple(PathChange(**c) for c in changes))
+    return Revision(
+        revision_id,
+        row["seq"],
+        (commit.parents[0].decode() if commit.parents else None),
+        _identity(commit.author),
+        _identity(commit.committer),
+        commit.message.decode("utf-8", errors="replace").rstrip("\n"),
+        None,
+        tuple(PathChange(**c) for c in changes),
+    )

@@ -24,7 +24,6 @@ from kb.errors import HistoryDiverged
 from kb.store import write_keys
 
 if TYPE_CHECKING:  # annotations only: the revision dataclasses stay importable without psycopg/dulwich
-
     from kb.db.database import Connection
     from kb.git.repository import Repository
 
@@ -48,6 +47,7 @@ class PathChange:
 
     def virtual(self) -> PathChange:
         """The same change with repo paths turned into ``/documents/...`` paths."""
+
         def v(p: str | None) -> str | None:
             return None if p is None else (p if p.startswith("/") else "/" + p)
 
@@ -85,18 +85,28 @@ def record_revisions(conn: Connection, workspace_id: int, revisions: list[tuple[
         return
     changes = [(r, c) for r, _ in revisions for c in r.changes]
     last = revisions[-1][0]
-    conn.execute(queries["record_revisions"], {
-        "workspace_id": workspace_id,
-        "ids": [r.id for r, _ in revisions], "seqs": [r.seq for r, _ in revisions],
-        "parent_ids": [r.parent_id for r, _ in revisions], "authors": [r.author for r, _ in revisions],
-        "committers": [r.committer for r, _ in revisions], "messages": [r.message for r, _ in revisions],
-        "committed_ats": [t for _, t in revisions],
-        "change_revisions": [r.id for r, _ in changes], "change_seqs": [r.seq for r, _ in changes],
-        "paths": [c.path for _, c in changes], "changes": [c.change for _, c in changes],
-        "old_paths": [c.old_path for _, c in changes], "new_paths": [c.new_path for _, c in changes],
-        "content_ids": [c.content_id for _, c in changes],
-        "head": last.id, "head_seq": last.seq,
-    })
+    conn.execute(
+        queries["record_revisions"],
+        {
+            "workspace_id": workspace_id,
+            "ids": [r.id for r, _ in revisions],
+            "seqs": [r.seq for r, _ in revisions],
+            "parent_ids": [r.parent_id for r, _ in revisions],
+            "authors": [r.author for r, _ in revisions],
+            "committers": [r.committer for r, _ in revisions],
+            "messages": [r.message for r, _ in revisions],
+            "committed_ats": [t for _, t in revisions],
+            "change_revisions": [r.id for r, _ in changes],
+            "change_seqs": [r.seq for r, _ in changes],
+            "paths": [c.path for _, c in changes],
+            "changes": [c.change for _, c in changes],
+            "old_paths": [c.old_path for _, c in changes],
+            "new_paths": [c.new_path for _, c in changes],
+            "content_ids": [c.content_id for _, c in changes],
+            "head": last.id,
+            "head_seq": last.seq,
+        },
+    )
 
 
 def changes_from_git(repo: Repository, revision: str) -> list[PathChange]:
@@ -116,8 +126,7 @@ def changes_from_git(repo: Repository, revision: str) -> list[PathChange]:
         elif change.kind == "added":
             added[change.new_id].append(change.path)
     pairs = {
-        added[blob][0]: paths[0] for blob, paths in removed.items()
-        if len(paths) == 1 and len(added.get(blob, ())) == 1
+        added[blob][0]: paths[0] for blob, paths in removed.items() if len(paths) == 1 and len(added.get(blob, ())) == 1
     }
     sources = {old: new for new, old in pairs.items()}
     result = []
@@ -162,7 +171,11 @@ def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[
             keys.append((key, revision_id))  # design §3: the key travels in the commit object
         seq += 1
         revision = Revision(
-            revision_id, seq, parent, _identity(commit.author), _identity(commit.committer),
+            revision_id,
+            seq,
+            parent,
+            _identity(commit.author),
+            _identity(commit.committer),
             commit.message.decode("utf-8", errors="replace").rstrip("\n"),
             datetime.fromtimestamp(commit.commit_time, UTC),
             tuple(changes_from_git(repo, revision_id)),
@@ -175,8 +188,16 @@ def record_missing(conn: Connection, repo: Repository, workspace: dict) -> list[
 
 
 def _revision(row: dict, changes: tuple[PathChange, ...]) -> Revision:
-    return Revision(row["id"], row["seq"], row["parent_id"], row["author"], row["committer"], row["message"],
-                    row["committed_at"], changes)
+    return Revision(
+        row["id"],
+        row["seq"],
+        row["parent_id"],
+        row["author"],
+        row["committer"],
+        row["message"],
+        row["committed_at"],
+        changes,
+    )
 
 
 def read_history(conn: Connection, workspace_id: int, path: str | None, limit: int) -> list[Revision]:
@@ -190,8 +211,13 @@ def read_history(conn: Connection, workspace_id: int, path: str | None, limit: i
     if path is None:
         rows = conn.execute(queries["workspace_history"], params).fetchall()
         return [
-            _revision(r, tuple(PathChange(p, k, None, o, n).virtual()
-                               for p, k, o, n in zip(r["paths"], r["kinds"], r["old_paths"], r["new_paths"])))
+            _revision(
+                r,
+                tuple(
+                    PathChange(p, k, None, o, n).virtual()
+                    for p, k, o, n in zip(r["paths"], r["kinds"], r["old_paths"], r["new_paths"])
+                ),
+            )
             for r in rows
         ]
     current, max_seq = path, 2**62
@@ -219,13 +245,16 @@ def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str
     recorded after it, following a chain of recorded moves (design §3); None when no recorded
     revision moved it (it was removed, or is still there). An unrecorded ``since_revision`` has no
     recorded moves to follow: None."""
-    row = conn.execute(queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": since_revision}).fetchone()
+    row = conn.execute(
+        queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": since_revision}
+    ).fetchone()
     if row is None:
         return None
     seq, moved = row["seq"], None
     for _ in range(MAX_MOVES_FOLLOWED):
-        rows = conn.execute(queries["document_changes_after"],
-                            {"workspace_id": workspace_id, "path": path, "after_seq": seq}).fetchall()
+        rows = conn.execute(
+            queries["document_changes_after"], {"workspace_id": workspace_id, "path": path, "after_seq": seq}
+        ).fetchall()
         away = next((r for r in rows if r["new_path"]), None)
         if away is None or any(r["change"] == "removed" for r in rows if r["seq"] < away["seq"]):
             return moved

@@ -139,11 +139,16 @@ def _unreadable(source: Path, exc: OSError) -> KbError:
     except ValueError:
         shown = str(name)
     if exc.errno == errno.ENAMETOOLONG:
-        return InvalidPath(shown, f"its path on disk is longer than the operating system allows "
-                                  f"({len(os.fsencode(name))} bytes); use shorter folder or file names. "
-                                  "Nothing was imported")
-    return ImportSourceError(f"cannot read {shown} in {source}: {exc.strerror or exc}; fix its permissions "
-                             "or move it out of the folder, then import again. Nothing was imported")
+        return InvalidPath(
+            shown,
+            f"its path on disk is longer than the operating system allows "
+            f"({len(os.fsencode(name))} bytes); use shorter folder or file names. "
+            "Nothing was imported",
+        )
+    return ImportSourceError(
+        f"cannot read {shown} in {source}: {exc.strerror or exc}; fix its permissions "
+        "or move it out of the folder, then import again. Nothing was imported"
+    )
 
 
 def plan_paths(relative: list[tuple[str, ...]], prefix: tuple[str, ...]) -> dict[tuple[str, ...], str]:
@@ -176,11 +181,13 @@ def import_prefix(prefix: str | None) -> tuple[str, ...]:
     if text == "documents":
         text = ""
     elif text.startswith("documents/"):
-        text = text[len("documents/"):]
+        text = text[len("documents/") :]
     parts = [p for p in text.split("/") if p.strip()]
     if any(p.strip() in (".", "..") for p in parts):
-        raise InvalidInput(f"prefix={prefix!r} contains '.' or '..'; name a folder under /documents",
-                           cli=f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents")
+        raise InvalidInput(
+            f"prefix={prefix!r} contains '.' or '..'; name a folder under /documents",
+            cli=f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents",
+        )
     return tuple(safe_folder_segment(p) for p in parts)
 
 
@@ -220,8 +227,9 @@ def import_folder(
     if created:
         store.create()
     hidden = sum(1 for entry in skipped if entry.hidden)
-    report = ImportReport(store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden,
-                          skipped=skipped)
+    report = ImportReport(
+        store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden, skipped=skipped
+    )
     existing = store.list_paths() if store.head() else {}
     root = "/" + "/".join(("documents", *prefix_parts))
     text = message or f"import {len(relative)} documents from {source.name}"
@@ -240,8 +248,11 @@ def import_folder(
         if prune:
             wanted = {"/" + p for p in planned.values()}
             for virtual in existing:
-                if ((virtual == root or virtual.startswith(root + "/")) and virtual not in wanted
-                        and not virtual.endswith("/.keep")):
+                if (
+                    (virtual == root or virtual.startswith(root + "/"))
+                    and virtual not in wanted
+                    and not virtual.endswith("/.keep")
+                ):
                     draft.remove(virtual)
     report.revision = draft.revision
     if draft.revision is not None:

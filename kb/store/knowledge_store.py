@@ -85,8 +85,11 @@ INDEX_TASK = "kb.index_changes"
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
     """Refuse commit text git and Postgres cannot both hold (design §14): a NUL or a lone surrogate
     anywhere, a line break in an identity. Raises InvalidInput naming the field."""
-    for field, value, single_line in (("message", message, False), ("author", author, True),
-                                      ("committer", committer, True)):
+    for field, value, single_line in (
+        ("message", message, False),
+        ("author", author, True),
+        ("committer", committer, True),
+    ):
         if value is None:
             continue
         if not isinstance(value, str):
@@ -96,8 +99,10 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate: bytes that were not UTF-8 (argv, a file name)
-            raise InvalidInput(f"the {field} {value!r} is not valid Unicode text (character {exc.start + 1} is "
-                               "half of a surrogate pair, e.g. from bytes that were not UTF-8); pass UTF-8 text") from None
+            raise InvalidInput(
+                f"the {field} {value!r} is not valid Unicode text (character {exc.start + 1} is "
+                "half of a surrogate pair, e.g. from bytes that were not UTF-8); pass UTF-8 text"
+            ) from None
         if single_line and ("\n" in value or "\r" in value):
             raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
 
@@ -125,10 +130,10 @@ def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[
     return result
 
 
-
 MAX_HISTORY_LIMIT = 100_000
 """The most revisions one history call returns (a Postgres ``LIMIT`` of any size is accepted,
 but a caller asking for more wants paging, not one list)."""
+
 
 class KnowledgeStore:
     """The store of one workspace: repository at ``{storage_root}/knowledge_store/{id}`` + Postgres."""
@@ -208,8 +213,10 @@ class KnowledgeStore:
             identity = self._repository.identity() or repository_guard.new_identity()
             self._repository.set_identity(identity)
             with database.transaction(self.database_url) as conn:
-                conn.execute(queries["record_repository_identity"],
-                             {"workspace_id": self.workspace_id, "repository_id": identity})
+                conn.execute(
+                    queries["record_repository_identity"],
+                    {"workspace_id": self.workspace_id, "repository_id": identity},
+                )
         return inserted is not None or not existed
 
     # -- reads (no lock) -----------------------------------------------------------------
@@ -235,8 +242,9 @@ class KnowledgeStore:
         try:
             return self.repository.read(revision, target)
         except DocumentNotFound:  # named as the caller names documents (virtual, with its slash)
-            raise not_a_document(self.repository, self.repository.tree_id(revision), target, revision,
-                                 self.workspace_id) from None
+            raise not_a_document(
+                self.repository, self.repository.tree_id(revision), target, revision, self.workspace_id
+            ) from None
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
         """Bytes of a document at ``revision`` (design §3, citations §8)."""
@@ -291,8 +299,9 @@ class KnowledgeStore:
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self, message: str | None, author: str, committer: str | None = None,
-                    idempotency_key: str | None = None) -> Iterator[Draft]:
+    def transaction(
+        self, message: str | None, author: str, committer: str | None = None, idempotency_key: str | None = None
+    ) -> Iterator[Draft]:
         """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
         if the net change is empty. An exception records nothing (design §3).
 
@@ -337,13 +346,15 @@ class KnowledgeStore:
                 raise
             except (KbError, psycopg.Error, OSError) as exc:
                 if attempt + 1 == SETTLE_ATTEMPTS:
-                    raise CommitOutcomeUnknown(self.workspace_id, draft.idempotency_key, reason,
-                                               draft.pending) from exc
+                    raise CommitOutcomeUnknown(self.workspace_id, draft.idempotency_key, reason, draft.pending) from exc
                 time.sleep(SETTLE_PAUSE * (attempt + 1))
         if revision is None:
             raise write_failure(self.workspace_id, failure) from failure
-        self._refresh_worktree(revision.id, _worktree_changes(
-            [PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]), draft)
+        self._refresh_worktree(
+            revision.id,
+            _worktree_changes([PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]),
+            draft,
+        )
         return revision
 
     def write_outcome(self, idempotency_key: str) -> Revision | None:
@@ -362,8 +373,11 @@ class KnowledgeStore:
             self._catch_up(conn, self._workspace_row(conn))
             write_keys.withdraw_intents(conn, self.workspace_id, key)
             revision_id = write_keys.recorded(conn, self.workspace_id, [key]).get(key)
-            recorded = None if revision_id is None else group_commit.recorded_revision(
-                conn, repo, self.workspace_id, revision_id)
+            recorded = (
+                None
+                if revision_id is None
+                else group_commit.recorded_revision(conn, repo, self.workspace_id, revision_id)
+            )
         return None if recorded is None else _virtual(recorded)
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:
@@ -395,8 +409,9 @@ class KnowledgeStore:
         repo = self.repository
         return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
-    def _merge_with_head(self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None,
-                         premerged: dict[str, MergedBlob]) -> dict[str, str | None]:
+    def _merge_with_head(
+        self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None, premerged: dict[str, MergedBlob]
+    ) -> dict[str, str | None]:
         """Under the lock: three-way merge the draft's ``write_merged`` paths with the current head
         (design §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
         if not draft.merge_requests():
@@ -426,9 +441,13 @@ class KnowledgeStore:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
         repo, owed = self.repository, _OwedRefresh()
         try:
-            with locked_pipeline(self.database_url, self.workspace_id, self.settings,
-                                 lambda conn: self._stage_merged(draft),
-                                 lambda conn, _: self._fetch_workspace(conn)) as (conn, (staged, premerged), row):
+            with locked_pipeline(
+                self.database_url,
+                self.workspace_id,
+                self.settings,
+                lambda conn: self._stage_merged(draft),
+                lambda conn, _: self._fetch_workspace(conn),
+            ) as (conn, (staged, premerged), row):
                 workspace = self._workspace_row(conn, row.fetchone())
                 repo.clear_stale_locks()
                 if self._catch_up(conn, workspace):
@@ -437,8 +456,19 @@ class KnowledgeStore:
                 if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
                     return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
                 head = repo.head()
-                built = self._build(conn, draft, staged, premerged, head, repo.tree_id(head),
-                                    workspace["revision_count"] + 1, message, author, committer, key=key)
+                built = self._build(
+                    conn,
+                    draft,
+                    staged,
+                    premerged,
+                    head,
+                    repo.tree_id(head),
+                    workspace["revision_count"] + 1,
+                    message,
+                    author,
+                    committer,
+                    key=key,
+                )
                 if built is None:
                     return None
                 fault_point("objects_written")
@@ -477,8 +507,9 @@ class KnowledgeStore:
         finally:
             owed.release()
 
-    def _commit_queued(self, draft: Draft, message: str | None, author: str, committer: str,
-                       owed: _OwedRefresh) -> Revision | None:
+    def _commit_queued(
+        self, draft: Draft, message: str | None, author: str, committer: str, owed: _OwedRefresh
+    ) -> Revision | None:
         """``_commit_grouped`` itself; ``owed`` takes the refresh hold when this writer leads a
         group that moves the branch, settled by the caller."""
         repo, ws, intent_id = self.repository, self.workspace_id, None
@@ -490,15 +521,19 @@ class KnowledgeStore:
             with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
                 staged = self._stage_merged(draft)[0]
                 draft.submitted = True  # once queued, a holder may record it
-                intent_id, ahead = group_commit.enqueue(conn, ws, draft, staged, message, author, committer,
-                                                        draft.idempotency_key)
+                intent_id, ahead = group_commit.enqueue(
+                    conn, ws, draft, staged, message, author, committer, draft.idempotency_key
+                )
                 if ahead:
                     self._contended = time.monotonic()
                     if waits:  # a holder is at work: wait for it, it may record this draft
                         outcome = group_commit.await_outcome(conn, ws, intent_id, self.settings.lock_timeout)
                 if outcome is None:  # queue for the lock (FIFO: progress for everyone) and lead
                     with locked_pipeline(
-                        self.database_url, ws, self.settings, connection=conn,
+                        self.database_url,
+                        ws,
+                        self.settings,
+                        connection=conn,
                         timeout=max(0.001, deadline - time.monotonic()),
                         with_lock=lambda c, _: (self._fetch_workspace(c), group_commit.claim(c, ws, intent_id)),
                     ) as (conn, _, (row, claimed)):
@@ -509,7 +544,8 @@ class KnowledgeStore:
                             outcome = mine["outcome"]
                         else:
                             own, journal = self._record_group(
-                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed)
+                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed
+                            )
         except LockTimeout:
             if intent_id is None:
                 raise
@@ -517,16 +553,23 @@ class KnowledgeStore:
             if outcome is None:
                 raise
         except BaseException:
-            if intent_id is not None and self._withdraw_quietly(intent_id) and draft.pending is None \
-                    and intent_id not in group_commit.read_journal(repo):
+            if (
+                intent_id is not None
+                and self._withdraw_quietly(intent_id)
+                and draft.pending is None
+                and intent_id not in group_commit.read_journal(repo)
+            ):
                 draft.submitted = False  # withdrawn before any holder recorded it: nothing landed
             raise
         group_commit.clear_journal(repo, journal)  # only once Postgres has committed (design §3)
         if outcome is not None:
             revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
             if revision is not None:
-                self._refresh_worktree(revision.id, _worktree_changes(
-                    [PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]), draft)
+                self._refresh_worktree(
+                    revision.id,
+                    _worktree_changes([PathChange(c.path[1:], c.change, c.content_id) for c in revision.changes]),
+                    draft,
+                )
             return revision
         if isinstance(own, KbError):
             raise own
@@ -536,9 +579,17 @@ class KnowledgeStore:
             return None
         return own.result()
 
-    def _record_group(self, conn: Connection, draft: Draft, staged: dict[str, str | None],
-                      intent_id: int, row, rows: list[dict], text: tuple[str | None, str, str],
-                      owed: _OwedRefresh) -> tuple[Revision | _Built | KbError | None, list[int]]:
+    def _record_group(
+        self,
+        conn: Connection,
+        draft: Draft,
+        staged: dict[str, str | None],
+        intent_id: int,
+        row,
+        rows: list[dict],
+        text: tuple[str | None, str, str],
+        owed: _OwedRefresh,
+    ) -> tuple[Revision | _Built | KbError | None, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
         ref update; settle the others' outcomes. Returns the caller's own result (``_Built``, a
@@ -563,8 +614,9 @@ class KnowledgeStore:
         batch, rounds = pending, 0
         while batch:
             key_of.update({r["id"]: (r["payload"] or {}).get("key") for r in batch if r["id"] != intent_id})
-            known = write_keys.recorded(conn, ws, [k for k in (key_of.get(r["id"]) for r in batch)
-                                                   if k is not None and k not in by_key])
+            known = write_keys.recorded(
+                conn, ws, [k for k in (key_of.get(r["id"]) for r in batch) if k is not None and k not in by_key]
+            )
             for key, revision_id in known.items():
                 by_key[key] = group_commit.recorded_revision(conn, repo, ws, revision_id)
             for r in batch:
@@ -577,16 +629,26 @@ class KnowledgeStore:
                     results[r["id"]] = recorded
                     continue
                 if r["id"] == intent_id:
-                    intent = group_commit.Intent(intent_id, staged, draft.moves(), None, "", "",
-                                                 frozenset(r["artifact_paths"] or ()))
+                    intent = group_commit.Intent(
+                        intent_id, staged, draft.moves(), None, "", "", frozenset(r["artifact_paths"] or ())
+                    )
                     each, words = draft, text
                 else:
                     intent = group_commit.intent_of(r)
                     each, words = intent.draft(repo, head_tree), (intent.message, intent.author, intent.committer)
                 try:
-                    result = self._build(conn, each, intent.staged, {}, head, head_tree, seq + 1, *words,
-                                         intent=intent if r["artifact_paths"] is not None else None,
-                                         key=key_of.get(r["id"]))
+                    result = self._build(
+                        conn,
+                        each,
+                        intent.staged,
+                        {},
+                        head,
+                        head_tree,
+                        seq + 1,
+                        *words,
+                        intent=intent if r["artifact_paths"] is not None else None,
+                        key=key_of.get(r["id"]),
+                    )
                 except KbError as exc:  # this draft alone is refused; the group goes on
                     results[r["id"]] = exc
                     continue
@@ -599,22 +661,30 @@ class KnowledgeStore:
             rounds += 1
             if len(results) > 1 or any(r["id"] != intent_id for r in batch):
                 self._contended = time.monotonic()
-            if rounds > group_commit.MORE_ROUNDS or len(results) >= group_commit.MAX_GROUP \
-                    or time.monotonic() - self._contended > group_commit.CONTENDED_SECONDS:
+            if (
+                rounds > group_commit.MORE_ROUNDS
+                or len(results) >= group_commit.MAX_GROUP
+                or time.monotonic() - self._contended > group_commit.CONTENDED_SECONDS
+            ):
                 break
             # other writers are active: those who queued while this group was built join it
-            batch = [r for r in group_commit.claim(conn, ws, intent_id).fetchall()
-                     if r["outcome"] is None and r["id"] not in results]
+            batch = [
+                r
+                for r in group_commit.claim(conn, ws, intent_id).fetchall()
+                if r["outcome"] is None and r["id"] not in results
+            ]
         others = {i: b.revision.id for i, b in built if i != intent_id}
         if built:
             fault_point("objects_written")
             group_commit.write_journal(repo, others)
-        outcomes = {i: group_commit.outcome_of(res.revision if isinstance(res, _Built) else res)
-                    for i, res in results.items() if i != intent_id}
+        outcomes = {
+            i: group_commit.outcome_of(res.revision if isinstance(res, _Built) else res)
+            for i, res in results.items()
+            if i != intent_id
+        }
         with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
             record_revisions(conn, ws, [(b.revision, b.commit.commit_time) for _, b in built])
-            write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built
-                                         if key_of.get(i) is not None])
+            write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built if key_of.get(i) is not None])
             if built:
                 defer_convergence(conn, ws)
             group_commit.settle(conn, outcomes)
@@ -630,10 +700,21 @@ class KnowledgeStore:
             self._advance(head0, head)
         return own, [*others, *(i for i in journal if i not in others)]
 
-    def _build(self, conn: Connection, draft: Draft, staged: dict[str, str | None],
-               premerged: dict[str, MergedBlob], head: str | None, head_tree: bytes | None, seq: int,
-               message: str | None, author: str, committer: str,
-               intent: group_commit.Intent | None = None, key: str | None = None) -> _Built | None:
+    def _build(
+        self,
+        conn: Connection,
+        draft: Draft,
+        staged: dict[str, str | None],
+        premerged: dict[str, MergedBlob],
+        head: str | None,
+        head_tree: bytes | None,
+        seq: int,
+        message: str | None,
+        author: str,
+        committer: str,
+        intent: group_commit.Intent | None = None,
+        key: str | None = None,
+    ) -> _Built | None:
         """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
         create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
         claimed ARTIFACT paths, else a query), the commit object (carrying the idempotency ``key``, design §3) and the draft's hooks. None when
@@ -664,20 +745,26 @@ class KnowledgeStore:
             if new not in changes or kinds.get(origin) not in ("removed", "modified"):
                 continue
             target, source = changes[new], changes[origin]
-            changes[new] = PathChange(new, "moved", target.content_id, old_path=origin,
-                                      new_path=target.new_path)
+            changes[new] = PathChange(new, "moved", target.content_id, old_path=origin, new_path=target.new_path)
             if source.change == "moved":  # the source is itself a move's destination
-                changes[origin] = PathChange(origin, "moved", source.content_id,
-                                             old_path=source.old_path, new_path=new)
+                changes[origin] = PathChange(origin, "moved", source.content_id, old_path=source.old_path, new_path=new)
             else:
                 changes[origin] = PathChange(
-                    origin, "moved_away" if kinds[origin] == "removed" else "modified",
-                    source.content_id, new_path=new,
+                    origin,
+                    "moved_away" if kinds[origin] == "removed" else "modified",
+                    source.content_id,
+                    new_path=new,
                 )
         ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
         text = message or summarize(list(ordered))
-        commit = repo.make_commit(repo.build_tree(head_tree, list(effective.items())), head, text, author, committer,
-                                  None if key is None else {write_keys.COMMIT_HEADER: key.encode()})
+        commit = repo.make_commit(
+            repo.build_tree(head_tree, list(effective.items())),
+            head,
+            text,
+            author,
+            committer,
+            None if key is None else {write_keys.COMMIT_HEADER: key.encode()},
+        )
         if intent is None:
             artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
         for hook in draft.on_record:  # e.g. the artifact layer's generation check (design §11)
@@ -702,16 +789,29 @@ class KnowledgeStore:
         repo = self.repository
         try:
             refused = repo.refresh_to_head(
-                changed, {p: v for p, v in draft.changes().items()
-                          if isinstance(v, bytes) and p in changed and p not in draft.merge_requests()},
+                changed,
+                {
+                    p: v
+                    for p, v in draft.changes().items()
+                    if isinstance(v, bytes) and p in changed and p not in draft.merge_requests()
+                },
                 moves=draft.moves(),
             )
             if refused:
-                log.warning("workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
-                            self.workspace_id, len(refused), revision_id, refused[0][:80])
+                log.warning(
+                    "workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
+                    self.workspace_id,
+                    len(refused),
+                    revision_id,
+                    refused[0][:80],
+                )
         except (OSError, KbError) as exc:
-            log.warning("workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
-                        self.workspace_id, revision_id, exc)
+            log.warning(
+                "workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
+                self.workspace_id,
+                revision_id,
+                exc,
+            )
 
     def _withdraw(self, intent_id: int, key: str) -> dict | None:
         """After LockTimeout: withdraw the queued intent (returns None: the caller re-raises),
@@ -735,12 +835,16 @@ class KnowledgeStore:
             with database.pooled_transaction(self.database_url) as conn:
                 return group_commit.withdraw(conn, intent_id)
         except (KbError, psycopg.Error, OSError):
-            log.warning("workspace %s: could not withdraw queued write %s; its outcome is settled next",
-                        self.workspace_id, intent_id)
+            log.warning(
+                "workspace %s: could not withdraw queued write %s; its outcome is settled next",
+                self.workspace_id,
+                intent_id,
+            )
             return False
 
-    def _check_tree(self, head_tree: bytes | None, effective: dict[str, str | None],
-                    at_head: dict[str, tuple[str, str] | None]) -> None:
+    def _check_tree(
+        self, head_tree: bytes | None, effective: dict[str, str | None], at_head: dict[str, tuple[str, str] | None]
+    ) -> None:
         """Raise PathExists if applying ``effective`` to HEAD would put a document under a document
         (possible when a concurrent revision created a file where this draft made a folder).
         ``at_head``: ``Repository.lookup_many`` of the changed paths in ``head_tree``."""
@@ -756,8 +860,10 @@ class KnowledgeStore:
                 if (effective[folder] if folder in effective else repo.lookup(head_tree, folder)) is not None:
                     raise PathExists(f"cannot write /{path}: /{folder} is a document (changed meanwhile)")
                 folders_ok.add(folder)
-            if at_head.get(path) and at_head[path][0] == "folder" and any(
-                effective.get(p, b) is not None for p, b in repo.walk(head_tree, path)
+            if (
+                at_head.get(path)
+                and at_head[path][0] == "folder"
+                and any(effective.get(p, b) is not None for p, b in repo.walk(head_tree, path))
             ):
                 raise PathExists(f"cannot write /{path}: it became a folder holding documents meanwhile")
 
@@ -794,15 +900,24 @@ class KnowledgeStore:
             artifact_rows.recover(conn, self.workspace_id, (r.message for r in missing))
             defer_convergence(conn, self.workspace_id)
             try:  # the working tree is a convenience: never let it stop Postgres catching up
-                self.repository.refresh_worktree(
-                    _worktree_changes([c for r in missing for c in r.changes]).items()
-                )
+                self.repository.refresh_worktree(_worktree_changes([c for r in missing for c in r.changes]).items())
             except OSError as exc:
-                log.warning("workspace %s: working tree not refreshed while catching up (%s); `kb fsck` "
-                            "repairs it", self.workspace_id, exc)
+                log.warning(
+                    "workspace %s: working tree not refreshed while catching up (%s); `kb fsck` repairs it",
+                    self.workspace_id,
+                    exc,
+                )
         return [
-            Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
-                     tuple(c.virtual() for c in r.changes))
+            Revision(
+                r.id,
+                r.seq,
+                r.parent_id,
+                r.author,
+                r.committer,
+                r.message,
+                r.committed_at,
+                tuple(c.virtual() for c in r.changes),
+            )
             for r in missing
         ]
 
@@ -813,8 +928,7 @@ class KnowledgeStore:
         connection to read the row on (readers pass theirs), else one of its own. Raises
         HistoryDiverged (the workspace is marked), WorkspaceNotFound."""
         repo = self.repository
-        with (contextlib.nullcontext(conn) if conn is not None
-              else database.transaction(self.database_url)) as conn:
+        with contextlib.nullcontext(conn) if conn is not None else database.transaction(self.database_url) as conn:
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
             if row is not None:
                 repository_guard.check(conn, self.database_url, repo, row)
@@ -841,8 +955,9 @@ class KnowledgeStore:
         with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
             return self.catch_up(conn)
 
-    def revert(self, revision: str, author: str, committer: str | None = None,
-               message: str | None = None) -> Revision | None:
+    def revert(
+        self, revision: str, author: str, committer: str | None = None, message: str | None = None
+    ) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
         in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
         document is still where the revision put it. Returns None when there is nothing to undo.
@@ -869,8 +984,11 @@ class KnowledgeStore:
             for change in changes:
                 # undo a move as a move while the document is still where the revision put it and
                 # its old path is free or holds what this revision wrote there (move-then-write)
-                if (change.change == "moved" and draft.content_id(change.path) == change.content_id
-                        and draft.content_id(change.old_path) in (None, written.get(change.old_path))):
+                if (
+                    change.change == "moved"
+                    and draft.content_id(change.path) == change.content_id
+                    and draft.content_id(change.old_path) in (None, written.get(change.old_path))
+                ):
                     draft.move(change.path, change.old_path, overwrite=True)
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p}
             for path in sorted(touched):
@@ -882,8 +1000,14 @@ class KnowledgeStore:
                     draft.write(path, repo.blob(blob), allow_keep=True)
         return draft.revision
 
-    def restore(self, path: str | StorePath, revision: str, author: str, committer: str | None = None,
-                message: str | None = None) -> Revision | None:
+    def restore(
+        self,
+        path: str | StorePath,
+        revision: str,
+        author: str,
+        committer: str | None = None,
+        message: str | None = None,
+    ) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new forward revision (design §3).
 
         Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
@@ -907,8 +1031,18 @@ SETTLE_PAUSE = 0.15
 
 def _virtual(revision: Revision) -> Revision:
     """``revision`` (repo paths) as callers see it (virtual paths, no commit time)."""
-    return Revision(revision.id, revision.seq, revision.parent_id, revision.author, revision.committer,
-                    revision.message, None, tuple(c.virtual() for c in revision.changes))
+    return Revision(
+        revision.id,
+        revision.seq,
+        revision.parent_id,
+        revision.author,
+        revision.committer,
+        revision.message,
+        None,
+        tuple(c.virtual() for c in revision.changes),
+    )
+
+
 class _OwedRefresh:
     """The working-tree refresh a writer owes once its ref update may have moved the branch: the
     hold ``kb fsck`` waits for (``Repository.refresh_pending``) and the paths to refresh."""
@@ -941,8 +1075,9 @@ class _Built:
     def result(self) -> Revision:
         """The Revision as callers see it (virtual paths)."""
         r = self.revision
-        return Revision(r.id, r.seq, r.parent_id, r.author, r.committer, r.message, None,
-                        tuple(c.virtual() for c in r.changes))
+        return Revision(
+            r.id, r.seq, r.parent_id, r.author, r.committer, r.message, None, tuple(c.virtual() for c in r.changes)
+        )
 
 
 def write_failure(workspace_id: int, exc: BaseException) -> KbError:
@@ -952,15 +1087,20 @@ def write_failure(workspace_id: int, exc: BaseException) -> KbError:
     DatabaseUnavailable saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if isinstance(exc, LockUnavailable):
-        return LockUnavailable(f"workspace {workspace_id}: {reason}; nothing was recorded. Retry when "
-                               "Postgres is back.")
+        return LockUnavailable(
+            f"workspace {workspace_id}: {reason}; nothing was recorded. Retry when Postgres is back."
+        )
     if (missing := database.deleted_workspace(exc)) is not None:
         return missing
     if isinstance(exc, OSError):
-        return StorageError(f"workspace {workspace_id}: the file system refused the write ({reason}); "
-                            "nothing was recorded. Free space or fix permissions, then retry.")
-    return DatabaseUnavailable(f"workspace {workspace_id}: Postgres failed during the write ({reason}); "
-                               "nothing was recorded. Retry when the server is back.")
+        return StorageError(
+            f"workspace {workspace_id}: the file system refused the write ({reason}); "
+            "nothing was recorded. Free space or fix permissions, then retry."
+        )
+    return DatabaseUnavailable(
+        f"workspace {workspace_id}: Postgres failed during the write ({reason}); "
+        "nothing was recorded. Retry when the server is back."
+    )
 
 
 def defer_convergence(conn: Connection, workspace_id: int) -> None:
@@ -969,12 +1109,18 @@ def defer_convergence(conn: Connection, workspace_id: int) -> None:
 
     Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
     """
-    conn.execute(queries["defer_convergence_jobs"], {  # as defer_job for both, in one statement
-        "projection_task": PROJECTION_TASK, "projection_lock": job_lock("projection", workspace_id),
-        "projection_queueing_lock": f"projection:{workspace_id}",
-        "index_task": INDEX_TASK, "index_lock": job_lock("index", workspace_id),
-        "index_queueing_lock": f"index:{workspace_id}", "args": json.dumps({"workspace_id": workspace_id}),
-    })
+    conn.execute(
+        queries["defer_convergence_jobs"],
+        {  # as defer_job for both, in one statement
+            "projection_task": PROJECTION_TASK,
+            "projection_lock": job_lock("projection", workspace_id),
+            "projection_queueing_lock": f"projection:{workspace_id}",
+            "index_task": INDEX_TASK,
+            "index_lock": job_lock("index", workspace_id),
+            "index_queueing_lock": f"index:{workspace_id}",
+            "args": json.dumps({"workspace_id": workspace_id}),
+        },
+    )
     conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # design §13, if any
 
 
@@ -988,8 +1134,9 @@ def job_lock(queue: str, workspace_id: int) -> str:
     return f"{'projection' if queue == 'projection' else 'index'}:{workspace_id}"
 
 
-def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None,
-              delay_seconds: float = 0) -> int | None:
+def defer_job(
+    conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None, delay_seconds: float = 0
+) -> int | None:
     """Defer ``task(workspace_id=…)`` on ``queue`` in ``conn``'s transaction; returns the job id,
     or None when a waiting job with the same queueing lock covers it (default ``"{queue}:{ws}"``;
     ``"{queue}-delayed:{ws}"`` for a delayed one, so a job scheduled later never covers a due one).
@@ -1009,8 +1156,13 @@ def defer_job(conn, queue: str, task: str, workspace_id: int, *, queueing_lock: 
         args, lock = {"workspace_id": workspace_id}, job_lock(queue, workspace_id)
     row = conn.execute(
         queries["defer_job"],
-        {"queue": queue, "task": task, "lock": lock,
-         "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
-         "args": json.dumps(args), "delay_seconds": delay_seconds},
+        {
+            "queue": queue,
+            "task": task,
+            "lock": lock,
+            "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
+            "args": json.dumps(args),
+            "delay_seconds": delay_seconds,
+        },
     ).fetchone()
     return row["id"] if row else None

@@ -36,8 +36,9 @@ def folder_entries(folder: StorePath, children: Iterable[tuple[str, str]]) -> li
     return sorted(entries, key=lambda e: (e.kind != "folder", e.name))
 
 
-def list_tree(repository, tree_id: bytes | None, path: StorePath, revision: str | None,
-              workspace_id: int) -> list[Entry]:
+def list_tree(
+    repository, tree_id: bytes | None, path: StorePath, revision: str | None, workspace_id: int
+) -> list[Entry]:
     """The entries of the folder ``path`` in ``tree_id`` (a document path lists itself; the root
     of an empty workspace lists nothing). Raises DocumentNotFound when nothing is at ``path``,
     naming the path as the tree spells it when only letter case differs."""
@@ -46,23 +47,30 @@ def list_tree(repository, tree_id: bytes | None, path: StorePath, revision: str 
         return [Entry(path.name, path.virtual, "file")]
     children = repository.list_folder(tree_id, rp)
     if not children and path.parts and not repository.is_folder(tree_id, rp):
-        raise DocumentNotFound(f"no folder or document at {_quoted(path.virtual)} in revision {revision or '(empty)'}"
-                               + _what_instead(repository, tree_id, rp, revision, workspace_id, listing=True))
+        raise DocumentNotFound(
+            f"no folder or document at {_quoted(path.virtual)} in revision {revision or '(empty)'}"
+            + _what_instead(repository, tree_id, rp, revision, workspace_id, listing=True)
+        )
     return folder_entries(path, children)
 
 
-def not_a_document(repository, tree_id: bytes | None, repo_path: str, revision: str | None,
-                   workspace_id: int) -> KbError:
+def not_a_document(
+    repository, tree_id: bytes | None, repo_path: str, revision: str | None, workspace_id: int
+) -> KbError:
     """The error for a read of ``repo_path`` that found no document in ``tree_id`` (the tree of
     ``revision``): IsAFolder (suggesting to list it) when a folder is there, else DocumentNotFound,
     with "did you mean" when a path differing only in case is there. Costs one folder read per
     path segment, so call it on the error path only."""
     virtual = "/" + repo_path
     if repository.is_folder(tree_id, repo_path):
-        return IsAFolder(f"{virtual} is a folder, not a document; list it with "
-                         f"{_ls_command(repository, virtual, revision, workspace_id)}")
-    return DocumentNotFound(f"no document at {_quoted(virtual)} in revision {revision or '(empty)'}"
-                            + _what_instead(repository, tree_id, repo_path, revision, workspace_id))
+        return IsAFolder(
+            f"{virtual} is a folder, not a document; list it with "
+            f"{_ls_command(repository, virtual, revision, workspace_id)}"
+        )
+    return DocumentNotFound(
+        f"no document at {_quoted(virtual)} in revision {revision or '(empty)'}"
+        + _what_instead(repository, tree_id, repo_path, revision, workspace_id)
+    )
 
 
 def _quoted(path: str) -> str:
@@ -78,8 +86,9 @@ def _ls_command(repository, virtual: str, revision: str | None, workspace_id: in
     return f"`kb ls {shlex.quote(virtual)} --workspace {workspace_id}{at}`"
 
 
-def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: str | None, workspace_id: int,
-                  listing: bool = False) -> str:
+def _what_instead(
+    repository, tree_id: bytes | None, repo_path: str, revision: str | None, workspace_id: int, listing: bool = False
+) -> str:
     """What to type instead of a path that holds nothing: ``"; did you mean '/documents/Todo.md'?"``
     when ``tree_id`` holds it spelled otherwise (letter case, NFC/NFD: the collision key
     ``name_key``, design §2.2) or with the ``.md`` left off (the ``kb ls`` that lists it when that
@@ -96,9 +105,11 @@ def _what_instead(repository, tree_id: bytes | None, repo_path: str, revision: s
             return f"; {_quoted('/' + spelled)} is a folder: {_ls_command(repository, '/' + spelled, revision, workspace_id)} lists it"
         if spelled != candidate and unicodedata.normalize("NFC", spelled) == unicodedata.normalize("NFC", candidate):
             form = "NFC" if unicodedata.is_normalized("NFC", spelled) else "NFD"
-            return (f"; a name there has the same letters in other code points (Unicode {form}): "
-                    f"{_ls_command(repository, '/' + spelled.rpartition('/')[0], revision, workspace_id)} "
-                    "prints it to copy")
+            return (
+                f"; a name there has the same letters in other code points (Unicode {form}): "
+                f"{_ls_command(repository, '/' + spelled.rpartition('/')[0], revision, workspace_id)} "
+                "prints it to copy"
+            )
         return f"; did you mean {_quoted('/' + spelled)}?"
     folder, _ = _as_spelled(repository, tree_id, repo_path.rpartition("/")[0], folders_only=True)
     return f"; {_ls_command(repository, '/' + folder, revision, workspace_id)} lists what is there"
@@ -115,8 +126,7 @@ def _as_spelled(repository, tree_id: bytes, repo_path: str, folders_only: bool =
     found = root
     for segment in below:
         variants = repository.folder_keys(tree_id, found).get(name_key(segment), ())
-        names = [name for name, kind in variants
-                 if name.casefold() != KEEP and (kind == "folder" or not folders_only)]
+        names = [name for name, kind in variants if name.casefold() != KEEP and (kind == "folder" or not folders_only)]
         if not names:
             return found, False
         found = f"{found}/{segment if segment in names else names[0]}"

@@ -73,9 +73,13 @@ class ProjectionResult:
     def counts(self) -> dict[str, int | str | None]:
         """A JSON-able summary (what the projection job returns)."""
         return {
-            "revision": self.revision, "created": len(self.created), "updated": len(self.updated),
-            "moved": len(self.moved), "deleted": len(self.deleted),
-            "folders_created": len(self.folders_created), "folders_moved": len(self.folders_moved),
+            "revision": self.revision,
+            "created": len(self.created),
+            "updated": len(self.updated),
+            "moved": len(self.moved),
+            "deleted": len(self.deleted),
+            "folders_created": len(self.folders_created),
+            "folders_moved": len(self.folders_moved),
             "folders_deleted": len(self.folders_deleted),
         }
 
@@ -126,7 +130,11 @@ class _Projection:
     """One run of the projection inside one transaction (see the module docstring)."""
 
     def __init__(
-        self, conn: Connection, repo: Repository, workspace_id: int, head: str,
+        self,
+        conn: Connection,
+        repo: Repository,
+        workspace_id: int,
+        head: str,
         paths: set[str] | None = None,
     ) -> None:
         """Load the document rows at ``paths`` (all of the workspace's when None) and every folder row."""
@@ -161,11 +169,14 @@ class _Projection:
         parked = any(new in sources for _, new in pairs)
         moving = [(old, new, self.rows.pop(old)) for old, new in pairs]
         if parked:  # free every source path first so the unique (workspace, path) never trips
-            self._many(queries["move_document"], [self._move_params(old, f"//moving/{row['id']}", row)
-                                                  for old, _, row in moving])
-        self._many(queries["move_document"], [
-            self._move_params(f"//moving/{row['id']}" if parked else old, new, row) for old, new, row in moving
-        ])
+            self._many(
+                queries["move_document"],
+                [self._move_params(old, f"//moving/{row['id']}", row) for old, _, row in moving],
+            )
+        self._many(
+            queries["move_document"],
+            [self._move_params(f"//moving/{row['id']}" if parked else old, new, row) for old, new, row in moving],
+        )
         for _, new, row in moving:
             self.rows[new] = {**row, "path": new}
             self.result.moved.append(row["id"])
@@ -190,8 +201,13 @@ class _Projection:
             folder_id = self.folder_rows.pop(old_dir)
             self.conn.execute(
                 queries["move_folder"],
-                {"workspace_id": self.ws, "old_path": old_dir, "new_path": new_dir,
-                 "name": posixpath.basename(new_dir), "parent_path": _parent(new_dir)},
+                {
+                    "workspace_id": self.ws,
+                    "old_path": old_dir,
+                    "new_path": new_dir,
+                    "name": posixpath.basename(new_dir),
+                    "parent_path": _parent(new_dir),
+                },
             )
             self.folder_rows[new_dir] = folder_id
             self.result.folders_moved.append(folder_id)
@@ -202,9 +218,14 @@ class _Projection:
         delete the rows of ``removed`` paths, or (a full run, ``removed=None``) of every path not
         in ``documents``. Rows without ``content_id`` (claims) are never deleted."""
         changed = [
-            {"workspace_id": self.ws, "path": path, "title": title_from_path(path),
-             "uid_hash": unique_identifier_hash("NOTE", path, self.ws), "content_id": blob,
-             "revision_id": self.head}
+            {
+                "workspace_id": self.ws,
+                "path": path,
+                "title": title_from_path(path),
+                "uid_hash": unique_identifier_hash("NOTE", path, self.ws),
+                "content_id": blob,
+                "revision_id": self.head,
+            }
             for path, blob in documents.items()
             if path not in self.rows or self.rows[path]["content_id"] != blob
         ]
@@ -248,9 +269,7 @@ class _Projection:
         deleted: dict[int, str] = {}
         existing = set(self.folder_rows) if scope is None else set(self.folder_rows) & scope
         for stale in sorted(existing - wanted, reverse=True):  # children first
-            removed = self.conn.execute(
-                queries["delete_folder"], {"workspace_id": self.ws, "path": stale}
-            ).fetchone()
+            removed = self.conn.execute(queries["delete_folder"], {"workspace_id": self.ws, "path": stale}).fetchone()
             self.folder_rows.pop(stale)
             if removed:
                 self.result.folders_deleted.append(removed["id"])
@@ -258,8 +277,7 @@ class _Projection:
         for path in sorted(wanted - set(self.folder_rows)):  # parents first
             added = self.conn.execute(
                 queries["insert_folder"],
-                {"workspace_id": self.ws, "path": path, "name": posixpath.basename(path),
-                 "parent_path": _parent(path)},
+                {"workspace_id": self.ws, "path": path, "name": posixpath.basename(path), "parent_path": _parent(path)},
             ).fetchone()
             if added:
                 self.folder_rows[path] = added["id"]
@@ -283,9 +301,10 @@ class _Projection:
                 if move["seq"] > recorded["seq"] and _virtual(move["old_path"]) == path:
                     path = _virtual(move["new_path"])
             latest[path] = recorded["title"]
-        changed = self._many(queries["set_document_title"], [
-            {"workspace_id": self.ws, "path": path, "title": title} for path, title in latest.items()
-        ])
+        changed = self._many(
+            queries["set_document_title"],
+            [{"workspace_id": self.ws, "path": path, "title": title} for path, title in latest.items()],
+        )
         self.result.updated.extend(row["id"] for row in changed if row["id"] not in self.result.created)
 
     # -- 4. events --------------------------------------------------------------------------
@@ -323,7 +342,11 @@ def event_payload(event: dict) -> str:
 
 
 def project(
-    conn: Connection, repo: Repository, workspace: dict | int, *, force: bool = False,
+    conn: Connection,
+    repo: Repository,
+    workspace: dict | int,
+    *,
+    force: bool = False,
     database_url: str | None = None,
 ) -> ProjectionResult:
     """Converge the workspace's rows to ``repo``'s HEAD inside ``conn``'s open transaction (design §6).
@@ -386,11 +409,12 @@ def project(
         folders_deleted = run.converge_folders(folders_of(list(files)))
     if projected is None:
         run.apply_titles(0)
-    elif (seen := conn.execute(queries["revision_seq"], {"workspace_id": ws, "revision_id": projected}).fetchone()):
+    elif seen := conn.execute(queries["revision_seq"], {"workspace_id": ws, "revision_id": projected}).fetchone():
         run.apply_titles(seen["seq"])
     run.announce(folders_deleted)
     if run.result.moved:
-        conn.execute(queries["moved_documents_indexed_at"],
-                     {"workspace_id": ws, "ids": run.result.moved, "revision_id": head})
+        conn.execute(
+            queries["moved_documents_indexed_at"], {"workspace_id": ws, "ids": run.result.moved, "revision_id": head}
+        )
     conn.execute(queries["set_projected_revision"], {"workspace_id": ws, "revision_id": head})
     return run.result

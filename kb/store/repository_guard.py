@@ -58,8 +58,11 @@ def contains(repo: Repository, head: str | None, revision: str) -> bool:
 def _missing_revision(repo: Repository, row: dict) -> tuple[str, str] | None:
     """``(what, revision)`` of the newest revision Postgres recorded that the repository lacks."""
     head = repo.head()
-    for what, column in (("recorded head", "head_revision"), ("projected revision", "last_projected_revision"),
-                         ("index stamp", "last_indexed_revision")):
+    for what, column in (
+        ("recorded head", "head_revision"),
+        ("projected revision", "last_projected_revision"),
+        ("index stamp", "last_indexed_revision"),
+    ):
         revision = row.get(column)
         if revision is None:
             continue
@@ -77,13 +80,17 @@ def check(conn: Connection, database_url: str | None, repo: Repository, row: dic
     recorded, found = row.get("repository_id"), repo.identity()
     reason = None
     if recorded is not None and found is not None and recorded != found:
-        reason = (f"workspace {ws}: the repository at {repo.path} is another repository (identity {found}; "
-                  f"Postgres records {recorded} for this workspace)")
+        reason = (
+            f"workspace {ws}: the repository at {repo.path} is another repository (identity {found}; "
+            f"Postgres records {recorded} for this workspace)"
+        )
     elif (missing := _missing_revision(repo, row)) is not None:
         what, revision = missing
-        reason = (f"workspace {ws}: the repository at {repo.path} lacks the {what} {revision} that "
-                  f"Postgres recorded (HEAD is {repo.head()}): it was restored from an older backup or "
-                  "replaced by a stale copy")
+        reason = (
+            f"workspace {ws}: the repository at {repo.path} lacks the {what} {revision} that "
+            f"Postgres recorded (HEAD is {repo.head()}): it was restored from an older backup or "
+            "replaced by a stale copy"
+        )
     if reason is not None:
         if database_url is not None:
             mark(database_url, ws, reason)

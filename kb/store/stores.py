@@ -30,8 +30,7 @@ class Stores:
             with self._lock:  # one store per workspace, whichever thread asks first
                 store = self._stores.get(workspace_id)
                 if store is None:
-                    store = self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url,
-                                                                        workspace_id)
+                    store = self._stores[workspace_id] = KnowledgeStore(self.settings, self.database_url, workspace_id)
         return store
 
     def forget(self, workspace_id: int) -> None:

@@ -55,13 +55,13 @@ def check_title(title: object) -> str:
     if not isinstance(title, str):
         raise TypeError(f"title must be str, not {type(title).__name__}")
     if "\0" in title:
-        raise InvalidInput(f"title {title!r} contains a NUL character, which Postgres text cannot "
-                           "hold; remove it")
+        raise InvalidInput(f"title {title!r} contains a NUL character, which Postgres text cannot hold; remove it")
     try:
         title.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: bytes that were not UTF-8 (argv, a file name)
-        raise InvalidInput(f"title {title!r} is not valid Unicode text (bytes that were not UTF-8); "
-                           "pass UTF-8 text") from None
+        raise InvalidInput(
+            f"title {title!r} is not valid Unicode text (bytes that were not UTF-8); pass UTF-8 text"
+        ) from None
     return title
 
 
@@ -97,10 +97,14 @@ def rename_taken(repo, draft, staged: dict[str, str | None], head_tree: bytes | 
             continue  # removed meanwhile in the draft, or retitled to its own name
         folder, name = folder_and_name(path)
         at_base = {n for n, _ in repo.list_folder(draft.base_tree, folder)}
-        at_head = {n for n, _ in repo.list_folder(head_tree, folder)
-                   if staged.get(f"{folder}/{n}", "absent") is not None}  # names the draft removes are free
-        ours = {folder_and_name(p)[1] for p, blob in staged.items()
-                if blob is not None and p != path and folder_and_name(p)[0] == folder}
+        at_head = {
+            n for n, _ in repo.list_folder(head_tree, folder) if staged.get(f"{folder}/{n}", "absent") is not None
+        }  # names the draft removes are free
+        ours = {
+            folder_and_name(p)[1]
+            for p, blob in staged.items()
+            if blob is not None and p != path and folder_and_name(p)[0] == folder
+        }
         new_name = name_taken_since(name, at_head, at_base, ours)
         if new_name is None:
             continue
@@ -118,10 +122,13 @@ def record_titles(conn: Connection, workspace_id: int, seq: int, titles: dict[st
     if not titles:
         return
     with conn.cursor() as cur:
-        cur.executemany(queries["insert_recorded_title"], [
-            {"workspace_id": workspace_id, "seq": seq, "path": "/" + path, "title": title}
-            for path, title in titles.items()
-        ])
+        cur.executemany(
+            queries["insert_recorded_title"],
+            [
+                {"workspace_id": workspace_id, "seq": seq, "path": "/" + path, "title": title}
+                for path, title in titles.items()
+            ],
+        )
 
 
 def recorded_title(conn: Connection, workspace_id: int, path: str) -> str | None:

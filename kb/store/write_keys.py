@@ -44,8 +44,7 @@ def check_key(key: object) -> str:
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidInput(f"an idempotency key has 1 to {MAX_KEY_LENGTH} characters, not {len(key)}")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        raise InvalidInput("an idempotency key cannot hold control characters (line breaks, NUL); "
-                           "use e.g. a UUID")
+        raise InvalidInput("an idempotency key cannot hold control characters (line breaks, NUL); use e.g. a UUID")
     return key
 
 
@@ -61,8 +60,10 @@ def record(conn: Connection, workspace_id: int, pairs: list[tuple[str, str]]) ->
     """Record ``[(key, revision id), …]`` in ``conn``'s transaction (the one recording those
     revisions under the write lock); a key recorded already keeps its first revision."""
     if pairs:
-        conn.execute(queries["record_write_keys"], {
-            "workspace_id": workspace_id, "keys": [k for k, _ in pairs], "revision_ids": [r for _, r in pairs]})
+        conn.execute(
+            queries["record_write_keys"],
+            {"workspace_id": workspace_id, "keys": [k for k, _ in pairs], "revision_ids": [r for _, r in pairs]},
+        )
 
 
 def recorded(conn: Connection, workspace_id: int, keys: list[str]) -> dict[str, str]:

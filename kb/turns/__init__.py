@@ -1,2 +1,1 @@
-"""Turns (design §5): private per-turn worktrees whose edits land as one revision.
-"""
+"""Turns (design §5): private per-turn worktrees whose edits land as one revision."""

@@ -18,8 +18,12 @@ if TYPE_CHECKING:
 
 
 def edit_document(
-    database_url: str, workspace_id: int, open_turn: Callable[[str], Turn], path: str,
-    editor: Callable[[Path], None], message: str | None = None,
+    database_url: str,
+    workspace_id: int,
+    open_turn: Callable[[str], Turn],
+    path: str,
+    editor: Callable[[Path], None],
+    message: str | None = None,
 ) -> CommitResult | None:
     """Materialize ``path`` in a fresh turn (``open_turn(turn_id)`` opens one for the editing
     person), call ``editor(file_path)`` (which edits the file in place), and commit when the bytes
@@ -39,7 +43,8 @@ def edit_document(
         refused = f"{target.virtual} is an ARTIFACT document (id {row['id']}); editor saves refuse artifacts:"
         raise ArtifactReadOnly(
             f"{refused} use artifacts({workspace_id}).revise({row['id']}, generation, markdown)",
-            cli=f"{refused} use `kb artifact revise {row['id']} --generation N FILE -w {workspace_id}`")
+            cli=f"{refused} use `kb artifact revise {row['id']} --generation N FILE -w {workspace_id}`",
+        )
     turn = open_turn(f"edit-{uuid.uuid4().hex}")
     try:
         try:

@@ -132,7 +132,7 @@ def _glob_segments(pattern: str) -> tuple[str, ...]:
     if body.startswith("/"):
         if body != "/documents" and not body.startswith("/documents/"):
             raise InvalidPattern(f"glob {pattern!r}: patterns are relative to /documents or start with /documents/")
-        body = body[len("/documents"):]
+        body = body[len("/documents") :]
     parts = tuple(p for p in body.split("/") if p)
     if not parts or any(p in (".", "..") for p in parts):
         raise InvalidPattern(f"glob {pattern!r}: give a pattern like '**/*.md' or '/documents/Notes/*.md'")
@@ -159,9 +159,15 @@ class Turn:
     another process), plus the store's errors from :meth:`commit`.
     """
 
-    def __init__(self, store: KnowledgeStore, turn_id: str, author: str,
-                 on_close: Callable[[Turn], None] | None = None,
-                 on_open: Callable[[Turn], None] | None = None, committer: str | None = None) -> None:
+    def __init__(
+        self,
+        store: KnowledgeStore,
+        turn_id: str,
+        author: str,
+        on_close: Callable[[Turn], None] | None = None,
+        on_open: Callable[[Turn], None] | None = None,
+        committer: str | None = None,
+    ) -> None:
         self.turn_id = root_turn_id(turn_id)
         self.store = store
         self.author = author
@@ -342,14 +348,14 @@ class Turn:
             children: dict[str, str] = {}
             if worktree.full:
                 for p in self._files(rp):
-                    rest = p[len(rp) + 1:].split("/")
+                    rest = p[len(rp) + 1 :].split("/")
                     children[rest[0]] = "folder" if len(rest) > 1 else "file"
             else:
                 for name, kind in list_folder(self.store.repository, self._base_tree, rp):
                     children[name] = kind
                 for p in worktree.touched:
                     if _under(rp, p):
-                        name = p[len(rp) + 1:].split("/")[0]
+                        name = p[len(rp) + 1 :].split("/")[0]
                         child = f"{rp}/{name}"
                         if child == p:
                             if self._exists(p):
@@ -531,9 +537,11 @@ class Turn:
                 if _under(srp, drp):
                     raise PathExists(f"cannot move folder {s.virtual} into itself")
                 if not overwrite and self._is_folder(drp) and name_key(srp) != name_key(drp):
-                    raise PathExists(f"cannot move folder {s.virtual} to {d.virtual}: a folder exists there; name the "
-                                     f"new path (e.g. {d.virtual}/{s.parts[-1]}) or merge into it with overwrite=True")
-                pairs = [(p, drp + p[len(srp):]) for p in self._files(srp)]
+                    raise PathExists(
+                        f"cannot move folder {s.virtual} to {d.virtual}: a folder exists there; name the "
+                        f"new path (e.g. {d.virtual}/{s.parts[-1]}) or merge into it with overwrite=True"
+                    )
+                pairs = [(p, drp + p[len(srp) :]) for p in self._files(srp)]
             else:
                 raise DocumentNotFound(f"cannot move {s.virtual}: no such document or folder")
             self._check_parents(d)
@@ -659,15 +667,19 @@ class Turn:
             check_new_segment(name, sp.virtual)
             if parent is not None:  # a folder that exists: its children may hold a twin
                 key, folder = name_key(name), parent.repo_path
-                touched = {p[len(folder) + 1:].split("/")[0] for p in self._worktree.touched if _under(folder, p)}
+                touched = {p[len(folder) + 1 :].split("/")[0] for p in self._worktree.touched if _under(folder, p)}
                 candidates = self._base_sibling_keys(folder).get(key, set()) | {
-                    n for n in touched if name_key(n) == key}
-                source = StorePath(renaming.parts[:depth]).repo_path if renaming and len(renaming.parts) >= depth else None
+                    n for n in touched if name_key(n) == key
+                }
+                source = (
+                    StorePath(renaming.parts[:depth]).repo_path if renaming and len(renaming.parts) >= depth else None
+                )
                 for other in sorted(candidates):
                     if f"{parent.repo_path}/{other}" == source:
                         continue  # the name being renamed away
-                    if other != name and (self._exists(f"{parent.repo_path}/{other}")
-                                          or self._is_folder(f"{parent.repo_path}/{other}")):
+                    if other != name and (
+                        self._exists(f"{parent.repo_path}/{other}") or self._is_folder(f"{parent.repo_path}/{other}")
+                    ):
                         raise PathExists(
                             f"cannot create {sp.virtual}: {describe_name(name)} differs only in case or "
                             f"Unicode normalization from the existing {describe_name(other)} in "
@@ -709,8 +721,11 @@ class Turn:
         ``rp``, or the next free name if a commit since the turn's base took it (design §2.2)."""
         folder, name = folder_and_name(rp)
         at_base = {n for n, _ in list_folder(self.store.repository, self._base_tree, folder)}
-        own = {folder_and_name(p)[1] for p, d in changes.items()
-               if d is not None and p != rp and folder_and_name(p)[0] == folder}
+        own = {
+            folder_and_name(p)[1]
+            for p, d in changes.items()
+            if d is not None and p != rp and folder_and_name(p)[0] == folder
+        }
         new_name = name_taken_since(name, draft.names_in(folder), at_base, own)
         return rp if new_name is None else f"{folder}/{new_name}"
 
@@ -744,11 +759,21 @@ class Turn:
                 result = self._result_of(landed)
                 self._finish(destroy=True)
                 return result
-            moves = {new: origin for new, origin in worktree.moves.items()
-                     if changes.get(new) is not None and origin in changes and changes[origin] is None}
-            planned = [PathChange(p, "moved" if p in moves else
-                                  ("removed" if d is None else ("modified" if self._base_blob(p) else "added")))
-                       for p, d in changes.items() if not (d is None and p in moves.values())]
+            moves = {
+                new: origin
+                for new, origin in worktree.moves.items()
+                if changes.get(new) is not None and origin in changes and changes[origin] is None
+            }
+            planned = [
+                PathChange(
+                    p,
+                    "moved"
+                    if p in moves
+                    else ("removed" if d is None else ("modified" if self._base_blob(p) else "added")),
+                )
+                for p, d in changes.items()
+                if not (d is None and p in moves.values())
+            ]
             text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
             gone: list[str] = []
             followed: list[tuple[str, str]] = []
@@ -760,11 +785,14 @@ class Turn:
                         recorded_moves.add(new)
                 for rp, data in changes.items():
                     if data is not None and rp in self._titles:  # created by title: named again if taken
-                        draft.write_titled(self._free_path(draft, rp, changes), data, self._titles[rp].title,
-                                           self._titles[rp])
+                        draft.write_titled(
+                            self._free_path(draft, rp, changes), data, self._titles[rp].title, self._titles[rp]
+                        )
                     elif data is not None:  # an edit of the base's document: merged with head (§5)
                         # a document the turn moved whose origin is gone at head stands as new
-                        base_blob = None if rp in moves and rp not in recorded_moves else self._base_blob(moves.get(rp, rp))
+                        base_blob = (
+                            None if rp in moves and rp not in recorded_moves else self._base_blob(moves.get(rp, rp))
+                        )
                         target = rp
                         if base_blob is not None and rp not in moves and not draft.exists(rp):
                             target = self._where_now(rp, draft, gone)
@@ -778,7 +806,9 @@ class Turn:
                     raise DocumentGone(
                         f"turn {self.turn_id!r} edits {', '.join(gone)}, which another revision removed since the "
                         "turn began; nothing was recorded and the turn is kept. Keep the text under a new path "
-                        "(move it in the turn) or drop the edit (remove it in the turn), then commit again", gone)
+                        "(move it in the turn) or drop the edit (remove it in the turn), then commit again",
+                        gone,
+                    )
             revision = draft.revision
             if revision is None:
                 self._finish(destroy=True)
@@ -838,4 +868,3 @@ class _NamesByKey:
 def list_folder(repository, tree_id: bytes | None, folder: str) -> list[tuple[str, str]]:
     """``(name, "file"|"folder")`` of the direct children of ``folder`` in a tree (one tree read)."""
     return repository.list_folder(tree_id, folder)
-

@@ -123,9 +123,15 @@ class Artifacts:
     # -- reads -------------------------------------------------------------------------
     def _artifact(self, row: dict, files: list[dict], revision: str | None = None) -> Artifact:
         return Artifact(
-            row["id"], self.workspace_id, row["path"], row["title"], row["format"] or "markdown",
-            row["generation"] or 1, revision if revision is not None else row.get("revision_id"),
-            tuple(ArtifactFile(f["role"], f["size"], f["sha256"]) for f in files), row.get("updated_at"),
+            row["id"],
+            self.workspace_id,
+            row["path"],
+            row["title"],
+            row["format"] or "markdown",
+            row["generation"] or 1,
+            revision if revision is not None else row.get("revision_id"),
+            tuple(ArtifactFile(f["role"], f["size"], f["sha256"]) for f in files),
+            row.get("updated_at"),
         )
 
     def list(self) -> list[Artifact]:
@@ -142,14 +148,24 @@ class Artifacts:
         """One artifact's metadata; a sidecar-less ARTIFACT row gets its sidecar (generation 1)
         here, on first use. Raises ArtifactNotFound."""
         with database.transaction(self.store.database_url) as conn:
-            row = conn.execute(queries["get_artifact"],
-                               {"workspace_id": self.workspace_id, "document_id": artifact_id}).fetchone()
+            row = conn.execute(
+                queries["get_artifact"], {"workspace_id": self.workspace_id, "document_id": artifact_id}
+            ).fetchone()
             if row is None or row["document_type"] != "ARTIFACT":
-                raise ArtifactNotFound(f"workspace {self.workspace_id} has no artifact {artifact_id}; "
-                                       f"list them with `kb artifact list --workspace {self.workspace_id}`")
+                raise ArtifactNotFound(
+                    f"workspace {self.workspace_id} has no artifact {artifact_id}; "
+                    f"list them with `kb artifact list --workspace {self.workspace_id}`"
+                )
             if row["generation"] is None:
-                conn.execute(queries["upsert_artifact"], {"document_id": artifact_id, "workspace_id": self.workspace_id,
-                                                          "format": "markdown", "generation": 1})
+                conn.execute(
+                    queries["upsert_artifact"],
+                    {
+                        "document_id": artifact_id,
+                        "workspace_id": self.workspace_id,
+                        "format": "markdown",
+                        "generation": 1,
+                    },
+                )
             files = conn.execute(queries["artifact_files"], {"document_ids": [artifact_id]}).fetchall()
         return self._artifact(row, files)
 
@@ -182,8 +198,15 @@ class Artifacts:
         head = message.rstrip("\n") if message else f'artifact: {verb} "{manifest.title}"'
         return f"{head}\n\n{manifest.trailer()}"
 
-    def save(self, title: str, markdown: str | bytes, files: Mapping[str, bytes] | None = None,
-             format: str = "markdown", author: str | None = None, message: str | None = None) -> Artifact:
+    def save(
+        self,
+        title: str,
+        markdown: str | bytes,
+        files: Mapping[str, bytes] | None = None,
+        format: str = "markdown",
+        author: str | None = None,
+        message: str | None = None,
+    ) -> Artifact:
         """Save a new artifact as one revision (design §11): markdown at
         ``/documents/Artifacts/<safe_filename(title)>`` (`` (2)`` on a collision), ``files``
         (``{role: bytes}``) in the blob store, sidecar rows at generation 1. Returns the Artifact.
@@ -221,13 +244,15 @@ class Artifacts:
                     draft.write(path, data)
             except _NameTaken:
                 continue  # a concurrent revision took the name: choose again at the new HEAD
-            return Artifact(created["id"], self.workspace_id, path.virtual, manifest.title, fmt, 1,
-                            draft.revision.id, stored)
+            return Artifact(
+                created["id"], self.workspace_id, path.virtual, manifest.title, fmt, 1, draft.revision.id, stored
+            )
         raise PathExists(f"could not find a free name for artifact {title!r} in {FOLDER}; retry")
 
     def _locked_row(self, conn, artifact_id: int, expected_generation: int | None, verb: str = "revise") -> dict:
-        row = conn.execute(queries["artifact_for_update"],
-                           {"workspace_id": self.workspace_id, "document_id": artifact_id}).fetchone()
+        row = conn.execute(
+            queries["artifact_for_update"], {"workspace_id": self.workspace_id, "document_id": artifact_id}
+        ).fetchone()
         if row is None or row["document_type"] != "ARTIFACT":
             raise ArtifactNotFound(f"workspace {self.workspace_id} has no artifact {artifact_id} (deleted meanwhile?)")
         current = row["generation"] or 1
@@ -235,9 +260,15 @@ class Artifacts:
             raise StaleGeneration(artifact_id, expected_generation, current, self.workspace_id, verb)
         return row
 
-    def revise(self, artifact_id: int, expected_generation: int, markdown: str | bytes | None = None,
-               files: Mapping[str, bytes] | None = None, author: str | None = None,
-               message: str | None = None) -> Artifact:
+    def revise(
+        self,
+        artifact_id: int,
+        expected_generation: int,
+        markdown: str | bytes | None = None,
+        files: Mapping[str, bytes] | None = None,
+        author: str | None = None,
+        message: str | None = None,
+    ) -> Artifact:
         """Record a new generation of an artifact (design §11): ``markdown`` replaces the document
         (None keeps it), ``files`` replaces the whole set of attached files (None keeps them).
 
@@ -270,8 +301,9 @@ class Artifacts:
                 kept.clear()
                 kept.update({f["role"]: ArtifactFile(f["role"], f["size"], f["sha256"]) for f in rows})
             files_now = tuple(kept.values()) if attached is None else stored
-            manifest = Manifest("revise", row["path"], row["title"], row["format"] or "markdown",
-                                expected_generation + 1, files_now)
+            manifest = Manifest(
+                "revise", row["path"], row["title"], row["format"] or "markdown", expected_generation + 1, files_now
+            )
             write_manifest(conn, self.workspace_id, manifest, document_id=artifact_id)
             result["manifest"] = manifest
 
@@ -288,8 +320,16 @@ class Artifacts:
         if attached is not None:
             self.purge()  # blobs only the previous generation used
         manifest = result["manifest"]
-        return Artifact(artifact_id, self.workspace_id, manifest.path, manifest.title, manifest.format,
-                        manifest.generation, revision.id if revision else None, manifest.files)
+        return Artifact(
+            artifact_id,
+            self.workspace_id,
+            manifest.path,
+            manifest.title,
+            manifest.format,
+            manifest.generation,
+            revision.id if revision else None,
+            manifest.files,
+        )
 
     def _locked_rows_only(self, record: Callable) -> None:
         """Run ``record(conn, head_tree)`` under the write lock after catching Postgres up with git."""
@@ -298,8 +338,13 @@ class Artifacts:
             store.catch_up(conn)
             record(conn, None, None)
 
-    def delete(self, artifact_id: int, expected_generation: int | None = None, author: str | None = None,
-               message: str | None = None) -> Revision | None:
+    def delete(
+        self,
+        artifact_id: int,
+        expected_generation: int | None = None,
+        author: str | None = None,
+        message: str | None = None,
+    ) -> Revision | None:
         """Delete an artifact (design §11): its markdown is removed in one revision (history keeps the
         old text), its rows go, and blobs nothing else references are purged from disk. A purge that
         fails is logged and retried by the sweep; no row ever points at a missing blob.
@@ -311,10 +356,8 @@ class Artifacts:
         author = author or self._default_author()
         current = self.get(artifact_id)
         if expected_generation is not None and expected_generation != current.generation:
-            raise StaleGeneration(artifact_id, expected_generation, current.generation, self.workspace_id,
-                                  "delete")
-        manifest = Manifest("delete", current.path, current.title, current.format, current.generation,
-                            current.files)
+            raise StaleGeneration(artifact_id, expected_generation, current.generation, self.workspace_id, "delete")
+        manifest = Manifest("delete", current.path, current.title, current.format, current.generation, current.files)
 
         def record(conn, _tree, revision_id) -> None:
             # Lock order (kb.locks): the chunk lock before the artifact's row, whose delete
@@ -354,8 +397,12 @@ class Artifacts:
                 try:
                     self.blobs.remove(entry["sha256"])
                 except OSError as exc:
-                    log.warning("workspace %s: artifact blob %s not purged (%s); the sweep retries",
-                                self.workspace_id, entry["sha256"], exc)
+                    log.warning(
+                        "workspace %s: artifact blob %s not purged (%s); the sweep retries",
+                        self.workspace_id,
+                        entry["sha256"],
+                        exc,
+                    )
                     conn.execute(queries["fail_blob_purge"], {**params, "error": str(exc)[:500]})
                     continue
                 removed.append(entry["sha256"])
@@ -378,8 +425,10 @@ class Artifacts:
                 referenced.add(row["sha256"])
                 problem = self.blobs.verify(row["sha256"])
                 if problem is not None:
-                    result.problems.append(f"{row['path']} (artifact {row['document_id']}) file "
-                                           f"{row['role']!r} blob {row['sha256']}: {problem}")
+                    result.problems.append(
+                        f"{row['path']} (artifact {row['document_id']}) file "
+                        f"{row['role']!r} blob {row['sha256']}: {problem}"
+                    )
             cutoff = time.time() - temp_file_age
             orphans = [(self.blobs.path(sha), False) for sha in self.blobs.addresses() if sha not in referenced]
             orphans += [(temp, True) for temp in self.blobs.temp_files()]

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from kb.store.history import Revision
     from kb.store.knowledge_store import KnowledgeStore
 
+
 @dataclass
 class FsckReport:
     """Outcome of ``kb fsck`` for one workspace."""
@@ -82,7 +83,9 @@ def _git(store: KnowledgeStore, *args: str) -> subprocess.CompletedProcess:
         raise ConfigurationError("kb fsck runs git's own check but no `git` executable is on PATH; install git")
     return subprocess.run(
         [executable, "--no-optional-locks", "-C", str(store.path), *args],
-        capture_output=True, timeout=3600, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"},
+        capture_output=True,
+        timeout=3600,
+        env={"LC_ALL": "C", "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"},
     )
 
 
@@ -123,11 +126,13 @@ def fsck(store: KnowledgeStore) -> FsckReport:
 
     repo = store.repository
     head = repo.head()  # the snapshot: everything it reaches was written before the ref moved
-    checked = _git(store, "fsck", "--strict", "--no-progress", "--no-dangling", "--no-reflogs",
-                   *([head] if head else []))
+    checked = _git(
+        store, "fsck", "--strict", "--no-progress", "--no-dangling", "--no-reflogs", *([head] if head else [])
+    )
     report = FsckReport(store.workspace_id, checked.returncode == 0)
     report.git_messages = [
-        line for line in (checked.stdout + checked.stderr).decode(errors="replace").splitlines()
+        line
+        for line in (checked.stdout + checked.stderr).decode(errors="replace").splitlines()
         if line.strip() and not _in_flight(store, line)
     ]
     if not report.git_ok:
@@ -143,7 +148,8 @@ def fsck(store: KnowledgeStore) -> FsckReport:
         report.recorded = store.catch_up(conn)
         head_tree = repo.tree_id(repo.head())
         report.overlong_paths = [
-            "/" + p for p, _ in repo.walk(head_tree, "documents")
+            "/" + p
+            for p, _ in repo.walk(head_tree, "documents")
             if len(p.encode("utf-8", "surrogateescape")) - len("documents/") > MAX_PATH_BYTES
         ]
         overlong = {p[1:] for p in report.overlong_paths}

@@ -63,8 +63,13 @@ class Workspace:
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self, message: str | None = None, author: str | None = None,
-                    committer: str | None = None, idempotency_key: str | None = None) -> Iterator[Draft]:
+    def transaction(
+        self,
+        message: str | None = None,
+        author: str | None = None,
+        committer: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Iterator[Draft]:
         """``with ws.transaction("msg", "alice") as tx: tx.write(...)`` → ``tx.revision``: one
         revision per clean exit, None when net-empty, nothing on exception (design §3).
         ``idempotency_key``: a retry with the key of a write that landed records nothing and gets
@@ -77,33 +82,61 @@ class Workspace:
         """The revision a write with ``idempotency_key`` recorded, or None (design §3)."""
         return self.store.write_outcome(idempotency_key)
 
-    def move(self, source: str, destination: str, *, overwrite: bool = False, message: str | None = None,
-             author: str | None = None) -> Revision | None:
+    def move(
+        self,
+        source: str,
+        destination: str,
+        *,
+        overwrite: bool = False,
+        message: str | None = None,
+        author: str | None = None,
+    ) -> Revision | None:
         """Move a document or folder in one revision; history follows it (``kb mv``). Returns the
         revision (None: nothing moved). Raises DocumentNotFound, PathExists, InvalidPath."""
         with self.transaction(message, author) as draft:
             draft.move(source, destination, overwrite=overwrite)
         return draft.revision
 
-    def revert(self, revision: str, author: str | None = None, committer: str | None = None,
-               message: str | None = None) -> Revision | None:
+    def revert(
+        self, revision: str, author: str | None = None, committer: str | None = None, message: str | None = None
+    ) -> Revision | None:
         """Record a forward revision undoing ``revision``; None when nothing to undo (design §3)."""
         return self.store.revert(revision, author or default_author(), committer, message)
 
-    def restore(self, path: str, revision: str, author: str | None = None, committer: str | None = None,
-                message: str | None = None) -> Revision | None:
+    def restore(
+        self,
+        path: str,
+        revision: str,
+        author: str | None = None,
+        committer: str | None = None,
+        message: str | None = None,
+    ) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
         return self.store.restore(path, revision, author or default_author(), committer, message)
 
-    def import_folder(self, source: Path | str, *, prefix: str | None = None, prune: bool = False,
-                      message: str | None = None, author: str | None = None,
-                      idempotency_key: str | None = None) -> ImportReport:
+    def import_folder(
+        self,
+        source: Path | str,
+        *,
+        prefix: str | None = None,
+        prune: bool = False,
+        message: str | None = None,
+        author: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
         ``transaction``."""
         from kb.store.importer import import_folder
 
-        return import_folder(self.store, Path(source), prefix=prefix, prune=prune, message=message,
-                             author=author or default_author(), idempotency_key=idempotency_key)
+        return import_folder(
+            self.store,
+            Path(source),
+            prefix=prefix,
+            prune=prune,
+            message=message,
+            author=author or default_author(),
+            idempotency_key=idempotency_key,
+        )
 
     # -- maintenance and services ----------------------------------------------------------
     def reconcile(self) -> list[Revision]:

@@ -80,20 +80,35 @@ class WorkspaceSummary:
             return ""
         parts = []
         if self.index_state == "problems":
-            counts = [f"{_count(n, 'document')} {word}" for n, word in (
-                (self.documents_failed, "failed"), (self.documents_quarantined, "quarantined"),
-                (self.documents_unindexable, "unindexable")) if n]
+            counts = [
+                f"{_count(n, 'document')} {word}"
+                for n, word in (
+                    (self.documents_failed, "failed"),
+                    (self.documents_quarantined, "quarantined"),
+                    (self.documents_unindexable, "unindexable"),
+                )
+                if n
+            ]
             parts.append(f"{', '.join(counts)} (`kb status --workspace {self.id}` lists them)")
         if self.head_unrecorded:
-            parts.append("git's HEAD is a revision made outside kb: `kb sweep` records it, then "
-                         "`kb worker --until-idle` indexes it")
-        elif self.revisions_unprojected or self.index_state == "behind" or self.revisions_behind \
-                or self.documents_pending:
+            parts.append(
+                "git's HEAD is a revision made outside kb: `kb sweep` records it, then "
+                "`kb worker --until-idle` indexes it"
+            )
+        elif (
+            self.revisions_unprojected
+            or self.index_state == "behind"
+            or self.revisions_behind
+            or self.documents_pending
+        ):
             if self.revisions_unprojected:
                 waiting = f"{_count(self.revisions_unprojected, 'revision')} waiting to be projected, then indexed"
             else:
-                counts = [_count(n, word) for n, word in ((self.revisions_behind, "revision"),
-                                                           (self.documents_pending, "document")) if n]
+                counts = [
+                    _count(n, word)
+                    for n, word in ((self.revisions_behind, "revision"), (self.documents_pending, "document"))
+                    if n
+                ]
                 waiting = f"{' and '.join(counts) or 'the newest revision'} waiting to be indexed"
             runs = "a worker is running its job now" if self.jobs_running else "`kb worker --until-idle` does it"
             parts.append(f"{waiting} ({runs})")
@@ -123,8 +138,7 @@ def _index_state(row: dict, head: str | None) -> str:
         return "empty"
     if row["documents_failed"] or row["documents_quarantined"] or row["documents_unindexable"]:
         return "problems"
-    if (row["revisions_behind"] or row["revisions_unprojected"] or row["documents_pending"]
-            or row["stamp"] != head):
+    if row["revisions_behind"] or row["revisions_unprojected"] or row["documents_pending"] or row["stamp"] != head:
         return "behind"
     return "indexed"
 
@@ -138,28 +152,40 @@ def list_workspaces(stores: Stores) -> list[WorkspaceSummary]:
     summaries, heads = [], {}
     for row in rows:
         store = stores.store(row["id"])
-        counts = dict(revisions_behind=row["revisions_behind"], documents_pending=row["documents_pending"],
-                      documents_failed=row["documents_failed"], revisions_unprojected=row["revisions_unprojected"],
-                      documents_quarantined=row["documents_quarantined"],
-                      documents_unindexable=row["documents_unindexable"], jobs_running=row["jobs_running"])
+        counts = dict(
+            revisions_behind=row["revisions_behind"],
+            documents_pending=row["documents_pending"],
+            documents_failed=row["documents_failed"],
+            revisions_unprojected=row["revisions_unprojected"],
+            documents_quarantined=row["documents_quarantined"],
+            documents_unindexable=row["documents_unindexable"],
+            jobs_running=row["jobs_running"],
+        )
         if not store.exists():
             summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "no repository", **counts))
             continue
         try:
             head = store.head()
         except KbError as exc:  # one unreadable repository must not hide the others
-            summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "damaged", **counts,
-                                              problem=str(exc)))  # it says what to do
+            summaries.append(
+                WorkspaceSummary(row["id"], row["documents"], None, "damaged", **counts, problem=str(exc))
+            )  # it says what to do
             continue
         if head is not None and head != row["head"]:
             heads[row["id"]] = head
         summaries.append(WorkspaceSummary(row["id"], row["documents"], head, _index_state(row, head), **counts))
     if heads:  # git moved past Postgres' head: recorded since the query above, or made outside kb?
         with database.connect(stores.database_url) as conn:
-            recorded = {r["workspace_id"] for r in conn.execute(
-                queries["recorded_heads"], {"workspace_ids": list(heads), "heads": list(heads.values())})}
-        summaries = [dataclasses.replace(s, head_unrecorded=True) if s.id in heads and s.id not in recorded else s
-                     for s in summaries]
+            recorded = {
+                r["workspace_id"]
+                for r in conn.execute(
+                    queries["recorded_heads"], {"workspace_ids": list(heads), "heads": list(heads.values())}
+                )
+            }
+        summaries = [
+            dataclasses.replace(s, head_unrecorded=True) if s.id in heads and s.id not in recorded else s
+            for s in summaries
+        ]
     return summaries
 
 
@@ -195,10 +221,13 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
     if row is None and not store.exists() and not turns and not leftovers:
         raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")
     if not force and (turns or running):
-        what = ([f"{len(turns)} turn worktree(s) ({', '.join(turns[:5])})"] if turns else []) + \
-               ([f"{len(running)} running job(s)"] if running else [])
-        busy = (f"workspace {workspace_id} is in use: {' and '.join(what)}; commit or abort the turns and "
-                "let the jobs finish, or pass")
+        what = ([f"{len(turns)} turn worktree(s) ({', '.join(turns[:5])})"] if turns else []) + (
+            [f"{len(running)} running job(s)"] if running else []
+        )
+        busy = (
+            f"workspace {workspace_id} is in use: {' and '.join(what)}; commit or abort the turns and "
+            "let the jobs finish, or pass"
+        )
         raise WorkspaceBusy(f"{busy} force=True to delete it anyway", cli=f"{busy} --force to delete it anyway")
     tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
     moved = False
@@ -208,21 +237,40 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
         # locks a running projection (holding document rows, waiting for the workspace row) or
         # index run deadlocked with it. A projection that waited for its lock then finds no
         # workspace row (WorkspaceNotFound), an index run no document.
-        conn.execute(queries["lock_projection"],
-                     {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": workspace_id})
+        conn.execute(queries["lock_projection"], {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": workspace_id})
         chunk_lock(conn, workspace_id)
         owned = conn.execute(queries["workspace_row_ids"], {"workspace_id": workspace_id}).fetchall()
-        events = [{"event": f"{r['kind']}_deleted", "workspace_id": workspace_id, "revision": None,
-                   "id": r["id"], "path": r["path"]} for r in owned]
-        events.append({"event": "workspace_deleted", "workspace_id": workspace_id, "revision": None,
-                       "id": workspace_id, "path": None})
+        events = [
+            {
+                "event": f"{r['kind']}_deleted",
+                "workspace_id": workspace_id,
+                "revision": None,
+                "id": r["id"],
+                "path": r["path"],
+            }
+            for r in owned
+        ]
+        events.append(
+            {
+                "event": "workspace_deleted",
+                "workspace_id": workspace_id,
+                "revision": None,
+                "id": workspace_id,
+                "path": None,
+            }
+        )
         with conn.cursor() as cur:
-            cur.executemany(queries["notify_event"],
-                            [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events])
+            cur.executemany(
+                queries["notify_event"], [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events]
+            )
         jobs = conn.execute(queries["delete_workspace_jobs"], {"workspace_id": workspace_id}).fetchall()
         conn.execute(queries["delete_workspace"], {"workspace_id": workspace_id})
-        for statistics in ("delete_workspace_lexeme_stats", "delete_workspace_text_stats",
-                           "delete_workspace_document_lexeme_stats", "delete_workspace_document_text_stats"):
+        for statistics in (
+            "delete_workspace_lexeme_stats",
+            "delete_workspace_text_stats",
+            "delete_workspace_document_lexeme_stats",
+            "delete_workspace_document_text_stats",
+        ):
             conn.execute(queries[statistics], {"workspace_id": workspace_id})  # no FK: kept by a trigger
         if store.path.exists():
             store.path.rename(tombstone)  # under the lock: no writer commits to it after this
@@ -230,13 +278,23 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
     dropped = _drop_vector_indexes(stores.database_url, workspace_id)
     removed = []
     artifact_files = artifact_blobs_path(stores.settings.storage_root, workspace_id)
-    for path in [*([tombstone] if moved else []), worktrees_root(knowledge_store, workspace_id), artifact_files,
-                 *leftovers]:
+    for path in [
+        *([tombstone] if moved else []),
+        worktrees_root(knowledge_store, workspace_id),
+        artifact_files,
+        *leftovers,
+    ]:
         if path.exists():
             shutil.rmtree(path)
             removed.append(str(store.path if path == tombstone else path))
-    return DeletedWorkspace(workspace_id, sum(r["kind"] == "document" for r in owned),
-                            sum(r["kind"] == "folder" for r in owned), len(jobs), removed, dropped)
+    return DeletedWorkspace(
+        workspace_id,
+        sum(r["kind"] == "document" for r in owned),
+        sum(r["kind"] == "folder" for r in owned),
+        len(jobs),
+        removed,
+        dropped,
+    )
 
 
 def _drop_vector_indexes(database_url: str, workspace_id: int) -> list[str]:
@@ -254,4 +312,3 @@ def _drop_vector_indexes(database_url: str, workspace_id: int) -> list[str]:
             conn.execute(sql.SQL(queries["drop_vector_index"]).format(name=sql.Identifier("kb", name)))
     forget_cached(workspace_id)
     return names
-

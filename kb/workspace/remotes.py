@@ -40,7 +40,6 @@ from kb.settings import Settings
 from kb.store.knowledge_store import KnowledgeStore
 
 if TYPE_CHECKING:
-
     from kb.db.database import Connection
 
 log = logging.getLogger(__name__)
@@ -143,8 +142,9 @@ def _credentials_from_file(path: Path, url: str) -> Credentials | None:
             continue
         if len(prefix) > best_len:
             best_len = len(prefix)
-            best = Credentials(unquote(entry.username) if entry.username else None,
-                               unquote(entry.password) if entry.password else None)
+            best = Credentials(
+                unquote(entry.username) if entry.username else None, unquote(entry.password) if entry.password else None
+            )
     return best
 
 
@@ -178,8 +178,12 @@ class Remote:
         config.set((b"http",), b"timeout", str(HTTP_TIMEOUT_SECONDS).encode())
         try:
             return get_transport_and_path(
-                url, config=config, operation="push", username=credentials.username if credentials else None,
-                password=credentials.password if credentials else None, key_filename=key,
+                url,
+                config=config,
+                operation="push",
+                username=credentials.username if credentials else None,
+                password=credentials.password if credentials else None,
+                key_filename=key,
             )
         except ValueError as exc:
             raise InvalidInput(f"remote {redact_url(url)!r}: {exc}") from None
@@ -199,8 +203,9 @@ class Remote:
     def _contains(self, revision: str) -> bool:
         """True when ``revision`` is HEAD or one of its ancestors (kb's history is first-parent)."""
         with database.connect(self.store.database_url) as conn:
-            if conn.execute(queries["revision_exists"],
-                            {"workspace_id": self.workspace_id, "revision_id": revision}).fetchone():
+            if conn.execute(
+                queries["revision_exists"], {"workspace_id": self.workspace_id, "revision_id": revision}
+            ).fetchone():
                 return True  # every recorded revision is on the branch (design §3)
         repo = self.store.repository
         try:  # a revision git has and Postgres has not recorded yet
@@ -219,8 +224,9 @@ class Remote:
             raise InvalidInput(f"branch {branch!r}: give a plain branch name such as main")
         self.store.require_exists()
         if self.status_or_none() is not None:
-            raise RemoteExists(f"workspace {self.workspace_id} already has a remote; "
-                               f"`kb remote remove -w {self.workspace_id}` first")
+            raise RemoteExists(
+                f"workspace {self.workspace_id} already has a remote; `kb remote remove -w {self.workspace_id}` first"
+            )
         remote_head = self._remote_head(url, branch, resolve_credentials(self.settings, url))
         if remote_head is not None and not self._contains(remote_head):
             raise RemoteDiverged(
@@ -229,8 +235,12 @@ class Remote:
             )
         with database.transaction(self.store.database_url) as conn:
             conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
-            if conn.execute(queries["insert_remote"], {"workspace_id": self.workspace_id, "url": url,
-                                                       "branch": branch}).fetchone() is None:
+            if (
+                conn.execute(
+                    queries["insert_remote"], {"workspace_id": self.workspace_id, "url": url, "branch": branch}
+                ).fetchone()
+                is None
+            ):
                 raise RemoteExists(f"workspace {self.workspace_id} already has a remote")
             conn.execute(queries["defer_push_if_remote"], {"workspace_id": self.workspace_id})
         return self.status()
@@ -244,16 +254,25 @@ class Remote:
         row = conn.execute(queries["remote_status"], {"workspace_id": self.workspace_id}).fetchone()
         if row is None:
             return None
-        return RemoteStatus(row["workspace_id"], redact_url(row["url"]), row["branch"], row["last_pushed_revision"],
-                            row["last_pushed_at"], row["last_push_error"], row["push_failures"], row["head"],
-                            row["behind"])
+        return RemoteStatus(
+            row["workspace_id"],
+            redact_url(row["url"]),
+            row["branch"],
+            row["last_pushed_revision"],
+            row["last_pushed_at"],
+            row["last_push_error"],
+            row["push_failures"],
+            row["head"],
+            row["behind"],
+        )
 
     def status(self) -> RemoteStatus:
         """The remote and its push state; raises RemoteNotFound."""
         found = self.status_or_none()
         if found is None:
-            raise RemoteNotFound(f"workspace {self.workspace_id} has no remote; "
-                                 f"add one with `kb remote add URL -w {self.workspace_id}`")
+            raise RemoteNotFound(
+                f"workspace {self.workspace_id} has no remote; add one with `kb remote add URL -w {self.workspace_id}`"
+            )
         return found
 
     def remove(self) -> None:
@@ -289,8 +308,10 @@ class Remote:
             credentials = resolve_credentials(self.settings, url)
             previous = self._send(url, remote.branch, head, credentials)
         except Exception as exc:
-            message = _redact(str(exc) if isinstance(exc, (RemoteDiverged, RemoteUnreachable))
-                              else f"{type(exc).__name__}: {exc}", credentials)[:2000]
+            message = _redact(
+                str(exc) if isinstance(exc, (RemoteDiverged, RemoteUnreachable)) else f"{type(exc).__name__}: {exc}",
+                credentials,
+            )[:2000]
             with database.transaction(self.store.database_url) as conn:
                 conn.execute(queries["record_push_failure"], {**params, "error": message})
             log.warning("workspace %s: push to %s failed: %s", self.workspace_id, redact_url(url), message)
@@ -313,8 +334,10 @@ class Remote:
             old = refs.get(ref)
             seen["old"] = None if old in (None, ZERO_SHA) else old.decode()
             if seen["old"] is not None and seen["old"] != head and not self._contains(seen["old"]):
-                raise RemoteDiverged(f"the remote branch {branch} is at {seen['old']}, not an ancestor of "
-                                     f"HEAD {head}: someone else pushed there; kb never force-pushes")
+                raise RemoteDiverged(
+                    f"the remote branch {branch} is at {seen['old']}, not an ancestor of "
+                    f"HEAD {head}: someone else pushed there; kb never force-pushes"
+                )
             return {ref: new}
 
         def generate_pack_data(have, want, *, ofs_delta=False, progress=None):
@@ -342,5 +365,7 @@ class Remote:
             return None
         if remote_head is None or self._contains(remote_head):
             return None
-        return (f"remote {found.url} branch {found.branch} is at {remote_head}, which is not an ancestor of "
-                f"HEAD; pushes will fail until it is reset to a revision of this workspace")
+        return (
+            f"remote {found.url} branch {found.branch} is at {remote_head}, which is not an ancestor of "
+            f"HEAD; pushes will fail until it is reset to a revision of this workspace"
+        )

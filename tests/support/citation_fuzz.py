@@ -21,8 +21,25 @@ from kb.lines import document_lines, line_of, line_starts
 
 # -- documents -------------------------------------------------------------------------------------
 WORDS = ["refund", "annual", "plan", "policy", "billing", "days", "contact", "the", "a", "of"]
-ODD_PIECES = ["\t", "\r", "\u2028", "\u2029", "\x0c", "\x0b", "\x85", "\x1c", "年度计划", "退款", "·", "  ", "#", "-",
-              "[1]", "`x`", "é"]
+ODD_PIECES = [
+    "\t",
+    "\r",
+    "\u2028",
+    "\u2029",
+    "\x0c",
+    "\x0b",
+    "\x85",
+    "\x1c",
+    "年度计划",
+    "退款",
+    "·",
+    "  ",
+    "#",
+    "-",
+    "[1]",
+    "`x`",
+    "é",
+]
 
 
 def random_line(rng: random.Random) -> str:
@@ -44,7 +61,7 @@ def random_document_lines(rng: random.Random, max_lines: int = 40) -> list[str]:
     for _ in range(rng.randint(1, max_lines)):
         if lines and rng.random() < 0.15:
             start = rng.randrange(len(lines))
-            lines += lines[start:start + rng.randint(1, 3)]  # a repeated paragraph
+            lines += lines[start : start + rng.randint(1, 3)]  # a repeated paragraph
         else:
             lines.append(random_line(rng))
     return lines
@@ -82,7 +99,7 @@ def check_line_counting(rng: random.Random) -> None:
         begin = starts[number - 1] + (offset_of_line1 if number == 1 else 0)
         if line:
             assert line_of(starts, begin) == number
-            assert text[begin:begin + len(line)] == line
+            assert text[begin : begin + len(line)] == line
             assert line_of(starts, begin + len(line) - 1) == number
 
 
@@ -155,8 +172,25 @@ def _written(rng: random.Random, handle: int, lo: int | None, hi: int | None) ->
     return f"{handle}:{space}{first}{lo}{space}{dash}{space}{second}{hi}"
 
 
-DISTRACTORS = ["a[1]", "f(x)[2]", "m[1][2]", "[x]", "[ ]", "[[1]]", "[[Note]]", "[text](https://e.x/1)", "[1](u)",
-               "`[1]`", "``a[2]``", "\\[1]", "[10:30]", "[^1]", "[text][1]", "[1a]", "nums[3:L2]"]
+DISTRACTORS = [
+    "a[1]",
+    "f(x)[2]",
+    "m[1][2]",
+    "[x]",
+    "[ ]",
+    "[[1]]",
+    "[[Note]]",
+    "[text](https://e.x/1)",
+    "[1](u)",
+    "`[1]`",
+    "``a[2]``",
+    "\\[1]",
+    "[10:30]",
+    "[^1]",
+    "[text][1]",
+    "[1a]",
+    "nums[3:L2]",
+]
 
 
 def random_answer(rng: random.Random) -> AnswerCase:
@@ -208,9 +242,12 @@ def random_answer(rng: random.Random) -> AnswerCase:
                     kept.append(c)
             canon_groups.append(kept)
         separators = [rng.choice([",", ", ", ";", " , "]) for _ in range(3)]
-        written = "".join("[" + "".join(
-            item + (separators[i % 3] if i < len(items) - 1 else "") for i, item in enumerate(items)) + "]"
-            for items in groups)
+        written = "".join(
+            "["
+            + "".join(item + (separators[i % 3] if i < len(items) - 1 else "") for i, item in enumerate(items))
+            + "]"
+            for items in groups
+        )
         out.append(" " + written)
         canon = "".join(str(c) for g in canon_groups for c in g)
         citations += [c for g in canon_groups for c in g]
@@ -243,8 +280,12 @@ class FollowTally:
     ambiguous_numbers: int = 0  # intact, several copies at HEAD, another copy chosen (text identical)
 
 
-def edit_history(rng: random.Random, lines: list[tuple[int, str]], cited: tuple[int, int], max_edits: int = 6,
-                 ) -> list[tuple[int, str]]:
+def edit_history(
+    rng: random.Random,
+    lines: list[tuple[int, str]],
+    cited: tuple[int, int],
+    max_edits: int = 6,
+) -> list[tuple[int, str]]:
     """Apply random edits to ``(identity, text)`` lines: inserts and deletes above, below and
     inside the cited range, and rewrites of lines (a rewrite keeps the identity, changes text)."""
     next_id = max((i for i, _ in lines), default=0) + 1
@@ -268,14 +309,16 @@ def edit_history(rng: random.Random, lines: list[tuple[int, str]], cited: tuple[
                 lines.insert(k, (next_id, text))
                 next_id += 1
         elif roll < 0.8 and lines:
-            del lines[min(k, len(lines) - 1):min(k, len(lines) - 1) + rng.randint(1, 2)]
+            del lines[min(k, len(lines) - 1) : min(k, len(lines) - 1) + rng.randint(1, 2)]
         elif lines:
             k = min(k, len(lines) - 1)
             lines[k] = (lines[k][0], random_line(rng) + " (edited)")
     return lines
 
 
-def random_history(rng: random.Random, old: list[tuple[int, str]], cited: tuple[int, int]) -> list[list[tuple[int, str]] | None]:
+def random_history(
+    rng: random.Random, old: list[tuple[int, str]], cited: tuple[int, int]
+) -> list[list[tuple[int, str]] | None]:
     """Later versions of a document, oldest first: small edits (each ``edit_history``), now and
     then a removal (None) followed by a restore of the last version, and rarely a removal at the end."""
     versions: list[list[tuple[int, str]] | None] = []
@@ -300,7 +343,7 @@ def check_follow(rng: random.Random, tally: FollowTally) -> None:
     history = random_history(rng, old, (start, end))
     versions = [None if v is None else [t for _, t in v] for v in history]
     mapping = follow_history(old_text, versions, start, end)
-    cited = old_text[start - 1:end]
+    cited = old_text[start - 1 : end]
     new = history[-1]
     new_text = versions[-1]
     positions: list[int] = []
@@ -309,12 +352,13 @@ def check_follow(rng: random.Random, tally: FollowTally) -> None:
     else:
         positions = [k for k, (i, _) in enumerate(new) if start <= i <= end]
         intact = bool(positions) and (
-            len(positions) == end - start + 1 and positions == list(range(positions[0], positions[0] + len(positions)))
-            and [t for _, t in new[positions[0]:positions[-1] + 1]] == cited
+            len(positions) == end - start + 1
+            and positions == list(range(positions[0], positions[0] + len(positions)))
+            and [t for _, t in new[positions[0] : positions[-1] + 1]] == cited
         )
         expected = "unchanged" if intact else ("deleted" if not positions else "changed")
     tally.confusion[(expected, mapping.status)] += 1
-    if mapping.status == "unchanged" and new_text[mapping.start - 1:mapping.end] != cited:
+    if mapping.status == "unchanged" and new_text[mapping.start - 1 : mapping.end] != cited:
         tally.wrong_unchanged += 1
     if expected == "unchanged":
         if mapping.status != "unchanged":
@@ -324,7 +368,7 @@ def check_follow(rng: random.Random, tally: FollowTally) -> None:
             else:
                 tally.ambiguous_missed += 1
         elif (mapping.start - 1, mapping.end - 1) != (positions[0], positions[-1]):
-            copies = sum(1 for k in range(len(new_text) - len(cited) + 1) if new_text[k:k + len(cited)] == cited)
+            copies = sum(1 for k in range(len(new_text) - len(cited) + 1) if new_text[k : k + len(cited)] == cited)
             if copies == 1:
                 tally.wrong_numbers += 1
             else:
@@ -403,8 +447,13 @@ class E2ECase:
         kb.create_workspace(self.ws)
         with kb.transaction(self.ws, "seed", "fuzz") as tx:
             for key in range(rng.randint(2, 4)):
-                doc = Doc(f"/documents/d{key}.md", self._lines(25), rng.random() < 0.3, rng.random() < 0.15,
-                          rng.random() < 0.7)
+                doc = Doc(
+                    f"/documents/d{key}.md",
+                    self._lines(25),
+                    rng.random() < 0.3,
+                    rng.random() < 0.15,
+                    rng.random() < 0.7,
+                )
                 self.docs[key] = doc
                 tx.write(doc.path, doc.data())
         kb.index(self.ws)
@@ -439,7 +488,9 @@ class E2ECase:
             if rng.random() < 0.5 and self.docs:
                 doc = self.stripped if self.stripped and rng.random() < 0.6 else rng.choice(list(self.docs.values()))
                 texts = [t for _, t in doc.lines if t.strip()]
-                query = " ".join(rng.sample(WORDS, 2)) if not texts else " ".join(rng.choice(texts).split()[:3]) or "refund"
+                query = (
+                    " ".join(rng.sample(WORDS, 2)) if not texts else " ".join(rng.choice(texts).split()[:3]) or "refund"
+                )
                 try:
                     shown += self.conv.search(query, k=rng.randint(1, 3))
                 except Exception as exc:  # InvalidInput for a query of odd characters only
@@ -452,24 +503,30 @@ class E2ECase:
         written, expected = [], []
         for envelope in shown:  # the reader answers after seeing every envelope of the round
             self.seen_numbered[envelope.cite] = self.seen_numbered.get(envelope.cite, False) or any(
-                n is not None for n, _ in envelope.lines)
+                n is not None for n, _ in envelope.lines
+            )
             self._check_envelope_reads_back(envelope)
         for envelope in shown:
             key = self._key_of(envelope.path)
             numbered = [(n, t) for n, t in envelope.lines if n is not None]
             if key is None:
-                raise AssertionError(f"search showed {envelope.path}, not a document of the model {self.docs} "
-                                     f"HEAD {self.kb.list_paths(self.ws)} log {[(r.message, r.changes) for r in self.kb.history(self.ws)]}")
+                raise AssertionError(
+                    f"search showed {envelope.path}, not a document of the model {self.docs} "
+                    f"HEAD {self.kb.list_paths(self.ws)} log {[(r.message, r.changes) for r in self.kb.history(self.ws)]}"
+                )
             model = self.docs[key]
-            ids = {n: model.lines[n - 1][0] for n, _ in numbered} if key is not None and self._model_matches(
-                model, envelope) else {}
+            ids = (
+                {n: model.lines[n - 1][0] for n, _ in numbered}
+                if key is not None and self._model_matches(model, envelope)
+                else {}
+            )
             for _ in range(rng.randint(1, 2)):
                 if numbered and rng.random() < 0.8:
                     runs = _runs(numbered)
                     run = rng.choice(runs)
                     a = rng.randrange(len(run))
                     b = rng.randrange(a, min(len(run), a + 4))
-                    part = run[a:b + 1]
+                    part = run[a : b + 1]
                     c = Citation(envelope.cite, part[0][0], part[-1][0])
                     expected.append(Cited(c, envelope.path, key, part, [ids.get(n) for n, _ in part]))
                     written.append(_written(rng, c.handle, c.start, c.end))
@@ -485,14 +542,16 @@ class E2ECase:
             return
         answer, i = ["Answer"], 0
         while i < len(written):
-            group = written[i:i + rng.randint(1, 3)]
+            group = written[i : i + rng.randint(1, 3)]
             i += len(group)
             answer.append(rng.choice([" ", " see "]) + "[" + ", ".join(group) + "]" + rng.choice(["", ".", " and"]))
         result = self.conv.normalize("".join(answer))
         self.tally.degraded += len(result.degraded)
         if len(result.degraded) != sum(1 for e in expected if e.degrade):
-            self._fail(f"normalize {''.join(answer)!r} degraded {result.degraded}, expected "
-                       f"{[e.citation for e in expected if e.degrade]}")
+            self._fail(
+                f"normalize {''.join(answer)!r} degraded {result.degraded}, expected "
+                f"{[e.citation for e in expected if e.degrade]}"
+            )
         got = result.citations
         want = [e.citation for e in expected]
         if set(got) != set(want) or result.unknown:  # a repeat within one bracket is written once
@@ -512,8 +571,10 @@ class E2ECase:
             return
         for n, text in envelope.lines:
             if n is not None and (n > len(lines) or lines[n - 1] != text):
-                self._fail(f"envelope {envelope.path} @ {envelope.revision[:12]} line {n} is {text!r}, "
-                           f"the document has {lines[n - 1] if n <= len(lines) else None!r}")
+                self._fail(
+                    f"envelope {envelope.path} @ {envelope.revision[:12]} line {n} is {text!r}, "
+                    f"the document has {lines[n - 1] if n <= len(lines) else None!r}"
+                )
 
     @staticmethod
     def _model_matches(model: Doc, envelope) -> bool:
@@ -557,8 +618,11 @@ class E2ECase:
         elif roll < 0.78 and len(keys) >= 2:
             a, b = rng.sample(keys, 2)
             pa, pb = self.docs[a].path, self.docs[b].path
-            self._commit("swap", [("move", pa, "/documents/swap.tmp.md"), ("move", pb, pa),
-                                  ("move", "/documents/swap.tmp.md", pb)], False)
+            self._commit(
+                "swap",
+                [("move", pa, "/documents/swap.tmp.md"), ("move", pb, pa), ("move", "/documents/swap.tmp.md", pb)],
+                False,
+            )
             self.docs[a].path, self.docs[b].path = pb, pa
         elif roll < 0.86 and len(keys) >= 2:
             key = rng.choice(keys)
@@ -604,16 +668,23 @@ class E2ECase:
             current = self.kb.read(self.ws, follow.path) if follow.path else None
             now = document_lines(current) if current is not None else None
             cited_text = [t for _, t in res.lines]
-            if follow.status == "unchanged" and (now is None or now[follow.start - 1:follow.end] != cited_text) and cited_text:
+            if (
+                follow.status == "unchanged"
+                and (now is None or now[follow.start - 1 : follow.end] != cited_text)
+                and cited_text
+            ):
                 self.tally.follow.wrong_unchanged += 1
                 self._fail(f"follow said unchanged for {cited.citation} but HEAD differs")
             if not cited.lines or None in cited.identities:
                 continue
             entry = next(((k, d) for k, d in head_docs.values() if k == cited.key), None)
             positions = [] if entry is None else [p for p, (i, _) in enumerate(entry[1].lines) if i in cited.identities]
-            intact = bool(positions) and len(positions) == len(cited.identities) and \
-                positions == list(range(positions[0], positions[0] + len(positions))) and \
-                [t for _, t in entry[1].lines[positions[0]:positions[-1] + 1]] == cited_text
+            intact = (
+                bool(positions)
+                and len(positions) == len(cited.identities)
+                and positions == list(range(positions[0], positions[0] + len(positions)))
+                and [t for _, t in entry[1].lines[positions[0] : positions[-1] + 1]] == cited_text
+            )
             expected = "unchanged" if intact else ("deleted" if not positions else "changed")
             self.tally.follow.confusion[(expected, follow.status)] += 1
             if expected == "unchanged":
@@ -628,9 +699,19 @@ class E2ECase:
                         self.tally.follow.missed_unchanged += 1
                         self.tally.notes.append(
                             f"workspace {self.ws}: {cited.citation} intact at {entry[1].path} lines "
-                            f"{positions[0] + 1}-{positions[-1] + 1}, follow answered {follow}")
-                elif (follow.start - 1, follow.end - 1) != (positions[0], positions[-1]) or follow.path != entry[1].path:
-                    if sum(1 for k in range(len(now) - len(cited_text) + 1) if now[k:k + len(cited_text)] == cited_text) == 1:
+                            f"{positions[0] + 1}-{positions[-1] + 1}, follow answered {follow}"
+                        )
+                elif (follow.start - 1, follow.end - 1) != (positions[0], positions[-1]) or follow.path != entry[
+                    1
+                ].path:
+                    if (
+                        sum(
+                            1
+                            for k in range(len(now) - len(cited_text) + 1)
+                            if now[k : k + len(cited_text)] == cited_text
+                        )
+                        == 1
+                    ):
                         self.tally.follow.wrong_numbers += 1
                     else:
                         self.tally.follow.ambiguous_numbers += 1

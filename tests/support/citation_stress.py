@@ -28,7 +28,22 @@ from dataclasses import dataclass, field
 from kb.errors import KbError
 from kb.knowledge_base import KnowledgeBase
 
-VOCABULARY = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "refund", "policy", "annual", "plan", "invoice", "tomato", "river"]
+VOCABULARY = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "kappa",
+    "omega",
+    "sigma",
+    "refund",
+    "policy",
+    "annual",
+    "plan",
+    "invoice",
+    "tomato",
+    "river",
+]
 QUERIES = ["alpha gamma", "refund policy", "annual plan invoice", "tomato", "river omega", "## Heading"]
 FIRST_DOCUMENTS = 30
 
@@ -72,8 +87,9 @@ def git_lines(repo: str, revision: str, path: str, cache: dict) -> list[str] | N
     return cache[key]
 
 
-def stress(kb: KnowledgeBase, workspace_id: int, seconds: float, seed: int = 0, shared: bool = True,
-           searchers: int = 2) -> StressReport:
+def stress(
+    kb: KnowledgeBase, workspace_id: int, seconds: float, seed: int = 0, shared: bool = True, searchers: int = 2
+) -> StressReport:
     """Run the race for ``seconds`` on a new workspace ``workspace_id`` of ``kb`` (hashing or any
     embedder already set on it); returns the StressReport (see the module docstring)."""
     report = StressReport()
@@ -170,10 +186,12 @@ def stress(kb: KnowledgeBase, workspace_id: int, seconds: float, seed: int = 0, 
             if own is not kb:
                 own.close()
 
-    threads = [threading.Thread(target=writer),
-               threading.Thread(target=loop, args=("index", lambda: kb.index(workspace_id))),
-               threading.Thread(target=loop, args=("reindex", lambda: kb.reindex(workspace_id))),
-               threading.Thread(target=loop, args=("project", lambda: kb.project(workspace_id)))]
+    threads = [
+        threading.Thread(target=writer),
+        threading.Thread(target=loop, args=("index", lambda: kb.index(workspace_id))),
+        threading.Thread(target=loop, args=("reindex", lambda: kb.reindex(workspace_id))),
+        threading.Thread(target=loop, args=("project", lambda: kb.project(workspace_id))),
+    ]
     threads += [threading.Thread(target=searcher, args=(i,)) for i in range(searchers)]
     for thread in threads:
         thread.start()
@@ -188,13 +206,18 @@ def stress(kb: KnowledgeBase, workspace_id: int, seconds: float, seed: int = 0, 
     workspace = next(w for w in kb.workspaces() if w["id"] == workspace_id)
     head = kb.head(workspace_id)
     if not workspace["last_projected_revision"] == workspace["last_indexed_revision"] == head:
-        report.fault("not converged", f"head {head}, stamp {workspace['last_indexed_revision']}, "
-                                      f"projected {workspace['last_projected_revision']}")
+        report.fault(
+            "not converged",
+            f"head {head}, stamp {workspace['last_indexed_revision']}, "
+            f"projected {workspace['last_projected_revision']}",
+        )
     if final.failures:
         report.fault("documents failed", str(final.failures))
     counts = kb.status(workspace_id)["workspace"]
     if counts["failed"] or counts["quarantined"] or counts["pending"]:
-        report.fault("documents not indexed", f"{counts['failed']} failed, {counts['quarantined']} "
-                                               f"quarantined, {counts['pending']} pending")
+        report.fault(
+            "documents not indexed",
+            f"{counts['failed']} failed, {counts['quarantined']} quarantined, {counts['pending']} pending",
+        )
     report.counts["documents at the end"] = counts["documents"]
     return report

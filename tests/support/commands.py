@@ -21,6 +21,4 @@ def run_cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.C
 
 def git(repo: Path, *args: str) -> str:
     """Run the real git CLI in ``repo``; returns stdout (raises CalledProcessError on failure)."""
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout

@@ -23,5 +23,6 @@ def corpus_path(*parts: str) -> Path:
 
 def markdown_files(folder: Path) -> list[Path]:
     """The ``.md`` files under ``folder``, sorted, hidden ones left out (as ``kb import`` does)."""
-    return sorted(p for p in folder.rglob("*.md")
-                  if not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return sorted(
+        p for p in folder.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )

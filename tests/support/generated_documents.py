@@ -9,7 +9,21 @@ from kb.db import database
 from kb.knowledge_base import KnowledgeBase
 from support.named_queries import queries
 
-WORDS = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "tau", "refund", "policy", "annual", "plan", "invoice"]
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "kappa",
+    "omega",
+    "sigma",
+    "tau",
+    "refund",
+    "policy",
+    "annual",
+    "plan",
+    "invoice",
+]
 
 
 def named_rows(kb: KnowledgeBase, query: str, **params) -> list[dict]:
@@ -27,8 +41,7 @@ def generated_paragraphs(n: int, seed: int = 7) -> list[str]:
 def generated_corpus(n: int) -> dict[str, str]:
     """``n`` documents of three paragraphs each, spread over four folders: ``{path: text}``."""
     texts = generated_paragraphs(n * 3, seed=3)
-    return {f"/documents/Folder {i % 4}/Doc {i}.md": "\n\n".join(texts[3 * i : 3 * i + 3]) + "\n"
-            for i in range(n)}
+    return {f"/documents/Folder {i % 4}/Doc {i}.md": "\n\n".join(texts[3 * i : 3 * i + 3]) + "\n" for i in range(n)}
 
 
 def write_all(kb: KnowledgeBase, ws: int, docs: dict[str, str], message: str = "import") -> None:

@@ -40,9 +40,20 @@ def git_daemon(root: Path) -> Iterator[str]:
     """Serve every repository under ``root`` on git://127.0.0.1:PORT/ with pushes enabled."""
     port = free_port()
     proc = subprocess.Popen(
-        [shutil.which("git"), "daemon", "--reuseaddr", f"--base-path={root}", "--export-all",
-         "--enable=receive-pack", "--listen=127.0.0.1", f"--port={port}", "--informative-errors", str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            shutil.which("git"),
+            "daemon",
+            "--reuseaddr",
+            f"--base-path={root}",
+            "--export-all",
+            "--enable=receive-pack",
+            "--listen=127.0.0.1",
+            f"--port={port}",
+            "--informative-errors",
+            str(root),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_for_port(port)
@@ -65,21 +76,29 @@ class GitHttpBackend:
     def __call__(self, environ, start_response):
         if environ.get("HTTP_AUTHORIZATION") != self.expected:
             self.refused += 1
-            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="kb-test"'),
-                                                ("Content-Length", "0")])
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="kb-test"'), ("Content-Length", "0")])
             return [b""]
         self.accepted += 1
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         env = {
-            "GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1", "PATH": os.environ["PATH"],
-            "PATH_INFO": environ.get("PATH_INFO", ""), "REQUEST_METHOD": environ["REQUEST_METHOD"],
-            "QUERY_STRING": environ.get("QUERY_STRING", ""), "CONTENT_TYPE": environ.get("CONTENT_TYPE", ""),
-            "CONTENT_LENGTH": str(len(body)), "REMOTE_USER": self.username, "REMOTE_ADDR": "127.0.0.1",
-            "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(self.root),
+            "GIT_PROJECT_ROOT": str(self.root),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "PATH": os.environ["PATH"],
+            "PATH_INFO": environ.get("PATH_INFO", ""),
+            "REQUEST_METHOD": environ["REQUEST_METHOD"],
+            "QUERY_STRING": environ.get("QUERY_STRING", ""),
+            "CONTENT_TYPE": environ.get("CONTENT_TYPE", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_USER": self.username,
+            "REMOTE_ADDR": "127.0.0.1",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "HOME": str(self.root),
         }
-        for header, variable in (("HTTP_CONTENT_ENCODING", "HTTP_CONTENT_ENCODING"),
-                                 ("HTTP_GIT_PROTOCOL", "GIT_PROTOCOL")):
+        for header, variable in (
+            ("HTTP_CONTENT_ENCODING", "HTTP_CONTENT_ENCODING"),
+            ("HTTP_GIT_PROTOCOL", "GIT_PROTOCOL"),
+        ):
             if environ.get(header):
                 env[variable] = environ[header]
         out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout

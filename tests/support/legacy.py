@@ -38,8 +38,9 @@ class LegacyHashEmbedder(HashingEmbedder):
         return np.stack([self._vector(t) for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
 
 
-def make_legacy(pg_server: str, source: Path, workspace: int = 1, *, subset: int | None = None,
-                dsn: str | None = None) -> tuple[str, dict]:
+def make_legacy(
+    pg_server: str, source: Path, workspace: int = 1, *, subset: int | None = None, dsn: str | None = None
+) -> tuple[str, dict]:
     """Create a legacy database on ``pg_server`` (or add to ``dsn``'s) from the markdown under
     ``source`` — its first ``subset`` files (sorted) when given — and return ``(dsn, summary)``
     (the summary of :func:`support.legacy_source.fill_legacy`)."""

@@ -38,11 +38,35 @@ SCHEMA = Path(__file__).with_name("legacy_schema.sql")
 MODEL = "legacy-hash-384"
 DIMENSIONS = 384
 CHUNK_LIMIT = 800  # characters: the legacy chunker merges paragraphs up to this length
-QUIRKS = ("non_note", "unsafe_title", "unsafe_folder", "crlf", "repeated_para", "stale_chunks", "content_only",
-          "legacy_marker", "dup_title", "case_dup", "blank", "pending", "same_created_at")
+QUIRKS = (
+    "non_note",
+    "unsafe_title",
+    "unsafe_folder",
+    "crlf",
+    "repeated_para",
+    "stale_chunks",
+    "content_only",
+    "legacy_marker",
+    "dup_title",
+    "case_dup",
+    "blank",
+    "pending",
+    "same_created_at",
+)
 # what the i-th file (sorted) becomes, by i modulo the schedule's length
-SCHEDULE = ("plain", "unsafe_title", "crlf", "repeated_para", "stale_chunks", "content_only", "plain",
-            "legacy_marker", "dup_title", "case_dup", "non_note")
+SCHEDULE = (
+    "plain",
+    "unsafe_title",
+    "crlf",
+    "repeated_para",
+    "stale_chunks",
+    "content_only",
+    "plain",
+    "legacy_marker",
+    "dup_title",
+    "case_dup",
+    "non_note",
+)
 UNSAFE_SUFFIXES = (": a draft", "/v2", " — why?", ' "quoted"')
 
 
@@ -112,13 +136,24 @@ class _Writer:
         folder_id = self.conn.execute(
             "INSERT INTO legacy.folders (workspace_id, parent_id, name, position, created_at) "
             "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-            (self.workspace, parent, name, f"a{len(self.folders):04d}", self.tick())).fetchone()[0]
+            (self.workspace, parent, name, f"a{len(self.folders):04d}", self.tick()),
+        ).fetchone()[0]
         self.folders[relative] = folder_id
         return folder_id
 
-    def document(self, title: str, folder_id: int | None, body: str, *, document_type: str = "NOTE",
-                 metadata: dict | None = None, status: str = "ready", with_markdown: bool = True,
-                 created_at: dt.datetime | None = None, chunked_from: str | None = None) -> int:
+    def document(
+        self,
+        title: str,
+        folder_id: int | None,
+        body: str,
+        *,
+        document_type: str = "NOTE",
+        metadata: dict | None = None,
+        status: str = "ready",
+        with_markdown: bool = True,
+        created_at: dt.datetime | None = None,
+        chunked_from: str | None = None,
+    ) -> int:
         """Insert one document and, when ready, its chunks (cut from ``chunked_from`` if given,
         else from ``body``); returns its id."""
         created = created_at or self.tick()
@@ -127,18 +162,33 @@ class _Writer:
             "INSERT INTO legacy.documents (workspace_id, folder_id, title, document_type, document_metadata, "
             "content, source_markdown, content_hash, unique_identifier_hash, status, created_by_id, created_at, "
             "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (self.workspace, folder_id, title, document_type, json.dumps(metadata or {}), body,
-             body if with_markdown else None, _sha256(f"{self.workspace}:{body}"),
-             _sha256(f"{document_type}:{unique_id}:{self.workspace}"), status,
-             f"user-{self.rng.randint(1, 5)}", created, created)).fetchone()[0]
+            (
+                self.workspace,
+                folder_id,
+                title,
+                document_type,
+                json.dumps(metadata or {}),
+                body,
+                body if with_markdown else None,
+                _sha256(f"{self.workspace}:{body}"),
+                _sha256(f"{document_type}:{unique_id}:{self.workspace}"),
+                status,
+                f"user-{self.rng.randint(1, 5)}",
+                created,
+                created,
+            ),
+        ).fetchone()[0]
         if status == "ready":
             chunks = legacy_chunks(body if chunked_from is None else chunked_from)
             with self.conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO legacy.chunks (document_id, position, content, embedding, created_at) "
                     "VALUES (%s, %s, %s, %s::vector, %s)",
-                    [(document_id, i, text, _vector_literal(legacy_hash_vector(text)), created)
-                     for i, text in enumerate(chunks)])
+                    [
+                        (document_id, i, text, _vector_literal(legacy_hash_vector(text)), created)
+                        for i, text in enumerate(chunks)
+                    ],
+                )
         return document_id
 
     def page(self, i: int, title: str, folder_id: int | None, body: str, *, alone: bool) -> None:
@@ -150,9 +200,15 @@ class _Writer:
         if (kind == "repeated_para" and not paragraphs) or (kind == "legacy_marker" and alone):
             kind = "plain"
         if kind == "non_note":
-            self.quirks[kind].append(self.document(
-                title, folder_id, body, document_type="FILE",
-                metadata={"filename": f"{title}.pdf", "mime": "application/pdf"}))
+            self.quirks[kind].append(
+                self.document(
+                    title,
+                    folder_id,
+                    body,
+                    document_type="FILE",
+                    metadata={"filename": f"{title}.pdf", "mime": "application/pdf"},
+                )
+            )
         elif kind == "unsafe_title":
             unsafe = title + UNSAFE_SUFFIXES[len(self.quirks[kind]) % len(UNSAFE_SUFFIXES)]
             self.quirks[kind].append(self.document(unsafe, folder_id, body))
@@ -172,12 +228,16 @@ class _Writer:
                 marker = f"/documents/{title} ({document_id}).xml"
                 self.conn.execute(
                     "UPDATE legacy.documents SET document_metadata = document_metadata || %s WHERE id = %s",
-                    (json.dumps({"virtual_path": marker}), document_id))
+                    (json.dumps({"virtual_path": marker}), document_id),
+                )
                 self.quirks[kind].append([document_id, marker])
             elif kind == "dup_title":
-                draft = self.document(title, folder_id, body[: max(1, len(body) // 3)] + "\n\n(draft)\n",
-                                      created_at=dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
-                                      + dt.timedelta(seconds=i))
+                draft = self.document(
+                    title,
+                    folder_id,
+                    body[: max(1, len(body) // 3)] + "\n\n(draft)\n",
+                    created_at=dt.datetime(2025, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i),
+                )
                 self.quirks[kind].append([document_id, draft])
             elif kind == "case_dup":
                 other = title.lower() if title.lower() != title else title.upper()
@@ -192,9 +252,15 @@ class _Writer:
         first = self.document("Twin", None, "# Twin one\n", created_at=same)
         second = self.document("Twin", None, "# Twin two\n", created_at=same)
         self.quirks["same_created_at"].append([first, second])
-        self.quirks["non_note"].append(self.document(
-            "Quarterly report", None, "# Quarterly report\n\nGenerated.\n", document_type="ARTIFACT",
-            metadata={"format": "pdf"}))
+        self.quirks["non_note"].append(
+            self.document(
+                "Quarterly report",
+                None,
+                "# Quarterly report\n\nGenerated.\n",
+                document_type="ARTIFACT",
+                metadata={"format": "pdf"},
+            )
+        )
 
 
 def fill_legacy(dsn: str, source: Path, files: list[Path], workspace: int, seed: int = 7) -> dict:
@@ -208,19 +274,31 @@ def fill_legacy(dsn: str, source: Path, files: list[Path], workspace: int, seed:
     with psycopg.connect(dsn) as conn:
         if not conn.execute("SELECT to_regclass('legacy.documents') IS NOT NULL").fetchone()[0]:
             conn.execute(SCHEMA.read_text())
-        conn.execute("INSERT INTO legacy.meta VALUES ('embedding_model', %s), ('chunker', 'legacy-paragraph-800') "
-                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (MODEL,))
+        conn.execute(
+            "INSERT INTO legacy.meta VALUES ('embedding_model', %s), ('chunker', 'legacy-paragraph-800') "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (MODEL,),
+        )
         writer = _Writer(conn, workspace, seed)
         folders = [path.relative_to(source).parent.as_posix().removeprefix(".") for path in files]
         pages_in = Counter(folders)
         for i, (path, folder) in enumerate(zip(files, folders)):
-            writer.page(i, path.stem, writer.folder(folder), path.read_text(encoding="utf-8"),
-                        alone=pages_in[folder] == 1)
+            writer.page(
+                i, path.stem, writer.folder(folder), path.read_text(encoding="utf-8"), alone=pages_in[folder] == 1
+            )
         writer.rows_every_seed_must_handle()
         documents, folders, chunks = conn.execute(
             "SELECT (SELECT count(*) FROM legacy.documents WHERE workspace_id = %(w)s), "
             "(SELECT count(*) FROM legacy.folders WHERE workspace_id = %(w)s), "
             "(SELECT count(*) FROM legacy.chunks c JOIN legacy.documents d ON d.id = c.document_id "
-            " WHERE d.workspace_id = %(w)s)", {"w": workspace}).fetchone()
-    return {"workspace": workspace, "documents": documents, "folders": folders, "chunks": chunks,
-            "embedding_model": MODEL, "quirks": writer.quirks}
+            " WHERE d.workspace_id = %(w)s)",
+            {"w": workspace},
+        ).fetchone()
+    return {
+        "workspace": workspace,
+        "documents": documents,
+        "folders": folders,
+        "chunks": chunks,
+        "embedding_model": MODEL,
+        "quirks": writer.quirks,
+    }

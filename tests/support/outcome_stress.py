@@ -66,8 +66,9 @@ def _write(kb: KnowledgeBase, ws: int, path: str, text: str, key: str | None):
         return exc
 
 
-def stress_outcomes(kb: KnowledgeBase, ws: int, seconds: float, writers: int = 2, seed: int = 0,
-                    targets: str = "all") -> OutcomeReport:
+def stress_outcomes(
+    kb: KnowledgeBase, ws: int, seconds: float, writers: int = 2, seed: int = 0, targets: str = "all"
+) -> OutcomeReport:
     """Run the writers and the killer for ``seconds``, then check every answer (see the module).
     ``targets``: ``"all"`` client backends of the database, or only the ``"busy"`` ones (inside
     a transaction)."""
@@ -123,8 +124,9 @@ def stress_outcomes(kb: KnowledgeBase, ws: int, seconds: float, writers: int = 2
         revisions = revisions_of.get(path, [])
         first_landed = any(_read(kb, ws, r, path) == first for r in revisions)
         if len(revisions) > 1:
-            report.fault("applied_twice", f"{path}: {type(answer).__name__}, retried, changed in "
-                                          f"{len(revisions)} revisions")
+            report.fault(
+                "applied_twice", f"{path}: {type(answer).__name__}, retried, changed in {len(revisions)} revisions"
+            )
         if isinstance(answer, CommitOutcomeUnknown):
             report.counts["unknown"] += 1
             if keys and (kb.write_outcome(ws, key) is not None) != first_landed:

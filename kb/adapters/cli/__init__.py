@@ -1,2 +1,1 @@
-"""The `kb` command line (design §13): one click group, commands grouped by concept.
-"""
+"""The `kb` command line (design §13): one click group, commands grouped by concept."""

@@ -14,7 +14,10 @@ from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 
 file_option = click.option(
-    "--file", "files", multiple=True, metavar="ROLE=PATH",
+    "--file",
+    "files",
+    multiple=True,
+    metavar="ROLE=PATH",
     help="Attach a file under a role name (repeatable), e.g. --file data.csv=./out/data.csv",
 )
 
@@ -70,10 +73,11 @@ def artifact() -> None:
 @file_option
 @click.option("--format", "fmt", default="markdown", show_default=True, help="Format label, e.g. html, csv.")
 @click.option("--author", help="Author of the revision (default: your user name).")
-@click.option("--message", "-m", help="Revision message (default: artifact: save \"<title>\").")
+@click.option("--message", "-m", help='Revision message (default: artifact: save "<title>").')
 @workspace_option()
-def save(markdown: str, title: str, files: tuple[str, ...], fmt: str, author: str | None,
-         message: str | None, workspace: int) -> None:
+def save(
+    markdown: str, title: str, files: tuple[str, ...], fmt: str, author: str | None, message: str | None, workspace: int
+) -> None:
     """Save a new artifact from a markdown file (MARKDOWN, or - for stdin) as one revision.
 
     Example: kb artifact save report.md --title "Q3 report" --file chart.png=./chart.png -w 1
@@ -86,15 +90,28 @@ def save(markdown: str, title: str, files: tuple[str, ...], fmt: str, author: st
 @click.argument("artifact_id", type=int)
 @click.argument("markdown_file", metavar="[MARKDOWN]", required=False)
 @click.option("--generation", "-g", type=int, required=True, help="The generation you read (kb artifact show).")
-@click.option("--markdown", "markdown", metavar="MARKDOWN",
-              help="The new markdown file, as an option (the same as the MARKDOWN argument).")
+@click.option(
+    "--markdown",
+    "markdown",
+    metavar="MARKDOWN",
+    help="The new markdown file, as an option (the same as the MARKDOWN argument).",
+)
 @file_option
 @click.option("--no-files", is_flag=True, help="Remove every attached file.")
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message.")
 @workspace_option()
-def revise(artifact_id: int, markdown_file: str | None, generation: int, markdown: str | None,
-           files: tuple[str, ...], no_files: bool, author: str | None, message: str | None, workspace: int) -> None:
+def revise(
+    artifact_id: int,
+    markdown_file: str | None,
+    generation: int,
+    markdown: str | None,
+    files: tuple[str, ...],
+    no_files: bool,
+    author: str | None,
+    message: str | None,
+    workspace: int,
+) -> None:
     """Revise an artifact from a new markdown file (MARKDOWN, or - for stdin; omitted keeps the
     markdown), naming the generation you read; a stale one is refused (exit 1) with the current
     generation. --file replaces the whole set of files.

@@ -39,10 +39,14 @@ def cite() -> None:
 @chat_option
 @workspace_option()
 @click.option("--json", "as_json", is_flag=True, help="Print text, citations, unknown, degraded and adjusted as JSON.")
-@click.option("--in-place", "-i", "in_place", is_flag=True,
-              help="Write the normalized text back to FILE instead of printing it.")
-@click.option("--drop-unknown", is_flag=True,
-              help="Remove citations of handles the chat does not have (default: keep them as written).")
+@click.option(
+    "--in-place", "-i", "in_place", is_flag=True, help="Write the normalized text back to FILE instead of printing it."
+)
+@click.option(
+    "--drop-unknown",
+    is_flag=True,
+    help="Remove citations of handles the chat does not have (default: keep them as written).",
+)
 def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, drop_unknown: bool) -> None:
     """Print FILE (default: standard input) with its citations written canonically: [3], [3:L4],
     [3:L4-L6]. FILE itself is left as it is unless --in-place.
@@ -57,8 +61,10 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, 
     from kb.errors import InvalidInput, OutputFileError
 
     if in_place and source.name in ("-", "<stdin>"):
-        raise OutputFileError("--in-place needs a FILE to rewrite, not standard input; name the file "
-                              "(kb cite normalize answer.md --in-place …) or drop --in-place")
+        raise OutputFileError(
+            "--in-place needs a FILE to rewrite, not standard input; name the file "
+            "(kb cite normalize answer.md --in-place …) or drop --in-place"
+        )
     data = source.read()
     try:
         text = data.decode("utf-8")
@@ -76,8 +82,11 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, 
         action = "dropped" if drop_unknown else "kept, unknown to this chat"
         click.echo(f"kb: {action}: {', '.join(f'[{n}]' for n in result.unknown)}", err=True)
     if result.adjusted:
-        click.echo("kb: line ranges adjusted to the documents: "
-                   + ", ".join(f"{raw} → {citation}" for raw, citation in result.adjusted), err=True)
+        click.echo(
+            "kb: line ranges adjusted to the documents: "
+            + ", ".join(f"{raw} → {citation}" for raw, citation in result.adjusted),
+            err=True,
+        )
     if result.degraded:
         click.echo(f"kb: shown un-numbered, cited as whole documents: {', '.join(map(str, result.degraded))}", err=True)
 
@@ -107,8 +116,10 @@ def _rewrite(name: str, text: str, *, changed: bool) -> None:
             os.unlink(temporary)
             raise
     except OSError as exc:
-        raise OutputFileError(f"cannot rewrite {name}: {exc.strerror or exc}; make it and its folder "
-                              "writable, or drop --in-place and redirect the output") from None
+        raise OutputFileError(
+            f"cannot rewrite {name}: {exc.strerror or exc}; make it and its folder "
+            "writable, or drop --in-place and redirect the output"
+        ) from None
     click.echo(f"kb: {name}: citations normalized", err=True)
 
 
@@ -116,7 +127,9 @@ def _rewrite(name: str, text: str, *, changed: bool) -> None:
 @click.argument("citation")
 @chat_option
 @workspace_option()
-@click.option("--follow", is_flag=True, help="Also say where the cited lines are at HEAD (unchanged / changed / deleted).")
+@click.option(
+    "--follow", is_flag=True, help="Also say where the cited lines are at HEAD (unchanged / changed / deleted)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the resolution as JSON.")
 def resolve(citation: str, chat: str, workspace: int, follow: bool, as_json: bool) -> None:
     """Print the text CITATION names, as the chat was shown it (read at the handle's revision).

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from kb.settings import Settings
 
 
-
 @click.command()
 def init() -> None:
     """Ensure the database (starting the embedded one if needed) and apply the schema.
@@ -43,8 +42,10 @@ def _tcp_clients_line(settings: Settings) -> str:
         return "use KB_DATABASE_URL's server (Zero: ZERO_UPSTREAM_DB=<that URL>, ZERO_APP_PUBLICATIONS=kb_publication)"
     url = tcp_database_url(settings)
     if url is None:
-        return ("the embedded server listens on its Unix socket only; set KB_EMBEDDED_LISTEN=127.0.0.1:55432 "
-                "for Zero and GUI clients (then `kb db-url` prints the TCP URL)")
+        return (
+            "the embedded server listens on its Unix socket only; set KB_EMBEDDED_LISTEN=127.0.0.1:55432 "
+            "for Zero and GUI clients (then `kb db-url` prints the TCP URL)"
+        )
     return f"{url} (Zero: ZERO_UPSTREAM_DB={url} ZERO_APP_PUBLICATIONS=kb_publication)"
 
 

@@ -24,7 +24,9 @@ from kb.adapters.cli.options import workspace_option
 @click.option("--prune", is_flag=True, help="Also remove documents under the prefix that PATH no longer has.")
 @click.option("--message", "-m", help="Revision message (default: a summary).")
 @click.option("--author", help="Author of the revision (default: your user name).")
-def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None) -> None:
+def import_(
+    path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None
+) -> None:
     """Import every *.md under PATH into a workspace as one revision.
 
     Hidden files and folders, other files and symbolic links are skipped; each is named with the
@@ -37,8 +39,9 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
     key = uuid.uuid4().hex
     existed = kb.store(workspace).exists()
     try:
-        report = kb.import_folder(path, workspace, prefix=prefix, prune=prune, message=message, author=author,
-                                  idempotency_key=key)
+        report = kb.import_folder(
+            path, workspace, prefix=prefix, prune=prune, message=message, author=author, idempotency_key=key
+        )
     except KeyboardInterrupt:
         _settle_interrupted_import(kb, workspace, key, existed)
     if report.created_workspace:
@@ -62,9 +65,11 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         if len(paths) > shown_per_reason:
             click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
     if report.unindexable:
-        click.echo(f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
-                   "citations work) but search will not find them; `kb status` counts them as unindexable. "
-                   "Fix the file and import again to index it:")
+        click.echo(
+            f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
+            "citations work) but search will not find them; `kb status` counts them as unindexable. "
+            "Fix the file and import again to index it:"
+        )
         for unindexable, reason in report.unindexable.items():
             click.echo(f"  {unindexable}: {reason}")
     if report.revision is not None:
@@ -74,13 +79,17 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
         if workers:
             click.echo(f"{workers} kb worker(s) running will index it; `kb status -w {workspace}` shows progress")
         else:
-            click.echo(f"not indexed yet: run `kb worker --until-idle` (or keep `kb worker` or "
-                       f"`kb serve --with-worker` running), then `kb search QUERY -w {workspace}`")
+            click.echo(
+                f"not indexed yet: run `kb worker --until-idle` (or keep `kb worker` or "
+                f"`kb serve --with-worker` running), then `kb search QUERY -w {workspace}`"
+            )
     if report.renamed:
         count = len(report.renamed)
-        click.echo(f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
-                   f"(e.g. {next(iter(report.renamed))} -> {next(iter(report.renamed.values()))}); "
-                   "see docs/storage-and-paths.md")
+        click.echo(
+            f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
+            f"(e.g. {next(iter(report.renamed))} -> {next(iter(report.renamed.values()))}); "
+            "see docs/storage-and-paths.md"
+        )
 
 
 @click.command()
@@ -91,8 +100,9 @@ def import_(path: Path, workspace: int, prefix: str | None, prune: bool, message
 @click.option("--chat", "-c", "chat", help="Read as this conversation: the envelope cites its handle (kb cite).")
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Lines to skip.")
 @click.option("--limit", type=click.IntRange(min=0), help="Most lines to show (default: to the end).")
-def read(path: str, workspace: int, revision: str | None, as_json: bool, chat: str | None, offset: int,
-         limit: int | None) -> None:
+def read(
+    path: str, workspace: int, revision: str | None, as_json: bool, chat: str | None, offset: int, limit: int | None
+) -> None:
     """Print one document's envelope: every line, or a window of lines with their true numbers.
 
     Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb read
@@ -136,21 +146,25 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
         if code != 0:
             raise click.ClickException(f"editor {command!r} exited with status {code}; nothing was recorded")
 
-    result = session.open_kb().edit_document(workspace, path, run_editor, author=author, message=message,
-                                   committer=committer)
+    result = session.open_kb().edit_document(
+        workspace, path, run_editor, author=author, message=message, committer=committer
+    )
     if result is None:
         click.echo("no changes; nothing recorded")
     else:
         verbs = [("created", result.added), ("updated", result.modified), ("removed", result.removed)]
-        click.echo(f"revision {result.revision}: "
-                   + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in verbs if paths))
+        click.echo(
+            f"revision {result.revision}: " + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in verbs if paths)
+        )
         for merged in result.merged:
             click.echo(f"note: {merged} was changed by someone else meanwhile; both changes were merged")
         for overwritten in result.overwrote:
             hunks = result.lost_hunks.get(overwritten, [])
             where = ", ".join(f"line {h.start_line}" for h in hunks)
-            click.echo(f"note: {overwritten} was changed by someone else meanwhile; your save replaced "
-                       + (f"their lines at {where} (still in history)" if hunks else "it"))
+            click.echo(
+                f"note: {overwritten} was changed by someone else meanwhile; your save replaced "
+                + (f"their lines at {where} (still in history)" if hunks else "it")
+            )
 
 
 @click.command("ls")
@@ -182,8 +196,15 @@ def ls(folder: str, workspace: int, revision: str | None, as_json: bool) -> None
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--committer", help="Who records the revision (default: the author).")
 @click.option("--message", "-m", help="Revision message (default: a summary such as 'docs: add 1 file').")
-def new(folder_or_title: str, title: str | None, workspace: int, body: str | None, author: str | None,
-        committer: str | None, message: str | None) -> None:
+def new(
+    folder_or_title: str,
+    title: str | None,
+    workspace: int,
+    body: str | None,
+    author: str | None,
+    committer: str | None,
+    message: str | None,
+) -> None:
     """Create a document titled TITLE in FOLDER (default: /documents, the root); the path law
     picks a safe, unique file name (`` (2)`` when taken) and the title is kept as typed. Prints
     the final path. A workspace that does not exist yet is created (as kb import does).
@@ -196,8 +217,9 @@ def new(folder_or_title: str, title: str | None, workspace: int, body: str | Non
     # One argument is the title (at the root); two are FOLDER TITLE, as before.
     folder, title = ("/documents", folder_or_title) if title is None else (folder_or_title, title)
     if not title.strip():
-        raise click.BadParameter("the title is empty; give the document a title, e.g. kb new \"Meeting notes\" -w 1",
-                                 param_hint="TITLE")
+        raise click.BadParameter(
+            'the title is empty; give the document a title, e.g. kb new "Meeting notes" -w 1', param_hint="TITLE"
+        )
     if body is None:
         body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     kb = session.open_kb()
@@ -213,18 +235,25 @@ def new(folder_or_title: str, title: str | None, workspace: int, body: str | Non
 @click.argument("source")
 @click.argument("destination")
 @workspace_option()
-@click.option("--overwrite", is_flag=True,
-              help="Replace a document already at DESTINATION; for a folder, merge into an existing folder there.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace a document already at DESTINATION; for a folder, merge into an existing folder there.",
+)
 @click.option("--author", help="Author of the revision (default: your user name).")
 @click.option("--message", "-m", help="Revision message (default: 'docs: move N files').")
-def move(source: str, destination: str, workspace: int, overwrite: bool, author: str | None,
-         message: str | None) -> None:
+def move(
+    source: str, destination: str, workspace: int, overwrite: bool, author: str | None, message: str | None
+) -> None:
     """Move the document or folder SOURCE to DESTINATION in one revision; history follows it.
 
     Example: kb mv "/documents/Old name.md" "/documents/Archive/New name.md" --workspace 1
     """
-    revision = session.open_kb().workspace(workspace).move(source, destination, overwrite=overwrite,
-                                                            message=message, author=author)
+    revision = (
+        session.open_kb()
+        .workspace(workspace)
+        .move(source, destination, overwrite=overwrite, message=message, author=author)
+    )
     click.echo("nothing moved" if revision is None else f"revision {revision.id}: moved {source} to {destination}")
 
 
@@ -240,9 +269,11 @@ def _settle_interrupted_import(kb, workspace: int, key: str, existed: bool) -> N
     except WorkspaceNotFound:
         revision = None
     except KbError as exc:
-        click.echo(f"kb: interrupted; whether the import was recorded is unknown ({exc}). Run "
-                   f"`kb write-outcome {key} --workspace {workspace}` to find out before importing again.",
-                   err=True)
+        click.echo(
+            f"kb: interrupted; whether the import was recorded is unknown ({exc}). Run "
+            f"`kb write-outcome {key} --workspace {workspace}` to find out before importing again.",
+            err=True,
+        )
         raise SystemExit(130) from None
     if revision is not None:
         click.echo(f"kb: interrupted, but the import had already landed: revision {revision.id}", err=True)

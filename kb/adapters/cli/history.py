@@ -11,8 +11,14 @@ from kb.adapters.cli.options import workspace_option
 @click.command()
 @click.argument("path", required=False)
 @workspace_option()
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(min=1, max=100_000),
-              help="Most revisions to show, newest first.")
+@click.option(
+    "--limit",
+    "-n",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=1, max=100_000),
+    help="Most revisions to show, newest first.",
+)
 def log(path: str | None, workspace: int, limit: int) -> None:
     """Revisions newest first (id, author, date, message, paths changed).
 
@@ -42,7 +48,7 @@ def _describe(change) -> str:
 @click.command()
 @click.argument("revision")
 @workspace_option()
-@click.option("--message", "-m", help="Revision message (default: Revert \"<message>\").")
+@click.option("--message", "-m", help='Revision message (default: Revert "<message>").')
 @click.option("--author", help="Author of the revision (default: your user name).")
 def revert(revision: str, workspace: int, message: str | None, author: str | None) -> None:
     """Record a new revision that undoes REVISION (the paths it touched go back to their state
@@ -78,8 +84,9 @@ def _described(revision) -> str:
             parts.setdefault(verbs[change.change], []).append(change.path)
         elif change.change == "moved":
             parts.setdefault("moved", []).append(f"{change.old_path} to {change.path}")
-    return f"revision {revision.id}" + (": " + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in parts.items())
-                                        if parts else "")
+    return f"revision {revision.id}" + (
+        ": " + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in parts.items()) if parts else ""
+    )
 
 
 @click.command("write-outcome")

@@ -12,7 +12,9 @@ from kb.adapters.cli.options import workspace_option
 
 
 @click.command()
-@click.option("--until-idle", is_flag=True, help="Exit 0 once no job is due or runnable (jobs scheduled for later are listed).")
+@click.option(
+    "--until-idle", is_flag=True, help="Exit 0 once no job is due or runnable (jobs scheduled for later are listed)."
+)
 @click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-job progress lines (the summary is still printed).")
 def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
@@ -26,8 +28,11 @@ def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
     from kb.jobs.worker import ProgressDisplay, describe_blocked
 
     kb = session.open_kb()
-    report = kb.run_worker(until_idle=until_idle, concurrency=concurrency,
-                           display=None if quiet else ProgressDisplay(every=kb.settings.progress_interval))
+    report = kb.run_worker(
+        until_idle=until_idle,
+        concurrency=concurrency,
+        display=None if quiet else ProgressDisplay(every=kb.settings.progress_interval),
+    )
     click.echo(report.summary())
     later = report.later()
     click.echo(later if later else "no job is scheduled for later")
@@ -51,7 +56,9 @@ def index(workspace: int) -> None:
     kb = session.open_kb()
     with Progress(transient=True) as bar:
         task = bar.add_task("indexing", total=None)
-        report = kb.index(workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total))
+        report = kb.index(
+            workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total)
+        )
     click.echo(
         f"indexed {report.documents_indexed} documents ({report.chunks_written} chunks written, "
         f"{report.chunks_reused} reused, {report.embeddings_computed} embedded, "
@@ -93,7 +100,9 @@ def reindex(workspace: int, defer_: bool) -> None:
 
     with Progress(transient=True) as bar:
         task = bar.add_task("reindexing", total=None)
-        report = kb.reindex(workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total))
+        report = kb.reindex(
+            workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total)
+        )
     if report.skipped_locked:
         click.echo("another index run holds this workspace's index lock; it converges to HEAD itself")
         return
@@ -103,8 +112,11 @@ def reindex(workspace: int, defer_: bool) -> None:
         f"{report.embeddings_computed} embedded, {report.embeddings_cached} from cache, "
         f"cache hits {report.cache_hit_ratio:.0%}); failed {report.documents_failed}, "
         f"unindexable {report.documents_unindexable}; stamp {report.revision}"
-        + (f"; {moved} moved, changed or deleted while the run read them (the next run takes them)"
-           if (moved := report.documents_superseded + report.documents_gone) else "")
+        + (
+            f"; {moved} moved, changed or deleted while the run read them (the next run takes them)"
+            if (moved := report.documents_superseded + report.documents_gone)
+            else ""
+        )
     )
 
 
@@ -118,8 +130,10 @@ def sweep() -> None:
     Example: kb sweep
     """
     report = session.open_kb().sweep()
-    click.echo(f"checked {report.checked} workspaces; projection deferred for {report.projection_deferred}, "
-               f"index deferred for {report.index_deferred}")
+    click.echo(
+        f"checked {report.checked} workspaces; projection deferred for {report.projection_deferred}, "
+        f"index deferred for {report.index_deferred}"
+    )
     if report.damaged:  # each was logged to stderr as "sweep: workspace N skipped: …"
         sys.exit(1)
 

@@ -36,20 +36,31 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
         if yes or flip:
             raise InvalidInput("--unflip hands authority back on its own; do not combine it with --yes or --flip")
         changed = kb.set_authority(workspace, flipped=False)
-        click.echo(f"workspace {workspace}: {'authority handed back to the legacy system' if changed else 'was not flipped'}")
+        click.echo(
+            f"workspace {workspace}: {'authority handed back to the legacy system' if changed else 'was not flipped'}"
+        )
         return
     if dsn is None or legacy_workspace is None:
         raise InvalidInput("--from-dsn and --legacy-workspace are required (or --unflip alone)")
-    report = kb.seed(dsn, legacy_workspace, workspace, yes=yes, flip=flip, force=force,
-                     progress=None if as_json else lambda message: click.echo(message, err=True))
+    report = kb.seed(
+        dsn,
+        legacy_workspace,
+        workspace,
+        yes=yes,
+        flip=flip,
+        force=force,
+        progress=None if as_json else lambda message: click.echo(message, err=True),
+    )
     if out:
         report.write_jsonl(out)
     if as_json:
         click.echo(json.dumps(report.summary(), indent=2, default=str))
         return
     s = report.summary()
-    click.echo(f"{'dry run: ' if report.dry_run else ''}legacy workspace {legacy_workspace} at {report.source} "
-               f"→ workspace {workspace}")
+    click.echo(
+        f"{'dry run: ' if report.dry_run else ''}legacy workspace {legacy_workspace} at {report.source} "
+        f"→ workspace {workspace}"
+    )
     click.echo(f"documents:  {s['documents']} ({s['bytes']:,} bytes) in {s['folders']} legacy folders")
     click.echo(f"skipped:    {s['skipped']}")
     for entry in report.skipped:
@@ -57,25 +68,33 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
     click.echo(f"collisions: {s['collisions']}")
     for entry in report.collisions:
         click.echo(f"  legacy {entry.legacy_id}: {entry.title!r} → {entry.path}")
-    click.echo(f"models:     legacy {report.legacy_model!r}, active {report.active_model!r}"
-               + ("" if report.models_match else f" — {report.chunks_to_reembed} chunks to re-embed"))
+    click.echo(
+        f"models:     legacy {report.legacy_model!r}, active {report.active_model!r}"
+        + ("" if report.models_match else f" — {report.chunks_to_reembed} chunks to re-embed")
+    )
     if report.dry_run:
         click.echo("nothing written; pass --yes to seed")
         return
     click.echo(f"revision:   {report.revision or 'none (already seeded, nothing changed)'}")
     parity = report.parity
-    click.echo(f"parity:     {'ok' if parity.ok else 'FAILED'} ({parity.checked} paths; {len(parity.missing)} missing, "
-               f"{len(parity.extra)} extra, {len(parity.mismatched)} mismatched)")
+    click.echo(
+        f"parity:     {'ok' if parity.ok else 'FAILED'} ({parity.checked} paths; {len(parity.missing)} missing, "
+        f"{len(parity.extra)} extra, {len(parity.mismatched)} mismatched)"
+    )
     for kind in ("missing", "extra", "mismatched"):
         for path in getattr(parity, kind):
             click.echo(f"  {kind}: {path}")
     if report.not_adopted:
-        click.echo(f"not adopted: {len(report.not_adopted)} documents another writer removed or moved after the "
-                   "seed revision; seed again to adopt what remains")
+        click.echo(
+            f"not adopted: {len(report.not_adopted)} documents another writer removed or moved after the "
+            "seed revision; seed again to adopt what remains"
+        )
         for path in report.not_adopted:
             click.echo(f"  not adopted: {path}")
-    click.echo(f"adopted:    {report.documents_adopted} documents, {report.chunks_adopted} chunks (no embedding); "
-               f"{report.documents_to_index} documents queued for indexing")
+    click.echo(
+        f"adopted:    {report.documents_adopted} documents, {report.chunks_adopted} chunks (no embedding); "
+        f"{report.documents_to_index} documents queued for indexing"
+    )
     click.echo(f"authority:  {'kb (flipped)' if report.flipped else 'legacy (not flipped)'}")
 
 
@@ -100,13 +119,17 @@ def spans_status(workspace, as_json) -> None:
         click.echo(json.dumps(info, indent=2, default=str))
         return
     c = info["control"]
-    click.echo(f"span fill:  {'PAUSED' if c['paused'] else 'active'}; batch {c['batch_documents']} documents, "
-               f"throttle {c['throttle_ms']} ms")
+    click.echo(
+        f"span fill:  {'PAUSED' if c['paused'] else 'active'}; batch {c['batch_documents']} documents, "
+        f"throttle {c['throttle_ms']} ms"
+    )
     for b in info["backlog"]:
-        click.echo(f"workspace {b['workspace_id']}{' (flipped)' if b['flipped'] else ''}: "
-                   f"{b['chunks_without_spans']} chunks / {b['documents_without_spans']} documents without spans, "
-                   f"{b['documents_stale']} stale; last run {b['last_run_status'] or '-'}"
-                   f" ({b['last_run_documents_per_second'] or '-'} documents/s)")
+        click.echo(
+            f"workspace {b['workspace_id']}{' (flipped)' if b['flipped'] else ''}: "
+            f"{b['chunks_without_spans']} chunks / {b['documents_without_spans']} documents without spans, "
+            f"{b['documents_stale']} stale; last run {b['last_run_status'] or '-'}"
+            f" ({b['last_run_documents_per_second'] or '-'} documents/s)"
+        )
 
 
 @spans.command("pause")
@@ -144,9 +167,11 @@ def spans_run_once(workspace, max_batches, defer) -> None:
         click.echo(f"queued job {job}" if job else "a span fill is already waiting")
         return
     report = fill.run(workspace, max_batches=max_batches)
-    click.echo(f"filled {report.documents_filled} documents ({report.chunks_filled} chunks), "
-               f"{report.documents_stale} stale, {report.batches} batches in {report.seconds:.1f} s"
-               + (" — stopped: paused" if report.paused else ""))
+    click.echo(
+        f"filled {report.documents_filled} documents ({report.chunks_filled} chunks), "
+        f"{report.documents_stale} stale, {report.batches} batches in {report.seconds:.1f} s"
+        + (" — stopped: paused" if report.paused else "")
+    )
 
 
 @click.command("drift")
@@ -166,8 +191,10 @@ def drift(workspace, as_json) -> None:
     for r in reports:
         d = r.as_dict()
         found = ", ".join(f"{k}={v}" for k, v in d["findings"].items()) or "no drift"
-        click.echo(f"workspace {r.workspace_id}: {r.skipped or found}; repaired {r.repaired}"
-                   + (" (capped: the rest needs an operator)" if r.capped else ""))
+        click.echo(
+            f"workspace {r.workspace_id}: {r.skipped or found}; repaired {r.repaired}"
+            + (" (capped: the rest needs an operator)" if r.capped else "")
+        )
 
 
 COMMANDS = [seed, spans, drift]

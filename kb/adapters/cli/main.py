@@ -77,8 +77,20 @@ def main(ctx: click.Context) -> None:
     session.pause_gc_while_loading(ctx.invoked_subcommand)
 
 
-for _module in (database, documents, history, search, index, status, workspaces, cite, artifact, remote, legacy,
-                servers):
+for _module in (
+    database,
+    documents,
+    history,
+    search,
+    index,
+    status,
+    workspaces,
+    cite,
+    artifact,
+    remote,
+    legacy,
+    servers,
+):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

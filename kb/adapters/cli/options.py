@@ -9,15 +9,19 @@ import click
 from kb.paths import MAX_WORKSPACE_ID
 
 
-def workspace_option(*, required: bool = True, help: str = "Workspace id (a positive integer).",
-                     ) -> Callable:
+def workspace_option(
+    *,
+    required: bool = True,
+    help: str = "Workspace id (a positive integer).",
+) -> Callable:
     """``--workspace/-w``: a workspace id in 1..MAX_WORKSPACE_ID, passed as ``workspace``.
 
     ``required=False`` for commands that act on every workspace without one (``kb status``);
     ``help`` says what the workspace is to that command.
     """
-    return click.option("--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID),
-                        required=required, help=help)
+    return click.option(
+        "--workspace", "-w", "workspace", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID), required=required, help=help
+    )
 
 
 author_option = click.option("--author", help="Author of the revision (default: your user name).")

@@ -16,10 +16,24 @@ from psycopg.conninfo import make_conninfo
 SHORT_WITH_VALUE = frozenset("cdfFhLopPRTUv")
 """psql's one-letter options that take a value (``psql --help``)."""
 
-LONG_WITH_VALUE = frozenset({
-    "command", "dbname", "file", "field-separator", "host", "log-file", "output", "port", "pset",
-    "record-separator", "table-attr", "username", "variable", "set",
-})
+LONG_WITH_VALUE = frozenset(
+    {
+        "command",
+        "dbname",
+        "file",
+        "field-separator",
+        "host",
+        "log-file",
+        "output",
+        "port",
+        "pset",
+        "record-separator",
+        "table-attr",
+        "username",
+        "variable",
+        "set",
+    }
+)
 """psql's long options that take a value (``--name VALUE`` or ``--name=VALUE``)."""
 
 
@@ -63,7 +77,7 @@ def psql_arguments(database_url: str, args: list[str] | tuple[str, ...]) -> list
                 if letter not in SHORT_WITH_VALUE:
                     kept += letter
                     continue
-                value = arg[position + 1:]
+                value = arg[position + 1 :]
                 if not value and i < len(items):
                     value = items[i]
                     i += 1

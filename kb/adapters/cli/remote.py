@@ -19,8 +19,10 @@ def _remote(workspace: int):
 def _describe(status) -> None:
     click.echo(f"remote:   {status.url}")
     click.echo(f"branch:   {status.branch}")
-    click.echo(f"pushed:   {status.last_pushed_revision or 'nothing yet'}"
-               + (f" at {status.last_pushed_at:%Y-%m-%d %H:%M:%S %Z}" if status.last_pushed_at else ""))
+    click.echo(
+        f"pushed:   {status.last_pushed_revision or 'nothing yet'}"
+        + (f" at {status.last_pushed_at:%Y-%m-%d %H:%M:%S %Z}" if status.last_pushed_at else "")
+    )
     click.echo(f"head:     {status.head or '(empty workspace)'}{' (remote is behind)' if status.behind else ''}")
     if status.last_push_error:
         click.echo(f"error:    {status.last_push_error} ({status.push_failures} failed attempts)")

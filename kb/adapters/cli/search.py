@@ -19,8 +19,9 @@ class _QueryCommand(click.Command):
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
             hint = f'; a query that starts with "-" goes after "--": kb {self.name} -w 1 -- "-rf flag"'
-            raise click.NoSuchOption(exc.option_name, exc.message.rstrip(".") + hint, exc.possibilities,
-                                     exc.ctx) from None
+            raise click.NoSuchOption(
+                exc.option_name, exc.message.rstrip(".") + hint, exc.possibilities, exc.ctx
+            ) from None
 
 
 @click.command(cls=_QueryCommand)

@@ -23,8 +23,13 @@ from kb.errors import ConfigurationError
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="TCP port.")
 @click.option("--with-worker", is_flag=True, help="Also run the Procrastinate worker in this process.")
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Jobs the in-process worker runs at once.")
+@click.option(
+    "--concurrency",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Jobs the in-process worker runs at once.",
+)
 @click.option("--author", help='Whom MCP turns record as author, "Name <mail>" (default: your user name).')
 def serve(host: str, port: int, with_worker: bool, concurrency: int, author: str | None) -> None:
     """Serve the HTTP JSON API (search, read, log, status, turns; OpenAPI docs at /docs, health at
@@ -39,15 +44,20 @@ def serve(host: str, port: int, with_worker: bool, concurrency: int, author: str
         raise ConfigurationError(
             f"kb serve needs the serve extra ({exc.name} is missing): pip install -e '.[serve]'"
         ) from None
-    run_server(session.settings(), host=host, port=port, with_worker=with_worker, concurrency=concurrency,
-               mcp_author=author)
+    run_server(
+        session.settings(), host=host, port=port, with_worker=with_worker, concurrency=concurrency, mcp_author=author
+    )
 
 
 @click.command("mcp")
 @workspace_option()
 @click.option("--author", help='Whose changes the turns record, "Name <mail>" (default: your user name).')
-@click.option("--chat", "chat_id", help="Conversation id: reuse it to keep citation handles and to "
-              "recover a turn left by a crashed server (default: a new id per process).")
+@click.option(
+    "--chat",
+    "chat_id",
+    help="Conversation id: reuse it to keep citation handles and to "
+    "recover a turn left by a crashed server (default: a new id per process).",
+)
 def mcp_command(workspace: int, author: str | None, chat_id: str | None) -> None:
     """Serve kb over MCP on stdin/stdout for one workspace (one conversation and one turn).
 

@@ -53,35 +53,49 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"workspace:  {ws['id']}")
         click.echo(f"head:       {ws['head']}")
         click.echo(f"index stamp:{' ' if ws['index_stamp'] else ''}{ws['index_stamp'] or ' (never indexed)'}")
-        click.echo(f"documents:  {ws['documents']} ({ws['pending']} pending, {ws['failed']} failed, "
-                   f"{ws['quarantined']} quarantined, {ws['unindexable']} unindexable)")
+        click.echo(
+            f"documents:  {ws['documents']} ({ws['pending']} pending, {ws['failed']} failed, "
+            f"{ws['quarantined']} quarantined, {ws['unindexable']} unindexable)"
+        )
         click.echo(f"chunks:     {ws['chunks']}")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
         migration = ws.get("migration")  # seeded from a legacy knowledge base
         if migration:
-            click.echo(f"authority:  {'kb (flipped ' + str(migration['flipped_at']) + ')' if migration['flipped'] else 'legacy (not flipped)'}"
-                       f"; seeded {migration['seeded_at']} from legacy workspace {migration['legacy_workspace']}, "
-                       f"parity {'ok' if migration['parity_ok'] else 'FAILED'}")
-            click.echo(f"spans:      {migration['chunks_without_spans'] or 0} chunks without spans, "
-                       f"{migration['documents_stale'] or 0} documents stale")
+            click.echo(
+                f"authority:  {'kb (flipped ' + str(migration['flipped_at']) + ')' if migration['flipped'] else 'legacy (not flipped)'}"
+                f"; seeded {migration['seeded_at']} from legacy workspace {migration['legacy_workspace']}, "
+                f"parity {'ok' if migration['parity_ok'] else 'FAILED'}"
+            )
+            click.echo(
+                f"spans:      {migration['chunks_without_spans'] or 0} chunks without spans, "
+                f"{migration['documents_stale'] or 0} documents stale"
+            )
         for finding in ws.get("drift", []):
-            click.echo(f"drift:      {finding['kind']}: {finding['findings']} ({finding['repaired']} repaired) "
-                       f"at {finding['checked_at']}")
+            click.echo(
+                f"drift:      {finding['kind']}: {finding['findings']} ({finding['repaired']} repaired) "
+                f"at {finding['checked_at']}"
+            )
         remote = ws.get("remote")
         if remote:
-            click.echo(f"remote:     {remote['url']} ({remote['branch']}): pushed "
-                       f"{remote['last_pushed_revision'] or 'nothing yet'}"
-                       f"{' (behind HEAD)' if remote['behind'] else ''}")
+            click.echo(
+                f"remote:     {remote['url']} ({remote['branch']}): pushed "
+                f"{remote['last_pushed_revision'] or 'nothing yet'}"
+                f"{' (behind HEAD)' if remote['behind'] else ''}"
+            )
             if remote["last_push_error"]:
                 click.echo(f"  last push error: {remote['last_push_error']}")
     for lag in info.get("index_lag", []):
         behind = lag["revisions_behind"]
-        click.echo(f"index lag:  workspace {lag['workspace_id']}: {behind} revision{'' if behind == 1 else 's'} behind, "
-                   f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined")
+        click.echo(
+            f"index lag:  workspace {lag['workspace_id']}: {behind} revision{'' if behind == 1 else 's'} behind, "
+            f"{lag['documents_failed']} failed, {lag['documents_quarantined']} quarantined"
+        )
     for queue in info.get("job_health", []):
-        click.echo(f"queue {queue['queue']} (all workspaces): {queue['todo']} waiting, {queue['doing']} running, "
-                   f"{queue['failed']} failed, oldest waiting {_age(queue['oldest_waiting'])}")
+        click.echo(
+            f"queue {queue['queue']} (all workspaces): {queue['todo']} waiting, {queue['doing']} running, "
+            f"{queue['failed']} failed, oldest waiting {_age(queue['oldest_waiting'])}"
+        )
     if info["blocked_jobs"] or info["scheduled_jobs"]:
         from kb.jobs.worker import describe_blocked, describe_scheduled  # psycopg: only when needed
     for job in info["blocked_jobs"]:
@@ -115,16 +129,23 @@ def fsck(workspace: int) -> None:
     for pack in report.temporary_packs_removed:
         click.echo(f"removed temporary pack {pack} (a killed import's)")
     for path in report.overlong_paths:
-        click.echo(f"path too long to check out ({len(path.encode('utf-8', 'surrogateescape')) - 11} bytes below /documents): {path}\n"
-                   f"    fix: {report.fix_for(path)}")
+        click.echo(
+            f"path too long to check out ({len(path.encode('utf-8', 'surrogateescape')) - 11} bytes below /documents): {path}\n"
+            f"    fix: {report.fix_for(path)}"
+        )
     for problem in report.artifact_problems:
         click.echo(f"artifact ERROR: {problem}")
     if report.remote_problem:
         click.echo(f"remote ERROR: {report.remote_problem}")
     if report.artifact_orphans_removed:
         click.echo(f"removed {len(report.artifact_orphans_removed)} unreferenced artifact blobs")
-    if report.ok and not (report.recorded or report.worktree_repaired or report.stale_locks_removed
-                          or report.overlong_paths or report.index_repaired):
+    if report.ok and not (
+        report.recorded
+        or report.worktree_repaired
+        or report.stale_locks_removed
+        or report.overlong_paths
+        or report.index_repaired
+    ):
         click.echo("clean: git, Postgres history and working tree agree")
     if not report.ok:
         sys.exit(1)

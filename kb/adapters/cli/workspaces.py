@@ -56,8 +56,10 @@ def delete(workspace_id: int, yes: bool, force: bool) -> None:
     if not yes:
         raise click.UsageError(f"deleting workspace {workspace_id} cannot be undone; pass --yes to confirm")
     report = session.open_kb().delete_workspace(workspace_id, force=force)
-    click.echo(f"deleted workspace {report.id}: {report.documents} documents, {report.folders} folders, "
-               f"{report.jobs} jobs; removed {len(report.removed_paths)} folders from disk")
+    click.echo(
+        f"deleted workspace {report.id}: {report.documents} documents, {report.folders} folders, "
+        f"{report.jobs} jobs; removed {len(report.removed_paths)} folders from disk"
+    )
 
 
 COMMANDS = [workspaces, workspace]

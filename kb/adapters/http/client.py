@@ -48,8 +48,9 @@ class ServerClient:
 
     def read_document(self, workspace_id: int, path: str, revision: str | None = None) -> Envelope:
         """A document's full-view envelope."""
-        return envelope_from_json(self._get(f"/v1/workspaces/{workspace_id}/documents/{path.lstrip('/')}",
-                                            revision=revision))
+        return envelope_from_json(
+            self._get(f"/v1/workspaces/{workspace_id}/documents/{path.lstrip('/')}", revision=revision)
+        )
 
     def history(self, workspace_id: int, path: str | None, limit: int) -> list:
         """Revisions newest first."""
@@ -80,17 +81,24 @@ def _error_from(exc: urllib.error.HTTPError) -> errors.KbError:
     # Built without the class's own constructor: some take their parts (InvalidPath(path, reason)),
     # and the server sent the finished message, with the CLI's spelling of it.
     error = kind.__new__(kind)
-    errors.KbError.__init__(error, message if isinstance(message, str) else json.dumps(message),
-                            cli=cli if isinstance(cli, str) else None)
+    errors.KbError.__init__(
+        error, message if isinstance(message, str) else json.dumps(message), cli=cli if isinstance(cli, str) else None
+    )
     return error
 
 
 def envelope_from_json(data: dict) -> Envelope:
     """The Envelope of ``Envelope.as_json()`` output."""
     cite = data.get("cite")
-    return Envelope(data["path"], data["title"], data["revision"], data["view"],
-                    [(n, t) for n, t in data["lines"]],
-                    int(cite.strip("[]")) if cite else None, data.get("score"))
+    return Envelope(
+        data["path"],
+        data["title"],
+        data["revision"],
+        data["view"],
+        [(n, t) for n, t in data["lines"]],
+        int(cite.strip("[]")) if cite else None,
+        data.get("score"),
+    )
 
 
 def revision_from_json(data: dict):
@@ -99,7 +107,12 @@ def revision_from_json(data: dict):
 
     when = data.get("committed_at")
     return Revision(
-        data["id"], data["seq"], data["parent_id"], data["author"], data["committer"], data["message"],
+        data["id"],
+        data["seq"],
+        data["parent_id"],
+        data["author"],
+        data["committer"],
+        data["message"],
         datetime.fromisoformat(when) if when else None,
         tuple(PathChange(**change) for change in data.get("changes", [])),
     )

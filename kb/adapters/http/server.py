@@ -51,11 +51,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ERROR_STATUS: dict[type[errors.KbError], int] = {
-    errors.WorkspaceNotFound: 404, errors.DocumentNotFound: 404, errors.RevisionNotFound: 404,
-    errors.PathExists: 409, errors.TurnBusy: 409, errors.EditMismatch: 409, errors.HistoryDiverged: 409,
-    errors.FolderNotEmpty: 409, errors.LockTimeout: 503, errors.LockUnavailable: 503,
-    errors.DatabaseUnavailable: 503, errors.DatabaseNotReady: 503, errors.ArtifactReadOnly: 403,
-    errors.UnknownHandle: 404, errors.CommitOutcomeUnknown: 503,
+    errors.WorkspaceNotFound: 404,
+    errors.DocumentNotFound: 404,
+    errors.RevisionNotFound: 404,
+    errors.PathExists: 409,
+    errors.TurnBusy: 409,
+    errors.EditMismatch: 409,
+    errors.HistoryDiverged: 409,
+    errors.FolderNotEmpty: 409,
+    errors.LockTimeout: 503,
+    errors.LockUnavailable: 503,
+    errors.DatabaseUnavailable: 503,
+    errors.DatabaseNotReady: 503,
+    errors.ArtifactReadOnly: 403,
+    errors.UnknownHandle: 404,
+    errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
@@ -178,15 +188,19 @@ def read_router(service: Service) -> APIRouter:
         return json_form(info)
 
     @router.get("/workspaces/{workspace_id}/search")
-    def search(workspace_id: int, q: str = Query(description="The query."),
-               k: int = Query(5, ge=1, le=100)) -> dict:
+    def search(workspace_id: int, q: str = Query(description="The query."), k: int = Query(5, ge=1, le=100)) -> dict:
         """Hybrid search → envelopes (design §8), with how far the index lags the head."""
         kb = service.kb()
         hits = kb.search(workspace_id, q, k)
         freshness = kb.index_freshness(workspace_id)
-        return {"results": [h.as_json() for h in hits],
-                "index": {"revisions_behind": freshness.revisions_behind,
-                          "documents_pending": freshness.documents_pending, "hint": freshness.hint()}}
+        return {
+            "results": [h.as_json() for h in hits],
+            "index": {
+                "revisions_behind": freshness.revisions_behind,
+                "documents_pending": freshness.documents_pending,
+                "hint": freshness.hint(),
+            },
+        }
 
     @router.get("/workspaces/{workspace_id}/documents/{path:path}")
     def read(workspace_id: int, path: str, revision: str | None = None) -> dict:
@@ -199,8 +213,11 @@ def read_router(service: Service) -> APIRouter:
         when it recorded a revision, ``{"landed": false, "revision": null}`` when it did not (and,
         its writer being gone, never will). The call a 503 ``CommitOutcomeUnknown`` names."""
         revision = service.kb().write_outcome(workspace_id, key)
-        return {"idempotency_key": key, "landed": revision is not None,
-                "revision": None if revision is None else json_form(revision)}
+        return {
+            "idempotency_key": key,
+            "landed": revision is not None,
+            "revision": None if revision is None else json_form(revision),
+        }
 
     @router.get("/workspaces/{workspace_id}/log")
     def history(workspace_id: int, path: str | None = None, limit: int = Query(20, ge=1)) -> list[dict]:
@@ -239,8 +256,9 @@ def turn_router(service: Service) -> APIRouter:
     def edit(workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
         """Replace text in a file of the turn."""
         with service.turns() as kb:
-            return json_form(turn(kb, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new,
-                                                                body.replace_all))
+            return json_form(
+                turn(kb, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all)
+            )
 
     @router.delete("/files/{path:path}")
     def remove(workspace_id: int, turn_id: str, path: str) -> dict:
@@ -255,8 +273,12 @@ def turn_router(service: Service) -> APIRouter:
             return {"moved": json_form(turn(kb, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
 
     @router.post("/commit")
-    def commit(workspace_id: int, turn_id: str, body: CommitBody,
-               idempotency_key: str | None = Header(None, alias="Idempotency-Key")) -> dict:
+    def commit(
+        workspace_id: int,
+        turn_id: str,
+        body: CommitBody,
+        idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
+    ) -> dict:
         """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed.
         With an ``Idempotency-Key`` header, a retry of a commit that landed records nothing and
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
@@ -286,8 +308,14 @@ def citation_router(service: Service) -> APIRouter:
         return [e.as_json() for e in service.kb().conversation(workspace_id, chat_id).search(q, k)]
 
     @router.get("/documents/{path:path}")
-    def read(workspace_id: int, chat_id: str, path: str, revision: str | None = None,
-             offset: int = Query(0, ge=0), limit: int | None = Query(None, ge=0)) -> dict:
+    def read(
+        workspace_id: int,
+        chat_id: str,
+        path: str,
+        revision: str | None = None,
+        offset: int = Query(0, ge=0),
+        limit: int | None = Query(None, ge=0),
+    ) -> dict:
         """Read (a window of) a document as this chat, registering its handle."""
         conversation = service.kb().conversation(workspace_id, chat_id)
         return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
@@ -305,11 +333,17 @@ def citation_router(service: Service) -> APIRouter:
     @router.post("/normalize")
     def normalize(workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
         """Rewrite an answer's citations canonically against the chat's handles."""
-        return service.kb().conversation(workspace_id, chat_id).normalize(body.text, drop_unknown=body.drop_unknown).as_json()
+        return (
+            service.kb()
+            .conversation(workspace_id, chat_id)
+            .normalize(body.text, drop_unknown=body.drop_unknown)
+            .as_json()
+        )
 
     @router.get("/resolve")
-    def resolve(workspace_id: int, chat_id: str, citation: str = Query(description="e.g. [1:L3-L4]"),
-                follow: bool = False) -> dict:
+    def resolve(
+        workspace_id: int, chat_id: str, citation: str = Query(description="e.g. [1:L3-L4]"), follow: bool = False
+    ) -> dict:
         """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
         return service.kb().conversation(workspace_id, chat_id).resolve(citation, follow).as_json()
 
@@ -317,8 +351,12 @@ def citation_router(service: Service) -> APIRouter:
 
 
 def create_app(
-    settings: Settings | None = None, *, with_worker: bool = False, concurrency: int = 1,
-    embedder: Embedder | None = None, routers: list[Callable[[Service], APIRouter]] | None = None,
+    settings: Settings | None = None,
+    *,
+    with_worker: bool = False,
+    concurrency: int = 1,
+    embedder: Embedder | None = None,
+    routers: list[Callable[[Service], APIRouter]] | None = None,
     mcp_author: str | None = None,
 ) -> FastAPI:
     """The ASGI app of ``kb serve``.
@@ -340,14 +378,16 @@ def create_app(
         from kb.adapters.mcp.server import http_app
         from kb.knowledge_base import default_author
 
-        mcp_app, mcp_lifespan = http_app(await asyncio.to_thread(service.new_kb),
-                                         author=mcp_author or default_author(), kb_factory=service.new_kb)
+        mcp_app, mcp_lifespan = http_app(
+            await asyncio.to_thread(service.new_kb), author=mcp_author or default_author(), kb_factory=service.new_kb
+        )
         mcp_endpoint.app = mcp_app
         worker_task = None
         if with_worker:
             app.state.worker_report = WorkerReport()
-            worker_task = asyncio.create_task(run_worker_async(
-                kb, app.state.worker_report, concurrency=concurrency, install_signal_handlers=False))
+            worker_task = asyncio.create_task(
+                run_worker_async(kb, app.state.worker_report, concurrency=concurrency, install_signal_handlers=False)
+            )
         try:
             async with mcp_lifespan():  # commits every open MCP turn when the server stops
                 yield
@@ -360,19 +400,27 @@ def create_app(
                 log.info("worker stopped: %s", app.state.worker_report.summary())
             service.close()
 
-    app = FastAPI(title="kb", version="1", lifespan=lifespan,
-                  description="A git-native knowledge base on Postgres: search, read, history, turns.")
+    app = FastAPI(
+        title="kb",
+        version="1",
+        lifespan=lifespan,
+        description="A git-native knowledge base on Postgres: search, read, history, turns.",
+    )
     app.state.service = service
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc),
-                                   "cli_message": exc.cli_message}
+        body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
-            body.update(workspace_id=exc.workspace_id, idempotency_key=exc.idempotency_key,
-                        revision=exc.revision,
-                        settle={"method": "GET", "path": f"/v1/workspaces/{exc.workspace_id}/writes/"
-                                                          f"{quote(exc.idempotency_key, safe='')}"})
+            body.update(
+                workspace_id=exc.workspace_id,
+                idempotency_key=exc.idempotency_key,
+                revision=exc.revision,
+                settle={
+                    "method": "GET",
+                    "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(exc.idempotency_key, safe='')}",
+                },
+            )
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse(body, status_code=status_for(exc))
 
@@ -417,13 +465,19 @@ class _LateMount:
 
 
 def serve(
-    settings: Settings | None = None, *, host: str = "127.0.0.1", port: int = 8765,
-    with_worker: bool = False, concurrency: int = 1, embedder: Embedder | None = None,
+    settings: Settings | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    with_worker: bool = False,
+    concurrency: int = 1,
+    embedder: Embedder | None = None,
     mcp_author: str | None = None,
 ) -> None:
     """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown."""
     import uvicorn
 
-    app = create_app(settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder,
-                     mcp_author=mcp_author)
+    app = create_app(
+        settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder, mcp_author=mcp_author
+    )
     uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on")

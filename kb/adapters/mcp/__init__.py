@@ -1,2 +1,1 @@
-"""The MCP server: a turn's tools for agents, over stdio or HTTP (design §5).
-"""
+"""The MCP server: a turn's tools for agents, over stdio or HTTP (design §5)."""

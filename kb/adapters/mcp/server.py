@@ -79,8 +79,13 @@ class ChatState:
 class McpSessions:
     """The conversations an MCP server holds, keyed by ``(workspace, chat id)``. Thread-safe."""
 
-    def __init__(self, kb: KnowledgeBase, author: str, committer: str | None,
-                 kb_factory: Callable[[], KnowledgeBase] | None = None) -> None:
+    def __init__(
+        self,
+        kb: KnowledgeBase,
+        author: str,
+        committer: str | None,
+        kb_factory: Callable[[], KnowledgeBase] | None = None,
+    ) -> None:
         self.kb = kb
         self.kb_factory = kb_factory
         self.author = author
@@ -97,10 +102,10 @@ class McpSessions:
                 # A chat's calls are serialized by its lock; with a factory each chat also has a
                 # KnowledgeBase of its own (its own repositories), so chats never share one.
                 kb = self.kb_factory() if self.kb_factory else self.kb
-                turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author,
-                               committer=self.committer)
-                state = ChatState(workspace_id, chat_id, kb, turn, kb.conversation(workspace_id, chat_id),
-                                  threading.RLock())
+                turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author, committer=self.committer)
+                state = ChatState(
+                    workspace_id, chat_id, kb, turn, kb.conversation(workspace_id, chat_id), threading.RLock()
+                )
                 self._chats[key] = state
             return state
 
@@ -195,8 +200,7 @@ def build_server(
         <document …> envelopes: each has a citation handle (cite="[n]") and excerpts whose numbers
         are the document's true line numbers. Cite what you use as [n], [n:L12] or [n:L12-L14]."""
         state = chat(ctx)
-        return call(lambda: "\n".join(e.render() for e in state.conversation.search(query, k=k))
-                    or "no results", state)
+        return call(lambda: "\n".join(e.render() for e in state.conversation.search(query, k=k)) or "no results", state)
 
     @server.tool()
     def read(path: str, ctx: Context, offset: int = 0, limit: int | None = None) -> str:
@@ -216,8 +220,9 @@ def build_server(
                 return state.conversation.read(path, offset=offset, limit=limit).render()
             window = state.turn.read(path, offset=offset, limit=limit)
             body = "\n".join(f"{n:>6}  {line}" for n, line in window.lines)
-            return (f'<document path="{window.path}" view="uncommitted" lines="{window.total_lines}">\n'
-                    f"{body}\n</document>")
+            return (
+                f'<document path="{window.path}" view="uncommitted" lines="{window.total_lines}">\n{body}\n</document>'
+            )
 
         return call(run, state)
 
@@ -337,11 +342,12 @@ def build_server(
         with resources_lock:
             paths = sorted(kb.list_paths(ws))
         start = int(params.cursor) if params.cursor and params.cursor.isdigit() else 0
-        page = paths[start:start + RESOURCE_PAGE_SIZE]
+        page = paths[start : start + RESOURCE_PAGE_SIZE]
         following = start + RESOURCE_PAGE_SIZE
         return ListResourcesResult(
-            resources=[Resource(uri=document_uri(ws, p), name=p.rsplit("/", 1)[-1], mime_type="text/markdown")
-                       for p in page],
+            resources=[
+                Resource(uri=document_uri(ws, p), name=p.rsplit("/", 1)[-1], mime_type="text/markdown") for p in page
+            ],
             next_cursor=str(following) if following < len(paths) else None,
         )
 
@@ -349,14 +355,14 @@ def build_server(
     return server, sessions
 
 
-def run_stdio(kb: KnowledgeBase, *, workspace_id: int, author: str, chat_id: str | None = None,
-              committer: str | None = None) -> None:
+def run_stdio(
+    kb: KnowledgeBase, *, workspace_id: int, author: str, chat_id: str | None = None, committer: str | None = None
+) -> None:
     """Serve kb's MCP tools over stdin/stdout until the client disconnects, then commit the open
     turn (``kb mcp``). stdout carries protocol messages only: the caller routes logs to stderr."""
     import anyio
 
-    server, sessions = build_server(kb, workspace_id=workspace_id, author=author, committer=committer,
-                                    chat_id=chat_id)
+    server, sessions = build_server(kb, workspace_id=workspace_id, author=author, committer=committer, chat_id=chat_id)
     try:
         anyio.run(server.run_stdio_async)
     finally:
@@ -385,7 +391,8 @@ class WorkspaceRouting:
             from starlette.responses import JSONResponse
 
             await JSONResponse({"error": "connect to /mcp/<workspace id>, e.g. /mcp/1"}, status_code=404)(
-                scope, receive, send)
+                scope, receive, send
+            )
             return
         workspace = segments[-1]
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != WORKSPACE_HEADER.encode()]
@@ -393,8 +400,7 @@ class WorkspaceRouting:
         query = dict(part.split("=", 1) for part in scope.get("query_string", b"").decode().split("&") if "=" in part)
         if "chat" in query and not any(k.lower() == CHAT_HEADER.encode() for k, _ in headers):
             headers.append((CHAT_HEADER.encode(), unquote(query["chat"]).encode()))
-        inner = dict(scope, path=self.inner_path, raw_path=self.inner_path.encode(), root_path="",
-                     headers=headers)
+        inner = dict(scope, path=self.inner_path, raw_path=self.inner_path.encode(), root_path="", headers=headers)
         await self.app(inner, receive, send)
         if scope.get("method") == "DELETE":
             names = {k.lower(): v.decode() for k, v in headers}
@@ -405,8 +411,13 @@ class WorkspaceRouting:
                 await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), chat_id)
 
 
-def http_app(kb: KnowledgeBase, *, author: str, committer: str | None = None,
-             kb_factory: Callable[[], KnowledgeBase] | None = None):
+def http_app(
+    kb: KnowledgeBase,
+    *,
+    author: str,
+    committer: str | None = None,
+    kb_factory: Callable[[], KnowledgeBase] | None = None,
+):
     """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
 
     ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share
@@ -415,8 +426,7 @@ def http_app(kb: KnowledgeBase, *, author: str, committer: str | None = None,
     """
     import contextlib
 
-    server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer,
-                                    kb_factory=kb_factory)
+    server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory)
     inner = server.streamable_http_app(streamable_http_path="/mcp")
 
     @contextlib.asynccontextmanager
