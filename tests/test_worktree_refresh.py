@@ -67,7 +67,7 @@ def test_folder_moves_file_by_file_when_it_holds_more_or_the_target_exists(kb):
     git(repo, "update-index", "--refresh")  # (status would list it as untracked; the index is unaffected)
     with kb.transaction(WS, "moves", "t") as tx:
         tx.move("/documents/A", "/documents/A2")  # A keeps the stray file: moved file by file
-        tx.move("/documents/B", "/documents/Target")  # the target folder exists: file by file
+        tx.move("/documents/B", "/documents/Target", overwrite=True)  # into the existing folder: file by file
         tx.write("/documents/Target/m0.md", "b0 edited\n")  # moved and edited: written from its blob
     assert (repo / "documents" / "A" / "stray.txt").read_text() == "not kb's"
     for i in range(6):
