@@ -137,3 +137,29 @@ def test_a_killed_turns_edit_recovered_after_a_move_follows_it(workspace, settin
     with pytest.raises(DocumentGone):
         workspace.turn(WS, "U", "user").commit()
     assert sorted(workspace.store(WS).list_paths()) == ["/documents/Moved.md"]
+
+
+def test_an_edit_follows_a_move_even_when_a_new_document_took_the_old_path(workspace):
+    with workspace.transaction(WS, "seed p", "seeder") as tx:
+        tx.write("/documents/p.md", "p1\np2\n")
+    turn = workspace.turn(WS, "follow-new", "user")
+    turn.read("/documents/p.md")
+    with workspace.transaction(WS, "mv+new", "tx") as tx:
+        tx.move("/documents/p.md", "/documents/q.md")
+        tx.write("/documents/p.md", "brand new\n")
+    turn.edit("/documents/p.md", "p2", "P2")
+    result = turn.commit()
+    assert result.followed == [("/documents/p.md", "/documents/q.md")]
+    assert workspace.read(WS, "/documents/q.md") == b"p1\nP2\n"  # the edit went where its document went
+    assert workspace.read(WS, "/documents/p.md") == b"brand new\n"  # the new document is untouched
+    assert result.overwrote == [] and result.lost_hunks == {}
+
+
+def test_a_followed_edit_is_not_reported_as_an_overwrite(workspace):
+    turn = _edit_line(workspace, "follow-plain", 2, "B's line 2")
+    with workspace.transaction(WS, "mv", "tx") as tx:
+        tx.move("/documents/Plan.md", "/documents/Moved.md")
+    result = turn.commit()
+    assert result.followed == [("/documents/Plan.md", "/documents/Moved.md")]
+    assert result.overwrote == [] and result.lost_hunks == {}
+    assert result.outcome("/documents/Plan.md") == "plain"

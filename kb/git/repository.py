@@ -878,7 +878,9 @@ class Repository(WorktreeRefresh):
         """Remove git lock files (``index.lock``, ``refs/heads/main.lock`` …) older than ``min_age``
         seconds: leftovers of a killed writer.
 
-        Call only while holding the workspace write lock, so no kb writer owns one; the age guard
+        Call only while holding the workspace write lock and, for ``index.lock``, once owed
+        working-tree refreshes are settled (``refreshes_settled``: a refresh runs after its commit
+        released the write lock), so no kb writer owns one; the age guard
         spares a lock a person's own git command (``git status``) holds for a moment. ``kb fsck``
         passes 0. Returns the removed paths relative to the repository.
         """

@@ -117,9 +117,14 @@ class WorktreeRefresh:
         """What is wrong with ``.git/index``: duplicate or unordered entries (``order_problem``; git
         itself checks the order only in ``git fsck``), or what git's own read refuses (a bad
         checksum, a truncated file: its message from ``git ls-files --stage``); None when sound.
+        A ``.git/index`` that is no regular file (a folder, say) is a problem too ("not a file").
         Call under ``worktree_lock``. Raises ConfigurationError when no git CLI is installed,
         OSError when the index cannot be read."""
-        problem = order_problem(self.path / ".git" / "index")
+        index = self.path / ".git" / "index"
+        if index.is_symlink() or (index.exists() and not index.is_file()):
+            kind = "a folder" if index.is_dir() and not index.is_symlink() else "a symlink or special file"
+            return f".git/index is not a file but {kind}"
+        problem = order_problem(index)
         if problem is not None:
             return problem
         if not (self.path / ".git" / "index").exists():
@@ -139,9 +144,14 @@ class WorktreeRefresh:
 
     def rebuild_index(self) -> None:
         """Replace ``.git/index`` with one built from HEAD and the files on disk (``kb fsck``'s
-        repair of an index git cannot read), holding ``worktree_lock``. Raises OSError."""
+        repair of an index git cannot read, or of one that is not a file), holding
+        ``worktree_lock``. Raises OSError."""
         with self.worktree_lock():
-            (self.path / ".git" / "index").unlink(missing_ok=True)
+            index = self.path / ".git" / "index"
+            if index.is_dir() and not index.is_symlink():
+                shutil.rmtree(index)
+            else:
+                index.unlink(missing_ok=True)
             self.reset_worktree()
 
     def refresh_to_head(

@@ -1,10 +1,16 @@
 """The turns a KnowledgeBase holds open (design §5): one ``Turn`` object per root turn id and
-workspace, so sub-agent ids (``root::task:7``) share their root's, and a closed or committed turn
-leaves the registry."""
+workspace, so sub-agent ids (``root::task:7``) share their root's.
+
+A committed or closed turn leaves the set of *open* turns (whose worktree flocks ``close_all``
+releases) but stays the one object handed out for its id while any caller still holds it: a
+sub-agent's old handle and a new ``kb.turn()`` call are the same Turn, so one process never holds
+a turn id twice (which made its own sub-agents see TurnBusy), and a handle reused after commit
+registers itself as open again."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,51 +19,52 @@ if TYPE_CHECKING:
 
 
 class OpenTurns:
-    """``{(workspace id, root turn id): Turn}`` of the turns open in one KnowledgeBase."""
+    """``{(workspace id, root turn id): Turn}`` of the turns of one KnowledgeBase: the open ones
+    held strongly, every one handed out held weakly (alive while some caller holds it)."""
 
     def __init__(self) -> None:
-        self._turns: dict[tuple[int, str], Turn] = {}
+        self._open: dict[tuple[int, str], Turn] = {}
+        self._handed_out: weakref.WeakValueDictionary[tuple[int, str], Turn] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
     def turn(self, store: KnowledgeStore, turn_id: str, author: str, committer: str | None) -> Turn:
-        """The open Turn of ``turn_id``'s root in ``store``'s workspace, or a new one (nothing
-        touches the disk until its first file operation). Raises InvalidTurn."""
+        """The Turn of ``turn_id``'s root in ``store``'s workspace: the open one, else the one a
+        caller still holds (a turn reused after commit), else a new one (nothing touches the disk
+        until its first file operation). Raises InvalidTurn."""
         from kb.git.worktree import root_turn_id  # imported by the first turn: one-shot commands open none
         from kb.turns.turn import Turn
 
         key = (store.workspace_id, root_turn_id(turn_id))
         with self._lock:
-            turn = self._turns.get(key)
+            turn = self._open.get(key) or self._handed_out.get(key)
             if turn is None:
-                turn = Turn(
-                    store,
-                    turn_id,
-                    author,
-                    committer=committer,
-                    on_close=lambda t: self._forget(key, t),
-                    on_open=lambda t: self._hold(key, t),
-                )
-                self._turns[key] = turn
+                turn = Turn(store, turn_id, author, committer=committer,
+                            on_close=lambda t: self._forget(key, t), on_open=lambda t: self._hold(key, t))
+                self._open[key] = turn
+                self._handed_out[key] = turn
         return turn
 
     def _forget(self, key: tuple[int, str], turn: Turn) -> None:
         with self._lock:
-            if self._turns.get(key) is turn:
-                del self._turns[key]
+            if self._open.get(key) is turn:
+                del self._open[key]
 
     def _hold(self, key: tuple[int, str], turn: Turn) -> None:
         with self._lock:
-            self._turns.setdefault(key, turn)
+            self._open[key] = turn
+            self._handed_out[key] = turn
 
     def close_all(self) -> None:
         """Close every open turn (their worktrees stay for a later commit or the janitor)."""
         with self._lock:
-            turns = list(self._turns.values())
+            turns = list(self._open.values())
         for turn in turns:
             turn.close()
 
     def forget_workspace(self, workspace_id: int) -> None:
         """Drop the turns of a deleted workspace without closing them (their worktrees are gone)."""
         with self._lock:
-            for key in [k for k in self._turns if k[0] == workspace_id]:
-                del self._turns[key]
+            for key in [k for k in self._open if k[0] == workspace_id]:
+                del self._open[key]
+            for key in [k for k in list(self._handed_out.keys()) if k[0] == workspace_id]:
+                self._handed_out.pop(key, None)

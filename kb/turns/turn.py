@@ -794,11 +794,12 @@ class Turn:
                             None if rp in moves and rp not in recorded_moves else self._base_blob(moves.get(rp, rp))
                         )
                         target = rp
-                        if base_blob is not None and rp not in moves and not draft.exists(rp):
-                            target = self._where_now(rp, draft, gone)
+                        if base_blob is not None and rp not in moves and draft.content_id(rp) != base_blob:
+                            target = self._where_now(rp, draft, gone)  # changed since the base: moved?
                             if target is None:
                                 continue
-                            followed.append(("/" + rp, "/" + target))
+                            if target != rp:
+                                followed.append(("/" + rp, "/" + target))
                         draft.write_merged(target, data, base_blob, allow_keep=True)
                     elif draft.exists(rp):
                         draft.remove(rp)
@@ -820,9 +821,10 @@ class Turn:
                 if not outcome.clean:
                     overwrote.append(path)
                     lost_hunks[path] = list(outcome.lost)
+            followed_from = {old for old, _ in followed}
             for rp, data in changes.items():
-                if "/" + rp in draft.merges:
-                    continue
+                if "/" + rp in draft.merges or "/" + rp in followed_from:
+                    continue  # a followed edit was merged where its document went: no overwrite
                 at_parent = repo.lookup(parent_tree, rp)
                 ours = None if data is None else blob_id(data)
                 if at_parent != self._base_blob(rp) and ours != at_parent:
@@ -843,13 +845,18 @@ class Turn:
             return result
 
     def _where_now(self, rp: str, draft, gone: list[str]) -> str | None:
-        """Where the base's document at ``rp``, absent at the draft's head, went since the turn's
-        base: the path a recorded move took it to (the edit follows it, design §5), or None after
-        adding ``/rp`` to ``gone`` (removed: the edit must not bring it back)."""
+        """Where the base's document at ``rp``, changed at the draft's head since the turn's base,
+        is now: the path a recorded move took it to (the edit follows it, design §5) — even when a
+        new document now occupies ``rp`` —, else ``rp`` itself when a document is still there (the
+        edit merges with it), or None after adding ``/rp`` to ``gone`` (removed, or moved and then
+        removed: the edit must not bring it back, nor land on a stranger)."""
         base = self._worktree.base if self._worktree is not None else None
         moved = self.store.moved_to("/" + rp, base) if base else None
-        if moved is not None and draft.exists(moved):
-            return moved[1:]
+        if moved is not None:
+            if draft.exists(moved):
+                return moved[1:]
+        elif draft.exists(rp):
+            return rp
         gone.append("/" + rp)
         return None
 

@@ -8,14 +8,15 @@
    made meanwhile as "missing" or "invalid reflog entry"; so the snapshot's HEAD is passed to it,
    and the reflogs are checked under the lock instead (step 2);
 2. under the workspace write lock, so no kb writer is mid-commit: every reflog entry names
-   objects that exist; stale git lock files left by a killed writer (``index.lock``,
-   ``refs/heads/main.lock`` …) and temporary packs of killed imports (older than
-   TEMPORARY_PACK_AGE) are removed;
+   objects that exist; temporary packs of killed imports (older than TEMPORARY_PACK_AGE) are
+   removed; stale git lock files left by a killed writer (``index.lock``,
+   ``refs/heads/main.lock`` …) are removed in step 4, once no refresh can hold one;
 3. revisions git has and Postgres lacks are recorded (history rows + deferred jobs), the same
    function the periodic sweep calls (``KnowledgeStore.reconcile``);
 4. once every working-tree refresh writers owe is done (``Repository.refreshes_settled``: a commit
    refreshes the working tree after it released the write lock, and a refresh on its way is not
-   damage) and holding the working-tree lock: a ``.git/index`` git cannot read (duplicate or
+   damage) and holding the working-tree lock: stale git lock files are removed; a ``.git/index``
+   that is not a file, or one git cannot read (duplicate or
    unordered entries, as two threads writing it at once once left) is rebuilt from HEAD
    (``index_repaired`` says what git found); then a stale working tree (``git status`` not clean)
    is repaired path by path from HEAD; a path at HEAD too long for the path law (design §2.3)
@@ -143,7 +144,6 @@ def fsck(store: KnowledgeStore) -> FsckReport:
             report.git_ok = False
             report.git_messages += broken
             return report
-        report.stale_locks_removed = repo.clear_stale_locks(min_age=0)
         report.temporary_packs_removed = repo.remove_temporary_packs(TEMPORARY_PACK_AGE)
         report.recorded = store.catch_up(conn)
         head_tree = repo.tree_id(repo.head())
@@ -154,6 +154,9 @@ def fsck(store: KnowledgeStore) -> FsckReport:
         ]
         overlong = {p[1:] for p in report.overlong_paths}
         with repo.refreshes_settled():
+            # only now: a commit refreshes the working tree after releasing the write lock, so an
+            # ``index.lock`` seen earlier may be a live refresh's; settled, none is (design §4)
+            report.stale_locks_removed = repo.clear_stale_locks(min_age=0)
             report.index_repaired = repo.index_problem()
             if report.index_repaired is not None:
                 repo.rebuild_index()
