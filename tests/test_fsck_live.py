@@ -1,4 +1,4 @@
-"""``kb fsck`` on a live workspace (SPEC §3, design §4): it never removes a git lock a working-tree
+"""``kb fsck`` on a live workspace (design §3, design §4): it never removes a git lock a working-tree
 refresh holds, reports no repairs while writers work, and repairs an index that is not a file."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_fsck_beside_live_writers_reports_no_repairs(kb):
                 with kb.transaction(WS, f"w{k} {i}", "t") as tx:
                     tx.write(f"/documents/w{k}/{i % 5}.md", f"{k} {i}\n")
                 i += 1
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
@@ -70,8 +70,11 @@ def test_fsck_beside_live_writers_reports_no_repairs(kb):
     for t in threads:
         t.join()
     assert not errors
-    assert [(r.stale_locks_removed, r.worktree_repaired, r.index_repaired) for r in reports
-            if r.stale_locks_removed or r.worktree_repaired or r.index_repaired] == []
+    assert [
+        (r.stale_locks_removed, r.worktree_repaired, r.index_repaired)
+        for r in reports
+        if r.stale_locks_removed or r.worktree_repaired or r.index_repaired
+    ] == []
     assert git(kb.store(WS).path, "status", "--porcelain", "--untracked-files=all") == ""
 
 

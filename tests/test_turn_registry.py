@@ -60,7 +60,7 @@ def test_sub_agent_threads_committing_never_see_turn_busy(kb):
                         commits.append(result.revision)
             except TurnBusy as exc:
                 busy.append(exc)
-            except Exception as exc:  # noqa: BLE001 - reported below
+            except Exception as exc:
                 errors.append(exc)
 
     threads = [threading.Thread(target=agent, args=(k,)) for k in range(4)]

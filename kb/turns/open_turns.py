@@ -38,8 +38,14 @@ class OpenTurns:
         with self._lock:
             turn = self._open.get(key) or self._handed_out.get(key)
             if turn is None:
-                turn = Turn(store, turn_id, author, committer=committer,
-                            on_close=lambda t: self._forget(key, t), on_open=lambda t: self._hold(key, t))
+                turn = Turn(
+                    store,
+                    turn_id,
+                    author,
+                    committer=committer,
+                    on_close=lambda t: self._forget(key, t),
+                    on_open=lambda t: self._hold(key, t),
+                )
                 self._open[key] = turn
                 self._handed_out[key] = turn
         return turn
