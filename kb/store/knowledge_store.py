@@ -130,9 +130,8 @@ def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[
     return result
 
 
-MAX_HISTORY_LIMIT = 100_000
-"""The most revisions one history call returns (a Postgres ``LIMIT`` of any size is accepted,
-but a caller asking for more wants paging, not one list)."""
+MAX_HISTORY_LIMIT = 2**31 - 1
+"""The largest history limit: a Postgres ``integer`` (a larger one failed inside Postgres)."""
 
 
 class KnowledgeStore:

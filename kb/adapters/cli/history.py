@@ -16,7 +16,7 @@ from kb.adapters.cli.options import workspace_option
     "-n",
     default=20,
     show_default=True,
-    type=click.IntRange(min=1, max=100_000),
+    type=click.IntRange(min=1, max=2**31 - 1),
     help="Most revisions to show, newest first.",
 )
 def log(path: str | None, workspace: int, limit: int) -> None:
