@@ -63,7 +63,7 @@ def test_a_session_ended_during_executemany_then_reused_is_database_unavailable(
                     _terminate(database_url, conn.info.backend_pid)
                     with conn.cursor() as cur:
                         cur.executemany(queries["test_backend_pid"], [{}] * 5)
-            except Exception:  # noqa: BLE001 - the indexer records it as the document's error
+            except Exception:  # as the indexer: recorded as the document's error
                 pass
             with conn.transaction():
                 conn.execute(queries["test_backend_pid"])

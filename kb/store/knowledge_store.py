@@ -957,6 +957,7 @@ def write_failure(workspace_id: int, exc: BaseException) -> KbError:
     deleted meanwhile (``database.deleted_workspace``), else StorageError / LockUnavailable /
     DatabaseUnavailable saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    reason = reason.removeprefix(f"workspace {workspace_id}: ")  # the message names it once
     if isinstance(exc, WriteLockLost):
         return WriteLockLost(f"{reason}; settled by its idempotency key, this write did not land: nothing "
                              "was recorded. Retry.")
