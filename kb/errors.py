@@ -120,6 +120,13 @@ class LockUnavailable(KbError):
     """The lock backend (Postgres or Redis) cannot be reached; no write happened (fail closed)."""
 
 
+class WriteLockLost(LockUnavailable):
+    """The write lock was lost while a write held it: the Postgres session holding it ended (an
+    administrator's ``pg_terminate_backend``, a server restart) and another writer moved the
+    branch. Raised inside the store only, before the write is settled by its idempotency key
+    (design §3): callers see the write's revision when it landed, else this error saying so."""
+
+
 class EmbeddingError(KbError):
     """The embedder failed or returned an unusable vector (NaN/inf, wrong dimension)."""
 

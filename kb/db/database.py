@@ -176,10 +176,30 @@ def _lost(exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"the connection to Postgres was lost ({reason}); retry when the server is back")
 
 
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
+"""SQLSTATEs of a session the server ended: admin_shutdown (``pg_terminate_backend``, a fast
+shutdown), crash_shutdown, cannot_connect_now (starting up or shutting down)."""
+
+
+def connection_lost(exc: BaseException, broken: bool = False) -> bool:
+    """True when ``exc`` means the connection to Postgres is gone, whatever psycopg's ``broken``
+    flag says (it stays False when the loss surfaces in a pipeline, e.g. "cannot exit pipeline mode
+    while busy", or while a pool commits): the connection ``broken``, a session the server ended
+    (``_SESSION_ENDED``), a connection exception (SQLSTATE class 08), or an operational error the
+    client raised itself with no SQLSTATE ("server closed the connection unexpectedly", "consuming
+    input failed", "sending query failed")."""
+    if broken:
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state in _SESSION_ENDED or state.startswith("08")
+
+
 def _operational_error(exc: psycopg.OperationalError, broken: bool) -> KbError | None:
     """The KbError for an operational error of a connection (``broken``: it broke in use), or
     None for one kb does not translate (a lock timeout is the caller's to handle)."""
-    if broken:
+    if connection_lost(exc, broken):
         return _lost(exc)
     if isinstance(exc, psycopg.errors.QueryCanceled):
         reason = (str(exc).strip().splitlines() or ["canceled"])[0]
@@ -253,6 +273,9 @@ def connect(url: str, *, autocommit: bool = False) -> Connection:
     try:
         if not is_transaction_pooled(url):
             configure_connection(conn)
+    except psycopg.OperationalError as exc:  # the session ended while it was being set up
+        conn.close()
+        raise (_operational_error(exc, conn.broken) or _unavailable(url, exc)) from exc
     except BaseException:
         conn.close()
         raise
@@ -356,6 +379,7 @@ def pooled_connection(url: str) -> Iterator[Connection]:
             except psycopg.OperationalError:
                 broken = conn.broken
                 raise
+        # (the pool's COMMIT on a clean exit may find the connection lost: translated below)
     except PoolTimeout as exc:
         raise _no_pooled_connection(url, connections, exc) from exc
     except PoolClosed as exc:

@@ -210,4 +210,5 @@ QueryName = Literal[
     "workspace_summaries",
     "workspace_vector_index_names",
     "workspaces_with_blob_purges",
+    "write_lock_session_alive",
 ]

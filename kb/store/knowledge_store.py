@@ -46,6 +46,7 @@ from kb.errors import (
     RevisionNotFound,
     StorageError,
     WorkspaceNotFound,
+    WriteLockLost,
 )
 from kb.faults import fault_point
 from kb.git.merge import MergedBlob, merge_staged
@@ -454,7 +455,7 @@ class KnowledgeStore:
                 key = draft.idempotency_key
                 if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
                     return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
-                head = repo.head()
+                head = workspace["head_revision"]  # what Postgres records, not a fresh read: see _advance
                 built = self._build(
                     conn,
                     draft,
@@ -479,7 +480,7 @@ class KnowledgeStore:
                 owed.take(repo, built.effective)  # fsck waits for this refresh (design §2.1)
                 draft.pending = built.revision.id
                 draft.submitted = True  # from here on the revision may land (git first, design §3)
-                self._advance(head, built.revision.id)
+                self._advance(conn, head, built.revision.id)
         finally:
             self._settle(owed, draft)
         return built.result()
@@ -608,7 +609,9 @@ class KnowledgeStore:
         results: dict[int, Revision | _Built | KbError | None] = {}
         key_of = {intent_id: draft.idempotency_key}
         by_key: dict[str, Revision] = {}  # design §3: a key recorded earlier or in this group
-        head0 = head = repo.head()
+        # the head Postgres records once caught up, not a fresh read of git's: a writer that lost
+        # the lock may have moved the branch since, and its revisions are not recorded (see _advance)
+        head0 = head = workspace["head_revision"]
         head_tree, seq, built = repo.tree_id(head), workspace["revision_count"], []
         batch, rounds = pending, 0
         while batch:
@@ -696,7 +699,11 @@ class KnowledgeStore:
                 changed.update(b.effective)
             owed.take(repo, changed)
             draft.pending = own.revision.id if isinstance(own, _Built) else None
-            self._advance(head0, head)
+            try:
+                self._advance(conn, head0, head)
+            except WriteLockLost:
+                group_commit.clear_journal(repo, others)  # those revisions never reached the branch
+                raise
         return own, [*others, *(i for i in journal if i not in others)]
 
     def _build(
@@ -771,12 +778,24 @@ class KnowledgeStore:
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
 
-    def _advance(self, head: str | None, new: str) -> None:
-        """Move the branch ref from ``head`` to ``new`` (compare-and-swap, fsynced) under the lock."""
+    def _advance(self, conn: Connection, head: str | None, new: str) -> None:
+        """Move the branch ref from ``head`` (the head Postgres records, caught up under the lock)
+        to ``new`` (compare-and-swap, fsynced) under the lock.
+
+        The lock is a Postgres session's: when that session ends (``pg_terminate_backend``, a
+        server restart) the lock is gone while this process goes on, and another writer may take
+        it. So first one round trip on ``conn`` checks that the session — and with it the lock — is
+        still there (psycopg.Error when not: nothing moved; the caller settles by key). A failed
+        compare-and-swap means the branch moved anyway (a writer that lost the lock moved it just
+        after its check, or a process that writes without the lock): WriteLockLost, which the
+        caller settles by key (design §3) — this write's revision is not on the branch, but the
+        other writer may have recorded this very change (a group it led before it lost the lock)."""
+        conn.execute(queries["write_lock_session_alive"]).fetchone()
         if not self.repository.advance(head, new):
-            raise KbError(
-                f"workspace {self.workspace_id}: the branch moved while the write lock was held; "
-                "another process writes without the lock. Nothing was recorded."
+            raise WriteLockLost(
+                f"workspace {self.workspace_id}: the branch moved while this writer held the write lock "
+                "(the Postgres session holding the lock ended — terminated by an administrator or a "
+                "server restart — and another writer took it, or a process writes without the lock)"
             )
         fault_point("ref_advanced")
         fault_point("before_pg_commit")
@@ -1085,6 +1104,11 @@ def write_failure(workspace_id: int, exc: BaseException) -> KbError:
     deleted meanwhile (``database.deleted_workspace``), else StorageError / LockUnavailable /
     DatabaseUnavailable saying nothing was recorded."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    reason = reason.removeprefix(f"workspace {workspace_id}: ")  # the message names it once
+    if isinstance(exc, WriteLockLost):
+        return WriteLockLost(
+            f"{reason}; settled by its idempotency key, this write did not land: nothing was recorded. Retry."
+        )
     if isinstance(exc, LockUnavailable):
         return LockUnavailable(
             f"workspace {workspace_id}: {reason}; nothing was recorded. Retry when Postgres is back."

@@ -75,3 +75,8 @@ DELETE FROM kb.write_intents WHERE id = %(intent_id)s RETURNING outcome;
 -- A writer that gave up waiting removes its intent unless a holder recorded it meanwhile (then
 -- nothing is deleted and the outcome is read with take_write_intent).
 DELETE FROM kb.write_intents WHERE id = %(intent_id)s AND outcome IS NULL RETURNING id;
+
+-- name: write_lock_session_alive
+-- Right before the branch ref moves: one round trip proving the session holding the write lock
+-- (a session-scoped advisory lock) is still there; it fails when the session was ended.
+SELECT 1 AS alive;
