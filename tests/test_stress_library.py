@@ -1,5 +1,5 @@
 """CI sample of ``bin/stress_library.py`` (design §4, §14): 4 threads sharing one KnowledgeBase for
-12 s — transactions, turns, moves, reads, searches, ``kb.index`` — beside a ``git repack -ad`` loop
+20 s — transactions, turns, moves, reads, searches, ``kb.index`` — beside a ``git repack -ad`` loop
 and Postgres sessions ended every few seconds. Every write's reported outcome is checked against git
 and ``kb.revisions``; the index against git."""
 
@@ -29,7 +29,7 @@ def load_script():
 
 def test_threads_sharing_one_knowledge_base_under_repacks_and_connection_kills(kb, capsys):
     stress_library = load_script()
-    stress = stress_library.Stress(kb, threads=4, seconds=12, op_timeout=60, repack_every=1.0, kill_every=2.0)
+    stress = stress_library.Stress(kb, threads=4, seconds=20, op_timeout=60, repack_every=1.0, kill_every=2.0)
     stress.run()
     report = stress.check()
     stress_library.print_report(report, 12, 4)
