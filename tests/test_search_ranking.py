@@ -8,6 +8,7 @@ import functools
 
 import pytest
 from support.embedders import CountingEmbedder
+from support.generated_documents import WORDS
 from support.named_queries import queries
 
 from kb.db import database
@@ -300,21 +301,7 @@ def test_japanese_and_chinese_queries_find_their_page_lexically(kb):
 
 def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch):
     embedder = kb.use_embedder(HashingEmbedder())
-    words = [
-        "alpha",
-        "beta",
-        "gamma",
-        "delta",
-        "kappa",
-        "omega",
-        "sigma",
-        "tau",
-        "refund",
-        "policy",
-        "annual",
-        "plan",
-        "invoice",
-    ]
+    words = WORDS
     docs = {
         f"/documents/p{i}.md": " ".join(words[(i * 7 + j) % len(words)] for j in range(9)) + f" n{i}\n"
         for i in range(60)
