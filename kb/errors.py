@@ -325,3 +325,14 @@ class WorkspaceBusy(KbError):
 class WrongThread(KbError):
     """An object that belongs to one thread was used from another: a transaction's ``Draft`` is
     used by the thread that opened the transaction only (docs/python-api.md, "Threads")."""
+
+
+# -- nodes (design §15) -------------------------------------------------------------------------
+class NodeUnavailable(KbError):
+    """A workspace's home node is down (no heartbeat for ``KB_NODE_STALE_SECONDS``) or does not
+    answer; ``node`` names it. Nothing was done; retry when it is back (its workspaces are never
+    re-homed silently). Other nodes' workspaces are unaffected."""
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
