@@ -336,3 +336,13 @@ class NodeUnavailable(KbError):
     def __init__(self, message: str, *, node: str | None = None) -> None:
         super().__init__(message)
         self.node = node
+
+
+class WrongNode(KbError):
+    """The workspace is homed on another node (design §15): its repository is there, not under this
+    process's storage root. ``node`` names it; use that node's ``kb serve`` (any node's server
+    forwards) or run the command on that node."""
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node

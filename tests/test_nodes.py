@@ -14,7 +14,7 @@ import pytest
 from support.commands import git, run_cli
 from support.corpus import corpus_path
 from support.named_queries import queries
-from support.serving import call, start_serve, stop_serve
+from support.serving import call, start_serves, stop_serve
 from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
@@ -52,10 +52,10 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
     env_b, settings_b = _node(kb_env, settings, "b")
     running: list[subprocess.Popen] = []
     try:
-        a, url_a = start_serve(env_a, tmp_path / "a.log", "--with-worker")
-        running.append(a)
-        b, url_b = start_serve(env_b, tmp_path / "b.log", "--with-worker")
-        running.append(b)
+        (a, url_a), (b, url_b) = start_serves(
+            [(env_a, tmp_path / "a.log", ("--with-worker",)), (env_b, tmp_path / "b.log", ("--with-worker",))]
+        )
+        running += [a, b]
         # import and write on a: workspace 1 is homed on a, its repository only under a's root
         run_cli(env_a, "import", str(corpus_path("en")), "--workspace", "1")
         revision = _commit_through(url_a, 1, "on-a", "/documents/Nodes.md", NODES_DOC)
@@ -86,6 +86,10 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
         written = _commit_through(url_b, 1, "via-b", "/documents/Via-b.md", "# written through b\n")
         assert kb_a.head(1) == written and not (settings_b.knowledge_store / "1").exists()
         git(settings_a.knowledge_store / "1", "fsck", "--strict")
+        # importing into it on b is refused (no empty repository, no destructive hint)
+        refused = run_cli(env_b, "import", str(corpus_path("en")), "--workspace", "1", check=False)
+        assert refused.returncode == 1 and "homed on node 'a'" in refused.stderr, refused.stderr
+        assert "DELETE" not in refused.stderr and not (settings_b.knowledge_store / "1").exists()
 
         # a job that reaches the wrong node (deferred before nodes, or before a move) re-defers
         kb_b = KnowledgeBase.open(settings_b, migrate=False)

@@ -167,7 +167,10 @@ class NodeForwarding:
                     return
 
         client = self._http()
-        request = client.build_request(scope["method"], target, headers=headers, content=body())
+        has_body = any(name.lower() in ("content-length", "transfer-encoding") for name, _ in headers) or bool(
+            _header(scope, "transfer-encoding")
+        )
+        request = client.build_request(scope["method"], target, headers=headers, content=body() if has_body else b"")
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:

@@ -69,6 +69,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
     errors.NodeUnavailable: 503,
+    errors.WrongNode: 421,
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
