@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,46 +29,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_store import database
+from support.serving import start_serves, stop_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
 QUERIES = ["how do citations stay valid", "advisory lock", "turn worktree", "embedding model", "span fill"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=60) as response:
         return response.read()
-
-
-def _serve(env: dict[str, str], log: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kb.adapters.cli", "serve", *args, "--port", str(port)],
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            _get(url + "/ready")
-            return process, url
-        except OSError:
-            if process.poll() is not None:
-                break
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit(f"kb serve did not start: {log.read_text()[-2000:]}")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -90,10 +61,10 @@ def main() -> None:
         env_b = {**base, "KB_NODE": "b", "KB_STORAGE_ROOT": str(work / "b")}
         processes = []
         try:
-            a, url_a = _serve(env_a, work / "a.log", "--with-worker")
-            processes.append(a)
-            b, url_b = _serve(env_b, work / "b.log")
-            processes.append(b)
+            (a, url_a), (b, url_b) = start_serves(
+                [(env_a, work / "a.log", ("--with-worker",)), (env_b, work / "b.log", ())]
+            )
+            processes += [(a, work / "a.log"), (b, work / "b.log")]
             subprocess.run(
                 [sys.executable, "-m", "kb.adapters.cli", "import", str(ROOT / "docs"), "--workspace", "1"],
                 env=env_a,
@@ -130,13 +101,8 @@ def main() -> None:
             print(f"through node b:       p50 {forwarded:7.1f} ms  p90 {_percentile(times['forwarded'], 90):7.1f} ms")
             print(f"ratio (b / a, p50):   {forwarded / home:.2f}   (extra {forwarded - home:.1f} ms per request)")
         finally:
-            for process in processes:
-                process.send_signal(signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            for process, log in processes:
+                stop_serve(process, log)
             cleanup()
 
 

@@ -383,14 +383,16 @@ def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) 
     return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
 
 
-def _scheduled_from_settings(settings: Settings) -> list[tuple[procrastinate.tasks.Task, str, str, dict]]:
+def _scheduled_from_settings(
+    settings: Settings,
+) -> list[tuple[procrastinate.tasks.Task, str, str, procrastinate.tasks.ConfigureTaskOptions]]:
     """``(task, cron, periodic_id, configure_kwargs)`` of the periodic tasks scheduled per worker:
     those whose cron is a setting, and the per-node ones (design §15) — the sweep, the worktree
     janitor and repository maintenance look at this node's repositories only, so each node runs
     its own (periodic id, queue and queueing lock carry the node's name)."""
     node = settings.node
 
-    def on_node(name: str) -> dict:
+    def on_node(name: str) -> procrastinate.tasks.ConfigureTaskOptions:
         return {"queue": node_queue("maintenance", node), "queueing_lock": f"{name}@{node}"}
 
     return [
