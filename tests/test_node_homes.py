@@ -1,6 +1,7 @@
 """design §15: home nodes in one process — a new workspace is homed on its creating node; one
-made before nodes existed is adopted by the node holding its repository and by no other; a
-second storage cannot take a node's name; node names are checked."""
+made before nodes existed is adopted by the node holding its repository and by no other; another
+node may neither create nor delete it; a second storage cannot take a node's name; node names are
+checked."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def test_homes_adoption_and_names(kb, settings, tmp_path):
     assert kb.workspace_home(1).node == settings.node and other.workspace_home(1).node == settings.node
     with pytest.raises(WrongNode, match=f"homed on node '{settings.node}'"):
         other.create_workspace(1)
+    with pytest.raises(WrongNode, match=f"homed on node '{settings.node}'"):
+        other.delete_workspace(1, force=True)  # its repository is not here: it would be orphaned
+    assert kb.head(1) is not None
     assert not (tmp_path / "b" / "knowledge_store" / "1").exists()
     listed = {n.name: n for n in kb.nodes()}
     assert listed[settings.node].workspaces == 1 and listed["elsewhere"].url == "http://127.0.0.1:9"

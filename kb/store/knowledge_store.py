@@ -162,7 +162,7 @@ class KnowledgeStore:
             try:
                 repository = self._repository = Repository.open(self.path)
             except FileNotFoundError:
-                self._refuse_if_homed_elsewhere()
+                self.refuse_if_homed_elsewhere()
                 if (self.path / ".git").exists():
                     raise WorkspaceNotFound(
                         f"workspace {self.workspace_id}'s git repository at {self.path} is incomplete (being "
@@ -175,10 +175,11 @@ class KnowledgeStore:
                 ) from None
         return repository
 
-    def _refuse_if_homed_elsewhere(self) -> None:
-        """Raise WrongNode when the workspace's repository is missing here because the workspace
-        is homed on a node with another storage (design §15): creating or opening an empty one here
-        would split it. Asked only when the repository is missing."""
+    def refuse_if_homed_elsewhere(self) -> None:
+        """Raise WrongNode when the workspace is homed on a node with another storage (design §15):
+        its repository is there, and creating, opening or deleting one here would split it. The
+        store asks only when the repository is missing here; deletion asks always. Does nothing
+        when Postgres cannot be asked."""
         try:
             home = nodes.workspace_home(self.database_url, self.workspace_id)
         except KbError:  # Postgres cannot be asked: the caller's own error says what is missing
@@ -224,7 +225,7 @@ class KnowledgeStore:
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
         existed = self.exists()
         if not existed:
-            self._refuse_if_homed_elsewhere()
+            self.refuse_if_homed_elsewhere()
         if not existed and row["head_revision"] is not None:
             raise HistoryDiverged(
                 f"workspace {self.workspace_id}: Postgres records {row['revision_count']} revisions (head "
