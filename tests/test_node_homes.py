@@ -18,7 +18,7 @@ def test_homes_adoption_and_names(kb, settings, tmp_path):
     kb.create_workspace(1)
     with kb.transaction(1, "one", "alice") as tx:
         tx.write("/documents/One.md", "one\n")
-    assert kb.workspace_home(1).node == settings.node
+    assert kb.workspace_home(1).node == settings.node == kb.status(1)["workspace"]["home_node"]
     with database.connect(kb.database_url, autocommit=True) as conn:
         conn.execute(queries["test_forget_home_node"], {"workspace_id": 1})
     # another node, whose storage does not hold the repository, never adopts it
