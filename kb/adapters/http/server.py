@@ -39,6 +39,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, R
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kb import errors
 from kb.adapters.http.auth import Access, Authentication, McpGate, committer_of, require, unguarded_routes
@@ -433,6 +434,12 @@ def create_app(
     )
     app.state.service = service
     app.state.access = access
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # no such route or method, not ready: kb's error form too (``detail`` kept for older clients)
+        body = {"error": f"HTTP{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
+        return JSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
