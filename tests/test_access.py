@@ -16,6 +16,7 @@ import urllib.parse
 import anyio
 import httpx
 import pytest
+from support import api_fuzz
 from support.commands import git
 from support.network import free_port
 from support.waiting import wait_until
@@ -65,7 +66,14 @@ def _as(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def test_tokens_scopes_workspaces_revocation_and_mcp(kb, server):
+def test_access_over_http(kb, server):
+    """One server for the acceptance path, bad input and a fuzz sample (a server start is the cost)."""
+    _bad_input_writes_nothing(kb, server)  # first: it checks the head stays where the seed left it
+    _scopes_workspaces_revocation_and_mcp(kb, server)
+    _fuzz_sample(kb, server)
+
+
+def _scopes_workspaces_revocation_and_mcp(kb, server):
     reader = kb.tokens().create("reader", "read", [1])[1]
     writer_token, writer = kb.tokens().create("writer", "write", [1])
     api = httpx.Client(base_url=server, timeout=60)
@@ -124,9 +132,9 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo) -> None:
     assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404
 
 
-def test_bad_input_is_a_clear_4xx_and_writes_nothing(kb, server):
+def _bad_input_writes_nothing(kb, server):
     head = kb.head(1)
-    writer = _as(kb.tokens().create("writer", "write", None)[1])
+    writer = _as(kb.tokens().create("bad-input", "write", None)[1])
     api = httpx.Client(base_url=server, timeout=60, headers=writer)
     turn = "/v1/workspaces/1/turns/bad"
     big = api.put(f"{turn}/files/documents/Big.md", json={"content": "x" * (2 * LIMIT)})
@@ -155,3 +163,11 @@ def test_bad_input_is_a_clear_4xx_and_writes_nothing(kb, server):
     assert not_json.status_code == 400 and not_json.json()["error"]  # a body that is not UTF-8 JSON
     assert api.post(f"{turn}/commit", json={"message": "bad"}).json() == {"revision": None}
     assert kb.head(1) == head
+
+
+def _fuzz_sample(kb, server):
+    """A sample of the HTTP API fuzz (the long run: bin/fuzz_http_api.py)."""
+    tokens, writer_id, heads = api_fuzz.prepare(kb)
+    report = api_fuzz.run(server, tokens, 60, seed=7)
+    api_fuzz.check_history(kb, writer_id, heads, report)
+    assert report.requests >= 50 and not report.server_errors and not report.unauthorized_writes, report.summary()

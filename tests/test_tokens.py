@@ -12,8 +12,18 @@ import pytest
 from support.commands import run_cli
 from support.named_queries import queries
 
+from kb.adapters.cli.tokens import parse_lifetime
+from kb.adapters.http.auth import is_loopback, start_up_check
 from kb.db import database
-from kb.errors import InvalidInput, ScopeRefused, TokenExists, TokenNotFound, TokenRefused, WorkspaceNotFound
+from kb.errors import (
+    ConfigurationError,
+    InvalidInput,
+    ScopeRefused,
+    TokenExists,
+    TokenNotFound,
+    TokenRefused,
+    WorkspaceNotFound,
+)
 
 
 def test_create_verify_check_and_revoke(kb):
@@ -71,18 +81,39 @@ def test_an_expired_token_is_refused(kb):
     assert not tokens.any_live()
 
 
-def test_kb_token_cli(kb_env):
+def test_kb_token_cli_and_serve_refusing_a_public_address_without_tokens(kb_env):
+    public = run_cli(kb_env, "serve", "--host", "0.0.0.0", "--port", "1", check=False)
+    assert public.returncode == 1 and "kb token create" in public.stderr and "--insecure-no-auth" in public.stderr
     created = run_cli(kb_env, "token", "create", "--name", "ci", "--scope", "write", "-w", "2", "--expires", "30d")
     secret = created.stdout.strip()
     assert secret.startswith("kb_") and "shown only now" in created.stderr
     listed = [json.loads(line) for line in run_cli(kb_env, "token", "list", "--json").stdout.splitlines()]
     assert [(t["name"], t["scope"], t["workspaces"]) for t in listed] == [("ci", "write", [2])]
-    assert secret not in run_cli(kb_env, "token", "list").stdout
+    assert listed[0]["expires_at"] and secret not in json.dumps(listed)
     refused = run_cli(kb_env, "token", "create", "--name", "x", "--scope", "read", check=False)
     assert refused.returncode == 1 and "--all-workspaces" in refused.stderr
-    bad = run_cli(
-        kb_env, "token", "create", "--name", "x", "--scope", "read", "-w", "1", "--expires", "soon", check=False
-    )
-    assert bad.returncode == 1 and "30d" in bad.stderr
     assert "revoked token" in run_cli(kb_env, "token", "revoke", "ci").stdout
-    assert run_cli(kb_env, "token", "list").stdout == ""
+
+
+@pytest.mark.parametrize("text", ["30d", "12h", "90m", "2w"])
+def test_token_lifetimes(text):
+    assert parse_lifetime(text).total_seconds() > 0
+
+
+@pytest.mark.parametrize("text", ["soon", "0d", "30", "-1d", "1y"])
+def test_bad_token_lifetimes(text):
+    with pytest.raises(InvalidInput, match="30d"):
+        parse_lifetime(text)
+
+
+def test_start_up_check():
+    def never() -> bool:
+        raise AssertionError("insecure: no need to ask Postgres")
+
+    assert "WITHOUT authentication" in start_up_check("0.0.0.0", 1, insecure=True, tokens_live=never)
+    assert "401" in start_up_check("127.0.0.1", 1, insecure=False, tokens_live=lambda: False)
+    assert "needs an API token" in start_up_check("10.1.2.3", 1, insecure=False, tokens_live=lambda: True)
+    for host in ("0.0.0.0", "::", "example.org", "10.1.2.3"):
+        with pytest.raises(ConfigurationError, match="kb token create"):
+            start_up_check(host, 1, insecure=False, tokens_live=lambda: False)
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost"))
