@@ -328,6 +328,11 @@ class WrongThread(KbError):
 
 
 # -- access: API tokens of kb serve and MCP over HTTP (design §16) -----------------------------
+class PermissionDenied(KbError):
+    """kb's database role lacks a privilege the call needs (Postgres 42501), e.g. a kb_reader
+    asked to write (sql/roles.sql, design §16); connect as a role that has it."""
+
+
 class TokenError(KbError):
     """Base of the API-token errors (design §16)."""
 

@@ -39,7 +39,14 @@ from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start s
     stop_embedded,
 )
 from kb.db.sql import queries
-from kb.errors import DatabaseNotReady, DatabaseUnavailable, KbError, StatementCanceled, WorkspaceNotFound
+from kb.errors import (
+    DatabaseNotReady,
+    DatabaseUnavailable,
+    KbError,
+    PermissionDenied,
+    StatementCanceled,
+    WorkspaceNotFound,
+)
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -228,6 +235,17 @@ def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
     )
 
 
+def permission_denied(exc: BaseException | None) -> PermissionDenied | None:
+    """The PermissionDenied of a Postgres "permission denied" (42501), else None (design §16)."""
+    if not isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return None
+    role = exc.diag.message_primary or str(exc)
+    return PermissionDenied(
+        f"kb's database role may not do this ({role}); connect as a role that may (sql/roles.sql: "
+        "kb_writer for kb's processes, kb_reader only reads)"
+    )
+
+
 @contextlib.contextmanager
 def _lost_raises_unavailable(conn: Connection) -> Iterator[None]:
     """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
@@ -242,6 +260,8 @@ def _lost_raises_unavailable(conn: Connection) -> Iterator[None]:
         raise translated from exc
     except psycopg.errors.ForeignKeyViolation as exc:
         raise (deleted_workspace(exc) or exc) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise (permission_denied(exc) or exc) from exc
 
 
 class KbConnection(psycopg.Connection[DictRow]):
@@ -260,6 +280,8 @@ class KbConnection(psycopg.Connection[DictRow]):
             raise translated from exc_val
         if (missing := deleted_workspace(exc_val)) is not None:
             raise missing from exc_val
+        if (denied := permission_denied(exc_val)) is not None:
+            raise denied from exc_val
 
 
 def connect(url: str, *, autocommit: bool = False) -> Connection:
@@ -393,6 +415,8 @@ def pooled_connection(url: str) -> Iterator[Connection]:
         raise translated from exc
     except psycopg.errors.ForeignKeyViolation as exc:
         raise (deleted_workspace(exc) or exc) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise (permission_denied(exc) or exc) from exc
 
 
 @contextlib.contextmanager

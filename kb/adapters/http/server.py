@@ -73,6 +73,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.UnknownHandle: 404,
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
+    errors.PermissionDenied: 503,  # the server's database role, not the caller (design §16)
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
