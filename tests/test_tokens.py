@@ -70,6 +70,15 @@ def test_create_verify_check_and_revoke(kb):
     assert tokens.verify(admin_secret).scope == "admin"
 
 
+def test_verify_survives_its_idle_connections_ending(kb):
+    tokens = kb.tokens()
+    _, secret = tokens.create("steady", "read", [1])
+    tokens.verify(secret)  # the autocommit pool now holds idle connections
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        assert conn.execute(queries["test_terminate_other_backends"]).fetchone()["terminated"] >= 1
+    assert tokens.verify(secret).name == "steady"  # a dead connection is retried once, not an error
+
+
 def test_an_expired_token_is_refused(kb):
     tokens = kb.tokens()
     assert not tokens.any_live()

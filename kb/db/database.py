@@ -343,17 +343,23 @@ def _check_or_sweep(swept: list):
     return check
 
 
-def pool(url: str) -> ConnectionPool[Connection]:
+def pool(url: str, *, autocommit: bool = False) -> ConnectionPool[Connection]:
     """The process-wide connection pool for ``url`` (created and opened on first use).
 
     Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
     ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
     be reached within ``POOL_TIMEOUT`` seconds.
+
+    ``autocommit``: a separate pool for one-statement reads on a hot path (the token check of
+    every HTTP request, design §16): autocommit connections and no checkout probe, so a statement
+    costs one round trip, not three (probe, statement, COMMIT). A connection whose backend ended
+    while idle fails its statement instead of being replaced first; its caller retries once.
     """
     from psycopg_pool import ConnectionPool, PoolTimeout  # only processes that pool load it (design §13)
 
+    key = f"{url}\x00autocommit" if autocommit else url
     with _pools_lock:
-        existing = _pools.get(url)
+        existing = _pools.get(key)
         if existing is not None and not existing.closed:
             return existing
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
@@ -363,10 +369,10 @@ def pool(url: str) -> ConnectionPool[Connection]:
             min_size=POOL_MIN_SIZE,
             max_size=POOL_MAX_SIZE,
             configure=_pool_configure(url),
-            kwargs=connection_kwargs(url) or None,
+            kwargs={**connection_kwargs(url), **({"autocommit": True} if autocommit else {})} or None,
             # one round trip per checkout, so a connection whose backend ended while idle (a
             # server restart, pg_terminate_backend) is replaced instead of failing its caller
-            check=_check_or_sweep(swept),
+            check=None if autocommit else _check_or_sweep(swept),
             timeout=POOL_TIMEOUT,
             open=False,
             name="kb",
@@ -377,13 +383,14 @@ def pool(url: str) -> ConnectionPool[Connection]:
         except (PoolTimeout, psycopg.OperationalError) as exc:
             created.close()
             raise _unavailable(url, exc) from exc
-        _pools[url] = created
+        _pools[key] = created
         return created
 
 
 @contextlib.contextmanager
-def pooled_connection(url: str) -> Iterator[Connection]:
+def pooled_connection(url: str, *, autocommit: bool = False) -> Iterator[Connection]:
     """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
+    ``autocommit``: from the autocommit pool (see ``pool``), for a one-statement read.
 
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
     Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds (or the
@@ -393,7 +400,7 @@ def pooled_connection(url: str) -> Iterator[Connection]:
     from psycopg_pool import PoolClosed, PoolTimeout
 
     broken = False
-    connections = pool(url)
+    connections = pool(url, autocommit=autocommit)
     try:
         with connections.connection() as conn:
             try:

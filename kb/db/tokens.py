@@ -28,7 +28,15 @@ from typing import Literal
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import InvalidInput, ScopeRefused, TokenExists, TokenNotFound, TokenRefused, WorkspaceNotFound
+from kb.errors import (
+    DatabaseUnavailable,
+    InvalidInput,
+    ScopeRefused,
+    TokenExists,
+    TokenNotFound,
+    TokenRefused,
+    WorkspaceNotFound,
+)
 
 Scope = Literal["read", "write", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
@@ -191,14 +199,27 @@ class TokenStore:
             )
         if not isinstance(secret, str) or not _TOKEN.fullmatch(secret):
             raise TokenRefused("the API token is malformed (a kb token is 'kb_' and 43 characters)")
-        with database.pooled_connection(self.database_url) as conn:
-            row = conn.execute(queries["verify_api_token"], {"digest": digest(secret)}).fetchone()
+        row = self._lookup(digest(secret))
         if row is None:
             raise TokenRefused(
                 "the API token is unknown, revoked or expired (kb token list shows the live ones)",
                 cli="the API token in KB_TOKEN is unknown, revoked or expired (kb token list shows the live ones)",
             )
         return _token(row)
+
+    def _lookup(self, secret_digest: bytes) -> dict | None:
+        # One round trip on the autocommit pool (no checkout probe, no COMMIT): the check runs on
+        # every request (design §16, ≤ 1 ms). A connection whose backend ended while idle fails
+        # once; then every idle connection is checked (the dead ones replaced) and it runs again.
+        for attempt in (1, 2):
+            try:
+                with database.pooled_connection(self.database_url, autocommit=True) as conn:
+                    return conn.execute(queries["verify_api_token"], {"digest": secret_digest}).fetchone()
+            except DatabaseUnavailable:
+                if attempt == 2:
+                    raise
+                database.pool(self.database_url, autocommit=True).check()
+        return None
 
     def list(self, include_revoked: bool = False) -> list[Token]:
         """Every live token (with ``include_revoked``, the revoked ones too), oldest first."""

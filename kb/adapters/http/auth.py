@@ -25,10 +25,11 @@ Three parts, so no route can be forgotten:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Request  # at run time: FastAPI reads the dependency's annotation
+from pydantic import TypeAdapter
 
 from kb import errors
 from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_SCOPE_HEADER
@@ -173,26 +174,31 @@ def committer_of(request: Request) -> str | None:
     return None if token is None else token.committer
 
 
+_INTEGER = TypeAdapter(int)  # the routes' own parsing of an int parameter (built once: ~0.1 ms)
+
+
 def _workspace(raw: str | None) -> int | None | Literal[False]:
     """A workspace id as the route will parse it; False when it will refuse it (422)."""
     if raw is None:
         return None
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(int).validate_python(raw)
+        return _INTEGER.validate_python(raw)
     except ValidationError:
         return False
 
 
-def require(scope: Scope, *, workspace_from: Literal["path", "query"] = "path") -> Callable[[Request], Token | None]:
+def require(
+    scope: Scope, *, workspace_from: Literal["path", "query"] = "path"
+) -> Callable[[Request], Awaitable[Token | None]]:
     """A FastAPI dependency: the request's token must reach the route's workspace with ``scope``
     (design §16). ``workspace_from``: the ``{workspace_id}`` path parameter, or the optional
     ``workspace`` query parameter (absent: a call about every workspace, which only a token for
     every workspace may make). Returns the token (None when insecure). Raises TokenRefused (401;
     only if the middleware was bypassed), WorkspaceNotFound (404), ScopeRefused (403)."""
 
-    def check(request: Request) -> Token | None:
+    async def check(request: Request) -> Token | None:  # async: no I/O, so no thread-pool hop
         access: Access = request.app.state.access
         if access.insecure:
             return None
