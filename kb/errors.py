@@ -346,3 +346,30 @@ class WrongNode(KbError):
     def __init__(self, message: str, *, node: str | None = None) -> None:
         super().__init__(message)
         self.node = node
+
+
+# -- access: API tokens of kb serve and MCP over HTTP (design §16) -----------------------------
+class PermissionDenied(KbError):
+    """kb's database role lacks a privilege the call needs (Postgres 42501), e.g. a kb_reader
+    asked to write (sql/roles.sql, design §16); connect as a role that has it."""
+
+
+class TokenError(KbError):
+    """Base of the API-token errors (design §16)."""
+
+
+class TokenRefused(TokenError):
+    """A request carried no API token, or one that is unknown, revoked or expired (HTTP 401)."""
+
+
+class ScopeRefused(TokenError):
+    """The token reaches the workspace but its scope is too small for the call (HTTP 403); e.g. a
+    read token asked to commit. A workspace the token does not name is WorkspaceNotFound (404)."""
+
+
+class TokenNotFound(TokenError):
+    """``kb token revoke`` named no live token (by id or name)."""
+
+
+class TokenExists(TokenError):
+    """A live token already has that name (names identify a token's revisions); revoke it or choose another."""

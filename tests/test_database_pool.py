@@ -48,7 +48,7 @@ def test_a_closed_pool_is_a_kb_error(database_url: str, monkeypatch) -> None:
     raises DatabaseUnavailable (psycopg_pool's PoolClosed escaped before)."""
     closed = database.pool(database_url)
     closed.close()
-    monkeypatch.setattr(database, "pool", lambda url: closed)
+    monkeypatch.setattr(database, "pool", lambda url, **_: closed)
     with pytest.raises(DatabaseUnavailable, match="pool was closed"):
         with database.pooled_connection(database_url):
             pass

@@ -79,3 +79,9 @@ SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false;
 
 -- name: bench_chunk_texts
 SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- ---- bin/bench_auth.py (design §16) ----
+
+-- name: bench_round_trip
+-- The cheapest statement: the floor of one round trip to Postgres, beside the token check.
+SELECT 1 AS one;

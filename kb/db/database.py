@@ -39,7 +39,14 @@ from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start s
     stop_embedded,
 )
 from kb.db.sql import queries
-from kb.errors import DatabaseNotReady, DatabaseUnavailable, KbError, StatementCanceled, WorkspaceNotFound
+from kb.errors import (
+    DatabaseNotReady,
+    DatabaseUnavailable,
+    KbError,
+    PermissionDenied,
+    StatementCanceled,
+    WorkspaceNotFound,
+)
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -228,6 +235,17 @@ def deleted_workspace(exc: BaseException) -> WorkspaceNotFound | None:
     )
 
 
+def permission_denied(exc: BaseException | None) -> PermissionDenied | None:
+    """The PermissionDenied of a Postgres "permission denied" (42501), else None (design §16)."""
+    if not isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return None
+    role = exc.diag.message_primary or str(exc)
+    return PermissionDenied(
+        f"kb's database role may not do this ({role}); connect as a role that may (sql/roles.sql: "
+        "kb_writer for kb's processes, kb_reader only reads)"
+    )
+
+
 @contextlib.contextmanager
 def _lost_raises_unavailable(conn: Connection) -> Iterator[None]:
     """Inside the block, ``conn`` breaking (server gone, backend terminated) raises
@@ -242,6 +260,8 @@ def _lost_raises_unavailable(conn: Connection) -> Iterator[None]:
         raise translated from exc
     except psycopg.errors.ForeignKeyViolation as exc:
         raise (deleted_workspace(exc) or exc) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise (permission_denied(exc) or exc) from exc
 
 
 class KbConnection(psycopg.Connection[DictRow]):
@@ -260,6 +280,8 @@ class KbConnection(psycopg.Connection[DictRow]):
             raise translated from exc_val
         if (missing := deleted_workspace(exc_val)) is not None:
             raise missing from exc_val
+        if (denied := permission_denied(exc_val)) is not None:
+            raise denied from exc_val
 
 
 def connect(url: str, *, autocommit: bool = False) -> Connection:
@@ -321,17 +343,23 @@ def _check_or_sweep(swept: list):
     return check
 
 
-def pool(url: str) -> ConnectionPool[Connection]:
+def pool(url: str, *, autocommit: bool = False) -> ConnectionPool[Connection]:
     """The process-wide connection pool for ``url`` (created and opened on first use).
 
     Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
     ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
     be reached within ``POOL_TIMEOUT`` seconds.
+
+    ``autocommit``: a separate pool for one-statement reads on a hot path (the token check of
+    every HTTP request, design §16): autocommit connections and no checkout probe, so a statement
+    costs one round trip, not three (probe, statement, COMMIT). A connection whose backend ended
+    while idle fails its statement instead of being replaced first; its caller retries once.
     """
     from psycopg_pool import ConnectionPool, PoolTimeout  # only processes that pool load it (design §13)
 
+    key = f"{url}\x00autocommit" if autocommit else url
     with _pools_lock:
-        existing = _pools.get(url)
+        existing = _pools.get(key)
         if existing is not None and not existing.closed:
             return existing
         connect(url).close()  # an unreachable server fails now (DatabaseUnavailable), not after POOL_TIMEOUT
@@ -341,10 +369,10 @@ def pool(url: str) -> ConnectionPool[Connection]:
             min_size=POOL_MIN_SIZE,
             max_size=POOL_MAX_SIZE,
             configure=_pool_configure(url),
-            kwargs=connection_kwargs(url) or None,
+            kwargs={**connection_kwargs(url), **({"autocommit": True} if autocommit else {})} or None,
             # one round trip per checkout, so a connection whose backend ended while idle (a
             # server restart, pg_terminate_backend) is replaced instead of failing its caller
-            check=_check_or_sweep(swept),
+            check=None if autocommit else _check_or_sweep(swept),
             timeout=POOL_TIMEOUT,
             open=False,
             name="kb",
@@ -355,13 +383,14 @@ def pool(url: str) -> ConnectionPool[Connection]:
         except (PoolTimeout, psycopg.OperationalError) as exc:
             created.close()
             raise _unavailable(url, exc) from exc
-        _pools[url] = created
+        _pools[key] = created
         return created
 
 
 @contextlib.contextmanager
-def pooled_connection(url: str) -> Iterator[Connection]:
+def pooled_connection(url: str, *, autocommit: bool = False) -> Iterator[Connection]:
     """A pooled connection (dict rows, not autocommit) for the block; the pool takes it back after.
+    ``autocommit``: from the autocommit pool (see ``pool``), for a one-statement read.
 
     An open transaction is committed on a clean exit and rolled back on error (psycopg_pool's rule).
     Raises DatabaseUnavailable when no connection can be had within ``POOL_TIMEOUT`` seconds (or the
@@ -371,7 +400,7 @@ def pooled_connection(url: str) -> Iterator[Connection]:
     from psycopg_pool import PoolClosed, PoolTimeout
 
     broken = False
-    connections = pool(url)
+    connections = pool(url, autocommit=autocommit)
     try:
         with connections.connection() as conn:
             try:
@@ -393,6 +422,8 @@ def pooled_connection(url: str) -> Iterator[Connection]:
         raise translated from exc
     except psycopg.errors.ForeignKeyViolation as exc:
         raise (deleted_workspace(exc) or exc) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise (permission_denied(exc) or exc) from exc
 
 
 @contextlib.contextmanager

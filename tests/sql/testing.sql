@@ -339,3 +339,11 @@ UPDATE kb.nodes SET heartbeat_at = now() - make_interval(secs => %(seconds)s::fl
 -- name: test_forget_home_node
 -- A workspace as it was before nodes existed (no home node).
 UPDATE kb.workspaces SET home_node = NULL WHERE id = %(workspace_id)s;
+
+-- name: test_api_token_rows
+SELECT * FROM kb.api_tokens ORDER BY id;
+
+-- name: test_terminate_other_backends
+-- Every other session of this database (the pools' idle connections).
+SELECT count(pg_terminate_backend(pid)) AS terminated FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend';

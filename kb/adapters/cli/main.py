@@ -29,6 +29,7 @@ from kb.adapters.cli import (
     servers,
     session,
     status,
+    tokens,
     workspaces,
 )
 from kb.errors import KbError
@@ -92,6 +93,7 @@ for _module in (
     remote,
     legacy,
     servers,
+    tokens,
 ):
     for _command in _module.COMMANDS:
         main.add_command(_command)
