@@ -11,9 +11,10 @@ import subprocess
 
 import anyio
 import pytest
+from support import serving
 from support.commands import git, run_cli
 from support.named_queries import queries
-from support.serving import call, start_serves, stop_serve
+from support.serving import start_serves, stop_serve
 from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
@@ -25,6 +26,16 @@ pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip insta
 
 SYNC_DOC = "# Sync\n\nDevices sync every minute.\nConflicts keep both copies.\n"
 NODES_DOC = "# Nodes\n\nline three\nThe zebra crossing is homed on node a.\nline five\n"
+
+
+TOKEN: dict[str, str] = {}
+"""The write token every request of this test sends (design §16: kb serve checks tokens on every
+node, and a forwarded request carries the client's header to the home node unchanged)."""
+
+
+def call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:
+    """``serving.call`` with this test's bearer token."""
+    return serving.call(url, method, body, headers={"Authorization": f"Bearer {TOKEN['secret']}"})
 
 
 def _node(kb_env: dict[str, str], settings: Settings, name: str) -> tuple[dict[str, str], Settings]:
@@ -51,6 +62,9 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
     env_a, settings_a = _node(kb_env, settings, "a")
     env_b, settings_b = _node(kb_env, settings, "b")
     running: list[subprocess.Popen] = []
+    with KnowledgeBase.open(settings_a) as kb:
+        TOKEN["secret"] = kb.tokens().create("nodes-test", "write", None)[1]
+    env_a, env_b = ({**env, "KB_TOKEN": TOKEN["secret"]} for env in (env_a, env_b))
     try:
         (a, url_a), (b, url_b) = start_serves(
             [(env_a, tmp_path / "a.log", ("--with-worker",)), (env_b, tmp_path / "b.log", ("--with-worker",))]
@@ -144,9 +158,12 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
 
 def _mcp_search_and_write(url: str) -> list[str]:
     from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
     async def session() -> list[str]:
-        async with Client(f"{url}/mcp/1?chat=through-b") as client:
+        headers = {"Authorization": f"Bearer {TOKEN['secret']}"}
+        transport = streamable_http_client(f"{url}/mcp/1?chat=through-b", http_client=create_mcp_http_client(headers))
+        async with Client(transport) as client:
             found = "".join(
                 getattr(c, "text", "") for c in (await client.call_tool("search", {"query": "zebra"})).content
             )
