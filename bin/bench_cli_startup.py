@@ -164,7 +164,10 @@ def main() -> None:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             server = subprocess.Popen(
-                kb_cli("serve", "--port", str(port)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                kb_cli("serve", "--port", str(port), "--insecure-no-auth"),
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             wait_ready(url)
             served = {**env, "KB_SERVER_URL": url}

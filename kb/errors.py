@@ -325,3 +325,25 @@ class WorkspaceBusy(KbError):
 class WrongThread(KbError):
     """An object that belongs to one thread was used from another: a transaction's ``Draft`` is
     used by the thread that opened the transaction only (docs/python-api.md, "Threads")."""
+
+
+# -- access: API tokens of kb serve and MCP over HTTP (design §16) -----------------------------
+class TokenError(KbError):
+    """Base of the API-token errors (design §16)."""
+
+
+class TokenRefused(TokenError):
+    """A request carried no API token, or one that is unknown, revoked or expired (HTTP 401)."""
+
+
+class ScopeRefused(TokenError):
+    """The token reaches the workspace but its scope is too small for the call (HTTP 403); e.g. a
+    read token asked to commit. A workspace the token does not name is WorkspaceNotFound (404)."""
+
+
+class TokenNotFound(TokenError):
+    """``kb token revoke`` named no live token (by id or name)."""
+
+
+class TokenExists(TokenError):
+    """A live token already has that name (names identify a token's revisions); revoke it or choose another."""

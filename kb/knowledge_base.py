@@ -35,6 +35,7 @@ from kb.store.titles import recorded_title
 
 if TYPE_CHECKING:
     from kb.citations.conversation import Conversation
+    from kb.db.tokens import TokenStore
     from kb.git.worktree import JanitorReport
 
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
@@ -489,6 +490,14 @@ class KnowledgeBase:
         """The workspace's push-only git remote: ``add``, ``status``, ``remove``, ``push``,
         ``defer_push`` (``kb.workspace.remotes.Remote``). Raises InvalidWorkspace."""
         return self.workspace(workspace_id).remote()
+
+    # -- API tokens of kb serve and MCP over HTTP (design §16) ------------------------
+    def tokens(self) -> TokenStore:
+        """The API tokens (``kb.db.tokens.TokenStore``): ``create``, ``list``, ``revoke``,
+        ``verify``, ``any_live``. Only their SHA-256 is stored; ``create`` returns the secret once."""
+        from kb.db.tokens import TokenStore
+
+        return TokenStore(self.database_url)
 
     # -- listing and deleting workspaces (design §2.1, §6; kb.workspaces) -----------
     def list_workspaces(self) -> list[WorkspaceSummary]:

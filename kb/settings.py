@@ -138,6 +138,15 @@ class Settings(BaseSettings):
         default=None,
         description="URL of a running `kb serve` (e.g. http://127.0.0.1:8765): kb search/read/log/status ask it.",
     )
+    token: SecretStr | None = Field(
+        default=None,
+        description="The API token the CLI sends to KB_SERVER_URL as 'Authorization: Bearer' (design §16).",
+    )
+    max_request_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body `kb serve` accepts, in bytes; a larger one is refused with 413.",
+    )
 
     @field_validator("embedded_listen")
     @classmethod

@@ -218,6 +218,7 @@ def served(workspace, kb_env):
             str(port),
             "--author",
             AUTHOR,
+            "--insecure-no-auth",  # tokens over MCP: tests/test_access.py
         ],
         env=kb_env,
         stdout=subprocess.DEVNULL,

@@ -25,9 +25,10 @@ pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip insta
 TESTS = Path(__file__).resolve().parent
 
 
-def _call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:
+def _call(url: str, method: str = "GET", body: dict | None = None, token: str | None = None) -> tuple[int, object]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data, headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.load(response)
@@ -80,54 +81,66 @@ def _job_status(kb, task: str) -> list[str]:
 
 
 def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_path):
+    _, secret = kb.tokens().create("test-client", "write", None)
+
+    def call(*args, **kwargs):
+        return _call(*args, **kwargs, token=secret)
+
     process, url = _start(
         [sys.executable, "-m", "kb.adapters.cli", "serve", "--with-worker"], kb_env, tmp_path / "serve.log"
     )
     try:
         assert _call(f"{url}/health") == (200, {"status": "ok"})
         assert _call(f"{url}/ready") == (200, {"status": "ready", "worker": True})
-        assert "/v1/workspaces/{workspace_id}/search" in _call(f"{url}/openapi.json")[1]["paths"]
+        assert "/v1/workspaces/{workspace_id}/search" in call(f"{url}/openapi.json")[1]["paths"]
         kb.create_workspace(1)
         turn = f"{url}/v1/workspaces/1/turns/agent-1"
-        status, written = _call(
+        status, written = call(
             f"{turn}/files/documents/Plans/Refunds.md",
             "PUT",
             {"content": "# Refunds\n\nAnnual plans get a prorated zebra refund.\n"},
         )
         assert status == 200 and written["created"] is True
-        view = _call(f"{turn}/files/documents/Plans/Refunds.md")[1]
+        view = call(f"{turn}/files/documents/Plans/Refunds.md")[1]
         assert view["lines"][2] == [3, "Annual plans get a prorated zebra refund."] and view["total_lines"] == 3
-        status, committed = _call(f"{turn}/commit", "POST", {"message": "refund policy"})
+        status, committed = call(f"{turn}/commit", "POST", {"message": "refund policy"})
         assert status == 200 and committed["added"] == ["/documents/Plans/Refunds.md"]
+        committer = f"test-client <kb-token-{kb.tokens().list()[0].id}>"
+        assert git(kb.settings.knowledge_store / "1", "log", "--format=%cn <%ce>") == committer + "\n"
         assert kb.head(1) == committed["revision"]
         assert git(kb.settings.knowledge_store / "1", "log", "--format=%s") == "refund policy\n"
         git(kb.settings.knowledge_store / "1", "fsck", "--strict")
         # the in-process worker indexes the revision
         wait_until(
-            lambda: _call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None,
+            lambda: call(f"{url}/v1/workspaces/1/search?q=zebra&k=3")[1]["index"]["hint"] is None,
             120,
             "the in-process worker to index the revision",
         )
-        status, found = _call(f"{url}/v1/workspaces/1/search?q=zebra%20refund&k=3")
+        status, found = call(f"{url}/v1/workspaces/1/search?q=zebra%20refund&k=3")
         assert status == 200 and found["results"][0]["path"] == "/documents/Plans/Refunds.md"
         assert [3, "Annual plans get a prorated zebra refund."] in found["results"][0]["lines"]
-        status, envelope = _call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md")
+        status, envelope = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md")
         assert status == 200 and envelope["view"] == "full" and envelope["revision"] == committed["revision"]
-        assert _call(f"{url}/v1/workspaces/1/log")[1][0]["message"].startswith("refund policy\n")
+        assert call(f"{url}/v1/workspaces/1/log")[1][0]["message"].startswith("refund policy\n")
         # citations: a chat's search hands out [1]; the answer's citation resolves to those lines
         chat = f"{url}/v1/workspaces/1/chats/support-1"
-        cited = _call(f"{chat}/search?q=zebra%20refund&k=1")[1][0]
+        cited = call(f"{chat}/search?q=zebra%20refund&k=1")[1][0]
         assert cited["cite"] == "[1]" and cited["path"] == "/documents/Plans/Refunds.md"
-        normalized = _call(f"{chat}/normalize", "POST", {"text": "Prorated [1:L3]."})[1]
+        normalized = call(f"{chat}/normalize", "POST", {"text": "Prorated [1:L3]."})[1]
         assert normalized["text"] == "Prorated [1:L3]."
-        status, resolved = _call(f"{chat}/resolve?citation=%5B1%3AL3%5D&follow=true")
+        status, resolved = call(f"{chat}/resolve?citation=%5B1%3AL3%5D&follow=true")
         assert status == 200 and resolved["lines"] == [[3, "Annual plans get a prorated zebra refund."]]
         assert resolved["follow"]["status"] == "unchanged"
-        assert _call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
-        missing = _call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
+        assert call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
+        missing = call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
         assert missing[0] == 404 and missing[1]["error"] == "DocumentNotFound"
         # the CLI's read commands ask the server when KB_SERVER_URL is set
-        served = {**kb_env, "KB_SERVER_URL": url, "KB_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+        served = {
+            **kb_env,
+            "KB_SERVER_URL": url,
+            "KB_TOKEN": secret,
+            "KB_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+        }
         assert "zebra refund" in run_cli(served, "search", "zebra", "-w", "1").stdout
         assert "     3  Annual plans" in run_cli(served, "read", "/documents/Plans/Refunds.md", "-w", "1").stdout
         assert "refund policy" in run_cli(served, "log", "-w", "1").stdout

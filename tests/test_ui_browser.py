@@ -1,7 +1,7 @@
 """design §17, the acceptance path in a real headless browser (Debian's chromium and chromedriver,
 driven by selenium; nothing is downloaded) against a real ``kb serve``: open a workspace, search,
 open a result at its lines, open the revision that last changed them, see the diff, revert it and
-see the new revision at the top; the operator's view shows a quarantined document and retrying it
+see the new revision at the top, after logging in with a token; the operator's view shows a quarantined document and retrying it
 clears it. The browser's network log shows no request leaving the server."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from support.kb_server import running_server
-from support.ui_pages import WORKSPACE, make_workspace
+from support.ui_pages import WORKSPACE, make_token, make_workspace
 from support.waiting import wait_until
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test needs selenium (the test extra)")
@@ -45,11 +45,13 @@ def _requested_urls(browser) -> list[str]:
 
 def test_review_revert_and_retry_in_a_browser(settings, kb_env, tmp_path):
     revisions = make_workspace(settings, tmp_path / "notes")
+    token = make_token(settings, "reviewer", "write")
     with running_server(kb_env, tmp_path / "serve.log") as url:
         browser = _browser()
         try:
             browser.implicitly_wait(10)
-            browser.get(f"{url}/ui")
+            browser.get(f"{url}/ui")  # no token yet: the login page
+            browser.find_element(By.ID, "token").send_keys(token, Keys.ENTER)
             browser.find_element(By.LINK_TEXT, f"Workspace {WORKSPACE}").click()
             assert browser.find_element(By.TAG_NAME, "h1").text == f"Workspace {WORKSPACE}"
 

@@ -1,7 +1,8 @@
-"""design §17: the pages under /ui as plain HTTP (no JavaScript) against a real ``kb serve``:
-every page answers HTML naming nothing outside the server, the document page numbers lines truly
+"""design §16, §17: the pages under /ui as plain HTTP (no JavaScript) against a real ``kb serve``:
+a person logs in with an API token (a cookie), every page answers HTML naming nothing outside the server, the document page numbers lines truly
 and names each line's last change, the revision page shows an edit's diff and a move as a
-rename, a revert needs the anti-forgery token and records a new revision, the live stream relays
+rename, a revert needs the write scope and the anti-forgery token and records a new revision
+naming the token, the live stream relays
 the workspace's change events, and /docs loads Swagger UI from the server itself."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 
 import pytest
 from support.kb_server import running_server
-from support.ui_pages import WORKSPACE, make_workspace, outside_urls
+from support.ui_pages import WORKSPACE, make_token, make_workspace, outside_urls
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
@@ -18,8 +19,20 @@ pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip insta
 
 def test_pages_without_javascript(settings, kb_env, tmp_path):
     revisions = make_workspace(settings, tmp_path / "notes")
+    writer, reader = make_token(settings, "ui-writer", "write"), make_token(settings, "ui-reader", "read", [1])
     with running_server(kb_env, tmp_path / "serve.log") as url, httpx.Client(base_url=url, timeout=60) as web:
         ws = f"/ui/workspaces/{WORKSPACE}"
+        api = {"Authorization": f"Bearer {writer}"}
+        # no token: to the login page, which refuses a wrong token and keeps a right one in a cookie
+        away = web.get(ws)
+        assert away.status_code == 303 and away.headers["location"] == f"/ui/login?next={ws}"
+        form = web.get(away.headers["location"]).text
+        login = {"csrf": re.search(r'name="csrf" value="([^"]+)"', form).group(1), "next": ws}
+        assert web.post("/ui/login", data={**login, "token": "kb_wrong"}).status_code == 401
+        entered = web.post("/ui/login", data={**login, "token": writer})
+        assert entered.status_code == 303 and entered.headers["location"] == ws
+        cookie = entered.headers["set-cookie"]
+        assert "kb_token=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
         pages = {
             "/ui": "Workspace 1",
             ws: "move the install guide",
@@ -28,6 +41,7 @@ def test_pages_without_javascript(settings, kb_env, tmp_path):
             f"{ws}/revisions/{revisions['edit']}": "agent-7",
             f"{ws}/search?q=annual+subscription+refund": "Refunds",
             "/ui/operator": "Broken.md",
+            "/ui/login": "Token",
             f"{ws}/revisions/{revisions['edit']}/revert": "Revert",
         }
         for page, text in pages.items():
@@ -63,7 +77,13 @@ def test_pages_without_javascript(settings, kb_env, tmp_path):
         assert web.post(revert, data={"csrf": "forged"}).status_code == 403
         foreign = web.post(revert, data={"csrf": token}, headers={"Origin": "http://evil.example"})
         assert foreign.status_code == 403
-        head = web.get(f"/v1/workspaces/{WORKSPACE}/log?limit=1").json()[0]["id"]
+        with httpx.Client(base_url=url, timeout=60, cookies={"kb_token": reader}) as read_only:
+            assert read_only.get(ws).status_code == 200  # a read token reads
+            read_token = re.search(r'name="csrf" value="([^"]+)"', read_only.get(revert).text).group(1)
+            refused = read_only.post(revert, data={"csrf": read_token})
+            assert refused.status_code == 403 and "ScopeRefused" in refused.text  # but may not revert
+            assert read_only.get("/ui/workspaces/2").status_code == 404  # nor see another workspace
+        head = web.get(f"/v1/workspaces/{WORKSPACE}/log?limit=1", headers=api).json()[0]["id"]
         assert head == revisions["move"]
 
         # the live stream relays the change events of the revert's projection
@@ -77,8 +97,9 @@ def test_pages_without_javascript(settings, kb_env, tmp_path):
                 if "event: change" in seen:
                     break
         assert '"workspace_id": 1' in seen
-        log = web.get(f"/v1/workspaces/{WORKSPACE}/log?limit=1").json()[0]
+        log = web.get(f"/v1/workspaces/{WORKSPACE}/log?limit=1", headers=api).json()[0]
         assert log["message"].startswith('Revert "refunds: 60 days"') and log["parent_id"] == revisions["move"]
+        assert log["committer"].startswith("ui-writer <kb-token-")  # the token that reverted
         top = web.get(done.headers["location"]).text
         assert top.index(log["id"][:12]) < top.index(revisions["move"][:12])
 

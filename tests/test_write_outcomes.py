@@ -178,7 +178,7 @@ def _app(settings, extra=None):
 
     from kb.adapters.http.server import create_app
 
-    return TestClient(create_app(settings, routers=extra or []))
+    return TestClient(create_app(settings, routers=extra or [], insecure_no_auth=True))
 
 
 def test_http_commit_with_the_same_idempotency_key_records_once(ws, settings):

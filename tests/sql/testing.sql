@@ -324,3 +324,6 @@ SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY
 -- name: test_forget_repository_identity
 -- A workspace as it was before repository identities existed.
 UPDATE kb.workspaces SET repository_id = NULL WHERE id = %(workspace_id)s;
+
+-- name: test_api_token_rows
+SELECT * FROM kb.api_tokens ORDER BY id;

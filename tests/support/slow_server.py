@@ -12,4 +12,4 @@ from kb.adapters.http.server import serve
 from support.embedders import SlowEmbedder
 
 if __name__ == "__main__":
-    serve(port=int(sys.argv[1]), with_worker=True, embedder=SlowEmbedder(float(sys.argv[2])))
+    serve(port=int(sys.argv[1]), with_worker=True, embedder=SlowEmbedder(float(sys.argv[2])), insecure_no_auth=True)

@@ -24,6 +24,12 @@ EDITED = "# Refunds\n\nAn annual subscription is refunded in full within 60 days
 EDIT_MESSAGE = "refunds: 60 days\n\nTurn: agent-7"
 
 
+def make_token(settings: Settings, name: str, scope: str, workspaces: list[int] | None = None) -> str:
+    """A new API token's secret (design §16): ``scope`` on ``workspaces`` (None: every one)."""
+    with KnowledgeBase.open(settings) as kb:
+        return kb.tokens().create(name, scope, workspaces, None)[1]
+
+
 def make_workspace(settings: Settings, folder: Path) -> dict[str, str]:
     """Import NOTES, edit the refunds page as an agent's turn, move the install guide, and index
     with a model that rejects ``Broken.md`` once (``max_attempts=1``: quarantined at once, so the

@@ -28,6 +28,7 @@ from kb.adapters.cli import (
     servers,
     session,
     status,
+    tokens,
     workspaces,
 )
 from kb.errors import KbError
@@ -90,6 +91,7 @@ for _module in (
     remote,
     legacy,
     servers,
+    tokens,
 ):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -31,10 +31,20 @@ from kb.errors import ConfigurationError
     help="Jobs the in-process worker runs at once.",
 )
 @click.option("--author", help='Whom MCP turns record as author, "Name <mail>" (default: your user name).')
-def serve(host: str, port: int, with_worker: bool, concurrency: int, author: str | None) -> None:
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Serve without API tokens: anyone who reaches the port may read, write and delete (trusted networks only).",
+)
+def serve(
+    host: str, port: int, with_worker: bool, concurrency: int, author: str | None, insecure_no_auth: bool
+) -> None:
     """Serve the HTTP JSON API (search, read, log, status, turns; OpenAPI docs at /docs, health at
     /health and /ready; the MCP endpoint at /mcp/<workspace>) until SIGTERM or Ctrl-C, which finish in-flight requests and the jobs in
-    hand. Point the CLI at it with KB_SERVER_URL=http://HOST:PORT.
+    hand. Point the CLI at it with KB_SERVER_URL=http://HOST:PORT and KB_TOKEN.
+
+    Every route but /health and /ready needs 'Authorization: Bearer <token>' (kb token create);
+    a non-loopback --host with no token defined is refused unless --insecure-no-auth.
 
     Example: kb serve --port 8765 --with-worker
     """
@@ -45,7 +55,13 @@ def serve(host: str, port: int, with_worker: bool, concurrency: int, author: str
             f"kb serve needs the serve extra ({exc.name} is missing): pip install -e '.[serve]'"
         ) from None
     run_server(
-        session.settings(), host=host, port=port, with_worker=with_worker, concurrency=concurrency, mcp_author=author
+        session.settings(),
+        host=host,
+        port=port,
+        with_worker=with_worker,
+        concurrency=concurrency,
+        mcp_author=author,
+        insecure_no_auth=insecure_no_auth,
     )
 
 

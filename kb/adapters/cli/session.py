@@ -52,7 +52,8 @@ def open_kb(*, migrate: bool = True) -> KnowledgeBase:
 
 
 def server() -> ServerClient | None:
-    """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (design §13)."""
+    """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (design §13); it
+    sends KB_TOKEN as its API token (design §16)."""
     # The environment variable itself: no pydantic import on this path (Settings.server_url
     # documents it; pydantic-settings reads names case-insensitively, hence both spellings).
     url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")  # noqa: SIM112
@@ -61,7 +62,8 @@ def server() -> ServerClient | None:
     from kb.adapters.http.client import ServerClient
 
     modules_loaded()
-    return ServerClient(url)
+    token = os.environ.get("KB_TOKEN") or os.environ.get("kb_token")  # noqa: SIM112
+    return ServerClient(url, token)
 
 
 def is_settings_error(exc: Exception) -> TypeGuard[ValidationError]:

@@ -22,16 +22,19 @@ TIMEOUT_SECONDS = 60.0
 
 
 class ServerClient:
-    """JSON calls to one ``kb serve`` at ``base_url`` (``http://host:port``)."""
+    """JSON calls to one ``kb serve`` at ``base_url`` (``http://host:port``), sending ``token``
+    (``KB_TOKEN``) as ``Authorization: Bearer`` when given (design §16)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token.strip()}"} if token and token.strip() else {}
 
     def _get(self, route: str, **params) -> Any:
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         url = f"{self.base_url}{urllib.parse.quote(route)}{'?' + query if query else ''}"
         try:
-            with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:
+            request = urllib.request.Request(url, headers=self.headers)
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
                 return json.load(response)
         except urllib.error.HTTPError as exc:
             raise _error_from(exc) from None

@@ -37,11 +37,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kb import errors
+from kb.adapters.http.auth import Access, Authentication, McpGate, committer_of, require, unguarded_routes
+from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
 from kb.adapters.json_form import json_form
@@ -55,6 +59,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ERROR_STATUS: dict[type[errors.KbError], int] = {
+    errors.TokenRefused: 401,
+    errors.ScopeRefused: 403,
     errors.WorkspaceNotFound: 404,
     errors.DocumentNotFound: 404,
     errors.RevisionNotFound: 404,
@@ -121,8 +127,9 @@ class CommitBody(BaseModel):
 class Service:
     """What the routes call: per-thread KnowledgeBase objects sharing one embedder, and the turns."""
 
-    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None, access: Access | None = None) -> None:
         self.settings = settings
+        self.access = access or Access()
         self._embedder = embedder
         self._local = threading.local()
         self._opened: list[KnowledgeBase] = []
@@ -136,6 +143,7 @@ class Service:
         """Open kb (migrating) and load the embedder once; returns a KnowledgeBase of its own
         for the in-process worker (its jobs run in the worker's threads)."""
         first = self.new_kb()
+        self.access.tokens = first.tokens()  # design §16: requests are checked from now on
         self._embedder = first.embedder
         self._turns_kb = self.new_kb()
         self.ready = True
@@ -181,8 +189,9 @@ class Service:
 def read_router(service: Service) -> APIRouter:
     """Search, read, log and status: the CLI's read commands (``KB_SERVER_URL``)."""
     router = APIRouter(prefix="/v1", tags=["read"])
+    readable = [Depends(require("read"))]
 
-    @router.get("/status")
+    @router.get("/status", dependencies=[Depends(require("read", workspace_from="query"))])
     def status(workspace: int | None = None) -> dict:
         """Head, index stamp, job counts, blocked and scheduled jobs (``kb status``)."""
         from kb.index.embedding import describe_configured_model
@@ -191,7 +200,7 @@ def read_router(service: Service) -> APIRouter:
         info["embedding_model"] = describe_configured_model(service.settings)
         return json_form(info)
 
-    @router.get("/workspaces/{workspace_id}/search")
+    @router.get("/workspaces/{workspace_id}/search", dependencies=readable)
     def search(workspace_id: int, q: str = Query(description="The query."), k: int = Query(5, ge=1, le=100)) -> dict:
         """Hybrid search → envelopes (design §8), with how far the index lags the head."""
         kb = service.kb()
@@ -206,12 +215,12 @@ def read_router(service: Service) -> APIRouter:
             },
         }
 
-    @router.get("/workspaces/{workspace_id}/documents/{path:path}")
+    @router.get("/workspaces/{workspace_id}/documents/{path:path}", dependencies=readable)
     def read(workspace_id: int, path: str, revision: str | None = None) -> dict:
         """One document's full-view envelope at HEAD or ``revision`` (``kb read``)."""
         return service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision).as_json()
 
-    @router.get("/workspaces/{workspace_id}/writes/{key:path}")
+    @router.get("/workspaces/{workspace_id}/writes/{key:path}", dependencies=readable)
     def write_outcome(workspace_id: int, key: str) -> dict:
         """Settle a write by its idempotency key (design §3): ``{"landed": true, "revision": …}``
         when it recorded a revision, ``{"landed": false, "revision": null}`` when it did not (and,
@@ -223,7 +232,7 @@ def read_router(service: Service) -> APIRouter:
             "revision": None if revision is None else json_form(revision),
         }
 
-    @router.get("/workspaces/{workspace_id}/log")
+    @router.get("/workspaces/{workspace_id}/log", dependencies=readable)
     def history(workspace_id: int, path: str | None = None, limit: int = Query(20, ge=1)) -> list[dict]:
         """Revisions newest first, following a path's moves (``kb log``)."""
         return json_form(service.kb().history(workspace_id, path, limit))
@@ -233,7 +242,9 @@ def read_router(service: Service) -> APIRouter:
 
 def turn_router(service: Service) -> APIRouter:
     """A turn's file operations and commit (design §5); the turn's worktree is private to it."""
-    router = APIRouter(prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"])
+    router = APIRouter(
+        prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
+    )
 
     def turn(kb, workspace_id: int, turn_id: str, author: str | None = None):
         return kb.turn(workspace_id, turn_id, author)
@@ -281,14 +292,18 @@ def turn_router(service: Service) -> APIRouter:
         workspace_id: int,
         turn_id: str,
         body: CommitBody,
+        request: Request,
         idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
     ) -> dict:
         """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed.
         With an ``Idempotency-Key`` header, a retry of a commit that landed records nothing and
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
-        settle one whose outcome is unknown."""
+        settle one whose outcome is unknown. The committer is the request's token (design §16)."""
         with service.turns() as kb:
-            result = turn(kb, workspace_id, turn_id).commit(body.message, idempotency_key=idempotency_key)
+            open_turn = turn(kb, workspace_id, turn_id)
+            if (committer := committer_of(request)) is not None:
+                open_turn.committer = committer  # the author stays whom the turn acts for
+            result = open_turn.commit(body.message, idempotency_key=idempotency_key)
         return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
@@ -304,7 +319,11 @@ def turn_router(service: Service) -> APIRouter:
 def citation_router(service: Service) -> APIRouter:
     """A chat's searches and reads that hand out citation handles, and resolving its citations
     (design §8, ``kb.citations.conversation``; the CLI's ``kb search --chat`` / ``kb cite``)."""
-    router = APIRouter(prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}", tags=["citations"])
+    router = APIRouter(
+        prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}",
+        tags=["citations"],
+        dependencies=[Depends(require("read"))],
+    )
 
     @router.get("/search")
     def search(workspace_id: int, chat_id: str, q: str, k: int = Query(5, ge=1, le=100)) -> list[dict]:
@@ -362,8 +381,14 @@ def create_app(
     embedder: Embedder | None = None,
     routers: list[Callable[[Service], APIRouter]] | None = None,
     mcp_author: str | None = None,
+    insecure_no_auth: bool = False,
 ) -> FastAPI:
     """The ASGI app of ``kb serve``.
+
+    Every route but ``/health`` and ``/ready`` needs a live API token with the route's scope
+    (design §16, ``kb.adapters.http.auth``) unless ``insecure_no_auth``; extra ``routers`` must
+    then declare ``Depends(require(scope))`` on each route (ConfigurationError otherwise).
+    Bodies over ``KB_MAX_REQUEST_BYTES`` are 413 (``kb.adapters.http.limits``).
 
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
@@ -372,7 +397,8 @@ def create_app(
     (DatabaseUnavailable, MigrationError, DimensionMismatch…).
     """
     settings = settings or Settings()
-    service = Service(settings, embedder)
+    access = Access(insecure=insecure_no_auth)
+    service = Service(settings, embedder, access)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -413,6 +439,20 @@ def create_app(
         redoc_url=None,
     )
     app.state.service = service
+    app.state.access = access
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # no such route or method, not ready: kb's error form too (``detail`` kept for older clients)
+        body = {"error": f"HTTP{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
+        return JSONResponse(body, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # a body or parameter of the wrong shape: kb's error form, with pydantic's details
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+        body = {"error": "InvalidInput", "message": f"the request does not fit the route: {problems}"}
+        return JSONResponse({**body, "cli_message": body["message"], "detail": json_form(exc.errors())}, 422)
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
@@ -447,7 +487,7 @@ def create_app(
         return {"status": "ready", "worker": with_worker}
 
     mcp_endpoint = _LateMount()
-    app.mount("/mcp", mcp_endpoint)
+    app.mount("/mcp", McpGate(mcp_endpoint, access))
     app.include_router(read_router(service))
     app.include_router(turn_router(service))
     app.include_router(citation_router(service))
@@ -455,6 +495,13 @@ def create_app(
         app.include_router(factory(service))
     serve_docs_offline(app)
     mount_ui(app, service, status_for)  # the pages for people under /ui (design §17)
+    if not insecure_no_auth and (missing := unguarded_routes(app)):
+        raise errors.ConfigurationError(
+            f"routes without a token check (design §16): {', '.join(missing)}; add "
+            "dependencies=[Depends(kb.adapters.http.auth.require(scope))]"
+        )
+    app.add_middleware(Authentication, access=access)
+    app.add_middleware(RequestLimits, max_bytes=settings.max_request_bytes)  # outermost: before any lookup
     return app
 
 
@@ -481,11 +528,31 @@ def serve(
     concurrency: int = 1,
     embedder: Embedder | None = None,
     mcp_author: str | None = None,
+    insecure_no_auth: bool = False,
 ) -> None:
-    """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown."""
+    """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown.
+
+    Raises ConfigurationError before listening on a non-loopback ``host`` when no API token is
+    live and not ``insecure_no_auth`` (design §16, ``kb.adapters.http.auth.start_up_check``).
+    """
     import uvicorn
 
+    from kb.adapters.http.auth import start_up_check
+    from kb.knowledge_base import KnowledgeBase
+
+    settings = settings or Settings()
+
+    def tokens_live() -> bool:
+        with KnowledgeBase.open(settings) as kb:
+            return kb.tokens().any_live()
+
+    log.warning(start_up_check(host, port, insecure=insecure_no_auth, tokens_live=tokens_live))
     app = create_app(
-        settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder, mcp_author=mcp_author
+        settings,
+        with_worker=with_worker,
+        concurrency=concurrency,
+        embedder=embedder,
+        mcp_author=mcp_author,
+        insecure_no_auth=insecure_no_auth,
     )
     uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on")

@@ -51,6 +51,10 @@ RESOURCE_PAGE_SIZE = 100
 CHAT_HEADER = "x-kb-chat"
 WORKSPACE_HEADER = "x-kb-workspace"
 SESSION_HEADER = "mcp-session-id"
+TOKEN_SCOPE_HEADER = "x-kb-token-scope"
+"""Set by ``kb serve`` (``kb.adapters.http.auth.McpGate``, never the client): the request's token scope."""
+TOKEN_COMMITTER_HEADER = "x-kb-token-committer"
+"""Set by ``kb serve``: whom the token's revisions record as committer (design §16)."""
 
 
 def turn_id_for_chat(chat_id: str) -> str:
@@ -172,8 +176,14 @@ def build_server(
         ),
     )
 
-    def chat(ctx: Context) -> ChatState:
+    def chat(ctx: Context, write: bool = False) -> ChatState:
         headers = ctx.headers or {}
+        scope = headers.get(TOKEN_SCOPE_HEADER)  # None over stdio and --insecure-no-auth (design §16)
+        if write and scope is not None and scope not in ("write", "admin"):
+            raise ToolError(
+                f"this API token has the {scope} scope; changing documents needs a write token "
+                "(kb token create --scope write)"
+            )
         ws = workspace_id
         if ws is None:
             raw = headers.get(WORKSPACE_HEADER)
@@ -181,7 +191,10 @@ def build_server(
                 raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
             ws = int(raw)
         chat_key = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
-        return sessions.get(ws, chat_key)
+        state = sessions.get(ws, chat_key)
+        if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
+            state.turn.committer = committer  # the token that changes the turn records it (design §16)
+        return state
 
     def call(fn: Callable[[], Any], state: ChatState | None = None) -> Any:
         try:
@@ -247,32 +260,32 @@ def build_server(
     @server.tool()
     def write(path: str, content: str, ctx: Context) -> dict:
         """Create or replace a document with `content` (UTF-8 markdown). Folders are implied."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
         return call(lambda: json_form(state.turn.write(path, content)), state)
 
     @server.tool()
     def edit(path: str, old: str, new: str, ctx: Context, replace_all: bool = False) -> dict:
         """Replace the exact text `old` with `new` in a document. Fails when `old` occurs 0 times, or
         more than once without `replace_all`: give more surrounding text to make it unique."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
         return call(lambda: json_form(state.turn.edit(path, old, new, replace_all=replace_all)), state)
 
     @server.tool()
     def move(source: str, destination: str, ctx: Context, overwrite: bool = False) -> list[list[str]]:
         """Move or rename a document or folder. Refuses an existing destination unless `overwrite`."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
         return call(lambda: json_form(state.turn.move(source, destination, overwrite=overwrite)), state)
 
     @server.tool()
     def remove(path: str, ctx: Context) -> str:
         """Remove a document. Returns its path."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
         return call(lambda: state.turn.remove(path), state)
 
     @server.tool()
     def mkdir(path: str, ctx: Context) -> bool:
         """Create an (empty) folder; returns False when it already existed."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
         return call(lambda: state.turn.mkdir(path), state)
 
     @server.tool()
@@ -280,7 +293,7 @@ def build_server(
         """Record every change of this turn as ONE revision on top of the current head. Returns the
         revision id and the paths added, modified, removed, moved, and `overwrote` (paths where a
         concurrent change was replaced by yours). Returns {"revision": null} when nothing changed."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
 
         def run() -> dict:
             result = state.turn.commit(message)
@@ -291,7 +304,7 @@ def build_server(
     @server.tool()
     def abort(ctx: Context) -> str:
         """Discard every uncommitted change of this turn."""
-        state = chat(ctx)
+        state = chat(ctx, write=True)
 
         def run() -> str:
             state.turn.abort()

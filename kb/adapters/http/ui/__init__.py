@@ -6,8 +6,9 @@ Server-rendered HTML (Jinja2 templates in ``templates/``), readable without Java
 stylesheet and the one small script are in ``static/`` and every page's Content-Security-Policy
 lets it load nothing from outside the server. ``mount_ui(app, service, status_for)`` adds it all
 to ``kb serve``'s app. Modules: ``access`` (the one access decision and the anti-forgery token),
-``rendering`` (templates, filters, headers), ``pages`` (reading pages), ``actions`` (revert, retry,
-span fill, the operator's view), ``diffs`` (a revision's file diffs), ``events`` (live updates).
+``login`` (the token cookie), ``rendering`` (templates, filters, headers), ``pages`` (reading
+pages), ``actions`` (revert, retry, span fill, the operator's view), ``diffs`` (a revision's file
+diffs), ``events`` (live updates).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from kb import errors
 from kb.adapters.http.ui.access import PageRefused
 from kb.adapters.http.ui.actions import action_router
 from kb.adapters.http.ui.events import event_router
+from kb.adapters.http.ui.login import login_router
 from kb.adapters.http.ui.pages import page_router
 from kb.adapters.http.ui.rendering import STATIC, render
 
@@ -60,9 +62,5 @@ def mount_ui(app: FastAPI, service: Service, status_for: Callable[[errors.KbErro
     route_class = _page_route(status_for)
     for factory in (page_router, action_router, event_router):
         app.include_router(factory(service, route_class), prefix="/ui", include_in_schema=False)
+    app.include_router(login_router(route_class), prefix="/ui", include_in_schema=False)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
-
-    @app.get("/", include_in_schema=False)
-    def home() -> RedirectResponse:
-        """The pages start at ``/ui``."""
-        return RedirectResponse("/ui", status_code=307)

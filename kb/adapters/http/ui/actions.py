@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, quote
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, RedirectResponse
 
-from kb.adapters.http.ui.access import authorize
+from kb.adapters.http.ui.access import authorize, page_gate
 from kb.adapters.http.ui.rendering import render
 from kb.errors import InvalidInput
 
@@ -38,12 +38,11 @@ async def read_form(request: Request) -> dict[str, str]:
 
 def action_router(service: Service, route_class: type[APIRoute] = APIRoute) -> APIRouter:
     """Revert (confirm + POST), the operator's view, retry and span-fill pause/resume."""
-    router = APIRouter(route_class=route_class)
+    router = APIRouter(route_class=route_class, dependencies=[Depends(page_gate)])
 
     @router.get("/workspaces/{workspace_id}/revisions/{revision}/revert", response_class=HTMLResponse)
     def confirm_revert(request: Request, workspace_id: int, revision: str) -> HTMLResponse:
         """Ask before reverting: what the revision changed, and the button that records the revert."""
-        authorize(request, workspace_id, "read")
         found = service.kb().revision(workspace_id, revision)
         return render(request, "revert.html", title=f"Revert {found.id[:12]}?", ws=workspace_id, revision=found)
 
@@ -54,7 +53,12 @@ def action_router(service: Service, route_class: type[APIRoute] = APIRoute) -> A
         form = await read_form(request)
         visitor = authorize(request, workspace_id, "write", form)
         made = await run_in_threadpool(
-            service.kb().revert, workspace_id, revision, visitor.author, None, form.get("message") or None
+            service.kb().revert,
+            workspace_id,
+            revision,
+            visitor.committer,  # the token's NAME <kb-token-ID> (None: kb's default author)
+            visitor.committer,
+            form.get("message") or None,
         )
         note = f"reverted={made.id}" if made is not None else "nothing_to_revert=1"
         return RedirectResponse(f"/ui/workspaces/{workspace_id}?{note}", status_code=303)
@@ -62,7 +66,7 @@ def action_router(service: Service, route_class: type[APIRoute] = APIRoute) -> A
     @router.get("/operator", response_class=HTMLResponse)
     def operator(request: Request, retried: str = "", span_fill: str = "") -> HTMLResponse:
         """Queues per kind, failed documents with their reasons, span-fill progress."""
-        authorize(request, None, "read")
+        authorize(request, None, "read")  # every workspace's queues and documents
         kb = service.kb()
         view = kb.operator_view()
         return render(

@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response, StreamingResponse
 
-from kb.adapters.http.ui.access import authorize
+from kb.adapters.http.ui.access import page_gate
 from kb.db import database
 from kb.db.sql import queries
 
@@ -37,14 +37,13 @@ RECONNECT_MS = 1000
 
 def event_router(service: Service, route_class: type[APIRoute] = APIRoute) -> APIRouter:
     """The server-sent event stream of a workspace's changes."""
-    router = APIRouter(route_class=route_class)
+    router = APIRouter(route_class=route_class, dependencies=[Depends(page_gate)])
     open_streams = threading.BoundedSemaphore(MAX_STREAMS)
 
     @router.get("/workspaces/{workspace_id}/events")
     def events(request: Request, workspace_id: int) -> Response:
         """``text/event-stream``: an event ``change`` (data: the kb_events payload) for each change
         of the workspace, comments to keep the connection alive; ends after STREAM_SECONDS."""
-        authorize(request, workspace_id, "read")
         kb = service.kb()
         url = database.session_database_url(kb.settings, kb.database_url)
         if database.is_transaction_pooled(url):

@@ -2,7 +2,8 @@
 true line numbers and per-line last change, revisions with their diffs, search, and a citation at
 its lines and where those lines are now.
 
-Every page asks :func:`kb.adapters.http.ui.access.authorize` for the read scope first, then calls
+Every page is let in by :func:`kb.adapters.http.ui.access.page_gate` (the read scope on its
+workspace) before it runs; then it calls
 the facade (``Service.kb()``: this thread's KnowledgeBase) and renders a template. Pages are plain
 HTML: links and forms work without JavaScript; ``static/ui.js`` only adds the live refresh.
 """
@@ -12,11 +13,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.routing import APIRoute
 from starlette.responses import HTMLResponse
 
-from kb.adapters.http.ui.access import authorize
+from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
 from kb.adapters.http.ui.diffs import revision_diffs
 from kb.adapters.http.ui.rendering import render
 from kb.errors import InvalidInput
@@ -62,18 +63,18 @@ def excerpt_ranges(lines: list[tuple[int | None, str]]) -> list[tuple[int, int]]
 
 def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> APIRouter:
     """The GET pages under ``/ui`` (the router's route class renders errors as pages)."""
-    router = APIRouter(route_class=route_class)
+    router = APIRouter(route_class=route_class, dependencies=[Depends(page_gate)])
 
     @router.get("", response_class=HTMLResponse)
     def workspaces(request: Request) -> HTMLResponse:
         """Every workspace: documents, head, index state."""
-        authorize(request, None, "read")
-        return render(request, "workspaces.html", title="Workspaces", workspaces=service.kb().list_workspaces())
+        visitor = authorize(request, ANY_WORKSPACE, "read")
+        shown = [w for w in service.kb().list_workspaces() if visitor.reaches(w.id)]
+        return render(request, "workspaces.html", title="Workspaces", workspaces=shown)
 
     @router.get("/workspaces/{workspace_id}", response_class=HTMLResponse)
     def workspace(request: Request, workspace_id: int, reverted: str = "", nothing_to_revert: str = "") -> HTMLResponse:
         """Head, index lag, problems, the last revisions; refreshed live when one lands."""
-        authorize(request, workspace_id, "read")
         kb = service.kb()
         state = kb.status(workspace_id)["workspace"]
         return render(
@@ -92,7 +93,6 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
     @router.get("/workspaces/{workspace_id}/folders/{path:path}", response_class=HTMLResponse)
     def folder(request: Request, workspace_id: int, path: str) -> HTMLResponse:
         """A folder's entries at HEAD, folders first."""
-        authorize(request, workspace_id, "read")
         virtual = "/documents" + ("/" + path.strip("/") if path.strip("/") else "")
         entries = service.kb().ls(workspace_id, virtual)
         crumbs = _crumbs(virtual)
@@ -110,7 +110,6 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
     ) -> HTMLResponse:
         """A document with true line numbers, its title, type and history; at HEAD each line
         names the revision that last changed it."""
-        authorize(request, workspace_id, "read")
         kb = service.kb()
         virtual = "/documents/" + path.lstrip("/")
         envelope = kb.read_document(workspace_id, virtual, revision)
@@ -133,7 +132,6 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
     @router.get("/workspaces/{workspace_id}/revisions/{revision}", response_class=HTMLResponse)
     def revision_page(request: Request, workspace_id: int, revision: str) -> HTMLResponse:
         """Author, committer, message, turn, and the diff of every file (renames as renames)."""
-        authorize(request, workspace_id, "read")
         kb = service.kb()
         found = kb.revision(workspace_id, revision)
         return render(
@@ -149,7 +147,6 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
     @router.get("/workspaces/{workspace_id}/search", response_class=HTMLResponse)
     def search(request: Request, workspace_id: int, q: str = "") -> HTMLResponse:
         """Search: excerpts with true line numbers, each linking to the document at its lines."""
-        authorize(request, workspace_id, "read")
         kb = service.kb()
         hits = kb.search(workspace_id, q, SEARCH_RESULTS) if q.strip() else []
         return render(
@@ -166,7 +163,6 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
     def citation(request: Request, workspace_id: int, chat: str = "", c: str = "") -> HTMLResponse:
         """A chat's citation (``[3:L341-L342]``) at its revision with the lines highlighted, and
         where those lines are at HEAD."""
-        authorize(request, workspace_id, "read")
         resolution = envelope = None
         if chat and c:
             kb = service.kb()

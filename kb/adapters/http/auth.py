@@ -1,0 +1,300 @@
+"""Who may call ``kb serve`` (design §16): bearer tokens on every route but ``/health`` and
+``/ready``, checked per workspace and scope; the same for MCP over HTTP.
+
+Three parts, so no route can be forgotten:
+
+- :class:`Authentication` (ASGI middleware, outermost but one) refuses every request without a live
+  token with **401** (``{"error": "TokenRefused", …}`` and ``WWW-Authenticate: Bearer``) before
+  any route runs — OpenAPI (``/openapi.json``, ``/docs``) and ``/mcp`` included — and leaves the
+  token in the ASGI scope (:func:`request_token`). It asks Postgres on every request
+  (``TokenStore.verify``, one index lookup, no cache), so a revoked token is refused by the next request.
+- :func:`require` is the FastAPI dependency each router declares with its scope: the token must
+  name the route's workspace (``{workspace_id}`` in the path, or the ``workspace`` query parameter
+  where ``workspace_from="query"``) and hold the scope. A workspace the token does not name is
+  **404** ``WorkspaceNotFound``, the very answer a missing workspace gets, so a token learns
+  nothing of workspaces it cannot reach; a workspace it names with too small a scope is **403**
+  ``ScopeRefused`` (the token can see the workspace exists, so a 404 would hide nothing and only
+  mislead). ``create_app`` checks at start that every API route has one.
+- :class:`McpGate` wraps the MCP mount (``/mcp/<workspace>``): read on the workspace to connect,
+  and it passes the token's scope and committer to the MCP tools in headers the client cannot set
+  (:data:`SCOPE_HEADER`, :data:`COMMITTER_HEADER`); the tools that change documents refuse a read
+  token (``kb.adapters.mcp.server``).
+
+``kb serve --insecure-no-auth`` (``Access(insecure=True)``) skips all of it and says so at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from fastapi import Request  # at run time: FastAPI reads the dependency's annotation
+
+from kb import errors
+from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_SCOPE_HEADER
+
+if TYPE_CHECKING:
+    from kb.db.tokens import Scope, Token, TokenStore
+
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui/login"})
+"""The only routes answered without a token (liveness and readiness probes, and the pages' login
+page, which takes one)."""
+
+PUBLIC_PREFIXES = ("/ui/static/", "/docs-assets/")
+"""Static files answered without a token: the pages' stylesheet and script, Swagger UI's files
+(the same for everyone, shipped in the package; no data)."""
+
+TOKEN_COOKIE = "kb_token"
+"""The cookie the login page (``/ui/login``, design §17) sets: HttpOnly, SameSite=Strict. Taken as
+the token, when no ``Authorization`` header came, on the paths of :data:`COOKIE_PATHS` only."""
+
+COOKIE_PATHS = ("/ui", "/docs", "/openapi.json")
+
+SCOPE_HEADER = TOKEN_SCOPE_HEADER.encode()
+COMMITTER_HEADER = TOKEN_COMMITTER_HEADER.encode()
+INTERNAL_HEADERS = frozenset({SCOPE_HEADER, COMMITTER_HEADER})
+"""Headers only the server sets (removed from every request as it arrives)."""
+
+TOKEN_KEY = "kb.token"
+"""Where :class:`Authentication` leaves the request's ``Token`` in the ASGI scope."""
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value (scheme case-insensitive),
+    or None when there is none or another scheme."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
+class Access:
+    """The server's rule of access: tokens from ``tokens`` (set by the service once kb is open),
+    or nobody checked at all (``insecure``, ``kb serve --insecure-no-auth``). Thread-safe."""
+
+    def __init__(self, insecure: bool = False) -> None:
+        self.insecure = insecure
+        self.tokens: TokenStore | None = None
+
+    def authenticate(self, authorization: str | None) -> Token | None:
+        """The live token of an ``Authorization`` header value (None when insecure). Raises
+        TokenRefused (missing, malformed, unknown, revoked, expired), DatabaseNotReady while the
+        server starts, DatabaseUnavailable."""
+        if self.insecure:
+            return None
+        if self.tokens is None:
+            raise errors.DatabaseNotReady("kb serve is starting; retry in a moment")
+        return self.tokens.verify(bearer(authorization))
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, ``localhost``)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def start_up_check(host: str, port: int, *, insecure: bool, tokens_live: Callable[[], bool]) -> str:
+    """Decide whether ``kb serve`` may listen on ``host`` (design §16); returns the line to log.
+
+    Raises ConfigurationError on a non-loopback ``host`` with no live token (naming ``kb token
+    create``), unless ``insecure``. ``tokens_live``: asks Postgres whether a live token exists.
+    """
+    if insecure:
+        return (
+            f"kb serve on {host}:{port} WITHOUT authentication (--insecure-no-auth): anyone who reaches "
+            "it can read, write and delete every workspace; use it only on a trusted network"
+        )
+    if tokens_live():
+        return f"kb serve on {host}:{port}: every route but /health and /ready needs an API token"
+    if not is_loopback(host):
+        raise errors.ConfigurationError(
+            f"kb serve refuses to listen on {host} (not loopback) with no API token defined: create one "
+            "with `kb token create --name NAME --scope read|write|admin -w N`, or pass --insecure-no-auth "
+            "on a trusted network"
+        )
+    return (
+        f"kb serve on {host}:{port}: no API token is defined, so every request but /health and /ready "
+        "is refused (401) until you run `kb token create`"
+    )
+
+
+def error_response(status: int, exc: errors.KbError, headers: dict[str, str] | None = None):
+    """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app."""
+    from starlette.responses import JSONResponse
+
+    body = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _cookie(scope, name: str) -> str | None:
+    from http.cookies import CookieError, SimpleCookie
+
+    raw = _header(scope, b"cookie")
+    if not raw:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(raw)
+    except CookieError:
+        return None
+    morsel = jar.get(name)
+    return morsel.value if morsel is not None and morsel.value else None
+
+
+class Authentication:
+    """ASGI middleware: 401 for any request but :data:`PUBLIC_PATHS` without a live token (see the
+    module docstring); strips :data:`INTERNAL_HEADERS` from every request."""
+
+    def __init__(self, app, access: Access) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in INTERNAL_HEADERS]
+        scope = dict(scope, headers=headers)
+        path = scope.get("path", "")
+        if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES) or self.access.insecure:
+            await self.app(scope, receive, send)
+            return
+        import anyio
+
+        authorization = _header(scope, b"authorization")
+        if authorization is None and path.startswith(COOKIE_PATHS):
+            cookie = _cookie(scope, TOKEN_COOKIE)  # a person's browser, logged in by /ui/login
+            authorization = None if cookie is None else f"Bearer {cookie}"
+        try:
+            token = await anyio.to_thread.run_sync(self.access.authenticate, authorization)
+        except errors.TokenRefused as exc:
+            if path.startswith("/ui") and scope.get("method") == "GET":  # a person: to the login page
+                from urllib.parse import quote
+
+                from starlette.responses import RedirectResponse
+
+                await RedirectResponse(f"/ui/login?next={quote(path, safe='/')}", 303)(scope, receive, send)
+                return
+            await error_response(401, exc, {"WWW-Authenticate": 'Bearer realm="kb"'})(scope, receive, send)
+            return
+        except errors.KbError as exc:  # the database does not answer: nobody can be checked
+            await error_response(503, exc, {"Retry-After": "1"})(scope, receive, send)
+            return
+        scope[TOKEN_KEY] = token
+        await self.app(scope, receive, send)
+
+
+def request_token(request: Request) -> Token | None:
+    """The token that authenticated ``request`` (None under ``--insecure-no-auth``)."""
+    return request.scope.get(TOKEN_KEY)
+
+
+def committer_of(request: Request) -> str | None:
+    """Whom the revisions of ``request`` record as committer: its token's ``NAME <kb-token-ID>``
+    (None under ``--insecure-no-auth``: kb's own identity)."""
+    token = request_token(request)
+    return None if token is None else token.committer
+
+
+def _workspace(raw: str | None) -> int | None | Literal[False]:
+    """A workspace id as the route will parse it; False when it will refuse it (422)."""
+    if raw is None:
+        return None
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(int).validate_python(raw)
+    except ValidationError:
+        return False
+
+
+def require(scope: Scope, *, workspace_from: Literal["path", "query"] = "path") -> Callable[[Request], Token | None]:
+    """A FastAPI dependency: the request's token must reach the route's workspace with ``scope``
+    (design §16). ``workspace_from``: the ``{workspace_id}`` path parameter, or the optional
+    ``workspace`` query parameter (absent: a call about every workspace, which only a token for
+    every workspace may make). Returns the token (None when insecure). Raises TokenRefused (401;
+    only if the middleware was bypassed), WorkspaceNotFound (404), ScopeRefused (403)."""
+
+    def check(request: Request) -> Token | None:
+        access: Access = request.app.state.access
+        if access.insecure:
+            return None
+        token = request_token(request)
+        if token is None:
+            raise errors.TokenRefused("this request needs an API token: send 'Authorization: Bearer <token>'")
+        raw = request.path_params.get("workspace_id") if workspace_from == "path" else None
+        if workspace_from == "query":
+            raw = request.query_params.get("workspace")
+        workspace = _workspace(raw)
+        if workspace is False:  # the route refuses the id itself (422), before doing anything
+            return token
+        token.check(workspace, scope)
+        return token
+
+    check.kb_scope = scope  # type: ignore[attr-defined]  # create_app checks every route has one
+    return check
+
+
+class McpGate:
+    """ASGI wrapper of the MCP mount (``/mcp/<workspace>``): the token must reach the workspace
+    (read scope at least: 404/403 as :func:`require`); it tells the MCP tools the token's scope
+    and committer in :data:`SCOPE_HEADER` / :data:`COMMITTER_HEADER`."""
+
+    def __init__(self, app, access: Access) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or self.access.insecure:
+            await self.app(scope, receive, send)
+            return
+        token: Token | None = scope.get(TOKEN_KEY)
+        if token is None:  # never: Authentication runs first
+            await error_response(401, errors.TokenRefused("this request needs an API token"))(scope, receive, send)
+            return
+        segments = [s for s in scope.get("path", "").split("/") if s]
+        workspace = _workspace(segments[-1]) if segments and segments[-1].isdigit() else False
+        if workspace is not False:  # else the MCP routing answers 404 (no workspace in the URL)
+            try:
+                token.check(workspace, "read")
+            except errors.WorkspaceNotFound as exc:
+                await error_response(404, exc)(scope, receive, send)
+                return
+            except errors.ScopeRefused as exc:
+                await error_response(403, exc)(scope, receive, send)
+                return
+        headers = [
+            *scope["headers"],
+            (SCOPE_HEADER, token.scope.encode()),
+            (COMMITTER_HEADER, token.committer.encode("utf-8")),
+        ]
+        await self.app(dict(scope, headers=headers), receive, send)
+
+
+def unguarded_routes(app) -> list[str]:
+    """The API routes of ``app`` (but :data:`PUBLIC_PATHS`) that declare no :func:`require`
+    dependency: ``create_app`` refuses to build an app with one."""
+    from fastapi.routing import APIRoute
+
+    missing = []
+    for route in app.routes:
+        if not isinstance(route, APIRoute) or route.path in PUBLIC_PATHS:
+            continue
+        if not any(hasattr(d.call, "kb_scope") for d in route.dependant.dependencies):
+            missing.append(f"{','.join(sorted(route.methods))} {route.path}")
+    return missing

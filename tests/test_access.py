@@ -1,0 +1,157 @@
+"""design §16: who may call `kb serve` — real HTTP requests against a real `kb serve` process:
+no token → 401; a read token for workspace 1 searches 1, cannot write 1 (403) and cannot see 2
+(404, as a missing workspace); a write token commits and the revision names the token as
+committer (the claimed author kept); a revoked token is refused by the next request; MCP over
+HTTP follows the same rules; bad input (oversized, non-UTF-8, wrong shape, outside /documents)
+is a clear 4xx and writes nothing."""
+
+from __future__ import annotations
+
+import http.client
+import signal
+import subprocess
+import sys
+import urllib.parse
+
+import anyio
+import httpx
+import pytest
+from support.commands import git
+from support.network import free_port
+from support.waiting import wait_until
+
+pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
+
+from mcp import Client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+LIMIT = 4096
+
+
+@pytest.fixture
+def server(kb, kb_env, tmp_path):
+    """A `kb serve` on loopback over workspaces 1 and 2 (one document each), with a small body limit."""
+    for ws in (1, 2):
+        kb.create_workspace(ws)
+        with kb.transaction(ws, "seed", author="seed") as tx:
+            tx.write("/documents/Plan.md", f"# Plan {ws}\n\nzebra refunds for workspace {ws}\n")
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "serve", "--port", str(port)],
+        env={**kb_env, "KB_MAX_REQUEST_BYTES": str(LIMIT)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return process.poll() is not None
+
+    wait_until(ready, 120, "kb serve to be ready")
+    assert process.poll() is None, (tmp_path / "serve.log").read_text()
+    yield url
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    log.close()
+    output = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in output, output
+
+
+def _as(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def test_tokens_scopes_workspaces_revocation_and_mcp(kb, server):
+    reader = kb.tokens().create("reader", "read", [1])[1]
+    writer_token, writer = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=server, timeout=60)
+    search = "/v1/workspaces/{}/search?q=zebra"
+    # no token, a bad one: 401 everywhere but /health and /ready (OpenAPI and MCP included)
+    assert api.get("/health").status_code == 200
+    for path in (search.format(1), "/openapi.json", "/v1/status", "/mcp/1"):
+        refused = api.get(path)
+        assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer"), path
+        assert refused.json()["error"] == "TokenRefused"
+    assert api.get(search.format(1), headers=_as("kb_" + "x" * 43)).status_code == 401
+    # a read token: searches 1; cannot write 1 (403); workspace 2 is as absent as 99 (404)
+    assert api.get(search.format(1), headers=_as(reader)).status_code == 200
+    file = "/v1/workspaces/1/turns/t1/files/documents/New.md"
+    denied = api.put(file, json={"content": "x\n"}, headers=_as(reader))
+    assert denied.status_code == 403 and denied.json()["error"] == "ScopeRefused"
+    hidden, missing = (api.get(search.format(ws), headers=_as(reader)) for ws in (2, 99))
+    assert hidden.status_code == missing.status_code == 404 and hidden.json()["error"] == "WorkspaceNotFound"
+    assert api.get("/v1/status", headers=_as(reader)).status_code == 403  # every workspace: not its own
+    # a write token: the revision's committer names the token, the author is the one claimed
+    written = api.put(f"{file}?author=Ada%20%3Cada%40example.com%3E", json={"content": "x\n"}, headers=_as(writer))
+    assert written.status_code == 200, written.text
+    committed = api.post("/v1/workspaces/1/turns/t1/commit", json={"message": "new"}, headers=_as(writer))
+    assert committed.status_code == 200, committed.text
+    repo = kb.settings.knowledge_store / "1"
+    assert git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>") == (
+        f"Ada <ada@example.com>|writer <kb-token-{writer_token.id}>\n"
+    )
+    # MCP over HTTP: the same rules
+    _mcp(server, reader, writer, writer_token.id, repo)
+    # revoked: the very next request is refused
+    kb.tokens().revoke("writer")
+    assert api.get(search.format(1), headers=_as(writer)).status_code == 401
+
+
+def _mcp(server: str, reader: str, writer: str, writer_id: int, repo) -> None:
+    def client(token: str, ws: int = 1) -> Client:
+        transport = streamable_http_client(f"{server}/mcp/{ws}", http_client=create_mcp_http_client(headers=_as(token)))
+        return Client(transport)
+
+    async def run() -> None:
+        async with client(reader) as read_only:
+            plan = await read_only.call_tool("read", {"path": "/documents/Plan.md"})
+            assert "zebra refunds for workspace 1" in "".join(c.text for c in plan.content)
+            refused = await read_only.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
+            assert refused.is_error and "write token" in refused.content[0].text
+        async with client(writer) as agent:
+            await agent.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
+            assert not (await agent.call_tool("commit", {"message": "by mcp"})).is_error
+        with pytest.raises(Exception):  # noqa: B017 - the transport's error for a 404 at connect
+            async with client(reader, ws=2) as other:
+                await other.call_tool("search", {"query": "zebra"})
+
+    anyio.run(run)
+    assert git(repo, "log", "-1", "--format=%s|%cn <%ce>") == f"by mcp|writer <kb-token-{writer_id}>\n"
+    assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404
+
+
+def test_bad_input_is_a_clear_4xx_and_writes_nothing(kb, server):
+    head = kb.head(1)
+    writer = _as(kb.tokens().create("writer", "write", None)[1])
+    api = httpx.Client(base_url=server, timeout=60, headers=writer)
+    turn = "/v1/workspaces/1/turns/bad"
+    big = api.put(f"{turn}/files/documents/Big.md", json={"content": "x" * (2 * LIMIT)})
+    assert big.status_code == 413 and "KB_MAX_REQUEST_BYTES" in big.json()["message"]
+    # a chunked body (no Content-Length) is cut off once it passes the limit
+    host, port = urllib.parse.urlsplit(server).netloc.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = iter([b'{"content": "', *[b"y" * 1000] * 10, b'"}'])
+    headers = {**writer, "Content-Type": "application/json"}
+    conn.request("PUT", f"{turn}/files/documents/Chunked.md", body=body, headers=headers, encode_chunked=True)
+    assert conn.getresponse().status == 413
+    conn.close()
+    for path, body, status in (
+        (f"{turn}/files/documents/%FF.md", {"content": "x"}, 400),  # not UTF-8
+        (f"{turn}/files/etc/passwd", {"content": "x"}, 400),  # outside /documents
+        (f"{turn}/files/documents/%2E%2E/%2E%2E/x.md", {"content": "x"}, 400),
+        (f"{turn}/files/documents/../../x.md", {"content": "x"}, 404),  # the client resolves it: no route
+        (f"{turn}/files/documents/Shape.md", {"content": 7}, 422),  # wrong shape
+        (f"{turn}/files/documents/Shape.md", ["content"], 422),
+    ):
+        answer = api.put(path, json=body)
+        assert answer.status_code == status and answer.json()["error"], (path, answer.text)
+    not_json = api.put(
+        f"{turn}/files/documents/B.md", content=b'{"content": "\xff"}', headers={"Content-Type": "application/json"}
+    )
+    assert not_json.status_code == 400 and not_json.json()["error"]  # a body that is not UTF-8 JSON
+    assert api.post(f"{turn}/commit", json={"message": "bad"}).json() == {"revision": None}
+    assert kb.head(1) == head
