@@ -84,7 +84,7 @@ def pages(shown: dict) -> list[tuple[str, str, str | None]]:
         ("workspaces", "/ui", None),
         ("workspace", ws, f"/v1/status?workspace={WS}"),
         ("folder (common, ~2,800 entries)", f"{ws}/folders/common", None),
-        ("document + blame", f"{ws}/documents/{doc}?lines=3-4", f"/v1/workspaces/{WS}/documents/{doc}"),
+        ("document + blame", f"{ws}/documents/{doc}?lines=3-4", f"/v1/workspaces/{WS}/documents/documents/{doc}"),
         ("revision + diff", f"{ws}/revisions/{shown['edit']}", None),
         ("search", f"{ws}/search?q=extract+a+tar+archive", f"/v1/workspaces/{WS}/search?q=extract+a+tar+archive&k=10"),
         (
