@@ -94,6 +94,11 @@ def test_pages_without_javascript(served):
         css = web.get("/ui/static/ui.css")
         assert css.status_code == 200 and outside_urls(css.text) == []
 
+        # the workspace lists the quarantined document with its reason and a Retry form of its own
+        problems = web.get(ws).text
+        assert "/documents/Broken.md" in problems and "the model rejected an input" in problems
+        assert f'action="{ws}/retry"' in problems
+
         # the document: true line numbers, the marked line, each line's last change
         document = web.get(f"{ws}/documents/Billing/Refunds.md?lines=3-3").text
         marked = re.search(r'<tr class="marked">\s*<th scope="row" id="L(\d+)">.*?</tr>', document, re.S)

@@ -87,6 +87,8 @@ def action_router(service: Service, route_class: type[APIRoute] = APIRoute) -> A
         authorize(request, workspace_id, "write", form)
         paths = [form["path"]] if form.get("path") else None
         requeued = await run_in_threadpool(service.kb().retry_documents, workspace_id, paths)
+        if form.get("back") == "workspace":  # from the workspace page: a workspace token may not see the operator's
+            return RedirectResponse(f"/ui/workspaces/{workspace_id}?retried={len(requeued)}", status_code=303)
         return RedirectResponse(f"/ui/operator?retried={len(requeued)}", status_code=303)
 
     @router.post("/span-fill")

@@ -73,7 +73,9 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
         return render(request, "workspaces.html", title="Workspaces", workspaces=shown)
 
     @router.get("/workspaces/{workspace_id}", response_class=HTMLResponse)
-    def workspace(request: Request, workspace_id: int, reverted: str = "", nothing_to_revert: str = "") -> HTMLResponse:
+    def workspace(
+        request: Request, workspace_id: int, reverted: str = "", nothing_to_revert: str = "", retried: str = ""
+    ) -> HTMLResponse:
         """Head, index lag, problems, the last revisions; refreshed live when one lands."""
         kb = service.kb()
         state = kb.status(workspace_id)["workspace"]
@@ -88,6 +90,7 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
             turn_of=turn_of,
             reverted=reverted,
             nothing_to_revert=nothing_to_revert,
+            retried=retried,
         )
 
     @router.get("/workspaces/{workspace_id}/folders/{path:path}", response_class=HTMLResponse)
@@ -114,7 +117,7 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
         virtual = "/documents/" + path.lstrip("/")
         envelope = kb.read_document(workspace_id, virtual, revision)
         at_head = revision is None or envelope.revision == kb.head(workspace_id)
-        origins = kb.blame(workspace_id, virtual).lines if at_head else None
+        blame = kb.blame(workspace_id, virtual) if at_head else None
         return render(
             request,
             "document.html",
@@ -123,7 +126,8 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
             envelope=envelope,
             record=kb.document_record(workspace_id, virtual),
             history=kb.history(workspace_id, virtual, HISTORY_SHOWN),
-            origins=origins,
+            origins=blame.lines if blame else None,
+            blame_complete=blame.complete if blame else True,
             at_head=at_head,
             highlight=parse_lines(lines),
             crumbs=_crumbs(virtual),
