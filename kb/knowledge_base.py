@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from kb.turns.open_turns import OpenTurns
     from kb.turns.turn import CommitResult, Turn
     from kb.workspace.artifacts import Artifacts
+    from kb.workspace.blame import Blame
     from kb.workspace.fsck import FsckReport
     from kb.workspace.handle import Workspace
     from kb.workspace.lifecycle import DeletedWorkspace, WorkspaceSummary
@@ -217,6 +218,17 @@ class KnowledgeBase:
         """Revisions newest first, from Postgres; for a path, following its moves (design §3)."""
         return self.workspace(workspace_id).history(path, limit)
 
+    def revision(self, workspace_id: int, revision: str) -> Revision:
+        """One recorded revision (author, committer, message, time) with every path it changed,
+        moves as moves (design §3, §17). Raises RevisionNotFound, InvalidWorkspace."""
+        return self.workspace(workspace_id).revision(revision)
+
+    def blame(self, workspace_id: int, path: str) -> Blame:
+        """Each line of a document at HEAD with the revision that last changed it, from the
+        recorded history (``kb.workspace.blame``, design §17). Raises InvalidPath,
+        DocumentNotFound, IsAFolder, WorkspaceNotFound."""
+        return self.workspace(workspace_id).blame(path)
+
     def import_folder(
         self,
         source: Path | str,
@@ -338,6 +350,17 @@ class KnowledgeBase:
         lines = list(enumerate(document_lines(data), start=1))
         return Envelope(target.virtual, title, revision, "full", lines)
 
+    def document_record(self, workspace_id: int, path: str) -> dict | None:
+        """The projected row of the document at ``path`` (design §6): ``{id, path, title,
+        document_type, metadata, content_id, status, indexed_revision}``, or None when the
+        projection has no row for it (not projected yet, or no such document). Raises InvalidPath,
+        InvalidWorkspace."""
+        target = StorePath.parse(path)
+        with database.connect(self.database_url) as conn:
+            return conn.execute(
+                queries["document_by_path"], {"workspace_id": check_workspace_id(workspace_id), "path": target.virtual}
+            ).fetchone()
+
     def conversation(self, workspace_id: int, chat_id: str) -> Conversation:
         """The chat ``chat_id``'s door to search, read and cite (design §8): a
         :class:`kb.citations.conversation.Conversation` (search, read, normalize, resolve, handles, forget).
@@ -367,6 +390,24 @@ class KnowledgeBase:
 
         store = None if workspace_id is None else self.store(workspace_id)
         return status(self.settings, self.database_url, store)
+
+    def operator_view(self) -> dict:
+        """What an operator watches (``kb.status.operator_view``, design §17): ``queues`` (per
+        queue: waiting, running, failed, scheduled, oldest_waiting_seconds) and
+        ``failed_documents`` (workspace_id, path, status, index_attempts, index_error)."""
+        from kb.status import operator_view
+
+        return operator_view(self.database_url)
+
+    def retry_documents(self, workspace_id: int, paths: list[str] | None = None) -> list[str]:
+        """Index a workspace's failed and quarantined documents (all, or ``paths``) again now:
+        they become pending with no attempts counted, and an index job is deferred (design §7,
+        §17). Returns the paths requeued (empty: none was failed). Raises InvalidWorkspace,
+        WorkspaceNotFound."""
+        from kb.jobs.sweep import retry_documents
+
+        self.store(workspace_id).require_exists()
+        return retry_documents(self.stores, check_workspace_id(workspace_id), paths)
 
     # -- store maintenance and undo (design §2.1, §3) ------------------------------
     def revert(

@@ -70,3 +70,19 @@ def _workspace_status(conn, store: KnowledgeStore) -> dict:
         "remote": None if remote is None else remote.__dict__,
         "home_node": row["home_node"],  # design §15
     }
+
+
+FAILED_DOCUMENTS_SHOWN = 200
+"""How many failed or quarantined documents ``operator_view`` lists (every workspace together)."""
+
+
+def operator_view(database_url: str) -> dict:
+    """The operator's view (design §17): ``queues`` — per Procrastinate queue the jobs waiting
+    and due, running, failed, scheduled for later and the age in seconds of the oldest due one
+    (None when none waits) — and ``failed_documents`` (at most FAILED_DOCUMENTS_SHOWN: workspace,
+    path, status, attempts, the indexer's error). Raises DatabaseUnavailable."""
+    with database.connect(database_url) as conn:
+        return {
+            "queues": conn.execute(queries["queue_summary"]).fetchall(),
+            "failed_documents": conn.execute(queries["failed_documents"], {"limit": FAILED_DOCUMENTS_SHOWN}).fetchall(),
+        }

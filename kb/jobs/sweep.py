@@ -172,6 +172,18 @@ def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspac
     return bool(retried)
 
 
+def retry_documents(stores: Stores, workspace_id: int, paths: list[str] | None = None) -> list[str]:
+    """A person's retry (design §7, §17): the workspace's failed and quarantined documents (all,
+    or those at the virtual ``paths``) become pending with no attempts counted, and the index job
+    is deferred in the same transaction; returns the paths requeued, sorted."""
+    with database.transaction(stores.database_url) as conn:
+        chunk_lock(conn, workspace_id)  # lock order (kb.locks): the chunk lock before document rows
+        rows = conn.execute(queries["retry_documents"], {"workspace_id": workspace_id, "paths": paths}).fetchall()
+        if rows:
+            defer_job(conn, "index", INDEX_TASK, workspace_id)
+    return sorted(r["path"] for r in rows)
+
+
 def retry_blob_purges(stores: Stores, report: SweepReport, own: set[int]) -> None:
     """Retry the artifact blob purges a failed delete left behind (design §11), of the workspaces
     in ``own`` (homed on this node)."""

@@ -300,6 +300,23 @@ class KnowledgeStore:
         changes = [PathChange(**row) for row in rows] or changes_from_git(self.repository, revision)
         return [c.virtual() for c in changes]
 
+    def revision(self, revision: str) -> Revision:
+        """One revision as Postgres recorded it, with every path it changed (``list_changes``):
+        id, seq, parent, author, committer, message, commit time (the revision page, design §17).
+        ``revision`` is a full id or anything ``git rev-parse`` takes. Raises RevisionNotFound for
+        one that does not resolve or that this workspace's history never recorded."""
+        resolved = self.repository.resolve(revision)
+        with database.transaction(self.database_url) as conn:
+            row = conn.execute(
+                queries["revision_row"], {"workspace_id": self.workspace_id, "revision_id": resolved}
+            ).fetchone()
+        if row is None:
+            raise RevisionNotFound(
+                f"revision {revision} is not recorded in workspace {self.workspace_id}'s history; "
+                f"`kb log -w {self.workspace_id}` lists its revisions"
+            )
+        return Revision(**row, changes=tuple(self.list_changes(resolved)))
+
     def moved_to(self, path: str | StorePath, since_revision: str) -> str | None:
         """The virtual path the document at ``path`` in ``since_revision`` was moved to by the
         revisions recorded since (following chains of moves), or None when none moved it (design

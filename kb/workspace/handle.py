@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kb.store.knowledge_store import KnowledgeStore
     from kb.store.listing import Entry
     from kb.workspace.artifacts import Artifacts
+    from kb.workspace.blame import Blame
     from kb.workspace.fsck import FsckReport
     from kb.workspace.remotes import Remote
 
@@ -60,6 +61,18 @@ class Workspace:
     def history(self, path: str | None = None, limit: int = 50) -> list[Revision]:
         """Revisions newest first, from Postgres; for a path, following its moves (``kb log``)."""
         return self.store.history(path, limit)
+
+    def revision(self, revision: str) -> Revision:
+        """One recorded revision with every path it changed (``KnowledgeStore.revision``).
+        Raises RevisionNotFound."""
+        return self.store.revision(revision)
+
+    def blame(self, path: str) -> Blame:
+        """Each line of a document at HEAD with the revision that last changed it
+        (``kb.workspace.blame``, design §17). Raises InvalidPath, DocumentNotFound, IsAFolder."""
+        from kb.workspace.blame import blame
+
+        return blame(self.store, path)
 
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -191,3 +191,20 @@ SET status = 'failed', index_attempts = greatest(%(max_attempts)s - 1, 0)
 WHERE workspace_id = %(workspace_id)s AND status = 'quarantined'
   AND (quarantined_at IS NULL OR quarantined_at <= now() - make_interval(secs => %(retry_seconds)s::float8))
 RETURNING id;
+
+-- name: retry_documents
+-- A person's retry (the operator's view, design §17): failed or quarantined documents of a
+-- workspace (all, or the given paths) start again as pending with no attempts counted.
+UPDATE kb.documents
+SET status = 'pending', index_attempts = 0, index_error = NULL, quarantined_at = NULL
+WHERE workspace_id = %(workspace_id)s AND status IN ('failed', 'quarantined')
+  AND (%(paths)s::text[] IS NULL OR path = ANY(%(paths)s::text[]))
+RETURNING path;
+
+-- name: failed_documents
+-- Failed and quarantined documents of every workspace with their reasons (the operator's view).
+SELECT workspace_id, path, status, index_attempts, index_error
+FROM kb.documents
+WHERE status IN ('failed', 'quarantined')
+ORDER BY workspace_id, path
+LIMIT %(limit)s;

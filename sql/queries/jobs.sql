@@ -61,6 +61,26 @@ FROM procrastinate_jobs
 WHERE status = 'todo' AND scheduled_at > now() AND (%(queues)s::text[] IS NULL OR queue_name = ANY(%(queues)s::text[]))
 ORDER BY scheduled_at, id;
 
+-- name: queue_summary
+-- Per queue (the operator's view, design §17): jobs waiting and due, running, failed, waiting but
+-- scheduled for later, and how long the oldest due job has waited (since it was deferred or due).
+SELECT j.queue_name AS queue,
+       count(*) FILTER (WHERE j.status = 'todo' AND (j.scheduled_at IS NULL OR j.scheduled_at <= now())) AS waiting,
+       count(*) FILTER (WHERE j.status = 'doing') AS running,
+       count(*) FILTER (WHERE j.status = 'failed') AS failed,
+       count(*) FILTER (WHERE j.status = 'todo' AND j.scheduled_at > now()) AS scheduled,
+       extract(epoch FROM now() - min(coalesce(j.scheduled_at, e.deferred_at))
+           FILTER (WHERE j.status = 'todo' AND (j.scheduled_at IS NULL OR j.scheduled_at <= now())))::float8
+           AS oldest_waiting_seconds
+FROM procrastinate_jobs AS j
+LEFT JOIN LATERAL (
+    SELECT min(ev.at) AS deferred_at
+    FROM procrastinate_events AS ev
+    WHERE ev.job_id = j.id AND j.status = 'todo' AND ev.type = 'deferred'
+) AS e ON true
+GROUP BY j.queue_name
+ORDER BY j.queue_name;
+
 -- name: live_workers
 -- Workers that sent a heartbeat within the last %(seconds)s seconds (`kb import` says one will index).
 SELECT count(*) AS workers FROM procrastinate_workers

@@ -85,3 +85,7 @@ UPDATE kb.workspaces SET last_projected_revision = %(revision_id)s WHERE id = %(
 -- name: notify_event
 -- A change event (design §5, §6); delivered to listeners when the projection's transaction commits.
 SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- name: listen_events
+-- Hear the change events (the pages' live updates, design §17).
+LISTEN kb_events;

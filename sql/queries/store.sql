@@ -80,6 +80,12 @@ ORDER BY path;
 
 -- ---- the repository guard (kb/store/repository_guard.py, design §3) ----------------------------
 
+-- name: revision_row
+-- One recorded revision (the revision page, design §17); its changes come from revision_changes.
+SELECT id, seq, parent_id, author, committer, message, committed_at
+FROM kb.revisions
+WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;
+
 -- name: set_repository_identity
 -- A workspace adopts its repository's identity (first check after creation or upgrade).
 UPDATE kb.workspaces SET repository_id = %(repository_id)s

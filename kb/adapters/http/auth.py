@@ -37,8 +37,19 @@ from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_SCOPE_HEADER
 if TYPE_CHECKING:
     from kb.db.tokens import Scope, Token, TokenStore
 
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
-"""The only routes answered without a token (liveness and readiness probes)."""
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/ui/login"})
+"""The only routes answered without a token (liveness and readiness probes, and the pages' login
+page, which takes one)."""
+
+PUBLIC_PREFIXES = ("/ui/static/", "/docs-assets/")
+"""Static files answered without a token: the pages' stylesheet and script, Swagger UI's files
+(the same for everyone, shipped in the package; no data)."""
+
+TOKEN_COOKIE = "kb_token"
+"""The cookie the login page (``/ui/login``, design §17) sets: HttpOnly, SameSite=Strict. Taken as
+the token, when no ``Authorization`` header came, on the paths of :data:`COOKIE_PATHS` only."""
+
+COOKIE_PATHS = ("/ui", "/docs", "/openapi.json")
 
 SCOPE_HEADER = TOKEN_SCOPE_HEADER.encode()
 COMMITTER_HEADER = TOKEN_COMMITTER_HEADER.encode()
@@ -131,6 +142,21 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
+def _cookie(scope, name: str) -> str | None:
+    from http.cookies import CookieError, SimpleCookie
+
+    raw = _header(scope, b"cookie")
+    if not raw:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(raw)
+    except CookieError:
+        return None
+    morsel = jar.get(name)
+    return morsel.value if morsel is not None and morsel.value else None
+
+
 class Authentication:
     """ASGI middleware: 401 for any request but :data:`PUBLIC_PATHS` without a live token (see the
     module docstring); strips :data:`INTERNAL_HEADERS` from every request."""
@@ -145,14 +171,26 @@ class Authentication:
             return
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in INTERNAL_HEADERS]
         scope = dict(scope, headers=headers)
-        if scope.get("path") in PUBLIC_PATHS or self.access.insecure:
+        path = scope.get("path", "")
+        if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES) or self.access.insecure:
             await self.app(scope, receive, send)
             return
         import anyio
 
+        authorization = _header(scope, b"authorization")
+        if authorization is None and path.startswith(COOKIE_PATHS):
+            cookie = _cookie(scope, TOKEN_COOKIE)  # a person's browser, logged in by /ui/login
+            authorization = None if cookie is None else f"Bearer {cookie}"
         try:
-            token = await anyio.to_thread.run_sync(self.access.authenticate, _header(scope, b"authorization"))
+            token = await anyio.to_thread.run_sync(self.access.authenticate, authorization)
         except errors.TokenRefused as exc:
+            if path.startswith("/ui") and scope.get("method") == "GET":  # a person: to the login page
+                from urllib.parse import quote
+
+                from starlette.responses import RedirectResponse
+
+                await RedirectResponse(f"/ui/login?next={quote(path, safe='/')}", 303)(scope, receive, send)
+                return
             await error_response(401, exc, {"WWW-Authenticate": 'Bearer realm="kb"'})(scope, receive, send)
             return
         except errors.KbError as exc:  # the database does not answer: nobody can be checked

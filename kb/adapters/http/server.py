@@ -13,6 +13,8 @@ The app is FastAPI (OpenAPI at ``/openapi.json``, docs at ``/docs``) served by u
 - ``/mcp/{ws}`` — the MCP endpoint (streamable HTTP, design §5; ``kb.adapters.mcp.server``).
 - ``/v1/workspaces/{ws}/chats/{chat_id}/…`` — citations (design §8): search and read as a chat
   (envelopes cite its handles), ``handles``, ``normalize``, ``resolve?citation=[1:L3-L4]&follow=true``.
+- ``/ui`` — the pages for people (design §17, ``kb.adapters.http.ui``); ``/docs`` — Swagger UI
+  from the package's files (``kb.adapters.http.openapi_docs``).
 
 The model is loaded once at start-up, so a search costs only the query. Requests run in
 uvicorn's thread pool; each thread has its own ``KnowledgeBase`` (its own dulwich repositories)
@@ -45,6 +47,8 @@ from kb import errors
 from kb.adapters.http import forwarding
 from kb.adapters.http.auth import Access, Authentication, McpGate, committer_of, require, unguarded_routes
 from kb.adapters.http.limits import RequestLimits
+from kb.adapters.http.openapi_docs import serve_docs_offline
+from kb.adapters.http.ui import mount_ui
 from kb.adapters.json_form import json_form
 from kb.db import database
 from kb.settings import Settings
@@ -441,6 +445,8 @@ def create_app(
         version="1",
         lifespan=lifespan,
         description="A git-native knowledge base on Postgres: search, read, history, turns.",
+        docs_url=None,  # served from the package's files below, never a CDN (design §17)
+        redoc_url=None,
     )
     app.state.service = service
     app.state.access = access
@@ -497,6 +503,8 @@ def create_app(
     app.include_router(citation_router(service))
     for factory in routers or []:
         app.include_router(factory(service))
+    serve_docs_offline(app)
+    mount_ui(app, service, status_for)  # the pages for people under /ui (design §17)
     if not insecure_no_auth and (missing := unguarded_routes(app)):
         raise errors.ConfigurationError(
             f"routes without a token check (design §16): {', '.join(missing)}; add "

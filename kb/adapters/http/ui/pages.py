@@ -1,0 +1,194 @@
+"""The reading pages of ``/ui`` (design §17): workspaces, one workspace, folders, documents with
+true line numbers and per-line last change, revisions with their diffs, search, and a citation at
+its lines and where those lines are now.
+
+Every page is let in by :func:`kb.adapters.http.ui.access.page_gate` (the read scope on its
+workspace) before it runs; then it calls
+the facade (``Service.kb()``: this thread's KnowledgeBase) and renders a template. Pages are plain
+HTML: links and forms work without JavaScript; ``static/ui.js`` only adds the live refresh.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.routing import APIRoute
+from starlette.responses import HTMLResponse
+
+from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
+from kb.adapters.http.ui.diffs import revision_diffs
+from kb.adapters.http.ui.rendering import render
+from kb.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from kb.adapters.http.server import Service
+
+TURN_TRAILER = re.compile(r"^Turn:\s*(\S+)\s*$", re.MULTILINE)
+LINES = re.compile(r"^(\d+)(?:-(\d+))?$")
+HISTORY_SHOWN = 15
+SEARCH_RESULTS = 10
+
+
+def parse_lines(lines: str | None) -> tuple[int, int] | None:
+    """``"3-5"`` → (3, 5), ``"7"`` → (7, 7), None → None. Raises InvalidInput otherwise."""
+    if not lines:
+        return None
+    match = LINES.match(lines)
+    if not match:
+        raise InvalidInput(f"lines must look like 3-5 or 7, not {lines!r}")
+    start = int(match.group(1))
+    return start, int(match.group(2) or start)
+
+
+def turn_of(message: str) -> str | None:
+    """The turn id a revision's message names in its ``Turn:`` trailer (design §5), or None."""
+    match = TURN_TRAILER.search(message)
+    return match.group(1) if match else None
+
+
+def excerpt_ranges(lines: list[tuple[int | None, str]]) -> list[tuple[int, int]]:
+    """The contiguous numbered ranges of an envelope's lines: [(first, last), …]."""
+    ranges: list[list[int]] = []
+    for number, _ in lines:
+        if number is None:
+            continue
+        if ranges and number == ranges[-1][1] + 1:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    return [(a, b) for a, b in ranges]
+
+
+def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> APIRouter:
+    """The GET pages under ``/ui`` (the router's route class renders errors as pages)."""
+    router = APIRouter(route_class=route_class, dependencies=[Depends(page_gate)])
+
+    @router.get("", response_class=HTMLResponse)
+    def workspaces(request: Request) -> HTMLResponse:
+        """Every workspace: documents, head, index state."""
+        visitor = authorize(request, ANY_WORKSPACE, "read")
+        shown = [w for w in service.kb().list_workspaces() if visitor.reaches(w.id)]
+        return render(request, "workspaces.html", title="Workspaces", workspaces=shown)
+
+    @router.get("/workspaces/{workspace_id}", response_class=HTMLResponse)
+    def workspace(
+        request: Request, workspace_id: int, reverted: str = "", nothing_to_revert: str = "", retried: str = ""
+    ) -> HTMLResponse:
+        """Head, index lag, problems, the last revisions; refreshed live when one lands."""
+        kb = service.kb()
+        state = kb.status(workspace_id)["workspace"]
+        return render(
+            request,
+            "workspace.html",
+            title=f"Workspace {workspace_id}",
+            ws=workspace_id,
+            state=state,
+            freshness=kb.index_freshness(workspace_id),
+            revisions=kb.history(workspace_id, None, HISTORY_SHOWN),
+            turn_of=turn_of,
+            reverted=reverted,
+            nothing_to_revert=nothing_to_revert,
+            retried=retried,
+        )
+
+    @router.get("/workspaces/{workspace_id}/folders/{path:path}", response_class=HTMLResponse)
+    def folder(request: Request, workspace_id: int, path: str) -> HTMLResponse:
+        """A folder's entries at HEAD, folders first."""
+        virtual = "/documents" + ("/" + path.strip("/") if path.strip("/") else "")
+        entries = service.kb().ls(workspace_id, virtual)
+        crumbs = _crumbs(virtual)
+        return render(
+            request, "folder.html", title=virtual, ws=workspace_id, folder=virtual, entries=entries, crumbs=crumbs
+        )
+
+    @router.get("/workspaces/{workspace_id}/documents/{path:path}", response_class=HTMLResponse)
+    def document(
+        request: Request,
+        workspace_id: int,
+        path: str,
+        revision: str | None = None,
+        lines: str | None = Query(None, description="Lines to highlight, e.g. 3-5"),
+    ) -> HTMLResponse:
+        """A document with true line numbers, its title, type and history; at HEAD each line
+        names the revision that last changed it."""
+        kb = service.kb()
+        virtual = "/documents/" + path.lstrip("/")
+        envelope = kb.read_document(workspace_id, virtual, revision)
+        at_head = revision is None or envelope.revision == kb.head(workspace_id)
+        blame = kb.blame(workspace_id, virtual) if at_head else None
+        return render(
+            request,
+            "document.html",
+            title=envelope.title,
+            ws=workspace_id,
+            envelope=envelope,
+            record=kb.document_record(workspace_id, virtual),
+            history=kb.history(workspace_id, virtual, HISTORY_SHOWN),
+            origins=blame.lines if blame else None,
+            blame_complete=blame.complete if blame else True,
+            at_head=at_head,
+            highlight=parse_lines(lines),
+            crumbs=_crumbs(virtual),
+        )
+
+    @router.get("/workspaces/{workspace_id}/revisions/{revision}", response_class=HTMLResponse)
+    def revision_page(request: Request, workspace_id: int, revision: str) -> HTMLResponse:
+        """Author, committer, message, turn, and the diff of every file (renames as renames)."""
+        kb = service.kb()
+        found = kb.revision(workspace_id, revision)
+        return render(
+            request,
+            "revision.html",
+            title=f"Revision {found.id[:12]}",
+            ws=workspace_id,
+            revision=found,
+            turn=turn_of(found.message),
+            diffs=revision_diffs(kb, workspace_id, found),
+        )
+
+    @router.get("/workspaces/{workspace_id}/search", response_class=HTMLResponse)
+    def search(request: Request, workspace_id: int, q: str = "") -> HTMLResponse:
+        """Search: excerpts with true line numbers, each linking to the document at its lines."""
+        kb = service.kb()
+        hits = kb.search(workspace_id, q, SEARCH_RESULTS) if q.strip() else []
+        return render(
+            request,
+            "search.html",
+            title=f"Search: {q}" if q else "Search",
+            ws=workspace_id,
+            q=q,
+            hits=[(hit, excerpt_ranges(hit.lines)) for hit in hits],
+            freshness=kb.index_freshness(workspace_id) if q.strip() else None,
+        )
+
+    @router.get("/workspaces/{workspace_id}/citation", response_class=HTMLResponse)
+    def citation(request: Request, workspace_id: int, chat: str = "", c: str = "") -> HTMLResponse:
+        """A chat's citation (``[3:L341-L342]``) at its revision with the lines highlighted, and
+        where those lines are at HEAD."""
+        resolution = envelope = None
+        if chat and c:
+            kb = service.kb()
+            resolution = kb.conversation(workspace_id, chat).resolve(c, follow=True)
+            envelope = kb.read_document(workspace_id, resolution.handle.path, resolution.handle.revision)
+        cited = {n for n, _ in resolution.lines} if resolution is not None and resolution.level == "lines" else set()
+        return render(
+            request,
+            "citation.html",
+            title=f"Citation {c}" if c else "Citation",
+            ws=workspace_id,
+            chat=chat,
+            c=c,
+            resolution=resolution,
+            envelope=envelope,
+            cited=cited,
+        )
+
+    return router
+
+
+def _crumbs(virtual: str) -> list[tuple[str, str]]:
+    """``(name, folder path)`` for each folder above and including a path's parent."""
+    parts = virtual.strip("/").split("/")
+    return [(parts[i], "/" + "/".join(parts[: i + 1])) for i in range(len(parts) - 1)]
