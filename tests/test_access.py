@@ -118,6 +118,11 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo) -> None:
         async with client(reader) as read_only:
             plan = await read_only.call_tool("read", {"path": "/documents/Plan.md"})
             assert "zebra refunds for workspace 1" in "".join(c.text for c in plan.content)
+            own = await read_only.read_resource("kb://workspace/1/documents/Plan.md")
+            assert "zebra refunds for workspace 1" in own.contents[0].text
+            other = "kb://workspace/2/documents/Plan.md"  # a resource of a workspace it cannot reach
+            with pytest.raises(Exception, match="no workspace 2"):
+                await read_only.read_resource(other)
             refused = await read_only.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
             assert refused.is_error and "write token" in refused.content[0].text
         async with client(writer) as agent:

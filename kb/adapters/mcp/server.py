@@ -331,10 +331,15 @@ def build_server(
 
     # -- documents as resources (kb://workspace/<id>/documents/...) -----------------------
     @server.resource("kb://workspace/{workspace}/documents/{+path}", mime_type="text/markdown")
-    def document(workspace: str, path: str) -> str:
-        """A document's markdown at HEAD."""
-        if not workspace.isdigit() or (workspace_id is not None and int(workspace) != workspace_id):
-            raise ResourceNotFoundError(f"no workspace {workspace} on this server")
+    def document(workspace: str, path: str, ctx: Context) -> str:
+        """A document's markdown at HEAD, of this connection's workspace only (over HTTP the one
+        in the URL, which ``kb serve`` checked the token against, design §16)."""
+        connected = workspace_id
+        if connected is None:
+            raw = (ctx.headers or {}).get(WORKSPACE_HEADER, "")
+            connected = int(raw) if raw.isdigit() else None
+        if not workspace.isdigit() or connected is None or int(workspace) != connected:
+            raise ResourceNotFoundError(f"no workspace {workspace} on this connection")
         try:
             with resources_lock:
                 data = kb.read(int(workspace), StorePath.parse("/documents/" + unquote(path)).virtual)
