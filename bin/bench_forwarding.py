@@ -39,8 +39,13 @@ ROOT = Path(__file__).resolve().parents[1]
 QUERIES = ["how do citations stay valid", "advisory lock", "turn worktree", "embedding model", "span fill"]
 
 
+TOKEN: dict[str, str] = {}
+"""The read token both legs send (design §16: every node checks it; forwarding passes it on)."""
+
+
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=60) as response:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN['secret']}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
         return response.read()
 
 
@@ -61,6 +66,15 @@ def main() -> None:
         env_b = {**base, "KB_NODE": "b", "KB_STORAGE_ROOT": str(work / "b")}
         processes = []
         try:
+            created = subprocess.run(
+                [sys.executable, "-m", "kb.adapters.cli", "token", "create", "--name", "bench", "--scope", "read"]
+                + ["--all-workspaces"],
+                env=env_a,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            TOKEN["secret"] = created.stdout.splitlines()[0].strip()
             (a, url_a), (b, url_b) = start_serves(
                 [(env_a, work / "a.log", ("--with-worker",)), (env_b, work / "b.log", ())]
             )
