@@ -175,3 +175,51 @@ def _mcp_search_and_write(url: str) -> list[str]:
             return value["added"]
 
     return anyio.run(session)
+
+
+@pytest.fixture
+def pgbouncer(database_url: str):
+    """A PgBouncer in transaction mode in front of the test's database (design §13)."""
+    from support.pgbouncer import run_pgbouncer
+
+    yield from run_pgbouncer(database_url)
+
+
+def test_two_nodes_through_pgbouncer_in_transaction_mode(kb_env, settings, tmp_path, pgbouncer):
+    """The same deployment behind a transaction pooler: every connection of both nodes (serve,
+    worker, CLI) goes through PgBouncer; a write through b lands on a, a search through b finds it
+    at its true lines once a's worker indexed it, and no job fails on either node."""
+    pooled = {"KB_DATABASE_URL": pgbouncer, "KB_DATABASE_POOLER": "transaction"}
+    env_a, settings_a = _node({**kb_env, **pooled}, settings, "a")
+    env_b, _ = _node({**kb_env, **pooled}, settings, "b")
+    with KnowledgeBase.open(settings_a) as kb:
+        TOKEN["secret"] = kb.tokens().create("pooled-test", "write", None)[1]
+    running: list[subprocess.Popen] = []
+    try:
+        (a, url_a), (b, url_b) = start_serves(
+            [(env_a, tmp_path / "a.log", ("--with-worker",)), (env_b, tmp_path / "b.log", ("--with-worker",))]
+        )
+        running += [a, b]
+        notes = tmp_path / "notes"
+        notes.mkdir()
+        (notes / "Sync.md").write_text(SYNC_DOC)
+        run_cli(env_a, "import", str(notes), "--workspace", "1")
+        revision = _commit_through(url_b, 1, "pooled", "/documents/Nodes.md", NODES_DOC)
+        with KnowledgeBase.open(settings_a, migrate=False) as kb_a:
+            assert kb_a.head(1) == revision and kb_a.workspace_home(1).node == "a"
+
+        def indexed() -> dict | None:
+            status, body = call(f"{url_b}/v1/workspaces/1/search?q=zebra%20crossing&k=3")
+            return body if status == 200 and body["index"]["hint"] is None else None
+
+        top = wait_until(indexed, 120, "node a's worker to index through the pooler")["results"][0]
+        assert top["path"] == "/documents/Nodes.md" and [4, "The zebra crossing is homed on node a."] in top["lines"]
+        jobs = _jobs(settings.database_url)
+        assert jobs and [j for j in jobs if j["status"] == "failed"] == []
+        assert all(j["queue_name"].endswith("@a") for j in jobs if j["workspace_id"] == 1)
+        for process, name in ((a, "a"), (b, "b")):
+            assert "Traceback" not in stop_serve(process, tmp_path / f"{name}.log")
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
