@@ -108,6 +108,7 @@ QueryName = Literal[
     "list_workspaces",
     "live_workers",
     "lock_indexed_document",
+    "lock_indexed_documents",
     "lock_migrations",
     "lock_projection",
     "lock_workspace_chunks",

@@ -14,6 +14,12 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
 -- layer) may have deleted, moved or changed it since the run read it (no row: deleted).
 SELECT id, content_id, path FROM kb.documents WHERE id = %(document_id)s FOR NO KEY UPDATE;
 
+-- name: lock_indexed_documents
+-- lock_indexed_document for a batch of documents written in one transaction (kb/index/indexer.py),
+-- in id order so two lockers of overlapping batches never wait on each other in a cycle.
+SELECT id, content_id, path FROM kb.documents WHERE id = ANY(%(document_ids)s::bigint[])
+ORDER BY id FOR NO KEY UPDATE;
+
 -- name: documents_to_index
 -- Documents whose indexed content lags their projected content, excluding quarantined and
 -- unindexable ones (a content change resets those to pending).
