@@ -324,3 +324,7 @@ SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY
 -- name: test_forget_repository_identity
 -- A workspace as it was before repository identities existed.
 UPDATE kb.workspaces SET repository_id = NULL WHERE id = %(workspace_id)s;
+
+-- name: test_pack_jobs
+-- kb.pack_repository jobs (tests/test_maintenance.py), oldest first.
+SELECT status::text FROM procrastinate_jobs WHERE task_name = 'kb.pack_repository' ORDER BY id;
