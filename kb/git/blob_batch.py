@@ -45,11 +45,12 @@ def read_blobs(repository: Path, blob_ids: Sequence[str]) -> Iterator[tuple[str,
     if not blob_ids:
         return
     process = subprocess.Popen(
-        [git_executable(), "--no-optional-locks", f"--git-dir={Path(repository) / '.git'}", "cat-file", "--batch"],
+        [git_executable(), "--no-optional-locks", f"--git-dir={Path(repository) / '.git'}", "cat-file", "--batch", "--buffer"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=GIT_ENV,
+        bufsize=1 << 16,
     )
     assert process.stdin is not None and process.stdout is not None
 
