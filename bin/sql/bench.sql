@@ -79,3 +79,7 @@ SELECT NULL::bigint AS id, NULL::float8 AS score WHERE false;
 
 -- name: bench_chunk_texts
 SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: bench_forget_embeddings
+-- Empty the embedding cache so the next index run embeds every chunk again (bin/bench_index_pipeline.py).
+DELETE FROM kb.embedding_cache;

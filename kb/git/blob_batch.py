@@ -45,7 +45,14 @@ def read_blobs(repository: Path, blob_ids: Sequence[str]) -> Iterator[tuple[str,
     if not blob_ids:
         return
     process = subprocess.Popen(
-        [git_executable(), "--no-optional-locks", f"--git-dir={Path(repository) / '.git'}", "cat-file", "--batch", "--buffer"],
+        [
+            git_executable(),
+            "--no-optional-locks",
+            f"--git-dir={Path(repository) / '.git'}",
+            "cat-file",
+            "--batch",
+            "--buffer",
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -136,6 +136,34 @@ class _Prepared:
         return self.error is None and self.unindexable is None
 
 
+UPDATE_COLUMNS = ("id", "position", "start_char", "end_char", "start_line", "end_line")
+INSERT_COLUMNS = (
+    "document_id",
+    "workspace_id",
+    "position",
+    "text",
+    "text_sha256",
+    "start_char",
+    "end_char",
+    "start_line",
+    "end_line",
+    "token_count",
+    "model",
+    "embedding",
+    "text_config",
+    "lexical_context",
+    "lexical_text",
+)
+"""The keys of a chunk update / insert (``Indexer._plan_chunks``), in the order of the arrays the
+multi-row statements ``update_chunk_positions`` / ``insert_chunks`` take."""
+
+
+def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
+    """Rows as parallel arrays, one per key, named as the multi-row statements name them
+    (``position`` → ``positions``, ``text_sha256`` → ``text_sha256s``, ``id`` → ``ids``)."""
+    return {f"{key}s": [row[key] for row in rows] for key in keys}
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -567,16 +595,15 @@ class Indexer:
 
     @staticmethod
     def _write_chunks(conn, leftover: list[int], updates: list[dict], inserts: list[dict]) -> None:
-        """Carry out a plan of ``_plan_chunks`` (of one document or a batch's): one delete, the
-        updates and the inserts each pipelined by ``executemany``."""
-        with conn.cursor() as cur:
-            if leftover:
-                cur.execute(queries["delete_chunks"], {"ids": leftover})
-            if updates:
-                # positions are not unique, so moving rows in any order is safe
-                cur.executemany(queries["update_chunk_position"], updates)
-            if inserts:
-                cur.executemany(queries["insert_chunk"], inserts)
+        """Carry out a plan of ``_plan_chunks`` (of one document or a batch's) in at most three
+        statements: a delete, one multi-row update and one multi-row insert (the term-counting
+        triggers are per statement, so they run once each, not once per chunk)."""
+        if leftover:
+            conn.execute(queries["delete_chunks"], {"ids": leftover})
+        if updates:  # positions are not unique, so moving rows in any order is safe
+            conn.execute(queries["update_chunk_positions"], _columns(updates, UPDATE_COLUMNS))
+        if inserts:
+            conn.execute(queries["insert_chunks"], _columns(inserts, INSERT_COLUMNS))
 
     def _plan_chunks(self, workspace_id, p: _Prepared, vectors, report) -> tuple[list[int], list[dict], list[dict]]:
         """``(chunk ids to delete, position updates, inserts)`` that bring one document's chunk rows
