@@ -14,7 +14,7 @@ import contextlib
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 from kb.errors import ConfigurationError, StorageError
@@ -35,7 +35,7 @@ class MissingObject(KeyError):
     """``git cat-file`` answered ``missing`` for a blob id (the caller decides what that means)."""
 
 
-def read_blobs(repository: Path, blob_ids: Sequence[str]) -> Iterator[tuple[str, bytes]]:
+def read_blobs(repository: Path, blob_ids: Sequence[str]) -> Generator[tuple[str, bytes], None, None]:
     """Yield ``(blob id, bytes)`` for every id of ``blob_ids`` (hex), in order, read by one
     ``git cat-file --batch`` in the repository at ``repository`` (its work tree folder).
 

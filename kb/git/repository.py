@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -479,7 +479,7 @@ class Repository(WorktreeRefresh):
         except KeyError:
             raise DocumentNotFound(f"blob {blob_id} is missing from the object store") from None
 
-    def blobs(self, blob_ids: Sequence[str]) -> Iterator[tuple[str, bytes]]:
+    def blobs(self, blob_ids: Sequence[str]) -> Generator[tuple[str, bytes], None, None]:
         """``(blob id, bytes)`` for each of ``blob_ids``, in order: a whole-tree scan's reads in bulk
         (``kb.git.blob_batch``: one git process reads packed and loose objects alike), or one lookup
         each for fewer than BULK_READ_MIN. Raises StorageError (a blob a tree refers to is missing,
