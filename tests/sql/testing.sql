@@ -328,3 +328,18 @@ UPDATE kb.workspaces SET repository_id = NULL WHERE id = %(workspace_id)s;
 -- name: test_pack_jobs
 -- kb.pack_repository jobs (tests/test_maintenance.py), oldest first.
 SELECT status::text FROM procrastinate_jobs WHERE task_name = 'kb.pack_repository' ORDER BY id;
+
+-- name: test_create_chunk_refusal
+-- A row trigger that refuses any chunk whose text holds 'REFUSED BY POSTGRES' (tests/test_index_convergence.py):
+-- a document Postgres itself will not take, in a batch with documents it takes.
+CREATE FUNCTION kb.test_refuse_chunk() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.text LIKE '%REFUSED BY POSTGRES%' THEN
+        RAISE EXCEPTION 'chunk refused by a test trigger';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- name: test_install_chunk_refusal
+CREATE TRIGGER test_refuse_chunk BEFORE INSERT ON kb.chunks FOR EACH ROW EXECUTE FUNCTION kb.test_refuse_chunk();
