@@ -48,6 +48,8 @@ def read_blobs(repository: Path, blob_ids: Sequence[str]) -> Generator[tuple[str
         [
             git_executable(),
             "--no-optional-locks",
+            "-c",
+            "safe.directory=*",  # kb's own repository, only read: whoever owns the folder
             f"--git-dir={Path(repository) / '.git'}",
             "cat-file",
             "--batch",
