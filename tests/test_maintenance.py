@@ -10,6 +10,7 @@ from support.named_queries import queries
 
 from kb.git.maintenance import loose_object_count, maintain_workspaces
 from kb.knowledge_base import KnowledgeBase
+from kb.store import knowledge_store
 
 WS = 1
 
@@ -64,3 +65,23 @@ def test_writers_defer_packing_every_n_revisions(kb):
 def pack_jobs(kb) -> list[str]:
     with psycopg.connect(kb.database_url) as conn:
         return [r[0] for r in conn.execute(queries["test_pack_jobs"]).fetchall()]
+
+
+def test_a_writer_packs_itself_when_no_worker_ran_the_packing_jobs(kb, monkeypatch):
+    """design §2.1: with no worker to run kb.pack_repository, the writer of every
+    KB_PACK_EVERY_REVISIONS-th revision packs once the loose objects pass PACK_BACKSTOP_LOOSE."""
+    monkeypatch.setattr(knowledge_store, "PACK_BACKSTOP_LOOSE", 64)  # the estimate's scale, sooner
+    kb = KnowledgeBase(kb.settings.model_copy(update={"pack_every_revisions": 3}), kb.database_url)
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(5):  # ~45 loose objects a revision
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            for i in range(40):
+                tx.write(f"/documents/r{r}/{i}.md", f"revision {r} document {i}\n")
+    assert loose_object_count(repo) > 64  # revisions 4 and 5, since revision 3 packed
+    with kb.transaction(WS, "r5", "w") as tx:
+        for i in range(40):
+            tx.write(f"/documents/r5/{i}.md", f"revision 5 document {i}\n")
+    assert loose_object_count(repo) < 5 and pack_jobs(kb) == ["todo"]
+    assert kb.read(WS, "/documents/r0/7.md") == b"revision 0 document 7\n"
+    git(repo, "fsck", "--strict")

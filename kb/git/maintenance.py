@@ -11,7 +11,9 @@ Besides that cron, a writer defers ``kb.pack_repository`` for its workspace ever
 ``KB_PACK_EVERY_REVISIONS`` revisions (``kb.store.knowledge_store.defer_packing``), which calls
 :func:`pack_workspace`: a busy workspace never gathers more loose objects than that many revisions
 write (git's own ``gc --auto`` threshold idea, counted in revisions so the writer pays nothing to
-check it).
+check it). Should those jobs not run (no worker, or one busy with a long index run), the writer
+of every such revision estimates the loose objects from a sixteenth of the ``objects/xx`` folders
+and, past PACK_BACKSTOP_LOOSE, packs them itself (``KnowledgeStore._pack_if_behind``).
 
 It needs no write lock: objects are immutable, a loose object is deleted only after the pack
 holding it is complete, and readers re-scan the packs on a miss, so concurrent writers and readers
@@ -36,6 +38,9 @@ LOOSE_OBJECTS_TO_PACK = 512
 """Loose objects in a repository from which maintenance packs them."""
 MAX_PACKS = 32
 """Packs beyond which maintenance consolidates all packs into one."""
+PACK_BACKSTOP_LOOSE = 1024
+"""Estimated loose objects from which a writer packs them itself (``KnowledgeStore._pack_if_behind``)
+when the packing jobs it deferred have not run."""
 PACK_LOCK = "kb-pack.lock"
 """The flock under ``.git/`` a packer of the repository holds (see the module docstring)."""
 
@@ -105,6 +110,20 @@ def pack_workspace(repository_path: Path, min_loose: int = 1) -> int | None:
             repository.close()
     log.info("%s: packed %d objects (%d packs now)", repository_path, packed, packs)
     return packed
+
+
+def estimated_loose_objects(repository_path: Path, sample: int = 16) -> int:
+    """The loose objects of a repository estimated from ``sample`` of its 256 ``objects/xx/``
+    folders (``objects/00`` … in order), as ``git gc --auto`` does: ids are uniform, so a sixteenth
+    of the folders holds about a sixteenth of the objects. A few directory listings."""
+    objects = Path(repository_path) / ".git" / "objects"
+    found = 0
+    for i in range(sample):
+        try:
+            found += sum(1 for name in os.listdir(objects / f"{i:02x}") if len(name) == 38)
+        except FileNotFoundError:
+            continue
+    return found * 256 // sample
 
 
 def maintain_workspaces(knowledge_store: Path, min_loose: int = LOOSE_OBJECTS_TO_PACK) -> MaintenanceReport:

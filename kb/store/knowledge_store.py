@@ -49,6 +49,7 @@ from kb.errors import (
     WriteLockLost,
 )
 from kb.faults import fault_point
+from kb.git.maintenance import PACK_BACKSTOP_LOOSE, estimated_loose_objects, pack_workspace
 from kb.git.merge import MergedBlob, merge_staged
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
@@ -434,8 +435,28 @@ class KnowledgeStore:
         if draft.idempotency_key is None:
             draft.idempotency_key = write_keys.new_key()
         if group_commit.groupable(draft):
-            return self._commit_grouped(draft, message, author, committer)
-        return self._commit_alone(draft, message, author, committer)
+            revision = self._commit_grouped(draft, message, author, committer)
+        else:
+            revision = self._commit_alone(draft, message, author, committer)
+        self._pack_if_behind(revision)
+        return revision
+
+    def _pack_if_behind(self, revision: Revision | None) -> None:
+        """The backstop of ``defer_packing`` (design §2.1): on a revision whose number is a multiple
+        of ``KB_PACK_EVERY_REVISIONS`` the writer estimates the loose objects (git's ``gc --auto``
+        sample) and, past PACK_BACKSTOP_LOOSE — the deferred packing jobs did not run, no worker or
+        a busy one — packs them itself, outside the write lock (``kb.git.maintenance``: safe beside
+        writers and readers; skipped while another packer holds the repository). A failure to pack
+        is logged, never the write's outcome."""
+        every = self.settings.pack_every_revisions
+        if revision is None or every <= 0 or revision.seq % every:
+            return
+        path = self.repository.path
+        try:
+            if estimated_loose_objects(path) >= PACK_BACKSTOP_LOOSE:
+                pack_workspace(path)
+        except OSError as exc:
+            log.warning("workspace %s: packing loose objects failed (%s); maintenance retries", self.workspace_id, exc)
 
     def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
