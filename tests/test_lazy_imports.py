@@ -61,6 +61,10 @@ def test_read_commands_and_hashing_search_import_no_model(indexed):
         ("search", "refund", "-w", "1"),
     ):
         assert _heavy_imports(indexed, *args) == [], args
+    # design §7: a reindex cuts every document in model tokens through the tokenizers library;
+    # transformers (and torch) load only to embed with a model, never to count tokens
+    model = ("torch", "transformers", "sentence_transformers")
+    assert _heavy_imports(indexed, "reindex", "-w", "1", heavy=(*model, "chonkie")) == ["chonkie"]
 
 
 def test_read_log_status_load_only_what_they_use(indexed):
@@ -84,10 +88,3 @@ def test_with_minilm_configured_only_embedding_loads_the_model(indexed):
     ):  # index: nothing to do, so nothing to embed or cut
         assert _heavy_imports(minilm, *args) == [], args
     assert "torch" in _heavy_imports(minilm, "search", "refund", "-w", "1")  # the query is embedded
-
-
-def test_cutting_documents_loads_the_tokenizer_without_transformers(indexed):
-    """design §7, §13: a reindex cuts every document in model tokens through the ``tokenizers``
-    library; transformers (and torch) load only to embed with a model, never to count tokens."""
-    model = ("torch", "transformers", "sentence_transformers")
-    assert _heavy_imports(indexed, "reindex", "-w", "1", heavy=(*model, "chonkie")) == ["chonkie"]
