@@ -9,6 +9,11 @@ times, as medians over ``--repeat`` runs:
   (index refresh + commit, the git CLI's way to record a one-file change) on the same repository;
 * a per-document history: ``kb.store.history(path)`` (Postgres rows)  vs  ``git log --format=%H -- path``.
 
+* loose objects: the most loose objects kb's repository held during the build (sampled every 25
+  revisions) with a worker running the jobs writers defer (``--no-worker``: none), and
+  ``git log --format=%H -- path`` on kb's repository against a packed (``git clone --bare
+  --no-local``) clone of it, interleaved.
+
 Prints the figures and the ratios kb/git (≤ 1.0 means kb is at least as fast). Postgres:
 ``KB_DATABASE_URL`` when set (a fresh database is created there), else an embedded server in a
 temporary directory. Example::
@@ -22,6 +27,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
+from kb.git.maintenance import loose_object_count
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
 
@@ -78,8 +85,9 @@ def database(workdir: Path) -> tuple[str, callable]:
     return url, cleanup
 
 
-def build(kb: KnowledgeBase, documents: int, revisions: int, rng: random.Random) -> list[str]:
-    """Import ``documents`` documents, then ``revisions - 1`` small revisions; returns the paths."""
+def build(kb: KnowledgeBase, documents: int, revisions: int, rng: random.Random, loose: list[int]) -> list[str]:
+    """Import ``documents`` documents, then ``revisions - 1`` small revisions; returns the paths.
+    Appends the repository's loose-object count every 25 revisions to ``loose``."""
     paths = [f"/documents/area {i % 40}/topic {i % 400}/note {i}.md" for i in range(documents)]
     kb.create_workspace(WS)
     start = time.perf_counter()
@@ -98,8 +106,10 @@ def build(kb: KnowledgeBase, documents: int, revisions: int, rng: random.Random)
                 new = paths[i].replace("note ", f"moved {r} note ")
                 tx.move(paths[i], new)
                 paths[i] = new
+        if r % 25 == 0:
+            loose.append(loose_object_count(kb.settings.knowledge_store / str(WS)))
         if r % 200 == 0:
-            print(f"  {r} revisions ({time.perf_counter() - start:.0f}s)", flush=True)
+            print(f"  {r} revisions ({time.perf_counter() - start:.0f}s), {loose[-1]} loose objects", flush=True)
     return paths
 
 
@@ -109,15 +119,55 @@ def main() -> None:
     parser.add_argument("--revisions", type=int, default=1_000)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-worker", action="store_true", help="build without a worker (nothing packs)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="kb-bench-"))
     url, cleanup = database(workdir)
     try:
         kb = KnowledgeBase.open(Settings(database_url=url, storage_root=workdir / "storage", embedding_model="hashing"))
-        paths = build(kb, args.documents, args.revisions, rng)
+        worker = None
+        if not args.no_worker:  # as deployed: a worker runs the jobs writers defer (packing among them)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+            env.update(
+                KB_DATABASE_URL=url,
+                KB_STORAGE_ROOT=str(kb.settings.storage_root),
+                KB_EMBEDDING_MODEL="hashing",
+                PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+            )
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "kb.adapters.cli.main", "worker", "-q"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        loose: list[int] = []
+        try:
+            paths = build(kb, args.documents, args.revisions, rng, loose)
+        finally:
+            if worker is not None:
+                worker.send_signal(signal.SIGINT)
+                worker.wait(300)
         repo = kb.settings.knowledge_store / str(WS)
         assert git(repo, "status", "--porcelain") == ""
+        packed = workdir / "packed.git"
+        git(repo, "clone", "-q", "--bare", "--no-local", str(repo), str(packed))
+        kb_log, packed_log = [], []
+        for _ in range(args.repeat):  # interleaved, round by round
+            for fn, times in (
+                (lambda: git(repo, "log", "--format=%H", "--", paths[0][1:]), kb_log),
+                (lambda: git(packed, "log", "--format=%H", "--", paths[0][1:]), packed_log),
+            ):
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1000)
+        print(
+            f"loose objects after {args.revisions} revisions ({'no worker' if worker is None else 'a worker running'}):"
+            f" at most {max(loose)} (sampled every 25 revisions), {loose_object_count(repo)} at the end\n"
+            f"git log -- path: kb's repository {statistics.median(kb_log):.1f} ms   packed clone "
+            f"{statistics.median(packed_log):.1f} ms   ratio {statistics.median(kb_log) / statistics.median(packed_log):.2f}",
+            flush=True,
+        )
         counter = iter(range(10**9))
 
         def kb_commit() -> None:

@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         default="* * * * *",
         description="Cron of the sweep and the stalled-job retry (a 6th field counts seconds).",
     )
+    pack_every_revisions: int = Field(
+        default=32,
+        ge=0,
+        description="Revisions after which a workspace's loose git objects are packed (a `kb.pack_repository` "
+        "job; 0: only by the 10-minute maintenance cron).",
+    )
     job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
     fts_config: str = Field(
         default="auto",

@@ -346,3 +346,20 @@ def test_a_document_moved_while_it_is_indexed_is_stamped_where_it_is(kb, monkeyp
     assert envelope.path == "/documents/b.md"
     assert envelope.revision == moved[0]
     assert kb.read(1, envelope.path, envelope.revision) == b"alpha beta gamma\n"
+
+
+def test_a_document_postgres_refuses_fails_alone_in_its_batch(kb):
+    """design §7: a batch is written in one transaction; when Postgres refuses one document's
+    chunks, the batch is written again document by document and only that document fails."""
+    docs = generated_corpus(12)
+    refused = sorted(docs)[5]
+    docs[refused] = "# Refused\n\nthis text is REFUSED BY POSTGRES\n"
+    write_all(kb, 1, docs)
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["test_create_chunk_refusal"])
+        conn.execute(queries["test_install_chunk_refusal"])
+    report = kb.index(1)
+    assert report.documents_indexed == 11 and report.documents_failed == 1
+    assert list(report.failures) == [refused] and "refused by a test trigger" in report.failures[refused]
+    states = {r["path"]: r["status"] for r in named_rows(kb, "test_document_states", workspace_id=1)}
+    assert states[refused] == "failed" and sum(s == "indexed" for s in states.values()) == 11

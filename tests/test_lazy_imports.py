@@ -61,6 +61,10 @@ def test_read_commands_and_hashing_search_import_no_model(indexed):
         ("search", "refund", "-w", "1"),
     ):
         assert _heavy_imports(indexed, *args) == [], args
+    # design §7: a reindex cuts every document in model tokens through the tokenizers library;
+    # transformers (and torch) load only to embed with a model, never to count tokens
+    model = ("torch", "transformers", "sentence_transformers")
+    assert _heavy_imports(indexed, "reindex", "-w", "1", heavy=(*model, "chonkie")) == ["chonkie"]
 
 
 def test_read_log_status_load_only_what_they_use(indexed):

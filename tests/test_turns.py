@@ -417,3 +417,39 @@ def test_trees_built_for_a_turn_are_in_git_order_and_fsck_clean(workspace):
     assert "documents/x/a/b.md" in listed and "documents/Notes/Deep/d.md" not in listed
     assert "Deep" not in git(repo, "ls-tree", "--name-only", f"{result.revision}:documents/Notes")
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_grep_over_many_documents_reads_packed_and_loose_blobs_in_bulk(kb):
+    """design §5: a grep over more documents than kb.git.repository.BULK_READ_MIN reads the base's
+    blobs through one git process (packed and loose alike) and the turn's own files from disk,
+    with the same lines, in the same order, as one read per document."""
+    from kb.git.maintenance import loose_object_count, pack_workspace
+    from kb.git.repository import BULK_READ_MIN
+
+    kb.create_workspace(7)
+    texts = {f"/documents/f{i // 20}/d{i:03}.md": f"title {i}\nneedle {i % 3}\n" for i in range(BULK_READ_MIN + 12)}
+    texts["/documents/f0/empty.md"] = ""
+    with kb.transaction(7, "many", "t") as tx:
+        for path, text in texts.items():
+            tx.write(path, text)
+    path = kb.store(7).path
+    assert pack_workspace(path) and loose_object_count(path) == 0
+    with kb.transaction(7, "loose ones", "t") as tx:  # the rest stay loose
+        for i in range(3):
+            texts[f"/documents/late/{i}.md"] = f"needle 0 late {i}\n"
+            tx.write(f"/documents/late/{i}.md", texts[f"/documents/late/{i}.md"])
+    t = kb.turn(7, "bulk-grep", "t")
+    t.write("/documents/f1/d021.md", "needle 0 from the turn\n")
+    texts["/documents/f1/d021.md"] = "needle 0 from the turn\n"
+    t.remove("/documents/f2/d040.md")
+    del texts["/documents/f2/d040.md"]
+    expected = [
+        (p, n, line)
+        for p in sorted(texts)
+        for n, line in enumerate(texts[p].splitlines(), start=1)
+        if "needle 0" in line
+    ]
+    assert len(expected) > BULK_READ_MIN // 3
+    assert [(h.path, h.line_number, h.line) for h in t.grep("needle 0")] == expected
+    assert [h.path for h in t.grep("^title 4$", path="/documents/f0")] == ["/documents/f0/d004.md"]
+    t.abort()

@@ -85,3 +85,7 @@ SELECT text FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
 -- name: bench_round_trip
 -- The cheapest statement: the floor of one round trip to Postgres, beside the token check.
 SELECT 1 AS one;
+
+-- name: bench_forget_embeddings
+-- Empty the embedding cache so the next index run embeds every chunk again (bin/bench_index_pipeline.py).
+DELETE FROM kb.embedding_cache;

@@ -7,14 +7,28 @@ reads — slow down. The periodic task ``kb.maintain_repositories`` (``kb.jobs.t
 loose objects has them put into one pack, and once packs pile up they are consolidated into one
 (``Repository.pack_loose_objects``, dulwich's ``pack_loose_objects``/``repack``).
 
+Besides that cron, a writer defers ``kb.pack_repository`` for its workspace every
+``KB_PACK_EVERY_REVISIONS`` revisions (``kb.store.knowledge_store.defer_packing``), which calls
+:func:`pack_workspace`: a busy workspace never gathers more loose objects than that many revisions
+write (git's own ``gc --auto`` threshold idea, counted in revisions so the writer pays nothing to
+check it). Should those jobs not run (no worker, or one busy with a long index run), the writer
+of every such revision estimates the loose objects from a sixteenth of the ``objects/xx`` folders
+and, past PACK_BACKSTOP_LOOSE, packs them itself (``KnowledgeStore._pack_if_behind``).
+
 It needs no write lock: objects are immutable, a loose object is deleted only after the pack
 holding it is complete, and readers re-scan the packs on a miss, so concurrent writers and readers
-are never disturbed. Two runs never overlap (the task's queueing lock).
+are never disturbed. Two packers of one repository (the cron and a workspace's job, or two
+workers) never overlap: each holds ``.git/kb-pack.lock`` (an flock) and one that finds it held
+leaves the work to its holder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +38,11 @@ LOOSE_OBJECTS_TO_PACK = 512
 """Loose objects in a repository from which maintenance packs them."""
 MAX_PACKS = 32
 """Packs beyond which maintenance consolidates all packs into one."""
+PACK_BACKSTOP_LOOSE = 1024
+"""Estimated loose objects from which a writer packs them itself (``KnowledgeStore._pack_if_behind``)
+when the packing jobs it deferred have not run."""
+PACK_LOCK = "kb-pack.lock"
+"""The flock under ``.git/`` a packer of the repository holds (see the module docstring)."""
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +69,63 @@ def loose_object_count(repository_path: Path) -> int:
     )
 
 
+@contextlib.contextmanager
+def pack_lock(repository_path: Path) -> Iterator[bool]:
+    """Try to hold ``.git/kb-pack.lock`` for the block without waiting; yields whether it is held
+    (False: another packer has it, or the repository is gone). Released when the holder dies."""
+    try:
+        fd = os.open(Path(repository_path) / ".git" / PACK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:  # the workspace was deleted
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def pack_workspace(repository_path: Path, min_loose: int = 1) -> int | None:
+    """Pack the loose objects of the repository at ``repository_path`` when it has at least
+    ``min_loose`` of them (consolidating its packs beyond MAX_PACKS), holding the pack lock.
+    Returns the objects packed, or None when it was not packed (another packer holds the lock,
+    too few loose objects, or the repository is gone). Raises OSError when the disk refuses."""
+    with pack_lock(repository_path) as held:
+        if not held:
+            return None
+        try:
+            repository = Repository.open(repository_path)
+        except FileNotFoundError:  # the workspace was deleted since
+            return None
+        try:
+            repository.release_pending_packs()  # packs whose writes have long landed or died
+            if loose_object_count(repository_path) < min_loose:
+                return None
+            packed, packs = repository.pack_loose_objects(MAX_PACKS)
+        finally:
+            repository.close()
+    log.info("%s: packed %d objects (%d packs now)", repository_path, packed, packs)
+    return packed
+
+
+def estimated_loose_objects(repository_path: Path, sample: int = 16) -> int:
+    """The loose objects of a repository estimated from ``sample`` of its 256 ``objects/xx/``
+    folders (``objects/00`` … in order), as ``git gc --auto`` does: ids are uniform, so a sixteenth
+    of the folders holds about a sixteenth of the objects. A few directory listings."""
+    objects = Path(repository_path) / ".git" / "objects"
+    found = 0
+    for i in range(sample):
+        try:
+            found += sum(1 for name in os.listdir(objects / f"{i:02x}") if len(name) == 38)
+        except FileNotFoundError:
+            continue
+    return found * 256 // sample
+
+
 def maintain_workspaces(knowledge_store: Path, min_loose: int = LOOSE_OBJECTS_TO_PACK) -> MaintenanceReport:
     """Pack the loose objects of every workspace repository under ``knowledge_store`` that has at
     least ``min_loose`` of them (see the module docstring). Returns a MaintenanceReport."""
@@ -59,17 +135,7 @@ def maintain_workspaces(knowledge_store: Path, min_loose: int = LOOSE_OBJECTS_TO
         if not path.name.isdigit() or not (path / ".git").is_dir():
             continue
         report.checked += 1
-        try:
-            repository = Repository.open(path)
-        except FileNotFoundError:  # the workspace was deleted since the listing
-            continue
-        try:
-            repository.release_pending_packs()  # packs whose writes have long landed or died
-            if loose_object_count(path) < min_loose:
-                continue
-            packed, packs = repository.pack_loose_objects(MAX_PACKS)
-        finally:
-            repository.close()
-        report.packed[int(path.name)] = packed
-        log.info("workspace %s: packed %d objects (%d packs now)", path.name, packed, packs)
+        packed = pack_workspace(path, min_loose)
+        if packed is not None:
+            report.packed[int(path.name)] = packed
     return report

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
+from kb.git.blob_batch import MissingObject, read_blobs
 from kb.git.gitindex import IndexFile
 from kb.git.tree_layout import LayoutCache, apply_changes
 from kb.git.worktree_refresh import FILE_MODE, WorktreeRefresh
@@ -46,6 +47,9 @@ FOLDER_CACHE_SIZE = 64
 """(tree, folder path) pairs whose folder tree ``Repository.lookup`` remembers."""
 STALE_LOCK_SECONDS = 30.0
 """Age after which a git lock file found under the workspace write lock is a killed writer's."""
+BULK_READ_MIN = 48
+"""Blobs from which ``Repository.blobs`` reads through one ``git cat-file --batch`` rather than one
+dulwich lookup each (starting git costs about as much as this many lookups)."""
 LOOSE_LIMIT = 256
 """Batches smaller than this are written as loose objects, larger ones as one pack."""
 LOOSE_COMPRESSION = 1
@@ -474,6 +478,21 @@ class Repository(WorktreeRefresh):
             return self._read_object(blob_id.encode()).as_raw_string()
         except KeyError:
             raise DocumentNotFound(f"blob {blob_id} is missing from the object store") from None
+
+    def blobs(self, blob_ids: Sequence[str]) -> Generator[tuple[str, bytes], None, None]:
+        """``(blob id, bytes)`` for each of ``blob_ids``, in order: a whole-tree scan's reads in bulk
+        (``kb.git.blob_batch``: one git process reads packed and loose objects alike), or one lookup
+        each for fewer than BULK_READ_MIN. Raises StorageError (a blob a tree refers to is missing,
+        or cannot be read), WorkspaceNotFound (the repository was deleted meanwhile),
+        ConfigurationError (no git executable)."""
+        if len(blob_ids) < BULK_READ_MIN:
+            for blob_id in blob_ids:
+                yield blob_id, self._referenced(blob_id.encode()).as_raw_string()
+            return
+        try:
+            yield from read_blobs(self.path, blob_ids)
+        except MissingObject as exc:
+            raise self._missing(str(exc.args[0]).encode()) from None
 
     def read(self, revision: str | None, path: str) -> bytes:
         """Bytes of ``path`` at ``revision``; raises DocumentNotFound."""

@@ -11,10 +11,13 @@ Two runs, both converging to HEAD under the workspace's index lock and neither t
   It records its cursor in ``kb.index_runs`` after every batch, so a run killed half-way resumes
   where it stopped.
 
-Runs use an autocommit connection: every write is an explicit transaction (one per document, one
-per progress checkpoint). Documents are cut and embedded in batches (the embedder sees full batches) but each document is
-written in its own transaction: a failure marks that document ``failed`` with the error and an
-attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others go on. A document with NUL
+Runs use an autocommit connection: every write is an explicit transaction (one per batch of
+documents, one per progress checkpoint). Documents are cut and embedded in batches (the embedder
+sees full batches) and a batch is written in one transaction, each statement once for the whole
+batch (``Indexer._write_batch``: a few round trips and one commit per batch, so a fast embedder,
+not Postgres, sets the pace). When that transaction fails, the batch is written again document
+by document, each in its own transaction: a failure marks that document ``failed`` with the error
+and an attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others go on. A document with NUL
 bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
 (``last_indexed_revision``) then moves to HEAD: it advances past successes, and the remaining
 failed documents are retried by a follow-up job (``kb.jobs.tasks``) and the sweep until they succeed or
@@ -131,6 +134,34 @@ class _Prepared:
     @property
     def writable(self) -> bool:
         return self.error is None and self.unindexable is None
+
+
+UPDATE_COLUMNS = ("id", "position", "start_char", "end_char", "start_line", "end_line")
+INSERT_COLUMNS = (
+    "document_id",
+    "workspace_id",
+    "position",
+    "text",
+    "text_sha256",
+    "start_char",
+    "end_char",
+    "start_line",
+    "end_line",
+    "token_count",
+    "model",
+    "embedding",
+    "text_config",
+    "lexical_context",
+    "lexical_text",
+)
+"""The keys of a chunk update / insert (``Indexer._plan_chunks``), in the order of the arrays the
+multi-row statements ``update_chunk_positions`` / ``insert_chunks`` take."""
+
+
+def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
+    """Rows as parallel arrays, one per key, named as the multi-row statements name them
+    (``position`` → ``positions``, ``text_sha256`` → ``text_sha256s``, ``id`` → ``ids``)."""
+    return {f"{key}s": [row[key] for row in rows] for key in keys}
 
 
 def _error_text(exc: BaseException) -> str:
@@ -432,7 +463,83 @@ class Indexer:
                 bad = next((h for h in self._needed_hashes(p) if h not in vectors), None)
                 if bad is not None:
                     p.error = errors.get(bad, "EmbeddingError: no vector for a chunk")
-            self._write_document(conn, workspace_id, head, p, vectors, report)
+        ready = [p for p in prepared if p.error is None]
+        written = len(ready) > 1 and self._write_batch(conn, workspace_id, head, ready, vectors, report)
+        for p in prepared:
+            if not written or p.error is not None:
+                self._write_document(conn, workspace_id, head, p, vectors, report)
+
+    def _write_batch(self, conn, workspace_id, head, batch: list[_Prepared], vectors, report: IndexReport) -> bool:
+        """Write a batch's documents in one transaction, each statement once for the whole batch
+        (rows locked together, chunk deletes, position updates and inserts pipelined, terms and
+        stamps set together): the common case costs a handful of round trips and one commit per
+        batch, not per document. Gone and superseded documents are settled as in
+        ``_write_document``. Returns False, with nothing written and ``report`` untouched, when
+        anything fails: the caller then writes document by document, so one bad document is
+        marked failed and the others go on (design §7)."""
+        counts = IndexReport(workspace_id)
+        try:
+            with conn.transaction():
+                chunk_lock(conn, workspace_id)  # the lock order of _write_document, for every row at once
+                now = {
+                    r["id"]: (r["content_id"], r["path"])
+                    for r in conn.execute(
+                        queries["lock_indexed_documents"], {"document_ids": [p.row["id"] for p in batch]}
+                    )
+                }
+                current, emptied = [], []
+                for p in batch:
+                    row = p.row
+                    if row["id"] not in now:
+                        counts.documents_gone += 1
+                    elif now[row["id"]] != (row["content_id"], row["path"]):
+                        counts.documents_superseded += 1
+                    else:
+                        current.append(p)
+                        if p.unindexable is not None:
+                            emptied.append(row["id"])
+                leftover, updates, inserts = [], [], []
+                for p in current:
+                    if p.unindexable is None:
+                        plan = self._plan_chunks(workspace_id, p, vectors, counts)
+                        leftover += plan[0]
+                        updates += plan[1]
+                        inserts += plan[2]
+                if emptied:
+                    conn.execute(queries["delete_chunks_of_documents"], {"ids": emptied})
+                self._write_chunks(conn, leftover, updates, inserts)
+                with conn.cursor() as cur:
+                    if current:
+                        cur.execute(queries["refresh_document_terms"], {"document_ids": [p.row["id"] for p in current]})
+                        cur.executemany(
+                            queries["mark_document_indexed"],
+                            [
+                                {
+                                    "document_id": p.row["id"],
+                                    "content_id": p.row["content_id"],
+                                    "revision_id": head,
+                                    "path": p.row["path"],
+                                    "status": "indexed" if p.unindexable is None else "unindexable",
+                                    "error": p.unindexable,
+                                }
+                                for p in current
+                            ],
+                        )
+        except Exception as exc:  # rolled back: document by document now, isolating the failure
+            log.info("writing a batch of %d documents failed (%s); writing them one by one", len(batch), exc)
+            return False
+        counts.documents_unindexable = len(emptied)
+        counts.documents_indexed = len(current) - len(emptied)
+        for name in (
+            "documents_gone",
+            "documents_superseded",
+            "documents_unindexable",
+            "documents_indexed",
+            "chunks_written",
+            "chunks_reused",
+        ):
+            setattr(report, name, getattr(report, name) + getattr(counts, name))
+        return True
 
     def _write_document(self, conn, workspace_id, head, p: _Prepared, vectors, report) -> None:
         row = p.row
@@ -484,6 +591,23 @@ class Indexer:
     def _reconcile(self, conn, workspace_id, p: _Prepared, vectors, report) -> None:
         """Reuse chunk rows whose text is unchanged (updating position and spans), insert the new
         ones, delete the rest (design §7)."""
+        self._write_chunks(conn, *self._plan_chunks(workspace_id, p, vectors, report))
+
+    @staticmethod
+    def _write_chunks(conn, leftover: list[int], updates: list[dict], inserts: list[dict]) -> None:
+        """Carry out a plan of ``_plan_chunks`` (of one document or a batch's) in at most three
+        statements: a delete, one multi-row update and one multi-row insert (the term-counting
+        triggers are per statement, so they run once each, not once per chunk)."""
+        if leftover:
+            conn.execute(queries["delete_chunks"], {"ids": leftover})
+        if updates:  # positions are not unique, so moving rows in any order is safe
+            conn.execute(queries["update_chunk_positions"], _columns(updates, UPDATE_COLUMNS))
+        if inserts:
+            conn.execute(queries["insert_chunks"], _columns(inserts, INSERT_COLUMNS))
+
+    def _plan_chunks(self, workspace_id, p: _Prepared, vectors, report) -> tuple[list[int], list[dict], list[dict]]:
+        """``(chunk ids to delete, position updates, inserts)`` that bring one document's chunk rows
+        to ``p.chunks``; counts ``chunks_reused``/``chunks_written`` into ``report``."""
         existing: dict[str, list[dict]] = {}
         stale: list[int] = []
         for chunk_row in p.existing:
@@ -523,12 +647,5 @@ class Indexer:
                     }
                 )
         leftover = stale + [r["id"] for rows in existing.values() for r in rows]
-        with conn.cursor() as cur:
-            if leftover:
-                cur.execute(queries["delete_chunks"], {"ids": leftover})
-            if updates:
-                # positions are not unique, so moving rows in any order is safe
-                cur.executemany(queries["update_chunk_position"], updates)
-            if inserts:
-                cur.executemany(queries["insert_chunk"], inserts)
         report.chunks_written += len(inserts)
+        return leftover, updates, inserts

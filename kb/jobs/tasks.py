@@ -34,7 +34,8 @@ cron is a setting, so that importing this module reads no settings):
 - ``kb.sweep_worktrees`` (every 15 minutes): the turn worktree janitor (design §5); removes
   worktrees idle longer than ``KB_WORKTREE_TTL`` that no open turn holds.
 - ``kb.maintain_repositories`` (every 10 minutes): packs the loose objects of busy workspace
-  repositories (``kb.git.maintenance``).
+  repositories (``kb.git.maintenance``); ``kb.pack_repository`` packs one workspace's, deferred by
+  its writers every ``KB_PACK_EVERY_REVISIONS`` revisions.
 - ``kb.expire_citations`` (hourly): deletes chats whose citation handles went unused for
   ``KB_CITATION_TTL`` seconds (default 30 days).
 """
@@ -51,7 +52,7 @@ from kb.db.nodes import node_queue
 from kb.db.sql import queries
 from kb.jobs.routing import placement
 from kb.jobs.sweep import defer_failed_retry
-from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PACK_TASK, PROJECTION_TASK, defer_job
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -299,6 +300,20 @@ def maintain_repositories(context: procrastinate.JobContext, timestamp: int) -> 
     from kb.git.maintenance import maintain_workspaces
 
     return {str(ws): n for ws, n in maintain_workspaces(_kb(context).settings.knowledge_store).packed.items()}
+
+
+@app.task(name=PACK_TASK, queue="maintenance", pass_context=True)
+def pack_repository(context: procrastinate.JobContext, workspace_id: int) -> dict:
+    """Pack one workspace's loose objects, deferred by its writers every ``KB_PACK_EVERY_REVISIONS``
+    revisions (``kb.store.knowledge_store.defer_packing``, design §14). Returns ``{"packed": n}``;
+    on a node that is not the workspace's home (design §15) the job is handed to that node instead."""
+    from kb.git.maintenance import pack_workspace
+
+    kb = _kb(context)
+    if (elsewhere := placement(kb.stores, workspace_id, "maintenance", PACK_TASK, f"pack:{workspace_id}")) is not None:
+        return elsewhere
+    packed = pack_workspace(kb.settings.knowledge_store / str(workspace_id))
+    return {"packed": packed or 0}
 
 
 @app.periodic(cron="23 * * * *", periodic_id="citation-expiry")

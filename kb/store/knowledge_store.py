@@ -50,6 +50,7 @@ from kb.errors import (
     WrongNode,
 )
 from kb.faults import fault_point
+from kb.git.maintenance import PACK_BACKSTOP_LOOSE, estimated_loose_objects, pack_workspace
 from kb.git.merge import MergedBlob, merge_staged
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
@@ -476,8 +477,28 @@ class KnowledgeStore:
         if draft.idempotency_key is None:
             draft.idempotency_key = write_keys.new_key()
         if group_commit.groupable(draft):
-            return self._commit_grouped(draft, message, author, committer)
-        return self._commit_alone(draft, message, author, committer)
+            revision = self._commit_grouped(draft, message, author, committer)
+        else:
+            revision = self._commit_alone(draft, message, author, committer)
+        self._pack_if_behind(revision)
+        return revision
+
+    def _pack_if_behind(self, revision: Revision | None) -> None:
+        """The backstop of ``defer_packing`` (design §2.1): on a revision whose number is a multiple
+        of ``KB_PACK_EVERY_REVISIONS`` the writer estimates the loose objects (git's ``gc --auto``
+        sample) and, past PACK_BACKSTOP_LOOSE — the deferred packing jobs did not run, no worker or
+        a busy one — packs them itself, outside the write lock (``kb.git.maintenance``: safe beside
+        writers and readers; skipped while another packer holds the repository). A failure to pack
+        is logged, never the write's outcome."""
+        every = self.settings.pack_every_revisions
+        if revision is None or every <= 0 or revision.seq % every:
+            return
+        path = self.repository.path
+        try:
+            if estimated_loose_objects(path) >= PACK_BACKSTOP_LOOSE:
+                pack_workspace(path)
+        except OSError as exc:
+            log.warning("workspace %s: packing loose objects failed (%s); maintenance retries", self.workspace_id, exc)
 
     def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
@@ -519,6 +540,7 @@ class KnowledgeStore:
                     write_keys.record(conn, self.workspace_id, [(key, built.revision.id)])
                     record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
                     defer_convergence(conn, self.workspace_id)
+                    defer_packing(conn, self.workspace_id, [built.revision.seq], self.settings.pack_every_revisions)
                 owed.take(repo, built.effective)  # fsck waits for this refresh (design §2.1)
                 draft.pending = built.revision.id
                 draft.submitted = True  # from here on the revision may land (git first, design §3)
@@ -731,6 +753,7 @@ class KnowledgeStore:
             write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built if key_of.get(i) is not None])
             if built:
                 defer_convergence(conn, ws)
+                defer_packing(conn, ws, [b.revision.seq for _, b in built], self.settings.pack_every_revisions)
             group_commit.settle(conn, outcomes)
             group_commit.drop(conn, intent_id)
             group_commit.forget_dead(conn, ws, intent_id)
@@ -1198,6 +1221,19 @@ def defer_convergence(conn: Connection, workspace_id: int) -> None:
 
 
 DEFER_WHEN_DUE_TASK = "kb.defer_when_due"
+PACK_TASK = "kb.pack_repository"
+
+
+def defer_packing(conn: Connection, workspace_id: int, seqs: list[int], every: int) -> int | None:
+    """Defer ``kb.pack_repository`` for the workspace in ``conn``'s transaction when one of the
+    revisions ``seqs`` (their 1-based numbers) is a multiple of ``every`` (``KB_PACK_EVERY_REVISIONS``;
+    0: never): loose objects stay bounded by what ``every`` revisions write (design §14,
+    ``kb.git.maintenance``). One waiting job covers the next (queueing lock ``pack:{ws}``); two never
+    run at once (lock ``pack:{ws}``). Returns the job id, or None when none was deferred."""
+    if every <= 0 or not any(seq % every == 0 for seq in seqs):
+        return None
+    lock = f"pack:{workspace_id}"
+    return defer_job(conn, "maintenance", PACK_TASK, workspace_id, queueing_lock=lock, lock=lock)
 
 
 def job_lock(queue: str, workspace_id: int) -> str:
@@ -1208,13 +1244,21 @@ def job_lock(queue: str, workspace_id: int) -> str:
 
 
 def defer_job(
-    conn, queue: str, task: str, workspace_id: int, *, queueing_lock: str | None = None, delay_seconds: float = 0
+    conn,
+    queue: str,
+    task: str,
+    workspace_id: int,
+    *,
+    queueing_lock: str | None = None,
+    delay_seconds: float = 0,
+    lock: str | None = None,
 ) -> int | None:
     """Defer ``task(workspace_id=…)`` on ``queue`` in ``conn``'s transaction; returns the job id,
     or None when a waiting job with the same queueing lock covers it (default ``"{queue}:{ws}"``;
     ``"{queue}-delayed:{ws}"`` for a delayed one, so a job scheduled later never covers a due one).
 
-    A due job runs under ``job_lock(queue, ws)`` (serialized per workspace and concern, design §7).
+    A due job runs under ``lock``, by default ``job_lock(queue, ws)`` (serialized per workspace and
+    concern, design §7).
     ``delay_seconds > 0`` schedules it for later *without any lock*: Procrastinate's fetch treats
     a waiting job as holding its lock even before its ``scheduled_at``, so a delayed job carrying
     the lock would hold back every due job of the workspace (design §7). The delayed job is a
@@ -1226,7 +1270,7 @@ def defer_job(
         lock, task = None, DEFER_WHEN_DUE_TASK
         queueing_lock = queueing_lock or f"{queue}-delayed:{workspace_id}"
     else:
-        args, lock = {"workspace_id": workspace_id}, job_lock(queue, workspace_id)
+        args, lock = {"workspace_id": workspace_id}, lock or job_lock(queue, workspace_id)
     row = conn.execute(
         queries["defer_job"],
         {

@@ -17,6 +17,7 @@ commit (``overwrote`` and ``lost_hunks``). Author = whom the turn acts for; comm
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import re
@@ -490,21 +491,22 @@ class Turn:
                 sources = self._file_sources(rp)
                 if not sources and sp.parts and not self._is_folder(rp):
                     raise DocumentNotFound(f"no folder or document at {sp.virtual}")
-            repo = self.store.repository
+            paths = sorted(p for p in sources if not p.endswith("/" + KEEP))
+            # the base's blobs in one bulk read (kb.git.blob_batch), the turn's own files from disk
+            # (streamed in path order: a big workspace is never held in memory whole)
+            blobs = self.store.repository.blobs([b for p in paths if (b := sources[p]) is not None])
             matches = []
-            for p in sorted(sources):
-                if p.endswith("/" + KEEP):
-                    continue
-                blob = sources[p]
-                data = repo.blob(blob) if blob is not None else self._current(p)
-                if not data:
-                    continue
-                text = data.decode("utf-8", errors="replace")
-                if prefilter and regex.search(text) is None:
-                    continue
-                for number, line in enumerate(document_lines(text), start=1):
-                    if regex.search(line):
-                        matches.append(GrepMatch("/" + p, number, line))
+            with contextlib.closing(blobs) as base:  # an error below ends the git process at once
+                for p in paths:
+                    data = next(base)[1] if sources[p] is not None else self._current(p)
+                    if not data:
+                        continue
+                    text = data.decode("utf-8", errors="replace")
+                    if prefilter and regex.search(text) is None:
+                        continue
+                    for number, line in enumerate(document_lines(text), start=1):
+                        if regex.search(line):
+                            matches.append(GrepMatch("/" + p, number, line))
             return matches
 
     def mkdir(self, path: str) -> bool:

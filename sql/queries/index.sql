@@ -14,6 +14,12 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
 -- layer) may have deleted, moved or changed it since the run read it (no row: deleted).
 SELECT id, content_id, path FROM kb.documents WHERE id = %(document_id)s FOR NO KEY UPDATE;
 
+-- name: lock_indexed_documents
+-- lock_indexed_document for a batch of documents written in one transaction (kb/index/indexer.py),
+-- in id order so two lockers of overlapping batches never wait on each other in a cycle.
+SELECT id, content_id, path FROM kb.documents WHERE id = ANY(%(document_ids)s::bigint[])
+ORDER BY id FOR NO KEY UPDATE;
+
 -- name: documents_to_index
 -- Documents whose indexed content lags their projected content, excluding quarantined and
 -- unindexable ones (a content change resets those to pending).
@@ -34,23 +40,38 @@ INSERT INTO kb.embedding_cache (text_sha256, model, dim, embedding)
 VALUES (%(text_sha256)s, %(model)s, %(dim)s, %(embedding)s::vector)
 ON CONFLICT DO NOTHING;
 
--- name: update_chunk_position
-UPDATE kb.chunks
-SET position = %(position)s, start_char = %(start_char)s, end_char = %(end_char)s,
-    start_line = %(start_line)s, end_line = %(end_line)s
-WHERE id = %(id)s;
-
--- name: insert_chunk
--- text_sha256 is the sha256 of the text embedded (context line + chunk text, kb.chunk_context).
--- tsv: the context line (title and heading path) with weight A, the chunk text with weight D,
--- both as kb.languages.lexical_text prepared them (CJK bigrams), in the document's configuration.
+-- name: insert_chunks
+-- Chunk rows of a document or a batch of documents in one statement (parallel arrays, one element
+-- per chunk): the statement-level triggers that count terms (kb.count_chunk_terms) then run once
+-- per batch, not once per chunk (kb/index/indexer.py). text_sha256 is the sha256 of the text
+-- embedded (context line + chunk text, kb.chunk_context). tsv: the context line (title and heading
+-- path) with weight A, the chunk text with weight D, both as kb.languages.lexical_text prepared
+-- them (CJK bigrams), in the document's configuration.
 INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
                        start_line, end_line, token_count, embedding_model, embedding, text_config, tsv)
-VALUES (%(document_id)s, %(workspace_id)s, %(position)s, %(text)s, %(text_sha256)s, %(start_char)s,
-        %(end_char)s, %(start_line)s, %(end_line)s, %(token_count)s, %(model)s, %(embedding)s::vector,
-        %(text_config)s::text,
-        setweight(to_tsvector(%(text_config)s::regconfig, %(lexical_context)s), 'A')
-        || to_tsvector(%(text_config)s::regconfig, %(lexical_text)s));
+SELECT c.document_id, c.workspace_id, c.position, c.text, c.text_sha256, c.start_char, c.end_char,
+       c.start_line, c.end_line, c.token_count, c.model, c.embedding::vector, c.text_config,
+       setweight(to_tsvector(c.text_config::regconfig, c.lexical_context), 'A')
+       || to_tsvector(c.text_config::regconfig, c.lexical_text)
+FROM unnest(%(document_ids)s::bigint[], %(workspace_ids)s::integer[], %(positions)s::integer[],
+            %(texts)s::text[], %(text_sha256s)s::text[], %(start_chars)s::integer[], %(end_chars)s::integer[],
+            %(start_lines)s::integer[], %(end_lines)s::integer[], %(token_counts)s::integer[],
+            %(models)s::text[], %(embeddings)s::text[], %(text_configs)s::text[],
+            %(lexical_contexts)s::text[], %(lexical_texts)s::text[])
+     WITH ORDINALITY AS c (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
+                           start_line, end_line, token_count, model, embedding, text_config,
+                           lexical_context, lexical_text, n)
+ORDER BY c.n;
+
+-- name: update_chunk_positions
+-- New positions and spans of reused chunk rows, in one statement (parallel arrays).
+UPDATE kb.chunks k
+SET position = u.position, start_char = u.start_char, end_char = u.end_char,
+    start_line = u.start_line, end_line = u.end_line
+FROM unnest(%(ids)s::bigint[], %(positions)s::integer[], %(start_chars)s::integer[], %(end_chars)s::integer[],
+            %(start_lines)s::integer[], %(end_lines)s::integer[])
+     AS u (id, position, start_char, end_char, start_line, end_line)
+WHERE k.id = u.id;
 
 -- name: delete_chunks
 DELETE FROM kb.chunks WHERE id = ANY(%(ids)s);

@@ -347,3 +347,22 @@ SELECT * FROM kb.api_tokens ORDER BY id;
 -- Every other session of this database (the pools' idle connections).
 SELECT count(pg_terminate_backend(pid)) AS terminated FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend';
+
+-- name: test_pack_jobs
+-- kb.pack_repository jobs (tests/test_maintenance.py), oldest first.
+SELECT status::text FROM procrastinate_jobs WHERE task_name = 'kb.pack_repository' ORDER BY id;
+
+-- name: test_create_chunk_refusal
+-- A row trigger that refuses any chunk whose text holds 'REFUSED BY POSTGRES' (tests/test_index_convergence.py):
+-- a document Postgres itself will not take, in a batch with documents it takes.
+CREATE FUNCTION kb.test_refuse_chunk() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.text LIKE '%REFUSED BY POSTGRES%' THEN
+        RAISE EXCEPTION 'chunk refused by a test trigger';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- name: test_install_chunk_refusal
+CREATE TRIGGER test_refuse_chunk BEFORE INSERT ON kb.chunks FOR EACH ROW EXECUTE FUNCTION kb.test_refuse_chunk();

@@ -1,0 +1,169 @@
+#!/usr/bin/env python
+"""Index pipeline benchmark (design §7, §14): kb's indexing against kb's chunker + embedder alone.
+
+Two rows, each leg interleaved round by round with its reference, medians reported:
+
+1. **Throughput with the hashing embedder**: the reference cuts every corpus document with kb's
+   chunker and embeds the chunk texts with the hashing embedder in batches of
+   ``KB_EMBED_BATCH_SIZE`` (no Postgres); kb imports the corpus into a fresh workspace (not timed),
+   empties the embedding cache and runs ``kb.index`` (projection, blob reads, chunking, cache
+   look-ups, embedding, chunk rows). chunks/s each; ratio kb ÷ reference (goal ≥ 0.7).
+2. **Peak memory (max RSS) of a worker with the hashing embedder**: a child process that only cuts
+   and embeds the corpus as in 1, against ``kb worker --until-idle`` indexing a fresh import of it
+   (``os.wait4``'s ru_maxrss of each child). Ratio kb ÷ reference (goal ≤ 1.1).
+
+Usage: python bin/bench_index_pipeline.py [--corpus DIR] [--limit N] [--rounds 3] [--work /tmp/kb-bench-pipeline]
+Postgres: ``KB_DATABASE_URL`` when set, else an embedded server under --work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kb.db import database  # noqa: E402
+from kb.index.chunking import Chunker  # noqa: E402
+from kb.index.embedding import HashingEmbedder  # noqa: E402
+from kb.knowledge_base import KnowledgeBase  # noqa: E402
+from kb.settings import Settings  # noqa: E402
+from kb.store.indexable import decode_document  # noqa: E402
+from tests.support.named_queries import queries  # noqa: E402
+
+REFERENCE_CHILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from kb.index.chunking import Chunker
+from kb.index.embedding import HashingEmbedder
+from kb.store.indexable import decode_document
+chunker, embedder = Chunker({chunk_size}), HashingEmbedder({dim})
+texts = []
+for path in sorted(Path({corpus!r}).rglob("*.md")):
+    texts += [c.text for c in chunker.chunk(decode_document(path.read_bytes()))]
+    while len(texts) >= {batch}:
+        embedder.embed(texts[:{batch}])
+        texts = texts[{batch}:]
+embedder.embed(texts)
+"""
+
+
+def reference_rate(files: list[Path], settings: Settings) -> tuple[float, int]:
+    """(chunks/s, chunks) of kb's chunker + the hashing embedder alone over ``files``."""
+    chunker, embedder = Chunker(settings.chunk_size), HashingEmbedder(settings.embedding_dim)
+    size = settings.embed_batch_size
+    start, chunks, texts = time.perf_counter(), 0, []
+    for path in files:
+        texts += [c.text for c in chunker.chunk(decode_document(path.read_bytes()))]
+        while len(texts) >= size:
+            embedder.embed(texts[:size])
+            chunks += size
+            texts = texts[size:]
+    embedder.embed(texts)
+    chunks += len(texts)
+    return chunks / (time.perf_counter() - start), chunks
+
+
+def fresh_workspace(kb: KnowledgeBase, ws: int, corpus: Path) -> None:
+    """Import ``corpus`` as workspace ``ws`` and empty the embedding cache (not timed)."""
+    kb.import_folder(corpus, ws, message="bench import", author="bench")
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["bench_forget_embeddings"])
+
+
+def max_rss_mb(command: list[str], env: dict[str, str]) -> float:
+    """Run ``command`` to its end; its peak resident memory in MB (ru_maxrss). Exits on failure."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        sys.exit(f"{command[:3]} failed: {process.stderr.read().decode()[-2000:] if process.stderr else ''}")
+    return usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus" / "tldr" / "pages")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N files (0: all)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--legs", default="throughput,memory")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench-pipeline"))
+    args = parser.parse_args()
+    shutil.rmtree(args.work / "storage", ignore_errors=True)
+    settings = Settings(storage_root=args.work / "storage", embedding_model="hashing")
+    if settings.database_url is None:
+        url = database.start_embedded(args.work / "pg", database="kb_bench")
+        with database.connect(url, autocommit=True) as conn:
+            conn.execute(queries["drop_database"].format(database='"kb_pipeline_run"'))
+            conn.execute(queries["create_database"].format(database='"kb_pipeline_run"'))
+        settings = settings.model_copy(update={"database_url": url.replace("/kb_bench?", "/kb_pipeline_run?")})
+    kb = KnowledgeBase.open(settings)
+    corpus = args.work / "corpus"
+    shutil.rmtree(corpus, ignore_errors=True)
+    files = sorted(args.corpus.rglob("*.md"))[: args.limit or None]
+    for path in files:
+        target = corpus / path.relative_to(args.corpus)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    files = sorted(corpus.rglob("*.md"))
+    print(f"{len(files)} documents of {args.corpus}; load {os.getloadavg()[0]:.1f}", flush=True)
+    ws = 0
+    if "throughput" in args.legs:
+        ours, theirs = [], []
+        reference_rate(files[:50], settings)  # warm-up: the chunker's imports and tokenizer
+        for _ in range(args.rounds):
+            rate, chunks = reference_rate(files, settings)
+            theirs.append(rate)
+            ws += 1
+            fresh_workspace(kb, ws, corpus)
+            start = time.perf_counter()
+            report = kb.index(ws)
+            ours.append(report.chunks_written / (time.perf_counter() - start))
+            assert report.documents_failed == 0 and report.embeddings_computed > 0, report
+            print(f"  round: kb {ours[-1]:.0f} chunks/s ({report.chunks_written}), reference {rate:.0f} ({chunks})")
+        kb_rate, ref_rate = statistics.median(ours), statistics.median(theirs)
+        print(
+            f"indexing, hashing embedder: kb {kb_rate:.0f} chunks/s   chunker+hashing alone {ref_rate:.0f} chunks/s"
+            f"   kb/reference {kb_rate / ref_rate:.2f} (goal >= 0.7)",
+            flush=True,
+        )
+    if "memory" in args.legs:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+        env.update(
+            KB_DATABASE_URL=settings.database_url,
+            KB_STORAGE_ROOT=str(settings.storage_root),
+            KB_EMBEDDING_MODEL="hashing",
+            PYTHONPATH=str(ROOT),
+        )
+        child = REFERENCE_CHILD.format(
+            root=str(ROOT),
+            chunk_size=settings.chunk_size,
+            dim=settings.embedding_dim,
+            corpus=str(corpus),
+            batch=settings.embed_batch_size,
+        )
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            theirs.append(max_rss_mb([sys.executable, "-c", child], env))
+            ws += 1
+            fresh_workspace(kb, ws, corpus)
+            ours.append(max_rss_mb([sys.executable, "-m", "kb.adapters.cli.main", "worker", "--until-idle", "-q"], env))
+            print(f"  round: kb worker {ours[-1]:.0f} MB, reference {theirs[-1]:.0f} MB")
+        kb_mb, ref_mb = statistics.median(ours), statistics.median(theirs)
+        print(
+            f"worker peak memory, hashing: kb worker {kb_mb:.0f} MB   chunker+hashing alone {ref_mb:.0f} MB"
+            f"   kb/reference {kb_mb / ref_mb:.2f} (goal <= 1.1)"
+        )
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
