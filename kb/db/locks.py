@@ -21,7 +21,7 @@ import psycopg
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import LockTimeout, LockUnavailable
+from kb.errors import LockTimeout, LockUnavailable, WorkspaceMoving
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -137,7 +137,12 @@ def index_lock(database_url: str, workspace_id: int, wait: float = 0.0) -> Itera
 
 @contextlib.contextmanager
 def locked_transaction(
-    database_url: str, workspace_id: int, settings: Settings, prepare: Callable[[], T] | None = None
+    database_url: str,
+    workspace_id: int,
+    settings: Settings,
+    prepare: Callable[[], T] | None = None,
+    *,
+    moving_ok: bool = False,
 ) -> Iterator[tuple[Connection, T | None]]:
     """A Postgres transaction holding the workspace write lock until it has committed (design §3, §4).
 
@@ -147,10 +152,15 @@ def locked_transaction(
     (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the transaction — then yield
     ``(conn, prepare's result)``. On a clean exit the transaction commits *before* the Redis lock is
     released, so the next holder always sees this holder's rows; on an exception it rolls back.
-    Raises LockTimeout (with the workspace id), LockUnavailable.
+    Raises LockTimeout (with the workspace id), LockUnavailable, WorkspaceMoving (a move's window is
+    open and not ``moving_ok``: see ``locked_pipeline``).
     """
     with locked_pipeline(
-        database_url, workspace_id, settings, None if prepare is None else (lambda conn: prepare())
+        database_url,
+        workspace_id,
+        settings,
+        None if prepare is None else (lambda conn: prepare()),
+        moving_ok=moving_ok,
     ) as (conn, prepared, _):
         yield conn, prepared
 
@@ -164,6 +174,7 @@ def locked_pipeline(
     with_lock: Callable[[Connection, T | None], R] | None = None,
     connection: Connection | None = None,
     timeout: float | None = None,
+    moving_ok: bool = False,
 ) -> Iterator[tuple[Connection, T | None, R | None]]:
     """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
     it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
@@ -172,6 +183,12 @@ def locked_pipeline(
     of one from the pool. ``timeout``: seconds to wait for the lock, instead of
     ``settings.lock_timeout`` (LockTimeout still names the configured one). Yields ``(conn, prepared, with_lock's result)``. Raises as
     ``locked_transaction``.
+
+    The move window (design §15): in the same round trip as the lock, the workspace's open move
+    window is read; when there is one the transaction rolls back (with whatever ``with_lock`` did)
+    and WorkspaceMoving is raised before the block runs, so no writer writes while a workspace
+    moves. The window is opened under this lock, so a writer that held it first has committed.
+    ``moving_ok``: the move itself and the settling of a write (``write_outcome``), which pass.
     """
     with (
         contextlib.nullcontext(connection) if connection is not None else database.pooled_connection(database_url)
@@ -192,11 +209,20 @@ def locked_pipeline(
                                 workspace_id,
                                 settings.lock_timeout if timeout is None else timeout,
                             )
+                        window = (
+                            None
+                            if moving_ok
+                            else conn.execute(queries["writes_refused_by_move"], {"workspace_id": workspace_id})
+                        )
                         extra = with_lock(conn, prepared) if with_lock is not None else None
                 except psycopg.errors.LockNotAvailable:
                     raise LockTimeout(workspace_id, settings.lock_timeout) from None
                 except psycopg.OperationalError as exc:
                     raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
+                if window is not None and (moving := window.fetchone()) is not None:
+                    raise WorkspaceMoving(
+                        workspace_id, moving["target_node"], moving["expires_at"], moving["retry_after"]
+                    )  # rolls the transaction back: nothing with_lock did stays
                 locked_at = time.perf_counter()
                 yield conn, prepared, extra
         log.debug("workspace %s: write lock held %.3f s", workspace_id, time.perf_counter() - locked_at)
