@@ -327,6 +327,17 @@ class WrongThread(KbError):
     used by the thread that opened the transaction only (docs/python-api.md, "Threads")."""
 
 
+# -- nodes (design §15) -------------------------------------------------------------------------
+class NodeUnavailable(KbError):
+    """A workspace's home node is down (no heartbeat for ``KB_NODE_STALE_SECONDS``) or does not
+    answer; ``node`` names it. Nothing was done; retry when it is back (its workspaces are never
+    re-homed silently). Other nodes' workspaces are unaffected."""
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 # -- moving a workspace between nodes (design §15) ------------------------------------------
 class WorkspaceMoving(KbError):
     """The workspace is being moved to another node: its read-only window is open, so this write was

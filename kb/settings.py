@@ -6,6 +6,8 @@ environment each time it is constructed; tests build one explicitly with overrid
 
 from __future__ import annotations
 
+import re
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +18,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 def _default_storage_root() -> Path:
     return platformdirs.user_data_path("kb", appauthor=False)
+
+
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+"""What a node name may be (``kb.nodes.name``'s check): it is part of Procrastinate queue names."""
+
+
+def _default_node() -> str:
+    """The host name, cut at the first character a node name may not hold (design §15)."""
+    name = re.split(r"[^A-Za-z0-9._-]", socket.gethostname())[0][:63].strip("._-")
+    return name or "localhost"
 
 
 def parse_listen(value: str | None) -> tuple[str, int] | None:
@@ -145,6 +157,33 @@ class Settings(BaseSettings):
         default=None,
         description="URL of a running `kb serve` (e.g. http://127.0.0.1:8765): kb search/read/log/status ask it.",
     )
+
+    # -- nodes (design §15): many hosts, one Postgres
+    node: str = Field(
+        default_factory=_default_node,
+        description="This process's node name (letters, digits, '.', '_', '-'; default: the host name). "
+        "Workspaces created here are homed on it; its worker runs their jobs.",
+    )
+    node_url: str | None = Field(
+        default=None,
+        description="The URL other nodes forward this node's workspaces' requests to (`kb serve` "
+        "advertises it, e.g. http://kb-a:8765). Unset: the address `kb serve` listens on.",
+    )
+    node_stale_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds without a heartbeat after which a node counts as down (its workspaces' "
+        "requests get NodeUnavailable). Nodes heartbeat every quarter of it.",
+    )
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not NODE_NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a node name (1-63 letters, digits, '.', '_', '-'; starting alphanumeric)"
+            )
+        return value
 
     @field_validator("embedded_listen")
     @classmethod

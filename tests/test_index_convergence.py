@@ -229,14 +229,14 @@ def test_index_lag_and_job_health_views(kb):
     write_all(kb, 1, generated_corpus(3))
     lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["head"] == kb.head(1) and lag["stamp"] is None and lag["revisions_behind"] == 1
-    health = {r["queue"]: r for r in named_rows(kb, "test_job_health")}
+    health = {r["queue"].split("@")[0]: r for r in named_rows(kb, "test_job_health")}  # index@<node>
     assert health["index"]["todo"] == 1 and health["projection"]["todo"] == 1
     assert health["index"]["oldest_waiting"] is not None
     kb.run_worker(until_idle=True)
     lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["stamp"] == lag["head"] and lag["revisions_behind"] == 0
     assert lag["documents_pending"] == 0 and lag["last_run_status"] == "finished"
-    health = {r["queue"]: r for r in named_rows(kb, "test_job_health")}
+    health = {r["queue"].split("@")[0]: r for r in named_rows(kb, "test_job_health")}  # index@<node>
     assert health["index"]["todo"] == 0 and health["index"]["failed"] == 0
 
 

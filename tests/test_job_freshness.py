@@ -117,7 +117,7 @@ def test_projection_never_waits_for_indexing(kb):
         )
         assert conn.execute(queries["test_job_lock"], {"id": locks[INDEX_TASK]["id"]}).fetchone()["lock"] == "index:1"
         conn.execute(queries["test_mark_job_doing"], {"id": locks[INDEX_TASK]["id"]})  # "running" elsewhere
-        conn.execute(queries["test_fetch_job"], {"queues": ["projection"]})
+        conn.execute(queries["test_fetch_job"], {"queues": [f"projection@{kb.settings.node}"]})
         fetched = conn.execute(queries["test_job_status"], {"id": locks[PROJECTION_TASK]["id"]}).fetchone()
     assert fetched["status"] == "doing"  # fetchable although an index job of the workspace runs
     assert head

@@ -54,7 +54,7 @@ def test_bare_repository_by_path_push_jobs_are_deferred_coalesced_and_converge(k
     for n in range(1, 4):
         _write(kb, n)
     todo = [j for j in _push_jobs(kb) if j["status"] == "todo"]
-    assert len(todo) == 1 and todo[0]["lock"] == "push:1" and todo[0]["queue_name"] == "push"
+    assert len(todo) == 1 and todo[0]["lock"] == "push:1" and todo[0]["queue_name"] == f"push@{kb.settings.node}"
     kb.run_worker(until_idle=True)
     head = kb.head(1)
     assert _remote_branch(bare) == head

@@ -387,7 +387,10 @@ def test_lag_a_worker_is_working_on_says_so(kb):
     waiting = {s.id: s for s in kb.list_workspaces()}[1]
     assert waiting.describe_lag().endswith("(`kb worker --until-idle` does it)") and waiting.jobs_running == 0
     with database.connect(kb.database_url, autocommit=True) as conn:
-        assert conn.execute(queries["test_fetch_job"], {"queues": ["projection"]}).fetchone()["id"] is not None
+        assert (
+            conn.execute(queries["test_fetch_job"], {"queues": [f"projection@{kb.settings.node}"]}).fetchone()["id"]
+            is not None
+        )
     running = {s.id: s for s in kb.list_workspaces()}[1]
     assert running.jobs_running == 1
     assert (

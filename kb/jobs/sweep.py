@@ -19,6 +19,7 @@ from kb.db.locks import chunk_lock
 from kb.db.sql import queries
 from kb.errors import HistoryDiverged, StorageError, WorkspaceMoving, WorkspaceNotFound
 from kb.store.authors import default_author
+from kb.store.homes import adopt_homeless, own_workspace_ids
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
 
 if TYPE_CHECKING:
@@ -77,13 +78,18 @@ def record_missing_revisions(store: KnowledgeStore) -> bool:
 
 
 def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
-    """Compare every workspace with git HEAD and defer what lags (design §7); returns what it did.
+    """Compare every workspace homed on this node (``KB_NODE``) with git HEAD and defer what lags
+    (design §7, §15); returns what it did.
 
     ``stores``: the workspaces' stores; ``embedder()`` returns the active embedder, called only to
-    probe it before quarantined documents are retried."""
+    probe it before quarantined documents are retried. Workspaces without a home node whose
+    repository is here are adopted first (``kb.store.homes``); workspaces homed on other nodes are
+    their nodes' to sweep (a copy left here by a move is never looked at)."""
     report = SweepReport()
+    adopt_homeless(stores.settings, stores.database_url)
+    own = set(own_workspace_ids(stores.settings, stores.database_url))
     with database.connect(stores.database_url, autocommit=True) as conn:
-        lag = conn.execute(queries["index_lag"], {"workspace_id": None}).fetchall()
+        lag = [r for r in conn.execute(queries["index_lag"], {"workspace_id": None}) if r["workspace_id"] in own]
     embedder_answers: list[bool] = []  # probed at most once per sweep, only when needed
     for row in lag:
         if row["documents_quarantined"] > 0 and retry_quarantined(
@@ -125,9 +131,11 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
                 failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
                 defer_failed_retry(conn, ws, failed["attempts"])
                 report.retry_deferred.append(ws)
-    retry_blob_purges(stores, report)
+    retry_blob_purges(stores, report, own)
     with database.transaction(stores.database_url) as conn:  # remotes still behind HEAD
         for row in conn.execute(queries["remotes_to_push"]).fetchall():
+            if row["workspace_id"] not in own:
+                continue
             if conn.execute(queries["defer_push_if_remote"], {"workspace_id": row["workspace_id"]}).fetchone():
                 report.push_deferred.append(row["workspace_id"])
     return report
@@ -167,12 +175,13 @@ def retry_quarantined(stores: Stores, embedder: Callable[[], Embedder], workspac
     return bool(retried)
 
 
-def retry_blob_purges(stores: Stores, report: SweepReport) -> None:
-    """Retry the artifact blob purges a failed delete left behind (design §11)."""
+def retry_blob_purges(stores: Stores, report: SweepReport, own: set[int]) -> None:
+    """Retry the artifact blob purges a failed delete left behind (design §11), of the workspaces
+    in ``own`` (homed on this node)."""
     from kb.workspace.artifacts import Artifacts
 
     with database.connect(stores.database_url, autocommit=True) as conn:
         pending = [r["workspace_id"] for r in conn.execute(queries["workspaces_with_blob_purges"])]
     for ws in pending:
-        if stores.store(ws).exists() and Artifacts(stores.store(ws), default_author).purge():
+        if ws in own and stores.store(ws).exists() and Artifacts(stores.store(ws), default_author).purge():
             report.blobs_purged.append(ws)

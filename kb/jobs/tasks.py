@@ -44,7 +44,9 @@ from typing import TYPE_CHECKING
 import procrastinate
 
 from kb.db import database
+from kb.db.nodes import node_queue
 from kb.db.sql import queries
+from kb.jobs.routing import placement
 from kb.jobs.sweep import defer_failed_retry
 from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 REINDEX_TASK = "kb.reindex"
 QUEUES = ["projection", "index", "maintenance", "span_fill", "push"]
+"""The node-free queues; a node's worker also consumes its own (``kb.db.nodes.worker_queues``)."""
 CLEANUP_CRON = "17 * * * *"
 
 log = logging.getLogger(__name__)
@@ -174,7 +177,10 @@ def _after_index(kb: KnowledgeBase, workspace_id: int, report) -> dict:
 def project_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Converge ``documents``/``folders`` rows of a workspace to HEAD and announce the changes on
     ``kb_events`` (design §6); returns the counts of rows changed."""
-    return _kb(context).project(workspace_id).counts()
+    kb = _kb(context)
+    if (elsewhere := placement(kb.stores, workspace_id, "projection", PROJECTION_TASK)) is not None:
+        return elsewhere
+    return kb.project(workspace_id).counts()
 
 
 @app.task(name=INDEX_TASK, queue="index", pass_context=True)
@@ -182,6 +188,8 @@ def index_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Converge a workspace's chunks and embeddings to HEAD (design §7); failed documents get a
     delayed retry job."""
     kb = _kb(context)
+    if (elsewhere := placement(kb.stores, workspace_id, "index", INDEX_TASK)) is not None:
+        return elsewhere
     return _after_index(kb, workspace_id, kb.index(workspace_id, _progress_for(context, "index", workspace_id)))
 
 
@@ -189,6 +197,8 @@ def index_changes(context: procrastinate.JobContext, workspace_id: int) -> dict:
 def reindex(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Rebuild a workspace's index from git HEAD, resuming an interrupted rebuild (design §7)."""
     kb = _kb(context)
+    if (elsewhere := placement(kb.stores, workspace_id, "index", REINDEX_TASK, f"reindex:{workspace_id}")) is not None:
+        return elsewhere
     return _after_index(kb, workspace_id, kb.reindex(workspace_id, _progress_for(context, "reindex", workspace_id)))
 
 
@@ -261,7 +271,9 @@ async def remove_old_jobs(context: procrastinate.JobContext, timestamp: int) -> 
 JANITOR_TASK = "kb.sweep_worktrees"
 
 
-@app.periodic(cron="*/15 * * * *", periodic_id="worktree-janitor")
+JANITOR_CRON = "*/15 * * * *"
+
+
 @app.task(name=JANITOR_TASK, queue="maintenance", queueing_lock="worktree-janitor", pass_context=True)
 def sweep_worktrees(context: procrastinate.JobContext, timestamp: int) -> dict:
     """The turn-worktree janitor (design §5), every 15 minutes: remove worktrees no open turn holds
@@ -276,7 +288,9 @@ def sweep_worktrees(context: procrastinate.JobContext, timestamp: int) -> dict:
 MAINTAIN_TASK = "kb.maintain_repositories"
 
 
-@app.periodic(cron="*/10 * * * *", periodic_id="repository-maintenance")
+MAINTAIN_CRON = "*/10 * * * *"
+
+
 @app.task(name=MAINTAIN_TASK, queue="maintenance", queueing_lock="repository-maintenance", pass_context=True)
 def maintain_repositories(context: procrastinate.JobContext, timestamp: int) -> dict:
     """Every 10 minutes: pack the loose objects of workspace repositories that gathered many
@@ -331,8 +345,11 @@ def push_remote(context: procrastinate.JobContext, workspace_id: int) -> dict:
     nothing when the remote is already at HEAD. Deferred with lock ``push:{ws}`` (never ``ws:{ws}``)."""
     from kb.errors import RemoteNotFound
 
+    kb = _kb(context)
+    if (elsewhere := placement(kb.stores, workspace_id, "push", "kb.push_remote")) is not None:
+        return elsewhere
     try:
-        return _kb(context).remote(workspace_id).push().as_dict()
+        return kb.remote(workspace_id).push().as_dict()
     except RemoteNotFound:  # removed since the job was deferred
         return {"revision": None, "pushed": False, "previous": None}
 
@@ -366,29 +383,45 @@ def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) 
     return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
 
 
-def _scheduled_from_settings(settings: Settings) -> list[tuple[procrastinate.tasks.Task, str, str]]:
-    """``(task, cron, periodic_id)`` of the periodic tasks whose cron is a setting."""
+def _scheduled_from_settings(settings: Settings) -> list[tuple[procrastinate.tasks.Task, str, str, dict]]:
+    """``(task, cron, periodic_id, configure_kwargs)`` of the periodic tasks scheduled per worker:
+    those whose cron is a setting, and the per-node ones (design §15) — the sweep, the worktree
+    janitor and repository maintenance look at this node's repositories only, so each node runs
+    its own (periodic id, queue and queueing lock carry the node's name)."""
+    node = settings.node
+
+    def on_node(name: str) -> dict:
+        return {"queue": node_queue("maintenance", node), "queueing_lock": f"{name}@{node}"}
+
     return [
-        (sweep, settings.maintenance_cron, ""),
-        (retry_stalled_jobs, settings.maintenance_cron, ""),
-        (span_fill, settings.span_fill_cron, "span-fill"),
-        (drift_check, settings.drift_cron, "drift-check"),
+        (sweep, settings.maintenance_cron, f"sweep@{node}", on_node("sweep")),
+        (sweep_worktrees, JANITOR_CRON, f"worktree-janitor@{node}", on_node("worktree-janitor")),
+        (maintain_repositories, MAINTAIN_CRON, f"repository-maintenance@{node}", on_node("repository-maintenance")),
+        (retry_stalled_jobs, settings.maintenance_cron, "", {}),
+        (span_fill, settings.span_fill_cron, "span-fill", {}),
+        (drift_check, settings.drift_cron, "drift-check", {}),
     ]
 
 
 def schedule_periodic(settings: Settings) -> None:
     """Schedule the periodic tasks whose cron comes from settings (``KB_MAINTENANCE_CRON`` for
-    ``kb.sweep`` and ``kb.retry_stalled_jobs``, ``KB_SPAN_FILL_CRON``, ``KB_DRIFT_CRON``), replacing
-    an earlier schedule; a worker calls it before it starts (design §7). The other periodic tasks
-    have fixed schedules, declared with their tasks."""
+    ``kb.sweep`` and ``kb.retry_stalled_jobs``, ``KB_SPAN_FILL_CRON``, ``KB_DRIFT_CRON``) and the
+    per-node ones of ``KB_NODE`` (design §15), replacing an earlier schedule; a worker calls it
+    before it starts (design §7). The other periodic tasks have fixed schedules, declared with
+    their tasks."""
     registry = app.periodic_registry
-    for task, cron, periodic_id in _scheduled_from_settings(settings):
-        registry.periodic_tasks.pop((task.name, periodic_id), None)
-        registry.register_task(task=task, cron=cron, periodic_id=periodic_id, configure_kwargs={})
+    scheduled = _scheduled_from_settings(settings)
+    names = {task.name for task, *_ in scheduled}
+    for key in [key for key in registry.periodic_tasks if key[0] in names]:
+        del registry.periodic_tasks[key]
+    for task, cron, periodic_id, configure in scheduled:
+        registry.register_task(task=task, cron=cron, periodic_id=periodic_id, configure_kwargs=configure)
 
 
 def periodic_tasks() -> list[procrastinate.tasks.Task]:
     """Every periodic task, scheduled yet or not (those of ``schedule_periodic`` included)."""
     tasks = {t.task.name: t.task for t in app.periodic_registry.periodic_tasks.values()}
-    tasks.update({t.name: t for t in (sweep, retry_stalled_jobs, span_fill, drift_check)})
+    tasks.update(
+        {t.name: t for t in (sweep, retry_stalled_jobs, span_fill, drift_check, sweep_worktrees, maintain_repositories)}
+    )
     return [tasks[name] for name in sorted(tasks)]

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
-from kb.db import database
+from kb.db import database, nodes
 from kb.db.sql import queries
+from kb.store.homes import adopt_homeless
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -341,6 +342,10 @@ async def run_worker_async(
 
     connector = jobs.connector_for(kb)
     jobs.schedule_periodic(kb.settings)
+    queues = nodes.worker_queues(kb.settings.node)  # its own node's and the node-free ones (design §15)
+    await asyncio.to_thread(nodes.register, kb.database_url, kb.settings)
+    await asyncio.to_thread(adopt_homeless, kb.settings, kb.database_url)
+    heartbeat = nodes.Heartbeat(kb.database_url, kb.settings).start()
     context = jobs.worker_context(kb, progress=display.index_progress if display else None)
     listens = jobs.worker_listens(kb)  # not behind a transaction pooler without a direct URL
     stalled = kb.settings.stalled_job_seconds
@@ -350,7 +355,7 @@ async def run_worker_async(
             async with bound.open_async():
                 while True:
                     await bound.run_worker_async(
-                        queues=jobs.QUEUES,
+                        queues=queues,
                         wait=not until_idle,
                         concurrency=concurrency,
                         listen_notify=listens,
@@ -363,7 +368,7 @@ async def run_worker_async(
                     )
                     if not until_idle:
                         return
-                    due, report.scheduled = queue_state(kb.database_url, jobs.QUEUES)
+                    due, report.scheduled = queue_state(kb.database_url, queues)
                     waiting = [j for j in due if not j["blocked_by_later"]]
                     if not waiting:
                         report.blocked = due
@@ -374,4 +379,5 @@ async def run_worker_async(
                         if all(j["blocker_id"] is not None for j in waiting):
                             await asyncio.sleep(IDLE_POLL_SECONDS)
     finally:
+        heartbeat.stop()
         report.wall_seconds = time.monotonic() - started

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from kb.db import database
+from kb.db import database, nodes
 from kb.db.locks import chunk_lock, locked_pipeline, locked_transaction
 from kb.db.sql import queries
 from kb.errors import (
@@ -198,7 +198,9 @@ class KnowledgeStore:
         the workspace, deleting every document row): restore the repository, or delete the
         workspace to start over."""
         with database.transaction(self.database_url) as conn:
-            inserted = conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id}).fetchone()
+            inserted = conn.execute(
+                queries["ensure_workspace"], {"workspace_id": self.workspace_id, **nodes.node_params(self.settings)}
+            ).fetchone()
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
         existed = self.exists()
         if not existed and row["head_revision"] is not None:
@@ -900,7 +902,9 @@ class KnowledgeStore:
         if row is None and not self.exists():  # deleted while this writer waited for the lock
             raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded")
         if row is None:
-            conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
+            conn.execute(
+                queries["ensure_workspace"], {"workspace_id": self.workspace_id, **nodes.node_params(self.settings)}
+            )
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
         return row
 
@@ -1144,6 +1148,7 @@ def defer_convergence(conn: Connection, workspace_id: int) -> None:
             "index_lock": job_lock("index", workspace_id),
             "index_queueing_lock": f"index:{workspace_id}",
             "args": json.dumps({"workspace_id": workspace_id}),
+            "workspace_id": workspace_id,
         },
     )
     conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # design §13, if any
@@ -1188,6 +1193,7 @@ def defer_job(
             "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
             "args": json.dumps(args),
             "delay_seconds": delay_seconds,
+            "workspace_id": workspace_id,
         },
     ).fetchone()
     return row["id"] if row else None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from kb.db import database
+from kb.db import database, nodes
 from kb.db.sql import queries
 from kb.errors import (
     InvalidInput,
@@ -234,7 +234,10 @@ class Remote:
                 f"{self.workspace_id}'s history; kb never merges or force-pushes: use an empty branch"
             )
         with database.transaction(self.store.database_url) as conn:
-            conn.execute(queries["ensure_workspace"], {"workspace_id": self.workspace_id})
+            conn.execute(
+                queries["ensure_workspace"],
+                {"workspace_id": self.workspace_id, **nodes.node_params(self.store.settings)},
+            )
             if (
                 conn.execute(
                     queries["insert_remote"], {"workspace_id": self.workspace_id, "url": url, "branch": branch}

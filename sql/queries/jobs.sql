@@ -3,9 +3,10 @@
 -- name: defer_job
 -- Defer a job inside the caller's transaction (the revision's own, design §3). A waiting job with
 -- the same queueing lock already covers it (jobs converge to HEAD), so a conflict is a no-op.
--- delay_seconds > 0 schedules it for later (a retry's backoff).
+-- delay_seconds > 0 schedules it for later (a retry's backoff). The queue is the workspace's home
+-- node's ('index@a'), or the node-free one while it has none (design §15).
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, queueing_lock, args, scheduled_at)
-VALUES (%(queue)s, %(task)s, 0, %(lock)s, %(queueing_lock)s, %(args)s,
+VALUES (kb.node_queue(%(queue)s, %(workspace_id)s::int), %(task)s, 0, %(lock)s, %(queueing_lock)s, %(args)s,
         CASE WHEN %(delay_seconds)s::float8 > 0
              THEN now() + make_interval(secs => %(delay_seconds)s::float8) END)
 ON CONFLICT (queueing_lock) WHERE status = 'todo' DO NOTHING
@@ -13,10 +14,13 @@ RETURNING id;
 
 -- name: defer_convergence_jobs
 -- The projection and index jobs of a revision in one statement (kb/store/knowledge_store.py defer_convergence):
--- each is a no-op when a waiting job with its queueing lock already covers it.
+-- each is a no-op when a waiting job with its queueing lock already covers it. Both go to the
+-- workspace's home node's queues (design §15).
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, queueing_lock, args)
-VALUES ('projection', %(projection_task)s, 0, %(projection_lock)s, %(projection_queueing_lock)s, %(args)s),
-       ('index', %(index_task)s, 0, %(index_lock)s, %(index_queueing_lock)s, %(args)s)
+VALUES (kb.node_queue('projection', %(workspace_id)s::int), %(projection_task)s, 0, %(projection_lock)s,
+        %(projection_queueing_lock)s, %(args)s),
+       (kb.node_queue('index', %(workspace_id)s::int), %(index_task)s, 0, %(index_lock)s,
+        %(index_queueing_lock)s, %(args)s)
 ON CONFLICT (queueing_lock) WHERE status = 'todo' DO NOTHING;
 
 -- name: job_counts

@@ -25,9 +25,10 @@ WHERE workspace_id = %(workspace_id)s AND url = %(url)s AND branch = %(branch)s;
 -- name: defer_push_if_remote
 -- Deferred in every revision's transaction (design §13): only for a workspace with a remote, and
 -- coalesced — no job is added while one is waiting (it pushes the then-current HEAD). The lock
--- "push:N" serializes pushes of a workspace and is never the workspace's job lock.
+-- "push:N" serializes pushes of a workspace and is never the workspace's job lock. The queue is
+-- the home node's (design §15).
 INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, args)
-SELECT 'push', 'kb.push_remote', 0, 'push:' || %(workspace_id)s::int,
+SELECT kb.node_queue('push', %(workspace_id)s::int), 'kb.push_remote', 0, 'push:' || %(workspace_id)s::int,
        jsonb_build_object('workspace_id', %(workspace_id)s::int)
 WHERE EXISTS (SELECT 1 FROM kb.remotes WHERE workspace_id = %(workspace_id)s::int)
   AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs

@@ -1,7 +1,14 @@
 -- Named queries of the store (kb/store/knowledge_store.py): workspaces, revisions, per-path history (design §3).
 
 -- name: ensure_workspace
-INSERT INTO kb.workspaces (id) VALUES (%(workspace_id)s)
+-- A new workspace is homed on the node that creates it (design §15), whose row is registered here
+-- if this is its first act (a CLI `kb import` before any serve or worker ran on the node).
+WITH node AS (
+    INSERT INTO kb.nodes (name, storage_root, storage_id)
+    VALUES (%(node)s, %(storage_root)s, %(storage_id)s)
+    ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO kb.workspaces (id, home_node) VALUES (%(workspace_id)s, %(node)s)
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
 

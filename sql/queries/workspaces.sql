@@ -11,7 +11,7 @@ SELECT l.workspace_id AS id, l.head, l.stamp, l.projected, l.revisions_behind,
             ELSE w.revision_count - p.seq END AS revisions_unprojected, l.documents, l.documents_pending,
        l.documents_failed, l.documents_quarantined, l.documents_unindexable,
        (SELECT count(*) FROM procrastinate_jobs j
-        WHERE j.status = 'doing' AND j.queue_name IN ('projection', 'index')
+        WHERE j.status = 'doing' AND split_part(j.queue_name, '@', 1) IN ('projection', 'index')  -- any node's
           AND (j.args ->> 'workspace_id')::int = l.workspace_id) AS jobs_running
 FROM kb.index_lag AS l
 JOIN kb.workspaces AS w ON w.id = l.workspace_id
