@@ -26,6 +26,7 @@ QueryName = Literal[
     "claim_write_intents",
     "clear_drift_findings",
     "clear_workspace_diverged",
+    "close_move_window",
     "commit_transaction",
     "configure_session",
     "copy_adopt_staging",

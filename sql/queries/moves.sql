@@ -51,3 +51,8 @@ RETURNING move_id, target_node;
 -- The old copy was retired: the flipped move's row goes.
 DELETE FROM kb.workspace_moves
 WHERE workspace_id = %(workspace_id)s AND move_id = %(move_id)s AND step = 'flipped';
+
+-- name: close_move_window
+-- A move that stopped before copying (the home node has open turns) closes its own window.
+DELETE FROM kb.workspace_moves
+WHERE workspace_id = %(workspace_id)s AND move_id = %(move_id)s AND step <> 'flipped';
