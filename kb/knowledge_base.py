@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from kb.citations.envelope import Envelope, document_lines
 from kb.db import database
 from kb.db.migrations import MigrationReport, apply_migrations, schema_is_current
+from kb.db.nodes import Node, WorkspaceHome, list_nodes, same_storage
+from kb.db.nodes import register as register_node
 from kb.db.publication import PublicationStatus, ensure_publication
 from kb.db.sql import queries
 from kb.errors import DatabaseUnavailable, DimensionMismatch
@@ -28,6 +30,7 @@ from kb.settings import Settings
 from kb.store.authors import default_author
 from kb.store.draft import Draft
 from kb.store.history import PathChange, Revision
+from kb.store.homes import adopt_homeless, home_of
 from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
 from kb.store.projection import ProjectionResult
 from kb.store.stores import Stores
@@ -438,6 +441,30 @@ class KnowledgeBase:
         from kb.jobs.sweep import sweep
 
         return sweep(self.stores, lambda: self.embedder)
+
+    # -- nodes (design §15; kb.db.nodes, kb.store.homes) --------------------------------
+    def nodes(self) -> list[Node]:
+        """Every registered node (``kb nodes``): name, storage root, URL, heartbeat age in seconds,
+        workspaces homed on it; ``Node.is_up(settings.node_stale_seconds)`` says up or down."""
+        return list_nodes(self.database_url)
+
+    def register_node(self, url: str | None = None) -> Node:
+        """Register this process's node (``KB_NODE``, its storage root, ``url`` for ``kb serve``)
+        and adopt the workspaces without a home node whose repository is here (design §15).
+        Raises ConfigurationError when the name belongs to another storage."""
+        node = register_node(self.database_url, self.settings, url)
+        adopt_homeless(self.settings, self.database_url)
+        return node
+
+    def workspace_home(self, workspace_id: int) -> WorkspaceHome | None:
+        """The workspace's home node with its URL and heartbeat age (adopting a workspace without
+        one whose repository is here); None when the workspace does not exist."""
+        return home_of(self.settings, self.database_url, check_workspace_id(workspace_id))
+
+    def is_home(self, home: WorkspaceHome) -> bool:
+        """True when this process may use the home's repository directly: it is this node, or a
+        node sharing this node's storage (a shared file system, design §15)."""
+        return same_storage(home, self.settings)
 
     # -- artifacts (design §11) ---------------------------------------------------
     def artifacts(self, workspace_id: int) -> Artifacts:

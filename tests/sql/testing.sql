@@ -324,3 +324,14 @@ SELECT path, id FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY
 -- name: test_forget_repository_identity
 -- A workspace as it was before repository identities existed.
 UPDATE kb.workspaces SET repository_id = NULL WHERE id = %(workspace_id)s;
+
+-- ---- (design §15) nodes ------------------------------------------------------------------------
+
+-- name: test_node_jobs
+-- Every job with its queue and workspace (which node's queue a job went to).
+SELECT id, queue_name, task_name, status::text AS status, (args ->> 'workspace_id')::int AS workspace_id
+FROM procrastinate_jobs ORDER BY id;
+
+-- name: test_age_node_heartbeat
+-- A node whose last heartbeat was %(seconds)s seconds ago (it stopped, or its host is gone).
+UPDATE kb.nodes SET heartbeat_at = now() - make_interval(secs => %(seconds)s::float8) WHERE name = %(name)s;

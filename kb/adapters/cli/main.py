@@ -1,5 +1,5 @@
 """The ``kb`` command line (design §13): one click group; the commands live in modules by concept
-(documents, history, search, index, status, database, workspaces, citations, artifacts, remotes,
+(documents, history, search, index, status, database, workspaces, nodes, citations, artifacts, remotes,
 legacy migration, servers), each listing its commands in ``COMMANDS``.
 
 Every command exits non-zero with a one-line reason on bad input, never a traceback (set
@@ -23,6 +23,7 @@ from kb.adapters.cli import (
     history,
     index,
     legacy,
+    nodes,
     remote,
     search,
     servers,
@@ -85,6 +86,7 @@ for _module in (
     index,
     status,
     workspaces,
+    nodes,
     cite,
     artifact,
     remote,

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from kb import errors
+from kb.adapters.http import forwarding
 from kb.adapters.json_form import json_form
 from kb.db import database
 from kb.settings import Settings
@@ -67,6 +68,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.UnknownHandle: 404,
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
+    errors.NodeUnavailable: 503,
     errors.WorkspaceMoving: 503,
     errors.MoveFailed: 409,
     errors.WorkspaceBusy: 409,
@@ -361,13 +363,16 @@ def create_app(
     embedder: Embedder | None = None,
     routers: list[Callable[[Service], APIRouter]] | None = None,
     mcp_author: str | None = None,
+    node_url: str | None = None,
 ) -> FastAPI:
     """The ASGI app of ``kb serve``.
 
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
     taking the Service. ``mcp_author`` is whom MCP turns record as author (default: the OS user);
-    the MCP endpoint (design §5) is served at ``/mcp/<workspace>``. Start-up raises what ``KnowledgeBase.open`` raises
+    the MCP endpoint (design §5) is served at ``/mcp/<workspace>``. ``node_url``: the URL this node
+    advertises to the others (default ``KB_NODE_URL``); requests for workspaces homed on another
+    node are forwarded there (design §15, ``kb.adapters.http.forwarding``). Start-up raises what ``KnowledgeBase.open`` raises
     (DatabaseUnavailable, MigrationError, DimensionMismatch…).
     """
     settings = settings or Settings()
@@ -378,6 +383,8 @@ def create_app(
         from kb.jobs.worker import WorkerReport, run_worker_async
 
         kb = await asyncio.to_thread(service.start)
+        node = contextlib.AsyncExitStack()  # registered with its URL and heartbeating (design §15)
+        await node.enter_async_context(forwarding.serving_node(kb, node_url or settings.node_url))
         from kb.adapters.mcp.server import http_app
         from kb.knowledge_base import default_author
 
@@ -401,6 +408,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await worker_task
                 log.info("worker stopped: %s", app.state.worker_report.summary())
+            await node.aclose()
             service.close()
 
     app = FastAPI(
@@ -456,6 +464,12 @@ def create_app(
     app.include_router(moves_router(service))
     for factory in routers or []:
         app.include_router(factory(service))
+    app.add_middleware(
+        forwarding.NodeForwarding,
+        kb_for_thread=service.kb,
+        node=settings.node,
+        stale_seconds=settings.node_stale_seconds,
+    )
     return app
 
 
@@ -486,7 +500,13 @@ def serve(
     """Run the server until SIGTERM/SIGINT (``kb serve``); returns after a graceful shutdown."""
     import uvicorn
 
+    settings = settings or Settings()
     app = create_app(
-        settings, with_worker=with_worker, concurrency=concurrency, embedder=embedder, mcp_author=mcp_author
+        settings,
+        with_worker=with_worker,
+        concurrency=concurrency,
+        embedder=embedder,
+        mcp_author=mcp_author,
+        node_url=forwarding.advertised_url(settings.node_url, host, port),
     )
     uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on")

@@ -1,0 +1,63 @@
+"""Real ``kb serve`` processes for tests: start one on a free port and wait until it is ready, stop
+it with SIGTERM, and JSON calls over HTTP (standard library)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from support.network import free_port
+from support.waiting import wait_until
+
+
+def call(url: str, method: str = "GET", body: dict | None = None, headers: dict | None = None) -> tuple[int, object]:
+    """``(status, decoded JSON body)`` of one request; HTTP errors are returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def _ready(url: str) -> bool:
+    try:
+        return call(f"{url}/ready")[0] == 200
+    except OSError:
+        return False
+
+
+def start_serve(env: dict[str, str], log: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """``kb serve ARGS --port <free>`` with ``env``, its output in ``log``; returns the process and
+    its base URL once ``/ready`` answers 200."""
+    port = free_port()
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kb.adapters.cli", "serve", *args, "--port", str(port)],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
+    except AssertionError:
+        process.kill()
+        raise
+    assert process.poll() is None, log.read_text()
+    return process, url
+
+
+def stop_serve(process: subprocess.Popen, log: Path) -> str:
+    """SIGTERM and wait (a graceful shutdown); returns the server's output."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    return log.read_text()

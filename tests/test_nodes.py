@@ -1,0 +1,147 @@
+"""design §15: two real nodes on this machine — two storage roots, two ``kb serve --with-worker``
+processes on two ports, one Postgres. A workspace imported and written on node a is searched, read,
+written and used over MCP through node b's port with a's results and true line numbers; b's worker
+fails no job; a job that reaches the wrong node re-defers itself; a workspace of b is served
+through a's port; when a is down, b answers NodeUnavailable naming it and serves its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import anyio
+import pytest
+from support.commands import git, run_cli
+from support.corpus import corpus_path
+from support.named_queries import queries
+from support.serving import call, start_serve, stop_serve
+from support.waiting import wait_until
+
+from kb import KnowledgeBase, Settings
+from kb.db import database
+from kb.jobs.routing import placement
+from kb.store.knowledge_store import INDEX_TASK
+
+pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
+
+NODES_DOC = "# Nodes\n\nline three\nThe zebra crossing is homed on node a.\nline five\n"
+
+
+def _node(kb_env: dict[str, str], settings: Settings, name: str) -> tuple[dict[str, str], Settings]:
+    root = settings.storage_root.parent / f"node-{name}"
+    env = {**kb_env, "KB_NODE": name, "KB_STORAGE_ROOT": str(root)}
+    return env, settings.model_copy(update={"node": name, "storage_root": root})
+
+
+def _commit_through(url: str, ws: int, turn: str, path: str, content: str) -> str:
+    base = f"{url}/v1/workspaces/{ws}/turns/{turn}"
+    status, body = call(f"{base}/files/{path.lstrip('/')}", "PUT", {"content": content})
+    assert status == 200, body
+    status, body = call(f"{base}/commit", "POST", {"message": f"{turn}: {path}"})
+    assert status == 200, body
+    return body["revision"]
+
+
+def _jobs(database_url: str) -> list[dict]:
+    with database.connect(database_url, autocommit=True) as conn:
+        return conn.execute(queries["test_node_jobs"]).fetchall()
+
+
+def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, tmp_path):
+    env_a, settings_a = _node(kb_env, settings, "a")
+    env_b, settings_b = _node(kb_env, settings, "b")
+    running: list[subprocess.Popen] = []
+    try:
+        a, url_a = start_serve(env_a, tmp_path / "a.log", "--with-worker")
+        running.append(a)
+        b, url_b = start_serve(env_b, tmp_path / "b.log", "--with-worker")
+        running.append(b)
+        # import and write on a: workspace 1 is homed on a, its repository only under a's root
+        run_cli(env_a, "import", str(corpus_path("en")), "--workspace", "1")
+        revision = _commit_through(url_a, 1, "on-a", "/documents/Nodes.md", NODES_DOC)
+        kb_a = KnowledgeBase.open(settings_a, migrate=False)
+        assert kb_a.workspace_home(1).node == "a" and kb_a.head(1) == revision
+        assert not (settings_b.knowledge_store / "1").exists()
+
+        # search and read through b's port: a's results, with true line numbers
+        def indexed() -> dict | None:
+            status, body = call(f"{url_b}/v1/workspaces/1/search?q=zebra%20crossing&k=3")
+            return body if status == 200 and body["index"]["hint"] is None else None
+
+        through_b = wait_until(indexed, 120, "node a's worker to index workspace 1 (searched through b)")
+        assert through_b == call(f"{url_a}/v1/workspaces/1/search?q=zebra%20crossing&k=3")[1]
+        top = through_b["results"][0]
+        assert top["path"] == "/documents/Nodes.md" and top["revision"] == revision
+        assert [4, "The zebra crossing is homed on node a."] in top["lines"]
+        lines = git(settings_a.knowledge_store / "1", "show", f"{revision}:documents/Nodes.md").split("\n")
+        assert all(lines[n - 1] == text for n, text in top["lines"])
+        read = call(f"{url_b}/v1/workspaces/1/documents/documents/Nodes.md")
+        assert read == call(f"{url_a}/v1/workspaces/1/documents/documents/Nodes.md") and read[0] == 200
+        # the CLI through KB_SERVER_URL=b, and MCP through b, take the same path
+        served = {**env_b, "KB_SERVER_URL": url_b}
+        assert "The zebra crossing is homed on node a." in run_cli(served, "search", "zebra", "-w", "1").stdout
+        assert _mcp_search_and_write(url_b) == ["/documents/Via-mcp.md"]
+
+        # a write through b's port lands on a (the turn lives on a)
+        written = _commit_through(url_b, 1, "via-b", "/documents/Via-b.md", "# written through b\n")
+        assert kb_a.head(1) == written and not (settings_b.knowledge_store / "1").exists()
+        git(settings_a.knowledge_store / "1", "fsck", "--strict")
+
+        # a job that reaches the wrong node (deferred before nodes, or before a move) re-defers
+        kb_b = KnowledgeBase.open(settings_b, migrate=False)
+        handed = placement(kb_b.stores, 1, "index", INDEX_TASK)
+        assert handed is not None and handed["redeferred_to"] == "a"
+
+        # a workspace of b, written through a's port, lands on b
+        kb_b.create_workspace(2)
+        on_b = _commit_through(url_a, 2, "via-a", "/documents/B.md", "# homed on b\n")
+        assert kb_b.head(2) == on_b and not (settings_a.knowledge_store / "2").exists()
+
+        def settled() -> list[dict] | None:
+            jobs = [j for j in _jobs(settings.database_url) if j["workspace_id"] in (1, 2)]
+            return jobs if all(j["status"] not in ("todo", "doing") for j in jobs) else None
+
+        jobs = wait_until(settled, 120, "the workspaces' jobs to finish")
+        assert [j for j in _jobs(settings.database_url) if j["status"] == "failed"] == []
+        for job in jobs:  # each workspace's jobs went to its home node's queues
+            assert job["queue_name"].endswith("@a" if job["workspace_id"] == 1 else "@b"), job
+        kb_a.close()
+        kb_b.close()
+
+        # node a down: b answers NodeUnavailable naming a, and still serves its own workspace
+        stop_serve(a, tmp_path / "a.log")
+        status, body = call(f"{url_b}/v1/workspaces/1/search?q=zebra")
+        assert status == 503 and body["error"] == "NodeUnavailable" and "'a'" in body["message"], body
+        assert call(f"{url_b}/v1/workspaces/2/documents/documents/B.md")[0] == 200
+        with database.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(queries["test_age_node_heartbeat"], {"name": "a", "seconds": 3600})
+        status, body = call(f"{url_b}/v1/workspaces/1/documents/documents/Nodes.md")
+        assert status == 503 and "which is down (last heartbeat 3600 s ago" in body["message"], body
+        cli = run_cli(served, "read", "/documents/Nodes.md", "-w", "1", check=False)
+        assert cli.returncode == 1 and "node 'a'" in cli.stderr
+        listed = {n["name"]: n for n in map(json.loads, run_cli(env_b, "nodes", "--json").stdout.splitlines())}
+        assert listed["a"]["up"] is False and listed["b"]["up"] is True
+        assert listed["a"]["workspaces"] == 1 and listed["b"]["workspaces"] == 1
+        assert "Traceback" not in stop_serve(b, tmp_path / "b.log")
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
+
+
+def _mcp_search_and_write(url: str) -> list[str]:
+    from mcp import Client
+
+    async def session() -> list[str]:
+        async with Client(f"{url}/mcp/1?chat=through-b") as client:
+            found = "".join(
+                getattr(c, "text", "") for c in (await client.call_tool("search", {"query": "zebra"})).content
+            )
+            assert "Nodes.md" in found
+            await client.call_tool("write", {"path": "/documents/Via-mcp.md", "content": "# via mcp\n"})
+            result = await client.call_tool("commit", {"message": "through b over mcp"})
+            value = result.structured_content
+            value = value.get("result", value) if isinstance(value, dict) else json.loads(result.content[0].text)
+            return value["added"]
+
+    return anyio.run(session)
