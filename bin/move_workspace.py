@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from support.commands import git, run_cli  # noqa: E402
 from support.kb_nodes import Node as KbNode  # noqa: E402
-from support.kb_nodes import node_env, start, stop  # noqa: E402
-from support.network import free_port  # noqa: E402
+from support.kb_nodes import node as new_node  # noqa: E402
+from support.kb_nodes import start, stop  # noqa: E402
 
 from kb.db.database import start_embedded, stop_embedded  # noqa: E402
 from kb.faults import MOVE_POINTS  # noqa: E402
@@ -99,9 +99,7 @@ def main() -> int:
     nodes: list[KbNode] = []
     try:
         url = start_embedded(folder / "postgres")
-        for name in ("a", "b"):
-            node_url = f"http://127.0.0.1:{free_port()}"
-            nodes.append(KbNode(name, folder / name, node_url, node_env(url, name, folder / name, node_url)))
+        nodes.extend(new_node(url, name, folder / name) for name in ("a", "b"))
         a, b = nodes
         by_name = {n.name: n for n in nodes}
         started = time.perf_counter()

@@ -356,6 +356,12 @@ class WorkspaceMoving(KbError):
         )
 
 
+class NotHomeNode(KbError):
+    """A write reached a node that is not the workspace's home node (design §15): the workspace was
+    moved away, or the process runs with the wrong ``KB_NODE``. Its copy there is not authoritative,
+    so nothing was written; write through the home node (``kb serve`` forwards it)."""
+
+
 class MoveFailed(KbError):
     """A workspace move stopped before its flip: the workspace stays on its home node, unchanged
     (design §15). The message says which step failed and why; re-running the same

@@ -6,21 +6,20 @@ its window opened and resumed. The kill at every step, and the move time of a la
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from support.commands import git, run_cli
-from support.kb_nodes import two_nodes
+from support.kb_nodes import running_nodes
+from support.serving import call
 from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
-from kb.errors import WorkspaceMoving
+from kb.db import database, nodes
+from kb.errors import NotHomeNode, WorkspaceMoving
 from kb.workspace import moves
 
 TESTS = Path(__file__).resolve().parent
@@ -61,33 +60,38 @@ def test_window_refuses_every_writer_reads_go_on_abort_and_expiry(kb: KnowledgeB
     short.close()
 
 
+def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBase, tmp_path: Path) -> None:
+    kb.create_workspace(1)
+    first = _write(kb, "/documents/a.md", "one\n")
+    nodes.register(kb.database_url, kb.settings.model_copy(update={"node": "c", "storage_root": tmp_path / "c"}))
+    with database.transaction(kb.database_url) as conn:  # as a move's flip does
+        assert nodes.set_home(conn, 1, "c", kb.settings.node)
+    with pytest.raises(NotHomeNode, match="home node is 'c'.*nothing was written"):
+        _write(kb, "/documents/b.md", "two\n")
+    assert [r.id for r in kb.history(1)] == [first.id]
+
+
 # -- end to end: two nodes -----------------------------------------------------------------
-def _call(url: str, method: str = "GET", body: dict | None = None, headers: dict | None = None):
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **(headers or {})}, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
 class Writer(threading.Thread):
     """Writes one new document per turn through a node's port until stopped; keeps what each write
-    was told: landed (revision), refused with WorkspaceMoving, or another error."""
+    was told: landed (revision), refused with WorkspaceMoving, nothing recorded, or another error."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url, self.stop = url, threading.Event()
         self.landed: dict[str, str] = {}  # path → revision
         self.refused: list[str] = []
+        self.empty: list[str] = []
         self.failed: list[tuple[int, object]] = []
 
     def write(self, n: int) -> None:
         turn, path = f"{self.url}/v1/workspaces/1/turns/w{n}", f"/documents/loop/{n}.md"
-        status, answer = _call(f"{turn}/files{path}", "PUT", {"content": f"write {n}\n"})
+        status, answer = call(f"{turn}/files{path}", "PUT", {"content": f"write {n}\n"})
         if status == 200:
-            status, answer = _call(f"{turn}/commit", "POST", {"message": f"write {n}"}, {"Idempotency-Key": f"w{n}"})
+            status, answer = call(f"{turn}/commit", "POST", {"message": f"write {n}"}, {"Idempotency-Key": f"w{n}"})
+        if status == 200 and answer["revision"] is None:  # a turn opened on a before the flip, committed
+            self.empty.append(path)  # on b (forwarded): its writes stayed on a (--force), nothing recorded
+            return
         if status == 200:
             self.landed[path] = answer["revision"]
             return
@@ -95,7 +99,7 @@ class Writer(threading.Thread):
             self.refused.append(path)
         else:
             self.failed.append((status, answer))
-        _call(turn, "DELETE")
+        call(turn, "DELETE")
 
     def run(self) -> None:
         n = 0
@@ -111,7 +115,7 @@ class Writer(threading.Thread):
 @pytest.mark.postgres
 def test_move_between_two_nodes_while_a_writer_loops(database_url: str, tmp_path: Path) -> None:
     pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
-    with two_nodes(database_url, tmp_path) as (a, b):
+    with running_nodes(database_url, tmp_path) as (a, b):
         run_cli(a.env, "import", str(TESTS / "corpus"), "--workspace", "1")
         writer = Writer(a.url)
         writer.start()
@@ -122,13 +126,12 @@ def test_move_between_two_nodes_while_a_writer_loops(database_url: str, tmp_path
         )
         assert killed.returncode == -signal.SIGKILL and "read-only window open" in killed.stdout
         wait_until(lambda: len(writer.refused) >= 2, 60, "writes refused during the window")
-        status, log = _call(f"{a.url}/v1/workspaces/1/log?limit=1000")  # reads go on
+        status, log = call(f"{a.url}/v1/workspaces/1/log?limit=1000")  # reads go on
         assert status == 200 and not {c["path"] for r in log for c in r["changes"]} & set(writer.refused)
         moved = run_cli(a.env, "workspace", "move", "1", "--to", "b", "--force")  # resumes; the writer's turns stay
         assert "resuming move" in moved.stdout and "flipped" in moved.stdout, moved.stdout
-        writer.url = b.url  # (through a's port once `kb serve` forwards to the home node)
         landed_before = len(writer.landed)
-        wait_until(lambda: len(writer.landed) >= landed_before + 3, 60, "writes to land on b")
+        wait_until(lambda: len(writer.landed) >= landed_before + 3, 60, "writes through a to land on b")
         writer.stop.set()
         writer.join(60)
         assert not writer.failed, writer.failed

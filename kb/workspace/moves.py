@@ -160,7 +160,7 @@ def abort(stores: Stores, workspace_id: int) -> dict | None:
     Returns the window row (a ``flipped`` one is kept: its old copy waits to be retired), or None
     when there was none."""
     check_workspace_id(workspace_id)
-    with locked_transaction(stores.database_url, workspace_id, stores.settings, moving_ok=True) as (conn, _):
+    with locked_transaction(stores.database_url, workspace_id, stores.settings, anywhere=True) as (conn, _):
         home = _workspace(conn, workspace_id)["home_node"]
         row = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone()
         if row is not None and row["step"] != "flipped":  # a flipped move only waits to retire: kept
@@ -282,7 +282,7 @@ def open_window(stores: Stores, workspace_id: int, move_id: str, source: str, ta
     """Open (or renew) move ``move_id``'s read-only window under the write lock, for
     ``KB_MOVE_WINDOW_SECONDS``: writers that held the lock first have committed; every later one
     is refused with WorkspaceMoving. Returns the window row. Raises WorkspaceNotFound, LockTimeout."""
-    with locked_transaction(stores.database_url, workspace_id, stores.settings, moving_ok=True) as (conn, _):
+    with locked_transaction(stores.database_url, workspace_id, stores.settings, anywhere=True) as (conn, _):
         row = _workspace(conn, workspace_id)
         return conn.execute(
             queries["open_move_window"],
@@ -299,7 +299,7 @@ def open_window(stores: Stores, workspace_id: int, move_id: str, source: str, ta
 
 def _close_window(stores: Stores, workspace_id: int, move_id: str) -> None:
     """Delete move ``move_id``'s window (not another move's) under the write lock."""
-    with locked_transaction(stores.database_url, workspace_id, stores.settings, moving_ok=True) as (conn, _):
+    with locked_transaction(stores.database_url, workspace_id, stores.settings, anywhere=True) as (conn, _):
         conn.execute(queries["close_move_window"], {"workspace_id": workspace_id, "move_id": move_id})
 
 
@@ -327,7 +327,7 @@ def _copy(
 def _flip(stores: Stores, workspace_id: int, move_id: str, source: str, target: str, copied: ReceivedCopy) -> None:
     """One transaction under the write lock: check the window and what was verified, move the home
     node, mark the window flipped (writers go on), defer the workspace's jobs to the new home."""
-    with locked_transaction(stores.database_url, workspace_id, stores.settings, moving_ok=True) as (conn, _):
+    with locked_transaction(stores.database_url, workspace_id, stores.settings, anywhere=True) as (conn, _):
         row = _workspace(conn, workspace_id)
         if row["head_revision"] != copied.head or row["repository_id"] != copied.repository_id:
             raise MoveFailed(

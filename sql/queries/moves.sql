@@ -1,13 +1,17 @@
 -- Named queries of workspace moves (kb/workspace/moves.py, kb/db/locks.py; design §15).
 
 -- name: writes_refused_by_move
--- Run by every writer in the round trip that takes the write lock: the workspace's open move
--- window, if any (none once it has expired; clock_timestamp, not the transaction's start, because
--- the lock may have been waited for).
-SELECT move_id, target_node, opened_at, expires_at,
-       greatest(1, ceil(extract(epoch FROM expires_at - clock_timestamp())))::int AS retry_after
-FROM kb.workspace_moves
-WHERE workspace_id = %(workspace_id)s AND expires_at > clock_timestamp();
+-- Run by every writer in the round trip that takes the write lock (design §15): the workspace's
+-- open move window, if any (none once it has expired; clock_timestamp, not the transaction's start,
+-- because the lock may have been waited for), and its home node with that node's storage id, so a
+-- writer on a node that is no longer the home (the move flipped it) writes nothing to its stale
+-- copy. No row: the workspace does not exist (the writer's own read says so).
+SELECT w.home_node, n.storage_id AS home_storage_id, m.move_id, m.target_node, m.opened_at, m.expires_at,
+       greatest(1, ceil(extract(epoch FROM m.expires_at - clock_timestamp())))::int AS retry_after
+FROM kb.workspaces AS w
+LEFT JOIN kb.nodes AS n ON n.name = w.home_node
+LEFT JOIN kb.workspace_moves AS m ON m.workspace_id = w.id AND m.expires_at > clock_timestamp()
+WHERE w.id = %(workspace_id)s;
 
 -- name: move_window
 -- The workspace's move window, expired or not.
