@@ -108,8 +108,7 @@ def main() -> int:
         for node in nodes:
             start(node, worker=False)
         settings = Settings(database_url=url, storage_root=folder / "probe", embedding_model="hashing", node="probe")
-        kb = KnowledgeBase.open(settings)
-        documents = len(kb.list_paths(1))
+        documents = sum(1 for p in args.source.rglob("*.md") if p.is_file())
         size = sum(f.stat().st_size for f in (a.root / "knowledge_store" / "1" / ".git").rglob("*") if f.is_file())
         kb_legs, ref_legs = [], []
         for _ in range(args.rounds):
@@ -130,9 +129,8 @@ def main() -> int:
             "kb_over_reference": round(statistics.median(kb_legs) / statistics.median(ref_legs), 2),
         }
         if args.kills:
-            result["kills"] = kill_matrix(settings, kb, by_name)
+            result["kills"] = kill_matrix(settings, by_name)
         print(json.dumps(result, indent=2))
-        kb.close()
         return 0
     finally:
         for node in nodes:
@@ -141,7 +139,13 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def kill_matrix(settings: Settings, kb: KnowledgeBase, by_name: dict[str, KbNode]) -> list[dict]:
+def history(settings: Settings, home: KbNode, limit: int) -> list:
+    """The workspace's recorded history, read through its home node's storage."""
+    with KnowledgeBase.open(settings.model_copy(update={"storage_root": home.root, "node": home.name})) as kb:
+        return kb.history(1, limit=limit)
+
+
+def kill_matrix(settings: Settings, by_name: dict[str, KbNode]) -> list[dict]:
     """Kill a move at each step; resume or abort; check that nothing was lost (see the docstring)."""
     rows, landed, n = [], {}, 0
     for i, point in enumerate(MOVE_POINTS * 2):
@@ -178,12 +182,12 @@ def kill_matrix(settings: Settings, kb: KnowledgeBase, by_name: dict[str, KbNode
                 "home": now.name,
                 "seconds": round(seconds, 2),
                 "git_fsck_ok": fsck.returncode == 0,
-                "head_is_recorded": git(repo, "rev-parse", "HEAD").strip() == kb.history(1, limit=1)[0].id,
+                "head_is_recorded": git(repo, "rev-parse", "HEAD").strip() == history(settings, now, 1)[0].id,
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    history = {c.path for r in kb.history(1, limit=100_000) for c in r.changes}
-    lost = sorted(set(landed) - history)
+    recorded = {c.path for r in history(settings, by_name[home_of(settings)], 100_000) for c in r.changes}
+    lost = sorted(set(landed) - recorded)
     rows.append({"landed": len(landed), "lost": lost})
     return rows
 

@@ -62,8 +62,8 @@ Progress = Callable[[str], None]
 @dataclass
 class MoveReport:
     """What ``move`` did: the nodes, the move's id, the head moved, bytes copied, artifact files,
-    whether it resumed an earlier attempt, the old copy's new names, seconds taken, and the
-    progress lines it printed (``steps``)."""
+    whether it resumed an earlier attempt, the old copy's new names, seconds taken (in all, and by
+    the flip's transaction), and the progress lines it printed (``steps``)."""
 
     workspace_id: int
     source_node: str | None
@@ -75,6 +75,7 @@ class MoveReport:
     resumed: bool = False
     retired: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    flip_seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
 
 
@@ -237,6 +238,7 @@ def move(
     move_id = pending["move_id"] if resume else uuid.uuid4().hex[:16]
     report.move_id, report.resumed = move_id, report.resumed or resume
     opened = open_window(stores, workspace_id, move_id, source, target)
+    opened_at = time.monotonic()
     say(
         f"workspace {workspace_id}: {'resuming move' if resume else 'moving'} from {source!r} to {target!r} "
         f"(move {move_id}); read-only window open until {opened['expires_at']:%H:%M:%S} UTC"
@@ -248,9 +250,10 @@ def move(
             copied = _shared_copy(stores, workspace_id)
         else:
             say(f"copying to {target!r}: it pulls the repository from {source!r} ({home.url})")
+            copying = time.monotonic()
             copied = _copy(stores, workspace_id, move_id, target, goal, home, force)
             say(
-                f"copied {copied.bytes / 1e6:.1f} MB"
+                f"copied {copied.bytes / 1e6:.1f} MB in {time.monotonic() - copying:.1f} s"
                 + (" (the copy already in place was kept)" if copied.kept else "")
                 + f"; verified on {target!r}: git fsck clean, head {(copied.head or 'none')[:12]}, identity "
                 f"{copied.repository_id}, {copied.artifact_files} artifact files"
@@ -258,7 +261,9 @@ def move(
         report.head, report.copied_bytes, report.artifact_files = copied.head, copied.bytes, copied.artifact_files
         _renew(stores, workspace_id, move_id, "verified")
         fault_point("move_copied")
+        flipping = time.monotonic()
         _flip(stores, workspace_id, move_id, source, target, copied)
+        report.flip_seconds = time.monotonic() - flipping
     except WorkspaceBusy as exc:  # turns cannot commit while the window is open: close it
         _close_window(stores, workspace_id, move_id)
         say(f"stopped, window closed: {exc.cli_message}")
@@ -266,7 +271,10 @@ def move(
     except KbError as exc:
         say(f"stopped: {exc}")
         raise
-    say(f"flipped: workspace {workspace_id}'s home node is {target!r}; writes go on there")
+    say(
+        f"flipped in {report.flip_seconds:.2f} s: workspace {workspace_id}'s home node is {target!r}; writes go on "
+        f"there (the window was open {time.monotonic() - opened_at:.1f} s)"
+    )
     fault_point("move_flipped")
     if not shared:
         flipped = {"move_id": move_id, "source_node": source, "target_node": target}

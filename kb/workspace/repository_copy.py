@@ -10,9 +10,9 @@ route, ``kb.adapters.http.moves``), so two nodes need no shared file system:
   under ``{knowledge_store}/.moves/`` and streamed by the route; the caller removes it.
 * **receive** (target node): download the archive into ``{knowledge_store}/.incoming-{id}-{move}``,
   build a repository with kb's config there (``Repository.create``), ``git fetch`` the bundle's
-  refs into it, write the recorded identity, then **verify**: ``git fsck --strict``, its HEAD is
-  the head Postgres records, every artifact file hashes to its name. Then check out the working
-  tree and rename the copy into place. A copy already in place that passes the same checks is
+  refs into it, write the recorded identity, check out the working tree (``git reset --hard``),
+  then **verify**: ``git fsck --strict``, its HEAD is the head Postgres records, every artifact
+  file hashes to its name. Then rename the copy into place. A copy already in place that passes the same checks is
   kept (a resumed move); any other one is renamed aside (``.stale-{id}-*``), never deleted.
 * **retire** (old home, after the flip): rename the old copy aside (``.moved-{id}-*``): it is no
   longer authoritative but stays on disk until an operator removes it.
@@ -279,8 +279,12 @@ def receive(
         files, problem = _blobs_verified(incoming / "x" / ARTIFACTS)
         if problem is not None:
             raise _fail(workspace_id, "verification", f"artifact file: {problem}")
-        with Repository.open(copy) as repo:
-            repo.reset_worktree()  # the working tree and index from HEAD
+        if head is not None:  # the working tree and index from HEAD, by git itself (kb's config holds)
+            checked_out = _git(copy, "reset", "--quiet", "--hard", head)
+            if checked_out.returncode != 0:
+                raise _fail(
+                    workspace_id, "the copy", f"git reset failed: {checked_out.stderr.decode(errors='replace')}"
+                )
         _aside(settings, workspace_id, f".stale-{workspace_id}-{move_id}")  # a copy of an earlier attempt
         if (incoming / "x" / ARTIFACTS).is_dir():
             blobs.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,8 @@ def running_nodes(database_url: str, folder: Path, names: tuple[str, ...] = ("a"
     """Nodes ``names`` storing under ``folder/<name>``, serving with a worker; stopped on exit."""
     nodes = [node(database_url, name, folder / name) for name in names]
     try:
-        for each in nodes:
-            start(each)
+        with ThreadPoolExecutor(len(nodes)) as pool:  # they start side by side
+            list(pool.map(start, nodes))
         yield nodes
     finally:
         for each in nodes:
