@@ -116,8 +116,9 @@ def main() -> int:
             other = b if home is a else a
             ref_legs.append(reference(home.root / "knowledge_store" / "1", folder / "scratch"))
             started = time.perf_counter()
-            run_cli(home.env, "workspace", "move", "1", "--to", other.name)
+            moved = run_cli(home.env, "workspace", "move", "1", "--to", other.name)
             kb_legs.append(time.perf_counter() - started)
+            print(moved.stdout, end="", flush=True)
             print(f"move {home.name} -> {other.name}: {kb_legs[-1]:.2f} s (reference {ref_legs[-1]:.2f} s)", flush=True)
         result: dict[str, object] = {
             "documents": documents,
