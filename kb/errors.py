@@ -338,6 +338,16 @@ class NodeUnavailable(KbError):
         self.node = node
 
 
+class WrongNode(KbError):
+    """The workspace is homed on another node (design §15): its repository is there, not under this
+    process's storage root. ``node`` names it; use that node's ``kb serve`` (any node's server
+    forwards) or run the command on that node."""
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 # -- moving a workspace between nodes (design §15) ------------------------------------------
 class WorkspaceMoving(KbError):
     """The workspace is being moved to another node: its read-only window is open, so this write was
@@ -354,12 +364,6 @@ class WorkspaceMoving(KbError):
             f"ends, and nothing was written. Retry after the move (its window closes by {expires_at} at the "
             f"latest, in {retry_after} s; `kb workspace move {workspace_id} --abort` cancels it)"
         )
-
-
-class NotHomeNode(KbError):
-    """A write reached a node that is not the workspace's home node (design §15): the workspace was
-    moved away, or the process runs with the wrong ``KB_NODE``. Its copy there is not authoritative,
-    so nothing was written; write through the home node (``kb serve`` forwards it)."""
 
 
 class MoveFailed(KbError):

@@ -68,4 +68,5 @@ def _workspace_status(conn, store: KnowledgeStore) -> dict:
         "migration": migration_status(conn, workspace_id),  # seeded from a legacy knowledge base
         "drift": drift_report(conn, workspace_id),
         "remote": None if remote is None else remote.__dict__,
+        "home_node": row["home_node"],  # design §15
     }

@@ -22,7 +22,10 @@ def test_the_worker_schedules_periodic_tasks_from_its_settings(settings, kb):
             settings.model_copy(update={"maintenance_cron": "*/7 * * * *", "drift_cron": "5 4 * * *"})
         )
         crons = {key: t.cron for key, t in jobs.app.periodic_registry.periodic_tasks.items()}
-        assert crons[("kb.sweep", "")] == crons[("kb.retry_stalled_jobs", "")] == "*/7 * * * *"
+        sweep = f"sweep@{settings.node}"  # the sweep is the node's own (design §15)
+        assert crons[("kb.sweep", sweep)] == crons[("kb.retry_stalled_jobs", "")] == "*/7 * * * *"
+        node_queue = jobs.app.periodic_registry.periodic_tasks[("kb.sweep", sweep)].configure_kwargs["queue"]
+        assert node_queue == f"maintenance@{settings.node}"
         assert crons[("kb.drift_check", "drift-check")] == "5 4 * * *"
         assert crons[("kb.span_fill", "span-fill")] == settings.span_fill_cron
     finally:

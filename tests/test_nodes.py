@@ -12,9 +12,8 @@ import subprocess
 import anyio
 import pytest
 from support.commands import git, run_cli
-from support.corpus import corpus_path
 from support.named_queries import queries
-from support.serving import call, start_serve, stop_serve
+from support.serving import call, start_serves, stop_serve
 from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
@@ -24,6 +23,7 @@ from kb.store.knowledge_store import INDEX_TASK
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 
+SYNC_DOC = "# Sync\n\nDevices sync every minute.\nConflicts keep both copies.\n"
 NODES_DOC = "# Nodes\n\nline three\nThe zebra crossing is homed on node a.\nline five\n"
 
 
@@ -52,12 +52,19 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
     env_b, settings_b = _node(kb_env, settings, "b")
     running: list[subprocess.Popen] = []
     try:
-        a, url_a = start_serve(env_a, tmp_path / "a.log", "--with-worker")
-        running.append(a)
-        b, url_b = start_serve(env_b, tmp_path / "b.log", "--with-worker")
-        running.append(b)
+        (a, url_a), (b, url_b) = start_serves(
+            [(env_a, tmp_path / "a.log", ("--with-worker",)), (env_b, tmp_path / "b.log", ("--with-worker",))]
+        )
+        running += [a, b]
         # import and write on a: workspace 1 is homed on a, its repository only under a's root
-        run_cli(env_a, "import", str(corpus_path("en")), "--workspace", "1")
+        notes = tmp_path / "notes"
+        for name, text in {
+            "Refunds.md": "# Refunds\n\nAnnual plans are refunded pro rata.\n",
+            "Sync.md": SYNC_DOC,
+        }.items():
+            (notes / name).parent.mkdir(parents=True, exist_ok=True)
+            (notes / name).write_text(text)
+        run_cli(env_a, "import", str(notes), "--workspace", "1")
         revision = _commit_through(url_a, 1, "on-a", "/documents/Nodes.md", NODES_DOC)
         kb_a = KnowledgeBase.open(settings_a, migrate=False)
         assert kb_a.workspace_home(1).node == "a" and kb_a.head(1) == revision
@@ -86,6 +93,10 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
         written = _commit_through(url_b, 1, "via-b", "/documents/Via-b.md", "# written through b\n")
         assert kb_a.head(1) == written and not (settings_b.knowledge_store / "1").exists()
         git(settings_a.knowledge_store / "1", "fsck", "--strict")
+        # importing into it on b is refused (no empty repository, no destructive hint)
+        refused = run_cli(env_b, "import", str(notes), "--workspace", "1", check=False)
+        assert refused.returncode == 1 and "homed on node 'a'" in refused.stderr, refused.stderr
+        assert "DELETE" not in refused.stderr and not (settings_b.knowledge_store / "1").exists()
 
         # a job that reaches the wrong node (deferred before nodes, or before a move) re-defers
         kb_b = KnowledgeBase.open(settings_b, migrate=False)
@@ -97,14 +108,16 @@ def test_two_nodes_forward_requests_and_jobs_to_the_home_node(kb_env, settings, 
         on_b = _commit_through(url_a, 2, "via-a", "/documents/B.md", "# homed on b\n")
         assert kb_b.head(2) == on_b and not (settings_a.knowledge_store / "2").exists()
 
-        def settled() -> list[dict] | None:
-            jobs = [j for j in _jobs(settings.database_url) if j["workspace_id"] in (1, 2)]
-            return jobs if all(j["status"] not in ("todo", "doing") for j in jobs) else None
+        def b_done() -> list[dict] | None:  # b's worker ran workspace 2's projection and index jobs
+            jobs = [j for j in _jobs(settings.database_url) if j["workspace_id"] == 2]
+            return jobs if jobs and all(j["status"] not in ("todo", "doing") for j in jobs) else None
 
-        jobs = wait_until(settled, 120, "the workspaces' jobs to finish")
-        assert [j for j in _jobs(settings.database_url) if j["status"] == "failed"] == []
+        wait_until(b_done, 120, "node b's worker to run workspace 2's jobs")
+        jobs = _jobs(settings.database_url)
+        assert [j for j in jobs if j["status"] == "failed"] == []
         for job in jobs:  # each workspace's jobs went to its home node's queues
-            assert job["queue_name"].endswith("@a" if job["workspace_id"] == 1 else "@b"), job
+            if job["workspace_id"] is not None:
+                assert job["queue_name"].endswith("@a" if job["workspace_id"] == 1 else "@b"), job
         kb_a.close()
         kb_b.close()
 

@@ -19,7 +19,7 @@ from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
 from kb.db import database, nodes
-from kb.errors import NotHomeNode, WorkspaceMoving
+from kb.errors import WorkspaceMoving, WrongNode
 from kb.workspace import moves
 
 TESTS = Path(__file__).resolve().parent
@@ -66,7 +66,7 @@ def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBas
     nodes.register(kb.database_url, kb.settings.model_copy(update={"node": "c", "storage_root": tmp_path / "c"}))
     with database.transaction(kb.database_url) as conn:  # as a move's flip does
         assert nodes.set_home(conn, 1, "c", kb.settings.node)
-    with pytest.raises(NotHomeNode, match="home node is 'c'.*nothing was written"):
+    with pytest.raises(WrongNode, match="home node is 'c'.*nothing was written"):
         _write(kb, "/documents/b.md", "two\n")
     assert [r.id for r in kb.history(1)] == [first.id]
 
@@ -74,7 +74,7 @@ def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBas
 # -- end to end: two nodes -----------------------------------------------------------------
 class Writer(threading.Thread):
     """Writes one new document per turn through a node's port until stopped; keeps what each write
-    was told: landed (revision), refused with WorkspaceMoving or NotHomeNode (it reached a just
+    was told: landed (revision), refused with WorkspaceMoving or WrongNode (it reached a just
     before the flip and wrote after it), nothing recorded, or another error."""
 
     def __init__(self, url: str) -> None:
@@ -99,7 +99,7 @@ class Writer(threading.Thread):
             return
         if isinstance(answer, dict) and answer.get("error") == "WorkspaceMoving":
             self.refused.append(path)
-        elif isinstance(answer, dict) and answer.get("error") == "NotHomeNode":  # raced the flip on a
+        elif isinstance(answer, dict) and answer.get("error") == "WrongNode":  # raced the flip on a
             self.elsewhere.append(path)
         else:
             self.failed.append((status, answer))

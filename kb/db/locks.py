@@ -21,7 +21,7 @@ import psycopg
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import LockTimeout, LockUnavailable, NotHomeNode, WorkspaceMoving
+from kb.errors import LockTimeout, LockUnavailable, WorkspaceMoving, WrongNode
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def locked_transaction(
     (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the transaction — then yield
     ``(conn, prepare's result)``. On a clean exit the transaction commits *before* the Redis lock is
     released, so the next holder always sees this holder's rows; on an exception it rolls back.
-    Raises LockTimeout (with the workspace id), LockUnavailable, WorkspaceMoving and NotHomeNode
+    Raises LockTimeout (with the workspace id), LockUnavailable, WorkspaceMoving and WrongNode
     (see ``locked_pipeline``; ``moving_ok`` and ``anywhere`` as there).
     """
     with locked_pipeline(
@@ -190,7 +190,7 @@ def locked_pipeline(
     Home node and move window (design §15): in the same round trip as the lock, the workspace's
     home node and open move window are read; while a window is open, or when this process's node
     (``KB_NODE``) is not the home and does not share its storage, the transaction rolls back (with
-    whatever ``with_lock`` did) and WorkspaceMoving / NotHomeNode is raised before the block runs.
+    whatever ``with_lock`` did) and WorkspaceMoving / WrongNode is raised before the block runs.
     The window is opened and the home flipped under this lock, so a writer that held it first has
     committed (its revision is in the copy) and every later one is refused: no revision lands in a
     copy that is not, or is about to stop being, the workspace's. ``moving_ok``: the window does not
@@ -235,7 +235,7 @@ def locked_pipeline(
 
 def refuse_elsewhere(workspace_id: int, settings: Settings, found: dict, moving_ok: bool) -> None:
     """Raise WorkspaceMoving when ``found`` (a ``writes_refused_by_move`` row, read under the write
-    lock) shows an open move window and not ``moving_ok``; NotHomeNode when the workspace's home
+    lock) shows an open move window and not ``moving_ok``; WrongNode when the workspace's home
     node is another node whose storage this process does not share (design §15). A workspace
     without a home node yet (made before nodes) passes."""
     if found["move_id"] is not None and not moving_ok:
@@ -247,8 +247,9 @@ def refuse_elsewhere(workspace_id: int, settings: Settings, found: dict, moving_
 
     if found["home_storage_id"] is not None and found["home_storage_id"] == storage_id(settings.storage_root):
         return  # a node sharing this storage (a shared file system): the same repository
-    raise NotHomeNode(
+    raise WrongNode(
         f"workspace {workspace_id}'s home node is {home!r}, not this node {settings.node!r} (it was moved, or "
         f"this process runs as the wrong KB_NODE): nothing was written. Write through node {home!r} (a "
-        "`kb serve` forwards it there), or set KB_NODE to the node whose storage root this is"
+        "`kb serve` forwards it there), or set KB_NODE to the node whose storage root this is",
+        node=home,
     )

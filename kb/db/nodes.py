@@ -62,10 +62,20 @@ def worker_queues(node: str) -> list[str]:
     return [node_queue(q, node) for q in NODE_QUEUES] + list(NODE_FREE_QUEUES)
 
 
+_storage_ids: dict[Path, str] = {}
+
+
 def storage_id(storage_root: Path) -> str:
-    """The storage root's id (``{storage_root}/node-storage-id``), created on first use. Raises
-    StorageError when the storage root cannot hold it."""
-    path = Path(storage_root) / STORAGE_ID_FILE
+    """The storage root's id (``{storage_root}/node-storage-id``), created on first use and
+    remembered by the process. Raises StorageError when the storage root cannot hold it."""
+    known = _storage_ids.get(Path(storage_root))
+    if known is None:
+        known = _storage_ids[Path(storage_root)] = _read_or_create_storage_id(Path(storage_root))
+    return known
+
+
+def _read_or_create_storage_id(storage_root: Path) -> str:
+    path = storage_root / STORAGE_ID_FILE
     try:
         return path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
@@ -134,8 +144,9 @@ def register(database_url: str, settings: Settings, url: str | None = None) -> N
     """Register this process's node (``KB_NODE``) with its storage root and, for ``kb serve``,
     ``url``; refresh its heartbeat. Returns the row.
 
-    Raises ConfigurationError when the name is registered with another storage root or storage
-    (two hosts with one name would take each other's jobs): set ``KB_NODE`` to a name of its own.
+    Raises ConfigurationError when the name is registered with another storage (another storage
+    id: two hosts with one name would take each other's jobs): set ``KB_NODE`` to a name of its
+    own. The same storage mounted at a new path updates the recorded path.
     """
     sid = storage_id(settings.storage_root)
     with database.pooled_transaction(database_url) as conn:
@@ -143,7 +154,7 @@ def register(database_url: str, settings: Settings, url: str | None = None) -> N
             queries["register_node"],
             {"name": settings.node, "storage_root": str(settings.storage_root), "storage_id": sid, "url": url},
         ).fetchone()
-    if row["storage_root"] != str(settings.storage_root) or (row["storage_id"] not in (None, sid)):
+    if row["storage_id"] not in (None, sid):
         raise ConfigurationError(
             f"node {settings.node!r} is registered with the storage root {row['storage_root']} "
             f"(storage id {row['storage_id']}), not this process's {settings.storage_root} ({sid}); "

@@ -2,8 +2,11 @@
 
 Queues: ``projection`` (``kb.project_changes``), ``index`` (``kb.index_changes``, ``kb.reindex``),
 ``maintenance`` (the periodic tasks), ``span_fill`` (``kb.span_fill``, design §10) and ``push``
-(``kb.push_remote``design §13: lock ``push:{ws}``, coalesced by the deferring query,
-retried with Procrastinate's backoff). Workspace jobs
+(``kb.push_remote``, design §13: lock ``push:{ws}``, coalesced by the deferring query,
+retried with Procrastinate's backoff). A workspace's jobs go to its home node's copy of the queue,
+``{queue}@{node}`` (design §15, ``kb.db.nodes``, routed in SQL by ``kb.node_queue``); a node's
+worker consumes its own and the node-free ones (``kb.db.nodes.worker_queues``), and a job that
+reaches the wrong node re-defers itself (``kb.jobs.routing``). Workspace jobs
 take only a workspace id and converge to HEAD, so coalescing them (``queueing_lock="{queue}:{ws}"``,
 ``"reindex:{ws}"``) and serializing them is always safe. Projection runs under
 ``lock="projection:{ws}"`` and indexing under ``lock="index:{ws}"``: projection never waits for an
@@ -56,8 +59,6 @@ if TYPE_CHECKING:
     from kb.store.stores import Stores
 
 REINDEX_TASK = "kb.reindex"
-QUEUES = ["projection", "index", "maintenance", "span_fill", "push"]
-"""The node-free queues; a node's worker also consumes its own (``kb.db.nodes.worker_queues``)."""
 CLEANUP_CRON = "17 * * * *"
 
 log = logging.getLogger(__name__)
@@ -383,14 +384,16 @@ def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) 
     return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
 
 
-def _scheduled_from_settings(settings: Settings) -> list[tuple[procrastinate.tasks.Task, str, str, dict]]:
+def _scheduled_from_settings(
+    settings: Settings,
+) -> list[tuple[procrastinate.tasks.Task, str, str, procrastinate.tasks.ConfigureTaskOptions]]:
     """``(task, cron, periodic_id, configure_kwargs)`` of the periodic tasks scheduled per worker:
     those whose cron is a setting, and the per-node ones (design §15) — the sweep, the worktree
     janitor and repository maintenance look at this node's repositories only, so each node runs
     its own (periodic id, queue and queueing lock carry the node's name)."""
     node = settings.node
 
-    def on_node(name: str) -> dict:
+    def on_node(name: str) -> procrastinate.tasks.ConfigureTaskOptions:
         return {"queue": node_queue("maintenance", node), "queueing_lock": f"{name}@{node}"}
 
     return [

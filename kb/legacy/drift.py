@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from kb.db import database
 from kb.db.locks import chunk_lock
 from kb.db.sql import queries
+from kb.store.homes import own_workspace_ids
 
 if TYPE_CHECKING:
     from kb.store.stores import Stores
@@ -101,6 +102,9 @@ def drift_check(stores: Stores, workspace_id: int | None = None) -> list[DriftRe
     cap = max(0, stores.settings.drift_max_repairs)
     with database.transaction(stores.database_url) as conn:
         targets = conn.execute(queries["drift_workspaces"], {"workspace_id": workspace_id}).fetchall()
+    if workspace_id is None:  # the periodic check: the workspaces homed on this node (design §15)
+        own = set(own_workspace_ids(stores.settings, stores.database_url))
+        targets = [t for t in targets if t["workspace_id"] in own]
     reports = []
     for target in targets:
         ws = target["workspace_id"]

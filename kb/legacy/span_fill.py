@@ -36,6 +36,7 @@ from kb.db.locks import chunk_lock
 from kb.db.sql import queries
 from kb.errors import DocumentNotFound
 from kb.lines import line_of, line_starts
+from kb.store.homes import own_workspace_ids
 
 if TYPE_CHECKING:
     from kb.store.stores import Stores
@@ -158,6 +159,9 @@ class SpanFill:
             workspaces = [
                 r["workspace_id"] for r in conn.execute(queries["span_fill_workspaces"], {"workspace_id": workspace_id})
             ]
+            if workspace_id is None:  # the periodic run: the workspaces homed on this node (design §15)
+                own = set(own_workspace_ids(self.stores.settings, self.stores.database_url))
+                workspaces = [ws for ws in workspaces if ws in own]
             for ws in workspaces:
                 report.workspaces.append(ws)
                 if not self._fill_workspace(conn, ws, report, max_batches, progress):

@@ -47,6 +47,7 @@ from kb.errors import (
     StorageError,
     WorkspaceNotFound,
     WriteLockLost,
+    WrongNode,
 )
 from kb.faults import fault_point
 from kb.git.merge import MergedBlob, merge_staged
@@ -161,6 +162,7 @@ class KnowledgeStore:
             try:
                 repository = self._repository = Repository.open(self.path)
             except FileNotFoundError:
+                self.refuse_if_homed_elsewhere()
                 if (self.path / ".git").exists():
                     raise WorkspaceNotFound(
                         f"workspace {self.workspace_id}'s git repository at {self.path} is incomplete (being "
@@ -172,6 +174,25 @@ class KnowledgeStore:
                     f"`kb import PATH --workspace {self.workspace_id}`"
                 ) from None
         return repository
+
+    def refuse_if_homed_elsewhere(self) -> None:
+        """Raise WrongNode when the workspace is homed on a node with another storage (design §15):
+        its repository is there, and creating, opening or deleting one here would split it. The
+        store asks only when the repository is missing here; deletion asks always. Does nothing
+        when Postgres cannot be asked."""
+        try:
+            home = nodes.workspace_home(self.database_url, self.workspace_id)
+        except KbError:  # Postgres cannot be asked: the caller's own error says what is missing
+            return
+        if home is None or home.node is None or nodes.same_storage(home, self.settings):
+            return
+        raise WrongNode(
+            f"workspace {self.workspace_id} is homed on node {home.node!r} (its repository is there, "
+            f"not under this node's storage root {self.settings.storage_root}); nothing was done here. "
+            f"Use a kb server (any node's forwards to {home.node!r}"
+            f"{', at ' + home.url if home.url else ''}) or run the command on {home.node!r}",
+            node=home.node,
+        )
 
     def close(self) -> None:
         """Close the repository if open (idempotent); the next use reopens it."""
@@ -203,6 +224,8 @@ class KnowledgeStore:
             ).fetchone()
             row = conn.execute(queries["get_workspace"], {"workspace_id": self.workspace_id}).fetchone()
         existed = self.exists()
+        if not existed:
+            self.refuse_if_homed_elsewhere()
         if not existed and row["head_revision"] is not None:
             raise HistoryDiverged(
                 f"workspace {self.workspace_id}: Postgres records {row['revision_count']} revisions (head "

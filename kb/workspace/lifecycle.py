@@ -205,7 +205,7 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
 
     Returns a DeletedWorkspace. Raises InvalidWorkspace (bad id), WorkspaceNotFound (no row, no
     repository, nothing left over), WorkspaceBusy (a turn worktree exists or a job of it is running,
-    and not ``force``), LockTimeout.
+    and not ``force``), WrongNode (homed on a node with another storage: delete it there), LockTimeout.
     """
     from kb.git.worktree import worktrees_root
     from kb.workspace.artifacts import artifact_blobs_path
@@ -217,6 +217,8 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
     with database.transaction(stores.database_url) as conn:
         row = conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone()
         running = conn.execute(queries["workspace_running_jobs"], {"workspace_id": workspace_id}).fetchall()
+    if row is not None:  # its repository on another node would be left behind (design §15)
+        store.refuse_if_homed_elsewhere()
     leftovers = _leftovers(knowledge_store, workspace_id)
     if row is None and not store.exists() and not turns and not leftovers:
         raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")

@@ -3,11 +3,14 @@
 -- name: register_node
 -- A node's process starts: insert its row, or refresh the heartbeat, start time and URL of the
 -- existing one (a process without a URL, such as `kb worker`, keeps the one `kb serve` advertised).
--- Returns the row as stored, so the caller can refuse a name taken by another storage.
+-- The same storage (storage id) mounted at another path updates the path. Returns the row as
+-- stored, so the caller can refuse a name taken by another storage (a different storage id).
 INSERT INTO kb.nodes AS n (name, storage_root, storage_id, url)
 VALUES (%(name)s, %(storage_root)s, %(storage_id)s, %(url)s)
 ON CONFLICT (name) DO UPDATE
 SET url = coalesce(EXCLUDED.url, n.url), heartbeat_at = now(), started_at = now(),
+    storage_root = CASE WHEN n.storage_id IS NOT DISTINCT FROM EXCLUDED.storage_id
+                        THEN EXCLUDED.storage_root ELSE n.storage_root END,
     storage_id = coalesce(n.storage_id, EXCLUDED.storage_id)
 RETURNING name, storage_root, storage_id, url;
 

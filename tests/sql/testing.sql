@@ -335,3 +335,7 @@ FROM procrastinate_jobs ORDER BY id;
 -- name: test_age_node_heartbeat
 -- A node whose last heartbeat was %(seconds)s seconds ago (it stopped, or its host is gone).
 UPDATE kb.nodes SET heartbeat_at = now() - make_interval(secs => %(seconds)s::float8) WHERE name = %(name)s;
+
+-- name: test_forget_home_node
+-- A workspace as it was before nodes existed (no home node).
+UPDATE kb.workspaces SET home_node = NULL WHERE id = %(workspace_id)s;

@@ -36,23 +36,33 @@ def _ready(url: str) -> bool:
 def start_serve(env: dict[str, str], log: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """``kb serve ARGS --port <free>`` with ``env``, its output in ``log``; returns the process and
     its base URL once ``/ready`` answers 200."""
-    port = free_port()
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kb.adapters.cli", "serve", *args, "--port", str(port)],
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    url = f"http://127.0.0.1:{port}"
+    return start_serves([(env, log, args)])[0]
+
+
+def start_serves(servers: list[tuple[dict[str, str], Path, tuple[str, ...]]]) -> list[tuple[subprocess.Popen, str]]:
+    """Start several ``kb serve`` processes at once (``(env, log, args)`` each, as ``start_serve``)
+    and wait until every one is ready; returns ``(process, url)`` in order."""
+    started = []
+    for env, log, args in servers:
+        port = free_port()
+        with log.open("w") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "kb.adapters.cli", "serve", *args, "--port", str(port)],
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        started.append((process, f"http://127.0.0.1:{port}", log))
     try:
-        wait_until(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
+        for process, url, log in started:
+            wait_until(lambda: _ready(url) or process.poll() is not None, 120, "kb serve to be ready")
+            assert process.poll() is None, log.read_text()
     except AssertionError:
-        process.kill()
+        for process, _, _ in started:
+            process.kill()
         raise
-    assert process.poll() is None, log.read_text()
-    return process, url
+    return [(process, url) for process, url, _ in started]
 
 
 def stop_serve(process: subprocess.Popen, log: Path) -> str:

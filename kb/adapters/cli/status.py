@@ -58,6 +58,8 @@ def status(workspace: int | None, as_json: bool) -> None:
             f"{ws['quarantined']} quarantined, {ws['unindexable']} unindexable)"
         )
         click.echo(f"chunks:     {ws['chunks']}")
+        if ws.get("home_node"):
+            click.echo(f"home node:  {ws['home_node']} (`kb nodes` shows whether it is up)")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
         migration = ws.get("migration")  # seeded from a legacy knowledge base

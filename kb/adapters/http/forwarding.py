@@ -34,6 +34,8 @@ from kb import errors
 from kb.db.nodes import Heartbeat
 
 if TYPE_CHECKING:
+    import httpx
+
     from kb.db.nodes import WorkspaceHome
     from kb.knowledge_base import KnowledgeBase
 
@@ -87,7 +89,7 @@ class NodeForwarding:
         self.kb_for_thread = kb_for_thread
         self.node = node
         self.stale_seconds = stale_seconds
-        self._client = None
+        self._client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -167,7 +169,10 @@ class NodeForwarding:
                     return
 
         client = self._http()
-        request = client.build_request(scope["method"], target, headers=headers, content=body())
+        has_body = any(name.lower() in ("content-length", "transfer-encoding") for name, _ in headers) or bool(
+            _header(scope, "transfer-encoding")
+        )
+        request = client.build_request(scope["method"], target, headers=headers, content=body() if has_body else b"")
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:

@@ -69,8 +69,8 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
     errors.NodeUnavailable: 503,
+    errors.WrongNode: 421,
     errors.WorkspaceMoving: 503,
-    errors.NotHomeNode: 503,
     errors.MoveFailed: 409,
     errors.WorkspaceBusy: 409,
 }
@@ -437,8 +437,6 @@ def create_app(
         if isinstance(exc, errors.WorkspaceMoving):  # design §15: retry after the move
             body.update(workspace_id=exc.workspace_id, target_node=exc.target_node, retry_after=exc.retry_after)
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(exc.retry_after)})
-        if isinstance(exc, errors.NotHomeNode):  # moved meanwhile: a retry is forwarded to the home
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse(body, status_code=status_for(exc))
 
     @app.get("/health", tags=["operations"])

@@ -1,0 +1,44 @@
+"""design §15: home nodes in one process — a new workspace is homed on its creating node; one
+made before nodes existed is adopted by the node holding its repository and by no other; another
+node may neither create nor delete it; a second storage cannot take a node's name; node names are
+checked."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from support.named_queries import queries
+
+from kb import KnowledgeBase, Settings
+from kb.db import database
+from kb.errors import ConfigurationError, WrongNode
+
+
+def test_homes_adoption_and_names(kb, settings, tmp_path):
+    kb.create_workspace(1)
+    with kb.transaction(1, "one", "alice") as tx:
+        tx.write("/documents/One.md", "one\n")
+    assert kb.workspace_home(1).node == settings.node == kb.status(1)["workspace"]["home_node"]
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_forget_home_node"], {"workspace_id": 1})
+    # another node, whose storage does not hold the repository, never adopts it
+    other = KnowledgeBase.open(settings.model_copy(update={"node": "elsewhere", "storage_root": tmp_path / "b"}))
+    other.register_node("http://127.0.0.1:9")
+    home = other.workspace_home(1)
+    assert home is not None and home.node is None
+    with pytest.raises(ConfigurationError, match="'elsewhere' is registered with the storage root"):
+        KnowledgeBase.open(settings.model_copy(update={"node": "elsewhere"})).register_node()
+    # the node holding it adopts it (the upgrade path), atomically: the first one wins
+    kb.register_node()
+    assert kb.workspace_home(1).node == settings.node and other.workspace_home(1).node == settings.node
+    with pytest.raises(WrongNode, match=f"homed on node '{settings.node}'"):
+        other.create_workspace(1)
+    with pytest.raises(WrongNode, match=f"homed on node '{settings.node}'"):
+        other.delete_workspace(1, force=True)  # its repository is not here: it would be orphaned
+    assert kb.head(1) is not None
+    assert not (tmp_path / "b" / "knowledge_store" / "1").exists()
+    listed = {n.name: n for n in kb.nodes()}
+    assert listed[settings.node].workspaces == 1 and listed["elsewhere"].url == "http://127.0.0.1:9"
+    with pytest.raises(ValidationError, match="not a node name"):
+        Settings(node="host name with spaces")
+    other.close()
