@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from support.named_queries import queries
 
 from kb import KnowledgeBase, Settings
-from kb.db import database
+from kb.db import database, nodes
 from kb.errors import ConfigurationError, WrongNode
 
 
@@ -37,8 +37,27 @@ def test_homes_adoption_and_names(kb, settings, tmp_path):
         other.delete_workspace(1, force=True)  # its repository is not here: it would be orphaned
     assert kb.head(1) is not None
     assert not (tmp_path / "b" / "knowledge_store" / "1").exists()
+    # after a move flipped the home away, the copy left here is not written to (nor marked diverged)
+    with database.transaction(kb.database_url) as conn:
+        assert nodes.set_home(conn, 1, "elsewhere", settings.node)
+    with pytest.raises(WrongNode, match="homed on node 'elsewhere'"):
+        with kb.transaction(1, "two", "alice") as tx:
+            tx.write("/documents/Two.md", "two\n")
+    assert kb.workspaces()[0]["diverged"] is None and [r.message for r in kb.history(1)] == ["one"]
     listed = {n.name: n for n in kb.nodes()}
-    assert listed[settings.node].workspaces == 1 and listed["elsewhere"].url == "http://127.0.0.1:9"
+    assert listed[settings.node].workspaces == 0 and listed["elsewhere"].workspaces == 1
+    assert listed["elsewhere"].url == "http://127.0.0.1:9"
     with pytest.raises(ValidationError, match="not a node name"):
         Settings(node="host name with spaces")
     other.close()
+
+
+def test_the_paths_forwarding_routes_name_their_workspace():
+    from kb.adapters.http.forwarding import workspace_of
+
+    def ws(path: str, query: bytes = b"") -> int | None:
+        return workspace_of({"path": path, "query_string": query})
+
+    assert [ws("/v1/workspaces/3/search"), ws("/ui/workspaces/12/documents/a.md"), ws("/mcp/4")] == [3, 12, 4]
+    assert ws("/v1/status", b"workspace=7") == 7 and ws("/v1/status") is None
+    assert [ws("/mcp/not-a-workspace"), ws("/ui/operator"), ws("/v1/workspaces"), ws("/health")] == [None] * 4

@@ -367,7 +367,7 @@ class KnowledgeStore:
             try:
                 revision = self.write_outcome(draft.idempotency_key)
                 break
-            except (WorkspaceNotFound, HistoryDiverged):
+            except (WorkspaceNotFound, HistoryDiverged, WrongNode):
                 raise
             except (KbError, psycopg.Error, OSError) as exc:
                 if attempt + 1 == SETTLE_ATTEMPTS:
@@ -938,7 +938,12 @@ class KnowledgeStore:
         When there is something to record it first takes the chunk lock (``kb.db.locks``): recording
         updates the workspace row, and the artifact rows it completes — or the rest of the
         transaction — may then lock document rows, which a projection may hold while it waits for
-        the workspace row."""
+        the workspace row.
+
+        Raises WrongNode first when the workspace is homed on a node with another storage (a
+        copy left here by a move is not the workspace's repository any more, design §15)."""
+        if workspace.get("home_node") not in (None, self.settings.node):
+            self.refuse_if_homed_elsewhere()
         repository_guard.check(conn, self.database_url, self.repository, workspace)  # design §3
         if self.repository.head() != workspace["head_revision"]:
             chunk_lock(conn, self.workspace_id)
