@@ -64,7 +64,7 @@ def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBas
     nodes.register(kb.database_url, kb.settings.model_copy(update={"node": "c", "storage_root": tmp_path / "c"}))
     with database.transaction(kb.database_url) as conn:  # as a move's flip does
         assert nodes.set_home(conn, 1, "c", kb.settings.node)
-    with pytest.raises(WrongNode, match="home node is 'c'.*nothing was written"):
+    with pytest.raises(WrongNode, match="homed on node 'c'.*nothing was written"):
         _write(kb, "/documents/b.md", "two\n")
     assert [r.id for r in kb.history(1)] == [first.id]
 

@@ -248,7 +248,7 @@ def refuse_elsewhere(workspace_id: int, settings: Settings, found: dict, moving_
     if found["home_storage_id"] is not None and found["home_storage_id"] == storage_id(settings.storage_root):
         return  # a node sharing this storage (a shared file system): the same repository
     raise WrongNode(
-        f"workspace {workspace_id}'s home node is {home!r}, not this node {settings.node!r} (it was moved, or "
+        f"workspace {workspace_id} is homed on node {home!r}, not this node {settings.node!r} (it was moved, or "
         f"this process runs as the wrong KB_NODE): nothing was written. Write through node {home!r} (a "
         "`kb serve` forwards it there), or set KB_NODE to the node whose storage root this is",
         node=home,
