@@ -373,3 +373,26 @@ class TokenNotFound(TokenError):
 
 class TokenExists(TokenError):
     """A live token already has that name (names identify a token's revisions); revoke it or choose another."""
+
+# -- moving a workspace between nodes (design §15) ------------------------------------------
+class WorkspaceMoving(KbError):
+    """The workspace is being moved to another node: its read-only window is open, so this write was
+    refused and nothing was written (reads go on). Retry after the move: ``retry_after`` seconds at
+    most (the window's expiry), usually much sooner. ``target_node`` names the node it moves to."""
+
+    def __init__(self, workspace_id: int, target_node: str, expires_at: object, retry_after: int) -> None:
+        self.workspace_id = workspace_id
+        self.target_node = target_node
+        self.expires_at = expires_at
+        self.retry_after = retry_after
+        super().__init__(
+            f"workspace {workspace_id} is moving to node {target_node!r}: writes are refused until the move "
+            f"ends, and nothing was written. Retry after the move (its window closes by {expires_at} at the "
+            f"latest, in {retry_after} s; `kb workspace move {workspace_id} --abort` cancels it)"
+        )
+
+
+class MoveFailed(KbError):
+    """A workspace move stopped before its flip: the workspace stays on its home node, unchanged
+    (design §15). The message says which step failed and why; re-running the same
+    ``kb workspace move`` resumes, ``--abort`` cancels it."""

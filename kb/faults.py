@@ -14,6 +14,12 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
 
 With group commit (``kb.store.group_commit``) the holder reaches each point once for its whole group.
 
+Points of a workspace move (``kb.workspace.moves.move``, design §15), in order:
+
+* ``move_window_open`` — the read-only window is committed, nothing is copied;
+* ``move_copied`` — the target holds the verified copy, the home has not flipped;
+* ``move_flipped`` — the home node flipped in Postgres, the old copy is not renamed aside.
+
 ``KB_FAULT_SIGNAL=INT`` sends SIGINT instead (Ctrl-C: KeyboardInterrupt at that point, for the
 interrupted-import tests); unset or ``KILL`` → SIGKILL.
 """
@@ -24,6 +30,7 @@ import os
 import signal
 
 COMMIT_POINTS = ("objects_written", "ref_advanced", "before_pg_commit")
+MOVE_POINTS = ("move_window_open", "move_copied", "move_flipped")
 
 
 def fault_point(name: str) -> None:

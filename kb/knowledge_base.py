@@ -60,7 +60,9 @@ if TYPE_CHECKING:
     from kb.workspace.fsck import FsckReport
     from kb.workspace.handle import Workspace
     from kb.workspace.lifecycle import DeletedWorkspace, WorkspaceSummary
+    from kb.workspace.moves import MoveReport
     from kb.workspace.remotes import Remote
+    from kb.workspace.repository_copy import ReceivedCopy
 
 
 __all__ = ["KnowledgeBase", "default_author"]
@@ -545,6 +547,61 @@ class KnowledgeBase:
             self.stores.forget(workspace_id)
             if self._open_turns is not None:
                 self._open_turns.forget_workspace(workspace_id)
+
+    # -- moving a workspace between nodes (design §15; kb.workspace.moves) ------------
+    def move_workspace(
+        self, workspace_id: int, to: str, *, progress: Callable[[str], None] | None = None, force: bool = False
+    ) -> MoveReport:
+        """Move the workspace's home to node ``to``: read-only window (writers get WorkspaceMoving),
+        the target pulls and verifies the copy, the home flips in Postgres, the old copy is renamed
+        aside. ``progress`` gets one line per step; ``force`` moves even with open turn worktrees.
+        Running it again after a failure or a kill resumes. Returns a MoveReport. Raises
+        WorkspaceNotFound, InvalidInput (unknown node), WorkspaceBusy, MoveFailed, LockTimeout."""
+        from kb.workspace import moves
+
+        try:
+            return moves.move(self.stores, workspace_id, to, progress=progress, force=force)
+        finally:
+            self.stores.forget(workspace_id)
+
+    def abort_move(self, workspace_id: int) -> dict | None:
+        """Cancel the workspace's move: its window closes at once (writes go on at its home) and the
+        target renames its copy aside. Returns the move's window row, or None when none was open.
+        A flipped move is not undone. Raises InvalidWorkspace, WorkspaceNotFound, LockTimeout."""
+        from kb.workspace import moves
+
+        return moves.abort(self.stores, workspace_id)
+
+    def export_workspace(self, workspace_id: int, move_id: str, *, force: bool = False) -> Path:
+        """The home node's side of a move: the archive file of the workspace for ``move_id`` (the
+        caller streams, then removes it). Raises MoveFailed, WorkspaceBusy (open turns)."""
+        from kb.workspace import moves
+
+        return moves.export(self.stores, workspace_id, move_id, force=force)
+
+    def receive_workspace(
+        self, workspace_id: int, move_id: str, source_url: str, *, force: bool = False, token: str | None = None
+    ) -> ReceivedCopy:
+        """The target node's side of a move: pull the copy from ``source_url`` (sending ``token``,
+        the bearer token the home node checks, design §16), verify it and put it in place (not
+        authoritative until the flip). Raises MoveFailed."""
+        from kb.workspace import moves
+
+        try:
+            return moves.receive(self.stores, workspace_id, move_id, source_url, force=force, token=token)
+        finally:
+            self.stores.forget(workspace_id)
+
+    def retire_workspace_copy(self, workspace_id: int, move_id: str, *, aborted: bool = False) -> list[str]:
+        """The old home's side after a flip (or the target's after an abort, ``aborted``): rename
+        this node's copy of the workspace aside. Refused (MoveFailed) while this node is its home.
+        Returns the paths renamed."""
+        from kb.workspace import moves
+
+        try:
+            return (moves.discard if aborted else moves.retire)(self.stores, workspace_id, move_id)
+        finally:
+            self.stores.forget(workspace_id)
 
     # -- turns (design §5) ----------------------------------------------------------
     def turn(self, workspace_id: int, turn_id: str, author: str | None = None, committer: str | None = None) -> Turn:

@@ -151,6 +151,13 @@ class Settings(BaseSettings):
         "(for Zero and GUI clients). Default: its Unix socket only.",
     )
 
+    move_window_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="Seconds a workspace move's read-only window stays open without progress (renewed at each "
+        "step; design §15): an abandoned move's window expires and writes go on.",
+    )
+
     # the CLI's read commands ask a running `kb serve` (kb/adapters/cli/main.py reads the variable itself)
     server_url: str | None = Field(
         default=None,

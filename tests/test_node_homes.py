@@ -50,3 +50,14 @@ def test_homes_adoption_and_names(kb, settings, tmp_path):
     with pytest.raises(ValidationError, match="not a node name"):
         Settings(node="host name with spaces")
     other.close()
+
+
+def test_the_paths_forwarding_routes_name_their_workspace():
+    from kb.adapters.http.forwarding import workspace_of
+
+    def ws(path: str, query: bytes = b"") -> int | None:
+        return workspace_of({"path": path, "query_string": query})
+
+    assert [ws("/v1/workspaces/3/search"), ws("/ui/workspaces/12/documents/a.md"), ws("/mcp/4")] == [3, 12, 4]
+    assert ws("/v1/status", b"workspace=7") == 7 and ws("/v1/status") is None
+    assert [ws("/mcp/not-a-workspace"), ws("/ui/operator"), ws("/v1/workspaces"), ws("/health")] == [None] * 4

@@ -21,7 +21,7 @@ import psycopg
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import LockTimeout, LockUnavailable
+from kb.errors import LockTimeout, LockUnavailable, WorkspaceMoving, WrongNode
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -137,7 +137,13 @@ def index_lock(database_url: str, workspace_id: int, wait: float = 0.0) -> Itera
 
 @contextlib.contextmanager
 def locked_transaction(
-    database_url: str, workspace_id: int, settings: Settings, prepare: Callable[[], T] | None = None
+    database_url: str,
+    workspace_id: int,
+    settings: Settings,
+    prepare: Callable[[], T] | None = None,
+    *,
+    moving_ok: bool = False,
+    anywhere: bool = False,
 ) -> Iterator[tuple[Connection, T | None]]:
     """A Postgres transaction holding the workspace write lock until it has committed (design §3, §4).
 
@@ -147,10 +153,16 @@ def locked_transaction(
     (``KB_LOCK_BACKEND=redis``) or ``pg_advisory_xact_lock`` inside the transaction — then yield
     ``(conn, prepare's result)``. On a clean exit the transaction commits *before* the Redis lock is
     released, so the next holder always sees this holder's rows; on an exception it rolls back.
-    Raises LockTimeout (with the workspace id), LockUnavailable.
+    Raises LockTimeout (with the workspace id), LockUnavailable, WorkspaceMoving and WrongNode
+    (see ``locked_pipeline``; ``moving_ok`` and ``anywhere`` as there).
     """
     with locked_pipeline(
-        database_url, workspace_id, settings, None if prepare is None else (lambda conn: prepare())
+        database_url,
+        workspace_id,
+        settings,
+        None if prepare is None else (lambda conn: prepare()),
+        moving_ok=moving_ok,
+        anywhere=anywhere,
     ) as (conn, prepared, _):
         yield conn, prepared
 
@@ -164,6 +176,8 @@ def locked_pipeline(
     with_lock: Callable[[Connection, T | None], R] | None = None,
     connection: Connection | None = None,
     timeout: float | None = None,
+    moving_ok: bool = False,
+    anywhere: bool = False,
 ) -> Iterator[tuple[Connection, T | None, R | None]]:
     """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
     it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
@@ -172,6 +186,16 @@ def locked_pipeline(
     of one from the pool. ``timeout``: seconds to wait for the lock, instead of
     ``settings.lock_timeout`` (LockTimeout still names the configured one). Yields ``(conn, prepared, with_lock's result)``. Raises as
     ``locked_transaction``.
+
+    Home node and move window (design §15): in the same round trip as the lock, the workspace's
+    home node and open move window are read; while a window is open, or when this process's node
+    (``KB_NODE``) is not the home and does not share its storage, the transaction rolls back (with
+    whatever ``with_lock`` did) and WorkspaceMoving / WrongNode is raised before the block runs.
+    The window is opened and the home flipped under this lock, so a writer that held it first has
+    committed (its revision is in the copy) and every later one is refused: no revision lands in a
+    copy that is not, or is about to stop being, the workspace's. ``moving_ok``: the window does not
+    refuse (the settling of a write, ``write_outcome``; the move's catch-up on the home node);
+    ``anywhere``: neither check (the move's own Postgres-only transactions, which run on any node).
     """
     with (
         contextlib.nullcontext(connection) if connection is not None else database.pooled_connection(database_url)
@@ -192,11 +216,40 @@ def locked_pipeline(
                                 workspace_id,
                                 settings.lock_timeout if timeout is None else timeout,
                             )
+                        window = (
+                            None
+                            if anywhere
+                            else conn.execute(queries["writes_refused_by_move"], {"workspace_id": workspace_id})
+                        )
                         extra = with_lock(conn, prepared) if with_lock is not None else None
                 except psycopg.errors.LockNotAvailable:
                     raise LockTimeout(workspace_id, settings.lock_timeout) from None
                 except psycopg.OperationalError as exc:
                     raise LockUnavailable(f"workspace {workspace_id}: Postgres lost while locking: {exc}") from exc
+                if window is not None and (found := window.fetchone()) is not None:
+                    refuse_elsewhere(workspace_id, settings, found, moving_ok)  # rolls back what with_lock did
                 locked_at = time.perf_counter()
                 yield conn, prepared, extra
         log.debug("workspace %s: write lock held %.3f s", workspace_id, time.perf_counter() - locked_at)
+
+
+def refuse_elsewhere(workspace_id: int, settings: Settings, found: dict, moving_ok: bool) -> None:
+    """Raise WorkspaceMoving when ``found`` (a ``writes_refused_by_move`` row, read under the write
+    lock) shows an open move window and not ``moving_ok``; WrongNode when the workspace's home
+    node is another node whose storage this process does not share (design §15). A workspace
+    without a home node yet (made before nodes) passes."""
+    if found["move_id"] is not None and not moving_ok:
+        raise WorkspaceMoving(workspace_id, found["target_node"], found["expires_at"], found["retry_after"])
+    home = found["home_node"]
+    if home is None or home == settings.node:
+        return
+    from kb.db.nodes import storage_id
+
+    if found["home_storage_id"] is not None and found["home_storage_id"] == storage_id(settings.storage_root):
+        return  # a node sharing this storage (a shared file system): the same repository
+    raise WrongNode(
+        f"workspace {workspace_id} is homed on node {home!r}, not this node {settings.node!r} (it was moved, or "
+        f"this process runs as the wrong KB_NODE): nothing was written. Write through node {home!r} (a "
+        "`kb serve` forwards it there), or set KB_NODE to the node whose storage root this is",
+        node=home,
+    )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kb.db import database
 from kb.db.locks import chunk_lock
 from kb.db.sql import queries
-from kb.errors import HistoryDiverged, StorageError, WorkspaceNotFound
+from kb.errors import HistoryDiverged, StorageError, WorkspaceMoving, WorkspaceNotFound
 from kb.store.authors import default_author
 from kb.store.homes import adopt_homeless, own_workspace_ids
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
@@ -111,6 +111,9 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
         except HistoryDiverged as exc:  # skipped with the reason; the others go on
             log.error("sweep: workspace %s skipped: %s", ws, exc)
             report.diverged[ws] = str(exc)
+            continue
+        except WorkspaceMoving as exc:  # design §15: the move records nothing new; next sweep
+            log.info("sweep: workspace %s skipped while it moves: %s", ws, exc)
             continue
         except (StorageError, WorkspaceNotFound) as exc:  # one damaged (or vanishing) repository
             # must not stop the sweep of the others

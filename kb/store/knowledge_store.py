@@ -412,7 +412,9 @@ class KnowledgeStore:
         """
         key = write_keys.check_key(idempotency_key)
         repo = self.repository
-        with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
+        # moving_ok: settling reports, it writes no change (a revision git has is recorded, and the
+        # move's flip then sees a head it did not copy and stops: design §15)
+        with locked_transaction(self.database_url, self.workspace_id, self.settings, moving_ok=True) as (conn, _):
             self._catch_up(conn, self._workspace_row(conn))
             write_keys.withdraw_intents(conn, self.workspace_id, key)
             revision_id = write_keys.recorded(conn, self.workspace_id, [key]).get(key)

@@ -38,7 +38,7 @@ def workspaces(as_json: bool) -> None:
 def workspace() -> None:
     """Manage one workspace.
 
-    Example: kb workspace delete 7 --yes
+    Example: kb workspace move 7 --to b
     """
 
 
@@ -60,6 +60,46 @@ def delete(workspace_id: int, yes: bool, force: bool) -> None:
         f"deleted workspace {report.id}: {report.documents} documents, {report.folders} folders, "
         f"{report.jobs} jobs; removed {len(report.removed_paths)} folders from disk"
     )
+
+
+@workspace.command("move")
+@click.argument("workspace_id", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID))
+@click.option("--to", "target", metavar="NODE", help="The node to move it to (`kb nodes` lists them).")
+@click.option("--abort", is_flag=True, help="Cancel the workspace's unfinished move: writes go on at its home.")
+@click.option("--force", is_flag=True, help="Move even while turns are open on its home node (their changes stay).")
+def move(workspace_id: int, target: str | None, abort: bool, force: bool) -> None:
+    """Move a workspace's home to another node: a read-only window (writes fail with WorkspaceMoving,
+    reads go on), the target node pulls and verifies the repository, the home flips in Postgres,
+    the old copy is renamed aside. Both nodes' `kb serve` must run. Safe to interrupt: run the same
+    command again to resume, or --abort; an abandoned window expires after KB_MOVE_WINDOW_SECONDS.
+
+    Example: kb workspace move 1 --to b
+    """
+    if abort == (target is not None):
+        raise click.UsageError("pass --to NODE to move the workspace, or --abort to cancel its move")
+    kb = session.open_kb()
+    if abort:
+        row = kb.abort_move(workspace_id)
+        if row is None:
+            click.echo(f"workspace {workspace_id} has no move to cancel")
+        elif row["step"] == "flipped":
+            click.echo(
+                f"workspace {workspace_id}'s move to {row['target_node']!r} had already flipped: it stays there "
+                f"(move it back with `kb workspace move {workspace_id} --to {row['source_node']}`)"
+            )
+        else:
+            click.echo(
+                f"cancelled the move of workspace {workspace_id} to {row['target_node']!r} (at step {row['step']}); "
+                "writes go on at its home node"
+                + (
+                    f"; the target's copy was not renamed aside: {row['discard_problem']}"
+                    if "discard_problem" in row
+                    else ""
+                )
+            )
+        return
+    assert target is not None
+    kb.move_workspace(workspace_id, target, progress=click.echo, force=force)
 
 
 COMMANDS = [workspaces, workspace]

@@ -2,7 +2,8 @@
 homed on another node by proxying it to that node's URL.
 
 ``NodeForwarding`` is ASGI middleware in front of every route. For a path naming a workspace —
-``/v1/workspaces/{ws}/…``, ``/mcp/{ws}…`` and ``/v1/status?workspace={ws}`` — it reads the
+``/v1/workspaces/{ws}/…``, ``/ui/workspaces/{ws}/…`` (pages for people, design §17), ``/mcp/{ws}…``
+and ``/v1/status?workspace={ws}`` — it reads the
 workspace's home (``KnowledgeBase.workspace_home``: one pooled query; a workspace without a home
 node whose repository is here is adopted) and:
 
@@ -47,7 +48,7 @@ FORWARDED_BY = "x-kb-forwarded-by"
 CONNECT_SECONDS = 5.0
 """How long to wait for the home node to accept the connection before NodeUnavailable."""
 
-_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|mcp)/(\d+)(?:/|$)")
+_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/(\d+)(?:/|$)")
 _HOP_BY_HOP = frozenset(
     {
         "connection",

@@ -81,6 +81,10 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.NodeUnavailable: 503,
     errors.WrongNode: 421,
     errors.PermissionDenied: 503,  # the server's database role, not the caller (design §16)
+
+    errors.WorkspaceMoving: 503,
+    errors.MoveFailed: 409,
+    errors.WorkspaceBusy: 409,
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
@@ -478,6 +482,9 @@ def create_app(
                 },
             )
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        if isinstance(exc, errors.WorkspaceMoving):  # design §15: retry after the move
+            body.update(workspace_id=exc.workspace_id, target_node=exc.target_node, retry_after=exc.retry_after)
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(exc.retry_after)})
         return JSONResponse(body, status_code=status_for(exc))
 
     @app.get("/health", tags=["operations"])
@@ -501,6 +508,9 @@ def create_app(
     app.include_router(read_router(service))
     app.include_router(turn_router(service))
     app.include_router(citation_router(service))
+    from kb.adapters.http.moves import moves_router
+
+    app.include_router(moves_router(service))
     for factory in routers or []:
         app.include_router(factory(service))
     serve_docs_offline(app)

@@ -1,0 +1,163 @@
+"""design §15: moving a workspace between nodes — the read-only window every writer meets
+(``kb.db.locks.locked_pipeline``), its abort and expiry; and one end-to-end move between two real
+`kb serve --with-worker` nodes (two storage roots, one Postgres) while a writer loops, killed after
+its window opened and resumed. The kill at every step, and the move time of a large workspace, are
+``bin/move_workspace.py``'s."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.commands import git, run_cli
+from support import serving
+from support.kb_nodes import bearer, running_nodes
+from support.waiting import wait_until
+
+from kb import KnowledgeBase, Settings
+from kb.db import database, nodes
+from kb.errors import WorkspaceMoving, WrongNode
+from kb.workspace import moves
+
+
+def _write(kb: KnowledgeBase, path: str, text: str, **kw):
+    with kb.transaction(1, "w", "alice", **kw) as tx:
+        tx.write(path, text.encode())
+    return tx.revision
+
+
+def test_window_refuses_every_writer_reads_go_on_abort_and_expiry(kb: KnowledgeBase) -> None:
+    kb.create_workspace(1)
+    first = _write(kb, "/documents/a.md", "one\n")
+    moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")
+    with pytest.raises(WorkspaceMoving, match="moving to node 'b'.*nothing was written") as refused:
+        _write(kb, "/documents/b.md", "two\n")  # grouped
+    assert refused.value.target_node == "b" and refused.value.retry_after > 0
+    with pytest.raises(WorkspaceMoving):
+        kb.artifacts(1).save("Report", "# Report\n", {"data.csv": b"1,2\n"})  # alone, with blobs
+    turn = kb.turn(1, "t1", author="bob")
+    turn.write("/documents/c.md", "three\n")
+    with pytest.raises(WorkspaceMoving):
+        turn.commit()
+    assert kb.read(1, "/documents/a.md") == b"one\n"  # reads go on
+    assert [r.id for r in kb.history(1)] == [first.id]
+    assert moves.window(kb.stores, 1)["step"] == "window"
+    assert kb.abort_move(1)["move_id"] == "m1"
+    assert moves.window(kb.stores, 1) is None
+    assert _write(kb, "/documents/b.md", "two\n") is not None  # writes go on at once
+
+    short = KnowledgeBase.open(kb.settings.model_copy(update={"move_window_seconds": 0.5}))
+    moves.open_window(short.stores, 1, "m2", kb.settings.node, "b")
+    with pytest.raises(WorkspaceMoving):
+        _write(short, "/documents/d.md", "four\n")
+    time.sleep(0.6)  # an abandoned window expires
+    assert _write(short, "/documents/d.md", "four\n") is not None
+    short.close()
+
+
+def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBase, tmp_path: Path) -> None:
+    kb.create_workspace(1)
+    first = _write(kb, "/documents/a.md", "one\n")
+    nodes.register(kb.database_url, kb.settings.model_copy(update={"node": "c", "storage_root": tmp_path / "c"}))
+    with database.transaction(kb.database_url) as conn:  # as a move's flip does
+        assert nodes.set_home(conn, 1, "c", kb.settings.node)
+    with pytest.raises(WrongNode, match="homed on node 'c'.*nothing was written"):
+        _write(kb, "/documents/b.md", "two\n")
+    assert [r.id for r in kb.history(1)] == [first.id]
+
+
+# -- end to end: two nodes -----------------------------------------------------------------
+AUTH: dict[str, str] = {}
+"""The nodes' admin token header (design §16), set once the nodes run."""
+
+
+def call(url: str, method: str = "GET", body: dict | None = None, headers: dict | None = None):
+    """``serving.call`` with the nodes' token."""
+    return serving.call(url, method, body, {**AUTH, **(headers or {})})
+
+
+class Writer(threading.Thread):
+    """Writes one new document per turn through a node's port until stopped; keeps what each write
+    was told: landed (revision), refused with WorkspaceMoving or WrongNode (it reached a just
+    before the flip and wrote after it), nothing recorded, or another error."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.stop = url, threading.Event()
+        self.landed: dict[str, str] = {}  # path → revision
+        self.refused: list[str] = []
+        self.empty: list[str] = []
+        self.elsewhere: list[str] = []
+        self.failed: list[tuple[int, object]] = []
+
+    def write(self, n: int) -> None:
+        turn, path = f"{self.url}/v1/workspaces/1/turns/w{n}", f"/documents/loop/{n}.md"
+        status, answer = call(f"{turn}/files{path}", "PUT", {"content": f"write {n}\n"})
+        if status == 200:
+            status, answer = call(f"{turn}/commit", "POST", {"message": f"write {n}"}, {"Idempotency-Key": f"w{n}"})
+        if status == 200 and answer["revision"] is None:  # a turn opened on a before the flip, committed
+            self.empty.append(path)  # on b (forwarded): its writes stayed on a (--force), nothing recorded
+            return
+        if status == 200:
+            self.landed[path] = answer["revision"]
+            return
+        if isinstance(answer, dict) and answer.get("error") == "WorkspaceMoving":
+            self.refused.append(path)
+        elif isinstance(answer, dict) and answer.get("error") == "WrongNode":  # raced the flip on a
+            self.elsewhere.append(path)
+        else:
+            self.failed.append((status, answer))
+        call(turn, "DELETE")
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                self.write(n)
+            except OSError as exc:  # the server does not answer: a failure the test reports
+                self.failed.append((0, str(exc)))
+            time.sleep(0.05)
+
+
+@pytest.mark.postgres
+def test_move_between_two_nodes_while_a_writer_loops(database_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
+    with running_nodes(database_url, tmp_path) as (a, b):
+        notes = tmp_path / "notes"
+        notes.mkdir()
+        (notes / "One.md").write_text("# One\n\nfirst note\n")
+        (notes / "Two.md").write_text("# Two\n\nsecond note\n")
+        run_cli(a.env, "import", str(notes), "--workspace", "1")
+        AUTH.update(bearer(a))
+        writer = Writer(a.url)
+        writer.start()
+        wait_until(lambda: len(writer.landed) >= 2, 60, "writes to land on a")
+        # killed right after its window opened: writes are refused, none lands, reads go on
+        killed = run_cli(
+            {**a.env, "KB_FAULT_POINT": "move_window_open"}, "workspace", "move", "1", "--to", "b", check=False
+        )
+        assert killed.returncode == -signal.SIGKILL and "read-only window open" in killed.stdout
+        wait_until(lambda: len(writer.refused) >= 2, 60, "writes refused during the window")
+        status, log = call(f"{a.url}/v1/workspaces/1/log?limit=1000")  # reads go on
+        assert status == 200 and not {c["path"] for r in log for c in r["changes"]} & set(writer.refused)
+        moved = run_cli(a.env, "workspace", "move", "1", "--to", "b", "--force")  # resumes; the writer's turns stay
+        assert "resuming move" in moved.stdout and "flipped" in moved.stdout, moved.stdout
+        landed_before = len(writer.landed)
+        wait_until(lambda: len(writer.landed) >= landed_before + 2, 60, "writes through a to land on b")
+        writer.stop.set()
+        writer.join(60)
+        assert not writer.failed, writer.failed
+        kb = KnowledgeBase.open(
+            Settings(database_url=database_url, storage_root=b.root, embedding_model="hashing", node="b")
+        )
+        history = {c.path for r in kb.history(1, limit=10_000) for c in r.changes}
+        assert set(writer.landed) <= history  # every write reported landed is in the final history
+        assert not set(writer.refused + writer.elsewhere + writer.empty) & history
+        assert git(b.root / "knowledge_store" / "1", "rev-parse", "HEAD").strip() == kb.history(1, limit=1)[0].id
+        assert not (a.root / "knowledge_store" / "1").exists()  # renamed aside, not deleted
+        assert list((a.root / "knowledge_store").glob(".moved-1-*"))
+        kb.close()
