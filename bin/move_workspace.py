@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """design §15 benchmark and kill matrix: move a large workspace between two real nodes.
 
-    python bin/move_workspace.py /work/shared/corpus/tldr/pages [--rounds 3] [--kills]
+    python bin/move_workspace.py CORPUS/tldr/pages [--rounds 3] [--kills]
 
 Two `kb serve` nodes (a and b: two storage roots, two ports, one embedded Postgres in a temporary
 folder, no worker so the move is timed alone) and workspace 1 imported on a from SOURCE. Then:
@@ -37,18 +37,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from support.commands import git, run_cli  # noqa: E402
 from support.kb_nodes import Node as KbNode  # noqa: E402
+from support.kb_nodes import admin_token, start, stop  # noqa: E402
 from support.kb_nodes import node as new_node  # noqa: E402
-from support.kb_nodes import start, stop  # noqa: E402
 
 from kb.db.database import start_embedded, stop_embedded  # noqa: E402
 from kb.faults import MOVE_POINTS  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.settings import Settings  # noqa: E402
 
+AUTH: dict[str, str] = {}  # the nodes' admin token header (design §16), set once it exists
+
 
 def call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **AUTH}, method=method)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.load(response)
@@ -101,6 +103,10 @@ def main() -> int:
         url = start_embedded(folder / "postgres")
         nodes.extend(new_node(url, name, folder / name) for name in ("a", "b"))
         a, b = nodes
+        token = admin_token(a.env)
+        for node in nodes:
+            node.env["KB_TOKEN"] = token
+        AUTH["Authorization"] = f"Bearer {token}"
         by_name = {n.name: n for n in nodes}
         started = time.perf_counter()
         run_cli(a.env, "import", str(args.source), "--workspace", "1")

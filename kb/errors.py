@@ -374,6 +374,7 @@ class TokenNotFound(TokenError):
 class TokenExists(TokenError):
     """A live token already has that name (names identify a token's revisions); revoke it or choose another."""
 
+
 # -- moving a workspace between nodes (design §15) ------------------------------------------
 class WorkspaceMoving(KbError):
     """The workspace is being moved to another node: its read-only window is open, so this write was

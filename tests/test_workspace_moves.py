@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.commands import git, run_cli
 from support import serving
+from support.commands import git, run_cli
 from support.kb_nodes import bearer, running_nodes
 from support.waiting import wait_until
 

@@ -81,7 +81,6 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.NodeUnavailable: 503,
     errors.WrongNode: 421,
     errors.PermissionDenied: 503,  # the server's database role, not the caller (design §16)
-
     errors.WorkspaceMoving: 503,
     errors.MoveFailed: 409,
     errors.WorkspaceBusy: 409,
