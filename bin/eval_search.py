@@ -524,7 +524,12 @@ def main() -> None:
                 r["id"]: r["path"].removeprefix("/documents/")
                 for r in conn.execute(queries["eval_document_paths"], {"workspace_id": ws})
             }
-        vectors = embedder.embed([q for q, _, _ in pairs])
+        if hasattr(embedder, "embed_query"):  # e5: a query is embedded with its own prefix
+            import numpy
+
+            vectors = numpy.stack([embedder.embed_query(q) for q, _, _ in pairs])
+        else:
+            vectors = embedder.embed([q for q, _, _ in pairs])
         kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
         scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "document": [], "bm25": []}
         if args.alternatives:

@@ -99,7 +99,7 @@ CREATE TABLE kb.chunks (
     end_line integer,
     token_count integer,
     embedding_model text NOT NULL,
-    embedding vector(384),
+    embedding vector,
     tsv tsvector NOT NULL
 );
 CREATE INDEX chunks_by_document ON kb.chunks (document_id, position);
@@ -767,3 +767,10 @@ CREATE TABLE kb.write_keys (
 -- and nothing is deleted meanwhile.
 ALTER TABLE kb.workspaces ADD COLUMN repository_id text;
 ALTER TABLE kb.workspaces ADD COLUMN diverged text;
+
+-- Design §7: each workspace's embedding model (migration 0024). kb.chunks.embedding is an untyped
+-- vector (declared above): each workspace's vectors have their model's dimension. ``embedder``:
+-- the model its vectors and queries use (NULL: the default KB_EMBEDDING_MODEL decides at the
+-- first index run); ``next_embedder``: the model a switch is re-embedding it into.
+ALTER TABLE kb.workspaces ADD COLUMN embedder text;
+ALTER TABLE kb.workspaces ADD COLUMN next_embedder text;
