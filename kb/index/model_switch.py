@@ -91,8 +91,10 @@ def switch(
         with index_lock(database_url, workspace_id, wait=LOCK_WAIT_SECONDS) as locked:
             if not locked:
                 raise LockTimeout(
-                    f"workspace {workspace_id}: an index run held the index lock for {LOCK_WAIT_SECONDS:.0f} s; "
-                    "the model switch is retried (its vectors so far are cached)"
+                    workspace_id,
+                    LOCK_WAIT_SECONDS,
+                    lock="index",
+                    holder="an index run holds it. The model switch is retried; its vectors so far are cached",
                 )
             if models.recorded(conn, workspace_id)[1] != name:
                 report.action = "superseded"
