@@ -264,13 +264,24 @@ class KnowledgeBase:
 
     def embedder_for(self, workspace_id: int, conn: Connection | None = None) -> Embedder:
         """The embedder of the model ``workspace_id`` records (``kb.workspaces.embedder``), or the
-        default (``embedder``) when it records none or the same model (design §7). Loads nothing.
-        Raises WorkspaceNotFound, ConfigurationError (the recorded model's package is missing)."""
+        default (``embedder``) when it records none (or has no row) or the same model (design §7).
+        Loads nothing. Raises ConfigurationError (the recorded model's package is missing)."""
+        from psycopg.pq import TransactionStatus
+
         from kb.index import models
 
         if conn is None:
             with database.pooled_connection(self.database_url) as own, own.transaction():
                 name, _ = models.recorded(own, workspace_id)
+        elif conn.autocommit:
+            name, _ = models.recorded(conn, workspace_id)
+        elif conn.info.transaction_status == TransactionStatus.IDLE:  # one round trip, not BEGIN … COMMIT
+            conn.autocommit = True
+            try:
+                name, _ = models.recorded(conn, workspace_id)
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False
         else:
             with conn.transaction():
                 name, _ = models.recorded(conn, workspace_id)

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kb.db.sql import queries
-from kb.errors import ConfigurationError, WorkspaceNotFound
+from kb.errors import ConfigurationError
 from kb.index import multilingual
 from kb.index.embedding import Embedder, LazyEmbedder, minilm_available
 from kb.index.languages import detect_language
@@ -85,10 +85,11 @@ def workspace_languages(conn: Connection, repo: Repository, workspace_id: int) -
 
 
 def recorded(conn: Connection, workspace_id: int) -> tuple[str | None, str | None]:
-    """``(embedder, next_embedder)`` recorded for the workspace. Raises WorkspaceNotFound."""
+    """``(embedder, next_embedder)`` recorded for the workspace; ``(None, None)`` for a workspace
+    with no row (the callers say whether it exists: a search of it finds nothing)."""
     row = conn.execute(queries["workspace_embedder"], {"workspace_id": workspace_id}).fetchone()
     if row is None:
-        raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")
+        return None, None
     return row["embedder"], row["next_embedder"]
 
 
