@@ -262,6 +262,13 @@ class KnowledgeBase:
                     self._models = ModelSet(self.settings)
         return self._models
 
+    def share_embedders(self, other: KnowledgeBase) -> None:
+        """Use ``other``'s default embedder and per-workspace models (``kb serve``: one load of
+        each model for all its threads' KnowledgeBase objects)."""
+        self._embedder = other.embedder
+        self._embedder_installed = other._embedder_installed
+        self._models = other.models
+
     def embedder_for(self, workspace_id: int, conn: Connection | None = None) -> Embedder:
         """The embedder of the model ``workspace_id`` records (``kb.workspaces.embedder``), or the
         default (``embedder``) when it records none (or has no row) or the same model (design §7).
