@@ -310,10 +310,13 @@ class KnowledgeBase:
             if name is None and not self._embedder_installed:
                 vectors = conn.execute(queries["workspace_vector_models"], {"workspace_id": workspace_id}).fetchall()
                 if not vectors:  # never indexed: choose now, so a later default never mixes models
-                    configured = self.settings.embedding_model.strip()
+                    configured: str | None = self.settings.embedding_model.strip()
                     if configured == "auto":
-                        configured = models.auto_choice(models.workspace_languages(conn, repo, workspace_id))
-                    models.pin(conn, workspace_id, configured)
+                        languages = models.workspace_languages(conn, repo, workspace_id)
+                        # no document yet: nothing to pick by, so the choice waits for one
+                        configured = models.auto_choice(languages) if languages else None
+                    if configured is not None:
+                        models.pin(conn, workspace_id, configured)
             return self.embedder_for(workspace_id, conn)
 
     @functools.cached_property

