@@ -74,6 +74,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,7 +86,8 @@ sys.path.insert(0, str(ROOT))
 
 from kb.db import database  # noqa: E402
 from kb.index.embedding import make_embedder  # noqa: E402
-from kb.index.languages import lexical_text  # noqa: E402
+from kb.index.languages import detect_language, lexical_text  # noqa: E402
+from kb.index.models import auto_choice  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.search.hybrid import (  # noqa: E402
     DOCUMENT_WEIGHT,
@@ -388,8 +390,9 @@ def rm3_rankings(
     return rankings
 
 
-def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict[str, str], bool]:
-    """Import + index the language's corpus into ``ws`` (once); returns (pairs, documents, exclude_sources)."""
+def prepare(kb: KnowledgeBase, ws: int, language: str, args, choose=None) -> tuple[list, dict[str, str], bool]:
+    """Import + index the language's corpus into ``ws`` (once); returns (pairs, documents, exclude_sources).
+    ``choose(documents)`` is called before indexing (``--model auto``: the model for the corpus)."""
     work = args.work / "corpora" / language
     rng = random.Random(SEED)
     if language == "en":
@@ -427,6 +430,8 @@ def prepare(kb: KnowledgeBase, ws: int, language: str, args) -> tuple[list, dict
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
         kb.import_folder(work, ws)
+    if choose is not None:
+        choose(documents)
     t0 = time.perf_counter()
     report = kb.index(ws)
     print(
@@ -488,7 +493,16 @@ def main() -> None:
             update={"database_url": database.start_embedded(args.work / "pg", database="kb_eval")}
         )
     kb = KnowledgeBase.open(settings)
-    embedder = kb.use_embedder(make_embedder(settings))
+    embedders: dict[str, object] = {}
+
+    def model_named(name: str):
+        if name not in embedders:
+            embedders[name] = make_embedder(settings.model_copy(update={"embedding_model": name}))
+        return embedders[name]
+
+    # --model auto: each language's workspace gets the model kb's auto picks for its documents
+    # (kb.index.models.auto_choice over their detected languages); the first one stands in here
+    embedder = kb.use_embedder(model_named("minilm" if args.model == "auto" else args.model))
     result: dict = {
         "model": embedder.model,
         "split": args.split,
@@ -514,7 +528,15 @@ def main() -> None:
     for language, ws in WORKSPACES.items():
         if language not in args.languages:
             continue
-        pairs, documents, exclude_sources = prepare(kb, ws, language, args)
+
+        def choose(documents: dict[str, str], language: str = language) -> None:
+            nonlocal embedder
+            if args.model == "auto":
+                name = auto_choice(Counter(detect_language(text) for text in documents.values()))
+                embedder = kb.use_embedder(model_named(name))
+                print(f"{language}: auto picks {name} ({embedder.model})", flush=True)
+
+        pairs, documents, exclude_sources = prepare(kb, ws, language, args, choose)
         with database.connect(kb.database_url, autocommit=True) as conn:
             chunk_document = {
                 r["id"]: r["path"].removeprefix("/documents/")
@@ -524,7 +546,12 @@ def main() -> None:
                 r["id"]: r["path"].removeprefix("/documents/")
                 for r in conn.execute(queries["eval_document_paths"], {"workspace_id": ws})
             }
-        vectors = embedder.embed([q for q, _, _ in pairs])
+        if hasattr(embedder, "embed_query"):  # e5: a query is embedded with its own prefix
+            import numpy
+
+            vectors = numpy.stack([embedder.embed_query(q) for q, _, _ in pairs])
+        else:
+            vectors = embedder.embed([q for q, _, _ in pairs])
         kb.use_embedder(RememberedQueries(embedder, dict(zip((q for q, _, _ in pairs), vectors))))
         scores: dict[str, list[tuple[float, float]]] = {"kb": [], "vector": [], "text": [], "document": [], "bm25": []}
         if args.alternatives:
@@ -627,6 +654,7 @@ def main() -> None:
             for name, s in scores.items()
         }
         summary["pairs"] = len(pairs)
+        summary["model"] = embedder.model
         best_other = max(summary["bm25"]["recall@5"], summary["vector"]["recall@5"])
         summary["kb_margin_recall@5"] = round(summary["kb"]["recall@5"] - best_other, 4)
         if args.grid:

@@ -38,7 +38,9 @@ from kb.store.titles import recorded_title
 
 if TYPE_CHECKING:
     from kb.citations.conversation import Conversation
+    from kb.db.database import Connection
     from kb.db.tokens import TokenStore
+    from kb.git.repository import Repository
     from kb.git.worktree import JanitorReport
 
     # Imported where used: numpy, the chunker's tokenizer and the model stay unloaded for
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from kb.index.embedding import Embedder
     from kb.index.freshness import IndexFreshness
     from kb.index.indexer import IndexReport
+    from kb.index.models import ModelSet
     from kb.jobs.worker import WorkerReport
     from kb.legacy.drift import DriftReport
     from kb.legacy.seed import SeedReport
@@ -76,9 +79,12 @@ class KnowledgeBase:
         check_storage_root(settings.knowledge_store)
         self.stores = Stores(settings, database_url)
         self._embedder: Embedder | None = None
+        self._embedder_installed = False  # use_embedder() by a caller: workspaces without a model use it
+        self._models: ModelSet | None = None
         self._open_turns: OpenTurns | None = None  # made by the first turn (one-shot commands open none)
         self._open_turns_made = threading.Lock()
         self._embedder_made = threading.Lock()
+        self._models_made = threading.Lock()
 
     @property
     def settings(self) -> Settings:
@@ -259,8 +265,77 @@ class KnowledgeBase:
             with self._embedder_made:  # one embedder for every thread (docs/python-api.md "Threads")
                 if self._embedder is None:
                     self.use_embedder(LazyEmbedder(self.settings))  # the model loads on first embed()
+                    self._embedder_installed = False
                 embedder = self._embedder
         return embedder
+
+    @property
+    def models(self) -> ModelSet:
+        """The embedders of the models workspaces record (kb.index.models), one per model."""
+        if self._models is None:
+            from kb.index.models import ModelSet
+
+            with self._models_made:
+                if self._models is None:
+                    self._models = ModelSet(self.settings)
+        return self._models
+
+    def share_embedders(self, other: KnowledgeBase) -> None:
+        """Use ``other``'s default embedder and per-workspace models (``kb serve``: one load of
+        each model for all its threads' KnowledgeBase objects)."""
+        self._embedder = other.embedder
+        self._embedder_installed = other._embedder_installed
+        self._models = other.models
+
+    def embedder_for(self, workspace_id: int, conn: Connection | None = None) -> Embedder:
+        """The embedder of the model ``workspace_id`` records (``kb.workspaces.embedder``), or the
+        default (``embedder``) when it records none (or has no row) or the same model (design §7).
+        Loads nothing. Raises ConfigurationError (the recorded model's package is missing)."""
+        from psycopg.pq import TransactionStatus
+
+        from kb.index import models
+
+        if conn is None:
+            with database.pooled_connection(self.database_url) as own, own.transaction():
+                name, _ = models.recorded(own, workspace_id)
+        elif conn.autocommit:
+            name, _ = models.recorded(conn, workspace_id)
+        elif conn.info.transaction_status == TransactionStatus.IDLE:  # one round trip, not BEGIN … COMMIT
+            conn.autocommit = True
+            try:
+                name, _ = models.recorded(conn, workspace_id)
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False
+        else:
+            with conn.transaction():
+                name, _ = models.recorded(conn, workspace_id)
+        default = self.embedder
+        if name is None:
+            return default
+        embedder = self.models.embedder(name)
+        return default if embedder.model == default.model else embedder
+
+    def _index_embedder(self, workspace_id: int, repo: Repository) -> Embedder:
+        """The embedder an index run uses, resolved under the workspace's index lock: the recorded
+        model's; at a workspace's first run (no model recorded, no chunks yet) the default's
+        name — with ``KB_EMBEDDING_MODEL=auto`` the model auto picks by the documents' languages
+        — is recorded first. A caller's own embedder (use_embedder) is never recorded."""
+        from kb.index import models
+
+        with database.connect(self.database_url, autocommit=True) as conn:
+            name, _ = models.recorded(conn, workspace_id)
+            if name is None and not self._embedder_installed:
+                vectors = conn.execute(queries["workspace_vector_models"], {"workspace_id": workspace_id}).fetchall()
+                if not vectors:  # never indexed: choose now, so a later default never mixes models
+                    configured: str | None = self.settings.embedding_model.strip()
+                    if configured == "auto":
+                        languages = models.workspace_languages(conn, repo, workspace_id)
+                        # no document yet: nothing to pick by, so the choice waits for one
+                        configured = models.auto_choice(languages) if languages else None
+                    if configured is not None:
+                        models.pin(conn, workspace_id, configured)
+            return self.embedder_for(workspace_id, conn)
 
     @functools.cached_property
     def chunker(self) -> LazyChunker:
@@ -291,7 +366,9 @@ class KnowledgeBase:
         self.store(workspace_id).require_exists()
         from kb.index.indexer import Indexer
 
-        indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
+        indexer = Indexer(
+            self.settings, self.database_url, self.embedder, self.chunker, progress, embedder_for=self._index_embedder
+        )
         return indexer.converge(workspace_id)
 
     def run_worker(self, until_idle: bool = False, concurrency: int = 1, display=None) -> WorkerReport:
@@ -315,9 +392,9 @@ class KnowledgeBase:
         check_query(query, k)
         store = self.store(workspace_id)
         repo = store.repository
-        embedder = self.embedder
         with database.pooled_connection(self.database_url) as conn:
             store.check_repository(conn)  # never answer from a repository behind Postgres (design §3)
+            embedder = self.embedder_for(workspace_id, conn)  # the workspace's own model (design §7)
             found = hybrid_search(conn, repo, embedder, workspace_id, query, k)
         if not found and not store.exists():
             # deleted (by another process) since this object opened it: its rows are gone, so the
@@ -459,6 +536,8 @@ class KnowledgeBase:
                 "model (KB_EMBEDDING_MODEL) or migrate the column"
             )
         self._embedder = embedder
+        self._embedder_installed = True
+        self.models.add(embedder.model, embedder)  # a workspace recording its model uses it too
         return embedder
 
     def reindex(
@@ -469,8 +548,55 @@ class KnowledgeBase:
         self.store(workspace_id).require_exists()
         from kb.index.indexer import Indexer
 
-        indexer = Indexer(self.settings, self.database_url, self.embedder, self.chunker, progress)
+        indexer = Indexer(
+            self.settings, self.database_url, self.embedder, self.chunker, progress, embedder_for=self._index_embedder
+        )
         return indexer.reindex(workspace_id)
+
+    def set_model(self, workspace_id: int, name: str) -> int | None:
+        """Switch ``workspace_id`` to embedding model ``name`` (``kb workspace set-model``, design
+        §7): ``minilm``, ``use-m3``, ``e5-small``, ``hashing``, ``openai:<model>``, a model
+        directory, or ``auto`` (the model auto picks for the workspace's documents now). Records
+        the target and queues ``kb.switch_model``; search answers from the old vectors until the
+        worker has re-embedded the workspace. Returns the job id, None when the workspace already
+        uses the model (or a waiting job covers it). Raises ConfigurationError for an unknown
+        model or one whose package is missing, WorkspaceNotFound."""
+        from kb.index import models
+        from kb.jobs import tasks as jobs
+
+        store = self.store(workspace_id)
+        store.require_exists()
+        if name.strip() == "auto":
+            with database.connect(self.database_url, autocommit=True) as conn:
+                name = models.auto_choice(models.workspace_languages(conn, store.repository, workspace_id))
+        return jobs.defer_model_switch(self.stores, workspace_id, models.normalize(name, self.settings))
+
+    def switch_model(self, workspace_id: int, progress=None, between_passes=None):
+        """Run the model switch ``set_model`` queued, in this process (what ``kb.switch_model``
+        runs): re-embed through the cache, then swap every vector in one transaction. Returns a
+        ``kb.index.model_switch.SwitchReport`` (action ``unchanged`` when no switch is pending).
+        Raises WorkspaceNotFound, LockTimeout (an index run held the lock; retry)."""
+        from kb.index import model_switch, models
+
+        self.store(workspace_id).require_exists()
+        with database.connect(self.database_url, autocommit=True) as conn:
+            current, target = models.recorded(conn, workspace_id)
+        if target is None:
+            embedder = self.embedder_for(workspace_id)
+            return model_switch.SwitchReport(workspace_id, current or "", embedder.model, action="unchanged")
+        embedder = self.models.embedder(target)
+        if embedder.model == self.embedder.model:
+            embedder = self.embedder
+        return model_switch.switch(
+            self.settings,
+            self.database_url,
+            workspace_id,
+            target,
+            embedder,
+            self.chunker,
+            progress,
+            between_passes,
+        )
 
     def defer_reindex(self, workspace_id: int) -> int | None:
         """Queue ``kb.reindex`` for a worker; returns the job id (None: one is already waiting)."""
@@ -687,10 +813,18 @@ class KnowledgeBase:
         from kb.legacy.seed import Seeder
 
         check_workspace_id(workspace_id)
-        active = self.embedder.model
-        return Seeder(self.stores, dsn, legacy_workspace, workspace_id, progress).run(
+        active = self.embedder_for(workspace_id).model if self.store(workspace_id).exists() else self.embedder.model
+        report = Seeder(self.stores, dsn, legacy_workspace, workspace_id, progress).run(
             yes=yes, flip=flip, force=force, active_model=active
         )
+        if yes and report.models_match and report.legacy_model:
+            # the adopted vectors are the legacy model's: the workspace keeps it until switched,
+            # whatever the default becomes (design §7, §10)
+            from kb.index import models
+
+            with database.connect(self.database_url, autocommit=True) as conn:
+                models.pin(conn, workspace_id, report.legacy_model)
+        return report
 
     def set_authority(self, workspace_id: int, *, flipped: bool) -> bool:
         """``--flip`` / ``--unflip`` of a seeded workspace (design §10); True when it changed.

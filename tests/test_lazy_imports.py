@@ -87,4 +87,8 @@ def test_with_minilm_configured_only_embedding_loads_the_model(indexed):
         ("index", "-w", "1"),
     ):  # index: nothing to do, so nothing to embed or cut
         assert _heavy_imports(minilm, *args) == [], args
+    # workspace 1 keeps the model recorded at its first index run (hashing, design §7): no model
+    assert _heavy_imports(minilm, "search", "refund", "-w", "1") == []
+    run_cli(minilm, "workspace", "set-model", "1", "minilm")
+    run_cli(minilm, "worker", "--until-idle", "--quiet")  # re-embeds it with MiniLM
     assert "torch" in _heavy_imports(minilm, "search", "refund", "-w", "1")  # the query is embedded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kb.db import database
+from kb.db.sql import queries
 from kb.index.embedding import HashingEmbedder
 
 
@@ -23,7 +24,12 @@ def test_vector_leg_only_compares_vectors_of_the_active_model(kb, tmp_path):
     kb.index(1)
     # no lexical match, so only the vector leg can answer
     assert len(kb.search(1, "zyxwvut", k=3)) == 3
-    kb.use_embedder(OtherSpace())
+    # the workspace's recorded model is now another space (as a switch would leave it, design §7)
+    other = OtherSpace()
+    kb.models.add("other-space", other)
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["finish_model_switch"], {"workspace_id": 1, "embedder": "other-space"})
+    assert kb.embedder_for(1) is other
     assert kb.search(1, "zyxwvut", k=3) == []
     # the full-text leg still answers in any model's space
     assert [e.path for e in kb.search(1, "gardening 3", k=1)] == ["/documents/n3.md"]

@@ -5,6 +5,7 @@
 - ``HashingEmbedder``: deterministic feature hashing of words and word pairs (384-d). Lexical, never
   semantic; used by the test suite and model-less installs.
 - ``OpenAIEmbedder``: an OpenAI-compatible ``/embeddings`` endpoint (``KB_OPENAI_BASE_URL``).
+- ``use-m3`` and ``e5-small``: multilingual models from packages (kb.index.multilingual).
 - ``SentenceTransformerEmbedder``: any sentence-transformers model saved in a local directory
   (``KB_EMBEDDING_MODEL=/path/to/model``) whose dimension matches the database's.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kb.errors import ConfigurationError, EmbeddingError
+from kb.index import multilingual
 from kb.settings import Settings
 
 if TYPE_CHECKING:  # numpy is imported where vectors are made: `kb status` never loads it (design §13)
@@ -244,6 +246,8 @@ def make_embedder(settings: Settings) -> Embedder:
         return directory_embedder(Path(name), settings)
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
+    if name in multilingual.MODELS:  # use-m3, e5-small: the multilingual extra (loads on first embed)
+        return multilingual.PackagedEmbedder(name)
     if name in ("minilm", MINILM_MODEL):
         return MiniLMEmbedder(batch_size=settings.embed_batch_size)
     if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
@@ -253,8 +257,8 @@ def make_embedder(settings: Settings) -> Embedder:
             name.split(":", 1)[1], settings.embedding_dim, settings.openai_base_url, settings.openai_api_key
         )
     raise ConfigurationError(
-        f"unknown KB_EMBEDDING_MODEL {settings.embedding_model!r}; use auto, minilm, hashing, "
-        "openai:<model> or the path of a sentence-transformers model directory"
+        f"unknown embedding model {settings.embedding_model!r}; use auto, minilm, use-m3, e5-small, "
+        "hashing, openai:<model> or the path of a sentence-transformers model directory"
     )
 
 
@@ -274,6 +278,8 @@ def configured_model(settings: Settings) -> tuple[str, int, bool] | None:
         return None
     if name == "auto":
         name = "minilm" if minilm_available() else "hashing"
+    if name in multilingual.MODELS:
+        return multilingual.describe(name)
     if name in ("minilm", MINILM_MODEL):
         if not minilm_available():
             raise ConfigurationError(
@@ -311,11 +317,18 @@ class LazyEmbedder:
             self._loaded = make_embedder(settings)
             known = self._loaded.model, self._loaded.dim, self._loaded.semantic
         self.model, self.dim, self.semantic = known
+        self.languages = configured_languages(settings)
 
     @property
     def loaded(self) -> bool:
         """True once the real embedder has been loaded."""
         return self._loaded is not None
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One search query's vector (an e5 model prefixes queries unlike passages), ``(dim,)``."""
+        if self._loaded is None:
+            self._loaded = make_embedder(self._settings)
+        return query_vector(self._loaded, text)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
@@ -325,6 +338,26 @@ class LazyEmbedder:
         if self._loaded is None:
             self._loaded = make_embedder(self._settings)
         return self._loaded.embed(texts)
+
+
+def configured_languages(settings: Settings) -> frozenset[str] | None:
+    """The languages the embedder ``KB_EMBEDDING_MODEL`` selects was trained on (ISO 639-1), None
+    for every language or unknown; known without loading it."""
+    name = settings.embedding_model.strip()
+    if name == "auto":
+        name = "minilm" if minilm_available() else "hashing"
+    if name in multilingual.MODELS:
+        return multilingual.MODELS[name].languages
+    if name in ("minilm", MINILM_MODEL):
+        return MiniLMEmbedder.languages
+    return None
+
+
+def query_vector(embedder: Embedder, text: str) -> np.ndarray:
+    """The vector of search query ``text``: ``embedder.embed_query`` where the embedder has one
+    (models that embed queries and passages differently), else its ``embed``."""
+    embed_query = getattr(embedder, "embed_query", None)
+    return embed_query(text) if embed_query is not None else embedder.embed([text])[0]
 
 
 def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]:

@@ -182,10 +182,12 @@ class Indexer:
         embedder: Embedder,
         chunker: Chunker | LazyChunker | None = None,
         progress: Callable[[int, int, IndexReport], None] | None = None,
+        embedder_for: Callable[[int, Repository], Embedder] | None = None,
     ) -> None:
         self.settings = settings
         self.database_url = database_url
         self.embedder = embedder
+        self.embedder_for = embedder_for
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
 
@@ -222,6 +224,10 @@ class Indexer:
                 ) from None
             with opened as repo:
                 report.revision = self._project(repo, workspace_id, full=full)
+                if self.embedder_for is not None:
+                    # the workspace's model, read under the index lock: a model switch swaps
+                    # vectors under this lock too, so a run never writes the old model's (§7)
+                    self.embedder = self.embedder_for(workspace_id, repo)
                 yield report, repo
 
     def reindex(self, workspace_id: int) -> IndexReport:
@@ -276,6 +282,19 @@ class Indexer:
                 self._lagging_pass(conn, repo, workspace_id, head, report, start_run=False, run=run)
                 self._finish(conn, workspace_id, head, report)
             return report
+
+    def embed_into_cache(self, conn, repo: Repository, rows: list[dict], report: IndexReport) -> None:
+        """Embed the chunks of documents ``rows`` (``id``, ``path``, ``title``, ``content_id``)
+        into the embedding cache with this indexer's embedder, writing no chunk: what a model
+        switch (kb.index.model_switch) runs before it swaps vectors. Batch by batch, reported in
+        ``report`` (a text that fails to embed is left out; the switch settles it)."""
+        for start in range(0, len(rows), DOCUMENT_BATCH):
+            prepared = [self._prepare(repo, row) for row in rows[start : start + DOCUMENT_BATCH]]
+            texts = {h: e for p in prepared if p.writable for h, e in zip(p.hashes, p.embedded)}
+            self._embed(conn, texts, report)
+            report.documents_done += len(prepared)
+            if self.progress:
+                self.progress(report.documents_done, report.documents_total, report)
 
     # -- pieces of a run -----------------------------------------------------------------------
     def _project(self, repo: Repository, workspace_id: int, *, full: bool) -> str | None:

@@ -395,8 +395,60 @@ def maintain_vector_index(context: procrastinate.JobContext, workspace_id: int) 
     from kb.index.vector_index import maintain
 
     kb = _kb(context)
-    change = maintain(kb.database_url, workspace_id, kb.embedder.model, kb.embedder.dim)
+    embedder = kb.embedder_for(workspace_id)  # the workspace's own model (design §7)
+    change = maintain(kb.database_url, workspace_id, embedder.model, embedder.dim)
     return {"chunks": change.chunks, "action": change.action, "index": change.index_name}
+
+
+# ---- per-workspace embedding models (kb/index/model_switch.py) ----
+SWITCH_MODEL_TASK = "kb.switch_model"
+
+
+def defer_model_switch(stores: Stores, workspace_id: int, name: str) -> int | None:
+    """Record ``name`` as the model ``workspace_id`` switches to and defer ``kb.switch_model``
+    (coalesced on ``switch-model:{ws}``; the job reads the target when it runs, so the last
+    set-model wins). Returns the job id; None when the workspace already uses ``name`` (the
+    target is cleared) or a waiting job covers it."""
+    stores.store(workspace_id).require_exists()
+    with database.transaction(stores.database_url) as conn:
+        row = conn.execute(queries["start_model_switch"], {"workspace_id": workspace_id, "embedder": name}).fetchone()
+        if row is not None and row["embedder"] == name:
+            conn.execute(queries["finish_model_switch"], {"workspace_id": workspace_id, "embedder": name})
+            return None
+        return defer_job(
+            conn, "maintenance", SWITCH_MODEL_TASK, workspace_id, queueing_lock=f"switch-model:{workspace_id}"
+        )
+
+
+@app.task(name=SWITCH_MODEL_TASK, queue="maintenance", pass_context=True)
+def switch_model(context: procrastinate.JobContext, workspace_id: int) -> dict:
+    """Re-embed a workspace with the model ``kb workspace set-model`` chose and switch to it
+    (design §7): search answers from the old vectors until the switch; the old model's HNSW index
+    is dropped after it."""
+    from kb.index.vector_index import forget_cached, maintain, recorded_index
+
+    kb = _kb(context)
+    if elsewhere := placement(
+        kb.stores, workspace_id, "maintenance", SWITCH_MODEL_TASK, f"switch-model:{workspace_id}"
+    ):
+        return elsewhere  # a job on a node that is not the workspace's home is handed there (design §15)
+    previous = kb.embedder_for(workspace_id)
+    report = kb.switch_model(workspace_id, _progress_for(context, "switch model", workspace_id))
+    if report.action == "switched" and previous.model != report.model:
+        with database.connect(kb.database_url) as conn:
+            had_index = recorded_index(conn, workspace_id, previous.model) is not None
+        if had_index:
+            forget_cached(workspace_id)
+            maintain(kb.database_url, workspace_id, previous.model, previous.dim)  # 0 chunks: dropped
+        defer_vector_index_if_large(kb.stores, workspace_id)
+    return {
+        "action": report.action,
+        "model": report.model,
+        "swapped": report.chunks_swapped,
+        "embedded": report.embeddings_computed,
+        "cached": report.embeddings_cached,
+        "old_vectors": report.old_vectors,
+    }
 
 
 def _scheduled_from_settings(

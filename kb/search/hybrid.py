@@ -35,6 +35,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
@@ -45,8 +46,8 @@ from kb.db.sql import composable
 from kb.errors import InvalidInput
 from kb.git.repository import Repository
 from kb.index import vector_index
-from kb.index.embedding import Embedder, vector_literal
-from kb.index.languages import language_share, lexical_text
+from kb.index.embedding import Embedder, query_vector, vector_literal
+from kb.index.languages import detect_language, language_share, lexical_text
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -132,6 +133,53 @@ def vector_weight(embedder: Embedder, query: str) -> float:
     if covered is None or language_share(query, frozenset(covered)) >= COVERED_SHARE:
         return VECTOR_WEIGHT
     return UNCOVERED_VECTOR_WEIGHT
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The weights of one search's legs and its reciprocal-rank constant."""
+
+    vector: float = VECTOR_WEIGHT
+    text: float = TEXT_WEIGHT
+    document: float = DOCUMENT_WEIGHT
+    rrf_k: float = RRF_K
+
+
+DEFAULT_FUSION = Fusion()
+LANGUAGE_FUSION: dict[str, dict[str, Fusion]] = {
+    "usem3-": {
+        "en": Fusion(0.5, 0.25, 0.5, 2),
+        "de": Fusion(0.5, 0.5, 0.25, 5),
+        "ar": Fusion(1.0, 0.25, 0.75, 20),
+        "ja": Fusion(0.5, 0.5, 0.25, 2),
+        "zh": Fusion(1.0, 0.75, 1.0, 5),
+    },
+}
+"""Fusion per model and query language (design §8): ``{model prefix: {language: Fusion}}``, the
+rows bin/eval_search.py chose (``--model use-m3 --split tune --grid``, all tune pairs; a
+language's row is the grid's best among those whose full-text legs together weigh at least the
+vector leg — the rule of the defaults, so a word only one document holds still puts it first —
+where it beats the defaults there by at least ``MIN_FUSION_GAIN`` of recall@5, ties to the first
+in grid order). USE, tune split, recall@5 with the defaults → with its row: en .835 → .856, de
+.573 → .600, ar .527 → .541, ja .557 → .573, zh-TW .655 → .668; ru's best gained .009 (defaults
+kept). MiniLM's best English row within the rule is the defaults' .914 (they were chosen on it).
+Figures on the held-out split in docs/search-and-citations.md. A model or language absent here
+uses DEFAULT_FUSION."""
+MIN_FUSION_GAIN = 0.01
+
+
+def fusion_for(embedder: Embedder, query: str) -> Fusion:
+    """The fusion for ``query`` searched with ``embedder``'s vectors: where the model covers the
+    query's language (``vector_weight``), the LANGUAGE_FUSION row of the model and the query's
+    detected language, else DEFAULT_FUSION; where it does not, the vector leg at
+    UNCOVERED_VECTOR_WEIGHT and the lexical legs lead."""
+    weight = vector_weight(embedder, query)
+    if weight != VECTOR_WEIGHT:
+        return Fusion(vector=weight)
+    table = next((rows for prefix, rows in LANGUAGE_FUSION.items() if embedder.model.startswith(prefix)), None)
+    if not table:
+        return DEFAULT_FUSION
+    return table.get(detect_language(query), DEFAULT_FUSION)
 
 
 _UNITS = {
@@ -360,12 +408,12 @@ def search(
     bad query or k (``check_query``).
     """
     check_query(query, k)
-    vector = embedder.embed([query])[0]
+    vector = query_vector(embedder, query)  # e5 embeds a query unlike a passage
     params = _params(workspace_id, embedder.model, vector_literal(vector), query, max(LEG_LIMIT, 4 * k))
-    weight = vector_weight(embedder, query)
+    fusion = fusion_for(embedder, query)  # per model and query language
     while True:
         rows = _candidates(conn, workspace_id, embedder.model, params, params["limit"])
-        documents, excerpts = rank_documents(rows, weight)
+        documents, excerpts = rank_documents(rows, fusion)
         if len(documents) >= k or sum(1 for r in rows if r["vector_rank"] is not None) < params["limit"]:
             break
         # the legs' chunks came from fewer than k documents (long documents, many chunks each)
@@ -377,13 +425,15 @@ def search(
 
 def rank_documents(
     rows: list[dict],
-    vector_weight: float = VECTOR_WEIGHT,
+    fusion: Fusion | float = DEFAULT_FUSION,
 ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """``(documents, excerpts)`` from the legs' rows (``search_candidates``' shape): document ids
-    with their fused score (``Σ w / (RRF_K + rank)`` over the vector leg at ``vector_weight``, the
-    chunk leg at TEXT_WEIGHT — each ranking documents by their best chunk — and the document leg at
-    DOCUMENT_WEIGHT), best first; and chunk ids fused from the two chunk legs, the order in which
-    a document's excerpts are shown."""
+    with their fused score (``Σ w / (k + rank)`` with ``fusion``'s weights and k over the vector
+    leg, the chunk leg — each ranking documents by their best chunk — and the document leg; a
+    number is the vector leg's weight, the others the defaults), best first; and chunk ids fused
+    from the two chunk legs, the order in which a document's excerpts are shown."""
+    if not isinstance(fusion, Fusion):
+        fusion = Fusion(vector=fusion)
     chunks = {r["chunk_id"]: r for r in rows if r["chunk_id"] is not None}
     by_vector = [
         c
@@ -402,12 +452,13 @@ def rank_documents(
     ]
     documents = fuse(
         [
-            (vector_weight, documents_in_order(by_vector, chunks)),
-            (TEXT_WEIGHT, documents_in_order(by_text, chunks)),
-            (DOCUMENT_WEIGHT, by_document),
-        ]
+            (fusion.vector, documents_in_order(by_vector, chunks)),
+            (fusion.text, documents_in_order(by_text, chunks)),
+            (fusion.document, by_document),
+        ],
+        fusion.rrf_k,
     )
-    return documents, fuse([(vector_weight, by_vector), (TEXT_WEIGHT, by_text)])
+    return documents, fuse([(fusion.vector, by_vector), (fusion.text, by_text)], fusion.rrf_k)
 
 
 def envelopes(

@@ -24,6 +24,11 @@ FROM procrastinate_jobs ORDER BY id;
 -- name: test_index_lag
 SELECT * FROM kb.index_lag WHERE workspace_id = %(workspace_id)s;
 
+-- name: test_workspace_vector_dims
+-- Each workspace's vector dimensions (migration 0024: an untyped column, one model per workspace).
+SELECT workspace_id, min(vector_dims(embedding)) AS low, max(vector_dims(embedding)) AS high
+FROM kb.chunks GROUP BY workspace_id ORDER BY workspace_id;
+
 -- name: test_job_health
 SELECT * FROM kb.job_health ORDER BY queue;
 

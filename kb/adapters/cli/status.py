@@ -60,6 +60,8 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"chunks:     {ws['chunks']}")
         if ws.get("home_node"):
             click.echo(f"home node:  {ws['home_node']} (`kb nodes` shows whether it is up)")
+        model = ws.get("model") or "the default (not chosen yet)"
+        click.echo(f"model:      {model}{' (switching to ' + ws['next_model'] + ')' if ws.get('next_model') else ''}")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
         migration = ws.get("migration")  # seeded from a legacy knowledge base

@@ -102,4 +102,22 @@ def move(workspace_id: int, target: str | None, abort: bool, force: bool) -> Non
     kb.move_workspace(workspace_id, target, progress=click.echo, force=force)
 
 
+@workspace.command("set-model")
+@click.argument("workspace_id", type=click.IntRange(min=1, max=MAX_WORKSPACE_ID))
+@click.argument("model")
+def set_model(workspace_id: int, model: str) -> None:
+    """Switch a workspace's embedding model: minilm, use-m3, e5-small, hashing, openai:<model>, a
+    model directory, or auto (picked by the documents' languages). A worker re-embeds the
+    workspace in the background (through the embedding cache); search answers from the old
+    vectors until the switch (design §7).
+
+    Example: kb workspace set-model 2 use-m3 && kb worker --until-idle
+    """
+    job = session.open_kb().set_model(workspace_id, model)
+    if job is None:
+        click.echo(f"workspace {workspace_id}: already uses {model}, or a waiting switch covers it")
+    else:
+        click.echo(f"workspace {workspace_id}: switching to {model} (job {job}); run `kb worker` to re-embed")
+
+
 COMMANDS = [workspaces, workspace]

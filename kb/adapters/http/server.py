@@ -138,6 +138,7 @@ class Service:
         self.settings = settings
         self.access = access or Access()
         self._embedder = embedder
+        self._shared: KnowledgeBase | None = None
         self._local = threading.local()
         self._opened: list[KnowledgeBase] = []
         self._opened_lock = threading.Lock()
@@ -152,6 +153,7 @@ class Service:
         first = self.new_kb()
         self.access.tokens = first.tokens()  # design §16: requests are checked from now on
         self._embedder = first.embedder
+        self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()
         self.ready = True
         return first
@@ -161,8 +163,10 @@ class Service:
         from kb.knowledge_base import KnowledgeBase
 
         kb = KnowledgeBase.open(self.settings, migrate=not self._opened)
-        if self._embedder is not None:
-            kb.use_embedder(self._embedder)  # one model for every thread, loaded once
+        if self._shared is not None:
+            kb.share_embedders(self._shared)  # one load of each model for every thread
+        elif self._embedder is not None:
+            kb.use_embedder(self._embedder)  # a caller's own (tests)
         with self._opened_lock:
             self._opened.append(kb)
         return kb

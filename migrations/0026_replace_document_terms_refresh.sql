@@ -29,7 +29,7 @@ $$;
 -- to 256 times, where BM25 has long saturated. A tsvector holds at most 1 MB: a document whose
 -- terms pass that is kept with each term once (its title weight kept), and without its row when
 -- even that is too long (kb.document_terms_vector). The rows are written by one statement, so the
--- statistics triggers run once per call, not once per document (migration 0027).
+-- statistics triggers run once per call, not once per document (migration 0026).
 CREATE OR REPLACE FUNCTION kb.refresh_document_terms(document_ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM kb.document_terms t
