@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         ),
     )
     embedding_dim: int = Field(default=384, description="Vector dimension of the chunks table.")
+    model_cache: Path | None = Field(
+        default=None,
+        description="Where ONNX exports of sentence-transformers models are kept (made once from the "
+        "installed model, design §7). Default: {storage_root}/models.",
+    )
     openai_base_url: str = Field(default="https://api.openai.com/v1")
     openai_api_key: str | None = None
     chunk_size: int = Field(default=240, description="Chunk size in tokens of the embedding model's own tokenizer.")
@@ -154,10 +159,10 @@ class Settings(BaseSettings):
     )
     remote_ssh_key: Path | None = Field(default=None, description="Private key file for ssh:// remotes.")
 
-    @field_validator("storage_root")
+    @field_validator("storage_root", "model_cache")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
-        return Path(value).expanduser().resolve()
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return None if value is None else Path(value).expanduser().resolve()
 
     @property
     def knowledge_store(self) -> Path:
