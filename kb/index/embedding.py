@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import re
+import struct
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -76,6 +77,23 @@ class HashingEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._vector(t) for t in texts])
+
+    def query_vector(self, text: str) -> list[float]:
+        """``embed([text])[0].tolist()`` without numpy (a one-shot ``kb search`` never imports it,
+        design §13): the same float32 values, each rounded to float32 as numpy rounds them (the
+        counts and the sum of squares are exact integers; a float32 square root and quotient
+        are the float64 ones rounded once more, which is exact for both operations)."""
+        counts = [0] * self.dim
+        words = [w.lower() for w in _WORD.findall(text)]
+        for feature in words + [f"{a} {b}" for a, b in zip(words, words[1:])]:
+            digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
+            counts[int.from_bytes(digest[:4], "little") % self.dim] += 1 if digest[4] & 1 else -1
+        norm = _float32(math.sqrt(sum(c * c for c in counts)))
+        return [_float32(c / norm) if norm else float(c) for c in counts]
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 class SentenceTransformerEmbedder:
@@ -358,6 +376,21 @@ class LazyEmbedder:
             self._loaded = make_embedder(self._settings)
         return self._loaded.embed(texts)
 
+    def query_vector(self, text: str) -> list[float]:
+        """The vector of one text as floats (``query_literal``), loading the embedder if needed."""
+        if self._loaded is None:
+            self._loaded = make_embedder(self._settings)
+        return query_vector(self._loaded, text)
+
+
+def query_vector(embedder: Embedder, text: str) -> list[float]:
+    """One text's vector as a list of floats: through the embedder's own ``query_vector`` when it
+    has one (the hashing embedder: no numpy in a one-shot search, design §13), else ``embed``."""
+    vectorize = getattr(embedder, "query_vector", None)
+    if vectorize is not None:
+        return vectorize(text)
+    return embedder.embed([text])[0].tolist()
+
 
 def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]:
     """Per-row problems of an embedder's output: None when row i is usable, else the reason.
@@ -372,9 +405,10 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
     return [None if ok else "embedding contains NaN or inf" for ok in finite]
 
 
-def vector_literal(vector: np.ndarray) -> str:
-    """pgvector's text form ``[x1,x2,...]`` of one vector (float32 precision)."""
-    values = vector.tolist()
+def vector_literal(vector: np.ndarray | list[float]) -> str:
+    """pgvector's text form ``[x1,x2,...]`` of one vector (float32 precision): an array, or the
+    list of floats ``query_vector`` gives."""
+    values = vector if isinstance(vector, list) else vector.tolist()
     if all(map(math.isfinite, values)):  # the usual case, formatted without a Python-level loop
         return "[" + ",".join(map(repr, values)) + "]"
     return "[" + ",".join(repr(float(x)) if math.isfinite(x) else "nan" for x in values) + "]"

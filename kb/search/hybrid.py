@@ -45,7 +45,7 @@ from kb.db.sql import composable
 from kb.errors import InvalidInput
 from kb.git.repository import Repository
 from kb.index import vector_index
-from kb.index.embedding import Embedder, vector_literal
+from kb.index.embedding import Embedder, query_vector, vector_literal
 from kb.index.languages import language_share, lexical_text
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def search(
     bad query or k (``check_query``).
     """
     check_query(query, k)
-    vector = embedder.embed([query])[0]
+    vector = query_vector(embedder, query)
     params = _params(workspace_id, embedder.model, vector_literal(vector), query, max(LEG_LIMIT, 4 * k))
     weight = vector_weight(embedder, query)
     while True:
