@@ -7,7 +7,7 @@ the tokenizer sentence-transformers itself uses). Afterwards every embedding, th
 one-shot ``kb search`` and the worker's chunks alike, runs on onnxruntime and tokenizers: torch,
 transformers and sentence-transformers are not imported.
 
-The export is made at the first embedding (first index or first search) or by ``kb model export``,
+The export is made at the first embedding (first index or first search) or by ``kb prepare-model``,
 into ``{KB_MODEL_CACHE}/{directory name}-{12 hex of the directory's path}/``:
 ``model.onnx``, ``tokenizer.json`` and ``export.json`` (written last, atomically; it marks a
 finished export) recording the source's sha256 over every file, each file's size and mtime (a
@@ -369,6 +369,7 @@ class OnnxEmbedder:
     ) -> None:
         self.model = model
         self.languages = languages
+        self.folder = export.folder
         self._runtime = OnnxRuntimeModel(export, batch_size)
         self.dim = self._runtime.dim
 
