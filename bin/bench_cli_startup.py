@@ -80,7 +80,9 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     (user + system) shows the command's own work when a loaded machine inflates the wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    # cwd: not a source tree — ``python -m`` puts the working directory first on sys.path, which
+    # would shadow PYTHONPATH (and so --compare's tree) when the bench runs from a clone's root.
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
