@@ -47,7 +47,7 @@ UNTIMED_BASES = ("python -c pass", "git log -n 20", REFERENCE)
 def outside_imports(command: list[str], env: dict[str, str]) -> str:
     """``import a, b, ...``: every module that ``command`` (a kb CLI run) imports from outside kb
     directly (a kb module or the command line imports it: the Python standard library and the
-    third-party libraries kb chose, such as psycopg, pydantic-settings, dulwich and click), in the
+    third-party libraries kb chose, such as psycopg, pydantic, dulwich and click), in the
     order it first imports them, read from the run's ``python -X importtime`` report, with the
     garbage collector paused as kb.cli pauses it for quick commands. Timed as a command of its
     own, it is the floor under ``command``: what the command pays before any line of kb runs."""
