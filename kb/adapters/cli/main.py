@@ -54,7 +54,7 @@ class _Group(click.Group):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(141)
         except Exception as exc:  # unexpected: one line unless debugging
-            if session.is_settings_error(exc):  # a KB_* environment variable pydantic-settings refused
+            if session.is_settings_error(exc):  # a KB_* environment variable pydantic refused
                 from kb.settings import settings_error
 
                 click.echo(f"kb: error: {settings_error(exc)}", err=True)

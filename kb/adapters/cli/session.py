@@ -55,7 +55,7 @@ def server() -> ServerClient | None:
     """A client of the running ``kb serve`` named by KB_SERVER_URL, or None (design §13); it
     sends KB_TOKEN as its API token (design §16)."""
     # The environment variable itself: no pydantic import on this path (Settings.server_url
-    # documents it; pydantic-settings reads names case-insensitively, hence both spellings).
+    # documents it; settings read names case-insensitively, hence both spellings).
     url = os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")  # noqa: SIM112
     if not url:
         return None
