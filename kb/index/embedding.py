@@ -376,9 +376,11 @@ class LazyEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         """One search query's vector (an e5 model prefixes queries unlike passages), ``(dim,)``."""
+        import numpy as np
+
         if self._loaded is None:
             self._loaded = make_embedder(self._settings)
-        return query_vector(self._loaded, text)
+        return np.asarray(query_vector(self._loaded, text), dtype=np.float32)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
@@ -397,12 +399,16 @@ class LazyEmbedder:
 
 
 def query_vector(embedder: Embedder, text: str) -> list[float]:
-    """One text's vector as a list of floats: through the embedder's own ``query_vector`` when it
-    has one (the hashing embedder: no numpy in a one-shot search, design §13), else ``embed``."""
+    """The vector of search query ``text`` as a list of floats: through the embedder's own
+    ``query_vector`` when it has one (the hashing embedder: no numpy in a one-shot search, design
+    §13), else its ``embed_query`` (models that embed a query unlike a passage: e5's prefix,
+    design §7), else ``embed``."""
     vectorize = getattr(embedder, "query_vector", None)
     if vectorize is not None:
         return vectorize(text)
-    return embedder.embed([text])[0].tolist()
+    embed_query = getattr(embedder, "embed_query", None)
+    vector = embed_query(text) if embed_query is not None else embedder.embed([text])[0]
+    return vector.tolist()
 
 
 def configured_languages(settings: Settings) -> frozenset[str] | None:
@@ -416,13 +422,6 @@ def configured_languages(settings: Settings) -> frozenset[str] | None:
     if name in ("minilm", MINILM_MODEL):
         return MiniLMEmbedder.languages
     return None
-
-
-def query_vector(embedder: Embedder, text: str) -> np.ndarray:
-    """The vector of search query ``text``: ``embedder.embed_query`` where the embedder has one
-    (models that embed queries and passages differently), else its ``embed``."""
-    embed_query = getattr(embedder, "embed_query", None)
-    return embed_query(text) if embed_query is not None else embedder.embed([text])[0]
 
 
 def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]:
