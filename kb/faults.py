@@ -20,6 +20,11 @@ Points of a workspace move (``kb.workspace.moves.move``, design §15), in order:
 * ``move_copied`` — the target holds the verified copy, the home has not flipped;
 * ``move_flipped`` — the home node flipped in Postgres, the old copy is not renamed aside.
 
+Point of creating a workspace's repository (``kb.git.repository.Repository.create``):
+
+* ``repository_init`` — the ``.git`` folder is complete under its temporary name, not yet renamed
+  into place.
+
 ``KB_FAULT_SIGNAL=INT`` sends SIGINT instead (Ctrl-C: KeyboardInterrupt at that point, for the
 interrupted-import tests); unset or ``KILL`` → SIGKILL.
 """
@@ -34,8 +39,13 @@ MOVE_POINTS = ("move_window_open", "move_copied", "move_flipped")
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL (or SIGINT, ``KB_FAULT_SIGNAL=INT``) this process if ``KB_FAULT_POINT`` equals
-    ``name``; otherwise return at once."""
+    """SIGKILL (or SIGINT, Point of creating a workspace's repository (``kb.git.repository.Repository.create``):
+
+    * ``repository_init`` — the ``.git`` folder is complete under its temporary name, not yet renamed
+      into place.
+
+    ``KB_FAULT_SIGNAL=INT``) this process if ``KB_FAULT_POINT`` equals
+        ``name``; otherwise return at once."""
     if os.environ.get("KB_FAULT_POINT") == name:
         kind = os.environ.get("KB_FAULT_SIGNAL", "KILL").upper()
         os.kill(os.getpid(), signal.SIGINT if kind == "INT" else signal.SIGKILL)

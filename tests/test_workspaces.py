@@ -396,3 +396,47 @@ def test_lag_a_worker_is_working_on_says_so(kb):
     assert (
         running.describe_lag() == "1 revision waiting to be projected, then indexed (a worker is running its job now)"
     )
+
+
+def test_a_repository_appears_whole_or_not_at_all(kb, kb_env, settings):
+    """design §2.1: a workspace's ``.git`` is renamed into place complete, config included, so a
+    reader that finds it (another process's sweep, a second creator) never meets one without its
+    config, and a creator killed midway leaves no half repository that the next create would take
+    as existing (with git's defaults instead of kb's: hooks run, CRLF conversion)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    killed = subprocess.run(
+        [sys.executable, "-c", "from kb import KnowledgeBase; KnowledgeBase.open().create_workspace(3)"],
+        env={**kb_env, "KB_FAULT_POINT": "repository_init"},
+        capture_output=True,
+        text=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    repository = settings.knowledge_store / "3"
+    assert not (repository / ".git").exists()
+    assert kb.create_workspace(3)
+    assert "hooksPath = /dev/null" in (repository / ".git" / "config").read_text()
+
+    # readers polling while workspaces are created never see a .git without its config
+    seen_half: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for n in range(10, 30):
+                git = settings.knowledge_store / str(n) / ".git"
+                if git.is_dir() and not (git / "config").is_file():
+                    seen_half.append(str(git))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for n in range(10, 30):
+            kb.create_workspace(n)
+    finally:
+        done.set()
+        watcher.join()
+    assert seen_half == []

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
 import threading
@@ -35,6 +36,7 @@ from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
+from kb.faults import fault_point
 from kb.git.blob_batch import MissingObject, read_blobs
 from kb.git.gitindex import IndexFile
 from kb.git.tree_layout import LayoutCache, apply_changes
@@ -278,19 +280,39 @@ class Repository(WorktreeRefresh):
 
     @classmethod
     def create(cls, path: Path) -> Repository:
-        """Initialise a repository with kb's config (design §2.1) or open the existing one."""
+        """Initialise a repository with kb's config (design §2.1) or open the existing one.
+
+        The ``.git`` folder is built beside ``path`` under a temporary name and renamed into place
+        complete, config included: another process (a worker's sweep, a second creator) sees no
+        repository or a whole one, never a ``.git`` without its config, and a creator killed midway
+        leaves only the temporary folder, which the next create replaces (fault point
+        ``repository_init``, ``kb.faults``). Two creators at once: the second's rename fails and it
+        opens the first's."""
         path = Path(path)
         if (path / ".git").is_dir():
             return cls.open(path)
         path.mkdir(parents=True, exist_ok=True)
-        repo = Repo.init(str(path))
-        repo.refs.set_symbolic_ref(b"HEAD", BRANCH)
-        config = repo.get_config()
-        config.set((b"core",), b"autocrlf", b"false")
-        config.set((b"core",), b"filemode", b"false")
-        config.set((b"core",), b"hooksPath", b"/dev/null")
-        config.write_to_path()
-        return cls(repo)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.init-", dir=path.parent))
+        try:
+            repo = Repo.init(str(staging))
+            try:
+                repo.refs.set_symbolic_ref(b"HEAD", BRANCH)
+                config = repo.get_config()
+                config.set((b"core",), b"autocrlf", b"false")
+                config.set((b"core",), b"filemode", b"false")
+                config.set((b"core",), b"hooksPath", b"/dev/null")
+                config.write_to_path()
+            finally:
+                repo.close()
+            fault_point("repository_init")
+            try:
+                os.rename(staging / ".git", path / ".git")
+            except OSError:
+                if not (path / ".git").is_dir():  # not a creator that won the race: a real failure
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return cls.open(path)
 
     # -- identity (design §3) -------------------------------------------------------------
     def identity(self) -> str | None:
