@@ -166,6 +166,16 @@ def _bad_input_writes_nothing(kb, server):
         f"{turn}/files/documents/B.md", content=b'{"content": "\xff"}', headers={"Content-Type": "application/json"}
     )
     assert not_json.status_code == 400 and not_json.json()["error"]  # a body that is not UTF-8 JSON
+    # a body that is not JSON at all (markdown sent as is, a bare word, binary): 422, never a 500
+    for url, raw, kind in (
+        (f"{turn}/files/documents/Raw.md", b"# Raw\n\nmarkdown sent as is\n", "text/markdown"),
+        (f"{turn}/commit", b"hello", "text/plain"),
+        (f"{turn}/files/documents/Raw.md", b"\xff\xfe\x00binary", "application/octet-stream"),
+    ):
+        answer = api.request(
+            "POST" if url.endswith("commit") else "PUT", url, content=raw, headers={"Content-Type": kind}
+        )
+        assert answer.status_code == 422 and answer.json()["error"] == "InvalidInput", (url, answer.text)
     assert api.post(f"{turn}/commit", json={"message": "bad"}).json() == {"revision": None}
     assert kb.head(1) == head
 

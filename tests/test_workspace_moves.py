@@ -161,3 +161,16 @@ def test_move_between_two_nodes_while_a_writer_loops(database_url: str, tmp_path
         assert not (a.root / "knowledge_store" / "1").exists()  # renamed aside, not deleted
         assert list((a.root / "knowledge_store").glob(".moved-1-*"))
         kb.close()
+
+        # the move back, run by the target node a itself: without a token it stops at the copy and
+        # closes its window at once (writes go on at b); with the token the target pulls with it
+        tokenless = {k: v for k, v in a.env.items() if k != "KB_TOKEN"}
+        refused = run_cli(tokenless, "workspace", "move", "1", "--to", "a", "--force", check=False)
+        assert refused.returncode == 1 and "window closed" in refused.stdout, refused.stdout + refused.stderr
+        turn = f"{b.url}/v1/workspaces/1/turns/after-failed-move"
+        assert call(f"{turn}/files/documents/After.md", "PUT", {"content": "after\n"})[0] == 200
+        status, answer = call(f"{turn}/commit", "POST", {"message": "after a failed move"})
+        assert status == 200 and answer["revision"], answer
+        back = run_cli(a.env, "workspace", "move", "1", "--to", "a", "--force")
+        assert "flipped" in back.stdout, back.stdout + back.stderr
+        assert git(a.root / "knowledge_store" / "1", "rev-parse", "HEAD").strip() == answer["revision"]

@@ -40,7 +40,7 @@ from urllib.parse import quote
 from kb.db import database, nodes
 from kb.db.locks import locked_transaction
 from kb.db.sql import queries
-from kb.errors import InvalidInput, KbError, MoveFailed, WorkspaceBusy, WorkspaceNotFound
+from kb.errors import InvalidInput, KbError, MoveFailed, NodeUnavailable, WorkspaceBusy, WorkspaceNotFound
 from kb.faults import fault_point
 from kb.store import homes
 from kb.store.knowledge_store import check_workspace_id, defer_convergence
@@ -196,9 +196,11 @@ def move(
     called with one line per step. ``force``: move even while turn worktrees are open on the home
     node (their uncommitted changes stay behind). Returns the MoveReport.
 
-    Raises InvalidWorkspace, WorkspaceNotFound, InvalidInput (unknown node), WorkspaceBusy, MoveFailed
-    (a step failed: the workspace stays on its home node; run it again to resume, or ``abort``),
-    LockTimeout.
+    Raises InvalidWorkspace, WorkspaceNotFound, InvalidInput (unknown node), NodeUnavailable (the
+    home or target node is down: refused before the window opens), WorkspaceBusy, MoveFailed (a
+    step failed: the workspace stays on its home node and the window is closed, so writes go on;
+    run it again — a verified copy already on the target is kept), LockTimeout. A move killed
+    midway leaves its window open: run it again to resume, or ``abort``.
     """
     check_workspace_id(workspace_id)
     started = time.monotonic()
@@ -243,6 +245,16 @@ def move(
         return report
     home = _node(stores, source)
     shared = home.storage_id is not None and home.storage_id == goal.storage_id
+    if not shared:  # both servers take part in the copy: refuse before any window opens
+        stale = stores.settings.node_stale_seconds
+        for part, node in (("home", home), ("target", goal)):
+            if not node.is_up(stale) and not (part == "target" and target == this_node(stores)):
+                raise NodeUnavailable(
+                    f"workspace {workspace_id}'s {part} node {node.name!r} is down (last heartbeat "
+                    f"{node.heartbeat_age:.0f} s ago): its `kb serve` takes part in the copy. Start it, then "
+                    "run the move again; nothing was changed",
+                    node=node.name,
+                )
     resume = pending is not None and not pending["expired"] and pending["step"] != "flipped"
     move_id = pending["move_id"] if resume else uuid.uuid4().hex[:16]
     report.move_id, report.resumed = move_id, report.resumed or resume
@@ -277,8 +289,15 @@ def move(
         _close_window(stores, workspace_id, move_id)
         say(f"stopped, window closed: {exc.cli_message}")
         raise
-    except KbError as exc:
-        say(f"stopped: {exc}")
+    except KbError as exc:  # before the flip (it is one transaction): writes must not wait for an expiry
+        try:
+            _close_window(stores, workspace_id, move_id)
+        except KbError as closing:
+            say(
+                f"stopped: {exc}; the window could not be closed ({closing}): `kb workspace move {workspace_id} --abort`"
+            )
+        else:
+            say(f"stopped, window closed (writes go on at {source!r}; a verified copy is kept for the next try): {exc}")
         raise
     say(
         f"flipped in {report.flip_seconds:.2f} s: workspace {workspace_id}'s home node is {target!r}; writes go on "
@@ -332,7 +351,7 @@ def _copy(
 ) -> ReceivedCopy:
     """Ask the target node to pull and verify the copy (or do it here when this process is the target)."""
     if target == this_node(stores):
-        received = receive(stores, workspace_id, move_id, home.url or "", force=force)
+        received = receive(stores, workspace_id, move_id, home.url or "", force=force, token=_token(stores))
     else:
         path = f"{INTERNAL}/{workspace_id}/moves/{quote(move_id)}/receive"
         answer = _call(goal.url, target, path, {"source_url": home.url, "force": force}, token=_token(stores))

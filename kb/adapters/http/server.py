@@ -33,8 +33,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
@@ -384,6 +384,24 @@ def citation_router(service: Service) -> APIRouter:
     return router
 
 
+def _validation_details(problems: Sequence[Any]) -> list[dict]:
+    """pydantic's validation errors in a JSON-safe form: type, location, message and the input as
+    text (a raw body is bytes, which JSON cannot carry — a markdown file sent as is used to turn a
+    422 into a 500), cut to 200 characters."""
+    details = []
+    for problem in problems:
+        value = problem.get("input")
+        if isinstance(value, bytes | bytearray):
+            value = bytes(value[:200]).decode("utf-8", errors="replace")
+        elif not isinstance(value, str | int | float | bool | type(None)):
+            value = repr(value)[:200]
+        details.append(
+            {"type": problem.get("type"), "loc": [str(p) for p in problem.get("loc", ())], "msg": problem.get("msg")}
+            | ({"input": value[:200] if isinstance(value, str) else value} if "input" in problem else {})
+        )
+    return details
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -469,7 +487,7 @@ def create_app(
         # a body or parameter of the wrong shape: kb's error form, with pydantic's details
         problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
         body = {"error": "InvalidInput", "message": f"the request does not fit the route: {problems}"}
-        return JSONResponse({**body, "cli_message": body["message"], "detail": json_form(exc.errors())}, 422)
+        return JSONResponse({**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422)
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
