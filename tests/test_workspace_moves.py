@@ -19,7 +19,7 @@ from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
 from kb.db import database, nodes
-from kb.errors import WorkspaceMoving, WrongNode
+from kb.errors import MoveFailed, WorkspaceMoving, WrongNode
 from kb.workspace import moves
 
 
@@ -67,6 +67,28 @@ def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBas
     with pytest.raises(WrongNode, match="homed on node 'c'.*nothing was written"):
         _write(kb, "/documents/b.md", "two\n")
     assert [r.id for r in kb.history(1)] == [first.id]
+
+
+def test_a_target_pulls_the_copy_only_from_the_home_nodes_registered_url(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """``POST …/receive`` names a ``source_url``: a caller with an admin token must not make the
+    target fetch an address of its choosing (and send it the bearer token) — nothing is fetched."""
+    import socket
+
+    kb.create_workspace(1)
+    _write(kb, "/documents/a.md", "one\n")
+    kb.register_node("http://127.0.0.1:9")  # the home's registered URL (nothing listens there)
+    target = kb.settings.model_copy(update={"node": "b", "storage_root": tmp_path / "b"})
+    nodes.register(kb.database_url, target)
+    moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")
+    with socket.socket() as elsewhere, KnowledgeBase.open(target, migrate=False) as on_b:
+        elsewhere.bind(("127.0.0.1", 0))
+        elsewhere.listen()
+        elsewhere.settimeout(0.3)
+        with pytest.raises(MoveFailed, match="only from its home node's registered URL.*nothing was fetched"):
+            on_b.receive_workspace(1, "m1", f"http://127.0.0.1:{elsewhere.getsockname()[1]}", token="secret")
+        with pytest.raises(TimeoutError):
+            elsewhere.accept()  # nobody called
+    assert not (target.knowledge_store / "1").exists()
 
 
 # -- end to end: two nodes -----------------------------------------------------------------

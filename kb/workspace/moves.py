@@ -445,19 +445,29 @@ def export(stores: Stores, workspace_id: int, move_id: str, *, force: bool = Fal
 def receive(
     stores: Stores, workspace_id: int, move_id: str, source_url: str, *, force: bool = False, token: str | None = None
 ) -> ReceivedCopy:
-    """On the target node: pull the archive of move ``move_id`` from ``source_url`` (the home
-    node's ``kb serve``, sending ``token``: the caller's, design §16), verify it against what
-    Postgres records and put it in place (``kb.workspace.repository_copy.receive``). Raises MoveFailed."""
-    _expect(stores, workspace_id, move_id, "target")
+    """On the target node: pull the archive of move ``move_id`` from the home node's ``kb serve``
+    (sending ``token``: the caller's, design §16), verify it against what Postgres records and put
+    it in place (``kb.workspace.repository_copy.receive``).
+
+    The URL pulled from is the one the home node registered in ``kb.nodes``, never the caller's:
+    ``source_url`` (what the mover believes it is) must name it, so an admin token cannot make this
+    node fetch, and send its bearer token to, an address of its choosing. Raises MoveFailed."""
+    row = _expect(stores, workspace_id, move_id, "target")
+    home = nodes.get_node(stores.database_url, row["home_node"]) if row["home_node"] else None
+    registered = (home.url or "").rstrip("/") if home is not None else ""
+    if not registered or source_url.rstrip("/") != registered:
+        raise MoveFailed(
+            f"workspace {workspace_id}: the copy is pulled only from its home node's registered URL "
+            f"({registered or 'none registered'}), not from {source_url!r}; nothing was fetched. Run "
+            "`kb workspace move` again (it names the URL `kb nodes` shows)"
+        )
 
     def expected() -> tuple[str | None, str | None]:
         with database.transaction(stores.database_url) as conn:
             row = _workspace(conn, workspace_id)
         return row["head_revision"], row["repository_id"]
 
-    url = f"{source_url.rstrip('/')}{INTERNAL}/{workspace_id}/moves/{quote(move_id)}/archive" + (
-        "?force=true" if force else ""
-    )
+    url = f"{registered}{INTERNAL}/{workspace_id}/moves/{quote(move_id)}/archive" + ("?force=true" if force else "")
     return repository_copy.receive(stores.settings, workspace_id, move_id, url, expected, token)
 
 
