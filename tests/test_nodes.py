@@ -223,3 +223,44 @@ def test_two_nodes_through_pgbouncer_in_transaction_mode(kb_env, settings, tmp_p
         for process in running:
             if process.poll() is None:
                 process.kill()
+
+
+def test_a_page_form_posted_through_another_node_is_served_by_the_home(settings, tmp_path):
+    """A person logged in on node b's pages reverts a revision of a workspace homed on a: the form
+    is forwarded to a, whose anti-forgery check sees the browser's ``Origin`` (b) and the ``Host``
+    the browser sent (b), not the forwarding hop's; a form from another site is still refused."""
+    import re
+
+    import httpx
+    from support import kb_nodes
+
+    a, b = (kb_nodes.node(settings.database_url, name, tmp_path / name) for name in ("a", "b"))
+    with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
+        kb.create_workspace(1)
+        kb.register_node()  # workspace 1 is homed on a
+        for text in ("one\n", "two\n"):
+            with kb.transaction(1, text, "alice") as tx:
+                tx.write("/documents/a.md", text.encode())
+        undone = tx.revision.id
+        secret = kb.tokens().create("ui-writer", "write", None)[1]
+    try:
+        for each in (a, b):
+            kb_nodes.start(each, worker=False)
+        with httpx.Client(base_url=b.url, timeout=60, headers={"Origin": b.url}) as browser:
+            login = browser.get("/ui/login").text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', login).group(1)
+            assert browser.post("/ui/login", data={"csrf": csrf, "token": secret}).status_code == 303
+            revert = f"/ui/workspaces/1/revisions/{undone}/revert"
+            page = browser.get(revert)
+            assert page.status_code == 200 and "Revert" in page.text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            foreign = browser.post(revert, data={"csrf": csrf}, headers={"Origin": "http://evil.example"})
+            assert foreign.status_code == 403
+            done = browser.post(revert, data={"csrf": csrf})
+            assert done.status_code == 303 and "reverted=" in done.headers["location"], done.text
+        with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
+            assert kb.read(1, "/documents/a.md") == b"one\n"
+            git(a.root / "knowledge_store" / "1", "fsck", "--strict")
+    finally:
+        for each in (a, b):
+            kb_nodes.stop(each)

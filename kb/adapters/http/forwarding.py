@@ -13,7 +13,8 @@ node whose repository is here is adopted) and:
   ``KB_NODE_STALE_SECONDS``, it advertises no URL, or it does not answer — nothing is done, and
   other workspaces are unaffected;
 - otherwise forwards the request with httpx: method, path, query, body and headers unchanged
-  (``Authorization`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By`` added) and
+  (``Authorization`` and ``Host`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By``
+  added) and
   streams the response back as it comes (status, headers, body bytes unchanged — server-sent
   events of the MCP endpoint included). Turns therefore stay on the home node.
 
@@ -60,9 +61,10 @@ _HOP_BY_HOP = frozenset(
         "trailers",
         "transfer-encoding",
         "upgrade",
-        "host",
     }
 )
+"""Headers not passed on. ``Host`` is: the home node sees the address the client used, as the
+page forms' anti-forgery check needs (a browser's ``Origin`` names that address, design §17)."""
 
 
 def workspace_of(scope: dict) -> int | None:
