@@ -91,6 +91,30 @@ def test_a_target_pulls_the_copy_only_from_the_home_nodes_registered_url(kb: Kno
     assert not (target.knowledge_store / "1").exists()
 
 
+def test_a_stray_retire_or_discard_renames_no_copy(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """The node-to-node retire and discard routes act only on what Postgres says: during a move to b,
+    b's verified copy (which the flip will make the home's) is not renamed aside by a retire or
+    discard call naming any move; the old home's copy is not retired before a flip away from it."""
+    kb.create_workspace(1)
+    _write(kb, "/documents/a.md", "one\n")
+    target = kb.settings.model_copy(update={"node": "b", "storage_root": tmp_path / "b"})
+    nodes.register(kb.database_url, target)
+    moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")
+    copy = target.knowledge_store / "1"
+    git(tmp_path, "clone", "-q", str(kb.settings.knowledge_store / "1"), str(copy))  # as a receive left it
+    with KnowledgeBase.open(target, migrate=False) as on_b:
+        for move_id, aborted in (("m1", False), ("m1", True), ("other", False), ("other", True)):
+            with pytest.raises(MoveFailed, match="nothing (renamed|discarded)"):
+                on_b.retire_workspace_copy(1, move_id, aborted=aborted)
+            assert copy.is_dir(), (move_id, aborted)
+        with pytest.raises(MoveFailed, match="nothing renamed"):  # the home: still its copy
+            kb.retire_workspace_copy(1, "m1")
+        assert (kb.settings.knowledge_store / "1").is_dir()
+        assert kb.abort_move(1)["move_id"] == "m1"  # the window is gone: now the copy is discarded
+        assert on_b.retire_workspace_copy(1, "m1", aborted=True) == [str(target.knowledge_store / ".stale-1-m1")]
+        assert not copy.exists()
+
+
 # -- end to end: two nodes -----------------------------------------------------------------
 AUTH: dict[str, str] = {}
 """The nodes' admin token header (design §16), set once the nodes run."""

@@ -473,19 +473,37 @@ def receive(
 
 def retire(stores: Stores, workspace_id: int, move_id: str) -> list[str]:
     """On the old home after the flip: rename its copy aside. Refused (MoveFailed) while this node
-    is still the workspace's home. Returns the paths renamed."""
+    is still the workspace's home, or unless Postgres holds move ``move_id``'s flipped window with
+    this node as its source (the row stays until the old copy is retired), so a stray call never
+    renames a copy. Returns the paths renamed."""
+    node = this_node(stores)
     with database.transaction(stores.database_url) as conn:
         row = _workspace(conn, workspace_id)
-    if row["home_node"] == this_node(stores):
-        raise MoveFailed(f"workspace {workspace_id}: node {this_node(stores)!r} is still its home; nothing renamed")
+        moving = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone()
+    if row["home_node"] == node:
+        raise MoveFailed(f"workspace {workspace_id}: node {node!r} is still its home; nothing renamed")
+    if moving is None or moving["move_id"] != move_id or moving["step"] != "flipped" or moving["source_node"] != node:
+        raise MoveFailed(
+            f"workspace {workspace_id}: move {move_id} has not flipped away from node {node!r} (no such "
+            "move waits to retire its old copy); nothing renamed"
+        )
     return repository_copy.retire(stores.settings, workspace_id, move_id)
 
 
 def discard(stores: Stores, workspace_id: int, move_id: str) -> list[str]:
     """On the target of an aborted move: rename its copy aside. Refused (MoveFailed) while this
-    node is the workspace's home. Returns the paths renamed."""
+    node is the workspace's home, or while an open window names this node as a move's target
+    (that move will flip onto the copy: an abort deletes the window first). Returns the paths
+    renamed."""
+    node = this_node(stores)
     with database.transaction(stores.database_url) as conn:
         row = _workspace(conn, workspace_id)
-    if row["home_node"] == this_node(stores):
-        raise MoveFailed(f"workspace {workspace_id}: node {this_node(stores)!r} is its home; nothing discarded")
+        moving = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone()
+    if row["home_node"] == node:
+        raise MoveFailed(f"workspace {workspace_id}: node {node!r} is its home; nothing discarded")
+    if moving is not None and moving["target_node"] == node and moving["step"] != "flipped" and not moving["expired"]:
+        raise MoveFailed(
+            f"workspace {workspace_id}: move {moving['move_id']} to node {node!r} is under way; its copy "
+            f"is discarded only after `kb workspace move {workspace_id} --abort`; nothing discarded"
+        )
     return repository_copy.discard(stores.settings, workspace_id, move_id)
