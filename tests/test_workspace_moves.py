@@ -45,6 +45,9 @@ def test_window_refuses_every_writer_reads_go_on_abort_and_expiry(kb: KnowledgeB
     assert kb.read(1, "/documents/a.md") == b"one\n"  # reads go on
     assert [r.id for r in kb.history(1)] == [first.id]
     assert moves.window(kb.stores, 1)["step"] == "window"
+    with pytest.raises(MoveFailed, match=r"already moving to node 'b' \(move m1.*nothing was changed"):
+        moves.open_window(kb.stores, 1, "m3", kb.settings.node, "c")  # a second move started at once
+    assert moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")["move_id"] == "m1"  # its own: renewed
     assert kb.abort_move(1)["move_id"] == "m1"
     assert moves.window(kb.stores, 1) is None
     assert _write(kb, "/documents/b.md", "two\n") is not None  # writes go on at once

@@ -298,10 +298,12 @@ def move(
 def open_window(stores: Stores, workspace_id: int, move_id: str, source: str, target: str) -> dict:
     """Open (or renew) move ``move_id``'s read-only window under the write lock, for
     ``KB_MOVE_WINDOW_SECONDS``: writers that held the lock first have committed; every later one
-    is refused with WorkspaceMoving. Returns the window row. Raises WorkspaceNotFound, LockTimeout."""
+    is refused with WorkspaceMoving. Returns the window row. Raises WorkspaceNotFound, LockTimeout,
+    MoveFailed when another move's window is open (two moves of one workspace started at once: the
+    second never takes the first's window from under it)."""
     with locked_transaction(stores.database_url, workspace_id, stores.settings, anywhere=True) as (conn, _):
         row = _workspace(conn, workspace_id)
-        return conn.execute(
+        opened = conn.execute(
             queries["open_move_window"],
             {
                 "workspace_id": workspace_id,
@@ -312,6 +314,14 @@ def open_window(stores: Stores, workspace_id: int, move_id: str, source: str, ta
                 "seconds": stores.settings.move_window_seconds,
             },
         ).fetchone()
+        if opened is None:
+            other = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone() or {}
+            raise MoveFailed(
+                f"workspace {workspace_id} is already moving to node {other.get('target_node')!r} (move "
+                f"{other.get('move_id')}, started at the same time as this one); nothing was changed: wait for "
+                f"it, or cancel it with `kb workspace move {workspace_id} --abort`"
+            )
+        return opened
 
 
 def _close_window(stores: Stores, workspace_id: int, move_id: str) -> None:
