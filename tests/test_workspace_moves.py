@@ -118,6 +118,31 @@ def test_a_stray_retire_or_discard_renames_no_copy(kb: KnowledgeBase, tmp_path: 
         assert not copy.exists()
 
 
+def test_a_move_to_a_node_that_cannot_answer_leaves_the_workspace_writable(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """A target that is down (no heartbeat) is refused before any window opens; one that does not
+    answer closes the window it opened: writes go on at once, not after KB_MOVE_WINDOW_SECONDS."""
+    from support.named_queries import queries
+
+    kb.create_workspace(1)
+    _write(kb, "/documents/a.md", "one\n")
+    kb.register_node("http://127.0.0.1:9")  # nothing listens at either node's URL
+    nodes.register(
+        kb.database_url,
+        kb.settings.model_copy(update={"node": "b", "storage_root": tmp_path / "b"}),
+        "http://127.0.0.1:9",
+    )
+    with pytest.raises(MoveFailed, match="does not answer.*window is closed again: writes go on"):
+        kb.move_workspace(1, "b")
+    assert moves.window(kb.stores, 1) is None
+    assert _write(kb, "/documents/b.md", "two\n") is not None
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_age_node_heartbeat"], {"name": "b", "seconds": 3600})
+    with pytest.raises(MoveFailed, match="target node 'b' is down.*nothing was changed"):
+        kb.move_workspace(1, "b")
+    assert moves.window(kb.stores, 1) is None
+    assert _write(kb, "/documents/c.md", "three\n") is not None
+
+
 # -- end to end: two nodes -----------------------------------------------------------------
 AUTH: dict[str, str] = {}
 """The nodes' admin token header (design §16), set once the nodes run."""

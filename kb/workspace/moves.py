@@ -26,6 +26,7 @@ command again resumes (the window row names the move; a copy already verified in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -90,6 +91,19 @@ def _node(stores: Stores, name: str) -> Node:
     if node is None:
         raise InvalidInput(f"no node named {name!r} is registered; `kb nodes` lists them")
     return node
+
+
+def _refuse_unless_serving(stores: Stores, workspace_id: int, node: Node, role: str) -> None:
+    """Raise MoveFailed (before any window opens) when ``node`` has no heartbeat within
+    ``KB_NODE_STALE_SECONDS`` or advertises no URL: its ``kb serve`` must answer for the copy."""
+    stale = stores.settings.node_stale_seconds
+    if node.is_up(stale) and node.url:
+        return
+    why = "advertises no URL" if node.is_up(stale) else f"is down (last heartbeat {node.heartbeat_age:.0f} s ago)"
+    raise MoveFailed(
+        f"workspace {workspace_id} cannot move: its {role} node {node.name!r} {why}; nothing was changed, "
+        f"writes go on. Start that node's `kb serve` (`kb nodes` shows it), then move again"
+    )
 
 
 def _workspace(conn, workspace_id: int) -> dict:
@@ -243,6 +257,10 @@ def move(
         return report
     home = _node(stores, source)
     shared = home.storage_id is not None and home.storage_id == goal.storage_id
+    if not shared:  # a node that cannot answer would hold the workspace read-only for nothing
+        _refuse_unless_serving(stores, workspace_id, home, "home")
+        if target != this_node(stores):
+            _refuse_unless_serving(stores, workspace_id, goal, "target")
     resume = pending is not None and not pending["expired"] and pending["step"] != "flipped"
     move_id = pending["move_id"] if resume else uuid.uuid4().hex[:16]
     report.move_id, report.resumed = move_id, report.resumed or resume
@@ -260,7 +278,14 @@ def move(
         else:
             say(f"copying to {target!r}: it pulls the repository from {source!r} ({home.url})")
             copying = time.monotonic()
-            copied = _copy(stores, workspace_id, move_id, target, goal, home, force)
+            try:
+                copied = _copy(stores, workspace_id, move_id, target, goal, home, force)
+            except MoveFailed as exc:  # a node refused or went away: writes go on at once
+                with contextlib.suppress(KbError):
+                    _close_window(stores, workspace_id, move_id)
+                raise MoveFailed(
+                    f"{exc} (the read-only window is closed again: writes go on at node {source!r})"
+                ) from None
             say(
                 f"copied {copied.bytes / 1e6:.1f} MB in {time.monotonic() - copying:.1f} s"
                 + (" (the copy already in place was kept)" if copied.kept else "")
