@@ -242,7 +242,7 @@ def test_a_page_form_posted_through_another_node_is_served_by_the_home(settings,
             with kb.transaction(1, text, "alice") as tx:
                 tx.write("/documents/a.md", text.encode())
         undone = tx.revision.id
-        secret = kb.tokens().create("ui-writer", "write", None)[1]
+        secret = TOKEN["secret"] = kb.tokens().create("ui-writer", "write", None)[1]
     try:
         for each in (a, b):
             kb_nodes.start(each, worker=False)
@@ -258,6 +258,13 @@ def test_a_page_form_posted_through_another_node_is_served_by_the_home(settings,
             assert foreign.status_code == 403
             done = browser.post(revert, data={"csrf": csrf})
             assert done.status_code == 303 and "reverted=" in done.headers["location"], done.text
+        # Postgres drops every session: b cannot look up the home, so it says the database is away
+        # (retry), never WrongNode as if the request had reached the wrong server
+        with database.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(queries["test_terminate_other_backends"])
+        answers = [call(f"{b.url}/v1/workspaces/1/documents/documents/a.md") for _ in range(8)]
+        assert {status for status, _ in answers} <= {200, 503}, answers
+        assert all(body["error"] == "DatabaseUnavailable" for status, body in answers if status == 503), answers
         with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
             assert kb.read(1, "/documents/a.md") == b"one\n"
             git(a.root / "knowledge_store" / "1", "fsck", "--strict")

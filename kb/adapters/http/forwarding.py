@@ -9,6 +9,8 @@ node whose repository is here is adopted) and:
 
 - serves it here when the home is this node, or a node sharing this node's storage (a shared file
   system), or the workspace does not exist (the route answers 404) or has no home node yet;
+- answers 503 (``DatabaseUnavailable``, ``Retry-After: 1``) when Postgres does not answer the
+  lookup: nothing is done (serving here would refuse a workspace homed elsewhere as WrongNode);
 - answers 503 ``NodeUnavailable`` naming the node when the home's heartbeat is older than
   ``KB_NODE_STALE_SECONDS``, it advertises no URL, or it does not answer — nothing is done, and
   other workspaces are unaffected;
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from kb import errors
+from kb.adapters.http.auth import error_response
 from kb.db.nodes import Heartbeat
 
 if TYPE_CHECKING:
@@ -103,8 +106,12 @@ class NodeForwarding:
             return
         try:
             home = await asyncio.to_thread(self._home, ws)
-        except errors.KbError as exc:  # the database is away: let the route say so as usual
-            log.debug("home of workspace %s unknown (%s); serving here", ws, exc)
+        except (errors.DatabaseUnavailable, errors.StatementCanceled, errors.DatabaseNotReady) as exc:
+            # the database is away: where the workspace lives is unknown (serving here: WrongNode)
+            await error_response(503, exc, {"Retry-After": "1"})(scope, receive, send)
+            return
+        except errors.KbError as exc:  # an id the route refuses (422) or a missing workspace (404)
+            log.debug("home of workspace %s unknown (%s); the route answers", ws, exc)
             home = None
         if home is None:
             await self.app(scope, receive, send)
