@@ -271,3 +271,42 @@ def test_a_page_form_posted_through_another_node_is_served_by_the_home(settings,
     finally:
         for each in (a, b):
             kb_nodes.stop(each)
+
+
+def test_a_home_killed_mid_commit_of_a_forwarded_write_is_an_unknown_outcome_then_settled(settings, tmp_path):
+    """kill -9 of the home's `kb serve` inside a commit forwarded from b (``KB_FAULT_POINT``):
+    b does not say "nothing was forwarded" — the outcome is unknown, and once a is back the
+    write's Idempotency-Key settles it (it landed: git had it); the repository is clean."""
+    from support import kb_nodes
+
+    a, b = (kb_nodes.node(settings.database_url, name, tmp_path / name) for name in ("a", "b"))
+    on_a = settings.model_copy(update={"node": "a", "storage_root": a.root})
+    with KnowledgeBase.open(on_a) as kb:
+        kb.create_workspace(1)
+        kb.register_node()
+        TOKEN["secret"] = kb.tokens().create("writer", "write", None)[1]
+    a.env["KB_FAULT_POINT"] = "before_pg_commit"
+    try:
+        for each in (a, b):
+            kb_nodes.start(each, worker=False)
+        turn = f"{b.url}/v1/workspaces/1/turns/killed"
+        assert call(f"{turn}/files/documents/K.md", "PUT", {"content": "k\n"})[0] == 200
+        status, body = serving.call(
+            f"{turn}/commit",
+            "POST",
+            {"message": "killed"},
+            headers={"Authorization": f"Bearer {TOKEN['secret']}", "Idempotency-Key": "kill-1"},
+        )
+        assert status == 503 and body["outcome"] == "unknown", body
+        assert "nothing was forwarded" not in body["message"] and "/writes/kill-1" in body["message"], body
+        a.process.wait(30)
+        del a.env["KB_FAULT_POINT"]
+        kb_nodes.start(a, worker=False)
+        status, settled = call(f"{b.url}/v1/workspaces/1/writes/kill-1")
+        assert status == 200 and settled["landed"] is True, settled  # it had reached git: it landed
+        read = call(f"{b.url}/v1/workspaces/1/documents/documents/K.md")[1]
+        assert read["lines"] == [[1, "k"]] and read["revision"] == settled["revision"]["id"], read
+        git(a.root / "knowledge_store" / "1", "fsck", "--strict")
+    finally:
+        for each in (a, b):
+            kb_nodes.stop(each)

@@ -13,7 +13,8 @@ node whose repository is here is adopted) and:
   lookup: nothing is done (serving here would refuse a workspace homed elsewhere as WrongNode);
 - answers 503 ``NodeUnavailable`` naming the node when the home's heartbeat is older than
   ``KB_NODE_STALE_SECONDS``, it advertises no URL, or it does not answer — nothing is done, and
-  other workspaces are unaffected;
+  other workspaces are unaffected; when it went away after the request reached it, the answer
+  says so instead (``"outcome": "unknown"`` for a write, with the call that settles it);
 - otherwise forwards the request with httpx: method, path, query, body and headers unchanged
   (``Authorization`` and ``Host`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By``
   added) and
@@ -32,7 +33,7 @@ import json
 import logging
 import re
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from kb import errors
 from kb.adapters.http.auth import error_response
@@ -185,13 +186,16 @@ class NodeForwarding:
         request = client.build_request(scope["method"], target, headers=headers, content=body() if has_body else b"")
         try:
             response = await client.send(request, stream=True)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
             await _unavailable(
                 send,
                 home.node,
                 f"workspace {scope['path']} is homed on node {home.node!r} at {home.url}, which did not "
                 f"answer ({type(exc).__name__}: {exc}); nothing was forwarded. Retry when it is back",
             )
+            return
+        except httpx.TransportError as exc:  # sent: the home may have acted before it went away
+            await _unavailable(send, home.node, _went_away(scope, home, exc), outcome="unknown")
             return
         try:
             await send(
@@ -253,10 +257,33 @@ def _header(scope: dict, name: str) -> str | None:
     return None
 
 
-async def _unavailable(send, node: str | None, message: str) -> None:
-    """A 503 NodeUnavailable answer in kb's error form (``{"error", "message", "node"}``)."""
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _went_away(scope: dict, home: WorkspaceHome, exc: Exception) -> str:
+    """What to tell the client whose request reached the home node, which then went away before
+    answering: a read changed nothing; a write's outcome is unknown, and how to settle it."""
+    gone = (
+        f"the request reached node {home.node!r} at {home.url} (the home of {scope['path']}), which went "
+        f"away before answering ({type(exc).__name__}: {exc})"
+    )
+    if scope["method"] in _SAFE_METHODS:
+        return f"{gone}; a read changes nothing. Retry when it is back"
+    ws = workspace_of(scope)
+    key = _header(scope, "idempotency-key")
+    settle = (
+        f"GET /v1/workspaces/{ws}/writes/{quote(key, safe='')} (its Idempotency-Key) settles it"
+        if key
+        else f"read GET /v1/workspaces/{ws}/log before writing again"
+    )
+    return f"{gone}; whether it took effect is unknown. When the node is back, {settle}"
+
+
+async def _unavailable(send, node: str | None, message: str, **extra: str) -> None:
+    """A 503 NodeUnavailable answer in kb's error form (``{"error", "message", "node"}`` and
+    ``extra`` fields, e.g. ``outcome="unknown"`` for a write the home may have done)."""
     body = json.dumps(
-        {"error": errors.NodeUnavailable.__name__, "message": message, "cli_message": message, "node": node}
+        {"error": errors.NodeUnavailable.__name__, "message": message, "cli_message": message, "node": node, **extra}
     ).encode()
     await send(
         {
