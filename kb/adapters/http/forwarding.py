@@ -53,7 +53,7 @@ FORWARDED_BY = "x-kb-forwarded-by"
 CONNECT_SECONDS = 5.0
 """How long to wait for the home node to accept the connection before NodeUnavailable."""
 
-_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/(\d+)(?:/|$)")
+_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/([0-9]+)(?:/|$)")
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -79,8 +79,8 @@ def workspace_of(scope: dict) -> int | None:
         return int(match.group(1))
     if path == "/v1/status":
         values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("workspace", [])
-        if values and values[0].isdigit():
-            return int(values[0])
+        if values and values[-1].isascii() and values[-1].isdigit():  # the last, as the route reads it
+            return int(values[-1])
     return None
 
 
