@@ -330,8 +330,10 @@ class WrongThread(KbError):
 # -- nodes (design §15) -------------------------------------------------------------------------
 class NodeUnavailable(KbError):
     """A workspace's home node is down (no heartbeat for ``KB_NODE_STALE_SECONDS``) or does not
-    answer; ``node`` names it. Nothing was done; retry when it is back (its workspaces are never
-    re-homed silently). Other nodes' workspaces are unaffected."""
+    answer; ``node`` names it. Nothing was done — unless the home went away after a forwarded write
+    reached it: then kb serve's answer carries ``"outcome": "unknown"`` and names the call that
+    settles it. Retry when it is back (its workspaces are never re-homed silently). Other nodes'
+    workspaces are unaffected."""
 
     def __init__(self, message: str, *, node: str | None = None) -> None:
         super().__init__(message)

@@ -135,6 +135,8 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo) -> None:
     anyio.run(run)
     assert git(repo, "log", "-1", "--format=%s|%cn <%ce>") == f"by mcp|writer <kb-token-{writer_id}>\n"
     assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404
+    for odd in ("/mcp/%D9%A2", "/mcp/%EF%BC%92", "/mcp/1/2"):  # another script's digit 2, a fullwidth 2
+        assert httpx.post(f"{server}{odd}", json={}, headers=_as(reader), timeout=30).status_code == 404, odd
 
 
 def _bad_input_writes_nothing(kb, server):

@@ -39,6 +39,15 @@ def test_a_pooled_session_ended_before_the_pool_commits_is_database_unavailable(
     database.close_pools()
 
 
+def test_a_session_ended_before_the_connection_commits_on_exit_is_database_unavailable(database_url: str) -> None:
+    """``with database.connect(url) as conn:`` commits as the block ends cleanly (as a read of a
+    document does): a session ended just before is DatabaseUnavailable, as inside the block."""
+    with pytest.raises(DatabaseUnavailable, match="connection to Postgres was lost"):
+        with database.connect(database_url) as conn:
+            conn.execute(queries["test_backend_pid"])
+            _terminate(database_url, conn.info.backend_pid)
+
+
 def test_a_session_ended_inside_a_pipeline_is_database_unavailable(database_url: str) -> None:
     with pytest.raises(DatabaseUnavailable, match="connection to Postgres was lost"):
         with database.connect(database_url, autocommit=True) as conn:

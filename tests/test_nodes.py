@@ -223,3 +223,90 @@ def test_two_nodes_through_pgbouncer_in_transaction_mode(kb_env, settings, tmp_p
         for process in running:
             if process.poll() is None:
                 process.kill()
+
+
+def test_a_page_form_posted_through_another_node_is_served_by_the_home(settings, tmp_path):
+    """A person logged in on node b's pages reverts a revision of a workspace homed on a: the form
+    is forwarded to a, whose anti-forgery check sees the browser's ``Origin`` (b) and the ``Host``
+    the browser sent (b), not the forwarding hop's; a form from another site is still refused."""
+    import re
+
+    import httpx
+    from support import kb_nodes
+
+    a, b = (kb_nodes.node(settings.database_url, name, tmp_path / name) for name in ("a", "b"))
+    with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
+        kb.create_workspace(1)
+        kb.register_node()  # workspace 1 is homed on a
+        for text in ("one\n", "two\n"):
+            with kb.transaction(1, text, "alice") as tx:
+                tx.write("/documents/a.md", text.encode())
+        undone = tx.revision.id
+        secret = TOKEN["secret"] = kb.tokens().create("ui-writer", "write", None)[1]
+    try:
+        for each in (a, b):
+            kb_nodes.start(each, worker=False)
+        with httpx.Client(base_url=b.url, timeout=60, headers={"Origin": b.url}) as browser:
+            login = browser.get("/ui/login").text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', login).group(1)
+            assert browser.post("/ui/login", data={"csrf": csrf, "token": secret}).status_code == 303
+            revert = f"/ui/workspaces/1/revisions/{undone}/revert"
+            page = browser.get(revert)
+            assert page.status_code == 200 and "Revert" in page.text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            foreign = browser.post(revert, data={"csrf": csrf}, headers={"Origin": "http://evil.example"})
+            assert foreign.status_code == 403
+            done = browser.post(revert, data={"csrf": csrf})
+            assert done.status_code == 303 and "reverted=" in done.headers["location"], done.text
+        # Postgres drops every session: b cannot look up the home, so it says the database is away
+        # (retry), never WrongNode as if the request had reached the wrong server
+        with database.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(queries["test_terminate_other_backends"])
+        answers = [call(f"{b.url}/v1/workspaces/1/documents/documents/a.md") for _ in range(8)]
+        assert {status for status, _ in answers} <= {200, 503}, answers
+        assert all(body["error"] == "DatabaseUnavailable" for status, body in answers if status == 503), answers
+        with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
+            assert kb.read(1, "/documents/a.md") == b"one\n"
+            git(a.root / "knowledge_store" / "1", "fsck", "--strict")
+    finally:
+        for each in (a, b):
+            kb_nodes.stop(each)
+
+
+def test_a_home_killed_mid_commit_of_a_forwarded_write_is_an_unknown_outcome_then_settled(settings, tmp_path):
+    """kill -9 of the home's `kb serve` inside a commit forwarded from b (``KB_FAULT_POINT``):
+    b does not say "nothing was forwarded" — the outcome is unknown, and once a is back the
+    write's Idempotency-Key settles it (it landed: git had it); the repository is clean."""
+    from support import kb_nodes
+
+    a, b = (kb_nodes.node(settings.database_url, name, tmp_path / name) for name in ("a", "b"))
+    on_a = settings.model_copy(update={"node": "a", "storage_root": a.root})
+    with KnowledgeBase.open(on_a) as kb:
+        kb.create_workspace(1)
+        kb.register_node()
+        TOKEN["secret"] = kb.tokens().create("writer", "write", None)[1]
+    a.env["KB_FAULT_POINT"] = "before_pg_commit"
+    try:
+        for each in (a, b):
+            kb_nodes.start(each, worker=False)
+        turn = f"{b.url}/v1/workspaces/1/turns/killed"
+        assert call(f"{turn}/files/documents/K.md", "PUT", {"content": "k\n"})[0] == 200
+        status, body = serving.call(
+            f"{turn}/commit",
+            "POST",
+            {"message": "killed"},
+            headers={"Authorization": f"Bearer {TOKEN['secret']}", "Idempotency-Key": "kill-1"},
+        )
+        assert status == 503 and body["outcome"] == "unknown", body
+        assert "nothing was forwarded" not in body["message"] and "/writes/kill-1" in body["message"], body
+        a.process.wait(30)
+        del a.env["KB_FAULT_POINT"]
+        kb_nodes.start(a, worker=False)
+        status, settled = call(f"{b.url}/v1/workspaces/1/writes/kill-1")
+        assert status == 200 and settled["landed"] is True, settled  # it had reached git: it landed
+        read = call(f"{b.url}/v1/workspaces/1/documents/documents/K.md")[1]
+        assert read["lines"] == [[1, "k"]] and read["revision"] == settled["revision"]["id"], read
+        git(a.root / "knowledge_store" / "1", "fsck", "--strict")
+    finally:
+        for each in (a, b):
+            kb_nodes.stop(each)

@@ -19,7 +19,7 @@ from support.waiting import wait_until
 
 from kb import KnowledgeBase, Settings
 from kb.db import database, nodes
-from kb.errors import WorkspaceMoving, WrongNode
+from kb.errors import MoveFailed, WorkspaceMoving, WrongNode
 from kb.workspace import moves
 
 
@@ -45,6 +45,9 @@ def test_window_refuses_every_writer_reads_go_on_abort_and_expiry(kb: KnowledgeB
     assert kb.read(1, "/documents/a.md") == b"one\n"  # reads go on
     assert [r.id for r in kb.history(1)] == [first.id]
     assert moves.window(kb.stores, 1)["step"] == "window"
+    with pytest.raises(MoveFailed, match=r"already moving to node 'b' \(move m1.*nothing was changed"):
+        moves.open_window(kb.stores, 1, "m3", kb.settings.node, "c")  # a second move started at once
+    assert moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")["move_id"] == "m1"  # its own: renewed
     assert kb.abort_move(1)["move_id"] == "m1"
     assert moves.window(kb.stores, 1) is None
     assert _write(kb, "/documents/b.md", "two\n") is not None  # writes go on at once
@@ -67,6 +70,77 @@ def test_a_writer_on_a_node_that_is_not_the_home_writes_nothing(kb: KnowledgeBas
     with pytest.raises(WrongNode, match="homed on node 'c'.*nothing was written"):
         _write(kb, "/documents/b.md", "two\n")
     assert [r.id for r in kb.history(1)] == [first.id]
+
+
+def test_a_target_pulls_the_copy_only_from_the_home_nodes_registered_url(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """``POST …/receive`` names a ``source_url``: a caller with an admin token must not make the
+    target fetch an address of its choosing (and send it the bearer token) — nothing is fetched."""
+    import socket
+
+    kb.create_workspace(1)
+    _write(kb, "/documents/a.md", "one\n")
+    kb.register_node("http://127.0.0.1:9")  # the home's registered URL (nothing listens there)
+    target = kb.settings.model_copy(update={"node": "b", "storage_root": tmp_path / "b"})
+    nodes.register(kb.database_url, target)
+    moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")
+    with socket.socket() as elsewhere, KnowledgeBase.open(target, migrate=False) as on_b:
+        elsewhere.bind(("127.0.0.1", 0))
+        elsewhere.listen()
+        elsewhere.settimeout(0.3)
+        with pytest.raises(MoveFailed, match="only from its home node's registered URL.*nothing was fetched"):
+            on_b.receive_workspace(1, "m1", f"http://127.0.0.1:{elsewhere.getsockname()[1]}", token="secret")
+        with pytest.raises(TimeoutError):
+            elsewhere.accept()  # nobody called
+    assert not (target.knowledge_store / "1").exists()
+
+
+def test_a_stray_retire_or_discard_renames_no_copy(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """The node-to-node retire and discard routes act only on what Postgres says: during a move to b,
+    b's verified copy (which the flip will make the home's) is not renamed aside by a retire or
+    discard call naming any move; the old home's copy is not retired before a flip away from it."""
+    kb.create_workspace(1)
+    _write(kb, "/documents/a.md", "one\n")
+    target = kb.settings.model_copy(update={"node": "b", "storage_root": tmp_path / "b"})
+    nodes.register(kb.database_url, target)
+    moves.open_window(kb.stores, 1, "m1", kb.settings.node, "b")
+    copy = target.knowledge_store / "1"
+    git(tmp_path, "clone", "-q", str(kb.settings.knowledge_store / "1"), str(copy))  # as a receive left it
+    with KnowledgeBase.open(target, migrate=False) as on_b:
+        for move_id, aborted in (("m1", False), ("m1", True), ("other", False), ("other", True)):
+            with pytest.raises(MoveFailed, match="nothing (renamed|discarded)"):
+                on_b.retire_workspace_copy(1, move_id, aborted=aborted)
+            assert copy.is_dir(), (move_id, aborted)
+        with pytest.raises(MoveFailed, match="nothing renamed"):  # the home: still its copy
+            kb.retire_workspace_copy(1, "m1")
+        assert (kb.settings.knowledge_store / "1").is_dir()
+        assert kb.abort_move(1)["move_id"] == "m1"  # the window is gone: now the copy is discarded
+        assert on_b.retire_workspace_copy(1, "m1", aborted=True) == [str(target.knowledge_store / ".stale-1-m1")]
+        assert not copy.exists()
+
+
+def test_a_move_to_a_node_that_cannot_answer_leaves_the_workspace_writable(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """A target that is down (no heartbeat) is refused before any window opens; one that does not
+    answer closes the window it opened: writes go on at once, not after KB_MOVE_WINDOW_SECONDS."""
+    from support.named_queries import queries
+
+    kb.create_workspace(1)
+    _write(kb, "/documents/a.md", "one\n")
+    kb.register_node("http://127.0.0.1:9")  # nothing listens at either node's URL
+    nodes.register(
+        kb.database_url,
+        kb.settings.model_copy(update={"node": "b", "storage_root": tmp_path / "b"}),
+        "http://127.0.0.1:9",
+    )
+    with pytest.raises(MoveFailed, match="does not answer.*window is closed again: writes go on"):
+        kb.move_workspace(1, "b")
+    assert moves.window(kb.stores, 1) is None
+    assert _write(kb, "/documents/b.md", "two\n") is not None
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_age_node_heartbeat"], {"name": "b", "seconds": 3600})
+    with pytest.raises(MoveFailed, match="target node 'b' is down.*nothing was changed"):
+        kb.move_workspace(1, "b")
+    assert moves.window(kb.stores, 1) is None
+    assert _write(kb, "/documents/c.md", "three\n") is not None
 
 
 # -- end to end: two nodes -----------------------------------------------------------------

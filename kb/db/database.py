@@ -272,7 +272,12 @@ class KbConnection(psycopg.Connection[DictRow]):
     constraint) pass unchanged."""
 
     def __exit__(self, exc_type, exc_val, exc_tb):
-        super().__exit__(exc_type, exc_val, exc_tb)
+        try:
+            super().__exit__(exc_type, exc_val, exc_tb)  # commits a block that ended cleanly
+        except psycopg.OperationalError as exc:  # the session ended before that commit
+            if exc_val is not None or (translated := _operational_error(exc, self.broken)) is None:
+                raise
+            raise translated from exc
         if (
             isinstance(exc_val, psycopg.OperationalError)
             and (translated := _operational_error(exc_val, self.broken)) is not None

@@ -26,6 +26,7 @@ command again resumes (the window row names the move; a copy already verified in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -40,7 +41,7 @@ from urllib.parse import quote
 from kb.db import database, nodes
 from kb.db.locks import locked_transaction
 from kb.db.sql import queries
-from kb.errors import InvalidInput, KbError, MoveFailed, NodeUnavailable, WorkspaceBusy, WorkspaceNotFound
+from kb.errors import InvalidInput, KbError, MoveFailed, WorkspaceBusy, WorkspaceNotFound
 from kb.faults import fault_point
 from kb.store import homes
 from kb.store.knowledge_store import check_workspace_id, defer_convergence
@@ -90,6 +91,19 @@ def _node(stores: Stores, name: str) -> Node:
     if node is None:
         raise InvalidInput(f"no node named {name!r} is registered; `kb nodes` lists them")
     return node
+
+
+def _refuse_unless_serving(stores: Stores, workspace_id: int, node: Node, role: str) -> None:
+    """Raise MoveFailed (before any window opens) when ``node`` has no heartbeat within
+    ``KB_NODE_STALE_SECONDS`` or advertises no URL: its ``kb serve`` must answer for the copy."""
+    stale = stores.settings.node_stale_seconds
+    if node.is_up(stale) and node.url:
+        return
+    why = "advertises no URL" if node.is_up(stale) else f"is down (last heartbeat {node.heartbeat_age:.0f} s ago)"
+    raise MoveFailed(
+        f"workspace {workspace_id} cannot move: its {role} node {node.name!r} {why}; nothing was changed, "
+        f"writes go on. Start that node's `kb serve` (`kb nodes` shows it), then move again"
+    )
 
 
 def _workspace(conn, workspace_id: int) -> dict:
@@ -196,9 +210,8 @@ def move(
     called with one line per step. ``force``: move even while turn worktrees are open on the home
     node (their uncommitted changes stay behind). Returns the MoveReport.
 
-    Raises InvalidWorkspace, WorkspaceNotFound, InvalidInput (unknown node), NodeUnavailable (the
-    home or target node is down: refused before the window opens), WorkspaceBusy, MoveFailed (a
-    step failed: the workspace stays on its home node and the window is closed, so writes go on;
+    Raises InvalidWorkspace, WorkspaceNotFound, InvalidInput (unknown node), WorkspaceBusy, MoveFailed (the
+    home or target node is down or has no URL: refused before the window opens; or a step failed: the workspace stays on its home node and the window is closed, so writes go on;
     run it again — a verified copy already on the target is kept), LockTimeout. A move killed
     midway leaves its window open: run it again to resume, or ``abort``.
     """
@@ -245,16 +258,10 @@ def move(
         return report
     home = _node(stores, source)
     shared = home.storage_id is not None and home.storage_id == goal.storage_id
-    if not shared:  # both servers take part in the copy: refuse before any window opens
-        stale = stores.settings.node_stale_seconds
-        for part, node in (("home", home), ("target", goal)):
-            if not node.is_up(stale) and not (part == "target" and target == this_node(stores)):
-                raise NodeUnavailable(
-                    f"workspace {workspace_id}'s {part} node {node.name!r} is down (last heartbeat "
-                    f"{node.heartbeat_age:.0f} s ago): its `kb serve` takes part in the copy. Start it, then "
-                    "run the move again; nothing was changed",
-                    node=node.name,
-                )
+    if not shared:  # a node that cannot answer would hold the workspace read-only for nothing
+        _refuse_unless_serving(stores, workspace_id, home, "home")
+        if target != this_node(stores):
+            _refuse_unless_serving(stores, workspace_id, goal, "target")
     resume = pending is not None and not pending["expired"] and pending["step"] != "flipped"
     move_id = pending["move_id"] if resume else uuid.uuid4().hex[:16]
     report.move_id, report.resumed = move_id, report.resumed or resume
@@ -272,7 +279,14 @@ def move(
         else:
             say(f"copying to {target!r}: it pulls the repository from {source!r} ({home.url})")
             copying = time.monotonic()
-            copied = _copy(stores, workspace_id, move_id, target, goal, home, force)
+            try:
+                copied = _copy(stores, workspace_id, move_id, target, goal, home, force)
+            except MoveFailed as exc:  # a node refused or went away: writes go on at once
+                with contextlib.suppress(KbError):
+                    _close_window(stores, workspace_id, move_id)
+                raise MoveFailed(
+                    f"{exc} (the read-only window is closed again: writes go on at node {source!r})"
+                ) from None
             say(
                 f"copied {copied.bytes / 1e6:.1f} MB in {time.monotonic() - copying:.1f} s"
                 + (" (the copy already in place was kept)" if copied.kept else "")
@@ -317,10 +331,12 @@ def move(
 def open_window(stores: Stores, workspace_id: int, move_id: str, source: str, target: str) -> dict:
     """Open (or renew) move ``move_id``'s read-only window under the write lock, for
     ``KB_MOVE_WINDOW_SECONDS``: writers that held the lock first have committed; every later one
-    is refused with WorkspaceMoving. Returns the window row. Raises WorkspaceNotFound, LockTimeout."""
+    is refused with WorkspaceMoving. Returns the window row. Raises WorkspaceNotFound, LockTimeout,
+    MoveFailed when another move's window is open (two moves of one workspace started at once: the
+    second never takes the first's window from under it)."""
     with locked_transaction(stores.database_url, workspace_id, stores.settings, anywhere=True) as (conn, _):
         row = _workspace(conn, workspace_id)
-        return conn.execute(
+        opened = conn.execute(
             queries["open_move_window"],
             {
                 "workspace_id": workspace_id,
@@ -331,6 +347,14 @@ def open_window(stores: Stores, workspace_id: int, move_id: str, source: str, ta
                 "seconds": stores.settings.move_window_seconds,
             },
         ).fetchone()
+        if opened is None:
+            other = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone() or {}
+            raise MoveFailed(
+                f"workspace {workspace_id} is already moving to node {other.get('target_node')!r} (move "
+                f"{other.get('move_id')}, started at the same time as this one); nothing was changed: wait for "
+                f"it, or cancel it with `kb workspace move {workspace_id} --abort`"
+            )
+        return opened
 
 
 def _close_window(stores: Stores, workspace_id: int, move_id: str) -> None:
@@ -464,37 +488,65 @@ def export(stores: Stores, workspace_id: int, move_id: str, *, force: bool = Fal
 def receive(
     stores: Stores, workspace_id: int, move_id: str, source_url: str, *, force: bool = False, token: str | None = None
 ) -> ReceivedCopy:
-    """On the target node: pull the archive of move ``move_id`` from ``source_url`` (the home
-    node's ``kb serve``, sending ``token``: the caller's, design §16), verify it against what
-    Postgres records and put it in place (``kb.workspace.repository_copy.receive``). Raises MoveFailed."""
-    _expect(stores, workspace_id, move_id, "target")
+    """On the target node: pull the archive of move ``move_id`` from the home node's ``kb serve``
+    (sending ``token``: the caller's, design §16), verify it against what Postgres records and put
+    it in place (``kb.workspace.repository_copy.receive``).
+
+    The URL pulled from is the one the home node registered in ``kb.nodes``, never the caller's:
+    ``source_url`` (what the mover believes it is) must name it, so an admin token cannot make this
+    node fetch, and send its bearer token to, an address of its choosing. Raises MoveFailed."""
+    row = _expect(stores, workspace_id, move_id, "target")
+    home = nodes.get_node(stores.database_url, row["home_node"]) if row["home_node"] else None
+    registered = (home.url or "").rstrip("/") if home is not None else ""
+    if not registered or source_url.rstrip("/") != registered:
+        raise MoveFailed(
+            f"workspace {workspace_id}: the copy is pulled only from its home node's registered URL "
+            f"({registered or 'none registered'}), not from {source_url!r}; nothing was fetched. Run "
+            "`kb workspace move` again (it names the URL `kb nodes` shows)"
+        )
 
     def expected() -> tuple[str | None, str | None]:
         with database.transaction(stores.database_url) as conn:
             row = _workspace(conn, workspace_id)
         return row["head_revision"], row["repository_id"]
 
-    url = f"{source_url.rstrip('/')}{INTERNAL}/{workspace_id}/moves/{quote(move_id)}/archive" + (
-        "?force=true" if force else ""
-    )
+    url = f"{registered}{INTERNAL}/{workspace_id}/moves/{quote(move_id)}/archive" + ("?force=true" if force else "")
     return repository_copy.receive(stores.settings, workspace_id, move_id, url, expected, token)
 
 
 def retire(stores: Stores, workspace_id: int, move_id: str) -> list[str]:
     """On the old home after the flip: rename its copy aside. Refused (MoveFailed) while this node
-    is still the workspace's home. Returns the paths renamed."""
+    is still the workspace's home, or unless Postgres holds move ``move_id``'s flipped window with
+    this node as its source (the row stays until the old copy is retired), so a stray call never
+    renames a copy. Returns the paths renamed."""
+    node = this_node(stores)
     with database.transaction(stores.database_url) as conn:
         row = _workspace(conn, workspace_id)
-    if row["home_node"] == this_node(stores):
-        raise MoveFailed(f"workspace {workspace_id}: node {this_node(stores)!r} is still its home; nothing renamed")
+        moving = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone()
+    if row["home_node"] == node:
+        raise MoveFailed(f"workspace {workspace_id}: node {node!r} is still its home; nothing renamed")
+    if moving is None or moving["move_id"] != move_id or moving["step"] != "flipped" or moving["source_node"] != node:
+        raise MoveFailed(
+            f"workspace {workspace_id}: move {move_id} has not flipped away from node {node!r} (no such "
+            "move waits to retire its old copy); nothing renamed"
+        )
     return repository_copy.retire(stores.settings, workspace_id, move_id)
 
 
 def discard(stores: Stores, workspace_id: int, move_id: str) -> list[str]:
     """On the target of an aborted move: rename its copy aside. Refused (MoveFailed) while this
-    node is the workspace's home. Returns the paths renamed."""
+    node is the workspace's home, or while an open window names this node as a move's target
+    (that move will flip onto the copy: an abort deletes the window first). Returns the paths
+    renamed."""
+    node = this_node(stores)
     with database.transaction(stores.database_url) as conn:
         row = _workspace(conn, workspace_id)
-    if row["home_node"] == this_node(stores):
-        raise MoveFailed(f"workspace {workspace_id}: node {this_node(stores)!r} is its home; nothing discarded")
+        moving = conn.execute(queries["move_window"], {"workspace_id": workspace_id}).fetchone()
+    if row["home_node"] == node:
+        raise MoveFailed(f"workspace {workspace_id}: node {node!r} is its home; nothing discarded")
+    if moving is not None and moving["target_node"] == node and moving["step"] != "flipped" and not moving["expired"]:
+        raise MoveFailed(
+            f"workspace {workspace_id}: move {moving['move_id']} to node {node!r} is under way; its copy "
+            f"is discarded only after `kb workspace move {workspace_id} --abort`; nothing discarded"
+        )
     return repository_copy.discard(stores.settings, workspace_id, move_id)

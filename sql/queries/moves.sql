@@ -20,13 +20,15 @@ SELECT workspace_id, move_id, source_node, target_node, step, head_revision, ope
 FROM kb.workspace_moves WHERE workspace_id = %(workspace_id)s;
 
 -- name: open_move_window
--- Under the write lock: open (or take over an expired) window for a move. Returns the row.
+-- Under the write lock: open (or renew its own, or take over an expired or flipped) window for a
+-- move. Returns the row; none when another move's window is open (two moves started at once).
 INSERT INTO kb.workspace_moves (workspace_id, move_id, source_node, target_node, step, head_revision, expires_at)
 VALUES (%(workspace_id)s, %(move_id)s, %(source_node)s, %(target_node)s, 'window', %(head_revision)s,
         clock_timestamp() + make_interval(secs => %(seconds)s))
 ON CONFLICT (workspace_id) DO UPDATE
 SET move_id = excluded.move_id, source_node = excluded.source_node, target_node = excluded.target_node,
     step = 'window', head_revision = excluded.head_revision, opened_at = now(), expires_at = excluded.expires_at
+WHERE kb.workspace_moves.move_id = excluded.move_id OR kb.workspace_moves.expires_at <= clock_timestamp()
 RETURNING workspace_id, move_id, source_node, target_node, step, head_revision, opened_at, expires_at;
 
 -- name: renew_move_window

@@ -274,7 +274,9 @@ class McpGate:
             await error_response(401, errors.TokenRefused("this request needs an API token"))(scope, receive, send)
             return
         segments = [s for s in scope.get("path", "").split("/") if s]
-        workspace = _workspace(segments[-1]) if segments and segments[-1].isdigit() else False
+        last = segments[-1] if segments else ""
+        # ASCII digits only, as the MCP routing takes them ("٢".isdigit() is true, and unchecked)
+        workspace = _workspace(last) if last.isascii() and last.isdigit() else False
         if workspace is not False:  # else the MCP routing answers 404 (no workspace in the URL)
             try:
                 token.check(workspace, "read")

@@ -9,11 +9,15 @@ node whose repository is here is adopted) and:
 
 - serves it here when the home is this node, or a node sharing this node's storage (a shared file
   system), or the workspace does not exist (the route answers 404) or has no home node yet;
+- answers 503 (``DatabaseUnavailable``, ``Retry-After: 1``) when Postgres does not answer the
+  lookup: nothing is done (serving here would refuse a workspace homed elsewhere as WrongNode);
 - answers 503 ``NodeUnavailable`` naming the node when the home's heartbeat is older than
   ``KB_NODE_STALE_SECONDS``, it advertises no URL, or it does not answer — nothing is done, and
-  other workspaces are unaffected;
+  other workspaces are unaffected; when it went away after the request reached it, the answer
+  says so instead (``"outcome": "unknown"`` for a write, with the call that settles it);
 - otherwise forwards the request with httpx: method, path, query, body and headers unchanged
-  (``Authorization`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By`` added) and
+  (``Authorization`` and ``Host`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By``
+  added) and
   streams the response back as it comes (status, headers, body bytes unchanged — server-sent
   events of the MCP endpoint included). Turns therefore stay on the home node.
 
@@ -29,9 +33,10 @@ import json
 import logging
 import re
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from kb import errors
+from kb.adapters.http.auth import error_response
 from kb.db.nodes import Heartbeat
 
 if TYPE_CHECKING:
@@ -48,7 +53,7 @@ FORWARDED_BY = "x-kb-forwarded-by"
 CONNECT_SECONDS = 5.0
 """How long to wait for the home node to accept the connection before NodeUnavailable."""
 
-_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/(\d+)(?:/|$)")
+_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/([0-9]+)(?:/|$)")
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -60,9 +65,10 @@ _HOP_BY_HOP = frozenset(
         "trailers",
         "transfer-encoding",
         "upgrade",
-        "host",
     }
 )
+"""Headers not passed on. ``Host`` is: the home node sees the address the client used, as the
+page forms' anti-forgery check needs (a browser's ``Origin`` names that address, design §17)."""
 
 
 def workspace_of(scope: dict) -> int | None:
@@ -73,8 +79,8 @@ def workspace_of(scope: dict) -> int | None:
         return int(match.group(1))
     if path == "/v1/status":
         values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("workspace", [])
-        if values and values[0].isdigit():
-            return int(values[0])
+        if values and values[-1].isascii() and values[-1].isdigit():  # the last, as the route reads it
+            return int(values[-1])
     return None
 
 
@@ -101,8 +107,12 @@ class NodeForwarding:
             return
         try:
             home = await asyncio.to_thread(self._home, ws)
-        except errors.KbError as exc:  # the database is away: let the route say so as usual
-            log.debug("home of workspace %s unknown (%s); serving here", ws, exc)
+        except (errors.DatabaseUnavailable, errors.StatementCanceled, errors.DatabaseNotReady) as exc:
+            # the database is away: where the workspace lives is unknown (serving here: WrongNode)
+            await error_response(503, exc, {"Retry-After": "1"})(scope, receive, send)
+            return
+        except errors.KbError as exc:  # an id the route refuses (422) or a missing workspace (404)
+            log.debug("home of workspace %s unknown (%s); the route answers", ws, exc)
             home = None
         if home is None:
             await self.app(scope, receive, send)
@@ -176,13 +186,16 @@ class NodeForwarding:
         request = client.build_request(scope["method"], target, headers=headers, content=body() if has_body else b"")
         try:
             response = await client.send(request, stream=True)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
             await _unavailable(
                 send,
                 home.node,
                 f"workspace {scope['path']} is homed on node {home.node!r} at {home.url}, which did not "
                 f"answer ({type(exc).__name__}: {exc}); nothing was forwarded. Retry when it is back",
             )
+            return
+        except httpx.TransportError as exc:  # sent: the home may have acted before it went away
+            await _unavailable(send, home.node, _went_away(scope, home, exc), outcome="unknown")
             return
         try:
             await send(
@@ -244,10 +257,33 @@ def _header(scope: dict, name: str) -> str | None:
     return None
 
 
-async def _unavailable(send, node: str | None, message: str) -> None:
-    """A 503 NodeUnavailable answer in kb's error form (``{"error", "message", "node"}``)."""
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _went_away(scope: dict, home: WorkspaceHome, exc: Exception) -> str:
+    """What to tell the client whose request reached the home node, which then went away before
+    answering: a read changed nothing; a write's outcome is unknown, and how to settle it."""
+    gone = (
+        f"the request reached node {home.node!r} at {home.url} (the home of {scope['path']}), which went "
+        f"away before answering ({type(exc).__name__}: {exc})"
+    )
+    if scope["method"] in _SAFE_METHODS:
+        return f"{gone}; a read changes nothing. Retry when it is back"
+    ws = workspace_of(scope)
+    key = _header(scope, "idempotency-key")
+    settle = (
+        f"GET /v1/workspaces/{ws}/writes/{quote(key, safe='')} (its Idempotency-Key) settles it"
+        if key
+        else f"read GET /v1/workspaces/{ws}/log before writing again"
+    )
+    return f"{gone}; whether it took effect is unknown. When the node is back, {settle}"
+
+
+async def _unavailable(send, node: str | None, message: str, **extra: str) -> None:
+    """A 503 NodeUnavailable answer in kb's error form (``{"error", "message", "node"}`` and
+    ``extra`` fields, e.g. ``outcome="unknown"`` for a write the home may have done)."""
     body = json.dumps(
-        {"error": errors.NodeUnavailable.__name__, "message": message, "cli_message": message, "node": node}
+        {"error": errors.NodeUnavailable.__name__, "message": message, "cli_message": message, "node": node, **extra}
     ).encode()
     await send(
         {

@@ -405,7 +405,7 @@ class WorkspaceRouting:
             await self.app(scope, receive, send)
             return
         segments = [s for s in scope.get("path", "").split("/") if s]
-        if not segments or not segments[-1].isdigit() or len(segments) > 2:
+        if not segments or not (segments[-1].isascii() and segments[-1].isdigit()) or len(segments) > 2:
             from starlette.responses import JSONResponse
 
             await JSONResponse({"error": "connect to /mcp/<workspace id>, e.g. /mcp/1"}, status_code=404)(
