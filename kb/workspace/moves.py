@@ -210,9 +210,10 @@ def move(
     called with one line per step. ``force``: move even while turn worktrees are open on the home
     node (their uncommitted changes stay behind). Returns the MoveReport.
 
-    Raises InvalidWorkspace, WorkspaceNotFound, InvalidInput (unknown node), WorkspaceBusy, MoveFailed (the
-    home or target node is down or has no URL: refused before the window opens; or a step failed: the workspace stays on its home node and the window is closed, so writes go on;
-    run it again — a verified copy already on the target is kept), LockTimeout. A move killed
+    Raises InvalidWorkspace, WorkspaceNotFound, InvalidInput (unknown node), WorkspaceBusy,
+    MoveFailed (the home or target node is down or has no URL: refused before the window opens;
+    or a step failed: the workspace stays on its home node and the window is closed, so writes go
+    on; run it again — a verified copy already on the target is kept), LockTimeout. A move killed
     midway leaves its window open: run it again to resume, or ``abort``.
     """
     check_workspace_id(workspace_id)
