@@ -2,7 +2,11 @@
 ``kb new`` with a title alone, hints that name the CLI's option (``--overwrite``, not
 ``overwrite=True``), ``kb artifact revise`` taking its file like ``save``, ``kb psql -d NAME``,
 ``kb import`` naming what it skipped and what it stored but cannot index, ``kb worker`` logging
-progress when its output is not a terminal, and the README's test line showing skip reasons."""
+progress when its output is not a terminal, and the README's test line showing skip reasons.
+A second trial, a quickstart then a second node: a renamed node hands its workspaces over and
+``kb nodes forget`` clears its row; ``kb workspace set-model`` from a node that is not the home,
+saying whether workers will re-embed; ``kb workspaces`` naming another node's workspace as homed
+there; ``kb status -w`` naming the workspace's model first; ``kb token list`` times in UTC."""
 
 from __future__ import annotations
 
