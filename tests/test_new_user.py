@@ -306,3 +306,15 @@ def test_token_list_names_the_time_zone(kb_env):
     run_cli(kb_env, "token", "create", "--name", "reader", "--scope", "read", "-w", "1", "--expires", "2d")
     listed = run_cli(kb_env, "token", "list").stdout
     assert re.search(r"created \d{4}-\d\d-\d\d \d\d:\d\d UTC  expires \d{4}-\d\d-\d\d \d\d:\d\d UTC$", listed, re.M)
+
+
+def test_the_workspaces_page_names_the_home_of_another_nodes_workspace():
+    pytest.importorskip("fastapi", reason="the pages need the serve extra (pip install -e '.[serve]')")
+    from kb.adapters.http.ui.rendering import ENVIRONMENT
+    from kb.workspace.lifecycle import WorkspaceSummary
+
+    remote = WorkspaceSummary(1, 3, "a" * 40, "elsewhere", 0, 0, 0, home_node="b")
+    page = ENVIRONMENT.get_template("workspaces.html").render(
+        csrf="x", path="/ui", may=lambda *_: True, workspaces=[remote], title="Workspaces"
+    )
+    assert "<td>homed on node b</td>" in page and "no repository" not in page
