@@ -350,6 +350,15 @@ class WrongNode(KbError):
         self.node = node
 
 
+class NodeInUse(KbError):
+    """A node cannot be forgotten (``kb nodes forget``) while workspaces are homed on it or it is up;
+    ``node`` names it. Move its workspaces (``kb workspace move N --to OTHER``) or stop it first."""
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 # -- access: API tokens of kb serve and MCP over HTTP (design §16) -----------------------------
 class PermissionDenied(KbError):
     """kb's database role lacks a privilege the call needs (Postgres 42501), e.g. a kb_reader

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from kb.citations.envelope import Envelope, document_lines
 from kb.db import database
 from kb.db.migrations import MigrationReport, apply_migrations, schema_is_current
-from kb.db.nodes import Node, WorkspaceHome, list_nodes, same_storage
+from kb.db.nodes import Node, WorkspaceHome, forget_node, list_nodes, same_storage
 from kb.db.nodes import register as register_node
 from kb.db.publication import PublicationStatus, ensure_publication
 from kb.db.sql import queries
@@ -559,14 +559,16 @@ class KnowledgeBase:
         directory, or ``auto`` (the model auto picks for the workspace's documents now). Records
         the target and queues ``kb.switch_model``; search answers from the old vectors until the
         worker has re-embedded the workspace. Returns the job id, None when the workspace already
-        uses the model (or a waiting job covers it). Raises ConfigurationError for an unknown
-        model or one whose package is missing, WorkspaceNotFound."""
+        uses the model (or a waiting job covers it). Any node may record a named model (Postgres
+        only; the job runs on the home node's queue); ``auto`` reads the documents, so it runs on the
+        home node. Raises ConfigurationError for an unknown model or one whose package is missing,
+        WorkspaceNotFound."""
         from kb.index import models
         from kb.jobs import tasks as jobs
 
-        store = self.store(workspace_id)
-        store.require_exists()
-        if name.strip() == "auto":
+        if name.strip() == "auto":  # reads documents: the home node's repository (elsewhere: WrongNode)
+            store = self.store(workspace_id)
+            store.require_exists()
             with database.connect(self.database_url, autocommit=True) as conn:
                 name = models.auto_choice(models.workspace_languages(conn, store.repository, workspace_id))
         return jobs.defer_model_switch(self.stores, workspace_id, models.normalize(name, self.settings))
@@ -615,6 +617,11 @@ class KnowledgeBase:
         """Every registered node (``kb nodes``): name, storage root, URL, heartbeat age in seconds,
         workspaces homed on it; ``Node.is_up(settings.node_stale_seconds)`` says up or down."""
         return list_nodes(self.database_url)
+
+    def forget_node(self, name: str) -> None:
+        """Remove a renamed or retired node's row (``kb nodes forget``, design §15). Raises NodeInUse
+        while workspaces are homed on it or it is up, InvalidInput when no node has that name."""
+        forget_node(self.database_url, name, self.settings.node_stale_seconds)
 
     def register_node(self, url: str | None = None) -> Node:
         """Register this process's node (``KB_NODE``, its storage root, ``url`` for ``kb serve``)

@@ -2,11 +2,16 @@
 ``kb new`` with a title alone, hints that name the CLI's option (``--overwrite``, not
 ``overwrite=True``), ``kb artifact revise`` taking its file like ``save``, ``kb psql -d NAME``,
 ``kb import`` naming what it skipped and what it stored but cannot index, ``kb worker`` logging
-progress when its output is not a terminal, and the README's test line showing skip reasons."""
+progress when its output is not a terminal, and the README's test line showing skip reasons.
+A second trial, a quickstart then a second node: a renamed node hands its workspaces over and
+``kb nodes forget`` clears its row; ``kb workspace set-model`` from a node that is not the home,
+saying whether workers will re-embed; ``kb workspaces`` naming another node's workspace as homed
+there; ``kb status -w`` naming the workspace's model first; ``kb token list`` times in UTC."""
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -223,3 +228,93 @@ def test_readme_test_lines_run_verbatim_in_ci_and_show_why_tests_skipped(tmp_pat
     )
     assert "1 skipped" in result.stdout
     assert "no Redis server at 127.0.0.1:6379" in result.stdout, result.stdout
+
+
+# -- second trial: a quickstart then a second node (design §15) ---------------------------------
+def _age_node(database_url: str, name: str, seconds: float) -> None:
+    from support.named_queries import queries
+
+    from kb.db import database
+
+    with database.connect(database_url, autocommit=True) as conn:
+        conn.execute(queries["test_age_node_heartbeat"], {"name": name, "seconds": seconds})
+
+
+def test_a_renamed_node_hands_its_workspaces_over_and_is_forgotten(kb_env, settings, tmp_path):
+    quickstart = {**kb_env, "KB_NODE": "vm"}  # the quickstart's node: the host name
+    run_cli(quickstart, "import", str(_notes(tmp_path, {"a.md": "# A\n\nalpha\n"})), "-w", "1")
+    renamed = {**kb_env, "KB_NODE": "a"}  # the same storage root, started with a name of its own
+    run_cli(renamed, "worker", "--until-idle")  # registers node a
+    homed = run_cli(renamed, "nodes", "forget", "vm", check=False)
+    assert homed.returncode == 1 and "home to 1 workspace" in homed.stderr and "kb workspace move" in homed.stderr
+    moved = run_cli(renamed, "workspace", "move", "1", "--to", "a")
+    assert "nothing to copy" in moved.stdout
+    _age_node(settings.database_url, "vm", 0)
+    up = run_cli(renamed, "nodes", "forget", "vm", check=False)
+    assert up.returncode == 1 and "'vm' is up" in up.stderr
+    _age_node(settings.database_url, "vm", 3600)  # its processes stopped an hour ago
+    assert run_cli(renamed, "nodes", "forget", "vm").stdout.strip() == "forgot node 'vm'"
+    names = [json.loads(line)["name"] for line in run_cli(renamed, "nodes", "--json").stdout.splitlines()]
+    assert names == ["a"]
+    unknown = run_cli(renamed, "nodes", "forget", "vm", check=False)
+    assert unknown.returncode == 1 and "no node is called 'vm'" in unknown.stderr
+    assert "kb nodes forget" in run_cli(renamed, "nodes", "forget", "--help").stdout
+    assert "Example: kb nodes --json" in run_cli(renamed, "nodes", "--help").stdout
+
+
+def test_set_model_from_any_node_and_what_lists_a_workspace_of_another_node(kb_env, settings, tmp_path):
+    from support.named_queries import queries
+    from support.waiting import wait_until
+
+    from kb.db import database
+    from kb.jobs.worker import live_workers
+
+    b = {**kb_env, "KB_NODE": "b", "KB_STORAGE_ROOT": str(tmp_path / "store-b")}
+    a = {**kb_env, "KB_NODE": "a"}
+    for ws in ("1", "2"):
+        run_cli(b, "import", str(_notes(tmp_path, {"a.md": "# A\n\nalpha\n"}, f"notes-{ws}")), "-w", ws)
+    run_cli(a, "worker", "--until-idle")  # registers node a (b's workspaces are not its to run)
+    listed = run_cli(a, "workspaces").stdout
+    assert re.search(r"^\s+1\s+\d+\s+[0-9a-f]{12}\s+homed on node b$", listed, re.M), listed
+    assert "no repository" not in listed
+    # node a records the switch; the job goes to b's queue; no worker runs: say to start one
+    switched = run_cli(a, "workspace", "set-model", "2", "hashing").stdout
+    assert "switching to hashing" in switched and "run `kb worker --until-idle`" in switched, switched
+    with database.connect(settings.database_url, autocommit=True) as conn:
+        jobs = [j for j in conn.execute(queries["test_node_jobs"]).fetchall() if j["task_name"] == "kb.switch_model"]
+    assert [j["queue_name"] for j in jobs] == ["maintenance@b"]
+    c = {**kb_env, "KB_NODE": "c", "KB_STORAGE_ROOT": str(tmp_path / "store-c")}  # any node's worker counts
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "kb.adapters.cli", "worker"], env=c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until(lambda: live_workers(settings.database_url, 60) > 0, 60, "node c's worker to start")
+        switched = run_cli(a, "workspace", "set-model", "1", "hashing").stdout
+        assert "1 kb worker(s) running will re-embed it" in switched and "run `kb worker" not in switched, switched
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    run_cli(b, "worker", "--until-idle")  # the home node's worker runs the switches
+    # kb status -w: the workspace's own model first, the default named as the default
+    lines = run_cli(b, "status", "-w", "1").stdout.splitlines()
+    model = next(i for i, line in enumerate(lines) if line.startswith("model:"))
+    default = next(i for i, line in enumerate(lines) if line.startswith("embedder:"))
+    assert model < default and "the default" in lines[default] and "workspace 1's" in lines[model]
+
+
+def test_token_list_names_the_time_zone(kb_env):
+    run_cli(kb_env, "token", "create", "--name", "reader", "--scope", "read", "-w", "1", "--expires", "2d")
+    listed = run_cli(kb_env, "token", "list").stdout
+    assert re.search(r"created \d{4}-\d\d-\d\d \d\d:\d\d UTC  expires \d{4}-\d\d-\d\d \d\d:\d\d UTC$", listed, re.M)
+
+
+def test_the_workspaces_page_names_the_home_of_another_nodes_workspace():
+    pytest.importorskip("fastapi", reason="the pages need the serve extra (pip install -e '.[serve]')")
+    from kb.adapters.http.ui.rendering import ENVIRONMENT
+    from kb.workspace.lifecycle import WorkspaceSummary
+
+    remote = WorkspaceSummary(1, 3, "a" * 40, "elsewhere", 0, 0, 0, home_node="b")
+    page = ENVIRONMENT.get_template("workspaces.html").render(
+        csrf="x", path="/ui", may=lambda *_: True, workspaces=[remote], title="Workspaces"
+    )
+    assert "<td>homed on node b</td>" in page and "no repository" not in page

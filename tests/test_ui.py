@@ -125,7 +125,11 @@ def test_pages_without_javascript(served):
         assert foreign.status_code == 403
         with httpx.Client(base_url=url, timeout=60, cookies={"kb_token": reader}) as read_only:
             assert read_only.get(ws).status_code == 200  # a read token reads
-            read_token = re.search(r'name="csrf" value="([^"]+)"', read_only.get(revert).text).group(1)
+            # no Revert button for a read token (a button a 403 would answer), but the page says why
+            assert "Revert this revision" not in read_only.get(f"{ws}/revisions/{revisions['move']}").text
+            confirm = read_only.get(revert).text
+            assert 'id="confirm-revert"' not in confirm and "reverting needs write" in confirm
+            read_token = read_only.cookies.get("kb_csrf")  # the anti-forgery token every page sets
             refused = read_only.post(revert, data={"csrf": read_token})
             assert refused.status_code == 403 and "ScopeRefused" in refused.text  # but may not revert
             assert read_only.get("/ui/workspaces/2").status_code == 404  # nor see another workspace

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import ConfigurationError, KbError, StorageError
+from kb.errors import ConfigurationError, InvalidInput, KbError, NodeInUse, StorageError
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -183,6 +183,31 @@ def get_node(database_url: str, name: str) -> Node | None:
     with database.pooled_connection(database_url) as conn:
         r = conn.execute(queries["get_node"], {"name": name}).fetchone()
     return None if r is None else Node(r["name"], r["storage_root"], r["storage_id"], r["url"], r["heartbeat_age"])
+
+
+def forget_node(database_url: str, name: str, stale_seconds: float) -> None:
+    """Remove the row of node ``name`` (``kb nodes forget``, design §15): a node renamed or retired
+    leaves it behind, shown as down for good. Refused — nothing removed — with NodeInUse while
+    workspaces are homed on it (move them first) or it heartbeat within ``stale_seconds`` (stop
+    it first); InvalidInput when no node has that name. A process of that node that starts again
+    registers it anew."""
+    with database.pooled_transaction(database_url) as conn:
+        row = conn.execute(queries["forget_node"], {"name": name, "stale_seconds": stale_seconds}).fetchone()
+    if row is None:
+        raise InvalidInput(f"no node is called {name!r}; `kb nodes` lists them")
+    if row["forgotten"]:
+        return
+    if row["workspaces"]:
+        raise NodeInUse(
+            f"node {name!r} is home to {row['workspaces']} workspace(s): move each to another node first "
+            f"(`kb workspace move N --to OTHER`; nothing is copied when the two share their storage)",
+            node=name,
+        )
+    raise NodeInUse(
+        f"node {name!r} is up (heartbeat {row['heartbeat_age']:.0f} s ago): stop its `kb serve` and "
+        f"`kb worker` and wait KB_NODE_STALE_SECONDS ({stale_seconds:g} s) before forgetting it",
+        node=name,
+    )
 
 
 def read_home(conn: Connection, workspace_id: int) -> WorkspaceHome | None:

@@ -85,6 +85,7 @@ QueryName = Literal[
     "folder_paths",
     "forget_citation_chat",
     "forget_dead_write_intents",
+    "forget_node",
     "forget_vector_index",
     "get_artifact",
     "get_node",

@@ -50,6 +50,7 @@ import procrastinate
 from kb.db import database
 from kb.db.nodes import node_queue
 from kb.db.sql import queries
+from kb.errors import WorkspaceNotFound
 from kb.jobs.routing import placement
 from kb.jobs.sweep import defer_failed_retry
 from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PACK_TASK, PROJECTION_TASK, defer_job
@@ -408,10 +409,12 @@ def defer_model_switch(stores: Stores, workspace_id: int, name: str) -> int | No
     """Record ``name`` as the model ``workspace_id`` switches to and defer ``kb.switch_model``
     (coalesced on ``switch-model:{ws}``; the job reads the target when it runs, so the last
     set-model wins). Returns the job id; None when the workspace already uses ``name`` (the
-    target is cleared) or a waiting job covers it."""
-    stores.store(workspace_id).require_exists()
+    target is cleared) or a waiting job covers it. Touches Postgres only, so any node may call it:
+    the job is deferred to the home node's queue (design §15). Raises WorkspaceNotFound."""
     with database.transaction(stores.database_url) as conn:
         row = conn.execute(queries["start_model_switch"], {"workspace_id": workspace_id, "embedder": name}).fetchone()
+        if row is None:
+            raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")
         if row is not None and row["embedder"] == name:
             conn.execute(queries["finish_model_switch"], {"workspace_id": workspace_id, "embedder": name})
             return None

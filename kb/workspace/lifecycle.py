@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING
 
 from kb.db import database
 from kb.db.locks import chunk_lock, locked_transaction
+from kb.db.nodes import storage_id
 from kb.db.sql import queries
 from kb.errors import KbError, WorkspaceBusy, WorkspaceNotFound
 from kb.store.knowledge_store import check_workspace_id
 from kb.store.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
 
 if TYPE_CHECKING:
+    from kb.settings import Settings
     from kb.store.stores import Stores
 
 
@@ -47,7 +49,9 @@ class WorkspaceSummary:
     head by ``revisions_behind`` revisions, documents are pending, or git's HEAD is a revision made
     outside kb that is not recorded yet), ``problems`` (failed, quarantined or unindexable
     documents), ``empty``, ``no repository``, ``damaged`` (the repository cannot be read:
-    ``problem`` says why). ``revisions_unprojected``: recorded revisions the projection has not
+    ``problem`` says why), ``elsewhere`` (homed on ``home_node``, whose storage this process does
+    not see: ``head`` and the counts are Postgres', the index state is that node's to tell, design
+    §15). ``revisions_unprojected``: recorded revisions the projection has not
     reached; their documents have no rows yet, so ``documents`` and ``documents_pending`` do not
     count them."""
 
@@ -65,17 +69,22 @@ class WorkspaceSummary:
     problem: str = ""
     jobs_running: int = 0
     """Projection and index jobs of the workspace a worker is running now."""
+    home_node: str | None = None
+    """The node whose storage holds the repository (None before nodes existed)."""
 
     def describe_lag(self) -> str:
         """What the workspace waits for or what is wrong, in words (plurals right), with the
         command that does it (or that a worker is running its job): ``2 revisions waiting to be
         projected, then indexed`` before the projection ran, else ``1 revision and 3 documents
         waiting to be indexed``; for ``problems`` the documents that failed and any lag besides;
-        for ``damaged`` the reason. Empty when ``indexed``, ``empty`` or ``no repository``. A
+        for ``damaged`` the reason; for ``elsewhere`` ``homed on node b``. Empty when ``indexed``,
+        ``empty`` or ``no repository``. A
         revision made with git outside kb needs ``kb sweep`` to be recorded (the worker's periodic
         sweep does it too)."""
         if self.index_state == "damaged":
             return self.problem
+        if self.index_state == "elsewhere":
+            return f"homed on node {self.home_node}"
         if self.index_state in ("indexed", "empty", "no repository"):
             return ""
         parts = []
@@ -160,7 +169,11 @@ def list_workspaces(stores: Stores) -> list[WorkspaceSummary]:
             documents_quarantined=row["documents_quarantined"],
             documents_unindexable=row["documents_unindexable"],
             jobs_running=row["jobs_running"],
+            home_node=row["home_node"],
         )
+        if _homed_elsewhere(row, stores.settings):
+            summaries.append(WorkspaceSummary(row["id"], row["documents"], row["head"], "elsewhere", **counts))
+            continue
         if not store.exists():
             summaries.append(WorkspaceSummary(row["id"], row["documents"], None, "no repository", **counts))
             continue
@@ -187,6 +200,14 @@ def list_workspaces(stores: Stores) -> list[WorkspaceSummary]:
             for s in summaries
         ]
     return summaries
+
+
+def _homed_elsewhere(row: dict, settings: Settings) -> bool:
+    """True when the workspace's home node is another node whose storage this process does not see
+    (``kb.db.nodes.same_storage``): its repository is there, not missing."""
+    if row["home_node"] is None or row["home_node"] == settings.node:
+        return False
+    return row["home_storage_id"] is None or row["home_storage_id"] != storage_id(settings.storage_root)
 
 
 def _turn_worktrees(stores: Stores, workspace_id: int) -> list[str]:

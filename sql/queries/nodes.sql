@@ -54,3 +54,22 @@ SELECT id, repository_id FROM kb.workspaces WHERE home_node IS NULL ORDER BY id;
 -- name: node_workspace_ids
 -- The workspaces homed on a node (its sweep covers only these, design §15).
 SELECT id FROM kb.workspaces WHERE home_node = %(node)s ORDER BY id;
+
+-- name: forget_node
+-- Remove a node's row (kb nodes forget) unless workspaces are homed on it or it heartbeat within
+-- %(stale_seconds)s; returns the row as it was (with why it stays, when it stays) or nothing when
+-- no node has that name. Locks the row so a starting node's registration waits.
+WITH candidate AS (
+    SELECT n.name,
+           (SELECT count(*) FROM kb.workspaces AS w WHERE w.home_node = n.name) AS workspaces,
+           extract(epoch FROM now() - n.heartbeat_at)::float8 AS heartbeat_age
+    FROM kb.nodes AS n WHERE n.name = %(name)s
+    FOR UPDATE OF n
+), forgotten AS (
+    DELETE FROM kb.nodes AS n
+    USING candidate AS c
+    WHERE n.name = c.name AND c.workspaces = 0 AND c.heartbeat_age > %(stale_seconds)s
+    RETURNING n.name
+)
+SELECT c.name, c.workspaces, c.heartbeat_age, EXISTS (SELECT 1 FROM forgotten) AS forgotten
+FROM candidate AS c;

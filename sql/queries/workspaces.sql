@@ -4,8 +4,9 @@
 -- One row per workspace with its document count and index state (from the kb.index_lag view),
 -- how many recorded revisions the projection has not reached (their documents have no rows yet,
 -- so documents_pending cannot count them), and how many of its projection and index jobs a worker
--- is running.
-SELECT l.workspace_id AS id, l.head, l.stamp, l.projected, l.revisions_behind,
+-- is running; its home node and that node's storage id (a workspace homed on another node's storage
+-- is listed from Postgres alone).
+SELECT l.workspace_id AS id, w.home_node, n.storage_id AS home_storage_id, l.head, l.stamp, l.projected, l.revisions_behind,
        CASE WHEN l.projected IS NULL THEN w.revision_count
             WHEN p.seq IS NULL THEN 0  -- a revision made outside kb, projected before it was recorded
             ELSE w.revision_count - p.seq END AS revisions_unprojected, l.documents, l.documents_pending,
@@ -15,6 +16,7 @@ SELECT l.workspace_id AS id, l.head, l.stamp, l.projected, l.revisions_behind,
           AND (j.args ->> 'workspace_id')::int = l.workspace_id) AS jobs_running
 FROM kb.index_lag AS l
 JOIN kb.workspaces AS w ON w.id = l.workspace_id
+LEFT JOIN kb.nodes AS n ON n.name = w.home_node
 LEFT JOIN kb.revisions AS p ON p.workspace_id = l.workspace_id AND p.id = l.projected
 ORDER BY l.workspace_id;
 

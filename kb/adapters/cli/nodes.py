@@ -10,15 +10,18 @@ import click
 from kb.adapters.cli import session
 
 
-@click.command("nodes")
+@click.group("nodes", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def nodes(as_json: bool) -> None:
+@click.pass_context
+def nodes(ctx: click.Context, as_json: bool) -> None:
     """List the nodes sharing this database: name, up or down (down = no heartbeat for
     KB_NODE_STALE_SECONDS, default 30), heartbeat age, workspaces homed there, URL, storage root.
     This process's node (KB_NODE) is marked with *.
 
     Example: kb nodes --json
     """
+    if ctx.invoked_subcommand is not None:
+        return
     kb = session.open_kb()
     stale, here = kb.settings.node_stale_seconds, kb.settings.node
     listed = kb.nodes()
@@ -51,6 +54,19 @@ def nodes(as_json: bool) -> None:
             f"{n.url or '-'}  {n.storage_root}"
         )
     click.echo(f"(down: no heartbeat for {stale:g} s, KB_NODE_STALE_SECONDS)")
+
+
+@nodes.command("forget")
+@click.argument("name")
+def forget(name: str) -> None:
+    """Remove a node's row: one renamed (a new KB_NODE on the same storage) or retired leaves it,
+    shown as down for good. Refused while workspaces are homed on it (move them first: `kb
+    workspace move N --to OTHER`) or while it is up.
+
+    Example: kb nodes forget vm
+    """
+    session.open_kb().forget_node(name)
+    click.echo(f"forgot node {name!r}")
 
 
 def _age(seconds: float) -> str:

@@ -45,10 +45,17 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(json.dumps(info, default=str, indent=2))
         return
     click.echo(f"database:   {info['database']}")
-    click.echo(f"embedder:   {info['embedding_model']}")
+    ws = info.get("workspace")
+    if ws:  # the workspace's own model first: the default below is not necessarily it (design §7)
+        model = ws.get("model") or "the default below (not chosen yet: the first index run picks it)"
+        switching = f" (switching to {ws['next_model']})" if ws.get("next_model") else ""
+        click.echo(f"model:      {model}{switching} (workspace {ws['id']}'s)")
+    click.echo(
+        f"embedder:   {info['embedding_model']}, the default (KB_EMBEDDING_MODEL) for workspaces "
+        "without a model of their own"
+    )
     jobs = ", ".join(f"{j['queue']}/{j['status']}={j['jobs']}" for j in info["jobs"]) or "none"
     click.echo(f"jobs:       {jobs}{' (this workspace)' if workspace else ''}")
-    ws = info.get("workspace")
     if ws:
         click.echo(f"workspace:  {ws['id']}")
         click.echo(f"head:       {ws['head']}")
@@ -60,8 +67,6 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"chunks:     {ws['chunks']}")
         if ws.get("home_node"):
             click.echo(f"home node:  {ws['home_node']} (`kb nodes` shows whether it is up)")
-        model = ws.get("model") or "the default (not chosen yet)"
-        click.echo(f"model:      {model}{' (switching to ' + ws['next_model'] + ')' if ws.get('next_model') else ''}")
         for problem in ws["problems"]:
             click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
         migration = ws.get("migration")  # seeded from a legacy knowledge base

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import click
 
@@ -77,7 +77,7 @@ def create(name: str, scope: str, workspaces: tuple[int, ...], all_workspaces: b
         )
     )
     click.echo(secret)
-    expiry = "never expires" if created.expires_at is None else f"expires {created.expires_at:%Y-%m-%d %H:%M %Z}"
+    expiry = "never expires" if created.expires_at is None else f"expires {_utc(created.expires_at)}"
     click.echo(
         f"token {created.id} {created.name!r}: {created.scope} on workspaces {_workspaces(created)}, {expiry}. "
         "It is shown only now; send it as 'Authorization: Bearer <token>' (the CLI: KB_TOKEN).",
@@ -98,13 +98,13 @@ def list_tokens(revoked: bool, as_json: bool) -> None:
             click.echo(json.dumps(each.as_json()))
             continue
         state = (
-            f"revoked {each.revoked_at:%Y-%m-%d %H:%M}"
+            f"revoked {_utc(each.revoked_at)}"
             if each.revoked_at
-            else (f"expires {each.expires_at:%Y-%m-%d %H:%M}" if each.expires_at else "no expiry")
+            else (f"expires {_utc(each.expires_at)}" if each.expires_at else "no expiry")
         )
         click.echo(
             f"{each.id:>5}  {each.name:<24} {each.scope:<6} workspaces {_workspaces(each):<12} "
-            f"created {each.created_at:%Y-%m-%d %H:%M}  {state}"
+            f"created {_utc(each.created_at)}  {state}"
         )
 
 
@@ -117,6 +117,11 @@ def revoke(token_ref: str) -> None:
     """
     revoked = session.open_kb().tokens().revoke(token_ref)
     click.echo(f"revoked token {revoked.id} {revoked.name!r}")
+
+
+def _utc(moment: datetime) -> str:
+    """``2026-12-02 07:15 UTC``: a time as the pages show it, whatever the session's time zone."""
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
 
 
 COMMANDS = [token]

@@ -30,7 +30,7 @@ def workspaces(as_json: bool) -> None:
     click.echo(f"{'id':>6}  {'documents':>9}  {'head':<12}  index")
     for s in summaries:
         lag = s.describe_lag()
-        state = f"{s.index_state}: {lag}" if lag else s.index_state
+        state = lag if s.index_state == "elsewhere" else f"{s.index_state}: {lag}" if lag else s.index_state
         click.echo(f"{s.id:>6}  {s.documents:>9}  {(s.head or '-')[:12]:<12}  {state}")
 
 
@@ -113,11 +113,23 @@ def set_model(workspace_id: int, model: str) -> None:
 
     Example: kb workspace set-model 2 use-m3 && kb worker --until-idle
     """
-    job = session.open_kb().set_model(workspace_id, model)
+    from kb.jobs.worker import live_workers
+
+    kb = session.open_kb()
+    job = kb.set_model(workspace_id, model)
     if job is None:
         click.echo(f"workspace {workspace_id}: already uses {model}, or a waiting switch covers it")
-    else:
-        click.echo(f"workspace {workspace_id}: switching to {model} (job {job}); run `kb worker` to re-embed")
+        return
+    workers = live_workers(kb.database_url, kb.settings.stalled_job_seconds)
+    then = (
+        f"{workers} kb worker(s) running will re-embed it"  # counted as `kb import` counts them
+        if workers
+        else "run `kb worker --until-idle` (or keep `kb worker` running) to re-embed it"
+    )
+    click.echo(
+        f"workspace {workspace_id}: switching to {model} (job {job}); {then}; "
+        f"`kb status -w {workspace_id}` shows the model once switched"
+    )
 
 
 COMMANDS = [workspaces, workspace]

@@ -72,6 +72,22 @@ def authorize(
     token does not name the workspace), ScopeRefused (403), PageRefused (403: the form)."""
     if scope != "read":
         check_form(request, form)
+    return _decide(request, workspace_id, scope)
+
+
+def may(request: Request, workspace_id: int | None, scope: Scope) -> bool:
+    """True when :func:`authorize` would let this request use ``scope`` on ``workspace_id`` (the
+    form aside): the pages show a button (revert, retry, span-fill pause) only to a visitor whose
+    token may press it, rather than a button that answers 403."""
+    try:
+        _decide(request, workspace_id, scope)
+    except (errors.TokenError, errors.WorkspaceNotFound):
+        return False
+    return True
+
+
+def _decide(request: Request, workspace_id: int | None | Literal["any"], scope: Scope) -> Visitor:
+    """The decision of :func:`authorize` and :func:`may`, raising as :func:`authorize` says."""
     if request.app.state.access.insecure:
         return Visitor(committer=None, workspaces=None)
     token = request_token(request)

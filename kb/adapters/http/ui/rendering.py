@@ -12,7 +12,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from kb.adapters.http.ui.access import csrf_token, remember_csrf
+from kb.adapters.http.ui.access import csrf_token, may, remember_csrf
 
 PACKAGE = Path(__file__).resolve().parent
 TEMPLATES = PACKAGE / "templates"
@@ -93,7 +93,12 @@ ENVIRONMENT.globals.update(document_url=document_url, folder_url=folder_url, rev
 def render(request: Request, template: str, status_code: int = 200, **context: object) -> HTMLResponse:
     """The page ``template`` with ``context`` (and ``csrf``, the visitor's anti-forgery token,
     which the response sets as a cookie when new) as an HTML response with the security headers."""
-    html = ENVIRONMENT.get_template(template).render(csrf=csrf_token(request), path=request.url.path, **context)
+    html = ENVIRONMENT.get_template(template).render(
+        csrf=csrf_token(request),
+        path=request.url.path,
+        may=lambda workspace_id, scope: may(request, workspace_id, scope),  # hide buttons a 403 would answer
+        **context,
+    )
     response = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
     remember_csrf(request, response)
     return response
