@@ -241,6 +241,7 @@ def test_move_between_two_nodes_while_a_writer_loops(database_url: str, tmp_path
         tokenless = {k: v for k, v in a.env.items() if k != "KB_TOKEN"}
         refused = run_cli(tokenless, "workspace", "move", "1", "--to", "a", "--force", check=False)
         assert refused.returncode == 1 and "window closed" in refused.stdout, refused.stdout + refused.stderr
+        assert not list((a.root / "knowledge_store").glob(".incoming-1-*"))  # no partial copy left behind
         turn = f"{b.url}/v1/workspaces/1/turns/after-failed-move"
         assert call(f"{turn}/files/documents/After.md", "PUT", {"content": "after\n"})[0] == 200
         status, answer = call(f"{turn}/commit", "POST", {"message": "after a failed move"})

@@ -244,55 +244,61 @@ def receive(
         incoming = _incoming(settings, workspace_id, move_id)
         shutil.rmtree(incoming, ignore_errors=True)  # an interrupted earlier attempt
         incoming.mkdir(parents=True)
-        archive = incoming / "archive.tar"
         try:
-            size = download(archive_url, archive, token=token)
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:2000]
-            with contextlib.suppress(ValueError, AttributeError):
-                refused = json.loads(body)
-                if refused.get("error") == "WorkspaceBusy":
-                    raise WorkspaceBusy(refused["message"], cli=refused.get("cli_message")) from None
-            raise _fail(workspace_id, "the copy", f"the home node answered {exc.code}: {body}") from None
-        except OSError as exc:
-            raise _fail(workspace_id, "the copy", f"the home node's archive could not be read ({exc})") from None
-        with tarfile.open(archive) as tar:
-            tar.extractall(incoming / "x", filter="data")
-        archive.unlink()
-        head, identity = expected()
-        meta = json.loads((incoming / "x" / META).read_text())
-        if meta.get("head") != head or (identity is not None and meta.get("repository_id") != identity):
-            raise _fail(
-                workspace_id,
-                "verification",
-                f"the home node sent head {meta.get('head')} / identity {meta.get('repository_id')}, Postgres "
-                f"records {head} / {identity}",
-            )
-        copy = incoming / "repository"
-        Repository.create(copy).close()
-        bundle = incoming / "x" / BUNDLE
-        if bundle.exists():
-            fetched = _git(copy, "fetch", "--quiet", "--update-head-ok", str(bundle), "+refs/*:refs/*")
-            if fetched.returncode != 0:
-                raise _fail(workspace_id, "the copy", f"git fetch failed: {fetched.stderr.decode(errors='replace')}")
-        with Repository.open(copy) as repo:
-            if identity is not None:
-                repo.set_identity(identity)
-        if (problem := _verified(copy, head, identity)) is not None:
-            raise _fail(workspace_id, "verification", problem)
-        files, problem = _blobs_verified(incoming / "x" / ARTIFACTS)
-        if problem is not None:
-            raise _fail(workspace_id, "verification", f"artifact file: {problem}")
-        if head is not None:  # the working tree and index from HEAD, by git itself (kb's config holds)
-            checked_out = _git(copy, "reset", "--quiet", "--hard", head)
-            if checked_out.returncode != 0:
+            archive = incoming / "archive.tar"
+            try:
+                size = download(archive_url, archive, token=token)
+            except urllib.error.HTTPError as exc:
+                body = exc.read().decode(errors="replace")[:2000]
+                with contextlib.suppress(ValueError, AttributeError):
+                    refused = json.loads(body)
+                    if refused.get("error") == "WorkspaceBusy":
+                        raise WorkspaceBusy(refused["message"], cli=refused.get("cli_message")) from None
+                raise _fail(workspace_id, "the copy", f"the home node answered {exc.code}: {body}") from None
+            except OSError as exc:
+                raise _fail(workspace_id, "the copy", f"the home node's archive could not be read ({exc})") from None
+            with tarfile.open(archive) as tar:
+                tar.extractall(incoming / "x", filter="data")
+            archive.unlink()
+            head, identity = expected()
+            meta = json.loads((incoming / "x" / META).read_text())
+            if meta.get("head") != head or (identity is not None and meta.get("repository_id") != identity):
                 raise _fail(
-                    workspace_id, "the copy", f"git reset failed: {checked_out.stderr.decode(errors='replace')}"
+                    workspace_id,
+                    "verification",
+                    f"the home node sent head {meta.get('head')} / identity {meta.get('repository_id')}, Postgres "
+                    f"records {head} / {identity}",
                 )
-        _aside(settings, workspace_id, f".stale-{workspace_id}-{move_id}")  # a copy of an earlier attempt
-        if (incoming / "x" / ARTIFACTS).is_dir():
-            blobs.parent.mkdir(parents=True, exist_ok=True)
-            (incoming / "x" / ARTIFACTS).rename(blobs)
-        copy.rename(repository)  # last: the repository's presence says the copy is whole
-        shutil.rmtree(incoming, ignore_errors=True)
-        return ReceivedCopy(workspace_id, head, identity, files, False, size)
+            copy = incoming / "repository"
+            Repository.create(copy).close()
+            bundle = incoming / "x" / BUNDLE
+            if bundle.exists():
+                fetched = _git(copy, "fetch", "--quiet", "--update-head-ok", str(bundle), "+refs/*:refs/*")
+                if fetched.returncode != 0:
+                    raise _fail(
+                        workspace_id, "the copy", f"git fetch failed: {fetched.stderr.decode(errors='replace')}"
+                    )
+            with Repository.open(copy) as repo:
+                if identity is not None:
+                    repo.set_identity(identity)
+            if (problem := _verified(copy, head, identity)) is not None:
+                raise _fail(workspace_id, "verification", problem)
+            files, problem = _blobs_verified(incoming / "x" / ARTIFACTS)
+            if problem is not None:
+                raise _fail(workspace_id, "verification", f"artifact file: {problem}")
+            if head is not None:  # the working tree and index from HEAD, by git itself (kb's config holds)
+                checked_out = _git(copy, "reset", "--quiet", "--hard", head)
+                if checked_out.returncode != 0:
+                    raise _fail(
+                        workspace_id, "the copy", f"git reset failed: {checked_out.stderr.decode(errors='replace')}"
+                    )
+            _aside(settings, workspace_id, f".stale-{workspace_id}-{move_id}")  # a copy of an earlier attempt
+            if (incoming / "x" / ARTIFACTS).is_dir():
+                blobs.parent.mkdir(parents=True, exist_ok=True)
+                (incoming / "x" / ARTIFACTS).rename(blobs)
+            copy.rename(repository)  # last: the repository's presence says the copy is whole
+            shutil.rmtree(incoming, ignore_errors=True)
+            return ReceivedCopy(workspace_id, head, identity, files, False, size)
+        except BaseException:  # refused, failed or interrupted: no partial copy stays behind
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise
