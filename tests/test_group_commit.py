@@ -12,14 +12,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from support.commands import git
+from support.named_queries import queries
 
 from kb.db import database
-from kb.db.locks import WRITE_LOCK_NAMESPACE
+from kb.db.locks import WRITE_LOCK_NAMESPACE, locked_transaction
 from kb.errors import LockTimeout, PathExists
 from kb.knowledge_base import KnowledgeBase
 from kb.store import group_commit
@@ -91,6 +94,48 @@ def test_holder_records_queued_drafts_as_consecutive_revisions_and_a_colliding_o
     assert (repo / "documents" / "lead.md").read_bytes() == b"lead"
     with database.transaction(kb.database_url) as conn:
         assert conn.execute("SELECT count(*) AS n FROM kb.write_intents").fetchone()["n"] == 0
+
+
+def test_a_holder_whose_path_a_later_queued_draft_rewrote_checks_out_that_drafts_bytes(kb):
+    """The holder refreshes every path of its group (design §2.1). When a draft queued after the
+    holder's own rewrites a path the holder wrote too, HEAD holds the later bytes: the holder's
+    own bytes at hand are not that blob and must not be checked out under its id (the working
+    file then differed from the index: ``git status`` showed `` M``)."""
+    _base(kb)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # the holder queues first and waits for this lock
+        with locked_transaction(kb.database_url, 1, kb.settings):
+            held.set()
+            release.wait(60)
+
+    def lead() -> None:
+        with kb.transaction(1, "holder", "t") as tx:
+            tx.write("/documents/shared.md", b"by the holder\n")
+
+    blocker, holder = threading.Thread(target=hold_the_lock), threading.Thread(target=lead)
+    blocker.start()
+    held.wait(60)
+    holder.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the holder's intent is queued, so the next one follows it
+        with database.transaction(kb.database_url) as conn:
+            if conn.execute(queries["test_write_intents"], {"workspace_id": 1}).fetchall():
+                break
+        time.sleep(0.01)
+    later, later_id = _queue(kb, {"/documents/shared.md": b"by a writer queued later, longer\n"}, "later")
+    try:
+        release.set()
+        blocker.join(60)
+        holder.join(60)
+        assert not holder.is_alive()
+        _outcome(later, later_id)
+    finally:
+        later.close()
+    assert [r.message for r in kb.history(1)[:2]] == ["later", "holder"]  # the holder's draft came first
+    repo = kb.settings.knowledge_store / "1"
+    assert (repo / "documents" / "shared.md").read_bytes() == b"by a writer queued later, longer\n"
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
 
 
 def test_a_killed_writers_queued_draft_is_never_recorded(kb):

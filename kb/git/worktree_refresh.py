@@ -26,6 +26,7 @@ from dulwich.index import index_entry_from_stat
 from kb.errors import ConfigurationError
 from kb.git.gitindex import IndexFile, UnsupportedIndex, order_problem
 from kb.git.process_locks import path_lock
+from kb.paths import blob_id
 
 FILE_MODE = 0o100644
 """Git's mode of a regular, non-executable file (the only kind kb writes)."""
@@ -164,16 +165,20 @@ class WorktreeRefresh:
         *current* HEAD for the paths of ``staged`` (``{repo path: blob id the commit wrote, or
         None}``). Holding ``worktree_lock`` and reading HEAD under it makes refreshes of racing
         commits commute: whichever runs last writes what HEAD holds, never an older version.
-        ``data``: bytes at hand for some paths (used only where HEAD still holds that blob);
+        ``data``: bytes at hand for some paths, used only where they are the very blob HEAD holds
+        there (checked by hashing them: a group-commit holder refreshes its followers' paths too,
+        and where a later draft of its group rewrote a path the holder's own bytes are not HEAD's);
         ``moves`` as for :meth:`refresh_worktree`. Returns the paths the file system refused.
         Raises OSError when the index cannot be written."""
         with self.worktree_lock():
             found = self.lookup_many(self.tree_id(self.head()), staged)
             changes = [(p, f[1] if f is not None and f[0] == "file" else None) for p, f in found.items()]
-            fresh = {p: b for p, b in changes if b is not None and b == staged[p]}
-            return self.refresh_worktree(
-                changes, None if data is None else {p: v for p, v in data.items() if p in fresh}, moves=moves
-            )
+            at_hand = {}
+            if data:
+                for path, blob in changes:
+                    if blob is not None and path in data and blob_id(data[path]) == blob:
+                        at_hand[path] = data[path]
+            return self.refresh_worktree(changes, at_hand, moves=moves)
 
     def refresh_worktree(
         self,
