@@ -4,15 +4,13 @@ SIGTERM while the in-process worker runs a job (the job finishes, nothing is los
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from support import serving
 from support.commands import git, run_cli
 from support.named_queries import queries
 from support.network import free_port
@@ -26,14 +24,8 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _call(url: str, method: str = "GET", body: dict | None = None, token: str | None = None) -> tuple[int, object]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(url, data, headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+    """``support.serving.call`` with ``token`` as the bearer token."""
+    return serving.call(url, method, body, {"Authorization": f"Bearer {token}"} if token else None)
 
 
 def _ready(url: str) -> bool:
