@@ -416,6 +416,40 @@ def test_vector_leg_weighs_less_for_a_query_in_a_language_the_model_does_not_cov
     assert UNCOVERED_VECTOR_WEIGHT < VECTOR_WEIGHT
 
 
+CANTONESE_CLASSIFIED = "你可以在設定中開啟這個功能，然後重新啟動應用程式"
+"""Traditional Chinese (Mandarin) that py3langid 0.4's model calls Cantonese (``yue``)."""
+MOROCCAN_CLASSIFIED = "واش نتا بخير؟ شنو درتي اليوم؟ بغيت نمشي للسوق"
+"""Arabic that the model calls Moroccan Arabic (``ary``)."""
+
+
+def test_a_language_variety_counts_as_its_macrolanguage_for_rows_coverage_and_stemming():
+    import py3langid
+
+    from kb.index.languages import detect_language, language_share, text_config
+    from kb.search.hybrid import LANGUAGE_FUSION, VECTOR_WEIGHT, fusion_for, vector_weight
+
+    # the classifier's own answers, so this test cannot pass vacuously on another model
+    assert py3langid.classify(CANTONESE_CLASSIFIED)[0] == "yue"
+    assert py3langid.classify(MOROCCAN_CLASSIFIED)[0] == "ary"
+    assert detect_language(CANTONESE_CLASSIFIED) == "zh"
+    assert detect_language(MOROCCAN_CLASSIFIED) == "ar"
+    assert text_config(detect_language(MOROCCAN_CLASSIFIED)) == "arabic"
+    assert language_share("佢哋喺度等緊你，你快啲嚟啦", frozenset({"zh"})) > 0.99
+
+    chinese = HashingEmbedder()
+    chinese.model, chinese.languages = "usem3-test", frozenset({"zh", "en"})
+    assert vector_weight(chinese, "佢哋喺度等緊你，你快啲嚟啦") == VECTOR_WEIGHT
+    assert fusion_for(chinese, CANTONESE_CLASSIFIED) == LANGUAGE_FUSION["usem3-"]["zh"]
+
+
+def test_a_document_the_classifier_calls_a_variety_gets_its_macrolanguages_stemmer(kb):
+    kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, {"/documents/ary.md": f"{MOROCCAN_CLASSIFIED}\n"})
+    kb.index(1)
+    configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs == {"/documents/ary.md": "arabic"}
+
+
 def test_a_rare_title_word_beats_a_common_body_word(kb):
     kb.use_embedder(HashingEmbedder())
     docs = {

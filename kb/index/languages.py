@@ -79,14 +79,42 @@ def _identifier():
     return py3langid
 
 
+MACROLANGUAGES = {
+    "ary": "ar",
+    "arz": "ar",
+    "yue": "zh",
+    "wuu": "zh",
+    "uzs": "uz",
+    "sdh": "ku",
+    "gug": "gn",
+    "fuv": "ff",
+    "kik": "ki",
+    "ltg": "lv",
+    "zxx": "und",
+}
+"""ISO 639-3 codes the classifier may answer (py3langid 0.4's model has varieties besides its ISO
+639-1 languages) → the ISO 639-1 code of their macrolanguage, which kb's text configurations,
+the embedders' language lists and the fusion rows are keyed by (design §8). Without it a
+Traditional Chinese sentence that the model calls Cantonese (``yue``: 71 of 302 held-out Chinese
+queries of bin/eval_search.py) missed Chinese's fusion row, and an Arabic document called
+Egyptian (``arz``) lost Arabic's stemmer. ``zxx`` is "no linguistic content"."""
+
+
+def iso_639_1(code: str) -> str:
+    """The code kb keys languages by for the classifier's ``code``: its macrolanguage's ISO 639-1
+    code (``MACROLANGUAGES``), else ``code`` itself."""
+    return MACROLANGUAGES.get(code, code)
+
+
 def detect_language(text: str) -> str:
-    """ISO 639-1 code of the language ``text`` is mostly written in (e.g. ``"de"``); ``"und"``
-    for text with no letters. Code blocks, links and URLs are ignored."""
+    """ISO 639-1 code of the language ``text`` is mostly written in (e.g. ``"de"``; a variety
+    such as Cantonese counts as its macrolanguage, ``"zh"``: ``iso_639_1``); ``"und"`` for text
+    with no letters. Code blocks, links and URLs are ignored."""
     sample = _MARKUP.sub(" ", text[: DETECT_CHARS * 2])[:DETECT_CHARS]
     if not any(ch.isalpha() for ch in sample):
         return "und"
     language, _score = _identifier().classify(sample)
-    return language
+    return iso_639_1(language)
 
 
 @functools.cache
@@ -98,14 +126,15 @@ def _probabilities():
 
 def language_share(text: str, languages: frozenset[str]) -> float:
     """Probability (0–1, py3langid's normalised estimate) that ``text`` is written in one of
-    ``languages`` (ISO 639-1 codes); 1.0 for text with no letters. Unlike ``detect_language``,
+    ``languages`` (ISO 639-1 codes; a variety's probability counts for its macrolanguage); 1.0 for
+    text with no letters. Unlike ``detect_language``,
     this stays informative on a few words: "A Python code linter" is classified as Latin, yet
     keeps an English share of about 0.1, while German, Russian, Japanese or Chinese sentences
     keep an English share below 0.01."""
     sample = _MARKUP.sub(" ", text[: DETECT_CHARS * 2])[:DETECT_CHARS]
     if not any(ch.isalpha() for ch in sample):
         return 1.0
-    return float(sum(p for language, p in _probabilities().rank(sample) if language in languages))
+    return float(sum(p for language, p in _probabilities().rank(sample) if iso_639_1(language) in languages))
 
 
 def text_config(language: str) -> str:
