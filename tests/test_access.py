@@ -102,17 +102,48 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     assert git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>") == (
         f"Ada <ada@example.com>|writer <kb-token-{writer_token.id}>\n"
     )
+    _turns_and_chats_are_private_to_their_token(kb, server, writer, repo)
     # MCP over HTTP: the same rules
-    _mcp(server, reader, writer, writer_token.id, repo)
+    _mcp(server, reader, writer, writer_token.id, repo, kb.tokens())
     # revoked: the very next request is refused
     kb.tokens().revoke("writer")
     assert api.get(search.format(1), headers=_as(writer)).status_code == 401
 
 
-def _mcp(server: str, reader: str, writer: str, writer_id: int, repo) -> None:
-    def client(token: str, ws: int = 1) -> Client:
-        transport = streamable_http_client(f"{server}/mcp/{ws}", http_client=create_mcp_http_client(headers=_as(token)))
+def _turns_and_chats_are_private_to_their_token(kb, server, writer, repo):
+    """A second write token of the same workspace that names the first one's turn or chat id gets
+    a turn or chat of its own: it cannot commit, read or abort the first one's changes, nor see
+    its citation handles."""
+    other = kb.tokens().create("other-writer", "write", [1])[1]
+    api = httpx.Client(base_url=server, timeout=60)
+    draft = "/v1/workspaces/1/turns/shared/files/documents/Draft.md"
+    assert api.put(draft, json={"content": "first writer's draft\n"}, headers=_as(writer)).status_code == 200
+    assert api.get(draft, headers=_as(other)).status_code == 404  # not in the other token's turn
+    head = kb.head(1)
+    taken = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "x"}, headers=_as(other))
+    assert taken.status_code == 200 and taken.json() == {"revision": None}, taken.text
+    assert api.delete("/v1/workspaces/1/turns/shared", headers=_as(other)).status_code == 200
+    assert kb.head(1) == head
+    mine = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "draft"}, headers=_as(writer))
+    assert mine.status_code == 200 and mine.json()["revision"] is not None, mine.text
+    assert git(repo, "show", "HEAD:documents/Draft.md") == "first writer's draft\n"
+    # citation handles: the chat "c" of one token is not the chat "c" of another
+    shown = api.get("/v1/workspaces/1/chats/c/documents/documents/Plan.md", headers=_as(writer))
+    assert shown.status_code == 200, shown.text
+    assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(writer)).json()
+    assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(other)).json() == []
+
+
+def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens) -> None:
+    def client(token: str, ws: int = 1, extra: dict[str, str] | None = None) -> Client:
+        headers = {**_as(token), **(extra or {})}
+        transport = streamable_http_client(f"{server}/mcp/{ws}", http_client=create_mcp_http_client(headers=headers))
         return Client(transport)
+
+    other_writer = kb_tokens.create("other-mcp-writer", "write", [1])[1]
+    agent_chat = "agent-chat"
+    # the headers kb serve sets for the MCP tools (scope, committer) cannot be sent by a client
+    forged = {"X-KB-Token-Scope": "admin", "X-KB-Token-Committer": "Mallory <mallory@example.com>"}
 
     async def run() -> None:
         async with client(reader) as read_only:
@@ -125,8 +156,14 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo) -> None:
                 await read_only.read_resource(other)
             refused = await read_only.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
             assert refused.is_error and "write token" in refused.content[0].text
-        async with client(writer) as agent:
+        async with client(reader, extra=forged) as forging:
+            refused = await forging.call_tool("write", {"path": "/documents/M.md", "content": "forged\n"})
+            assert refused.is_error and "write token" in refused.content[0].text
+        async with client(writer, extra={**forged, "X-KB-Chat": agent_chat}) as agent:
             await agent.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
+            async with client(other_writer, extra={"X-KB-Chat": agent_chat}) as intruder:
+                taken = await intruder.call_tool("commit", {"message": "taken"})
+                assert '"revision": null' in taken.content[0].text.replace("None", "null"), taken.content[0].text
             assert not (await agent.call_tool("commit", {"message": "by mcp"})).is_error
         with pytest.raises(Exception):  # noqa: B017 - the transport's error for a 404 at connect
             async with client(reader, ws=2) as other:

@@ -32,7 +32,7 @@ from fastapi import Request  # at run time: FastAPI reads the dependency's annot
 from pydantic import TypeAdapter
 
 from kb import errors
-from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_SCOPE_HEADER
+from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_ID_HEADER, TOKEN_SCOPE_HEADER, owned_name
 
 if TYPE_CHECKING:
     from kb.db.tokens import Scope, Token, TokenStore
@@ -53,7 +53,8 @@ COOKIE_PATHS = ("/ui", "/docs", "/openapi.json")
 
 SCOPE_HEADER = TOKEN_SCOPE_HEADER.encode()
 COMMITTER_HEADER = TOKEN_COMMITTER_HEADER.encode()
-INTERNAL_HEADERS = frozenset({SCOPE_HEADER, COMMITTER_HEADER})
+TOKEN_HEADER = TOKEN_ID_HEADER.encode()
+INTERNAL_HEADERS = frozenset({SCOPE_HEADER, COMMITTER_HEADER, TOKEN_HEADER})
 """Headers only the server sets (removed from every request as it arrives)."""
 
 TOKEN_KEY = "kb.token"
@@ -212,6 +213,15 @@ def committer_of(request: Request) -> str | None:
     return None if token is None else token.committer
 
 
+def owned_by_token(request: Request, name: str) -> str:
+    """A client-given turn or chat id as kb keys it for ``request``'s token: private to that token
+    (``owned_name``: ``t<token id>@<name>``; ``name`` itself under ``--insecure-no-auth``), so a
+    second token of the same workspace that names it reaches a turn or chat of its own, never the
+    first token's worktree, changes or citation handles (design §16)."""
+    token = request_token(request)
+    return name if token is None else owned_name(name, token.id)
+
+
 _INTEGER = TypeAdapter(int)  # the routes' own parsing of an int parameter (built once: ~0.1 ms)
 
 
@@ -259,7 +269,8 @@ def require(
 class McpGate:
     """ASGI wrapper of the MCP mount (``/mcp/<workspace>``): the token must reach the workspace
     (read scope at least: 404/403 as :func:`require`); it tells the MCP tools the token's scope
-    and committer in :data:`SCOPE_HEADER` / :data:`COMMITTER_HEADER`."""
+    and committer in :data:`SCOPE_HEADER` / :data:`COMMITTER_HEADER`, and its id in
+    :data:`TOKEN_HEADER` (a chat id is private to its token)."""
 
     def __init__(self, app, access: Access) -> None:
         self.app = app
@@ -290,6 +301,7 @@ class McpGate:
             *scope["headers"],
             (SCOPE_HEADER, token.scope.encode()),
             (COMMITTER_HEADER, token.committer.encode("utf-8")),
+            (TOKEN_HEADER, str(token.id).encode()),
         ]
         await self.app(dict(scope, headers=headers), receive, send)
 

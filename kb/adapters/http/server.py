@@ -45,7 +45,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kb import errors
 from kb.adapters.http import forwarding
-from kb.adapters.http.auth import Access, Authentication, McpGate, committer_of, require, unguarded_routes
+from kb.adapters.http.auth import (
+    Access,
+    Authentication,
+    McpGate,
+    committer_of,
+    owned_by_token,
+    require,
+    unguarded_routes,
+)
 from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
@@ -257,46 +265,57 @@ def turn_router(service: Service) -> APIRouter:
         prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
     )
 
-    def turn(kb, workspace_id: int, turn_id: str, author: str | None = None):
-        return kb.turn(workspace_id, turn_id, author)
+    def turn(kb, request: Request, workspace_id: int, turn_id: str, author: str | None = None):
+        # a turn id is private to the token that names it (design §16)
+        return kb.turn(workspace_id, owned_by_token(request, turn_id), author)
 
     @router.get("/files")
-    def ls(workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
+    def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
         """Entries of a folder in the turn's view."""
         with service.turns() as kb:
-            return json_form(turn(kb, workspace_id, turn_id).ls(path))
+            return json_form(turn(kb, request, workspace_id, turn_id).ls(path))
 
     @router.get("/files/{path:path}")
-    def read(workspace_id: int, turn_id: str, path: str, offset: int = 0, limit: int | None = None) -> dict:
+    def read(
+        request: Request, workspace_id: int, turn_id: str, path: str, offset: int = 0, limit: int | None = None
+    ) -> dict:
         """A file as the turn sees it (its own writes included)."""
         with service.turns() as kb:
-            return json_form(turn(kb, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
+            return json_form(turn(kb, request, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
 
     @router.put("/files/{path:path}")
-    def write(workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None) -> dict:
+    def write(
+        request: Request, workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None
+    ) -> dict:
         """Create or replace a file in the turn (nothing is recorded until commit)."""
         with service.turns() as kb:
-            return json_form(turn(kb, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
+            return json_form(
+                turn(kb, request, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content)
+            )
 
     @router.post("/edit/{path:path}")
-    def edit(workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
+    def edit(request: Request, workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
         """Replace text in a file of the turn."""
         with service.turns() as kb:
             return json_form(
-                turn(kb, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all)
+                turn(kb, request, workspace_id, turn_id).edit(
+                    "/" + path.lstrip("/"), body.old, body.new, body.replace_all
+                )
             )
 
     @router.delete("/files/{path:path}")
-    def remove(workspace_id: int, turn_id: str, path: str) -> dict:
+    def remove(request: Request, workspace_id: int, turn_id: str, path: str) -> dict:
         """Remove a file in the turn."""
         with service.turns() as kb:
-            return {"removed": turn(kb, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
+            return {"removed": turn(kb, request, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
 
     @router.post("/move")
-    def move(workspace_id: int, turn_id: str, body: MoveBody) -> dict:
+    def move(request: Request, workspace_id: int, turn_id: str, body: MoveBody) -> dict:
         """Move a file or folder in the turn."""
         with service.turns() as kb:
-            return {"moved": json_form(turn(kb, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
+            return {
+                "moved": json_form(turn(kb, request, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))
+            }
 
     @router.post("/commit")
     def commit(
@@ -311,17 +330,17 @@ def turn_router(service: Service) -> APIRouter:
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
         settle one whose outcome is unknown. The committer is the request's token (design §16)."""
         with service.turns() as kb:
-            open_turn = turn(kb, workspace_id, turn_id)
+            open_turn = turn(kb, request, workspace_id, turn_id)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
             result = open_turn.commit(body.message, idempotency_key=idempotency_key)
         return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
-    def abort(workspace_id: int, turn_id: str) -> dict:
+    def abort(request: Request, workspace_id: int, turn_id: str) -> dict:
         """Discard the turn and its worktree."""
         with service.turns() as kb:
-            turn(kb, workspace_id, turn_id).abort()
+            turn(kb, request, workspace_id, turn_id).abort()
         return {"aborted": True}
 
     return router
@@ -337,12 +356,17 @@ def citation_router(service: Service) -> APIRouter:
     )
 
     @router.get("/search")
-    def search(workspace_id: int, chat_id: str, q: str, k: int = Query(5, ge=1, le=100)) -> list[dict]:
+    def search(
+        request: Request, workspace_id: int, chat_id: str, q: str, k: int = Query(5, ge=1, le=100)
+    ) -> list[dict]:
         """Search as this chat: each envelope cites the chat's handle (``cite: "[n]"``)."""
-        return [e.as_json() for e in service.kb().conversation(workspace_id, chat_id).search(q, k)]
+        return [
+            e.as_json() for e in service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).search(q, k)
+        ]
 
     @router.get("/documents/{path:path}")
     def read(
+        request: Request,
         workspace_id: int,
         chat_id: str,
         path: str,
@@ -351,35 +375,46 @@ def citation_router(service: Service) -> APIRouter:
         limit: int | None = Query(None, ge=0),
     ) -> dict:
         """Read (a window of) a document as this chat, registering its handle."""
-        conversation = service.kb().conversation(workspace_id, chat_id)
+        conversation = service.kb().conversation(workspace_id, owned_by_token(request, chat_id))
         return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
 
     @router.get("/handles")
-    def handles(workspace_id: int, chat_id: str) -> list[dict]:
+    def handles(request: Request, workspace_id: int, chat_id: str) -> list[dict]:
         """Every handle the chat was shown, by number."""
-        return [h.as_json() for h in service.kb().conversation(workspace_id, chat_id).handles()]
+        return [
+            h.as_json() for h in service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).handles()
+        ]
 
     @router.delete("/handles")
-    def forget(workspace_id: int, chat_id: str) -> dict:
+    def forget(request: Request, workspace_id: int, chat_id: str) -> dict:
         """Forget the chat's handles (the next search starts again at [1])."""
-        return {"forgotten": service.kb().conversation(workspace_id, chat_id).forget()}
+        return {"forgotten": service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).forget()}
 
     @router.post("/normalize")
-    def normalize(workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
+    def normalize(request: Request, workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
         """Rewrite an answer's citations canonically against the chat's handles."""
         return (
             service.kb()
-            .conversation(workspace_id, chat_id)
+            .conversation(workspace_id, owned_by_token(request, chat_id))
             .normalize(body.text, drop_unknown=body.drop_unknown)
             .as_json()
         )
 
     @router.get("/resolve")
     def resolve(
-        workspace_id: int, chat_id: str, citation: str = Query(description="e.g. [1:L3-L4]"), follow: bool = False
+        request: Request,
+        workspace_id: int,
+        chat_id: str,
+        citation: str = Query(description="e.g. [1:L3-L4]"),
+        follow: bool = False,
     ) -> dict:
         """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
-        return service.kb().conversation(workspace_id, chat_id).resolve(citation, follow).as_json()
+        return (
+            service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id))
+            .resolve(citation, follow)
+            .as_json()
+        )
 
     return router
 

@@ -11,10 +11,11 @@ Where the conversation comes from:
 - over streamable HTTP (mounted by ``kb serve`` at ``/mcp/<workspace>``) the chat id is the
   ``chat`` query parameter or ``X-KB-Chat`` header when the client gives one, else the transport's
   ``Mcp-Session-Id``; a client that ends its session (HTTP DELETE) has its turn committed, and so
-  has every open turn when the server shuts down.
+  has every open turn when the server shuts down. Behind API tokens a chat id is private to the
+  token that gave it (``owned_name``).
 
-If the server process dies, nothing is lost: the turn id is derived from the chat id
-(``mcp:<chat>``), so the next conversation with the same chat id commits the worktree left behind
+If the server process dies, nothing is lost: the turn id is derived from the chat's key
+(``mcp:<chat>``, ``mcp:t<token id>@<chat>`` behind tokens), so the next conversation with the same chat id commits the worktree left behind
 (turn recovery, design §5), and the janitor removes it only after ``KB_WORKTREE_TTL``.
 
 Errors come back as MCP tool errors carrying kb's one-line messages (``KbError``); bad paths are
@@ -55,6 +56,17 @@ TOKEN_SCOPE_HEADER = "x-kb-token-scope"
 """Set by ``kb serve`` (``kb.adapters.http.auth.McpGate``, never the client): the request's token scope."""
 TOKEN_COMMITTER_HEADER = "x-kb-token-committer"
 """Set by ``kb serve``: whom the token's revisions record as committer (design §16)."""
+TOKEN_ID_HEADER = "x-kb-token-id"
+"""Set by ``kb serve``: the id of the request's token, which a client's chat ids are private to."""
+
+
+def owned_name(name: str, token_id: object | None) -> str:
+    """The name kb keys a client-given chat or turn id by: ``name`` itself where no token is
+    checked (stdio, ``--insecure-no-auth``), else ``t<token id>@<name>``, so that an id one
+    token's client gave never reaches another token's chat or turn, whoever learns or guesses it
+    (a second writer of the same workspace; design §16). The same token and id find the same
+    turn again after a restart (turn recovery, design §5)."""
+    return f"t{token_id}@{name}" if token_id is not None and token_id != "" else name
 
 
 def turn_id_for_chat(chat_id: str) -> str:
@@ -190,8 +202,8 @@ def build_server(
             if raw is None or not raw.isdigit() or int(raw) < 1:
                 raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
             ws = int(raw)
-        chat_key = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
-        state = sessions.get(ws, chat_key)
+        given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
+        state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
         return state
@@ -426,7 +438,8 @@ class WorkspaceRouting:
             if chat_id:
                 import anyio
 
-                await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), chat_id)
+                key = owned_name(chat_id, names.get(TOKEN_ID_HEADER))
+                await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), key)
 
 
 def http_app(
