@@ -66,10 +66,11 @@ def _as(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def test_access_over_http(kb, server):
+def test_access_over_http(kb, kb_env, server):
     """One server for the acceptance path, bad input and a fuzz sample (a server start is the cost)."""
     _bad_input_writes_nothing(kb, server)  # first: it checks the head stays where the seed left it
     _scopes_workspaces_revocation_and_mcp(kb, server)
+    _remote_cli_status_with_a_workspace_token(kb, kb_env, server)
     _fuzz_sample(kb, server)
 
 
@@ -93,6 +94,13 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     hidden, missing = (api.get(search.format(ws), headers=_as(reader)) for ws in (2, 99))
     assert hidden.status_code == missing.status_code == 404 and hidden.json()["error"] == "WorkspaceNotFound"
     assert api.get("/v1/status", headers=_as(reader)).status_code == 403  # every workspace: not its own
+    own = api.get("/v1/status?workspace=1", headers=_as(reader))
+    assert own.status_code == 200 and own.json()["workspace"]["id"] == 1, own.text
+    # nothing of where kb keeps its data, nor of other workspaces' queues
+    assert not {"database", "storage_root", "job_health"} & set(own.json()), own.json().keys()
+    admin = kb.tokens().create("status-admin", "admin", None)[1]
+    everything = api.get("/v1/status", headers=_as(admin)).json()
+    assert {"database", "storage_root", "job_health"} <= set(everything)
     # a write token: the revision's committer names the token, the author is the one claimed
     written = api.put(f"{file}?author=Ada%20%3Cada%40example.com%3E", json={"content": "x\n"}, headers=_as(writer))
     assert written.status_code == 200, written.text
@@ -132,6 +140,22 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, repo):
     assert shown.status_code == 200, shown.text
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(writer)).json()
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(other)).json() == []
+
+
+def _remote_cli_status_with_a_workspace_token(kb, kb_env, server):
+    """`kb status -w 1` through kb serve with a token for workspace 1: the workspace's status,
+    without the deployment's facts the server keeps from such a token."""
+    token = kb.tokens().create("status-reader", "read", [1])[1]
+    env = {k: v for k, v in kb_env.items() if k != "KB_DATABASE_URL"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "kb.adapters.cli", "status", "-w", "1"],
+        env={**env, "KB_SERVER_URL": server, "KB_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "workspace:  1" in shown.stdout and "database:" not in shown.stdout, shown.stdout
 
 
 def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens) -> None:

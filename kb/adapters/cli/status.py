@@ -44,7 +44,8 @@ def status(workspace: int | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, default=str, indent=2))
         return
-    click.echo(f"database:   {info['database']}")
+    if "database" in info:  # kb serve tells an admin token only (design §16)
+        click.echo(f"database:   {info['database']}")
     ws = info.get("workspace")
     if ws:  # the workspace's own model first: the default below is not necessarily it (design §7)
         model = ws.get("model") or "the default below (not chosen yet: the first index run picks it)"

@@ -51,6 +51,7 @@ from kb.adapters.http.auth import (
     McpGate,
     committer_of,
     owned_by_token,
+    request_token,
     require,
     unguarded_routes,
 )
@@ -211,12 +212,21 @@ def read_router(service: Service) -> APIRouter:
     readable = [Depends(require("read"))]
 
     @router.get("/status", dependencies=[Depends(require("read", workspace_from="query"))])
-    def status(workspace: int | None = None) -> dict:
-        """Head, index stamp, job counts, blocked and scheduled jobs (``kb status``)."""
+    def status(request: Request, workspace: int | None = None) -> dict:
+        """Head, index stamp, job counts, blocked and scheduled jobs (``kb status``). The
+        deployment's facts (``database``, ``storage_root``) go to an admin token only, and the
+        queues' health across workspaces (``job_health``) to a token for every workspace: a token
+        for some workspaces learns nothing of the others or of where kb keeps its data (design §16)."""
         from kb.index.embedding import describe_configured_model
 
         info = service.kb().status(workspace)
         info["embedding_model"] = describe_configured_model(service.settings)
+        token = request_token(request)
+        if token is not None and token.scope != "admin":
+            info.pop("database", None)
+            info.pop("storage_root", None)
+        if token is not None and token.workspace_ids is not None:
+            info.pop("job_health", None)
         return json_form(info)
 
     @router.get("/workspaces/{workspace_id}/search", dependencies=readable)
