@@ -229,3 +229,15 @@ FROM kb.documents
 WHERE status IN ('failed', 'quarantined')
 ORDER BY workspace_id, path
 LIMIT %(limit)s;
+
+-- name: index_session
+-- An index run's connections commit without waiting for their WAL to reach disk (design §7): a
+-- batch's commit then costs no fsync. Only a Postgres crash can lose such commits, and only the
+-- last few, as a whole (WAL is written in order): their documents lag again and the next run
+-- indexes them. The run's last transaction (durable_commit) waits for the flush, which makes every
+-- earlier commit of the run durable with it.
+SET synchronous_commit TO off;
+
+-- name: durable_commit
+-- This transaction's commit waits for the WAL flush (see index_session).
+SET LOCAL synchronous_commit TO on;
