@@ -16,7 +16,7 @@ QueryName = Literal[
     "begin_transaction",
     "blob_referenced",
     "bump_artifact_generations",
-    "cache_embedding",
+    "cache_embeddings",
     "cached_embeddings",
     "chunk_vector_dimension",
     "chunks_of_documents",

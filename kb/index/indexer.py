@@ -544,12 +544,20 @@ class Indexer:
                     if problem is None:
                         literal = vector_literal(vector)
                         found[h] = literal
-                        fresh.append({"text_sha256": h, "model": model, "dim": dim, "embedding": literal})
+                        fresh.append((h, literal))
                     else:
                         errors[h] = f"EmbeddingError: {problem}"
             if fresh:
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(queries["cache_embedding"], fresh)
+                with conn.transaction():
+                    conn.execute(
+                        queries["cache_embeddings"],
+                        {
+                            "model": model,
+                            "dim": dim,
+                            "text_sha256s": [h for h, _ in fresh],
+                            "embeddings": [literal for _, literal in fresh],
+                        },
+                    )
             if self.progress:  # a batch of documents can embed for minutes: say so as it goes
                 self.progress(report.documents_done, report.documents_total, report)
         return found, errors

@@ -35,9 +35,13 @@ SELECT text_sha256, embedding::text AS embedding
 FROM kb.embedding_cache
 WHERE model = %(model)s AND dim = %(dim)s AND text_sha256 = ANY(%(hashes)s);
 
--- name: cache_embedding
+-- name: cache_embeddings
+-- Vectors of one embedder batch in one statement (parallel arrays of hashes and pgvector texts), in
+-- key order, so runs caching the same texts at once take the keys in one order.
 INSERT INTO kb.embedding_cache (text_sha256, model, dim, embedding)
-VALUES (%(text_sha256)s, %(model)s, %(dim)s, %(embedding)s::vector)
+SELECT c.text_sha256, %(model)s, %(dim)s, c.embedding::vector
+FROM unnest(%(text_sha256s)s::text[], %(embeddings)s::text[]) AS c (text_sha256, embedding)
+ORDER BY c.text_sha256
 ON CONFLICT DO NOTHING;
 
 -- name: insert_chunks
