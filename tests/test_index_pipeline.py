@@ -104,3 +104,27 @@ def test_a_run_stopped_while_a_batch_is_written_resumes_and_converges(kb):
     fresh = named_rows(kb, "test_chunk_set", workspace_id=2)
     key = ("path", "position", "text_sha256", "start_char", "end_char", "start_line", "end_line")
     assert [tuple(r[k] for k in key) for r in chunks] == [tuple(r[k] for k in key) for r in fresh]
+
+
+def test_languages_detected_by_the_writer_or_the_run_agree(kb):
+    """A new document's language is detected by the writer thread as it builds the rows; a
+    document with chunk rows has it detected before embedding, since reusing a row depends on it.
+    Both give the same configuration: a reindex reuses every row, and a document whose language
+    changed gets its rows rebuilt in the new one."""
+    de = "# Häuser\n\nIn diesem Kapitel werden die Häuser der Stadt und ihre Gärten beschrieben.\n"
+    en = "# Houses\n\nThis chapter describes the houses of the town and their gardens.\n"
+    ru = "# Заметки\n\nЭта страница описывает, как создавать заметки и хранить их в хранилище.\n"
+    write_all(kb, 1, {"/documents/de.md": de, "/documents/en.md": en, "/documents/ru.md": ru})
+    first = kb.index(1)
+    assert first.documents_indexed == 3 and first.chunks_reused == 0
+    configs = {r["path"]: r["text_config"] for r in named_rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs == {"/documents/de.md": "german", "/documents/en.md": "english", "/documents/ru.md": "russian"}
+
+    again = kb.reindex(1)
+    assert again.chunks_written == 0 and again.chunks_reused == first.chunks_written
+    with kb.transaction(1, "now in German", "t") as tx:
+        tx.write("/documents/en.md", de.replace("Häuser", "Gärten", 1))
+    changed = kb.index(1)
+    assert changed.documents_indexed == 1 and changed.chunks_written > 0
+    configs = {r["path"]: r["text_config"] for r in named_rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs["/documents/en.md"] == "german"

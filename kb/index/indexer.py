@@ -129,7 +129,10 @@ class _Prepared:
     contexts: list[str] = field(default_factory=list)
     embedded: list[str] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
-    text_config: str = "english"
+    text_config: str | None = None
+    """The document's text-search configuration; None until its language is detected."""
+    text: str | None = None
+    """The document's text while its language is still to be detected (``Indexer._detect``)."""
     existing: list[dict] = field(default_factory=list)
     lexically_stable: bool = True
     """False for a document whose text or title is not in Unicode form C: its chunk rows may carry
@@ -455,12 +458,18 @@ class Indexer:
         report.failed_attempts = still["attempts"]
 
     # -- one batch of documents ----------------------------------------------------------
-    def _prepare(self, repo: Repository, row: dict) -> _Prepared:
-        prepared = _Prepared(row)
+    def _prepare(self, repo: Repository, row: dict, existing: list[dict] | None = None) -> _Prepared:
+        """Read, cut and hash one document (``existing``: its chunk rows). Its language is
+        detected here only when it has chunk rows, whose reuse depends on it; otherwise the writer
+        detects it when it builds the rows (``_detect``), off the thread that cuts and embeds."""
+        prepared = _Prepared(row, existing=existing or [])
         try:
             text = decode_document(repo.blob(row["content_id"]), self.settings.max_index_bytes)
             prepared.chunks = self.chunker.chunk(text)
-            prepared.text_config = self.text_config(text)
+            if prepared.existing:
+                prepared.text_config = self.text_config(text)
+            else:
+                prepared.text = text
             title = row.get("title") or ""
             prepared.lexically_stable = lexically_stable(text, title)
             prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
@@ -471,6 +480,16 @@ class Indexer:
         except Exception as exc:  # one document's failure never stops the others (§7)
             prepared.error = _error_text(exc)
         return prepared
+
+    def _detect(self, p: _Prepared) -> None:
+        """Settle the text-search configuration ``_prepare`` left to the writer; a failure fails
+        the document alone (design §7)."""
+        if p.text is not None and p.writable:
+            try:
+                p.text_config = self.text_config(p.text)
+            except Exception as exc:
+                p.error = _error_text(exc)
+        p.text = None
 
     def text_config(self, text: str) -> str:
         """The text-search configuration for a document: ``KB_FTS_CONFIG``, or with ``auto`` the
@@ -566,10 +585,10 @@ class Indexer:
         """Cut ``batch``'s documents, read their chunk rows and embed what no row or cache entry
         carries: ``(prepared documents, vectors by hash)``, ready for ``_write_staged`` (a document
         whose text failed to embed carries its error)."""
-        prepared = [self._prepare(repo, row) for row in batch]
-        by_document = {p.row["id"]: p for p in prepared}
-        for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": list(by_document)}):
-            by_document[chunk_row["document_id"]].existing.append(chunk_row)
+        existing: dict[int, list[dict]] = {}
+        for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": [row["id"] for row in batch]}):
+            existing.setdefault(chunk_row["document_id"], []).append(chunk_row)
+        prepared = [self._prepare(repo, row, existing.get(row["id"])) for row in batch]
         texts: dict[str, str] = {}
         for p in prepared:
             if p.writable:
@@ -588,6 +607,8 @@ class Indexer:
         by document when that fails or a document already failed (design §7). Returns the write's
         counts and failures, which the run adds to its report once the write is done."""
         counts = IndexReport(workspace_id)
+        for p in prepared:
+            self._detect(p)
         ready = [p for p in prepared if p.error is None]
         written = len(ready) > 1 and self._write_batch(conn, workspace_id, head, ready, vectors, counts)
         for p in prepared:
