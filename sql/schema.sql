@@ -104,9 +104,10 @@ CREATE TABLE kb.chunks (
 );
 CREATE INDEX chunks_by_document ON kb.chunks (document_id, position);
 CREATE INDEX chunks_by_workspace ON kb.chunks (workspace_id);
--- Full text per workspace (btree_gin), without a pending list every search would read whole
--- (migration 0013).
-CREATE INDEX chunks_tsv ON kb.chunks USING gin (workspace_id, tsv) WITH (fastupdate = off);
+-- Full text per workspace (btree_gin, migration 0013), with a pending list of at most 64 kB: the
+-- indexer's inserts are merged in bulk about once per batch, and a search reads at most 64 kB of
+-- unmerged entries (migration 0027).
+CREATE INDEX chunks_tsv ON kb.chunks USING gin (workspace_id, tsv) WITH (fastupdate = true, gin_pending_list_limit = 64);
 
 -- Content-addressed embedding cache, chunk level (design §7): a one-line edit re-embeds only the
 -- chunks whose text changed.
@@ -584,7 +585,9 @@ CREATE TABLE kb.document_terms (
     tsv tsvector NOT NULL,
     tokens integer NOT NULL
 );
-CREATE INDEX document_terms_tsv ON kb.document_terms USING gin (workspace_id, tsv) WITH (fastupdate = off);
+-- A pending list of at most 64 kB, as chunks_tsv's (migration 0027).
+CREATE INDEX document_terms_tsv ON kb.document_terms USING gin (workspace_id, tsv)
+    WITH (fastupdate = true, gin_pending_list_limit = 64);
 
 -- BM25 statistics of whole documents per workspace and text configuration, kept by the trigger
 -- below as kb.lexeme_stats / kb.text_stats are for chunks: in how many documents a lexeme occurs,

@@ -83,3 +83,28 @@ def test_hashing_query_vector_without_numpy_is_the_embedded_vector():
     texts = ["", "x", "refund refund refund", *(" ".join(words[i:] + words[:i]) * (i + 1) for i in range(len(words)))]
     for text in texts:
         assert vector_literal(embedder.query_vector(text)) == vector_literal(embedder.embed([text])[0]), text
+
+
+def test_vector_literal_names_every_float32_exactly(kb):
+    """The indexer's vector text (9 significant digits, shorter than a float64 repr) is read by
+    pgvector as exactly the float32 vector the embedder returned: tiny, huge, negative, zero and
+    dense values alike."""
+    import numpy as np
+    from support.generated_documents import named_rows
+
+    from kb.index.embedding import vector_literal
+
+    rng = np.random.default_rng(5)
+    vectors = [
+        rng.standard_normal(384).astype(np.float32),
+        (rng.standard_normal(384) * 1e-30).astype(np.float32),
+        (rng.standard_normal(384) * 1e30).astype(np.float32),
+        np.nextafter(np.float32(1), np.float32(2), dtype=np.float32) * np.ones(384, dtype=np.float32),
+        HashingEmbedder(384).embed(["refund invoice annual plan"])[0],
+    ]
+    for vector in vectors:
+        literal = vector_literal(vector)
+        assert np.array_equal(np.array(literal[1:-1].split(","), dtype=np.float32), vector)
+        [row] = named_rows(kb, "test_vector_as_floats", literal=literal)
+        assert np.array_equal(np.array(row["floats"], dtype=np.float32), vector)
+    assert vector_literal([0.5, float("nan")]) == "[0.5,nan]"

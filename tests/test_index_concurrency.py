@@ -166,7 +166,10 @@ def test_an_index_run_waits_for_a_projection_that_deleted_before_it_moves(indexe
         projection = _Run(lambda: kb.project(1))  # deletes e, then waits at the held statistics
         projection_pid = _wait_blocked_by(kb, [stats_pid], projection)
         side.commit()  # the index run goes on to write d
-        assert _wait_blocked_by(kb, [projection_pid], index_run) == indexer_pid
+        # on its writer connection (design §7: a run writes batches on a connection of its own
+        # while it cuts the next), so the backend that waits is the run's, not the one that read
+        writer_pid = _wait_blocked_by(kb, [projection_pid], index_run)
+        assert writer_pid not in (indexer_pid, side_pid, stats_pid, projection_pid) and index_run.is_alive()
         stats.commit()  # the projection goes on to move d
     projected = projection.result()
     report = index_run.result()

@@ -16,6 +16,7 @@ Every vector is checked: wrong dimension or NaN/inf raises EmbeddingError for th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -442,10 +443,17 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
     return [None if ok else "embedding contains NaN or inf" for ok in finite]
 
 
+@functools.cache
+def _literal_format(dim: int) -> str:
+    return "[" + ",".join(["%.9g"] * dim) + "]"
+
+
 def vector_literal(vector: np.ndarray | list[float]) -> str:
     """pgvector's text form ``[x1,x2,...]`` of one vector (float32 precision): an array, or the
-    list of floats ``query_vector`` gives."""
+    list of floats ``query_vector`` gives. Each value has 9 significant digits, which names every
+    float32 exactly (pgvector parses it back to the same float32): a third of the text of a
+    float64 repr, formatted by one C-level ``%`` (the indexer writes one per chunk)."""
     values = vector if isinstance(vector, list) else vector.tolist()
     if all(map(math.isfinite, values)):  # the usual case, formatted without a Python-level loop
-        return "[" + ",".join(map(repr, values)) + "]"
-    return "[" + ",".join(repr(float(x)) if math.isfinite(x) else "nan" for x in values) + "]"
+        return _literal_format(len(values)) % tuple(values)
+    return "[" + ",".join(f"{x:.9g}" if math.isfinite(x) else "nan" for x in values) + "]"

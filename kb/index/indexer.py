@@ -11,11 +11,16 @@ Two runs, both converging to HEAD under the workspace's index lock and neither t
   It records its cursor in ``kb.index_runs`` after every batch, so a run killed half-way resumes
   where it stopped.
 
-Runs use an autocommit connection: every write is an explicit transaction (one per batch of
+Runs use autocommit connections: every write is an explicit transaction (one per batch of
 documents, one per progress checkpoint). Documents are cut and embedded in batches (the embedder
 sees full batches) and a batch is written in one transaction, each statement once for the whole
-batch (``Indexer._write_batch``: a few round trips and one commit per batch, so a fast embedder,
-not Postgres, sets the pace). When that transaction fails, the batch is written again document
+batch (``Indexer._write_batch``: a few round trips and one commit per batch). The run is a
+pipeline (``Indexer._run_documents``): a writer thread writes each batch, and checkpoints it, on a
+connection of its own while the run's thread cuts and embeds the next, so Postgres' work on one
+batch overlaps the chunker's and the embedder's on the next and a fast embedder, not Postgres,
+sets the pace. A run's commits do not wait for the WAL flush except its last, which makes them
+all durable (``index_session``: a Postgres crash can only lose whole, latest batches, which then
+lag and are indexed again). When that transaction fails, the batch is written again document
 by document, each in its own transaction: a failure marks that document ``failed`` with the error
 and an attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others go on. A document with NUL
 bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
@@ -51,6 +56,7 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,7 +129,10 @@ class _Prepared:
     contexts: list[str] = field(default_factory=list)
     embedded: list[str] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
-    text_config: str = "english"
+    text_config: str | None = None
+    """The document's text-search configuration; None until its language is detected."""
+    text: str | None = None
+    """The document's text while its language is still to be detected (``Indexer._detect``)."""
     existing: list[dict] = field(default_factory=list)
     lexically_stable: bool = True
     """False for a document whose text or title is not in Unicode form C: its chunk rows may carry
@@ -164,6 +173,28 @@ def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
     return {f"{key}s": [row[key] for row in rows] for key in keys}
 
 
+_WRITE_COUNTS = (
+    "documents_gone",
+    "documents_superseded",
+    "documents_unindexable",
+    "documents_indexed",
+    "documents_failed",
+    "chunks_written",
+    "chunks_reused",
+)
+"""The IndexReport counts a batch's write sets (``Indexer._write_staged``)."""
+
+
+@dataclass
+class _Checkpoint:
+    """What the writer thread records in a run's ``kb.index_runs`` row after each batch:
+    ``totals``, the run's counts so far, advanced by the writer alone (``Indexer._run_documents``)."""
+
+    run_id: int
+    move_cursor: bool
+    totals: IndexReport
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -201,6 +232,7 @@ class Indexer:
         with self._locked_run(workspace_id, "index_changes", full=False) as (report, repo):
             if repo is not None:
                 with database.connect(self.database_url, autocommit=True) as conn:
+                    conn.execute(queries["index_session"])
                     self._lagging_pass(conn, repo, workspace_id, report.revision, report, start_run=True)
                     self._finish(conn, workspace_id, report.revision, report)
         return report
@@ -244,6 +276,7 @@ class Indexer:
                 return report
             head = report.revision
             with database.connect(self.database_url, autocommit=True) as conn:
+                conn.execute(queries["index_session"])
                 run = conn.execute(
                     queries["running_index_run"], {"workspace_id": workspace_id, "kind": "reindex"}
                 ).fetchone()
@@ -329,36 +362,94 @@ class Indexer:
         self._run_documents(conn, repo, workspace_id, head, todo, report, run, move_cursor=False)
 
     def _run_documents(self, conn, repo, workspace_id, head, todo, report, run, *, move_cursor: bool) -> None:
-        """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``."""
-        if self.progress and todo:  # the work ahead, before the first batch is chunked and embedded
+        """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``.
+
+        Pipelined (design §7): while a writer thread writes one batch on a connection of its own
+        and then checkpoints it in ``run``, this thread cuts and embeds the next, so at most two
+        batches are in hand. A checkpoint follows its batch's commit, so a killed run resumes at or
+        before the first batch not written. The writer is drained before the run goes on, whether
+        the loop ends well or not, so no write outlives the run (nor its index lock)."""
+        if not todo:
+            return
+        if self.progress:  # the work ahead, before the first batch is chunked and embedded
             self.progress(report.documents_done, report.documents_total, report)
-        for start in range(0, len(todo), DOCUMENT_BATCH):
-            batch = todo[start : start + DOCUMENT_BATCH]
-            self._index_batch(conn, repo, workspace_id, head, batch, report)
-            report.attempted.update(row["id"] for row in batch)
-            report.documents_done += len(batch)
-            if move_cursor:
-                report.cursor = batch[-1]["id"]
-            with conn.transaction():
-                conn.execute(
-                    queries["update_index_run"],
-                    {
-                        "id": run["id"],
-                        "documents_done": report.documents_done,
-                        "documents_total": report.documents_total,
-                        "documents_failed": report.documents_failed,
-                        "cursor_document_id": report.cursor,
-                        "chunks_written": report.chunks_written,
-                        "chunks_reused": report.chunks_reused,
-                        "embeddings_computed": report.embeddings_computed,
-                        "embeddings_cached": report.embeddings_cached,
-                    },
+        checkpoint = _Checkpoint(run["id"], move_cursor, IndexReport(workspace_id))
+        for name in (*_WRITE_COUNTS, "documents_done", "documents_total", "cursor"):
+            setattr(checkpoint.totals, name, getattr(report, name))
+        with (
+            database.connect(self.database_url, autocommit=True) as writer_conn,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
+        ):
+            writer_conn.execute(queries["index_session"])
+            pending: tuple[list[dict], Future[IndexReport]] | None = None
+            for start in range(0, len(todo), DOCUMENT_BATCH):
+                batch = todo[start : start + DOCUMENT_BATCH]
+                prepared, vectors = self._stage_batch(conn, repo, batch, report)
+                if pending is not None:
+                    self._collect(*pending, report, move_cursor=move_cursor)
+                embedded = (report.embeddings_computed, report.embeddings_cached)
+                write = writer.submit(
+                    self._write_and_checkpoint,
+                    writer_conn,
+                    workspace_id,
+                    head,
+                    batch,
+                    prepared,
+                    vectors,
+                    checkpoint,
+                    embedded,
                 )
-            if self.progress:
-                self.progress(report.documents_done, report.documents_total, report)
+                pending = (batch, write)
+            if pending is not None:
+                self._collect(*pending, report, move_cursor=move_cursor)
+
+    def _write_and_checkpoint(
+        self, conn, workspace_id, head, batch, prepared, vectors, checkpoint: _Checkpoint, embedded: tuple[int, int]
+    ) -> IndexReport:
+        """The writer thread's part of a batch: write it (``_write_staged``), then record the run's
+        totals with it in ``kb.index_runs`` (``embedded``: the run's embedding counts once the batch
+        was embedded). Returns the batch's write counts."""
+        counts = self._write_staged(conn, workspace_id, head, prepared, vectors)
+        totals = checkpoint.totals
+        for name in _WRITE_COUNTS:
+            setattr(totals, name, getattr(totals, name) + getattr(counts, name))
+        totals.documents_done += len(batch)
+        if checkpoint.move_cursor:
+            totals.cursor = batch[-1]["id"]
+        totals.embeddings_computed, totals.embeddings_cached = embedded
+        with conn.transaction():
+            conn.execute(
+                queries["update_index_run"],
+                {
+                    "id": checkpoint.run_id,
+                    "documents_done": totals.documents_done,
+                    "documents_total": totals.documents_total,
+                    "documents_failed": totals.documents_failed,
+                    "cursor_document_id": totals.cursor,
+                    "chunks_written": totals.chunks_written,
+                    "chunks_reused": totals.chunks_reused,
+                    "embeddings_computed": totals.embeddings_computed,
+                    "embeddings_cached": totals.embeddings_cached,
+                },
+            )
+        return counts
+
+    def _collect(self, batch, write: Future[IndexReport], report, *, move_cursor: bool) -> None:
+        """Wait for ``batch``'s write and checkpoint and add them to ``report`` (then ``progress``)."""
+        counts = write.result()
+        for name in _WRITE_COUNTS:
+            setattr(report, name, getattr(report, name) + getattr(counts, name))
+        report.failures.update(counts.failures)
+        report.attempted.update(row["id"] for row in batch)
+        report.documents_done += len(batch)
+        if move_cursor:
+            report.cursor = batch[-1]["id"]
+        if self.progress:
+            self.progress(report.documents_done, report.documents_total, report)
 
     def _finish(self, conn, workspace_id, head, report) -> None:
         with conn.transaction():
+            conn.execute(queries["durable_commit"])  # and with it every earlier commit of the run
             conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
             if report.run_id is not None:
                 conn.execute(queries["finish_index_run"], {"id": report.run_id})
@@ -367,12 +458,18 @@ class Indexer:
         report.failed_attempts = still["attempts"]
 
     # -- one batch of documents ----------------------------------------------------------
-    def _prepare(self, repo: Repository, row: dict) -> _Prepared:
-        prepared = _Prepared(row)
+    def _prepare(self, repo: Repository, row: dict, existing: list[dict] | None = None) -> _Prepared:
+        """Read, cut and hash one document (``existing``: its chunk rows). Its language is
+        detected here only when it has chunk rows, whose reuse depends on it; otherwise the writer
+        detects it when it builds the rows (``_detect``), off the thread that cuts and embeds."""
+        prepared = _Prepared(row, existing=existing or [])
         try:
             text = decode_document(repo.blob(row["content_id"]), self.settings.max_index_bytes)
             prepared.chunks = self.chunker.chunk(text)
-            prepared.text_config = self.text_config(text)
+            if prepared.existing:
+                prepared.text_config = self.text_config(text)
+            else:
+                prepared.text = text
             title = row.get("title") or ""
             prepared.lexically_stable = lexically_stable(text, title)
             prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
@@ -383,6 +480,16 @@ class Indexer:
         except Exception as exc:  # one document's failure never stops the others (§7)
             prepared.error = _error_text(exc)
         return prepared
+
+    def _detect(self, p: _Prepared) -> None:
+        """Settle the text-search configuration ``_prepare`` left to the writer; a failure fails
+        the document alone (design §7)."""
+        if p.text is not None and p.writable:
+            try:
+                p.text_config = self.text_config(p.text)
+            except Exception as exc:
+                p.error = _error_text(exc)
+        p.text = None
 
     def text_config(self, text: str) -> str:
         """The text-search configuration for a document: ``KB_FTS_CONFIG``, or with ``auto`` the
@@ -456,21 +563,32 @@ class Indexer:
                     if problem is None:
                         literal = vector_literal(vector)
                         found[h] = literal
-                        fresh.append({"text_sha256": h, "model": model, "dim": dim, "embedding": literal})
+                        fresh.append((h, literal))
                     else:
                         errors[h] = f"EmbeddingError: {problem}"
             if fresh:
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(queries["cache_embedding"], fresh)
+                with conn.transaction():
+                    conn.execute(
+                        queries["cache_embeddings"],
+                        {
+                            "model": model,
+                            "dim": dim,
+                            "text_sha256s": [h for h, _ in fresh],
+                            "embeddings": [literal for _, literal in fresh],
+                        },
+                    )
             if self.progress:  # a batch of documents can embed for minutes: say so as it goes
                 self.progress(report.documents_done, report.documents_total, report)
         return found, errors
 
-    def _index_batch(self, conn, repo, workspace_id, head, batch, report: IndexReport) -> None:
-        prepared = [self._prepare(repo, row) for row in batch]
-        by_document = {p.row["id"]: p for p in prepared}
-        for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": list(by_document)}):
-            by_document[chunk_row["document_id"]].existing.append(chunk_row)
+    def _stage_batch(self, conn, repo, batch, report: IndexReport) -> tuple[list[_Prepared], dict[str, str]]:
+        """Cut ``batch``'s documents, read their chunk rows and embed what no row or cache entry
+        carries: ``(prepared documents, vectors by hash)``, ready for ``_write_staged`` (a document
+        whose text failed to embed carries its error)."""
+        existing: dict[int, list[dict]] = {}
+        for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": [row["id"] for row in batch]}):
+            existing.setdefault(chunk_row["document_id"], []).append(chunk_row)
+        prepared = [self._prepare(repo, row, existing.get(row["id"])) for row in batch]
         texts: dict[str, str] = {}
         for p in prepared:
             if p.writable:
@@ -482,11 +600,21 @@ class Indexer:
                 bad = next((h for h in self._needed_hashes(p) if h not in vectors), None)
                 if bad is not None:
                     p.error = errors.get(bad, "EmbeddingError: no vector for a chunk")
+        return prepared, vectors
+
+    def _write_staged(self, conn, workspace_id, head, prepared: list[_Prepared], vectors) -> IndexReport:
+        """Write a staged batch on ``conn`` (the writer thread's): in one transaction, or document
+        by document when that fails or a document already failed (design §7). Returns the write's
+        counts and failures, which the run adds to its report once the write is done."""
+        counts = IndexReport(workspace_id)
+        for p in prepared:
+            self._detect(p)
         ready = [p for p in prepared if p.error is None]
-        written = len(ready) > 1 and self._write_batch(conn, workspace_id, head, ready, vectors, report)
+        written = len(ready) > 1 and self._write_batch(conn, workspace_id, head, ready, vectors, counts)
         for p in prepared:
             if not written or p.error is not None:
-                self._write_document(conn, workspace_id, head, p, vectors, report)
+                self._write_document(conn, workspace_id, head, p, vectors, counts)
+        return counts
 
     def _write_batch(self, conn, workspace_id, head, batch: list[_Prepared], vectors, report: IndexReport) -> bool:
         """Write a batch's documents in one transaction, each statement once for the whole batch
@@ -549,14 +677,7 @@ class Indexer:
             return False
         counts.documents_unindexable = len(emptied)
         counts.documents_indexed = len(current) - len(emptied)
-        for name in (
-            "documents_gone",
-            "documents_superseded",
-            "documents_unindexable",
-            "documents_indexed",
-            "chunks_written",
-            "chunks_reused",
-        ):
+        for name in _WRITE_COUNTS:
             setattr(report, name, getattr(report, name) + getattr(counts, name))
         return True
 

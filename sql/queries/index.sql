@@ -35,9 +35,13 @@ SELECT text_sha256, embedding::text AS embedding
 FROM kb.embedding_cache
 WHERE model = %(model)s AND dim = %(dim)s AND text_sha256 = ANY(%(hashes)s);
 
--- name: cache_embedding
+-- name: cache_embeddings
+-- Vectors of one embedder batch in one statement (parallel arrays of hashes and pgvector texts), in
+-- key order, so runs caching the same texts at once take the keys in one order.
 INSERT INTO kb.embedding_cache (text_sha256, model, dim, embedding)
-VALUES (%(text_sha256)s, %(model)s, %(dim)s, %(embedding)s::vector)
+SELECT c.text_sha256, %(model)s, %(dim)s, c.embedding::vector
+FROM unnest(%(text_sha256s)s::text[], %(embeddings)s::text[]) AS c (text_sha256, embedding)
+ORDER BY c.text_sha256
 ON CONFLICT DO NOTHING;
 
 -- name: insert_chunks
@@ -229,3 +233,15 @@ FROM kb.documents
 WHERE status IN ('failed', 'quarantined')
 ORDER BY workspace_id, path
 LIMIT %(limit)s;
+
+-- name: index_session
+-- An index run's connections commit without waiting for their WAL to reach disk (design §7): a
+-- batch's commit then costs no fsync. Only a Postgres crash can lose such commits, and only the
+-- last few, as a whole (WAL is written in order): their documents lag again and the next run
+-- indexes them. The run's last transaction (durable_commit) waits for the flush, which makes every
+-- earlier commit of the run durable with it.
+SET synchronous_commit TO off;
+
+-- name: durable_commit
+-- This transaction's commit waits for the WAL flush (see index_session).
+SET LOCAL synchronous_commit TO on;

@@ -371,3 +371,12 @@ $$;
 
 -- name: test_install_chunk_refusal
 CREATE TRIGGER test_refuse_chunk BEFORE INSERT ON kb.chunks FOR EACH ROW EXECUTE FUNCTION kb.test_refuse_chunk();
+
+-- name: test_documents_in_id_order
+-- A workspace's documents in the order an index run takes them (tests/test_index_pipeline.py).
+SELECT id, path, status, content_id, indexed_content_id FROM kb.documents
+WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: test_vector_as_floats
+-- A vector literal as pgvector stores it, read back as float4s (tests/test_embedders.py).
+SELECT %(literal)s::vector::real[] AS floats;

@@ -1,0 +1,130 @@
+"""design §7: an index run writes one batch on a writer connection while it cuts and embeds the
+next. A failing document in a pipelined run still fails alone, and a run interrupted while a batch
+is being written leaves that batch committed (never half written), checkpoints nothing it has not
+committed, outlives no write, and the next run converges."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from support.embedders import CountingEmbedder
+from support.generated_documents import generated_corpus, named_rows, write_all
+from support.named_queries import queries
+
+from kb.db import database
+from kb.index.indexer import DOCUMENT_BATCH
+
+
+class WorkerStopped(BaseException):
+    """What an interrupted worker raises inside a run (as SystemExit or KeyboardInterrupt do):
+    not an Exception, so no per-text or per-document fallback catches it."""
+
+
+class StoppingEmbedder(CountingEmbedder):
+    """The hashing embedder, raising WorkerStopped once, at the first batch holding ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.stopped = marker, False
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not self.stopped and any(self.marker in t for t in texts):
+            self.stopped = True
+            raise WorkerStopped
+        return super().embed(texts)
+
+
+def _documents(kb, ws: int = 1) -> list[dict]:
+    return named_rows(kb, "test_documents_in_id_order", workspace_id=ws)
+
+
+def _writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("kb-index-writer")]
+
+
+def test_a_document_postgres_refuses_fails_alone_in_a_pipelined_run(kb):
+    """Three batches, written while the next is embedded; Postgres refuses one document of the
+    second: that batch is written again document by document, only that document fails, and the
+    run's counts and checkpoint say so."""
+    docs = generated_corpus(2 * DOCUMENT_BATCH + 20)
+    write_all(kb, 1, docs)
+    kb.project(1)
+    refused = _documents(kb)[DOCUMENT_BATCH + 5]["path"]  # in the second batch
+    with kb.transaction(1, "refused", "t") as tx:
+        tx.write(refused, "# Refused\n\nthis text is REFUSED BY POSTGRES\n")
+    with database.transaction(kb.database_url) as conn:
+        conn.execute(queries["test_create_chunk_refusal"])
+        conn.execute(queries["test_install_chunk_refusal"])
+    report = kb.index(1)
+    assert report.documents_indexed == len(docs) - 1 and report.documents_failed == 1
+    assert list(report.failures) == [refused] and "refused by a test trigger" in report.failures[refused]
+    states = {d["path"]: d["status"] for d in _documents(kb)}
+    assert states.pop(refused) == "failed" and set(states.values()) == {"indexed"}
+    [run] = [r for r in named_rows(kb, "test_index_runs", workspace_id=1) if r["id"] == report.run_id]
+    assert run["documents_done"] == len(docs) and run["documents_failed"] == 1
+    assert run["chunks_written"] == report.chunks_written > 0
+    assert not _writer_threads()
+
+
+def test_a_run_stopped_while_a_batch_is_written_resumes_and_converges(kb):
+    """A reindex stops (the embedder raises what a stopping worker raises) while it embeds the third
+    batch: the second batch, already handed to the writer, is committed whole and checkpointed
+    before the run lets go of the workspace; the third has nothing written. The next reindex
+    resumes after the checkpoint and the index converges to what an uninterrupted run writes."""
+    docs = generated_corpus(3 * DOCUMENT_BATCH)
+    write_all(kb, 1, docs)
+    kb.project(1)
+    marked = _documents(kb)[2 * DOCUMENT_BATCH + 3]["path"]  # in the third batch
+    with kb.transaction(1, "mark", "t") as tx:
+        tx.write(marked, docs[marked] + "\nSTOP HERE\n")
+    embedder = kb.use_embedder(StoppingEmbedder("STOP HERE"))
+    with pytest.raises(WorkerStopped):
+        kb.reindex(1)
+    assert embedder.stopped and not _writer_threads()  # no write outlives the run
+    [run] = named_rows(kb, "test_index_runs", workspace_id=1)
+    documents = _documents(kb)
+    assert run["status"] == "running" and run["documents_done"] == 2 * DOCUMENT_BATCH
+    assert run["cursor_document_id"] == documents[2 * DOCUMENT_BATCH - 1]["id"]
+    indexed = [d["status"] == "indexed" and d["indexed_content_id"] == d["content_id"] for d in documents]
+    assert indexed == [True] * (2 * DOCUMENT_BATCH) + [False] * DOCUMENT_BATCH
+
+    report = kb.reindex(1)
+    assert report.resumed and report.documents_failed == 0 and not report.failures
+    assert report.documents_done == 3 * DOCUMENT_BATCH and report.chunks_reused == 0  # after the cursor
+    assert all(d["status"] == "indexed" and d["indexed_content_id"] == d["content_id"] for d in _documents(kb))
+    workspace = next(w for w in kb.workspaces() if w["id"] == 1)
+    assert workspace["last_indexed_revision"] == kb.head(1)
+    chunks = named_rows(kb, "test_chunk_set", workspace_id=1)
+    write_all(
+        kb, 2, {path: text for path, text in docs.items() if path != marked} | {marked: docs[marked] + "\nSTOP HERE\n"}
+    )
+    kb.index(2)
+    fresh = named_rows(kb, "test_chunk_set", workspace_id=2)
+    key = ("path", "position", "text_sha256", "start_char", "end_char", "start_line", "end_line")
+    assert [tuple(r[k] for k in key) for r in chunks] == [tuple(r[k] for k in key) for r in fresh]
+
+
+def test_languages_detected_by_the_writer_or_the_run_agree(kb):
+    """A new document's language is detected by the writer thread as it builds the rows; a
+    document with chunk rows has it detected before embedding, since reusing a row depends on it.
+    Both give the same configuration: a reindex reuses every row, and a document whose language
+    changed gets its rows rebuilt in the new one."""
+    de = "# Häuser\n\nIn diesem Kapitel werden die Häuser der Stadt und ihre Gärten beschrieben.\n"
+    en = "# Houses\n\nThis chapter describes the houses of the town and their gardens.\n"
+    ru = "# Заметки\n\nЭта страница описывает, как создавать заметки и хранить их в хранилище.\n"
+    write_all(kb, 1, {"/documents/de.md": de, "/documents/en.md": en, "/documents/ru.md": ru})
+    first = kb.index(1)
+    assert first.documents_indexed == 3 and first.chunks_reused == 0
+    configs = {r["path"]: r["text_config"] for r in named_rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs == {"/documents/de.md": "german", "/documents/en.md": "english", "/documents/ru.md": "russian"}
+
+    again = kb.reindex(1)
+    assert again.chunks_written == 0 and again.chunks_reused == first.chunks_written
+    with kb.transaction(1, "now in German", "t") as tx:
+        tx.write("/documents/en.md", de.replace("Häuser", "Gärten", 1))
+    changed = kb.index(1)
+    assert changed.documents_indexed == 1 and changed.chunks_written > 0
+    configs = {r["path"]: r["text_config"] for r in named_rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert configs["/documents/en.md"] == "german"
