@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,6 +83,10 @@ log = logging.getLogger(__name__)
 
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
+PREBUILD_PATHS = 256
+"""Staged paths from which a writer checks and builds its revision's tree before the write lock
+(``KnowledgeStore._prebuild``): below it, building twice when the head moves meanwhile costs more
+than the lock time it saves."""
 
 
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
@@ -454,6 +458,11 @@ class KnowledgeStore:
         repo = self.repository
         return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
+    def _staged_and_prebuilt(self, draft: Draft) -> tuple[dict[str, str | None], dict[str, MergedBlob], _Shape | None]:
+        """Unlocked: ``_stage_merged`` and the ``_prebuild`` of what it staged."""
+        staged, premerged = self._stage_merged(draft)
+        return staged, premerged, self._prebuild(draft, staged)
+
     def _merge_with_head(
         self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None, premerged: dict[str, MergedBlob]
     ) -> dict[str, str | None]:
@@ -510,9 +519,9 @@ class KnowledgeStore:
                 self.database_url,
                 self.workspace_id,
                 self.settings,
-                lambda conn: self._stage_merged(draft),
+                lambda conn: self._staged_and_prebuilt(draft),
                 lambda conn, _: self._fetch_workspace(conn),
-            ) as (conn, (staged, premerged), row):
+            ) as (conn, (staged, premerged, prebuilt), row):
                 workspace = self._workspace_row(conn, row.fetchone())
                 repo.clear_stale_locks()
                 if self._catch_up(conn, workspace):
@@ -533,6 +542,7 @@ class KnowledgeStore:
                     author,
                     committer,
                     key=key,
+                    prebuilt=prebuilt,
                 )
                 if built is None:
                     return None
@@ -585,7 +595,7 @@ class KnowledgeStore:
         waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
         try:
             with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
-                staged = self._stage_merged(draft)[0]
+                staged, _, prebuilt = self._staged_and_prebuilt(draft)
                 draft.submitted = True  # once queued, a holder may record it
                 intent_id, ahead = group_commit.enqueue(
                     conn, ws, draft, staged, message, author, committer, draft.idempotency_key
@@ -610,7 +620,7 @@ class KnowledgeStore:
                             outcome = mine["outcome"]
                         else:
                             own, journal = self._record_group(
-                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed
+                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed, prebuilt
                             )
         except LockTimeout:
             if intent_id is None:
@@ -655,6 +665,7 @@ class KnowledgeStore:
         rows: list[dict],
         text: tuple[str | None, str, str],
         owed: _OwedRefresh,
+        prebuilt: _Shape | None = None,
     ) -> tuple[Revision | _Built | KbError | None, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
@@ -716,6 +727,7 @@ class KnowledgeStore:
                         *words,
                         intent=intent if r["artifact_paths"] is not None else None,
                         key=key_of.get(r["id"]),
+                        prebuilt=prebuilt if r["id"] == intent_id else None,
                     )
                 except KbError as exc:  # this draft alone is refused; the group goes on
                     results[r["id"]] = exc
@@ -787,28 +799,25 @@ class KnowledgeStore:
         committer: str,
         intent: group_commit.Intent | None = None,
         key: str | None = None,
+        prebuilt: _Shape | None = None,
     ) -> _Built | None:
         """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
         create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
         claimed ARTIFACT paths, else a query), the commit object (carrying the idempotency ``key``, design §3) and the draft's hooks. None when
-        the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded)."""
+        the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded).
+        ``prebuilt``: the ``_prebuild`` of these very ``staged`` blobs, used when built on
+        ``head_tree`` (else everything is checked and built here)."""
         repo = self.repository
         staged = self._merge_with_head(draft, staged, head_tree, premerged)
         staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (design §2.2)
-        effective: dict[str, str | None] = {}
-        changes: dict[str, PathChange] = {}
-        at_head = repo.lookup_many(head_tree, staged)
-        for path, blob in staged.items():
-            old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
-            if old == blob:
-                continue
-            effective[path] = blob
-            kind = "added" if old is None else ("removed" if blob is None else "modified")
-            changes[path] = PathChange(path, kind, blob)
+        shape = (
+            prebuilt
+            if prebuilt is not None and prebuilt.staged is staged and prebuilt.head_tree == head_tree
+            else self._shape(head_tree, staged)
+        )
+        effective, changes = shape.effective, dict(shape.changes)
         if not effective:
             return None
-        self._check_tree(head_tree, effective, at_head)
-        check_case_collisions(repo, head_tree, effective, at_head)
         if intent is not None:
             group_commit.refuse_artifacts(intent, effective)
         # Kinds before any move is applied, so the order of moves never matters (a swap
@@ -831,7 +840,7 @@ class KnowledgeStore:
         ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
         text = message or summarize(list(ordered))
         commit = repo.make_commit(
-            repo.build_tree(head_tree, list(effective.items())),
+            shape.tree if shape.tree is not None else repo.build_tree(head_tree, list(effective.items())),
             head,
             text,
             author,
@@ -844,6 +853,44 @@ class KnowledgeStore:
             hook(conn, head_tree, commit.id.decode())
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
+
+    def _shape(self, head_tree: bytes | None, staged: dict[str, str | None]) -> _Shape:
+        """What ``staged`` changes on ``head_tree`` (the paths whose blob differs, as PathChanges
+        before moves), after the tree and collision checks (PathExists); the tree is not built."""
+        repo = self.repository
+        effective: dict[str, str | None] = {}
+        changes: dict[str, PathChange] = {}
+        at_head = repo.lookup_many(head_tree, staged)
+        for path, blob in staged.items():
+            old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
+            if old == blob:
+                continue
+            effective[path] = blob
+            kind = "added" if old is None else ("removed" if blob is None else "modified")
+            changes[path] = PathChange(path, kind, blob)
+        if effective:
+            self._check_tree(head_tree, effective, at_head)
+            check_case_collisions(repo, head_tree, effective, at_head)
+        return _Shape(head_tree, staged, effective, changes, None)
+
+    def _prebuild(self, draft: Draft, staged: dict[str, str | None]) -> _Shape | None:
+        """Before the write lock, for a draft of at least PREBUILD_PATHS paths (a folder rename):
+        its ``_shape`` and tree on the head git has now, which ``_build`` uses under the lock when
+        the head is still that one — the checks and the tree are pure functions of the head tree
+        and the staged blobs, so the lock is held only to record (design §4, §14). None for a small
+        draft, one with merges or titles (settled against the head under the lock), or when a
+        check fails (``_build`` raises it under the lock, against the head then)."""
+        if len(staged) < PREBUILD_PATHS or draft.merge_requests() or draft.titles():
+            return None
+        repo = self.repository
+        head_tree = repo.tree_id(repo.head())
+        try:
+            shape = self._shape(head_tree, staged)
+        except KbError:
+            return None
+        if not shape.effective:
+            return shape
+        return replace(shape, tree=repo.build_tree(head_tree, list(shape.effective.items())))
 
     def _advance(self, conn: Connection, head: str | None, new: str) -> None:
         """Move the branch ref from ``head`` (the head Postgres records, caught up under the lock)
@@ -1153,6 +1200,18 @@ class _OwedRefresh:
         if self.hold is not None:
             self.hold.release()
             self.hold = None
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What ``staged`` (``{repo path: blob or None}``) changes on ``head_tree``: ``effective`` (the
+    paths whose blob differs), their PathChanges before moves, and the new tree once built."""
+
+    head_tree: bytes | None
+    staged: dict[str, str | None]
+    effective: dict[str, str | None]
+    changes: dict[str, PathChange]
+    tree: bytes | None
 
 
 @dataclass(frozen=True)

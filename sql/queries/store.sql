@@ -36,9 +36,13 @@ WITH revisions AS (
          AS r (id, seq, parent_id, author, committer, message, committed_at)
 ), changes AS (
     INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
-    SELECT %(workspace_id)s, c.revision_id, c.seq, c.path, c.change, c.old_path, c.new_path, c.content_id
-    FROM unnest(%(change_revisions)s::text[], %(change_seqs)s::bigint[], %(paths)s::text[], %(changes)s::text[],
-                %(old_paths)s::text[], %(new_paths)s::text[], %(content_ids)s::text[])
+    SELECT %(workspace_id)s, c.revision_id, c.seq::bigint, c.path, c.change, c.old_path, c.new_path, c.content_id
+    -- the changes' columns are JSON arrays (kb.store.history.json_column: a folder rename has
+    -- thousands of rows, and psycopg's array dumping is Python); ROWS FROM zips them by position
+    FROM ROWS FROM (json_array_elements_text(%(change_revisions)s::json), json_array_elements_text(%(change_seqs)s::json),
+                    json_array_elements_text(%(paths)s::json), json_array_elements_text(%(changes)s::json),
+                    json_array_elements_text(%(old_paths)s::json), json_array_elements_text(%(new_paths)s::json),
+                    json_array_elements_text(%(content_ids)s::json))
          AS c (revision_id, seq, path, change, old_path, new_path, content_id)
 )
 UPDATE kb.workspaces
