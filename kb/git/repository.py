@@ -149,6 +149,16 @@ OBJECT_WRITE_ATTEMPTS = 5
 folder (``git prune-packed``) between the folder's creation and the object's write."""
 
 
+SMALL_PACK_OBJECTS = 4096
+"""Packs below this many objects are the small ones ``Repository.combine_small_packs`` combines."""
+PACK_SIDE_FILES = (".keep", ".rev", ".bitmap", ".mtimes", ".promisor")
+
+
+def _plain_pack(pack) -> bool:
+    """Whether ``pack`` has only its ``.pack`` and ``.idx`` (no ``PACK_SIDE_FILES``)."""
+    return not any(os.path.exists(pack._basename + suffix) for suffix in PACK_SIDE_FILES)
+
+
 PENDING_PACK_MARK = b"kb: objects of a write whose revision may not be recorded yet\n"
 """The content of the ``.keep`` file kb puts beside a pack it writes (see keep_pending_pack)."""
 PENDING_PACK_SECONDS = 3600.0
@@ -985,14 +995,39 @@ class Repository(WorktreeRefresh):
                     path.unlink()
         return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
 
-    def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:
-        """Maintenance (design §14): put the loose objects into one pack and, once more than
-        ``max_packs`` packs pile up, consolidate all packs into one. Safe beside concurrent
-        writers and readers: objects are only added to a pack before their loose copy or old
-        pack is removed, and readers re-scan the packs on a miss. Returns ``(objects packed,
-        packs after)``."""
+    def pack_loose_objects(self, max_packs: int | None = 32, small_packs: int | None = None) -> tuple[int, int]:
+        """Maintenance (design §14): put the loose objects into one pack (cost O(loose objects))
+        and, once more than ``max_packs`` packs pile up, consolidate all packs into one (cost
+        O(all objects)); with ``max_packs=None`` never that, but once more than ``small_packs``
+        packs of fewer than SMALL_PACK_OBJECTS objects pile up, combine just those
+        (:meth:`combine_small_packs`). Safe beside concurrent writers and readers: objects are
+        only added to a pack before their loose copy or old pack is removed, and readers re-scan
+        the packs on a miss. Returns ``(objects packed, packs after)``."""
         store = self._repo.object_store
         packed = store.pack_loose_objects()
-        if len(store.packs) > max_packs:
+        if max_packs is not None and len(store.packs) > max_packs:
             packed += store.repack()
+        elif small_packs is not None:
+            self.combine_small_packs(small_packs)
         return packed, len(store.packs)
+
+    def combine_small_packs(self, more_than: int) -> int:
+        """When more than ``more_than`` packs hold fewer than SMALL_PACK_OBJECTS objects each,
+        write their objects into one new pack, then remove them (cost O(their objects), not
+        O(all objects) as a full consolidation). Packs with any file beside ``.pack``/``.idx``
+        (a ``.keep`` — a write's pending pack, or git's —, git's ``.rev``, ``.bitmap``,
+        ``.mtimes``, ``.promisor``) are left as they are. Returns the objects combined (0: none)."""
+        store = self._repo.object_store
+        store._update_pack_cache()
+        small = [pack for pack in store.packs if len(pack) < SMALL_PACK_OBJECTS and _plain_pack(pack)]
+        if len(small) <= more_than:
+            return 0
+        objects = {}
+        for pack in small:
+            for obj in pack.iterobjects():
+                objects[obj.id] = obj
+        combined = store.add_objects([(obj, None) for obj in objects.values()])
+        for pack in small:  # the new pack is complete (its .idx written): the old ones may go
+            if combined is None or pack.name() != combined.name():
+                store._remove_pack(pack)
+        return len(objects)

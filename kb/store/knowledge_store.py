@@ -50,7 +50,13 @@ from kb.errors import (
     WrongNode,
 )
 from kb.faults import fault_point
-from kb.git.maintenance import PACK_BACKSTOP_LOOSE, estimated_loose_objects, pack_workspace
+from kb.git.maintenance import (
+    PACK_BACKSTOP_EVERY,
+    PACK_BACKSTOP_LOOSE,
+    PACK_BACKSTOP_SAMPLE,
+    estimated_loose_objects,
+    pack_workspace,
+)
 from kb.git.merge import MergedBlob, merge_staged
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
@@ -496,18 +502,27 @@ class KnowledgeStore:
 
     def _pack_if_behind(self, revision: Revision | None) -> None:
         """The backstop of ``defer_packing`` (design §2.1): on a revision whose number is a multiple
-        of ``KB_PACK_EVERY_REVISIONS`` the writer estimates the loose objects (git's ``gc --auto``
-        sample) and, past PACK_BACKSTOP_LOOSE — the deferred packing jobs did not run, no worker or
-        a busy one — packs them itself, outside the write lock (``kb.git.maintenance``: safe beside
-        writers and readers; skipped while another packer holds the repository). A failure to pack
-        is logged, never the write's outcome."""
+        of PACK_BACKSTOP_EVERY the writer estimates the loose objects (git's ``gc --auto`` sample)
+        and, past PACK_BACKSTOP_LOOSE (a few hundred) — the deferred packing jobs did not run, no
+        worker or a busy one — packs them itself, outside the write lock (``kb.git.maintenance``:
+        only the loose objects and, beyond a few, the small packs; safe beside writers and
+        readers; skipped while another packer holds the repository's pack lock). A failure to pack
+        is logged, never the write's outcome. ``KB_PACK_EVERY_REVISIONS=0``: none (the maintenance cron packs)."""
         every = self.settings.pack_every_revisions
-        if revision is None or every <= 0 or revision.seq % every:
+        if revision is None or every <= 0 or revision.seq % PACK_BACKSTOP_EVERY:
             return
         path = self.repository.path
         try:
-            if estimated_loose_objects(path) >= PACK_BACKSTOP_LOOSE:
-                pack_workspace(path)
+            if estimated_loose_objects(path, PACK_BACKSTOP_SAMPLE) >= PACK_BACKSTOP_LOOSE:
+                started = time.perf_counter()
+                packed = pack_workspace(path, backstop=True)
+                if packed is not None:
+                    log.debug(
+                        "workspace %s: the writer packed %d loose objects in %.3f s",
+                        self.workspace_id,
+                        packed,
+                        time.perf_counter() - started,
+                    )
         except OSError as exc:
             log.warning("workspace %s: packing loose objects failed (%s); maintenance retries", self.workspace_id, exc)
 
