@@ -32,6 +32,7 @@ from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.object_store import DiskObjectStore, tree_lookup_path
 from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
+from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
@@ -1022,11 +1023,16 @@ class Repository(WorktreeRefresh):
         small = [pack for pack in store.packs if len(pack) < SMALL_PACK_OBJECTS and _plain_pack(pack)]
         if len(small) <= more_than:
             return 0
-        objects = {}
+        objects: dict[bytes, UnpackedObject] = {}
         for pack in small:
-            for obj in pack.iterobjects():
-                objects[obj.id] = obj
-        combined = store.add_objects([(obj, None) for obj in objects.values()])
+            entries = list(pack.data.iter_unpacked())
+            if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
+                entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
+            for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
+                objects[entry.sha()] = UnpackedObject(
+                    entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
+                )
+        combined = store.add_pack_data(len(objects), iter(objects.values()))
         for pack in small:  # the new pack is complete (its .idx written): the old ones may go
             if combined is None or pack.name() != combined.name():
                 store._remove_pack(pack)
