@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import threading
 
+import psycopg
 import pytest
 from support.commands import git, run_cli
+from support.named_queries import queries
 
 from kb.db.locks import locked_transaction
 from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
@@ -428,19 +430,21 @@ def test_a_folder_move_built_before_the_lock_is_rebuilt_when_the_head_moved(kb, 
     other = KnowledgeBase(kb.settings, kb.database_url)
     prebuild, built, meanwhile = knowledge_store.KnowledgeStore._prebuild, [], []
 
-    def prebuild_then_another_writer(store, draft, staged):
-        shape = prebuild(store, draft, staged)
-        if meanwhile:  # once, not for the other writer's own commit
+    def prebuild_then_another_writer(store, draft, staged, ahead=None):
+        shape = prebuild(store, draft, staged, ahead)
+        if store is kb.store(32):  # not for the other writer's own commits
             built.append(shape)
+        if meanwhile:
             with other.transaction(32, "meanwhile", "other") as tx:
                 meanwhile.pop()(tx)
         return shape
 
     monkeypatch.setattr(knowledge_store.KnowledgeStore, "_prebuild", prebuild_then_another_writer)
     meanwhile.append(lambda tx: tx.write("/documents/other.md", "o"))
-    with kb.transaction(32, "move", "tester") as tx:
-        tx.move("/documents/src", "/documents/dst")
-    assert built[0] is not None and built[0].tree is not None  # built, then not used
+    with kb.transaction(32, "move", "tester") as moved:
+        moved.move("/documents/src", "/documents/dst")
+    moved = moved.revision
+    assert built[0] is not None and built[0].built is not None and built[0].built.revision.id != moved.id
     assert tree(kb, 32) == {
         "/documents/other.md": b"o",
         **{f"/documents/dst/{i}.md": f"{i}\n".encode() for i in range(6)},
@@ -450,5 +454,15 @@ def test_a_folder_move_built_before_the_lock_is_rebuilt_when_the_head_moved(kb, 
         with kb.transaction(32, "move back", "tester") as tx:
             tx.move("/documents/dst", "/documents/back")
     assert tree(kb, 32)["/documents/back/0.MD"] == b"t" and "/documents/dst/5.md" in tree(kb, 32)
+    with kb.transaction(32, "move again", "tester") as tx:  # nobody meanwhile: what was built is used
+        tx.move("/documents/dst", "/documents/again")
+    assert built[-1].built is not None and built[-1].built.revision.id == tx.revision.id
+    assert sorted((c.path, c.change) for c in kb.list_changes(32, tx.revision.id)) == sorted(
+        [(f"/documents/dst/{i}.md", "moved_away") for i in range(6)]
+        + [(f"/documents/again/{i}.md", "moved") for i in range(6)]
+    )
+    assert [r.id for r in kb.history(32, "/documents/again/3.md")][:2] == [tx.revision.id, moved.id]
+    with psycopg.connect(kb.database_url) as conn:  # the rows inserted ahead of the lock: none left over
+        assert conn.execute(queries["test_path_changes_without_revision"]).fetchall() == []
     other.close()
     assert_git_clean(kb, 32)

@@ -68,7 +68,9 @@ from kb.store.history import (
     PathChange,
     Revision,
     changes_from_git,
+    forget_changes,
     read_history,
+    record_changes_ahead,
     record_missing,
     record_revision,
     record_revisions,
@@ -464,10 +466,19 @@ class KnowledgeStore:
         repo = self.repository
         return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
-    def _staged_and_prebuilt(self, draft: Draft) -> tuple[dict[str, str | None], dict[str, MergedBlob], _Shape | None]:
-        """Unlocked: ``_stage_merged`` and the ``_prebuild`` of what it staged."""
+    def _staged_and_prebuilt(
+        self, draft: Draft, conn: Connection | None = None, words: tuple | None = None
+    ) -> tuple[dict[str, str | None], dict[str, MergedBlob], _Shape | None]:
+        """Unlocked: ``_stage_merged`` and the ``_prebuild`` of what it staged — with ``conn`` (idle,
+        outside any transaction) and ``words`` (message, author, committer, key), the revision
+        itself on the head Postgres records now."""
         staged, premerged = self._stage_merged(draft)
-        return staged, premerged, self._prebuild(draft, staged)
+        ahead = None
+        if conn is not None and words is not None and len(staged) >= PREBUILD_PATHS:
+            with conn.transaction():
+                row = self._fetch_workspace(conn).fetchone()
+            ahead = None if row is None else (row, words)
+        return staged, premerged, self._prebuild(draft, staged, ahead)
 
     def _merge_with_head(
         self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None, premerged: dict[str, MergedBlob]
@@ -610,7 +621,9 @@ class KnowledgeStore:
         waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
         try:
             with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
-                staged, _, prebuilt = self._staged_and_prebuilt(draft)
+                words = (message, author, committer, draft.idempotency_key)
+                staged, _, prebuilt = self._staged_and_prebuilt(draft, conn, words)
+                early = None if prebuilt is None else prebuilt.built  # its path changes go in before the lock
                 draft.submitted = True  # once queued, a holder may record it
                 intent_id, ahead = group_commit.enqueue(
                     conn, ws, draft, staged, message, author, committer, draft.idempotency_key
@@ -627,11 +640,14 @@ class KnowledgeStore:
                         connection=conn,
                         timeout=max(0.001, deadline - time.monotonic()),
                         with_lock=lambda c, _: (self._fetch_workspace(c), group_commit.claim(c, ws, intent_id)),
+                        before_lock=None if early is None else (lambda c: record_changes_ahead(c, ws, early.revision)),
                     ) as (conn, _, (row, claimed)):
                         rows = claimed.fetchall()
                         mine = next((r for r in rows if r["id"] == intent_id), None)
                         if mine is not None and mine["outcome"] is not None:  # recorded while it queued
                             group_commit.drop(conn, intent_id)
+                            if early is not None:
+                                forget_changes(conn, ws, early.revision.id)
                             outcome = mine["outcome"]
                         else:
                             own, journal = self._record_group(
@@ -777,8 +793,17 @@ class KnowledgeStore:
             for i, res in results.items()
             if i != intent_id
         }
+        early = None if prebuilt is None else prebuilt.built  # its path changes went in before the lock
+        used = early is not None and any(b is early for _, b in built)
         with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
-            record_revisions(conn, ws, [(b.revision, b.commit.commit_time) for _, b in built])
+            if early is not None and not used:  # first: a revision rebuilt the same inserts them again
+                forget_changes(conn, ws, early.revision.id)
+            record_revisions(
+                conn,
+                ws,
+                [(b.revision, b.commit.commit_time) for _, b in built],
+                frozenset([early.revision.id]) if used and early is not None else frozenset(),
+            )
             write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built if key_of.get(i) is not None])
             if built:
                 defer_convergence(conn, ws)
@@ -830,11 +855,37 @@ class KnowledgeStore:
             if prebuilt is not None and prebuilt.staged is staged and prebuilt.head_tree == head_tree
             else self._shape(head_tree, staged)
         )
-        effective, changes = shape.effective, dict(shape.changes)
+        effective = shape.effective
         if not effective:
             return None
         if intent is not None:
             group_commit.refuse_artifacts(intent, effective)
+        words = (message, author, committer, key)
+        built = (
+            shape.built
+            if shape.built is not None and (shape.head, shape.seq, shape.words) == (head, seq, words)
+            else self._commit_for(shape, draft, head, seq, *words)
+        )
+        if intent is None:
+            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, built.revision.id)
+        for hook in draft.on_record:  # e.g. the artifact layer's generation check (design §11)
+            hook(conn, head_tree, built.revision.id)
+        return built
+
+    def _commit_for(
+        self,
+        shape: _Shape,
+        draft: Draft,
+        head: str | None,
+        seq: int,
+        message: str | None,
+        author: str,
+        committer: str,
+        key: str | None,
+    ) -> _Built:
+        """The commit object and Revision of ``shape`` (``draft``'s moves applied to its changes)
+        as revision ``seq`` on top of ``head``; the tree is built unless ``shape`` has it."""
+        repo, effective, changes = self.repository, shape.effective, dict(shape.changes)
         # Kinds before any move is applied, so the order of moves never matters (a swap
         # p <-> q records two moves whichever is seen first).
         kinds = {path: change.change for path, change in changes.items()}
@@ -855,17 +906,13 @@ class KnowledgeStore:
         ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
         text = message or summarize(list(ordered))
         commit = repo.make_commit(
-            shape.tree if shape.tree is not None else repo.build_tree(head_tree, list(effective.items())),
+            shape.tree if shape.tree is not None else repo.build_tree(shape.head_tree, list(effective.items())),
             head,
             text,
             author,
             committer,
             None if key is None else {write_keys.COMMIT_HEADER: key.encode()},
         )
-        if intent is None:
-            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
-        for hook in draft.on_record:  # e.g. the artifact layer's generation check (design §11)
-            hook(conn, head_tree, commit.id.decode())
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
 
@@ -888,24 +935,36 @@ class KnowledgeStore:
             check_case_collisions(repo, head_tree, effective, at_head)
         return _Shape(head_tree, staged, effective, changes, None)
 
-    def _prebuild(self, draft: Draft, staged: dict[str, str | None]) -> _Shape | None:
+    def _prebuild(
+        self, draft: Draft, staged: dict[str, str | None], ahead: tuple[dict, tuple] | None = None
+    ) -> _Shape | None:
         """Before the write lock, for a draft of at least PREBUILD_PATHS paths (a folder rename):
         its ``_shape`` and tree on the head git has now, which ``_build`` uses under the lock when
         the head is still that one — the checks and the tree are pure functions of the head tree
-        and the staged blobs, so the lock is held only to record (design §4, §14). None for a small
-        draft, one with merges or titles (settled against the head under the lock), or when a
-        check fails (``_build`` raises it under the lock, against the head then)."""
+        and the staged blobs, so the lock is held only to record (design §4, §14). ``ahead``: the
+        workspace row read just now and the commit's ``(message, author, committer, key)``: then
+        on the head Postgres records, and with the commit and Revision it would be as the next
+        revision (whose path changes the caller inserts before it takes the lock). None for a
+        small draft, one with merges or titles (settled against the head under the lock), or when
+        a check fails (``_build`` raises it under the lock, against the head then)."""
         if len(staged) < PREBUILD_PATHS or draft.merge_requests() or draft.titles():
             return None
         repo = self.repository
-        head_tree = repo.tree_id(repo.head())
         try:
+            head = repo.head() if ahead is None else ahead[0]["head_revision"]
+            head_tree = repo.tree_id(head)
             shape = self._shape(head_tree, staged)
         except KbError:
             return None
         if not shape.effective:
             return shape
-        return replace(shape, tree=repo.build_tree(head_tree, list(shape.effective.items())))
+        shape = replace(shape, tree=repo.build_tree(head_tree, list(shape.effective.items())))
+        if ahead is None:
+            return shape
+        row, words = ahead
+        seq = row["revision_count"] + 1
+        built = self._commit_for(shape, draft, head, seq, *words)
+        return replace(shape, head=head, seq=seq, words=words, built=built)
 
     def _advance(self, conn: Connection, head: str | None, new: str) -> None:
         """Move the branch ref from ``head`` (the head Postgres records, caught up under the lock)
@@ -1220,13 +1279,20 @@ class _OwedRefresh:
 @dataclass(frozen=True)
 class _Shape:
     """What ``staged`` (``{repo path: blob or None}``) changes on ``head_tree``: ``effective`` (the
-    paths whose blob differs), their PathChanges before moves, and the new tree once built."""
+    paths whose blob differs), their PathChanges before moves, the new tree once built, and maybe
+    the revision itself (``built``)."""
 
     head_tree: bytes | None
     staged: dict[str, str | None]
     effective: dict[str, str | None]
     changes: dict[str, PathChange]
     tree: bytes | None
+    head: str | None = None
+    seq: int | None = None
+    words: tuple | None = None
+    built: _Built | None = None
+    """With ``head``, ``seq`` and ``words`` (message, author, committer, key): the revision made
+    before the lock (``KnowledgeStore._prebuild``), used when those are still what they were."""
 
 
 @dataclass(frozen=True)

@@ -371,3 +371,9 @@ $$;
 
 -- name: test_install_chunk_refusal
 CREATE TRIGGER test_refuse_chunk BEFORE INSERT ON kb.chunks FOR EACH ROW EXECUTE FUNCTION kb.test_refuse_chunk();
+
+-- name: test_path_changes_without_revision
+-- Path-change rows whose revision row is missing (none may be: kb.store.history.record_changes_ahead).
+SELECT c.workspace_id, c.revision_id, c.path FROM kb.path_changes AS c
+LEFT JOIN kb.revisions AS r ON r.workspace_id = c.workspace_id AND r.id = c.revision_id
+WHERE r.id IS NULL;
