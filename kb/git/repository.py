@@ -30,9 +30,9 @@ from pathlib import Path
 from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
-from dulwich.object_store import DiskObjectStore, tree_lookup_path
-from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
-from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object
+from dulwich.object_store import PACK_MODE, DiskObjectStore, tree_lookup_path
+from dulwich.objects import ZERO_SHA, Blob, Commit, RawObjectID, Tree, object_header
+from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object, write_pack_data
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
@@ -1005,12 +1005,46 @@ class Repository(WorktreeRefresh):
         only added to a pack before their loose copy or old pack is removed, and readers re-scan
         the packs on a miss. Returns ``(objects packed, packs after)``."""
         store = self._repo.object_store
-        packed = store.pack_loose_objects()
+        loose = [obj for obj in map(store._get_loose_object, list(store._iter_loose_objects())) if obj is not None]
+        self._write_pack([full_unpacked_object(obj) for obj in loose])
+        for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
+            store.delete_loose_object(obj.id)
+        packed = len(loose)
         if max_packs is not None and len(store.packs) > max_packs:
             packed += store.repack()
         elif small_packs is not None:
             self.combine_small_packs(small_packs)
         return packed, len(store.packs)
+
+    def _write_pack(self, records: list[UnpackedObject]):
+        """Write ``records`` (whole objects, no deltas) as one new pack and its index; returns the
+        Pack (None for no records). dulwich's ``add_objects`` writes the pack, then reads it all back
+        to index it; the offsets and checksums ``write_pack_data`` returns are that index: half the
+        cost of the backstop's packing (design §14). The pack is complete (renamed into place, its
+        ``.idx`` written) before the caller removes the loose copies or old packs. Raises OSError."""
+        if not records:
+            return None
+        store = self._repo.object_store
+        fd, path = tempfile.mkstemp(dir=store.pack_dir, prefix="tmp_pack_", suffix=".pack")
+        handle = os.fdopen(fd, "w+b")
+        try:
+            os.chmod(path, PACK_MODE)
+            entries, _ = write_pack_data(
+                handle.write,
+                iter(records),
+                store.object_format,
+                num_records=len(records),
+                compression_level=store.pack_compression_level,
+            )
+            index: list[tuple[RawObjectID, int, int | None]] = [
+                (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
+            ]
+            return store._complete_pack(handle, path, index, set())
+        except BaseException:
+            handle.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
 
     def combine_small_packs(self, more_than: int) -> int:
         """When more than ``more_than`` packs hold fewer than SMALL_PACK_OBJECTS objects each,
@@ -1032,7 +1066,7 @@ class Repository(WorktreeRefresh):
                 objects[entry.sha()] = UnpackedObject(
                     entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
                 )
-        combined = store.add_pack_data(len(objects), iter(objects.values()))
+        combined = self._write_pack(list(objects.values()))
         for pack in small:  # the new pack is complete (its .idx written): the old ones may go
             if combined is None or pack.name() != combined.name():
                 store._remove_pack(pack)
