@@ -72,7 +72,6 @@ from kb.store.history import (
     read_history,
     record_changes_ahead,
     record_missing,
-    record_revision,
     record_revisions,
 )
 from kb.store.history import moved_to as history_moved_to
@@ -466,6 +465,14 @@ class KnowledgeStore:
         repo = self.repository
         return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
+    def _record_ahead(self, conn: Connection, prepared: tuple) -> None:
+        """``locked_pipeline``'s ``before_lock`` of ``_commit_alone``: insert the path changes of the
+        revision ``_prebuild`` made (``prepared``: what ``_staged_and_prebuilt`` returned), if any,
+        ahead of the lock (``kb.store.history.record_changes_ahead``)."""
+        prebuilt = prepared[2]
+        if prebuilt is not None and prebuilt.built is not None:
+            record_changes_ahead(conn, self.workspace_id, prebuilt.built.revision)
+
     def _staged_and_prebuilt(
         self, draft: Draft, conn: Connection | None = None, words: tuple | None = None
     ) -> tuple[dict[str, str | None], dict[str, MergedBlob], _Shape | None]:
@@ -494,9 +501,9 @@ class KnowledgeStore:
     def commit_draft(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` on top of the *current* head as one revision (see the module docstring).
 
-        A groupable draft (``kb.store.group_commit``: plain writes, removes and moves) is queued and
-        recorded by whichever writer holds the lock next, together with the others waiting; any
-        other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
+        A groupable draft (``kb.store.group_commit``: plain writes, removes and moves) of fewer than
+        PREBUILD_PATHS paths is queued and recorded by whichever writer holds the lock next,
+        together with the others waiting; any other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
         when the net change is empty. Raises PathExists, ArtifactReadOnly, LockTimeout,
         CommitOutcomeUnknown, WorkspaceNotFound (design §3, §4).
         """
@@ -504,7 +511,9 @@ class KnowledgeStore:
             return None
         if draft.idempotency_key is None:
             draft.idempotency_key = write_keys.new_key()
-        if group_commit.groupable(draft):
+        # a big draft (a folder rename) is recorded by its own writer, with what it built before the
+        # lock (``_prebuild``): a group's holder in another process would build it all under its lock
+        if group_commit.groupable(draft) and len(draft.changes()) < PREBUILD_PATHS:
             revision = self._commit_grouped(draft, message, author, committer)
         else:
             revision = self._commit_alone(draft, message, author, committer)
@@ -541,19 +550,24 @@ class KnowledgeStore:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
         repo, owed = self.repository, _OwedRefresh()
         try:
+            words = (message, author, committer, draft.idempotency_key)
             with locked_pipeline(
                 self.database_url,
                 self.workspace_id,
                 self.settings,
-                lambda conn: self._staged_and_prebuilt(draft),
+                lambda conn: self._staged_and_prebuilt(draft, conn, words),
                 lambda conn, _: self._fetch_workspace(conn),
+                before_lock=self._record_ahead,
             ) as (conn, (staged, premerged, prebuilt), row):
+                early = None if prebuilt is None else prebuilt.built  # its path changes went in ahead
                 workspace = self._workspace_row(conn, row.fetchone())
                 repo.clear_stale_locks()
                 if self._catch_up(conn, workspace):
                     workspace = self._workspace_row(conn)
                 key = draft.idempotency_key
                 if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
+                    if early is not None:
+                        forget_changes(conn, self.workspace_id, early.revision.id)
                     return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
                 head = workspace["head_revision"]  # what Postgres records, not a fresh read: see _advance
                 built = self._build(
@@ -570,11 +584,19 @@ class KnowledgeStore:
                     key=key,
                     prebuilt=prebuilt,
                 )
+                used = early is not None and built is early
+                if early is not None and not used:  # before recording: a revision rebuilt the same has them too
+                    forget_changes(conn, self.workspace_id, early.revision.id)
                 if built is None:
                     return None
                 fault_point("objects_written")
                 with conn.pipeline():  # one round trip for the revision's rows and jobs
-                    record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                    record_revisions(
+                        conn,
+                        self.workspace_id,
+                        [(built.revision, built.commit.commit_time)],
+                        frozenset([built.revision.id]) if used else frozenset(),
+                    )
                     write_keys.record(conn, self.workspace_id, [(key, built.revision.id)])
                     record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
                     defer_convergence(conn, self.workspace_id)
@@ -621,9 +643,7 @@ class KnowledgeStore:
         waits = self.settings.lock_backend != "redis"  # the Redis lock is not a Postgres lock to wait on
         try:
             with database.pooled_connection(self.database_url) as conn:  # its session owns the intent
-                words = (message, author, committer, draft.idempotency_key)
-                staged, _, prebuilt = self._staged_and_prebuilt(draft, conn, words)
-                early = None if prebuilt is None else prebuilt.built  # its path changes go in before the lock
+                staged = self._stage_merged(draft)[0]
                 draft.submitted = True  # once queued, a holder may record it
                 intent_id, ahead = group_commit.enqueue(
                     conn, ws, draft, staged, message, author, committer, draft.idempotency_key
@@ -640,18 +660,15 @@ class KnowledgeStore:
                         connection=conn,
                         timeout=max(0.001, deadline - time.monotonic()),
                         with_lock=lambda c, _: (self._fetch_workspace(c), group_commit.claim(c, ws, intent_id)),
-                        before_lock=None if early is None else (lambda c: record_changes_ahead(c, ws, early.revision)),
                     ) as (conn, _, (row, claimed)):
                         rows = claimed.fetchall()
                         mine = next((r for r in rows if r["id"] == intent_id), None)
                         if mine is not None and mine["outcome"] is not None:  # recorded while it queued
                             group_commit.drop(conn, intent_id)
-                            if early is not None:
-                                forget_changes(conn, ws, early.revision.id)
                             outcome = mine["outcome"]
                         else:
                             own, journal = self._record_group(
-                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed, prebuilt
+                                conn, draft, staged, intent_id, row, rows, (message, author, committer), owed
                             )
         except LockTimeout:
             if intent_id is None:
@@ -696,7 +713,6 @@ class KnowledgeStore:
         rows: list[dict],
         text: tuple[str | None, str, str],
         owed: _OwedRefresh,
-        prebuilt: _Shape | None = None,
     ) -> tuple[Revision | _Built | KbError | None, list[int]]:
         """Under the lock: record the waiting intents (``rows``, oldest first; the caller's own is
         ``intent_id``, whose draft is ``draft`` and ``text`` its message, author and committer) as consecutive revisions in this transaction and one
@@ -758,7 +774,6 @@ class KnowledgeStore:
                         *words,
                         intent=intent if r["artifact_paths"] is not None else None,
                         key=key_of.get(r["id"]),
-                        prebuilt=prebuilt if r["id"] == intent_id else None,
                     )
                 except KbError as exc:  # this draft alone is refused; the group goes on
                     results[r["id"]] = exc
@@ -793,17 +808,8 @@ class KnowledgeStore:
             for i, res in results.items()
             if i != intent_id
         }
-        early = None if prebuilt is None else prebuilt.built  # its path changes went in before the lock
-        used = early is not None and any(b is early for _, b in built)
         with conn.pipeline():  # one round trip: every revision's rows, the jobs, the outcomes
-            if early is not None and not used:  # first: a revision rebuilt the same inserts them again
-                forget_changes(conn, ws, early.revision.id)
-            record_revisions(
-                conn,
-                ws,
-                [(b.revision, b.commit.commit_time) for _, b in built],
-                frozenset([early.revision.id]) if used and early is not None else frozenset(),
-            )
+            record_revisions(conn, ws, [(b.revision, b.commit.commit_time) for _, b in built])
             write_keys.record(conn, ws, [(key_of[i], b.revision.id) for i, b in built if key_of.get(i) is not None])
             if built:
                 defer_convergence(conn, ws)
