@@ -462,6 +462,14 @@ def test_a_folder_move_built_before_the_lock_is_rebuilt_when_the_head_moved(kb, 
         + [(f"/documents/again/{i}.md", "moved") for i in range(6)]
     )
     assert [r.id for r in kb.history(32, "/documents/again/3.md")][:2] == [tx.revision.id, moved.id]
+    for attempt in ("first", "retry"):  # a retry of a landed write records nothing: its rows go
+        with kb.transaction(32, "keyed", "tester", idempotency_key="key-32") as tx:
+            for i in range(6):
+                tx.write(f"/documents/keyed/{i}.md", f"{attempt} {i}\n")
+        if attempt == "first":
+            first = tx.revision
+    assert tx.revision.id == first.id and kb.read(32, "/documents/keyed/5.md") == b"first 5\n"
+    assert built[-1].built is not None and built[-1].built.revision.id != first.id  # built, inserted, dropped
     with psycopg.connect(kb.database_url) as conn:  # the rows inserted ahead of the lock: none left over
         assert conn.execute(queries["test_path_changes_without_revision"]).fetchall() == []
     other.close()
