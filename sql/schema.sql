@@ -44,10 +44,26 @@ CREATE TABLE kb.path_changes (
     old_path text,
     new_path text,
     content_id text,
-    PRIMARY KEY (workspace_id, revision_id, path),
-    FOREIGN KEY (workspace_id, revision_id) REFERENCES kb.revisions (workspace_id, id) ON DELETE CASCADE
+    PRIMARY KEY (workspace_id, revision_id, path)
 );
 CREATE INDEX path_changes_by_path ON kb.path_changes (workspace_id, path, seq DESC);
+
+-- No foreign key to kb.revisions (migration 0028): a folder rename writes thousands of these rows
+-- under the write lock and the key's check cost a trigger call per row, though record_revisions
+-- inserts them in the statement that inserts their revision. A revision's deletion (its workspace's
+-- cascades) deletes its path changes through this statement-level trigger instead.
+CREATE FUNCTION kb.delete_path_changes_of_revisions() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM kb.path_changes AS p
+    USING gone_revisions AS r
+    WHERE p.workspace_id = r.workspace_id AND p.revision_id = r.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER revisions_delete_path_changes AFTER DELETE ON kb.revisions
+    REFERENCING OLD TABLE AS gone_revisions FOR EACH STATEMENT EXECUTE FUNCTION kb.delete_path_changes_of_revisions();
 
 -- Document rows: identity, type, metadata and title are Postgres' own (design §1); path mirrors git.
 -- status is the derived index's state for the document (design §7).

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import threading
 
+import psycopg
 import pytest
 from support.commands import git, run_cli
+from support.named_queries import queries
 
 from kb.db.locks import locked_transaction
 from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
@@ -370,3 +372,105 @@ def test_case_and_normalization_only_collisions_are_refused_but_renames_allowed(
         "/documents/roadmap.md",
     ]
     git(settings.knowledge_store / "1", "fsck", "--strict")
+
+
+def test_paths_with_any_characters_are_recorded_verbatim(kb):
+    """design §14: a revision's path changes travel to Postgres as JSON columns (one text value
+    per column, not an array per value): paths holding the JSON and array separators and escapes —
+    commas, quotes, braces, brackets, backslashes, newlines, NULL-looking and non-ASCII names —
+    come back byte for byte, recorded from git (outside commits: an addition, then a move) and
+    from kb's own folder move (of the names kb's paths allow)."""
+    kb.create_workspace(31)
+    repo = repo_of(kb, 31)
+    odd = ["back\\slash.md", "new\nline.md", "tab\there.md", '","\\u0000.md']  # only git writes these
+    names = ["a,b.md", 'quote".md', "apo'strophe.md", "{brace}.md", "[bracket].md", "NULL", "überß ☃ 日本.md"]
+    (repo / "documents" / "odd").mkdir(parents=True)
+    for i, name in enumerate(names + odd):
+        (repo / "documents" / "odd" / name).write_text(f"{i}\n")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=o", "-c", "user.email=o@o", "commit", "-q", "-m", "odd names")
+    git(repo, "mv", "documents/odd", 'documents/{"odd"}, [moved]')
+    git(repo, "-c", "user.name=o", "-c", "user.email=o@o", "commit", "-q", "-m", "moved by git")
+    added, moved = kb.reconcile(31)
+    before = {f"/documents/odd/{name}" for name in names + odd}
+    after = {p.replace("/odd/", '/{"odd"}, [moved]/') for p in before}
+    assert {(c.path, c.change) for c in kb.list_changes(31, added.id)} == {(p, "added") for p in before}
+    assert {(c.path, c.change, c.old_path, c.new_path) for c in kb.list_changes(31, moved.id)} == {
+        (p, "moved_away", None, p.replace("/odd/", '/{"odd"}, [moved]/')) for p in before
+    } | {(p, "moved", p.replace('/{"odd"}, [moved]/', "/odd/"), None) for p in after}
+    for name in odd:  # kb's own paths refuse these names (git's are recorded as they are)
+        git(repo, "rm", "-q", f'documents/{{"odd"}}, [moved]/{name}')
+    git(repo, "-c", "user.name=o", "-c", "user.email=o@o", "commit", "-q", "-m", "drop what kb cannot move")
+    kb.reconcile(31)
+    with kb.transaction(31, "move the folder", "tester") as tx:
+        tx.move('/documents/{"odd"}, [moved]', "/documents/moved, 'again' ☃")
+    changes = {(c.path, c.change, c.old_path, c.new_path) for c in kb.list_changes(31, tx.revision.id)}
+    old = {f'/documents/{{"odd"}}, [moved]/{name}' for name in names}
+    new = {f"/documents/moved, 'again' ☃/{name}" for name in names}
+    assert changes == {(p, "moved_away", None, p.replace('{"odd"}, [moved]', "moved, 'again' ☃")) for p in old} | {
+        (p, "moved", p.replace("moved, 'again' ☃", '{"odd"}, [moved]'), None) for p in new
+    }
+    for name in names:  # history follows each of them across both moves
+        path = f"/documents/moved, 'again' ☃/{name}"
+        assert [r.id for r in kb.history(31, path)] == [tx.revision.id, moved.id, added.id]
+
+
+def test_a_folder_move_built_before_the_lock_is_rebuilt_when_the_head_moved(kb, monkeypatch):
+    """design §4: a big draft's tree is checked and built before the write lock on the head of
+    then (``KnowledgeStore._prebuild``); a revision another writer records in between makes that
+    work stale, and the move is checked and built again on the new head under the lock: the other
+    writer's document stays, and a name it took meanwhile that collides is refused."""
+    from kb.store import knowledge_store
+
+    monkeypatch.setattr(knowledge_store, "PREBUILD_PATHS", 4)
+    kb.create_workspace(32)
+    with kb.transaction(32, "folder", "tester") as tx:
+        for i in range(6):
+            tx.write(f"/documents/src/{i}.md", f"{i}\n")
+    other = KnowledgeBase(kb.settings, kb.database_url)
+    prebuild, built, meanwhile = knowledge_store.KnowledgeStore._prebuild, [], []
+
+    def prebuild_then_another_writer(store, draft, staged, ahead=None):
+        shape = prebuild(store, draft, staged, ahead)
+        if store is kb.store(32):  # not for the other writer's own commits
+            built.append(shape)
+        if meanwhile:
+            with other.transaction(32, "meanwhile", "other") as tx:
+                meanwhile.pop()(tx)
+        return shape
+
+    monkeypatch.setattr(knowledge_store.KnowledgeStore, "_prebuild", prebuild_then_another_writer)
+    meanwhile.append(lambda tx: tx.write("/documents/other.md", "o"))
+    with kb.transaction(32, "move", "tester") as moved:
+        moved.move("/documents/src", "/documents/dst")
+    moved = moved.revision
+    assert built[0] is not None and built[0].built is not None and built[0].built.revision.id != moved.id
+    assert tree(kb, 32) == {
+        "/documents/other.md": b"o",
+        **{f"/documents/dst/{i}.md": f"{i}\n".encode() for i in range(6)},
+    }
+    meanwhile.append(lambda tx: tx.write("/documents/back/0.MD", "t"))  # 0.md but for its case
+    with pytest.raises(PathExists, match="another revision created meanwhile"):
+        with kb.transaction(32, "move back", "tester") as tx:
+            tx.move("/documents/dst", "/documents/back")
+    assert tree(kb, 32)["/documents/back/0.MD"] == b"t" and "/documents/dst/5.md" in tree(kb, 32)
+    with kb.transaction(32, "move again", "tester") as tx:  # nobody meanwhile: what was built is used
+        tx.move("/documents/dst", "/documents/again")
+    assert built[-1].built is not None and built[-1].built.revision.id == tx.revision.id
+    assert sorted((c.path, c.change) for c in kb.list_changes(32, tx.revision.id)) == sorted(
+        [(f"/documents/dst/{i}.md", "moved_away") for i in range(6)]
+        + [(f"/documents/again/{i}.md", "moved") for i in range(6)]
+    )
+    assert [r.id for r in kb.history(32, "/documents/again/3.md")][:2] == [tx.revision.id, moved.id]
+    for attempt in ("first", "retry"):  # a retry of a landed write records nothing: its rows go
+        with kb.transaction(32, "keyed", "tester", idempotency_key="key-32") as tx:
+            for i in range(6):
+                tx.write(f"/documents/keyed/{i}.md", f"{attempt} {i}\n")
+        if attempt == "first":
+            first = tx.revision
+    assert tx.revision.id == first.id and kb.read(32, "/documents/keyed/5.md") == b"first 5\n"
+    assert built[-1].built is not None and built[-1].built.revision.id != first.id  # built, inserted, dropped
+    with psycopg.connect(kb.database_url) as conn:  # the rows inserted ahead of the lock: none left over
+        assert conn.execute(queries["test_path_changes_without_revision"]).fetchall() == []
+    other.close()
+    assert_git_clean(kb, 32)

@@ -178,14 +178,18 @@ def locked_pipeline(
     timeout: float | None = None,
     moving_ok: bool = False,
     anywhere: bool = False,
+    before_lock: Callable[[Connection, T | None], None] | None = None,
 ) -> Iterator[tuple[Connection, T | None, R | None]]:
     """``locked_transaction`` whose ``prepare(conn)`` gets the connection (outside any transaction:
     it may commit work of its own, as group commit's queueing does) and whose ``with_lock(conn,
     prepared)`` runs its statements in the same round trip as taking the lock (it returns cursors,
     read once the block starts). ``connection``: an idle connection the caller holds, used instead
     of one from the pool. ``timeout``: seconds to wait for the lock, instead of
-    ``settings.lock_timeout`` (LockTimeout still names the configured one). Yields ``(conn, prepared, with_lock's result)``. Raises as
-    ``locked_transaction``.
+    ``settings.lock_timeout`` (LockTimeout still names the configured one). ``before_lock(conn, prepared)``:
+    statements of the transaction queued ahead of the lock in its round trip, so the server runs
+    them before it waits for the lock (a big revision's path changes, design §14); the caller
+    undoes them under the lock when they turn out not to apply. Yields ``(conn, prepared,
+    with_lock's result)``. Raises as ``locked_transaction``.
 
     Home node and move window (design §15): in the same round trip as the lock, the workspace's
     home node and open move window are read; while a window is open, or when this process's node
@@ -209,6 +213,8 @@ def locked_pipeline(
             with conn.transaction():
                 try:
                     with conn.pipeline():  # one round trip: bound the wait, lock, unbound, then with_lock
+                        if before_lock is not None:
+                            before_lock(conn, prepared)
                         if settings.lock_backend != "redis":
                             lock_statements(
                                 conn,

@@ -12,14 +12,18 @@ Besides that cron, a writer defers ``kb.pack_repository`` for its workspace ever
 :func:`pack_workspace`: a busy workspace never gathers more loose objects than that many revisions
 write (git's own ``gc --auto`` threshold idea, counted in revisions so the writer pays nothing to
 check it). Should those jobs not run (no worker, or one busy with a long index run), the writer
-of every such revision estimates the loose objects from a sixteenth of the ``objects/xx`` folders
-and, past PACK_BACKSTOP_LOOSE, packs them itself (``KnowledgeStore._pack_if_behind``).
+of every PACK_BACKSTOP_EVERY-th revision estimates the loose objects from an eighth of the
+``objects/xx`` folders and, past PACK_BACKSTOP_LOOSE (a few hundred), packs them itself
+(``KnowledgeStore._pack_if_behind``): only the loose objects, cost O(loose objects), and once more
+than MAX_SMALL_PACKS small packs pile up it combines those (cost O(their objects)); consolidating
+all packs, O(all objects), is left to maintenance.
 
 It needs no write lock: objects are immutable, a loose object is deleted only after the pack
 holding it is complete, and readers re-scan the packs on a miss, so concurrent writers and readers
 are never disturbed. Two packers of one repository (the cron and a workspace's job, or two
-workers) never overlap: each holds ``.git/kb-pack.lock`` (an flock) and one that finds it held
-leaves the work to its holder.
+workers, writers' backstops) never overlap: each holds ``.git/kb-pack.lock`` (an flock) and one
+that finds it held leaves the work to its holder; ``kb fsck`` holds it (waiting for a packer at
+work) while ``git fsck`` scans the objects, which must not vanish under it.
 """
 
 from __future__ import annotations
@@ -38,9 +42,18 @@ LOOSE_OBJECTS_TO_PACK = 512
 """Loose objects in a repository from which maintenance packs them."""
 MAX_PACKS = 32
 """Packs beyond which maintenance consolidates all packs into one."""
-PACK_BACKSTOP_LOOSE = 1024
+PACK_BACKSTOP_LOOSE = 256
 """Estimated loose objects from which a writer packs them itself (``KnowledgeStore._pack_if_behind``)
-when the packing jobs it deferred have not run."""
+when the packing jobs it deferred have not run (or not yet: it packs only the loose objects, so
+cost O(loose objects), a few tens of milliseconds)."""
+PACK_BACKSTOP_EVERY = 4
+"""A writer estimates the loose objects (PACK_BACKSTOP_SAMPLE folders) on every revision whose
+number is a multiple of this."""
+PACK_BACKSTOP_SAMPLE = 32
+"""``objects/xx`` folders the backstop's estimate lists: an eighth, ± ~45 objects at 256."""
+MAX_SMALL_PACKS = 8
+"""Small packs (``kb.git.repository.SMALL_PACK_OBJECTS``) beyond which the backstop combines them
+into one: the backstop never consolidates all packs (cost O(all objects)); maintenance does."""
 PACK_LOCK = "kb-pack.lock"
 """The flock under ``.git/`` a packer of the repository holds (see the module docstring)."""
 
@@ -70,9 +83,11 @@ def loose_object_count(repository_path: Path) -> int:
 
 
 @contextlib.contextmanager
-def pack_lock(repository_path: Path) -> Iterator[bool]:
-    """Try to hold ``.git/kb-pack.lock`` for the block without waiting; yields whether it is held
-    (False: another packer has it, or the repository is gone). Released when the holder dies."""
+def pack_lock(repository_path: Path, wait: bool = False) -> Iterator[bool]:
+    """Try to hold ``.git/kb-pack.lock`` for the block without waiting (``wait``: waiting for a
+    packer at work — ``kb fsck``, whose ``git fsck`` must not see packs and loose objects vanish
+    under it); yields whether it is held (False: another packer has it, or the repository is
+    gone). Released when the holder dies."""
     try:
         fd = os.open(Path(repository_path) / ".git" / PACK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except FileNotFoundError:  # the workspace was deleted
@@ -80,7 +95,7 @@ def pack_lock(repository_path: Path) -> Iterator[bool]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return
@@ -89,11 +104,13 @@ def pack_lock(repository_path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def pack_workspace(repository_path: Path, min_loose: int = 1) -> int | None:
+def pack_workspace(repository_path: Path, min_loose: int = 1, *, backstop: bool = False) -> int | None:
     """Pack the loose objects of the repository at ``repository_path`` when it has at least
     ``min_loose`` of them (consolidating its packs beyond MAX_PACKS), holding the pack lock.
-    Returns the objects packed, or None when it was not packed (another packer holds the lock,
-    too few loose objects, or the repository is gone). Raises OSError when the disk refuses."""
+    ``backstop``: a writer's own packing (``KnowledgeStore._pack_if_behind``): only the loose
+    objects, and the small packs beyond MAX_SMALL_PACKS combined, never a consolidation of all
+    packs. Returns the objects packed, or None when it was not packed (another packer holds the
+    lock, too few loose objects, or the repository is gone). Raises OSError when the disk refuses."""
     with pack_lock(repository_path) as held:
         if not held:
             return None
@@ -105,7 +122,10 @@ def pack_workspace(repository_path: Path, min_loose: int = 1) -> int | None:
             repository.release_pending_packs()  # packs whose writes have long landed or died
             if loose_object_count(repository_path) < min_loose:
                 return None
-            packed, packs = repository.pack_loose_objects(MAX_PACKS)
+            if backstop:
+                packed, packs = repository.pack_loose_objects(None, small_packs=MAX_SMALL_PACKS)
+            else:
+                packed, packs = repository.pack_loose_objects(MAX_PACKS)
         finally:
             repository.close()
     log.info("%s: packed %d objects (%d packs now)", repository_path, packed, packs)

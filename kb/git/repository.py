@@ -30,8 +30,9 @@ from pathlib import Path
 from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
-from dulwich.object_store import DiskObjectStore, tree_lookup_path
-from dulwich.objects import ZERO_SHA, Blob, Commit, Tree, object_header
+from dulwich.object_store import PACK_MODE, DiskObjectStore, tree_lookup_path
+from dulwich.objects import ZERO_SHA, Blob, Commit, RawObjectID, Tree, object_header
+from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object, write_pack_data
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
@@ -147,6 +148,16 @@ def close_open_repositories() -> None:
 OBJECT_WRITE_ATTEMPTS = 5
 """Tries to store one loose object while another process may remove its emptied ``objects/xx/``
 folder (``git prune-packed``) between the folder's creation and the object's write."""
+
+
+SMALL_PACK_OBJECTS = 4096
+"""Packs below this many objects are the small ones ``Repository.combine_small_packs`` combines."""
+PACK_SIDE_FILES = (".keep", ".rev", ".bitmap", ".mtimes", ".promisor")
+
+
+def _plain_pack(pack) -> bool:
+    """Whether ``pack`` has only its ``.pack`` and ``.idx`` (no ``PACK_SIDE_FILES``)."""
+    return not any(os.path.exists(pack._basename + suffix) for suffix in PACK_SIDE_FILES)
 
 
 PENDING_PACK_MARK = b"kb: objects of a write whose revision may not be recorded yet\n"
@@ -985,14 +996,78 @@ class Repository(WorktreeRefresh):
                     path.unlink()
         return sorted(str(p.relative_to(self.path)) for p in candidates if not p.exists())
 
-    def pack_loose_objects(self, max_packs: int = 32) -> tuple[int, int]:
-        """Maintenance (design §14): put the loose objects into one pack and, once more than
-        ``max_packs`` packs pile up, consolidate all packs into one. Safe beside concurrent
-        writers and readers: objects are only added to a pack before their loose copy or old
-        pack is removed, and readers re-scan the packs on a miss. Returns ``(objects packed,
-        packs after)``."""
+    def pack_loose_objects(self, max_packs: int | None = 32, small_packs: int | None = None) -> tuple[int, int]:
+        """Maintenance (design §14): put the loose objects into one pack (cost O(loose objects))
+        and, once more than ``max_packs`` packs pile up, consolidate all packs into one (cost
+        O(all objects)); with ``max_packs=None`` never that, but once more than ``small_packs``
+        packs of fewer than SMALL_PACK_OBJECTS objects pile up, combine just those
+        (:meth:`combine_small_packs`). Safe beside concurrent writers and readers: objects are
+        only added to a pack before their loose copy or old pack is removed, and readers re-scan
+        the packs on a miss. Returns ``(objects packed, packs after)``."""
         store = self._repo.object_store
-        packed = store.pack_loose_objects()
-        if len(store.packs) > max_packs:
+        loose = [obj for obj in map(store._get_loose_object, list(store._iter_loose_objects())) if obj is not None]
+        self._write_pack([full_unpacked_object(obj) for obj in loose])
+        for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
+            store.delete_loose_object(obj.id)
+        packed = len(loose)
+        if max_packs is not None and len(store.packs) > max_packs:
             packed += store.repack()
+        elif small_packs is not None:
+            self.combine_small_packs(small_packs)
         return packed, len(store.packs)
+
+    def _write_pack(self, records: list[UnpackedObject]):
+        """Write ``records`` (whole objects, no deltas) as one new pack and its index; returns the
+        Pack (None for no records). dulwich's ``add_objects`` writes the pack, then reads it all back
+        to index it; the offsets and checksums ``write_pack_data`` returns are that index: half the
+        cost of the backstop's packing (design §14). The pack is complete (renamed into place, its
+        ``.idx`` written) before the caller removes the loose copies or old packs. Raises OSError."""
+        if not records:
+            return None
+        store = self._repo.object_store
+        fd, path = tempfile.mkstemp(dir=store.pack_dir, prefix="tmp_pack_", suffix=".pack")
+        handle = os.fdopen(fd, "w+b")
+        try:
+            os.chmod(path, PACK_MODE)
+            entries, _ = write_pack_data(
+                handle.write,
+                iter(records),
+                store.object_format,
+                num_records=len(records),
+                compression_level=store.pack_compression_level,
+            )
+            index: list[tuple[RawObjectID, int, int | None]] = [
+                (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
+            ]
+            return store._complete_pack(handle, path, index, set())
+        except BaseException:
+            handle.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+
+    def combine_small_packs(self, more_than: int) -> int:
+        """When more than ``more_than`` packs hold fewer than SMALL_PACK_OBJECTS objects each,
+        write their objects into one new pack, then remove them (cost O(their objects), not
+        O(all objects) as a full consolidation). Packs with any file beside ``.pack``/``.idx``
+        (a ``.keep`` — a write's pending pack, or git's —, git's ``.rev``, ``.bitmap``,
+        ``.mtimes``, ``.promisor``) are left as they are. Returns the objects combined (0: none)."""
+        store = self._repo.object_store
+        store._update_pack_cache()
+        small = [pack for pack in store.packs if len(pack) < SMALL_PACK_OBJECTS and _plain_pack(pack)]
+        if len(small) <= more_than:
+            return 0
+        objects: dict[bytes, UnpackedObject] = {}
+        for pack in small:
+            entries = list(pack.data.iter_unpacked())
+            if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
+                entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
+            for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
+                objects[entry.sha()] = UnpackedObject(
+                    entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
+                )
+        combined = self._write_pack(list(objects.values()))
+        for pack in small:  # the new pack is complete (its .idx written): the old ones may go
+            if combined is None or pack.name() != combined.name():
+                store._remove_pack(pack)
+        return len(objects)

@@ -23,6 +23,7 @@ from kb.db.locks import chunk_lock
 from kb.db.sql import queries
 from kb.errors import ArtifactReadOnly
 from kb.paths import unique_identifier_hash
+from kb.store.history import json_column
 from kb.store.projection import EVENTS_CHANNEL, event_payload
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def guard(
         queries["artifact_documents_at"],
         {
             "workspace_id": workspace_id,
-            "paths": [_virtual(p) for p in effective],
+            "paths": json_column([_virtual(p) for p in effective]),
         },
     ).fetchall()
     if not rows:

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +50,13 @@ from kb.errors import (
     WrongNode,
 )
 from kb.faults import fault_point
-from kb.git.maintenance import PACK_BACKSTOP_LOOSE, estimated_loose_objects, pack_workspace
+from kb.git.maintenance import (
+    PACK_BACKSTOP_EVERY,
+    PACK_BACKSTOP_LOOSE,
+    PACK_BACKSTOP_SAMPLE,
+    estimated_loose_objects,
+    pack_workspace,
+)
 from kb.git.merge import MergedBlob, merge_staged
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
@@ -62,9 +68,10 @@ from kb.store.history import (
     PathChange,
     Revision,
     changes_from_git,
+    forget_changes,
     read_history,
+    record_changes_ahead,
     record_missing,
-    record_revision,
     record_revisions,
 )
 from kb.store.history import moved_to as history_moved_to
@@ -83,6 +90,10 @@ log = logging.getLogger(__name__)
 
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
+PREBUILD_PATHS = 256
+"""Staged paths from which a writer checks and builds its revision's tree before the write lock
+(``KnowledgeStore._prebuild``): below it, building twice when the head moves meanwhile costs more
+than the lock time it saves."""
 
 
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
@@ -454,6 +465,28 @@ class KnowledgeStore:
         repo = self.repository
         return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
+    def _record_ahead(self, conn: Connection, prepared: tuple) -> None:
+        """``locked_pipeline``'s ``before_lock`` of ``_commit_alone``: insert the path changes of the
+        revision ``_prebuild`` made (``prepared``: what ``_staged_and_prebuilt`` returned), if any,
+        ahead of the lock (``kb.store.history.record_changes_ahead``)."""
+        prebuilt = prepared[2]
+        if prebuilt is not None and prebuilt.built is not None:
+            record_changes_ahead(conn, self.workspace_id, prebuilt.built.revision)
+
+    def _staged_and_prebuilt(
+        self, draft: Draft, conn: Connection | None = None, words: tuple | None = None
+    ) -> tuple[dict[str, str | None], dict[str, MergedBlob], _Shape | None]:
+        """Unlocked: ``_stage_merged`` and the ``_prebuild`` of what it staged — with ``conn`` (idle,
+        outside any transaction) and ``words`` (message, author, committer, key), the revision
+        itself on the head Postgres records now."""
+        staged, premerged = self._stage_merged(draft)
+        ahead = None
+        if conn is not None and words is not None and len(staged) >= PREBUILD_PATHS:
+            with conn.transaction():
+                row = self._fetch_workspace(conn).fetchone()
+            ahead = None if row is None else (row, words)
+        return staged, premerged, self._prebuild(draft, staged, ahead)
+
     def _merge_with_head(
         self, draft: Draft, staged: dict[str, str | None], head_tree: bytes | None, premerged: dict[str, MergedBlob]
     ) -> dict[str, str | None]:
@@ -468,9 +501,9 @@ class KnowledgeStore:
     def commit_draft(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` on top of the *current* head as one revision (see the module docstring).
 
-        A groupable draft (``kb.store.group_commit``: plain writes, removes and moves) is queued and
-        recorded by whichever writer holds the lock next, together with the others waiting; any
-        other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
+        A groupable draft (``kb.store.group_commit``: plain writes, removes and moves) of fewer than
+        PREBUILD_PATHS paths is queued and recorded by whichever writer holds the lock next,
+        together with the others waiting; any other draft is recorded by its own writer. Returns the Revision (virtual paths), or None
         when the net change is empty. Raises PathExists, ArtifactReadOnly, LockTimeout,
         CommitOutcomeUnknown, WorkspaceNotFound (design §3, §4).
         """
@@ -478,7 +511,9 @@ class KnowledgeStore:
             return None
         if draft.idempotency_key is None:
             draft.idempotency_key = write_keys.new_key()
-        if group_commit.groupable(draft):
+        # a big draft (a folder rename) is recorded by its own writer, with what it built before the
+        # lock (``_prebuild``): a group's holder in another process would build it all under its lock
+        if group_commit.groupable(draft) and len(draft.changes()) < PREBUILD_PATHS:
             revision = self._commit_grouped(draft, message, author, committer)
         else:
             revision = self._commit_alone(draft, message, author, committer)
@@ -487,18 +522,27 @@ class KnowledgeStore:
 
     def _pack_if_behind(self, revision: Revision | None) -> None:
         """The backstop of ``defer_packing`` (design §2.1): on a revision whose number is a multiple
-        of ``KB_PACK_EVERY_REVISIONS`` the writer estimates the loose objects (git's ``gc --auto``
-        sample) and, past PACK_BACKSTOP_LOOSE — the deferred packing jobs did not run, no worker or
-        a busy one — packs them itself, outside the write lock (``kb.git.maintenance``: safe beside
-        writers and readers; skipped while another packer holds the repository). A failure to pack
-        is logged, never the write's outcome."""
+        of PACK_BACKSTOP_EVERY the writer estimates the loose objects (git's ``gc --auto`` sample)
+        and, past PACK_BACKSTOP_LOOSE (a few hundred) — the deferred packing jobs did not run, no
+        worker or a busy one — packs them itself, outside the write lock (``kb.git.maintenance``:
+        only the loose objects and, beyond a few, the small packs; safe beside writers and
+        readers; skipped while another packer holds the repository's pack lock). A failure to pack
+        is logged, never the write's outcome. ``KB_PACK_EVERY_REVISIONS=0``: none (the maintenance cron packs)."""
         every = self.settings.pack_every_revisions
-        if revision is None or every <= 0 or revision.seq % every:
+        if revision is None or every <= 0 or revision.seq % PACK_BACKSTOP_EVERY:
             return
         path = self.repository.path
         try:
-            if estimated_loose_objects(path) >= PACK_BACKSTOP_LOOSE:
-                pack_workspace(path)
+            if estimated_loose_objects(path, PACK_BACKSTOP_SAMPLE) >= PACK_BACKSTOP_LOOSE:
+                started = time.perf_counter()
+                packed = pack_workspace(path, backstop=True)
+                if packed is not None:
+                    log.debug(
+                        "workspace %s: the writer packed %d loose objects in %.3f s",
+                        self.workspace_id,
+                        packed,
+                        time.perf_counter() - started,
+                    )
         except OSError as exc:
             log.warning("workspace %s: packing loose objects failed (%s); maintenance retries", self.workspace_id, exc)
 
@@ -506,19 +550,24 @@ class KnowledgeStore:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
         repo, owed = self.repository, _OwedRefresh()
         try:
+            words = (message, author, committer, draft.idempotency_key)
             with locked_pipeline(
                 self.database_url,
                 self.workspace_id,
                 self.settings,
-                lambda conn: self._stage_merged(draft),
+                lambda conn: self._staged_and_prebuilt(draft, conn, words),
                 lambda conn, _: self._fetch_workspace(conn),
-            ) as (conn, (staged, premerged), row):
+                before_lock=self._record_ahead,
+            ) as (conn, (staged, premerged, prebuilt), row):
+                early = None if prebuilt is None else prebuilt.built  # its path changes went in ahead
                 workspace = self._workspace_row(conn, row.fetchone())
                 repo.clear_stale_locks()
                 if self._catch_up(conn, workspace):
                     workspace = self._workspace_row(conn)
                 key = draft.idempotency_key
                 if (landed := write_keys.recorded(conn, self.workspace_id, [key]).get(key)) is not None:
+                    if early is not None:
+                        forget_changes(conn, self.workspace_id, early.revision.id)
                     return _virtual(group_commit.recorded_revision(conn, repo, self.workspace_id, landed))
                 head = workspace["head_revision"]  # what Postgres records, not a fresh read: see _advance
                 built = self._build(
@@ -533,12 +582,21 @@ class KnowledgeStore:
                     author,
                     committer,
                     key=key,
+                    prebuilt=prebuilt,
                 )
+                used = early is not None and built is early
+                if early is not None and not used:  # before recording: a revision rebuilt the same has them too
+                    forget_changes(conn, self.workspace_id, early.revision.id)
                 if built is None:
                     return None
                 fault_point("objects_written")
                 with conn.pipeline():  # one round trip for the revision's rows and jobs
-                    record_revision(conn, self.workspace_id, built.revision, built.commit.commit_time)
+                    record_revisions(
+                        conn,
+                        self.workspace_id,
+                        [(built.revision, built.commit.commit_time)],
+                        frozenset([built.revision.id]) if used else frozenset(),
+                    )
                     write_keys.record(conn, self.workspace_id, [(key, built.revision.id)])
                     record_titles(conn, self.workspace_id, built.revision.seq, draft.titles())
                     defer_convergence(conn, self.workspace_id)
@@ -787,30 +845,53 @@ class KnowledgeStore:
         committer: str,
         intent: group_commit.Intent | None = None,
         key: str | None = None,
+        prebuilt: _Shape | None = None,
     ) -> _Built | None:
         """Under the lock: the revision ``draft`` makes on top of ``head`` — merges, the
         create-by-title race, the tree and collision checks, the artifact rule (``intent``'s
         claimed ARTIFACT paths, else a query), the commit object (carrying the idempotency ``key``, design §3) and the draft's hooks. None when
-        the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded)."""
+        the net change is empty. Raises PathExists, ArtifactReadOnly (nothing recorded).
+        ``prebuilt``: the ``_prebuild`` of these very ``staged`` blobs, used when built on
+        ``head_tree`` (else everything is checked and built here)."""
         repo = self.repository
         staged = self._merge_with_head(draft, staged, head_tree, premerged)
         staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (design §2.2)
-        effective: dict[str, str | None] = {}
-        changes: dict[str, PathChange] = {}
-        at_head = repo.lookup_many(head_tree, staged)
-        for path, blob in staged.items():
-            old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
-            if old == blob:
-                continue
-            effective[path] = blob
-            kind = "added" if old is None else ("removed" if blob is None else "modified")
-            changes[path] = PathChange(path, kind, blob)
+        shape = (
+            prebuilt
+            if prebuilt is not None and prebuilt.staged is staged and prebuilt.head_tree == head_tree
+            else self._shape(head_tree, staged)
+        )
+        effective = shape.effective
         if not effective:
             return None
-        self._check_tree(head_tree, effective, at_head)
-        check_case_collisions(repo, head_tree, effective, at_head)
         if intent is not None:
             group_commit.refuse_artifacts(intent, effective)
+        words = (message, author, committer, key)
+        built = (
+            shape.built
+            if shape.built is not None and (shape.head, shape.seq, shape.words) == (head, seq, words)
+            else self._commit_for(shape, draft, head, seq, *words)
+        )
+        if intent is None:
+            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, built.revision.id)
+        for hook in draft.on_record:  # e.g. the artifact layer's generation check (design §11)
+            hook(conn, head_tree, built.revision.id)
+        return built
+
+    def _commit_for(
+        self,
+        shape: _Shape,
+        draft: Draft,
+        head: str | None,
+        seq: int,
+        message: str | None,
+        author: str,
+        committer: str,
+        key: str | None,
+    ) -> _Built:
+        """The commit object and Revision of ``shape`` (``draft``'s moves applied to its changes)
+        as revision ``seq`` on top of ``head``; the tree is built unless ``shape`` has it."""
+        repo, effective, changes = self.repository, shape.effective, dict(shape.changes)
         # Kinds before any move is applied, so the order of moves never matters (a swap
         # p <-> q records two moves whichever is seen first).
         kinds = {path: change.change for path, change in changes.items()}
@@ -831,19 +912,65 @@ class KnowledgeStore:
         ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
         text = message or summarize(list(ordered))
         commit = repo.make_commit(
-            repo.build_tree(head_tree, list(effective.items())),
+            shape.tree if shape.tree is not None else repo.build_tree(shape.head_tree, list(effective.items())),
             head,
             text,
             author,
             committer,
             None if key is None else {write_keys.COMMIT_HEADER: key.encode()},
         )
-        if intent is None:
-            artifact_rows.guard(conn, self.workspace_id, effective, draft.artifact_access, commit.id.decode())
-        for hook in draft.on_record:  # e.g. the artifact layer's generation check (design §11)
-            hook(conn, head_tree, commit.id.decode())
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
+
+    def _shape(self, head_tree: bytes | None, staged: dict[str, str | None]) -> _Shape:
+        """What ``staged`` changes on ``head_tree`` (the paths whose blob differs, as PathChanges
+        before moves), after the tree and collision checks (PathExists); the tree is not built."""
+        repo = self.repository
+        effective: dict[str, str | None] = {}
+        changes: dict[str, PathChange] = {}
+        at_head = repo.lookup_many(head_tree, staged)
+        for path, blob in staged.items():
+            old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
+            if old == blob:
+                continue
+            effective[path] = blob
+            kind = "added" if old is None else ("removed" if blob is None else "modified")
+            changes[path] = PathChange(path, kind, blob)
+        if effective:
+            self._check_tree(head_tree, effective, at_head)
+            check_case_collisions(repo, head_tree, effective, at_head)
+        return _Shape(head_tree, staged, effective, changes, None)
+
+    def _prebuild(
+        self, draft: Draft, staged: dict[str, str | None], ahead: tuple[dict, tuple] | None = None
+    ) -> _Shape | None:
+        """Before the write lock, for a draft of at least PREBUILD_PATHS paths (a folder rename):
+        its ``_shape`` and tree on the head git has now, which ``_build`` uses under the lock when
+        the head is still that one — the checks and the tree are pure functions of the head tree
+        and the staged blobs, so the lock is held only to record (design §4, §14). ``ahead``: the
+        workspace row read just now and the commit's ``(message, author, committer, key)``: then
+        on the head Postgres records, and with the commit and Revision it would be as the next
+        revision (whose path changes the caller inserts before it takes the lock). None for a
+        small draft, one with merges or titles (settled against the head under the lock), or when
+        a check fails (``_build`` raises it under the lock, against the head then)."""
+        if len(staged) < PREBUILD_PATHS or draft.merge_requests() or draft.titles():
+            return None
+        repo = self.repository
+        try:
+            head = repo.head() if ahead is None else ahead[0]["head_revision"]
+            head_tree = repo.tree_id(head)
+            shape = self._shape(head_tree, staged)
+        except KbError:
+            return None
+        if not shape.effective:
+            return shape
+        shape = replace(shape, tree=repo.build_tree(head_tree, list(shape.effective.items())))
+        if ahead is None:
+            return shape
+        row, words = ahead
+        seq = row["revision_count"] + 1
+        built = self._commit_for(shape, draft, head, seq, *words)
+        return replace(shape, head=head, seq=seq, words=words, built=built)
 
     def _advance(self, conn: Connection, head: str | None, new: str) -> None:
         """Move the branch ref from ``head`` (the head Postgres records, caught up under the lock)
@@ -1153,6 +1280,25 @@ class _OwedRefresh:
         if self.hold is not None:
             self.hold.release()
             self.hold = None
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What ``staged`` (``{repo path: blob or None}``) changes on ``head_tree``: ``effective`` (the
+    paths whose blob differs), their PathChanges before moves, the new tree once built, and maybe
+    the revision itself (``built``)."""
+
+    head_tree: bytes | None
+    staged: dict[str, str | None]
+    effective: dict[str, str | None]
+    changes: dict[str, PathChange]
+    tree: bytes | None
+    head: str | None = None
+    seq: int | None = None
+    words: tuple | None = None
+    built: _Built | None = None
+    """With ``head``, ``seq`` and ``words`` (message, author, committer, key): the revision made
+    before the lock (``KnowledgeStore._prebuild``), used when those are still what they were."""
 
 
 @dataclass(frozen=True)

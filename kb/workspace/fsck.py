@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb.errors import ConfigurationError
+from kb.git.maintenance import pack_lock
 from kb.paths import MAX_PATH_BYTES
 
 TEMPORARY_PACK_AGE = 600.0
@@ -127,9 +128,10 @@ def fsck(store: KnowledgeStore) -> FsckReport:
 
     repo = store.repository
     head = repo.head()  # the snapshot: everything it reaches was written before the ref moved
-    checked = _git(
-        store, "fsck", "--strict", "--no-progress", "--no-dangling", "--no-reflogs", *([head] if head else [])
-    )
+    with pack_lock(store.path, wait=True):  # no packer removes objects or packs under git fsck
+        checked = _git(
+            store, "fsck", "--strict", "--no-progress", "--no-dangling", "--no-reflogs", *([head] if head else [])
+        )
     report = FsckReport(store.workspace_id, checked.returncode == 0)
     report.git_messages = [
         line

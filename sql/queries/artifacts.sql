@@ -1,11 +1,14 @@
 -- Named queries of artifacts (kb/store/artifact_rows.py, kb/workspace/artifacts.py, design §11).
 
 -- name: artifact_documents_at
--- ARTIFACT document rows at some virtual paths (the store's guard: plain writes are refused).
+-- ARTIFACT document rows at some virtual paths (the store's guard: plain writes are refused). The
+-- paths are a JSON array (kb.store.history.json_column): a folder rename's thousands of them, under
+-- the write lock.
 SELECT d.id, d.path, a.generation
 FROM kb.documents d
 LEFT JOIN kb.artifacts a ON a.document_id = d.id
-WHERE d.workspace_id = %(workspace_id)s AND d.path = ANY(%(paths)s) AND d.document_type = 'ARTIFACT';
+WHERE d.workspace_id = %(workspace_id)s AND d.path = ANY(ARRAY(SELECT json_array_elements_text(%(paths)s::json)))
+  AND d.document_type = 'ARTIFACT';
 
 -- name: claim_artifact_document
 -- The document row of a new artifact, written in its revision's transaction: a claim (no

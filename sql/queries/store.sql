@@ -36,14 +36,34 @@ WITH revisions AS (
          AS r (id, seq, parent_id, author, committer, message, committed_at)
 ), changes AS (
     INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
-    SELECT %(workspace_id)s, c.revision_id, c.seq, c.path, c.change, c.old_path, c.new_path, c.content_id
-    FROM unnest(%(change_revisions)s::text[], %(change_seqs)s::bigint[], %(paths)s::text[], %(changes)s::text[],
-                %(old_paths)s::text[], %(new_paths)s::text[], %(content_ids)s::text[])
+    SELECT %(workspace_id)s, c.revision_id, c.seq::bigint, c.path, c.change, c.old_path, c.new_path, c.content_id
+    -- the changes' columns are JSON arrays (kb.store.history.json_column: a folder rename has
+    -- thousands of rows, and psycopg's array dumping is Python); ROWS FROM zips them by position
+    FROM ROWS FROM (json_array_elements_text(%(change_revisions)s::json), json_array_elements_text(%(change_seqs)s::json),
+                    json_array_elements_text(%(paths)s::json), json_array_elements_text(%(changes)s::json),
+                    json_array_elements_text(%(old_paths)s::json), json_array_elements_text(%(new_paths)s::json),
+                    json_array_elements_text(%(content_ids)s::json))
          AS c (revision_id, seq, path, change, old_path, new_path, content_id)
 )
 UPDATE kb.workspaces
 SET head_revision = %(head)s, revision_count = %(head_seq)s
 WHERE id = %(workspace_id)s;
+
+-- name: record_path_changes_ahead
+-- A big revision's path changes (a folder rename: two rows per document), inserted in the writer's
+-- transaction before it takes the write lock, in the lock's round trip (kb.store.history.
+-- record_changes_ahead, design §14); record_revisions then inserts the revision's row without them,
+-- or forget_path_changes removes them when the revision was not the one recorded.
+INSERT INTO kb.path_changes (workspace_id, revision_id, seq, path, change, old_path, new_path, content_id)
+SELECT %(workspace_id)s, %(revision_id)s, %(seq)s, c.path, c.change, c.old_path, c.new_path, c.content_id
+FROM ROWS FROM (json_array_elements_text(%(paths)s::json), json_array_elements_text(%(changes)s::json),
+                json_array_elements_text(%(old_paths)s::json), json_array_elements_text(%(new_paths)s::json),
+                json_array_elements_text(%(content_ids)s::json))
+     AS c (path, change, old_path, new_path, content_id);
+
+-- name: forget_path_changes
+-- The path changes record_path_changes_ahead inserted for a revision that was not recorded.
+DELETE FROM kb.path_changes WHERE workspace_id = %(workspace_id)s AND revision_id = %(revision_id)s;
 
 -- name: revision_exists
 SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;

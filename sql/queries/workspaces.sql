@@ -39,7 +39,7 @@ DELETE FROM procrastinate_jobs WHERE (args ->> 'workspace_id') = %(workspace_id)
 
 -- name: delete_workspace
 -- Everything the workspace owns in Postgres goes with this row: every kb table referencing
--- kb.workspaces does so ON DELETE CASCADE (documents → chunks, revisions → path_changes, folders,
+-- kb.workspaces does so ON DELETE CASCADE (documents → chunks, revisions → path_changes by trigger, folders,
 -- index_runs, recorded_titles, and what later features add).
 DELETE FROM kb.workspaces WHERE id = %(workspace_id)s RETURNING id;
 

@@ -380,3 +380,9 @@ WHERE workspace_id = %(workspace_id)s ORDER BY id;
 -- name: test_vector_as_floats
 -- A vector literal as pgvector stores it, read back as float4s (tests/test_embedders.py).
 SELECT %(literal)s::vector::real[] AS floats;
+
+-- name: test_path_changes_without_revision
+-- Path-change rows whose revision row is missing (none may be: kb.store.history.record_changes_ahead).
+SELECT c.workspace_id, c.revision_id, c.path FROM kb.path_changes AS c
+LEFT JOIN kb.revisions AS r ON r.workspace_id = c.workspace_id AND r.id = c.revision_id
+WHERE r.id IS NULL;
