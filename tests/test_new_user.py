@@ -318,3 +318,15 @@ def test_the_workspaces_page_names_the_home_of_another_nodes_workspace():
         csrf="x", path="/ui", may=lambda *_: True, workspaces=[remote], title="Workspaces"
     )
     assert "<td>homed on node b</td>" in page and "no repository" not in page
+
+
+def test_status_names_auto_as_the_default_and_a_local_command_says_it_is_local(kb, kb_env, tmp_path):
+    """`kb status` under the default KB_EMBEDDING_MODEL=auto says the model is picked per workspace
+    (it named MiniLM, which a German workspace never gets); with KB_SERVER_URL set, a command that
+    works locally (`kb ls`) says so on stderr instead of seeming to use the server."""
+    kb.create_workspace(1)
+    status = run_cli({**kb_env, "KB_EMBEDDING_MODEL": "auto"}, "status").stdout
+    assert "embedder:   auto, picked per workspace by its documents' languages" in status, status
+    listed = run_cli({**kb_env, "KB_SERVER_URL": "http://127.0.0.1:9"}, "ls", "-w", "1")
+    assert "`kb ls` works on this machine's database and storage, not through KB_SERVER_URL" in listed.stderr
+    assert "works on this machine" not in run_cli(kb_env, "ls", "-w", "1").stderr

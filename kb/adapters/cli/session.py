@@ -43,12 +43,37 @@ def open_kb(*, migrate: bool = True) -> KnowledgeBase:
     """
     from kb.knowledge_base import KnowledgeBase
 
+    _say_when_local_despite_server()
     try:
         kb = KnowledgeBase.open(settings(), migrate=migrate)
     finally:
         modules_loaded()
     click.get_current_context().call_on_close(kb.close)
     return kb
+
+
+SERVER_COMMANDS = ("search", "read", "log", "status")
+"""The commands that ask ``kb serve`` when KB_SERVER_URL is set (``server``)."""
+PROCESS_COMMANDS = frozenset({"serve", "worker", "mcp", "sweep"})
+"""Commands that are kb's own processes: KB_SERVER_URL in their environment concerns others."""
+
+
+def _say_when_local_despite_server() -> None:
+    """With KB_SERVER_URL set, a command that works on this machine's database and storage says
+    so on stderr (once): a user who pointed the CLI at a server otherwise cannot tell that
+    ``kb ls`` or ``kb mv`` did not go through it (design §13)."""
+    if not (os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")):  # noqa: SIM112
+        return
+    context = click.get_current_context(silent=True)
+    if context is None or context.info_name in PROCESS_COMMANDS or context.meta.get("kb.local_said"):
+        return
+    context.meta["kb.local_said"] = True
+    name = context.command_path.removeprefix(context.find_root().info_name or "").strip() or "this command"
+    click.echo(
+        f"note: `kb {name}` works on this machine's database and storage, not through KB_SERVER_URL "
+        f"(only {', '.join(SERVER_COMMANDS)} ask kb serve)",
+        err=True,
+    )
 
 
 def server() -> ServerClient | None:
