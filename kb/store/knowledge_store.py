@@ -543,8 +543,15 @@ class KnowledgeStore:
                         packed,
                         time.perf_counter() - started,
                     )
-        except OSError as exc:
-            log.warning("workspace %s: packing loose objects failed (%s); maintenance retries", self.workspace_id, exc)
+        except Exception as exc:
+            # concurrent `git repack` removed, a damaged loose object): the revision has landed,
+            # so it is logged for maintenance and `kb fsck`, never the write's outcome
+            log.warning(
+                "workspace %s: packing loose objects failed (%s: %s); maintenance retries, `kb fsck` checks",
+                self.workspace_id,
+                type(exc).__name__,
+                exc,
+            )
 
     def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
         """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
