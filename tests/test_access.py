@@ -110,7 +110,7 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     assert git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>") == (
         f"Ada <ada@example.com>|writer <kb-token-{writer_token.id}>\n"
     )
-    _turns_and_chats_are_private_to_their_token(kb, server, writer, repo)
+    _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_token.id, repo)
     # MCP over HTTP: the same rules
     _mcp(server, reader, writer, writer_token.id, repo, kb.tokens())
     # revoked: the very next request is refused
@@ -118,7 +118,7 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     assert api.get(search.format(1), headers=_as(writer)).status_code == 401
 
 
-def _turns_and_chats_are_private_to_their_token(kb, server, writer, repo):
+def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, repo):
     """A second write token of the same workspace that names the first one's turn or chat id gets
     a turn or chat of its own: it cannot commit, read or abort the first one's changes, nor see
     its citation handles."""
@@ -140,6 +140,14 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, repo):
     assert shown.status_code == 200, shown.text
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(writer)).json()
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(other)).json() == []
+    # the citation page too: a person with the token opens its chat "c"; another token of the
+    # workspace neither reaches it by "c" nor by the key kb stores it under
+    page = "/ui/workspaces/1/citation"
+    mine = api.get(page, params={"chat": "c", "c": "[1:L1]"}, headers=_as(writer))
+    assert mine.status_code == 200 and "At its revision" in mine.text, mine.text
+    for chat in ("c", f"t{writer_id}@c"):
+        theirs = api.get(page, params={"chat": chat, "c": "[1:L1]"}, headers=_as(other))
+        assert theirs.status_code == 404 and "At its revision" not in theirs.text, (chat, theirs.text)
 
 
 def _remote_cli_status_with_a_workspace_token(kb, kb_env, server):
