@@ -203,9 +203,32 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens)
 
     anyio.run(run)
     assert git(repo, "log", "-1", "--format=%s|%cn <%ce>") == f"by mcp|writer <kb-token-{writer_id}>\n"
+    _mcp_sessions_belong_to_their_token(server, writer, [other_writer, reader])
     assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404
     for odd in ("/mcp/%D9%A2", "/mcp/%EF%BC%92", "/mcp/1/2"):  # another script's digit 2, a fullwidth 2
         assert httpx.post(f"{server}{odd}", json={}, headers=_as(reader), timeout=30).status_code == 404, odd
+
+
+def _mcp_sessions_belong_to_their_token(server: str, owner: str, others: list[str]) -> None:
+    """An MCP session (its Mcp-Session-Id) answers only the token that opened it: another token
+    that learns the id can neither end the session (HTTP DELETE) nor send on it."""
+    api = httpx.Client(base_url=server, timeout=60)
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=_as(owner) | accept
+    )
+    assert opened.status_code == 200, opened.text
+    session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert api.post("/mcp/1", json=ready, headers=_as(owner) | accept | session).status_code == 202
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    for other in others:
+        assert api.post("/mcp/1", json=listing, headers=_as(other) | accept | session).status_code == 404
+        assert api.delete("/mcp/1", headers=_as(other) | accept | session).status_code == 404
+    answer = api.post("/mcp/1", json=listing, headers=_as(owner) | accept | session)
+    assert answer.status_code == 200 and '"commit"' in answer.text, answer.text
+    assert api.delete("/mcp/1", headers=_as(owner) | accept | session).status_code == 200
 
 
 def _bad_input_writes_nothing(kb, server):

@@ -18,7 +18,7 @@ Three parts, so no route can be forgotten:
 - :class:`McpGate` wraps the MCP mount (``/mcp/<workspace>``): read on the workspace to connect,
   and it passes the token's scope and committer to the MCP tools in headers the client cannot set
   (:data:`SCOPE_HEADER`, :data:`COMMITTER_HEADER`); the tools that change documents refuse a read
-  token (``kb.adapters.mcp.server``).
+  token (``kb.adapters.mcp.server``). An MCP session answers only the token that opened it.
 
 ``kb serve --insecure-no-auth`` (``Access(insecure=True)``) skips all of it and says so at start-up.
 """
@@ -303,7 +303,21 @@ class McpGate:
             (COMMITTER_HEADER, token.committer.encode("utf-8")),
             (TOKEN_HEADER, str(token.id).encode()),
         ]
-        await self.app(dict(scope, headers=headers), receive, send)
+        await self.app(dict(scope, headers=headers, user=_mcp_principal(token)), receive, send)
+
+
+def _mcp_principal(token: Token):
+    """The token as the MCP SDK's authenticated user: its session manager binds a session
+    (``Mcp-Session-Id``) to the user that opened it and answers any other one 404 "Session not
+    found", so a token that learns another token's session id can neither end that session (HTTP
+    DELETE) nor send on it or take its stream (design §16). Only the token's id goes in, never its
+    secret."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+
+    return AuthenticatedUser(
+        AccessToken(token=f"kb-token-{token.id}", client_id=f"kb-token-{token.id}", scopes=[token.scope])
+    )
 
 
 def unguarded_routes(app) -> list[str]:
