@@ -204,6 +204,7 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens)
     anyio.run(run)
     assert git(repo, "log", "-1", "--format=%s|%cn <%ce>") == f"by mcp|writer <kb-token-{writer_id}>\n"
     _mcp_sessions_belong_to_their_token(server, writer, [other_writer, reader])
+    _mcp_session_end_commits_the_chat_the_tools_used(server, writer, repo)
     assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404
     for odd in ("/mcp/%D9%A2", "/mcp/%EF%BC%92", "/mcp/1/2"):  # another script's digit 2, a fullwidth 2
         assert httpx.post(f"{server}{odd}", json={}, headers=_as(reader), timeout=30).status_code == 404, odd
@@ -229,6 +230,38 @@ def _mcp_sessions_belong_to_their_token(server: str, owner: str, others: list[st
     answer = api.post("/mcp/1", json=listing, headers=_as(owner) | accept | session)
     assert answer.status_code == 200 and '"commit"' in answer.text, answer.text
     assert api.delete("/mcp/1", headers=_as(owner) | accept | session).status_code == 200
+    # a chat id that is not UTF-8 (a header is bytes): the end of its session is answered, and
+    # the server logs no traceback (the fixture checks)
+    odd = api.delete("/mcp/1", headers={**_as(owner), **accept, "X-KB-Chat": b"caf\xe9 \xff"})
+    assert odd.status_code < 500, odd.text
+
+
+def _mcp_session_end_commits_the_chat_the_tools_used(server: str, writer: str, repo) -> None:
+    """The end of a session (HTTP DELETE) commits its chat's turn; a client that sends X-KB-Chat
+    twice: the tools take the first, and so does the end of its session."""
+    api = httpx.Client(base_url=server, timeout=60)
+    headers = [
+        *_as(writer).items(),
+        ("Accept", "application/json, text/event-stream"),
+        ("Content-Type", "application/json"),
+        ("X-KB-Chat", "first-chat"),
+        ("X-KB-Chat", "second-chat"),
+    ]
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+    )
+    headers.append(("Mcp-Session-Id", opened.headers["mcp-session-id"]))
+    api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    write = {"name": "write", "arguments": {"path": "/documents/Twice.md", "content": "twice\n"}}
+    wrote = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+    )
+    assert wrote.status_code == 200 and '"isError":false' in wrote.text, wrote.text
+    assert api.delete("/mcp/1", headers=headers).status_code == 200
+    # the answer goes out before the commit: wait for it (a session that ended uncommitted never lands)
+    wait_until(lambda: "documents/Twice.md" in git(repo, "ls-tree", "-r", "--name-only", "HEAD"), 60, "the commit")
+    assert git(repo, "show", "HEAD:documents/Twice.md") == "twice\n"
 
 
 def _bad_input_writes_nothing(kb, server):

@@ -433,12 +433,16 @@ class WorkspaceRouting:
         inner = dict(scope, path=self.inner_path, raw_path=self.inner_path.encode(), root_path="", headers=headers)
         await self.app(inner, receive, send)
         if scope.get("method") == "DELETE":
-            names = {k.lower(): v.decode() for k, v in headers}
-            chat_id = names.get(CHAT_HEADER) or names.get(SESSION_HEADER)
+            # as Starlette reads the headers the tools see (latin-1, the first of a repeated
+            # header): the chat the tools used, and no UnicodeDecodeError on a chat id not in UTF-8
+            names: dict[bytes, str] = {}
+            for k, v in headers:
+                names.setdefault(k.lower(), v.decode("latin-1"))
+            chat_id = names.get(CHAT_HEADER.encode()) or names.get(SESSION_HEADER.encode())
             if chat_id:
                 import anyio
 
-                key = owned_name(chat_id, names.get(TOKEN_ID_HEADER))
+                key = owned_name(chat_id, names.get(TOKEN_ID_HEADER.encode()))
                 await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), key)
 
 
