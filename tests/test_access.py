@@ -140,6 +140,21 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, r
     assert shown.status_code == 200, shown.text
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(writer)).json()
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(other)).json() == []
+    # a long id: the token's prefix counts against the 200 characters, and the refusal counts
+    # the client's own id (not the key it never gave)
+    room = 200 - len(f"t{writer_id}@")
+    longest = api.put(
+        f"/v1/workspaces/1/turns/{'a' * room}/files/documents/L.md", json={"content": "l\n"}, headers=_as(writer)
+    )
+    assert longest.status_code == 200, longest.text
+    assert api.delete(f"/v1/workspaces/1/turns/{'a' * room}", headers=_as(writer)).status_code == 200
+    for url, error in (
+        (f"/v1/workspaces/1/turns/{'a' * (room + 1)}/files/documents/L.md", "InvalidTurn"),
+        (f"/v1/workspaces/1/chats/{'a' * (room + 1)}/handles", "InvalidChat"),
+    ):
+        refused = api.get(url, headers=_as(writer))
+        assert refused.status_code == 400 and refused.json()["error"] == error, refused.text
+        assert f"at most {room}" in refused.json()["message"] and f"t{writer_id}@" not in refused.text, refused.text
     # the citation page too: a person with the token opens its chat "c"; another token of the
     # workspace neither reaches it by "c" nor by the key kb stores it under
     page = "/ui/workspaces/1/citation"

@@ -213,13 +213,31 @@ def committer_of(request: Request) -> str | None:
     return None if token is None else token.committer
 
 
-def owned_by_token(request: Request, name: str) -> str:
+OWNED_ID_CHARS = 200
+"""The most characters of a turn's root id (``kb.git.worktree.root_turn_id``) and of a chat id
+(``kb.citations.registry.MAX_CHAT_ID_CHARS``), the token's prefix included."""
+
+
+def owned_by_token(request: Request, name: str, error: type[errors.KbError] = errors.InvalidTurn) -> str:
     """A client-given turn or chat id as kb keys it for ``request``'s token: private to that token
     (``owned_name``: ``t<token id>@<name>``; ``name`` itself under ``--insecure-no-auth``), so a
     second token of the same workspace that names it reaches a turn or chat of its own, never the
-    first token's worktree, changes or citation handles (design §16)."""
+    first token's worktree, changes or citation handles (design §16).
+
+    Raises ``error`` (InvalidTurn; InvalidChat for a chat) when the prefix leaves no room for the
+    id (its root, before ``::``): the message counts the client's own id, not the key it never gave."""
     token = request_token(request)
-    return name if token is None else owned_name(name, token.id)
+    if token is None:
+        return name
+    owned = owned_name(name, token.id)
+    room = OWNED_ID_CHARS - (len(owned) - len(name))
+    root = name.split("::", 1)[0]
+    if len(root) > room:
+        raise error(
+            f"the id {root[:40]!r}… has {len(root)} characters; use at most {room} (behind an API token kb "
+            f"keeps {OWNED_ID_CHARS - room} of the {OWNED_ID_CHARS} for the token the id is private to)"
+        )
+    return owned
 
 
 _INTEGER = TypeAdapter(int)  # the routes' own parsing of an int parameter (built once: ~0.1 ms)

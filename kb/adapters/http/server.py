@@ -371,7 +371,10 @@ def citation_router(service: Service) -> APIRouter:
     ) -> list[dict]:
         """Search as this chat: each envelope cites the chat's handle (``cite: "[n]"``)."""
         return [
-            e.as_json() for e in service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).search(q, k)
+            e.as_json()
+            for e in service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+            .search(q, k)
         ]
 
     @router.get("/documents/{path:path}")
@@ -385,27 +388,34 @@ def citation_router(service: Service) -> APIRouter:
         limit: int | None = Query(None, ge=0),
     ) -> dict:
         """Read (a window of) a document as this chat, registering its handle."""
-        conversation = service.kb().conversation(workspace_id, owned_by_token(request, chat_id))
+        conversation = service.kb().conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
         return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
 
     @router.get("/handles")
     def handles(request: Request, workspace_id: int, chat_id: str) -> list[dict]:
         """Every handle the chat was shown, by number."""
         return [
-            h.as_json() for h in service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).handles()
+            h.as_json()
+            for h in service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+            .handles()
         ]
 
     @router.delete("/handles")
     def forget(request: Request, workspace_id: int, chat_id: str) -> dict:
         """Forget the chat's handles (the next search starts again at [1])."""
-        return {"forgotten": service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).forget()}
+        return {
+            "forgotten": service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+            .forget()
+        }
 
     @router.post("/normalize")
     def normalize(request: Request, workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
         """Rewrite an answer's citations canonically against the chat's handles."""
         return (
             service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id))
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
             .normalize(body.text, drop_unknown=body.drop_unknown)
             .as_json()
         )
@@ -421,7 +431,7 @@ def citation_router(service: Service) -> APIRouter:
         """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
         return (
             service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id))
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
             .resolve(citation, follow)
             .as_json()
         )

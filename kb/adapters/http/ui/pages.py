@@ -21,7 +21,7 @@ from kb.adapters.http.auth import owned_by_token
 from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
 from kb.adapters.http.ui.diffs import revision_diffs
 from kb.adapters.http.ui.rendering import render
-from kb.errors import InvalidInput
+from kb.errors import InvalidChat, InvalidInput
 
 if TYPE_CHECKING:
     from kb.adapters.http.server import Service
@@ -172,7 +172,9 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
         resolution = envelope = None
         if chat and c:
             kb = service.kb()
-            resolution = kb.conversation(workspace_id, owned_by_token(request, chat)).resolve(c, follow=True)
+            resolution = kb.conversation(workspace_id, owned_by_token(request, chat, InvalidChat)).resolve(
+                c, follow=True
+            )
             envelope = kb.read_document(workspace_id, resolution.handle.path, resolution.handle.revision)
         cited = {n for n, _ in resolution.lines} if resolution is not None and resolution.level == "lines" else set()
         return render(
