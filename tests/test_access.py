@@ -18,7 +18,8 @@ import httpx
 import pytest
 from support import api_fuzz
 from support.commands import git
-from support.network import free_port
+from support.network import Relay, free_port
+from support.serving import start_serve, stop_serve
 from support.waiting import wait_until
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
@@ -163,6 +164,29 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, r
     for chat in ("c", f"t{writer_id}@c"):
         theirs = api.get(page, params={"chat": chat, "c": "[1:L1]"}, headers=_as(other))
         assert theirs.status_code == 404 and "At its revision" not in theirs.text, (chat, theirs.text)
+
+
+def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, kb_env, tmp_path):
+    """Postgres away: the token cannot be checked, and the 503 says so without the database's
+    address (host, port, user, database), which /v1/status keeps for an admin token (design §16)."""
+    import psycopg
+
+    info = psycopg.conninfo.conninfo_to_dict(kb.database_url)
+    if str(info.get("host", "")).startswith("/"):
+        pytest.skip("the test database listens on a Unix socket; the relay is TCP")
+    relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+    url = psycopg.conninfo.make_conninfo(kb.database_url, host="127.0.0.1", port=str(relay.port))
+    token = kb.tokens().create("some-reader", "read", [1])[1]
+    process, server = start_serve({**kb_env, "KB_DATABASE_URL": url}, tmp_path / "serve.log")
+    try:
+        assert httpx.get(f"{server}/v1/status", headers=_as(token), timeout=60).status_code == 403  # checked
+        relay.close()
+        # anybody (anything shaped as a token; a live one is answered alike): the pool's wait, then 503
+        away = httpx.get(f"{server}/v1/workspaces/1/search?q=x", headers=_as("kb_" + "x" * 43), timeout=120)
+        assert away.status_code == 503 and away.json()["error"] == "DatabaseUnavailable", away.text
+        assert str(relay.port) not in away.text and info["dbname"] not in away.text, away.text
+    finally:
+        stop_serve(process, tmp_path / "serve.log")
 
 
 def _remote_cli_status_with_a_workspace_token(kb, kb_env, server):

@@ -79,6 +79,19 @@ class Access:
     def __init__(self, insecure: bool = False) -> None:
         self.insecure = insecure
         self.tokens: TokenStore | None = None
+        self.deployment: dict[str, str] = {}
+        """Text of the deployment's facts (the database's address, the storage root) → what an
+        error message says instead to a caller without an admin token (set by the service)."""
+
+    def shown(self, text: str, token: Token | None) -> str:
+        """``text`` (an error message) as the caller of ``token`` may read it: the database's
+        address and the storage root replaced by placeholders unless the token is an admin one
+        (or nobody is checked), as ``/v1/status`` keeps them (design §16)."""
+        if self.insecure or (token is not None and token.scope == "admin"):
+            return text
+        for fact, placeholder in self.deployment.items():
+            text = text.replace(fact, placeholder)
+        return text
 
     def authenticate(self, authorization: str | None) -> Token | None:
         """The live token of an ``Authorization`` header value (None when insecure). Raises
@@ -128,11 +141,14 @@ def start_up_check(host: str, port: int, *, insecure: bool, tokens_live: Callabl
     )
 
 
-def error_response(status: int, exc: errors.KbError, headers: dict[str, str] | None = None):
-    """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app."""
+def error_response(
+    status: int, exc: errors.KbError, headers: dict[str, str] | None = None, shown: Callable[[str], str] = str
+):
+    """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app;
+    ``shown`` rewrites the messages for the caller (``Access.shown``)."""
     from starlette.responses import JSONResponse
 
-    body = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
+    body = {"error": type(exc).__name__, "message": shown(str(exc)), "cli_message": shown(exc.cli_message)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -195,7 +211,9 @@ class Authentication:
             await error_response(401, exc, {"WWW-Authenticate": 'Bearer realm="kb"'})(scope, receive, send)
             return
         except errors.KbError as exc:  # the database does not answer: nobody can be checked
-            await error_response(503, exc, {"Retry-After": "1"})(scope, receive, send)
+            # nor told where the database is (the caller is nobody known yet)
+            shown = lambda text: self.access.shown(text, None)  # noqa: E731
+            await error_response(503, exc, {"Retry-After": "1"}, shown)(scope, receive, send)
             return
         scope[TOKEN_KEY] = token
         await self.app(scope, receive, send)

@@ -161,6 +161,12 @@ class Service:
         for the in-process worker (its jobs run in the worker's threads)."""
         first = self.new_kb()
         self.access.tokens = first.tokens()  # design §16: requests are checked from now on
+        from kb.db.database import redact
+
+        self.access.deployment = {  # kept from error messages to all but admin tokens (design §16)
+            redact(first.database_url): "<kb's database>",
+            str(self.settings.storage_root): "<kb's storage root>",
+        }
         self._embedder = first.embedder
         self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()
@@ -546,7 +552,12 @@ def create_app(
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
+        token = request_token(request)  # where kb keeps its data: for an admin token only (design §16)
+        body: dict[str, object] = {
+            "error": type(exc).__name__,
+            "message": access.shown(str(exc), token),
+            "cli_message": access.shown(exc.cli_message, token),
+        }
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
             body.update(
                 workspace_id=exc.workspace_id,
