@@ -136,6 +136,19 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, r
     mine = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "draft"}, headers=_as(writer))
     assert mine.status_code == 200 and mine.json()["revision"] is not None, mine.text
     assert git(repo, "show", "HEAD:documents/Draft.md") == "first writer's draft\n"
+    # an idempotency key: one token's commit with another's key records its own changes (never
+    # answered with the other's revision while its own are dropped), and each settles its own
+    key = {"Idempotency-Key": "commit-key-1"}
+    assert api.put(draft, json={"content": "other's draft\n"}, headers=_as(other)).status_code == 200
+    theirs = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "o"}, headers=_as(other) | key)
+    assert theirs.status_code == 200 and theirs.json()["revision"] is not None, theirs.text
+    assert api.put(draft, json={"content": "writer's second draft\n"}, headers=_as(writer)).status_code == 200
+    second = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "w"}, headers=_as(writer) | key)
+    assert second.status_code == 200 and second.json()["revision"] != theirs.json()["revision"], second.text
+    assert git(repo, "show", "HEAD:documents/Draft.md") == "writer's second draft\n"
+    for who, landed in ((writer, second), (other, theirs)):
+        settled = api.get("/v1/workspaces/1/writes/commit-key-1", headers=_as(who)).json()
+        assert settled["landed"] and settled["revision"]["id"] == landed.json()["revision"], settled
     # citation handles: the chat "c" of one token is not the chat "c" of another
     shown = api.get("/v1/workspaces/1/chats/c/documents/documents/Plan.md", headers=_as(writer))
     assert shown.status_code == 200, shown.text

@@ -59,6 +59,7 @@ from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
 from kb.adapters.json_form import json_form
+from kb.adapters.mcp.server import owned_name
 from kb.db import database
 from kb.settings import Settings
 
@@ -256,11 +257,12 @@ def read_router(service: Service) -> APIRouter:
         return service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision).as_json()
 
     @router.get("/workspaces/{workspace_id}/writes/{key:path}", dependencies=readable)
-    def write_outcome(workspace_id: int, key: str) -> dict:
+    def write_outcome(request: Request, workspace_id: int, key: str) -> dict:
         """Settle a write by its idempotency key (design §3): ``{"landed": true, "revision": …}``
         when it recorded a revision, ``{"landed": false, "revision": null}`` when it did not (and,
-        its writer being gone, never will). The call a 503 ``CommitOutcomeUnknown`` names."""
-        revision = service.kb().write_outcome(workspace_id, key)
+        its writer being gone, never will). The call a 503 ``CommitOutcomeUnknown`` names. A key
+        is the token's own, as its turn commits recorded it (design §16)."""
+        revision = service.kb().write_outcome(workspace_id, owned_by_token(request, key, errors.InvalidInput))
         return {
             "idempotency_key": key,
             "landed": revision is not None,
@@ -349,7 +351,10 @@ def turn_router(service: Service) -> APIRouter:
             open_turn = turn(kb, request, workspace_id, turn_id)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
-            result = open_turn.commit(body.message, idempotency_key=idempotency_key)
+            # a key is private to its token, as the turn is: another token's commit with the same
+            # key records its own changes instead of being answered with this one's (design §3, §16)
+            key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
+            result = open_turn.commit(body.message, idempotency_key=key)
         return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
@@ -559,14 +564,15 @@ def create_app(
             "cli_message": access.shown(exc.cli_message, token),
         }
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
+            # the key as the client gave it (kb keeps it as t<token id>@KEY, design §16)
+            given = exc.idempotency_key
+            if token is not None and given.startswith(prefix := owned_name("", token.id)):
+                given = given.removeprefix(prefix)
             body.update(
                 workspace_id=exc.workspace_id,
-                idempotency_key=exc.idempotency_key,
+                idempotency_key=given,
                 revision=exc.revision,
-                settle={
-                    "method": "GET",
-                    "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(exc.idempotency_key, safe='')}",
-                },
+                settle={"method": "GET", "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(given, safe='')}"},
             )
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         if isinstance(exc, errors.WorkspaceMoving):  # design §15: retry after the move
