@@ -202,6 +202,36 @@ def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, 
         stop_serve(process, tmp_path / "serve.log")
 
 
+def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):
+    """A write token stages a change over MCP and is revoked before committing it: the server's
+    shutdown, which commits every open MCP turn, does not record it under the revoked token."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", author="seed") as tx:
+        tx.write("/documents/Plan.md", "# Plan\n")
+    token = kb.tokens().create("soon-revoked", "write", [1])[1]
+    process, server = start_serve(kb_env, tmp_path / "serve.log")
+    try:
+        api = httpx.Client(base_url=server, timeout=60)
+        headers = _as(token) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        opened = api.post(
+            "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+        )
+        headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+        api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        write = {"name": "write", "arguments": {"path": "/documents/Staged.md", "content": "staged\n"}}
+        staged = api.post(
+            "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+        )
+        assert '"isError":false' in staged.text, staged.text
+        kb.tokens().revoke("soon-revoked")
+    finally:
+        output = stop_serve(process, tmp_path / "serve.log")
+    repo = kb.settings.knowledge_store / "1"
+    assert "documents/Staged.md" not in git(repo, "ls-tree", "-r", "--name-only", "HEAD")
+    assert "revoked or expired" in output and "Traceback" not in output, output
+
+
 def _remote_cli_status_with_a_workspace_token(kb, kb_env, server):
     """`kb status -w 1` through kb serve with a token for workspace 1: the workspace's status,
     without the deployment's facts the server keeps from such a token."""

@@ -508,8 +508,14 @@ def create_app(
         from kb.adapters.mcp.server import http_app
         from kb.knowledge_base import default_author
 
+        def token_live(token_id: str) -> bool:  # a revoked token's staged MCP changes are not recorded
+            return any(str(t.id) == token_id for t in service.kb().tokens().list())
+
         mcp_app, mcp_lifespan = http_app(
-            await asyncio.to_thread(service.new_kb), author=mcp_author or default_author(), kb_factory=service.new_kb
+            await asyncio.to_thread(service.new_kb),
+            author=mcp_author or default_author(),
+            kb_factory=service.new_kb,
+            token_live=token_live,
         )
         mcp_endpoint.app = mcp_app
         worker_task = None

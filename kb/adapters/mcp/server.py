@@ -90,6 +90,8 @@ class ChatState:
     turn: Turn
     conversation: Any
     lock: threading.RLock
+    token_id: str | None = None
+    """The API token whose chat this is (None over stdio and --insecure-no-auth)."""
 
 
 class McpSessions:
@@ -108,6 +110,9 @@ class McpSessions:
         self.committer = committer
         self._chats: dict[tuple[int, str], ChatState] = {}
         self._lock = threading.Lock()
+        self.token_live: Callable[[str], bool] | None = None
+        """Asks whether an API token (by id) is still live: a chat of a token revoked or expired
+        since is not committed when it closes (``kb serve`` sets it; design §16)."""
 
     def get(self, workspace_id: int, chat_id: str) -> ChatState:
         """The state of one chat (created on first use). Raises WorkspaceNotFound, InvalidTurn."""
@@ -139,6 +144,21 @@ class McpSessions:
             return
         with state.lock:
             try:
+                revoked = (  # a token revoked or expired since: its staged changes are not its to record
+                    state.turn.started
+                    and state.token_id is not None
+                    and self.token_live is not None
+                    and not self.token_live(state.token_id)
+                )
+                if revoked:
+                    log.warning(
+                        "chat %s's turn is not committed: its API token %s was revoked or expired; the "
+                        "janitor removes the worktree after KB_WORKTREE_TTL",
+                        chat_id,
+                        state.token_id,
+                    )
+                    state.turn.close()
+                    return
                 if state.turn.started:
                     result = state.turn.commit("agent turn (MCP client disconnected)")
                     if result is not None:
@@ -204,6 +224,7 @@ def build_server(
             ws = int(raw)
         given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
         state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+        state.token_id = headers.get(TOKEN_ID_HEADER) or None
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
         return state
@@ -452,16 +473,19 @@ def http_app(
     author: str,
     committer: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
+    token_live: Callable[[str], bool] | None = None,
 ):
     """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
 
     ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share
-    one); ``kb`` serves the resources. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
+    one); ``kb`` serves the resources. ``token_live`` (an API token's id → still live?): the
+    chat of a token revoked or expired since is not committed at disconnect or shutdown. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
     lifetime; it runs the MCP session manager and commits every open turn at shutdown.
     """
     import contextlib
 
     server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory)
+    sessions.token_live = token_live
     inner = server.streamable_http_app(streamable_http_path="/mcp")
 
     @contextlib.asynccontextmanager
