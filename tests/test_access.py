@@ -202,6 +202,44 @@ def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, 
         stop_serve(process, tmp_path / "serve.log")
 
 
+def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_path):
+    """A turn whose worktree cannot be made (a file where its folder goes): the StorageError
+    reaches a write token over HTTP and over MCP without the storage root (design §16)."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", author="seed") as tx:
+        tx.write("/documents/Plan.md", "# Plan\n")
+    token, secret = kb.tokens().create("writer", "write", [1])
+    worktrees = kb.settings.knowledge_store / "1" / ".git" / "worktrees"
+    worktrees.mkdir(exist_ok=True)
+    for name in (f"t{token.id}@blocked", f"mcp:t{token.id}@blocked"):
+        (worktrees / name).write_text("in the way\n")
+    root = str(kb.settings.storage_root)
+    process, server = start_serve(kb_env, tmp_path / "serve.log")
+    try:
+        api = httpx.Client(base_url=server, timeout=60)
+        refused = api.put(
+            "/v1/workspaces/1/turns/blocked/files/documents/X.md", json={"content": "x\n"}, headers=_as(secret)
+        )
+        assert refused.json()["error"] == "StorageError" and root not in refused.text, refused.text
+        assert "<kb's storage root>/knowledge_store/1" in refused.json()["message"], refused.text
+        headers = _as(secret) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        headers["X-KB-Chat"] = "blocked"
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        opened = api.post(
+            "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+        )
+        headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+        api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        write = {"name": "write", "arguments": {"path": "/documents/S.md", "content": "s\n"}}
+        tool = api.post(
+            "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+        )
+        assert '"isError":true' in tool.text and "cannot create the worktree" in tool.text, tool.text
+        assert root not in tool.text and "<kb's storage root>" in tool.text, tool.text
+    finally:
+        stop_serve(process, tmp_path / "serve.log")
+
+
 def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):
     """A write token stages a change over MCP and is revoked before committing it: the server's
     shutdown, which commits every open MCP turn, does not record it under the revoked token."""

@@ -32,7 +32,13 @@ from fastapi import Request  # at run time: FastAPI reads the dependency's annot
 from pydantic import TypeAdapter
 
 from kb import errors
-from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_ID_HEADER, TOKEN_SCOPE_HEADER, owned_name
+from kb.adapters.mcp.server import (
+    TOKEN_COMMITTER_HEADER,
+    TOKEN_ID_HEADER,
+    TOKEN_SCOPE_HEADER,
+    hide_facts,
+    owned_name,
+)
 
 if TYPE_CHECKING:
     from kb.db.tokens import Scope, Token, TokenStore
@@ -89,9 +95,7 @@ class Access:
         (or nobody is checked), as ``/v1/status`` keeps them (design §16)."""
         if self.insecure or (token is not None and token.scope == "admin"):
             return text
-        for fact, placeholder in self.deployment.items():
-            text = text.replace(fact, placeholder)
-        return text
+        return hide_facts(text, self.deployment)
 
     def authenticate(self, authorization: str | None) -> Token | None:
         """The live token of an ``Authorization`` header value (None when insecure). Raises

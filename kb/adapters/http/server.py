@@ -59,7 +59,7 @@ from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
 from kb.adapters.json_form import json_form
-from kb.adapters.mcp.server import owned_name
+from kb.adapters.mcp.server import deployment_facts, owned_name
 from kb.db import database
 from kb.settings import Settings
 
@@ -162,12 +162,7 @@ class Service:
         for the in-process worker (its jobs run in the worker's threads)."""
         first = self.new_kb()
         self.access.tokens = first.tokens()  # design §16: requests are checked from now on
-        from kb.db.database import redact
-
-        self.access.deployment = {  # kept from error messages to all but admin tokens (design §16)
-            redact(first.database_url): "<kb's database>",
-            str(self.settings.storage_root): "<kb's storage root>",
-        }
+        self.access.deployment = deployment_facts(first)  # kept from all but admin tokens' errors (design §16)
         self._embedder = first.embedder
         self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()

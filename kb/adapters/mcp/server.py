@@ -69,6 +69,21 @@ def owned_name(name: str, token_id: object | None) -> str:
     return f"t{token_id}@{name}" if token_id is not None and token_id != "" else name
 
 
+def deployment_facts(kb: KnowledgeBase) -> dict[str, str]:
+    """Text naming where ``kb`` keeps its data (the database's redacted address, the storage root)
+    → the placeholder an error message shows instead to a caller without an admin token (design §16)."""
+    from kb.db.database import redact
+
+    return {redact(kb.database_url): "<kb's database>", str(kb.settings.storage_root): "<kb's storage root>"}
+
+
+def hide_facts(text: str, facts: dict[str, str]) -> str:
+    """``text`` with every fact of ``facts`` (``deployment_facts``) replaced by its placeholder."""
+    for fact, placeholder in facts.items():
+        text = text.replace(fact, placeholder)
+    return text
+
+
 def turn_id_for_chat(chat_id: str) -> str:
     """The turn id of a chat's MCP conversation (one function, so recovery finds the same worktree)."""
     return f"mcp:{chat_id}"
@@ -92,6 +107,8 @@ class ChatState:
     lock: threading.RLock
     token_id: str | None = None
     """The API token whose chat this is (None over stdio and --insecure-no-auth)."""
+    token_scope: str | None = None
+    """That token's scope: its errors name where kb keeps its data only for an admin one."""
 
 
 class McpSessions:
@@ -224,7 +241,7 @@ def build_server(
             ws = int(raw)
         given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
         state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
-        state.token_id = headers.get(TOKEN_ID_HEADER) or None
+        state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
         return state
@@ -236,7 +253,10 @@ def build_server(
             with state.lock:  # one call at a time per chat (a turn is one worktree)
                 return fn()
         except KbError as exc:
-            raise ToolError(str(exc)) from exc
+            message = str(exc)
+            if state is not None and state.token_scope not in (None, "admin"):  # as kb serve's errors (design §16)
+                message = hide_facts(message, deployment_facts(state.kb))
+            raise ToolError(message) from exc
         except ValueError as exc:  # argument checks of the turn API (negative offsets, …)
             raise ToolError(str(exc)) from exc
 
