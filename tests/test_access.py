@@ -18,6 +18,7 @@ import httpx
 import pytest
 from support import api_fuzz
 from support.commands import git
+from support.named_queries import queries
 from support.network import Relay, free_port
 from support.serving import start_serve, stop_serve
 from support.waiting import wait_until
@@ -26,6 +27,8 @@ pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip insta
 
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from kb.db import database
 
 LIMIT = 4096
 
@@ -241,33 +244,41 @@ def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_pat
 
 
 def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):
-    """A write token stages a change over MCP and is revoked before committing it: the server's
-    shutdown, which commits every open MCP turn, does not record it under the revoked token."""
+    """Write tokens stage a change over MCP and are revoked (or expire) before committing it: the
+    server's shutdown, which commits every open MCP turn, does not record it under their name."""
     kb.create_workspace(1)
     with kb.transaction(1, "seed", author="seed") as tx:
         tx.write("/documents/Plan.md", "# Plan\n")
-    token = kb.tokens().create("soon-revoked", "write", [1])[1]
+    tokens = {name: kb.tokens().create(name, "write", [1])[1] for name in ("soon-revoked", "soon-expired")}
     process, server = start_serve(kb_env, tmp_path / "serve.log")
     try:
-        api = httpx.Client(base_url=server, timeout=60)
-        headers = _as(token) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-        opened = api.post(
-            "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
-        )
-        headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
-        api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
-        write = {"name": "write", "arguments": {"path": "/documents/Staged.md", "content": "staged\n"}}
-        staged = api.post(
-            "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
-        )
-        assert '"isError":false' in staged.text, staged.text
+        for name, token in tokens.items():
+            _stage_over_mcp(server, token, f"/documents/{name}.md")
         kb.tokens().revoke("soon-revoked")
+        with database.pooled_connection(kb.database_url) as conn:
+            conn.execute(queries["test_expire_api_token"], {"name": "soon-expired"})
     finally:
         output = stop_serve(process, tmp_path / "serve.log")
-    repo = kb.settings.knowledge_store / "1"
-    assert "documents/Staged.md" not in git(repo, "ls-tree", "-r", "--name-only", "HEAD")
-    assert "revoked or expired" in output and "Traceback" not in output, output
+    tree = git(kb.settings.knowledge_store / "1", "ls-tree", "-r", "--name-only", "HEAD")
+    assert "soon-revoked" not in tree and "soon-expired" not in tree, tree
+    assert output.count("revoked or expired") == 2 and "Traceback" not in output, output
+
+
+def _stage_over_mcp(server: str, token: str, path: str) -> None:
+    """Write ``path`` in a fresh MCP session of ``token``, without committing it."""
+    api = httpx.Client(base_url=server, timeout=60)
+    headers = _as(token) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+    )
+    headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+    api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    write = {"name": "write", "arguments": {"path": path, "content": "staged\n"}}
+    staged = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+    )
+    assert '"isError":false' in staged.text, staged.text
 
 
 def _remote_cli_status_with_a_workspace_token(kb, kb_env, server):

@@ -503,8 +503,14 @@ def create_app(
         from kb.adapters.mcp.server import http_app
         from kb.knowledge_base import default_author
 
-        def token_live(token_id: str) -> bool:  # a revoked token's staged MCP changes are not recorded
-            return any(str(t.id) == token_id for t in service.kb().tokens().list())
+        def token_live(token_id: str) -> bool:  # a revoked or expired token's staged MCP changes are not recorded
+            from datetime import UTC, datetime
+
+            now = datetime.now(UTC)
+            return any(
+                str(t.id) == token_id and (t.expires_at is None or t.expires_at > now)
+                for t in service.kb().tokens().list()  # the live ones and the expired ones
+            )
 
         mcp_app, mcp_lifespan = http_app(
             await asyncio.to_thread(service.new_kb),
