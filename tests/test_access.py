@@ -243,6 +243,18 @@ def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_pat
         stop_serve(process, tmp_path / "serve.log")
 
 
+def test_hidden_facts_leave_document_paths_alone():
+    """A short storage root hides where it starts a path, not inside a document's path."""
+    from kb.adapters.mcp.server import hide_facts
+
+    facts = {"/data": "<kb's storage root>", "user=kb host=db": "<kb's database>"}
+    text = "cannot write /documents/data/x.md in /data/knowledge_store/1 (Postgres at user=kb host=db)"
+    assert hide_facts(text, facts) == (
+        "cannot write /documents/data/x.md in <kb's storage root>/knowledge_store/1 (Postgres at <kb's database>)"
+    )
+    assert hide_facts("at /x/y", {"/": "<root>"}) == "at /x/y"
+
+
 def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):
     """Write tokens stage a change over MCP and are revoked (or expire) before committing it: the
     server's shutdown, which commits every open MCP turn, does not record it under their name."""

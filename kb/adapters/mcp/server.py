@@ -78,9 +78,14 @@ def deployment_facts(kb: KnowledgeBase) -> dict[str, str]:
 
 
 def hide_facts(text: str, facts: dict[str, str]) -> str:
-    """``text`` with every fact of ``facts`` (``deployment_facts``) replaced by its placeholder."""
+    """``text`` with every fact of ``facts`` (``deployment_facts``) replaced by its placeholder
+    where it starts a path or a word, so a short storage root such as ``/data`` does not eat the
+    ``/data`` of a document's path ``/documents/data/…``."""
+    import re
+
     for fact, placeholder in facts.items():
-        text = text.replace(fact, placeholder)
+        if len(fact) > 1:  # a root of "/" names nothing worth hiding, and is in every path
+            text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), lambda _, shown=placeholder: shown, text)
     return text
 
 
