@@ -85,7 +85,7 @@ def hide_facts(text: str, facts: dict[str, str]) -> str:
 
     for fact, placeholder in facts.items():
         if len(fact) > 1:  # a root of "/" names nothing worth hiding, and is in every path
-            text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), lambda _, shown=placeholder: shown, text)
+            text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), placeholder.replace("\\", "\\\\"), text)
     return text
 
 
