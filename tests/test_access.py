@@ -18,13 +18,17 @@ import httpx
 import pytest
 from support import api_fuzz
 from support.commands import git
-from support.network import free_port
+from support.named_queries import queries
+from support.network import Relay, free_port
+from support.serving import start_serve, stop_serve
 from support.waiting import wait_until
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from kb.db import database
 
 LIMIT = 4096
 
@@ -110,7 +114,7 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     assert git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>") == (
         f"Ada <ada@example.com>|writer <kb-token-{writer_token.id}>\n"
     )
-    _turns_and_chats_are_private_to_their_token(kb, server, writer, repo)
+    _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_token.id, repo)
     # MCP over HTTP: the same rules
     _mcp(server, reader, writer, writer_token.id, repo, kb.tokens())
     # revoked: the very next request is refused
@@ -118,7 +122,7 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     assert api.get(search.format(1), headers=_as(writer)).status_code == 401
 
 
-def _turns_and_chats_are_private_to_their_token(kb, server, writer, repo):
+def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, repo):
     """A second write token of the same workspace that names the first one's turn or chat id gets
     a turn or chat of its own: it cannot commit, read or abort the first one's changes, nor see
     its citation handles."""
@@ -135,11 +139,158 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, repo):
     mine = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "draft"}, headers=_as(writer))
     assert mine.status_code == 200 and mine.json()["revision"] is not None, mine.text
     assert git(repo, "show", "HEAD:documents/Draft.md") == "first writer's draft\n"
+    # an idempotency key: one token's commit with another's key records its own changes (never
+    # answered with the other's revision while its own are dropped), and each settles its own
+    key = {"Idempotency-Key": "commit-key-1"}
+    assert api.put(draft, json={"content": "other's draft\n"}, headers=_as(other)).status_code == 200
+    theirs = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "o"}, headers=_as(other) | key)
+    assert theirs.status_code == 200 and theirs.json()["revision"] is not None, theirs.text
+    assert api.put(draft, json={"content": "writer's second draft\n"}, headers=_as(writer)).status_code == 200
+    second = api.post("/v1/workspaces/1/turns/shared/commit", json={"message": "w"}, headers=_as(writer) | key)
+    assert second.status_code == 200 and second.json()["revision"] != theirs.json()["revision"], second.text
+    assert git(repo, "show", "HEAD:documents/Draft.md") == "writer's second draft\n"
+    for who, landed in ((writer, second), (other, theirs)):
+        settled = api.get("/v1/workspaces/1/writes/commit-key-1", headers=_as(who)).json()
+        assert settled["landed"] and settled["revision"]["id"] == landed.json()["revision"], settled
     # citation handles: the chat "c" of one token is not the chat "c" of another
     shown = api.get("/v1/workspaces/1/chats/c/documents/documents/Plan.md", headers=_as(writer))
     assert shown.status_code == 200, shown.text
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(writer)).json()
     assert api.get("/v1/workspaces/1/chats/c/handles", headers=_as(other)).json() == []
+    # a long id: the token's prefix counts against the 200 characters, and the refusal counts
+    # the client's own id (not the key it never gave)
+    room = 200 - len(f"t{writer_id}@")
+    longest = api.put(
+        f"/v1/workspaces/1/turns/{'a' * room}/files/documents/L.md", json={"content": "l\n"}, headers=_as(writer)
+    )
+    assert longest.status_code == 200, longest.text
+    assert api.delete(f"/v1/workspaces/1/turns/{'a' * room}", headers=_as(writer)).status_code == 200
+    for url, error in (
+        (f"/v1/workspaces/1/turns/{'a' * (room + 1)}/files/documents/L.md", "InvalidTurn"),
+        (f"/v1/workspaces/1/chats/{'a' * (room + 1)}/handles", "InvalidChat"),
+    ):
+        refused = api.get(url, headers=_as(writer))
+        assert refused.status_code == 400 and refused.json()["error"] == error, refused.text
+        assert f"at most {room}" in refused.json()["message"] and f"t{writer_id}@" not in refused.text, refused.text
+    # the citation page too: a person with the token opens its chat "c"; another token of the
+    # workspace neither reaches it by "c" nor by the key kb stores it under
+    page = "/ui/workspaces/1/citation"
+    mine = api.get(page, params={"chat": "c", "c": "[1:L1]"}, headers=_as(writer))
+    assert mine.status_code == 200 and "At its revision" in mine.text, mine.text
+    for chat in ("c", f"t{writer_id}@c"):
+        theirs = api.get(page, params={"chat": chat, "c": "[1:L1]"}, headers=_as(other))
+        assert theirs.status_code == 404 and "At its revision" not in theirs.text, (chat, theirs.text)
+
+
+def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, kb_env, tmp_path):
+    """Postgres away: the token cannot be checked, and the 503 says so without the database's
+    address (host, port, user, database), which /v1/status keeps for an admin token (design §16)."""
+    import psycopg
+
+    info = psycopg.conninfo.conninfo_to_dict(kb.database_url)
+    if str(info.get("host", "")).startswith("/"):
+        pytest.skip("the test database listens on a Unix socket; the relay is TCP")
+    relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+    url = psycopg.conninfo.make_conninfo(kb.database_url, host="127.0.0.1", port=str(relay.port))
+    token = kb.tokens().create("some-reader", "read", [1])[1]
+    process, server = start_serve({**kb_env, "KB_DATABASE_URL": url}, tmp_path / "serve.log")
+    try:
+        assert httpx.get(f"{server}/v1/status", headers=_as(token), timeout=60).status_code == 403  # checked
+        relay.close()
+        # anybody (anything shaped as a token; a live one is answered alike): the pool's wait, then 503
+        away = httpx.get(f"{server}/v1/workspaces/1/search?q=x", headers=_as("kb_" + "x" * 43), timeout=120)
+        assert away.status_code == 503 and away.json()["error"] == "DatabaseUnavailable", away.text
+        assert str(relay.port) not in away.text and info["dbname"] not in away.text, away.text
+    finally:
+        stop_serve(process, tmp_path / "serve.log")
+
+
+def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_path):
+    """A turn whose worktree cannot be made (a file where its folder goes): the StorageError
+    reaches a write token over HTTP and over MCP without the storage root (design §16)."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", author="seed") as tx:
+        tx.write("/documents/Plan.md", "# Plan\n")
+    token, secret = kb.tokens().create("writer", "write", [1])
+    worktrees = kb.settings.knowledge_store / "1" / ".git" / "worktrees"
+    worktrees.mkdir(exist_ok=True)
+    for name in (f"t{token.id}@blocked", f"mcp:t{token.id}@blocked"):
+        (worktrees / name).write_text("in the way\n")
+    root = str(kb.settings.storage_root)
+    process, server = start_serve(kb_env, tmp_path / "serve.log")
+    try:
+        api = httpx.Client(base_url=server, timeout=60)
+        refused = api.put(
+            "/v1/workspaces/1/turns/blocked/files/documents/X.md", json={"content": "x\n"}, headers=_as(secret)
+        )
+        assert refused.json()["error"] == "StorageError" and root not in refused.text, refused.text
+        assert "<kb's storage root>/knowledge_store/1" in refused.json()["message"], refused.text
+        headers = _as(secret) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        headers["X-KB-Chat"] = "blocked"
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        opened = api.post(
+            "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+        )
+        headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+        api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        write = {"name": "write", "arguments": {"path": "/documents/S.md", "content": "s\n"}}
+        tool = api.post(
+            "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+        )
+        assert '"isError":true' in tool.text and "cannot create the worktree" in tool.text, tool.text
+        assert root not in tool.text and "<kb's storage root>" in tool.text, tool.text
+    finally:
+        stop_serve(process, tmp_path / "serve.log")
+
+
+def test_hidden_facts_leave_document_paths_alone():
+    """A short storage root hides where it starts a path, not inside a document's path."""
+    from kb.adapters.mcp.server import hide_facts
+
+    facts = {"/data": "<kb's storage root>", "user=kb host=db": "<kb's database>"}
+    text = "cannot write /documents/data/x.md in /data/knowledge_store/1 (Postgres at user=kb host=db)"
+    assert hide_facts(text, facts) == (
+        "cannot write /documents/data/x.md in <kb's storage root>/knowledge_store/1 (Postgres at <kb's database>)"
+    )
+    assert hide_facts("at /x/y", {"/": "<root>"}) == "at /x/y"
+
+
+def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):
+    """Write tokens stage a change over MCP and are revoked (or expire) before committing it: the
+    server's shutdown, which commits every open MCP turn, does not record it under their name."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", author="seed") as tx:
+        tx.write("/documents/Plan.md", "# Plan\n")
+    tokens = {name: kb.tokens().create(name, "write", [1])[1] for name in ("soon-revoked", "soon-expired")}
+    process, server = start_serve(kb_env, tmp_path / "serve.log")
+    try:
+        for name, token in tokens.items():
+            _stage_over_mcp(server, token, f"/documents/{name}.md")
+        kb.tokens().revoke("soon-revoked")
+        with database.pooled_connection(kb.database_url) as conn:
+            conn.execute(queries["test_expire_api_token"], {"name": "soon-expired"})
+    finally:
+        output = stop_serve(process, tmp_path / "serve.log")
+    tree = git(kb.settings.knowledge_store / "1", "ls-tree", "-r", "--name-only", "HEAD")
+    assert "soon-revoked" not in tree and "soon-expired" not in tree, tree
+    assert output.count("revoked or expired") == 2 and "Traceback" not in output, output
+
+
+def _stage_over_mcp(server: str, token: str, path: str) -> None:
+    """Write ``path`` in a fresh MCP session of ``token``, without committing it."""
+    api = httpx.Client(base_url=server, timeout=60)
+    headers = _as(token) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+    )
+    headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+    api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    write = {"name": "write", "arguments": {"path": path, "content": "staged\n"}}
+    staged = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+    )
+    assert '"isError":false' in staged.text, staged.text
 
 
 def _remote_cli_status_with_a_workspace_token(kb, kb_env, server):
@@ -195,9 +346,65 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens)
 
     anyio.run(run)
     assert git(repo, "log", "-1", "--format=%s|%cn <%ce>") == f"by mcp|writer <kb-token-{writer_id}>\n"
+    _mcp_sessions_belong_to_their_token(server, writer, [other_writer, reader])
+    _mcp_session_end_commits_the_chat_the_tools_used(server, writer, repo)
     assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404
     for odd in ("/mcp/%D9%A2", "/mcp/%EF%BC%92", "/mcp/1/2"):  # another script's digit 2, a fullwidth 2
         assert httpx.post(f"{server}{odd}", json={}, headers=_as(reader), timeout=30).status_code == 404, odd
+
+
+def _mcp_sessions_belong_to_their_token(server: str, owner: str, others: list[str]) -> None:
+    """An MCP session (its Mcp-Session-Id) answers only the token that opened it: another token
+    that learns the id can neither end the session (HTTP DELETE) nor send on it."""
+    api = httpx.Client(base_url=server, timeout=60)
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=_as(owner) | accept
+    )
+    assert opened.status_code == 200, opened.text
+    session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert api.post("/mcp/1", json=ready, headers=_as(owner) | accept | session).status_code == 202
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    for other in others:
+        assert api.post("/mcp/1", json=listing, headers=_as(other) | accept | session).status_code == 404
+        assert api.delete("/mcp/1", headers=_as(other) | accept | session).status_code == 404
+    answer = api.post("/mcp/1", json=listing, headers=_as(owner) | accept | session)
+    assert answer.status_code == 200 and '"commit"' in answer.text, answer.text
+    assert api.delete("/mcp/1", headers=_as(owner) | accept | session).status_code == 200
+    # a chat id that is not UTF-8 (a header is bytes): the end of its session is answered, and
+    # the server logs no traceback (the fixture checks)
+    odd = api.delete("/mcp/1", headers={**_as(owner), **accept, "X-KB-Chat": b"caf\xe9 \xff"})
+    assert odd.status_code < 500, odd.text
+
+
+def _mcp_session_end_commits_the_chat_the_tools_used(server: str, writer: str, repo) -> None:
+    """The end of a session (HTTP DELETE) commits its chat's turn; a client that sends X-KB-Chat
+    twice: the tools take the first, and so does the end of its session."""
+    api = httpx.Client(base_url=server, timeout=60)
+    headers = [
+        *_as(writer).items(),
+        ("Accept", "application/json, text/event-stream"),
+        ("Content-Type", "application/json"),
+        ("X-KB-Chat", "first-chat"),
+        ("X-KB-Chat", "second-chat"),
+    ]
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=headers
+    )
+    headers.append(("Mcp-Session-Id", opened.headers["mcp-session-id"]))
+    api.post("/mcp/1", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    write = {"name": "write", "arguments": {"path": "/documents/Twice.md", "content": "twice\n"}}
+    wrote = api.post(
+        "/mcp/1", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, headers=headers
+    )
+    assert wrote.status_code == 200 and '"isError":false' in wrote.text, wrote.text
+    assert api.delete("/mcp/1", headers=headers).status_code == 200
+    # the answer goes out before the commit: wait for it (a session that ended uncommitted never lands)
+    wait_until(lambda: "documents/Twice.md" in git(repo, "ls-tree", "-r", "--name-only", "HEAD"), 60, "the commit")
+    assert git(repo, "show", "HEAD:documents/Twice.md") == "twice\n"
 
 
 def _bad_input_writes_nothing(kb, server):

@@ -77,6 +77,9 @@ WHERE d.id = c.document_id AND d.workspace_id = %(workspace_id)s AND d.path = %(
 UPDATE kb.documents SET status = 'quarantined', quarantined_at = NULL
 WHERE workspace_id = %(workspace_id)s AND path = %(path)s;
 
+-- name: test_expire_api_token
+UPDATE kb.api_tokens SET expires_at = now() - interval '1 second' WHERE name = %(name)s;
+
 -- name: test_age_citation_chat
 UPDATE kb.citation_chats SET last_used_at = now() - make_interval(days => %(days)s)
 WHERE workspace_id = %(workspace_id)s AND chat_id = %(chat_id)s;

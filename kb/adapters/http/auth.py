@@ -18,7 +18,7 @@ Three parts, so no route can be forgotten:
 - :class:`McpGate` wraps the MCP mount (``/mcp/<workspace>``): read on the workspace to connect,
   and it passes the token's scope and committer to the MCP tools in headers the client cannot set
   (:data:`SCOPE_HEADER`, :data:`COMMITTER_HEADER`); the tools that change documents refuse a read
-  token (``kb.adapters.mcp.server``).
+  token (``kb.adapters.mcp.server``). An MCP session answers only the token that opened it.
 
 ``kb serve --insecure-no-auth`` (``Access(insecure=True)``) skips all of it and says so at start-up.
 """
@@ -32,7 +32,13 @@ from fastapi import Request  # at run time: FastAPI reads the dependency's annot
 from pydantic import TypeAdapter
 
 from kb import errors
-from kb.adapters.mcp.server import TOKEN_COMMITTER_HEADER, TOKEN_ID_HEADER, TOKEN_SCOPE_HEADER, owned_name
+from kb.adapters.mcp.server import (
+    TOKEN_COMMITTER_HEADER,
+    TOKEN_ID_HEADER,
+    TOKEN_SCOPE_HEADER,
+    hide_facts,
+    owned_name,
+)
 
 if TYPE_CHECKING:
     from kb.db.tokens import Scope, Token, TokenStore
@@ -79,6 +85,17 @@ class Access:
     def __init__(self, insecure: bool = False) -> None:
         self.insecure = insecure
         self.tokens: TokenStore | None = None
+        self.deployment: dict[str, str] = {}
+        """Text of the deployment's facts (the database's address, the storage root) → what an
+        error message says instead to a caller without an admin token (set by the service)."""
+
+    def shown(self, text: str, token: Token | None) -> str:
+        """``text`` (an error message) as the caller of ``token`` may read it: the database's
+        address and the storage root replaced by placeholders unless the token is an admin one
+        (or nobody is checked), as ``/v1/status`` keeps them (design §16)."""
+        if self.insecure or (token is not None and token.scope == "admin"):
+            return text
+        return hide_facts(text, self.deployment)
 
     def authenticate(self, authorization: str | None) -> Token | None:
         """The live token of an ``Authorization`` header value (None when insecure). Raises
@@ -128,11 +145,14 @@ def start_up_check(host: str, port: int, *, insecure: bool, tokens_live: Callabl
     )
 
 
-def error_response(status: int, exc: errors.KbError, headers: dict[str, str] | None = None):
-    """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app."""
+def error_response(
+    status: int, exc: errors.KbError, headers: dict[str, str] | None = None, shown: Callable[[str], str] = str
+):
+    """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app;
+    ``shown`` rewrites the messages for the caller (``Access.shown``)."""
     from starlette.responses import JSONResponse
 
-    body = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
+    body = {"error": type(exc).__name__, "message": shown(str(exc)), "cli_message": shown(exc.cli_message)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -195,7 +215,9 @@ class Authentication:
             await error_response(401, exc, {"WWW-Authenticate": 'Bearer realm="kb"'})(scope, receive, send)
             return
         except errors.KbError as exc:  # the database does not answer: nobody can be checked
-            await error_response(503, exc, {"Retry-After": "1"})(scope, receive, send)
+            # nor told where the database is (the caller is nobody known yet)
+            shown = lambda text: self.access.shown(text, None)  # noqa: E731
+            await error_response(503, exc, {"Retry-After": "1"}, shown)(scope, receive, send)
             return
         scope[TOKEN_KEY] = token
         await self.app(scope, receive, send)
@@ -213,13 +235,31 @@ def committer_of(request: Request) -> str | None:
     return None if token is None else token.committer
 
 
-def owned_by_token(request: Request, name: str) -> str:
+OWNED_ID_CHARS = 200
+"""The most characters of a turn's root id (``kb.git.worktree.root_turn_id``) and of a chat id
+(``kb.citations.registry.MAX_CHAT_ID_CHARS``), the token's prefix included."""
+
+
+def owned_by_token(request: Request, name: str, error: type[errors.KbError] = errors.InvalidTurn) -> str:
     """A client-given turn or chat id as kb keys it for ``request``'s token: private to that token
     (``owned_name``: ``t<token id>@<name>``; ``name`` itself under ``--insecure-no-auth``), so a
     second token of the same workspace that names it reaches a turn or chat of its own, never the
-    first token's worktree, changes or citation handles (design §16)."""
+    first token's worktree, changes or citation handles (design §16).
+
+    Raises ``error`` (InvalidTurn; InvalidChat for a chat) when the prefix leaves no room for the
+    id (its root, before ``::``): the message counts the client's own id, not the key it never gave."""
     token = request_token(request)
-    return name if token is None else owned_name(name, token.id)
+    if token is None:
+        return name
+    owned = owned_name(name, token.id)
+    room = OWNED_ID_CHARS - (len(owned) - len(name))
+    root = name.split("::", 1)[0]
+    if len(root) > room:
+        raise error(
+            f"the id {root[:40]!r}… has {len(root)} characters; use at most {room} (behind an API token kb "
+            f"keeps {OWNED_ID_CHARS - room} of the {OWNED_ID_CHARS} for the token the id is private to)"
+        )
+    return owned
 
 
 _INTEGER = TypeAdapter(int)  # the routes' own parsing of an int parameter (built once: ~0.1 ms)
@@ -303,7 +343,21 @@ class McpGate:
             (COMMITTER_HEADER, token.committer.encode("utf-8")),
             (TOKEN_HEADER, str(token.id).encode()),
         ]
-        await self.app(dict(scope, headers=headers), receive, send)
+        await self.app(dict(scope, headers=headers, user=_mcp_principal(token)), receive, send)
+
+
+def _mcp_principal(token: Token):
+    """The token as the MCP SDK's authenticated user: its session manager binds a session
+    (``Mcp-Session-Id``) to the user that opened it and answers any other one 404 "Session not
+    found", so a token that learns another token's session id can neither end that session (HTTP
+    DELETE) nor send on it or take its stream (design §16). Only the token's id goes in, never its
+    secret."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+
+    return AuthenticatedUser(
+        AccessToken(token=f"kb-token-{token.id}", client_id=f"kb-token-{token.id}", scopes=[token.scope])
+    )
 
 
 def unguarded_routes(app) -> list[str]:

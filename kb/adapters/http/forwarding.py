@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote
 
 from kb import errors
-from kb.adapters.http.auth import error_response
+from kb.adapters.http.auth import TOKEN_KEY, error_response
 from kb.db.nodes import Heartbeat
 
 if TYPE_CHECKING:
@@ -108,8 +108,11 @@ class NodeForwarding:
         try:
             home = await asyncio.to_thread(self._home, ws)
         except (errors.DatabaseUnavailable, errors.StatementCanceled, errors.DatabaseNotReady) as exc:
-            # the database is away: where the workspace lives is unknown (serving here: WrongNode)
-            await error_response(503, exc, {"Retry-After": "1"})(scope, receive, send)
+            # the database is away: where the workspace lives is unknown (serving here: WrongNode);
+            # where the database is stays untold but to an admin token (design §16)
+            access = scope["app"].state.access
+            shown = lambda text: access.shown(text, scope.get(TOKEN_KEY))  # noqa: E731
+            await error_response(503, exc, {"Retry-After": "1"}, shown)(scope, receive, send)
             return
         except errors.KbError as exc:  # an id the route refuses (422) or a missing workspace (404)
             log.debug("home of workspace %s unknown (%s); the route answers", ws, exc)

@@ -59,6 +59,7 @@ from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
 from kb.adapters.json_form import json_form
+from kb.adapters.mcp.server import deployment_facts, owned_name
 from kb.db import database
 from kb.settings import Settings
 
@@ -161,6 +162,7 @@ class Service:
         for the in-process worker (its jobs run in the worker's threads)."""
         first = self.new_kb()
         self.access.tokens = first.tokens()  # design §16: requests are checked from now on
+        self.access.deployment = deployment_facts(first)  # kept from all but admin tokens' errors (design §16)
         self._embedder = first.embedder
         self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()
@@ -250,11 +252,12 @@ def read_router(service: Service) -> APIRouter:
         return service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision).as_json()
 
     @router.get("/workspaces/{workspace_id}/writes/{key:path}", dependencies=readable)
-    def write_outcome(workspace_id: int, key: str) -> dict:
+    def write_outcome(request: Request, workspace_id: int, key: str) -> dict:
         """Settle a write by its idempotency key (design §3): ``{"landed": true, "revision": …}``
         when it recorded a revision, ``{"landed": false, "revision": null}`` when it did not (and,
-        its writer being gone, never will). The call a 503 ``CommitOutcomeUnknown`` names."""
-        revision = service.kb().write_outcome(workspace_id, key)
+        its writer being gone, never will). The call a 503 ``CommitOutcomeUnknown`` names. A key
+        is the token's own, as its turn commits recorded it (design §16)."""
+        revision = service.kb().write_outcome(workspace_id, owned_by_token(request, key, errors.InvalidInput))
         return {
             "idempotency_key": key,
             "landed": revision is not None,
@@ -343,7 +346,10 @@ def turn_router(service: Service) -> APIRouter:
             open_turn = turn(kb, request, workspace_id, turn_id)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
-            result = open_turn.commit(body.message, idempotency_key=idempotency_key)
+            # a key is private to its token, as the turn is: another token's commit with the same
+            # key records its own changes instead of being answered with this one's (design §3, §16)
+            key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
+            result = open_turn.commit(body.message, idempotency_key=key)
         return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
@@ -371,7 +377,10 @@ def citation_router(service: Service) -> APIRouter:
     ) -> list[dict]:
         """Search as this chat: each envelope cites the chat's handle (``cite: "[n]"``)."""
         return [
-            e.as_json() for e in service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).search(q, k)
+            e.as_json()
+            for e in service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+            .search(q, k)
         ]
 
     @router.get("/documents/{path:path}")
@@ -385,27 +394,34 @@ def citation_router(service: Service) -> APIRouter:
         limit: int | None = Query(None, ge=0),
     ) -> dict:
         """Read (a window of) a document as this chat, registering its handle."""
-        conversation = service.kb().conversation(workspace_id, owned_by_token(request, chat_id))
+        conversation = service.kb().conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
         return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
 
     @router.get("/handles")
     def handles(request: Request, workspace_id: int, chat_id: str) -> list[dict]:
         """Every handle the chat was shown, by number."""
         return [
-            h.as_json() for h in service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).handles()
+            h.as_json()
+            for h in service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+            .handles()
         ]
 
     @router.delete("/handles")
     def forget(request: Request, workspace_id: int, chat_id: str) -> dict:
         """Forget the chat's handles (the next search starts again at [1])."""
-        return {"forgotten": service.kb().conversation(workspace_id, owned_by_token(request, chat_id)).forget()}
+        return {
+            "forgotten": service.kb()
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+            .forget()
+        }
 
     @router.post("/normalize")
     def normalize(request: Request, workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
         """Rewrite an answer's citations canonically against the chat's handles."""
         return (
             service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id))
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
             .normalize(body.text, drop_unknown=body.drop_unknown)
             .as_json()
         )
@@ -421,7 +437,7 @@ def citation_router(service: Service) -> APIRouter:
         """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
         return (
             service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id))
+            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
             .resolve(citation, follow)
             .as_json()
         )
@@ -487,8 +503,20 @@ def create_app(
         from kb.adapters.mcp.server import http_app
         from kb.knowledge_base import default_author
 
+        def token_live(token_id: str) -> bool:  # a revoked or expired token's staged MCP changes are not recorded
+            from datetime import UTC, datetime
+
+            now = datetime.now(UTC)
+            return any(
+                str(t.id) == token_id and (t.expires_at is None or t.expires_at > now)
+                for t in service.kb().tokens().list()  # the live ones and the expired ones
+            )
+
         mcp_app, mcp_lifespan = http_app(
-            await asyncio.to_thread(service.new_kb), author=mcp_author or default_author(), kb_factory=service.new_kb
+            await asyncio.to_thread(service.new_kb),
+            author=mcp_author or default_author(),
+            kb_factory=service.new_kb,
+            token_live=token_live,
         )
         mcp_endpoint.app = mcp_app
         worker_task = None
@@ -536,16 +564,22 @@ def create_app(
 
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
-        body: dict[str, object] = {"error": type(exc).__name__, "message": str(exc), "cli_message": exc.cli_message}
+        token = request_token(request)  # where kb keeps its data: for an admin token only (design §16)
+        body: dict[str, object] = {
+            "error": type(exc).__name__,
+            "message": access.shown(str(exc), token),
+            "cli_message": access.shown(exc.cli_message, token),
+        }
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
+            # the key as the client gave it (kb keeps it as t<token id>@KEY, design §16)
+            given = exc.idempotency_key
+            if token is not None and given.startswith(prefix := owned_name("", token.id)):
+                given = given.removeprefix(prefix)
             body.update(
                 workspace_id=exc.workspace_id,
-                idempotency_key=exc.idempotency_key,
+                idempotency_key=given,
                 revision=exc.revision,
-                settle={
-                    "method": "GET",
-                    "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(exc.idempotency_key, safe='')}",
-                },
+                settle={"method": "GET", "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(given, safe='')}"},
             )
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         if isinstance(exc, errors.WorkspaceMoving):  # design §15: retry after the move

@@ -69,6 +69,26 @@ def owned_name(name: str, token_id: object | None) -> str:
     return f"t{token_id}@{name}" if token_id is not None and token_id != "" else name
 
 
+def deployment_facts(kb: KnowledgeBase) -> dict[str, str]:
+    """Text naming where ``kb`` keeps its data (the database's redacted address, the storage root)
+    → the placeholder an error message shows instead to a caller without an admin token (design §16)."""
+    from kb.db.database import redact
+
+    return {redact(kb.database_url): "<kb's database>", str(kb.settings.storage_root): "<kb's storage root>"}
+
+
+def hide_facts(text: str, facts: dict[str, str]) -> str:
+    """``text`` with every fact of ``facts`` (``deployment_facts``) replaced by its placeholder
+    where it starts a path or a word, so a short storage root such as ``/data`` does not eat the
+    ``/data`` of a document's path ``/documents/data/…``."""
+    import re
+
+    for fact, placeholder in facts.items():
+        if len(fact) > 1:  # a root of "/" names nothing worth hiding, and is in every path
+            text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), placeholder.replace("\\", "\\\\"), text)
+    return text
+
+
 def turn_id_for_chat(chat_id: str) -> str:
     """The turn id of a chat's MCP conversation (one function, so recovery finds the same worktree)."""
     return f"mcp:{chat_id}"
@@ -90,6 +110,10 @@ class ChatState:
     turn: Turn
     conversation: Any
     lock: threading.RLock
+    token_id: str | None = None
+    """The API token whose chat this is (None over stdio and --insecure-no-auth)."""
+    token_scope: str | None = None
+    """That token's scope: its errors name where kb keeps its data only for an admin one."""
 
 
 class McpSessions:
@@ -108,6 +132,9 @@ class McpSessions:
         self.committer = committer
         self._chats: dict[tuple[int, str], ChatState] = {}
         self._lock = threading.Lock()
+        self.token_live: Callable[[str], bool] | None = None
+        """Asks whether an API token (by id) is still live: a chat of a token revoked or expired
+        since is not committed when it closes (``kb serve`` sets it; design §16)."""
 
     def get(self, workspace_id: int, chat_id: str) -> ChatState:
         """The state of one chat (created on first use). Raises WorkspaceNotFound, InvalidTurn."""
@@ -139,6 +166,21 @@ class McpSessions:
             return
         with state.lock:
             try:
+                revoked = (  # a token revoked or expired since: its staged changes are not its to record
+                    state.turn.started
+                    and state.token_id is not None
+                    and self.token_live is not None
+                    and not self.token_live(state.token_id)
+                )
+                if revoked:
+                    log.warning(
+                        "chat %s's turn is not committed: its API token %s was revoked or expired; the "
+                        "janitor removes the worktree after KB_WORKTREE_TTL",
+                        chat_id,
+                        state.token_id,
+                    )
+                    state.turn.close()
+                    return
                 if state.turn.started:
                     result = state.turn.commit("agent turn (MCP client disconnected)")
                     if result is not None:
@@ -204,6 +246,7 @@ def build_server(
             ws = int(raw)
         given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
         state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+        state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
         return state
@@ -215,7 +258,10 @@ def build_server(
             with state.lock:  # one call at a time per chat (a turn is one worktree)
                 return fn()
         except KbError as exc:
-            raise ToolError(str(exc)) from exc
+            message = str(exc)
+            if state is not None and state.token_scope not in (None, "admin"):  # as kb serve's errors (design §16)
+                message = hide_facts(message, deployment_facts(state.kb))
+            raise ToolError(message) from exc
         except ValueError as exc:  # argument checks of the turn API (negative offsets, …)
             raise ToolError(str(exc)) from exc
 
@@ -433,12 +479,16 @@ class WorkspaceRouting:
         inner = dict(scope, path=self.inner_path, raw_path=self.inner_path.encode(), root_path="", headers=headers)
         await self.app(inner, receive, send)
         if scope.get("method") == "DELETE":
-            names = {k.lower(): v.decode() for k, v in headers}
-            chat_id = names.get(CHAT_HEADER) or names.get(SESSION_HEADER)
+            # as Starlette reads the headers the tools see (latin-1, the first of a repeated
+            # header): the chat the tools used, and no UnicodeDecodeError on a chat id not in UTF-8
+            names: dict[bytes, str] = {}
+            for k, v in headers:
+                names.setdefault(k.lower(), v.decode("latin-1"))
+            chat_id = names.get(CHAT_HEADER.encode()) or names.get(SESSION_HEADER.encode())
             if chat_id:
                 import anyio
 
-                key = owned_name(chat_id, names.get(TOKEN_ID_HEADER))
+                key = owned_name(chat_id, names.get(TOKEN_ID_HEADER.encode()))
                 await anyio.to_thread.run_sync(self.sessions.close_chat, int(workspace), key)
 
 
@@ -448,16 +498,19 @@ def http_app(
     author: str,
     committer: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
+    token_live: Callable[[str], bool] | None = None,
 ):
     """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
 
     ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share
-    one); ``kb`` serves the resources. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
+    one); ``kb`` serves the resources. ``token_live`` (an API token's id → still live?): the
+    chat of a token revoked or expired since is not committed at disconnect or shutdown. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
     lifetime; it runs the MCP session manager and commits every open turn at shutdown.
     """
     import contextlib
 
     server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory)
+    sessions.token_live = token_live
     inner = server.streamable_http_app(streamable_http_path="/mcp")
 
     @contextlib.asynccontextmanager

@@ -17,10 +17,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.routing import APIRoute
 from starlette.responses import HTMLResponse
 
+from kb.adapters.http.auth import owned_by_token
 from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
 from kb.adapters.http.ui.diffs import revision_diffs
 from kb.adapters.http.ui.rendering import render
-from kb.errors import InvalidInput
+from kb.errors import InvalidChat, InvalidInput
 
 if TYPE_CHECKING:
     from kb.adapters.http.server import Service
@@ -166,11 +167,14 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
     @router.get("/workspaces/{workspace_id}/citation", response_class=HTMLResponse)
     def citation(request: Request, workspace_id: int, chat: str = "", c: str = "") -> HTMLResponse:
         """A chat's citation (``[3:L341-L342]``) at its revision with the lines highlighted, and
-        where those lines are at HEAD."""
+        where those lines are at HEAD. The chat is the visitor's token's own, as on the API: a
+        chat id is private to the token that names it (design §16)."""
         resolution = envelope = None
         if chat and c:
             kb = service.kb()
-            resolution = kb.conversation(workspace_id, chat).resolve(c, follow=True)
+            resolution = kb.conversation(workspace_id, owned_by_token(request, chat, InvalidChat)).resolve(
+                c, follow=True
+            )
             envelope = kb.read_document(workspace_id, resolution.handle.path, resolution.handle.revision)
         cited = {n for n, _ in resolution.lines} if resolution is not None and resolution.level == "lines" else set()
         return render(
