@@ -516,7 +516,15 @@ class KnowledgeStore:
         if group_commit.groupable(draft) and len(draft.changes()) < PREBUILD_PATHS:
             revision = self._commit_grouped(draft, message, author, committer)
         else:
-            revision = self._commit_alone(draft, message, author, committer)
+            try:
+                revision = self._commit_alone(draft, message, author, committer)
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name != "path_changes_pkey":
+                    raise
+                # the rows it inserted ahead of the lock are another transaction's too: the same
+                # commit (same key, head, second — a request sent twice at once) recorded or caught
+                # up meanwhile. Rolled back; again without them, the lock's checks find it landed.
+                revision = self._commit_alone(draft, message, author, committer, ahead=False)
         self._pack_if_behind(revision)
         return revision
 
@@ -546,8 +554,11 @@ class KnowledgeStore:
         except OSError as exc:
             log.warning("workspace %s: packing loose objects failed (%s); maintenance retries", self.workspace_id, exc)
 
-    def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
-        """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
+    def _commit_alone(
+        self, draft: Draft, message: str | None, author: str, committer: str, ahead: bool = True
+    ) -> Revision | None:
+        """Record ``draft`` by itself under the lock (merges, titles, artifact hooks). ``ahead``: a
+        big draft's revision and path changes may be made before the lock (``_prebuild``)."""
         repo, owed = self.repository, _OwedRefresh()
         try:
             words = (message, author, committer, draft.idempotency_key)
@@ -555,7 +566,7 @@ class KnowledgeStore:
                 self.database_url,
                 self.workspace_id,
                 self.settings,
-                lambda conn: self._staged_and_prebuilt(draft, conn, words),
+                lambda conn: self._staged_and_prebuilt(draft, conn if ahead else None, words),
                 lambda conn, _: self._fetch_workspace(conn),
                 before_lock=self._record_ahead,
             ) as (conn, (staged, premerged, prebuilt), row):
