@@ -415,6 +415,29 @@ def test_paths_with_any_characters_are_recorded_verbatim(kb):
         assert [r.id for r in kb.history(31, path)] == [tx.revision.id, moved.id, added.id]
 
 
+@pytest.mark.parametrize("documents", [3, 300])  # grouped, and a big draft built before the lock
+def test_a_move_whose_source_another_writer_moved_meanwhile_is_refused(kb, documents):
+    """design §3: a move is checked under the lock against the head then. When another revision
+    moved (or removed) the folder after this draft saw it, recording the draft's adds alone would
+    put a second copy of every document at the new path, with no history behind it; it is refused
+    instead, and nothing is recorded."""
+    kb.create_workspace(34)
+    with kb.transaction(34, "folder", "tester") as tx:
+        for i in range(documents):
+            tx.write(f"/documents/src/{i}.md", f"{i}\n")
+    other = KnowledgeBase(kb.settings, kb.database_url)
+    with pytest.raises(DocumentNotFound, match="meanwhile"):
+        with kb.transaction(34, "one", "tester") as tx:
+            tx.move("/documents/src", "/documents/one")
+            with other.transaction(34, "two", "other") as meanwhile:
+                meanwhile.move("/documents/src", "/documents/two")
+    assert sorted(tree(kb, 34)) == sorted(f"/documents/two/{i}.md" for i in range(documents))
+    assert [r.message for r in kb.history(34)] == ["two", "folder"]
+    assert [r.message for r in kb.history(34, "/documents/two/0.md")] == ["two", "folder"]
+    other.close()
+    assert_git_clean(kb, 34)
+
+
 def test_a_keyed_folder_move_sent_twice_at_once_lands_once_and_both_get_it(kb, monkeypatch):
     """design §3, §14: two requests with one idempotency key moving one folder at once (a client's
     retry while the first is still at work) build the same commit when they start on the same head

@@ -870,7 +870,7 @@ class KnowledgeStore:
         shape = (
             prebuilt
             if prebuilt is not None and prebuilt.staged is staged and prebuilt.head_tree == head_tree
-            else self._shape(head_tree, staged)
+            else self._shape(head_tree, staged, draft.moves())
         )
         effective = shape.effective
         if not effective:
@@ -933,13 +933,27 @@ class KnowledgeStore:
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
 
-    def _shape(self, head_tree: bytes | None, staged: dict[str, str | None]) -> _Shape:
+    def _shape(
+        self, head_tree: bytes | None, staged: dict[str, str | None], moves: dict[str, str] | None = None
+    ) -> _Shape:
         """What ``staged`` changes on ``head_tree`` (the paths whose blob differs, as PathChanges
-        before moves), after the tree and collision checks (PathExists); the tree is not built."""
+        before moves), after the tree and collision checks (PathExists); the tree is not built.
+        ``moves`` (``Draft.moves``): DocumentNotFound when a move's source is not on ``head_tree``
+        any more — another revision moved or removed it since the draft saw it, and recording the
+        draft's adds alone would leave a second copy, with no history, at the destination."""
         repo = self.repository
         effective: dict[str, str | None] = {}
         changes: dict[str, PathChange] = {}
         at_head = repo.lookup_many(head_tree, staged)
+        gone = [
+            (new, old) for new, old in (moves or {}).items() if old in at_head and (at_head[old] or ("",))[0] != "file"
+        ]
+        if gone:
+            new, old = min(gone)
+            raise DocumentNotFound(
+                f"cannot move /{old} to /{new}{f' (and {len(gone) - 1} more)' if len(gone) > 1 else ''}: "
+                "another revision moved or removed it meanwhile; nothing was recorded"
+            )
         for path, blob in staged.items():
             old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
             if old == blob:
@@ -970,7 +984,7 @@ class KnowledgeStore:
         try:
             head = repo.head() if ahead is None else ahead[0]["head_revision"]
             head_tree = repo.tree_id(head)
-            shape = self._shape(head_tree, staged)
+            shape = self._shape(head_tree, staged, draft.moves())
         except KbError:
             return None
         if not shape.effective:
