@@ -415,6 +415,69 @@ def test_paths_with_any_characters_are_recorded_verbatim(kb):
         assert [r.id for r in kb.history(31, path)] == [tx.revision.id, moved.id, added.id]
 
 
+@pytest.mark.parametrize("documents", [3, 300])  # grouped, and a big draft built before the lock
+def test_a_move_whose_source_another_writer_moved_meanwhile_is_refused(kb, documents):
+    """design §3: a move is checked under the lock against the head then. When another revision
+    moved (or removed) the folder after this draft saw it, recording the draft's adds alone would
+    put a second copy of every document at the new path, with no history behind it; it is refused
+    instead, and nothing is recorded."""
+    kb.create_workspace(34)
+    with kb.transaction(34, "folder", "tester") as tx:
+        for i in range(documents):
+            tx.write(f"/documents/src/{i}.md", f"{i}\n")
+    other = KnowledgeBase(kb.settings, kb.database_url)
+    with pytest.raises(DocumentNotFound, match="meanwhile"):
+        with kb.transaction(34, "one", "tester") as tx:
+            tx.move("/documents/src", "/documents/one")
+            with other.transaction(34, "two", "other") as meanwhile:
+                meanwhile.move("/documents/src", "/documents/two")
+    assert sorted(tree(kb, 34)) == sorted(f"/documents/two/{i}.md" for i in range(documents))
+    assert [r.message for r in kb.history(34)] == ["two", "folder"]
+    assert [r.message for r in kb.history(34, "/documents/two/0.md")] == ["two", "folder"]
+    other.close()
+    assert_git_clean(kb, 34)
+
+
+def test_a_keyed_folder_move_sent_twice_at_once_lands_once_and_both_get_it(kb, monkeypatch):
+    """design §3, §14: two requests with one idempotency key moving one folder at once (a client's
+    retry while the first is still at work) build the same commit when they start on the same head
+    in the same second, and so the same path-change rows ahead of the lock. The second must get the
+    revision the first recorded, not a unique-key failure reported as "nothing was recorded"."""
+    import types
+
+    from kb.git import repository
+    from kb.store import knowledge_store
+
+    monkeypatch.setattr(knowledge_store, "PREBUILD_PATHS", 4)
+    monkeypatch.setattr(repository, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))  # one second
+    kb.create_workspace(33)
+    with kb.transaction(33, "folder", "tester") as tx:
+        for i in range(6):
+            tx.write(f"/documents/src/{i}.md", f"{i}\n")
+    other = KnowledgeBase(kb.settings, kb.database_url)
+    prebuild, revisions = knowledge_store.KnowledgeStore._prebuild, []
+
+    def prebuild_then_the_same_request(store, draft, staged, ahead=None):
+        shape = prebuild(store, draft, staged, ahead)
+        if store is kb.store(33) and not revisions:  # the first request's work is built: the second runs
+            with other.transaction(33, "move", "tester", idempotency_key="twice") as again:
+                again.move("/documents/src", "/documents/dst")
+            revisions.append(again.revision)
+        return shape
+
+    monkeypatch.setattr(knowledge_store.KnowledgeStore, "_prebuild", prebuild_then_the_same_request)
+    with kb.transaction(33, "move", "tester", idempotency_key="twice") as tx:
+        tx.move("/documents/src", "/documents/dst")
+    assert revisions and tx.revision.id == revisions[0].id
+    assert [r.message for r in kb.history(33)] == ["move", "folder"]
+    assert [r.id for r in kb.history(33, "/documents/dst/3.md")][:1] == [tx.revision.id]
+    assert len(kb.list_changes(33, tx.revision.id)) == 12
+    with psycopg.connect(kb.database_url) as conn:
+        assert conn.execute(queries["test_path_changes_without_revision"]).fetchall() == []
+    other.close()
+    assert_git_clean(kb, 33)
+
+
 def test_a_folder_move_built_before_the_lock_is_rebuilt_when_the_head_moved(kb, monkeypatch):
     """design §4: a big draft's tree is checked and built before the write lock on the head of
     then (``KnowledgeStore._prebuild``); a revision another writer records in between makes that

@@ -516,7 +516,15 @@ class KnowledgeStore:
         if group_commit.groupable(draft) and len(draft.changes()) < PREBUILD_PATHS:
             revision = self._commit_grouped(draft, message, author, committer)
         else:
-            revision = self._commit_alone(draft, message, author, committer)
+            try:
+                revision = self._commit_alone(draft, message, author, committer)
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name != "path_changes_pkey":
+                    raise
+                # the rows it inserted ahead of the lock are another transaction's too: the same
+                # commit (same key, head, second — a request sent twice at once) recorded or caught
+                # up meanwhile. Rolled back; again without them, the lock's checks find it landed.
+                revision = self._commit_alone(draft, message, author, committer, ahead=False)
         self._pack_if_behind(revision)
         return revision
 
@@ -553,8 +561,11 @@ class KnowledgeStore:
                 exc,
             )
 
-    def _commit_alone(self, draft: Draft, message: str | None, author: str, committer: str) -> Revision | None:
-        """Record ``draft`` by itself under the lock (merges, titles, artifact hooks)."""
+    def _commit_alone(
+        self, draft: Draft, message: str | None, author: str, committer: str, ahead: bool = True
+    ) -> Revision | None:
+        """Record ``draft`` by itself under the lock (merges, titles, artifact hooks). ``ahead``: a
+        big draft's revision and path changes may be made before the lock (``_prebuild``)."""
         repo, owed = self.repository, _OwedRefresh()
         try:
             words = (message, author, committer, draft.idempotency_key)
@@ -562,7 +573,7 @@ class KnowledgeStore:
                 self.database_url,
                 self.workspace_id,
                 self.settings,
-                lambda conn: self._staged_and_prebuilt(draft, conn, words),
+                lambda conn: self._staged_and_prebuilt(draft, conn if ahead else None, words),
                 lambda conn, _: self._fetch_workspace(conn),
                 before_lock=self._record_ahead,
             ) as (conn, (staged, premerged, prebuilt), row):
@@ -866,7 +877,7 @@ class KnowledgeStore:
         shape = (
             prebuilt
             if prebuilt is not None and prebuilt.staged is staged and prebuilt.head_tree == head_tree
-            else self._shape(head_tree, staged)
+            else self._shape(head_tree, staged, draft.moves())
         )
         effective = shape.effective
         if not effective:
@@ -929,13 +940,27 @@ class KnowledgeStore:
         revision = Revision(commit.id.decode(), seq, head, author, committer, text, None, ordered)
         return _Built(commit, revision, effective)
 
-    def _shape(self, head_tree: bytes | None, staged: dict[str, str | None]) -> _Shape:
+    def _shape(
+        self, head_tree: bytes | None, staged: dict[str, str | None], moves: dict[str, str] | None = None
+    ) -> _Shape:
         """What ``staged`` changes on ``head_tree`` (the paths whose blob differs, as PathChanges
-        before moves), after the tree and collision checks (PathExists); the tree is not built."""
+        before moves), after the tree and collision checks (PathExists); the tree is not built.
+        ``moves`` (``Draft.moves``): DocumentNotFound when a move's source is not on ``head_tree``
+        any more — another revision moved or removed it since the draft saw it, and recording the
+        draft's adds alone would leave a second copy, with no history, at the destination."""
         repo = self.repository
         effective: dict[str, str | None] = {}
         changes: dict[str, PathChange] = {}
         at_head = repo.lookup_many(head_tree, staged)
+        gone = [
+            (new, old) for new, old in (moves or {}).items() if old in at_head and (at_head[old] or ("",))[0] != "file"
+        ]
+        if gone:
+            new, old = min(gone)
+            raise DocumentNotFound(
+                f"cannot move /{old} to /{new}{f' (and {len(gone) - 1} more)' if len(gone) > 1 else ''}: "
+                "another revision moved or removed it meanwhile; nothing was recorded"
+            )
         for path, blob in staged.items():
             old = at_head[path][1] if at_head[path] and at_head[path][0] == "file" else None
             if old == blob:
@@ -966,7 +991,7 @@ class KnowledgeStore:
         try:
             head = repo.head() if ahead is None else ahead[0]["head_revision"]
             head_tree = repo.tree_id(head)
-            shape = self._shape(head_tree, staged)
+            shape = self._shape(head_tree, staged, draft.moves())
         except KbError:
             return None
         if not shape.effective:
