@@ -438,6 +438,32 @@ def test_a_move_whose_source_another_writer_moved_meanwhile_is_refused(kb, docum
     assert_git_clean(kb, 34)
 
 
+@pytest.mark.parametrize("documents", [3, 300])  # 300: past PREBUILD_PATHS, built before the lock
+def test_a_document_moved_unchanged_carries_an_edit_that_landed_meanwhile(kb, documents):
+    """design §3: a folder move and an edit of a document in it, by two writers at once: the edit
+    follows the move (the moved document is the edited one), where recording the draft's blob put
+    the document back as it was and dropped the edit from the head without a word. A document the
+    draft moved and changed itself keeps the draft's content, as any write does."""
+    kb.create_workspace(35)
+    with kb.transaction(35, "folder", "tester") as tx:
+        for i in range(documents):
+            tx.write(f"/documents/src/{i}.md", f"{i}\n")
+    other = KnowledgeBase(kb.settings, kb.database_url)
+    with kb.transaction(35, "rename", "tester") as tx:
+        tx.move("/documents/src", "/documents/dst")
+        tx.write("/documents/dst/2.md", "the rename's own 2\n")
+        with other.transaction(35, "edit", "other") as meanwhile:
+            meanwhile.write("/documents/src/1.md", "edited meanwhile\n")
+            meanwhile.write("/documents/src/2.md", "lost to the rename's write\n")
+    assert sorted(tree(kb, 35)) == sorted(f"/documents/dst/{i}.md" for i in range(documents))
+    assert kb.read(35, "/documents/dst/1.md") == b"edited meanwhile\n"
+    assert kb.read(35, "/documents/dst/2.md") == b"the rename's own 2\n"
+    assert kb.read(35, "/documents/dst/0.md") == b"0\n"
+    assert [r.message for r in kb.history(35, "/documents/dst/1.md")] == ["rename", "edit", "folder"]
+    other.close()
+    assert_git_clean(kb, 35)
+
+
 def test_a_keyed_folder_move_sent_twice_at_once_lands_once_and_both_get_it(kb, monkeypatch):
     """design §3, §14: two requests with one idempotency key moving one folder at once (a client's
     retry while the first is still at work) build the same commit when they start on the same head

@@ -76,6 +76,7 @@ from kb.store.history import (
 )
 from kb.store.history import moved_to as history_moved_to
 from kb.store.listing import Entry, list_tree, not_a_document
+from kb.store.moved_edits import follow_moved_edits
 from kb.store.titles import record_titles, rename_taken
 
 if TYPE_CHECKING:
@@ -873,6 +874,7 @@ class KnowledgeStore:
         ``head_tree`` (else everything is checked and built here)."""
         repo = self.repository
         staged = self._merge_with_head(draft, staged, head_tree, premerged)
+        staged = follow_moved_edits(repo, draft, staged, head_tree)  # an edit of a moved source (design §3)
         staged = rename_taken(repo, draft, staged, head_tree)  # create-by-title race (design §2.2)
         shape = (
             prebuilt
