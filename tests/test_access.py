@@ -224,6 +224,7 @@ def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_pat
             "/v1/workspaces/1/turns/blocked/files/documents/X.md", json={"content": "x\n"}, headers=_as(secret)
         )
         assert refused.json()["error"] == "StorageError" and root not in refused.text, refused.text
+        assert refused.status_code == 507  # the server's storage refused, not the client's input (was 400)
         assert "<kb's storage root>/knowledge_store/1" in refused.json()["message"], refused.text
         headers = _as(secret) | {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
         headers["X-KB-Chat"] = "blocked"

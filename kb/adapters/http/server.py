@@ -94,6 +94,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.WorkspaceMoving: 503,
     errors.MoveFailed: 409,
     errors.WorkspaceBusy: 409,
+    errors.StorageError: 507,  # the server's disk or permissions refused: not the caller's input
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
