@@ -119,6 +119,31 @@ def test_a_packing_failure_of_any_kind_is_logged_never_the_writes_outcome(kb, ca
     git(repo, "fsck", "--strict")
 
 
+def test_a_pack_another_thread_still_reads_can_vanish_under_a_read(kb):
+    """design §4, §14: `git repack -ad` (or maintenance) replaces a pack while another thread of this
+    process holds a view into its mapping (mid-read). A read that misses re-scans the pack folder
+    and drops the vanished pack; closing its mapping then raised BufferError, which escaped a
+    search in the stress run of threads under repacks. The read finds its object in the new pack."""
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "a", "w") as tx:
+        tx.write("/documents/a.md", "a\n")
+    repo = kb.store(WS).path
+    git(repo, "repack", "-a", "-d", "-q")
+    assert kb.read(WS, "/documents/a.md") == b"a\n"  # the pack is mapped and cached
+    store = kb.store(WS).repository._repo.object_store
+    (pack,) = store._pack_cache.values()
+    view = memoryview(pack.data._contents)  # what a thread mid-read holds
+    try:
+        with kb.transaction(WS, "b", "w") as tx:
+            tx.write("/documents/b.md", "b\n")
+        git(repo, "repack", "-a", "-d", "-q")  # the old pack goes, b's objects are in the new one
+        assert kb.read(WS, "/documents/b.md") == b"b\n"
+        assert kb.read(WS, "/documents/a.md") == b"a\n"
+    finally:
+        view.release()
+    git(repo, "fsck", "--strict")
+
+
 def _backstop_writer(settings, url, name, count):
     kb = KnowledgeBase(settings, url)
     for r in range(count):

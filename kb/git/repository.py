@@ -78,11 +78,22 @@ def format_identity(who: str) -> bytes:
     return f"{who.replace('<', '').replace('>', '')} <>".encode()
 
 
+PACK_CLOSE_ATTEMPTS = 8
+"""Re-scans of the pack folder while a vanished pack cannot be closed yet (another thread reads it)."""
+
+
 def _retry_reads_across_packing(store) -> None:
-    """Make ``store``'s reads survive concurrent packing (``kb.git.maintenance``): a read that misses
-    the packs, then finds the loose copy already deleted because a pack holding it just landed,
-    looks once more (the packs are re-scanned on a miss) — git's own ``reprepare_packed_git``."""
+    """Make ``store``'s reads survive concurrent packing (``kb.git.maintenance``, ``git repack``):
+
+    - a read that misses the packs, then finds the loose copy already deleted because a pack holding
+      it just landed, looks once more (the packs are re-scanned on a miss) — git's own
+      ``reprepare_packed_git``;
+    - the re-scan drops packs that vanished from disk by closing their mapping, which raises
+      BufferError while another thread of this process still holds a view into it (mid-read). The
+      pack is out of the cache by then; its mapping closes when the last view goes. The re-scan
+      goes on past it, and returns every pack it opened (the caller looks for the object there)."""
     read = store.get_raw
+    rescan = store._update_pack_cache
 
     def get_raw(name):
         try:
@@ -90,7 +101,18 @@ def _retry_reads_across_packing(store) -> None:
         except KeyError:
             return read(name)
 
+    def update_pack_cache():
+        before = set(store._pack_cache)
+        for _ in range(PACK_CLOSE_ATTEMPTS):
+            try:
+                rescan()
+                break
+            except BufferError:  # a vanished pack another thread still reads: popped, closed later
+                continue
+        return [pack for name, pack in list(store._pack_cache.items()) if name not in before]
+
     store.get_raw = get_raw
+    store._update_pack_cache = update_pack_cache
 
 
 _LAYOUT_SEEN, _KEYS_SEEN = "_layout_seen", "_keys_seen"
