@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb.errors import ConfigurationError, EmbeddingError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -167,6 +170,12 @@ def prepared_export(directory: Path, cache_root: Path) -> OnnxExport:
             found = _current(folder, directory)  # another process may have finished it meanwhile
             if found is not None:
                 return found
+            # A warning, so a waiting `kb worker` or first `kb search` says why nothing moves yet
+            log.warning(
+                "kb: exporting the model in %s to ONNX once (about a minute on 2 cores; "
+                "`kb prepare-model` makes it ahead of time)",
+                directory,
+            )
             return _export(directory, folder)
     except OSError as exc:
         raise ConfigurationError(
