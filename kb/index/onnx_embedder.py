@@ -172,7 +172,7 @@ def prepared_export(directory: Path, cache_root: Path) -> OnnxExport:
                 return found
             # A warning, so a waiting `kb worker` or first `kb search` says why nothing moves yet
             log.warning(
-                "kb: exporting the model in %s to ONNX once (about a minute on 2 cores; "
+                "kb: exporting the model in %s to ONNX once (seconds to a minute; "
                 "`kb prepare-model` makes it ahead of time)",
                 directory,
             )
