@@ -9,6 +9,7 @@ QueryName = Literal[
     "abort_move_window",
     "adopt_document_identity",
     "adopt_staged_chunks",
+    "api_token_is_live",
     "applied_migrations",
     "artifact_documents_at",
     "artifact_files",

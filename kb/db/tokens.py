@@ -241,6 +241,12 @@ class TokenStore:
             raise TokenNotFound(f"no live token has the id or name {token!r} (kb token list shows them)")
         return _token(row)
 
+    def is_live(self, token_id: int) -> bool:
+        """True when the token with id ``token_id`` is live (not revoked, not expired), decided by
+        Postgres as every request's check is (design §16). Raises DatabaseUnavailable."""
+        with database.pooled_connection(self.database_url) as conn:
+            return bool(conn.execute(queries["api_token_is_live"], {"id": token_id}).fetchone()["live"])
+
     def any_live(self) -> bool:
         """True when at least one token is live (not revoked, not expired): ``kb serve`` refuses a
         non-loopback address without one (design §16)."""

@@ -28,3 +28,10 @@ RETURNING id, name, scope, workspace_ids, created_at, expires_at, revoked_at;
 SELECT EXISTS (
     SELECT 1 FROM kb.api_tokens WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 ) AS present;
+
+-- name: api_token_is_live
+-- Whether the token with this id is live (not revoked, not expired), as verify_api_token decides.
+SELECT EXISTS (
+    SELECT 1 FROM kb.api_tokens
+    WHERE id = %(id)s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+) AS live;

@@ -372,17 +372,17 @@ def citation_router(service: Service) -> APIRouter:
         dependencies=[Depends(require("read"))],
     )
 
+    def chat_of(request: Request, workspace_id: int, chat_id: str):
+        """The conversation of the request's token named ``chat_id``: a chat id is private to the
+        token that names it (design §16)."""
+        return service.kb().conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
+
     @router.get("/search")
     def search(
         request: Request, workspace_id: int, chat_id: str, q: str, k: int = Query(5, ge=1, le=100)
     ) -> list[dict]:
         """Search as this chat: each envelope cites the chat's handle (``cite: "[n]"``)."""
-        return [
-            e.as_json()
-            for e in service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
-            .search(q, k)
-        ]
+        return [e.as_json() for e in chat_of(request, workspace_id, chat_id).search(q, k)]
 
     @router.get("/documents/{path:path}")
     def read(
@@ -395,37 +395,22 @@ def citation_router(service: Service) -> APIRouter:
         limit: int | None = Query(None, ge=0),
     ) -> dict:
         """Read (a window of) a document as this chat, registering its handle."""
-        conversation = service.kb().conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
-        return conversation.read("/" + path.lstrip("/"), revision, offset, limit).as_json()
+        return chat_of(request, workspace_id, chat_id).read("/" + path.lstrip("/"), revision, offset, limit).as_json()
 
     @router.get("/handles")
     def handles(request: Request, workspace_id: int, chat_id: str) -> list[dict]:
         """Every handle the chat was shown, by number."""
-        return [
-            h.as_json()
-            for h in service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
-            .handles()
-        ]
+        return [h.as_json() for h in chat_of(request, workspace_id, chat_id).handles()]
 
     @router.delete("/handles")
     def forget(request: Request, workspace_id: int, chat_id: str) -> dict:
         """Forget the chat's handles (the next search starts again at [1])."""
-        return {
-            "forgotten": service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
-            .forget()
-        }
+        return {"forgotten": chat_of(request, workspace_id, chat_id).forget()}
 
     @router.post("/normalize")
     def normalize(request: Request, workspace_id: int, chat_id: str, body: NormalizeBody) -> dict:
         """Rewrite an answer's citations canonically against the chat's handles."""
-        return (
-            service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
-            .normalize(body.text, drop_unknown=body.drop_unknown)
-            .as_json()
-        )
+        return chat_of(request, workspace_id, chat_id).normalize(body.text, drop_unknown=body.drop_unknown).as_json()
 
     @router.get("/resolve")
     def resolve(
@@ -436,12 +421,7 @@ def citation_router(service: Service) -> APIRouter:
         follow: bool = False,
     ) -> dict:
         """The cited lines at the handle's revision; with ``follow``, where they are at HEAD."""
-        return (
-            service.kb()
-            .conversation(workspace_id, owned_by_token(request, chat_id, errors.InvalidChat))
-            .resolve(citation, follow)
-            .as_json()
-        )
+        return chat_of(request, workspace_id, chat_id).resolve(citation, follow).as_json()
 
     return router
 
@@ -505,13 +485,7 @@ def create_app(
         from kb.knowledge_base import default_author
 
         def token_live(token_id: str) -> bool:  # a revoked or expired token's staged MCP changes are not recorded
-            from datetime import UTC, datetime
-
-            now = datetime.now(UTC)
-            return any(
-                str(t.id) == token_id and (t.expires_at is None or t.expires_at > now)
-                for t in service.kb().tokens().list()  # the live ones and the expired ones
-            )
+            return token_id.isdigit() and service.kb().tokens().is_live(int(token_id))
 
         mcp_app, mcp_lifespan = http_app(
             await asyncio.to_thread(service.new_kb),
