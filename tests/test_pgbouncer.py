@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 from support.core_flow import WORKSPACE, assert_converged, run_core_flow
-from support.pgbouncer import run_pgbouncer
+from support.named_queries import queries
+from support.pgbouncer import POOL_SIZE, run_pgbouncer
 
 from kb.db import database
 from kb.jobs import tasks as jobs
@@ -36,6 +37,15 @@ def test_core_flow_through_transaction_pooler(pgbouncer: str, tmp_path) -> None:
     )
     kb = run_core_flow(settings, tmp_path / "notes")
     assert not jobs.worker_listens(kb)  # no direct URL: the worker polls through the pooler
+    # the index runs set nothing at session level: every server connection the pooler hands out
+    # still waits for the WAL flush (an index run's synchronous_commit=off would land on another
+    # client's commits)
+    held = [database.connect(pgbouncer) for _ in range(POOL_SIZE)]
+    try:
+        assert {c.execute(queries["test_synchronous_commit"]).fetchone()["synchronous_commit"] for c in held} == {"on"}
+    finally:
+        for c in held:
+            c.close()
 
     # Concurrent writers through the pooler (xact advisory locks serialize them), then a worker.
     errors: list[BaseException] = []

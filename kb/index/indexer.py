@@ -55,9 +55,10 @@ import contextlib
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -73,6 +74,9 @@ from kb.index.languages import detect_language, lexical_text, lexically_stable, 
 from kb.settings import Settings
 from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
+
+if TYPE_CHECKING:
+    from kb.db.database import Connection
 
 log = logging.getLogger(__name__)
 
@@ -231,11 +235,21 @@ class Indexer:
         """
         with self._locked_run(workspace_id, "index_changes", full=False) as (report, repo):
             if repo is not None:
-                with database.connect(self.database_url, autocommit=True) as conn:
-                    conn.execute(queries["index_session"])
+                with self._run_connection() as conn:
                     self._lagging_pass(conn, repo, workspace_id, report.revision, report, start_run=True)
                     self._finish(conn, workspace_id, report.revision, report)
         return report
+
+    @contextlib.contextmanager
+    def _run_connection(self) -> Iterator[Connection]:
+        """An autocommit connection of an index run whose commits skip the WAL flush
+        (``index_session``, design §7); behind a transaction-mode pooler a plain one, since a
+        session setting there would land on whichever server connection ran it and stop another
+        client's commits from waiting for the disk (kb.db.database)."""
+        with database.connect(self.database_url, autocommit=True) as conn:
+            if not database.is_transaction_pooled(self.database_url):
+                conn.execute(queries["index_session"])
+            yield conn
 
     @contextlib.contextmanager
     def _locked_run(self, workspace_id: int, kind: str, *, full: bool):
@@ -275,8 +289,7 @@ class Indexer:
             if repo is None:
                 return report
             head = report.revision
-            with database.connect(self.database_url, autocommit=True) as conn:
-                conn.execute(queries["index_session"])
+            with self._run_connection() as conn:
                 run = conn.execute(
                     queries["running_index_run"], {"workspace_id": workspace_id, "kind": "reindex"}
                 ).fetchone()
@@ -377,10 +390,9 @@ class Indexer:
         for name in (*_WRITE_COUNTS, "documents_done", "documents_total", "cursor"):
             setattr(checkpoint.totals, name, getattr(report, name))
         with (
-            database.connect(self.database_url, autocommit=True) as writer_conn,
+            self._run_connection() as writer_conn,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
         ):
-            writer_conn.execute(queries["index_session"])
             pending: tuple[list[dict], Future[IndexReport]] | None = None
             for start in range(0, len(todo), DOCUMENT_BATCH):
                 batch = todo[start : start + DOCUMENT_BATCH]

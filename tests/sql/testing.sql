@@ -389,3 +389,7 @@ SELECT %(literal)s::vector::real[] AS floats;
 SELECT c.workspace_id, c.revision_id, c.path FROM kb.path_changes AS c
 LEFT JOIN kb.revisions AS r ON r.workspace_id = c.workspace_id AND r.id = c.revision_id
 WHERE r.id IS NULL;
+
+-- name: test_synchronous_commit
+-- The session's synchronous_commit (tests/test_pgbouncer.py: what a pooled server connection kept).
+SHOW synchronous_commit;
