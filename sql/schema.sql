@@ -49,9 +49,10 @@ CREATE TABLE kb.path_changes (
 CREATE INDEX path_changes_by_path ON kb.path_changes (workspace_id, path, seq DESC);
 
 -- No foreign key to kb.revisions (migration 0028): a folder rename writes thousands of these rows
--- under the write lock and the key's check cost a trigger call per row, though record_revisions
--- inserts them in the statement that inserts their revision. A revision's deletion (its workspace's
--- cascades) deletes its path changes through this statement-level trigger instead.
+-- under the write lock and the key's check cost a trigger call per row; a big draft inserts them
+-- ahead of its revision's row (record_path_changes_ahead) and the store deletes them in the same
+-- transaction when that revision is not recorded. A revision's deletion (its workspace's cascades)
+-- deletes its path changes through this statement-level trigger instead.
 CREATE FUNCTION kb.delete_path_changes_of_revisions() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

@@ -355,15 +355,13 @@ def describe_configured_model(settings: Settings) -> str:
     """``all-MiniLM-L6-v2 (384-d, semantic)``: the configured embedder, not loaded (``kb status``);
     for ``auto``, that each workspace's first index run picks by its documents' languages, with
     the model it stands for until then (the query embedder of a workspace not indexed yet)."""
-    if settings.embedding_model.strip() == "auto":
-        known = configured_model(settings)
-        assert known is not None  # auto names a packaged model or hashing, never a directory
+    known = configured_model(settings)
+    if known is not None and settings.embedding_model.strip() == "auto":
         model, dim, _semantic = known
         return (
             "auto, picked per workspace by its documents' languages at its first index run "
             f"(MiniLM for English, a multilingual model otherwise; {model}, {dim}-d, before that)"
         )
-    known = configured_model(settings)
     if known is None:
         return f"sentence-transformers model at {settings.embedding_model} ({settings.embedding_dim}-d, semantic)"
     model, dim, semantic = known

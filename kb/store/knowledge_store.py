@@ -537,8 +537,8 @@ class KnowledgeStore:
         only the loose objects and, beyond a few, the small packs; safe beside writers and
         readers; skipped while another packer holds the repository's pack lock). A failure to pack
         is logged, never the write's outcome. ``KB_PACK_EVERY_REVISIONS=0``: none (the maintenance cron packs)."""
-        every = self.settings.pack_every_revisions
-        if revision is None or every <= 0 or revision.seq % PACK_BACKSTOP_EVERY:
+        packing_off = self.settings.pack_every_revisions <= 0  # the deferred jobs' pace; 0 turns both off
+        if revision is None or packing_off or revision.seq % PACK_BACKSTOP_EVERY:
             return
         path = self.repository.path
         try:
