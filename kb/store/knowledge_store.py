@@ -97,6 +97,12 @@ PREBUILD_PATHS = 256
 than the lock time it saves."""
 
 
+def _prebuildable(draft: Draft, staged: dict[str, str | None]) -> bool:
+    """Whether ``draft`` is built before the write lock (``KnowledgeStore._prebuild``): at least
+    PREBUILD_PATHS paths, and no merges or titles, which are settled against the head under it."""
+    return len(staged) >= PREBUILD_PATHS and not draft.merge_requests() and not draft.titles()
+
+
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
     """Refuse commit text git and Postgres cannot both hold (design §14): a NUL or a lone surrogate
     anywhere, a line break in an identity. Raises InvalidInput naming the field."""
@@ -482,7 +488,7 @@ class KnowledgeStore:
         itself on the head Postgres records now."""
         staged, premerged = self._stage_merged(draft)
         ahead = None
-        if conn is not None and words is not None and len(staged) >= PREBUILD_PATHS:
+        if conn is not None and words is not None and _prebuildable(draft, staged):
             with conn.transaction():
                 row = self._fetch_workspace(conn).fetchone()
             ahead = None if row is None else (row, words)
@@ -987,7 +993,7 @@ class KnowledgeStore:
         revision (whose path changes the caller inserts before it takes the lock). None for a
         small draft, one with merges or titles (settled against the head under the lock), or when
         a check fails (``_build`` raises it under the lock, against the head then)."""
-        if len(staged) < PREBUILD_PATHS or draft.merge_requests() or draft.titles():
+        if not _prebuildable(draft, staged):
             return None
         repo = self.repository
         try:
