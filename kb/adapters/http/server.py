@@ -476,7 +476,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        from kb.jobs.worker import WorkerReport, run_worker_async
+        from kb.jobs.worker import ProgressDisplay, WorkerReport, run_worker_async
 
         kb = await asyncio.to_thread(service.start)
         node = contextlib.AsyncExitStack()  # registered with its URL and heartbeating (design §15)
@@ -495,10 +495,15 @@ def create_app(
         )
         mcp_endpoint.app = mcp_app
         worker_task = None
+        display = None
         if with_worker:
             app.state.worker_report = WorkerReport()
+            # a line per job on stderr beside uvicorn's, as `kb worker` prints them off a terminal (design §13)
+            display = ProgressDisplay(live=False, every=settings.progress_interval)
             worker_task = asyncio.create_task(
-                run_worker_async(kb, app.state.worker_report, concurrency=concurrency, install_signal_handlers=False)
+                run_worker_async(
+                    kb, app.state.worker_report, concurrency=concurrency, display=display, install_signal_handlers=False
+                )
             )
         try:
             async with mcp_lifespan():  # commits every open MCP turn when the server stops
@@ -509,6 +514,7 @@ def create_app(
                 worker_task.cancel()  # Procrastinate: stop fetching, finish the jobs in hand
                 with contextlib.suppress(asyncio.CancelledError):
                     await worker_task
+                display.close()
                 log.info("worker stopped: %s", app.state.worker_report.summary())
             await node.aclose()
             service.close()
