@@ -10,6 +10,7 @@ from support.named_queries import queries
 
 from kb.git import maintenance
 from kb.git.maintenance import PACK_BACKSTOP_LOOSE, loose_object_count, maintain_workspaces
+from kb.git.repository import PENDING_PACK_MARK, keep_pending_pack
 from kb.knowledge_base import KnowledgeBase
 
 WS = 1
@@ -217,3 +218,31 @@ def test_combining_small_packs_keeps_every_object_of_packs_with_deltas(kb):
     for r in range(6):
         revision = kb.history(WS, "/documents/long.md", limit=10)[5 - r]
         assert kb.read_as_of(WS, revision.id, "/documents/long.md") == (body + f"version {r}\n").encode()
+
+
+def test_consolidating_packs_leaves_a_kept_pack_kept(kb):
+    """design §14: maintenance's consolidation (more than MAX_PACKS packs) combines the plain packs
+    only; a pack marked ``.keep`` (a write's pending pack, whose objects no ref may reach yet) stays
+    as it is, so ``git repack -a -d`` or ``git gc`` still cannot drop its objects. dulwich's
+    ``repack`` folded it into an unmarked pack."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    pack_dir = repo / ".git/objects/pack"
+    for r in range(4):  # four packs of kb's own
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo, backstop=True)
+    kept = sorted(pack_dir.glob("*.pack"))[0]
+    keep_pending_pack(kept.with_suffix(""))
+    store = kb.store(WS).repository
+    kept_objects = int(git(repo, "verify-pack", "-s", str(kept.with_suffix(".idx"))).split("non delta: ")[1].split()[0])
+    with kb.transaction(WS, "loose", "w") as tx:
+        tx.write("/documents/loose.md", "loose\n")
+    packed, packs = store.pack_loose_objects(max_packs=1)
+    assert packs == 2 and packed > kept_objects  # the kept pack, and one for all the rest
+    assert kept.exists() and kept.with_suffix(".keep").read_bytes() == PENDING_PACK_MARK
+    assert len(list(pack_dir.glob("*.pack"))) == 2 and loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    for r in range(4):
+        assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
+    assert kb.read(WS, "/documents/loose.md") == b"loose\n"

@@ -4,8 +4,9 @@ kb writes a revision's few objects loose (a pack per small commit would pile up 
 a busy workspace gathers tens of thousands of loose objects and every git tool — and kb's own
 reads — slow down. The periodic task ``kb.maintain_repositories`` (``kb.jobs.tasks``) calls
 :func:`maintain_workspaces`: every workspace repository with at least ``LOOSE_OBJECTS_TO_PACK``
-loose objects has them put into one pack, and once packs pile up they are consolidated into one
-(``Repository.pack_loose_objects``, dulwich's ``pack_loose_objects``/``repack``).
+loose objects has them put into one pack, and once packs pile up the plain ones (no ``.keep`` or
+other side file) are consolidated into one (``Repository.pack_loose_objects``,
+``Repository.consolidate_packs``).
 
 Besides that cron, a writer defers ``kb.pack_repository`` for its workspace every
 ``KB_PACK_EVERY_REVISIONS`` revisions (``kb.store.knowledge_store.defer_packing``), which calls

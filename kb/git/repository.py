@@ -1020,8 +1020,9 @@ class Repository(WorktreeRefresh):
 
     def pack_loose_objects(self, max_packs: int | None = 32, small_packs: int | None = None) -> tuple[int, int]:
         """Maintenance (design §14): put the loose objects into one pack (cost O(loose objects))
-        and, once more than ``max_packs`` packs pile up, consolidate all packs into one (cost
-        O(all objects)); with ``max_packs=None`` never that, but once more than ``small_packs``
+        and, once more than ``max_packs`` packs pile up, consolidate the plain packs into one
+        (:meth:`consolidate_packs`, cost O(their objects)); with ``max_packs=None`` never that, but
+        once more than ``small_packs``
         packs of fewer than SMALL_PACK_OBJECTS objects pile up, combine just those
         (:meth:`combine_small_packs`). Safe beside concurrent writers and readers: objects are
         only added to a pack before their loose copy or old pack is removed, and readers re-scan
@@ -1033,7 +1034,7 @@ class Repository(WorktreeRefresh):
             store.delete_loose_object(obj.id)
         packed = len(loose)
         if max_packs is not None and len(store.packs) > max_packs:
-            packed += store.repack()
+            packed += self.consolidate_packs()
         elif small_packs is not None:
             self.combine_small_packs(small_packs)
         return packed, len(store.packs)
@@ -1079,8 +1080,25 @@ class Repository(WorktreeRefresh):
         small = [pack for pack in store.packs if len(pack) < SMALL_PACK_OBJECTS and _plain_pack(pack)]
         if len(small) <= more_than:
             return 0
+        return self._combine_packs(small)
+
+    def consolidate_packs(self) -> int:
+        """Write the objects of every plain pack (only ``.pack`` and ``.idx``) into one new pack,
+        then remove them (cost O(their objects)). Packs with a side file (PACK_SIDE_FILES) are left
+        as they are: a ``.keep`` protects a write's pending pack, whose objects no ref reaches yet,
+        from ``git repack -a -d`` and ``git gc`` (:func:`keep_pending_pack`); folded into an
+        unmarked pack they would lose that (dulwich's ``repack`` folds every pack). Returns the
+        objects combined (0: fewer than two plain packs). Raises OSError."""
+        store = self._repo.object_store
+        store._update_pack_cache()
+        plain = [pack for pack in store.packs if _plain_pack(pack)]
+        return self._combine_packs(plain) if len(plain) > 1 else 0
+
+    def _combine_packs(self, packs: list) -> int:
+        """Write the objects of ``packs`` into one new pack, then remove them; the objects combined."""
+        store = self._repo.object_store
         objects: dict[bytes, UnpackedObject] = {}
-        for pack in small:
+        for pack in packs:
             entries = list(pack.data.iter_unpacked())
             if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
                 entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
@@ -1089,7 +1107,7 @@ class Repository(WorktreeRefresh):
                     entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
                 )
         combined = self._write_pack(list(objects.values()))
-        for pack in small:  # the new pack is complete (its .idx written): the old ones may go
+        for pack in packs:  # the new pack is complete (its .idx written): the old ones may go
             if combined is None or pack.name() != combined.name():
                 store._remove_pack(pack)
         return len(objects)
