@@ -15,6 +15,7 @@ from kb.db.locks import locked_transaction
 from kb.errors import DocumentNotFound, InvalidPath, KbError, LockTimeout, LockUnavailable, PathExists, RevisionNotFound
 from kb.knowledge_base import KnowledgeBase
 from kb.paths import blob_id
+from kb.store.history import pair_moves
 
 A, B, C = "/documents/a.md", "/documents/b.md", "/documents/c.md"
 
@@ -563,3 +564,46 @@ def test_a_folder_move_built_before_the_lock_is_rebuilt_when_the_head_moved(kb, 
         assert conn.execute(queries["test_path_changes_without_revision"]).fetchall() == []
     other.close()
     assert_git_clean(kb, 32)
+
+
+def test_a_folder_move_git_made_pairs_files_of_one_content(kb):
+    """design §3: a revision recorded from git (a writer killed after moving the ref) infers its
+    moves; files of one content moved with their folder (empty notes, copies of a template) are
+    moves too, told apart by the folder rename the other files show and by their names, so each
+    keeps its history. They were recorded as removed and added."""
+    same = b"# Template\n"
+    commit(
+        kb,
+        9,
+        ("write", "/documents/F/a.md", same),
+        ("write", "/documents/F/b.md", same),
+        ("write", "/documents/F/sub/a.md", same),
+        ("write", "/documents/F/unique.md", b"only here\n"),
+        ("write", "/documents/G/x/index.md", same),
+    )
+    repo = repo_of(kb, 9)
+    git(repo, "mv", "documents/F", "documents/H")  # no unique file tells this rename: names do
+    git(repo, "mv", "documents/G/x", "documents/G/y")
+    git(repo, "-c", "user.name=git", "-c", "user.email=g@x", "commit", "-q", "-m", "outside")
+    outside = git(repo, "rev-parse", "HEAD").strip()
+    assert [r.id for r in kb.reconcile(9)] == [outside]
+    moved = {c.path: c.old_path for c in kb.list_changes(9, outside) if c.change == "moved"}
+    assert moved == {
+        "/documents/H/a.md": "/documents/F/a.md",
+        "/documents/H/b.md": "/documents/F/b.md",
+        "/documents/H/sub/a.md": "/documents/F/sub/a.md",
+        "/documents/H/unique.md": "/documents/F/unique.md",
+        "/documents/G/y/index.md": "/documents/G/x/index.md",
+    }
+    assert {c.change for c in kb.list_changes(9, outside)} == {"moved", "moved_away"}
+    assert len(kb.history(9, "/documents/H/sub/a.md", limit=10)) == 2  # the move, then the write
+
+
+def test_pair_moves_leaves_what_it_cannot_tell_apart():
+    """Two files of one content and one name whose folders moved to two folders: no pairing is
+    sure, so they stay removals and additions. With a unique move showing one folder's rename,
+    that folder's copy pairs by it, and the one left on each side by its name."""
+    removed = {"e": ["d/p/x.md", "d/q/x.md"], "u": ["d/p/u.md"]}
+    added = {"e": ["d/r/x.md", "d/s/x.md"], "u": ["d/r/u.md"]}
+    assert pair_moves(removed, added) == {"d/r/u.md": "d/p/u.md", "d/r/x.md": "d/p/x.md", "d/s/x.md": "d/q/x.md"}
+    assert pair_moves({"e": ["d/p/x.md", "d/q/x.md"]}, {"e": ["d/r/x.md", "d/s/x.md"]}) == {}

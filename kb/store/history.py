@@ -9,12 +9,14 @@ A revision git has and Postgres lacks (a writer killed between the ref update an
 commit) is recorded by :func:`record_missing`, which rebuilds its path changes from git: the tree
 diff against its parent, with a removed and an added path holding the *same blob* paired as a move
 (the moves the crashed writer would have recorded are exact, content-preserving ones in the common
-case; a move combined with an edit is recorded as a removal and an addition).
+case; a move combined with an edit is recorded as a removal and an addition); files of one content
+moved together are told apart by the folder renames and file names (:func:`pair_moves`).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -156,8 +158,8 @@ def record_revisions(
 def changes_from_git(repo: Repository, revision: str) -> list[PathChange]:
     """Path changes of ``revision`` against its first parent, from git alone (repo paths).
 
-    Exact-content moves are inferred: a removed path and an added path with the same blob, when
-    that blob is removed and added exactly once in the revision, become ``moved``/``moved_away``.
+    Exact-content moves are inferred: a removed path and an added path with the same blob become
+    ``moved``/``moved_away`` (:func:`pair_moves`).
     """
     parents = repo.parents(revision)
     old_tree = repo.tree_id(parents[0]) if parents else None
@@ -169,9 +171,7 @@ def changes_from_git(repo: Repository, revision: str) -> list[PathChange]:
             removed[change.old_id].append(change.path)
         elif change.kind == "added":
             added[change.new_id].append(change.path)
-    pairs = {
-        added[blob][0]: paths[0] for blob, paths in removed.items() if len(paths) == 1 and len(added.get(blob, ())) == 1
-    }
+    pairs = pair_moves(removed, added)
     sources = {old: new for new, old in pairs.items()}
     result = []
     for change in diff:
@@ -182,6 +182,60 @@ def changes_from_git(repo: Repository, revision: str) -> list[PathChange]:
         else:
             result.append(PathChange(change.path, change.kind, change.new_id))
     return sorted(result, key=lambda c: c.path)
+
+
+def pair_moves(removed: dict[str, list[str]], added: dict[str, list[str]]) -> dict[str, str]:
+    """The moves a revision made, inferred from git (design §3: a revision recorded after a crash):
+    ``removed``/``added`` map a blob id to the paths that lost/gained it; returns ``{new path: old
+    path}``. A blob removed once and added once is a move. Where a blob was removed or added more
+    than once (a folder moved with several files of one content: empty notes, templates), each of
+    its removed paths is paired with the added path the folder renames of the unambiguous moves
+    give it (its nearest folder that such moves renamed to a single folder), else with the one
+    added path of its file name when that name is left once on each side; the rest stay removals
+    and additions."""
+    pairs = {}
+    for blob, olds in removed.items():
+        news = added.get(blob, [])
+        if len(olds) == 1 and len(news) == 1:
+            pairs[news[0]] = olds[0]
+    targets: dict[str, set[str]] = defaultdict(set)
+    for new, old in pairs.items():
+        targets[posixpath.dirname(old)].add(posixpath.dirname(new))
+    for blob, olds in removed.items():
+        news = added.get(blob, [])
+        if not news or (len(olds) == 1 and len(news) == 1):
+            continue
+        free_new, free_old = set(news), []
+        for old in sorted(olds):
+            target = _renamed_path(old, targets)
+            if target in free_new:
+                pairs[target] = old
+                free_new.discard(target)
+            else:
+                free_old.append(old)
+        old_names, new_names = defaultdict(list), defaultdict(list)
+        for old in free_old:
+            old_names[posixpath.basename(old)].append(old)
+        for new in free_new:
+            new_names[posixpath.basename(new)].append(new)
+        for name, same_name in old_names.items():
+            if len(same_name) == 1 and len(new_names.get(name, ())) == 1:
+                pairs[new_names[name][0]] = same_name[0]
+    return pairs
+
+
+def _renamed_path(path: str, targets: dict[str, set[str]]) -> str | None:
+    """``path`` under the folder its nearest folder in ``targets`` moved to (None: that folder
+    moved to several folders, or no folder of the path is there)."""
+    folder = posixpath.dirname(path)
+    while True:
+        if folder in targets:
+            if len(targets[folder]) != 1:
+                return None
+            return posixpath.join(next(iter(targets[folder])), path[len(folder) :].lstrip("/"))
+        if not folder:
+            return None
+        folder = posixpath.dirname(folder)
 
 
 def _identity(raw: bytes) -> str:
