@@ -244,6 +244,38 @@ def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_pat
         stop_serve(process, tmp_path / "serve.log")
 
 
+def test_mcp_errors_before_a_tool_runs_hide_the_storage_root_from_a_non_admin_token(kb, kb_env, tmp_path):
+    """Workspace 7's repository is incomplete (an empty ``.git``): the chat cannot be opened, so
+    every tool fails before it runs, and a resource cannot be read. Each error reaches a read
+    token over MCP saying what is wrong without the storage root, and an admin token with it
+    (design §16); none is an unexplained crash in the server's log."""
+    (kb.settings.knowledge_store / "7" / ".git").mkdir(parents=True)
+    reader = kb.tokens().create("reader-7", "read", [7])[1]
+    admin = kb.tokens().create("admin-7", "admin", None)[1]
+    root = str(kb.settings.storage_root)
+    process, server = start_serve(kb_env, tmp_path / "serve.log")
+
+    async def errors_of(token: str) -> tuple[str, str]:
+        transport = streamable_http_client(f"{server}/mcp/7", http_client=create_mcp_http_client(headers=_as(token)))
+        async with Client(transport) as client:
+            tool = await client.call_tool("ls", {})
+            assert tool.is_error
+            try:
+                await client.read_resource("kb://workspace/7/documents/Plan.md")
+            except Exception as exc:  # the client's error for a refused read
+                return tool.content[0].text, str(exc)
+            raise AssertionError("the resource of a broken repository was read")
+
+    try:
+        for token, admin_sees in ((reader, False), (admin, True)):
+            for text in anyio.run(errors_of, token):
+                assert "is incomplete" in text, text
+                assert (root in text) is admin_sees and ("<kb's storage root>" in text) is not admin_sees, text
+    finally:
+        output = stop_serve(process, tmp_path / "serve.log")
+    assert "Traceback" not in output, output
+
+
 def test_hidden_facts_leave_document_paths_alone():
     """A short storage root hides where it starts a path, not inside a document's path."""
     from kb.adapters.mcp.server import hide_facts

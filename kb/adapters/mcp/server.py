@@ -19,7 +19,9 @@ If the server process dies, nothing is lost: the turn id is derived from the cha
 (turn recovery, design §5), and the janitor removes it only after ``KB_WORKTREE_TTL``.
 
 Errors come back as MCP tool errors carrying kb's one-line messages (``KbError``); bad paths are
-refused exactly as in turns (``InvalidPath``).
+refused exactly as in turns (``InvalidPath``). Every error — a tool's, one raised before the tool
+runs (opening the chat's workspace), a resource's — names where kb keeps its data (the database's
+address, the storage root) only to an admin token, as kb serve's errors (design §16).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from urllib.parse import quote, unquote
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from mcp_types import ListResourcesResult, PaginatedRequestParams, Resource
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, ListResourcesResult, PaginatedRequestParams, Resource
 
 from kb.adapters.json_form import json_form
 from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
@@ -230,7 +233,15 @@ def build_server(
         ),
     )
 
+    def shown(message: str, scope: str | None) -> str:
+        """An error message as the token of ``scope`` may read it: where kb keeps its data only
+        for an admin token, stdio or --insecure-no-auth (``scope`` None), as kb serve's errors (design §16)."""
+        return message if scope in (None, "admin") else hide_facts(message, deployment_facts(kb))
+
     def chat(ctx: Context, write: bool = False) -> ChatState:
+        """The chat of the request (its workspace, turn and conversation). Every refusal, from the
+        token's scope to a workspace or storage that cannot be opened, is a ToolError as ``call``
+        raises (redacted as ``shown``): none reaches the client as an unexplained crash."""
         headers = ctx.headers or {}
         scope = headers.get(TOKEN_SCOPE_HEADER)  # None over stdio and --insecure-no-auth (design §16)
         if write and scope is not None and scope not in ("write", "admin"):
@@ -238,30 +249,28 @@ def build_server(
                 f"this API token has the {scope} scope; changing documents needs a write token "
                 "(kb token create --scope write)"
             )
-        ws = workspace_id
-        if ws is None:
-            raw = headers.get(WORKSPACE_HEADER)
-            if raw is None or not raw.isdigit() or int(raw) < 1:
-                raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
-            ws = int(raw)
-        given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
-        state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+        try:
+            ws = workspace_id
+            if ws is None:
+                raw = headers.get(WORKSPACE_HEADER)
+                if raw is None or not raw.isdigit() or int(raw) < 1:
+                    raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
+                ws = int(raw)
+            given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
+            state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+        except KbError as exc:
+            raise ToolError(shown(str(exc), scope)) from exc
         state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
         return state
 
-    def call(fn: Callable[[], Any], state: ChatState | None = None) -> Any:
+    def call(fn: Callable[[], Any], state: ChatState) -> Any:
         try:
-            if state is None:
-                return fn()
             with state.lock:  # one call at a time per chat (a turn is one worktree)
                 return fn()
         except KbError as exc:
-            message = str(exc)
-            if state is not None and state.token_scope not in (None, "admin"):  # as kb serve's errors (design §16)
-                message = hide_facts(message, deployment_facts(state.kb))
-            raise ToolError(message) from exc
+            raise ToolError(shown(str(exc), state.token_scope)) from exc
         except ValueError as exc:  # argument checks of the turn API (negative offsets, …)
             raise ToolError(str(exc)) from exc
 
@@ -392,31 +401,36 @@ def build_server(
     def document(workspace: str, path: str, ctx: Context) -> str:
         """A document's markdown at HEAD, of this connection's workspace only (over HTTP the one
         in the URL, which ``kb serve`` checked the token against, design §16)."""
+        headers = ctx.headers or {}
         connected = workspace_id
         if connected is None:
-            raw = (ctx.headers or {}).get(WORKSPACE_HEADER, "")
+            raw = headers.get(WORKSPACE_HEADER, "")
             connected = int(raw) if raw.isdigit() else None
         if not workspace.isdigit() or connected is None or int(workspace) != connected:
             raise ResourceNotFoundError(f"no workspace {workspace} on this connection")
+        scope = headers.get(TOKEN_SCOPE_HEADER)
         try:
             with resources_lock:
                 data = kb.read(int(workspace), StorePath.parse("/documents/" + unquote(path)).virtual)
         except (DocumentNotFound, IsAFolder) as exc:
-            raise ResourceNotFoundError(str(exc)) from exc
+            raise ResourceNotFoundError(shown(str(exc), scope)) from exc
         except KbError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise ResourceError(shown(str(exc), scope)) from exc
         return data.decode("utf-8", errors="replace")
 
     async def list_documents(ctx, params: PaginatedRequestParams) -> ListResourcesResult:
+        headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
         ws = workspace_id
         if ws is None:
-            headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
             raw = headers.get(WORKSPACE_HEADER, "")
             ws = int(raw) if raw.isdigit() else None
         if ws is None:
             return ListResourcesResult(resources=[])
-        with resources_lock:
-            paths = sorted(kb.list_paths(ws))
+        try:
+            with resources_lock:
+                paths = sorted(kb.list_paths(ws))
+        except KbError as exc:  # as the tools' errors: redacted for all but an admin token
+            raise MCPError(INTERNAL_ERROR, shown(str(exc), headers.get(TOKEN_SCOPE_HEADER))) from exc
         start = int(params.cursor) if params.cursor and params.cursor.isdigit() else 0
         page = paths[start : start + RESOURCE_PAGE_SIZE]
         following = start + RESOURCE_PAGE_SIZE
