@@ -310,3 +310,37 @@ def test_a_home_killed_mid_commit_of_a_forwarded_write_is_an_unknown_outcome_the
     finally:
         for each in (a, b):
             kb_nodes.stop(each)
+
+
+def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(settings, tmp_path):
+    """Workspace 1 is homed on node a, whose advertised URL answers nobody (its server is gone,
+    its heartbeat still fresh). Through node b, a read token is told node a did not answer and
+    what to do, without a's URL; an admin token is told the URL. A read token that sends the
+    forwarding header itself (so b serves the request here, and refuses it as homed elsewhere)
+    is not told the URL either (design §15, §16)."""
+    from support import kb_nodes
+    from support.network import free_port
+
+    a, b = (kb_nodes.node(settings.database_url, name, tmp_path / name) for name in ("a", "b"))
+    gone = f"http://127.0.0.1:{free_port()}"
+    with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
+        kb.create_workspace(1)
+        kb.register_node(gone)  # workspace 1 is homed on a, at an address nobody answers
+        reader = kb.tokens().create("forwarded-reader", "read", [1])[1]
+        admin = kb.tokens().create("forwarded-admin", "admin", None)[1]
+    try:
+        kb_nodes.start(b, worker=False)
+        url = f"{b.url}/v1/workspaces/1/documents/documents/a.md"
+        for token, admin_sees in ((reader, False), (admin, True)):
+            status, body = serving.call(url, headers={"Authorization": f"Bearer {token}"})
+            assert status == 503 and body["error"] == "NodeUnavailable" and body["node"] == "a", body
+            assert "did not answer" in body["message"] and "Retry" in body["message"], body
+            assert (gone in json.dumps(body)) is admin_sees and ("127.0.0.1" in json.dumps(body)) is admin_sees, body
+            if not admin_sees:
+                assert "`kb nodes`" in body["message"], body
+        forged = {"Authorization": f"Bearer {reader}", "X-Kb-Forwarded-By": "a"}
+        status, body = serving.call(url, headers=forged)
+        assert status == 421 and body["error"] == "WrongNode" and "homed on node 'a'" in body["message"], body
+        assert gone not in json.dumps(body) and "<a kb node's URL>" in body["message"], body
+    finally:
+        kb_nodes.stop(b)

@@ -14,7 +14,9 @@ node whose repository is here is adopted) and:
 - answers 503 ``NodeUnavailable`` naming the node when the home's heartbeat is older than
   ``KB_NODE_STALE_SECONDS``, it advertises no URL, or it does not answer — nothing is done, and
   other workspaces are unaffected; when it went away after the request reached it, the answer
-  says so instead (``"outcome": "unknown"`` for a write, with the call that settles it);
+  says so instead (``"outcome": "unknown"`` for a write, with the call that settles it). These
+  answers name the home node's URL (and the connection's error) to an admin token only: another
+  caller is told the node's name and what to do (design §16);
 - otherwise forwards the request with httpx: method, path, query, body and headers unchanged
   (``Authorization`` and ``Host`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By``
   added) and
@@ -190,11 +192,12 @@ class NodeForwarding:
         try:
             response = await client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
+            where, why = _where(scope, home, exc)
             await _unavailable(
                 send,
                 home.node,
-                f"workspace {scope['path']} is homed on node {home.node!r} at {home.url}, which did not "
-                f"answer ({type(exc).__name__}: {exc}); nothing was forwarded. Retry when it is back",
+                f"workspace {workspace_of(scope)} is homed on node {home.node!r}{where}, which did not answer "
+                f"({why}); nothing was forwarded. Retry when it is back{_ask_an_operator(scope, home)}",
             )
             return
         except httpx.TransportError as exc:  # sent: the home may have acted before it went away
@@ -263,15 +266,38 @@ def _header(scope: dict, name: str) -> str | None:
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+def _reveals(scope: dict) -> bool:
+    """True when the request's caller may read where the nodes are (an admin token, or nobody
+    checked: ``Access.reveals``, design §16)."""
+    return scope["app"].state.access.reveals(scope.get(TOKEN_KEY))
+
+
+def _where(scope: dict, home: WorkspaceHome, exc: Exception) -> tuple[str, str]:
+    """``(" at URL", "ErrorType: detail")`` naming the home node's address and the connection's
+    error for a caller who may read them (``_reveals``), else ``("", "ErrorType")``: the node's
+    URL is a deployment fact kept from all but admin tokens (design §16)."""
+    if _reveals(scope):
+        return f" at {home.url}", f"{type(exc).__name__}: {exc}"
+    return "", type(exc).__name__
+
+
+def _ask_an_operator(scope: dict, home: WorkspaceHome) -> str:
+    """What a caller who is not told the node's address can do besides retrying."""
+    if _reveals(scope):
+        return ""
+    return f"; if it stays so, ask kb's operator to check node {home.node!r} (`kb nodes`)"
+
+
 def _went_away(scope: dict, home: WorkspaceHome, exc: Exception) -> str:
     """What to tell the client whose request reached the home node, which then went away before
     answering: a read changed nothing; a write's outcome is unknown, and how to settle it."""
+    where, why = _where(scope, home, exc)
     gone = (
-        f"the request reached node {home.node!r} at {home.url} (the home of {scope['path']}), which went "
-        f"away before answering ({type(exc).__name__}: {exc})"
+        f"the request reached node {home.node!r}{where} (the home of workspace {workspace_of(scope)}), which "
+        f"went away before answering ({why})"
     )
     if scope["method"] in _SAFE_METHODS:
-        return f"{gone}; a read changes nothing. Retry when it is back"
+        return f"{gone}; a read changes nothing. Retry when it is back{_ask_an_operator(scope, home)}"
     ws = workspace_of(scope)
     key = _header(scope, "idempotency-key")
     settle = (

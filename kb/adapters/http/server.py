@@ -164,6 +164,7 @@ class Service:
         first = self.new_kb()
         self.access.tokens = first.tokens()  # design §16: requests are checked from now on
         self.access.deployment = deployment_facts(first)  # kept from all but admin tokens' errors (design §16)
+        self.access.node_urls = lambda: [node.url for node in first.nodes() if node.url]  # so are nodes' URLs
         self._embedder = first.embedder
         self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()
