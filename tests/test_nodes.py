@@ -6,6 +6,7 @@ through a's port; when a is down, b answers NodeUnavailable naming it and serves
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 
@@ -312,12 +313,10 @@ def test_a_home_killed_mid_commit_of_a_forwarded_write_is_an_unknown_outcome_the
             kb_nodes.stop(each)
 
 
-def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(settings, tmp_path):
-    """Workspace 1 is homed on node a, whose advertised URL answers nobody (its server is gone,
-    its heartbeat still fresh). Through node b, a read token is told node a did not answer and
-    what to do, without a's URL; an admin token is told the URL. A read token that sends the
-    forwarding header itself (so b serves the request here, and refuses it as homed elsewhere)
-    is not told the URL either (design §15, §16)."""
+@contextlib.contextmanager
+def _homed_on_a_gone_node(settings, tmp_path):
+    """Workspace 1 homed on node a, whose advertised URL answers nobody (its server is gone, its
+    heartbeat still fresh); node b serving. Yields ``(b, a's URL, read token of 1, admin token)``."""
     from support import kb_nodes
     from support.network import free_port
 
@@ -330,6 +329,17 @@ def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(sett
         admin = kb.tokens().create("forwarded-admin", "admin", None)[1]
     try:
         kb_nodes.start(b, worker=False)
+        yield b, gone, reader, admin
+    finally:
+        kb_nodes.stop(b)
+
+
+def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(settings, tmp_path):
+    """Workspace 1 is homed on node a, whose advertised URL answers nobody. Through node b, a read
+    token is told node a did not answer and what to do, without a's URL; an admin token is told
+    the URL. A read token that sends the forwarding header itself (so b serves the request here,
+    and refuses it as homed elsewhere) is not told the URL either (design §15, §16)."""
+    with _homed_on_a_gone_node(settings, tmp_path) as (b, gone, reader, admin):
         url = f"{b.url}/v1/workspaces/1/documents/documents/a.md"
         for token, admin_sees in ((reader, False), (admin, True)):
             status, body = serving.call(url, headers={"Authorization": f"Bearer {token}"})
@@ -342,5 +352,16 @@ def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(sett
         status, body = serving.call(url, headers=forged)
         assert status == 421 and body["error"] == "WrongNode" and "homed on node 'a'" in body["message"], body
         assert gone not in json.dumps(body) and "<a kb node's URL>" in body["message"], body
-    finally:
-        kb_nodes.stop(b)
+
+
+def test_an_mcp_path_naming_no_single_workspace_is_refused_where_it_arrives(settings, tmp_path):
+    """``/mcp/1/2``, ``/mcp//1``, ``/mcp/1/x``: no workspace is picked from such a path (not
+    workspace 1, whose home is then asked for, nor 2): node b answers 404 saying which URL to
+    connect to, for a token of workspace 1; ``/mcp/1`` itself is forwarded to 1's home (design §13, §15)."""
+    with _homed_on_a_gone_node(settings, tmp_path) as (b, _, reader, _admin):
+        bearer = {"Authorization": f"Bearer {reader}"}
+        for odd in ("/mcp/1/2", "/mcp//1", "/mcp/1/x", "/mcp/1/1"):
+            status, body = serving.call(f"{b.url}{odd}", "POST", {}, headers=bearer)
+            assert status == 404 and "connect to /mcp/<workspace id>" in body["message"], (odd, body)
+        status, body = serving.call(f"{b.url}/mcp/1", "POST", {}, headers=bearer)
+        assert status == 503 and body["error"] == "NodeUnavailable", body  # forwarded to a, which is gone

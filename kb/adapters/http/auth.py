@@ -37,6 +37,7 @@ from kb.adapters.mcp.server import (
     TOKEN_ID_HEADER,
     TOKEN_SCOPE_HEADER,
     hide_facts,
+    mcp_workspace,
     owned_name,
 )
 
@@ -347,11 +348,8 @@ class McpGate:
         if token is None:  # never: Authentication runs first
             await error_response(401, errors.TokenRefused("this request needs an API token"))(scope, receive, send)
             return
-        segments = [s for s in scope.get("path", "").split("/") if s]
-        last = segments[-1] if segments else ""
-        # ASCII digits only, as the MCP routing takes them ("٢".isdigit() is true, and unchecked)
-        workspace = _workspace(last) if last.isascii() and last.isdigit() else False
-        if workspace is not False:  # else the MCP routing answers 404 (no workspace in the URL)
+        workspace = mcp_workspace(scope.get("path", ""))  # the routing's own reading of the path
+        if workspace is not None:  # else the MCP routing answers 404 (no workspace in the URL)
             try:
                 token.check(workspace, "read")
             except errors.WorkspaceNotFound as exc:

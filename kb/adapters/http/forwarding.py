@@ -39,6 +39,7 @@ from urllib.parse import parse_qs, quote
 
 from kb import errors
 from kb.adapters.http.auth import TOKEN_KEY, error_response
+from kb.adapters.mcp.server import mcp_workspace
 from kb.db.nodes import Heartbeat
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ FORWARDED_BY = "x-kb-forwarded-by"
 CONNECT_SECONDS = 5.0
 """How long to wait for the home node to accept the connection before NodeUnavailable."""
 
-_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/([0-9]+)(?:/|$)")
+_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces)/([0-9]+)(?:/|$)")
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -75,8 +76,11 @@ page forms' anti-forgery check needs (a browser's ``Origin`` names that address,
 
 def workspace_of(scope: dict) -> int | None:
     """The workspace an HTTP request names in its path (or ``/v1/status``'s ``workspace`` query
-    parameter), else None."""
+    parameter), else None. An MCP path names one only as ``mcp_workspace`` reads it (a path
+    such as ``/mcp/1/2`` names none, and is answered 404 where it arrives)."""
     path = scope.get("path", "")
+    if path == "/mcp" or path.startswith("/mcp/"):
+        return mcp_workspace(path)  # as the MCP routing reads it: /mcp/1/2 names none (404 here)
     if match := _WORKSPACE_PATH.match(path):
         return int(match.group(1))
     if path == "/v1/status":

@@ -27,6 +27,7 @@ address, the storage root) only to an admin token, as kb serve's errors (design 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -90,6 +91,19 @@ def hide_facts(text: str, facts: dict[str, str]) -> str:
         if len(fact) > 1:  # a root of "/" names nothing worth hiding, and is in every path
             text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), placeholder.replace("\\", "\\\\"), text)
     return text
+
+
+MCP_PATH = re.compile(r"/mcp/([0-9]+)/?")
+"""An MCP endpoint's path: ``/mcp/<workspace id>`` (ASCII digits; a trailing ``/`` allowed)."""
+
+
+def mcp_workspace(path: str) -> int | None:
+    """The workspace an MCP endpoint's ``path`` names, or None when the path names none — any
+    other path under ``/mcp`` (``/mcp/1/2``, ``/mcp//1``, ``/mcp/x``): kb serve answers it 404
+    and never picks one of its numbers. The one reading of the path the token check
+    (``McpGate``), the routing (``WorkspaceRouting``) and forwarding (design §15) share."""
+    match = MCP_PATH.fullmatch(path)
+    return int(match.group(1)) if match else None
 
 
 def turn_id_for_chat(chat_id: str) -> str:
@@ -460,7 +474,7 @@ def run_stdio(
 
 
 class WorkspaceRouting:
-    """ASGI wrapper that serves ``/<workspace>[?chat=<id>]`` below its mount point with one MCP
+    """ASGI wrapper that serves ``/mcp/<workspace>[?chat=<id>]`` (``mcp_workspace``) with one MCP
     app: it moves the workspace (and a client-given chat id) from the URL into the headers the
     tools read, and commits a chat's turn when the client ends its session (HTTP DELETE).
 
@@ -476,15 +490,19 @@ class WorkspaceRouting:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        segments = [s for s in scope.get("path", "").split("/") if s]
-        if not segments or not (segments[-1].isascii() and segments[-1].isdigit()) or len(segments) > 2:
+        path = scope.get("path", "")
+        number = mcp_workspace(path)
+        if number is None:
             from starlette.responses import JSONResponse
 
-            await JSONResponse({"error": "connect to /mcp/<workspace id>, e.g. /mcp/1"}, status_code=404)(
-                scope, receive, send
+            message = (
+                f"{path[:100]!r} is not an MCP endpoint: connect to /mcp/<workspace id>, e.g. /mcp/1 "
+                "(one workspace per connection)"
             )
+            body = {"error": "NotFound", "message": message, "cli_message": message}
+            await JSONResponse(body, status_code=404)(scope, receive, send)
             return
-        workspace = segments[-1]
+        workspace = str(number)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != WORKSPACE_HEADER.encode()]
         headers.append((WORKSPACE_HEADER.encode(), workspace.encode()))
         query = dict(part.split("=", 1) for part in scope.get("query_string", b"").decode().split("&") if "=" in part)
