@@ -1219,10 +1219,14 @@ class KnowledgeStore:
     ) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
         in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
-        document is still where the revision put it. Returns None when there is nothing to undo.
+        document is still where the revision put it, or — moved on since by recorded moves
+        (``moved_to``) — from where it is now, with the edits it got since: it is one document,
+        never restored as a copy beside itself. Returns None when there is nothing to undo.
 
         Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
-        path to restore is now a folder holding documents, LockTimeout.
+        path to restore is now a folder holding documents, or when a document the revision moved
+        has moved on and its old path now holds another document (nothing is reverted: which one
+        belongs there is the caller's call), LockTimeout.
         """
         repo = self.repository
         revision = repo.resolve(revision)
@@ -1240,16 +1244,33 @@ class KnowledgeStore:
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
             written = {c.path: c.content_id for c in changes}
+            carried: set[str] = set()  # old paths a moved-on document went back to, edits and all
             for change in changes:
+                if change.change != "moved" or change.old_path is None:
+                    continue
                 # undo a move as a move while the document is still where the revision put it and
                 # its old path is free or holds what this revision wrote there (move-then-write)
-                if (
-                    change.change == "moved"
-                    and draft.content_id(change.path) == change.content_id
-                    and draft.content_id(change.old_path) in (None, written.get(change.old_path))
-                ):
-                    draft.move(change.path, change.old_path, overwrite=True)
-            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p}
+                free = draft.content_id(change.old_path) in (None, written.get(change.old_path))
+                if draft.content_id(change.path) == change.content_id:
+                    if free:
+                        draft.move(change.path, change.old_path, overwrite=True)
+                    continue
+                # moved on since (a folder move, then one of its documents moved again): the
+                # document goes back from where it is now, or the revert is refused — restoring
+                # its old path from the parent would leave a second copy of it (design §3)
+                now = self.moved_to(change.path, revision)
+                if now is None or now == change.old_path or not draft.exists(now):
+                    continue  # removed since, or back at its old path: the path-wise restore below
+                if not free:
+                    raise PathExists(
+                        f"revision {revision[:12]} moved {change.old_path} to {change.path}, and that document "
+                        f"has moved on to {now} since, while {change.old_path} now holds another document; "
+                        f"nothing was reverted. Move or remove one of them, then revert again (or restore "
+                        f"what you need with `kb restore`)"
+                    )
+                draft.move(now, change.old_path, overwrite=True)
+                carried.add(change.old_path)
+            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried
             for path in sorted(touched):
                 blob = repo.lookup(parent_tree, path[1:])
                 if blob is None:
