@@ -201,6 +201,10 @@ def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, 
         away = httpx.get(f"{server}/v1/workspaces/1/search?q=x", headers=_as("kb_" + "x" * 43), timeout=120)
         assert away.status_code == 503 and away.json()["error"] == "DatabaseUnavailable", away.text
         assert str(relay.port) not in away.text and info["dbname"] not in away.text, away.text
+        # the readiness probe answers anybody, no token at all: not ready, and nothing of where
+        unready = httpx.get(f"{server}/ready", timeout=120)
+        assert unready.status_code == 503, unready.text
+        assert str(relay.port) not in unready.text and info["dbname"] not in unready.text, unready.text
     finally:
         stop_serve(process, tmp_path / "serve.log")
 
@@ -286,6 +290,16 @@ def test_hidden_facts_leave_document_paths_alone():
         "cannot write /documents/data/x.md in <kb's storage root>/knowledge_store/1 (Postgres at <kb's database>)"
     )
     assert hide_facts("at /x/y", {"/": "<root>"}) == "at /x/y"
+    # libpq names the server it could not reach in its own words (address, port, socket, host name)
+    for said in (
+        'connection to server at "10.0.0.5", port 6543 failed: Connection refused',
+        'connection to server at "db.internal" (10.0.0.5), port 6543 failed: timeout expired',
+        'connection to server on socket "/run/pg/.s.PGSQL.6543" failed: No such file or directory',
+        "failed to resolve host 'db.internal': [Errno -2] Name or service not known",
+    ):
+        hidden = hide_facts(said, facts)
+        assert not [fact for fact in ("10.0.0.5", "6543", "db.internal", "/run/pg") if fact in hidden], hidden
+        assert "<kb's database>" in hidden, hidden
 
 
 def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):

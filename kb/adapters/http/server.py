@@ -575,8 +575,8 @@ def create_app(
             raise HTTPException(503, "starting or stopping")
         try:
             service.check_database()
-        except errors.KbError as exc:
-            raise HTTPException(503, str(exc)) from exc
+        except errors.KbError as exc:  # anybody may ask: where the database is stays untold (design §16)
+            raise HTTPException(503, access.shown(str(exc), None)) from exc
         return {"status": "ready", "worker": with_worker}
 
     mcp_endpoint = _LateMount()

@@ -81,15 +81,26 @@ def deployment_facts(kb: KnowledgeBase) -> dict[str, str]:
     return {redact(kb.database_url): "<kb's database>", str(kb.settings.storage_root): "<kb's storage root>"}
 
 
+LIBPQ_SERVER_NAMES = (
+    (re.compile(r'connection to server at "[^"]*"(?: \([^)]*\))?, port \d+'), "connection to <kb's database>"),
+    (re.compile(r'connection to server on socket "[^"]*"'), "connection to <kb's database>"),
+    (re.compile(r"failed to resolve host '[^']*'"), "failed to resolve <kb's database>'s host"),
+)
+"""How libpq's own messages (inside kb's DatabaseUnavailable) name the server it could not reach
+— host, its address, port, socket — and what ``hide_facts`` says instead."""
+
+
 def hide_facts(text: str, facts: dict[str, str]) -> str:
     """``text`` with every fact of ``facts`` (``deployment_facts``) replaced by its placeholder
     where it starts a path or a word, so a short storage root such as ``/data`` does not eat the
-    ``/data`` of a document's path ``/documents/data/…``."""
-    import re
-
+    ``/data`` of a document's path ``/documents/data/…``; and with libpq's naming of a database
+    server it could not reach (``LIBPQ_SERVER_NAMES``: host, address, port or socket, which the
+    database's address in ``facts`` does not spell alike) hidden too (design §16)."""
     for fact, placeholder in facts.items():
         if len(fact) > 1:  # a root of "/" names nothing worth hiding, and is in every path
             text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), placeholder.replace("\\", "\\\\"), text)
+    for pattern, placeholder in LIBPQ_SERVER_NAMES:
+        text = pattern.sub(placeholder, text)
     return text
 
 
