@@ -352,6 +352,24 @@ def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(sett
         status, body = serving.call(url, headers=forged)
         assert status == 421 and body["error"] == "WrongNode" and "homed on node 'a'" in body["message"], body
         assert gone not in json.dumps(body) and "<a kb node's URL>" in body["message"], body
+        # the same over MCP: the tools' errors hide what the API's errors hide
+        assert gone not in _mcp_tool_error(b.url, forged), gone
+
+
+def _mcp_tool_error(url: str, headers: dict[str, str]) -> str:
+    """The text of the error the ``ls`` tool answers on ``url``'s ``/mcp/1`` with ``headers``."""
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    async def session() -> str:
+        transport = streamable_http_client(f"{url}/mcp/1", http_client=create_mcp_http_client(headers))
+        async with Client(transport) as client:
+            result = await client.call_tool("ls", {})
+            text = "".join(getattr(c, "text", "") for c in result.content)
+            assert result.is_error and "homed on node 'a'" in text and "<a kb node's URL>" in text, text
+            return text
+
+    return anyio.run(session)
 
 
 def test_an_mcp_path_naming_no_single_workspace_is_refused_where_it_arrives(settings, tmp_path):

@@ -105,7 +105,12 @@ class Access:
         """``text`` (an error message) as the caller of ``token`` may read it: the database's
         address, the storage root and the nodes' URLs replaced by placeholders unless the token
         is an admin one (or nobody is checked), as ``/v1/status`` keeps them (design §16)."""
-        if self.reveals(token):
+        return self.shown_to_scope(text, None if token is None else token.scope)
+
+    def shown_to_scope(self, text: str, scope: str | None) -> str:
+        """``shown`` for a caller whose token has ``scope`` (None: no token known): the rule the
+        MCP tools' errors follow too (``kb.adapters.mcp.server.http_app``'s ``shown``)."""
+        if self.insecure or scope == "admin":
             return text
         text = hide_facts(text, self.deployment)
         if "://" in text:  # a node's URL may be in it: read them (one query, on an error only)

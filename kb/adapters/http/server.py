@@ -493,6 +493,7 @@ def create_app(
             author=mcp_author or default_author(),
             kb_factory=service.new_kb,
             token_live=token_live,
+            shown=access.shown_to_scope,  # the MCP tools' errors hide what the API's do (design §16)
         )
         mcp_endpoint.app = mcp_app
         worker_task = None

@@ -233,13 +233,17 @@ def build_server(
     committer: str | None = None,
     chat_id: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
+    shown: Callable[[str, str | None], str] | None = None,
 ) -> tuple[MCPServer, McpSessions]:
     """An MCP server exposing kb's tools for one workspace (stdio) or for the workspace each HTTP
     request names (``workspace_id=None``; ``kb serve`` sets the ``x-kb-workspace`` header).
 
     Args: ``kb`` an open KnowledgeBase; ``author`` whose changes the turns record ("Name <mail>");
     ``committer`` who records the revisions (None: kb's own identity, ``kb.turns.turn.KB_COMMITTER``);
-    ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP).
+    ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP);
+    ``shown`` (an error message, the token's scope or None → the text that caller may read): kb
+    serve's rule (``Access.shown_to_scope``); None: the deployment's facts hidden from any scope
+    but admin, nothing hidden without one (stdio).
     Returns the server and its session table (call ``sessions.close_all()`` when the transport
     ends, so open turns are committed).
     """
@@ -258,15 +262,17 @@ def build_server(
         ),
     )
 
-    def shown(message: str, scope: str | None) -> str:
+    def shown_here(message: str, scope: str | None) -> str:
         """An error message as the token of ``scope`` may read it: where kb keeps its data only
         for an admin token, stdio or --insecure-no-auth (``scope`` None), as kb serve's errors (design §16)."""
+        if shown is not None:
+            return shown(message, scope)
         return message if scope in (None, "admin") else hide_facts(message, deployment_facts(kb))
 
     def chat(ctx: Context, write: bool = False) -> ChatState:
         """The chat of the request (its workspace, turn and conversation). Every refusal, from the
         token's scope to a workspace or storage that cannot be opened, is a ToolError as ``call``
-        raises (redacted as ``shown``): none reaches the client as an unexplained crash."""
+        raises (redacted by ``shown_here``): none reaches the client as an unexplained crash."""
         headers = ctx.headers or {}
         scope = headers.get(TOKEN_SCOPE_HEADER)  # None over stdio and --insecure-no-auth (design §16)
         if write and scope is not None and scope not in ("write", "admin"):
@@ -284,7 +290,7 @@ def build_server(
             given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
             state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
         except KbError as exc:
-            raise ToolError(shown(str(exc), scope)) from exc
+            raise ToolError(shown_here(str(exc), scope)) from exc
         state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
@@ -295,9 +301,9 @@ def build_server(
             with state.lock:  # one call at a time per chat (a turn is one worktree)
                 return fn()
         except KbError as exc:
-            raise ToolError(shown(str(exc), state.token_scope)) from exc
+            raise ToolError(shown_here(str(exc), state.token_scope)) from exc
         except ValueError as exc:  # argument checks of the turn API (negative offsets, …)
-            raise ToolError(str(exc)) from exc
+            raise ToolError(shown_here(str(exc), state.token_scope)) from exc
 
     @server.tool()
     def search(query: str, ctx: Context, k: int = 5) -> str:
@@ -438,9 +444,9 @@ def build_server(
             with resources_lock:
                 data = kb.read(int(workspace), StorePath.parse("/documents/" + unquote(path)).virtual)
         except (DocumentNotFound, IsAFolder) as exc:
-            raise ResourceNotFoundError(shown(str(exc), scope)) from exc
+            raise ResourceNotFoundError(shown_here(str(exc), scope)) from exc
         except KbError as exc:
-            raise ResourceError(shown(str(exc), scope)) from exc
+            raise ResourceError(shown_here(str(exc), scope)) from exc
         return data.decode("utf-8", errors="replace")
 
     async def list_documents(ctx, params: PaginatedRequestParams) -> ListResourcesResult:
@@ -455,7 +461,7 @@ def build_server(
             with resources_lock:
                 paths = sorted(kb.list_paths(ws))
         except KbError as exc:  # as the tools' errors: redacted for all but an admin token
-            raise MCPError(INTERNAL_ERROR, shown(str(exc), headers.get(TOKEN_SCOPE_HEADER))) from exc
+            raise MCPError(INTERNAL_ERROR, shown_here(str(exc), headers.get(TOKEN_SCOPE_HEADER))) from exc
         start = int(params.cursor) if params.cursor and params.cursor.isdigit() else 0
         page = paths[start : start + RESOURCE_PAGE_SIZE]
         following = start + RESOURCE_PAGE_SIZE
@@ -542,17 +548,22 @@ def http_app(
     committer: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
     token_live: Callable[[str], bool] | None = None,
+    shown: Callable[[str, str | None], str] | None = None,
 ):
     """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
 
     ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share
     one); ``kb`` serves the resources. ``token_live`` (an API token's id → still live?): the
-    chat of a token revoked or expired since is not committed at disconnect or shutdown. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
+    chat of a token revoked or expired since is not committed at disconnect or shutdown. ``shown``:
+    how an error reads for a token's scope (``build_server``; kb serve's ``Access.shown_to_scope``).
+    Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
     lifetime; it runs the MCP session manager and commits every open turn at shutdown.
     """
     import contextlib
 
-    server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory)
+    server, sessions = build_server(
+        kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory, shown=shown
+    )
     sessions.token_live = token_live
     inner = server.streamable_http_app(streamable_http_path="/mcp")
 
