@@ -169,18 +169,19 @@ def test_revert_and_restore(kb, kb_env):
 
 
 def test_reverting_a_folder_move_after_a_file_in_it_moved_again_never_duplicates_it(kb, kb_env):
-    """A folder moved (A → B), then one of its documents moved on (B/x → C/x) and edited there:
-    reverting the folder move puts that document back where it was before the folder move, with
-    its later edit, as one document (never a copy at A/x beside C/x). When its old place now holds
-    another document, the revert is refused, naming both paths, and changes nothing (design §3)."""
-    x, y = "/documents/A/x.md", "/documents/A/y.md"
+    """A folder moved (A → B), then one of its documents moved on (B/x → C/x) and was edited
+    there, another edited in place (B/y): reverting the folder move puts each back where it was
+    before the folder move, with its later edit, as one document (never a copy at A/x beside C/x,
+    never its edit dropped). When its old place now holds another document, the revert is
+    refused, naming both paths, and changes nothing (design §3)."""
+    x, y, z = "/documents/A/x.md", "/documents/A/y.md", "/documents/A/z.md"
     moved_x, later_x = "/documents/B/x.md", "/documents/C/x.md"
-    commit(kb, 9, ("write", x, b"x\n"), ("write", y, b"y\n"))
+    commit(kb, 9, ("write", x, b"x\n"), ("write", y, b"y\n"), ("write", z, b"z\n"))
     folder_move = commit(kb, 9, ("move", "/documents/A", "/documents/B"))
     commit(kb, 9, ("move", moved_x, later_x))
-    commit(kb, 9, ("write", later_x, b"x, edited after it moved on\n"))
+    commit(kb, 9, ("write", later_x, b"x, edited after it moved on\n"), ("write", "/documents/B/y.md", b"y2\n"))
     undone = kb.revert(9, folder_move.id, author="alice")
-    assert tree(kb, 9) == {x: b"x, edited after it moved on\n", y: b"y\n"}
+    assert tree(kb, 9) == {x: b"x, edited after it moved on\n", y: b"y2\n", z: b"z\n"}
     assert {c.path: (c.change, c.old_path) for c in undone.changes if c.path.endswith("x.md")} == {
         later_x: ("moved_away", None),
         x: ("moved", later_x),

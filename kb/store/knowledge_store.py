@@ -68,6 +68,7 @@ from kb.store.history import (
     PathChange,
     Revision,
     changes_from_git,
+    current_path,
     forget_changes,
     read_history,
     record_changes_ahead,
@@ -335,6 +336,13 @@ class KnowledgeStore:
                 f"`kb log -w {self.workspace_id}` lists its revisions"
             )
         return Revision(**row, changes=tuple(self.list_changes(resolved)))
+
+    def _current_path(self, path: str, since_revision: str) -> str | None:
+        """The virtual path where the document at virtual ``path`` in ``since_revision`` is now,
+        edited or moved since (``kb.store.history.current_path``); None when removed or replaced."""
+        with database.transaction(self.database_url) as conn:
+            found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), since_revision)
+        return None if found is None else "/" + found
 
     def moved_to(self, path: str | StorePath, since_revision: str) -> str | None:
         """The virtual path the document at ``path`` in ``since_revision`` was moved to by the
@@ -1219,9 +1227,10 @@ class KnowledgeStore:
     ) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
         in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
-        document is still where the revision put it, or — moved on since by recorded moves
-        (``moved_to``) — from where it is now, with the edits it got since: it is one document,
-        never restored as a copy beside itself. Returns None when there is nothing to undo.
+        document is still where the revision put it, or — edited or moved on since by recorded
+        revisions (``kb.store.history.current_path``) — from where it is now, with the edits it
+        got since: it is one document, never restored as a copy beside itself nor stripped of its
+        later edits. Returns None when there is nothing to undo.
 
         Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
         path to restore is now a folder holding documents, or when a document the revision moved
@@ -1255,18 +1264,21 @@ class KnowledgeStore:
                     if free:
                         draft.move(change.path, change.old_path, overwrite=True)
                     continue
-                # moved on since (a folder move, then one of its documents moved again): the
-                # document goes back from where it is now, or the revert is refused — restoring
-                # its old path from the parent would leave a second copy of it (design §3)
-                now = self.moved_to(change.path, revision)
-                if now is None or now == change.old_path or not draft.exists(now):
-                    continue  # removed since, or back at its old path: the path-wise restore below
+                # edited or moved on since (a folder move, then one of its documents moved again):
+                # the document goes back from where it is now with its later edits, or the revert is
+                # refused — restoring its old path from the parent would leave a second copy of it
+                # beside itself, or drop its edits (design §3)
+                now = self._current_path(change.path, revision)
+                if now is None or not draft.exists(now):
+                    continue  # removed or replaced since: the path-wise restore below
+                if now == change.old_path:
+                    carried.add(now)  # back where it was already, edits and all
+                    continue
                 if not free:
                     raise PathExists(
-                        f"revision {revision[:12]} moved {change.old_path} to {change.path}, and that document "
-                        f"has moved on to {now} since, while {change.old_path} now holds another document; "
-                        f"nothing was reverted. Move or remove one of them, then revert again (or restore "
-                        f"what you need with `kb restore`)"
+                        f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is at "
+                        f"{now} now, and {change.old_path} holds another document: nothing was reverted. Move "
+                        f"or remove one of them, then revert again (or restore what you need with `kb restore`)"
                     )
                 draft.move(now, change.old_path, overwrite=True)
                 carried.add(change.old_path)
