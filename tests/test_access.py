@@ -201,6 +201,10 @@ def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, 
         away = httpx.get(f"{server}/v1/workspaces/1/search?q=x", headers=_as("kb_" + "x" * 43), timeout=120)
         assert away.status_code == 503 and away.json()["error"] == "DatabaseUnavailable", away.text
         assert str(relay.port) not in away.text and info["dbname"] not in away.text, away.text
+        # the readiness probe answers anybody, no token at all: not ready, and nothing of where
+        unready = httpx.get(f"{server}/ready", timeout=120)
+        assert unready.status_code == 503, unready.text
+        assert str(relay.port) not in unready.text and info["dbname"] not in unready.text, unready.text
     finally:
         stop_serve(process, tmp_path / "serve.log")
 
@@ -244,6 +248,38 @@ def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_pat
         stop_serve(process, tmp_path / "serve.log")
 
 
+def test_mcp_errors_before_a_tool_runs_hide_the_storage_root_from_a_non_admin_token(kb, kb_env, tmp_path):
+    """Workspace 7's repository is incomplete (an empty ``.git``): the chat cannot be opened, so
+    every tool fails before it runs, and a resource cannot be read. Each error reaches a read
+    token over MCP saying what is wrong without the storage root, and an admin token with it
+    (design §16); none is an unexplained crash in the server's log."""
+    (kb.settings.knowledge_store / "7" / ".git").mkdir(parents=True)
+    reader = kb.tokens().create("reader-7", "read", [7])[1]
+    admin = kb.tokens().create("admin-7", "admin", None)[1]
+    root = str(kb.settings.storage_root)
+    process, server = start_serve(kb_env, tmp_path / "serve.log")
+
+    async def errors_of(token: str) -> tuple[str, str]:
+        transport = streamable_http_client(f"{server}/mcp/7", http_client=create_mcp_http_client(headers=_as(token)))
+        async with Client(transport) as client:
+            tool = await client.call_tool("ls", {})
+            assert tool.is_error
+            try:
+                await client.read_resource("kb://workspace/7/documents/Plan.md")
+            except Exception as exc:  # the client's error for a refused read
+                return tool.content[0].text, str(exc)
+            raise AssertionError("the resource of a broken repository was read")
+
+    try:
+        for token, admin_sees in ((reader, False), (admin, True)):
+            for text in anyio.run(errors_of, token):
+                assert "is incomplete" in text, text
+                assert (root in text) is admin_sees and ("<kb's storage root>" in text) is not admin_sees, text
+    finally:
+        output = stop_serve(process, tmp_path / "serve.log")
+    assert "Traceback" not in output, output
+
+
 def test_hidden_facts_leave_document_paths_alone():
     """A short storage root hides where it starts a path, not inside a document's path."""
     from kb.adapters.mcp.server import hide_facts
@@ -254,6 +290,16 @@ def test_hidden_facts_leave_document_paths_alone():
         "cannot write /documents/data/x.md in <kb's storage root>/knowledge_store/1 (Postgres at <kb's database>)"
     )
     assert hide_facts("at /x/y", {"/": "<root>"}) == "at /x/y"
+    # libpq names the server it could not reach in its own words (address, port, socket, host name)
+    for said in (
+        'connection to server at "10.0.0.5", port 6543 failed: Connection refused',
+        'connection to server at "db.internal" (10.0.0.5), port 6543 failed: timeout expired',
+        'connection to server on socket "/run/pg/.s.PGSQL.6543" failed: No such file or directory',
+        "failed to resolve host 'db.internal': [Errno -2] Name or service not known",
+    ):
+        hidden = hide_facts(said, facts)
+        assert not [fact for fact in ("10.0.0.5", "6543", "db.internal", "/run/pg") if fact in hidden], hidden
+        assert "<kb's database>" in hidden, hidden
 
 
 def test_a_revoked_tokens_staged_mcp_changes_are_not_committed(kb, kb_env, tmp_path):

@@ -61,6 +61,8 @@ def test_the_paths_forwarding_routes_name_their_workspace():
     assert [ws("/v1/workspaces/3/search"), ws("/ui/workspaces/12/documents/a.md"), ws("/mcp/4")] == [3, 12, 4]
     assert ws("/v1/status", b"workspace=7") == 7 and ws("/v1/status") is None
     assert [ws("/mcp/not-a-workspace"), ws("/ui/operator"), ws("/v1/workspaces"), ws("/health")] == [None] * 4
+    # an MCP path names a workspace only as the MCP routing reads it (/mcp/<id>), never one of several
+    assert [ws("/mcp/4/"), ws("/mcp/1/2"), ws("/mcp//2"), ws("/mcp/1/x"), ws("/mcp")] == [4, None, None, None, None]
     # as the routes and the token check read them: the last of repeated parameters, ASCII digits only
     assert ws("/v1/status", b"workspace=1&workspace=2") == 2
     assert [ws("/v1/workspaces/\u0662/search"), ws("/mcp/\uff12"), ws("/v1/status", "workspace=\u0662".encode())] == [

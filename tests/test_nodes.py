@@ -6,6 +6,7 @@ through a's port; when a is down, b answers NodeUnavailable naming it and serves
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 
@@ -310,3 +311,75 @@ def test_a_home_killed_mid_commit_of_a_forwarded_write_is_an_unknown_outcome_the
     finally:
         for each in (a, b):
             kb_nodes.stop(each)
+
+
+@contextlib.contextmanager
+def _homed_on_a_gone_node(settings, tmp_path):
+    """Workspace 1 homed on node a, whose advertised URL answers nobody (its server is gone, its
+    heartbeat still fresh); node b serving. Yields ``(b, a's URL, read token of 1, admin token)``."""
+    from support import kb_nodes
+    from support.network import free_port
+
+    a, b = (kb_nodes.node(settings.database_url, name, tmp_path / name) for name in ("a", "b"))
+    gone = f"http://127.0.0.1:{free_port()}"
+    with KnowledgeBase.open(settings.model_copy(update={"node": "a", "storage_root": a.root})) as kb:
+        kb.create_workspace(1)
+        kb.register_node(gone)  # workspace 1 is homed on a, at an address nobody answers
+        reader = kb.tokens().create("forwarded-reader", "read", [1])[1]
+        admin = kb.tokens().create("forwarded-admin", "admin", None)[1]
+    try:
+        kb_nodes.start(b, worker=False)
+        yield b, gone, reader, admin
+    finally:
+        kb_nodes.stop(b)
+
+
+def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(settings, tmp_path):
+    """Workspace 1 is homed on node a, whose advertised URL answers nobody. Through node b, a read
+    token is told node a did not answer and what to do, without a's URL; an admin token is told
+    the URL. A read token that sends the forwarding header itself (so b serves the request here,
+    and refuses it as homed elsewhere) is not told the URL either (design §15, §16)."""
+    with _homed_on_a_gone_node(settings, tmp_path) as (b, gone, reader, admin):
+        url = f"{b.url}/v1/workspaces/1/documents/documents/a.md"
+        for token, admin_sees in ((reader, False), (admin, True)):
+            status, body = serving.call(url, headers={"Authorization": f"Bearer {token}"})
+            assert status == 503 and body["error"] == "NodeUnavailable" and body["node"] == "a", body
+            assert "did not answer" in body["message"] and "Retry" in body["message"], body
+            assert (gone in json.dumps(body)) is admin_sees and ("127.0.0.1" in json.dumps(body)) is admin_sees, body
+            if not admin_sees:
+                assert "`kb nodes`" in body["message"], body
+        forged = {"Authorization": f"Bearer {reader}", "X-Kb-Forwarded-By": "a"}
+        status, body = serving.call(url, headers=forged)
+        assert status == 421 and body["error"] == "WrongNode" and "homed on node 'a'" in body["message"], body
+        assert gone not in json.dumps(body) and "<a kb node's URL>" in body["message"], body
+        # the same over MCP: the tools' errors hide what the API's errors hide
+        assert gone not in _mcp_tool_error(b.url, forged), gone
+
+
+def _mcp_tool_error(url: str, headers: dict[str, str]) -> str:
+    """The text of the error the ``ls`` tool answers on ``url``'s ``/mcp/1`` with ``headers``."""
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    async def session() -> str:
+        transport = streamable_http_client(f"{url}/mcp/1", http_client=create_mcp_http_client(headers))
+        async with Client(transport) as client:
+            result = await client.call_tool("ls", {})
+            text = "".join(getattr(c, "text", "") for c in result.content)
+            assert result.is_error and "homed on node 'a'" in text and "<a kb node's URL>" in text, text
+            return text
+
+    return anyio.run(session)
+
+
+def test_an_mcp_path_naming_no_single_workspace_is_refused_where_it_arrives(settings, tmp_path):
+    """``/mcp/1/2``, ``/mcp//1``, ``/mcp/1/x``: no workspace is picked from such a path (not
+    workspace 1, whose home is then asked for, nor 2): node b answers 404 saying which URL to
+    connect to, for a token of workspace 1; ``/mcp/1`` itself is forwarded to 1's home (design §13, §15)."""
+    with _homed_on_a_gone_node(settings, tmp_path) as (b, _, reader, _admin):
+        bearer = {"Authorization": f"Bearer {reader}"}
+        for odd in ("/mcp/1/2", "/mcp//1", "/mcp/1/x", "/mcp/1/1"):
+            status, body = serving.call(f"{b.url}{odd}", "POST", {}, headers=bearer)
+            assert status == 404 and "connect to /mcp/<workspace id>" in body["message"], (odd, body)
+        status, body = serving.call(f"{b.url}/mcp/1", "POST", {}, headers=bearer)
+        assert status == 503 and body["error"] == "NodeUnavailable", body  # forwarded to a, which is gone

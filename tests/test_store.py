@@ -169,6 +169,37 @@ def test_revert_and_restore(kb, kb_env):
     assert "moved" in log
 
 
+def test_reverting_a_folder_move_after_a_file_in_it_moved_again_never_duplicates_it(kb, kb_env):
+    """A folder moved (A → B), then one of its documents moved on (B/x → C/x) and was edited
+    there, another edited in place (B/y): reverting the folder move puts each back where it was
+    before the folder move, with its later edit, as one document (never a copy at A/x beside C/x,
+    never its edit dropped). When its old place now holds another document, the revert is
+    refused, naming both paths, and changes nothing (design §3)."""
+    x, y, z = "/documents/A/x.md", "/documents/A/y.md", "/documents/A/z.md"
+    moved_x, later_x = "/documents/B/x.md", "/documents/C/x.md"
+    commit(kb, 9, ("write", x, b"x\n"), ("write", y, b"y\n"), ("write", z, b"z\n"))
+    folder_move = commit(kb, 9, ("move", "/documents/A", "/documents/B"))
+    commit(kb, 9, ("move", moved_x, later_x))
+    commit(kb, 9, ("write", later_x, b"x, edited after it moved on\n"), ("write", "/documents/B/y.md", b"y2\n"))
+    undone = kb.revert(9, folder_move.id, author="alice")
+    assert tree(kb, 9) == {x: b"x, edited after it moved on\n", y: b"y2\n", z: b"z\n"}
+    assert {c.path: (c.change, c.old_path) for c in undone.changes if c.path.endswith("x.md")} == {
+        later_x: ("moved_away", None),
+        x: ("moved", later_x),
+    }
+    assert_git_clean(kb, 9)
+    # its old place taken meanwhile by another document: which one belongs there is not kb's to guess
+    folder_move = commit(kb, 10, ("write", x, b"x\n"), ("write", y, b"y\n"))
+    folder_move = commit(kb, 10, ("move", "/documents/A", "/documents/B"))
+    commit(kb, 10, ("move", moved_x, later_x), ("write", x, b"another x\n"))
+    before = tree(kb, 10)
+    refused = run_cli(kb_env, "revert", folder_move.id, "--workspace", "10", check=False)
+    assert refused.returncode == 1 and later_x in refused.stderr and x in refused.stderr, refused.stderr
+    assert "nothing was reverted" in refused.stderr, refused.stderr
+    assert tree(kb, 10) == before
+    assert_git_clean(kb, 10)
+
+
 def test_lock_timeout_names_the_workspace(kb, settings):
     commit(kb, 6, ("write", A, b"a"))
     quick = KnowledgeBase(settings.model_copy(update={"lock_timeout": 0.2}), kb.database_url)

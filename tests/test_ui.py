@@ -19,6 +19,7 @@ plain one reverting the move, the browser the edit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -51,6 +52,7 @@ def served(pg_server, template_url, tmp_path_factory):
             "writer": make_token(settings, "ui-writer", "write"),
             "reader": make_token(settings, "ui-reader", "read", [1]),
             "reviewer": make_token(settings, "reviewer", "write"),
+            "streamer": make_token(settings, "ui-streamer", "read", [1]),
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(KB_DATABASE_URL=url, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
@@ -243,3 +245,34 @@ def test_review_revert_and_retry_in_a_browser(served):
         assert outside == []
     finally:
         browser.quit()
+
+
+def test_one_token_gets_its_share_of_the_event_streams(served):
+    """A read token opens as many live-update streams as the server keeps in all: it gets its
+    share, the rest are refused with 429 saying what to do, and another token's page still gets
+    its stream; the share comes back once the token's streams end (design §16, §17)."""
+    from kb.adapters.http.ui.events import MAX_STREAMS, MAX_STREAMS_PER_TOKEN
+
+    url, _, tokens = served
+    events = f"/ui/workspaces/{WORKSPACE}/events"
+    streamer = {"Authorization": f"Bearer {tokens['streamer']}"}
+    with httpx.Client(base_url=url, timeout=60) as web:
+        with contextlib.ExitStack() as held:
+            answers = []
+            for _ in range(MAX_STREAMS):
+                stream = held.enter_context(web.stream("GET", events, headers=streamer))
+                answers.append((stream.status_code, "" if stream.status_code == 200 else stream.read().decode()))
+            assert [status for status, _ in answers] == [200] * MAX_STREAMS_PER_TOKEN + [429] * (
+                MAX_STREAMS - MAX_STREAMS_PER_TOKEN
+            ), answers
+            refused = json.loads(answers[-1][1])
+            assert refused["error"] == "TooManyStreams" and "close a tab" in refused["message"], refused
+            other = {"Authorization": f"Bearer {tokens['reader']}"}
+            with web.stream("GET", events, headers=other) as theirs:
+                assert theirs.status_code == 200 and next(theirs.iter_text()).startswith("retry:")
+
+        def share_back() -> bool:
+            with web.stream("GET", events, headers=streamer) as again:
+                return again.status_code == 200
+
+        wait_until(share_back, 60, "the token's closed streams to give their slots back")

@@ -358,3 +358,29 @@ def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str
             return moved
         moved, path, seq = away["new_path"], away["new_path"], away["seq"]
     return moved
+
+
+def current_path(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
+    """Where the document at repo path ``path`` in ``since_revision`` is now by the revisions
+    recorded after it: ``path`` itself when they only edited it there, where a chain of recorded
+    moves took it (edits on the way kept), None when one removed it or put another document in
+    its place, or ``since_revision`` is not recorded (design §3; ``revert`` undoes a move from
+    there)."""
+    row = conn.execute(
+        queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": since_revision}
+    ).fetchone()
+    if row is None:
+        return None
+    seq = row["seq"]
+    for _ in range(MAX_MOVES_FOLLOWED):
+        rows = conn.execute(
+            queries["document_changes_after"], {"workspace_id": workspace_id, "path": path, "after_seq": seq}
+        ).fetchall()
+        # the first change that is more than an edit in place decides: moved on, or gone
+        decisive = next((r for r in rows if r["new_path"] or r["change"] != "modified"), None)
+        if decisive is None:
+            return path
+        if not decisive["new_path"]:
+            return None
+        path, seq = decisive["new_path"], decisive["seq"]
+    return None

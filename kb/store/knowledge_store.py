@@ -68,6 +68,7 @@ from kb.store.history import (
     PathChange,
     Revision,
     changes_from_git,
+    current_path,
     forget_changes,
     read_history,
     record_changes_ahead,
@@ -335,6 +336,13 @@ class KnowledgeStore:
                 f"`kb log -w {self.workspace_id}` lists its revisions"
             )
         return Revision(**row, changes=tuple(self.list_changes(resolved)))
+
+    def _current_path(self, path: str, since_revision: str) -> str | None:
+        """The virtual path where the document at virtual ``path`` in ``since_revision`` is now,
+        edited or moved since (``kb.store.history.current_path``); None when removed or replaced."""
+        with database.transaction(self.database_url) as conn:
+            found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), since_revision)
+        return None if found is None else "/" + found
 
     def moved_to(self, path: str | StorePath, since_revision: str) -> str | None:
         """The virtual path the document at ``path`` in ``since_revision`` was moved to by the
@@ -1219,10 +1227,15 @@ class KnowledgeStore:
     ) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
         in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
-        document is still where the revision put it. Returns None when there is nothing to undo.
+        document is still where the revision put it, or — edited or moved on since by recorded
+        revisions (``kb.store.history.current_path``) — from where it is now, with the edits it
+        got since: it is one document, never restored as a copy beside itself nor stripped of its
+        later edits. Returns None when there is nothing to undo.
 
         Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
-        path to restore is now a folder holding documents, LockTimeout.
+        path to restore is now a folder holding documents, or when a document the revision moved
+        has moved on and its old path now holds another document (nothing is reverted: which one
+        belongs there is the caller's call), LockTimeout.
         """
         repo = self.repository
         revision = repo.resolve(revision)
@@ -1240,16 +1253,36 @@ class KnowledgeStore:
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
             written = {c.path: c.content_id for c in changes}
+            carried: set[str] = set()  # old paths a moved-on document went back to, edits and all
             for change in changes:
+                if change.change != "moved" or change.old_path is None:
+                    continue
                 # undo a move as a move while the document is still where the revision put it and
                 # its old path is free or holds what this revision wrote there (move-then-write)
-                if (
-                    change.change == "moved"
-                    and draft.content_id(change.path) == change.content_id
-                    and draft.content_id(change.old_path) in (None, written.get(change.old_path))
-                ):
-                    draft.move(change.path, change.old_path, overwrite=True)
-            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p}
+                free = draft.content_id(change.old_path) in (None, written.get(change.old_path))
+                if draft.content_id(change.path) == change.content_id:
+                    if free:
+                        draft.move(change.path, change.old_path, overwrite=True)
+                    continue
+                # edited or moved on since (a folder move, then one of its documents moved again):
+                # the document goes back from where it is now with its later edits, or the revert is
+                # refused — restoring its old path from the parent would leave a second copy of it
+                # beside itself, or drop its edits (design §3)
+                now = self._current_path(change.path, revision)
+                if now is None or not draft.exists(now):
+                    continue  # removed or replaced since: the path-wise restore below
+                if now == change.old_path:
+                    carried.add(now)  # back where it was already, edits and all
+                    continue
+                if not free:
+                    raise PathExists(
+                        f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is at "
+                        f"{now} now, and {change.old_path} holds another document: nothing was reverted. Move "
+                        f"or remove one of them, then revert again (or restore what you need with `kb restore`)"
+                    )
+                draft.move(now, change.old_path, overwrite=True)
+                carried.add(change.old_path)
+            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried
             for path in sorted(touched):
                 blob = repo.lookup(parent_tree, path[1:])
                 if blob is None:

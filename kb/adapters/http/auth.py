@@ -37,6 +37,7 @@ from kb.adapters.mcp.server import (
     TOKEN_ID_HEADER,
     TOKEN_SCOPE_HEADER,
     hide_facts,
+    mcp_workspace,
     owned_name,
 )
 
@@ -63,6 +64,9 @@ TOKEN_HEADER = TOKEN_ID_HEADER.encode()
 INTERNAL_HEADERS = frozenset({SCOPE_HEADER, COMMITTER_HEADER, TOKEN_HEADER})
 """Headers only the server sets (removed from every request as it arrives)."""
 
+NODE_URL = "<a kb node's URL>"
+"""What an error message says instead of a node's URL to a caller without an admin token."""
+
 TOKEN_KEY = "kb.token"
 """Where :class:`Authentication` leaves the request's ``Token`` in the ASGI scope."""
 
@@ -88,14 +92,39 @@ class Access:
         self.deployment: dict[str, str] = {}
         """Text of the deployment's facts (the database's address, the storage root) → what an
         error message says instead to a caller without an admin token (set by the service)."""
+        self.node_urls: Callable[[], list[str]] | None = None
+        """Reads the registered nodes' URLs (set by the service): they change while the server
+        runs, so they are read when a message may name one."""
+
+    def reveals(self, token: Token | None) -> bool:
+        """True when the caller of ``token`` may read the deployment's facts (the database's
+        address, storage roots, node URLs): an admin token, or nobody checked (design §16)."""
+        return self.insecure or (token is not None and token.scope == "admin")
 
     def shown(self, text: str, token: Token | None) -> str:
         """``text`` (an error message) as the caller of ``token`` may read it: the database's
-        address and the storage root replaced by placeholders unless the token is an admin one
-        (or nobody is checked), as ``/v1/status`` keeps them (design §16)."""
-        if self.insecure or (token is not None and token.scope == "admin"):
+        address, the storage root and the nodes' URLs replaced by placeholders unless the token
+        is an admin one (or nobody is checked), as ``/v1/status`` keeps them (design §16)."""
+        return self.shown_to_scope(text, None if token is None else token.scope)
+
+    def shown_to_scope(self, text: str, scope: str | None) -> str:
+        """``shown`` for a caller whose token has ``scope`` (None: no token known): the rule the
+        MCP tools' errors follow too (``kb.adapters.mcp.server.http_app``'s ``shown``)."""
+        if self.insecure or scope == "admin":
             return text
-        return hide_facts(text, self.deployment)
+        text = hide_facts(text, self.deployment)
+        if "://" in text:  # a node's URL may be in it: read them (one query, on an error only)
+            text = self._hide_node_urls(text)
+        return text
+
+    def _hide_node_urls(self, text: str) -> str:
+        import re
+
+        try:
+            facts = {} if self.node_urls is None else {url: NODE_URL for url in self.node_urls()}
+        except errors.KbError:  # Postgres cannot say which URLs are nodes': hide every web address
+            return re.sub(r"https?://[^\s'\"(),;]+", NODE_URL, text)
+        return hide_facts(text, facts)
 
     def authenticate(self, authorization: str | None) -> Token | None:
         """The live token of an ``Authorization`` header value (None when insecure). Raises
@@ -324,11 +353,8 @@ class McpGate:
         if token is None:  # never: Authentication runs first
             await error_response(401, errors.TokenRefused("this request needs an API token"))(scope, receive, send)
             return
-        segments = [s for s in scope.get("path", "").split("/") if s]
-        last = segments[-1] if segments else ""
-        # ASCII digits only, as the MCP routing takes them ("٢".isdigit() is true, and unchecked)
-        workspace = _workspace(last) if last.isascii() and last.isdigit() else False
-        if workspace is not False:  # else the MCP routing answers 404 (no workspace in the URL)
+        workspace = mcp_workspace(scope.get("path", ""))  # the routing's own reading of the path
+        if workspace is not None:  # else the MCP routing answers 404 (no workspace in the URL)
             try:
                 token.check(workspace, "read")
             except errors.WorkspaceNotFound as exc:

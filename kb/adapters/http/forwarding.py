@@ -14,7 +14,9 @@ node whose repository is here is adopted) and:
 - answers 503 ``NodeUnavailable`` naming the node when the home's heartbeat is older than
   ``KB_NODE_STALE_SECONDS``, it advertises no URL, or it does not answer — nothing is done, and
   other workspaces are unaffected; when it went away after the request reached it, the answer
-  says so instead (``"outcome": "unknown"`` for a write, with the call that settles it);
+  says so instead (``"outcome": "unknown"`` for a write, with the call that settles it). These
+  answers name the home node's URL (and the connection's error) to an admin token only: another
+  caller is told the node's name and what to do (design §16);
 - otherwise forwards the request with httpx: method, path, query, body and headers unchanged
   (``Authorization`` and ``Host`` included; hop-by-hop headers dropped, ``X-Kb-Forwarded-By``
   added) and
@@ -37,6 +39,7 @@ from urllib.parse import parse_qs, quote
 
 from kb import errors
 from kb.adapters.http.auth import TOKEN_KEY, error_response
+from kb.adapters.mcp.server import mcp_workspace
 from kb.db.nodes import Heartbeat
 
 if TYPE_CHECKING:
@@ -53,7 +56,7 @@ FORWARDED_BY = "x-kb-forwarded-by"
 CONNECT_SECONDS = 5.0
 """How long to wait for the home node to accept the connection before NodeUnavailable."""
 
-_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces|mcp)/([0-9]+)(?:/|$)")
+_WORKSPACE_PATH = re.compile(r"^/(?:v1/workspaces|ui/workspaces)/([0-9]+)(?:/|$)")
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -73,8 +76,11 @@ page forms' anti-forgery check needs (a browser's ``Origin`` names that address,
 
 def workspace_of(scope: dict) -> int | None:
     """The workspace an HTTP request names in its path (or ``/v1/status``'s ``workspace`` query
-    parameter), else None."""
+    parameter), else None. An MCP path names one only as ``mcp_workspace`` reads it (a path
+    such as ``/mcp/1/2`` names none, and is answered 404 where it arrives)."""
     path = scope.get("path", "")
+    if path == "/mcp" or path.startswith("/mcp/"):
+        return mcp_workspace(path)  # as the MCP routing reads it: /mcp/1/2 names none (404 here)
     if match := _WORKSPACE_PATH.match(path):
         return int(match.group(1))
     if path == "/v1/status":
@@ -190,11 +196,12 @@ class NodeForwarding:
         try:
             response = await client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
+            where, why = _where(scope, home, exc)
             await _unavailable(
                 send,
                 home.node,
-                f"workspace {scope['path']} is homed on node {home.node!r} at {home.url}, which did not "
-                f"answer ({type(exc).__name__}: {exc}); nothing was forwarded. Retry when it is back",
+                f"workspace {workspace_of(scope)} is homed on node {home.node!r}{where}, which did not answer "
+                f"({why}); nothing was forwarded. Retry when it is back{_ask_an_operator(scope, home)}",
             )
             return
         except httpx.TransportError as exc:  # sent: the home may have acted before it went away
@@ -263,15 +270,38 @@ def _header(scope: dict, name: str) -> str | None:
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+def _reveals(scope: dict) -> bool:
+    """True when the request's caller may read where the nodes are (an admin token, or nobody
+    checked: ``Access.reveals``, design §16)."""
+    return scope["app"].state.access.reveals(scope.get(TOKEN_KEY))
+
+
+def _where(scope: dict, home: WorkspaceHome, exc: Exception) -> tuple[str, str]:
+    """``(" at URL", "ErrorType: detail")`` naming the home node's address and the connection's
+    error for a caller who may read them (``_reveals``), else ``("", "ErrorType")``: the node's
+    URL is a deployment fact kept from all but admin tokens (design §16)."""
+    if _reveals(scope):
+        return f" at {home.url}", f"{type(exc).__name__}: {exc}"
+    return "", type(exc).__name__
+
+
+def _ask_an_operator(scope: dict, home: WorkspaceHome) -> str:
+    """What a caller who is not told the node's address can do besides retrying."""
+    if _reveals(scope):
+        return ""
+    return f"; if it stays so, ask kb's operator to check node {home.node!r} (`kb nodes`)"
+
+
 def _went_away(scope: dict, home: WorkspaceHome, exc: Exception) -> str:
     """What to tell the client whose request reached the home node, which then went away before
     answering: a read changed nothing; a write's outcome is unknown, and how to settle it."""
+    where, why = _where(scope, home, exc)
     gone = (
-        f"the request reached node {home.node!r} at {home.url} (the home of {scope['path']}), which went "
-        f"away before answering ({type(exc).__name__}: {exc})"
+        f"the request reached node {home.node!r}{where} (the home of workspace {workspace_of(scope)}), which "
+        f"went away before answering ({why})"
     )
     if scope["method"] in _SAFE_METHODS:
-        return f"{gone}; a read changes nothing. Retry when it is back"
+        return f"{gone}; a read changes nothing. Retry when it is back{_ask_an_operator(scope, home)}"
     ws = workspace_of(scope)
     key = _header(scope, "idempotency-key")
     settle = (

@@ -164,6 +164,7 @@ class Service:
         first = self.new_kb()
         self.access.tokens = first.tokens()  # design §16: requests are checked from now on
         self.access.deployment = deployment_facts(first)  # kept from all but admin tokens' errors (design §16)
+        self.access.node_urls = lambda: [node.url for node in first.nodes() if node.url]  # so are nodes' URLs
         self._embedder = first.embedder
         self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()
@@ -492,6 +493,7 @@ def create_app(
             author=mcp_author or default_author(),
             kb_factory=service.new_kb,
             token_live=token_live,
+            shown=access.shown_to_scope,  # the MCP tools' errors hide what the API's do (design §16)
         )
         mcp_endpoint.app = mcp_app
         worker_task = None
@@ -580,8 +582,8 @@ def create_app(
             raise HTTPException(503, "starting or stopping")
         try:
             service.check_database()
-        except errors.KbError as exc:
-            raise HTTPException(503, str(exc)) from exc
+        except errors.KbError as exc:  # anybody may ask: where the database is stays untold (design §16)
+            raise HTTPException(503, access.shown(str(exc), None)) from exc
         return {"status": "ready", "worker": with_worker}
 
     mcp_endpoint = _LateMount()

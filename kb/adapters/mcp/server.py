@@ -19,12 +19,15 @@ If the server process dies, nothing is lost: the turn id is derived from the cha
 (turn recovery, design §5), and the janitor removes it only after ``KB_WORKTREE_TTL``.
 
 Errors come back as MCP tool errors carrying kb's one-line messages (``KbError``); bad paths are
-refused exactly as in turns (``InvalidPath``).
+refused exactly as in turns (``InvalidPath``). Every error — a tool's, one raised before the tool
+runs (opening the chat's workspace), a resource's — names where kb keeps its data (the database's
+address, the storage root) only to an admin token, as kb serve's errors (design §16).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -34,7 +37,8 @@ from urllib.parse import quote, unquote
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from mcp_types import ListResourcesResult, PaginatedRequestParams, Resource
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, ListResourcesResult, PaginatedRequestParams, Resource
 
 from kb.adapters.json_form import json_form
 from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
@@ -77,16 +81,40 @@ def deployment_facts(kb: KnowledgeBase) -> dict[str, str]:
     return {redact(kb.database_url): "<kb's database>", str(kb.settings.storage_root): "<kb's storage root>"}
 
 
+LIBPQ_SERVER_NAMES = (
+    (re.compile(r'connection to server at "[^"]*"(?: \([^)]*\))?, port \d+'), "connection to <kb's database>"),
+    (re.compile(r'connection to server on socket "[^"]*"'), "connection to <kb's database>"),
+    (re.compile(r"failed to resolve host '[^']*'"), "failed to resolve <kb's database>'s host"),
+)
+"""How libpq's own messages (inside kb's DatabaseUnavailable) name the server it could not reach
+— host, its address, port, socket — and what ``hide_facts`` says instead."""
+
+
 def hide_facts(text: str, facts: dict[str, str]) -> str:
     """``text`` with every fact of ``facts`` (``deployment_facts``) replaced by its placeholder
     where it starts a path or a word, so a short storage root such as ``/data`` does not eat the
-    ``/data`` of a document's path ``/documents/data/…``."""
-    import re
-
+    ``/data`` of a document's path ``/documents/data/…``; and with libpq's naming of a database
+    server it could not reach (``LIBPQ_SERVER_NAMES``: host, address, port or socket, which the
+    database's address in ``facts`` does not spell alike) hidden too (design §16)."""
     for fact, placeholder in facts.items():
         if len(fact) > 1:  # a root of "/" names nothing worth hiding, and is in every path
             text = re.sub(r"(?<![\w./@:-])" + re.escape(fact), placeholder.replace("\\", "\\\\"), text)
+    for pattern, placeholder in LIBPQ_SERVER_NAMES:
+        text = pattern.sub(placeholder, text)
     return text
+
+
+MCP_PATH = re.compile(r"/mcp/([0-9]+)/?")
+"""An MCP endpoint's path: ``/mcp/<workspace id>`` (ASCII digits; a trailing ``/`` allowed)."""
+
+
+def mcp_workspace(path: str) -> int | None:
+    """The workspace an MCP endpoint's ``path`` names, or None when the path names none — any
+    other path under ``/mcp`` (``/mcp/1/2``, ``/mcp//1``, ``/mcp/x``): kb serve answers it 404
+    and never picks one of its numbers. The one reading of the path the token check
+    (``McpGate``), the routing (``WorkspaceRouting``) and forwarding (design §15) share."""
+    match = MCP_PATH.fullmatch(path)
+    return int(match.group(1)) if match else None
 
 
 def turn_id_for_chat(chat_id: str) -> str:
@@ -205,13 +233,17 @@ def build_server(
     committer: str | None = None,
     chat_id: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
+    shown: Callable[[str, str | None], str] | None = None,
 ) -> tuple[MCPServer, McpSessions]:
     """An MCP server exposing kb's tools for one workspace (stdio) or for the workspace each HTTP
     request names (``workspace_id=None``; ``kb serve`` sets the ``x-kb-workspace`` header).
 
     Args: ``kb`` an open KnowledgeBase; ``author`` whose changes the turns record ("Name <mail>");
     ``committer`` who records the revisions (None: kb's own identity, ``kb.turns.turn.KB_COMMITTER``);
-    ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP).
+    ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP);
+    ``shown`` (an error message, the token's scope or None → the text that caller may read): kb
+    serve's rule (``Access.shown_to_scope``); None: the deployment's facts hidden from any scope
+    but admin, nothing hidden without one (stdio).
     Returns the server and its session table (call ``sessions.close_all()`` when the transport
     ends, so open turns are committed).
     """
@@ -230,7 +262,17 @@ def build_server(
         ),
     )
 
+    def shown_here(message: str, scope: str | None) -> str:
+        """An error message as the token of ``scope`` may read it: where kb keeps its data only
+        for an admin token, stdio or --insecure-no-auth (``scope`` None), as kb serve's errors (design §16)."""
+        if shown is not None:
+            return shown(message, scope)
+        return message if scope in (None, "admin") else hide_facts(message, deployment_facts(kb))
+
     def chat(ctx: Context, write: bool = False) -> ChatState:
+        """The chat of the request (its workspace, turn and conversation). Every refusal, from the
+        token's scope to a workspace or storage that cannot be opened, is a ToolError as ``call``
+        raises (redacted by ``shown_here``): none reaches the client as an unexplained crash."""
         headers = ctx.headers or {}
         scope = headers.get(TOKEN_SCOPE_HEADER)  # None over stdio and --insecure-no-auth (design §16)
         if write and scope is not None and scope not in ("write", "admin"):
@@ -238,32 +280,30 @@ def build_server(
                 f"this API token has the {scope} scope; changing documents needs a write token "
                 "(kb token create --scope write)"
             )
-        ws = workspace_id
-        if ws is None:
-            raw = headers.get(WORKSPACE_HEADER)
-            if raw is None or not raw.isdigit() or int(raw) < 1:
-                raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
-            ws = int(raw)
-        given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
-        state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+        try:
+            ws = workspace_id
+            if ws is None:
+                raw = headers.get(WORKSPACE_HEADER)
+                if raw is None or not raw.isdigit() or int(raw) < 1:
+                    raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
+                ws = int(raw)
+            given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
+            state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+        except KbError as exc:
+            raise ToolError(shown_here(str(exc), scope)) from exc
         state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
         if write and (committer := headers.get(TOKEN_COMMITTER_HEADER)):
             state.turn.committer = committer  # the token that changes the turn records it (design §16)
         return state
 
-    def call(fn: Callable[[], Any], state: ChatState | None = None) -> Any:
+    def call(fn: Callable[[], Any], state: ChatState) -> Any:
         try:
-            if state is None:
-                return fn()
             with state.lock:  # one call at a time per chat (a turn is one worktree)
                 return fn()
         except KbError as exc:
-            message = str(exc)
-            if state is not None and state.token_scope not in (None, "admin"):  # as kb serve's errors (design §16)
-                message = hide_facts(message, deployment_facts(state.kb))
-            raise ToolError(message) from exc
+            raise ToolError(shown_here(str(exc), state.token_scope)) from exc
         except ValueError as exc:  # argument checks of the turn API (negative offsets, …)
-            raise ToolError(str(exc)) from exc
+            raise ToolError(shown_here(str(exc), state.token_scope)) from exc
 
     @server.tool()
     def search(query: str, ctx: Context, k: int = 5) -> str:
@@ -392,31 +432,36 @@ def build_server(
     def document(workspace: str, path: str, ctx: Context) -> str:
         """A document's markdown at HEAD, of this connection's workspace only (over HTTP the one
         in the URL, which ``kb serve`` checked the token against, design §16)."""
+        headers = ctx.headers or {}
         connected = workspace_id
         if connected is None:
-            raw = (ctx.headers or {}).get(WORKSPACE_HEADER, "")
+            raw = headers.get(WORKSPACE_HEADER, "")
             connected = int(raw) if raw.isdigit() else None
         if not workspace.isdigit() or connected is None or int(workspace) != connected:
             raise ResourceNotFoundError(f"no workspace {workspace} on this connection")
+        scope = headers.get(TOKEN_SCOPE_HEADER)
         try:
             with resources_lock:
                 data = kb.read(int(workspace), StorePath.parse("/documents/" + unquote(path)).virtual)
         except (DocumentNotFound, IsAFolder) as exc:
-            raise ResourceNotFoundError(str(exc)) from exc
+            raise ResourceNotFoundError(shown_here(str(exc), scope)) from exc
         except KbError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise ResourceError(shown_here(str(exc), scope)) from exc
         return data.decode("utf-8", errors="replace")
 
     async def list_documents(ctx, params: PaginatedRequestParams) -> ListResourcesResult:
+        headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
         ws = workspace_id
         if ws is None:
-            headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
             raw = headers.get(WORKSPACE_HEADER, "")
             ws = int(raw) if raw.isdigit() else None
         if ws is None:
             return ListResourcesResult(resources=[])
-        with resources_lock:
-            paths = sorted(kb.list_paths(ws))
+        try:
+            with resources_lock:
+                paths = sorted(kb.list_paths(ws))
+        except KbError as exc:  # as the tools' errors: redacted for all but an admin token
+            raise MCPError(INTERNAL_ERROR, shown_here(str(exc), headers.get(TOKEN_SCOPE_HEADER))) from exc
         start = int(params.cursor) if params.cursor and params.cursor.isdigit() else 0
         page = paths[start : start + RESOURCE_PAGE_SIZE]
         following = start + RESOURCE_PAGE_SIZE
@@ -446,7 +491,7 @@ def run_stdio(
 
 
 class WorkspaceRouting:
-    """ASGI wrapper that serves ``/<workspace>[?chat=<id>]`` below its mount point with one MCP
+    """ASGI wrapper that serves ``/mcp/<workspace>[?chat=<id>]`` (``mcp_workspace``) with one MCP
     app: it moves the workspace (and a client-given chat id) from the URL into the headers the
     tools read, and commits a chat's turn when the client ends its session (HTTP DELETE).
 
@@ -462,15 +507,19 @@ class WorkspaceRouting:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        segments = [s for s in scope.get("path", "").split("/") if s]
-        if not segments or not (segments[-1].isascii() and segments[-1].isdigit()) or len(segments) > 2:
+        path = scope.get("path", "")
+        number = mcp_workspace(path)
+        if number is None:
             from starlette.responses import JSONResponse
 
-            await JSONResponse({"error": "connect to /mcp/<workspace id>, e.g. /mcp/1"}, status_code=404)(
-                scope, receive, send
+            message = (
+                f"{path[:100]!r} is not an MCP endpoint: connect to /mcp/<workspace id>, e.g. /mcp/1 "
+                "(one workspace per connection)"
             )
+            body = {"error": "NotFound", "message": message, "cli_message": message}
+            await JSONResponse(body, status_code=404)(scope, receive, send)
             return
-        workspace = segments[-1]
+        workspace = str(number)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != WORKSPACE_HEADER.encode()]
         headers.append((WORKSPACE_HEADER.encode(), workspace.encode()))
         query = dict(part.split("=", 1) for part in scope.get("query_string", b"").decode().split("&") if "=" in part)
@@ -499,17 +548,22 @@ def http_app(
     committer: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
     token_live: Callable[[str], bool] | None = None,
+    shown: Callable[[str, str | None], str] | None = None,
 ):
     """The streamable-HTTP MCP app for every workspace, for ``kb serve`` to mount at ``/mcp``.
 
     ``kb_factory`` gives each chat a KnowledgeBase of its own (the server's threads never share
     one); ``kb`` serves the resources. ``token_live`` (an API token's id → still live?): the
-    chat of a token revoked or expired since is not committed at disconnect or shutdown. Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
+    chat of a token revoked or expired since is not committed at disconnect or shutdown. ``shown``:
+    how an error reads for a token's scope (``build_server``; kb serve's ``Access.shown_to_scope``).
+    Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
     lifetime; it runs the MCP session manager and commits every open turn at shutdown.
     """
     import contextlib
 
-    server, sessions = build_server(kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory)
+    server, sessions = build_server(
+        kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory, shown=shown
+    )
     sessions.token_live = token_live
     inner = server.streamable_http_app(streamable_http_path="/mcp")
 
