@@ -33,8 +33,9 @@ Systems, all over the same documents in the same run:
   over whole documents).
 - bm25: the ``bm25s`` package (Lucene BM25, k1 = 1.5, b = 0.75) over whole documents, tokenized
   by ``bm25s.tokenize`` with PyStemmer's stemmer and bm25s' stop words where it has them for the
-  language, and with kb's CJK bigram segmentation applied first (so BM25 is not handicapped on
-  Japanese and Chinese, which have no spaces).
+  language, and with kb's CJK segmentation applied first (so BM25 is not handicapped on
+  Japanese and Chinese, which have no spaces): its bigrams, since bm25s' token pattern drops the
+  single characters kb also indexes (Lucene's CJK analyzer by default, bigrams alone).
 - alternatives not adopted (``--alternatives``), measured so the decision can be checked:
   ``kb+grams``, kb's three legs plus a fourth, BM25 over each word's character 4-grams (bm25s,
   whole documents; a common remedy for compounds and rich morphology), all full-text legs at

@@ -8,7 +8,8 @@ whose lines are the document's true lines at the indexed revision.
   used with a fallback to the exact scan whenever it returns fewer rows than asked.
 - Chunk leg: Okapi BM25 over the chunks' Postgres tsvectors with term statistics kept per
   workspace and text configuration (sql/queries/search.sql ``lexical_leg``). The query is
-  prepared like the documents (kb.languages: CJK bigrams) and parsed with every text
+  prepared like the documents (kb.languages.lexical_query: CJK bigrams, and single characters
+  for a Chinese query) and parsed with every text
   configuration the workspace uses; each parse is scored against that configuration's chunks with
   its own statistics.
 - Document leg: the same BM25 over whole documents (kb.document_terms, built from the chunks,
@@ -47,7 +48,7 @@ from kb.errors import InvalidInput
 from kb.git.repository import Repository
 from kb.index import vector_index
 from kb.index.embedding import Embedder, query_vector, vector_literal
-from kb.index.languages import detect_language, language_share, lexical_text
+from kb.index.languages import detect_language, language_share, lexical_query
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -216,7 +217,7 @@ def _params(workspace_id: int, model: str, vector_text: str, query: str, limit: 
         "model": model,
         "embedding": vector_text,
         "limit": limit,
-        "query": lexical_text(query),
+        "query": lexical_query(query),
         "k1": BM25_K1,
         "b": BM25_B,
         "title_weight": TITLE_WEIGHT,
