@@ -337,7 +337,8 @@ def test_a_single_chinese_character_finds_the_pages_holding_it_within_a_run(kb):
 def test_a_reindex_rewrites_rows_segmented_into_cjk_bigrams_alone(kb):
     """Chunk rows an earlier kb wrote (CJK runs as bigrams alone) lack the characters a
     one-character query needs; a reindex finds them (chunks_of_documents' cjk_current) and
-    writes them again with the cached vectors, and a second reindex keeps every row."""
+    writes them again with the cached vectors, and a second reindex keeps every row, a run that
+    starts with a character Postgres makes no lexeme of (the katakana middle dot) included."""
     import re
 
     kb.use_embedder(HashingEmbedder())
@@ -347,6 +348,7 @@ def test_a_reindex_rewrites_rows_segmented_into_cjk_bigrams_alone(kb):
         {
             "/documents/bookmarks.md": "# 書籤\n\n使用書籤外掛可以快速開啟常用的筆記。\n",
             "/documents/en.md": "# Books\n\nA page in English about books.\n",
+            "/documents/ja.md": "# メモ\n\nノート ・メモ の使い方。\n",
         },
     )
     kb.index(1)
@@ -369,7 +371,7 @@ def test_a_reindex_rewrites_rows_segmented_into_cjk_bigrams_alone(kb):
     assert _lexical_paths(kb, 1, "書") == ["/documents/bookmarks.md"]
     assert _lexical_documents(kb, 1, "書") == ["/documents/bookmarks.md"]
     again = kb.reindex(1)
-    assert again.chunks_written == 0 and again.chunks_reused >= 2
+    assert again.chunks_written == 0 and again.chunks_reused >= 3
 
 
 def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch):
