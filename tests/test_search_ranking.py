@@ -299,6 +299,81 @@ def test_japanese_and_chinese_queries_find_their_page_lexically(kb):
     assert envelopes[0].path == "/documents/ja2.md"
 
 
+def test_cjk_runs_are_indexed_as_bigrams_and_characters_and_chinese_queries_keep_characters():
+    """Pages hold a CJK run's bigrams and characters (Lucene's CJKBigramFilter with unigrams); a
+    Chinese query keeps its characters too, a Japanese one only its bigrams (its single kana are
+    mostly particles), and a run of one character is itself."""
+    from kb.index.languages import lexical_query, lexical_text
+
+    assert lexical_text("東京都").split() == ["東京", "京都", "東", "京", "都"]
+    assert lexical_text("Obsidian 的外掛").split() == ["Obsidian", "的外", "外掛", "的", "外", "掛"]
+    assert lexical_query("社群外掛可以擴充應用程式的功能").split()[:3] == ["社群", "群外", "外掛"]
+    assert "擴" in lexical_query("社群外掛可以擴充應用程式的功能").split()
+    assert lexical_query("ノートを同期する").split() == ["ノー", "ート", "トを", "を同", "同期", "期す", "する"]
+    assert lexical_query("猫").split() == ["猫"]
+    assert lexical_query("plain words") == "plain words"
+    query_units = set(lexical_query("在設定中啟用外掛").split())
+    assert query_units <= set(lexical_text("在設定中啟用外掛").split())
+
+
+def test_a_single_chinese_character_finds_the_pages_holding_it_within_a_run(kb):
+    """A query of one character (書: book) found only pages where it stood alone, since a page's
+    runs were indexed as bigrams only; with the characters indexed too it finds the page that
+    has it inside a word (書籤, 讀書), and the document leg does as well."""
+    kb.use_embedder(HashingEmbedder())
+    _write_all(
+        kb,
+        1,
+        {
+            "/documents/bookmarks.md": "# 書籤\n\n使用書籤外掛可以快速開啟常用的筆記。\n",
+            "/documents/sync.md": "# 同步\n\n在多部裝置之間同步你的保管庫。\n",
+        },
+    )
+    kb.index(1)
+    assert _lexical_paths(kb, 1, "書") == ["/documents/bookmarks.md"]
+    assert _lexical_documents(kb, 1, "書") == ["/documents/bookmarks.md"]
+
+
+def test_a_reindex_rewrites_rows_segmented_into_cjk_bigrams_alone(kb):
+    """Chunk rows an earlier kb wrote (CJK runs as bigrams alone) lack the characters a
+    one-character query needs; a reindex finds them (chunks_of_documents' cjk_current) and
+    writes them again with the cached vectors, and a second reindex keeps every row, a run that
+    starts with a character Postgres makes no lexeme of (the katakana middle dot) included."""
+    import re
+
+    kb.use_embedder(HashingEmbedder())
+    _write_all(
+        kb,
+        1,
+        {
+            "/documents/bookmarks.md": "# 書籤\n\n使用書籤外掛可以快速開啟常用的筆記。\n",
+            "/documents/en.md": "# Books\n\nA page in English about books.\n",
+            "/documents/ja.md": "# メモ\n\nノート ・メモ の使い方。\n",
+        },
+    )
+    kb.index(1)
+
+    def bigrams_only(text: str) -> str:
+        return re.sub(
+            r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]{2,}",
+            lambda m: " " + " ".join(m[0][i : i + 2] for i in range(len(m[0]) - 1)) + " ",
+            text,
+        )
+
+    with database.connect(kb.database_url) as conn:
+        for row in conn.execute(queries["test_chunk_texts"], {"workspace_id": 1}).fetchall():
+            conn.execute(queries["test_set_chunk_tsvector"], {"id": row["id"], "lexical": bigrams_only(row["text"])})
+        conn.execute(queries["test_refresh_workspace_document_terms"], {"workspace_id": 1})
+        conn.commit()
+    assert _lexical_paths(kb, 1, "書") == []
+    report = kb.reindex(1)
+    assert report.embeddings_computed == 0 and report.chunks_written >= 1  # written again, cached vectors
+    assert _lexical_paths(kb, 1, "書") == ["/documents/bookmarks.md"]
+    assert _lexical_documents(kb, 1, "書") == ["/documents/bookmarks.md"]
+    again = kb.reindex(1)
+    assert again.chunks_written == 0 and again.chunks_reused >= 3
+
+
 def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch):
     embedder = kb.use_embedder(HashingEmbedder())
     words = WORDS
@@ -425,7 +500,7 @@ MOROCCAN_CLASSIFIED = "واش نتا بخير؟ شنو درتي اليوم؟ ب�
 def test_a_language_variety_counts_as_its_macrolanguage_for_rows_coverage_and_stemming():
     import py3langid
 
-    from kb.index.languages import detect_language, language_share, text_config
+    from kb.index.languages import detect_language, language_share, lexical_query, text_config
     from kb.search.hybrid import LANGUAGE_FUSION, VECTOR_WEIGHT, fusion_for, vector_weight
 
     # the classifier's own answers, so this test cannot pass vacuously on another model
@@ -439,7 +514,10 @@ def test_a_language_variety_counts_as_its_macrolanguage_for_rows_coverage_and_st
     chinese = HashingEmbedder()
     chinese.model, chinese.languages = "usem3-test", frozenset({"zh", "en"})
     assert vector_weight(chinese, "佢哋喺度等緊你，你快啲嚟啦") == VECTOR_WEIGHT
-    assert fusion_for(chinese, CANTONESE_CLASSIFIED) == LANGUAGE_FUSION["usem3-"]["zh"]
+    assert "設" in lexical_query(CANTONESE_CLASSIFIED).split()  # a Chinese query keeps its characters
+    arabic = HashingEmbedder()
+    arabic.model, arabic.languages = "usem3-test", frozenset({"ar", "en"})
+    assert fusion_for(arabic, MOROCCAN_CLASSIFIED) == LANGUAGE_FUSION["usem3-"]["ar"]
 
 
 def test_a_document_the_classifier_calls_a_variety_gets_its_macrolanguages_stemmer(kb):

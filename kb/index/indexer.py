@@ -512,12 +512,14 @@ class Indexer:
 
     def _reusable(self, p: _Prepared, chunk_row: dict) -> bool:
         """A chunk row can be kept when its vector is of the active model and its tsv of the
-        document's configuration, made from text that normalization does not change (an
-        unnormalized document's rows are written again, their vectors from the cache)."""
+        document's configuration, made from text that normalization does not change and with the
+        current CJK segmentation (``cjk_current``, kb.languages.lexical_text); other rows are
+        written again, their vectors from the cache."""
         return (
             chunk_row["embedding_model"] == self.embedder.model
             and chunk_row["text_config"] == p.text_config
             and p.lexically_stable
+            and chunk_row["cjk_current"]
         )
 
     def _needed_hashes(self, p: _Prepared) -> list[str]:

@@ -140,9 +140,22 @@ WHERE workspace_id = %(workspace_id)s AND id > %(after_id)s
 ORDER BY id;
 
 -- name: chunks_of_documents
+-- A document's chunk rows, with whether the row's tsvector is of the current CJK segmentation
+-- (cjk_current, kb.languages.lexical_text: a run's bigrams and its characters): false when the
+-- first character of a CJK run of two or more lacks its lexeme, as in a row an earlier kb wrote
+-- with bigrams alone; the indexer then writes the row again (its vector from the cache). The
+-- character class is kb.languages' _CJK_RUN; a character the row's configuration makes no lexeme
+-- of (the katakana middle dot) is not missing.
 SELECT id, document_id, position, text_sha256, start_char, end_char, start_line, end_line,
-       embedding_model, text_config
-FROM kb.chunks WHERE document_id = ANY(%(document_ids)s) ORDER BY document_id, position;
+       embedding_model, text_config,
+       NOT EXISTS (
+           SELECT 1
+           FROM regexp_matches(c.text,
+               '([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af])[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+',
+               'g') m
+           CROSS JOIN LATERAL unnest(to_tsvector(coalesce(c.text_config, 'english')::regconfig, m[1])) u
+           WHERE NOT c.tsv @@ quote_literal(u.lexeme)::tsquery) AS cjk_current
+FROM kb.chunks c WHERE c.document_id = ANY(%(document_ids)s) ORDER BY c.document_id, c.position;
 
 -- name: documents_still_failed
 SELECT count(*) AS failed, coalesce(max(index_attempts), 0) AS attempts

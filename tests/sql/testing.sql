@@ -294,6 +294,14 @@ SET tsv = setweight(to_tsvector(c.text_config::regconfig, d.title), 'A') || to_t
 FROM kb.documents d
 WHERE d.id = c.document_id AND c.workspace_id = %(workspace_id)s;
 
+-- name: test_chunk_texts
+SELECT id, text, text_config FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: test_set_chunk_tsvector
+-- tests/test_search_ranking.py: a chunk's tsvector as an earlier kb wrote it (its text given
+-- already segmented, e.g. CJK runs as bigrams alone).
+UPDATE kb.chunks SET tsv = to_tsvector(text_config::regconfig, %(lexical)s) WHERE id = %(id)s;
+
 -- name: test_refresh_workspace_document_terms
 SELECT kb.refresh_document_terms(ARRAY(SELECT id FROM kb.documents WHERE workspace_id = %(workspace_id)s));
 
