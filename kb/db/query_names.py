@@ -35,6 +35,7 @@ QueryName = Literal[
     "create_database",
     "create_ledger",
     "create_vector_index",
+    "database_answers",
     "database_exists",
     "defer_convergence_jobs",
     "defer_job",

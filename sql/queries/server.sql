@@ -20,3 +20,7 @@ CREATE DATABASE {database};
 
 -- name: pgvector_available
 SELECT default_version FROM pg_available_extensions WHERE name = 'vector';
+
+-- name: database_answers
+-- The readiness probe of kb serve (/ready): the database answers a statement.
+SELECT 1 AS answers;

@@ -61,6 +61,7 @@ from kb.adapters.http.ui import mount_ui
 from kb.adapters.json_form import json_form
 from kb.adapters.mcp.server import deployment_facts, owned_name
 from kb.db import database
+from kb.db.sql import queries
 from kb.settings import Settings
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ class Service:
     def check_database(self) -> None:
         """Raises DatabaseUnavailable when the database does not answer."""
         with database.connect(self.kb().database_url, autocommit=True) as conn:
-            conn.execute("SELECT 1")
+            conn.execute(queries["database_answers"])
 
     def close(self) -> None:
         """Close every KnowledgeBase opened (their repositories and turns)."""
