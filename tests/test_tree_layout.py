@@ -268,10 +268,15 @@ def test_another_writers_big_folder_is_read_from_the_last_version_laid_out(tmp_p
 def test_segmented_streams_decompress_to_the_text(texts, level):
     """A stream built from remembered segments is one zlib stream of exactly header + text,
     whatever the text (cuts anywhere, runs of NULs, empty), at any level, segments reused or not."""
-    compressor = loose_zlib.SegmentedCompressor(level, size=8)
+    compressor, reader = loose_zlib.SegmentedCompressor(level, size=8), loose_zlib.SegmentedCompressor(level)
+    reader.compress(b"tree 0\0", texts[0])  # the reader remembers some segments, not all
     for text in texts * 2:
         header = b"tree %d\0" % len(text)
-        assert zlib.decompress(compressor.compress(header, text)) == header + text
+        stream = compressor.compress(header, text)
+        assert zlib.decompress(stream) == header + text
+        assert reader.decompress(stream, 1 << 20) in (None, header + text)
+        assert reader.decompress(zlib.compress(header + text, level), 1 << 20) is None  # not segmented
+        assert reader.decompress(stream[: len(stream) // 2], 1 << 20) is None
 
 
 def test_big_trees_are_written_from_remembered_segments_that_git_reads(tmp_path):
@@ -285,6 +290,9 @@ def test_big_trees_are_written_from_remembered_segments_that_git_reads(tmp_path)
     remembered = set(compressor._segments)
     tree = repo.build_tree(tree, [("Flat/note 750 b.md", blobs[0])])
     assert len(set(compressor._segments) - remembered) <= 2  # the touched segment (perhaps cut in two)
+    flat = repo._referenced(tree)[b"Flat"][1]
+    stream = (tmp_path / "repo" / ".git" / "objects" / flat[:2].decode() / flat[2:].decode()).read_bytes()
+    assert compressor.decompress(stream, 1 << 24) == zlib.decompress(stream)  # remembered segments, not inflated
     commit = repo.make_commit(tree, None, "big", "t", "t")
     assert repo.advance(None, commit.id.decode())
     git(tmp_path / "repo", "fsck", "--strict", "--no-dangling")

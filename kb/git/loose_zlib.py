@@ -20,9 +20,11 @@ import zlib
 
 MIN_BYTES = 32768
 """Texts shorter than this are compressed whole (as dulwich does)."""
-CACHE_SEGMENTS = 1024
+CACHE_SEGMENTS = 256
 """Compressed segments remembered per repository (most recently used; ~10 kB of text each)."""
 _CUT = b"\0\0"
+_FLUSHED = b"\0\0\xff\xff"
+"""How a full flush ends a segment's blocks (an empty stored block)."""
 
 
 def _deflate(data: bytes, level: int) -> bytes:
@@ -53,6 +55,7 @@ class SegmentedCompressor:
         self.level = level
         self._size = size
         self._segments: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+        self._texts: dict[bytes, bytes] = {}  # the same segments, compressed -> text
         self._lock = threading.Lock()
         self._zlib_header = zlib.compressobj(level).flush()[:2]
         self._final = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS).flush(zlib.Z_FINISH)
@@ -76,8 +79,49 @@ class SegmentedCompressor:
         with self._lock:
             for at, segment in fresh:
                 self._segments[segment] = parts[at]
+                self._texts[parts[at]] = segment
             while len(self._segments) > self._size:
-                self._segments.popitem(last=False)
+                self._texts.pop(self._segments.popitem(last=False)[1], None)
         checksum = zlib.adler32(text, zlib.adler32(header))
         parts += [self._final, checksum.to_bytes(4, "big")]
         return b"".join(parts)
+
+    def decompress(self, stream: bytes, max_size: int) -> bytes | None:
+        """The bytes the zlib ``stream`` holds when it is made of segments as :meth:`compress`
+        makes them at this level (another process's revision of a big tree shares most of its
+        segments with this one's): remembered segments are not inflated again, the others are
+        inflated one by one. None when the stream is not of that shape, longer than ``max_size``
+        or its Adler-32 does not match (the caller inflates it whole). The caller still checks
+        the object id: a flush marker inside a segment's compressed bytes may split it wrongly."""
+        if not stream.startswith(self._zlib_header) or len(stream) < 2 + len(self._final) + 4:
+            return None
+        end = len(stream) - 4 - len(self._final)
+        if stream[end : end + len(self._final)] != self._final:
+            return None
+        parts = []
+        size = 0
+        position = 2
+        try:
+            while position < end:
+                cut = stream.find(_FLUSHED, position, end)
+                if cut < 0:
+                    return None
+                piece = stream[position : cut + 4]
+                with self._lock:
+                    text = self._texts.get(piece)
+                if text is None:
+                    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                    text = inflater.decompress(piece, max_size + 1 - size)
+                    if inflater.unconsumed_tail or inflater.eof:
+                        return None
+                parts.append(text)
+                size += len(text)
+                if size > max_size:
+                    return None
+                position = cut + 4
+        except zlib.error:
+            return None
+        text = b"".join(parts)
+        if zlib.adler32(text) != int.from_bytes(stream[-4:], "big"):
+            return None
+        return text

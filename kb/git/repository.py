@@ -284,11 +284,14 @@ class Repository(WorktreeRefresh):
             return None
         name = head[space + 1 : nul]
         found = self._layouts.base_for(name + b"/" if head.startswith(DIR_MODE_PREFIXES, header_end + 1) else name)
+        limit = store.loose_object_size_limit
         with self._cache_lock:
             base = None if found is None else self._objects.get(found[0])
         if not isinstance(base, Tree):
             return None
-        text = _decompress(compressed, max_size=store.loose_object_size_limit)
+        text = None if self._compressor is None else self._compressor.decompress(compressed, limit)
+        if text is None or hashlib.sha1(text).hexdigest().encode() != sha:  # not (only) our segments
+            text = _decompress(compressed, max_size=limit)
         raw = text[header_end + 1 :]
         if text[5:header_end] != b"%d" % len(raw):
             return None
