@@ -15,6 +15,7 @@ import atexit
 import collections
 import contextlib
 import hashlib
+import io
 import os
 import shutil
 import stat
@@ -245,7 +246,7 @@ class Repository(WorktreeRefresh):
         try:
             obj = None
             if isinstance(store, DiskObjectStore):
-                obj = self._derived_tree(store, sha) or store._get_loose_object(sha)
+                obj = self._read_loose(store, sha) if len(sha) == 40 else store._get_loose_object(sha)
             if obj is None:  # packed (or packed away meanwhile): dulwich's own path
                 return store[sha]
             digest = hashlib.sha1(object_header(obj.type_num, obj.raw_length()))
@@ -259,19 +260,29 @@ class Repository(WorktreeRefresh):
         except _READ_ERRORS as exc:
             raise self._damaged(sha, exc) from None
 
-    def _derived_tree(self, store: DiskObjectStore, sha: bytes) -> Tree | None:
-        """The loose tree ``sha`` read as a revision of a big tree whose layout is cached (one whose
-        first entry it shares: another process's version of a big folder this process wrote or
-        read), by parsing only the entries that differ (``kb.git.tree_layout.derive``); its layout
-        and changed names are cached too. None when it is not such a tree (the caller reads it as
-        dulwich does). The caller checks the text against ``sha``. Raises zlib.error, OSError."""
-        if not self._layouts.has_bases():
-            return None
+    def _read_loose(self, store: DiskObjectStore, sha: bytes):
+        """The loose object ``sha`` (hex) parsed from one read of its file, as dulwich's
+        ``_get_loose_object`` parses it, or a big tree derived from a cached one
+        (``_derived_tree``); None when it is not loose. Raises what dulwich raises."""
         try:
             with open(store._get_shafile_path(sha), "rb") as handle:
                 compressed = handle.read()
         except FileNotFoundError:
             return None
+        tree = self._derived_tree(store, sha, compressed) if self._layouts.has_bases() else None
+        if tree is not None:
+            return tree
+        return ShaFile.from_file(
+            io.BytesIO(compressed), sha, object_format=store.object_format, max_size=store.loose_object_size_limit
+        )
+
+    def _derived_tree(self, store: DiskObjectStore, sha: bytes, compressed: bytes) -> Tree | None:
+        """The loose tree ``sha`` (its file's bytes: ``compressed``) read as a revision of a big
+        tree whose layout is cached (one whose first entry it shares: another process's version
+        of a big folder this process wrote or read), by parsing only the entries that differ
+        (``kb.git.tree_layout.derive``); its layout and changed names are cached too. None when it
+        is not such a tree (the caller reads it as dulwich does). The caller checks the text
+        against ``sha``. Raises zlib.error."""
         if len(compressed) < DERIVE_MIN_BYTES or not ShaFile._is_legacy_object(compressed):
             return None
         head = zlib.decompressobj().decompress(compressed, DERIVE_HEAD_BYTES)
