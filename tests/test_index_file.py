@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.commands import git
 
+from kb.git import byte_diff
 from kb.git.gitindex import IndexFile, UnsupportedIndex
 
 
@@ -104,3 +105,21 @@ def test_a_reread_after_git_rewrote_the_index_equals_a_whole_parse(tmp_path):
     git(repo, "update-index", "--split-index")
     with pytest.raises(UnsupportedIndex):
         index.load()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    common=st.binary(max_size=40000),
+    tails=st.tuples(st.binary(max_size=3), st.binary(max_size=3)),
+    starts=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    limit=st.integers(0, 400000),
+    size=st.sampled_from([0, 100, 20000, 300000]),
+)
+def test_same_bytes_finds_the_first_difference(common, tails, starts, limit, size):
+    """byte_diff.same_bytes counts the shared leading bytes of two slices, however long the run
+    (the blocks it compares grow) and wherever the first difference falls."""
+    run = (common * (size // max(len(common), 1) + 1))[: size + len(common)]
+    a, b = b"\1" * starts[0] + run + tails[0], b"\2" * starts[1] + run + tails[1]
+    shared_tail = len(os.path.commonprefix([tails[0], tails[1]]))
+    expected = min(limit, len(a) - starts[0], len(b) - starts[1], len(run) + shared_tail)
+    assert byte_diff.same_bytes(a, starts[0], b, starts[1], limit) == expected

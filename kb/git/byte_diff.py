@@ -16,18 +16,24 @@ import bisect
 from collections.abc import Sequence
 
 BLOCK = 8192
-"""Bytes compared per step before the first difference is narrowed by bisection."""
+"""Bytes compared by the first step; each next step compares twice as many, up to MAX_BLOCK, and
+the first difference is then narrowed by bisection."""
+MAX_BLOCK = 262144
 
 
 def same_bytes(a: bytes, a_start: int, b: bytes, b_start: int, limit: int) -> int:
     """How many bytes ``a[a_start:]`` and ``b[b_start:]`` share at their start (at most ``limit``)."""
     end = min(limit, len(a) - a_start, len(b) - b_start)
-    n = 0
+    n, block, grow = 0, BLOCK, 2
     while n < end:
-        step = min(BLOCK, end - n)
+        step = min(block, end - n)
         if a[a_start + n : a_start + n + step] != b[b_start + n : b_start + n + step]:
-            break
+            if step <= BLOCK:
+                break
+            block, grow = BLOCK, 1  # the difference is in this step: look at it in small steps
+            continue
         n += step
+        block = min(grow * block, MAX_BLOCK)  # long runs in few steps
     else:
         return end
     lo, hi = n, n + step - 1  # a and b agree on n bytes; they differ within the next `step`

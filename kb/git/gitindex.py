@@ -95,6 +95,7 @@ class IndexFile:
         self.entries: list[bytes] = []
         self._signature: tuple[int, int, int] | None = None
         self._data: bytes | None = None  # the file as last read or written, while the entries are its
+        # (without its checksum once written: _patch compares entries only)
 
     def _stat_signature(self) -> tuple[int, int, int] | None:
         try:
@@ -168,7 +169,7 @@ class IndexFile:
         ``data`` is too short for its entries (the caller parses it whole and fails as that
         does). Raises UnsupportedIndex, ValueError or struct.error (malformed entries)."""
         stop = len(data) - 20
-        if len(old) < _HEADER.size + 20 or stop < _HEADER.size:
+        if stop < _HEADER.size:
             return False
         starts = list(itertools.accumulate(map(len, self.entries), initial=_HEADER.size))
         old_names, old_entries = self.names, self.entries
@@ -291,13 +292,13 @@ class IndexFile:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
-        data = body + hashlib.sha1(body).digest()
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for part in (body, hashlib.sha1(body).digest()):  # not joined: the body is ~100 bytes per entry
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(lock, self.path)
         self._signature = self._stat_signature()
-        self._data = data
+        self._data = body  # the file but its checksum: what _patch compares
