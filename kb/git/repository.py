@@ -366,6 +366,8 @@ class Repository(WorktreeRefresh):
         _open_repositories.discard(self)
         self._objects.clear()
         self._layouts.clear()
+        self._deltas.clear()
+        self._compressor = None
         self._repo.close()
 
     def __enter__(self) -> Repository:
