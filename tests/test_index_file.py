@@ -67,7 +67,8 @@ def test_a_reread_after_another_writer_equals_a_whole_parse(paths, edits, long_n
         ours.load()
         reference = whole(root / "index")
         assert (ours.names, ours.entries, ours.version) == (reference.names, reference.entries, reference.version)
-        assert CountingIndex.parsed <= 2 * len(edits) + 1  # the changed span only
+        # the changed entries and one entry per unchanged run: not every entry again
+        assert min(1, len(reference.names)) <= CountingIndex.parsed <= 2 * len(edits) + 1
 
 
 def test_a_reread_after_git_rewrote_the_index_equals_a_whole_parse(tmp_path):
@@ -86,7 +87,7 @@ def test_a_reread_after_git_rewrote_the_index_equals_a_whole_parse(tmp_path):
     index.load()
     reference = whole(repo / ".git" / "index")
     assert (index.names, index.entries) == (reference.names, reference.entries)
-    assert CountingIndex.parsed < 10
+    assert 0 < CountingIndex.parsed < 10  # of 300 entries
     git(repo, "write-tree")  # adds the TREE extension
     git(repo, "update-index", "--index-version", "3")
     (repo / "new.md").write_text("n")
