@@ -128,6 +128,9 @@ class IndexFile:
             patched = previous is not None and version == self.version and self._patch(previous, data, count)
         except (ValueError, struct.error):  # malformed: the whole parse below fails as it always did
             patched = False
+        except UnsupportedIndex:
+            self.names, self.entries, self.version = [], [], 2
+            raise
         if not patched:
             self.names, self.entries, self.version = [], [], version
             offset = self._parse(data, _HEADER.size, count, self.names, self.entries)

@@ -199,7 +199,7 @@ def derive(base: Tree, layout: TreeLayout, raw: bytes, sha: bytes) -> tuple[Tree
     if [name for name, _, _ in parsed] != names:
         return None
     # git order holds within each run (the base's); check it where runs and parsed entries meet
-    seams = {i for i in fresh} | {i + 1 for i in fresh} | {position for position, _, _ in runs}
+    seams = set(fresh) | {i + 1 for i in fresh} | {position for position, _, _ in runs}
     if any(0 < i < len(keys) and keys[i - 1] >= keys[i] for i in seams):
         return None
     entries = dict(base._entries)
