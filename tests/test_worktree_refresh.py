@@ -98,3 +98,30 @@ def test_index_written_by_git_round_trips(tmp_path):
     assert len(index.names) == 22 and index.version == 3 and b"n" * 200 in index.names
     index.write()
     assert (repo / ".git" / "index").read_bytes() == before
+
+
+def test_writers_taking_turns_in_a_big_folder_keep_the_checkout_exact(kb, settings, database_url):
+    """Two KnowledgeBases (two processes, each with its own caches) take turns writing, editing
+    and deleting documents in one big folder: each reads the other's index and folder tree by the
+    entries that changed (kb.git.gitindex, kb.git.tree_layout.derive), and the checkout, the index
+    and the objects stay exactly what git expects."""
+    from kb.knowledge_base import KnowledgeBase
+
+    seed(kb, {f"/documents/Flat/note {i}.md": f"note {i}\n" for i in range(400)})
+    other = KnowledgeBase(settings, database_url)
+    repo = kb.store(WS).path
+    try:
+        for step in range(6):
+            writer = (kb, other)[step % 2]
+            turn = writer.turn(WS, f"t{step}", "agent")
+            turn.write(f"/documents/Flat/note {step}.md", f"edited {step}\n")
+            turn.write(f"/documents/Flat/new é {step}.md", f"new {step}\n")
+            turn.remove(f"/documents/Flat/note {200 + step}.md")
+            assert turn.commit() is not None
+            clean(repo)
+        derived = [writer.store(WS).repository._deltas for writer in (kb, other)]
+        assert all(derived), "each writer read the other's folder by its changes"
+        git(repo, "fsck", "--strict", "--no-dangling")
+        assert len(git(repo, "ls-files").splitlines()) == 400
+    finally:
+        other.close()

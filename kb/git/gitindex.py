@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import os
 import struct
 import time
 from pathlib import Path
 
+from kb.git.byte_diff import repeated_run
 from kb.git.process_locks import path_lock
 
 _HEADER = struct.Struct(">4sLL")
@@ -31,6 +33,8 @@ _EXTENDED = 0x4000
 _NAMEMASK = 0x0FFF
 LOCK_WAIT_SECONDS = 2.0
 """How long ``write`` waits for another process's ``index.lock`` before giving up."""
+PATCH_MAX_PARSED = 256
+"""Entries a re-read parses one by one before it parses the rest of the file in one go."""
 _SAFE_EXTENSIONS = {b"TREE", b"UNTR", b"EOIE", b"IEOT", b"REUC", b"FSMN"}
 
 
@@ -90,6 +94,8 @@ class IndexFile:
         self.names: list[bytes] = []
         self.entries: list[bytes] = []
         self._signature: tuple[int, int, int] | None = None
+        self._data: bytes | None = None  # the file as last read or written, while the entries are its
+        # (without its checksum once written: _patch compares entries only)
 
     def _stat_signature(self) -> tuple[int, int, int] | None:
         try:
@@ -99,22 +105,43 @@ class IndexFile:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def load(self) -> None:
-        """(Re)parse the file unless it is unchanged since this object last read or wrote it."""
+        """(Re)parse the file unless it is unchanged since this object last read or wrote it.
+
+        Another process's rewrite (a revision's refresh) usually changes a few entries: when this
+        object still holds the bytes it last read or wrote, only those entries are parsed again
+        (``_patch``); the others are the same bytes, so the same entries (design §2.1). Raises
+        UnsupportedIndex, OSError."""
         signature = self._stat_signature()
         if signature is not None and signature == self._signature:
             return
-        self.names, self.entries, self.version = [], [], 2
+        previous, self._data = self._data, None
         if signature is None:
+            self.names, self.entries, self.version = [], [], 2
             self._signature = None
             return
         data = self.path.read_bytes()
         magic, version, count = _HEADER.unpack_from(data, 0)
         if magic != b"DIRC" or version not in (2, 3):
+            self.names, self.entries, self.version = [], [], 2
             raise UnsupportedIndex(f"index version {version} is not handled here")
-        self.version = version
-        # One pass, inlined (this runs whenever another process wrote the index: O(entries) in
-        # Python, so per entry only the flags are unpacked).
-        offset, names, entries = _HEADER.size, self.names, self.entries
+        try:
+            patched = previous is not None and version == self.version and self._patch(previous, data, count)
+        except (ValueError, struct.error):  # malformed: the whole parse below fails as it always did
+            patched = False
+        except UnsupportedIndex:
+            self.names, self.entries, self.version = [], [], 2
+            raise
+        if not patched:
+            self.names, self.entries, self.version = [], [], version
+            offset = self._parse(data, _HEADER.size, count, self.names, self.entries)
+            self._check_extensions(data, offset)
+        self._data = data
+        self._signature = signature
+
+    @staticmethod
+    def _parse(data: bytes, offset: int, count: int, names: list[bytes], entries: list[bytes]) -> int:
+        """Append ``count`` entries parsed from ``data`` at ``offset``; returns the offset after them."""
+        # One pass, inlined (O(entries) in Python: per entry only the flags are unpacked).
         flags_of, fixed = _FLAGS.unpack_from, _ENTRY.size
         for _ in range(count):
             flags = flags_of(data, offset + fixed - 2)[0]
@@ -126,15 +153,58 @@ class IndexFile:
             names.append(data[start : start + length])
             entries.append(data[offset:end])
             offset = end
+        return offset
+
+    @staticmethod
+    def _check_extensions(data: bytes, offset: int) -> None:
+        """Raise UnsupportedIndex for an extension (from ``offset`` to the checksum) not handled here."""
         while offset < len(data) - 20:  # extensions: 4-byte signature, 4-byte size, payload
             signature_bytes, size = struct.unpack_from(">4sL", data, offset)
             if signature_bytes not in _SAFE_EXTENSIONS:
                 raise UnsupportedIndex(f"index extension {signature_bytes!r} is not handled here")
             offset += 8 + size
-        self._signature = signature
+
+    def _patch(self, old: bytes, data: bytes, count: int) -> bool:
+        """Bring ``names``/``entries`` (parsed from ``old``) to ``data`` (same version): entry by
+        entry, each run of entries ``data`` repeats from ``old`` is taken over whole
+        (``kb.git.byte_diff.repeated_run``), so only the changed entries and one entry per run are
+        parsed. Past PATCH_MAX_PARSED parsed entries the rest is parsed in one go. False when
+        ``data`` is too short for its entries (the caller parses it whole and fails as that
+        does). Raises UnsupportedIndex, ValueError or struct.error (malformed entries)."""
+        stop = len(data) - 20
+        if stop < _HEADER.size:
+            return False
+        starts = list(itertools.accumulate(map(len, self.entries), initial=_HEADER.size))
+        old_names, old_entries = self.names, self.entries
+        names: list[bytes] = []
+        entries: list[bytes] = []
+        offset, parsed = _HEADER.size, 0
+        while len(names) < count:
+            if offset + _ENTRY.size > stop:
+                return False
+            at = len(names)
+            end = self._parse(data, offset, 1, names, entries)
+            if end > stop:
+                return False
+            j, k = repeated_run(old, starts, old_names, data, offset, names[at], stop)
+            k = min(k, j + count - at)
+            if k > j:  # the run's entries are these bytes: take them over (the parsed one is entry j)
+                del names[at:], entries[at:]
+                names += old_names[j:k]
+                entries += old_entries[j:k]
+                offset += starts[k] - starts[j]
+                continue
+            offset, parsed = end, parsed + 1
+            if parsed > PATCH_MAX_PARSED:  # a rewrite, not a few changes: parse the rest in one go
+                offset = self._parse(data, offset, count - len(names), names, entries)
+                break
+        self._check_extensions(data, offset)
+        self.names, self.entries = names, entries
+        return True
 
     def update(self, path: bytes, st: os.stat_result | None, sha_hex: str | None, mode: int = 0o100644) -> None:
         """Set (``st`` and ``sha_hex`` given) or delete (None) the stage-0 entry of ``path``."""
+        self._data = None  # the entries no longer are the file's
         i = bisect.bisect_left(self.names, path)
         present = i < len(self.names) and self.names[i] == path
         if st is None:
@@ -170,6 +240,7 @@ class IndexFile:
         ``old`` has no plain entry, or whose ``new`` already has one, is left alone."""
         by_name = dict(zip(self.names, self.entries))
         done: set[bytes] = set()
+        self._data = None  # the entries may no longer be the file's
         if len(by_name) != len(self.names):  # conflict stages share a name: leave such an index alone
             return done
         for old, new in pairs:
@@ -225,10 +296,12 @@ class IndexFile:
                     raise
                 time.sleep(0.01)
         try:
-            view = memoryview(body + hashlib.sha1(body).digest())
-            while view:
-                view = view[os.write(fd, view) :]
+            for part in (body, hashlib.sha1(body).digest()):  # not joined: the body is ~100 bytes per entry
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(lock, self.path)
         self._signature = self._stat_signature()
+        self._data = body  # the file but its checksum: what _patch compares

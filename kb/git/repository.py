@@ -15,6 +15,7 @@ import atexit
 import collections
 import contextlib
 import hashlib
+import io
 import os
 import shutil
 import stat
@@ -31,16 +32,17 @@ from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.object_store import PACK_MODE, DiskObjectStore, tree_lookup_path
-from dulwich.objects import ZERO_SHA, Blob, Commit, RawObjectID, Tree, object_header
+from dulwich.objects import ZERO_SHA, Blob, Commit, RawObjectID, ShaFile, Tree, _decompress, object_header
 from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object, write_pack_data
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
 from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
 from kb.faults import fault_point
+from kb.git import loose_zlib
 from kb.git.blob_batch import MissingObject, read_blobs
 from kb.git.gitindex import IndexFile
-from kb.git.tree_layout import LayoutCache, apply_changes
+from kb.git.tree_layout import DIR_MODE_PREFIXES, LayoutCache, apply_changes, derive
 from kb.git.worktree_refresh import FILE_MODE, WorktreeRefresh
 from kb.paths import name_key
 
@@ -53,6 +55,10 @@ STALE_LOCK_SECONDS = 30.0
 BULK_READ_MIN = 48
 """Blobs from which ``Repository.blobs`` reads through one ``git cat-file --batch`` rather than one
 dulwich lookup each (starting git costs about as much as this many lookups)."""
+DERIVE_MIN_BYTES = 4096
+"""Loose objects from this size (compressed) are looked at as revisions of a cached big tree."""
+DERIVE_HEAD_BYTES = 512
+"""Bytes inflated to find a loose tree's first entry (a name is at most 255 bytes here)."""
 LOOSE_LIMIT = 256
 """Batches smaller than this are written as loose objects, larger ones as one pack."""
 LOOSE_COMPRESSION = 1
@@ -214,7 +220,10 @@ class Repository(WorktreeRefresh):
         self._cache_lock = threading.RLock()
         self._index = IndexFile(self.path / ".git" / "index")
         self._layouts = LayoutCache()  # trees' entry layouts, so a new tree is spliced, not re-serialized
+        # {(base tree id, tree id): names that differ} for the trees _derived_tree read
+        self._deltas: collections.OrderedDict[tuple[bytes, bytes], frozenset[bytes]] = collections.OrderedDict()
         self._ref_path = os.path.join(self.path, ".git", BRANCH.decode())
+        self._compressor: loose_zlib.SegmentedCompressor | None = None  # big trees' loose bytes
         _retry_reads_across_packing(repo.object_store)
         _loose_compression_as_git(repo)
 
@@ -235,7 +244,9 @@ class Repository(WorktreeRefresh):
         Raises KeyError (absent), StorageError (a corrupt or unreadable object, design §14)."""
         store = self._repo.object_store
         try:
-            obj = store._get_loose_object(sha) if isinstance(store, DiskObjectStore) else None
+            obj = None
+            if isinstance(store, DiskObjectStore):
+                obj = self._read_loose(store, sha) if len(sha) == 40 else store._get_loose_object(sha)
             if obj is None:  # packed (or packed away meanwhile): dulwich's own path
                 return store[sha]
             digest = hashlib.sha1(object_header(obj.type_num, obj.raw_length()))
@@ -248,6 +259,70 @@ class Repository(WorktreeRefresh):
             raise
         except _READ_ERRORS as exc:
             raise self._damaged(sha, exc) from None
+
+    def _read_loose(self, store: DiskObjectStore, sha: bytes):
+        """The loose object ``sha`` (hex) parsed from one read of its file, as dulwich's
+        ``_get_loose_object`` parses it, or a big tree derived from a cached one
+        (``_derived_tree``); None when it is not loose. Raises what dulwich raises."""
+        try:
+            with open(store._get_shafile_path(sha), "rb") as handle:
+                compressed = handle.read()
+        except FileNotFoundError:
+            return None
+        tree = self._derived_tree(store, sha, compressed) if self._layouts.has_bases() else None
+        if tree is not None:
+            return tree
+        return ShaFile.from_file(
+            io.BytesIO(compressed), sha, object_format=store.object_format, max_size=store.loose_object_size_limit
+        )
+
+    def _derived_tree(self, store: DiskObjectStore, sha: bytes, compressed: bytes) -> Tree | None:
+        """The loose tree ``sha`` (its file's bytes: ``compressed``) read as a revision of a big
+        tree whose layout is cached (one whose first entry it shares: another process's version
+        of a big folder this process wrote or read), by parsing only the entries that differ
+        (``kb.git.tree_layout.derive``); its layout and changed names are cached too. None when it
+        is not such a tree (the caller reads it as dulwich does). The caller checks the text
+        against ``sha``. Raises zlib.error."""
+        if len(compressed) < DERIVE_MIN_BYTES or not ShaFile._is_legacy_object(compressed):
+            return None
+        head = zlib.decompressobj().decompress(compressed, DERIVE_HEAD_BYTES)
+        header_end = head.find(b"\0")
+        if not head.startswith(b"tree ") or header_end < 0:
+            return None
+        space = head.find(b" ", header_end)
+        nul = head.find(b"\0", space) if space >= 0 else -1
+        if nul < 0:
+            return None
+        name = head[space + 1 : nul]
+        found = self._layouts.base_for(name + b"/" if head.startswith(DIR_MODE_PREFIXES, header_end + 1) else name)
+        limit = store.loose_object_size_limit
+        with self._cache_lock:
+            base = None if found is None else self._objects.get(found[0])
+        if not isinstance(base, Tree):
+            return None
+        text = None if self._compressor is None else self._compressor.decompress(compressed, limit)
+        if text is None or hashlib.sha1(text).hexdigest().encode() != sha:  # not (only) our segments
+            text = _decompress(compressed, max_size=limit)
+        raw = text[header_end + 1 :]
+        if text[5:header_end] != b"%d" % len(raw):
+            return None
+        derived = derive(base, found[1], raw, sha)
+        if derived is None:
+            return None
+        tree, layout, changed = derived
+        self._layouts.put(sha, layout)
+        with self._cache_lock:
+            self._deltas[(found[0], sha)] = changed
+            if len(self._deltas) > FOLDER_CACHE_SIZE:
+                self._deltas.popitem(last=False)
+        return tree
+
+    def _changed_names(self, old: Tree, new: Tree) -> frozenset[bytes] | set[bytes]:
+        """Names whose entry differs between two versions of a folder: known when ``new`` was
+        derived from ``old`` (``_derived_tree``), else ``_changed_names`` of their entry dicts."""
+        with self._cache_lock:
+            known = self._deltas.get((old.id, new.id))
+        return known if known is not None else _changed_names(old, new)
 
     def _referenced(self, sha: bytes):
         """The parsed object ``sha`` that a commit or tree of this repository refers to (a tree
@@ -291,6 +366,8 @@ class Repository(WorktreeRefresh):
         _open_repositories.discard(self)
         self._objects.clear()
         self._layouts.clear()
+        self._deltas.clear()
+        self._compressor = None
         self._repo.close()
 
     def __enter__(self) -> Repository:
@@ -698,13 +775,24 @@ class Repository(WorktreeRefresh):
                 if attempt == OBJECT_WRITE_ATTEMPTS:
                     raise
 
+    def _loose_bytes(self, obj) -> bytes:
+        """The loose-object file of ``obj``: a big tree's from segments compressed once and
+        remembered (``kb.git.loose_zlib``), anything else as dulwich compresses it."""
+        level = self._repo.object_store.loose_compression_level
+        if isinstance(obj, Tree) and obj.raw_length() >= loose_zlib.MIN_BYTES:
+            compressor = self._compressor
+            if compressor is None or compressor.level != level:
+                compressor = self._compressor = loose_zlib.SegmentedCompressor(level)
+            return compressor.compress(obj._header(), obj.as_raw_string())
+        return obj.as_legacy_object(compression_level=level)
+
     def _add_loose_beside(self, obj) -> None:
         """Write ``obj`` to a temporary ``tmp_obj_*`` file in its ``objects/xx/`` folder (which must
         exist) and link it into place; an object already there (another writer's copy) is kept.
         Raises OSError (FileNotFoundError when the folder vanished meanwhile)."""
         store = self._repo.object_store
         path = store._get_shafile_path(obj.id)
-        data = obj.as_legacy_object(compression_level=store.loose_compression_level)
+        data = self._loose_bytes(obj)
         fd, temporary = tempfile.mkstemp(prefix="tmp_obj_", dir=os.path.dirname(path))
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -809,7 +897,7 @@ class Repository(WorktreeRefresh):
         old_layout = self._layouts.peek(previous) if previous is not None else None
         if old_layout is not None:
             old = self._referenced(previous)
-            built = apply_changes(old, old_layout, {n: tree._entries.get(n) for n in _changed_names(old, tree)})
+            built = apply_changes(old, old_layout, {n: tree._entries.get(n) for n in self._changed_names(old, tree)})
             if built is not None and built[0].id == tree.id:  # the same text: the derivation holds
                 layout = built[1]
                 self._layouts.put(tree.id, layout)
@@ -840,7 +928,7 @@ class Repository(WorktreeRefresh):
             previous = self._seen(_KEYS_SEEN, folder)
             base = None if previous is None else cache.get(previous)
             if base is not None:  # another revision of this folder: patch it
-                keys = _patched_keys(base, tree, _changed_names(self._referenced(previous), tree))
+                keys = _patched_keys(base, tree, self._changed_names(self._referenced(previous), tree))
             else:
                 grouped: dict[str, list[tuple[str, str]]] = {}
                 for raw_name, (entry_mode, _) in tree._entries.items():
