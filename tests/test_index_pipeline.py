@@ -7,33 +7,13 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
-from support.embedders import CountingEmbedder
+from support.embedders import StoppingEmbedder, WorkerStopped
 from support.generated_documents import generated_corpus, named_rows, write_all
 from support.named_queries import queries
 
 from kb.db import database
 from kb.index.indexer import DOCUMENT_BATCH
-
-
-class WorkerStopped(BaseException):
-    """What an interrupted worker raises inside a run (as SystemExit or KeyboardInterrupt do):
-    not an Exception, so no per-text or per-document fallback catches it."""
-
-
-class StoppingEmbedder(CountingEmbedder):
-    """The hashing embedder, raising WorkerStopped once, at the first batch holding ``marker``."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker, self.stopped = marker, False
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if not self.stopped and any(self.marker in t for t in texts):
-            self.stopped = True
-            raise WorkerStopped
-        return super().embed(texts)
 
 
 def _documents(kb, ws: int = 1) -> list[dict]:

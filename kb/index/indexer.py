@@ -26,7 +26,11 @@ and an attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others 
 bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
 (``last_indexed_revision``) then moves to HEAD: it advances past successes, and the remaining
 failed documents are retried by a follow-up job (``kb.jobs.tasks``) and the sweep until they succeed or
-are quarantined, so one poison document never wedges the workspace.
+are quarantined, so one poison document never wedges the workspace. A run that indexes most of its
+workspace (at least ``BULK_RUN_DOCUMENTS`` and half of the documents: a first index, a reindex)
+counts the BM25 term statistics once when it finishes instead of once per batch
+(``Indexer._bulk_run``, kb.deferred_term_stats); a run that dies leaves them deferred, and the next
+run or the sweep recounts them.
 
 A document's transaction takes the workspace's chunk lock and then the document's row before it
 writes chunks (the lock order in ``kb.db.locks``, shared with the projection, which may run at the
@@ -82,6 +86,9 @@ log = logging.getLogger(__name__)
 
 DOCUMENT_BATCH = 64
 """Documents cut, embedded and checkpointed together."""
+BULK_RUN_DOCUMENTS = 2 * DOCUMENT_BATCH
+"""A run that indexes at least this many documents, and at least half of its workspace's, counts
+the workspace's term statistics once at its end instead of once per batch (``Indexer._bulk_run``)."""
 
 
 @dataclass
@@ -384,6 +391,7 @@ class Indexer:
         the loop ends well or not, so no write outlives the run (nor its index lock)."""
         if not todo:
             return
+        self._bulk_run(conn, workspace_id, len(todo))
         if self.progress:  # the work ahead, before the first batch is chunked and embedded
             self.progress(report.documents_done, report.documents_total, report)
         checkpoint = _Checkpoint(run["id"], move_cursor, IndexReport(workspace_id))
@@ -459,9 +467,28 @@ class Indexer:
         if self.progress:
             self.progress(report.documents_done, report.documents_total, report)
 
+    def _bulk_run(self, conn, workspace_id: int, documents: int) -> None:
+        """Defer the workspace's term statistics when this run indexes ``documents`` of them, at
+        least ``BULK_RUN_DOCUMENTS`` and half of the workspace (a first index, a reindex):
+        per batch, the statistics triggers upsert every distinct lexeme of the batch, so a lexeme
+        common to many batches is upserted again by each; counting the workspace once at the end
+        (``_finish``) costs about a third of that (design §7). Meanwhile the lexical legs rank with
+        the statistics as they were before the run (kb.deferred_term_stats, migration 0029)."""
+        if documents < BULK_RUN_DOCUMENTS:
+            return
+        total = conn.execute(queries["workspace_document_count"], {"workspace_id": workspace_id}).fetchone()["n"]
+        if 2 * documents >= total:
+            with conn.transaction():
+                conn.execute(queries["defer_term_stats"], {"workspace_id": workspace_id})
+
     def _finish(self, conn, workspace_id, head, report) -> None:
         with conn.transaction():
             conn.execute(queries["durable_commit"])  # and with it every earlier commit of the run
+            if conn.execute(queries["term_stats_deferred"], {"workspace_id": workspace_id}).fetchone()["deferred"]:
+                # this run's deferral, or one a run that died left (design §7): counted afresh
+                # under the chunk lock, which orders it before the statistics and workspace rows
+                chunk_lock(conn, workspace_id)
+                conn.execute(queries["recount_term_stats"], {"workspace_id": workspace_id})
             conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
             if report.run_id is not None:
                 conn.execute(queries["finish_index_run"], {"id": report.run_id})

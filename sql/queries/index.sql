@@ -245,3 +245,23 @@ SET synchronous_commit TO off;
 -- name: durable_commit
 -- This transaction's commit waits for the WAL flush (see index_session).
 SET LOCAL synchronous_commit TO on;
+
+-- name: defer_term_stats
+-- An index run that writes most of the workspace counts its term statistics once at its end
+-- (migration 0029): from this row's commit on the triggers leave the workspace out.
+INSERT INTO kb.deferred_term_stats (workspace_id) VALUES (%(workspace_id)s) ON CONFLICT DO NOTHING;
+
+-- name: term_stats_deferred
+SELECT EXISTS (SELECT 1 FROM kb.deferred_term_stats WHERE workspace_id = %(workspace_id)s) AS deferred;
+
+-- name: recount_term_stats
+-- The workspace's term statistics counted afresh, its deferral ended (the caller holds the chunk lock).
+SELECT kb.recount_term_stats(%(workspace_id)s);
+
+-- name: deferred_term_stats_workspaces
+-- Workspaces whose term statistics are deferred: a running bulk index run, or one that died (the
+-- sweep recounts those whose index lock is free).
+SELECT workspace_id FROM kb.deferred_term_stats ORDER BY workspace_id;
+
+-- name: workspace_document_count
+SELECT count(*) AS n FROM kb.documents WHERE workspace_id = %(workspace_id)s;
