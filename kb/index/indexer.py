@@ -232,6 +232,11 @@ class Indexer:
         self.embedder_for = embedder_for
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
+        self._writer: ThreadPoolExecutor | None = None
+        self._writer_conn: Connection | None = None
+        self._cache_writes: list[Future[None]] | None = None
+        """While a run writes through its writer thread (``_run_documents``): the embedding-cache
+        writes handed to it, which the run waits for with the batch they belong to."""
 
     # -- the two runs ------------------------------------------------------------------------
     def converge(self, workspace_id: int) -> IndexReport:
@@ -401,27 +406,36 @@ class Indexer:
             self._run_connection() as writer_conn,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
         ):
-            pending: tuple[list[dict], Future[IndexReport]] | None = None
-            for start in range(0, len(todo), DOCUMENT_BATCH):
-                batch = todo[start : start + DOCUMENT_BATCH]
-                prepared, vectors = self._stage_batch(conn, repo, batch, report)
+            pending: tuple[list[dict], Future[IndexReport], list[Future[None]]] | None = None
+            # each embedder batch's fresh vectors are cached by the writer thread too, ahead of
+            # the batch's write (one thread: in order), so this thread never waits for Postgres
+            # to store them; a stopped run still stores what was handed over (the executor
+            # finishes its queue before the block ends)
+            self._writer, self._writer_conn, self._cache_writes = writer, writer_conn, []
+            try:
+                for start in range(0, len(todo), DOCUMENT_BATCH):
+                    batch = todo[start : start + DOCUMENT_BATCH]
+                    prepared, vectors = self._stage_batch(conn, repo, batch, report)
+                    if pending is not None:
+                        self._collect(*pending, report, move_cursor=move_cursor)
+                    cached, self._cache_writes = self._cache_writes, []
+                    embedded = (report.embeddings_computed, report.embeddings_cached)
+                    write = writer.submit(
+                        self._write_and_checkpoint,
+                        writer_conn,
+                        workspace_id,
+                        head,
+                        batch,
+                        prepared,
+                        vectors,
+                        checkpoint,
+                        embedded,
+                    )
+                    pending = (batch, write, cached)
                 if pending is not None:
                     self._collect(*pending, report, move_cursor=move_cursor)
-                embedded = (report.embeddings_computed, report.embeddings_cached)
-                write = writer.submit(
-                    self._write_and_checkpoint,
-                    writer_conn,
-                    workspace_id,
-                    head,
-                    batch,
-                    prepared,
-                    vectors,
-                    checkpoint,
-                    embedded,
-                )
-                pending = (batch, write)
-            if pending is not None:
-                self._collect(*pending, report, move_cursor=move_cursor)
+            finally:
+                self._writer = self._writer_conn = self._cache_writes = None
 
     def _write_and_checkpoint(
         self, conn, workspace_id, head, batch, prepared, vectors, checkpoint: _Checkpoint, embedded: tuple[int, int]
@@ -454,8 +468,14 @@ class Indexer:
             )
         return counts
 
-    def _collect(self, batch, write: Future[IndexReport], report, *, move_cursor: bool) -> None:
-        """Wait for ``batch``'s write and checkpoint and add them to ``report`` (then ``progress``)."""
+    def _collect(
+        self, batch, write: Future[IndexReport], cached: list[Future[None]], report, *, move_cursor: bool
+    ) -> None:
+        """Wait for ``batch``'s write and checkpoint (``cached``: the cache writes of its vectors,
+        queued before it) and add them to ``report`` (then ``progress``). A failed cache write
+        fails the run, as it did when the run's thread wrote the cache."""
+        for done in cached:
+            done.result()
         counts = write.result()
         for name in _WRITE_COUNTS:
             setattr(report, name, getattr(report, name) + getattr(counts, name))
@@ -605,20 +625,28 @@ class Indexer:
                         fresh.append((h, literal))
                     else:
                         errors[h] = f"EmbeddingError: {problem}"
-            if fresh:
-                with conn.transaction():
-                    conn.execute(
-                        queries["cache_embeddings"],
-                        {
-                            "model": model,
-                            "dim": dim,
-                            "text_sha256s": [h for h, _ in fresh],
-                            "embeddings": [literal for _, literal in fresh],
-                        },
-                    )
+            if fresh and self._cache_writes is not None:  # in a run: the writer thread caches
+                self._cache_writes.append(self._writer.submit(self._cache, self._writer_conn, model, dim, fresh))
+            elif fresh:
+                self._cache(conn, model, dim, fresh)
             if self.progress:  # a batch of documents can embed for minutes: say so as it goes
                 self.progress(report.documents_done, report.documents_total, report)
         return found, errors
+
+    @staticmethod
+    def _cache(conn, model: str, dim: int, fresh: list[tuple[str, str]]) -> None:
+        """Cache ``fresh`` vectors (``(hash, pgvector text)``) of ``model``/``dim`` in their own
+        transaction on ``conn``."""
+        with conn.transaction():
+            conn.execute(
+                queries["cache_embeddings"],
+                {
+                    "model": model,
+                    "dim": dim,
+                    "text_sha256s": [h for h, _ in fresh],
+                    "embeddings": [literal for _, literal in fresh],
+                },
+            )
 
     def _stage_batch(self, conn, repo, batch, report: IndexReport) -> tuple[list[_Prepared], dict[str, str]]:
         """Cut ``batch``'s documents, read their chunk rows and embed what no row or cache entry
