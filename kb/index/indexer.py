@@ -66,14 +66,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kb.db import database
+from kb.db import database, vector_wire
 from kb.db.locks import chunk_lock, index_lock
 from kb.db.sql import queries
+from kb.db.vector_wire import VectorBytes, vector_bytes
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.git.repository import Repository
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunk, Chunker, LazyChunker
-from kb.index.embedding import Embedder, check_vectors, vector_literal
+from kb.index.embedding import Embedder, check_vectors
 from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
 from kb.settings import Settings
 from kb.store.indexable import decode_document  # the rule kb import also reports by
@@ -261,6 +262,7 @@ class Indexer:
         with database.connect(self.database_url, autocommit=True) as conn:
             if not database.is_transaction_pooled(self.database_url):
                 conn.execute(queries["index_session"])
+            vector_wire.register(conn)  # the run's vectors travel in binary (kb.db.vector_wire)
             yield conn
 
     @contextlib.contextmanager
@@ -578,22 +580,27 @@ class Indexer:
                 needed.append(digest)
         return needed
 
-    def _embed(self, conn, texts_by_hash: dict[str, str], report: IndexReport) -> tuple[dict[str, str], dict[str, str]]:
-        """``(vectors, errors)`` by hash: vectors (pgvector text) from the cache, then the embedder.
+    def _embed(
+        self, conn, texts_by_hash: dict[str, str], report: IndexReport
+    ) -> tuple[dict[str, VectorBytes], dict[str, str]]:
+        """``(vectors, errors)`` by hash: vectors (pgvector's binary form, kb.db.vector_wire) from the
+        cache, then the embedder.
 
         Misses are embedded in batches of ``KB_EMBED_BATCH_SIZE`` and cached batch by batch (a
         killed run keeps what it paid for). A batch the embedder rejects is retried text by text,
         so only the poison text fails; NaN/inf rows are rejected per text.
         """
         model, dim = self.embedder.model, self.embedder.dim
-        found: dict[str, str] = {}
+        found: dict[str, VectorBytes] = {}
         errors: dict[str, str] = {}
         if not texts_by_hash:
             return found, errors
-        for r in conn.execute(
-            queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
-        ):
-            found[r["text_sha256"]] = r["embedding"]
+        vector_wire.register(conn)
+        with conn.cursor(binary=True) as cur:  # cached vectors come back as they go in: unparsed
+            for r in cur.execute(
+                queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
+            ):
+                found[r["text_sha256"]] = r["embedding"]
         report.embeddings_cached += len(found)
         missing = [h for h in texts_by_hash if h not in found]
         size = max(1, self.settings.embed_batch_size)
@@ -620,9 +627,9 @@ class Indexer:
                     continue
                 for h, vector, problem in zip(group, vectors, problems):
                     if problem is None:
-                        literal = vector_literal(vector)
-                        found[h] = literal
-                        fresh.append((h, literal))
+                        packed = vector_bytes(vector)
+                        found[h] = packed
+                        fresh.append((h, packed))
                     else:
                         errors[h] = f"EmbeddingError: {problem}"
             if fresh and self._cache_writes is not None:  # in a run: the writer thread caches
@@ -634,9 +641,10 @@ class Indexer:
         return found, errors
 
     @staticmethod
-    def _cache(conn, model: str, dim: int, fresh: list[tuple[str, str]]) -> None:
-        """Cache ``fresh`` vectors (``(hash, pgvector text)``) of ``model``/``dim`` in their own
+    def _cache(conn, model: str, dim: int, fresh: list[tuple[str, VectorBytes]]) -> None:
+        """Cache ``fresh`` vectors (``(hash, vector)``) of ``model``/``dim`` in their own
         transaction on ``conn``."""
+        vector_wire.register(conn)
         with conn.transaction():
             conn.execute(
                 queries["cache_embeddings"],
@@ -644,11 +652,11 @@ class Indexer:
                     "model": model,
                     "dim": dim,
                     "text_sha256s": [h for h, _ in fresh],
-                    "embeddings": [literal for _, literal in fresh],
+                    "embeddings": [vector for _, vector in fresh],
                 },
             )
 
-    def _stage_batch(self, conn, repo, batch, report: IndexReport) -> tuple[list[_Prepared], dict[str, str]]:
+    def _stage_batch(self, conn, repo, batch, report: IndexReport) -> tuple[list[_Prepared], dict[str, VectorBytes]]:
         """Cut ``batch``'s documents, read their chunk rows and embed what no row or cache entry
         carries: ``(prepared documents, vectors by hash)``, ready for ``_write_staged`` (a document
         whose text failed to embed carries its error)."""
