@@ -1,4 +1,4 @@
--- design §7, §8, §14: an index run that writes most of a workspace (its first index, a reindex)
+-- design §7, §8, §14: an index run that writes most of a workspace (its first index, a large import)
 -- counts the BM25 term statistics once at its end instead of once per batch. Per batch,
 -- kb.add_chunk_terms and kb.add_document_terms upsert every distinct lexeme of the batch, so a
 -- lexeme is upserted again by every batch it occurs in (bin/bench_index_pipeline.py, 1,500 tldr

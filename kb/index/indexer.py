@@ -26,9 +26,9 @@ and an attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others 
 bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
 (``last_indexed_revision``) then moves to HEAD: it advances past successes, and the remaining
 failed documents are retried by a follow-up job (``kb.jobs.tasks``) and the sweep until they succeed or
-are quarantined, so one poison document never wedges the workspace. A run that indexes most of its
-workspace (at least ``BULK_RUN_DOCUMENTS`` and half of the documents: a first index, a reindex)
-counts the BM25 term statistics once when it finishes instead of once per batch
+are quarantined, so one poison document never wedges the workspace. A run that writes the chunks of
+most of its workspace (at least ``BULK_RUN_DOCUMENTS`` lagging documents and half of them: a first
+index, a large import) counts the BM25 term statistics once when it finishes instead of once per batch
 (``Indexer._bulk_run``, kb.deferred_term_stats); a run that dies leaves them deferred, and the next
 run or the sweep recounts them.
 
@@ -88,8 +88,9 @@ log = logging.getLogger(__name__)
 DOCUMENT_BATCH = 64
 """Documents cut, embedded and checkpointed together."""
 BULK_RUN_DOCUMENTS = 2 * DOCUMENT_BATCH
-"""A run that indexes at least this many documents, and at least half of its workspace's, counts
-the workspace's term statistics once at its end instead of once per batch (``Indexer._bulk_run``)."""
+"""A run that indexes at least this many lagging documents, and at least half of its workspace's,
+counts the workspace's term statistics once at its end instead of once per batch
+(``Indexer._bulk_run``)."""
 
 
 @dataclass
@@ -490,16 +491,19 @@ class Indexer:
             self.progress(report.documents_done, report.documents_total, report)
 
     def _bulk_run(self, conn, workspace_id: int, documents: int) -> None:
-        """Defer the workspace's term statistics when this run indexes ``documents`` of them, at
-        least ``BULK_RUN_DOCUMENTS`` and half of the workspace (a first index, a reindex):
-        per batch, the statistics triggers upsert every distinct lexeme of the batch, so a lexeme
+        """Defer the workspace's term statistics when this run of ``documents`` documents writes
+        the chunks of most of the workspace: at least ``BULK_RUN_DOCUMENTS`` documents whose
+        indexed content lags, and half of the workspace's (a first index, a large import). Per
+        batch, the statistics triggers upsert every distinct lexeme of the batch, so a lexeme
         common to many batches is upserted again by each; counting the workspace once at the end
-        (``_finish``) costs about a third of that (design §7). Meanwhile the lexical legs rank with
-        the statistics as they were before the run (kb.deferred_term_stats, migration 0029)."""
+        (``_finish``) costs about a third of that (design §7). A run that rewrites few chunks (a
+        reindex of an indexed workspace reuses its rows) keeps counting per batch: a recount costs
+        the whole workspace. Meanwhile the lexical legs rank with the statistics as they were
+        before the run (kb.deferred_term_stats, migration 0029)."""
         if documents < BULK_RUN_DOCUMENTS:
             return
-        total = conn.execute(queries["workspace_document_count"], {"workspace_id": workspace_id}).fetchone()["n"]
-        if 2 * documents >= total:
+        backlog = conn.execute(queries["workspace_index_backlog"], {"workspace_id": workspace_id}).fetchone()
+        if backlog["lagging"] >= BULK_RUN_DOCUMENTS and 2 * backlog["lagging"] >= backlog["documents"]:
             with conn.transaction():
                 conn.execute(queries["defer_term_stats"], {"workspace_id": workspace_id})
 

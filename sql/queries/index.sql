@@ -266,5 +266,8 @@ SELECT kb.recount_term_stats(%(workspace_id)s);
 -- sweep recounts those whose index lock is free).
 SELECT workspace_id FROM kb.deferred_term_stats ORDER BY workspace_id;
 
--- name: workspace_document_count
-SELECT count(*) AS n FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+-- name: workspace_index_backlog
+-- A workspace's documents, and those whose indexed content lags their content (never indexed, or
+-- changed since): what decides whether an index run defers the term statistics (kb/index/indexer.py).
+SELECT count(*) AS documents, count(*) FILTER (WHERE content_id IS DISTINCT FROM indexed_content_id) AS lagging
+FROM kb.documents WHERE workspace_id = %(workspace_id)s;
