@@ -72,6 +72,7 @@ from kb.db.sql import queries
 from kb.db.vector_wire import VectorBytes, vector_bytes
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.git.repository import Repository
+from kb.index import vector_index
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunk, Chunker, LazyChunker
 from kb.index.embedding import Embedder, check_vectors
@@ -234,6 +235,8 @@ class Indexer:
         self.embedder_for = embedder_for
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
+        self._vector_index_suspended = False
+        """Whether this run dropped the workspace's HNSW index for its load (``_bulk_run``)."""
         self._writer: ThreadPoolExecutor | None = None
         self._writer_conn: Connection | None = None
         self._cache_writes: list[Future[None]] | None = None
@@ -252,7 +255,16 @@ class Indexer:
                 with self._run_connection() as conn:
                     self._lagging_pass(conn, repo, workspace_id, report.revision, report, start_run=True)
                     self._finish(conn, workspace_id, report.revision, report)
+        self._rebuild_vector_index(workspace_id)
         return report
+
+    def _rebuild_vector_index(self, workspace_id: int) -> None:
+        """Build the HNSW index the run dropped for its load (``_bulk_run``) over what it wrote,
+        once the index lock is released: ``CREATE INDEX CONCURRENTLY`` waits for every older
+        snapshot, the lock's open transaction among them (design §7, §8)."""
+        if self._vector_index_suspended:
+            self._vector_index_suspended = False
+            vector_index.maintain(self.database_url, workspace_id, self.embedder.model, self.embedder.dim)
 
     @contextlib.contextmanager
     def _run_connection(self) -> Iterator[Connection]:
@@ -342,7 +354,8 @@ class Indexer:
                 # documents whose content changed while the tree pass ran (or a failed retry)
                 self._lagging_pass(conn, repo, workspace_id, head, report, start_run=False, run=run)
                 self._finish(conn, workspace_id, head, report)
-            return report
+        self._rebuild_vector_index(workspace_id)
+        return report
 
     def embed_into_cache(self, conn, repo: Repository, rows: list[dict], report: IndexReport) -> None:
         """Embed the chunks of documents ``rows`` (``id``, ``path``, ``title``, ``content_id``)
@@ -499,13 +512,19 @@ class Indexer:
         (``_finish``) costs about a third of that (design §7). A run that rewrites few chunks (a
         reindex of an indexed workspace reuses its rows) keeps counting per batch: a recount costs
         the whole workspace. Meanwhile the lexical legs rank with the statistics as they were
-        before the run (kb.deferred_term_stats, migration 0029)."""
+        before the run (kb.deferred_term_stats, migration 0029). Such a run also drops the
+        workspace's HNSW index of the active model and builds it again when it has finished
+        (``vector_index.suspend_for_bulk_load``, ``_rebuild_vector_index``): searches meanwhile
+        scan the workspace exactly."""
         if documents < BULK_RUN_DOCUMENTS:
             return
         backlog = conn.execute(queries["workspace_index_backlog"], {"workspace_id": workspace_id}).fetchone()
         if backlog["lagging"] >= BULK_RUN_DOCUMENTS and 2 * backlog["lagging"] >= backlog["documents"]:
             with conn.transaction():
                 conn.execute(queries["defer_term_stats"], {"workspace_id": workspace_id})
+            # and the workspace's HNSW index, built again once the rows are in
+            if vector_index.suspend_for_bulk_load(self.database_url, workspace_id, self.embedder.model):
+                self._vector_index_suspended = True
 
     def _finish(self, conn, workspace_id, head, report) -> None:
         with conn.transaction():
