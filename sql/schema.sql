@@ -401,14 +401,24 @@ $$;
 ALTER TABLE kb.chunks
     ADD COLUMN tsv_tokens integer GENERATED ALWAYS AS (kb.tsvector_tokens(tsv)) STORED;
 
+-- A workspace whose term statistics an index run counts once at its end instead of per batch
+-- (migration 0029): while its row is here the triggers below leave its chunks and document terms
+-- out, and kb.recount_term_stats counts them afresh and deletes the row (kb/index/indexer.py).
+CREATE TABLE kb.deferred_term_stats (
+    workspace_id integer PRIMARY KEY REFERENCES kb.workspaces (id) ON DELETE CASCADE,
+    deferred_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- Adds (sign = 1) or removes (sign = -1) the terms of changed chunks (parallel arrays); upserts in key order,
--- so concurrent writers cannot deadlock on the statistics rows.
+-- so concurrent writers cannot deadlock on the statistics rows. Chunks of a workspace whose counting
+-- is deferred (kb.deferred_term_stats) are left out: its run counts them all at its end.
 CREATE FUNCTION kb.add_chunk_terms(
     workspace_ids integer[], text_configs text[], tsvs tsvector[], sign integer
 ) RETURNS void LANGUAGE sql AS $$
     WITH c AS (
         SELECT w AS workspace_id, coalesce(t, 'english') AS text_config, v AS tsv
         FROM unnest(workspace_ids, text_configs, tsvs) AS changed (w, t, v)
+        WHERE NOT EXISTS (SELECT 1 FROM kb.deferred_term_stats d WHERE d.workspace_id = changed.w)
     ),
     lexemes AS (
         INSERT INTO kb.lexeme_stats AS s (workspace_id, text_config, lexeme, chunk_count)
@@ -626,13 +636,15 @@ CREATE TABLE kb.document_text_stats (
 );
 
 -- Adds (sign = 1) or removes (sign = -1) the terms of changed documents (parallel arrays), in key
--- order so concurrent indexers cannot deadlock on the statistics rows.
+-- order so concurrent indexers cannot deadlock on the statistics rows. Documents of a workspace
+-- whose counting is deferred (kb.deferred_term_stats) are left out, as in kb.add_chunk_terms.
 CREATE FUNCTION kb.add_document_terms(
     workspace_ids integer[], text_configs text[], tsvs tsvector[], tokens integer[], sign integer
 ) RETURNS void LANGUAGE sql AS $$
     WITH d AS (
         SELECT w AS workspace_id, t AS text_config, v AS tsv, n AS tokens
         FROM unnest(workspace_ids, text_configs, tsvs, tokens) AS changed (w, t, v, n)
+        WHERE NOT EXISTS (SELECT 1 FROM kb.deferred_term_stats s WHERE s.workspace_id = changed.w)
     ),
     lexemes AS (
         INSERT INTO kb.document_lexeme_stats AS s (workspace_id, text_config, lexeme, document_count)
@@ -761,6 +773,33 @@ BEGIN
     WHERE (t.workspace_id, t.text_config, t.tsv, t.tokens)
           IS DISTINCT FROM (excluded.workspace_id, excluded.text_config, excluded.tsv, excluded.tokens);
 END;
+$$;
+
+-- Counts a workspace's term statistics afresh from its chunks and kb.document_terms rows (what the
+-- triggers keep, counted once) and ends their deferral (migration 0029). The caller holds the
+-- workspace's chunk lock, so no chunk or document_terms row of it changes meanwhile.
+CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE sql AS $$
+    DELETE FROM kb.lexeme_stats WHERE workspace_id = ws;
+    DELETE FROM kb.text_stats WHERE workspace_id = ws;
+    DELETE FROM kb.document_lexeme_stats WHERE workspace_id = ws;
+    DELETE FROM kb.document_text_stats WHERE workspace_id = ws;
+    INSERT INTO kb.lexeme_stats (workspace_id, text_config, lexeme, chunk_count)
+    SELECT ws, coalesce(c.text_config, 'english'), u.lexeme, count(*)
+    FROM kb.chunks c, unnest(c.tsv) u WHERE c.workspace_id = ws
+    GROUP BY 2, 3 ORDER BY 2, 3;
+    INSERT INTO kb.text_stats (workspace_id, text_config, chunk_count, token_total)
+    SELECT ws, coalesce(c.text_config, 'english'), count(*), sum(c.tsv_tokens)
+    FROM kb.chunks c WHERE c.workspace_id = ws
+    GROUP BY 2 ORDER BY 2;
+    INSERT INTO kb.document_lexeme_stats (workspace_id, text_config, lexeme, document_count)
+    SELECT ws, t.text_config, u.lexeme, count(*)
+    FROM kb.document_terms t, unnest(t.tsv) u WHERE t.workspace_id = ws
+    GROUP BY 2, 3 ORDER BY 2, 3;
+    INSERT INTO kb.document_text_stats (workspace_id, text_config, document_count, token_total)
+    SELECT ws, t.text_config, count(*), sum(t.tokens)
+    FROM kb.document_terms t WHERE t.workspace_id = ws
+    GROUP BY 2 ORDER BY 2;
+    DELETE FROM kb.deferred_term_stats WHERE workspace_id = ws;
 $$;
 
 -- design §8: a search envelope cites (path, revision) of what was indexed, and the pair must name

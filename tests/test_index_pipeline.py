@@ -7,33 +7,13 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
-from support.embedders import CountingEmbedder
+from support.embedders import CountingEmbedder, StoppingEmbedder, WorkerStopped
 from support.generated_documents import generated_corpus, named_rows, write_all
 from support.named_queries import queries
 
 from kb.db import database
-from kb.index.indexer import DOCUMENT_BATCH
-
-
-class WorkerStopped(BaseException):
-    """What an interrupted worker raises inside a run (as SystemExit or KeyboardInterrupt do):
-    not an Exception, so no per-text or per-document fallback catches it."""
-
-
-class StoppingEmbedder(CountingEmbedder):
-    """The hashing embedder, raising WorkerStopped once, at the first batch holding ``marker``."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker, self.stopped = marker, False
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if not self.stopped and any(self.marker in t for t in texts):
-            self.stopped = True
-            raise WorkerStopped
-        return super().embed(texts)
+from kb.index.indexer import DOCUMENT_BATCH, sha256_text
 
 
 def _documents(kb, ws: int = 1) -> list[dict]:
@@ -128,3 +108,28 @@ def test_languages_detected_by_the_writer_or_the_run_agree(kb):
     assert changed.documents_indexed == 1 and changed.chunks_written > 0
     configs = {r["path"]: r["text_config"] for r in named_rows(kb, "test_chunk_configs", workspace_id=1)}
     assert configs["/documents/en.md"] == "german"
+
+
+def test_a_stopped_run_keeps_every_vector_it_embedded_in_the_cache(kb):
+    """The writer thread caches each embedder batch's vectors, queued ahead of the batch's write;
+    a run stopped in its third batch has cached every text it embedded before the stop, and the
+    next run embeds none of them again."""
+    docs = generated_corpus(3 * DOCUMENT_BATCH)
+    write_all(kb, 1, docs)
+    kb.project(1)
+    marked = _documents(kb)[2 * DOCUMENT_BATCH + 3]["path"]  # in the third batch
+    with kb.transaction(1, "mark", "t") as tx:
+        tx.write(marked, docs[marked] + "\nSTOP HERE\n")
+    embedder = kb.use_embedder(StoppingEmbedder("STOP HERE"))
+    with pytest.raises(WorkerStopped):
+        kb.index(1)
+    embedded = {sha256_text(t) for t in embedder.texts}
+    assert embedded
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        cached = conn.execute(
+            queries["cached_embeddings"], {"model": embedder.model, "dim": embedder.dim, "hashes": list(embedded)}
+        ).fetchall()
+    assert {r["text_sha256"] for r in cached} == embedded
+    again = kb.use_embedder(CountingEmbedder())
+    kb.index(1)
+    assert not embedded & {sha256_text(t) for t in again.texts}

@@ -26,7 +26,11 @@ and an attempt count (``quarantined`` after ``KB_MAX_ATTEMPTS``) and the others 
 bytes or invalid UTF-8 is marked ``unindexable`` and is not a failure. The stamp
 (``last_indexed_revision``) then moves to HEAD: it advances past successes, and the remaining
 failed documents are retried by a follow-up job (``kb.jobs.tasks``) and the sweep until they succeed or
-are quarantined, so one poison document never wedges the workspace.
+are quarantined, so one poison document never wedges the workspace. A run that writes the chunks of
+most of its workspace (at least ``BULK_RUN_DOCUMENTS`` lagging documents and half of them: a first
+index, a large import) counts the BM25 term statistics once when it finishes instead of once per batch
+(``Indexer._bulk_run``, kb.deferred_term_stats); a run that dies leaves them deferred, and the next
+run or the sweep recounts them.
 
 A document's transaction takes the workspace's chunk lock and then the document's row before it
 writes chunks (the lock order in ``kb.db.locks``, shared with the projection, which may run at the
@@ -62,14 +66,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kb.db import database
+from kb.db import database, vector_wire
 from kb.db.locks import chunk_lock, index_lock
 from kb.db.sql import queries
+from kb.db.vector_wire import VectorBytes, vector_bytes
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.git.repository import Repository
+from kb.index import vector_index
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunk, Chunker, LazyChunker
-from kb.index.embedding import Embedder, check_vectors, vector_literal
+from kb.index.embedding import Embedder, check_vectors
 from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
 from kb.settings import Settings
 from kb.store.indexable import decode_document  # the rule kb import also reports by
@@ -82,6 +88,10 @@ log = logging.getLogger(__name__)
 
 DOCUMENT_BATCH = 64
 """Documents cut, embedded and checkpointed together."""
+BULK_RUN_DOCUMENTS = 2 * DOCUMENT_BATCH
+"""A run that indexes at least this many lagging documents, and at least half of its workspace's,
+counts the workspace's term statistics once at its end instead of once per batch
+(``Indexer._bulk_run``)."""
 
 
 @dataclass
@@ -225,6 +235,13 @@ class Indexer:
         self.embedder_for = embedder_for
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
+        self._vector_index_suspended = False
+        """Whether this run dropped the workspace's HNSW index for its load (``_bulk_run``)."""
+        self._writer: ThreadPoolExecutor | None = None
+        self._writer_conn: Connection | None = None
+        self._cache_writes: list[Future[None]] | None = None
+        """While a run writes through its writer thread (``_run_documents``): the embedding-cache
+        writes handed to it, which the run waits for with the batch they belong to."""
 
     # -- the two runs ------------------------------------------------------------------------
     def converge(self, workspace_id: int) -> IndexReport:
@@ -238,7 +255,16 @@ class Indexer:
                 with self._run_connection() as conn:
                     self._lagging_pass(conn, repo, workspace_id, report.revision, report, start_run=True)
                     self._finish(conn, workspace_id, report.revision, report)
+        self._rebuild_vector_index(workspace_id)
         return report
+
+    def _rebuild_vector_index(self, workspace_id: int) -> None:
+        """Build the HNSW index the run dropped for its load (``_bulk_run``) over what it wrote,
+        once the index lock is released: ``CREATE INDEX CONCURRENTLY`` waits for every older
+        snapshot, the lock's open transaction among them (design §7, §8)."""
+        if self._vector_index_suspended:
+            self._vector_index_suspended = False
+            vector_index.maintain(self.database_url, workspace_id, self.embedder.model, self.embedder.dim)
 
     @contextlib.contextmanager
     def _run_connection(self) -> Iterator[Connection]:
@@ -249,6 +275,7 @@ class Indexer:
         with database.connect(self.database_url, autocommit=True) as conn:
             if not database.is_transaction_pooled(self.database_url):
                 conn.execute(queries["index_session"])
+            vector_wire.register(conn)  # the run's vectors travel in binary (kb.db.vector_wire)
             yield conn
 
     @contextlib.contextmanager
@@ -327,7 +354,8 @@ class Indexer:
                 # documents whose content changed while the tree pass ran (or a failed retry)
                 self._lagging_pass(conn, repo, workspace_id, head, report, start_run=False, run=run)
                 self._finish(conn, workspace_id, head, report)
-            return report
+        self._rebuild_vector_index(workspace_id)
+        return report
 
     def embed_into_cache(self, conn, repo: Repository, rows: list[dict], report: IndexReport) -> None:
         """Embed the chunks of documents ``rows`` (``id``, ``path``, ``title``, ``content_id``)
@@ -384,6 +412,7 @@ class Indexer:
         the loop ends well or not, so no write outlives the run (nor its index lock)."""
         if not todo:
             return
+        self._bulk_run(conn, workspace_id, len(todo))
         if self.progress:  # the work ahead, before the first batch is chunked and embedded
             self.progress(report.documents_done, report.documents_total, report)
         checkpoint = _Checkpoint(run["id"], move_cursor, IndexReport(workspace_id))
@@ -393,27 +422,36 @@ class Indexer:
             self._run_connection() as writer_conn,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
         ):
-            pending: tuple[list[dict], Future[IndexReport]] | None = None
-            for start in range(0, len(todo), DOCUMENT_BATCH):
-                batch = todo[start : start + DOCUMENT_BATCH]
-                prepared, vectors = self._stage_batch(conn, repo, batch, report)
+            pending: tuple[list[dict], Future[IndexReport], list[Future[None]]] | None = None
+            # each embedder batch's fresh vectors are cached by the writer thread too, ahead of
+            # the batch's write (one thread: in order), so this thread never waits for Postgres
+            # to store them; a stopped run still stores what was handed over (the executor
+            # finishes its queue before the block ends)
+            self._writer, self._writer_conn, self._cache_writes = writer, writer_conn, []
+            try:
+                for start in range(0, len(todo), DOCUMENT_BATCH):
+                    batch = todo[start : start + DOCUMENT_BATCH]
+                    prepared, vectors = self._stage_batch(conn, repo, batch, report)
+                    if pending is not None:
+                        self._collect(*pending, report, move_cursor=move_cursor)
+                    cached, self._cache_writes = self._cache_writes, []
+                    embedded = (report.embeddings_computed, report.embeddings_cached)
+                    write = writer.submit(
+                        self._write_and_checkpoint,
+                        writer_conn,
+                        workspace_id,
+                        head,
+                        batch,
+                        prepared,
+                        vectors,
+                        checkpoint,
+                        embedded,
+                    )
+                    pending = (batch, write, cached)
                 if pending is not None:
                     self._collect(*pending, report, move_cursor=move_cursor)
-                embedded = (report.embeddings_computed, report.embeddings_cached)
-                write = writer.submit(
-                    self._write_and_checkpoint,
-                    writer_conn,
-                    workspace_id,
-                    head,
-                    batch,
-                    prepared,
-                    vectors,
-                    checkpoint,
-                    embedded,
-                )
-                pending = (batch, write)
-            if pending is not None:
-                self._collect(*pending, report, move_cursor=move_cursor)
+            finally:
+                self._writer = self._writer_conn = self._cache_writes = None
 
     def _write_and_checkpoint(
         self, conn, workspace_id, head, batch, prepared, vectors, checkpoint: _Checkpoint, embedded: tuple[int, int]
@@ -446,8 +484,14 @@ class Indexer:
             )
         return counts
 
-    def _collect(self, batch, write: Future[IndexReport], report, *, move_cursor: bool) -> None:
-        """Wait for ``batch``'s write and checkpoint and add them to ``report`` (then ``progress``)."""
+    def _collect(
+        self, batch, write: Future[IndexReport], cached: list[Future[None]], report, *, move_cursor: bool
+    ) -> None:
+        """Wait for ``batch``'s write and checkpoint (``cached``: the cache writes of its vectors,
+        queued before it) and add them to ``report`` (then ``progress``). A failed cache write
+        fails the run, as it did when the run's thread wrote the cache."""
+        for done in cached:
+            done.result()
         counts = write.result()
         for name in _WRITE_COUNTS:
             setattr(report, name, getattr(report, name) + getattr(counts, name))
@@ -459,9 +503,37 @@ class Indexer:
         if self.progress:
             self.progress(report.documents_done, report.documents_total, report)
 
+    def _bulk_run(self, conn, workspace_id: int, documents: int) -> None:
+        """Defer the workspace's term statistics when this run of ``documents`` documents writes
+        the chunks of most of the workspace: at least ``BULK_RUN_DOCUMENTS`` documents whose
+        indexed content lags, and half of the workspace's (a first index, a large import). Per
+        batch, the statistics triggers upsert every distinct lexeme of the batch, so a lexeme
+        common to many batches is upserted again by each; counting the workspace once at the end
+        (``_finish``) costs about a third of that (design §7). A run that rewrites few chunks (a
+        reindex of an indexed workspace reuses its rows) keeps counting per batch: a recount costs
+        the whole workspace. Meanwhile the lexical legs rank with the statistics as they were
+        before the run (kb.deferred_term_stats, migration 0029). Such a run also drops the
+        workspace's HNSW index of the active model and builds it again when it has finished
+        (``vector_index.suspend_for_bulk_load``, ``_rebuild_vector_index``): searches meanwhile
+        scan the workspace exactly."""
+        if documents < BULK_RUN_DOCUMENTS:
+            return
+        backlog = conn.execute(queries["workspace_index_backlog"], {"workspace_id": workspace_id}).fetchone()
+        if backlog["lagging"] >= BULK_RUN_DOCUMENTS and 2 * backlog["lagging"] >= backlog["documents"]:
+            with conn.transaction():
+                conn.execute(queries["defer_term_stats"], {"workspace_id": workspace_id})
+            # and the workspace's HNSW index, built again once the rows are in
+            if vector_index.suspend_for_bulk_load(self.database_url, workspace_id, self.embedder.model):
+                self._vector_index_suspended = True
+
     def _finish(self, conn, workspace_id, head, report) -> None:
         with conn.transaction():
             conn.execute(queries["durable_commit"])  # and with it every earlier commit of the run
+            if conn.execute(queries["term_stats_deferred"], {"workspace_id": workspace_id}).fetchone()["deferred"]:
+                # this run's deferral, or one a run that died left (design §7): counted afresh
+                # under the chunk lock, which orders it before the statistics and workspace rows
+                chunk_lock(conn, workspace_id)
+                conn.execute(queries["recount_term_stats"], {"workspace_id": workspace_id})
             conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
             if report.run_id is not None:
                 conn.execute(queries["finish_index_run"], {"id": report.run_id})
@@ -533,22 +605,27 @@ class Indexer:
                 needed.append(digest)
         return needed
 
-    def _embed(self, conn, texts_by_hash: dict[str, str], report: IndexReport) -> tuple[dict[str, str], dict[str, str]]:
-        """``(vectors, errors)`` by hash: vectors (pgvector text) from the cache, then the embedder.
+    def _embed(
+        self, conn, texts_by_hash: dict[str, str], report: IndexReport
+    ) -> tuple[dict[str, VectorBytes], dict[str, str]]:
+        """``(vectors, errors)`` by hash: vectors (pgvector's binary form, kb.db.vector_wire) from the
+        cache, then the embedder.
 
         Misses are embedded in batches of ``KB_EMBED_BATCH_SIZE`` and cached batch by batch (a
         killed run keeps what it paid for). A batch the embedder rejects is retried text by text,
         so only the poison text fails; NaN/inf rows are rejected per text.
         """
         model, dim = self.embedder.model, self.embedder.dim
-        found: dict[str, str] = {}
+        found: dict[str, VectorBytes] = {}
         errors: dict[str, str] = {}
         if not texts_by_hash:
             return found, errors
-        for r in conn.execute(
-            queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
-        ):
-            found[r["text_sha256"]] = r["embedding"]
+        vector_wire.register(conn)
+        with conn.cursor(binary=True) as cur:  # cached vectors come back as they go in: unparsed
+            for r in cur.execute(
+                queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
+            ):
+                found[r["text_sha256"]] = r["embedding"]
         report.embeddings_cached += len(found)
         missing = [h for h in texts_by_hash if h not in found]
         size = max(1, self.settings.embed_batch_size)
@@ -575,27 +652,36 @@ class Indexer:
                     continue
                 for h, vector, problem in zip(group, vectors, problems):
                     if problem is None:
-                        literal = vector_literal(vector)
-                        found[h] = literal
-                        fresh.append((h, literal))
+                        packed = vector_bytes(vector)
+                        found[h] = packed
+                        fresh.append((h, packed))
                     else:
                         errors[h] = f"EmbeddingError: {problem}"
-            if fresh:
-                with conn.transaction():
-                    conn.execute(
-                        queries["cache_embeddings"],
-                        {
-                            "model": model,
-                            "dim": dim,
-                            "text_sha256s": [h for h, _ in fresh],
-                            "embeddings": [literal for _, literal in fresh],
-                        },
-                    )
+            if fresh and self._cache_writes is not None:  # in a run: the writer thread caches
+                self._cache_writes.append(self._writer.submit(self._cache, self._writer_conn, model, dim, fresh))
+            elif fresh:
+                self._cache(conn, model, dim, fresh)
             if self.progress:  # a batch of documents can embed for minutes: say so as it goes
                 self.progress(report.documents_done, report.documents_total, report)
         return found, errors
 
-    def _stage_batch(self, conn, repo, batch, report: IndexReport) -> tuple[list[_Prepared], dict[str, str]]:
+    @staticmethod
+    def _cache(conn, model: str, dim: int, fresh: list[tuple[str, VectorBytes]]) -> None:
+        """Cache ``fresh`` vectors (``(hash, vector)``) of ``model``/``dim`` in their own
+        transaction on ``conn``."""
+        vector_wire.register(conn)
+        with conn.transaction():
+            conn.execute(
+                queries["cache_embeddings"],
+                {
+                    "model": model,
+                    "dim": dim,
+                    "text_sha256s": [h for h, _ in fresh],
+                    "embeddings": [vector for _, vector in fresh],
+                },
+            )
+
+    def _stage_batch(self, conn, repo, batch, report: IndexReport) -> tuple[list[_Prepared], dict[str, VectorBytes]]:
         """Cut ``batch``'s documents, read their chunk rows and embed what no row or cache entry
         carries: ``(prepared documents, vectors by hash)``, ready for ``_write_staged`` (a document
         whose text failed to embed carries its error)."""

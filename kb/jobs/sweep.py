@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kb.db import database
-from kb.db.locks import chunk_lock
+from kb.db.locks import chunk_lock, index_lock
 from kb.db.sql import queries
 from kb.errors import HistoryDiverged, StorageError, WorkspaceMoving, WorkspaceNotFound
 from kb.store.authors import default_author
@@ -43,6 +43,8 @@ class SweepReport:
     blobs_purged: list[int] = field(default_factory=list)
     quarantine_retried: list[int] = field(default_factory=list)
     push_deferred: list[int] = field(default_factory=list)
+    term_stats_recounted: list[int] = field(default_factory=list)
+    """Workspaces whose term statistics a bulk index run that died had left deferred, recounted."""
     damaged: dict[int, str] = field(default_factory=dict)
     """Workspaces skipped because their repository cannot be read: id → the error's message."""
     diverged: dict[int, str] = field(default_factory=dict)
@@ -75,6 +77,25 @@ def record_missing_revisions(store: KnowledgeStore) -> bool:
     Returns True when any revision was recorded (its jobs are deferred by reconcile).
     """
     return bool(store.reconcile())
+
+
+def recount_deferred_term_stats(database_url: str, own: set[int], report: SweepReport) -> None:
+    """Recount the term statistics of every workspace in ``own`` that a bulk index run left
+    deferred when it died (kb.deferred_term_stats, design §7), each under its index lock so no run
+    is under way (a running one recounts at its end; the workspace is skipped) and its chunk lock;
+    adds them to ``report.term_stats_recounted``."""
+    with database.connect(database_url, autocommit=True) as conn:
+        deferred = [r["workspace_id"] for r in conn.execute(queries["deferred_term_stats_workspaces"])]
+    for ws in deferred:
+        if ws not in own:
+            continue
+        with index_lock(database_url, ws) as locked:
+            if not locked:
+                continue
+            with database.transaction(database_url) as conn:
+                chunk_lock(conn, ws)
+                conn.execute(queries["recount_term_stats"], {"workspace_id": ws})
+        report.term_stats_recounted.append(ws)
 
 
 def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
@@ -131,6 +152,7 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
                 failed = conn.execute(queries["documents_still_failed"], {"workspace_id": ws}).fetchone()
                 defer_failed_retry(conn, ws, failed["attempts"])
                 report.retry_deferred.append(ws)
+    recount_deferred_term_stats(stores.database_url, own, report)
     retry_blob_purges(stores, report, own)
     with database.transaction(stores.database_url) as conn:  # remotes still behind HEAD
         for row in conn.execute(queries["remotes_to_push"]).fetchall():

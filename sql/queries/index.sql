@@ -31,16 +31,18 @@ WHERE workspace_id = %(workspace_id)s
 ORDER BY id;
 
 -- name: cached_embeddings
-SELECT text_sha256, embedding::text AS embedding
+-- Read with a binary cursor by the indexer: the vectors in pgvector's binary form (kb.db.vector_wire).
+SELECT text_sha256, embedding
 FROM kb.embedding_cache
 WHERE model = %(model)s AND dim = %(dim)s AND text_sha256 = ANY(%(hashes)s);
 
 -- name: cache_embeddings
--- Vectors of one embedder batch in one statement (parallel arrays of hashes and pgvector texts), in
--- key order, so runs caching the same texts at once take the keys in one order.
+-- Vectors of one embedder batch in one statement (parallel arrays of hashes and vectors, the
+-- vectors a binary parameter: kb.db.vector_wire), in key order, so runs caching the same texts at
+-- once take the keys in one order.
 INSERT INTO kb.embedding_cache (text_sha256, model, dim, embedding)
-SELECT c.text_sha256, %(model)s, %(dim)s, c.embedding::vector
-FROM unnest(%(text_sha256s)s::text[], %(embeddings)s::text[]) AS c (text_sha256, embedding)
+SELECT c.text_sha256, %(model)s, %(dim)s, c.embedding
+FROM unnest(%(text_sha256s)s::text[], %(embeddings)b::vector[]) AS c (text_sha256, embedding)
 ORDER BY c.text_sha256
 ON CONFLICT DO NOTHING;
 
@@ -50,17 +52,18 @@ ON CONFLICT DO NOTHING;
 -- per batch, not once per chunk (kb/index/indexer.py). text_sha256 is the sha256 of the text
 -- embedded (context line + chunk text, kb.chunk_context). tsv: the context line (title and heading
 -- path) with weight A, the chunk text with weight D, both as kb.languages.lexical_text prepared
--- them (CJK bigrams), in the document's configuration.
+-- them (CJK bigrams), in the document's configuration. The vectors are a binary parameter
+-- (pgvector's binary form, kb.db.vector_wire).
 INSERT INTO kb.chunks (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
                        start_line, end_line, token_count, embedding_model, embedding, text_config, tsv)
 SELECT c.document_id, c.workspace_id, c.position, c.text, c.text_sha256, c.start_char, c.end_char,
-       c.start_line, c.end_line, c.token_count, c.model, c.embedding::vector, c.text_config,
+       c.start_line, c.end_line, c.token_count, c.model, c.embedding, c.text_config,
        setweight(to_tsvector(c.text_config::regconfig, c.lexical_context), 'A')
        || to_tsvector(c.text_config::regconfig, c.lexical_text)
 FROM unnest(%(document_ids)s::bigint[], %(workspace_ids)s::integer[], %(positions)s::integer[],
             %(texts)s::text[], %(text_sha256s)s::text[], %(start_chars)s::integer[], %(end_chars)s::integer[],
             %(start_lines)s::integer[], %(end_lines)s::integer[], %(token_counts)s::integer[],
-            %(models)s::text[], %(embeddings)s::text[], %(text_configs)s::text[],
+            %(models)s::text[], %(embeddings)b::vector[], %(text_configs)s::text[],
             %(lexical_contexts)s::text[], %(lexical_texts)s::text[])
      WITH ORDINALITY AS c (document_id, workspace_id, position, text, text_sha256, start_char, end_char,
                            start_line, end_line, token_count, model, embedding, text_config,
@@ -258,3 +261,26 @@ SET synchronous_commit TO off;
 -- name: durable_commit
 -- This transaction's commit waits for the WAL flush (see index_session).
 SET LOCAL synchronous_commit TO on;
+
+-- name: defer_term_stats
+-- An index run that writes most of the workspace counts its term statistics once at its end
+-- (migration 0029): from this row's commit on the triggers leave the workspace out.
+INSERT INTO kb.deferred_term_stats (workspace_id) VALUES (%(workspace_id)s) ON CONFLICT DO NOTHING;
+
+-- name: term_stats_deferred
+SELECT EXISTS (SELECT 1 FROM kb.deferred_term_stats WHERE workspace_id = %(workspace_id)s) AS deferred;
+
+-- name: recount_term_stats
+-- The workspace's term statistics counted afresh, its deferral ended (the caller holds the chunk lock).
+SELECT kb.recount_term_stats(%(workspace_id)s);
+
+-- name: deferred_term_stats_workspaces
+-- Workspaces whose term statistics are deferred: a running bulk index run, or one that died (the
+-- sweep recounts those whose index lock is free).
+SELECT workspace_id FROM kb.deferred_term_stats ORDER BY workspace_id;
+
+-- name: workspace_index_backlog
+-- A workspace's documents, and those whose indexed content lags their content (never indexed, or
+-- changed since): what decides whether an index run defers the term statistics (kb/index/indexer.py).
+SELECT count(*) AS documents, count(*) FILTER (WHERE content_id IS DISTINCT FROM indexed_content_id) AS lagging
+FROM kb.documents WHERE workspace_id = %(workspace_id)s;

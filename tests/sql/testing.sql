@@ -401,3 +401,8 @@ WHERE r.id IS NULL;
 -- name: test_synchronous_commit
 -- The session's synchronous_commit (tests/test_pgbouncer.py: what a pooled server connection kept).
 SHOW synchronous_commit;
+
+-- name: test_vectors_binary_as_floats
+-- Vectors sent in pgvector's binary form (kb.db.vector_wire), read back as float4s and sent back
+-- unchanged (tests/test_vector_wire.py).
+SELECT v::real[] AS floats, v AS vector FROM unnest(%(vectors)b::vector[]) AS v;

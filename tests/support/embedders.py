@@ -62,3 +62,22 @@ class SlowEmbedder(HashingEmbedder):
     def embed(self, texts: list[str]) -> np.ndarray:
         time.sleep(self.delay)
         return super().embed(texts)
+
+
+class WorkerStopped(BaseException):
+    """What an interrupted worker raises inside a run (as SystemExit or KeyboardInterrupt do):
+    not an Exception, so no per-text or per-document fallback catches it."""
+
+
+class StoppingEmbedder(CountingEmbedder):
+    """The hashing embedder, raising WorkerStopped once, at the first batch holding ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.stopped = marker, False
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not self.stopped and any(self.marker in t for t in texts):
+            self.stopped = True
+            raise WorkerStopped
+        return super().embed(texts)
