@@ -207,7 +207,7 @@ def destructive(statement: exp.Expression) -> str | None:
 
 def check_statements(path: Path) -> list[Finding]:
     """Parse every statement of one migration; report unparsable and unmarked destructive ones."""
-    text = re.sub(r"%\((\w+)\)s", "NULL", path.read_text())
+    text = re.sub(r"%\((\w+)\)[sbt]", "NULL", path.read_text())  # psycopg placeholders (text, binary, automatic)
     try:
         statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
     except sqlglot.errors.ParseError as exc:
