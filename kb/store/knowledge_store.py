@@ -337,13 +337,6 @@ class KnowledgeStore:
             )
         return Revision(**row, changes=tuple(self.list_changes(resolved)))
 
-    def _current_path(self, path: str, since_revision: str) -> str | None:
-        """The virtual path where the document at virtual ``path`` in ``since_revision`` is now,
-        edited or moved since (``kb.store.history.current_path``); None when removed or replaced."""
-        with database.transaction(self.database_url) as conn:
-            found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), since_revision)
-        return None if found is None else "/" + found
-
     def moved_to(self, path: str | StorePath, since_revision: str) -> str | None:
         """The virtual path the document at ``path`` in ``since_revision`` was moved to by the
         revisions recorded since (following chains of moves), or None when none moved it (design
@@ -926,10 +919,19 @@ class KnowledgeStore:
         """The commit object and Revision of ``shape`` (``draft``'s moves applied to its changes)
         as revision ``seq`` on top of ``head``; the tree is built unless ``shape`` has it."""
         repo, effective, changes = self.repository, shape.effective, dict(shape.changes)
+        moves = draft.moves()
+        sources = set(moves.values())
+        for new in moves:
+            # a document moved away and another of the same bytes (an empty note, a template)
+            # moved in: the path's content is unchanged, yet both moves went through it — without
+            # a row here they would be recorded as a removal and an addition, and a revert of an
+            # earlier move could then restore a second copy of the first document (design §3)
+            if new not in changes and new in sources:
+                changes[new] = PathChange(new, "modified", draft.content_id(new))
         # Kinds before any move is applied, so the order of moves never matters (a swap
         # p <-> q records two moves whichever is seen first).
         kinds = {path: change.change for path, change in changes.items()}
-        for new, origin in draft.moves().items():
+        for new, origin in moves.items():
             if new not in changes or kinds.get(origin) not in ("removed", "modified"):
                 continue
             target, source = changes[new], changes[origin]
@@ -1254,34 +1256,49 @@ class KnowledgeStore:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
             written = {c.path: c.content_id for c in changes}
             carried: set[str] = set()  # old paths a moved-on document went back to, edits and all
-            for change in changes:
-                if change.change != "moved" or change.old_path is None:
-                    continue
-                # undo a move as a move while the document is still where the revision put it and
-                # its old path is free or holds what this revision wrote there (move-then-write)
-                free = draft.content_id(change.old_path) in (None, written.get(change.old_path))
-                if draft.content_id(change.path) == change.content_id:
-                    if free:
-                        draft.move(change.path, change.old_path, overwrite=True)
-                    continue
-                # edited or moved on since (a folder move, then one of its documents moved again):
-                # the document goes back from where it is now with its later edits, or the revert is
-                # refused — restoring its old path from the parent would leave a second copy of it
-                # beside itself, or drop its edits (design §3)
-                now = self._current_path(change.path, revision)
-                if now is None or not draft.exists(now):
-                    continue  # removed or replaced since: the path-wise restore below
-                if now == change.old_path:
-                    carried.add(now)  # back where it was already, edits and all
-                    continue
-                if not free:
-                    raise PathExists(
-                        f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is at "
-                        f"{now} now, and {change.old_path} holds another document: nothing was reverted. Move "
-                        f"or remove one of them, then revert again (or restore what you need with `kb restore`)"
-                    )
-                draft.move(now, change.old_path, overwrite=True)
-                carried.add(change.old_path)
+            with contextlib.ExitStack() as reading:
+                history = None  # one connection reads where every moved document is now
+                for change in changes:
+                    if change.change != "moved" or change.old_path is None:
+                        continue
+                    # where the document the revision moved is now, by the moves recorded since —
+                    # never by its bytes: another document of one content (an empty note, a
+                    # template) may stand where the revision put it, and moving that one back
+                    # would leave this one as a second copy (design §3)
+                    if recorded is not None:
+                        if history is None:
+                            history = reading.enter_context(database.transaction(self.database_url))
+                        found = current_path(
+                            history, self.workspace_id, repo_path_of(change.path, allow_keep=True), revision
+                        )
+                        now = None if found is None else "/" + found
+                    else:  # not recorded (git alone has it): where it was put, if its bytes are there
+                        now = change.path if draft.content_id(change.path) == change.content_id else None
+                    if now is None or not draft.exists(now):
+                        continue  # removed or replaced since: the path-wise restore below
+                    if now == change.old_path:
+                        carried.add(now)  # back where it was already, edits and all
+                        continue
+                    # undo the move as a move: its old path must be free or hold what this revision
+                    # wrote there (move-then-write)
+                    free = draft.content_id(change.old_path) in (None, written.get(change.old_path))
+                    if now == change.path and draft.content_id(now) == change.content_id:
+                        if free:  # untouched since; else the path-wise restore below
+                            draft.move(now, change.old_path, overwrite=True)
+                        continue
+                    # edited or moved on since (a folder move, then one of its documents moved
+                    # again): it goes back from where it is now with its later edits, or the revert
+                    # is refused — restoring its old path from the parent would leave a second copy
+                    # of it beside itself, or drop its edits (design §3)
+                    if not free:
+                        raise PathExists(
+                            f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is "
+                            f"at {now} now, and {change.old_path} holds another document: nothing was reverted. "
+                            f"Move or remove one of them, then revert again (or restore what you need with "
+                            f"`kb restore`)"
+                        )
+                    draft.move(now, change.old_path, overwrite=True)
+                    carried.add(change.old_path)
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried
             for path in sorted(touched):
                 blob = repo.lookup(parent_tree, path[1:])
