@@ -1229,7 +1229,8 @@ class KnowledgeStore:
     ) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
         in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
-        document is still where the revision put it, or — edited or moved on since by recorded
+        document is still where the revision put it (found by its recorded moves, never by its
+        bytes: another of one content may stand there), or — edited or moved on since by recorded
         revisions (``kb.store.history.current_path``) — from where it is now, with the edits it
         got since: it is one document, never restored as a copy beside itself nor stripped of its
         later edits. Returns None when there is nothing to undo.
