@@ -225,6 +225,29 @@ def test_documents_of_one_content_moved_through_each_others_paths_are_recorded_a
     assert_git_clean(kb, 9)
 
 
+def test_reverting_a_chain_of_moves_moves_each_document_back(kb):
+    """One revision moved x out of M/x and y into M/x. Reverting it moves y back to Z/y and x back
+    to M/x — right after, or after y was edited and x moved on — each once and with its edits,
+    recorded as moves; a swap (a cycle) alike. y was overwritten by x, and x written twice (design §3)."""
+    x, y, moved_x = "/documents/M/x.md", "/documents/Z/y.md", "/documents/B/x.md"
+    for ws, later in ((11, ()), (12, (("write", x, b"y, edited\n"), ("move", moved_x, "/documents/C/x.md")))):
+        commit(kb, ws, ("write", x, b"x\n"), ("write", y, b"y\n"))
+        chain = commit(kb, ws, ("move", x, moved_x), ("move", y, x))
+        if later:
+            commit(kb, ws, *later)
+        undone = kb.revert(ws, chain.id, author="alice")
+        assert tree(kb, ws) == {x: b"x\n", y: b"y, edited\n" if later else b"y\n"}, ws
+        moves = {c.path: c.old_path for c in undone.changes if c.change == "moved"}
+        assert moves == {x: "/documents/C/x.md" if later else moved_x, y: x}, undone.changes
+        assert_git_clean(kb, ws)
+    p, q = "/documents/p.md", "/documents/q.md"
+    commit(kb, 13, ("write", p, b"p\n"), ("write", q, b"q\n"))
+    swap = commit(kb, 13, ("move", p, "/documents/t.md"), ("move", q, p), ("move", "/documents/t.md", q))
+    kb.revert(13, swap.id, author="alice")
+    assert tree(kb, 13) == {p: b"p\n", q: b"q\n"}
+    assert_git_clean(kb, 13)
+
+
 def test_lock_timeout_names_the_workspace(kb, settings):
     commit(kb, 6, ("write", A, b"a"))
     quick = KnowledgeBase(settings.model_copy(update={"lock_timeout": 0.2}), kb.database_url)

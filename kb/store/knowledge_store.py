@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import posixpath
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -1255,51 +1257,7 @@ class KnowledgeStore:
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
-            written = {c.path: c.content_id for c in changes}
-            carried: set[str] = set()  # old paths a moved-on document went back to, edits and all
-            with contextlib.ExitStack() as reading:
-                history = None  # one connection reads where every moved document is now
-                for change in changes:
-                    if change.change != "moved" or change.old_path is None:
-                        continue
-                    # where the document the revision moved is now, by the moves recorded since —
-                    # never by its bytes: another document of one content (an empty note, a
-                    # template) may stand where the revision put it, and moving that one back
-                    # would leave this one as a second copy (design §3)
-                    if recorded is not None:
-                        if history is None:
-                            history = reading.enter_context(database.transaction(self.database_url))
-                        found = current_path(
-                            history, self.workspace_id, repo_path_of(change.path, allow_keep=True), revision
-                        )
-                        now = None if found is None else "/" + found
-                    else:  # not recorded (git alone has it): where it was put, if its bytes are there
-                        now = change.path if draft.content_id(change.path) == change.content_id else None
-                    if now is None or not draft.exists(now):
-                        continue  # removed or replaced since: the path-wise restore below
-                    if now == change.old_path:
-                        carried.add(now)  # back where it was already, edits and all
-                        continue
-                    # undo the move as a move: its old path must be free or hold what this revision
-                    # wrote there (move-then-write)
-                    free = draft.content_id(change.old_path) in (None, written.get(change.old_path))
-                    if now == change.path and draft.content_id(now) == change.content_id:
-                        if free:  # untouched since; else the path-wise restore below
-                            draft.move(now, change.old_path, overwrite=True)
-                        continue
-                    # edited or moved on since (a folder move, then one of its documents moved
-                    # again): it goes back from where it is now with its later edits, or the revert
-                    # is refused — restoring its old path from the parent would leave a second copy
-                    # of it beside itself, or drop its edits (design §3)
-                    if not free:
-                        raise PathExists(
-                            f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is "
-                            f"at {now} now, and {change.old_path} holds another document: nothing was reverted. "
-                            f"Move or remove one of them, then revert again (or restore what you need with "
-                            f"`kb restore`)"
-                        )
-                    draft.move(now, change.old_path, overwrite=True)
-                    carried.add(change.old_path)
+            carried = self._move_back(draft, changes, revision, recorded is not None)
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried
             for path in sorted(touched):
                 blob = repo.lookup(parent_tree, path[1:])
@@ -1309,6 +1267,78 @@ class KnowledgeStore:
                 elif draft.content_id(path) != blob:
                     draft.write(path, repo.blob(blob), allow_keep=True)
         return draft.revision
+
+    def _move_back(self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool) -> set[str]:
+        """Undo ``revision``'s recorded moves in ``draft`` as moves (``revert``, design §3); returns
+        the old paths the moved documents went back to (the path-wise restore leaves them alone).
+
+        Each moved document is found by the moves recorded since (``current_path``), never by its
+        bytes: another document of one content may stand where the revision put it. It goes back
+        with the edits it got since. Its old path must be free, hold what the revision wrote there
+        (move-then-write), or hold a document that itself goes back elsewhere in this revert (a
+        chain: x moved out, y moved into x's place); all the moves are made at once, through a
+        temporary path where one's destination is another's source. A document untouched since
+        whose old path is taken is left to the path-wise restore; one edited or moved on since is
+        refused (PathExists, nothing reverted): restoring its old path from the parent would leave
+        a second copy of it, or drop its edits."""
+        written = {c.path: c.content_id for c in changes}
+        carried: set[str] = set()
+        plan: list[tuple[str, PathChange, bool]] = []  # (where it is now, the change, untouched since)
+        with contextlib.ExitStack() as reading:
+            history = None  # one connection reads where every moved document is now
+            for change in changes:
+                if change.change != "moved" or change.old_path is None:
+                    continue
+                if recorded:
+                    if history is None:
+                        history = reading.enter_context(database.transaction(self.database_url))
+                    found = current_path(
+                        history, self.workspace_id, repo_path_of(change.path, allow_keep=True), revision
+                    )
+                    now = None if found is None else "/" + found
+                else:  # not recorded (git alone has it): where it was put, if its bytes are there
+                    now = change.path if draft.content_id(change.path) == change.content_id else None
+                if now is None or not draft.exists(now):
+                    continue  # removed or replaced since: the path-wise restore
+                if now == change.old_path:
+                    carried.add(now)  # back where it was already, edits and all
+                    continue
+                untouched = now == change.path and draft.content_id(now) == change.content_id
+                plan.append((now, change, untouched))
+
+        def free(change: PathChange, leaving: set[str]) -> bool:
+            held = draft.content_id(change.old_path)
+            return held is None or change.old_path in leaving or held == written.get(change.old_path)
+
+        while True:  # drop the untouched ones whose old path stays taken, until none is dropped
+            leaving = {now for now, _, _ in plan}
+            kept = [entry for entry in plan if not entry[2] or free(entry[1], leaving)]
+            if len(kept) == len(plan):
+                break
+            plan = kept
+        for now, change, _ in plan:
+            if not free(change, leaving):
+                raise PathExists(
+                    f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is "
+                    f"at {now} now, and {change.old_path} holds another document: nothing was reverted. "
+                    f"Move or remove one of them, then revert again (or restore what you need with "
+                    f"`kb restore`)"
+                )
+        sources = {now for now, _, _ in plan}
+        chained = any(change.old_path in sources for _, change, _ in plan)  # a chain or a cycle
+        hops = []
+        for number, (now, change, _) in enumerate(plan):
+            if chained:  # every document first to a temporary path of its own, then to its old path
+                base, extension = posixpath.splitext(now)
+                temporary = f"{base}.kb-revert-{number}-{secrets.token_hex(4)}{extension}"
+                draft.move(now, temporary)
+                hops.append((temporary, change.old_path))
+            else:
+                hops.append((now, change.old_path))
+        for source, target in hops:
+            draft.move(source, target, overwrite=True)
+            carried.add(target)
+        return carried
 
     def restore(
         self,
