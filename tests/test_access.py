@@ -209,6 +209,26 @@ def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, 
         stop_serve(process, tmp_path / "serve.log")
 
 
+def test_the_direct_database_url_is_kept_from_a_non_admin_token(kb, kb_env, tmp_path):
+    """KB_DIRECT_DATABASE_URL (the session URL a page's live updates LISTEN on) is a deployment
+    fact as KB_DATABASE_URL is: when it does not answer, a read token's page is told so without
+    its address (user, host, port, database), an admin token's with it (design §16)."""
+    kb.create_workspace(1)
+    reader = kb.tokens().create("direct-reader", "read", [1])[1]
+    admin = kb.tokens().create("direct-admin", "admin", None)[1]
+    port = free_port()
+    direct = f"postgresql://kbdirectuser@127.0.0.1:{port}/kbdirectdb"
+    process, server = start_serve({**kb_env, "KB_DIRECT_DATABASE_URL": direct}, tmp_path / "serve.log")
+    try:
+        for token, admin_sees in ((reader, False), (admin, True)):
+            page = httpx.get(f"{server}/ui/workspaces/1/events", headers=_as(token), timeout=60)
+            assert page.status_code == 503 and "DatabaseUnavailable" in page.text, page.text
+            for fact in ("kbdirectuser", "kbdirectdb", str(port)):
+                assert (fact in page.text) is admin_sees, (fact, page.text)
+    finally:
+        stop_serve(process, tmp_path / "serve.log")
+
+
 def test_errors_name_the_storage_root_to_an_admin_token_only(kb, kb_env, tmp_path):
     """A turn whose worktree cannot be made (a file where its folder goes): the StorageError
     reaches a write token over HTTP and over MCP without the storage root (design §16)."""
@@ -278,6 +298,35 @@ def test_mcp_errors_before_a_tool_runs_hide_the_storage_root_from_a_non_admin_to
     finally:
         output = stop_serve(process, tmp_path / "serve.log")
     assert "Traceback" not in output, output
+
+
+def test_a_redis_lock_servers_address_and_password_are_kept_from_error_messages(settings):
+    """KB_REDIS_URL down: LockUnavailable names it without its password to anybody, and without its
+    address (URL, ``host:port`` as redis-py says it) to all but an admin token; so is an embedding
+    endpoint of the deployment's own (design §16)."""
+    from types import SimpleNamespace
+
+    from kb.adapters.mcp.server import deployment_facts, hide_facts
+    from kb.db.redis_lock import RedisLock
+    from kb.errors import LockUnavailable
+
+    port = free_port()
+    own = settings.model_copy(
+        update={
+            "lock_backend": "redis",
+            "redis_url": f"redis://:s3cret-pw@127.0.0.1:{port}/0",
+            "openai_base_url": f"http://10.9.8.7:{port}/v1",
+        }
+    )
+    with pytest.raises(LockUnavailable) as refused, RedisLock(own).hold(1):
+        pass
+    message = str(refused.value)
+    assert "s3cret-pw" not in message and str(port) in message, message  # an admin reads where, never the password
+    facts = deployment_facts(SimpleNamespace(settings=own, database_url=own.database_url))
+    hidden = hide_facts(message, facts)
+    assert str(port) not in hidden and "<kb's Redis>" in hidden, hidden
+    said = f"embedding endpoint http://10.9.8.7:{port}/v1 failed: timed out"
+    assert hide_facts(said, facts) == "embedding endpoint <kb's embedding endpoint> failed: timed out"
 
 
 def test_hidden_facts_leave_document_paths_alone():

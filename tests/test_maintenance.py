@@ -246,3 +246,35 @@ def test_consolidating_packs_leaves_a_kept_pack_kept(kb):
     for r in range(4):
         assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
     assert kb.read(WS, "/documents/loose.md") == b"loose\n"
+
+
+def test_a_writes_pack_is_kept_from_the_moment_it_appears(kb):
+    """design §14: a write's pack (a large batch of blobs no ref reaches yet) is marked ``.keep``
+    before it appears in the pack directory, so maintenance consolidating plain packs at that very
+    moment (it holds no write lock) leaves it as it is. The mark was written after the pack was in
+    place: a consolidation in between folded its objects into an unmarked pack (a ``.keep`` beside
+    a pack that no longer existed), where ``git repack -a -d`` could drop them."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(2):  # two plain packs of kb's own, for the consolidation to combine
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo, backstop=True)
+    repository = kb.store(WS).repository
+    store = repository._repo.object_store
+    complete = store._complete_pack
+
+    def maintenance_meanwhile(*args, **kwargs):  # the write's pack is in place: maintenance runs now
+        store._complete_pack = complete  # once (the consolidation writes a pack of its own)
+        pack = complete(*args, **kwargs)
+        repository.consolidate_packs()
+        return pack
+
+    store._complete_pack = maintenance_meanwhile
+    ids = repository.add_blobs([f"imported {i}\n".encode() for i in range(300)])
+    assert store._complete_pack is complete
+    kept = [keep.with_suffix(".idx") for keep in (repo / ".git/objects/pack").glob("*.keep")]
+    assert kept and all(idx.exists() for idx in kept), kept
+    in_kept = {line.split()[0] for idx in kept for line in git(repo, "verify-pack", "-v", str(idx)).splitlines()}
+    assert set(ids) <= in_kept  # every blob of the write in a kept pack
+    git(repo, "fsck", "--strict")

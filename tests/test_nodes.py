@@ -356,6 +356,26 @@ def test_a_forwarding_error_names_the_home_nodes_url_to_an_admin_token_only(sett
         assert gone not in _mcp_tool_error(b.url, forged), gone
 
 
+def test_a_token_learns_nothing_through_forwarding_of_a_workspace_it_cannot_reach(settings, tmp_path):
+    """Workspace 1 is homed on node a, which is gone. A token of workspace 2 only asks node b for
+    workspace 1 (API, MCP, a page): it is answered as for a workspace that does not exist, never
+    503 NodeUnavailable naming 1's home node — that told it workspace 1 exists and where it lives
+    (design §15, §16)."""
+    with _homed_on_a_gone_node(settings, tmp_path) as (b, _, _reader, _admin):
+        with KnowledgeBase.open(settings.model_copy(update={"node": "b", "storage_root": b.root})) as kb:
+            kb.create_workspace(2)
+            stranger = kb.tokens().create("stranger-2", "read", [2])[1]
+        bearer = {"Authorization": f"Bearer {stranger}"}
+        for ws in (1, 99):  # 99 does not exist: workspace 1 must look the same
+            for method, path in (
+                ("GET", f"/v1/workspaces/{ws}/documents/documents/a.md"),
+                ("POST", f"/mcp/{ws}"),
+                ("GET", f"/v1/status?workspace={ws}"),
+            ):
+                status, body = serving.call(f"{b.url}{path}", method, {} if method == "POST" else None, headers=bearer)
+                assert status in (403, 404) and "node" not in json.dumps(body).lower(), (ws, path, status, body)
+
+
 def _mcp_tool_error(url: str, headers: dict[str, str]) -> str:
     """The text of the error the ``ls`` tool answers on ``url``'s ``/mcp/1`` with ``headers``."""
     from mcp import Client

@@ -200,6 +200,54 @@ def test_reverting_a_folder_move_after_a_file_in_it_moved_again_never_duplicates
     assert_git_clean(kb, 10)
 
 
+def test_documents_of_one_content_moved_through_each_others_paths_are_recorded_and_reverted_as_moves(kb):
+    """Two documents of one content (copies of a template) moved with their folder; then one moves
+    on and the other takes its place, so that path's bytes never change. Both moves are recorded
+    (not a removal and an addition), and reverting the folder move brings each back once: the
+    document that stands where the revision put the first is not taken for it (design §3)."""
+    same = b"# Template\n"
+    x, y = "/documents/A/x.md", "/documents/A/y.md"
+    commit(kb, 9, ("write", x, same), ("write", y, same))
+    folder_move = commit(kb, 9, ("move", "/documents/A", "/documents/B"))
+    rotated = commit(
+        kb, 9, ("move", "/documents/B/x.md", "/documents/C/x.md"), ("move", "/documents/B/y.md", "/documents/B/x.md")
+    )
+    assert {c.path: (c.change, c.old_path, c.new_path) for c in rotated.changes} == {
+        "/documents/B/x.md": ("moved", "/documents/B/y.md", "/documents/C/x.md"),
+        "/documents/B/y.md": ("moved_away", None, "/documents/B/x.md"),
+        "/documents/C/x.md": ("moved", "/documents/B/x.md", None),
+    }
+    first = kb.history(9, limit=10)[-1]
+    undone = kb.revert(9, folder_move.id, author="alice")
+    assert tree(kb, 9) == {x: same, y: same}  # was: A/x, A/y and C/x, a copy
+    # A/x's document came back from C/x: its history follows it through every move
+    assert [r.id for r in kb.history(9, x)] == [undone.id, rotated.id, folder_move.id, first.id]
+    assert_git_clean(kb, 9)
+
+
+def test_reverting_a_chain_of_moves_moves_each_document_back(kb):
+    """One revision moved x out of M/x and y into M/x. Reverting it moves y back to Z/y and x back
+    to M/x — right after, or after y was edited and x moved on — each once and with its edits,
+    recorded as moves; a swap (a cycle) alike. y was overwritten by x, and x written twice (design §3)."""
+    x, y, moved_x = "/documents/M/x.md", "/documents/Z/y.md", "/documents/B/x.md"
+    for ws, later in ((11, ()), (12, (("write", x, b"y, edited\n"), ("move", moved_x, "/documents/C/x.md")))):
+        commit(kb, ws, ("write", x, b"x\n"), ("write", y, b"y\n"))
+        chain = commit(kb, ws, ("move", x, moved_x), ("move", y, x))
+        if later:
+            commit(kb, ws, *later)
+        undone = kb.revert(ws, chain.id, author="alice")
+        assert tree(kb, ws) == {x: b"x\n", y: b"y, edited\n" if later else b"y\n"}, ws
+        moves = {c.path: c.old_path for c in undone.changes if c.change == "moved"}
+        assert moves == {x: "/documents/C/x.md" if later else moved_x, y: x}, undone.changes
+        assert_git_clean(kb, ws)
+    p, q = "/documents/p.md", "/documents/q.md"
+    commit(kb, 13, ("write", p, b"p\n"), ("write", q, b"q\n"))
+    swap = commit(kb, 13, ("move", p, "/documents/t.md"), ("move", q, p), ("move", "/documents/t.md", q))
+    kb.revert(13, swap.id, author="alice")
+    assert tree(kb, 13) == {p: b"p\n", q: b"q\n"}
+    assert_git_clean(kb, 13)
+
+
 def test_lock_timeout_names_the_workspace(kb, settings):
     commit(kb, 6, ("write", A, b"a"))
     quick = KnowledgeBase(settings.model_copy(update={"lock_timeout": 0.2}), kb.database_url)

@@ -53,6 +53,7 @@ def served(pg_server, template_url, tmp_path_factory):
             "reader": make_token(settings, "ui-reader", "read", [1]),
             "reviewer": make_token(settings, "reviewer", "write"),
             "streamer": make_token(settings, "ui-streamer", "read", [1]),
+            "quitter": make_token(settings, "ui-quitter", "read", [1]),
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(KB_DATABASE_URL=url, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
@@ -276,3 +277,31 @@ def test_one_token_gets_its_share_of_the_event_streams(served):
                 return again.status_code == 200
 
         wait_until(share_back, 60, "the token's closed streams to give their slots back")
+
+
+def test_a_stream_whose_client_left_before_it_began_gives_its_slot_back(served):
+    """A client that asks for a page's event stream and hangs up before the answer begins (a tab
+    closed at once) holds no slot: the token's share is there for its next page. Such a stream's
+    slot (and its Postgres session) was never given back, and a few of them left the token without
+    live updates until the server restarted (design §16, §17)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from kb.adapters.http.ui.events import MAX_STREAMS_PER_TOKEN
+
+    url, _, tokens = served
+    where = urlsplit(url)
+    events = f"/ui/workspaces/{WORKSPACE}/events"
+    request = (
+        f"GET {events} HTTP/1.1\r\nHost: {where.netloc}\r\nAuthorization: Bearer {tokens['quitter']}\r\n\r\n"
+    ).encode()
+    for _ in range(MAX_STREAMS_PER_TOKEN * 2):
+        with socket.create_connection((where.hostname, where.port)) as hung_up:
+            hung_up.sendall(request)  # and gone before any answer
+
+    def share_back() -> bool:
+        with httpx.Client(base_url=url, timeout=60) as web:
+            with web.stream("GET", events, headers={"Authorization": f"Bearer {tokens['quitter']}"}) as again:
+                return again.status_code == 200
+
+    wait_until(share_back, 60, "the hung-up streams to give their slots back")

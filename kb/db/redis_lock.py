@@ -21,6 +21,31 @@ if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) 
 """
 
 
+def redacted_redis_url(url: str) -> str:
+    """``url`` (``KB_REDIS_URL``) with any password replaced by ``***``, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def redis_address(url: str) -> str | None:
+    """``host:port`` of ``url`` as redis-py names the server in its connection errors (None:
+    a Unix socket URL, or no host)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return None
+    return f"{parts.hostname}:{port}" if parts.hostname and parts.scheme in ("redis", "rediss") else None
+
+
 class RedisLock:
     """Per-workspace lock keyed ``kb:write_lock:{workspace_id}`` on ``KB_REDIS_URL``."""
 
@@ -29,7 +54,7 @@ class RedisLock:
 
         self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self._errors = (redis.ConnectionError, redis.TimeoutError)
-        self.url = settings.redis_url
+        self.url = redacted_redis_url(settings.redis_url)  # messages never carry its password
         self.timeout = settings.lock_timeout
         self.ttl_ms = int(settings.lock_ttl * 1000)
 

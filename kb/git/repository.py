@@ -194,14 +194,21 @@ PENDING_PACK_SECONDS = 3600.0
 """How long a pending pack stays kept: far longer than any write takes to move its ref."""
 
 
-def keep_pending_pack(basename: Path) -> None:
+def keep_pending_pack(basename: Path) -> bool:
     """Mark the pack ``{basename}.pack`` kept (``{basename}.keep``, as git's receive-pack does)
     until its objects are reachable: a concurrent ``git repack -a -d`` (or ``git gc``) drops
     packed objects no ref reaches yet, which lost every blob of an import whose ref had not moved
     (design §14). Maintenance removes the mark after PENDING_PACK_SECONDS
-    (:meth:`Repository.release_pending_packs`). Raises OSError."""
+    (:meth:`Repository.release_pending_packs`). A ``.keep`` already there (git's, or another
+    write's of the same objects) is left as it is. Returns whether this call made the mark.
+    Raises OSError."""
     keep = basename.with_name(basename.name + ".keep")
-    keep.write_bytes(PENDING_PACK_MARK)
+    try:
+        with keep.open("xb") as mark:
+            mark.write(PENDING_PACK_MARK)
+    except FileExistsError:
+        return False
+    return True
 
 
 class Repository(WorktreeRefresh):
@@ -718,11 +725,21 @@ class Repository(WorktreeRefresh):
             return
         pack_dir = Path(store.pack_dir)
         before = set(pack_dir.glob("tmp*.pack"))
+        # Marked kept before it appears (dulwich names a pack by the SHA-1 of its objects' sorted
+        # ids): maintenance, which holds no write lock, never sees it plain, so never folds it
+        # into an unmarked pack while no ref reaches its objects (design §14).
+        names = sorted({obj.sha().digest() for obj in objects})
+        expected = pack_dir / ("pack-" + hashlib.sha1(b"".join(names)).hexdigest())
+        marked = keep_pending_pack(expected)
         try:
             pack = store.add_objects([(obj, None) for obj in objects])
-            if pack is not None:
+            if pack is not None and Path(pack._basename) != expected:  # named otherwise: mark it now
                 keep_pending_pack(Path(pack._basename))
+                if marked:
+                    expected.with_name(expected.name + ".keep").unlink(missing_ok=True)
         except BaseException as exc:
+            if marked:
+                expected.with_name(expected.name + ".keep").unlink(missing_ok=True)
             # Interrupted mid-pack (Ctrl-C): remove the temporary pack this call began (never
             # completed: it has no .idx), and report the interrupt, not dulwich's BufferError
             # ("cannot close exported pointers exist") from closing the half-written file.

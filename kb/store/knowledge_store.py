@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import posixpath
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -336,13 +338,6 @@ class KnowledgeStore:
                 f"`kb log -w {self.workspace_id}` lists its revisions"
             )
         return Revision(**row, changes=tuple(self.list_changes(resolved)))
-
-    def _current_path(self, path: str, since_revision: str) -> str | None:
-        """The virtual path where the document at virtual ``path`` in ``since_revision`` is now,
-        edited or moved since (``kb.store.history.current_path``); None when removed or replaced."""
-        with database.transaction(self.database_url) as conn:
-            found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), since_revision)
-        return None if found is None else "/" + found
 
     def moved_to(self, path: str | StorePath, since_revision: str) -> str | None:
         """The virtual path the document at ``path`` in ``since_revision`` was moved to by the
@@ -926,10 +921,19 @@ class KnowledgeStore:
         """The commit object and Revision of ``shape`` (``draft``'s moves applied to its changes)
         as revision ``seq`` on top of ``head``; the tree is built unless ``shape`` has it."""
         repo, effective, changes = self.repository, shape.effective, dict(shape.changes)
+        moves = draft.moves()
+        sources = set(moves.values())
+        for new in moves:
+            # a document moved away and another of the same bytes (an empty note, a template)
+            # moved in: the path's content is unchanged, yet both moves went through it — without
+            # a row here they would be recorded as a removal and an addition, and a revert of an
+            # earlier move could then restore a second copy of the first document (design §3)
+            if new not in changes and new in sources:
+                changes[new] = PathChange(new, "modified", draft.content_id(new))
         # Kinds before any move is applied, so the order of moves never matters (a swap
         # p <-> q records two moves whichever is seen first).
         kinds = {path: change.change for path, change in changes.items()}
-        for new, origin in draft.moves().items():
+        for new, origin in moves.items():
             if new not in changes or kinds.get(origin) not in ("removed", "modified"):
                 continue
             target, source = changes[new], changes[origin]
@@ -1227,7 +1231,8 @@ class KnowledgeStore:
     ) -> Revision | None:
         """Record a new forward revision that puts every path ``revision`` touched back to its state
         in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
-        document is still where the revision put it, or — edited or moved on since by recorded
+        document is still where the revision put it (found by its recorded moves, never by its
+        bytes: another of one content may stand there), or — edited or moved on since by recorded
         revisions (``kb.store.history.current_path``) — from where it is now, with the edits it
         got since: it is one document, never restored as a copy beside itself nor stripped of its
         later edits. Returns None when there is nothing to undo.
@@ -1252,36 +1257,7 @@ class KnowledgeStore:
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
-            written = {c.path: c.content_id for c in changes}
-            carried: set[str] = set()  # old paths a moved-on document went back to, edits and all
-            for change in changes:
-                if change.change != "moved" or change.old_path is None:
-                    continue
-                # undo a move as a move while the document is still where the revision put it and
-                # its old path is free or holds what this revision wrote there (move-then-write)
-                free = draft.content_id(change.old_path) in (None, written.get(change.old_path))
-                if draft.content_id(change.path) == change.content_id:
-                    if free:
-                        draft.move(change.path, change.old_path, overwrite=True)
-                    continue
-                # edited or moved on since (a folder move, then one of its documents moved again):
-                # the document goes back from where it is now with its later edits, or the revert is
-                # refused — restoring its old path from the parent would leave a second copy of it
-                # beside itself, or drop its edits (design §3)
-                now = self._current_path(change.path, revision)
-                if now is None or not draft.exists(now):
-                    continue  # removed or replaced since: the path-wise restore below
-                if now == change.old_path:
-                    carried.add(now)  # back where it was already, edits and all
-                    continue
-                if not free:
-                    raise PathExists(
-                        f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is at "
-                        f"{now} now, and {change.old_path} holds another document: nothing was reverted. Move "
-                        f"or remove one of them, then revert again (or restore what you need with `kb restore`)"
-                    )
-                draft.move(now, change.old_path, overwrite=True)
-                carried.add(change.old_path)
+            carried = self._move_back(draft, changes, revision, recorded is not None)
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried
             for path in sorted(touched):
                 blob = repo.lookup(parent_tree, path[1:])
@@ -1291,6 +1267,78 @@ class KnowledgeStore:
                 elif draft.content_id(path) != blob:
                     draft.write(path, repo.blob(blob), allow_keep=True)
         return draft.revision
+
+    def _move_back(self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool) -> set[str]:
+        """Undo ``revision``'s recorded moves in ``draft`` as moves (``revert``, design §3); returns
+        the old paths the moved documents went back to (the path-wise restore leaves them alone).
+
+        Each moved document is found by the moves recorded since (``current_path``), never by its
+        bytes: another document of one content may stand where the revision put it. It goes back
+        with the edits it got since. Its old path must be free, hold what the revision wrote there
+        (move-then-write), or hold a document that itself goes back elsewhere in this revert (a
+        chain: x moved out, y moved into x's place); all the moves are made at once, through a
+        temporary path where one's destination is another's source. A document untouched since
+        whose old path is taken is left to the path-wise restore; one edited or moved on since is
+        refused (PathExists, nothing reverted): restoring its old path from the parent would leave
+        a second copy of it, or drop its edits."""
+        written = {c.path: c.content_id for c in changes}
+        carried: set[str] = set()
+        plan: list[tuple[str, PathChange, bool]] = []  # (where it is now, the change, untouched since)
+        with contextlib.ExitStack() as reading:
+            history = None  # one connection reads where every moved document is now
+            for change in changes:
+                if change.change != "moved" or change.old_path is None:
+                    continue
+                if recorded:
+                    if history is None:
+                        history = reading.enter_context(database.transaction(self.database_url))
+                    found = current_path(
+                        history, self.workspace_id, repo_path_of(change.path, allow_keep=True), revision
+                    )
+                    now = None if found is None else "/" + found
+                else:  # not recorded (git alone has it): where it was put, if its bytes are there
+                    now = change.path if draft.content_id(change.path) == change.content_id else None
+                if now is None or not draft.exists(now):
+                    continue  # removed or replaced since: the path-wise restore
+                if now == change.old_path:
+                    carried.add(now)  # back where it was already, edits and all
+                    continue
+                untouched = now == change.path and draft.content_id(now) == change.content_id
+                plan.append((now, change, untouched))
+
+        def free(change: PathChange, leaving: set[str]) -> bool:
+            held = draft.content_id(change.old_path)
+            return held is None or change.old_path in leaving or held == written.get(change.old_path)
+
+        while True:  # drop the untouched ones whose old path stays taken, until none is dropped
+            leaving = {now for now, _, _ in plan}
+            kept = [entry for entry in plan if not entry[2] or free(entry[1], leaving)]
+            if len(kept) == len(plan):
+                break
+            plan = kept
+        for now, change, _ in plan:
+            if not free(change, leaving):
+                raise PathExists(
+                    f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is "
+                    f"at {now} now, and {change.old_path} holds another document: nothing was reverted. "
+                    f"Move or remove one of them, then revert again (or restore what you need with "
+                    f"`kb restore`)"
+                )
+        sources = {now for now, _, _ in plan}
+        chained = any(change.old_path in sources for _, change, _ in plan)  # a chain or a cycle
+        hops = []
+        for number, (now, change, _) in enumerate(plan):
+            if chained:  # every document first to a temporary path of its own, then to its old path
+                base, extension = posixpath.splitext(now)
+                temporary = f"{base}.kb-revert-{number}-{secrets.token_hex(4)}{extension}"
+                draft.move(now, temporary)
+                hops.append((temporary, change.old_path))
+            else:
+                hops.append((now, change.old_path))
+        for source, target in hops:
+            draft.move(source, target, overwrite=True)
+            carried.add(target)
+        return carried
 
     def restore(
         self,

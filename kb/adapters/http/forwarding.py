@@ -7,8 +7,11 @@ and ``/v1/status?workspace={ws}`` — it reads the
 workspace's home (``KnowledgeBase.workspace_home``: one pooled query; a workspace without a home
 node whose repository is here is adopted) and:
 
-- serves it here when the home is this node, or a node sharing this node's storage (a shared file
-  system), or the workspace does not exist (the route answers 404) or has no home node yet;
+- serves it here when the request's token does not name the workspace (the route answers 404
+  as for a workspace that does not exist: no lookup, so a token never learns that a workspace it
+  cannot reach exists, nor its home node, nor that the node is down; design §16), when the home
+  is this node, or a node sharing this node's storage (a shared file system), or the workspace
+  does not exist (the route answers 404) or has no home node yet;
 - answers 503 (``DatabaseUnavailable``, ``Retry-After: 1``) when Postgres does not answer the
   lookup: nothing is done (serving here would refuse a workspace homed elsewhere as WrongNode);
 - answers 503 ``NodeUnavailable`` naming the node when the home's heartbeat is older than
@@ -109,6 +112,12 @@ class NodeForwarding:
             await self.app(scope, receive, self._closing_on_shutdown(send))
             return
         if scope["type"] != "http" or (ws := workspace_of(scope)) is None or _header(scope, FORWARDED_BY):
+            await self.app(scope, receive, send)
+            return
+        token = scope.get(TOKEN_KEY)
+        if token is not None and not token.reaches(ws):
+            # a workspace the token does not name: refused here as one that does not exist, never
+            # told where it lives nor that its home is down (design §16)
             await self.app(scope, receive, send)
             return
         try:

@@ -74,11 +74,30 @@ def owned_name(name: str, token_id: object | None) -> str:
 
 
 def deployment_facts(kb: KnowledgeBase) -> dict[str, str]:
-    """Text naming where ``kb`` keeps its data (the database's redacted address, the storage root)
-    → the placeholder an error message shows instead to a caller without an admin token (design §16)."""
+    """Text naming where ``kb`` keeps its data and the servers it talks to → the placeholder an
+    error message shows instead to a caller without an admin token (design §16): the database's
+    redacted address and ``KB_DIRECT_DATABASE_URL``'s (a page's live updates connect there), the
+    storage root, the Redis lock server (its redacted URL and ``host:port``, as redis-py names it)
+    and an embedding endpoint other than OpenAI's own."""
     from kb.db.database import redact
+    from kb.db.redis_lock import redacted_redis_url, redis_address
 
-    return {redact(kb.database_url): "<kb's database>", str(kb.settings.storage_root): "<kb's storage root>"}
+    settings = kb.settings
+    facts = {redact(kb.database_url): "<kb's database>"}
+    if settings.direct_database_url:
+        facts[redact(settings.direct_database_url)] = "<kb's database>"
+    facts[str(settings.storage_root)] = "<kb's storage root>"
+    if settings.lock_backend == "redis":
+        facts[redacted_redis_url(settings.redis_url)] = "<kb's Redis>"
+        if address := redis_address(settings.redis_url):
+            facts[address] = "<kb's Redis>"
+    if settings.openai_base_url.rstrip("/") != OPENAI_BASE_URL:
+        facts[settings.openai_base_url.rstrip("/")] = "<kb's embedding endpoint>"
+    return facts
+
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+"""OpenAI's own embedding endpoint: public, named in errors to anybody."""
 
 
 LIBPQ_SERVER_NAMES = (

@@ -14,10 +14,11 @@ included, cannot take every stream and so leave every other person's pages stati
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -120,29 +121,76 @@ def event_router(service: Service, route_class: type[APIRoute] = APIRoute) -> AP
         except BaseException:
             slots.give_back(token_id)
             raise
-        return StreamingResponse(
-            _relay(conn, workspace_id, lambda: slots.give_back(token_id)),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+
+        def finish() -> None:  # the session closed and the slot given back, once
+            conn.close()
+            slots.give_back(token_id)
+
+        return _EventStream(_relay(conn, workspace_id), finish)
 
     return router
 
 
-def _relay(conn, workspace_id: int, release: Callable[[], None]) -> Iterator[str]:
-    """The stream's text: the workspace's notifications as ``change`` events until the deadline."""
-    deadline = time.monotonic() + STREAM_SECONDS
+class _Once:
+    """A callable that calls ``fn`` the first time only (from any thread)."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
+def _guarded(relay: Iterator[str], finish: _Once) -> Generator[str, None, None]:
+    """``relay``'s text, then ``finish`` however it ends (it holds no reference to its response:
+    a cycle would leave it to the cyclic collector, and the slot held until that runs)."""
     try:
-        yield f"retry: {RECONNECT_MS}\n\n"
-        while time.monotonic() < deadline:
-            for note in conn.notifies(timeout=WAIT_SECONDS):
-                try:
-                    event = json.loads(note.payload)
-                except ValueError:
-                    continue
-                if event.get("workspace_id") == workspace_id:
-                    yield f"event: change\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-            yield ": waiting\n\n"
+        yield from relay
     finally:
-        conn.close()
-        release()
+        finish()
+
+
+class _EventStream(StreamingResponse):
+    """The stream's response: ``finish`` (close its session, give its slot back) runs once however
+    the response ends — when ``relay`` ends or is closed, and when the client hung up before it
+    began: Starlette then never starts ``relay``, whose own ``finally`` never runs, and the slot
+    and session were held until the server stopped."""
+
+    def __init__(self, relay: Iterator[str], finish: Callable[[], None]) -> None:
+        self._finish = _Once(finish)
+        self.body_generator = _guarded(relay, self._finish)
+        super().__init__(
+            self.body_generator,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # never started (the client left first): nothing will start it now — a next() in a
+            # worker thread is awaited to its end before the response's task ends
+            if inspect.getgeneratorstate(self.body_generator) == inspect.GEN_CREATED:
+                self.body_generator.close()
+                self._finish()
+
+
+def _relay(conn, workspace_id: int) -> Iterator[str]:
+    """The stream's text: the workspace's notifications as ``change`` events until the deadline
+    (the caller closes ``conn``: ``_EventStream``)."""
+    deadline = time.monotonic() + STREAM_SECONDS
+    yield f"retry: {RECONNECT_MS}\n\n"
+    while time.monotonic() < deadline:
+        for note in conn.notifies(timeout=WAIT_SECONDS):
+            try:
+                event = json.loads(note.payload)
+            except ValueError:
+                continue
+            if event.get("workspace_id") == workspace_id:
+                yield f"event: change\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+        yield ": waiting\n\n"
