@@ -200,6 +200,34 @@ def test_http_commit_with_the_same_idempotency_key_records_once(ws, settings):
         assert len(client.get("/v1/workspaces/1/log").json()) == 2
 
 
+def test_a_commit_retried_as_it_was_sent_answers_the_revision_that_landed(ws, settings):
+    """design §3: the common retry — a client whose commit timed out sends the same request again —
+    finds nothing left to record (the turn was committed; a new turn's same write is what head
+    already holds) and must still answer the revision its key landed as, never "nothing
+    recorded". Over HTTP and in Python, on the same turn and on a new one; a key that never
+    landed still answers None."""
+    with _app(settings) as client:
+        turn = "/v1/workspaces/1/turns/agent-2"
+        assert client.put(f"{turn}/files/documents/r.md", json={"content": "r\n"}).status_code == 200
+        first = client.post(f"{turn}/commit", json={"message": "r"}, headers={"Idempotency-Key": "req-43"})
+        assert first.status_code == 200 and first.json()["revision"], first.text
+        again = client.post(f"{turn}/commit", json={"message": "r"}, headers={"Idempotency-Key": "req-43"})
+        assert again.status_code == 200 and again.json()["revision"] == first.json()["revision"], again.text
+    turn = ws.turn(WS, "agent-3", "w")
+    turn.write("/documents/s.md", "s\n")
+    landed = turn.commit("s", idempotency_key="idem-s")
+    assert landed is not None
+    assert turn.commit("s", idempotency_key="idem-s").revision == landed.revision  # the same turn
+    repeat = ws.turn(WS, "agent-4", "w")
+    repeat.write("/documents/s.md", "s\n")  # what head already holds: nothing to record
+    result = repeat.commit("s", idempotency_key="idem-s")
+    assert result is not None and result.revision == landed.revision and "/documents/s.md" in result.added
+    idle = ws.turn(WS, "agent-5", "w")
+    idle.write("/documents/s.md", "s\n")
+    assert idle.commit("s", idempotency_key="never-landed") is None
+    assert len(ws.history(WS)) == 3  # base, r, s
+
+
 def test_http_outcome_unknown_is_503_naming_the_settling_call(ws, settings):
     from fastapi import APIRouter
 

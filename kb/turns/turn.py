@@ -640,6 +640,17 @@ class Turn:
                 return revision
         return None
 
+    def _keyed_result(self, idempotency_key: str | None) -> CommitResult | None:
+        """What a commit with nothing to record answers (design §3): None, unless
+        ``idempotency_key`` already landed — a retry of a commit that landed (this turn's, then
+        used again; or a new turn that repeats the same write, which the head already holds) gets
+        that commit's revision, as the key's first write answered. The key is settled
+        (``KnowledgeStore.write_outcome``): a None here means it never lands."""
+        if idempotency_key is None:
+            return None
+        landed = self.store.write_outcome(idempotency_key)
+        return None if landed is None else self._result_of(landed.id)
+
     def _result_of(self, revision: str) -> CommitResult:
         """CommitResult of an already recorded revision (``overwrote`` is not known any more)."""
         changes = self.store.list_changes(revision)
@@ -749,13 +760,13 @@ class Turn:
             if self._worktree is None:
                 if not self._leftover():
                     self._finish(destroy=False)
-                    return None
+                    return self._keyed_result(idempotency_key)
                 self._wt()
             worktree = self._worktree
             changes = self._changes()
             if not changes:
                 self._finish(destroy=True)
-                return None
+                return self._keyed_result(idempotency_key)
             landed = self._landed_revision()
             if landed is not None:  # recovery: this worktree's revision is already recorded
                 result = self._result_of(landed)
