@@ -97,6 +97,9 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     assert denied.status_code == 403 and denied.json()["error"] == "ScopeRefused"
     hidden, missing = (api.get(search.format(ws), headers=_as(reader)) for ws in (2, 99))
     assert hidden.status_code == missing.status_code == 404 and hidden.json()["error"] == "WorkspaceNotFound"
+    # the same words for both, which do not tell the person a workspace they know of is missing
+    assert hidden.json()["message"].replace("2", "N") == missing.json()["message"].replace("99", "N")
+    assert "or token" in hidden.json()["message"] and "does not reach it" in hidden.json()["message"]
     assert api.get("/v1/status", headers=_as(reader)).status_code == 403  # every workspace: not its own
     own = api.get("/v1/status?workspace=1", headers=_as(reader))
     assert own.status_code == 200 and own.json()["workspace"]["id"] == 1, own.text

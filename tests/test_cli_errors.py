@@ -166,3 +166,15 @@ def test_read_offset_past_the_end_is_an_error_naming_the_line_count(kb, kb_env, 
         turn.read("/documents/Alpha.md", offset=5)
     assert turn.read("/documents/Alpha.md", offset=4).lines == []
     turn.abort()
+
+
+def test_log_of_a_path_with_no_history_says_so(kb, kb_env):
+    """``kb log PATH`` for a folder or a path no document ever had printed nothing at all; it says
+    why on stderr and where to look (design §3)."""
+    kb.create_workspace(3)
+    with kb.transaction(3, "notes", "t") as tx:
+        tx.write("/documents/Notes/a.md", "a\n")
+    for path in ("/documents/Notes", "/documents/Nope.md"):
+        result = run_cli(kb_env, "log", "-w", "3", path)
+        assert result.stdout == "" and f"no revision changed {path}" in result.stderr and "kb ls" in result.stderr
+    assert "notes" in run_cli(kb_env, "log", "-w", "3", "/documents/Notes/a.md").stdout

@@ -104,7 +104,10 @@ class Token:
                     f"token {self.name!r} names some workspaces only; this call is about every workspace "
                     "(name one, or use a token created with --all-workspaces)"
                 )
-            raise WorkspaceNotFound(f"workspace {workspace_id} does not exist")
+            raise WorkspaceNotFound(
+                f"workspace {workspace_id} does not exist, or token {self.name!r} does not reach it "
+                "(a token names the workspaces it may use: ask kb's operator for one that names it)"
+            )
         if not self.grants(scope):
             raise ScopeRefused(
                 f"token {self.name!r} has the {self.scope} scope; this call needs {scope} "

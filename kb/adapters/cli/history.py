@@ -24,7 +24,14 @@ def log(path: str | None, workspace: int, limit: int) -> None:
 
     Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb log --workspace 1 "/documents/Notes/Todo.md"
     """
-    for revision in (session.server() or session.open_kb()).history(workspace, path, limit):
+    revisions = (session.server() or session.open_kb()).history(workspace, path, limit)
+    if not revisions and path is not None:
+        click.echo(
+            f"note: no revision changed {path}: no document was ever there (a folder's documents each "
+            f"have their own log: `kb ls {path}` lists them; `kb log` alone shows every revision)",
+            err=True,
+        )
+    for revision in revisions:
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
         click.echo(f"{revision.id}  {revision.author}  {when}")
         click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
