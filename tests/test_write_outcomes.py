@@ -192,6 +192,8 @@ def test_http_commit_with_the_same_idempotency_key_records_once(ws, settings):
         assert second.status_code == 200 and second.json()["revision"] == first.json()["revision"]
         settled = client.get("/v1/workspaces/1/writes/req-42").json()
         assert settled["landed"] and settled["revision"]["id"] == first.json()["revision"]
+        logged = client.get("/v1/workspaces/1/log").json()[0]  # the settled revision is the logged one
+        assert settled["revision"]["committed_at"] == logged["committed_at"] is not None
         assert client.get("/v1/workspaces/1/writes/other").json() == {
             "idempotency_key": "other",
             "landed": False,

@@ -335,6 +335,6 @@ def recorded_revision(conn: Connection, repo: Repository, workspace_id: int, rev
         _identity(commit.author),
         _identity(commit.committer),
         commit.message.decode("utf-8", errors="replace").rstrip("\n"),
-        None,
+        row["committed_at"],
         tuple(PathChange(**c) for c in changes),
     )

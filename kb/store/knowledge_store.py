@@ -1370,7 +1370,7 @@ SETTLE_PAUSE = 0.15
 
 
 def _virtual(revision: Revision) -> Revision:
-    """``revision`` (repo paths) as callers see it (virtual paths, no commit time)."""
+    """``revision`` (repo paths) as callers see it (virtual paths)."""
     return Revision(
         revision.id,
         revision.seq,
@@ -1378,7 +1378,7 @@ def _virtual(revision: Revision) -> Revision:
         revision.author,
         revision.committer,
         revision.message,
-        None,
+        revision.committed_at,
         tuple(c.virtual() for c in revision.changes),
     )
 

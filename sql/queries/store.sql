@@ -66,7 +66,7 @@ FROM ROWS FROM (json_array_elements_text(%(paths)s::json), json_array_elements_t
 DELETE FROM kb.path_changes WHERE workspace_id = %(workspace_id)s AND revision_id = %(revision_id)s;
 
 -- name: revision_exists
-SELECT seq FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;
+SELECT seq, committed_at FROM kb.revisions WHERE workspace_id = %(workspace_id)s AND id = %(revision_id)s;
 
 -- name: workspace_history
 SELECT r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_at,
