@@ -330,3 +330,6 @@ def test_status_names_auto_as_the_default_and_a_local_command_says_it_is_local(k
     listed = run_cli({**kb_env, "KB_SERVER_URL": "http://127.0.0.1:9"}, "ls", "-w", "1")
     assert "`kb ls` works on this machine's database and storage, not through KB_SERVER_URL" in listed.stderr
     assert "works on this machine" not in run_cli(kb_env, "ls", "-w", "1").stderr
+    # a command kb serve answers, asked with an option it does not take, names the options
+    chat = run_cli({**kb_env, "KB_SERVER_URL": "http://127.0.0.1:9"}, "search", "x", "-w", "1", "--chat", "c1")
+    assert "`kb search` with these options works on this machine's database" in chat.stderr, chat.stderr
