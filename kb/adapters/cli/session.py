@@ -69,10 +69,8 @@ def _say_when_local_despite_server() -> None:
         return
     context.meta["kb.local_said"] = True
     name = context.command_path.removeprefix(context.find_root().info_name or "").strip() or "this command"
-    if name in SERVER_COMMANDS:  # asked with an option kb serve does not take (`kb search --chat`)
-        what = f"`kb {name}` with these options works"
-    else:
-        what = f"`kb {name}` works"
+    # a command kb serve answers is local only with an option it does not take (`kb search --chat`)
+    what = f"`kb {name}` with these options works" if name in SERVER_COMMANDS else f"`kb {name}` works"
     click.echo(
         f"note: {what} on this machine's database and storage, not through KB_SERVER_URL "
         f"(only {', '.join(SERVER_COMMANDS)} ask kb serve)",
