@@ -686,3 +686,40 @@ def test_pair_moves_leaves_what_it_cannot_tell_apart():
     added = {"e": ["d/r/x.md", "d/s/x.md"], "u": ["d/r/u.md"]}
     assert pair_moves(removed, added) == {"d/r/u.md": "d/p/u.md", "d/r/x.md": "d/p/x.md", "d/s/x.md": "d/q/x.md"}
     assert pair_moves({"e": ["d/p/x.md", "d/q/x.md"]}, {"e": ["d/r/x.md", "d/s/x.md"]}) == {}
+
+
+def test_revert_keeps_the_work_of_later_revisions(kb):
+    """design §3: a revert undoes its revision, not the revisions after it. A later edit of a
+    document the revision edited survives (three-way merge); a document written later where the
+    revision removed one, or one the revision added and someone edited since, is not removed or
+    replaced (PathExists, nothing recorded); a document written later at a moved document's old
+    destination stays. Each of these was overwritten or deleted by the path-by-path restore."""
+    lines = "".join(f"line {i}\n" for i in range(1, 11))
+    commit(kb, 4, ("write", "/documents/plan.md", lines), ("write", "/documents/gone.md", b"old\n"))
+    edit = commit(kb, 4, ("write", "/documents/plan.md", lines.replace("line 2\n", "line two\n")))
+    commit(
+        kb,
+        4,
+        ("write", "/documents/plan.md", lines.replace("line 2\n", "line two\n").replace("line 9\n", "line nine\n")),
+    )
+    assert kb.revert(4, edit.id, "t") is not None
+    assert kb.read(4, "/documents/plan.md") == lines.replace("line 9\n", "line nine\n").encode()
+    # removed by a revision, a new document written there since: reverting the removal refuses
+    removal = commit(kb, 4, ("remove", "/documents/gone.md"))
+    commit(kb, 4, ("write", "/documents/gone.md", b"a new page\n"))
+    with pytest.raises(PathExists, match="gone.md changed since"):
+        kb.revert(4, removal.id, "t")
+    # added by a revision, edited since: reverting the addition refuses
+    added = commit(kb, 4, ("write", "/documents/new.md", b"draft\n"))
+    commit(kb, 4, ("write", "/documents/new.md", b"draft, then finished\n"))
+    with pytest.raises(PathExists, match="new.md changed since"):
+        kb.revert(4, added.id, "t")
+    assert kb.read(4, "/documents/gone.md") == b"a new page\n"
+    # a move; the document moved on; a new document at the move's destination stays
+    move = commit(kb, 4, ("move", "/documents/new.md", "/documents/B/x.md"))
+    commit(kb, 4, ("move", "/documents/B/x.md", "/documents/C/x.md"))
+    commit(kb, 4, ("write", "/documents/B/x.md", b"someone else's page\n"))
+    assert kb.revert(4, move.id, "t") is not None
+    assert kb.read(4, "/documents/new.md") == b"draft, then finished\n"
+    assert kb.read(4, "/documents/B/x.md") == b"someone else's page\n"
+    assert "/documents/C/x.md" not in kb.list_paths(4)

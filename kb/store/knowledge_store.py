@@ -72,6 +72,7 @@ from kb.store.history import (
     changes_from_git,
     current_path,
     forget_changes,
+    json_column,
     read_history,
     record_changes_ahead,
     record_missing,
@@ -1237,10 +1238,20 @@ class KnowledgeStore:
         got since: it is one document, never restored as a copy beside itself nor stripped of its
         later edits. Returns None when there is nothing to undo.
 
+        A path changed since by later revisions keeps that later work: a document the revision
+        edited and others edited since gets the revision's edit undone by a three-way merge (base:
+        the document as the revision left it; where the later edits overlap the revision's, the
+        revert's lines win and theirs stay in history); one removed since stays removed; where the
+        undo would remove or replace later work (a document the revision added and others changed
+        since, or one written later where the revision removed one) nothing is reverted — but an
+        artifact's later revisions are its own generations and go with the revision that saved it
+        (design §11).
+
         Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
-        path to restore is now a folder holding documents, or when a document the revision moved
+        path to restore is now a folder holding documents, when a document the revision moved
         has moved on and its old path now holds another document (nothing is reverted: which one
-        belongs there is the caller's call), LockTimeout.
+        belongs there is the caller's call), or when the undo would remove or replace later work
+        (above), LockTimeout.
         """
         repo = self.repository
         revision = repo.resolve(revision)
@@ -1255,17 +1266,53 @@ class KnowledgeStore:
         changes = self.list_changes(revision)
         first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
+        revision_tree = repo.tree_id(revision)
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
             carried = self._move_back(draft, changes, revision, recorded is not None)
-            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried
+            # where a moved document went back from, the revision's destination is no longer its
+            # document's: what stands there now came later and stays
+            released = {c.path for c in changes if c.change == "moved" and c.old_path in carried}
+            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried - released
+            taken = []
             for path in sorted(touched):
-                blob = repo.lookup(parent_tree, path[1:])
-                if blob is None:
-                    if draft.exists(path):
+                before, after = repo.lookup(parent_tree, path[1:]), repo.lookup(revision_tree, path[1:])
+                now = draft.content_id(path)
+                if now == before:
+                    continue
+                if now == after:  # as the revision left it: put back what was there before
+                    if before is None:
                         draft.remove(path)
-                elif draft.content_id(path) != blob:
-                    draft.write(path, repo.blob(blob), allow_keep=True)
+                    else:
+                        draft.write(path, repo.blob(before), allow_keep=True)
+                elif now is None:
+                    continue  # removed since: a later revision's decision, left as it is
+                elif before is not None and after is not None:  # edited since: undo the revision's edit only
+                    draft.write_merged(path, repo.blob(before), after, allow_keep=True)
+                else:  # a document the revision added was changed since, or one was written where it removed one
+                    taken.append((path, before))
+            if taken:  # an artifact's later revisions are its own generations (design §11): undone with it
+                with database.transaction(self.database_url) as conn:
+                    artifacts = {
+                        row["path"]
+                        for row in conn.execute(
+                            queries["artifact_documents_at"],
+                            {"workspace_id": self.workspace_id, "paths": json_column([path for path, _ in taken])},
+                        )
+                    }
+                for path, before in [t for t in taken if t[0] in artifacts]:
+                    if before is None:
+                        draft.remove(path)
+                    else:
+                        draft.write(path, repo.blob(before), allow_keep=True)
+                taken = [t for t in taken if t[0] not in artifacts]
+            if taken:
+                raise PathExists(
+                    f"cannot revert {revision[:12]}: {', '.join(path for path, _ in taken)} changed since it "
+                    f"({'its document was edited or replaced' if len(taken) == 1 else 'their documents were edited or replaced'}"
+                    "), and reverting would remove or replace that later work; nothing was reverted. Revert the "
+                    "later revisions first (`kb log PATH` lists them), or move or edit the document by hand"
+                )
         return draft.revision
 
     def _move_back(self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool) -> set[str]:
