@@ -156,3 +156,35 @@ def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path)
         assert re.search(r"worker stopped: (DatabaseUnavailable|WorkerFailed): .*restarting it in \d+ s", text), text
         assert "Traceback" not in text, text  # the outage is told in lines, not tracebacks
         assert "worker stopped after" in out.read_text(), out.read_text()
+
+
+def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url, tmp_path):
+    """design §7: SIGTERM while Postgres is still away (the worker just stopped by it) stopped
+    the server with ``Application shutdown failed`` (the worker's ConnectorException); it stops
+    cleanly in every state of the worker."""
+    from support.network import Relay
+
+    template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
+    with fresh_database(pg_server, template) as url:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        if str(info.get("host", "")).startswith("/"):
+            pytest.skip("the test database listens on a Unix socket; the relay is TCP")
+        relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+        relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
+        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
+        env.update(_QUIET_CRONS)
+        log = tmp_path / "serve.log"
+        try:
+            with running_server(env, log), KnowledgeBase.open(settings) as kb:
+                kb.create_workspace(1)
+                with kb.transaction(1, "one", "tester") as tx:
+                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
+                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the worker to run a job")
+                relay.close()  # and it stays away until the server stopped
+                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+        finally:
+            relay.close()
+        assert "Application shutdown failed" not in log.read_text(), log.read_text()
+        assert "Application shutdown complete" in log.read_text(), log.read_text()

@@ -379,15 +379,18 @@ def as_worker_error(exc: BaseException) -> errors.KbError:
 
 class _NoTracebackForLostDatabase(logging.Filter):
     """Procrastinate logs a side task that lost the database (its LISTEN connection, its
-    heartbeat) with a traceback, twice: when it fails and when the worker shuts down. The message
-    says what failed and ``WorkerSupervisor`` says what happens next in one line; the traceback of
-    a connection refused says nothing more, so it is dropped (design §7)."""
+    heartbeat) with a traceback, twice: when it fails and when the worker shuts down; and a job
+    that lost it (kb's DatabaseUnavailable) with another. The messages say what failed (kb's own
+    line for a job: ``job 4 … FAILED in 0.0 s: DatabaseUnavailable: …``) and ``WorkerSupervisor``
+    says what happens next in one line; the traceback of a connection refused says nothing more,
+    so it is dropped (design §7)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from procrastinate.exceptions import ConnectorException
 
         error = record.exc_info[1] if record.exc_info else None
-        if getattr(record, "action", None) == "side_task_failed" or isinstance(error, ConnectorException):
+        lost = (ConnectorException, errors.DatabaseUnavailable)
+        if getattr(record, "action", None) == "side_task_failed" or isinstance(error, lost):
             record.exc_info = None
             record.exc_text = None
         return True
