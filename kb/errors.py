@@ -41,6 +41,11 @@ class DatabaseUnavailable(KbError):
     """The configured Postgres server cannot be reached or started."""
 
 
+class WorkerFailed(KbError):
+    """The worker's loop ended with an error that is not the database's (design §7): ``kb serve
+    --with-worker`` and ``kb worker`` restart it after a backoff."""
+
+
 class StatementCanceled(KbError):
     """Postgres canceled a statement of the call (``pg_cancel_backend`` by an administrator, or a
     server-side timeout); the call's transaction was rolled back."""

@@ -38,3 +38,153 @@ def test_serve_with_worker_logs_each_job(pg_server, template_url, tmp_path):
                 )
         text = log.read_text()
         assert re.search(r"job \d+ kb\.project\S* \(workspace 1\) done", text), text
+
+
+_QUIET_CRONS = {"KB_MAINTENANCE_CRON": "0 0 1 1 *", "KB_DRIFT_CRON": "0 0 1 1 *"}
+
+
+def _index_jobs_done(log) -> int:
+    return len(re.findall(r"job \d+ kb\.index\S* \(workspace 1\) done", log.read_text()))
+
+
+def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url, tmp_path):
+    """design §7: Postgres away for a moment (a relay the test closes and reopens) made
+    Procrastinate's worker stop for good inside ``kb serve --with-worker`` while ``/ready`` still
+    said ``"worker": true``, and the shutdown failed on it. The worker is restarted after a
+    backoff, later writes are indexed, ``/ready`` tells what happened without the database's
+    address (answered to anybody, design §16), and the server stops cleanly."""
+    import httpx
+    from support.network import Relay
+
+    template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
+    with fresh_database(pg_server, template) as url:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        if str(info.get("host", "")).startswith("/"):
+            pytest.skip("the test database listens on a Unix socket; the relay is TCP")
+        relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+        relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
+        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
+        env.update(_QUIET_CRONS)  # a periodic job cut by the outage would log its traceback
+        log = tmp_path / "serve.log"
+        try:
+            with running_server(env, log) as server, KnowledgeBase.open(settings) as kb:
+                kb.create_workspace(1)
+                with kb.transaction(1, "one", "tester") as tx:
+                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
+                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the first index job")
+                before = _index_jobs_done(log)
+
+                relay.close()  # the database goes away: the worker's LISTEN connection is cut
+                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+                relay.reopen()  # and comes back
+
+                with kb.transaction(1, "two", "tester") as tx:
+                    tx.write("/documents/two.md", "# Two\n\nindexed after the outage\n")
+                wait_until(lambda: _index_jobs_done(log) > before, 120, "an index job after the outage")
+                ready = httpx.get(f"{server}/ready", timeout=30)
+                assert ready.status_code == 200, ready.text
+                body = ready.json()
+                assert body["worker"] == "running", body
+                assert body["worker_error"]["type"] in ("DatabaseUnavailable", "WorkerFailed"), body
+                assert body["worker_restarts"] >= 1 and body["worker_error"]["at"], body
+                assert str(relay.port) not in ready.text and info["dbname"] not in ready.text, ready.text
+        finally:
+            relay.close()
+        text = log.read_text()
+        # one line (rich may wrap it in the log): what failed, that it restarts, in how long
+        assert re.search(
+            r"worker stopped: (DatabaseUnavailable|WorkerFailed): .*restarting\s+it\s+in\s+\d+\s+s", text, re.S
+        ), text
+        assert "Application shutdown failed" not in text, text
+
+
+def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path):
+    """design §7: standalone ``kb worker`` survives a moment without Postgres the same way (it
+    stopped, or exited 0 as if asked to): the outage is logged with the restart, later writes
+    are indexed, and SIGTERM still stops it cleanly with its summary."""
+    import signal
+    import subprocess
+    import sys
+
+    from support.network import Relay
+
+    template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
+    with fresh_database(pg_server, template) as url:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        if str(info.get("host", "")).startswith("/"):
+            pytest.skip("the test database listens on a Unix socket; the relay is TCP")
+        relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+        relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
+        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
+        env.update(_QUIET_CRONS)  # a periodic job cut by the outage would log its traceback
+        log, out = tmp_path / "worker.log", tmp_path / "worker.out"
+        with log.open("w") as errors_to, out.open("w") as output_to:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "kb.adapters.cli", "worker"], env=env, stdout=output_to, stderr=errors_to
+            )
+        try:
+            with KnowledgeBase.open(settings) as kb:
+                kb.create_workspace(1)
+                with kb.transaction(1, "one", "tester") as tx:
+                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
+                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the first index job")
+                before = _index_jobs_done(log)
+                relay.close()
+                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+                relay.reopen()
+                with kb.transaction(1, "two", "tester") as tx:
+                    tx.write("/documents/two.md", "# Two\n\nindexed after the outage\n")
+                wait_until(
+                    lambda: _index_jobs_done(log) > before or worker.poll() is not None,
+                    120,
+                    "an index job after the outage",
+                )
+                assert worker.poll() is None, log.read_text()
+                assert _index_jobs_done(log) > before, log.read_text()
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+            relay.close()
+        text = log.read_text()
+        assert re.search(r"worker stopped: (DatabaseUnavailable|WorkerFailed): .*restarting it in \d+ s", text), text
+        assert "Traceback" not in text, text  # the outage is told in lines, not tracebacks
+        assert "worker stopped after" in out.read_text(), out.read_text()
+
+
+def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url, tmp_path):
+    """design §7: SIGTERM while Postgres is still away (the worker just stopped by it) stopped
+    the server with ``Application shutdown failed`` (the worker's ConnectorException); it stops
+    cleanly in every state of the worker."""
+    from support.network import Relay
+
+    template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
+    with fresh_database(pg_server, template) as url:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        if str(info.get("host", "")).startswith("/"):
+            pytest.skip("the test database listens on a Unix socket; the relay is TCP")
+        relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+        relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
+        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
+        env.update(_QUIET_CRONS)
+        log = tmp_path / "serve.log"
+        try:
+            with running_server(env, log), KnowledgeBase.open(settings) as kb:
+                kb.create_workspace(1)
+                with kb.transaction(1, "one", "tester") as tx:
+                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
+                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the worker to run a job")
+                relay.close()  # and it stays away until the server stopped
+                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+        finally:
+            relay.close()
+        assert "Application shutdown failed" not in log.read_text(), log.read_text()
+        assert "Application shutdown complete" in log.read_text(), log.read_text()

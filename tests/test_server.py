@@ -83,7 +83,9 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
     )
     try:
         assert _call(f"{url}/health") == (200, {"status": "ok"})
-        assert _call(f"{url}/ready") == (200, {"status": "ready", "worker": True})
+        status, readiness = _call(f"{url}/ready")  # the in-process worker's state (design §7)
+        assert status == 200 and readiness["status"] == "ready", readiness
+        assert readiness["worker"] in ("starting", "running") and "worker_error" not in readiness, readiness
         assert "/v1/workspaces/{workspace_id}/search" in call(f"{url}/openapi.json")[1]["paths"]
         kb.create_workspace(1)
         turn = f"{url}/v1/workspaces/1/turns/agent-1"

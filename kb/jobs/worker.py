@@ -12,6 +12,8 @@ from outside kb; it is reported as blocked rather than waited for.
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 import sys
 import threading
 import time
@@ -19,14 +21,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
+from kb import errors
 from kb.db import database, nodes
 from kb.db.sql import queries
 from kb.store.homes import adopt_homeless
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kb.knowledge_base import KnowledgeBase
 
 IDLE_POLL_SECONDS = 0.5
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -304,26 +311,221 @@ def run_worker(
     ``until_idle``: return once no job is due or runnable (design §7) — jobs running in another
     worker are waited for; jobs scheduled for later are listed in ``report.scheduled``; due jobs
     held back by a job scheduled later (only possible for jobs kb did not defer) in
-    ``report.blocked``. Without it, run until SIGINT/SIGTERM, finishing the jobs in hand first.
+    ``report.blocked``. A database lost meanwhile raises DatabaseUnavailable (a script waiting
+    for convergence is told; the CLI exits non-zero). Without it, run until SIGINT/SIGTERM,
+    finishing the jobs in hand first, and survive a database outage: the worker is restarted
+    with a capped backoff (``WorkerSupervisor``, design §7), as a job queue's worker reconnects.
     Checks the embedder against the database first (DimensionMismatch is a startup error).
     """
     kb.embedder  # noqa: B018  (startup check: database vector dimension vs model dimension (design §7))
     report = WorkerReport()
     try:
-        asyncio.run(
-            run_worker_async(
-                kb,
-                report,
-                until_idle=until_idle,
-                concurrency=concurrency,
-                display=display,
-                install_signal_handlers=not until_idle,
+        if until_idle:
+            try:
+                asyncio.run(run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display))
+            except errors.KbError:
+                raise
+            except Exception as exc:  # procrastinate's or psycopg's: the database went away
+                raise as_worker_error(exc) from exc
+        else:
+            asyncio.run(
+                _supervised_until_signal(WorkerSupervisor(kb, report, concurrency=concurrency, display=display))
             )
-        )
     finally:
         if display:
             display.close()
     return report
+
+
+async def _supervised_until_signal(supervisor: WorkerSupervisor) -> None:
+    """Run ``supervisor`` until SIGINT/SIGTERM (the first stops it gracefully; a second one
+    has the default effect, as Procrastinate's own handlers do)."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+
+    def stop() -> None:
+        for number in installed:
+            loop.remove_signal_handler(number)
+        installed.clear()
+        supervisor.stop()
+
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(number, stop)
+            installed.append(number)
+    try:
+        await supervisor.run()
+    finally:
+        for number in installed:
+            loop.remove_signal_handler(number)
+
+
+def as_worker_error(exc: BaseException) -> errors.KbError:
+    """What ended a worker's loop as kb's error: a KbError as it is; Procrastinate's connector
+    errors and psycopg's as DatabaseUnavailable; anything else as WorkerFailed."""
+    if isinstance(exc, errors.KbError):
+        return exc
+    import procrastinate.exceptions
+    import psycopg
+
+    if isinstance(exc, procrastinate.exceptions.ConnectorException | psycopg.Error | OSError):
+        cause = exc.__cause__ or exc.__context__
+        detail = f"{exc}".strip(" .") or type(exc).__name__
+        if cause is not None and str(cause).strip():
+            detail = f"{detail}: {str(cause).strip()}"
+        return errors.DatabaseUnavailable(f"the job queue lost its database connection ({detail})")
+    return errors.WorkerFailed(f"the worker's loop failed: {type(exc).__name__}: {exc}")
+
+
+class _NoTracebackForLostDatabase(logging.Filter):
+    """Procrastinate logs a side task that lost the database (its LISTEN connection, its
+    heartbeat) with a traceback, twice: when it fails and when the worker shuts down; and a job
+    that lost it (kb's DatabaseUnavailable) with another. The messages say what failed (kb's own
+    line for a job: ``job 4 … FAILED in 0.0 s: DatabaseUnavailable: …``) and ``WorkerSupervisor``
+    says what happens next in one line; the traceback of a connection refused says nothing more,
+    so it is dropped (design §7)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from procrastinate.exceptions import ConnectorException
+
+        error = record.exc_info[1] if record.exc_info else None
+        lost = (ConnectorException, errors.DatabaseUnavailable)
+        if getattr(record, "action", None) == "side_task_failed" or isinstance(error, lost):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_side_task_tracebacks() -> None:
+    from procrastinate import utils, worker
+
+    # a worker logs on its name's child of procrastinate.worker (kb's workers keep the default name)
+    for logger in (worker.logger, worker.logger.getChild(worker.WORKER_NAME), utils.logger):
+        if not any(isinstance(f, _NoTracebackForLostDatabase) for f in logger.filters):
+            logger.addFilter(_NoTracebackForLostDatabase())
+
+
+class _StoppedOnItsOwn(Exception):
+    """Procrastinate's worker returned though nobody stopped it (a side task — its LISTEN
+    connection, its heartbeat — failed; Procrastinate logs which)."""
+
+
+class WorkerSupervisor:
+    """Runs ``run_worker_async`` for as long as it is not stopped, restarting it whenever its loop
+    ends (an error, or Procrastinate stopping itself when a side task — the LISTEN connection, the
+    heartbeat — loses the database) after a capped backoff: ``first_delay`` seconds doubling up to
+    ``max_delay``, back to ``first_delay`` once a run lasted ``settled_seconds`` (design §7).
+
+    ``state``: ``"starting"`` (setting up, before the first job fetch), ``"running"`` or
+    ``"restarting"`` (waiting out the backoff), ``"stopped"``. ``last_error`` (a KbError) and
+    ``last_error_at`` (UTC) tell what ended the last run; ``restarts`` counts them. Each failure is
+    logged as one line: what failed, that it restarts, in how long. Used by ``kb serve
+    --with-worker`` (its ``/ready`` reports it) and ``kb worker``.
+    """
+
+    def __init__(
+        self,
+        kb: KnowledgeBase,
+        report: WorkerReport,
+        *,
+        concurrency: int = 1,
+        display: ProgressDisplay | None = None,
+        first_delay: float = 1.0,
+        max_delay: float = 30.0,
+        settled_seconds: float = 60.0,
+    ) -> None:
+        self.kb = kb
+        self.report = report
+        self.concurrency = concurrency
+        self.display = display
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self.settled_seconds = settled_seconds
+        self.state = "starting"
+        self.last_error: errors.KbError | None = None
+        self.last_error_at: datetime | None = None
+        self.restarts = 0
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+        self._attempt: asyncio.Task | None = None
+
+    def stop(self) -> None:
+        """Stop: the running worker fetches nothing more and finishes the jobs in hand; a backoff
+        wait ends at once. ``run`` then returns (call it on the supervisor's event loop)."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._attempt is not None and not self._attempt.done():
+            self._attempt.cancel()  # Procrastinate: stop fetching, finish the jobs in hand
+
+    def _running(self) -> None:
+        self.state = "running"
+
+    async def run(self) -> None:
+        """Run and restart the worker until ``stop``; returns once it stopped. Never raises what
+        ended a run (it is logged and kept in ``last_error``); an error while stopping is logged."""
+        self._wake = asyncio.Event()
+        _quiet_side_task_tracebacks()
+        delay = self.first_delay
+        try:
+            while not self._stopping:
+                self.state = "starting"
+                began = time.monotonic()
+                self._attempt = asyncio.create_task(
+                    run_worker_async(
+                        self.kb,
+                        self.report,
+                        concurrency=self.concurrency,
+                        display=self.display,
+                        on_running=self._running,
+                    )
+                )
+                try:
+                    await self._attempt
+                    failure: BaseException = _StoppedOnItsOwn()
+                except asyncio.CancelledError:
+                    if not self._stopping:
+                        raise  # run() itself was cancelled
+                    return
+                except Exception as exc:
+                    failure = exc
+                if self._stopping:
+                    if not isinstance(failure, _StoppedOnItsOwn):
+                        log.warning("worker: stopping ended with an error: %s", as_worker_error(failure))
+                    return
+                if time.monotonic() - began >= self.settled_seconds:
+                    delay = self.first_delay  # it had run a while: a new outage starts the backoff over
+                error = (
+                    errors.WorkerFailed("the worker stopped on its own (a side task lost the database; see above)")
+                    if isinstance(failure, _StoppedOnItsOwn)
+                    else as_worker_error(failure)
+                )
+                self.last_error, self.last_error_at = error, datetime.now(UTC)
+                self.restarts += 1
+                self.state = "restarting"
+                log.error("worker stopped: %s: %s; restarting it in %.0f s", type(error).__name__, error, delay)
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, self.max_delay)
+        finally:
+            self.state = "stopped"
+
+    def describe(self, shown: Callable[[str], str] = str) -> dict:
+        """What ``/ready`` tells of the worker: ``{"worker": state}`` plus, after a failure,
+        ``worker_error`` (``type``, ``message`` passed through ``shown`` — deployment facts hidden
+        by the caller, design §16 —, ``at`` ISO 8601 UTC) and ``worker_restarts``."""
+        body: dict[str, object] = {"worker": self.state}
+        if self.last_error is not None and self.last_error_at is not None:
+            body["worker_error"] = {
+                "type": type(self.last_error).__name__,
+                "message": shown(str(self.last_error)),
+                "at": self.last_error_at.isoformat(timespec="seconds"),
+            }
+            body["worker_restarts"] = self.restarts
+        return body
 
 
 async def run_worker_async(
@@ -334,10 +536,14 @@ async def run_worker_async(
     concurrency: int = 1,
     display: ProgressDisplay | None = None,
     install_signal_handlers: bool = False,
+    on_running: Callable[[], None] | None = None,
 ) -> None:
     """The worker loop of ``run_worker`` on the running event loop, filling ``report`` (also when
-    ``kb serve --with-worker`` runs it beside the HTTP API). Cancelling the task stops the worker
-    gracefully: it fetches nothing more and waits for the jobs it holds to finish."""
+    ``kb serve --with-worker`` runs it beside the HTTP API, through ``WorkerSupervisor``).
+    Cancelling the task stops the worker gracefully: it fetches nothing more and waits for the
+    jobs it holds to finish. ``on_running`` is called once the job queue is open, before the
+    first fetch. Raises what loses the database (DatabaseUnavailable, Procrastinate's
+    ConnectorException); returns without error when Procrastinate stops on its own."""
     from kb.jobs import tasks as jobs
 
     connector = jobs.connector_for(kb)
@@ -353,6 +559,8 @@ async def run_worker_async(
     try:
         with jobs.app.replace_connector(connector) as bound:
             async with bound.open_async():
+                if on_running is not None:
+                    on_running()
                 while True:
                     await bound.run_worker_async(
                         queues=queues,

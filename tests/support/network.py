@@ -28,6 +28,15 @@ class Relay:
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def reopen(self) -> None:
+        """Relay again on the same port after ``close()`` (the database is back)."""
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        with self.lock:
+            self.sockets = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
     def _accept(self) -> None:
         import threading
 

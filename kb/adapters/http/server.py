@@ -24,7 +24,8 @@ worktree. Other routers (the MCP endpoint, citations) mount on ``create_app(...)
 
 Shutdown (SIGTERM/SIGINT): uvicorn stops accepting connections and finishes in-flight requests,
 then the worker stops fetching and waits for the jobs it holds to finish, and every repository
-and turn is closed.
+and turn is closed. The in-process worker is restarted after a failure (a database outage) for as
+long as the server runs (design §7, ``kb.jobs.worker.WorkerSupervisor``); ``/ready`` says how it is.
 """
 
 from __future__ import annotations
@@ -478,7 +479,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        from kb.jobs.worker import ProgressDisplay, WorkerReport, run_worker_async
+        from kb.jobs.worker import ProgressDisplay, WorkerReport, WorkerSupervisor
 
         kb = await asyncio.to_thread(service.start)
         node = contextlib.AsyncExitStack()  # registered with its URL and heartbeating (design §15)
@@ -503,20 +504,22 @@ def create_app(
             app.state.worker_report = WorkerReport()
             # a line per job on stderr beside uvicorn's, as `kb worker` prints them off a terminal (design §13)
             display = ProgressDisplay(live=False, every=settings.progress_interval)
-            worker_task = asyncio.create_task(
-                run_worker_async(
-                    kb, app.state.worker_report, concurrency=concurrency, display=display, install_signal_handlers=False
-                )
+            # restarted after a database outage, for as long as the server runs (design §7)
+            supervisor = app.state.worker = WorkerSupervisor(
+                kb, app.state.worker_report, concurrency=concurrency, display=display
             )
+            worker_task = asyncio.create_task(supervisor.run())
         try:
             async with mcp_lifespan():  # commits every open MCP turn when the server stops
                 yield
         finally:
             service.ready = False
             if worker_task is not None:
-                worker_task.cancel()  # Procrastinate: stop fetching, finish the jobs in hand
-                with contextlib.suppress(asyncio.CancelledError):
+                app.state.worker.stop()  # Procrastinate: stop fetching, finish the jobs in hand
+                try:
                     await worker_task
+                except (Exception, asyncio.CancelledError) as exc:  # never fail the shutdown for it
+                    log.warning("worker: stopping ended with an error: %s", type(exc).__name__)
                 display.close()
                 log.info("worker stopped: %s", app.state.worker_report.summary())
             await node.aclose()
@@ -578,14 +581,21 @@ def create_app(
 
     @app.get("/ready", tags=["operations"])
     def ready() -> dict:
-        """Readiness: the embedder is loaded and the database answers (503 otherwise)."""
+        """Readiness: the embedder is loaded and the database answers (503 otherwise). ``worker``:
+        false without ``--with-worker``, else the in-process worker's state (``"starting"``,
+        ``"running"``, ``"restarting"`` after a failure, design §7) with ``worker_error`` (type,
+        message without deployment facts, when) and ``worker_restarts`` once it failed."""
         if not service.ready:
             raise HTTPException(503, "starting or stopping")
         try:
             service.check_database()
         except errors.KbError as exc:  # anybody may ask: where the database is stays untold (design §16)
             raise HTTPException(503, access.shown(str(exc), None)) from exc
-        return {"status": "ready", "worker": with_worker}
+        supervisor = getattr(app.state, "worker", None)
+        if supervisor is None:
+            return {"status": "ready", "worker": False}
+        # anybody may ask: the error's message without where the database is (design §16)
+        return {"status": "ready"} | supervisor.describe(lambda text: access.shown(text, None))
 
     mcp_endpoint = _LateMount()
     app.mount("/mcp", McpGate(mcp_endpoint, access))
