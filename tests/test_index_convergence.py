@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from support.embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
+from support.embedders import CountingEmbedder, NaNEmbedder, OverflowEmbedder, PoisonEmbedder
 from support.generated_documents import generated_corpus, generated_paragraphs, named_rows, write_all
 from support.named_queries import queries
 
@@ -197,6 +197,17 @@ def test_nan_vector_fails_only_its_document(kb):
     report = kb.index(1)
     assert report.documents_indexed == 1 and report.documents_failed == 1
     assert "NaN" in report.failures["/documents/b.md"]
+    assert {r["path"] for r in _chunk_set(kb, 1)} == {"/documents/a.md"}
+
+
+def test_a_float64_vector_beyond_float4s_range_fails_only_its_document(kb):
+    """A float64 value finite as float64 (1e39) is inf as the float4 pgvector stores: that text is
+    refused as NaN/inf is, and the others of the batch are indexed (design §7)."""
+    kb.use_embedder(OverflowEmbedder())
+    write_all(kb, 1, {"/documents/a.md": "fine words\n", "/documents/b.md": "has HUGETEXT inside\n"})
+    report = kb.index(1)
+    assert report.documents_indexed == 1 and report.documents_failed == 1
+    assert "inf" in report.failures["/documents/b.md"]
     assert {r["path"] for r in _chunk_set(kb, 1)} == {"/documents/a.md"}
 
 

@@ -447,8 +447,11 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
 
     if vectors.shape != (count, dim):
         raise EmbeddingError(f"embedder returned shape {vectors.shape}, expected ({count}, {dim})")
-    finite = np.isfinite(vectors).all(axis=1)
-    return [None if ok else "embedding contains NaN or inf" for ok in finite]
+    # finite as the float4 pgvector stores (design §7): a float64 beyond float4's range (1e39) is
+    # inf there, and Postgres would refuse the whole batch's statement
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(vectors.astype(np.float32, copy=False)).all(axis=1)
+    return [None if ok else "embedding contains NaN or inf (as float4)" for ok in finite]
 
 
 @functools.cache
