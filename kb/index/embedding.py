@@ -450,7 +450,8 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
     # finite as the float4 pgvector stores (design §7): a float64 beyond float4's range (1e39) is
     # inf there, and Postgres would refuse the whole batch's statement
     with np.errstate(over="ignore", invalid="ignore"):
-        finite: list[bool] = np.isfinite(vectors.astype(np.float32, copy=False)).all(axis=1).tolist()
+        as_float4: np.ndarray = vectors.astype(np.float32)
+    finite = np.isfinite(as_float4).all(axis=1)
     return [None if ok else "embedding contains NaN or inf (as float4)" for ok in finite]
 
 
