@@ -94,3 +94,18 @@ def test_the_next_run_after_a_bulk_run_that_died_builds_the_index_again(kb, monk
     kb.use_embedder(CountingEmbedder())
     kb.index(1)
     assert _index_present(kb, embedder.model) == (True, True)
+
+
+def test_the_sweep_that_ends_a_dead_bulk_runs_deferral_queues_the_index_build(kb, monkeypatch):
+    """The sweep recounts what a dead bulk run left deferred; the run had dropped the HNSW index
+    too, so the sweep queues kb.maintain_vector_index for the workspace (design §7, §8): the next
+    index run finds no deferral and would not build it."""
+    _indexed_workspace_with_hnsw(kb, monkeypatch)
+    _bulk_import(kb, marker="\nSTOP HERE\n")
+    kb.use_embedder(StoppingEmbedder("STOP HERE"))
+    with pytest.raises(WorkerStopped):
+        kb.index(1)
+    kb.use_embedder(CountingEmbedder())
+    assert kb.sweep().term_stats_recounted == [1]
+    queued = [j for j in named_rows(kb, "test_jobs") if j["task_name"] == "kb.maintain_vector_index"]
+    assert [(j["status"], j["args"]) for j in queued] == [("todo", {"workspace_id": 1})]
