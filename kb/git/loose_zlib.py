@@ -26,9 +26,9 @@ text each)."""
 PROCESS_SEGMENTS = 1024
 """Compressed segments remembered per process and zlib level, shared by every repository
 (:func:`shared`): ~17 MB of text and compressed bytes at most. One compressor per repository
-remembered up to CACHE_SEGMENTS each, and a process keeps every workspace's repository it wrote:
-a server writing big folders in many workspaces grew by megabytes per workspace (12 workspaces of
-2,000 documents: +1.3 MB each after 3 writes, up to ~4 MB each), without bound."""
+remembered up to CACHE_SEGMENTS each (about one new segment per revision of a big folder: ~4 MB
+after a few hundred revisions), and a process keeps every workspace's repository it wrote, so a
+server writing big folders in many workspaces grew by that much per workspace, without bound."""
 _CUT = b"\0\0"
 _FLUSHED = b"\0\0\xff\xff"
 """How a full flush ends a segment's blocks (an empty stored block)."""
