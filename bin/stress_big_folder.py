@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -140,7 +141,10 @@ def writer(k: int, url: str, storage: str, seconds: float, results: str, seed: i
             except CommitOutcomeUnknown as exc:
                 record.update(reported="unknown", error=f"{type(exc).__name__}: {exc}"[:300])
             except KbError as exc:
-                record.update(reported="failed", error=f"{type(exc).__name__}: {exc}"[:300])
+                frames = [
+                    f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)
+                ]
+                record.update(reported="failed", error=f"{type(exc).__name__}: {exc}"[:300], where=frames[-8:])
             except Exception as exc:
                 record.update(reported="raw", error=f"{type(exc).__name__}: {exc}"[:300])
             out.write(json.dumps(record) + "\n")
@@ -259,6 +263,11 @@ def main() -> int:
                     problems.append(f"lost: {o['kind']} {o['op']} reported {o['revision']}, git {actual}")
                 if o["reported"] in ("failed", "raw", "empty") and actual is not None:
                     problems.append(f"misreported: {o['kind']} {o['op']} {o.get('error')} but {actual} landed")
+                    problems.append(f"  raised at {o.get('where')}")
+                    around = git(repo, "log", "--format=%H %P %an %s", "-n", "6", actual).stdout
+                    problems.append(f"  history up to it: {around}")
+                    reflog = git(repo, "reflog", "--format=%H %gs", "-n", "400", check=False).stdout
+                    problems.append(f"  reflog: {[line for line in reflog.splitlines() if line.startswith(actual)]}")
             for o in outcomes.values():
                 if o["reported"] == "failed":
                     print(f"failed (truthfully, not in git): {o['kind']}: {o['error'][:200]}")
