@@ -79,3 +79,33 @@ def test_a_bulk_run_that_dies_leaves_the_index_to_the_maintenance_job(kb, monkey
     assert len(kb.search(1, "the", k=5)) == 5  # exact scans answer
     assert vector_index.maintain(kb.database_url, 1, embedder.model, embedder.dim).action == "built"
     assert _index_present(kb, embedder.model) == (True, True)
+
+
+def test_the_next_run_after_a_bulk_run_that_died_builds_the_index_again(kb, monkeypatch):
+    """A ``kb index`` killed in a bulk run leaves no index and no worker job to build it (only a
+    worker's index job defers kb.maintain_vector_index): the workspace's next run, which finds the
+    dead run's deferral, builds it when it has finished (design §7, §8)."""
+    embedder = _indexed_workspace_with_hnsw(kb, monkeypatch)
+    _bulk_import(kb, marker="\nSTOP HERE\n")
+    kb.use_embedder(StoppingEmbedder("STOP HERE"))
+    with pytest.raises(WorkerStopped):
+        kb.index(1)
+    assert _index_present(kb, embedder.model) == (False, False)
+    kb.use_embedder(CountingEmbedder())
+    kb.index(1)
+    assert _index_present(kb, embedder.model) == (True, True)
+
+
+def test_the_sweep_that_ends_a_dead_bulk_runs_deferral_queues_the_index_build(kb, monkeypatch):
+    """The sweep recounts what a dead bulk run left deferred; the run had dropped the HNSW index
+    too, so the sweep queues kb.maintain_vector_index for the workspace (design §7, §8): the next
+    index run finds no deferral and would not build it."""
+    _indexed_workspace_with_hnsw(kb, monkeypatch)
+    _bulk_import(kb, marker="\nSTOP HERE\n")
+    kb.use_embedder(StoppingEmbedder("STOP HERE"))
+    with pytest.raises(WorkerStopped):
+        kb.index(1)
+    kb.use_embedder(CountingEmbedder())
+    assert kb.sweep().term_stats_recounted == [1]
+    queued = [j for j in named_rows(kb, "test_jobs") if j["task_name"] == "kb.maintain_vector_index"]
+    assert [(j["status"], j["args"]) for j in queued] == [("todo", {"workspace_id": 1})]

@@ -6,11 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from support.embedders import CountingEmbedder, NaNEmbedder, PoisonEmbedder
+from support.embedders import CountingEmbedder, NaNEmbedder, OverflowEmbedder, PoisonEmbedder
 from support.generated_documents import generated_corpus, generated_paragraphs, named_rows, write_all
 from support.named_queries import queries
 
 from kb.db import database
+from kb.errors import EmbeddingError
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunker
 from kb.index.embedding import HashingEmbedder
@@ -198,6 +199,29 @@ def test_nan_vector_fails_only_its_document(kb):
     assert report.documents_indexed == 1 and report.documents_failed == 1
     assert "NaN" in report.failures["/documents/b.md"]
     assert {r["path"] for r in _chunk_set(kb, 1)} == {"/documents/a.md"}
+
+
+def test_a_float64_vector_beyond_float4s_range_fails_only_its_document(kb):
+    """A float64 value finite as float64 (1e39) is inf as the float4 pgvector stores: that text is
+    refused as NaN/inf is, and the others of the batch are indexed (design §7)."""
+    kb.use_embedder(OverflowEmbedder())
+    write_all(kb, 1, {"/documents/a.md": "fine words\n", "/documents/b.md": "has HUGETEXT inside\n"})
+    report = kb.index(1)
+    assert report.documents_indexed == 1 and report.documents_failed == 1
+    assert "inf" in report.failures["/documents/b.md"]
+    assert {r["path"] for r in _chunk_set(kb, 1)} == {"/documents/a.md"}
+
+
+@pytest.mark.parametrize("embedder", [NaNEmbedder("QUERYMARK"), OverflowEmbedder("QUERYMARK")])
+def test_a_query_vector_with_nan_or_beyond_float4_is_refused_as_an_embedding_error(kb, embedder):
+    """A search whose query embeds to NaN, inf or a float64 beyond float4's range answers
+    EmbeddingError (a KbError), not the psycopg error of the statement Postgres refuses."""
+    write_all(kb, 1, {"/documents/a.md": "fine words\n"})
+    kb.index(1)
+    kb.use_embedder(embedder)
+    assert [e.path for e in kb.search(1, "fine words", k=1)] == ["/documents/a.md"]
+    with pytest.raises(EmbeddingError):
+        kb.search(1, "fine QUERYMARK", k=1)
 
 
 def test_unindexable_documents_stay_in_git_and_do_not_fail_the_job(kb):

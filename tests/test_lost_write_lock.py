@@ -10,6 +10,7 @@ through the window that opens.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -176,3 +177,43 @@ def test_a_writer_that_lost_its_lock_to_another_writer_says_so_and_what_landed(w
     assert "session holding the lock ended" in message and "did not land" in message
     assert ws.write_outcome(WS, "key-l") is None
     assert ws.head(WS) == other["/documents/x.md"].id
+
+
+def test_a_leader_whose_ref_update_fails_tells_the_outcome_another_holder_recorded(kb, monkeypatch):
+    """A group's leader whose ref update fails (git's ref lock held: ``git gc`` packing refs, a
+    git command) rolls back and withdraws its queued intent; a writer that took the lock in
+    between claimed that intent and recorded it. The leader must answer with that revision, not
+    "Nothing was recorded; retry" (design §3: kb never lies about a write's outcome)."""
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "t") as tx:
+        tx.write("/documents/seed.md", "seed\n")
+    repo_path = kb.settings.knowledge_store / str(WS)
+    lock_file = repo_path / ".git" / "refs" / "heads" / "main.lock"
+    other = KnowledgeBase(kb.settings, kb.database_url)
+    original = KnowledgeStore._withdraw_quietly
+    interleaved: list = []
+
+    def withdraw_after_another_holder(self, intent_id):
+        if not interleaved:  # the leader's group failed: its lock is free, its intent still queued
+            lock_file.unlink()
+            with other.transaction(WS, "the other writer", "o") as other_tx:
+                other_tx.write("/documents/other.md", "other\n")
+            interleaved.append(other_tx.revision)
+        return original(self, intent_id)
+
+    monkeypatch.setattr(KnowledgeStore, "_withdraw_quietly", withdraw_after_another_holder)
+    lock_file.write_text("held by a git command\n")
+    outcome: object
+    try:
+        with kb.transaction(WS, "the leader's write", "l") as tx:
+            tx.write("/documents/leader.md", "leader\n")
+        outcome = tx.revision
+    except KbError as exc:
+        outcome = exc
+    log = subprocess.run(
+        ["git", "-C", str(repo_path), "log", "--format=%s"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert interleaved and "the leader's write" in log  # the other holder recorded it
+    assert not isinstance(outcome, KbError), f"landed, but the leader said: {outcome}"
+    assert outcome is not None and kb.read(WS, "/documents/leader.md") == b"leader\n"
+    other.close()

@@ -301,3 +301,27 @@ def test_big_trees_are_written_from_remembered_segments_that_git_reads(tmp_path)
     assert fresh.lookup(fresh.tree_id(commit.id.decode()), "Flat/note 750 b.md") == blobs[0]
     fresh.close()
     repo.close()
+
+
+def test_the_remembered_segments_are_bounded_per_process_not_per_repository(tmp_path, monkeypatch):
+    """A process writing big folders in many repositories (workspaces) remembers at most
+    PROCESS_SEGMENTS compressed segments in all, not CACHE_SEGMENTS more per repository; what each
+    writes is still read by git (design §2.1)."""
+    monkeypatch.setattr(loose_zlib, "PROCESS_SEGMENTS", 24)
+    loose_zlib.reset()
+    try:
+        repos = []
+        for k in range(6):
+            repo = Repository.create(tmp_path / f"repo{k}")
+            blobs = repo.add_blobs([f"note {k} {i}\n".encode() for i in range(1500)])
+            tree = repo.build_tree(None, [(f"Flat/note {k} {i}.md", blobs[i]) for i in range(1500)])
+            commit = repo.make_commit(tree, None, "big", "t", "t")
+            assert repo.advance(None, commit.id.decode())
+            repos.append(repo)
+        compressors = {id(r._compressor): r._compressor for r in repos if r._compressor is not None}
+        assert compressors and sum(len(c._segments) for c in compressors.values()) <= 24
+        for k in range(6):
+            git(tmp_path / f"repo{k}", "fsck", "--strict", "--no-dangling")
+            repos[k].close()
+    finally:
+        loose_zlib.reset()

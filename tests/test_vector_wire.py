@@ -34,3 +34,23 @@ def test_binary_vectors_store_the_float4s_the_text_form_stores(database_url):
         with conn.cursor(binary=True) as cur:
             [row] = cur.execute(queries["test_vectors_binary_as_floats"], {"vectors": [vector_wire.vector_bytes(wide)]})
         assert np.array_equal(np.asarray(row["floats"], dtype=np.float32), wide.astype(np.float32))
+
+
+def test_odd_floats_travel_exactly_and_nan_or_inf_is_refused_before_postgres(database_url):
+    """-0.0, float4 subnormals and float64 input arrive as the float4s they round to; NaN, inf and
+    a float64 beyond float4's range are refused with EmbeddingError (not a psycopg error from the
+    statement), as is an array that is not a vector."""
+    import pytest
+
+    from kb.errors import EmbeddingError
+
+    odd = np.array([-0.0, 1e-45, -1.4e-45, 1.17e-38, 3.4028234e38, 1e-50, 0.1], dtype=np.float64)
+    with database.connect(database_url, autocommit=True) as conn:
+        vector_wire.register(conn)
+        with conn.cursor(binary=True) as cur:
+            [row] = cur.execute(queries["test_vectors_binary_as_floats"], {"vectors": [vector_wire.vector_bytes(odd)]})
+        back = np.asarray(row["floats"], dtype=np.float32)
+        assert back.tobytes() == odd.astype(np.float32).tobytes()  # -0.0 keeps its sign bit
+    for bad in ([np.nan, 1.0], [np.inf, 0.0], [1e39, 0.0], [[1.0, 2.0]], [], np.zeros(16001)):
+        with pytest.raises(EmbeddingError):
+            vector_wire.vector_bytes(np.asarray(bad, dtype=np.float64))

@@ -23,7 +23,7 @@ from psycopg.adapt import Dumper, Loader
 from psycopg.pq import Format
 from psycopg.types import TypeInfo
 
-from kb.errors import ConfigurationError
+from kb.errors import ConfigurationError, EmbeddingError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from kb.db.database import Connection
 
 _HEADER = struct.Struct(">HH")
+MAX_DIMENSIONS = 16000
+"""pgvector's limit on a vector's dimensions (VECTOR_MAX_DIM)."""
 
 
 class VectorBytes:
@@ -52,10 +54,19 @@ class VectorBytes:
 
 
 def vector_bytes(vector: np.ndarray) -> VectorBytes:
-    """``vector`` (a 1-d array of finite floats) in pgvector's binary form, as float4."""
+    """``vector`` (a 1-d array of floats, of at most 16,000 dimensions, pgvector's limit) in
+    pgvector's binary form, as float4 (float64 rounded once, to the nearest float4; -0.0 and
+    subnormals kept). Raises EmbeddingError when a value is NaN or infinite as a float4 (a float64
+    beyond float4's range too: Postgres would refuse the statement carrying it, design §7) or the
+    array is not a 1-d vector of 1 to 16,000 values."""
     import numpy as np
 
-    values = np.asarray(vector, dtype=">f4")
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = np.asarray(vector, dtype=">f4")
+    if values.ndim != 1 or not 0 < values.shape[0] <= MAX_DIMENSIONS:
+        raise EmbeddingError(f"a vector must have 1 to {MAX_DIMENSIONS} values, not shape {values.shape}")
+    if not np.isfinite(values).all():
+        raise EmbeddingError("a vector holds NaN or inf (as float4): pgvector stores finite values only")
     return VectorBytes(_HEADER.pack(values.shape[0], 0) + values.tobytes())
 
 

@@ -21,10 +21,39 @@ import zlib
 MIN_BYTES = 32768
 """Texts shorter than this are compressed whole (as dulwich does)."""
 CACHE_SEGMENTS = 256
-"""Compressed segments remembered per repository (most recently used; ~10 kB of text each)."""
+"""Compressed segments a SegmentedCompressor remembers by default (most recently used; ~10 kB of
+text each)."""
+PROCESS_SEGMENTS = 1024
+"""Compressed segments remembered per process and zlib level, shared by every repository
+(:func:`shared`): ~17 MB of text and compressed bytes at most. One compressor per repository
+remembered up to CACHE_SEGMENTS each (about one new segment per revision of a big folder: ~4 MB
+after a few hundred revisions), and a process keeps every workspace's repository it wrote, so a
+server writing big folders in many workspaces grew by that much per workspace, without bound."""
 _CUT = b"\0\0"
 _FLUSHED = b"\0\0\xff\xff"
 """How a full flush ends a segment's blocks (an empty stored block)."""
+
+
+_shared: dict[int, SegmentedCompressor] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(level: int) -> SegmentedCompressor:
+    """The process's compressor of ``level`` (remembering PROCESS_SEGMENTS segments), shared by
+    every repository: a segment's compressed bytes depend on its text and the level only, so any
+    repository may use another's (design §2.1)."""
+    with _shared_lock:
+        compressor = _shared.get(level)
+        if compressor is None:
+            compressor = _shared[level] = SegmentedCompressor(level, PROCESS_SEGMENTS)
+        return compressor
+
+
+def reset() -> None:
+    """Forget the shared compressors (the next :func:`shared` makes new ones, with the current
+    PROCESS_SEGMENTS)."""
+    with _shared_lock:
+        _shared.clear()
 
 
 def _deflate(data: bytes, level: int) -> bytes:

@@ -799,7 +799,7 @@ class Repository(WorktreeRefresh):
         if isinstance(obj, Tree) and obj.raw_length() >= loose_zlib.MIN_BYTES:
             compressor = self._compressor
             if compressor is None or compressor.level != level:
-                compressor = self._compressor = loose_zlib.SegmentedCompressor(level)
+                compressor = self._compressor = loose_zlib.shared(level)  # one per process, bounded
             return compressor.compress(obj._header(), obj.as_raw_string())
         return obj.as_legacy_object(compression_level=level)
 

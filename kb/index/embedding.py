@@ -416,13 +416,23 @@ def query_vector(embedder: Embedder, text: str) -> list[float]:
     """The vector of search query ``text`` as a list of floats: through the embedder's own
     ``query_vector`` when it has one (the hashing embedder: no numpy in a one-shot search, design
     §13), else its ``embed_query`` (models that embed a query unlike a passage: e5's prefix,
-    design §7), else ``embed``."""
+    design §7), else ``embed``. Raises EmbeddingError when a value is NaN or infinite as the
+    float4 pgvector compares (a float64 beyond float4's range too): Postgres would refuse the
+    search's statement."""
     vectorize = getattr(embedder, "query_vector", None)
     if vectorize is not None:
-        return vectorize(text)
-    embed_query = getattr(embedder, "embed_query", None)
-    vector = embed_query(text) if embed_query is not None else embedder.embed([text])[0]
-    return vector.tolist()
+        values = vectorize(text)
+    else:
+        embed_query = getattr(embedder, "embed_query", None)
+        vector = embed_query(text) if embed_query is not None else embedder.embed([text])[0]
+        values = vector.tolist()
+    if not (all(map(math.isfinite, values)) and max(map(abs, values), default=0.0) <= FLOAT4_MAX):  # C-level loops
+        raise EmbeddingError("the query's embedding contains NaN or inf (as float4); the embedder is broken")
+    return values
+
+
+FLOAT4_MAX = 3.4028234663852886e38
+"""The largest finite float4: a float beyond it is inf where pgvector stores and compares it."""
 
 
 def configured_languages(settings: Settings) -> frozenset[str] | None:
@@ -447,8 +457,12 @@ def check_vectors(vectors: np.ndarray, count: int, dim: int) -> list[str | None]
 
     if vectors.shape != (count, dim):
         raise EmbeddingError(f"embedder returned shape {vectors.shape}, expected ({count}, {dim})")
-    finite = np.isfinite(vectors).all(axis=1)
-    return [None if ok else "embedding contains NaN or inf" for ok in finite]
+    # finite as the float4 pgvector stores (design §7): a float64 beyond float4's range (1e39) is
+    # inf there, and Postgres would refuse the whole batch's statement
+    with np.errstate(over="ignore", invalid="ignore"):
+        as_float4: np.ndarray = vectors.astype(np.float32)
+    finite = np.isfinite(as_float4).all(axis=1)
+    return [None if ok else "embedding contains NaN or inf (as float4)" for ok in finite]
 
 
 @functools.cache

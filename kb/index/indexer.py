@@ -236,7 +236,10 @@ class Indexer:
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
         self._vector_index_suspended = False
-        """Whether this run dropped the workspace's HNSW index for its load (``_bulk_run``)."""
+        """Whether this run dropped the workspace's HNSW index for its load (``_bulk_run``), or a
+        dead run's left dropped (``_dead_run_left_deferral``)."""
+        self._deferred_here = False
+        """Whether this run deferred the workspace's term statistics (``_bulk_run``)."""
         self._writer: ThreadPoolExecutor | None = None
         self._writer_conn: Connection | None = None
         self._cache_writes: list[Future[None]] | None = None
@@ -520,11 +523,21 @@ class Indexer:
             return
         backlog = conn.execute(queries["workspace_index_backlog"], {"workspace_id": workspace_id}).fetchone()
         if backlog["lagging"] >= BULK_RUN_DOCUMENTS and 2 * backlog["lagging"] >= backlog["documents"]:
+            if conn.execute(queries["term_stats_deferred"], {"workspace_id": workspace_id}).fetchone()["deferred"]:
+                self._dead_run_left_deferral()
             with conn.transaction():
                 conn.execute(queries["defer_term_stats"], {"workspace_id": workspace_id})
+            self._deferred_here = True
             # and the workspace's HNSW index, built again once the rows are in
             if vector_index.suspend_for_bulk_load(self.database_url, workspace_id, self.embedder.model):
                 self._vector_index_suspended = True
+
+    def _dead_run_left_deferral(self) -> None:
+        """A deferral this run did not make, under the index lock: a bulk run died, and it had
+        dropped the workspace's HNSW index too. Nothing else builds it when runs are ``kb index``
+        (only a worker's index job defers the maintenance job), so this run builds it when it has
+        finished (``_rebuild_vector_index``; kept when it is there, design §7, §8)."""
+        self._vector_index_suspended = True
 
     def _finish(self, conn, workspace_id, head, report) -> None:
         with conn.transaction():
@@ -534,6 +547,9 @@ class Indexer:
                 # under the chunk lock, which orders it before the statistics and workspace rows
                 chunk_lock(conn, workspace_id)
                 conn.execute(queries["recount_term_stats"], {"workspace_id": workspace_id})
+                if not self._deferred_here:
+                    self._dead_run_left_deferral()
+            self._deferred_here = False
             conn.execute(queries["set_index_stamp"], {"workspace_id": workspace_id, "revision_id": head})
             if report.run_id is not None:
                 conn.execute(queries["finish_index_run"], {"id": report.run_id})

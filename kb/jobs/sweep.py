@@ -22,6 +22,9 @@ from kb.store.authors import default_author
 from kb.store.homes import adopt_homeless, own_workspace_ids
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
 
+VECTOR_INDEX_TASK = "kb.maintain_vector_index"
+"""The job building a workspace's HNSW index (kb.jobs.tasks, which imports this module)."""
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -82,7 +85,8 @@ def record_missing_revisions(store: KnowledgeStore) -> bool:
 def recount_deferred_term_stats(database_url: str, own: set[int], report: SweepReport) -> None:
     """Recount the term statistics of every workspace in ``own`` that a bulk index run left
     deferred when it died (kb.deferred_term_stats, design §7), each under its index lock so no run
-    is under way (a running one recounts at its end; the workspace is skipped) and its chunk lock;
+    is under way (a running one recounts at its end; the workspace is skipped) and its chunk lock,
+    and queue ``kb.maintain_vector_index`` for it (the dead run had dropped its HNSW index, §8);
     adds them to ``report.term_stats_recounted``."""
     with database.connect(database_url, autocommit=True) as conn:
         deferred = [r["workspace_id"] for r in conn.execute(queries["deferred_term_stats_workspaces"])]
@@ -95,6 +99,9 @@ def recount_deferred_term_stats(database_url: str, own: set[int], report: SweepR
             with database.transaction(database_url) as conn:
                 chunk_lock(conn, ws)
                 conn.execute(queries["recount_term_stats"], {"workspace_id": ws})
+                # the dead run had dropped the workspace's HNSW index too; the next index run
+                # finds no deferral and builds none: the maintenance job does (kept if there)
+                defer_job(conn, "maintenance", VECTOR_INDEX_TASK, ws, queueing_lock=f"vector-index:{ws}")
         report.term_stats_recounted.append(ws)
 
 

@@ -52,7 +52,7 @@ from kb.db.nodes import node_queue
 from kb.db.sql import queries
 from kb.errors import WorkspaceNotFound
 from kb.jobs.routing import placement
-from kb.jobs.sweep import defer_failed_retry
+from kb.jobs.sweep import VECTOR_INDEX_TASK, defer_failed_retry
 from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PACK_TASK, PROJECTION_TASK, defer_job
 
 if TYPE_CHECKING:
@@ -372,7 +372,6 @@ def push_remote(context: procrastinate.JobContext, workspace_id: int) -> dict:
 
 
 # ---- per-workspace HNSW indexes (kb/index/vector_index.py) ----
-VECTOR_INDEX_TASK = "kb.maintain_vector_index"
 
 
 def defer_vector_index_if_large(stores: Stores, workspace_id: int) -> int | None:

@@ -93,6 +93,11 @@ __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace
 
 log = logging.getLogger(__name__)
 
+_SETTLED_BY_KEY = (DatabaseUnavailable, LockUnavailable, CommitOutcomeUnknown)
+"""kb's errors of a commit that ``transaction`` settles by the write's key (or that already say
+the outcome is unknown), design §3; any other KbError of a queued write is settled where it
+is raised (``_commit_queued``)."""
+
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
 PREBUILD_PATHS = 256
@@ -705,15 +710,15 @@ class KnowledgeStore:
             outcome = self._withdraw(intent_id, draft.idempotency_key)
             if outcome is None:
                 raise
-        except BaseException:
-            if (
-                intent_id is not None
-                and self._withdraw_quietly(intent_id)
-                and draft.pending is None
-                and intent_id not in group_commit.read_journal(repo)
-            ):
+        except BaseException as exc:
+            withdrawn = intent_id is not None and self._withdraw_quietly(intent_id)
+            if withdrawn and draft.pending is None and intent_id not in group_commit.read_journal(repo):
                 draft.submitted = False  # withdrawn before any holder recorded it: nothing landed
-            raise
+            if withdrawn or intent_id is None or not isinstance(exc, KbError) or isinstance(exc, _SETTLED_BY_KEY):
+                raise  # (the errors settled by key: the caller asks Postgres, design §3)
+            # not withdrawn: a holder claimed the intent when this writer's group failed (its ref
+            # update refused: git's ref lock held) and recorded it — the answer is that outcome
+            outcome = self._recorded_outcome(intent_id, draft.idempotency_key, exc)
         group_commit.clear_journal(repo, journal)  # only once Postgres has committed (design §3)
         if outcome is not None:
             revision = group_commit.result_of(outcome)  # raises the error a holder recorded for it
@@ -855,7 +860,7 @@ class KnowledgeStore:
             draft.pending = own.revision.id if isinstance(own, _Built) else None
             try:
                 self._advance(conn, head0, head)
-            except WriteLockLost:
+            except KbError:  # WriteLockLost, or git's ref lock held: the ref did not move
                 group_commit.clear_journal(repo, others)  # those revisions never reached the branch
                 raise
         return own, [*others, *(i for i in journal if i not in others)]
@@ -1092,6 +1097,19 @@ class KnowledgeStore:
             group_commit.clear_journal(self.repository, [intent_id])
             raise CommitOutcomeUnknown(self.workspace_id, key, "the writer recording it with others died", landed)
         return None
+
+    def _recorded_outcome(self, intent_id: int, key: str, failure: KbError) -> dict:
+        """The outcome a holder recorded for this writer's intent after this writer's own attempt
+        failed with ``failure`` (the intent could not be withdrawn). Raises CommitOutcomeUnknown
+        when it cannot be read, ``failure`` when the intent holds none (design §3)."""
+        try:
+            with database.pooled_transaction(self.database_url) as conn:
+                outcome = group_commit.take(conn, intent_id)
+        except (KbError, psycopg.Error, OSError) as exc:
+            raise CommitOutcomeUnknown(self.workspace_id, key, str(failure).splitlines()[0], None) from exc
+        if outcome is None:
+            raise failure
+        return outcome
 
     def _withdraw_quietly(self, intent_id: int) -> bool:
         """Best effort, on the way out of a failed commit: withdraw the queued intent so that no

@@ -81,3 +81,19 @@ class StoppingEmbedder(CountingEmbedder):
             self.stopped = True
             raise WorkerStopped
         return super().embed(texts)
+
+
+class OverflowEmbedder(HashingEmbedder):
+    """Returns float64 vectors, one of them finite as float64 but beyond float4's range for texts
+    with ``marker`` (a model computing in double precision that overflows float4)."""
+
+    def __init__(self, marker: str = "HUGETEXT") -> None:
+        super().__init__()
+        self.marker = marker
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        vectors = super().embed(texts).astype(np.float64)
+        for i, text in enumerate(texts):
+            if self.marker in text:
+                vectors[i, 0] = 1e39
+        return vectors
