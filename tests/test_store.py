@@ -723,3 +723,55 @@ def test_revert_keeps_the_work_of_later_revisions(kb):
     assert kb.read(4, "/documents/new.md") == b"draft, then finished\n"
     assert kb.read(4, "/documents/B/x.md") == b"someone else's page\n"
     assert "/documents/C/x.md" not in kb.list_paths(4)
+
+
+def _edit_after_the_revert_began(monkeypatch, kb, ws, *ops):
+    """Interleave a real writer between the revert's draft snapshot and its commit: the revert's
+    ``_move_back`` runs inside its draft, so a commit made there lands on the head after the
+    revert read the document and before it records."""
+    from kb.store.knowledge_store import KnowledgeStore
+
+    original = KnowledgeStore._move_back
+
+    def then_another_writer(self, *args, **kwargs):
+        carried = original(self, *args, **kwargs)
+        monkeypatch.setattr(KnowledgeStore, "_move_back", original)
+        commit(kb, ws, *ops, message="a writer meanwhile")
+        return carried
+
+    monkeypatch.setattr(KnowledgeStore, "_move_back", then_another_writer)
+
+
+def test_a_revert_keeps_an_edit_that_lands_while_it_runs(kb, monkeypatch):
+    """design §3, §5: the revert reads the document as the revision left it, then another writer
+    edits it before the revert records: that edit survives (merged), as a later edit made before
+    the revert began does. It was overwritten with the parent's bytes (a plain write)."""
+    lines = "".join(f"line {i}\n" for i in range(1, 11))
+    commit(kb, 5, ("write", "/documents/plan.md", lines))
+    edit = commit(kb, 5, ("write", "/documents/plan.md", lines.replace("line 2\n", "line two\n")))
+    _edit_after_the_revert_began(
+        monkeypatch,
+        kb,
+        5,
+        ("write", "/documents/plan.md", lines.replace("line 2\n", "line two\n").replace("line 9\n", "line nine\n")),
+    )
+    assert kb.revert(5, edit.id, "t") is not None
+    assert kb.read(5, "/documents/plan.md") == lines.replace("line 9\n", "line nine\n").encode()
+
+
+def test_reverting_twice_and_reverting_a_revert(kb):
+    """design §3: a second revert of one revision has nothing left to undo; a revert of the revert
+    puts back what the revert replaced; an overlapping later edit yields to the revert's lines
+    and stays in history."""
+    lines = "".join(f"line {i}\n" for i in range(1, 11))
+    commit(kb, 6, ("write", "/documents/plan.md", lines))
+    edit = commit(kb, 6, ("write", "/documents/plan.md", lines.replace("line 2\n", "line two\n")))
+    later = lines.replace("line 2\n", "line TWO\n")
+    overlap = commit(kb, 6, ("write", "/documents/plan.md", later))
+    undo = kb.revert(6, edit.id, "t")
+    assert undo is not None
+    assert kb.read(6, "/documents/plan.md") == lines.encode()
+    assert kb.revert(6, edit.id, "t") is None
+    assert kb.read(6, "/documents/plan.md", revision=overlap.id) == later.encode()
+    assert kb.revert(6, undo.id, "t") is not None  # puts back what the revert replaced
+    assert kb.read(6, "/documents/plan.md") == later.encode()

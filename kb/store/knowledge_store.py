@@ -1298,15 +1298,18 @@ class KnowledgeStore:
                 now = draft.content_id(path)
                 if now == before:
                     continue
-                if now == after:  # as the revision left it: put back what was there before
+                if now is None and after is not None:
+                    continue  # removed since: a later revision's decision, left as it is
+                if before is not None and after is not None:
+                    # as the revision left it, or edited since: undo the revision's edit only —
+                    # merged (base: as the revision left it) with the head the revert records on,
+                    # so an edit landing while the revert runs survives too (design §5)
+                    draft.write_merged(path, repo.blob(before), after, allow_keep=True)
+                elif now == after:  # as the revision left it: put back what was there before
                     if before is None:
                         draft.remove(path)
                     else:
                         draft.write(path, repo.blob(before), allow_keep=True)
-                elif now is None:
-                    continue  # removed since: a later revision's decision, left as it is
-                elif before is not None and after is not None:  # edited since: undo the revision's edit only
-                    draft.write_merged(path, repo.blob(before), after, allow_keep=True)
                 else:  # a document the revision added was changed since, or one was written where it removed one
                     taken.append((path, before))
             if taken:  # an artifact's later revisions are its own generations (design §11): undone with it
