@@ -775,3 +775,22 @@ def test_reverting_twice_and_reverting_a_revert(kb):
     assert kb.read(6, "/documents/plan.md", revision=overlap.id) == later.encode()
     assert kb.revert(6, undo.id, "t") is not None  # puts back what the revert replaced
     assert kb.read(6, "/documents/plan.md") == later.encode()
+
+
+def test_a_revert_never_removes_or_replaces_work_that_lands_while_it_runs(kb, monkeypatch):
+    """design §3: where the revert found a document as the revision left it and another writer
+    changes it before the revert records, the undo would remove or replace that work: PathExists,
+    nothing recorded — as when the change landed before the revert began. The revert deleted the
+    edited document it had added, and overwrote the document written where it had removed one."""
+    added = commit(kb, 8, ("write", "/documents/new.md", b"draft\n"))
+    _edit_after_the_revert_began(monkeypatch, kb, 8, ("write", "/documents/new.md", b"draft, then finished\n"))
+    with pytest.raises(PathExists, match="new.md"):
+        kb.revert(8, added.id, "t")
+    assert kb.read(8, "/documents/new.md") == b"draft, then finished\n"
+    assert len(kb.history(8)) == 2  # its addition and the edit meanwhile: no revert recorded
+    commit(kb, 8, ("write", "/documents/gone.md", b"old\n"))
+    removal = commit(kb, 8, ("remove", "/documents/gone.md"))
+    _edit_after_the_revert_began(monkeypatch, kb, 8, ("write", "/documents/gone.md", b"a new page\n"))
+    with pytest.raises(PathExists, match="gone.md"):
+        kb.revert(8, removal.id, "t")
+    assert kb.read(8, "/documents/gone.md") == b"a new page\n"

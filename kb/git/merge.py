@@ -26,7 +26,7 @@ from typing import cast
 
 from merge3 import Merge3
 
-from kb.errors import DocumentGone
+from kb.errors import DocumentGone, PathExists
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,14 @@ def _merge_line_by_line(
 @dataclass(frozen=True)
 class MergeRequest:
     """A draft's write that is an edit of ``base_blob`` (None: a document the writer created),
-    to be merged with whatever head holds at ``head_path`` when the revision is recorded."""
+    to be merged with whatever head holds at ``head_path`` when the revision is recorded.
+    ``exact``: no merge — the draft's write or removal there stands only if head still holds
+    ``base_blob`` (None: no document) or already what the draft puts there; else nothing is
+    recorded (PathExists: a revert never removes or replaces later work, design §3)."""
 
     base_blob: str | None
     head_path: str
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,9 +190,13 @@ def merge_staged(
     under the lock). ``repo`` is a ``kb.git.repository.Repository``.
     """
     results: dict[str, MergedBlob] = {}
-    gone = []
+    gone, changed = [], []
     for path, request in requests.items():
         theirs_blob = staged.get(path)
+        if request.exact:
+            if repo.lookup(head_tree, request.head_path) not in (request.base_blob, theirs_blob):
+                changed.append("/" + request.head_path)
+            continue
         if theirs_blob is None:
             continue
         head_blob = repo.lookup(head_tree, request.head_path)
@@ -205,6 +213,11 @@ def merge_staged(
         base = None if request.base_blob is None else repo.blob(request.base_blob)
         outcome = merge_documents("/" + path, base, repo.blob(head_blob), repo.blob(theirs_blob))
         results[path] = MergedBlob(head_blob, outcome, repo.add_blob(outcome.data))
+    if changed:
+        raise PathExists(
+            f"{', '.join(sorted(changed))}: changed by another revision since the writer began, and this "
+            "write would remove or replace that work; nothing was recorded. Look again, then retry"
+        )
     if gone:
         raise DocumentGone(
             f"{', '.join(gone)}: edited by this writer but removed by another revision since the writer "

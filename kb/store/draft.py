@@ -324,6 +324,17 @@ class Draft:
         self._merge_requests[repo_path] = MergeRequest(base_blob, self.origin_of(repo_path) or repo_path)
 
     @_owner_only
+    def expect_unchanged(self, path: str | StorePath, base_blob: str | None, *, allow_keep: bool = False) -> None:
+        """Make the draft's write or removal at ``path`` (made before this call) conditional: when
+        the revision is recorded, head must still hold ``base_blob`` there (None: no document) or
+        already what the draft puts there, else nothing is recorded (PathExists). A later write,
+        removal or move of ``path`` in the draft drops the condition. Used by a revert (design §3),
+        which must never remove or replace work that lands while it runs."""
+        repo_path = repo_path_of(path, allow_keep=allow_keep)
+        origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
+        self._merge_requests[repo_path] = MergeRequest(base_blob, origin or repo_path, exact=True)
+
+    @_owner_only
     def remove(self, path: str | StorePath, *, missing_ok: bool = False) -> None:
         """Remove the document, or every document of the folder, at ``path``.
 

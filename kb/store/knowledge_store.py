@@ -1310,6 +1310,9 @@ class KnowledgeStore:
                         draft.remove(path)
                     else:
                         draft.write(path, repo.blob(before), allow_keep=True)
+                    # only if it is still so when the revert records: never removes or replaces
+                    # work landing meanwhile (PathExists, nothing recorded)
+                    draft.expect_unchanged(path, after, allow_keep=True)
                 else:  # a document the revision added was changed since, or one was written where it removed one
                     taken.append((path, before))
             if taken:  # an artifact's later revisions are its own generations (design §11): undone with it
