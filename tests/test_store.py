@@ -794,3 +794,21 @@ def test_a_revert_never_removes_or_replaces_work_that_lands_while_it_runs(kb, mo
     with pytest.raises(PathExists, match="gone.md"):
         kb.revert(8, removal.id, "t")
     assert kb.read(8, "/documents/gone.md") == b"a new page\n"
+
+
+def test_a_revert_leaves_removed_a_document_removed_while_it_runs(kb, monkeypatch):
+    """design §3: a document the revision edited and a later revision removed stays removed —
+    also when the removal lands while the revert runs. The revert failed with DocumentGone (a
+    400 over HTTP) instead of reverting the rest."""
+    lines = "".join(f"line {i}\n" for i in range(1, 6))
+    commit(kb, 9, ("write", "/documents/plan.md", lines), ("write", "/documents/other.md", b"one\n"))
+    edit = commit(
+        kb,
+        9,
+        ("write", "/documents/plan.md", lines.replace("line 2\n", "line two\n")),
+        ("write", "/documents/other.md", b"two\n"),
+    )
+    _edit_after_the_revert_began(monkeypatch, kb, 9, ("remove", "/documents/plan.md"))
+    assert kb.revert(9, edit.id, "t") is not None
+    assert "/documents/plan.md" not in kb.list_paths(9)
+    assert kb.read(9, "/documents/other.md") == b"one\n"

@@ -38,6 +38,7 @@ from kb.db.sql import queries
 from kb.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
+    DocumentGone,
     DocumentNotFound,
     HistoryDiverged,
     InvalidInput,
@@ -101,6 +102,9 @@ is raised (``_commit_queued``)."""
 PROJECTION_TASK = "kb.project_changes"
 INDEX_TASK = "kb.index_changes"
 PREBUILD_PATHS = 256
+
+REVERT_ATTEMPTS = 3
+"""``revert``'s attempts when a document it merges back is removed while it runs (design §3)."""
 """Staged paths from which a writer checks and builds its revision's tree before the write lock
 (``KnowledgeStore._prebuild``): below it, building twice when the head moves meanwhile costs more
 than the lock time it saves."""
@@ -1284,10 +1288,33 @@ class KnowledgeStore:
         changes = self.list_changes(revision)
         first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
         text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
+        for attempt in range(REVERT_ATTEMPTS):
+            try:
+                return self._revert_once(revision, changes, parent_tree, text, author, committer, recorded is not None)
+            except DocumentGone:
+                # a document it puts back was removed while it ran (nothing recorded): removed
+                # since, it is left removed — the next attempt's snapshot has it so
+                if attempt == REVERT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _revert_once(
+        self,
+        revision: str,
+        changes: list[PathChange],
+        parent_tree: bytes | None,
+        text: str,
+        author: str,
+        committer: str | None,
+        recorded: bool,
+    ) -> Revision | None:
+        """One attempt of ``revert`` on a fresh draft (see there); raises as ``revert``, and
+        DocumentGone when a document it merges back was removed while it ran."""
+        repo = self.repository
         revision_tree = repo.tree_id(revision)
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
-            carried = self._move_back(draft, changes, revision, recorded is not None)
+            carried = self._move_back(draft, changes, revision, recorded)
             # where a moved document went back from, the revision's destination is no longer its
             # document's: what stands there now came later and stays
             released = {c.path for c in changes if c.change == "moved" and c.old_path in carried}
