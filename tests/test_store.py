@@ -812,3 +812,24 @@ def test_a_revert_leaves_removed_a_document_removed_while_it_runs(kb, monkeypatc
     assert kb.revert(9, edit.id, "t") is not None
     assert "/documents/plan.md" not in kb.list_paths(9)
     assert kb.read(9, "/documents/other.md") == b"one\n"
+
+
+def test_reverting_a_revision_that_moved_and_edited_undoes_its_edit_too(kb):
+    """design §3: a revert puts every path the revision touched back as it was in its parent. A
+    revision that moved a folder and edited a document in it was undone as a move only: the
+    document went back with the revision's own edit. Now its edit is undone as well, the edits
+    it got since kept (three-way merge)."""
+    commit(kb, 12, ("write", "/documents/F/a.md", b"a\nb\nc\n"), ("write", "/documents/F/b.md", b"x\n"))
+    moved = commit(kb, 12, ("move", "/documents/F", "/documents/G"), ("write", "/documents/G/a.md", b"A\nb\nc\n"))
+    undone = kb.revert(12, moved.id, "t")
+    assert tree(kb, 12) == {"/documents/F/a.md": b"a\nb\nc\n", "/documents/F/b.md": b"x\n"}
+    assert {c.path: c.change for c in undone.changes}["/documents/F/a.md"] == "moved"
+    moved = commit(kb, 12, ("move", "/documents/F/a.md", "/documents/H.md"), ("write", "/documents/H.md", b"A\nb\nc\n"))
+    commit(kb, 12, ("write", "/documents/H.md", b"A\nb\nC\n"), ("write", "/documents/G/new.md", b"n\n"))
+    assert kb.revert(12, moved.id, "t") is not None
+    assert tree(kb, 12) == {
+        "/documents/F/a.md": b"a\nb\nC\n",
+        "/documents/F/b.md": b"x\n",
+        "/documents/G/new.md": b"n\n",
+    }
+    assert kb.revert(12, moved.id, "t") is None

@@ -1314,7 +1314,7 @@ class KnowledgeStore:
         revision_tree = repo.tree_id(revision)
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
-            carried = self._move_back(draft, changes, revision, recorded)
+            carried = self._move_back(draft, changes, revision, recorded, parent_tree)
             # where a moved document went back from, the revision's destination is no longer its
             # document's: what stands there now came later and stays
             released = {c.path for c in changes if c.change == "moved" and c.old_path in carried}
@@ -1366,7 +1366,9 @@ class KnowledgeStore:
                 )
         return draft.revision
 
-    def _move_back(self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool) -> set[str]:
+    def _move_back(
+        self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool, parent_tree: bytes | None
+    ) -> set[str]:
         """Undo ``revision``'s recorded moves in ``draft`` as moves (``revert``, design §3); returns
         the old paths the moved documents went back to (the path-wise restore leaves them alone).
 
@@ -1436,6 +1438,13 @@ class KnowledgeStore:
         for source, target in hops:
             draft.move(source, target, overwrite=True)
             carried.add(target)
+        repo = self.repository
+        for _, change, _ in plan:  # a revision that moved and edited a document: its edit undone too
+            before = repo.lookup(parent_tree, change.old_path[1:])
+            if before is not None and change.content_id is not None and before != change.content_id:
+                # merged with the head the revert records on (base: as the revision left it), so
+                # the edits it got since stay (design §5)
+                draft.write_merged(change.old_path, repo.blob(before), change.content_id, allow_keep=True)
         return carried
 
     def restore(
