@@ -833,3 +833,14 @@ def test_reverting_a_revision_that_moved_and_edited_undoes_its_edit_too(kb):
         "/documents/G/new.md": b"n\n",
     }
     assert kb.revert(12, moved.id, "t") is None
+
+
+def test_reverting_the_addition_of_a_document_moved_since_refuses(kb):
+    """design §3: a document the revision added and a later revision moved is later work, as one
+    edited since: reverting the addition refuses (PathExists, nothing recorded). It answered
+    None, "nothing to revert", while the document it added was still there under its new path."""
+    added = commit(kb, 13, ("write", "/documents/x.md", b"x\n"), ("write", "/documents/y.md", b"y\n"))
+    commit(kb, 13, ("move", "/documents/x.md", "/documents/z.md"))
+    with pytest.raises(PathExists, match="x.md"):
+        kb.revert(13, added.id, "t")
+    assert tree(kb, 13) == {"/documents/y.md": b"y\n", "/documents/z.md": b"x\n"}

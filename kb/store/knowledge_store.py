@@ -1330,6 +1330,10 @@ class KnowledgeStore:
             for path in sorted(touched):
                 before, after = repo.lookup(parent_tree, path[1:]), repo.lookup(revision_tree, path[1:])
                 now = draft.content_id(path)
+                if now is None and before is None and after is not None:  # added by it, gone from there since
+                    if recorded and self._moved_on(path, revision):
+                        taken.append((path, before))  # moved on since: later work, not to be removed
+                    continue
                 if now == before:
                     continue
                 if now is None and after is not None:
@@ -1372,6 +1376,14 @@ class KnowledgeStore:
                     "later revisions first (`kb log PATH` lists them), or move or edit the document by hand"
                 )
         return draft.revision
+
+    def _moved_on(self, path: str, revision: str) -> bool:
+        """True when the document at ``path`` (virtual) in ``revision`` was moved by recorded
+        revisions since and is still somewhere (``current_path``): a revert of its addition
+        would remove later work (design §3)."""
+        with database.transaction(self.database_url) as conn:
+            found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), revision)
+        return found is not None and "/" + found != path
 
     def _move_back(
         self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool, parent_tree: bytes | None
