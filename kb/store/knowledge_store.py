@@ -1326,7 +1326,7 @@ class KnowledgeStore:
             # document's: what stands there now came later and stays
             released = {c.path for c in changes if c.change == "moved" and c.old_path in carried}
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried - released
-            taken = []
+            taken: list[tuple[str, str | None]] = []
             for path in sorted(touched):
                 before, after = repo.lookup(parent_tree, path[1:]), repo.lookup(revision_tree, path[1:])
                 now = draft.content_id(path)
