@@ -1272,9 +1272,13 @@ class KnowledgeStore:
         the document as the revision left it; where the later edits overlap the revision's, the
         revert's lines win and theirs stay in history); one removed since stays removed; where the
         undo would remove or replace later work (a document the revision added and others changed
-        since, or one written later where the revision removed one) nothing is reverted — but an
-        artifact's later revisions are its own generations and go with the revision that saved it
-        (design §11).
+        or moved since, or one written later where the revision removed one) nothing is reverted —
+        but an artifact's later revisions are its own generations and go with the revision that
+        saved it (design §11). A revision that moved and edited a document gets both undone (the
+        edit by the same merge). Work landing while the revert runs counts as later work: the
+        merges are made with the head the revert records on, and a removal or restore stands only
+        if the path still holds what the revert saw (``Draft.expect_unchanged``); a document
+        removed meanwhile stays removed (the revert tries again on a fresh snapshot).
 
         Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
         path to restore is now a folder holding documents, when a document the revision moved
