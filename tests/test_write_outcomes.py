@@ -296,3 +296,43 @@ def test_a_keyed_retry_with_nothing_to_record_never_answers_none_for_a_write_tha
     else:
         assert isinstance(landed, Revision) and answers["retry"].revision == landed.id
     assert len(ws.history(WS)) <= 2
+
+
+def test_a_keyed_retry_sent_while_the_first_commit_is_in_flight_answers_its_revision(ws, monkeypatch):
+    """design §3: a client's commit is still in flight (staging its blobs, not yet at the write
+    lock) when its retry — same key, a new turn with nothing to record — arrives. The retry
+    settled the key at once and answered None; then the first commit landed with that key. It now
+    waits for the first one and answers the revision it landed as."""
+    from kb.store.knowledge_store import KnowledgeStore
+    from kb.turns import turn as turn_module
+
+    staging, go = threading.Event(), threading.Event()
+    original = KnowledgeStore._stage_merged
+
+    def held_while_staging(self, draft):
+        monkeypatch.setattr(KnowledgeStore, "_stage_merged", original)
+        staging.set()
+        go.wait(60)
+        return original(self, draft)
+
+    monkeypatch.setattr(KnowledgeStore, "_stage_merged", held_while_staging)
+    answers: dict = {}
+    busy, idle = ws.turn(WS, "agent-8", "w"), ws.turn(WS, "agent-9", "w")
+    busy.write("/documents/base.md", "base\nmore\n")
+    first = threading.Thread(target=lambda: answers.setdefault("first", busy.commit("f", idempotency_key="k-2")))
+    retry = threading.Thread(target=lambda: answers.setdefault("retry", idle.commit("f", idempotency_key="k-2")))
+    first.start()
+    assert staging.wait(60)
+    retry.start()
+
+    def retry_waits_or_answered() -> bool:
+        keyed = getattr(turn_module, "_KEYED_COMMITS", None)
+        held = None if keyed is None else keyed._held.get((WS, "k-2"))
+        return "retry" in answers or (held is not None and held[1] == 2)
+
+    _wait(retry_waits_or_answered, "the retry to answer or wait for the first commit")
+    go.set()
+    first.join()
+    retry.join()
+    assert answers["first"] is not None
+    assert answers["retry"] is not None and answers["retry"].revision == answers["first"].revision
