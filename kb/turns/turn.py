@@ -50,6 +50,7 @@ from kb.store.listing import KEEP, Entry, folder_entries
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 
 KB_COMMITTER = "kb"
+"""The committer a turn records when the caller names none: kb itself (design §5, seed contract C4)."""
 
 
 class _KeyedCommits:
@@ -83,7 +84,6 @@ class _KeyedCommits:
 
 
 _KEYED_COMMITS = _KeyedCommits()
-"""The committer a turn records when the caller names none: kb itself (design §5, seed contract C4)."""
 
 
 @dataclass(frozen=True)
