@@ -261,43 +261,6 @@ def test_cli_write_outcome_settles_a_key(ws, kb_env):
     assert missing.returncode == 1 and "recorded nothing" in missing.stdout
 
 
-def test_a_keyed_retry_with_nothing_to_record_never_answers_none_for_a_write_that_then_lands(ws):
-    """design §3 (every write has a truthful outcome): a turn commit with nothing to record
-    settles its key (``_keyed_result``). When the key's first write is still in flight — queued
-    for the write lock — the retry's None ("it never lands") must not be followed by that write
-    landing. The settle withdrew the in-flight writer's queued intent, and the writer, finding
-    its row gone, recorded it anyway: None, then the key's revision."""
-    from kb.db.locks import locked_transaction
-    from kb.store.history import Revision
-
-    admin = _admin(ws.database_url)
-
-    def waiters() -> int:
-        found = admin.execute(
-            queries["test_write_lock_waiters"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS}
-        ).fetchall()
-        return len(found)
-
-    answers: dict = {}
-    results: dict = {}
-    idle = ws.turn(WS, "agent-9", "w")
-    retry = threading.Thread(target=lambda: answers.setdefault("retry", idle.commit("f", idempotency_key="k-flight")))
-    first = threading.Thread(target=_writer, args=(ws, "/documents/f.md", results, "k-flight"))
-    with locked_transaction(ws.database_url, WS, ws.settings):  # a holder at work: both queue
-        retry.start()
-        _wait(lambda: waiters() >= 1, "the retry to queue for the write lock")
-        first.start()
-        _wait(lambda: waiters() >= 2 and _intents(admin), "the first write to queue its intent")
-    retry.join()
-    first.join()
-    landed = results["/documents/f.md"]
-    if answers["retry"] is None:
-        assert not isinstance(landed, Revision), "the retry answered None, then the key landed"
-    else:
-        assert isinstance(landed, Revision) and answers["retry"].revision == landed.id
-    assert len(ws.history(WS)) <= 2
-
-
 def test_a_keyed_retry_sent_while_the_first_commit_is_in_flight_answers_its_revision(ws, monkeypatch):
     """design §3: a client's commit is still in flight (staging its blobs, not yet at the write
     lock) when its retry — same key, a new turn with nothing to record — arrives. The retry

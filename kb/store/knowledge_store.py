@@ -765,17 +765,10 @@ class KnowledgeStore:
         if self._catch_up(conn, workspace):
             workspace = self._workspace_row(conn)
         pending = [r for r in rows if r["outcome"] is None]
-        results: dict[int, Revision | _Built | KbError | None] = {}
-        if not any(r["id"] == intent_id for r in pending):
-            # its row is gone while this writer's session (which owns it) lives: a settle of its key
-            # (``write_outcome``: a retry with nothing to record, or the settling call) withdrew
-            # it and answered "not recorded" — recording it now would make that answer untrue
-            # (design §3: never recorded after it was withdrawn)
-            results[intent_id] = LockUnavailable(
-                "nothing was recorded: a settle of this write's idempotency key withdrew it while it "
-                "queued for the write lock. Retry with the same key"
-            )
+        if not any(r["id"] == intent_id for r in pending):  # its row vanished (server restart): record it too
+            pending.append({"id": intent_id, "payload": None, "outcome": None, "artifact_paths": None})
         journal = group_commit.read_journal(repo)
+        results: dict[int, Revision | _Built | KbError | None] = {}
         key_of = {intent_id: draft.idempotency_key}
         by_key: dict[str, Revision] = {}  # design §3: a key recorded earlier or in this group
         # the head Postgres records once caught up, not a fresh read of git's: a writer that lost

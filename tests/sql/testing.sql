@@ -58,10 +58,6 @@ SELECT count(*) AS n FROM pool_probe;
 SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND classid = %(namespace)s AND objid = %(workspace_id)s AND granted;
 
--- name: test_write_lock_waiters
-SELECT pid FROM pg_locks
-WHERE locktype = 'advisory' AND classid = %(namespace)s AND objid = %(workspace_id)s AND NOT granted;
-
 -- name: test_terminate_backend
 SELECT pg_terminate_backend(%(pid)s) AS terminated;
 -- ---- (design §8) citations -----------------------------------------------------------------------
