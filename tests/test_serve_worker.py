@@ -4,6 +4,7 @@ projection and index jobs a write caused (it logged nothing per job before)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -43,17 +44,13 @@ def test_serve_with_worker_logs_each_job(pg_server, template_url, tmp_path):
 _QUIET_CRONS = {"KB_MAINTENANCE_CRON": "0 0 1 1 *", "KB_DRIFT_CRON": "0 0 1 1 *"}
 
 
-def _index_jobs_done(log) -> int:
-    return len(re.findall(r"job \d+ kb\.index\S* \(workspace 1\) done", log.read_text()))
-
-
-def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url, tmp_path):
-    """design §7: Postgres away for a moment (a relay the test closes and reopens) made
-    Procrastinate's worker stop for good inside ``kb serve --with-worker`` while ``/ready`` still
-    said ``"worker": true``, and the shutdown failed on it. The worker is restarted after a
-    backoff, later writes are indexed, ``/ready`` tells what happened without the database's
-    address (answered to anybody, design §16), and the server stops cleanly."""
-    import httpx
+@contextlib.contextmanager
+def _relayed_database(pg_server, template_url, tmp_path):
+    """A fresh test database reached through a TCP relay the test can close and reopen (an
+    outage): yields ``(relay, the database's conninfo dict, Settings for the test's own direct
+    connections, the environment of a kb process connecting through the relay)``. Skips on a
+    Unix-socket server (the relay is TCP). Periodic jobs are put off: one cut by the outage would
+    log its traceback."""
     from support.network import Relay
 
     template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
@@ -66,7 +63,23 @@ def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url,
         settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
-        env.update(_QUIET_CRONS)  # a periodic job cut by the outage would log its traceback
+        env.update(_QUIET_CRONS)
+        yield relay, info, settings, env
+
+
+def _index_jobs_done(log) -> int:
+    return len(re.findall(r"job \d+ kb\.index\S* \(workspace 1\) done", log.read_text()))
+
+
+def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url, tmp_path):
+    """design §7: Postgres away for a moment (a relay the test closes and reopens) made
+    Procrastinate's worker stop for good inside ``kb serve --with-worker`` while ``/ready`` still
+    said ``"worker": true``, and the shutdown failed on it. The worker is restarted after a
+    backoff, later writes are indexed, ``/ready`` tells what happened without the database's
+    address (answered to anybody, design §16), and the server stops cleanly."""
+    import httpx
+
+    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log) as server, KnowledgeBase.open(settings) as kb:
@@ -108,19 +121,7 @@ def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path)
     import subprocess
     import sys
 
-    from support.network import Relay
-
-    template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
-    with fresh_database(pg_server, template) as url:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-        if str(info.get("host", "")).startswith("/"):
-            pytest.skip("the test database listens on a Unix socket; the relay is TCP")
-        relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
-        relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
-        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
-        env.update(_QUIET_CRONS)  # a periodic job cut by the outage would log its traceback
+    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
         log, out = tmp_path / "worker.log", tmp_path / "worker.out"
         with log.open("w") as errors_to, out.open("w") as output_to:
             worker = subprocess.Popen(
@@ -162,19 +163,7 @@ def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url,
     """design §7: SIGTERM while Postgres is still away (the worker just stopped by it) stopped
     the server with ``Application shutdown failed`` (the worker's ConnectorException); it stops
     cleanly in every state of the worker."""
-    from support.network import Relay
-
-    template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
-    with fresh_database(pg_server, template) as url:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-        if str(info.get("host", "")).startswith("/"):
-            pytest.skip("the test database listens on a Unix socket; the relay is TCP")
-        relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
-        relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
-        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
-        env.update(_QUIET_CRONS)
+    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log), KnowledgeBase.open(settings) as kb:
