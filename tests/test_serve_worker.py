@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from support.database import fresh_database
 from support.kb_server import running_server
+from support.named_queries import queries
 from support.waiting import wait_until
 
 from kb.knowledge_base import KnowledgeBase
@@ -67,8 +68,35 @@ def _relayed_database(pg_server, template_url, tmp_path):
         yield relay, info, settings, env
 
 
+def _wait_for_index_job(log, before: int, worker=None) -> None:
+    """Wait (120 s) until the log shows more than ``before`` index jobs done (or ``worker``, a
+    process, exited); the failure message carries the log."""
+    try:
+        wait_until(
+            lambda: _index_jobs_done(log) > before or (worker is not None and worker.poll() is not None),
+            120,
+            "an index job after the outage",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- log ---\n{log.read_text()}") from None
+
+
+def _first_write_indexed(kb, log) -> int:
+    """Create workspace 1, write one document and wait (120 s) for the worker whose output goes
+    to ``log`` to index it; returns the index jobs done so far."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "one", "tester") as tx:
+        tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
+    wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the first index job")
+    return _index_jobs_done(log)
+
+
+def _jobs_done(log, kind: str) -> int:
+    return len(re.findall(rf"job \d+ kb\.{kind}\S* \(workspace 1\) done", log.read_text()))
+
+
 def _index_jobs_done(log) -> int:
-    return len(re.findall(r"job \d+ kb\.index\S* \(workspace 1\) done", log.read_text()))
+    return _jobs_done(log, "index")
 
 
 def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url, tmp_path):
@@ -83,11 +111,7 @@ def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url,
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log) as server, KnowledgeBase.open(settings) as kb:
-                kb.create_workspace(1)
-                with kb.transaction(1, "one", "tester") as tx:
-                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
-                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the first index job")
-                before = _index_jobs_done(log)
+                before = _first_write_indexed(kb, log)
 
                 relay.close()  # the database goes away: the worker's LISTEN connection is cut
                 wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
@@ -95,7 +119,7 @@ def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url,
 
                 with kb.transaction(1, "two", "tester") as tx:
                     tx.write("/documents/two.md", "# Two\n\nindexed after the outage\n")
-                wait_until(lambda: _index_jobs_done(log) > before, 120, "an index job after the outage")
+                _wait_for_index_job(log, before)
                 ready = httpx.get(f"{server}/ready", timeout=30)
                 assert ready.status_code == 200, ready.text
                 body = ready.json()
@@ -129,21 +153,13 @@ def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path)
             )
         try:
             with KnowledgeBase.open(settings) as kb:
-                kb.create_workspace(1)
-                with kb.transaction(1, "one", "tester") as tx:
-                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
-                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the first index job")
-                before = _index_jobs_done(log)
+                before = _first_write_indexed(kb, log)
                 relay.close()
                 wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
                 relay.reopen()
                 with kb.transaction(1, "two", "tester") as tx:
                     tx.write("/documents/two.md", "# Two\n\nindexed after the outage\n")
-                wait_until(
-                    lambda: _index_jobs_done(log) > before or worker.poll() is not None,
-                    120,
-                    "an index job after the outage",
-                )
+                _wait_for_index_job(log, before, worker)
                 assert worker.poll() is None, log.read_text()
                 assert _index_jobs_done(log) > before, log.read_text()
             worker.send_signal(signal.SIGTERM)
@@ -167,13 +183,58 @@ def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url,
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log), KnowledgeBase.open(settings) as kb:
-                kb.create_workspace(1)
-                with kb.transaction(1, "one", "tester") as tx:
-                    tx.write("/documents/one.md", "# One\n\nindexed before the outage\n")
-                wait_until(lambda: _index_jobs_done(log) >= 1, 120, "the worker to run a job")
+                _first_write_indexed(kb, log)
                 relay.close()  # and it stays away until the server stopped
                 wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
         finally:
             relay.close()
         assert "Application shutdown failed" not in log.read_text(), log.read_text()
         assert "Application shutdown complete" in log.read_text(), log.read_text()
+
+
+def test_a_job_the_outage_cut_is_put_back_when_the_worker_restarts(pg_server, template_url, tmp_path):
+    """design §7: a job running when Postgres went away could not record its end and stayed
+    ``doing``; its lock (``projection:N``) then held back every later job of the workspace until
+    the maintenance cron's stalled-job retry, minutes later (the worker had only stopped, not
+    died). The restarted worker puts back the jobs its own earlier run left ``doing`` at once."""
+    from kb.store.projection import PROJECTION_LOCK_NAMESPACE
+
+    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+        log = tmp_path / "serve.log"
+        try:
+            with running_server(env, log), KnowledgeBase.open(settings) as kb:
+                before = _first_write_indexed(kb, log)
+                with psycopg.connect(settings.database_url) as holder:
+                    # the projection job of the next write waits for this lock: it is running
+                    # (``doing``) when the database goes away
+                    holder.execute(
+                        queries["test_hold_advisory_lock"], {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": 1}
+                    )
+                    with kb.transaction(1, "two", "tester") as tx:
+                        tx.write("/documents/two.md", "# Two\n\ncut while projected\n")
+                    wait_until(
+                        lambda: any(
+                            row[1].startswith("kb.project")
+                            for row in holder.execute(queries["test_jobs_doing"]).fetchall()
+                        ),
+                        120,
+                        "the projection job to wait for the held lock",
+                    )
+                    relay.close()
+                    # away until the job's end could not be recorded (Procrastinate's attempt fails
+                    # after its pool's 30 s timeout; asyncio logs the task it failed in)
+                    wait_until(
+                        lambda: re.search(r"Task\s+exception\s+was\s+never", log.read_text()),
+                        120,
+                        "the job's end to be lost",
+                    )
+                    relay.reopen()
+                    holder.rollback()  # the lock is free again
+                    projected = _jobs_done(log, "project")
+                    with kb.transaction(1, "three", "tester") as tx:
+                        tx.write("/documents/three.md", "# Three\n\nwritten after the outage\n")
+                wait_until(lambda: _jobs_done(log, "project") > projected, 120, "a projection job after the outage")
+                _wait_for_index_job(log, before)
+                assert re.search(r"retrying\s+left\s+running\s+by\s+the\s+worker's", log.read_text()), log.read_text()
+        finally:
+            relay.close()

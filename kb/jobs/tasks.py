@@ -43,6 +43,7 @@ cron is a setting, so that importing this module reads no settings):
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import procrastinate
@@ -245,15 +246,32 @@ async def retry_stalled(manager, seconds: float, own_job_id: int | None = None) 
     the lock (``projection:N`` / ``index:N``) the waiting job needs.
     """
     stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=seconds)
+    return await _put_back(manager, [job for job in stalled if job.id != own_job_id], "stalled")
+
+
+async def put_back_jobs_of(manager, worker_ids: Iterable[int], stalled_seconds: float) -> list[int]:
+    """Put back to ``todo`` the jobs still ``doing`` under ``worker_ids`` — Procrastinate workers
+    of this process whose run has ended (a database outage cut it before it could record a job's
+    end, design §7) — without waiting for their heartbeat to age, and the stalled ones
+    ``retry_stalled`` finds (among them those whose worker row is gone: a run that ended after the
+    database came back unregistered its worker, leaving its unrecorded job without one); returns
+    their ids. Raises Procrastinate's ConnectorException when the database is away."""
+    left = {job.id: job for job in await manager.get_stalled_jobs(seconds_since_heartbeat=stalled_seconds)}
+    for worker_id in sorted(set(worker_ids)):
+        left.update((job.id, job) for job in await manager.list_jobs_async(status="doing", worker_id=worker_id))
+    return await _put_back(manager, list(left.values()), "left running by the worker's earlier run")
+
+
+async def _put_back(manager, jobs: list, why: str) -> list[int]:
+    """Retry each of ``jobs`` now, or mark it failed when a waiting job already holds its
+    queueing lock (that job converges to HEAD and does its work); returns their ids."""
     retried = []
-    for job in stalled:
-        if job.id == own_job_id:
-            continue
+    for job in jobs:
         try:
-            log.warning("retrying stalled job %s (%s %s)", job.id, job.task_name, job.task_kwargs)
+            log.warning("retrying %s job %s (%s %s)", why, job.id, job.task_name, job.task_kwargs)
             await manager.retry_job(job)
         except procrastinate.exceptions.UniqueViolation:
-            log.warning("stalled job %s is covered by a waiting job (%s); marking it failed", job.id, job.queueing_lock)
+            log.warning("%s job %s is covered by a waiting job (%s); marking it failed", why, job.id, job.queueing_lock)
             await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=False)
         retried.append(job.id)
     return retried

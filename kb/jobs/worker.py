@@ -275,11 +275,14 @@ def _detail(result: object) -> str:
     return ""
 
 
-def job_middleware(report: WorkerReport, display: ProgressDisplay | None):
-    """A Procrastinate worker middleware counting every job into ``report`` and showing it."""
+def job_middleware(report: WorkerReport, display: ProgressDisplay | None, worker_ids: set[int] | None = None):
+    """A Procrastinate worker middleware counting every job into ``report`` and showing it, and
+    adding the id of the Procrastinate worker that runs it to ``worker_ids`` (when given)."""
 
     async def middleware(call_next, context, worker):
         job = context.job
+        if worker_ids is not None and worker.worker_id is not None:
+            worker_ids.add(worker.worker_id)
         workspace_id = job.task_kwargs.get("workspace_id")
         if display:
             display.job_started(job.id, job.task_name, workspace_id)
@@ -399,8 +402,10 @@ class _NoTracebackForLostDatabase(logging.Filter):
 def _quiet_side_task_tracebacks() -> None:
     from procrastinate import utils, worker
 
-    # a worker logs on its name's child of procrastinate.worker (kb's workers keep the default name)
-    for logger in (worker.logger, worker.logger.getChild(worker.WORKER_NAME), utils.logger):
+    # a worker logs on its name's child of procrastinate.worker (kb's workers keep the default name);
+    # asyncio logs a job's task whose end could not be recorded ("Task exception was never retrieved")
+    loggers = (worker.logger, worker.logger.getChild(worker.WORKER_NAME), utils.logger, logging.getLogger("asyncio"))
+    for logger in loggers:
         if not any(isinstance(f, _NoTracebackForLostDatabase) for f in logger.filters):
             logger.addFilter(_NoTracebackForLostDatabase())
 
@@ -448,6 +453,7 @@ class WorkerSupervisor:
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._attempt: asyncio.Task | None = None
+        self._workers: set[int] = set()  # Procrastinate workers of its runs that held jobs
 
     def stop(self) -> None:
         """Stop: the running worker fetches nothing more and finishes the jobs in hand; a backoff
@@ -478,6 +484,7 @@ class WorkerSupervisor:
                         concurrency=self.concurrency,
                         display=self.display,
                         on_running=self._running,
+                        earlier_workers=self._workers,
                     )
                 )
                 try:
@@ -537,13 +544,18 @@ async def run_worker_async(
     display: ProgressDisplay | None = None,
     install_signal_handlers: bool = False,
     on_running: Callable[[], None] | None = None,
+    earlier_workers: set[int] | None = None,
 ) -> None:
     """The worker loop of ``run_worker`` on the running event loop, filling ``report`` (also when
     ``kb serve --with-worker`` runs it beside the HTTP API, through ``WorkerSupervisor``).
     Cancelling the task stops the worker gracefully: it fetches nothing more and waits for the
     jobs it holds to finish. ``on_running`` is called once the job queue is open, before the
-    first fetch. Raises what loses the database (DatabaseUnavailable, Procrastinate's
-    ConnectorException); returns without error when Procrastinate stops on its own."""
+    first fetch. ``earlier_workers``: ids of Procrastinate workers of this process's earlier runs
+    (``WorkerSupervisor``'s): the jobs they left ``doing`` — an outage cut the run before it
+    recorded their end, and their locks hold back the workspace's later jobs — are put back first
+    and their ids dropped; this run's worker is added once it runs a job (design §7). Raises what
+    loses the database (DatabaseUnavailable, Procrastinate's ConnectorException); returns without
+    error when Procrastinate stops on its own."""
     from kb.jobs import tasks as jobs
 
     connector = jobs.connector_for(kb)
@@ -559,6 +571,9 @@ async def run_worker_async(
     try:
         with jobs.app.replace_connector(connector) as bound:
             async with bound.open_async():
+                if earlier_workers:
+                    await jobs.put_back_jobs_of(bound.job_manager, earlier_workers, stalled)
+                    earlier_workers.clear()
                 if on_running is not None:
                     on_running()
                 while True:
@@ -571,7 +586,7 @@ async def run_worker_async(
                         install_signal_handlers=install_signal_handlers,
                         update_heartbeat_interval=stalled / 4,
                         stalled_worker_timeout=stalled,
-                        worker_middleware=[job_middleware(report, display)],
+                        worker_middleware=[job_middleware(report, display, earlier_workers)],
                         additional_context=context,
                     )
                     if not until_idle:

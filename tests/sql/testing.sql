@@ -406,3 +406,10 @@ SHOW synchronous_commit;
 -- Vectors sent in pgvector's binary form (kb.db.vector_wire), read back as float4s and sent back
 -- unchanged (tests/test_vector_wire.py).
 SELECT v::real[] AS floats, v AS vector FROM unnest(%(vectors)b::vector[]) AS v;
+
+-- name: test_hold_advisory_lock
+-- Held by a test in its open transaction, so a job that needs it waits (design §7 outage tests).
+SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
+
+-- name: test_jobs_doing
+SELECT id, task_name FROM procrastinate_jobs WHERE status = 'doing' ORDER BY id;
