@@ -120,6 +120,15 @@ def _scopes_workspaces_revocation_and_mcp(kb, server):
     _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_token.id, repo)
     # MCP over HTTP: the same rules
     _mcp(server, reader, writer, writer_token.id, repo, kb.tokens())
+    # a turn's edit of a document another revision removed is a conflict (409), not bad input
+    gone = "/v1/workspaces/1/turns/t9/files/documents/Gone.md"
+    with kb.transaction(1, "to be removed", "tester") as tx:
+        tx.write("/documents/Gone.md", "soon gone\n")
+    assert api.put(gone, json={"content": "edited\n"}, headers=_as(writer)).status_code == 200
+    with kb.transaction(1, "remove it", "tester") as tx:
+        tx.remove("/documents/Gone.md")
+    refused = api.post("/v1/workspaces/1/turns/t9/commit", json={"message": "edit"}, headers=_as(writer))
+    assert refused.status_code == 409 and refused.json()["error"] == "DocumentGone", refused.text
     # revoked: the very next request is refused
     kb.tokens().revoke("writer")
     assert api.get(search.format(1), headers=_as(writer)).status_code == 401
