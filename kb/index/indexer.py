@@ -76,7 +76,7 @@ from kb.index import vector_index
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunk, Chunker, LazyChunker
 from kb.index.embedding import Embedder, check_vectors
-from kb.index.languages import detect_language, lexical_text, lexically_stable, text_config
+from kb.index.languages import detect_language, detect_languages, lexical_text, lexically_stable, text_config
 from kb.settings import Settings
 from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
@@ -581,15 +581,28 @@ class Indexer:
             prepared.error = _error_text(exc)
         return prepared
 
-    def _detect(self, p: _Prepared) -> None:
-        """Settle the text-search configuration ``_prepare`` left to the writer; a failure fails
-        the document alone (design §7)."""
-        if p.text is not None and p.writable:
+    def _detect(self, prepared: list[_Prepared]) -> None:
+        """Settle the text-search configurations ``_prepare`` left to the writer, the batch's
+        languages detected together (``detect_languages``); when that fails, document by document,
+        so a failure fails the document alone (design §7)."""
+        pending = [p for p in prepared if p.text is not None and p.writable]
+        if self.settings.fts_config != "auto":
+            for p in pending:
+                p.text_config = self.settings.fts_config
+        elif pending:
             try:
-                p.text_config = self.text_config(p.text)
-            except Exception as exc:
-                p.error = _error_text(exc)
-        p.text = None
+                languages = detect_languages([p.text for p in pending if p.text is not None])
+            except Exception:
+                for p in pending:
+                    try:
+                        p.text_config = self.text_config(p.text or "")
+                    except Exception as exc:
+                        p.error = _error_text(exc)
+            else:
+                for p, language in zip(pending, languages):
+                    p.text_config = text_config(language)
+        for p in prepared:
+            p.text = None
 
     def text_config(self, text: str) -> str:
         """The text-search configuration for a document: ``KB_FTS_CONFIG``, or with ``auto`` the
@@ -723,8 +736,7 @@ class Indexer:
         by document when that fails or a document already failed (design §7). Returns the write's
         counts and failures, which the run adds to its report once the write is done."""
         counts = IndexReport(workspace_id)
-        for p in prepared:
-            self._detect(p)
+        self._detect(prepared)
         ready = [p for p in prepared if p.error is None]
         written = len(ready) > 1 and self._write_batch(conn, workspace_id, head, ready, vectors, counts)
         for p in prepared:
