@@ -69,7 +69,7 @@ import numpy as np
 from kb.db import database, vector_wire
 from kb.db.locks import chunk_lock, index_lock
 from kb.db.sql import queries
-from kb.db.vector_wire import VectorBytes, vector_bytes
+from kb.db.vector_wire import VectorBytes, vectors_bytes
 from kb.errors import UnindexableDocument, WorkspaceNotFound
 from kb.git.repository import BULK_READ_MIN, Repository
 from kb.index import vector_index
@@ -723,13 +723,12 @@ class Indexer:
                 except Exception as exc:
                     errors.update({h: _error_text(exc) for h in group})
                     continue
-                for h, vector, problem in zip(group, vectors, problems):
-                    if problem is None:
-                        packed = vector_bytes(vector)
+                for h, packed, problem in zip(group, vectors_bytes(np.asarray(vectors)), problems):
+                    if problem is None and packed is not None:
                         found[h] = packed
                         fresh.append((h, packed))
                     else:
-                        errors[h] = f"EmbeddingError: {problem}"
+                        errors[h] = f"EmbeddingError: {problem or 'a vector holds NaN or inf (as float4)'}"
             if fresh and self._cache_writes is not None:  # in a run: the writer thread caches
                 self._cache_writes.append(self._writer.submit(self._cache, self._writer_conn, model, dim, fresh))
             elif fresh:
