@@ -133,3 +133,33 @@ def test_a_stopped_run_keeps_every_vector_it_embedded_in_the_cache(kb):
     again = kb.use_embedder(CountingEmbedder())
     kb.index(1)
     assert not embedded & {sha256_text(t) for t in again.texts}
+
+
+def test_a_run_reads_its_documents_in_bulk_and_a_missing_blob_fails_its_document_alone(kb, monkeypatch):
+    """A run of at least BULK_READ_MIN documents reads their bytes through one ``git cat-file``
+    stream, not one object-store lookup each; a document whose blob is missing from the repository
+    stops the stream there, fails alone (as a lookup failed it), and the rest are read one by one."""
+    from kb.git.repository import BULK_READ_MIN, Repository
+
+    docs = generated_corpus(BULK_READ_MIN + 10)
+    write_all(kb, 1, docs)
+    looked_up = []
+    lookup = Repository.blob
+    monkeypatch.setattr(Repository, "blob", lambda self, blob_id: looked_up.append(blob_id) or lookup(self, blob_id))
+    first = kb.index(1)
+    assert first.documents_indexed == len(docs) and first.documents_failed == 0
+    assert looked_up == []
+
+    write_all(kb, 2, docs)
+    kb.project(2)
+    documents = _documents(kb, 2)
+    gone = documents[20]
+    objects = kb.settings.knowledge_store / "2" / ".git" / "objects"
+    loose = objects / gone["content_id"][:2] / gone["content_id"][2:]
+    assert loose.exists(), "the test needs the blob loose to take it away"
+    loose.unlink()
+    report = kb.index(2)
+    assert report.documents_failed == 1 and list(report.failures) == [gone["path"]]
+    assert "DocumentNotFound" in report.failures[gone["path"]]
+    assert report.documents_indexed == len(docs) - 1
+    assert looked_up == [d["content_id"] for d in documents[20:]]

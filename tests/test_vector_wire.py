@@ -54,3 +54,24 @@ def test_odd_floats_travel_exactly_and_nan_or_inf_is_refused_before_postgres(dat
     for bad in ([np.nan, 1.0], [np.inf, 0.0], [1e39, 0.0], [[1.0, 2.0]], [], np.zeros(16001)):
         with pytest.raises(EmbeddingError):
             vector_wire.vector_bytes(np.asarray(bad, dtype=np.float64))
+
+
+def test_an_embedder_batch_packs_to_the_bytes_of_its_vectors_one_by_one():
+    """``vectors_bytes`` (one conversion per batch, what an index run packs with) gives each row
+    exactly ``vector_bytes``' bytes, float32 or float64 rows, odd floats included; a row that is
+    NaN or inf as a float4 is None, and a batch that is not rows of a vector is refused."""
+    import pytest
+
+    from kb.errors import EmbeddingError
+
+    rng = np.random.default_rng(3)
+    odd = [-0.0, 1e-45, -1.4e-45, 1.17e-38, 3.4028234e38, 1e-50, 0.1]
+    for batch in (rng.standard_normal((40, 384)).astype(np.float32), np.array([odd, odd[::-1]], dtype=np.float64)):
+        assert vector_wire.vectors_bytes(batch) == [vector_wire.vector_bytes(row) for row in batch]
+    mixed = np.array([[1.0, 2.0], [np.nan, 0.0], [1e39, 0.0], [0.5, -0.5]])
+    packed = vector_wire.vectors_bytes(mixed)
+    assert packed[0] == vector_wire.vector_bytes(mixed[0]) and packed[3] == vector_wire.vector_bytes(mixed[3])
+    assert packed[1] is None and packed[2] is None
+    for bad in (np.zeros(3), np.zeros((2, 0)), np.zeros((1, 16001))):
+        with pytest.raises(EmbeddingError):
+            vector_wire.vectors_bytes(bad)

@@ -70,6 +70,23 @@ def vector_bytes(vector: np.ndarray) -> VectorBytes:
     return VectorBytes(_HEADER.pack(values.shape[0], 0) + values.tobytes())
 
 
+def vectors_bytes(vectors: np.ndarray) -> list[VectorBytes | None]:
+    """``vector_bytes`` of each row of a 2-d array (an embedder batch), converted to float4
+    together: what an index run packs its fresh vectors with, one numpy conversion per batch
+    instead of one per vector (design §7). A row ``vector_bytes`` refuses (NaN or inf as a
+    float4) is None; an array that is not 2-d, or whose rows are not 1 to 16,000 values, raises
+    EmbeddingError."""
+    import numpy as np
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = np.asarray(vectors, dtype=">f4")
+    if values.ndim != 2 or not 0 < values.shape[1] <= MAX_DIMENSIONS:
+        raise EmbeddingError(f"vectors must be rows of 1 to {MAX_DIMENSIONS} values, not shape {values.shape}")
+    header = _HEADER.pack(values.shape[1], 0)
+    finite = np.isfinite(values).all(axis=1).tolist()
+    return [VectorBytes(header + row.tobytes()) if ok else None for row, ok in zip(values, finite)]
+
+
 class _VectorDumper(Dumper):
     format = Format.BINARY
 

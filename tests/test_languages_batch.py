@@ -1,0 +1,125 @@
+"""design §7: an index run detects its documents' languages a batch at a time
+(``kb.index.languages.detect_languages``, kb.index.langid_batch), with py3langid's answers."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from kb.index.langid_batch import MODEL_FINGERPRINT, fingerprint
+
+TEXTS = [
+    "",
+    "   ",
+    "a",
+    "1234 5678 !!!",
+    "```\ncode only\n```",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Der schnelle braune Fuchs springt über den faulen Hund, während die Brücken stürzen.",
+    "Le renard brun rapide saute par-dessus le chien paresseux; où est l'élève ?",
+    "Быстрая коричневая лиса прыгает через ленивую собаку.",
+    "الثعلب البني السريع يقفز فوق الكلب الكسول",
+    "واش نتا بخير؟ شنو درتي اليوم؟ بغيت نمشي للسوق",
+    "素早い茶色の狐がのろまな犬を飛び越える。東京都に住んでいます。",
+    "敏捷的棕色狐狸跳过了懒狗。我們在這裡等你。",
+    "佢哋喺度等緊你，你快啲嚟啦",
+    "빠른 갈색 여우가 게으른 개를 뛰어넘습니다.",
+    "Η γρήγορη καφέ αλεπού πηδάει πάνω από τον τεμπέλη σκύλο.",
+    "LOUD UPPER CASE TITLE WITH WORDS",
+    "e\u0301le\u0300ve decomposed accents",
+    "# Heading\n\nSome text with a [link](https://example.com/x) and `inline code`.\n\n- item\n",
+    "x" * 9000,
+]
+
+
+def _random_texts(count: int, seed: int) -> list[str]:
+    alphabets = [
+        "abcdefghijklmnopqrstuvwxyz     .,\n",
+        "äöüßéèàçñ abcdefghij ",
+        "абвгдеёжзийклмнопрстуфхцчшщъыьэюя ",
+        "ابتثجحخدذرزسشصضطظعغفقكلمنهوي ",
+        "あいうえおかきくけこアイウエオ東京都日本語中文字 ",
+        "🙂🎉✓ \u0301\u0300 \t",
+    ]
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(count):
+        parts = [rng.choice(alphabets) for _ in range(rng.randint(1, 3))]
+        texts.append("".join(rng.choice(rng.choice(parts)) for _ in range(rng.randint(0, 700))))
+    return texts
+
+
+def test_the_batch_detection_answers_what_detection_one_by_one_answers():
+    from kb.index.languages import detect_language, detect_languages
+
+    texts = TEXTS + _random_texts(300, seed=7)
+    assert detect_languages(texts) == [detect_language(t) for t in texts]
+    assert detect_languages([]) == []
+    # a batch of one, and the batch split anywhere, give the same answers
+    assert [detect_languages([t])[0] for t in TEXTS] == [detect_language(t) for t in TEXTS]
+
+
+def test_the_vectorised_walk_counts_the_features_py3langid_counts_in_its_order():
+    import py3langid.langid as langid
+
+    from kb.index.langid_batch import _walker
+
+    identifier = langid._get_identifier()
+    walker = _walker(identifier)
+    assert walker is not None, "py3langid's model is not the one the windowed walk was proved on"
+    rng = random.Random(11)
+    samples = [identifier._encode(t) for t in TEXTS] + [rng.randbytes(rng.randint(0, 90)) for _ in range(200)]
+    for sample, answer in zip(samples, walker.visits(samples)):
+        expected = langid.visit_counts(identifier.tk_nextmove, identifier._rowbase, identifier.tk_output, sample)
+        if expected is None:
+            assert answer is None
+        else:
+            features, counts = answer
+            assert list(expected.items()) == list(zip(features.tolist(), counts.astype(int).tolist()))
+            scores = np.log1p(counts) @ identifier.nb_ptc[features] + identifier.nb_pc
+            assert np.array_equal(scores, identifier._raw_score(sample))
+
+
+def test_another_model_is_classified_by_py3langid_itself(monkeypatch):
+    """The walk is exact for the model it was proved on; an identifier whose DFA differs (here:
+    one transition changed) gets py3langid's own classification."""
+    import py3langid.langid as langid
+
+    from kb.index import langid_batch
+
+    identifier = langid._get_identifier()
+    assert fingerprint(identifier) == MODEL_FINGERPRINT
+
+    class Changed:
+        tk_nextmove = identifier.tk_nextmove[:]
+        tk_row = identifier.tk_row
+        tk_output = identifier.tk_output
+        _norm_probs = False
+        min_confidence = None
+
+        def classify(self, sample):
+            return ("own", 1.0)
+
+    changed = Changed()
+    changed.tk_nextmove[300] = (changed.tk_nextmove[300] + 1) % 1000
+    assert langid_batch._walker(changed) is None
+    assert langid_batch.classify_many(changed, ["the text", "der Text"]) == ["own", "own"]
+
+
+@pytest.mark.parametrize("size", [1, 5, 6, 7, 31, 32, 33, 38, 39, 64, 65])
+def test_walk_lanes_meet_text_and_segment_boundaries(size):
+    """Texts whose lengths straddle the walk's window and segments, in one batch."""
+    import py3langid.langid as langid
+
+    from kb.index.langid_batch import _walker
+
+    identifier = langid._get_identifier()
+    rng = random.Random(size)
+    samples = [rng.randbytes(size) for _ in range(5)] + [b"", rng.randbytes(size + 1)]
+    for sample, answer in zip(samples, _walker(identifier).visits(samples)):
+        expected = langid.visit_counts(identifier.tk_nextmove, identifier._rowbase, identifier.tk_output, sample)
+        assert (answer is None) == (expected is None)
+        if answer is not None:
+            assert list(expected.items()) == list(zip(answer[0].tolist(), answer[1].astype(int).tolist()))
