@@ -123,3 +123,28 @@ def test_walk_lanes_meet_text_and_segment_boundaries(size):
         assert (answer is None) == (expected is None)
         if answer is not None:
             assert list(expected.items()) == list(zip(answer[0].tolist(), answer[1].astype(int).tolist()))
+
+
+def test_a_py3langid_whose_internals_changed_under_the_same_model_is_classified_by_itself():
+    """The fingerprint proves the model, not py3langid's code: an identifier with the verified
+    DFA but without the internals the walk reads (here: no ``_alias_pairs``, no ``_encode``) is
+    classified by its own ``classify``, not failed with AttributeError."""
+    import py3langid.langid as langid
+
+    from kb.index import langid_batch
+
+    identifier = langid._get_identifier()
+
+    class Renamed:
+        tk_nextmove = identifier.tk_nextmove
+        tk_row = identifier.tk_row
+        tk_output = identifier.tk_output
+        _rowbase = identifier._rowbase
+        nb_ptc = identifier.nb_ptc
+        _norm_probs = False
+        min_confidence = None
+
+        def classify(self, sample):
+            return ("own", 1.0)
+
+    assert langid_batch.classify_many(Renamed(), ["the text", "der Text"]) == ["own", "own"]

@@ -114,7 +114,19 @@ def _walker(identifier: Any) -> _Walker | None:
 def classify_many(identifier: Any, samples: list[str]) -> list[str]:
     """``identifier.classify(sample)[0]`` for each of ``samples``, computed together (the
     verified model's DFA walk in numpy; any other model: py3langid's own, one by one)."""
-    walker = _walker(identifier) if not identifier._norm_probs and identifier.min_confidence is None else None
+    try:
+        return _classify_together(identifier, samples)
+    except (AttributeError, ImportError, TypeError, ValueError):
+        # another py3langid's internals (the model's fingerprint matched, its code changed):
+        # its own classification, one by one
+        return [identifier.classify(sample)[0] for sample in samples]
+
+
+def _classify_together(identifier: Any, samples: list[str]) -> list[str]:
+    """``classify_many`` through the batch walker; py3langid one by one for another model.
+    Raises AttributeError, ImportError or TypeError when py3langid's internals differ from 0.4's."""
+    plain = not getattr(identifier, "_norm_probs", True) and getattr(identifier, "min_confidence", 0) is None
+    walker = _walker(identifier) if plain else None
     if walker is None or not samples:
         return [identifier.classify(sample)[0] for sample in samples]
     from py3langid.langid import RAW_FLOOR
