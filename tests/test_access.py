@@ -357,9 +357,16 @@ def test_hidden_facts_leave_document_paths_alone():
         'connection to server at "db.internal" (10.0.0.5), port 6543 failed: timeout expired',
         'connection to server on socket "/run/pg/.s.PGSQL.6543" failed: No such file or directory',
         "failed to resolve host 'db.internal': [Errno -2] Name or service not known",
+        # the server's FATAL answers name the database, the role and the client's host
+        'connection to server at "db.internal" (10.0.0.5), port 6543 failed: FATAL:  database "kbprod" does not exist',
+        'connection to server at "10.0.0.5", port 6543 failed: FATAL:  password authentication failed for user "kbsvc"',
+        'connection to server at "10.0.0.5", port 6543 failed: FATAL:  role "kbsvc" does not exist',
+        'connection to server at "10.0.0.5", port 6543 failed: FATAL:  no pg_hba.conf entry for host "10.0.0.9", '
+        'user "kbsvc", database "kbprod", no encryption',
     ):
         hidden = hide_facts(said, facts)
-        assert not [fact for fact in ("10.0.0.5", "6543", "db.internal", "/run/pg") if fact in hidden], hidden
+        named = ("10.0.0.5", "6543", "db.internal", "/run/pg", "kbprod", "kbsvc", "10.0.0.9")
+        assert not [fact for fact in named if fact in hidden], hidden
         assert "<kb's database>" in hidden, hidden
 
 

@@ -104,9 +104,14 @@ LIBPQ_SERVER_NAMES = (
     (re.compile(r'connection to server at "[^"]*"(?: \([^)]*\))?, port \d+'), "connection to <kb's database>"),
     (re.compile(r'connection to server on socket "[^"]*"'), "connection to <kb's database>"),
     (re.compile(r"failed to resolve host '[^']*'"), "failed to resolve <kb's database>'s host"),
+    (re.compile(r'\b(database|role|user) "[^"]*"'), r"\1 <kb's database>"),
+    (re.compile(r'\bhost "[^"]*"'), "host <kb's database>"),
 )
 """How libpq's own messages (inside kb's DatabaseUnavailable) name the server it could not reach
-— host, its address, port, socket — and what ``hide_facts`` says instead."""
+— host, its address, port, socket — and how the server's FATAL answers name the database, role
+and client host it refused (``database "kb" does not exist``, ``password authentication failed
+for user "kb"``, ``no pg_hba.conf entry for host "10.0.0.9", user "kb", database "kb"``), and what
+``hide_facts`` says instead."""
 
 
 def hide_facts(text: str, facts: dict[str, str]) -> str:
