@@ -28,6 +28,7 @@ pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip insta
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
+from kb.adapters.mcp.server import WRITE_TOOLS
 from kb.db import database
 
 LIMIT = 4096
@@ -446,10 +447,15 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens)
                 await read_only.read_resource(other)
             refused = await read_only.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
             assert refused.is_error and "write token" in refused.content[0].text
+            offered = {tool.name for tool in (await read_only.list_tools()).tools}
+            assert {"search", "read"} <= offered and not offered & WRITE_TOOLS, offered
         async with client(reader, extra=forged) as forging:
+            offered = {tool.name for tool in (await forging.list_tools()).tools}
+            assert not offered & WRITE_TOOLS, offered
             refused = await forging.call_tool("write", {"path": "/documents/M.md", "content": "forged\n"})
             assert refused.is_error and "write token" in refused.content[0].text
         async with client(writer, extra={**forged, "X-KB-Chat": agent_chat}) as agent:
+            assert {tool.name for tool in (await agent.list_tools()).tools} >= WRITE_TOOLS
             await agent.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
             async with client(other_writer, extra={"X-KB-Chat": agent_chat}) as intruder:
                 taken = await intruder.call_tool("commit", {"message": "taken"})

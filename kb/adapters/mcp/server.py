@@ -38,7 +38,7 @@ from urllib.parse import quote, unquote
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, ListResourcesResult, PaginatedRequestParams, Resource
+from mcp_types import INTERNAL_ERROR, ListResourcesResult, ListToolsResult, PaginatedRequestParams, Resource
 
 from kb.adapters.json_form import json_form
 from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
@@ -126,6 +126,10 @@ def hide_facts(text: str, facts: dict[str, str]) -> str:
     for pattern, placeholder in LIBPQ_SERVER_NAMES:
         text = pattern.sub(placeholder, text)
     return text
+
+
+WRITE_TOOLS = frozenset({"write", "edit", "move", "remove", "mkdir", "commit", "abort"})
+"""The tools that change the chat's turn: they need a write (or admin) token."""
 
 
 MCP_PATH = re.compile(r"/mcp/([0-9]+)/?")
@@ -496,7 +500,18 @@ def build_server(
             next_cursor=str(following) if following < len(paths) else None,
         )
 
+    async def list_tools(ctx, params: PaginatedRequestParams | None) -> ListToolsResult:
+        """The tools this request's token can call: a read token is not offered the turn's
+        write tools (``WRITE_TOOLS``), which would only refuse it (design §16)."""
+        headers = getattr(getattr(ctx, "request", None), "headers", None) or {}
+        scope = headers.get(TOKEN_SCOPE_HEADER)  # None over stdio and --insecure-no-auth: all tools
+        tools = await server.list_tools()
+        if scope is not None and scope not in ("write", "admin"):
+            tools = [tool for tool in tools if tool.name not in WRITE_TOOLS]
+        return ListToolsResult(tools=tools)
+
     server._lowlevel_server.add_request_handler("resources/list", PaginatedRequestParams, list_documents)
+    server._lowlevel_server.add_request_handler("tools/list", PaginatedRequestParams, list_tools)
     return server, sessions
 
 
