@@ -90,12 +90,20 @@ def test_an_expired_token_is_refused(kb):
     assert not tokens.any_live()
 
 
-def test_kb_token_cli_and_serve_refusing_a_public_address_without_tokens(kb_env):
+def test_kb_token_cli_and_serve_refusing_a_public_address_without_tokens(kb_env, tmp_path):
     public = run_cli(kb_env, "serve", "--host", "0.0.0.0", "--port", "1", check=False)
     assert public.returncode == 1 and "kb token create" in public.stderr and "--insecure-no-auth" in public.stderr
     created = run_cli(kb_env, "token", "create", "--name", "ci", "--scope", "write", "-w", "2", "--expires", "30d")
     secret = created.stdout.strip()
     assert secret.startswith("kb_") and "shown only now" in created.stderr
+    assert "no workspace 2 exists yet" in created.stderr  # a typo is told, the token stands
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# A\n")
+    run_cli(kb_env, "import", str(notes), "--workspace", "2")
+    known = run_cli(kb_env, "token", "create", "--name", "ci2", "--scope", "read", "-w", "2")
+    assert "exists yet" not in known.stderr
+    run_cli(kb_env, "token", "revoke", "ci2")
     listed = [json.loads(line) for line in run_cli(kb_env, "token", "list", "--json").stdout.splitlines()]
     assert [(t["name"], t["scope"], t["workspaces"]) for t in listed] == [("ci", "write", [2])]
     assert listed[0]["expires_at"] and secret not in json.dumps(listed)

@@ -66,15 +66,12 @@ def create(name: str, scope: str, workspaces: tuple[int, ...], all_workspaces: b
             "name the workspaces the token reaches (--workspace N, repeatable) or pass --all-workspaces",
         )
     lifetime = None if expires is None else parse_lifetime(expires)
-    created, secret = (
-        session.open_kb()
-        .tokens()
-        .create(
-            name,
-            scope,  # type: ignore[arg-type]
-            None if all_workspaces else workspaces,
-            lifetime,
-        )
+    kb = session.open_kb()
+    created, secret = kb.tokens().create(
+        name,
+        scope,  # type: ignore[arg-type]
+        None if all_workspaces else workspaces,
+        lifetime,
     )
     click.echo(secret)
     expiry = "never expires" if created.expires_at is None else f"expires {_utc(created.expires_at)}"
@@ -83,6 +80,14 @@ def create(name: str, scope: str, workspaces: tuple[int, ...], all_workspaces: b
         "It is shown only now; send it as 'Authorization: Bearer <token>' (the CLI: KB_TOKEN).",
         err=True,
     )
+    absent = sorted(set(workspaces) - {row["id"] for row in kb.workspaces()}) if not all_workspaces else []
+    if absent:  # a typo, or a workspace still to be created: say so, the token stands either way
+        click.echo(
+            f"note: no workspace {', '.join(map(str, absent))} exists yet; the token reaches "
+            f"{'it' if len(absent) == 1 else 'them'} once created (kb import PATH --workspace N), "
+            f"or revoke it (kb token revoke {created.name}) if that was a typo.",
+            err=True,
+        )
 
 
 @token.command("list")
