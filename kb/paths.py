@@ -125,6 +125,15 @@ def safe_filename(title: str) -> str:
     return _cut(stem, MAX_SEGMENT_BYTES - len(ext)) + ext
 
 
+def names_something(title: str) -> bool:
+    """Whether ``title`` keeps any character in a file name (``safe_filename``): False for one of
+    only whitespace, control characters or dots (``".."``), which the path law names
+    ``untitled.md`` (design §2.2). Raises ``TypeError`` if ``title`` is not a str."""
+    if not isinstance(title, str):
+        raise TypeError(f"title must be str, not {type(title).__name__}")
+    return bool(_clean(title))
+
+
 def safe_folder_segment(name: str) -> str:
     """Map any name to a folder segment (design §2.2): the rules of :func:`safe_filename` without
     the extension. ``name`` (str) → non-empty segment ≤ 255 UTF-8 bytes; empty result → ``folder``;

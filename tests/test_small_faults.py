@@ -141,6 +141,9 @@ def test_moving_a_folder_onto_an_existing_folder_is_refused_unless_merging(kb_en
 def test_cli_new_refuses_an_empty_title_and_normalize_says_what_it_adjusted(kb_env, tmp_path):
     empty = run_cli(kb_env, "new", "  ", "-w", "1", check=False)
     assert empty.returncode == 2 and "the title is empty" in empty.stderr
+    for nameless in ("..", ". .", "\x01"):  # it became untitled.md without a word
+        refused = run_cli(kb_env, "new", nameless, "-w", "1", check=False)
+        assert refused.returncode == 2 and "keeps no character in a file name" in refused.stderr, refused.stderr
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "p.md").write_text("one\ntwo\nthree\n")

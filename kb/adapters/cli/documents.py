@@ -220,6 +220,14 @@ def new(
         raise click.BadParameter(
             'the title is empty; give the document a title, e.g. kb new "Meeting notes" -w 1', param_hint="TITLE"
         )
+    from kb.paths import names_something
+
+    if not names_something(title):  # only dots or control characters: it would be untitled.md
+        raise click.BadParameter(
+            f"the title {title!r} keeps no character in a file name (only dots or control characters); "
+            'give the document a title, e.g. kb new "Meeting notes" -w 1',
+            param_hint="TITLE",
+        )
     if body is None:
         body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     kb = session.open_kb()
