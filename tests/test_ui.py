@@ -108,6 +108,11 @@ def test_pages_without_javascript(served):
         assert marked and marked.group(1) == "3" and "within 60 days" in marked.group(0)
         assert f"/revisions/{revisions['edit']}" in marked.group(0)  # line 3 last changed by the edit
         assert f"/revisions/{revisions['import']}" in document  # line 1 by the import
+        # a range past the end is told, not shown empty; one running past it is cut at the last line
+        past = web.get(f"{ws}/documents/Billing/Refunds.md?lines=400-410").text
+        assert "are past the end" in past and 'class="marked"' not in past
+        huge = web.get(f"{ws}/documents/Billing/Refunds.md?lines=2-2000000000")  # no list of 2e9 numbers
+        assert huge.status_code == 200 and "The document ends at line" in huge.text, huge.text[:500]
 
         # the revision pages: an edit's diff with old and new line numbers, a move as a rename
         edit = web.get(f"{ws}/revisions/{revisions['edit']}").text

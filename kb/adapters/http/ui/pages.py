@@ -43,6 +43,23 @@ def parse_lines(lines: str | None) -> tuple[int, int] | None:
     return start, int(match.group(2) or start)
 
 
+def highlight_within(highlight: tuple[int, int] | None, total: int) -> tuple[tuple[int, int] | None, str | None]:
+    """The lines ``highlight`` asks for, cut to a document of ``total`` lines, and what the page
+    says when it had to cut: ``((start, end) or None, note or None)``. A range past the last line
+    marks nothing and says so; one running past it is cut at the last line (never a list of two
+    billion line numbers for ``?lines=1-2000000000``)."""
+    if highlight is None:
+        return None, None
+    start, end = highlight
+    if start > end:
+        return None, f"Lines {start}–{end} name no line: the first must not come after the last."
+    if start > total:
+        return None, f"Lines {start}–{end} are past the end: the document has {total} lines here."
+    if end > total:
+        return (start, total), f"The document ends at line {total}: lines {start}–{total} are shown."
+    return (start, end), None
+
+
 def turn_of(message: str) -> str | None:
     """The turn id a revision's message names in its ``Turn:`` trailer (design §5), or None."""
     match = TURN_TRAILER.search(message)
@@ -119,6 +136,7 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
         envelope = kb.read_document(workspace_id, virtual, revision)
         at_head = revision is None or envelope.revision == kb.head(workspace_id)
         blame = kb.blame(workspace_id, virtual) if at_head else None
+        highlight, highlight_note = highlight_within(parse_lines(lines), len(envelope.lines))
         return render(
             request,
             "document.html",
@@ -130,7 +148,8 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
             origins=blame.lines if blame else None,
             blame_complete=blame.complete if blame else True,
             at_head=at_head,
-            highlight=parse_lines(lines),
+            highlight=highlight,
+            highlight_note=highlight_note,
             crumbs=_crumbs(virtual),
         )
 
