@@ -238,3 +238,50 @@ def test_a_job_the_outage_cut_is_put_back_when_the_worker_restarts(pg_server, te
                 assert re.search(r"retrying\s+left\s+running\s+by\s+the\s+worker's", log.read_text()), log.read_text()
         finally:
             relay.close()
+
+
+def test_kb_worker_until_idle_tells_an_outage_in_lines(pg_server, template_url, tmp_path):
+    """design §7: ``kb worker --until-idle`` losing Postgres exits non-zero with
+    DatabaseUnavailable, and says so in lines: Procrastinate's tracebacks of the lost side tasks
+    and of the job whose end could not be recorded were printed (the supervised worker already
+    dropped them)."""
+    import subprocess
+    import sys
+
+    from kb.store.projection import PROJECTION_LOCK_NAMESPACE
+
+    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+        try:
+            with KnowledgeBase.open(settings) as kb, psycopg.connect(settings.database_url) as holder:
+                kb.create_workspace(1)
+                holder.execute(
+                    queries["test_hold_advisory_lock"], {"namespace": PROJECTION_LOCK_NAMESPACE, "workspace_id": 1}
+                )
+                with kb.transaction(1, "one", "tester") as tx:
+                    tx.write("/documents/one.md", "# One\n\ncut while projected\n")
+                worker = subprocess.Popen(
+                    [sys.executable, "-m", "kb.adapters.cli", "worker", "--until-idle"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                try:
+                    wait_until(
+                        lambda: any(r[1].startswith("kb.project") for r in holder.execute(queries["test_jobs_doing"])),
+                        120,
+                        "the projection job to wait for the held lock",
+                    )
+                    relay.close()
+                    out, err = worker.communicate(timeout=300)
+                finally:
+                    if worker.poll() is None:
+                        worker.kill()
+                        worker.communicate()
+                holder.rollback()
+        finally:
+            relay.close()
+    assert worker.returncode == 1, (out, err)
+    # the last line says what failed, on one line (Procrastinate's message is indented over three)
+    assert re.search(r"^kb: error: the job queue lost its database connection \(Database error: .+\)$", err, re.M), err
+    assert "Traceback" not in err, err

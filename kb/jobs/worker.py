@@ -324,6 +324,7 @@ def run_worker(
     report = WorkerReport()
     try:
         if until_idle:
+            _quiet_side_task_tracebacks()  # an outage is told in lines here too (design §7)
             try:
                 asyncio.run(run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display))
             except errors.KbError:
@@ -373,11 +374,16 @@ def as_worker_error(exc: BaseException) -> errors.KbError:
 
     if isinstance(exc, procrastinate.exceptions.ConnectorException | psycopg.Error | OSError):
         cause = exc.__cause__ or exc.__context__
-        detail = f"{exc}".strip(" .") or type(exc).__name__
+        detail = _one_line(str(exc)).strip(" .") or type(exc).__name__  # Procrastinate's is indented
         if cause is not None and str(cause).strip():
-            detail = f"{detail}: {str(cause).strip()}"
+            detail = f"{detail}: {_one_line(str(cause))}"
         return errors.DatabaseUnavailable(f"the job queue lost its database connection ({detail})")
     return errors.WorkerFailed(f"the worker's loop failed: {type(exc).__name__}: {exc}")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its runs of whitespace (newlines, indentation) as single spaces."""
+    return " ".join(text.split())
 
 
 class _NoTracebackForLostDatabase(logging.Filter):
