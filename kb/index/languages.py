@@ -126,7 +126,7 @@ def _read_unpacked(folder: Path) -> tuple | None:
     try:
         arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _MODEL_ARRAYS}
         classes = json.loads((folder / "classes.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):  # missing, or a file cut short
         return None
     ptc, pc, nextmove, row, out = (arrays[name] for name in _MODEL_ARRAYS)
     if not (
@@ -146,8 +146,11 @@ def _write_unpacked(folder: Path, identifier) -> None:
     place, so a reader sees all the files or none; a concurrent writer's folder wins."""
     import numpy as np
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-py3langid-"))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-py3langid-"))
+    except OSError:
+        return  # a read-only cache: every process unpacks the model
     try:
         arrays = {
             "ptc": np.asarray(identifier.nb_ptc),
