@@ -16,7 +16,8 @@ to the reference. Goals (design §13, §14): read/log/status ≤ 0.3 s, search �
 
 With ``--server`` the same kb commands also run against a ``kb serve`` subprocess
 (``KB_SERVER_URL``), the warm path; ``--compare TREE`` times the same commands from another
-source tree (before/after a change) in the same rounds; ``--minilm`` adds a cold search with MiniLM
+source tree (before/after a change) in the same rounds (with ``--minilm``, its cold MiniLM search
+too); ``--minilm`` adds a cold search with MiniLM
 through its ONNX export on onnxruntime, on workspace 2, which holds the same notes indexed with
 MiniLM (a workspace's queries are embedded by the model it records, design §7; the export itself,
 with torch, is made by that untimed index run, as a user's first index makes it).
@@ -177,6 +178,9 @@ def main() -> None:
             subprocess.run(kb_cli("import", str(source), "-w", "2"), env=minilm, check=True, capture_output=True)
             subprocess.run(kb_cli("worker", "--until-idle", "-q"), env=minilm, check=True, capture_output=True)
             legs["search (minilm, cold)"] = (kb_cli("search", "refund invoice", "-w", "2"), minilm)
+            if args.compare:
+                compared = {**minilm, "PYTHONPATH": str(args.compare.resolve())}
+                legs["search (minilm, cold) (compare)"] = (legs["search (minilm, cold)"][0], compared)
         if args.server:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -206,7 +210,8 @@ def main() -> None:
         for name, samples in times.items():
             median = statistics.median(wall for wall, _ in samples)
             cpu = statistics.median(c for _, c in samples)
-            goal = None if name in UNTIMED_BASES else GOALS.get(name, GOALS.get(name.split(" ")[0]))
+            leg = name.removesuffix(" (compare)")
+            goal = None if name in UNTIMED_BASES else GOALS.get(leg, GOALS.get(leg.split(" ")[0]))
             verdict = "" if goal is None else f"  goal ≤ {goal:.2f} s: {'met' if median <= goal else 'MISSED'}"
             versus = f", {median / reference:5.1f}× rg" if name.startswith("search") else ""
             print(

@@ -386,10 +386,13 @@ class KnowledgeBase:
         Raises InvalidInput for an empty, over-long or NUL-bearing query or k outside 1..100,
         HistoryDiverged when the workspace's repository is not its own or is behind Postgres.
         """
+        from kb.index.embedding import model_cache
+        from kb.index.languages import cache_in
         from kb.search.hybrid import check_query
         from kb.search.hybrid import search as hybrid_search
 
         check_query(query, k)
+        cache_in(model_cache(self.settings))  # the query's language model, unpacked once (design §7)
         store = self.store(workspace_id)
         repo = store.repository
         with database.pooled_connection(self.database_url) as conn:

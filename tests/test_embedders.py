@@ -108,3 +108,32 @@ def test_vector_literal_names_every_float32_exactly(kb):
         [row] = named_rows(kb, "test_vector_as_floats", literal=literal)
         assert np.array_equal(np.array(row["floats"], dtype=np.float32), vector)
     assert vector_literal([0.5, float("nan")]) == "[0.5,nan]"
+
+
+def test_a_lazy_embedder_loads_its_model_once_for_threads_asking_at_once(monkeypatch, tmp_path):
+    """``kb serve``'s threads share one LazyEmbedder: the first searches, arriving together, load
+    the model once (each load is seconds and a model's memory)."""
+    from kb.index import embedding
+    from kb.settings import Settings
+
+    loads = []
+    inside = threading.Barrier(2, timeout=2)
+    real = embedding.make_embedder
+
+    def counting(settings):
+        loads.append(settings.embedding_model)
+        try:
+            inside.wait()  # a second load would meet the first here; with one, the wait breaks
+        except threading.BrokenBarrierError:
+            pass
+        return real(settings)
+
+    monkeypatch.setattr(embedding, "make_embedder", counting)
+    lazy = embedding.LazyEmbedder(Settings(storage_root=tmp_path, embedding_model="hashing"))
+    vectors = []
+    threads = [threading.Thread(target=lambda: vectors.append(lazy.embed(["refund"]))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert loads == ["hashing"] and len(vectors) == 2

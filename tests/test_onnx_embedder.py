@@ -81,6 +81,38 @@ def test_onnx_vectors_equal_the_torch_path(minilm_cache):
     assert onnx.embed([]).shape == (0, 384)
 
 
+def test_the_optimised_graph_is_kept_and_gives_the_same_vectors(minilm_cache, tmp_path):
+    """The first session writes the graph as onnxruntime optimises it; later ones load that copy
+    and embed bit-identically; a damaged copy is set aside (the export answers) and written anew."""
+    import numpy as np
+    import onnxruntime
+
+    from kb.index.onnx_embedder import PROBE_TEXTS, OnnxExport, OnnxRuntimeModel, optimized_graph
+
+    shared = prepared_export(_minilm_directory(), minilm_cache)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for name in ("model.onnx", "tokenizer.json", "export.json"):
+        _link_or_copy(str(shared.folder / name), str(folder / name))
+    export = OnnxExport(folder, shared.record)
+    graph = folder / "model.onnx"
+    optimized = optimized_graph(graph, onnxruntime.__version__)
+    texts = [*PROBE_TEXTS, *QUERIES]
+
+    first = OnnxRuntimeModel(export)
+    assert first.source == graph and optimized.is_file()
+    assert not list(folder.glob(".tmp-*"))
+    second = OnnxRuntimeModel(export)
+    assert second.source == optimized
+    expected = first.embed(texts)
+    assert np.array_equal(second.embed(texts), expected)
+
+    optimized.write_bytes(b"damaged")
+    third = OnnxRuntimeModel(export)
+    assert third.source == graph and np.array_equal(third.embed(texts), expected)
+    assert OnnxRuntimeModel(export).source == optimized  # written again
+
+
 def _link_or_copy(source: str, target: str) -> None:
     try:
         os.link(source, target)

@@ -22,6 +22,7 @@ import json
 import math
 import re
 import struct
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -376,6 +377,7 @@ class LazyEmbedder:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._loaded: Embedder | None = None
+        self._loading = threading.Lock()
         known = configured_model(settings)
         if known is None:  # a model directory: its space's name needs the loaded model
             self._loaded = make_embedder(settings)
@@ -388,28 +390,33 @@ class LazyEmbedder:
         """True once the real embedder has been loaded."""
         return self._loaded is not None
 
+    def _embedder(self) -> Embedder:
+        """The real embedder, loaded once however many threads (``kb serve``'s) ask at once: a
+        second load would cost its seconds and memory again."""
+        loaded = self._loaded
+        if loaded is None:
+            with self._loading:
+                if self._loaded is None:
+                    self._loaded = make_embedder(self._settings)
+                loaded = self._loaded
+        return loaded
+
     def embed_query(self, text: str) -> np.ndarray:
         """One search query's vector (an e5 model prefixes queries unlike passages), ``(dim,)``."""
         import numpy as np
 
-        if self._loaded is None:
-            self._loaded = make_embedder(self._settings)
-        return np.asarray(query_vector(self._loaded, text), dtype=np.float32)
+        return np.asarray(query_vector(self._embedder(), text), dtype=np.float32)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
 
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        if self._loaded is None:
-            self._loaded = make_embedder(self._settings)
-        return self._loaded.embed(texts)
+        return self._embedder().embed(texts)
 
     def query_vector(self, text: str) -> list[float]:
         """The vector of one text as floats (``query_literal``), loading the embedder if needed."""
-        if self._loaded is None:
-            self._loaded = make_embedder(self._settings)
-        return query_vector(self._loaded, text)
+        return query_vector(self._embedder(), text)
 
 
 def query_vector(embedder: Embedder, text: str) -> list[float]:

@@ -75,8 +75,8 @@ from kb.git.repository import BULK_READ_MIN, Repository
 from kb.index import vector_index
 from kb.index.chunk_context import context_line, embedded_text, heading_paths
 from kb.index.chunking import Chunk, Chunker, LazyChunker
-from kb.index.embedding import Embedder, check_vectors
-from kb.index.languages import detect_language, detect_languages, lexical_text, lexically_stable, text_config
+from kb.index.embedding import Embedder, check_vectors, model_cache
+from kb.index.languages import cache_in, detect_language, detect_languages, lexical_text, lexically_stable, text_config
 from kb.settings import Settings
 from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
@@ -267,6 +267,7 @@ class Indexer:
         self.database_url = database_url
         self.embedder = embedder
         self.embedder_for = embedder_for
+        cache_in(model_cache(settings))  # the documents' language model, unpacked once (design §7)
         self.chunker = chunker or Chunker(settings.chunk_size)
         self.progress = progress
         self._vector_index_suspended = False

@@ -24,6 +24,11 @@ Postgres text-search configuration, and CJK segmentation.
   bigrams only: its single kana are mostly particles (の, を, は) that match every page.
   bin/eval_search.py, tune split, use-m3: Chinese recall@5 .664 → .674 with the unigrams in
   query and pages; Japanese .573 unchanged (.565 had its queries' unigrams been kept too).
+- The classifier's model ships LZMA-compressed (68 MB unpacked); unpacking it took 0.6 s, most of
+  a cold ``kb search`` with MiniLM, whose vector leg asks ``language_share``. ``cache_in(folder)``
+  (the model cache, ``KB_MODEL_CACHE``) makes the first load keep it there unpacked, one ``.npy``
+  file per array; later processes map those files (about 20 ms) and get the same arrays, hence the
+  same answers (design §7, §14).
 - ``lexically_stable(*texts)``: whether ``lexical_text`` leaves the texts' words as an earlier kb
   (before normalization) indexed them, i.e. they are already in form C; the indexer re-derives the
   chunks of a document that is not, so a reindex brings such pages to the normalized form. Chunk
@@ -34,8 +39,15 @@ Postgres text-search configuration, and CJK segmentation.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
 import re
+import shutil
+import tempfile
+import threading
 import unicodedata
+from pathlib import Path
 
 DETECT_CHARS = 4000
 """Characters of a document given to the language classifier (its start is representative)."""
@@ -82,11 +94,128 @@ _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\ua
 _MARKUP = re.compile(r"```.*?```|`[^`]*`|\[\[[^\]]*\]\]|\]\([^)]*\)|<[^>]+>|https?://\S+", re.DOTALL)
 
 
-@functools.cache
-def _identifier():
-    import py3langid
+_LOADED = threading.Lock()
+_cache_root: Path | None = None
+_MODEL_ARRAYS = ("ptc", "pc", "nextmove", "nextmove_row", "out_feat")
 
-    return py3langid
+
+def cache_in(folder: Path) -> None:
+    """Keep the classifier's unpacked model under ``folder`` (the model cache): a process that
+    loads it later maps the files instead of unpacking the compressed model (0.6 s)."""
+    global _cache_root
+    _cache_root = folder
+
+
+def _model_folder(root: Path) -> Path:
+    """``{root}/py3langid-{12 hex}``: the hex of the package version and the compressed model's
+    path, size and mtime, so an upgraded or changed model is unpacked again."""
+    import py3langid
+    from py3langid.langid import MODEL_DIR, MODEL_FILE
+
+    source = (MODEL_DIR / MODEL_FILE).resolve()
+    stat = source.stat()
+    key = f"{py3langid.__version__}\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return root / f"py3langid-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _read_unpacked(folder: Path) -> tuple | None:
+    """The model's arrays mapped from ``folder`` as ``LanguageIdentifier`` takes them, or None
+    when the folder is missing or inconsistent (then the compressed model is loaded)."""
+    import numpy as np
+
+    try:
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _MODEL_ARRAYS}
+        classes = json.loads((folder / "classes.json").read_text())
+    except (OSError, ValueError, EOFError):  # missing, or a file cut short
+        return None
+    ptc, pc, nextmove, row, out = (arrays[name] for name in _MODEL_ARRAYS)
+    if not (
+        isinstance(classes, list)
+        and ptc.ndim == 2
+        and ptc.shape[1] == len(classes) == pc.shape[0]
+        and nextmove.size % 256 == 0
+        and row.shape == out.shape
+    ):
+        return None
+    # memoryviews index to Python ints like the array('H'/'I') py3langid builds
+    return np.asarray(ptc), np.asarray(pc), classes, memoryview(nextmove), out.tolist(), memoryview(row)
+
+
+def _write_unpacked(folder: Path, identifier) -> None:
+    """Write ``identifier``'s arrays into ``folder`` at once: a temporary folder renamed into
+    place, so a reader sees all the files or none; a concurrent writer's folder wins."""
+    import numpy as np
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-py3langid-"))
+    except OSError:
+        return  # a read-only cache: every process unpacks the model
+    try:
+        arrays = {
+            "ptc": np.asarray(identifier.nb_ptc),
+            "pc": np.asarray(identifier.nb_pc),
+            "nextmove": np.frombuffer(identifier.tk_nextmove, dtype=np.dtype(identifier.tk_nextmove.typecode)),
+            "nextmove_row": np.frombuffer(identifier.tk_row, dtype=np.dtype(identifier.tk_row.typecode)),
+            "out_feat": np.asarray(identifier.tk_output, dtype=np.int32),
+        }
+        for name, array in arrays.items():
+            with open(temporary / f"{name}.npy", "wb") as handle:
+                np.save(handle, array)
+                handle.flush()
+                os.fsync(handle.fileno())
+        (temporary / "classes.json").write_text(json.dumps(list(identifier.nb_classes)))
+        try:
+            os.rename(temporary, folder)
+        except OSError:
+            if _read_unpacked(folder) is not None:  # another process wrote it meanwhile
+                raise
+            # a damaged folder (a disk fault): moved aside whole, so no reader sees it half deleted
+            stale = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".stale-py3langid-"))
+            os.rename(folder, stale / "model")
+            shutil.rmtree(stale, ignore_errors=True)
+            os.rename(temporary, folder)
+    except OSError:
+        shutil.rmtree(temporary, ignore_errors=True)  # another process's folder, or no room: a cache only
+
+
+@functools.cache
+def _model() -> tuple:
+    """The classifier's arrays (``LanguageIdentifier``'s constructor arguments), loaded once per
+    process: mapped from the model cache when ``cache_in`` named one holding them, else unpacked
+    from py3langid's compressed file (and written to the cache for the next process)."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    folder = _model_folder(_cache_root) if _cache_root is not None else None
+    found = _read_unpacked(folder) if folder is not None else None
+    if found is not None:
+        return found
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE)
+    if folder is not None:
+        _write_unpacked(folder, identifier)
+    return (
+        identifier.nb_ptc,
+        identifier.nb_pc,
+        identifier.nb_classes,
+        identifier.tk_nextmove,
+        identifier.tk_output,
+        identifier.tk_row,
+    )
+
+
+@functools.cache
+def _classifier(norm_probs: bool):
+    """py3langid's ``LanguageIdentifier`` over the model (``_model``), shared by every thread;
+    ``norm_probs=False`` is the one ``py3langid.classify`` uses."""
+    from py3langid.langid import LanguageIdentifier
+
+    with _LOADED:  # one load for every thread
+        ptc, pc, classes, nextmove, output, row = _model()
+    return LanguageIdentifier(ptc, pc, classes, nextmove, output, norm_probs=norm_probs, tk_row=row)
+
+
+def _identifier():
+    return _classifier(False)
 
 
 MACROLANGUAGES = {
@@ -140,18 +269,15 @@ def detect_languages(texts: list[str]) -> list[str]:
 
     samples = [_sample(text) for text in texts]
     lettered = [i for i, sample in enumerate(samples) if any(ch.isalpha() for ch in sample)]
-    found = classify_many(_identifier().langid._get_identifier(), [samples[i] for i in lettered])
+    found = classify_many(_identifier(), [samples[i] for i in lettered])
     languages = ["und"] * len(texts)
     for i, language in zip(lettered, found):
         languages[i] = iso_639_1(language)
     return languages
 
 
-@functools.cache
 def _probabilities():
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    return _classifier(True)
 
 
 def language_share(text: str, languages: frozenset[str]) -> float:

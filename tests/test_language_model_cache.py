@@ -1,0 +1,68 @@
+"""The language classifier's model kept unpacked in the model cache (kb.index.languages, design §7):
+a later process maps it instead of unpacking py3langid's compressed file, and answers the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb.index import languages
+
+TEXTS = (
+    "refund invoice",
+    "A Python code linter",
+    "Rückerstattung für ein Jahresabonnement",
+    "佢哋喺度等緊你，你快啲嚟啦",
+    "日本語のテキストと中文文本",
+    "واش نتا بخير؟ شنو درتي اليوم؟ بغيت نمشي للسوق",
+    "word " * 900,
+)
+
+
+@pytest.fixture
+def fresh_model(monkeypatch):
+    """The module as a new process sees it: nothing loaded, no cache named."""
+
+    def forget() -> None:
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()
+
+    monkeypatch.setattr(languages, "_cache_root", None)
+    forget()
+    yield forget
+    forget()
+
+
+def test_the_unpacked_model_is_kept_in_the_cache_and_read_back_with_the_same_answers(tmp_path, fresh_model):
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    packed = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    languages.cache_in(tmp_path)
+    first = [languages._probabilities().rank(text) for text in TEXTS]
+    (folder,) = tmp_path.glob("py3langid-*")
+    assert {p.name for p in folder.iterdir()} == {f"{name}.npy" for name in languages._MODEL_ARRAYS} | {"classes.json"}
+    assert not list(tmp_path.glob(".tmp-*"))  # written into place at once
+
+    fresh_model()  # a later process: the arrays come from the cache's files
+    assert languages._read_unpacked(folder) is not None
+    again = [languages._probabilities().rank(text) for text in TEXTS]
+    assert again == first == [packed.rank(text) for text in TEXTS]
+    for text in TEXTS:  # detect_language's classifier is py3langid.classify's
+        assert languages._identifier().classify(text) == LanguageIdentifier.from_model_file(MODEL_FILE).classify(text)
+    assert languages.language_share("refund invoice", frozenset({"en"})) == pytest.approx(
+        sum(p for language, p in packed.rank("refund invoice") if language == "en")
+    )
+
+
+def test_a_damaged_cache_is_not_used_and_is_written_again(tmp_path, fresh_model):
+    languages.cache_in(tmp_path)
+    expected = languages._probabilities().rank("refund invoice")
+    (folder,) = tmp_path.glob("py3langid-*")
+    damaged = folder / "ptc.npy"
+    damaged.write_bytes(damaged.read_bytes()[:1000])  # truncated
+    assert languages._read_unpacked(folder) is None
+
+    fresh_model()
+    languages.cache_in(tmp_path)
+    assert languages._probabilities().rank("refund invoice") == expected  # from the compressed model
+    assert languages._read_unpacked(folder) is not None  # and kept whole again for the next process
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
