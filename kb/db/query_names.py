@@ -141,6 +141,7 @@ QueryName = Literal[
     "mark_document_failed",
     "mark_document_indexed",
     "mark_documents_adopted",
+    "mark_documents_indexed",
     "mark_workspace_diverged",
     "migration_status",
     "move_document",

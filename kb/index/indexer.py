@@ -793,7 +793,7 @@ class Indexer:
         """Write a batch's documents in one transaction, each statement once for the whole batch
         (rows locked together, chunk deletes, position updates and inserts pipelined, terms and
         stamps set together): the common case costs a handful of round trips and one commit per
-        batch, not per document. Gone and superseded documents are settled as in
+        batch, not per document (the stamps too: ``mark_documents_indexed``, one statement). Gone and superseded documents are settled as in
         ``_write_document``. Returns False, with nothing written and ``report`` untouched, when
         anything fails: the caller then writes document by document, so one bad document is
         marked failed and the others go on (design §7)."""
@@ -828,23 +828,19 @@ class Indexer:
                 if emptied:
                     conn.execute(queries["delete_chunks_of_documents"], {"ids": emptied})
                 self._write_chunks(conn, leftover, updates, inserts)
-                with conn.cursor() as cur:
-                    if current:
-                        cur.execute(queries["refresh_document_terms"], {"document_ids": [p.row["id"] for p in current]})
-                        cur.executemany(
-                            queries["mark_document_indexed"],
-                            [
-                                {
-                                    "document_id": p.row["id"],
-                                    "content_id": p.row["content_id"],
-                                    "revision_id": head,
-                                    "path": p.row["path"],
-                                    "status": "indexed" if p.unindexable is None else "unindexable",
-                                    "error": p.unindexable,
-                                }
-                                for p in current
-                            ],
-                        )
+                if current:
+                    conn.execute(queries["refresh_document_terms"], {"document_ids": [p.row["id"] for p in current]})
+                    conn.execute(
+                        queries["mark_documents_indexed"],
+                        {
+                            "document_ids": [p.row["id"] for p in current],
+                            "content_ids": [p.row["content_id"] for p in current],
+                            "paths": [p.row["path"] for p in current],
+                            "statuses": ["indexed" if p.unindexable is None else "unindexable" for p in current],
+                            "errors": [p.unindexable for p in current],
+                            "revision_id": head,
+                        },
+                    )
         except Exception as exc:  # rolled back: document by document now, isolating the failure
             log.info("writing a batch of %d documents failed (%s); writing them one by one", len(batch), exc)
             return False
