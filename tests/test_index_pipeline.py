@@ -13,7 +13,7 @@ from support.generated_documents import generated_corpus, named_rows, write_all
 from support.named_queries import queries
 
 from kb.db import database
-from kb.index.indexer import DOCUMENT_BATCH, sha256_text
+from kb.index.indexer import DOCUMENT_BATCH, Indexer, sha256_text
 
 
 def _documents(kb, ws: int = 1) -> list[dict]:
@@ -218,3 +218,25 @@ def test_a_batch_stamps_its_documents_in_one_statement_as_one_by_one(kb):
     assert by_id[docs[2]["id"]]["index_attempts"] == 0 and by_id[docs[2]["id"]]["index_error"] is None
     assert by_id[docs[1]["id"]]["index_error"] == "UnindexableDocument: NUL bytes"
     assert by_id[docs[0]["id"]]["indexed_path"] == paths[docs[0]["id"]] and by_id[docs[0]["id"]]["indexed_revision"]
+
+
+def test_a_batchs_chunk_rows_are_read_by_the_writer_while_the_run_cuts_it(kb, monkeypatch):
+    """Each batch's chunk rows are read on the writer thread, queued ahead of the previous batch's
+    write, not on the thread that cuts and embeds; every batch still gets its own documents' rows,
+    so a reindex of an indexed workspace reuses every row, batch after batch."""
+    docs = generated_corpus(2 * DOCUMENT_BATCH + 5)
+    write_all(kb, 1, docs)
+    first = kb.index(1)
+    assert first.chunks_written > 0
+    readers: list[tuple[str, int]] = []
+    read = Indexer._chunk_rows
+
+    def spied(conn, batch):
+        readers.append((threading.current_thread().name, len(batch)))
+        return read(conn, batch)
+
+    monkeypatch.setattr(Indexer, "_chunk_rows", staticmethod(spied))
+    again = kb.reindex(1)
+    assert again.chunks_written == 0 and again.chunks_reused == first.chunks_written
+    assert [n for _, n in readers] == [DOCUMENT_BATCH, DOCUMENT_BATCH, 5]
+    assert all(name.startswith("kb-index-writer") for name, _ in readers)
