@@ -235,7 +235,7 @@ QueryName = Literal[
     "update_index_run",
     "update_span_fill_run",
     "upsert_artifact",
-    "upsert_document",
+    "upsert_documents",
     "vector_index_valid",
     "vector_leg",
     "vector_leg_approximate",

@@ -423,3 +423,7 @@ FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY id;
 -- name: test_set_index_attempts
 UPDATE kb.documents SET status = 'failed', index_attempts = %(attempts)s, index_error = 'earlier'
 WHERE id = %(document_id)s;
+
+-- name: test_document_stamps_by_path
+-- A workspace's documents with their content and index state (tests/test_projection.py).
+SELECT id, path, title, content_id, status, index_attempts FROM kb.documents WHERE workspace_id = %(workspace_id)s;
