@@ -13,7 +13,7 @@ from support.generated_documents import generated_corpus, named_rows, write_all
 from support.named_queries import queries
 
 from kb.db import database
-from kb.index.indexer import DOCUMENT_BATCH, sha256_text
+from kb.index.indexer import DOCUMENT_BATCH, Indexer, sha256_text
 
 
 def _documents(kb, ws: int = 1) -> list[dict]:
@@ -163,3 +163,80 @@ def test_a_run_reads_its_documents_in_bulk_and_a_missing_blob_fails_its_document
     assert "DocumentNotFound" in report.failures[gone["path"]]
     assert report.documents_indexed == len(docs) - 1
     assert looked_up == [d["content_id"] for d in documents[20:]]
+
+
+def test_a_batch_stamps_its_documents_in_one_statement_as_one_by_one(kb):
+    """A batch's documents are stamped by one statement (``mark_documents_indexed``, arrays) that
+    sets what ``mark_document_indexed`` sets document by document: status, content, path,
+    revision, error and attempts, for indexed and unindexable documents alike, and leaves a
+    document whose content or path differs from the run's untouched."""
+    write_all(kb, 1, generated_corpus(5))
+    kb.project(1)
+    docs = named_rows(kb, "test_documents_in_id_order", workspace_id=1)
+    paths = {d["id"]: d["path"] for d in docs}
+    entries = [
+        (docs[0], "indexed", None),
+        (docs[1], "unindexable", "UnindexableDocument: NUL bytes"),
+        (docs[2], "indexed", None),
+        ({**docs[3], "content_id": "0" * 40}, "indexed", None),  # changed since the run read it
+        ({**docs[4], "path": "/elsewhere.md"}, "indexed", None),  # moved since the run read it
+    ]
+    stamps = []
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        for one_by_one in (True, False):
+            with conn.transaction(force_rollback=True):
+                conn.execute(queries["test_set_index_attempts"], {"document_id": docs[2]["id"], "attempts": 2})
+                if one_by_one:
+                    for row, status, error in entries:
+                        conn.execute(
+                            queries["mark_document_indexed"],
+                            {
+                                "document_id": row["id"],
+                                "content_id": row["content_id"],
+                                "path": row["path"],
+                                "revision_id": "f" * 40,
+                                "status": status,
+                                "error": error,
+                            },
+                        )
+                else:
+                    conn.execute(
+                        queries["mark_documents_indexed"],
+                        {
+                            "document_ids": [row["id"] for row, _, _ in entries],
+                            "content_ids": [row["content_id"] for row, _, _ in entries],
+                            "paths": [row["path"] for row, _, _ in entries],
+                            "statuses": [status for _, status, _ in entries],
+                            "errors": [error for _, _, error in entries],
+                            "revision_id": "f" * 40,
+                        },
+                    )
+                stamps.append(conn.execute(queries["test_document_stamps"], {"workspace_id": 1}).fetchall())
+    assert stamps[0] == stamps[1]
+    by_id = {s["id"]: s for s in stamps[1]}
+    assert [by_id[d["id"]]["status"] for d in docs] == ["indexed", "unindexable", "indexed", "pending", "pending"]
+    assert by_id[docs[2]["id"]]["index_attempts"] == 0 and by_id[docs[2]["id"]]["index_error"] is None
+    assert by_id[docs[1]["id"]]["index_error"] == "UnindexableDocument: NUL bytes"
+    assert by_id[docs[0]["id"]]["indexed_path"] == paths[docs[0]["id"]] and by_id[docs[0]["id"]]["indexed_revision"]
+
+
+def test_a_batchs_chunk_rows_are_read_by_the_writer_while_the_run_cuts_it(kb, monkeypatch):
+    """Each batch's chunk rows are read on the writer thread, queued ahead of the previous batch's
+    write, not on the thread that cuts and embeds; every batch still gets its own documents' rows,
+    so a reindex of an indexed workspace reuses every row, batch after batch."""
+    docs = generated_corpus(2 * DOCUMENT_BATCH + 5)
+    write_all(kb, 1, docs)
+    first = kb.index(1)
+    assert first.chunks_written > 0
+    readers: list[tuple[str, int]] = []
+    read = Indexer._chunk_rows
+
+    def spied(conn, batch):
+        readers.append((threading.current_thread().name, len(batch)))
+        return read(conn, batch)
+
+    monkeypatch.setattr(Indexer, "_chunk_rows", staticmethod(spied))
+    again = kb.reindex(1)
+    assert again.chunks_written == 0 and again.chunks_reused == first.chunks_written
+    assert [n for _, n in readers] == [DOCUMENT_BATCH, DOCUMENT_BATCH, 5]
+    assert all(name.startswith("kb-index-writer") for name, _ in readers)

@@ -9,7 +9,9 @@ import psycopg
 from psycopg.rows import dict_row
 from support.commands import run_cli
 from support.events import received_events
+from support.named_queries import queries
 
+from kb.db import database
 from kb.store.projection import event_payload, renamed_folder_candidates
 
 
@@ -299,3 +301,45 @@ def test_a_document_moved_then_removed_before_one_projection_loses_its_row(kb):
     kb.index(1)
     assert list(_docs(kb.database_url)) == ["/documents/keep.md"]
     assert "/documents/Later" not in _folders(kb.database_url)
+
+
+def test_a_projection_upserts_its_changed_files_in_one_statement(kb):
+    """``upsert_documents`` writes every changed file of a projection in one statement, in the
+    arrays' order: new rows are inserted (ids in that order), a changed row takes the new content
+    and starts indexing afresh, and a row whose content is unchanged is left alone (no row back)."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed") as tx:
+        tx.write("/documents/a.md", "# A\n\nalpha\n")
+        tx.write("/documents/b.md", "# B\n\nbeta\n")
+    kb.project(1)
+    before = _docs(kb.database_url)
+    with database.connect(kb.database_url, autocommit=True) as conn, conn.transaction(force_rollback=True):
+        rows = conn.execute(
+            queries["upsert_documents"],
+            {
+                "workspace_id": 1,
+                "revision_id": kb.head(1),
+                "paths": ["/documents/z.md", "/documents/a.md", "/documents/b.md", "/documents/c.md"],
+                "titles": ["z", "a", "b", "c"],
+                "uid_hashes": ["hz", "ha", "hb", "hc"],
+                "content_ids": ["1" * 40, "2" * 40, before["/documents/b.md"]["content_id"], "3" * 40],
+            },
+        ).fetchall()
+        assert [(r["path"], r["inserted"]) for r in rows] == [
+            ("/documents/z.md", True),
+            ("/documents/a.md", False),
+            ("/documents/c.md", True),
+        ]
+        ids = {r["path"]: r["id"] for r in rows}
+        assert (
+            ids["/documents/z.md"] < ids["/documents/c.md"]
+            and ids["/documents/a.md"] == before["/documents/a.md"]["id"]
+        )
+        after = {
+            r["path"]: r for r in conn.execute(queries["test_document_stamps_by_path"], {"workspace_id": 1}).fetchall()
+        }
+    assert after["/documents/a.md"]["content_id"] == "2" * 40 and after["/documents/a.md"]["status"] == "pending"
+    assert (
+        after["/documents/z.md"]["title"] == "z"
+        and after["/documents/b.md"]["content_id"] == before["/documents/b.md"]["content_id"]
+    )

@@ -467,10 +467,17 @@ class Indexer:
             # finishes its queue before the block ends)
             self._writer, self._writer_conn, self._cache_writes = writer, writer_conn, []
             feed = _BlobFeed(repo, todo)
+            batches = [todo[start : start + DOCUMENT_BATCH] for start in range(0, len(todo), DOCUMENT_BATCH)]
+            # a batch's chunk rows are read by the writer thread, queued ahead of the previous
+            # batch's write, so they are in hand once this thread has cut the batch: no round trip
+            # waits on the thread that sets the pace (design §7); a batch's documents are not the
+            # previous batch's, so its write changes none of these rows
+            rows = writer.submit(self._chunk_rows, writer_conn, batches[0])
             try:
-                for start in range(0, len(todo), DOCUMENT_BATCH):
-                    batch = todo[start : start + DOCUMENT_BATCH]
-                    prepared, vectors = self._stage_batch(conn, repo, batch, report, feed.read)
+                for number, batch in enumerate(batches):
+                    prepared, vectors = self._stage_batch(conn, repo, batch, report, feed.read, rows)
+                    if number + 1 < len(batches):
+                        rows = writer.submit(self._chunk_rows, writer_conn, batches[number + 1])
                     if pending is not None:
                         self._collect(*pending, report, move_cursor=move_cursor)
                     cached, self._cache_writes = self._cache_writes, []
@@ -595,26 +602,17 @@ class Indexer:
         report.failed_attempts = still["attempts"]
 
     # -- one batch of documents ----------------------------------------------------------
-    def _prepare(
-        self,
-        repo: Repository,
-        row: dict,
-        existing: list[dict] | None = None,
-        read: Callable[[dict], bytes] | None = None,
-    ) -> _Prepared:
-        """Read (with ``read``, else from ``repo``), cut and hash one document (``existing``: its
-        chunk rows). Its language is detected here only when it has chunk rows, whose reuse
-        depends on it; otherwise the writer detects it when it builds the rows (``_detect``), off
-        the thread that cuts and embeds."""
-        prepared = _Prepared(row, existing=existing or [])
+    def _prepare(self, repo: Repository, row: dict, read: Callable[[dict], bytes] | None = None) -> _Prepared:
+        """Read (with ``read``, else from ``repo``), cut and hash one document. Its language is
+        left to detect (``text``): by ``_existing_rows`` when the document has chunk rows, whose
+        reuse depends on it, else by the writer when it builds the rows (``_detect``), off the
+        thread that cuts and embeds."""
+        prepared = _Prepared(row)
         try:
             data = read(row) if read is not None else repo.blob(row["content_id"])
             text = decode_document(data, self.settings.max_index_bytes)
             prepared.chunks = self.chunker.chunk(text)
-            if prepared.existing:
-                prepared.text_config = self.text_config(text)
-            else:
-                prepared.text = text
+            prepared.text = text
             title = row.get("title") or ""
             prepared.lexically_stable = lexically_stable(text, title)
             prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
@@ -754,16 +752,35 @@ class Indexer:
                 },
             )
 
-    def _stage_batch(
-        self, conn, repo, batch, report: IndexReport, read: Callable[[dict], bytes]
-    ) -> tuple[list[_Prepared], dict[str, VectorBytes]]:
-        """Cut ``batch``'s documents (their bytes from ``read``, in order), read their chunk rows
-        and embed what no row or cache entry carries: ``(prepared documents, vectors by hash)``,
-        ready for ``_write_staged`` (a document whose text failed to embed carries its error)."""
+    @staticmethod
+    def _chunk_rows(conn, batch: list[dict]) -> dict[int, list[dict]]:
+        """The chunk rows of ``batch``'s documents, by document id, in position order."""
         existing: dict[int, list[dict]] = {}
         for chunk_row in conn.execute(queries["chunks_of_documents"], {"document_ids": [row["id"] for row in batch]}):
             existing.setdefault(chunk_row["document_id"], []).append(chunk_row)
-        prepared = [self._prepare(repo, row, existing.get(row["id"]), read) for row in batch]
+        return existing
+
+    def _existing_rows(self, prepared: list[_Prepared], existing: dict[int, list[dict]]) -> None:
+        """Give each cut document its chunk rows (``_chunk_rows``) and, when it has any, its
+        text-search configuration now: whether a row can be reused depends on it (``_reusable``)."""
+        for p in prepared:
+            p.existing = existing.get(p.row["id"], [])
+            if p.existing and p.writable and p.text is not None:
+                text, p.text = p.text, None
+                try:
+                    p.text_config = self.text_config(text)
+                except Exception as exc:  # fails this document alone (§7)
+                    p.error = _error_text(exc)
+
+    def _stage_batch(
+        self, conn, repo, batch, report: IndexReport, read: Callable[[dict], bytes], rows: Future[dict[int, list[dict]]]
+    ) -> tuple[list[_Prepared], dict[str, VectorBytes]]:
+        """Cut ``batch``'s documents (their bytes from ``read``, in order), give them their chunk
+        rows (``rows``: read by the writer thread while they were cut, ``_run_documents``) and
+        embed what no row or cache entry carries: ``(prepared documents, vectors by hash)``, ready
+        for ``_write_staged`` (a document whose text failed to embed carries its error)."""
+        prepared = [self._prepare(repo, row, read) for row in batch]
+        self._existing_rows(prepared, rows.result())
         texts: dict[str, str] = {}
         for p in prepared:
             if p.writable:
@@ -794,7 +811,7 @@ class Indexer:
         """Write a batch's documents in one transaction, each statement once for the whole batch
         (rows locked together, chunk deletes, position updates and inserts pipelined, terms and
         stamps set together): the common case costs a handful of round trips and one commit per
-        batch, not per document. Gone and superseded documents are settled as in
+        batch, not per document (the stamps too: ``mark_documents_indexed``, one statement). Gone and superseded documents are settled as in
         ``_write_document``. Returns False, with nothing written and ``report`` untouched, when
         anything fails: the caller then writes document by document, so one bad document is
         marked failed and the others go on (design §7)."""
@@ -829,23 +846,19 @@ class Indexer:
                 if emptied:
                     conn.execute(queries["delete_chunks_of_documents"], {"ids": emptied})
                 self._write_chunks(conn, leftover, updates, inserts)
-                with conn.cursor() as cur:
-                    if current:
-                        cur.execute(queries["refresh_document_terms"], {"document_ids": [p.row["id"] for p in current]})
-                        cur.executemany(
-                            queries["mark_document_indexed"],
-                            [
-                                {
-                                    "document_id": p.row["id"],
-                                    "content_id": p.row["content_id"],
-                                    "revision_id": head,
-                                    "path": p.row["path"],
-                                    "status": "indexed" if p.unindexable is None else "unindexable",
-                                    "error": p.unindexable,
-                                }
-                                for p in current
-                            ],
-                        )
+                if current:
+                    conn.execute(queries["refresh_document_terms"], {"document_ids": [p.row["id"] for p in current]})
+                    conn.execute(
+                        queries["mark_documents_indexed"],
+                        {
+                            "document_ids": [p.row["id"] for p in current],
+                            "content_ids": [p.row["content_id"] for p in current],
+                            "paths": [p.row["path"] for p in current],
+                            "statuses": ["indexed" if p.unindexable is None else "unindexable" for p in current],
+                            "errors": [p.unindexable for p in current],
+                            "revision_id": head,
+                        },
+                    )
         except Exception as exc:  # rolled back: document by document now, isolating the failure
             log.info("writing a batch of %d documents failed (%s); writing them one by one", len(batch), exc)
             return False

@@ -218,20 +218,29 @@ class _Projection:
         delete the rows of ``removed`` paths, or (a full run, ``removed=None``) of every path not
         in ``documents``. Rows without ``content_id`` (claims) are never deleted."""
         changed = [
-            {
-                "workspace_id": self.ws,
-                "path": path,
-                "title": title_from_path(path),
-                "uid_hash": unique_identifier_hash("NOTE", path, self.ws),
-                "content_id": blob,
-                "revision_id": self.head,
-            }
+            (path, blob)
             for path, blob in documents.items()
             if path not in self.rows or self.rows[path]["content_id"] != blob
         ]
-        for row in self._many(queries["upsert_document"], changed):
-            (self.result.created if row["inserted"] else self.result.updated).append(row["id"])
-            self.rows[row["path"]] = row
+        if changed:  # one statement for them all (design §6): a first import upserts thousands
+            upserted = {
+                row["path"]: row
+                for row in self.conn.execute(
+                    queries["upsert_documents"],
+                    {
+                        "workspace_id": self.ws,
+                        "revision_id": self.head,
+                        "paths": [path for path, _ in changed],
+                        "titles": [title_from_path(path) for path, _ in changed],
+                        "uid_hashes": [unique_identifier_hash("NOTE", path, self.ws) for path, _ in changed],
+                        "content_ids": [blob for _, blob in changed],
+                    },
+                )
+            }
+            for path, _ in changed:  # in the files' order, as the rows were written
+                if (row := upserted.get(path)) is not None:
+                    (self.result.created if row["inserted"] else self.result.updated).append(row["id"])
+                    self.rows[path] = row
         candidates = set(self.rows) - set(documents) if removed is None else set(self.rows) & removed
         gone = [p for p in sorted(candidates) if self.rows[p]["content_id"] is not None]
         for row in self._many(queries["delete_document"], [{"workspace_id": self.ws, "path": p} for p in gone]):

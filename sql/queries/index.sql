@@ -112,6 +112,27 @@ LEFT JOIN kb.revisions projected ON projected.workspace_id = w.id AND projected.
 WHERE w.id = d.workspace_id
   AND d.id = %(document_id)s AND d.content_id = %(content_id)s AND d.path = %(path)s;
 
+-- name: mark_documents_indexed
+-- mark_document_indexed for a batch of documents written in one transaction (kb/index/indexer.py),
+-- in one statement: parallel arrays of ids, contents, paths, statuses and errors (one element per
+-- document, the rows already locked by lock_indexed_documents); the same stamp and conditions.
+UPDATE kb.documents d
+SET status = m.status, indexed_content_id = m.content_id, indexed_path = d.path,
+    indexed_revision = coalesce(
+        CASE WHEN projected.seq IS NULL
+                  OR (SELECT seq FROM kb.revisions WHERE workspace_id = d.workspace_id AND id = d.revision_id)
+                     > projected.seq
+             THEN d.revision_id ELSE w.last_projected_revision END,
+        %(revision_id)s),
+    index_error = m.error,
+    index_attempts = CASE WHEN m.status = 'indexed' THEN 0 ELSE d.index_attempts END
+FROM unnest(%(document_ids)s::bigint[], %(content_ids)s::text[], %(paths)s::text[], %(statuses)s::text[],
+            %(errors)s::text[]) AS m (document_id, content_id, path, status, error),
+     kb.workspaces w
+LEFT JOIN kb.revisions projected ON projected.workspace_id = w.id AND projected.id = w.last_projected_revision
+WHERE w.id = d.workspace_id
+  AND d.id = m.document_id AND d.content_id = m.content_id AND d.path = m.path;
+
 -- name: delete_document_chunks
 DELETE FROM kb.chunks WHERE document_id = %(document_id)s;
 

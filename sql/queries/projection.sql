@@ -31,12 +31,18 @@ SET path = %(new_path)s,
 WHERE workspace_id = %(workspace_id)s AND path = %(old_path)s
 RETURNING id;
 
--- name: upsert_document
+-- name: upsert_documents
 -- A new file becomes a NOTE titled from its file name; an existing row keeps its type, metadata
--- and title (they are Postgres' own, design §1). A content change resets the index state.
+-- and title (they are Postgres' own, design §1). A content change resets the index state. One
+-- statement for all the run's changed files (parallel arrays, one element per file, paths
+-- distinct), taken in the arrays' order: new rows get their ids in that order and existing rows
+-- are locked in it.
 INSERT INTO kb.documents (workspace_id, path, title, document_type, unique_identifier_hash,
                           content_id, revision_id)
-VALUES (%(workspace_id)s, %(path)s, %(title)s, 'NOTE', %(uid_hash)s, %(content_id)s, %(revision_id)s)
+SELECT %(workspace_id)s, u.path, u.title, 'NOTE', u.uid_hash, u.content_id, %(revision_id)s
+FROM unnest(%(paths)s::text[], %(titles)s::text[], %(uid_hashes)s::text[], %(content_ids)s::text[])
+     WITH ORDINALITY AS u (path, title, uid_hash, content_id, n)
+ORDER BY u.n
 ON CONFLICT (workspace_id, path) DO UPDATE
 SET content_id = EXCLUDED.content_id,
     revision_id = EXCLUDED.revision_id,

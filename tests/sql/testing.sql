@@ -413,3 +413,17 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(workspace_id)s);
 
 -- name: test_jobs_doing
 SELECT id, task_name FROM procrastinate_jobs WHERE status = 'doing' ORDER BY id;
+
+-- name: test_document_stamps
+-- What mark_document_indexed / mark_documents_indexed set on a workspace's documents
+-- (tests/test_index_pipeline.py).
+SELECT id, status, indexed_content_id, indexed_path, indexed_revision, index_error, index_attempts
+FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY id;
+
+-- name: test_set_index_attempts
+UPDATE kb.documents SET status = 'failed', index_attempts = %(attempts)s, index_error = 'earlier'
+WHERE id = %(document_id)s;
+
+-- name: test_document_stamps_by_path
+-- A workspace's documents with their content and index state (tests/test_projection.py).
+SELECT id, path, title, content_id, status, index_attempts FROM kb.documents WHERE workspace_id = %(workspace_id)s;
