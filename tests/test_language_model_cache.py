@@ -66,3 +66,33 @@ def test_a_damaged_cache_is_not_used_and_is_written_again(tmp_path, fresh_model)
     assert languages._probabilities().rank("refund invoice") == expected  # from the compressed model
     assert languages._read_unpacked(folder) is not None  # and kept whole again for the next process
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda np, load: {"pc": np.float32(1.0)}, id="a scalar"),
+        pytest.param(lambda np, load: {"nextmove": load("nextmove").astype(np.float32)}, id="floats for indexes"),
+        pytest.param(lambda np, load: {"ptc": load("ptc")[:10]}, id="fewer features"),
+        pytest.param(lambda np, load: {"nextmove": load("nextmove")[: 256 * 10]}, id="fewer tokenizer states"),
+        pytest.param(
+            lambda np, load: {name: load(name).reshape(-1, 1) for name in ("out_feat", "nextmove_row")}, id="2-d rows"
+        ),
+    ],
+)
+def test_whole_files_of_the_wrong_shape_or_kind_are_not_used(tmp_path, fresh_model, damage):
+    """Files complete but of another layout (another writer, a damaged header) made every
+    classification raise (IndexError, TypeError) in every later process instead of falling back."""
+    import numpy as np
+
+    languages.cache_in(tmp_path)
+    expected = languages._identifier().classify("refund invoice")
+    (folder,) = tmp_path.glob("py3langid-*")
+    for name, array in damage(np, lambda name: np.load(folder / f"{name}.npy")).items():
+        np.save(folder / f"{name}.npy", array)
+    assert languages._read_unpacked(folder) is None
+
+    fresh_model()
+    languages.cache_in(tmp_path)
+    assert languages._identifier().classify("refund invoice") == expected  # from the compressed model
+    assert languages._read_unpacked(folder) is not None  # and kept whole again

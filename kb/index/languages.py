@@ -129,12 +129,23 @@ def _read_unpacked(folder: Path) -> tuple | None:
     except (OSError, ValueError, EOFError):  # missing, or a file cut short
         return None
     ptc, pc, nextmove, row, out = (arrays[name] for name in _MODEL_ARRAYS)
+    # Whole files of the wrong kind or size (another writer's layout, a damaged header) would make
+    # every classification raise, not fall back: their kinds, shapes and the indexes the tokenizer
+    # follows into the other arrays are checked (the two small ones scanned, about 0.1 ms).
     if not (
         isinstance(classes, list)
+        and all(isinstance(name, str) for name in classes)
         and ptc.ndim == 2
+        and pc.ndim == nextmove.ndim == row.ndim == out.ndim == 1
+        and ptc.dtype.kind == pc.dtype.kind == "f"
+        and {nextmove.dtype.kind, row.dtype.kind, out.dtype.kind} <= {"i", "u"}
         and ptc.shape[1] == len(classes) == pc.shape[0]
         and nextmove.size % 256 == 0
         and row.shape == out.shape
+        and row.size > 0
+        and row.min() >= 0
+        and row.max() < nextmove.size // 256
+        and out.max() < ptc.shape[0]
     ):
         return None
     # memoryviews index to Python ints like the array('H'/'I') py3langid builds
