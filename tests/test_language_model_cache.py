@@ -96,3 +96,26 @@ def test_whole_files_of_the_wrong_shape_or_kind_are_not_used(tmp_path, fresh_mod
     languages.cache_in(tmp_path)
     assert languages._identifier().classify("refund invoice") == expected  # from the compressed model
     assert languages._read_unpacked(folder) is not None  # and kept whole again
+
+
+def test_the_temporary_folder_of_a_writer_killed_mid_write_is_removed_by_the_next_writer(tmp_path, fresh_model):
+    """A process killed while it wrote the model (SIGKILL during a first cold search) left its
+    ``.tmp-py3langid-*`` folder, up to 68 MB, in the cache for good."""
+    import subprocess
+    import sys
+
+    killed = tmp_path / ".tmp-py3langid-killed"
+    killed.mkdir()
+    (killed / "ptc.npy").write_bytes(b"\x93NUMPY" + b"\0" * 1000)  # cut short by the kill
+    # the next process (this one) writes the model and removes what the killed one left
+    languages.cache_in(tmp_path)
+    expected = languages._identifier().classify("refund invoice")
+    (folder,) = tmp_path.glob("py3langid-*")
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+
+    probe = (
+        "import sys; from pathlib import Path; from kb.index import languages;"
+        "languages.cache_in(Path(sys.argv[1])); print(languages._identifier().classify('refund invoice')[0])"
+    )
+    answer = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert answer.stdout.strip() == expected[0]  # a later process reads the model in place

@@ -188,6 +188,11 @@ def _write_unpacked(folder: Path, identifier) -> None:
             os.rename(temporary, folder)
     except OSError:
         shutil.rmtree(temporary, ignore_errors=True)  # another process's folder, or no room: a cache only
+        return
+    # Temporary folders of writers killed mid-write (68 MB each) were never removed. With the model
+    # in place, a writer still at work cannot put its own there and would remove its folder anyway.
+    for leftover in folder.parent.glob(".tmp-py3langid-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 @functools.cache
