@@ -337,9 +337,11 @@ def _write_optimized(onnxruntime, graph: Path, optimized: Path) -> None:
         return
     os.close(fd)
     temporary = Path(name)
+    kept = False
     try:
         _session(onnxruntime, graph, save_to=temporary)
         os.replace(temporary, optimized)
+        kept = True
     except Exception as exc:  # onnxruntime's own classes, or OSError: a cache only
         log.debug("kb: cannot keep the optimised graph of %s (%s)", graph, exc)
     finally:
@@ -350,6 +352,12 @@ def _write_optimized(onnxruntime, graph: Path, optimized: Path) -> None:
         for other in graph.parent.glob("model.optimized-*.onnx"):
             if other != optimized and other.stat().st_mtime_ns < made:  # from an earlier export
                 other.unlink()
+    # The temporaries of sessions killed while they wrote (up to the graph's size each) were never
+    # removed. With the copy in place, a concurrent writer's is redundant: its replace then finds
+    # no file (a cache only), or puts the same graph in place.
+    for leftover in graph.parent.glob(".tmp-optimized-*.onnx") if kept else ():
+        with contextlib.suppress(OSError):
+            leftover.unlink()
 
 
 class OnnxRuntimeModel:
