@@ -119,3 +119,15 @@ def test_the_temporary_folder_of_a_writer_killed_mid_write_is_removed_by_the_nex
     )
     answer = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=True)
     assert answer.stdout.strip() == expected[0]  # a later process reads the model in place
+
+
+def test_the_cached_model_is_as_open_as_the_cache_folder(tmp_path, fresh_model):
+    """mkdtemp made the kept folder 0700: another user sharing the cache (kb serve's account, a
+    person's kb search) could not read it, took it for damaged and replaced it, each in turn."""
+    cache = tmp_path / "models"
+    cache.mkdir(mode=0o755)
+    cache.chmod(0o755)
+    languages.cache_in(cache)
+    languages.detect_language("a sentence in English, to load the model")
+    (kept,) = [p for p in cache.rglob("*") if p.is_dir() and p.name.startswith("py3langid")]
+    assert kept.stat().st_mode & 0o777 == 0o755

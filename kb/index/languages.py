@@ -160,6 +160,9 @@ def _write_unpacked(folder: Path, identifier) -> None:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-py3langid-"))
+        # mkdtemp makes it 0700: as open as the cache folder, so another user sharing the cache
+        # (kb serve's, a person's kb search) reads it rather than replacing it as damaged
+        os.chmod(temporary, folder.parent.stat().st_mode & 0o777)
     except OSError:
         return  # a read-only cache: every process unpacks the model
     try:

@@ -337,6 +337,8 @@ def _write_optimized(onnxruntime, graph: Path, optimized: Path) -> None:
         return
     os.close(fd)
     temporary = Path(name)
+    with contextlib.suppress(OSError):  # mkstemp makes it 0600: readable as the folder is
+        os.chmod(temporary, graph.parent.stat().st_mode & 0o666)
     kept = False
     try:
         _session(onnxruntime, graph, save_to=temporary)
