@@ -7,12 +7,27 @@ packs an interrupted pack write left. SIGINT is delivered at deterministic steps
 from __future__ import annotations
 
 import os
+import signal
 import time
 
+import pytest
 from support.commands import run_cli
 from support.named_queries import queries
 
 from kb.db import database
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_reaches_kb():
+    """A child inherits an ignored SIGINT (a test run started in the background by a
+    non-interactive shell ignores it), and Python then keeps ignoring it: the Ctrl-C these tests
+    deliver would never arrive. A handled SIGINT is reset to the default at exec, so the CLI
+    installs its KeyboardInterrupt handler as under a terminal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _source(tmp_path, count: int = 3):

@@ -126,10 +126,10 @@ SET status = m.status, indexed_content_id = m.content_id, indexed_path = d.path,
         %(revision_id)s),
     index_error = m.error,
     index_attempts = CASE WHEN m.status = 'indexed' THEN 0 ELSE d.index_attempts END
-FROM unnest(%(document_ids)s::bigint[], %(content_ids)s::text[], %(paths)s::text[], %(statuses)s::text[],
-            %(errors)s::text[]) AS m (document_id, content_id, path, status, error),
-     kb.workspaces w
-LEFT JOIN kb.revisions projected ON projected.workspace_id = w.id AND projected.id = w.last_projected_revision
+FROM kb.workspaces w
+LEFT JOIN kb.revisions projected ON projected.workspace_id = w.id AND projected.id = w.last_projected_revision,
+     unnest(%(document_ids)s::bigint[], %(content_ids)s::text[], %(paths)s::text[], %(statuses)s::text[],
+            %(errors)s::text[]) AS m (document_id, content_id, path, status, error)
 WHERE w.id = d.workspace_id
   AND d.id = m.document_id AND d.content_id = m.content_id AND d.path = m.path;
 
