@@ -82,6 +82,19 @@ def test_the_vectorised_walk_counts_the_features_py3langid_counts_in_its_order()
             assert np.array_equal(scores, identifier._raw_score(sample))
 
 
+def _classifying_itself(**attributes):
+    """An identifier with py3langid's plain settings and ``attributes`` (arrays of its model),
+    whose own ``classify`` answers ``"own"``: what the batch path must fall back to."""
+
+    def classify(self, sample):
+        return ("own", 1.0)
+
+    kind = type("Identifier", (), {"_norm_probs": False, "min_confidence": None, "classify": classify})
+    identifier = kind()
+    identifier.__dict__.update(attributes)
+    return identifier
+
+
 def test_another_model_is_classified_by_py3langid_itself(monkeypatch):
     """The walk is exact for the model it was proved on; an identifier whose DFA differs (here:
     one transition changed) gets py3langid's own classification."""
@@ -92,17 +105,9 @@ def test_another_model_is_classified_by_py3langid_itself(monkeypatch):
     identifier = langid._get_identifier()
     assert fingerprint(identifier) == MODEL_FINGERPRINT
 
-    class Changed:
-        tk_nextmove = identifier.tk_nextmove[:]
-        tk_row = identifier.tk_row
-        tk_output = identifier.tk_output
-        _norm_probs = False
-        min_confidence = None
-
-        def classify(self, sample):
-            return ("own", 1.0)
-
-    changed = Changed()
+    changed = _classifying_itself(
+        tk_nextmove=identifier.tk_nextmove[:], tk_row=identifier.tk_row, tk_output=identifier.tk_output
+    )
     changed.tk_nextmove[300] = (changed.tk_nextmove[300] + 1) % 1000
     assert langid_batch._walker(changed) is None
     assert langid_batch.classify_many(changed, ["the text", "der Text"]) == ["own", "own"]
@@ -135,16 +140,11 @@ def test_a_py3langid_whose_internals_changed_under_the_same_model_is_classified_
 
     identifier = langid._get_identifier()
 
-    class Renamed:
-        tk_nextmove = identifier.tk_nextmove
-        tk_row = identifier.tk_row
-        tk_output = identifier.tk_output
-        _rowbase = identifier._rowbase
-        nb_ptc = identifier.nb_ptc
-        _norm_probs = False
-        min_confidence = None
-
-        def classify(self, sample):
-            return ("own", 1.0)
-
-    assert langid_batch.classify_many(Renamed(), ["the text", "der Text"]) == ["own", "own"]
+    renamed = _classifying_itself(
+        tk_nextmove=identifier.tk_nextmove,
+        tk_row=identifier.tk_row,
+        tk_output=identifier.tk_output,
+        _rowbase=identifier._rowbase,
+        nb_ptc=identifier.nb_ptc,
+    )
+    assert langid_batch.classify_many(renamed, ["the text", "der Text"]) == ["own", "own"]
