@@ -104,6 +104,13 @@ class Settings(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     lock_timeout: float = Field(default=10.0, description="Seconds to wait for a workspace write lock.")
     lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
+    pool_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a caller waits for a pooled database connection (every connection "
+        "busy, or Postgres away) before DatabaseUnavailable; the worker then stops and restarts "
+        "(design §7, §13). Default: 30.",
+    )
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")
     quarantine_retry_seconds: float = Field(

@@ -117,10 +117,24 @@ def minilm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+@pytest.fixture(scope="session")
+def shared_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``KB_MODEL_CACHE`` for the session's tests (design §7): the language model is unpacked
+    into it (~66 MB) by the first ``kb`` process that detects a language, not once per test's
+    storage root. Tests of the cache itself make their own."""
+    return tmp_path_factory.mktemp("shared-model-cache")
+
+
 @pytest.fixture
-def settings(database_url: str, tmp_path: Path) -> Settings:
-    """Settings for one test: its own database and storage root, the hashing embedder."""
-    return Settings(database_url=database_url, storage_root=tmp_path / "storage", embedding_model="hashing")
+def settings(database_url: str, tmp_path: Path, shared_model_cache: Path) -> Settings:
+    """Settings for one test: its own database and storage root, the hashing embedder, the
+    session's model cache."""
+    return Settings(
+        database_url=database_url,
+        storage_root=tmp_path / "storage",
+        embedding_model="hashing",
+        model_cache=shared_model_cache,
+    )
 
 
 @pytest.fixture
@@ -137,5 +151,6 @@ def kb_env(settings: Settings) -> dict[str, str]:
         KB_DATABASE_URL=settings.database_url,
         KB_STORAGE_ROOT=str(settings.storage_root),
         KB_EMBEDDING_MODEL="hashing",
+        KB_MODEL_CACHE=str(settings.model_cache),
     )
     return env

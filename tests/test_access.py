@@ -206,7 +206,8 @@ def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, 
     relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
     url = psycopg.conninfo.make_conninfo(kb.database_url, host="127.0.0.1", port=str(relay.port))
     token = kb.tokens().create("some-reader", "read", [1])[1]
-    process, server = start_serve({**kb_env, "KB_DATABASE_URL": url}, tmp_path / "serve.log")
+    # KB_POOL_TIMEOUT: the pool gives up on the away database in 5 s, not 30
+    process, server = start_serve({**kb_env, "KB_DATABASE_URL": url, "KB_POOL_TIMEOUT": "5"}, tmp_path / "serve.log")
     try:
         assert httpx.get(f"{server}/v1/status", headers=_as(token), timeout=60).status_code == 403  # checked
         relay.close()

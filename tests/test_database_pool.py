@@ -112,3 +112,21 @@ def test_a_pool_whose_every_connection_ended_serves_the_next_caller_at_once(data
         assert time.monotonic() - start < 5.0
     finally:
         database.close_pools()
+
+
+def test_kb_pool_timeout_reaches_kbs_pool_and_the_job_queues(settings) -> None:
+    """``KB_POOL_TIMEOUT`` (design §13): a KnowledgeBase opened with it gives its database's pool,
+    and the job queue's connector a worker binds, that wait — not the 30 s default."""
+    import asyncio
+
+    import psycopg_pool
+
+    from kb.jobs import tasks as jobs
+    from kb.knowledge_base import KnowledgeBase
+
+    with KnowledgeBase.open(settings.model_copy(update={"pool_timeout": 2.5})) as kb:
+        assert database.pool(kb.database_url).timeout == 2.5
+        connector = jobs.connector_for(kb)
+        made = asyncio.run(connector._create_pool(connector._pool_args))  # made as its open_async makes it
+        assert isinstance(made, psycopg_pool.AsyncConnectionPool) and made.timeout == 2.5
+    database.close_pools()

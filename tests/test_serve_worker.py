@@ -26,7 +26,12 @@ def test_serve_with_worker_logs_each_job(pg_server, template_url, tmp_path):
     with fresh_database(pg_server, template) as url:
         settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-        env.update(KB_DATABASE_URL=url, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
+        env.update(
+            KB_DATABASE_URL=url,
+            KB_STORAGE_ROOT=str(settings.storage_root),
+            KB_EMBEDDING_MODEL="hashing",
+            KB_MODEL_CACHE=str(settings.model_cache),
+        )
         log = tmp_path / "serve.log"
         with running_server(env, log, "--insecure-no-auth"):
             with KnowledgeBase.open(settings) as kb:
@@ -43,6 +48,7 @@ def test_serve_with_worker_logs_each_job(pg_server, template_url, tmp_path):
 
 
 _QUIET_CRONS = {"KB_MAINTENANCE_CRON": "0 0 1 1 *", "KB_DRIFT_CRON": "0 0 1 1 *"}
+_SHORT_POOL_WAIT = {"KB_POOL_TIMEOUT": "5"}  # a lost connection is given up on in 5 s, not 30
 
 
 @contextlib.contextmanager
@@ -63,8 +69,13 @@ def _relayed_database(pg_server, template_url, tmp_path):
         relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
         settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-        env.update(KB_DATABASE_URL=relayed, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
-        env.update(_QUIET_CRONS)
+        env.update(
+            KB_DATABASE_URL=relayed,
+            KB_STORAGE_ROOT=str(settings.storage_root),
+            KB_EMBEDDING_MODEL="hashing",
+            KB_MODEL_CACHE=str(settings.model_cache),
+        )
+        env.update(_QUIET_CRONS, **_SHORT_POOL_WAIT)
         yield relay, info, settings, env
 
 

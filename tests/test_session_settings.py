@@ -118,7 +118,7 @@ def _settings_of_kb_connections(url: str) -> list[dict]:
         seen.append(conn.execute(queries["test_session_settings"]).fetchone())
 
     async def through_procrastinate() -> dict:
-        connector = jobs._ConfiguredConnector(url)
+        connector = jobs._ConfiguredConnector(url, 30.0)
         await connector.open_async()
         try:
             async with connector.pool.connection() as conn:

@@ -56,7 +56,12 @@ def served(pg_server, template_url, tmp_path_factory):
             "quitter": make_token(settings, "ui-quitter", "read", [1]),
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
-        env.update(KB_DATABASE_URL=url, KB_STORAGE_ROOT=str(settings.storage_root), KB_EMBEDDING_MODEL="hashing")
+        env.update(
+            KB_DATABASE_URL=url,
+            KB_STORAGE_ROOT=str(settings.storage_root),
+            KB_EMBEDDING_MODEL="hashing",
+            KB_MODEL_CACHE=str(settings.model_cache),
+        )
         with running_server(env, root / "serve.log") as base:
             yield base, revisions, tokens
 

@@ -62,6 +62,7 @@ unqualified names resolve there and its schema is created there, whatever the se
 
 POOLER_MODES = ("none", "transaction")
 _transaction_pooled: set[str] = set()
+_pool_timeouts: dict[str, float] = {}
 _pooled_lock = threading.Lock()
 
 
@@ -81,6 +82,19 @@ def declare_pooler(url: str, mode: str) -> None:
             _transaction_pooled.discard(url)
 
 
+def declare_pool_timeout(url: str, seconds: float) -> None:
+    """Record that callers wait at most ``seconds`` for a pooled connection to ``url``
+    (``KB_POOL_TIMEOUT``) — kb's pools for it made from now on, and the job queue's."""
+    with _pooled_lock:
+        _pool_timeouts[url] = seconds
+
+
+def pool_timeout(url: str) -> float:
+    """Seconds a caller waits for a pooled connection to ``url``: its declared
+    ``KB_POOL_TIMEOUT``, else ``POOL_TIMEOUT``."""
+    return _pool_timeouts.get(url, POOL_TIMEOUT)
+
+
 def is_transaction_pooled(url: str) -> bool:
     """True when ``url`` was declared to go through a transaction-mode pooler."""
     return url in _transaction_pooled
@@ -92,10 +106,15 @@ def resolve_database_url(settings: Settings) -> str:
     a configured URL. Raises DatabaseUnavailable when the embedded server cannot start."""
     if settings.database_url:
         declare_pooler(settings.database_url, settings.database_pooler)
+        url = settings.database_url
         if settings.direct_database_url:
             declare_pooler(settings.direct_database_url, "none")
-        return settings.database_url
-    return start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+    else:
+        url = start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+    if settings.pool_timeout is not None:
+        for declared in filter(None, (url, settings.direct_database_url)):
+            declare_pool_timeout(declared, settings.pool_timeout)
+    return url
 
 
 def recheck_embedded(settings: Settings) -> str:
@@ -353,7 +372,7 @@ def pool(url: str, *, autocommit: bool = False) -> ConnectionPool[Connection]:
 
     Connections have dict rows and are configured by ``configure_connection``. Pools are closed by
     ``close_pools()`` (also at interpreter exit). Raises DatabaseUnavailable when the server cannot
-    be reached within ``POOL_TIMEOUT`` seconds.
+    be reached within ``pool_timeout(url)`` seconds (``KB_POOL_TIMEOUT``, default ``POOL_TIMEOUT``).
 
     ``autocommit``: a separate pool for one-statement reads on a hot path (the token check of
     every HTTP request, design §16): autocommit connections and no checkout probe, so a statement
@@ -378,13 +397,13 @@ def pool(url: str, *, autocommit: bool = False) -> ConnectionPool[Connection]:
             # one round trip per checkout, so a connection whose backend ended while idle (a
             # server restart, pg_terminate_backend) is replaced instead of failing its caller
             check=None if autocommit else _check_or_sweep(swept),
-            timeout=POOL_TIMEOUT,
+            timeout=pool_timeout(url),
             open=False,
             name="kb",
         )
         swept.append(created)
         try:
-            created.open(wait=True, timeout=POOL_TIMEOUT)
+            created.open(wait=True, timeout=pool_timeout(url))
         except (PoolTimeout, psycopg.OperationalError) as exc:
             created.close()
             raise _unavailable(url, exc) from exc

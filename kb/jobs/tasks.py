@@ -81,7 +81,8 @@ def connector_for(kb: KnowledgeBase) -> procrastinate.PsycopgConnector:
     kb's URL; its connections pass through ``database.configure_async_connection`` like every kb
     connection, or, behind a transaction-mode pooler, get no prepared statements (design §13).
     """
-    return _ConfiguredConnector(database.session_database_url(kb.settings, kb.database_url))
+    url = database.session_database_url(kb.settings, kb.database_url)
+    return _ConfiguredConnector(url, database.pool_timeout(url))
 
 
 def worker_context(kb: KnowledgeBase, progress=None) -> dict:
@@ -126,12 +127,13 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
     """Procrastinate's psycopg connector whose connections, async (worker, LISTEN) and sync
     (``app.open()`` for deferring), pass through kb's connection rule (``kb.db.database``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float) -> None:
         self._kb_url = url
+        # ``timeout``: how long a job's statement waits for a pooled connection (KB_POOL_TIMEOUT)
         if database.is_transaction_pooled(url):
-            super().__init__(conninfo=url, kwargs=database.connection_kwargs(url))
+            super().__init__(conninfo=url, kwargs=database.connection_kwargs(url), timeout=timeout)
         else:
-            super().__init__(conninfo=url, configure=database.configure_async_connection)
+            super().__init__(conninfo=url, configure=database.configure_async_connection, timeout=timeout)
 
     def get_sync_connector(self) -> procrastinate.connector.BaseConnector:
         if (
