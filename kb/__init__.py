@@ -23,6 +23,10 @@ def __getattr__(name: str):
         from kb.settings import Settings
 
         return Settings
+    if name == "__version__":  # the installed distribution's version, as pip shows it
+        from importlib.metadata import version
+
+        return version("kb")
     raise AttributeError(name)
 
 

@@ -97,6 +97,11 @@ class RevisionNotFound(KbError):
     """The revision id is unknown in this workspace."""
 
 
+class MalformedRevision(RevisionNotFound, InvalidInput):
+    """The revision argument is not shaped as a revision id (fewer than 4 hex digits, or not hex):
+    the caller's input, not a revision missing from the workspace."""
+
+
 class LockTimeout(KbError):
     """The workspace write lock was not acquired within the configured wait (design §4)."""
 

@@ -184,3 +184,14 @@ def test_ls_lists_a_folder_as_the_python_api_and_the_mcp_tool_do(kb, kb_env, tmp
     failed = run_cli(kb_env, "ls", "/documents/sub", "-w", "1", check=False)
     assert failed.returncode == 1 and failed.stderr.strip().endswith("did you mean '/documents/Sub'?")
     assert "Example: kb ls" in run_cli(kb_env, "ls", "--help").stdout
+
+
+def test_version_names_the_installed_kb(kb_env):
+    """``kb --version`` prints the installed distribution's version (as ``pip show kb`` does) and
+    MCP's serverInfo carries the same; it was no option at all."""
+    import importlib.metadata
+
+    import kb
+
+    assert run_cli(kb_env, "--version").stdout == f"kb {importlib.metadata.version('kb')}\n"
+    assert kb.__version__ == importlib.metadata.version("kb")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import signal
 import subprocess
@@ -189,6 +190,8 @@ def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace,
             if "id" in message:
                 reply = json.loads(proc.stdout.readline())
                 assert "error" not in reply, reply
+                if message["method"] == "initialize":  # kb's version, not an empty one
+                    assert reply["result"]["serverInfo"]["version"] == importlib.metadata.version("kb"), reply
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -128,6 +128,11 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
         missing = call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
         assert missing[0] == 404 and missing[1]["error"] == "DocumentNotFound"
+        # text that is no revision id is the caller's input (400); a well-formed unknown id is 404
+        malformed = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?revision=zzz")
+        assert malformed[0] == 400 and malformed[1]["error"] == "MalformedRevision", malformed
+        unknown = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?revision=abcdef12")
+        assert unknown[0] == 404 and unknown[1]["error"] == "RevisionNotFound", unknown
         # the CLI's read commands ask the server when KB_SERVER_URL is set
         served = {
             **kb_env,

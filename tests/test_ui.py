@@ -118,6 +118,10 @@ def test_pages_without_javascript(served):
         assert "are past the end" in past and 'class="marked"' not in past
         huge = web.get(f"{ws}/documents/Billing/Refunds.md?lines=2-2000000000")  # no list of 2e9 numbers
         assert huge.status_code == 200 and "The document ends at line" in huge.text, huge.text[:500]
+        # line 0 does not exist: the page says lines start at 1 (it marked nothing, silently)
+        zero = web.get(f"{ws}/documents/Billing/Refunds.md?lines=0-3").text
+        assert "Lines are numbered from 1" in zero and 'id="L1"' in zero.split('class="marked"')[1], zero[:800]
+        assert "names no line" in web.get(f"{ws}/documents/Billing/Refunds.md?lines=0").text
 
         # the revision pages: an edit's diff with old and new line numbers, a move as a rename
         edit = web.get(f"{ws}/revisions/{revisions['edit']}").text

@@ -37,7 +37,7 @@ from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object, writ
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
-from kb.errors import DocumentNotFound, KbError, RevisionNotFound, StorageError, WorkspaceNotFound
+from kb.errors import DocumentNotFound, KbError, MalformedRevision, RevisionNotFound, StorageError, WorkspaceNotFound
 from kb.faults import fault_point
 from kb.git import loose_zlib
 from kb.git.blob_batch import MissingObject, read_blobs
@@ -473,12 +473,13 @@ class Repository(WorktreeRefresh):
 
     def resolve(self, revision: str) -> str:
         """The full id of ``revision``, which may be a unique prefix of at least 4 hex digits (as
-        git accepts). Raises RevisionNotFound for an unknown or ambiguous prefix."""
+        git accepts). Raises RevisionNotFound for an unknown or ambiguous prefix, MalformedRevision
+        (a RevisionNotFound and an InvalidInput) for text that is no revision id at all."""
         text = revision.strip().lower() if isinstance(revision, str) else ""
-        if len(text) == 40:
+        if len(text) == 40 and not text.strip("0123456789abcdef"):
             return text
-        if len(text) < 4 or any(c not in "0123456789abcdef" for c in text):
-            raise RevisionNotFound(
+        if len(text) < 4 or len(text) > 40 or any(c not in "0123456789abcdef" for c in text):
+            raise MalformedRevision(
                 f"{revision!r} is not a revision id; use the id `kb log` prints (or 4+ of its first hex digits)"
             )
         found = {sha.decode() for sha in self._repo.object_store.iter_prefix(text.encode())}

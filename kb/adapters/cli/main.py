@@ -68,6 +68,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"max_content_width": 120})
+@click.version_option(package_name="kb", message="kb %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """kb — a git-native knowledge base on Postgres.

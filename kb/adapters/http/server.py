@@ -77,6 +77,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.WorkspaceNotFound: 404,
     errors.DocumentNotFound: 404,
     errors.RevisionNotFound: 404,
+    errors.MalformedRevision: 400,  # no revision id at all: the caller's input
     errors.PathExists: 409,
     errors.TurnBusy: 409,
     errors.EditMismatch: 409,

@@ -32,6 +32,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import version as distribution_version
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -281,6 +282,7 @@ def build_server(
     server = MCPServer(
         "kb",
         title="kb knowledge base",
+        version=distribution_version("kb"),
         log_level="WARNING",
         instructions=(
             "A git-native knowledge base of markdown documents under /documents. Use `search` and "

@@ -47,10 +47,15 @@ def highlight_within(highlight: tuple[int, int] | None, total: int) -> tuple[tup
     """The lines ``highlight`` asks for, cut to a document of ``total`` lines, and what the page
     says when it had to cut: ``((start, end) or None, note or None)``. A range past the last line
     marks nothing and says so; one running past it is cut at the last line (never a list of two
-    billion line numbers for ``?lines=1-2000000000``)."""
+    billion line numbers for ``?lines=1-2000000000``); one from line 0 starts at line 1, and says so."""
     if highlight is None:
         return None, None
     start, end = highlight
+    if end == 0:
+        return None, "Line 0 names no line: lines are numbered from 1."
+    if start == 0:
+        shown, note = highlight_within((1, end), total)
+        return shown, "Lines are numbered from 1" + (f"; {note}" if note else f": lines 1–{min(end, total)} are shown.")
     if start > end:
         return None, f"Lines {start}–{end} name no line: the first must not come after the last."
     if start > total:
