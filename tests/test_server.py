@@ -128,6 +128,12 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
         missing = call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
         assert missing[0] == 404 and missing[1]["error"] == "DocumentNotFound"
+        # a window of the committed document, as a turn's read and `kb read --offset/--limit` cut it
+        status, window = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?offset=2&limit=1")
+        assert status == 200 and window["view"] == "window" and window["total_lines"] == 3, window
+        assert window["lines"] == [[3, "Annual plans get a prorated zebra refund."]], window
+        past = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?offset=9")
+        assert past[0] == 400 and past[1]["error"] == "OffsetOutOfRange", past
         # text that is no revision id is the caller's input (400); a well-formed unknown id is 404
         malformed = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?revision=zzz")
         assert malformed[0] == 400 and malformed[1]["error"] == "MalformedRevision", malformed

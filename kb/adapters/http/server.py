@@ -253,9 +253,14 @@ def read_router(service: Service) -> APIRouter:
         }
 
     @router.get("/workspaces/{workspace_id}/documents/{path:path}", dependencies=readable)
-    def read(workspace_id: int, path: str, revision: str | None = None) -> dict:
-        """One document's full-view envelope at HEAD or ``revision`` (``kb read``)."""
-        return service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision).as_json()
+    def read(
+        workspace_id: int, path: str, revision: str | None = None, offset: int = 0, limit: int | None = None
+    ) -> dict:
+        """One document's envelope at HEAD or ``revision`` (``kb read``): the full view, or lines
+        ``offset+1 … offset+limit`` with their true numbers (``view="window"``, ``total_lines``)
+        as ``kb read --offset/--limit`` and a turn's file read take them."""
+        envelope = service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision)
+        return envelope.window(offset, limit).as_json()
 
     @router.get("/workspaces/{workspace_id}/writes/{key:path}", dependencies=readable)
     def write_outcome(request: Request, workspace_id: int, key: str) -> dict:
