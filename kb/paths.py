@@ -300,6 +300,11 @@ class StorePath:
         if segments[0] != ROOT:
             rest = "/".join(segments[1:]) if segments[0].casefold() == ROOT else body  # /Documents/a.md
             hint = f" (did you mean '/{ROOT}/{rest}'?)" if rest and segments[0] else ""
+            try:
+                if hint:
+                    cls(tuple(rest.split("/")))  # only a path that would parse is suggested
+            except InvalidPath:
+                hint = ""  # ../etc/passwd: /documents/../etc/passwd would be refused in turn
             raise InvalidPath(path, f"must be under /documents{hint}")
         try:
             result = cls(tuple(segments[1:]))

@@ -468,3 +468,24 @@ def test_folder_named_like_git_short_name_is_made_safe():
     assert safe_folder_segment("GIT~1") == "GIT~1_"
     assert safe_folder_segment(safe_folder_segment("git~1")) == "git~1_"
     assert safe_filename("GIT~1") == "GIT~1.md"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="/.aD~ \u00e9", max_size=16))
+def test_a_suggested_path_always_parses(path: str) -> None:
+    """A refused path's "did you mean …?" names a path that parses: ``../etc/passwd`` was told to
+    try ``/documents/../etc/passwd``, which is refused in turn (design §2, the path law)."""
+    import re
+
+    try:
+        StorePath.parse(path)
+    except InvalidPath as exc:
+        suggested = re.search(r"did you mean '(.*)'\?\)$", str(exc))
+        if suggested:
+            StorePath.parse(suggested.group(1))
+
+
+def test_a_parent_segment_gets_no_suggestion() -> None:
+    with pytest.raises(InvalidPath) as refused:
+        StorePath.parse("../etc/passwd")
+    assert "did you mean" not in str(refused.value) and "must be under /documents" in str(refused.value)
