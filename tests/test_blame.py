@@ -43,3 +43,29 @@ def test_blame_follows_moves_and_restarts_after_a_removal(kb):
     assert [line.revision.id for line in kb.blame(1, "/documents/b/a.md").lines] == [again.id]
     with pytest.raises(RevisionNotFound):
         kb.revision(1, "0" * 40)
+
+
+def test_kb_blame_prints_each_lines_revision_and_json(kb, kb_env):
+    """``kb blame`` (the CLI of ``KnowledgeBase.blame``): one line per document line with the
+    revision id, author and date, ``--json`` the same as the HTTP API's form; a folder or a
+    missing document is a one-line error."""
+    import json
+
+    from support.commands import run_cli
+
+    kb.create_workspace(1)
+    with kb.transaction(1, "first", "ann") as tx:
+        tx.write("/documents/a.md", "one\n\nthree\n")
+    first = tx.revision
+    with kb.transaction(1, "second", "Bob the reviewer, long name") as tx:
+        tx.write("/documents/a.md", "one\n\nTHREE\n")
+    second = tx.revision
+    printed = run_cli(kb_env, "blame", "/documents/a.md", "-w", "1").stdout.splitlines()
+    assert [line.split()[0] for line in printed] == [first.id[:10], first.id[:10], second.id[:10]]
+    assert printed[1].endswith("2)") and printed[2].endswith("3) THREE") and "Bob the reviewer" in printed[2]
+    as_json = json.loads(run_cli(kb_env, "blame", "/documents/a.md", "-w", "1", "--json").stdout)
+    assert as_json == kb.blame(1, "/documents/a.md").as_json() and as_json["complete"] is True
+    assert as_json["lines"][2]["revision"]["author"].startswith("Bob the reviewer")
+    missing = run_cli(kb_env, "blame", "/documents/nope.md", "-w", "1", check=False)
+    assert missing.returncode == 1 and "no document at '/documents/nope.md'" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -134,6 +134,11 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert window["lines"] == [[3, "Annual plans get a prorated zebra refund."]], window
         past = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?offset=9")
         assert past[0] == 400 and past[1]["error"] == "OffsetOutOfRange", past
+        # each line's last change, as `kb blame` prints it
+        blamed = call(f"{url}/v1/workspaces/1/blame/documents/Plans/Refunds.md")[1]
+        assert [(line["number"], line["revision"]["id"]) for line in blamed["lines"]] == [
+            (n, committed["revision"]) for n in (1, 2, 3)
+        ]
         # text that is no revision id is the caller's input (400); a well-formed unknown id is 404
         malformed = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?revision=zzz")
         assert malformed[0] == 400 and malformed[1]["error"] == "MalformedRevision", malformed

@@ -52,6 +52,32 @@ class Blame:
     lines: list[LineOrigin]
     complete: bool
 
+    def as_json(self) -> dict:
+        """``{"path", "revision", "complete", "lines": [{"number", "text", "revision": {"id",
+        "seq", "author", "committed_at" (ISO 8601), "message"} or null}]}`` — the form ``kb blame
+        --json`` prints and the HTTP API answers (a revision's path changes left out)."""
+        return {
+            "path": self.path,
+            "revision": self.revision,
+            "complete": self.complete,
+            "lines": [
+                {
+                    "number": line.number,
+                    "text": line.text,
+                    "revision": None
+                    if line.revision is None
+                    else {
+                        "id": line.revision.id,
+                        "seq": line.revision.seq,
+                        "author": line.revision.author,
+                        "committed_at": line.revision.committed_at.isoformat() if line.revision.committed_at else None,
+                        "message": line.revision.message,
+                    },
+                }
+                for line in self.lines
+            ],
+        }
+
 
 def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) -> Blame:
     """Each line of the document at ``path`` (virtual) at HEAD with the revision that last changed

@@ -1,6 +1,8 @@
-"""A workspace's history (design §3): ``kb log``, ``kb revert``, ``kb restore``."""
+"""A workspace's history (design §3): ``kb log``, ``kb blame``, ``kb revert``, ``kb restore``."""
 
 from __future__ import annotations
+
+import json
 
 import click
 
@@ -41,6 +43,35 @@ def log(path: str | None, workspace: int, limit: int) -> None:
             click.echo(f"    {changed}")
         if len(paths) > 10:
             click.echo(f"    … and {len(paths) - 10} more")
+
+
+@click.command()
+@click.argument("path")
+@workspace_option()
+@click.option("--json", "as_json", is_flag=True, help="Print the lines and their revisions as JSON.")
+def blame(path: str, workspace: int, as_json: bool) -> None:
+    """Each line of a document at HEAD with the revision that last changed it (id, author, date),
+    following its recorded moves — what `git blame` answers, from kb's history (design §17).
+
+    Example: kb blame "/documents/Notes/Todo.md" --workspace 1
+    """
+    found = session.open_kb().blame(workspace, path)
+    if as_json:
+        click.echo(json.dumps(found.as_json(), ensure_ascii=False, indent=2))
+        return
+    width = len(str(len(found.lines)))
+    for line in found.lines:
+        origin = line.revision
+        if origin is None:  # HEAD's text not recorded yet (a revision Postgres has not seen)
+            click.echo(f"{'(not recorded yet)':<39} {line.number:>{width}}) {line.text}".rstrip())
+            continue
+        when = origin.committed_at.date().isoformat() if origin.committed_at else ""
+        click.echo(f"{origin.id[:10]} {origin.author[:16]:<16} {when:<10} {line.number:>{width}}) {line.text}".rstrip())
+    if not found.complete:
+        click.echo(
+            "note: the history was read back as far as the oldest revision shown; its lines may be older",
+            err=True,
+        )
 
 
 def _describe(change) -> str:
@@ -112,4 +143,4 @@ def write_outcome(key: str, workspace: int) -> None:
     click.echo(f"write {key!r} landed as revision {revision.id} (seq {revision.seq})")
 
 
-COMMANDS = [log, revert, restore, write_outcome]
+COMMANDS = [log, blame, revert, restore, write_outcome]

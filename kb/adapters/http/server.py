@@ -262,6 +262,12 @@ def read_router(service: Service) -> APIRouter:
         envelope = service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision)
         return envelope.window(offset, limit).as_json()
 
+    @router.get("/workspaces/{workspace_id}/blame/{path:path}", dependencies=readable)
+    def blame(workspace_id: int, path: str) -> dict:
+        """Each line of a document at HEAD with the revision that last changed it, following its
+        recorded moves (``kb blame``, design §17)."""
+        return service.kb().blame(workspace_id, "/" + path.lstrip("/")).as_json()
+
     @router.get("/workspaces/{workspace_id}/writes/{key:path}", dependencies=readable)
     def write_outcome(request: Request, workspace_id: int, key: str) -> dict:
         """Settle a write by its idempotency key (design §3): ``{"landed": true, "revision": …}``
