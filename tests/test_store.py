@@ -248,6 +248,26 @@ def test_reverting_a_chain_of_moves_moves_each_document_back(kb):
     assert_git_clean(kb, 13)
 
 
+def test_reverting_an_edit_undoes_it_where_the_document_moved_since(kb):
+    """An edit at A, then A moved to B (and edited there, apart from the edit): reverting the edit
+    undoes it at B, keeping the later edit. It said "nothing to revert" and left the edit in place,
+    taking the moved-away document for a removed one (design §3: a revert follows recorded moves).
+    A document removed since stays removed (nothing to revert)."""
+    a, b, c = "/documents/A.md", "/documents/Moved/B.md", "/documents/C.md"
+    commit(kb, 14, ("write", a, b"one\ntwo\nthree\nfour\nfive\n"), ("write", c, b"c\n"))
+    edit = commit(kb, 14, ("write", a, b"one\nTWO\nthree\nfour\nfive\n"))
+    commit(kb, 14, ("move", a, b))
+    commit(kb, 14, ("write", b, b"one\nTWO\nthree\nfour\nFIVE\n"))
+    undone = kb.revert(14, edit.id, author="alice")
+    assert undone is not None and tree(kb, 14) == {b: b"one\ntwo\nthree\nfour\nFIVE\n", c: b"c\n"}
+    assert [(ch.path, ch.change) for ch in undone.changes] == [(b, "modified")]
+    assert_git_clean(kb, 14)
+    gone = commit(kb, 14, ("write", c, b"c2\n"))
+    commit(kb, 14, ("move", c, "/documents/D.md"))
+    commit(kb, 14, ("remove", "/documents/D.md"))
+    assert kb.revert(14, gone.id, author="alice") is None  # removed since: left removed
+
+
 def test_lock_timeout_names_the_workspace(kb, settings):
     commit(kb, 6, ("write", A, b"a"))
     quick = KnowledgeBase(settings.model_copy(update={"lock_timeout": 0.2}), kb.database_url)

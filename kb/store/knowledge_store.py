@@ -1258,7 +1258,8 @@ class KnowledgeStore:
         bytes: another of one content may stand there), or — edited or moved on since by recorded
         revisions (``kb.store.history.current_path``) — from where it is now, with the edits it
         got since: it is one document, never restored as a copy beside itself nor stripped of its
-        later edits. Returns None when there is nothing to undo.
+        later edits. An edit of a document moved on since is undone where it is now, by the same
+        merge. Returns None when there is nothing to undo.
 
         A path changed since by later revisions keeps that later work: a document the revision
         edited and others edited since gets the revision's edit undone by a three-way merge (base:
@@ -1334,7 +1335,12 @@ class KnowledgeStore:
                 if now == before:
                     continue
                 if now is None and after is not None:
-                    continue  # removed since: a later revision's decision, left as it is
+                    # moved on since by recorded revisions (``current_path``): the revision's edit
+                    # is undone where the document is now, with its later edits kept (the merge)
+                    moved_to = self._where_now(path, revision) if recorded and before is not None else None
+                    if moved_to is not None and moved_to not in touched and draft.exists(moved_to):
+                        draft.write_merged(moved_to, repo.blob(before), after, allow_keep=True)
+                    continue  # else removed since: a later revision's decision, left as it is
                 if before is not None and after is not None:
                     # as the revision left it, or edited since: undo the revision's edit only —
                     # merged (base: as the revision left it) with the head the revert records on,
@@ -1378,9 +1384,14 @@ class KnowledgeStore:
         """True when the document at ``path`` (virtual) in ``revision`` was moved by recorded
         revisions since and is still somewhere (``current_path``): a revert of its addition
         would remove later work (design §3)."""
+        return self._where_now(path, revision) is not None
+
+    def _where_now(self, path: str, revision: str) -> str | None:
+        """The virtual path the document at ``path`` in ``revision`` was moved to by recorded
+        revisions since (``current_path``), or None when it was not moved on, or is gone."""
         with database.transaction(self.database_url) as conn:
             found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), revision)
-        return found is not None and "/" + found != path
+        return None if found is None or "/" + found == path else "/" + found
 
     def _move_back(
         self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool, parent_tree: bytes | None
