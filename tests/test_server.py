@@ -154,6 +154,9 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert "zebra refund" in run_cli(served, "search", "zebra", "-w", "1").stdout
         assert "     3  Annual plans" in run_cli(served, "read", "/documents/Plans/Refunds.md", "-w", "1").stdout
         assert "refund policy" in run_cli(served, "log", "-w", "1").stdout
+        blamed_cli = run_cli(served, "blame", "/documents/Plans/Refunds.md", "-w", "1")  # the database is unreachable
+        assert blamed_cli.stdout.splitlines()[2].startswith(committed["revision"][:10]), blamed_cli
+        assert "note:" not in blamed_cli.stderr, blamed_cli.stderr
         assert "index stamp: " + committed["revision"] in run_cli(served, "status", "-w", "1").stdout
         failed = run_cli(served, "read", "/documents/Nope.md", "-w", "1", check=False)
         assert failed.returncode == 1 and failed.stderr.startswith("kb: error: no document at")

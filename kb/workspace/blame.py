@@ -54,8 +54,9 @@ class Blame:
 
     def as_json(self) -> dict:
         """``{"path", "revision", "complete", "lines": [{"number", "text", "revision": {"id",
-        "seq", "author", "committed_at" (ISO 8601), "message"} or null}]}`` — the form ``kb blame
-        --json`` prints and the HTTP API answers (a revision's path changes left out)."""
+        "seq", "parent_id", "author", "committer", "committed_at" (ISO 8601), "message"} or
+        null}]}`` — the form ``kb blame --json`` prints and the HTTP API answers (a revision's
+        path changes left out); ``from_json`` reads it back."""
         return {
             "path": self.path,
             "revision": self.revision,
@@ -69,7 +70,9 @@ class Blame:
                     else {
                         "id": line.revision.id,
                         "seq": line.revision.seq,
+                        "parent_id": line.revision.parent_id,
                         "author": line.revision.author,
+                        "committer": line.revision.committer,
                         "committed_at": line.revision.committed_at.isoformat() if line.revision.committed_at else None,
                         "message": line.revision.message,
                     },
@@ -77,6 +80,34 @@ class Blame:
                 for line in self.lines
             ],
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Blame:
+        """The Blame of ``as_json()`` output (``kb blame`` through ``kb serve``)."""
+        from datetime import datetime
+
+        from kb.store.history import Revision
+
+        revisions: dict[str, Revision] = {}
+
+        def revision(row: dict | None) -> Revision | None:
+            if row is None:
+                return None
+            if row["id"] not in revisions:
+                when = row.get("committed_at")
+                revisions[row["id"]] = Revision(
+                    row["id"],
+                    row["seq"],
+                    row.get("parent_id"),
+                    row["author"],
+                    row.get("committer", ""),
+                    row.get("message", ""),
+                    datetime.fromisoformat(when) if when else None,
+                )
+            return revisions[row["id"]]
+
+        lines = [LineOrigin(line["number"], line["text"], revision(line["revision"])) for line in data["lines"]]
+        return cls(data["path"], data["revision"], lines, data["complete"])
 
 
 def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) -> Blame:

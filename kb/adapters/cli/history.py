@@ -52,10 +52,11 @@ def log(path: str | None, workspace: int, limit: int) -> None:
 def blame(path: str, workspace: int, as_json: bool) -> None:
     """Each line of a document at HEAD with the revision that last changed it (id, author, date),
     following its recorded moves — what `git blame` answers, from kb's history (design §17).
+    Asks the running `kb serve` when KB_SERVER_URL is set.
 
     Example: kb blame "/documents/Notes/Todo.md" --workspace 1
     """
-    found = session.open_kb().blame(workspace, path)
+    found = (session.server() or session.open_kb()).blame(workspace, path)
     if as_json:
         click.echo(json.dumps(found.as_json(), ensure_ascii=False, indent=2))
         return

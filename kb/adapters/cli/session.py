@@ -52,7 +52,7 @@ def open_kb(*, migrate: bool = True) -> KnowledgeBase:
     return kb
 
 
-SERVER_COMMANDS = ("search", "read", "log", "status")
+SERVER_COMMANDS = ("search", "read", "log", "blame", "status")
 """The commands that ask ``kb serve`` when KB_SERVER_URL is set (``server``)."""
 PROCESS_COMMANDS = frozenset({"serve", "worker", "mcp", "sweep"})
 """Commands that are kb's own processes: KB_SERVER_URL in their environment concerns others."""

@@ -1,5 +1,5 @@
 """The CLI's side of ``kb serve`` (design §13): with ``KB_SERVER_URL`` set, ``kb search``, ``read``,
-``log`` and ``status`` ask the running server (model already loaded) instead of opening kb.
+``log``, ``blame`` and ``status`` ask the running server (model already loaded) instead of opening kb.
 
 Standard library only (``urllib``), so a command that talks to the server stays as light as
 ``python -c pass`` plus click. Results come back as kb's own objects (``Envelope``, ``Revision``),
@@ -58,6 +58,12 @@ class ServerClient:
     def history(self, workspace_id: int, path: str | None, limit: int) -> list:
         """Revisions newest first."""
         return [revision_from_json(r) for r in self._get(f"/v1/workspaces/{workspace_id}/log", path=path, limit=limit)]
+
+    def blame(self, workspace_id: int, path: str):
+        """Each line's last revision (``kb.workspace.blame.Blame``)."""
+        from kb.workspace.blame import Blame  # difflib and the history types: only for kb blame
+
+        return Blame.from_json(self._get(f"/v1/workspaces/{workspace_id}/blame/{path.lstrip('/')}"))
 
     def status(self, workspace_id: int | None) -> dict:
         """``KnowledgeBase.status`` plus ``embedding_model``, with job times as datetimes again."""
