@@ -176,5 +176,6 @@ def test_log_of_a_path_with_no_history_says_so(kb, kb_env):
         tx.write("/documents/Notes/a.md", "a\n")
     for path in ("/documents/Notes", "/documents/Nope.md"):
         result = run_cli(kb_env, "log", "-w", "3", path)
-        assert result.stdout == "" and f"no revision changed {path}" in result.stderr and "kb ls" in result.stderr
+        assert result.stdout == "" and f"no revision changed a document at {path}" in result.stderr
+        assert "kb ls" in result.stderr and "no document was ever there" not in result.stderr  # a folder has some
     assert "notes" in run_cli(kb_env, "log", "-w", "3", "/documents/Notes/a.md").stdout

@@ -29,8 +29,8 @@ def log(path: str | None, workspace: int, limit: int) -> None:
     revisions = (session.server() or session.open_kb()).history(workspace, path, limit)
     if not revisions and path is not None:
         click.echo(
-            f"note: no revision changed {path}: no document was ever there (a folder's documents each "
-            f"have their own log: `kb ls {path}` lists them; `kb log` alone shows every revision)",
+            f"note: no revision changed a document at {path} (if it is a folder, each of its documents "
+            f"has its own log: `kb ls {path}` lists them; `kb log` alone shows every revision)",
             err=True,
         )
     for revision in revisions:
