@@ -777,29 +777,40 @@ $$;
 
 -- Counts a workspace's term statistics afresh from its chunks and kb.document_terms rows (what the
 -- triggers keep, counted once) and ends their deferral (migration 0029). The caller holds the
--- workspace's chunk lock, so no chunk or document_terms row of it changes meanwhile.
-CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE sql AS $$
+-- workspace's chunk lock, so no chunk or document_terms row of it changes meanwhile. Each text
+-- configuration's lexemes are counted by ts_stat, one pass in C (migration 0030).
+CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    config text;
+BEGIN
     DELETE FROM kb.lexeme_stats WHERE workspace_id = ws;
     DELETE FROM kb.text_stats WHERE workspace_id = ws;
     DELETE FROM kb.document_lexeme_stats WHERE workspace_id = ws;
     DELETE FROM kb.document_text_stats WHERE workspace_id = ws;
-    INSERT INTO kb.lexeme_stats (workspace_id, text_config, lexeme, chunk_count)
-    SELECT ws, coalesce(c.text_config, 'english'), u.lexeme, count(*)
-    FROM kb.chunks c, unnest(c.tsv) u WHERE c.workspace_id = ws
-    GROUP BY 2, 3 ORDER BY 2, 3;
     INSERT INTO kb.text_stats (workspace_id, text_config, chunk_count, token_total)
     SELECT ws, coalesce(c.text_config, 'english'), count(*), sum(c.tsv_tokens)
     FROM kb.chunks c WHERE c.workspace_id = ws
     GROUP BY 2 ORDER BY 2;
-    INSERT INTO kb.document_lexeme_stats (workspace_id, text_config, lexeme, document_count)
-    SELECT ws, t.text_config, u.lexeme, count(*)
-    FROM kb.document_terms t, unnest(t.tsv) u WHERE t.workspace_id = ws
-    GROUP BY 2, 3 ORDER BY 2, 3;
+    FOR config IN SELECT s.text_config FROM kb.text_stats s WHERE s.workspace_id = ws ORDER BY 1 LOOP
+        INSERT INTO kb.lexeme_stats (workspace_id, text_config, lexeme, chunk_count)
+        SELECT ws, config, s.word, s.ndoc
+        FROM ts_stat(format('SELECT tsv FROM kb.chunks WHERE workspace_id = %s AND coalesce(text_config, %L) = %L',
+                            ws, 'english', config)) s
+        ORDER BY s.word;
+    END LOOP;
     INSERT INTO kb.document_text_stats (workspace_id, text_config, document_count, token_total)
     SELECT ws, t.text_config, count(*), sum(t.tokens)
     FROM kb.document_terms t WHERE t.workspace_id = ws
     GROUP BY 2 ORDER BY 2;
+    FOR config IN SELECT s.text_config FROM kb.document_text_stats s WHERE s.workspace_id = ws ORDER BY 1 LOOP
+        INSERT INTO kb.document_lexeme_stats (workspace_id, text_config, lexeme, document_count)
+        SELECT ws, config, s.word, s.ndoc
+        FROM ts_stat(format('SELECT tsv FROM kb.document_terms WHERE workspace_id = %s AND text_config = %L',
+                            ws, config)) s
+        ORDER BY s.word;
+    END LOOP;
     DELETE FROM kb.deferred_term_stats WHERE workspace_id = ws;
+END;
 $$;
 
 -- design §8: a search envelope cites (path, revision) of what was indexed, and the pair must name
