@@ -78,6 +78,7 @@ from kb.index.chunking import Chunk, Chunker, LazyChunker
 from kb.index.embedding import Embedder, check_vectors, model_cache
 from kb.index.languages import cache_in, detect_language, detect_languages, lexical_text, lexically_stable, text_config
 from kb.settings import Settings
+from kb.store.history import json_column
 from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
 
@@ -185,6 +186,15 @@ def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
     """Rows as parallel arrays, one per key, named as the multi-row statements name them
     (``position`` → ``positions``, ``text_sha256`` → ``text_sha256s``, ``id`` → ``ids``)."""
     return {f"{key}s": [row[key] for row in rows] for key in keys}
+
+
+def _json_columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list | str]:
+    """``_columns`` with every column but the vectors as one JSON array text
+    (kb.store.history.json_column, what ``insert_chunks`` unpacks): json.dumps is C, where psycopg
+    dumps a list into an array value by value in Python (design §14)."""
+    return {
+        name: values if name == "embeddings" else json_column(values) for name, values in _columns(rows, keys).items()
+    }
 
 
 _WRITE_COUNTS = (
@@ -954,7 +964,7 @@ class Indexer:
         if updates:  # positions are not unique, so moving rows in any order is safe
             conn.execute(queries["update_chunk_positions"], _columns(updates, UPDATE_COLUMNS))
         if inserts:
-            conn.execute(queries["insert_chunks"], _columns(inserts, INSERT_COLUMNS))
+            conn.execute(queries["insert_chunks"], _json_columns(inserts, INSERT_COLUMNS))
 
     def _plan_chunks(self, workspace_id, p: _Prepared, vectors, report) -> tuple[list[int], list[dict], list[dict]]:
         """``(chunk ids to delete, position updates, inserts)`` that bring one document's chunk rows
