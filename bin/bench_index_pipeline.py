@@ -13,7 +13,15 @@ Two rows, each leg interleaved round by round with its reference, medians report
    and embeds the corpus as in 1, against ``kb worker --until-idle`` indexing a fresh import of it
    (``os.wait4``'s ru_maxrss of each child). Ratio kb ÷ reference (goal ≤ 1.1).
 
+``--compare TREE`` (throughput row, embedded server only) also times another checkout's kb (e.g.
+main) in every round, right after this tree's run and against the same round's reference: a child
+process with ``PYTHONPATH=TREE`` warms up on the same 50 files, imports the corpus into a fresh
+database of its own (that tree's migrations) and times its ``kb.index`` (the import and warm-up
+untimed), so both trees meet the same load — on a shared machine, separate runs of the bench drift
+apart more than the trees differ.
+
 Usage: python bin/bench_index_pipeline.py [--corpus DIR] [--limit N] [--rounds 3] [--work /tmp/kb-bench-pipeline]
+       [--compare TREE]
 Postgres: ``KB_DATABASE_URL`` when set, else an embedded server under --work.
 """
 
@@ -57,6 +65,51 @@ embedder.embed(texts)
 """
 
 
+COMPARE_CHILD = """
+import shutil, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from kb.db import database
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
+from tests.support.named_queries import queries
+shutil.rmtree({storage!r}, ignore_errors=True)
+kb = KnowledgeBase.open(Settings(storage_root={storage!r}, embedding_model="hashing", database_url={url!r}))
+for ws, corpus in ((1, {warm!r}), (2, {corpus!r})):
+    kb.import_folder(Path(corpus), ws, message="bench import", author="bench")
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["bench_forget_embeddings"])
+    start = time.perf_counter()
+    report = kb.index(ws)
+    elapsed = time.perf_counter() - start
+    assert report.documents_failed == 0 and report.embeddings_computed > 0, report
+print(report.chunks_written / elapsed, report.chunks_written)
+"""
+
+
+def compare_rate(tree: Path, admin_url: str, work: Path, warm: Path, corpus: Path) -> tuple[float, int]:
+    """(chunks/s, chunks) of ``tree``'s kb indexing ``corpus`` (``COMPARE_CHILD``): a fresh database
+    ``kb_pipeline_compare`` on the embedded server (``admin_url``: its ``kb_bench`` database) and a
+    fresh storage root under ``work``. Exits on failure."""
+    with database.connect(admin_url, autocommit=True) as conn:
+        conn.execute(queries["drop_database"].format(database='"kb_pipeline_compare"'))
+        conn.execute(queries["create_database"].format(database='"kb_pipeline_compare"'))
+    child = COMPARE_CHILD.format(
+        root=str(tree),
+        storage=str(work / "compare-storage"),
+        url=admin_url.replace("/kb_bench?", "/kb_pipeline_compare?"),
+        warm=str(warm),
+        corpus=str(corpus),
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env["PYTHONPATH"] = str(tree)
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, cwd=tree)
+    if done.returncode != 0:
+        sys.exit(f"--compare {tree} failed: {done.stderr[-2000:]}")
+    rate, chunks = done.stdout.split()[-2:]
+    return float(rate), int(chunks)
+
+
 def reference_rate(files: list[Path], settings: Settings) -> tuple[float, int]:
     """(chunks/s, chunks) of kb's chunker + the hashing embedder alone over ``files``."""
     chunker, embedder = Chunker(settings.chunk_size), HashingEmbedder(settings.embedding_dim)
@@ -97,15 +150,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--legs", default="throughput,memory")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench-pipeline"))
+    parser.add_argument("--compare", type=Path, help="another checkout of kb to time in the same rounds")
     args = parser.parse_args()
     shutil.rmtree(args.work / "storage", ignore_errors=True)
     settings = Settings(storage_root=args.work / "storage", embedding_model="hashing")
+    admin_url = None
     if settings.database_url is None:
-        url = database.start_embedded(args.work / "pg", database="kb_bench")
+        url = admin_url = database.start_embedded(args.work / "pg", database="kb_bench")
         with database.connect(url, autocommit=True) as conn:
             conn.execute(queries["drop_database"].format(database='"kb_pipeline_run"'))
             conn.execute(queries["create_database"].format(database='"kb_pipeline_run"'))
         settings = settings.model_copy(update={"database_url": url.replace("/kb_bench?", "/kb_pipeline_run?")})
+    if args.compare and admin_url is None:
+        sys.exit("--compare needs the embedded server (unset KB_DATABASE_URL)")
     kb = KnowledgeBase.open(settings)
     corpus = args.work / "corpus"
     shutil.rmtree(corpus, ignore_errors=True)
@@ -118,7 +175,7 @@ def main() -> None:
     print(f"{len(files)} documents of {args.corpus}; load {os.getloadavg()[0]:.1f}", flush=True)
     ws = 0
     if "throughput" in args.legs:
-        ours, theirs = [], []
+        ours, theirs, compared = [], [], []
         reference_rate(files[:50], settings)  # warm-up: the chunker's imports and tokenizer
         # kb's warm-up likewise, on the same 50 files: its imports and the language classifier's
         # model (loaded once per process, 0.7 s), so both legs are timed warm
@@ -131,22 +188,40 @@ def main() -> None:
         ws += 1
         fresh_workspace(kb, ws, warm)
         kb.index(ws)
-        for _ in range(args.rounds):
+        for number in range(args.rounds):
             rate, chunks = reference_rate(files, settings)
             theirs.append(rate)
+            # the compared tree runs after this one in even rounds and before it in odd ones, so
+            # neither always follows the reference
+            if args.compare and admin_url is not None and number % 2:
+                other, other_chunks = compare_rate(args.compare.resolve(), admin_url, args.work, warm, corpus)
             ws += 1
             fresh_workspace(kb, ws, corpus)
             start = time.perf_counter()
             report = kb.index(ws)
             ours.append(report.chunks_written / (time.perf_counter() - start))
             assert report.documents_failed == 0 and report.embeddings_computed > 0, report
-            print(f"  round: kb {ours[-1]:.0f} chunks/s ({report.chunks_written}), reference {rate:.0f} ({chunks})")
+            line = f"  round: kb {ours[-1]:.0f} chunks/s ({report.chunks_written}), reference {rate:.0f} ({chunks})"
+            if args.compare and admin_url is not None:
+                if not number % 2:
+                    other, other_chunks = compare_rate(args.compare.resolve(), admin_url, args.work, warm, corpus)
+                compared.append(other / rate)
+                line += f", compared tree {other:.0f} ({other_chunks})"
+            print(line, f"load {os.getloadavg()[0]:.1f}", flush=True)
         kb_rate, ref_rate = statistics.median(ours), statistics.median(theirs)
         print(
             f"indexing, hashing embedder: kb {kb_rate:.0f} chunks/s   chunker+hashing alone {ref_rate:.0f} chunks/s"
             f"   kb/reference {kb_rate / ref_rate:.2f} (goal >= 0.7)",
             flush=True,
         )
+        if compared:
+            ratios = [o / t for o, t in zip(ours, theirs)]
+            print(
+                f"  per round kb/reference: this tree {statistics.median(ratios):.2f} (median of"
+                f" {', '.join(f'{r:.2f}' for r in ratios)}), {args.compare} {statistics.median(compared):.2f}"
+                f" (median of {', '.join(f'{r:.2f}' for r in compared)})",
+                flush=True,
+            )
     if "memory" in args.legs:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(

@@ -719,6 +719,9 @@ $$;
 -- terms pass that is kept with each term once (its title weight kept), and without its row when
 -- even that is too long (kb.document_terms_vector). The rows are written by one statement, so the
 -- statistics triggers run once per call, not once per document (migration 0026).
+-- A term's positions are cut from '1,2,…,256' / '1A,2A,…,256A' at computed lengths, the terms
+-- aggregated by document before the join, and kb.document_terms_vector called only for a text of
+-- 1 MB or more (migration 0031: the same rows for less time).
 CREATE FUNCTION kb.refresh_document_terms(document_ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM kb.document_terms t
@@ -739,27 +742,40 @@ BEGIN
         FROM chunks ch, unnest(ch.tsv) u
         GROUP BY ch.document_id, u.lexeme
     ),
+    numbers AS (
+        SELECT string_agg(p::text, ',' ORDER BY p) AS plain, string_agg(p::text || 'A', ',' ORDER BY p) AS titled
+        FROM generate_series(1, 256) p
+    ),
     terms AS (
-        SELECT document_id, titled, body,
-               '''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
-               CASE WHEN titled + body = 1 THEN CASE WHEN titled = 1 THEN '1A' ELSE '1' END
-                    ELSE (SELECT string_agg(p::text || CASE WHEN p <= titled THEN 'A' ELSE '' END, ',' ORDER BY p)
-                          FROM generate_series(1, least(titled + body, 256)) p) END AS positions
-        FROM counts
-        WHERE titled + body > 0
+        SELECT c.document_id, c.titled, c.body,
+               '''' || replace(replace(c.lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
+               CASE WHEN m.t = 0 THEN left(k.plain, l.n)
+                    WHEN m.t = m.n THEN left(k.titled, l.n + m.n)
+                    ELSE left(k.titled, l.t + m.t) || ',' || substr(k.plain, l.t + 2, l.n - l.t - 1) END AS positions
+        FROM counts c
+        CROSS JOIN numbers k
+        CROSS JOIN LATERAL (SELECT least(c.titled + c.body, 256)::integer AS n,
+                                   least(c.titled, 256)::integer AS t) m
+        CROSS JOIN LATERAL (SELECT CASE WHEN m.n <= 9 THEN 2 * m.n - 1 WHEN m.n <= 99 THEN 3 * m.n - 10
+                                        ELSE 4 * m.n - 109 END AS n,
+                                   CASE WHEN m.t <= 9 THEN 2 * m.t - 1 WHEN m.t <= 99 THEN 3 * m.t - 10
+                                        ELSE 4 * m.t - 109 END AS t) l
+        WHERE c.titled + c.body > 0
     ),
     summed AS (
-        SELECT o.document_id, o.workspace_id, o.text_config, sum(t.titled + t.body)::integer AS tokens,
+        SELECT t.document_id, sum(t.titled + t.body)::integer AS tokens,
                string_agg(t.quoted || ':' || t.positions, ' ') AS counted,
                string_agg(t.quoted || CASE WHEN t.titled > 0 THEN ':1A' ELSE ':1' END, ' ') AS once
-        FROM (SELECT document_id, min(workspace_id) AS workspace_id, min(text_config) AS text_config
-              FROM chunks GROUP BY document_id) o
-        JOIN terms t USING (document_id)
-        GROUP BY o.document_id, o.workspace_id, o.text_config
+        FROM terms t
+        GROUP BY t.document_id
     ),
     built AS (
-        SELECT document_id, workspace_id, text_config, tokens, kb.document_terms_vector(counted, once) AS tsv
-        FROM summed
+        SELECT s.document_id, o.workspace_id, o.text_config, s.tokens,
+               CASE WHEN octet_length(s.counted) < 1048576 THEN s.counted::tsvector
+                    ELSE kb.document_terms_vector(s.counted, s.once) END AS tsv
+        FROM summed s
+        JOIN (SELECT document_id, min(workspace_id) AS workspace_id, min(text_config) AS text_config
+              FROM chunks GROUP BY document_id) o USING (document_id)
     ),
     dropped AS (
         DELETE FROM kb.document_terms t USING built b WHERE t.document_id = b.document_id AND b.tsv IS NULL
@@ -777,29 +793,40 @@ $$;
 
 -- Counts a workspace's term statistics afresh from its chunks and kb.document_terms rows (what the
 -- triggers keep, counted once) and ends their deferral (migration 0029). The caller holds the
--- workspace's chunk lock, so no chunk or document_terms row of it changes meanwhile.
-CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE sql AS $$
+-- workspace's chunk lock, so no chunk or document_terms row of it changes meanwhile. Each text
+-- configuration's lexemes are counted by ts_stat, one pass in C (migration 0030).
+CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    config text;
+BEGIN
     DELETE FROM kb.lexeme_stats WHERE workspace_id = ws;
     DELETE FROM kb.text_stats WHERE workspace_id = ws;
     DELETE FROM kb.document_lexeme_stats WHERE workspace_id = ws;
     DELETE FROM kb.document_text_stats WHERE workspace_id = ws;
-    INSERT INTO kb.lexeme_stats (workspace_id, text_config, lexeme, chunk_count)
-    SELECT ws, coalesce(c.text_config, 'english'), u.lexeme, count(*)
-    FROM kb.chunks c, unnest(c.tsv) u WHERE c.workspace_id = ws
-    GROUP BY 2, 3 ORDER BY 2, 3;
     INSERT INTO kb.text_stats (workspace_id, text_config, chunk_count, token_total)
     SELECT ws, coalesce(c.text_config, 'english'), count(*), sum(c.tsv_tokens)
     FROM kb.chunks c WHERE c.workspace_id = ws
     GROUP BY 2 ORDER BY 2;
-    INSERT INTO kb.document_lexeme_stats (workspace_id, text_config, lexeme, document_count)
-    SELECT ws, t.text_config, u.lexeme, count(*)
-    FROM kb.document_terms t, unnest(t.tsv) u WHERE t.workspace_id = ws
-    GROUP BY 2, 3 ORDER BY 2, 3;
+    FOR config IN SELECT s.text_config FROM kb.text_stats s WHERE s.workspace_id = ws ORDER BY 1 LOOP
+        INSERT INTO kb.lexeme_stats (workspace_id, text_config, lexeme, chunk_count)
+        SELECT ws, config, s.word, s.ndoc
+        FROM ts_stat(format('SELECT tsv FROM kb.chunks WHERE workspace_id = %s AND coalesce(text_config, %L) = %L',
+                            ws, 'english', config)) s
+        ORDER BY s.word;
+    END LOOP;
     INSERT INTO kb.document_text_stats (workspace_id, text_config, document_count, token_total)
     SELECT ws, t.text_config, count(*), sum(t.tokens)
     FROM kb.document_terms t WHERE t.workspace_id = ws
     GROUP BY 2 ORDER BY 2;
+    FOR config IN SELECT s.text_config FROM kb.document_text_stats s WHERE s.workspace_id = ws ORDER BY 1 LOOP
+        INSERT INTO kb.document_lexeme_stats (workspace_id, text_config, lexeme, document_count)
+        SELECT ws, config, s.word, s.ndoc
+        FROM ts_stat(format('SELECT tsv FROM kb.document_terms WHERE workspace_id = %s AND text_config = %L',
+                            ws, config)) s
+        ORDER BY s.word;
+    END LOOP;
     DELETE FROM kb.deferred_term_stats WHERE workspace_id = ws;
+END;
 $$;
 
 -- design §8: a search envelope cites (path, revision) of what was indexed, and the pair must name

@@ -240,3 +240,24 @@ def test_a_batchs_chunk_rows_are_read_by_the_writer_while_the_run_cuts_it(kb, mo
     assert again.chunks_written == 0 and again.chunks_reused == first.chunks_written
     assert [n for _, n in readers] == [DOCUMENT_BATCH, DOCUMENT_BATCH, 5]
     assert all(name.startswith("kb-index-writer") for name, _ in readers)
+
+
+def test_a_batchs_chunk_rows_hold_their_texts_and_spans_exactly(kb):
+    """A batch's chunk rows travel to Postgres as JSON columns (insert_chunks): texts with quotes,
+    backslashes, braces, commas, escapes, tabs, non-ASCII, CJK and astral characters are stored as
+    cut, each row at its position and span, in the documents' order."""
+    awkward = "He said \"{a,b}\" \\ back\\slash, \\u0041 not an escape, tab\there, naïve Ωμέγα 日本語 😀 'quoted'\n"
+    docs = {
+        f"/documents/p{i:02d}.md": f"# Page {i}\n\n{awkward * (i % 3 + 1)}\n## More {i}\n\n{awkward}" for i in range(20)
+    }
+    write_all(kb, 1, docs)
+    report = kb.index(1)
+    assert report.documents_indexed == len(docs) and report.chunks_written > 0
+    rows = named_rows(kb, "test_chunk_set", workspace_id=1)
+    assert len(rows) == report.chunks_written
+    for row in rows:
+        text = docs[row["path"]]
+        assert text[row["start_char"] : row["end_char"]] == row["text"]
+        assert row["start_line"] == text.count("\n", 0, row["start_char"]) + 1
+    assert [(r["path"], r["position"]) for r in rows] == sorted((r["path"], r["position"]) for r in rows)
+    assert sorted(r["id"] for r in rows) == [r["id"] for r in sorted(rows, key=lambda r: (r["path"], r["position"]))]

@@ -5,6 +5,8 @@ run or the sweep ends with a recount; searches answer during and after the run."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from support.embedders import CountingEmbedder, StoppingEmbedder, WorkerStopped
 from support.generated_documents import generated_corpus, named_rows, write_all
@@ -118,3 +120,22 @@ def test_a_reindex_of_an_indexed_workspace_keeps_counting_per_batch(kb):
     report = kb.reindex(1, progress=lambda done, total, report: during.append(_deferred(kb)))
     assert report.chunks_reused > 0 and during and all(d == [] for d in during)
     _statistics_exact(kb, 1)
+
+
+def test_a_bulk_runs_recount_counts_every_text_configuration(kb):
+    """The recount at the end of a bulk run counts each text configuration's lexemes on its own
+    (ts_stat per configuration, migration 0030): a first index of English, German, Arabic and
+    Japanese pages ends with statistics equal to a recount per configuration, none mixed."""
+    docs = generated_corpus(BULK_RUN_DOCUMENTS)
+    corpus = Path(__file__).parent / "corpus"
+    for language in ("de", "ar", "ja", "en"):
+        for page in sorted((corpus / language).rglob("*.md")):
+            docs[f"/documents/{language}/{page.relative_to(corpus / language)}"] = page.read_text()
+    write_all(kb, 1, docs)
+    seen: list[list[int]] = []
+    kb.index(1, progress=lambda done, total, report: seen.append(_deferred(kb)) if 0 < done < total else None)
+    assert [1] in seen  # a bulk run: counted once, at its end
+    assert _deferred(kb) == []
+    _statistics_exact(kb, 1)
+    configs = {r["text_config"] for r in named_rows(kb, "test_lexeme_stats", workspace_id=1)}
+    assert {"english", "german"} <= configs and len(configs) >= 3

@@ -109,6 +109,29 @@ def test_document_terms_and_their_statistics_follow_every_change_of_the_chunks(s
     _document_terms_agree(kb, 2)
 
 
+def test_document_terms_hold_each_terms_frequency_with_its_title_weight(kb):
+    """A document's terms (kb.refresh_document_terms, migration 0031) are what the construction
+    before 0031 built, term by term: every frequency below and past 9, 99 and the 256 positions a
+    tsvector keeps, title words counted with weight A (several in one heading, and again in the
+    body), quotes and backslashes in words, pages of one chunk and of several."""
+    kb.use_embedder(HashingEmbedder())
+    heading = "# " + " ".join(["zebra"] * 12) + " o'clock back\\slash\n\n"
+    docs = {
+        "/documents/counts.md": heading
+        + " ".join(f"w{n} " * n for n in (1, 2, 9, 10, 11, 99, 100, 101))
+        + " zebra" * 300
+        + "\n",
+        "/documents/long.md": _long_page(),
+        "/documents/quoted.md": "# It's a \\ test\n\nit's o'clock, back\\slash and 'quotes' twice: it's\n",
+        "/documents/one.md": "one word\n",
+    }
+    _write_all(kb, 1, docs)
+    kb.index(1)
+    expected = _rows(kb, "test_document_terms_reference", workspace_id=1)
+    assert len(expected) == len(docs)
+    assert _rows(kb, "test_document_terms_rows", workspace_id=1) == expected
+
+
 def _long_page() -> str:
     """A page of four sections, each long enough to be a chunk of its own (word0 … word3)."""
     return "# Guide\n\n" + "\n".join(

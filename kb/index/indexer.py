@@ -78,6 +78,7 @@ from kb.index.chunking import Chunk, Chunker, LazyChunker
 from kb.index.embedding import Embedder, check_vectors, model_cache
 from kb.index.languages import cache_in, detect_language, detect_languages, lexical_text, lexically_stable, text_config
 from kb.settings import Settings
+from kb.store.history import json_column
 from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
 
@@ -185,6 +186,15 @@ def _columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list]:
     """Rows as parallel arrays, one per key, named as the multi-row statements name them
     (``position`` → ``positions``, ``text_sha256`` → ``text_sha256s``, ``id`` → ``ids``)."""
     return {f"{key}s": [row[key] for row in rows] for key in keys}
+
+
+def _json_columns(rows: list[dict], keys: tuple[str, ...]) -> dict[str, list | str]:
+    """``_columns`` with every column but the vectors as one JSON array text
+    (kb.store.history.json_column, what ``insert_chunks`` unpacks): json.dumps is C, where psycopg
+    dumps a list into an array value by value in Python (design §14)."""
+    return {
+        name: values if name == "embeddings" else json_column(values) for name, values in _columns(rows, keys).items()
+    }
 
 
 _WRITE_COUNTS = (
@@ -461,7 +471,7 @@ class Indexer:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
         ):
             pending: tuple[list[dict], Future[IndexReport], list[Future[None]]] | None = None
-            # each embedder batch's fresh vectors are cached by the writer thread too, ahead of
+            # each batch's fresh vectors are cached (one statement) by the writer thread too, ahead of
             # the batch's write (one thread: in order), so this thread never waits for Postgres
             # to store them; a stopped run still stores what was handed over (the executor
             # finishes its queue before the block ends)
@@ -514,21 +524,22 @@ class Indexer:
         if checkpoint.move_cursor:
             totals.cursor = batch[-1]["id"]
         totals.embeddings_computed, totals.embeddings_cached = embedded
-        with conn.transaction():
-            conn.execute(
-                queries["update_index_run"],
-                {
-                    "id": checkpoint.run_id,
-                    "documents_done": totals.documents_done,
-                    "documents_total": totals.documents_total,
-                    "documents_failed": totals.documents_failed,
-                    "cursor_document_id": totals.cursor,
-                    "chunks_written": totals.chunks_written,
-                    "chunks_reused": totals.chunks_reused,
-                    "embeddings_computed": totals.embeddings_computed,
-                    "embeddings_cached": totals.embeddings_cached,
-                },
-            )
+        # one statement on the writer's autocommit connection: its own transaction, with no
+        # BEGIN and COMMIT round trips around it
+        conn.execute(
+            queries["update_index_run"],
+            {
+                "id": checkpoint.run_id,
+                "documents_done": totals.documents_done,
+                "documents_total": totals.documents_total,
+                "documents_failed": totals.documents_failed,
+                "cursor_document_id": totals.cursor,
+                "chunks_written": totals.chunks_written,
+                "chunks_reused": totals.chunks_reused,
+                "embeddings_computed": totals.embeddings_computed,
+                "embeddings_cached": totals.embeddings_cached,
+            },
+        )
         return counts
 
     def _collect(
@@ -684,7 +695,8 @@ class Indexer:
         cache, then the embedder.
 
         Misses are embedded in batches of ``KB_EMBED_BATCH_SIZE`` and cached batch by batch (a
-        killed run keeps what it paid for). A batch the embedder rejects is retried text by text,
+        killed run keeps what it paid for); in a run, the writer thread caches the call's vectors in
+        one statement. A batch the embedder rejects is retried text by text,
         so only the poison text fails; NaN/inf rows are rejected per text.
         """
         model, dim = self.embedder.model, self.embedder.dim
@@ -701,47 +713,66 @@ class Indexer:
         report.embeddings_cached += len(found)
         missing = [h for h in texts_by_hash if h not in found]
         size = max(1, self.settings.embed_batch_size)
-        for start in range(0, len(missing), size):
-            hashes = missing[start : start + size]
-            try:
-                groups = [(hashes, self.embedder.embed([texts_by_hash[h] for h in hashes]))]
-                report.embeddings_computed += len(hashes)
-            except Exception as exc:
-                log.warning("embedding a batch of %d texts failed (%s); retrying one by one", len(hashes), exc)
-                groups = []
-                for h in hashes:
-                    report.embeddings_computed += 1
-                    try:
-                        groups.append(([h], self.embedder.embed([texts_by_hash[h]])))
-                    except Exception as one_exc:
-                        errors[h] = _error_text(one_exc)
-            fresh = []
-            for group, vectors in groups:
-                try:
-                    problems = check_vectors(np.asarray(vectors), len(group), dim)
-                except Exception as exc:
-                    errors.update({h: _error_text(exc) for h in group})
-                    continue
-                for h, packed, problem in zip(group, vectors_bytes(np.asarray(vectors)), problems):
-                    if problem is None and packed is not None:
-                        found[h] = packed
-                        fresh.append((h, packed))
-                    else:
-                        errors[h] = f"EmbeddingError: {problem or 'a vector holds NaN or inf (as float4)'}"
-            if fresh and self._cache_writes is not None:  # in a run: the writer thread caches
+        fresh: list[tuple[str, VectorBytes]] = []
+        try:
+            for start in range(0, len(missing), size):
+                self._embed_batch(missing[start : start + size], texts_by_hash, dim, report, found, errors, fresh)
+                if fresh and self._cache_writes is None:  # outside a run: cached batch by batch
+                    self._cache(conn, model, dim, fresh)
+                    fresh = []
+        finally:
+            # in a run the writer thread caches the call's vectors, in one statement queued ahead of
+            # their batch's write (one thread: in order), so this thread never waits for Postgres to
+            # store them; what was paid for is handed over even when an embedder call stops the run
+            if fresh and self._cache_writes is not None:
                 self._cache_writes.append(self._writer.submit(self._cache, self._writer_conn, model, dim, fresh))
-            elif fresh:
-                self._cache(conn, model, dim, fresh)
-            if self.progress:  # a batch of documents can embed for minutes: say so as it goes
-                self.progress(report.documents_done, report.documents_total, report)
         return found, errors
+
+    def _embed_batch(
+        self,
+        hashes: list[str],
+        texts_by_hash: dict[str, str],
+        dim: int,
+        report: IndexReport,
+        found: dict[str, VectorBytes],
+        errors: dict[str, str],
+        fresh: list[tuple[str, VectorBytes]],
+    ) -> None:
+        """One embedder call for the texts of ``hashes`` (text by text when it fails): their vectors
+        into ``found`` and ``fresh`` (to cache), their failures into ``errors`` (``_embed``)."""
+        try:
+            groups = [(hashes, self.embedder.embed([texts_by_hash[h] for h in hashes]))]
+            report.embeddings_computed += len(hashes)
+        except Exception as exc:
+            log.warning("embedding a batch of %d texts failed (%s); retrying one by one", len(hashes), exc)
+            groups = []
+            for h in hashes:
+                report.embeddings_computed += 1
+                try:
+                    groups.append(([h], self.embedder.embed([texts_by_hash[h]])))
+                except Exception as one_exc:
+                    errors[h] = _error_text(one_exc)
+        for group, vectors in groups:
+            try:
+                problems = check_vectors(np.asarray(vectors), len(group), dim)
+            except Exception as exc:
+                errors.update({h: _error_text(exc) for h in group})
+                continue
+            for h, packed, problem in zip(group, vectors_bytes(np.asarray(vectors)), problems):
+                if problem is None and packed is not None:
+                    found[h] = packed
+                    fresh.append((h, packed))
+                else:
+                    errors[h] = f"EmbeddingError: {problem or 'a vector holds NaN or inf (as float4)'}"
+        if self.progress:  # a batch of documents can embed for minutes: say so as it goes
+            self.progress(report.documents_done, report.documents_total, report)
 
     @staticmethod
     def _cache(conn, model: str, dim: int, fresh: list[tuple[str, VectorBytes]]) -> None:
         """Cache ``fresh`` vectors (``(hash, vector)``) of ``model``/``dim`` in their own
-        transaction on ``conn``."""
+        transaction on ``conn`` (on an autocommit connection, the one statement's own)."""
         vector_wire.register(conn)
-        with conn.transaction():
+        with contextlib.nullcontext() if conn.autocommit else conn.transaction():
             conn.execute(
                 queries["cache_embeddings"],
                 {
@@ -817,7 +848,10 @@ class Indexer:
         marked failed and the others go on (design §7)."""
         counts = IndexReport(workspace_id)
         try:
-            with conn.transaction():
+            # pipelined: the transaction's statements go out without waiting for each other's
+            # answers (BEGIN and the locks wait only for the rows read; the writes, stamps and
+            # COMMIT for the block's end), a few round trips per batch instead of one a statement
+            with conn.pipeline(), conn.transaction():
                 chunk_lock(conn, workspace_id)  # the lock order of _write_document, for every row at once
                 now = {
                     r["id"]: (r["content_id"], r["path"])
@@ -930,7 +964,7 @@ class Indexer:
         if updates:  # positions are not unique, so moving rows in any order is safe
             conn.execute(queries["update_chunk_positions"], _columns(updates, UPDATE_COLUMNS))
         if inserts:
-            conn.execute(queries["insert_chunks"], _columns(inserts, INSERT_COLUMNS))
+            conn.execute(queries["insert_chunks"], _json_columns(inserts, INSERT_COLUMNS))
 
     def _plan_chunks(self, workspace_id, p: _Prepared, vectors, report) -> tuple[list[int], list[dict], list[dict]]:
         """``(chunk ids to delete, position updates, inserts)`` that bring one document's chunk rows

@@ -427,3 +427,45 @@ WHERE id = %(document_id)s;
 -- name: test_document_stamps_by_path
 -- A workspace's documents with their content and index state (tests/test_projection.py).
 SELECT id, path, title, content_id, status, index_attempts FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_document_terms_reference
+-- A workspace's document terms as kb.refresh_document_terms built them before migration 0031 (a
+-- term's positions by generate_series and string_agg, the terms joined with their document before
+-- the aggregate): the tsvector, as text, and the length each document's row must hold.
+WITH chunks AS (
+    SELECT c.document_id, c.workspace_id, coalesce(c.text_config, 'english') AS text_config, c.tsv,
+           row_number() OVER (PARTITION BY c.document_id ORDER BY c.position, c.id) = 1 AS first
+    FROM kb.chunks c
+    WHERE c.workspace_id = %(workspace_id)s
+),
+counts AS (
+    SELECT ch.document_id, u.lexeme,
+           sum(CASE WHEN ch.first THEN cardinality(array_positions(u.weights, 'A')) ELSE 0 END) AS titled,
+           sum(CASE WHEN ch.first
+                    THEN greatest(cardinality(u.positions), 1) - cardinality(array_positions(u.weights, 'A'))
+                    ELSE cardinality(array_positions(u.weights, 'D')) END) AS body
+    FROM chunks ch, unnest(ch.tsv) u
+    GROUP BY ch.document_id, u.lexeme
+),
+terms AS (
+    SELECT document_id, titled, body,
+           '''' || replace(replace(lexeme, '\', '\\'), '''', '''''') || '''' AS quoted,
+           CASE WHEN titled + body = 1 THEN CASE WHEN titled = 1 THEN '1A' ELSE '1' END
+                ELSE (SELECT string_agg(p::text || CASE WHEN p <= titled THEN 'A' ELSE '' END, ',' ORDER BY p)
+                      FROM generate_series(1, least(titled + body, 256)) p) END AS positions
+    FROM counts
+    WHERE titled + body > 0
+),
+summed AS (
+    SELECT o.document_id, sum(t.titled + t.body)::integer AS tokens,
+           string_agg(t.quoted || ':' || t.positions, ' ') AS counted,
+           string_agg(t.quoted || CASE WHEN t.titled > 0 THEN ':1A' ELSE ':1' END, ' ') AS once
+    FROM (SELECT DISTINCT document_id FROM chunks) o
+    JOIN terms t USING (document_id)
+    GROUP BY o.document_id
+)
+SELECT document_id, kb.document_terms_vector(counted, once)::text AS tsv, tokens FROM summed ORDER BY document_id;
+
+-- name: test_document_terms_rows
+SELECT document_id, tsv::text AS tsv, tokens FROM kb.document_terms
+WHERE workspace_id = %(workspace_id)s ORDER BY document_id;
