@@ -46,7 +46,7 @@ def test_worker_prints_progress_lines_and_a_summary(kb_env, tmp_path):
     assert "4 document(s) indexed, 0 failed; 4 chunks written (4 embedded, 0 from the embedding cache)" in first.stdout
     assert "job(s) run, 0 failed" in first.stdout and "no job is scheduled for later" in first.stdout
     assert "kb.index_changes (workspace 1) done in" in first.stderr  # plain lines: not a terminal
-    assert "index ws 1: 4/4 documents, 4 chunks" in first.stderr
+    assert "index ws 1: 4/4 documents, 4 chunks stored" in first.stderr
     # the same texts in another workspace come from the embedding cache
     run_cli(kb_env, "import", str(notes), "-w", "2")
     second = run_cli(kb_env, "worker", "--until-idle", "--quiet")
@@ -68,7 +68,7 @@ def test_worker_progress_says_which_chunks_were_kept_unchanged(kb_env, tmp_path)
     run_cli(kb_env, "import", str(notes), "-w", "1")
     edited = run_cli(kb_env, "worker", "--until-idle")
     line = next(x for x in edited.stderr.splitlines() if "index ws 1: 1/1 documents" in x)
-    written, unchanged = (int(n) for n in re.search(r"(\d+) chunks \((\d+) unchanged\)", line).groups())
+    written, unchanged = (int(n) for n in re.search(r"(\d+) chunks stored \((\d+) unchanged\)", line).groups())
     assert written > unchanged >= 4, line
     assert "1 chunks embedded" not in edited.stderr and "1 document, 1 chunk embedded" in edited.stderr
 

@@ -133,8 +133,8 @@ class ProgressDisplay:
     """Per-job progress of a worker: a live line (rich) on a terminal, plain lines otherwise.
 
     Thread-safe: index jobs report progress from their worker thread. Lines look like
-    ``index ws 2: 57/173 documents, 312 chunks, 4.1 chunks/s, embedded 290 (4.0/s), 116 documents
-    left, ETA 2m05s`` (``312 chunks (270 unchanged)`` when rows of unchanged chunks were kept: the
+    ``index ws 2: 57/173 documents, 312 chunks stored, 4.1 chunks/s, embedded 290 (4.0/s), 116
+    documents left, ETA 2m05s`` (``312 chunks stored (270 unchanged)`` when rows of unchanged chunks were kept: the
     count is not what was embedded). Off a terminal (a script's capture, a service manager's log)
     a line is printed at least every ``every`` seconds (``KB_PROGRESS_INTERVAL``) while a job
     runs, also in the middle of a long batch of documents and before an index run reports its
@@ -211,7 +211,7 @@ class ProgressDisplay:
         self._line(f"job {job_id} {task}{_ws(workspace_id)} started", permanent=not self.live_mode)
 
     def _progress_text(self, workspace_id: int, kind: str, done: int, total: int, report) -> str:
-        """``index ws 2: 57/173 documents, 312 chunks, …`` from an index run's report as it is now."""
+        """``index ws 2: 57/173 documents, 312 chunks stored, …`` from an index run's report as it is now."""
         started = self._runs.setdefault(workspace_id, time.monotonic())
         elapsed = max(time.monotonic() - started, 1e-6)
         chunks = report.chunks_written + report.chunks_reused
@@ -222,8 +222,10 @@ class ProgressDisplay:
             eta = f", ETA {int(left) // 60}m{int(left) % 60:02d}s"
         unchanged = f" ({report.chunks_reused} unchanged)" if report.chunks_reused else ""
         remaining = f", {total - done} documents left" if done < total else ""
+        # "stored": chunk rows written or kept; "embedded" runs ahead of it within a batch
+        stored = f"{chunks} chunk{'' if chunks == 1 else 's'} stored"
         return (
-            f"{kind} ws {workspace_id}: {done}/{total} documents, {chunks} chunks{unchanged}, "
+            f"{kind} ws {workspace_id}: {done}/{total} documents, {stored}{unchanged}, "
             f"{chunks / elapsed:.1f} chunks/s, embedded {embedded} ({embedded / elapsed:.1f}/s)"
             f"{remaining}{eta}"
         )
