@@ -268,6 +268,24 @@ def test_reverting_an_edit_undoes_it_where_the_document_moved_since(kb):
     assert kb.revert(14, gone.id, author="alice") is None  # removed since: left removed
 
 
+def test_a_read_of_a_path_the_document_moved_away_from_says_where_it_went(kb):
+    """``read`` (kb read, kb blame) of a path a recorded move emptied said only "no document
+    there"; it names where the moves took the document, following a chain (design §3)."""
+    a, b, c = "/documents/A.md", "/documents/B.md", "/documents/Sub/C.md"
+    commit(kb, 15, ("write", a, b"a\n"))
+    commit(kb, 15, ("move", a, b))
+    commit(kb, 15, ("move", b, c))
+    for gone in (a, b):
+        with pytest.raises(DocumentNotFound, match=f"no document at '{gone}' now: it was moved to '{c}'"):
+            kb.read(15, gone)
+    with pytest.raises(DocumentNotFound, match="moved to '/documents/Sub/C.md'"):
+        kb.blame(15, a)
+    commit(kb, 15, ("remove", c))
+    with pytest.raises(DocumentNotFound) as removed:  # moved, then removed: nothing to point at
+        kb.read(15, a)
+    assert "moved to" not in str(removed.value)
+
+
 def test_lock_timeout_names_the_workspace(kb, settings):
     commit(kb, 6, ("write", A, b"a"))
     quick = KnowledgeBase(settings.model_copy(update={"lock_timeout": 0.2}), kb.database_url)

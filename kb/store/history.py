@@ -371,7 +371,23 @@ def current_path(conn: Connection, workspace_id: int, path: str, since_revision:
     ).fetchone()
     if row is None:
         return None
-    seq = row["seq"]
+    return current_path_after(conn, workspace_id, path, row["seq"])
+
+
+def moved_away_to(conn: Connection, workspace_id: int, path: str) -> str | None:
+    """Where the document that last stood at repo path ``path`` is now, when recorded moves took
+    it away (and nothing stands at ``path`` since): its repo path, else None (design §3; a read
+    of the old path says where it went)."""
+    rows = conn.execute(
+        queries["document_changes_after"], {"workspace_id": workspace_id, "path": path, "after_seq": 0}
+    ).fetchall()
+    if not rows or not rows[-1]["new_path"]:
+        return None
+    return current_path_after(conn, workspace_id, rows[-1]["new_path"], rows[-1]["seq"])
+
+
+def current_path_after(conn: Connection, workspace_id: int, path: str, seq: int) -> str | None:
+    """``current_path`` from the revision numbered ``seq`` (its place in the workspace's history)."""
     for _ in range(MAX_MOVES_FOLLOWED):
         rows = conn.execute(
             queries["document_changes_after"], {"workspace_id": workspace_id, "path": path, "after_seq": seq}

@@ -74,6 +74,7 @@ from kb.store.history import (
     current_path,
     forget_changes,
     json_column,
+    moved_away_to,
     read_history,
     record_changes_ahead,
     record_missing,
@@ -299,9 +300,18 @@ class KnowledgeStore:
         try:
             return self.repository.read(revision, target)
         except DocumentNotFound:  # named as the caller names documents (virtual, with its slash)
-            raise not_a_document(
+            error = not_a_document(
                 self.repository, self.repository.tree_id(revision), target, revision, self.workspace_id
-            ) from None
+            )
+            if isinstance(error, DocumentNotFound) and revision == self.repository.head():
+                with database.transaction(self.database_url) as conn:
+                    moved = moved_away_to(conn, self.workspace_id, target)
+                if moved is not None:  # a recorded move took it away: say where (design §3)
+                    error = DocumentNotFound(
+                        f"no document at '/{target}' now: it was moved to '/{moved}' "
+                        f"(`kb log '/{moved}' --workspace {self.workspace_id}` shows the move)"
+                    )
+            raise error from None
 
     def read_as_of(self, revision: str, path: str | StorePath) -> bytes:
         """Bytes of a document at ``revision`` (design §3, citations §8)."""
