@@ -97,21 +97,27 @@ class KnowledgeBase:
         return self.stores.database_url
 
     @classmethod
-    def open(cls, settings: Settings | None = None, *, migrate: bool = True) -> KnowledgeBase:
+    def open(
+        cls, settings: Settings | None = None, *, migrate: bool = True, reuse_connection: bool = False
+    ) -> KnowledgeBase:
         """Open kb from settings (environment ``KB_*`` when None), applying pending migrations.
 
+        ``reuse_connection`` (a one-shot command, design §13): the connection that found the
+        schema current is kept (``database.park``) for the first connection the caller opens
+        within ``database.PARKED_SECONDS``, instead of being closed.
         Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError.
         """
         settings = settings or Settings()
         kb = cls(settings, database.resolve_database_url(settings))
         if migrate:
-            kb._ensure_schema()
+            kb._ensure_schema(reuse_connection)
         return kb
 
-    def _ensure_schema(self) -> None:
+    def _ensure_schema(self, reuse_connection: bool = False) -> None:
         """Migrate only when something is to do: a current schema costs one connection and two
         reads (``schema_is_current``), not the migration lock and pgvector probe (design §13).
-        Whatever the quick read cannot vouch for goes to ``migrate()``, which reports errors."""
+        Whatever the quick read cannot vouch for goes to ``migrate()``, which reports errors.
+        ``reuse_connection``: park the connection for the caller's next one (see ``open``)."""
         try:
             conn = database.connect(self.database_url)
         except DatabaseUnavailable:
@@ -121,8 +127,11 @@ class KnowledgeBase:
             # (dropped, or its postmaster replaced): make the full check once, then connect.
             self.stores.database_url = database.recheck_embedded(self.settings)
             conn = database.connect(self.database_url)
-        with conn:
-            current = schema_is_current(conn)
+        if reuse_connection:
+            current = database.check_then_park(conn, self.database_url, schema_is_current)
+        else:
+            with conn:
+                current = schema_is_current(conn)
         if not current:
             self.migrate()
 

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from support.commands import run_cli
 
 from kb.adapters.cli.main import main
+from kb.db import database
 from kb.db.embedded_server import VERIFIED_MARKER, _record_verified, _verified_url, forget_verified
 from kb.db.migrations import schema_is_current
 from kb.errors import MigrationError
@@ -138,6 +139,55 @@ def test_schema_check_on_an_empty_database_is_false(pg_server: str) -> None:
             assert not schema_is_current(conn)
     finally:
         run_admin(pg_server, "drop_database", database="kb_t_empty")
+
+
+# -- the schema check's connection, kept for the command's own work ------------------------------
+
+
+def _sessions(database_url: str, application: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
+        ).fetchone()[0]
+
+
+def test_a_parked_connection_is_the_next_one_only_while_fresh_and_idle(database_url: str, monkeypatch) -> None:
+    url = f"{database_url} application_name=kb_parked"
+    first = database.connect(url)
+    database.park(first, url)
+    assert database.connect(url) is first  # handed over once
+    second = database.connect(url)
+    assert second is not first and not first.closed
+    first.close()
+
+    second.execute("SELECT 1")  # a transaction open: not idle, so closed rather than kept
+    database.park(second, url)
+    assert second.closed and _sessions(database_url, "kb_parked") == 0
+
+    third = database.connect(url)
+    database.park(third, url)
+    monkeypatch.setattr(database, "PARKED_SECONDS", 0.0)
+    fourth = database.connect(url)  # kept too long: closed, a new session instead
+    assert fourth is not third and third.closed
+    fourth.close()
+
+    fifth = database.connect(url)
+    database.park(fifth, url)
+    database.close_pools()  # at exit, with the pools
+    assert fifth.closed and _sessions(database_url, "kb_parked") == 0
+
+
+def test_opening_for_a_quick_command_keeps_the_schema_checks_connection(settings, database_url: str) -> None:
+    url = f"{database_url} application_name=kb_reused"
+    quick = settings.model_copy(update={"database_url": url})
+    KnowledgeBase.open(quick)
+    assert _sessions(database_url, "kb_reused") == 0  # closed after the check
+    kb = KnowledgeBase.open(quick, reuse_connection=True)
+    assert _sessions(database_url, "kb_reused") == 1
+    kb.create_workspace(1)
+    assert kb.workspaces()[0]["id"] == 1
+    database.close_pools()
+    assert _sessions(database_url, "kb_reused") == 0
 
 
 # -- the command line -----------------------------------------------------------------------------

@@ -23,7 +23,8 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
@@ -308,10 +309,72 @@ class KbConnection(psycopg.Connection[DictRow]):
             raise denied from exc_val
 
 
+PARKED_SECONDS = 5.0
+"""How long a connection handed to ``park`` waits for the next ``connect`` before it is closed instead."""
+_parked: dict[str, tuple[Connection, float]] = {}
+_parked_lock = threading.Lock()
+
+
+def park(conn: Connection, url: str) -> None:
+    """Keep ``conn`` (opened by ``connect(url)``, idle) for this process's next ``connect(url)``
+    within PARKED_SECONDS, which gets it instead of a new session: a one-shot command that opened
+    a connection to check the schema then runs its own work on it, paying one connection set-up
+    instead of two (design §13). A connection not idle (in a transaction), or broken, is closed
+    instead; one kept longer than PARKED_SECONDS is closed by the next ``connect``, which opens its
+    own (a session idle for long may have been ended by the server)."""
+    if conn.closed or conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.close()
+        return
+    with _parked_lock:
+        replaced = _parked.pop(url, None)
+        _parked[url] = (conn, time.monotonic())
+    if replaced is not None:
+        replaced[0].close()
+
+
+def check_then_park(conn: Connection, url: str, check: Callable[[Connection], bool]) -> bool:
+    """``check(conn)`` in a transaction of its own on ``conn`` (from ``connect(url)``); when it
+    answers True the connection is parked (``park``) for the next ``connect(url)``, otherwise (or
+    when it raises) closed. A connection lost meanwhile raises DatabaseUnavailable, as in a
+    ``with connect(url)`` block."""
+    try:
+        with _lost_raises_unavailable(conn):
+            answer = check(conn)
+            conn.commit()  # ends the check's transaction: the connection is idle again
+    except BaseException:
+        conn.close()
+        raise
+    if answer:
+        park(conn, url)
+    else:
+        conn.close()
+    return answer
+
+
+def _take_parked(url: str, autocommit: bool) -> Connection | None:
+    """The connection ``park`` kept for ``url`` when it is still fresh and open, else None."""
+    if not _parked:
+        return None
+    with _parked_lock:
+        parked = _parked.pop(url, None)
+    if parked is None:
+        return None
+    conn, since = parked
+    if conn.closed or conn.broken or time.monotonic() - since > PARKED_SECONDS:
+        conn.close()
+        return None
+    conn.autocommit = autocommit  # idle, so psycopg allows the switch
+    return conn
+
+
 def connect(url: str, *, autocommit: bool = False) -> Connection:
     """Open a psycopg connection with dict rows, configured by ``configure_connection`` (not behind
-    a transaction-mode pooler, see the module docstring). Raises DatabaseUnavailable naming the
-    server; used as a context manager, a connection lost inside the block raises DatabaseUnavailable."""
+    a transaction-mode pooler, see the module docstring), or take the one ``park`` kept for ``url``.
+    Raises DatabaseUnavailable naming the server; used as a context manager, a connection lost
+    inside the block raises DatabaseUnavailable."""
+    parked = _take_parked(url, autocommit)
+    if parked is not None:
+        return parked
     try:
         conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row, **connection_kwargs(url))
     except psycopg.OperationalError as exc:
@@ -459,27 +522,36 @@ def pooled_transaction(url: str) -> Iterator[Connection]:
 
 
 def close_pools() -> None:
-    """Close every connection pool this process opened (idempotent)."""
+    """Close every connection pool this process opened, and a connection ``park`` still keeps
+    (idempotent)."""
     with _pools_lock:
         pools = list(_pools.values())
         _pools.clear()
     for each in pools:
         each.close()
+    with _parked_lock:
+        parked = [conn for conn, _since in _parked.values()]
+        _parked.clear()
+    for conn in parked:
+        conn.close()
 
 
 atexit.register(close_pools)
 
-_inherited: list[ConnectionPool[Connection]] = []
+_inherited: list[ConnectionPool[Connection] | Connection] = []
 
 
 def _forget_pools_after_fork() -> None:
-    """In a forked child: the parent's pooled connections share its sockets, so the child must
-    neither use nor close them (closing would end the parent's sessions). They are set aside,
-    referenced forever so no finalizer runs, and the child opens its own pools on demand."""
-    global _pools_lock
+    """In a forked child: the parent's pooled and parked connections share its sockets, so the
+    child must neither use nor close them (closing would end the parent's sessions). They are set
+    aside, referenced forever so no finalizer runs, and the child opens its own on demand."""
+    global _pools_lock, _parked_lock
     _inherited.extend(_pools.values())
     _pools.clear()
     _pools_lock = threading.Lock()
+    _inherited.extend(conn for conn, _since in _parked.values())  # the parent's sessions too
+    _parked.clear()
+    _parked_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pools_after_fork)

@@ -23,8 +23,6 @@ import math
 import re
 import struct
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -240,6 +238,9 @@ class OpenAIEmbedder:
         self.model, self.dim, self.base_url, self.api_key = model, dim, base_url.rstrip("/"), api_key
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        import urllib.error  # here, not at the top: `kb status` imports this module (design §13)
+        import urllib.request
+
         import numpy as np
 
         if not texts:

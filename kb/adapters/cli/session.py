@@ -44,8 +44,10 @@ def open_kb(*, migrate: bool = True) -> KnowledgeBase:
     from kb.knowledge_base import KnowledgeBase
 
     _say_when_local_despite_server()
+    # a quick command's first connection is the one that checked the schema (design §13)
+    quick = click.get_current_context().info_name in QUICK_COMMANDS
     try:
-        kb = KnowledgeBase.open(settings(), migrate=migrate)
+        kb = KnowledgeBase.open(settings(), migrate=migrate, reuse_connection=quick)
     finally:
         modules_loaded()
     click.get_current_context().call_on_close(kb.close)
