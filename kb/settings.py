@@ -17,13 +17,14 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 ENV_PREFIX = "KB_"
 
 
 def _default_storage_root() -> Path:
+    import platformdirs  # only without KB_STORAGE_ROOT (design §13: what a command imports is what it uses)
+
     return platformdirs.user_data_path("kb", appauthor=False)
 
 

@@ -46,7 +46,6 @@ def status(settings: Settings, database_url: str, store: KnowledgeStore | None =
 def _workspace_status(conn, store: KnowledgeStore) -> dict:
     """The ``workspace`` part of ``status``: rows, counts, migration, drift and remote."""
     from kb.legacy.drift import drift_report
-    from kb.legacy.seed import migration_status
     from kb.workspace.remotes import Remote
 
     workspace_id = store.workspace_id
@@ -67,7 +66,8 @@ def _workspace_status(conn, store: KnowledgeStore) -> dict:
         "quarantined_documents": conn.execute(
             queries["quarantined_documents"], {"workspace_id": workspace_id}
         ).fetchall(),
-        "migration": migration_status(conn, workspace_id),  # seeded from a legacy knowledge base
+        # seeded from a legacy knowledge base: the seed row with its span backlog (design §10)
+        "migration": conn.execute(queries["migration_status"], {"workspace_id": workspace_id}).fetchone(),
         "drift": drift_report(conn, workspace_id),
         "remote": None if remote is None else remote.__dict__,
         "home_node": row["home_node"],  # design §15

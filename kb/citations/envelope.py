@@ -12,7 +12,6 @@ without spans (legacy rows, §9) render un-numbered, and the envelope says ``num
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from html import escape
 
 from kb.lines import (
     check_offset,
@@ -80,6 +79,8 @@ class Envelope:
             attrs["of"] = str(self.total_lines)
         if not self.numbered:
             attrs["numbered"] = "false"
+        from html import escape  # here: `kb log` and `kb status` import this module, render nothing
+
         head = " ".join(f'{k}="{escape(str(v), quote=True)}"' for k, v in attrs.items())
         body: list[str] = []
         previous: int | None = None

@@ -691,8 +691,3 @@ def set_authority(stores: Stores, workspace_id: int, *, flipped: bool) -> bool:
         if flipped and changed is None:
             raise SeedRefused(f"workspace {workspace_id}'s last seed did not pass byte parity; seed again")
         return changed is not None
-
-
-def migration_status(conn: Connection, workspace_id: int) -> dict | None:
-    """The seed row of a workspace with its span backlog (for ``kb status``), or None."""
-    return conn.execute(queries["migration_status"], {"workspace_id": workspace_id}).fetchone()
