@@ -3,6 +3,7 @@ kb through ``kb.adapters.cli.session.open_kb`` only, which closes it when the co
 
 from __future__ import annotations
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -50,9 +51,11 @@ def test_each_command_closes_the_knowledge_base_it_opened(kb, kb_env, opened_and
 
 def test_every_command_help_has_an_example():
     def commands(group, prefix=""):
-        for name, command in sorted(group.commands.items()):
+        context = click.Context(group)
+        for name in group.list_commands(context):  # loads the group's commands (kb's are lazy)
+            command = group.get_command(context, name)
             yield prefix + name, command
-            if hasattr(command, "commands"):
+            if isinstance(command, click.Group):
                 yield from commands(command, prefix + name + " ")
 
     missing = [name for name, command in commands(main) if "Example" not in (command.help or "")]

@@ -228,3 +228,42 @@ def test_a_closed_pipe_ends_the_command_quietly(kb: KnowledgeBase, kb_env: dict[
         assert process.wait(timeout=120) == 141, (command, stderr)
         assert stderr == "", command
     assert run_cli(kb_env, "log", "-w", "1").stdout.startswith(kb.head(1))
+
+
+# -- commands loaded from their modules when asked for --------------------------------------------
+
+
+def test_the_table_of_command_modules_is_every_command() -> None:
+    import importlib
+    import pkgutil
+
+    import kb.adapters.cli
+    from kb.adapters.cli.main import COMMAND_MODULES
+
+    listed = {}
+    for found in pkgutil.iter_modules(kb.adapters.cli.__path__):
+        if found.name == "__main__":  # runs the command line
+            continue
+        module = importlib.import_module(f"kb.adapters.cli.{found.name}")
+        if hasattr(module, "COMMANDS"):
+            listed[found.name] = tuple(command.name for command in module.COMMANDS)
+    assert listed == COMMAND_MODULES
+
+
+def test_a_command_loads_its_own_module_and_help_or_a_misspelling_all() -> None:
+    probe = (
+        "import sys\nfrom kb.adapters.cli.main import main\n"
+        "try:\n    main(sys.argv[1:], standalone_mode=False)\nexcept Exception as exc:\n    print(exc.format_message())\n"
+        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('kb.adapters.cli.')))"
+    )
+
+    def loaded(*args: str) -> tuple[str, list[str]]:
+        result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True)
+        *shown, modules = result.stdout.strip().splitlines()
+        return "\n".join(shown), json.loads(modules.replace("'", '"'))
+
+    assert loaded("log", "--help")[1] == ["history", "main", "options", "session"]
+    shown, modules = loaded("--help")
+    assert "  workspaces " in shown and "  log " in shown and "  token " in shown and len(modules) == 17
+    shown, modules = loaded("stauts")
+    assert "Did you mean 'status'?" in shown and len(modules) == 17

@@ -10,34 +10,58 @@ Every command exits non-zero with a one-line reason on bad input, never a traceb
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 
 import click
 
-from kb.adapters.cli import (
-    artifact,
-    cite,
-    database,
-    documents,
-    history,
-    index,
-    legacy,
-    nodes,
-    remote,
-    search,
-    servers,
-    session,
-    status,
-    tokens,
-    workspaces,
-)
+from kb.adapters.cli import session
 from kb.errors import KbError
+
+COMMAND_MODULES = {
+    "database": ("init", "db-url", "psql", "db-stop"),
+    "documents": ("import", "read", "ls", "new", "mv", "edit"),
+    "history": ("log", "revert", "restore", "write-outcome"),
+    "search": ("search",),
+    "index": ("worker", "index", "rebuild-projection", "reindex", "sweep", "prepare-model"),
+    "status": ("status", "fsck"),
+    "workspaces": ("workspaces", "workspace"),
+    "nodes": ("nodes",),
+    "cite": ("cite",),
+    "artifact": ("artifact",),
+    "remote": ("remote",),
+    "legacy": ("seed", "spans", "drift"),
+    "servers": ("serve", "mcp"),
+    "tokens": ("token",),
+}
+"""The modules of ``kb.adapters.cli`` by the commands each lists in ``COMMANDS``: a command's module
+is imported when the command runs, so ``kb log`` does not load the other thirteen (design §13);
+``kb --help`` loads them all (tests/test_cli_startup.py checks this table against them)."""
+_MODULE_OF = {command: module for module, commands in COMMAND_MODULES.items() for command in commands}
 
 
 class _Group(click.Group):
     """kb's command group: a KbError becomes one line and exit 1, an unexpected error one line
-    and exit 2 (a traceback with KB_DEBUG=1), a closed pipe a quiet exit 141."""
+    and exit 2 (a traceback with KB_DEBUG=1), a closed pipe a quiet exit 141. Its commands are
+    loaded from their modules when first asked for (``COMMAND_MODULES``)."""
+
+    def _load(self, module: str) -> None:
+        for command in importlib.import_module(f"kb.adapters.cli.{module}").COMMANDS:
+            self.add_command(command)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            if cmd_name in _MODULE_OF:
+                self._load(_MODULE_OF[cmd_name])
+            else:  # a misspelling: click suggests the closest of all the commands there are
+                self.list_commands(ctx)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        for module in COMMAND_MODULES:
+            self._load(module)
+        return super().list_commands(ctx)
 
     def invoke(self, ctx):
         try:
@@ -79,25 +103,6 @@ def main(ctx: click.Context) -> None:
     """
     session.pause_gc_while_loading(ctx.invoked_subcommand)
 
-
-for _module in (
-    database,
-    documents,
-    history,
-    search,
-    index,
-    status,
-    workspaces,
-    nodes,
-    cite,
-    artifact,
-    remote,
-    legacy,
-    servers,
-    tokens,
-):
-    for _command in _module.COMMANDS:
-        main.add_command(_command)
 
 if __name__ == "__main__":
     main()
