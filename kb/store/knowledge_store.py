@@ -60,7 +60,6 @@ from kb.git.maintenance import (
     estimated_loose_objects,
     pack_workspace,
 )
-from kb.git.merge import MergedBlob, merge_staged
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
 from kb.settings import Settings
@@ -89,6 +88,7 @@ if TYPE_CHECKING:
     from dulwich.objects import Commit
 
     from kb.db.database import Connection
+    from kb.git.merge import MergedBlob
     from kb.git.worktree_refresh import PendingRefresh
 
 __all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
@@ -492,6 +492,8 @@ class KnowledgeStore:
             raise WorkspaceNotFound(f"workspace {self.workspace_id} was deleted; nothing was recorded") from None
         if not draft.merge_requests():
             return staged, {}
+        from kb.git.merge import merge_staged  # only a draft with write_merged paths merges (design §13)
+
         repo = self.repository
         return staged, merge_staged(repo, draft.merge_requests(), staged, repo.tree_id(repo.head()))
 
@@ -524,6 +526,8 @@ class KnowledgeStore:
         (design §5); returns the staged blobs with merged ones substituted and fills ``draft.merges``."""
         if not draft.merge_requests():
             return staged
+        from kb.git.merge import merge_staged
+
         merged = merge_staged(self.repository, draft.merge_requests(), staged, head_tree, premerged)
         draft.merges = {"/" + p: m.outcome for p, m in merged.items() if m.outcome is not None}
         return {**staged, **{p: m.blob for p, m in merged.items()}}
