@@ -22,7 +22,7 @@ from kb.errors import KbError
 COMMAND_MODULES = {
     "database": ("init", "db-url", "psql", "db-stop"),
     "documents": ("import", "read", "ls", "new", "mv", "edit"),
-    "history": ("log", "revert", "restore", "write-outcome"),
+    "history": ("log", "blame", "revert", "restore", "write-outcome"),
     "search": ("search",),
     "index": ("worker", "index", "rebuild-projection", "reindex", "sweep", "prepare-model"),
     "status": ("status", "fsck"),
