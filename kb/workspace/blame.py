@@ -4,7 +4,7 @@ changed it, with author and time — what ``git blame`` answers, built from the 
 The document's history comes from Postgres (``KnowledgeStore.history(path)``, which follows the
 moves kb recorded, never similarity guesses: design §3, invariant 12); each version's bytes come
 from git by the blob id the history recorded. Consecutive versions are compared line by line
-(``difflib.SequenceMatcher`` without its junk heuristic): a line kept from the previous version
+(``kb.lines.kept_lines``: difflib's matcher without its junk heuristic, bounded for long texts): a line kept from the previous version
 keeps its origin, every other line belongs to the revision that wrote that version. Lines are
 counted by ``kb.lines`` (the numbers match the document page and citations, design §8).
 
@@ -14,11 +14,10 @@ attributed to it with ``complete`` False (the page says "or earlier").
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kb.lines import document_lines
+from kb.lines import document_lines, kept_lines
 
 if TYPE_CHECKING:
     from kb.store.history import Revision
@@ -116,8 +115,6 @@ def _carry(
 ) -> list[Revision | None]:
     """Origins of ``new``'s lines: kept lines keep theirs, the others get ``revision``."""
     origins: list[Revision | None] = [revision] * len(new)
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for tag, i1, i2, j1, _j2 in matcher.get_opcodes():
-        if tag == "equal":
-            origins[j1 : j1 + (i2 - i1)] = old_origins[i1:i2]
+    for i, j, size in kept_lines(old, new):
+        origins[j : j + size] = old_origins[i : i + size]
     return origins
