@@ -92,3 +92,36 @@ def test_blame_of_a_long_document_of_repeated_lines(kb):
     changed = {line.number for line in blame.lines if line.revision.id == second.id}
     assert changed == {1, 25_001}
     assert {line.revision.id for line in blame.lines if line.number not in changed} == {first.id}
+
+
+def test_blame_while_a_writer_lands_answers_one_consistent_revision(kb):
+    """design §17: a revision landing while ``blame`` runs (here, forced between the start of its
+    work and its history read) must not leave HEAD's lines without an origin: blame read HEAD
+    before the history, so the history held a newer version than the text it blamed, and a line
+    that revision changed was shown as "not recorded yet". Now the history is read first and the
+    text at a HEAD no older than it."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "first", "ann") as tx:
+        tx.write("/documents/a.md", "a\n")
+    first = tx.revision
+    with kb.transaction(1, "second", "bob") as tx:
+        tx.write("/documents/a.md", "a\nb\n")
+    workspace = kb.workspace(1)
+    store = workspace.store
+    recorded_history = store.history
+
+    def history_after_a_writer(*args, **kwargs):
+        # a concurrent writer, run for real at the moment that exposed the fault
+        with kb.transaction(1, "third", "cat") as tx:
+            tx.write("/documents/a.md", "a\nc\n")
+        store.history = recorded_history
+        return recorded_history(*args, **kwargs)
+
+    store.history = history_after_a_writer
+    blame = workspace.blame("/documents/a.md")
+    third = kb.history(1, "/documents/a.md", 1)[0]
+    assert blame.revision == third.id
+    assert [(line.text, line.revision and line.revision.id) for line in blame.lines] == [
+        ("a", first.id),
+        ("c", third.id),
+    ]

@@ -82,9 +82,12 @@ def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) ->
     """Each line of the document at ``path`` (virtual) at HEAD with the revision that last changed
     it. Reads at most ``limit`` revisions of its history (1 … the store's history limit). Raises
     InvalidPath, DocumentNotFound, IsAFolder, InvalidInput (limit), WorkspaceNotFound."""
+    # the history first, then HEAD: a revision landing in between is then newer than the history
+    # read (its lines "not recorded yet", or here at the next look), never a version newer than
+    # the text blamed (whose lines it would leave without origin)
+    history = store.history(path, limit)  # newest first, each with its one change of this path
     head = store.head()
     current = document_lines(store.read(path, head))
-    history = store.history(path, limit)  # newest first, each with its one change of this path
     versions: list[tuple[Revision, list[str]]] = []
     for revision in reversed(history):
         change = revision.changes[0] if revision.changes else None
