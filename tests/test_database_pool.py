@@ -146,3 +146,19 @@ def test_kb_pool_timeout_past_any_wait_is_a_settings_error(value: str, monkeypat
         Settings()
     monkeypatch.setenv("KB_POOL_TIMEOUT", "86400")  # a day: the longest wait taken
     assert Settings().pool_timeout == 86400.0
+
+
+def test_a_pool_timeout_too_short_for_a_reachable_server_names_kb_pool_timeout(database_url: str, monkeypatch) -> None:
+    """``KB_POOL_TIMEOUT`` (design §13) set lower than opening the pool's connections takes
+    (here a nanosecond) while Postgres answers: the error says so and names the setting; it said
+    "cannot connect to Postgres … Check KB_DATABASE_URL", sending the operator after a URL that
+    works."""
+    database.close_pools()
+    monkeypatch.setitem(database._pool_timeouts, database_url, 1e-9)
+    try:
+        with pytest.raises(DatabaseUnavailable, match="KB_POOL_TIMEOUT") as refused:
+            with database.pooled_connection(database_url):
+                pass
+        assert "KB_DATABASE_URL" not in str(refused.value)
+    finally:
+        database.close_pools()
