@@ -125,3 +125,21 @@ def test_blame_while_a_writer_lands_answers_one_consistent_revision(kb):
         ("a", first.id),
         ("c", third.id),
     ]
+
+
+def test_blame_reading_exactly_the_whole_history_is_complete(kb):
+    """design §17: ``complete`` says whether the history read reached the document's creation.
+    A document with exactly ``limit`` revisions was reported incomplete ("its lines may be
+    older"), though its first revision was read; one more revision makes it incomplete."""
+    from kb.workspace.blame import blame
+
+    kb.create_workspace(1)
+    for text in ("a\n", "a\nb\n"):
+        with kb.transaction(1, "write", "ann") as tx:
+            tx.write("/documents/a.md", text)
+    store = kb.workspace(1).store
+    assert blame(store, "/documents/a.md", limit=2).complete
+    with kb.transaction(1, "write", "bob") as tx:
+        tx.write("/documents/a.md", "a\nb\nc\n")
+    short = blame(store, "/documents/a.md", limit=2)
+    assert not short.complete and [line.revision.author for line in short.lines] == ["ann", "ann", "bob"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kb.lines import document_lines, kept_lines
+from kb.store.knowledge_store import MAX_HISTORY_LIMIT
 
 if TYPE_CHECKING:
     from kb.store.history import Revision
@@ -85,7 +86,12 @@ def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) ->
     # the history first, then HEAD: a revision landing in between is then newer than the history
     # read (its lines "not recorded yet", or here at the next look), never a version newer than
     # the text blamed (whose lines it would leave without origin)
-    history = store.history(path, limit)  # newest first, each with its one change of this path
+    # newest first, each with its one change of this path; one revision more than read tells
+    # whether the history read reached the document's creation (an invalid limit: history raises)
+    asked = limit + 1 if type(limit) is int and 1 <= limit < MAX_HISTORY_LIMIT else limit
+    history = store.history(path, asked)
+    complete = len(history) <= limit
+    history = history[:limit]
     head = store.head()
     current = document_lines(store.read(path, head))
     versions: list[tuple[Revision, list[str]]] = []
@@ -109,7 +115,6 @@ def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) ->
         previous = lines
     if previous != current:  # HEAD's text is newer than the recorded history (not recorded yet)
         origins = _carry(previous, origins, current, None)
-    complete = len(history) < limit
     return Blame(path, head, [LineOrigin(n, t, o) for n, (t, o) in enumerate(zip(current, origins), 1)], complete)
 
 
