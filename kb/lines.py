@@ -19,6 +19,8 @@ own line, so replacement never moves a line boundary.
 from __future__ import annotations
 
 import bisect
+import difflib
+from collections import Counter
 
 from kb.errors import InvalidInput, OffsetOutOfRange
 
@@ -94,3 +96,135 @@ def check_offset(path: str, offset: int, total_lines: int) -> None:
             f"offset {offset} is past the end of {path}: it has {total_lines} "
             f"line{'' if total_lines == 1 else 's'}; use an offset ≤ {total_lines} (the lines to skip)"
         )
+
+
+MATCHER_CELLS = 40_000
+"""Largest ``len(old) * len(new)`` handed whole to difflib's matcher (see :func:`kept_lines`)."""
+EDIT_STEPS = 2_000_000
+"""Budget of a long stretch's shortest-edit search: edits tried × lines (see :func:`kept_lines`)."""
+
+
+def kept_lines(old: list[str], new: list[str]) -> list[tuple[int, int, int]]:
+    """The lines ``new`` kept from ``old``: blocks ``(i, j, size)`` with ``old[i:i+size] ==
+    new[j:j+size]``, increasing in both ``i`` and ``j`` (difflib's matching blocks, without the
+    closing empty one). Blame (design §17) carries each kept line's origin through them.
+
+    The common head and tail are kept; what lies between goes to difflib's ``SequenceMatcher``
+    (no junk heuristic: blank lines must match too) when it is within ``MATCHER_CELLS`` (lines ×
+    lines). Its time grows with that product when lines repeat (a separator, a blank line: 20 000
+    alike took ~100 s), so in a longer stretch lines that occur once in each text anchor the
+    alignment (the longest increasing run of them, as patience diff takes them)
+    and the stretches between anchors are matched the same way; a stretch with no anchor goes to
+    difflib if it is within ``MATCHER_CELLS``, else to Myers' shortest edit script when that
+    needs at most ``EDIT_STEPS // lines`` edits (a few lines changed among many alike), else its
+    lines count as not kept (a rewrite).
+    """
+    blocks: list[tuple[int, int, int]] = []
+    stack = [(0, len(old), 0, len(new))]
+    while stack:
+        i1, i2, j1, j2 = stack.pop()
+        head = 0
+        while i1 + head < i2 and j1 + head < j2 and old[i1 + head] == new[j1 + head]:
+            head += 1
+        tail = 0
+        while i2 - tail > i1 + head and j2 - tail > j1 + head and old[i2 - tail - 1] == new[j2 - tail - 1]:
+            tail += 1
+        if head:
+            blocks.append((i1, j1, head))
+        if tail:
+            blocks.append((i2 - tail, j2 - tail, tail))
+        i1, j1, i2, j2 = i1 + head, j1 + head, i2 - tail, j2 - tail
+        if i1 == i2 or j1 == j2:
+            continue
+        if (i2 - i1) * (j2 - j1) <= MATCHER_CELLS:
+            matcher = difflib.SequenceMatcher(None, old[i1:i2], new[j1:j2], autojunk=False)
+            blocks += [(i1 + a, j1 + b, n) for a, b, n in matcher.get_matching_blocks() if n]
+            continue
+        anchors = _unique_anchors(old, new, i1, i2, j1, j2)
+        if not anchors:  # too long for difflib: few edits, or a rewrite (nothing kept)
+            blocks += _few_edits(old, new, i1, i2, j1, j2, EDIT_STEPS // (i2 - i1 + j2 - j1))
+            continue
+        previous_i, previous_j = i1, j1
+        for i, j in anchors:
+            stack.append((previous_i, i, previous_j, j))
+            blocks.append((i, j, 1))
+            previous_i, previous_j = i + 1, j + 1
+        stack.append((previous_i, i2, previous_j, j2))
+    blocks.sort()
+    merged: list[tuple[int, int, int]] = []
+    for i, j, n in blocks:  # adjacent blocks joined, as difflib gives them
+        if merged and merged[-1][0] + merged[-1][2] == i and merged[-1][1] + merged[-1][2] == j:
+            merged[-1] = (merged[-1][0], merged[-1][1], merged[-1][2] + n)
+        else:
+            merged.append((i, j, n))
+    return merged
+
+
+def _unique_anchors(old: list[str], new: list[str], i1: int, i2: int, j1: int, j2: int) -> list[tuple[int, int]]:
+    """Pairs ``(i, j)`` of a line occurring once in ``old[i1:i2]`` and once in ``new[j1:j2]``,
+    the longest run of them increasing in both (patience sorting)."""
+    in_old = Counter(old[i1:i2])
+    in_new = Counter(new[j1:j2])
+    where_new = {line: j for j, line in enumerate(new[j1:j2], j1) if in_new[line] == 1 and in_old[line] == 1}
+    pairs = [(i, where_new[line]) for i, line in enumerate(old[i1:i2], i1) if line in where_new]
+    tops: list[int] = []  # tops[k]: the smallest j ending an increasing run of k + 1 pairs
+    ends: list[int] = []  # ends[k]: index in pairs of that pair
+    back: list[int] = []  # back[p]: index of the pair before pair p in its run (-1: none)
+    for p, (_, j) in enumerate(pairs):
+        k = bisect.bisect_left(tops, j)
+        back.append(ends[k - 1] if k else -1)
+        if k == len(tops):
+            tops.append(j)
+            ends.append(p)
+        else:
+            tops[k], ends[k] = j, p
+    run: list[tuple[int, int]] = []
+    p = ends[-1] if ends else -1
+    while p != -1:
+        run.append(pairs[p])
+        p = back[p]
+    return run[::-1]
+
+
+def _few_edits(
+    old: list[str], new: list[str], i1: int, i2: int, j1: int, j2: int, most: int
+) -> list[tuple[int, int, int]]:
+    """Blocks ``(i, j, 1)`` kept by the shortest edit script from ``old[i1:i2]`` to ``new[j1:j2]``
+    (Myers' O((N+M)D) greedy search), or none when it needs more than ``most`` edits."""
+    n, m = i2 - i1, j2 - j1
+    shift = most + 1
+    reach = [0] * (2 * most + 3)  # reach[k + shift]: furthest old index on diagonal k = i - j
+    trace: list[list[int]] = []
+    for d in range(most + 1):
+        trace.append(reach[:])
+        for k in range(-d, d + 1, 2):
+            if k == -d or (k != d and reach[k - 1 + shift] < reach[k + 1 + shift]):
+                i = reach[k + 1 + shift]
+            else:
+                i = reach[k - 1 + shift] + 1
+            j = i - k
+            while i < n and j < m and old[i1 + i] == new[j1 + j]:
+                i, j = i + 1, j + 1
+            reach[k + shift] = i
+            if i >= n and j >= m:
+                return _kept_by_trace(trace, shift, n, m, i1, j1)
+    return []
+
+
+def _kept_by_trace(trace: list[list[int]], shift: int, n: int, m: int, i1: int, j1: int) -> list[tuple[int, int, int]]:
+    """Walk :func:`_few_edits`' search back from its end: the diagonal steps are the kept lines."""
+    kept: list[tuple[int, int, int]] = []
+    i, j = n, m
+    for d in range(len(trace) - 1, -1, -1):
+        reach = trace[d]
+        k = i - j
+        down = k == -d or (k != d and reach[k - 1 + shift] < reach[k + 1 + shift])  # an insertion
+        previous_k = k + 1 if down else k - 1
+        previous_i = reach[previous_k + shift]
+        previous_j = previous_i - previous_k
+        while i > previous_i and j > previous_j:
+            i, j = i - 1, j - 1
+            kept.append((i1 + i, j1 + j, 1))
+        if d > 0:
+            i, j = previous_i, previous_j
+    return kept

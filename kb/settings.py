@@ -108,9 +108,10 @@ class Settings(BaseModel):
     pool_timeout: float | None = Field(
         default=None,
         gt=0,
+        le=86400,  # a day; inf or 1e10 would overflow the pool's wait (time_t) at the first connection
         description="Seconds a caller waits for a pooled database connection (every connection "
         "busy, or Postgres away) before DatabaseUnavailable; the worker then stops and restarts "
-        "(design §7, §13). Default: 30.",
+        "(design §7, §13). Default: 30; at most 86400.",
     )
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")

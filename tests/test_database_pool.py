@@ -130,3 +130,35 @@ def test_kb_pool_timeout_reaches_kbs_pool_and_the_job_queues(settings) -> None:
         made = asyncio.run(connector._create_pool(connector._pool_args))  # made as its open_async makes it
         assert isinstance(made, psycopg_pool.AsyncConnectionPool) and made.timeout == 2.5
     database.close_pools()
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "1e10"])
+def test_kb_pool_timeout_past_any_wait_is_a_settings_error(value: str, monkeypatch) -> None:
+    """``KB_POOL_TIMEOUT`` (design §13) beyond what a wait can take (``inf``, ``1e400``, ``1e10``
+    seconds: past the platform's time_t) is refused as a setting, not met later as an
+    OverflowError by the first pooled connection (``kb search``, the worker's loop)."""
+    from pydantic import ValidationError
+
+    from kb.settings import Settings
+
+    monkeypatch.setenv("KB_POOL_TIMEOUT", value)
+    with pytest.raises(ValidationError, match="pool_timeout"):
+        Settings()
+    monkeypatch.setenv("KB_POOL_TIMEOUT", "86400")  # a day: the longest wait taken
+    assert Settings().pool_timeout == 86400.0
+
+
+def test_a_pool_timeout_too_short_for_a_reachable_server_names_kb_pool_timeout(database_url: str, monkeypatch) -> None:
+    """``KB_POOL_TIMEOUT`` (design §13) set lower than opening the pool's connections takes
+    (here a nanosecond) while Postgres answers: the error says so and names the setting; it said
+    "cannot connect to Postgres … Check KB_DATABASE_URL", sending the operator after a URL that
+    works."""
+    database.close_pools()
+    monkeypatch.setitem(database._pool_timeouts, database_url, 1e-9)
+    try:
+        with pytest.raises(DatabaseUnavailable, match="KB_POOL_TIMEOUT") as refused:
+            with database.pooled_connection(database_url):
+                pass
+        assert "KB_DATABASE_URL" not in str(refused.value)
+    finally:
+        database.close_pools()

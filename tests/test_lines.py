@@ -59,3 +59,27 @@ def test_chunk_spans_turn_reads_and_the_counter_agree(kb):
     hits = turn.grep("lone CR", "/documents/odd.md")
     assert [h.line_number for h in hits] == [n for n, t in enumerate(lines, 1) if "lone CR" in t]
     turn.abort()
+
+
+def test_kept_lines_are_equal_blocks_in_order_and_find_few_edits_among_many_alike():
+    """``kept_lines`` (blame's alignment, design §17): every block it gives is equal in both texts
+    and the blocks increase in both; among 200 000 alike lines two changed lines are all that is
+    not kept (no anchor, too long for difflib: the shortest edit script), and a rewrite of them
+    keeps nothing."""
+    import random
+
+    from kb.lines import kept_lines
+
+    rng = random.Random(7)
+    for _ in range(300):
+        old = [rng.choice("ab-") for _ in range(rng.randint(0, 40))]
+        new = [rng.choice("ab-z") for _ in range(rng.randint(0, 40))]
+        previous_i = previous_j = 0
+        for i, j, size in kept_lines(old, new):
+            assert size > 0 and i >= previous_i and j >= previous_j and old[i : i + size] == new[j : j + size]
+            previous_i, previous_j = i + size, j + size
+    alike = ["-"] * 200_000
+    edited = ["# Title", *alike[1:100_000], "middle", *alike[100_001:]]
+    kept_new = {j + n for _, j, size in kept_lines(alike, edited) for n in range(size)}
+    assert len(kept_new) == 199_998 and 0 not in kept_new and 100_000 not in kept_new
+    assert kept_lines(alike, ["="] * 200_000) == []

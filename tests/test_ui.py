@@ -319,3 +319,31 @@ def test_a_stream_whose_client_left_before_it_began_gives_its_slot_back(served):
                 return again.status_code == 200
 
     wait_until(share_back, 60, "the hung-up streams to give their slots back")
+
+
+def test_document_page_blames_the_text_it_shows_while_a_writer_lands(kb, settings, monkeypatch):
+    """design §17: the document page read the document, then blamed HEAD apart; a revision
+    landing in between (forced here, by a real writer) gave it the blame of another text — a
+    shorter one left lines without a blame row and the page failed (500). The page now shows the
+    text its blame is of."""
+    from fastapi.testclient import TestClient
+
+    from kb.adapters.http.server import create_app
+    from kb.knowledge_base import KnowledgeBase
+
+    kb.create_workspace(1)
+    with kb.transaction(1, "first", "ann") as tx:
+        tx.write("/documents/a.md", "alpha\nbeta\ngamma\n")
+    blame = KnowledgeBase.blame
+
+    def blame_after_a_writer(self, workspace_id, path):
+        monkeypatch.setattr(KnowledgeBase, "blame", blame)
+        with kb.transaction(1, "second", "bob") as tx:  # a concurrent writer, run for real
+            tx.write("/documents/a.md", "delta\n")
+        return blame(self, workspace_id, path)
+
+    monkeypatch.setattr(KnowledgeBase, "blame", blame_after_a_writer)
+    with TestClient(create_app(settings, insecure_no_auth=True)) as client:
+        page = client.get("/ui/workspaces/1/documents/a.md")
+    assert page.status_code == 200, page.text
+    assert "delta" in page.text and "gamma" not in page.text and "bob" in page.text

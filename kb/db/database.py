@@ -467,7 +467,14 @@ def pool(url: str, *, autocommit: bool = False) -> ConnectionPool[Connection]:
         swept.append(created)
         try:
             created.open(wait=True, timeout=pool_timeout(url))
-        except (PoolTimeout, psycopg.OperationalError) as exc:
+        except PoolTimeout as exc:  # the server answered just now: the wait was too short for it
+            created.close()
+            raise DatabaseUnavailable(
+                f"Postgres at {redact(url)} answers, but kb's connection pool did not open its "
+                f"{POOL_MIN_SIZE} connections within {pool_timeout(url):g} s: raise KB_POOL_TIMEOUT "
+                "(seconds; default 30)"
+            ) from exc
+        except psycopg.OperationalError as exc:
             created.close()
             raise _unavailable(url, exc) from exc
         _pools[key] = created

@@ -4,7 +4,7 @@ changed it, with author and time — what ``git blame`` answers, built from the 
 The document's history comes from Postgres (``KnowledgeStore.history(path)``, which follows the
 moves kb recorded, never similarity guesses: design §3, invariant 12); each version's bytes come
 from git by the blob id the history recorded. Consecutive versions are compared line by line
-(``difflib.SequenceMatcher`` without its junk heuristic): a line kept from the previous version
+(``kb.lines.kept_lines``: difflib's matcher without its junk heuristic, bounded for long texts): a line kept from the previous version
 keeps its origin, every other line belongs to the revision that wrote that version. Lines are
 counted by ``kb.lines`` (the numbers match the document page and citations, design §8).
 
@@ -14,11 +14,11 @@ attributed to it with ``complete`` False (the page says "or earlier").
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kb.lines import document_lines
+from kb.lines import document_lines, kept_lines
+from kb.store.knowledge_store import MAX_HISTORY_LIMIT
 
 if TYPE_CHECKING:
     from kb.store.history import Revision
@@ -114,9 +114,17 @@ def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) ->
     """Each line of the document at ``path`` (virtual) at HEAD with the revision that last changed
     it. Reads at most ``limit`` revisions of its history (1 … the store's history limit). Raises
     InvalidPath, DocumentNotFound, IsAFolder, InvalidInput (limit), WorkspaceNotFound."""
+    # the history first, then HEAD: a revision landing in between is then newer than the history
+    # read (its lines "not recorded yet", or here at the next look), never a version newer than
+    # the text blamed (whose lines it would leave without origin)
+    # newest first, each with its one change of this path; one revision more than read tells
+    # whether the history read reached the document's creation (an invalid limit: history raises)
+    asked = limit + 1 if type(limit) is int and 1 <= limit < MAX_HISTORY_LIMIT else limit
+    history = store.history(path, asked)
+    complete = len(history) <= limit
+    history = history[:limit]
     head = store.head()
     current = document_lines(store.read(path, head))
-    history = store.history(path, limit)  # newest first, each with its one change of this path
     versions: list[tuple[Revision, list[str]]] = []
     for revision in reversed(history):
         change = revision.changes[0] if revision.changes else None
@@ -138,7 +146,6 @@ def blame(store: KnowledgeStore, path: str, limit: int = BLAME_HISTORY_LIMIT) ->
         previous = lines
     if previous != current:  # HEAD's text is newer than the recorded history (not recorded yet)
         origins = _carry(previous, origins, current, None)
-    complete = len(history) < limit
     return Blame(path, head, [LineOrigin(n, t, o) for n, (t, o) in enumerate(zip(current, origins), 1)], complete)
 
 
@@ -147,8 +154,6 @@ def _carry(
 ) -> list[Revision | None]:
     """Origins of ``new``'s lines: kept lines keep theirs, the others get ``revision``."""
     origins: list[Revision | None] = [revision] * len(new)
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for tag, i1, i2, j1, _j2 in matcher.get_opcodes():
-        if tag == "equal":
-            origins[j1 : j1 + (i2 - i1)] = old_origins[i1:i2]
+    for i, j, size in kept_lines(old, new):
+        origins[j : j + size] = old_origins[i : i + size]
     return origins

@@ -141,6 +141,11 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
         envelope = kb.read_document(workspace_id, virtual, revision)
         at_head = revision is None or envelope.revision == kb.head(workspace_id)
         blame = kb.blame(workspace_id, virtual) if at_head else None
+        if blame is not None and blame.revision != envelope.revision:  # a revision landed meanwhile
+            if revision is None:  # HEAD asked for: show the text the blame is of
+                envelope = kb.read_document(workspace_id, virtual, blame.revision)
+            else:  # that revision asked for: it is shown, without another text's blame
+                blame, at_head = None, False
         highlight, highlight_note = highlight_within(parse_lines(lines), len(envelope.lines))
         return render(
             request,
