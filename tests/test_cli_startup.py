@@ -262,7 +262,7 @@ def test_a_command_loads_its_own_module_and_help_or_a_misspelling_all() -> None:
         *shown, modules = result.stdout.strip().splitlines()
         return "\n".join(shown), json.loads(modules.replace("'", '"'))
 
-    assert loaded("log", "--help")[1] == ["history", "main", "options", "session"]
+    assert loaded("log", "--help")[1] == ["history", "main", "options", "session", "terminal"]
     shown, modules = loaded("--help")
     assert "  workspaces " in shown and "  log " in shown and "  token " in shown and len(modules) == 17
     shown, modules = loaded("stauts")

@@ -15,6 +15,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown_on_terminal
 
 
 @click.command("import")
@@ -115,7 +116,11 @@ def read(
         from kb.adapters.cli.cite import read_in_chat
 
         envelope = read_in_chat(workspace, chat, path, revision, offset, limit)
-    click.echo(json.dumps(envelope.as_json(), ensure_ascii=False, indent=2) if as_json else envelope.render())
+    click.echo(
+        json.dumps(envelope.as_json(), ensure_ascii=False, indent=2)
+        if as_json
+        else shown_on_terminal(envelope.render())
+    )
 
 
 @click.command()

@@ -8,6 +8,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown_on_terminal
 
 
 @click.command()
@@ -64,10 +65,14 @@ def blame(path: str, workspace: int, as_json: bool) -> None:
     for line in found.lines:
         origin = line.revision
         if origin is None:  # HEAD's text not recorded yet (a revision Postgres has not seen)
-            click.echo(f"{'(not recorded yet)':<39} {line.number:>{width}}) {line.text}".rstrip())
+            click.echo(shown_on_terminal(f"{'(not recorded yet)':<39} {line.number:>{width}}) {line.text}".rstrip()))
             continue
         when = origin.committed_at.date().isoformat() if origin.committed_at else ""
-        click.echo(f"{origin.id[:10]} {origin.author[:16]:<16} {when:<10} {line.number:>{width}}) {line.text}".rstrip())
+        click.echo(
+            shown_on_terminal(
+                f"{origin.id[:10]} {origin.author[:16]:<16} {when:<10} {line.number:>{width}}) {line.text}".rstrip()
+            )
+        )
     if not found.complete:
         click.echo(
             "note: the history was read back as far as the oldest revision shown; its lines may be older",

@@ -8,6 +8,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown_on_terminal
 
 
 class _QueryCommand(click.Command):
@@ -54,7 +55,7 @@ def search(query: str, workspace: int, k: int, as_json: bool, chat: str | None) 
     if as_json:
         click.echo(json.dumps([h.as_json() for h in hits], ensure_ascii=False, indent=2))
     else:
-        click.echo("\n".join(h.render() for h in hits) if hits else "no results")
+        click.echo(shown_on_terminal("\n".join(h.render() for h in hits)) if hits else "no results")
 
 
 COMMANDS = [search]
