@@ -228,3 +228,19 @@ def _kept_by_trace(trace: list[list[int]], shift: int, n: int, m: int, i1: int, 
         if d > 0:
             i, j = previous_i, previous_j
     return kept
+
+
+class KeptLinesMatcher(difflib.SequenceMatcher):
+    """difflib's SequenceMatcher over two texts' lines whose alignment is ``kept_lines``' (bounded
+    time on long texts of repeated lines, where difflib's own is quadratic): ``get_opcodes`` and
+    ``get_grouped_opcodes`` work on it as on difflib's. For citation follow-ups (design §8) and
+    the revision pages' diffs (§17), which any read token can ask for."""
+
+    def __init__(self, old: list[str], new: list[str]) -> None:
+        self._old, self._new = old, new
+        super().__init__(None, old, new, autojunk=False)
+
+    def get_matching_blocks(self) -> list[difflib.Match]:
+        """``kept_lines``' blocks and difflib's closing empty one."""
+        found = [difflib.Match(i, j, size) for i, j, size in kept_lines(self._old, self._new)]
+        return [*found, difflib.Match(len(self._old), len(self._new), 0)]

@@ -7,8 +7,8 @@ lines at HEAD that stand where they stood), or ``deleted``.
 
 A cited block that occurs exactly once in both texts maps straight to its one copy (the
 unique-anchor idea of patience diff). The one guarantee: ``unchanged`` is only ever answered after comparing the text — the lines at the
-returned numbers equal the cited lines exactly. The alignment is difflib's ``SequenceMatcher``
-over whole lines (no junk heuristic); when it splits the cited range (repeated lines can make the
+returned numbers equal the cited lines exactly. The alignment is ``kb.lines.KeptLinesMatcher`` (difflib's ``SequenceMatcher``
+over whole lines, no junk heuristic, in bounded time on repeated lines); when it splits the cited range (repeated lines can make the
 longest-match alignment pick another copy of part of it) the exact cited block is searched for
 between the nearest aligned lines around the range — never elsewhere in the document, so a
 deleted passage is not "found" in an unrelated copy of the same text.
@@ -16,10 +16,11 @@ deleted passage is not "found" in an unrelated copy of the same text.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from kb.lines import KeptLinesMatcher
 
 Status = Literal["unchanged", "changed", "deleted"]
 
@@ -58,7 +59,7 @@ def map_range(old: list[str], new: list[str] | None, start: int, end: int) -> Li
         # the passage occurs once before and once after: it is the same passage (the idea of
         # patience diff: unique lines anchor the alignment), wherever repeated lines around it moved
         return LineMapping("unchanged", in_new[0] + 1, in_new[0] + len(cited))
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    matcher = KeptLinesMatcher(old, new)
     opcodes = matcher.get_opcodes()
     equal_map: dict[int, int] = {}
     for tag, i1, i2, j1, _ in opcodes:

@@ -9,11 +9,10 @@ so they match the document page and citations (design §8).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kb.lines import document_lines
+from kb.lines import KeptLinesMatcher, document_lines
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -84,7 +83,7 @@ def _diff(change: PathChange, old_path: str | None, old: list[str], new: list[st
     diff = FileDiff(change.change, change.path, old_path if change.change == "moved" else None)
     if old == new:  # a pure rename: nothing but the path changed
         return diff
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    matcher = KeptLinesMatcher(old, new)
     groups = list(matcher.get_grouped_opcodes(CONTEXT_LINES))
     for g, group in enumerate(groups):
         if g > 0 or (group and (group[0][1] > 0 or group[0][3] > 0)):
