@@ -144,11 +144,22 @@ def test_schema_check_on_an_empty_database_is_false(pg_server: str) -> None:
 # -- the schema check's connection, kept for the command's own work ------------------------------
 
 
-def _sessions(database_url: str, application: str) -> int:
+def _count_sessions(database_url: str, application: str) -> int:
     with psycopg.connect(database_url) as conn:
         return conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
         ).fetchone()[0]
+
+
+def _sessions(database_url: str, application: str, expected: int | None = None) -> int:
+    """The server's sessions of ``application``, once they number ``expected`` (waiting up to 30 s:
+    a closed connection's backend stays in pg_stat_activity until it has exited, which a loaded
+    machine delays), or at once when no number is expected."""
+    if expected is not None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _count_sessions(database_url, application) != expected:
+            time.sleep(0.05)
+    return _count_sessions(database_url, application)
 
 
 def test_a_parked_connection_is_the_next_one_only_while_fresh_and_idle(database_url: str, monkeypatch) -> None:
@@ -162,7 +173,7 @@ def test_a_parked_connection_is_the_next_one_only_while_fresh_and_idle(database_
 
     second.execute("SELECT 1")  # a transaction open: not idle, so closed rather than kept
     database.park(second, url)
-    assert second.closed and _sessions(database_url, "kb_parked") == 0
+    assert second.closed and _sessions(database_url, "kb_parked", 0) == 0
 
     third = database.connect(url)
     database.park(third, url)
@@ -174,20 +185,20 @@ def test_a_parked_connection_is_the_next_one_only_while_fresh_and_idle(database_
     fifth = database.connect(url)
     database.park(fifth, url)
     database.close_pools()  # at exit, with the pools
-    assert fifth.closed and _sessions(database_url, "kb_parked") == 0
+    assert fifth.closed and _sessions(database_url, "kb_parked", 0) == 0
 
 
 def test_opening_for_a_quick_command_keeps_the_schema_checks_connection(settings, database_url: str) -> None:
     url = f"{database_url} application_name=kb_reused"
     quick = settings.model_copy(update={"database_url": url})
     KnowledgeBase.open(quick)
-    assert _sessions(database_url, "kb_reused") == 0  # closed after the check
+    assert _sessions(database_url, "kb_reused", 0) == 0  # closed after the check
     kb = KnowledgeBase.open(quick, reuse_connection=True)
-    assert _sessions(database_url, "kb_reused") == 1
+    assert _sessions(database_url, "kb_reused", 1) == 1
     kb.create_workspace(1)
     assert kb.workspaces()[0]["id"] == 1
     database.close_pools()
-    assert _sessions(database_url, "kb_reused") == 0
+    assert _sessions(database_url, "kb_reused", 0) == 0
 
 
 # -- the command line -----------------------------------------------------------------------------
