@@ -92,6 +92,15 @@ def _wait_for_index_job(log, before: int, worker=None) -> None:
         raise AssertionError(f"{exc}\n--- log ---\n{log.read_text()}") from None
 
 
+def _wait_for_the_loss(log) -> None:
+    """Wait (120 s) until the worker whose output goes to ``log`` stops for the lost database;
+    the failure message carries the log."""
+    try:
+        wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- log ---\n{log.read_text()}") from None
+
+
 def _first_write_indexed(kb, log) -> int:
     """Create workspace 1, write one document and wait (120 s) for the worker whose output goes
     to ``log`` to index it; returns the index jobs done so far."""
@@ -125,7 +134,7 @@ def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url,
                 before = _first_write_indexed(kb, log)
 
                 relay.close()  # the database goes away: the worker's LISTEN connection is cut
-                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+                _wait_for_the_loss(log)
                 relay.reopen()  # and comes back
 
                 with kb.transaction(1, "two", "tester") as tx:
@@ -166,7 +175,7 @@ def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path)
             with KnowledgeBase.open(settings) as kb:
                 before = _first_write_indexed(kb, log)
                 relay.close()
-                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+                _wait_for_the_loss(log)
                 relay.reopen()
                 with kb.transaction(1, "two", "tester") as tx:
                     tx.write("/documents/two.md", "# Two\n\nindexed after the outage\n")
@@ -196,7 +205,7 @@ def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url,
             with running_server(env, log), KnowledgeBase.open(settings) as kb:
                 _first_write_indexed(kb, log)
                 relay.close()  # and it stays away until the server stopped
-                wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+                _wait_for_the_loss(log)
         finally:
             relay.close()
         assert "Application shutdown failed" not in log.read_text(), log.read_text()

@@ -26,27 +26,38 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.closed = False
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
 
     def reopen(self) -> None:
         """Relay again on the same port after ``close()`` (the database is back)."""
         import threading
 
-        self.listener = socket.create_server(("127.0.0.1", self.port))
+        listener = socket.create_server(("127.0.0.1", self.port))
         with self.lock:
-            self.sockets = []
-        threading.Thread(target=self._accept, daemon=True).start()
+            self.listener, self.sockets, self.closed = listener, [], False
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         import threading
 
         while True:
             try:
-                client, _ = self.listener.accept()
+                client, _ = listener.accept()
             except OSError:  # closed
                 return
-            upstream = socket.create_connection(self.target)
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
             with self.lock:
+                # a connection accepted while close() ran is cut too: it would outlive the outage
+                # (the closing loop had not seen it), and a client kept talking through it
+                if self.closed or listener is not self.listener:
+                    for s in (client, upstream):
+                        s.close()
+                    continue
                 self.sockets += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
@@ -73,6 +84,7 @@ class Relay:
             pass
         self.listener.close()
         with self.lock:
+            self.closed = True
             for s in self.sockets:
                 try:
                     s.shutdown(socket.SHUT_RDWR)
