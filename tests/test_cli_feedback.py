@@ -195,3 +195,24 @@ def test_version_names_the_installed_kb(kb_env):
 
     assert run_cli(kb_env, "--version").stdout == f"kb {importlib.metadata.version('kb')}\n"
     assert kb.__version__ == importlib.metadata.version("kb")
+
+
+def test_reports_count_one_thing_in_the_singular(kb_env, tmp_path):
+    """Reports said "1 documents" and "1 chunks written": a count of one is in the singular."""
+    notes = _notes(tmp_path, 1)
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    again = run_cli(kb_env, "import", str(notes), "-w", "1")
+    assert "no changes: 1 document already up to date" in again.stdout
+    indexed = run_cli(kb_env, "index", "-w", "1")
+    assert "indexed 1 document (1 chunk written, 0 reused" in indexed.stdout
+    deleted = run_cli(kb_env, "workspace", "delete", "1", "--yes")
+    assert re.search(
+        r"deleted workspace 1: 1 document, \d+ folders?, \d+ jobs?; removed 1 folder from disk", deleted.stdout
+    )
+
+
+def test_counted_words_a_count():
+    from kb.adapters.cli.counts import counted
+
+    assert [counted(n, "document") for n in (0, 1, 2)] == ["0 documents", "1 document", "2 documents"]
+    assert counted(1, "batch", "batches") == "1 batch" and counted(3, "batch", "batches") == "3 batches"

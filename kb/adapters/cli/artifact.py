@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
 
 file_option = click.option(
@@ -161,7 +162,7 @@ def list_(workspace: int) -> None:
     Example: kb artifact list -w 1
     """
     for a in _artifacts(workspace).list():
-        click.echo(f"{a.id}\tgeneration {a.generation}\t{a.format}\t{len(a.files)} files\t{a.path}")
+        click.echo(f"{a.id}\tgeneration {a.generation}\t{a.format}\t{counted(len(a.files), 'file')}\t{a.path}")
 
 
 @artifact.command()

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import shown_on_terminal
 
@@ -48,7 +49,7 @@ def import_(
     if report.created_workspace:
         click.echo(f"created workspace {workspace}")
     if report.revision is None:
-        click.echo(f"no changes: {report.documents_found} documents already up to date")
+        click.echo(f"no changes: {counted(report.documents_found, 'document')} already up to date")
     else:
         click.echo(f"revision {report.revision.id}")
     click.echo(

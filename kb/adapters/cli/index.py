@@ -8,6 +8,7 @@ import sys
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
 
 
@@ -60,7 +61,7 @@ def index(workspace: int) -> None:
             workspace, progress=lambda done, total, _report: bar.update(task, completed=done, total=total)
         )
     click.echo(
-        f"indexed {report.documents_indexed} documents ({report.chunks_written} chunks written, "
+        f"indexed {counted(report.documents_indexed, 'document')} ({counted(report.chunks_written, 'chunk')} written, "
         f"{report.chunks_reused} reused, {report.embeddings_computed} embedded, "
         f"{report.embeddings_cached} from cache); failed {report.documents_failed}; stamp {report.revision}"
     )
@@ -107,8 +108,8 @@ def reindex(workspace: int, defer_: bool) -> None:
         click.echo("another index run holds this workspace's index lock; it converges to HEAD itself")
         return
     click.echo(
-        f"reindexed {report.documents_indexed} documents{' (resumed)' if report.resumed else ''} "
-        f"({report.chunks_written} chunks written, {report.chunks_reused} reused, "
+        f"reindexed {counted(report.documents_indexed, 'document')}{' (resumed)' if report.resumed else ''} "
+        f"({counted(report.chunks_written, 'chunk')} written, {report.chunks_reused} reused, "
         f"{report.embeddings_computed} embedded, {report.embeddings_cached} from cache, "
         f"cache hits {report.cache_hit_ratio:.0%}); failed {report.documents_failed}, "
         f"unindexable {report.documents_unindexable}; stamp {report.revision}"
@@ -131,7 +132,7 @@ def sweep() -> None:
     """
     report = session.open_kb().sweep()
     click.echo(
-        f"checked {report.checked} workspaces; projection deferred for {report.projection_deferred}, "
+        f"checked {counted(report.checked, 'workspace')}; projection deferred for {report.projection_deferred}, "
         f"index deferred for {report.index_deferred}"
     )
     if report.damaged:  # each was logged to stderr as "sweep: workspace N skipped: …"

@@ -8,6 +8,7 @@ import json
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
 from kb.errors import InvalidInput
 
@@ -86,14 +87,14 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
             click.echo(f"  {kind}: {path}")
     if report.not_adopted:
         click.echo(
-            f"not adopted: {len(report.not_adopted)} documents another writer removed or moved after the "
+            f"not adopted: {counted(len(report.not_adopted), 'document')} another writer removed or moved after the "
             "seed revision; seed again to adopt what remains"
         )
         for path in report.not_adopted:
             click.echo(f"  not adopted: {path}")
     click.echo(
-        f"adopted:    {report.documents_adopted} documents, {report.chunks_adopted} chunks (no embedding); "
-        f"{report.documents_to_index} documents queued for indexing"
+        f"adopted:    {counted(report.documents_adopted, 'document')}, {counted(report.chunks_adopted, 'chunk')} (no embedding); "
+        f"{counted(report.documents_to_index, 'document')} queued for indexing"
     )
     click.echo(f"authority:  {'kb (flipped)' if report.flipped else 'legacy (not flipped)'}")
 
@@ -168,8 +169,8 @@ def spans_run_once(workspace, max_batches, defer) -> None:
         return
     report = fill.run(workspace, max_batches=max_batches)
     click.echo(
-        f"filled {report.documents_filled} documents ({report.chunks_filled} chunks), "
-        f"{report.documents_stale} stale, {report.batches} batches in {report.seconds:.1f} s"
+        f"filled {counted(report.documents_filled, 'document')} ({counted(report.chunks_filled, 'chunk')}), "
+        f"{report.documents_stale} stale, {counted(report.batches, 'batch', 'batches')} in {report.seconds:.1f} s"
         + (" — stopped: paused" if report.paused else "")
     )
 

@@ -8,6 +8,7 @@ import json
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.counts import counted
 from kb.paths import MAX_WORKSPACE_ID
 
 
@@ -57,8 +58,8 @@ def delete(workspace_id: int, yes: bool, force: bool) -> None:
         raise click.UsageError(f"deleting workspace {workspace_id} cannot be undone; pass --yes to confirm")
     report = session.open_kb().delete_workspace(workspace_id, force=force)
     click.echo(
-        f"deleted workspace {report.id}: {report.documents} documents, {report.folders} folders, "
-        f"{report.jobs} jobs; removed {len(report.removed_paths)} folders from disk"
+        f"deleted workspace {report.id}: {counted(report.documents, 'document')}, {counted(report.folders, 'folder')}, "
+        f"{counted(report.jobs, 'job')}; removed {counted(len(report.removed_paths), 'folder')} from disk"
     )
 
 
