@@ -227,6 +227,8 @@ def test_cli_new_prints_the_final_path(workspace, kb_env):
     assert first.stdout.strip() == "/documents/Plans/Q3 plan_ draft_.md"
     assert second.stdout.strip() == "/documents/Plans/q3 PLAN_ draft_ (2).md"
     assert workspace.read(WS, second.stdout.strip()) == b"again\n"
+    # the revision it recorded is told on stderr (stdout stays the path alone, for scripts)
+    assert second.stderr.strip() == f"revision {workspace.head(WS)}"
     # before the projection writes the row, a read is titled as typed, not from the file name
     assert workspace.read_document(WS, first.stdout.strip()).title == "Q3 plan: draft?"
     workspace.project(WS)

@@ -39,7 +39,8 @@ def _notes(tmp_path: Path, files: dict[str, str], name: str = "notes") -> Path:
 def test_new_with_a_title_alone_creates_the_document_at_the_root(kb_env, tmp_path):
     created = run_cli(kb_env, "new", "Client/Server FAQ", "-w", "2", "--body", "# FAQ\n\nask support\n")
     assert created.stdout.strip() == "/documents/Client_Server FAQ.md"
-    assert created.stderr.strip() == "created workspace 2"  # a first document starts a workspace
+    # a first document starts a workspace; the revision recorded follows
+    assert re.fullmatch(r"created workspace 2\nrevision [0-9a-f]{40}", created.stderr.strip())
     assert "ask support" in run_cli(kb_env, "read", "/documents/Client_Server FAQ.md", "-w", "2").stdout
     # FOLDER TITLE still works, and the help shows both forms
     inside = run_cli(kb_env, "new", "/documents/Plans", "Q3 plan: draft?", "-w", "2", "--body", "x\n")

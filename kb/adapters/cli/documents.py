@@ -213,7 +213,8 @@ def new(
 ) -> None:
     """Create a document titled TITLE in FOLDER (default: /documents, the root); the path law
     picks a safe, unique file name (`` (2)`` when taken) and the title is kept as typed. Prints
-    the final path. A workspace that does not exist yet is created (as kb import does).
+    the final path on stdout and the revision it recorded on stderr. A workspace that does not
+    exist yet is created (as kb import does).
 
     \b
     Examples:
@@ -242,7 +243,9 @@ def new(
         click.echo(f"created workspace {workspace}", err=True)
     with kb.transaction(workspace, message, author, committer) as tx:
         document = tx.create(folder, title, body)
-    click.echo(document.path)
+    click.echo(document.path)  # alone on stdout: scripts take the path (kb read "$(kb new …)")
+    if tx.revision is not None:
+        click.echo(f"revision {tx.revision.id}", err=True)
 
 
 @click.command("mv")
