@@ -335,29 +335,46 @@ def read_history(conn: Connection, workspace_id: int, path: str | None, limit: i
 
 
 MAX_MOVES_FOLLOWED = 1000
-"""A bound on the move chain :func:`moved_to` walks (a cycle of moves cannot loop for ever)."""
+"""A bound on the move chains walked here (a cycle of moves cannot loop for ever)."""
 
 
-def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
-    """Where the document at repo path ``path`` in ``since_revision`` was moved by the revisions
-    recorded after it, following a chain of recorded moves (design §3); None when no recorded
-    revision moved it (it was removed, or is still there). An unrecorded ``since_revision`` has no
-    recorded moves to follow: None."""
-    row = conn.execute(
-        queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": since_revision}
-    ).fetchone()
-    if row is None:
-        return None
-    seq, moved = row["seq"], None
+def _follow_moves(conn: Connection, workspace_id: int, path: str, seq: int) -> tuple[str, int, bool]:
+    """Follow the document at repo path ``path`` through the revisions recorded after the one
+    numbered ``seq`` (its place in the workspace's history): ``(last path, moves followed,
+    still there)``. Edits in place are stepped over; the first change that is more than one
+    decides — a move goes on from its new path, a removal (or another document put in its place)
+    ends the walk with ``still there`` False. The one walker behind :func:`moved_to`,
+    :func:`current_path_after` and :func:`moved_away_to` (design §3)."""
+    moves = 0
     for _ in range(MAX_MOVES_FOLLOWED):
         rows = conn.execute(
             queries["document_changes_after"], {"workspace_id": workspace_id, "path": path, "after_seq": seq}
         ).fetchall()
-        away = next((r for r in rows if r["new_path"]), None)
-        if away is None or any(r["change"] == "removed" for r in rows if r["seq"] < away["seq"]):
-            return moved
-        moved, path, seq = away["new_path"], away["new_path"], away["seq"]
-    return moved
+        decisive = next((r for r in rows if r["new_path"] or r["change"] != "modified"), None)
+        if decisive is None:
+            return path, moves, True
+        if not decisive["new_path"]:
+            return path, moves, False
+        path, seq, moves = decisive["new_path"], decisive["seq"], moves + 1
+    return path, moves, False
+
+
+def _revision_seq(conn: Connection, workspace_id: int, revision_id: str) -> int | None:
+    row = conn.execute(queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": revision_id}).fetchone()
+    return None if row is None else row["seq"]
+
+
+def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
+    """Where the document at repo path ``path`` in ``since_revision`` was moved by the revisions
+    recorded after it, following a chain of recorded moves (design §3) — the last place a move
+    took it, even if a later revision removed it there; None when no recorded revision moved it
+    (it was removed, or is still there). An unrecorded ``since_revision`` has no recorded moves to
+    follow: None."""
+    seq = _revision_seq(conn, workspace_id, since_revision)
+    if seq is None:
+        return None
+    last, moves, _there = _follow_moves(conn, workspace_id, path, seq)
+    return last if moves else None
 
 
 def current_path(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
@@ -366,12 +383,8 @@ def current_path(conn: Connection, workspace_id: int, path: str, since_revision:
     moves took it (edits on the way kept), None when one removed it or put another document in
     its place, or ``since_revision`` is not recorded (design §3; ``revert`` undoes a move from
     there)."""
-    row = conn.execute(
-        queries["revision_seq"], {"workspace_id": workspace_id, "revision_id": since_revision}
-    ).fetchone()
-    if row is None:
-        return None
-    return current_path_after(conn, workspace_id, path, row["seq"])
+    seq = _revision_seq(conn, workspace_id, since_revision)
+    return None if seq is None else current_path_after(conn, workspace_id, path, seq)
 
 
 def moved_away_to(conn: Connection, workspace_id: int, path: str) -> str | None:
@@ -388,15 +401,5 @@ def moved_away_to(conn: Connection, workspace_id: int, path: str) -> str | None:
 
 def current_path_after(conn: Connection, workspace_id: int, path: str, seq: int) -> str | None:
     """``current_path`` from the revision numbered ``seq`` (its place in the workspace's history)."""
-    for _ in range(MAX_MOVES_FOLLOWED):
-        rows = conn.execute(
-            queries["document_changes_after"], {"workspace_id": workspace_id, "path": path, "after_seq": seq}
-        ).fetchall()
-        # the first change that is more than an edit in place decides: moved on, or gone
-        decisive = next((r for r in rows if r["new_path"] or r["change"] != "modified"), None)
-        if decisive is None:
-            return path
-        if not decisive["new_path"]:
-            return None
-        path, seq = decisive["new_path"], decisive["seq"]
-    return None
+    last, _moves, there = _follow_moves(conn, workspace_id, path, seq)
+    return last if there else None
