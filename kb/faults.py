@@ -6,13 +6,15 @@ at each call (not from Settings) so a test can arm it in a subprocess only. Unse
 
 Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
 
+* ``draft_ready`` — the draft is complete and keyed; nothing is staged, queued or locked yet;
 * ``objects_written`` — tree and commit objects are in the object store, the ref is not moved;
 * ``ref_advanced`` — the branch ref points at the new revision, the working tree is not refreshed
   and Postgres has not committed the revision rows;
 * ``before_pg_commit`` — the last step before Postgres commits (the working tree is refreshed only
   after that commit, outside the write lock, design §14).
 
-With group commit (``kb.store.group_commit``) the holder reaches each point once for its whole group.
+With group commit (``kb.store.group_commit``) the holder reaches each point but the first once for
+its whole group.
 
 Points of a workspace move (``kb.workspace.moves.move``, design §15), in order:
 
@@ -26,7 +28,8 @@ Point of creating a workspace's repository (``kb.git.repository.Repository.creat
   into place.
 
 ``KB_FAULT_SIGNAL=INT`` sends SIGINT instead (Ctrl-C: KeyboardInterrupt at that point, for the
-interrupted-import tests); unset or ``KILL`` → SIGKILL.
+interrupted-import tests); ``STOP`` sends SIGSTOP (the process halts there until a test sends
+SIGCONT: another writer is run in the gap); unset or ``KILL`` → SIGKILL.
 """
 
 from __future__ import annotations
@@ -35,17 +38,14 @@ import os
 import signal
 
 COMMIT_POINTS = ("objects_written", "ref_advanced", "before_pg_commit")
+"""The points of a commit past which the kill tests kill a writer (``draft_ready`` comes before them)."""
 MOVE_POINTS = ("move_window_open", "move_copied", "move_flipped")
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL (or SIGINT, Point of creating a workspace's repository (``kb.git.repository.Repository.create``):
-
-    * ``repository_init`` — the ``.git`` folder is complete under its temporary name, not yet renamed
-      into place.
-
-    ``KB_FAULT_SIGNAL=INT``) this process if ``KB_FAULT_POINT`` equals
-        ``name``; otherwise return at once."""
+    """Send this process ``KB_FAULT_SIGNAL`` (SIGKILL by default, or SIGINT, or SIGSTOP) if
+    ``KB_FAULT_POINT`` equals ``name``; otherwise return at once."""
     if os.environ.get("KB_FAULT_POINT") == name:
         kind = os.environ.get("KB_FAULT_SIGNAL", "KILL").upper()
-        os.kill(os.getpid(), signal.SIGINT if kind == "INT" else signal.SIGKILL)
+        sent = {"INT": signal.SIGINT, "STOP": signal.SIGSTOP}.get(kind, signal.SIGKILL)
+        os.kill(os.getpid(), sent)

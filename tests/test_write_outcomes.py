@@ -9,6 +9,11 @@ moves)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -267,7 +272,6 @@ def test_a_keyed_retry_sent_while_the_first_commit_is_in_flight_answers_its_revi
     settled the key at once and answered None; then the first commit landed with that key. It now
     waits for the first one and answers the revision it landed as."""
     from kb.store.knowledge_store import KnowledgeStore
-    from kb.turns import turn as turn_module
 
     staging, go = threading.Event(), threading.Event()
     original = KnowledgeStore._stage_merged
@@ -288,14 +292,90 @@ def test_a_keyed_retry_sent_while_the_first_commit_is_in_flight_answers_its_revi
     assert staging.wait(60)
     retry.start()
 
-    def retry_waits_or_answered() -> bool:
-        keyed = getattr(turn_module, "_KEYED_COMMITS", None)
-        held = None if keyed is None else keyed._held.get((WS, "k-2"))
-        return "retry" in answers or (held is not None and held[1] == 2)
-
-    _wait(retry_waits_or_answered, "the retry to answer or wait for the first commit")
+    time.sleep(0.3)  # the retry's settle, on the old code, answered within this
     go.set()
     first.join()
     retry.join()
     assert answers["first"] is not None
     assert answers["retry"] is not None and answers["retry"].revision == answers["first"].revision
+
+
+KEYED_COMMIT_STOPPED_BEFORE_THE_LOCK = """
+import sys
+from kb.knowledge_base import KnowledgeBase
+from kb.settings import Settings
+kb = KnowledgeBase.open(Settings(database_url=sys.argv[1], storage_root=sys.argv[2], embedding_model="hashing"))
+turn = kb.turn(1, "agent-1", "w")
+turn.write("/documents/first.md", "first\\n")
+result = turn.commit("first", idempotency_key="k-proc")
+print(result.revision if result else "none", flush=True)
+"""
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@contextlib.contextmanager
+def _first_commit_stopped_before_the_lock(settings):
+    """A process whose keyed turn commit (key ``k-proc``) is stopped (SIGSTOP) at the
+    ``draft_ready`` fault point: its draft is keyed, nothing staged, queued or locked. Yields the
+    Popen; the block sends SIGCONT when done with it (a process still there at the end is killed)."""
+    env = {**os.environ, "KB_FAULT_POINT": "draft_ready", "KB_FAULT_SIGNAL": "STOP"}
+    first = subprocess.Popen(
+        [sys.executable, "-c", KEYED_COMMIT_STOPPED_BEFORE_THE_LOCK, settings.database_url, str(settings.storage_root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait(lambda: first.poll() is None and _stopped(first.pid), "the first commit to stop before the lock")
+        yield first
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait()
+
+
+def test_a_keyed_retry_in_another_process_waits_for_the_first_commit_in_flight(ws, settings):
+    """design §3: a keyed turn commit in one process is between its draft and the write lock (held
+    there by SIGSTOP at the ``draft_ready`` fault point) when its retry — same key, a new turn with
+    nothing to record — runs in another process. The retry settled the key at once and answered
+    None; then the first commit landed with that key. Now the retry waits on the key's fence
+    (kb.git.key_fence) and answers the revision the first commit landed as."""
+    answers: dict = {}
+    with _first_commit_stopped_before_the_lock(settings) as first:
+        retry = threading.Thread(
+            target=lambda: answers.setdefault(
+                "retry", ws.turn(WS, "agent-2", "w").commit("r", idempotency_key="k-proc")
+            )
+        )
+        retry.start()
+        retry.join(0.5)  # on the old code the retry had answered None by now
+        os.kill(first.pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=60)
+        retry.join(60)
+    assert first.returncode == 0, err
+    assert answers["retry"] is not None, "the retry answered None while the first commit was in flight"
+    assert answers["retry"].revision == out.strip()
+    assert ws.read(WS, "/documents/first.md") == b"first\n"
+
+
+def test_a_settle_waits_for_the_keyed_write_in_flight_and_times_out_truthfully(ws, settings):
+    """design §3: ``write_outcome`` of a key whose write is in flight in another process waits for
+    it; when it stays in flight past KB_LOCK_TIMEOUT the settle says so (LockTimeout naming the
+    write-key fence), and the write then lands and is settled as landed."""
+    from kb.errors import LockTimeout
+    from kb.settings import Settings
+
+    with _first_commit_stopped_before_the_lock(settings) as first:
+        impatient = KnowledgeBase.open(Settings(**{**settings.model_dump(), "lock_timeout": 0.5}))
+        with pytest.raises(LockTimeout, match="write-key lock .* still in flight"):
+            impatient.write_outcome(WS, "k-proc")
+        assert _stopped(first.pid)
+        os.kill(first.pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert ws.write_outcome(WS, "k-proc").id == out.strip()

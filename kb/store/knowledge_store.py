@@ -53,6 +53,7 @@ from kb.errors import (
     WrongNode,
 )
 from kb.faults import fault_point
+from kb.git.key_fence import KeyFenceTimeout, key_fence
 from kb.git.maintenance import (
     PACK_BACKSTOP_EVERY,
     PACK_BACKSTOP_LOOSE,
@@ -405,13 +406,48 @@ class KnowledgeStore:
         check_commit_text(message, author, committer)
         key = write_keys.new_key() if idempotency_key is None else write_keys.check_key(idempotency_key)
         repo = self.repository
-        draft = Draft(repo, repo.tree_id(repo.head()))
-        draft.idempotency_key = key
-        yield draft
+        # a caller's key is fenced from before the draft is read until the write has answered
+        # (design §3): a retry of it in another process waits, then answers what this one did
+        with self.key_fence(idempotency_key):
+            draft = Draft(repo, repo.tree_id(repo.head()))
+            draft.idempotency_key = key
+            yield draft
+            try:
+                draft.revision = self.commit_draft(draft, message, author, committer or author)
+            except (psycopg.Error, OSError, DatabaseUnavailable, LockUnavailable) as exc:
+                draft.revision = self._settle_outcome(draft, exc)
+
+    @contextlib.contextmanager
+    def key_fence(self, idempotency_key: str | None) -> Iterator[None]:
+        """Hold the write-key fence of ``idempotency_key`` for the block (design §3,
+        ``kb.git.key_fence``): another write or settle of the same key, in any process of this
+        node, waits until the block ends. None: nothing to fence (a generated key is never
+        retried). Re-entrant in a thread. Raises InvalidInput (a bad key), LockTimeout after
+        ``KB_LOCK_TIMEOUT`` seconds when a write of the key stays in flight, StorageError when
+        the fence's lock file cannot be made; a workspace without a repository is not fenced
+        (its write raises WorkspaceNotFound itself)."""
+        if idempotency_key is None:
+            yield
+            return
+        key = write_keys.check_key(idempotency_key)
+        fence = contextlib.ExitStack()
         try:
-            draft.revision = self.commit_draft(draft, message, author, committer or author)
-        except (psycopg.Error, OSError, DatabaseUnavailable, LockUnavailable) as exc:
-            draft.revision = self._settle_outcome(draft, exc)
+            fence.enter_context(key_fence(self.path / ".git", key, self.settings.lock_timeout))
+        except KeyFenceTimeout as exc:
+            raise LockTimeout(
+                self.workspace_id,
+                exc.waited,
+                "flock",
+                lock="write-key",
+                holder="a write with the same idempotency key is still in flight on this node. Ask again "
+                "(the same call, or write_outcome with the key), or raise KB_LOCK_TIMEOUT",
+            ) from None
+        except FileNotFoundError:
+            pass  # no repository: the write or settle raises WorkspaceNotFound
+        except OSError as exc:
+            raise StorageError(f"workspace {self.workspace_id}: the write-key fence cannot be taken: {exc}") from exc
+        with fence:
+            yield
 
     def _settle_outcome(self, draft: Draft, failure: BaseException) -> Revision | None:
         """After ``failure`` (Postgres, the connection or the file system) in a commit: the truth
@@ -454,8 +490,12 @@ class KnowledgeStore:
         key = write_keys.check_key(idempotency_key)
         repo = self.repository
         # moving_ok: settling reports, it writes no change (a revision git has is recorded, and the
-        # move's flip then sees a head it did not copy and stops: design §15)
-        with locked_transaction(self.database_url, self.workspace_id, self.settings, moving_ok=True) as (conn, _):
+        # move's flip then sees a head it did not copy and stops: design §15). The key's fence
+        # first: a write of it still in flight on this node answers before it is settled.
+        with (
+            self.key_fence(key),
+            locked_transaction(self.database_url, self.workspace_id, self.settings, moving_ok=True) as (conn, _),
+        ):
             self._catch_up(conn, self._workspace_row(conn))
             write_keys.withdraw_intents(conn, self.workspace_id, key)
             revision_id = write_keys.recorded(conn, self.workspace_id, [key]).get(key)
@@ -545,6 +585,7 @@ class KnowledgeStore:
             return None
         if draft.idempotency_key is None:
             draft.idempotency_key = write_keys.new_key()
+        fault_point("draft_ready")
         # a big draft (a folder rename) is recorded by its own writer, with what it built before the
         # lock (``_prebuild``): a group's holder in another process would build it all under its lock
         if group_commit.groupable(draft) and len(draft.changes()) < PREBUILD_PATHS:

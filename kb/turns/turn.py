@@ -53,39 +53,6 @@ KB_COMMITTER = "kb"
 """The committer a turn records when the caller names none: kb itself (design §5, seed contract C4)."""
 
 
-class _KeyedCommits:
-    """Turn commits of one (workspace, idempotency key) in this process, one at a time (design §3):
-    a retry sent while the key's first commit is still in flight (an HTTP client that timed out,
-    on the same turn or a new one) waits for it, so that a retry with nothing to record answers
-    the revision the first one lands as — never None followed by the key landing. A lock per key
-    held, dropped when no commit holds or awaits it."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._held: dict[tuple[int, str], list] = {}  # key -> [lock, commits holding or awaiting it]
-
-    @contextlib.contextmanager
-    def hold(self, key: tuple[int, str] | None):
-        """Hold the lock of ``key`` (None: nothing) for the ``with`` block."""
-        if key is None:
-            yield
-            return
-        with self._guard:
-            entry = self._held.setdefault(key, [threading.RLock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._held[key]
-
-
-_KEYED_COMMITS = _KeyedCommits()
-
-
 @dataclass(frozen=True)
 class ReadResult:
     """Lines of a document as ``(true 1-based line number, text)``; ``total_lines`` of the whole file."""
@@ -788,10 +755,11 @@ class Turn:
         Raises UnsafeWorktreeEntry (symlink/special file: nothing recorded, worktree kept),
         InvalidPath (a badly named file), PathExists, LockTimeout, LockUnavailable,
         CommitOutcomeUnknown (the worktree is kept: retry with the same key). A commit with a key
-        waits for another commit of that key in flight in this process (``_KeyedCommits``).
+        waits for another commit or settle of that key in flight on this node, in any process (the
+        write-key fence, ``KnowledgeStore.key_fence``), so a retry with nothing to record answers
+        the revision the first one lands as — never None followed by the key landing (design §3).
         """
-        keyed = None if idempotency_key is None else (self.store.workspace_id, idempotency_key)
-        with _KEYED_COMMITS.hold(keyed):
+        with self.store.key_fence(idempotency_key):
             return self._commit(message, idempotency_key)
 
     def _commit(self, message: str | None, idempotency_key: str | None) -> CommitResult | None:
