@@ -250,6 +250,13 @@ class InvalidChat(KbError):
     """A chat id is empty, too long, or holds characters a chat id cannot hold."""
 
 
+class TooManyChats(KbError):
+    """An API token (or, without tokens, the server's one anonymous caller) already holds the most
+    open MCP conversations kb serve keeps for one token (``KB_MCP_CHATS_PER_TOKEN``): a new one is
+    refused until one ends (HTTP DELETE of its session) or is closed idle
+    (``KB_MCP_CHAT_IDLE_SECONDS``). Nothing was changed."""
+
+
 # -- seeding from legacy rows (design §10) ---------------------------------------------
 class LegacySourceError(KbError):
     """The legacy database cannot be read: unreachable, no ``legacy`` schema, or no such workspace."""

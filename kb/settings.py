@@ -114,6 +114,21 @@ class Settings(BaseModel):
         "(design §7, §13). Default: 30; at most 86400.",
     )
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
+    mcp_chats_per_token: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="Open MCP conversations kb serve keeps for one API token (without tokens, for "
+        "all callers together); a new one past it is refused until one ends or is closed idle "
+        "(design §16).",
+    )
+    mcp_chat_idle_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        le=604800,
+        description="Seconds after its last call that kb serve closes an MCP conversation as if "
+        "its client had ended it: the turn is committed and what it held released (design §5).",
+    )
     max_attempts: int = Field(default=3, description="Index attempts before a document is quarantined.")
     quarantine_retry_seconds: float = Field(
         default=3600.0,

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -208,6 +210,13 @@ def test_killed_server_loses_nothing_next_session_of_the_chat_commits(workspace,
 
 @pytest.fixture
 def served(workspace, kb_env):
+    with _serving(kb_env) as (base, _proc):
+        yield base
+
+
+@contextlib.contextmanager
+def _serving(kb_env):
+    """``kb serve`` without tokens on a free port: ``(base URL, process)``; stopped (SIGTERM) at the end."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -238,9 +247,11 @@ def served(workspace, kb_env):
     else:
         proc.kill()
         raise AssertionError(f"kb serve did not start: {proc.stderr.read().decode()[-2000:]}")
-    yield base
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    try:
+        yield base, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 def test_streamable_http_two_concurrent_sessions_both_land(served, settings) -> None:
@@ -278,3 +289,65 @@ def test_streamable_http_unknown_workspace_url_is_refused(served) -> None:
     response = httpx.post(f"{served}/mcp/not-a-workspace", json={}, timeout=10)
     assert response.status_code == 404
     assert "/mcp/<workspace id>" in response.text
+
+
+MCP_ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def _rpc_result(response: httpx.Response) -> dict:
+    """The JSON-RPC reply of a streamable-HTTP POST (an SSE ``data:`` line or a JSON body)."""
+    text = response.text
+    data = next((line[5:] for line in text.splitlines() if line.startswith("data:")), text)
+    return json.loads(data)
+
+
+def _abandoned_chat(base: str, chat: str, tool: str, arguments: dict) -> dict:
+    """A client that opens an MCP session, calls one tool and goes away without ending it (no
+    HTTP DELETE: a killed or careless client). Returns the tool call's JSON-RPC reply."""
+    url = f"{base}/mcp/1?chat={chat}"
+    with httpx.Client(timeout=30) as client:
+        hello = client.post(url, headers=MCP_ACCEPT, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        })  # fmt: skip
+        headers = {**MCP_ACCEPT, "mcp-session-id": hello.headers["mcp-session-id"]}
+        client.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        reply = client.post(url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": arguments},
+        })  # fmt: skip
+        return _rpc_result(reply)
+
+
+def _turn_locks_held(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).endswith("kb-turn.lock"))
+
+
+def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_env, settings) -> None:
+    """design §16: a client that never ended its session (no HTTP DELETE) left its chat in kb serve
+    for the server's life — its turn open, a file descriptor and a worktree lock each — so abandoned
+    sessions piled up until the process ran out of descriptors, for every tenant. A chat idle for
+    KB_MCP_CHAT_IDLE_SECONDS is now closed as if its client had ended it (the turn committed), and
+    a token past KB_MCP_CHATS_PER_TOKEN open chats is refused a new one."""
+    repo = settings.knowledge_store / "1"
+    env = {**kb_env, "KB_MCP_CHATS_PER_TOKEN": "2", "KB_MCP_CHAT_IDLE_SECONDS": "3"}
+    with _serving(env) as (base, proc):
+        for name in ("gone-1", "gone-2"):
+            written = _abandoned_chat(base, name, "write", {"path": f"/documents/{name}.md", "content": f"# {name}\n"})
+            assert not written["result"]["isError"], written
+        refused = _abandoned_chat(base, "third", "read", {"path": "/documents/Plan.md"})
+        assert refused["result"]["isError"] and "KB_MCP_CHATS_PER_TOKEN" in refused["result"]["content"][0]["text"]
+        assert _turn_locks_held(proc.pid) == 2
+
+        def committed() -> bool:
+            tree = git(repo, "ls-tree", "-r", "--name-only", "HEAD")
+            return "documents/gone-1.md" in tree and "documents/gone-2.md" in tree
+
+        deadline = time.monotonic() + 60
+        while not (committed() and _turn_locks_held(proc.pid) == 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert committed(), "the abandoned chats' turns were not committed once idle"
+        assert _turn_locks_held(proc.pid) == 0, "the idle chats' turns still hold their worktree locks"
+        assert "MCP client disconnected" in git(repo, "log", "-1", "--format=%B")
+        again = _abandoned_chat(base, "third", "read", {"path": "/documents/Plan.md"})
+        assert not again["result"]["isError"], again

@@ -92,6 +92,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.UnknownHandle: 404,
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
+    errors.TooManyChats: 429,  # the MCP tools answer it as a tool error; listed for any other route
     errors.NodeUnavailable: 503,
     errors.WrongNode: 421,
     errors.PermissionDenied: 503,  # the server's database role, not the caller (design §16)
@@ -187,6 +188,13 @@ class Service:
         with self._opened_lock:
             self._opened.append(kb)
         return kb
+
+    def release_kb(self, kb: KnowledgeBase) -> None:
+        """Close a KnowledgeBase ``new_kb`` gave (an MCP chat's, when the chat ends) and forget it."""
+        with self._opened_lock:
+            if kb in self._opened:
+                self._opened.remove(kb)
+        kb.close()
 
     def kb(self) -> KnowledgeBase:
         """This thread's KnowledgeBase."""
@@ -507,6 +515,7 @@ def create_app(
             await asyncio.to_thread(service.new_kb),
             author=mcp_author or default_author(),
             kb_factory=service.new_kb,
+            kb_release=service.release_kb,
             token_live=token_live,
             shown=access.shown_to_scope,  # the MCP tools' errors hide what the API's do (design §16)
         )

@@ -29,9 +29,10 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version as distribution_version
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -42,7 +43,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, ListResourcesResult, ListToolsResult, PaginatedRequestParams, Resource
 
 from kb.adapters.json_form import json_form
-from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError
+from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError, TooManyChats
 from kb.paths import StorePath
 
 if TYPE_CHECKING:
@@ -171,10 +172,20 @@ class ChatState:
     """The API token whose chat this is (None over stdio and --insecure-no-auth)."""
     token_scope: str | None = None
     """That token's scope: its errors name where kb keeps its data only for an admin one."""
+    owner: str | None = None
+    """Whose conversation this counts as for ``McpSessions.chats_per_owner`` (the token id)."""
+    last_used: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` of its last call: ``McpSessions.close_idle`` closes it after a while."""
 
 
 class McpSessions:
-    """The conversations an MCP server holds, keyed by ``(workspace, chat id)``. Thread-safe."""
+    """The conversations an MCP server holds, keyed by ``(workspace, chat id)``. Thread-safe.
+
+    Over HTTP a client that never ends its session (killed, or buggy) would leave its chat here
+    for the server's life, with its turn open (a file descriptor and a worktree lock each): kb
+    serve closes a chat idle for ``KB_MCP_CHAT_IDLE_SECONDS`` as if its client had ended it
+    (``close_idle``), and refuses a token more than ``KB_MCP_CHATS_PER_TOKEN`` open chats
+    (``TooManyChats``), so one client cannot exhaust what every tenant shares (design §16)."""
 
     def __init__(
         self,
@@ -182,9 +193,15 @@ class McpSessions:
         author: str,
         committer: str | None,
         kb_factory: Callable[[], KnowledgeBase] | None = None,
+        kb_release: Callable[[KnowledgeBase], None] | None = None,
+        chats_per_owner: int | None = None,
     ) -> None:
         self.kb = kb
         self.kb_factory = kb_factory
+        self.kb_release = kb_release
+        """Closes a KnowledgeBase ``kb_factory`` gave a chat, once the chat is closed."""
+        self.chats_per_owner = chats_per_owner
+        """Open chats one owner (an API token; None: every caller without one) may hold; None: no bound."""
         self.author = author
         self.committer = committer
         self._chats: dict[tuple[int, str], ChatState] = {}
@@ -193,20 +210,37 @@ class McpSessions:
         """Asks whether an API token (by id) is still live: a chat of a token revoked or expired
         since is not committed when it closes (``kb serve`` sets it; design §16)."""
 
-    def get(self, workspace_id: int, chat_id: str) -> ChatState:
-        """The state of one chat (created on first use). Raises WorkspaceNotFound, InvalidTurn."""
+    def get(self, workspace_id: int, chat_id: str, owner: str | None = None) -> ChatState:
+        """The state of one chat (created on first use by ``owner``, an API token's id or None),
+        marked used now. Raises WorkspaceNotFound, InvalidTurn, TooManyChats (``owner`` holds
+        ``chats_per_owner`` open chats already)."""
         key = (workspace_id, chat_id)
         with self._lock:
             state = self._chats.get(key)
             if state is None:
+                held = sum(1 for each in self._chats.values() if each.owner == owner)
+                if self.chats_per_owner is not None and held >= self.chats_per_owner:
+                    raise TooManyChats(
+                        f"{'this API token holds' if owner else 'callers without a token hold'} {held} open MCP "
+                        "conversations, the most kb serve keeps (KB_MCP_CHATS_PER_TOKEN); end one (HTTP DELETE "
+                        "of its session: the client's close) or wait until an idle one is closed "
+                        "(KB_MCP_CHAT_IDLE_SECONDS)"
+                    )
                 # A chat's calls are serialized by its lock; with a factory each chat also has a
                 # KnowledgeBase of its own (its own repositories), so chats never share one.
                 kb = self.kb_factory() if self.kb_factory else self.kb
                 turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author, committer=self.committer)
                 state = ChatState(
-                    workspace_id, chat_id, kb, turn, kb.conversation(workspace_id, chat_id), threading.RLock()
+                    workspace_id,
+                    chat_id,
+                    kb,
+                    turn,
+                    kb.conversation(workspace_id, chat_id),
+                    threading.RLock(),
+                    owner=owner,
                 )
                 self._chats[key] = state
+            state.last_used = time.monotonic()
             return state
 
     def commit(self, workspace_id: int, chat_id: str, message: str | None = None):
@@ -219,8 +253,41 @@ class McpSessions:
         """The client went away: commit the chat's open turn and forget the chat's state here."""
         with self._lock:
             state = self._chats.pop((workspace_id, chat_id), None)
-        if state is None:
-            return
+        if state is not None:
+            self._close(state)
+
+    def close_idle(self, idle_seconds: float) -> int:
+        """Close, as if their clients had ended them (``close_chat``: the turn committed), the
+        chats whose last call is more than ``idle_seconds`` ago and that no call holds now.
+        Returns how many were closed."""
+        cutoff = time.monotonic() - idle_seconds
+        idle: list[ChatState] = []
+        with self._lock:
+            for key, state in list(self._chats.items()):
+                if state.last_used < cutoff and state.lock.acquire(blocking=False):
+                    state.lock.release()  # not in a call now; a call arriving later makes a new state
+                    idle.append(self._chats.pop(key))
+        for state in idle:
+            log.info(
+                "closing MCP chat %s of workspace %s: idle for over %g s",
+                state.chat_id,
+                state.workspace_id,
+                idle_seconds,
+            )
+            self._close(state)
+        return len(idle)
+
+    def _close(self, state: ChatState) -> None:
+        """Commit (or, for a revoked token, leave) a forgotten chat's turn, then release its KnowledgeBase."""
+        try:
+            self._finish_turn(state)
+        finally:
+            if self.kb_factory is not None and state.kb is not self.kb:
+                (self.kb_release or (lambda kb: kb.close()))(state.kb)
+
+    def _finish_turn(self, state: ChatState) -> None:
+        """Commit the turn of a chat being closed, unless its token was revoked since (design §16)."""
+        chat_id = state.chat_id
         with state.lock:
             try:
                 revoked = (  # a token revoked or expired since: its staged changes are not its to record
@@ -262,7 +329,9 @@ def build_server(
     committer: str | None = None,
     chat_id: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
+    kb_release: Callable[[KnowledgeBase], None] | None = None,
     shown: Callable[[str, str | None], str] | None = None,
+    chats_per_owner: int | None = None,
 ) -> tuple[MCPServer, McpSessions]:
     """An MCP server exposing kb's tools for one workspace (stdio) or for the workspace each HTTP
     request names (``workspace_id=None``; ``kb serve`` sets the ``x-kb-workspace`` header).
@@ -272,11 +341,13 @@ def build_server(
     ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP);
     ``shown`` (an error message, the token's scope or None → the text that caller may read): kb
     serve's rule (``Access.shown_to_scope``); None: the deployment's facts hidden from any scope
-    but admin, nothing hidden without one (stdio).
+    but admin, nothing hidden without one (stdio). ``kb_factory`` / ``kb_release``: a
+    KnowledgeBase of its own for each chat, and how to close it when the chat ends;
+    ``chats_per_owner``: the open chats one API token may hold (None: no bound; ``McpSessions``).
     Returns the server and its session table (call ``sessions.close_all()`` when the transport
     ends, so open turns are committed).
     """
-    sessions = McpSessions(kb, author, committer, kb_factory)
+    sessions = McpSessions(kb, author, committer, kb_factory, kb_release, chats_per_owner)
     resources_lock = threading.Lock()
     default_chat = chat_id or uuid.uuid4().hex
     server = MCPServer(
@@ -318,7 +389,8 @@ def build_server(
                     raise InvalidInput("this MCP endpoint needs a workspace in its URL: /mcp/<workspace id>")
                 ws = int(raw)
             given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
-            state = sessions.get(ws, owned_name(given, headers.get(TOKEN_ID_HEADER)))
+            owner = headers.get(TOKEN_ID_HEADER)
+            state = sessions.get(ws, owned_name(given, owner), owner or None)
         except KbError as exc:
             raise ToolError(shown_here(str(exc), scope)) from exc
         state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
@@ -588,6 +660,7 @@ def http_app(
     author: str,
     committer: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
+    kb_release: Callable[[KnowledgeBase], None] | None = None,
     token_live: Callable[[str], bool] | None = None,
     shown: Callable[[str, str | None], str] | None = None,
 ):
@@ -597,25 +670,50 @@ def http_app(
     one); ``kb`` serves the resources. ``token_live`` (an API token's id → still live?): the
     chat of a token revoked or expired since is not committed at disconnect or shutdown. ``shown``:
     how an error reads for a token's scope (``build_server``; kb serve's ``Access.shown_to_scope``).
+    ``kb_release`` closes a chat's KnowledgeBase when the chat ends. ``kb.settings``' MCP bounds
+    apply: ``KB_MCP_CHATS_PER_TOKEN`` open chats per token, and a chat idle for
+    ``KB_MCP_CHAT_IDLE_SECONDS`` is closed as if its client had ended it (``McpSessions``).
     Returns ``(asgi_app, lifespan)``: run ``lifespan`` (an async context manager) for the server's
-    lifetime; it runs the MCP session manager and commits every open turn at shutdown.
+    lifetime; it runs the MCP session manager, closes idle chats, and commits every open turn at
+    shutdown.
     """
     import contextlib
 
+    import anyio
+
+    settings = kb.settings
     server, sessions = build_server(
-        kb, workspace_id=None, author=author, committer=committer, kb_factory=kb_factory, shown=shown
+        kb,
+        workspace_id=None,
+        author=author,
+        committer=committer,
+        kb_factory=kb_factory,
+        kb_release=kb_release,
+        shown=shown,
+        chats_per_owner=settings.mcp_chats_per_token,
     )
     sessions.token_live = token_live
     inner = server.streamable_http_app(streamable_http_path="/mcp")
+    idle_seconds = settings.mcp_chat_idle_seconds
+
+    async def close_idle_chats() -> None:
+        while True:  # a look every quarter of the idle time, at least once a minute
+            await anyio.sleep(min(60.0, idle_seconds / 4))
+            try:
+                await anyio.to_thread.run_sync(sessions.close_idle, idle_seconds)
+            except Exception:  # one chat's failure to close is logged; the next look tries again
+                log.exception("closing idle MCP chats failed")
 
     @contextlib.asynccontextmanager
     async def lifespan():
         try:
-            async with server.session_manager.run():
-                yield
+            async with server.session_manager.run(), anyio.create_task_group() as reaper:
+                reaper.start_soon(close_idle_chats)
+                try:
+                    yield
+                finally:
+                    reaper.cancel_scope.cancel()
         finally:
-            import anyio
-
             await anyio.to_thread.run_sync(sessions.close_all)
 
     return WorkspaceRouting(inner, sessions), lifespan
