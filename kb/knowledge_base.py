@@ -144,6 +144,13 @@ class KnowledgeBase:
             self._open_turns.close_all()
         self.stores.close()
 
+    def close_idle_turns(self, idle_seconds: float) -> int:
+        """Release the turns this KnowledgeBase holds open that no ``turn()`` call asked for in the
+        last ``idle_seconds`` (``kb serve`` every few minutes, ``KB_TURN_IDLE_SECONDS``): nothing is
+        committed or deleted — a later ``turn()`` of the same id takes its worktree up again, and
+        the janitor removes one idle past ``KB_WORKTREE_TTL`` (design §5). Returns how many."""
+        return 0 if self._open_turns is None else self._open_turns.close_idle(idle_seconds)
+
     def __enter__(self) -> KnowledgeBase:
         return self
 

@@ -114,6 +114,14 @@ class Settings(BaseModel):
         "(design §7, §13). Default: 30; at most 86400.",
     )
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
+    turn_idle_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        le=604800,
+        description="Seconds after its last call that kb serve releases an HTTP API turn: its "
+        "worktree lock and file are freed, its worktree stays for a later call of the turn id "
+        "(design §5).",
+    )
     mcp_chats_per_token: int = Field(
         default=256,
         ge=1,

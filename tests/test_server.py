@@ -4,6 +4,7 @@ SIGTERM while the in-process worker runs a job (the job finishes, nothing is los
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -179,3 +180,34 @@ def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env, 
     assert _job_status(kb, "kb.index_changes") == ["succeeded"], output
     row = next(w for w in kb.workspaces() if w["id"] == 1)
     assert row["last_indexed_revision"] == kb.head(1)
+
+
+def _turn_locks_held(pid: int) -> int:
+    return sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).endswith("kb-turn.lock"))
+
+
+def test_an_api_turn_left_idle_is_released_and_its_worktree_kept_for_a_later_commit(kb, kb_env, tmp_path):
+    """design §5, §16: a client that started a turn and never came back kept it open in kb serve
+    for the server's life — its worktree lock and a file descriptor each (100 abandoned turns, 100
+    descriptors) — and the janitor could never remove the worktree, which an open turn holds. A
+    turn idle for KB_TURN_IDLE_SECONDS is now released; its worktree stays, and a later call of
+    the same turn id takes it up and commits what it held."""
+    kb.create_workspace(1)
+    env = {**kb_env, "KB_TURN_IDLE_SECONDS": "2"}
+    process, url = _start(
+        [sys.executable, "-m", "kb.adapters.cli", "serve", "--insecure-no-auth"], env, tmp_path / "serve.log"
+    )
+    try:
+        for name in ("left-1", "left-2"):
+            status, _ = _call(
+                f"{url}/v1/workspaces/1/turns/{name}/files/documents/{name}.md", "PUT", {"content": f"# {name}\n"}
+            )
+            assert status == 200
+        assert _turn_locks_held(process.pid) == 2
+        wait_until(lambda: _turn_locks_held(process.pid) == 0, 60, "the idle turns to be released")
+        assert (kb.settings.knowledge_store / "1" / ".git" / "worktrees").is_dir()
+        status, committed = _call(f"{url}/v1/workspaces/1/turns/left-1/commit", "POST", {"message": "later"})
+        assert status == 200 and committed["added"] == ["/documents/left-1.md"], committed
+        assert kb.read(1, "/documents/left-1.md") == b"# left-1\n"
+    finally:
+        _stop(process, tmp_path / "serve.log")

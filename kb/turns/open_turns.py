@@ -10,6 +10,7 @@ registers itself as open again."""
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ class OpenTurns:
         self._open: dict[tuple[int, str], Turn] = {}
         self._handed_out: weakref.WeakValueDictionary[tuple[int, str], Turn] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
+        self._asked: dict[tuple[int, str], float] = {}  # key -> time.monotonic() of its last turn() call
 
     def turn(self, store: KnowledgeStore, turn_id: str, author: str, committer: str | None) -> Turn:
         """The Turn of ``turn_id``'s root in ``store``'s workspace: the open one, else the one a
@@ -48,7 +50,28 @@ class OpenTurns:
                 )
                 self._open[key] = turn
                 self._handed_out[key] = turn
+            self._asked[key] = time.monotonic()
         return turn
+
+    def close_idle(self, idle_seconds: float) -> int:
+        """Close the open turns no ``turn()`` call asked for in the last ``idle_seconds``: their
+        worktree flocks are released and their worktrees stay, so a later call of the same turn id
+        takes the worktree up again (and commits it), and the janitor removes one left idle past
+        ``KB_WORKTREE_TTL`` (design §5). A turn busy in a call is closed once that call ends.
+        Returns how many were closed."""
+        cutoff = time.monotonic() - idle_seconds
+        with self._lock:
+            idle = [(key, turn) for key, turn in self._open.items() if self._asked.get(key, 0.0) < cutoff]
+            for key in [k for k in self._asked if k not in self._open and k not in self._handed_out]:
+                del self._asked[key]  # forgotten turns: no entry outlives its turn
+        closed = 0
+        for key, turn in idle:
+            with self._lock:
+                if self._asked.get(key, 0.0) >= cutoff:
+                    continue  # asked for meanwhile
+            turn.close()
+            closed += 1
+        return closed
 
     def _forget(self, key: tuple[int, str], turn: Turn) -> None:
         with self._lock:

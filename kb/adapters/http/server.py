@@ -104,6 +104,23 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
 
 
+async def _release_idle_turns(service: Service) -> None:
+    """For the server's life: every quarter of ``KB_TURN_IDLE_SECONDS`` (at least once a minute),
+    release the API turns left idle that long (``Service.close_idle_turns``). A turn a client
+    started and never committed held its worktree lock and a file descriptor for the server's life
+    (design §5, §16); its worktree stays for a later call of the turn id."""
+    idle = service.settings.turn_idle_seconds
+    while True:
+        await asyncio.sleep(min(60.0, idle / 4))
+        try:
+            released = await asyncio.to_thread(service.close_idle_turns)
+        except Exception:  # a failure is logged; the next look tries again
+            log.exception("releasing idle turns failed")
+        else:
+            if released:
+                log.info("released %d API turn(s) idle for over %g s", released, idle)
+
+
 def status_for(exc: errors.KbError) -> int:
     """The HTTP status of a KbError (the most specific class listed in ERROR_STATUS, else 400)."""
     for kind in type(exc).__mro__:
@@ -208,6 +225,11 @@ class Service:
         """The KnowledgeBase holding the open turns, one request at a time."""
         with self._turns_lock:
             yield self._turns_kb
+
+    def close_idle_turns(self) -> int:
+        """Release the API's turns idle for ``KB_TURN_IDLE_SECONDS`` (``KnowledgeBase.close_idle_turns``)."""
+        with self._turns_lock:
+            return 0 if self._turns_kb is None else self._turns_kb.close_idle_turns(self.settings.turn_idle_seconds)
 
     def check_database(self) -> None:
         """Raises DatabaseUnavailable when the database does not answer."""
@@ -531,11 +553,13 @@ def create_app(
                 kb, app.state.worker_report, concurrency=concurrency, display=display
             )
             worker_task = asyncio.create_task(supervisor.run())
+        turn_release = asyncio.create_task(_release_idle_turns(service))
         try:
             async with mcp_lifespan():  # commits every open MCP turn when the server stops
                 yield
         finally:
             service.ready = False
+            turn_release.cancel()
             if worker_task is not None:
                 app.state.worker.stop()  # Procrastinate: stop fetching, finish the jobs in hand
                 try:
