@@ -12,6 +12,8 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
   and Postgres has not committed the revision rows;
 * ``before_pg_commit`` — the last step before Postgres commits (the working tree is refreshed only
   after that commit, outside the write lock, design §14).
+* ``refresh_owed`` — after the write lock (Postgres committed or failed), before the writer
+  refreshes the working tree it owes (its marker stays: ``Repository.lost_refreshes``).
 
 With group commit (``kb.store.group_commit``) the holder reaches each point but the first once for
 its whole group.

@@ -70,3 +70,53 @@ def test_kill_at_each_commit_step(kb, kb_env, point):
     assert [r.seq for r in kb.history(1)] == list(range(len(history) + 1, 0, -1))
     git(repo, "fsck", "--strict")
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_a_writer_killed_before_its_refresh_leaves_a_working_tree_the_sweep_repairs(kb, kb_env):
+    """design §2.1, §14: a writer SIGKILLed after its revision landed but before it refreshed the
+    working tree left ``git status`` showing the revision's changes undone — a person's ``git
+    commit -a`` in the workspace would have reverted them — until someone ran ``kb fsck``. Its
+    marker under .git/kb-refresh-owed outlives it; the periodic sweep (``kb sweep``) finds it and
+    repairs the working tree."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "base", "t") as tx:
+        tx.write("/documents/a.md", b"a")
+        tx.write("/documents/b.md", b"b")
+    repo = kb.settings.knowledge_store / "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER],
+        env={**kb_env, "KB_FAULT_POINT": "refresh_owed"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert [r.message for r in kb.history(1)][0].startswith("crashing write")  # it landed
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") != ""  # the refresh it owed
+    assert kb.store(1).repository.lost_refreshes()
+    # a live writer's owed refresh is not lost: its marker is locked while it writes
+    with kb.transaction(1, "another", "t") as tx:
+        tx.write("/documents/d.md", b"d")
+    swept = run_cli(kb_env, "sweep")
+    assert swept.returncode == 0
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert kb.store(1).repository.lost_refreshes() == []
+    assert not list((repo / ".git" / "kb-refresh-owed").iterdir())  # every marker gone
+    assert (repo / "documents" / "moved" / "a.md").read_bytes() == b"a"
+    assert not (repo / "documents" / "a.md").exists()
+
+
+def test_a_live_writers_owed_refresh_is_never_judged_lost(kb):
+    """The marker of a refresh still on its way is flocked by its writer: ``lost_refreshes`` never
+    lists it (the sweep would otherwise repair under a live writer — harmless, but a false alarm)."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "base", "t") as tx:
+        tx.write("/documents/a.md", b"a")
+    repo = kb.store(1).repository
+    hold = repo.refresh_pending()
+    try:
+        assert repo.lost_refreshes() == []
+        assert len([p for p in (repo.path / ".git" / "kb-refresh-owed").iterdir()]) == 1
+    finally:
+        hold.release()
+    assert not list((repo.path / ".git" / "kb-refresh-owed").iterdir())

@@ -19,7 +19,8 @@ import shutil
 import stat
 import subprocess
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from dulwich.index import index_entry_from_stat
 
@@ -34,16 +35,32 @@ WORKTREE_LOCK = "kb-worktree.lock"
 """The flock serializing working-tree refreshes (``WorktreeRefresh.worktree_lock``)."""
 REFRESH_LOCK = "kb-refresh.lock"
 """The flock writers hold shared while a refresh is owed (``WorktreeRefresh.refresh_pending``)."""
+OWED_FOLDER = "kb-refresh-owed"
+"""Under ``.git``: one file per owed refresh, flocked by its writer (``WorktreeRefresh.lost_refreshes``)."""
+_NEW_MARKER = ".new-"
+"""Prefix of a marker not yet flocked and renamed into place (never judged; removed when old)."""
+_NEW_MARKER_AGE = 60.0
+"""Seconds after which a ``.new-`` marker is a killed writer's, removed by ``lost_refreshes``."""
 
 
 class PendingRefresh:
-    """A writer's hold on ``.git/kb-refresh.lock`` (shared) while its working-tree refresh is owed."""
+    """A writer's hold while its working-tree refresh is owed: a shared flock on
+    ``.git/kb-refresh.lock`` (what ``kb fsck`` waits for) and its own marker file under
+    ``.git/kb-refresh-owed/``, flocked, which outlives a killed writer (``lost_refreshes``)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, marker_fd: int, marker: str) -> None:
         self._fd: int | None = fd
+        self._marker_fd: int | None = marker_fd
+        self._marker = marker
 
     def release(self) -> None:
-        """Drop the hold (idempotent)."""
+        """Drop the hold (idempotent): the marker is removed before its flock ends, so a marker
+        whose flock can be taken is always a writer's that died owing its refresh."""
+        if self._marker_fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._marker)
+            os.close(self._marker_fd)
+            self._marker_fd = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -92,14 +109,83 @@ class WorktreeRefresh:
         waits for every owed refresh (``refreshes_settled``) before it compares the working tree
         with HEAD, so a commit whose refresh is still on its way is never reported as damage.
         A killed writer's hold ends with it (its refresh is then real damage, which fsck repairs).
-        Raises OSError when the lock file cannot be opened."""
+        A killed writer's hold ends with it, but its marker file stays: ``lost_refreshes`` finds
+        it and ``kb fsck`` or the periodic sweep repairs the working tree.
+        Raises OSError when the lock or marker file cannot be made."""
         fd = os.open(self.path / ".git" / REFRESH_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
+            folder = self.path / ".git" / OWED_FOLDER
+            folder.mkdir(exist_ok=True)
+            name = f"{os.getpid()}-{threading.get_ident()}-{os.urandom(6).hex()}"
+            # flocked under a name nobody judges, then renamed into place: a checker never sees a
+            # marker its writer has not locked yet
+            new = os.path.join(folder, _NEW_MARKER + name)
+            marker_fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except BaseException:
             os.close(fd)
             raise
-        return PendingRefresh(fd)
+        try:
+            fcntl.flock(marker_fd, fcntl.LOCK_EX)
+            marker = os.path.join(folder, name)
+            os.rename(new, marker)
+        except BaseException:
+            os.close(marker_fd)
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(new)
+            raise
+        return PendingRefresh(fd, marker_fd, marker)
+
+    def lost_refreshes(self) -> list[str]:
+        """The marker files of refreshes owed by writers that died before refreshing (killed
+        between moving the branch and refreshing the working tree): their flock is free. Empty
+        when none (one listing of a folder that is empty but in that moment). ``.new-`` markers
+        older than a minute (a writer killed while making one) are removed. Never raises for a
+        marker that vanishes meanwhile."""
+        folder = self.path / ".git" / OWED_FOLDER
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        lost = []
+        for name in names:
+            path = os.path.join(folder, name)
+            if name.startswith(_NEW_MARKER):
+                with contextlib.suppress(OSError):
+                    if time.time() - os.lstat(path).st_mtime > _NEW_MARKER_AGE:
+                        os.unlink(path)
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # its writer refreshed and removed it meanwhile
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its writer is alive, refreshing
+            finally:
+                os.close(fd)
+            lost.append(path)
+        return sorted(lost)
+
+    def repair_lost_refreshes(self, stale_paths: Callable[[], list[str]]) -> list[str] | None:
+        """When ``lost_refreshes`` finds any: holding ``worktree_lock``, bring every path
+        ``stale_paths()`` lists (where the working tree or index differs from HEAD: ``git
+        status``) to HEAD — refreshes follow HEAD, so this commutes with live writers' — then
+        remove those markers. Returns the repo paths repaired, or None when no refresh was lost.
+        Raises OSError when the index cannot be written (the markers stay for the next try)."""
+        lost = self.lost_refreshes()
+        if not lost:
+            return None
+        with self.worktree_lock():
+            head_tree = self.tree_id(self.head())
+            paths = stale_paths()
+            refused = set(self.refresh_worktree([(p, self.lookup(head_tree, p)) for p in paths]))
+            for marker in lost:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(marker)
+        return [p for p in paths if p not in refused]
 
     @contextlib.contextmanager
     def refreshes_settled(self) -> Iterator[None]:

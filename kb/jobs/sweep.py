@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 from kb.db import database
 from kb.db.locks import chunk_lock, index_lock
 from kb.db.sql import queries
-from kb.errors import HistoryDiverged, StorageError, WorkspaceMoving, WorkspaceNotFound
+from kb.errors import ConfigurationError, HistoryDiverged, StorageError, WorkspaceMoving, WorkspaceNotFound
 from kb.store.authors import default_author
 from kb.store.homes import adopt_homeless, own_workspace_ids
 from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
+from kb.workspace.fsck import repair_lost_refreshes
 
 VECTOR_INDEX_TASK = "kb.maintain_vector_index"
 """The job building a workspace's HNSW index (kb.jobs.tasks, which imports this module)."""
@@ -48,6 +49,8 @@ class SweepReport:
     push_deferred: list[int] = field(default_factory=list)
     term_stats_recounted: list[int] = field(default_factory=list)
     """Workspaces whose term statistics a bulk index run that died had left deferred, recounted."""
+    worktree_repaired: list[int] = field(default_factory=list)
+    """Workspaces whose working tree a writer killed before its refresh had left behind HEAD, repaired."""
     damaged: dict[int, str] = field(default_factory=dict)
     """Workspaces skipped because their repository cannot be read: id → the error's message."""
     diverged: dict[int, str] = field(default_factory=dict)
@@ -136,6 +139,7 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
                 continue
             if git_head != row["head"] and record_missing_revisions(store):
                 report.recorded.append(ws)
+            _repair_lost_refreshes(store, report)
         except HistoryDiverged as exc:  # skipped with the reason; the others go on
             log.error("sweep: workspace %s skipped: %s", ws, exc)
             report.diverged[ws] = str(exc)
@@ -168,6 +172,26 @@ def sweep(stores: Stores, embedder: Callable[[], Embedder]) -> SweepReport:
             if conn.execute(queries["defer_push_if_remote"], {"workspace_id": row["workspace_id"]}).fetchone():
                 report.push_deferred.append(row["workspace_id"])
     return report
+
+
+def _repair_lost_refreshes(store: KnowledgeStore, report: SweepReport) -> None:
+    """The working tree of a writer killed before its refresh, repaired (design §2.1); a failure
+    is logged and tried again at the next sweep: the working tree is a convenience, never the
+    reason a workspace's jobs are not deferred."""
+    try:
+        repaired = repair_lost_refreshes(store)
+    except (OSError, ConfigurationError) as exc:
+        log.warning(
+            "sweep: workspace %s: working tree not repaired (%s); `kb fsck` repairs it", store.workspace_id, exc
+        )
+        return
+    if repaired is not None:
+        log.warning(
+            "sweep: workspace %s: a writer died before refreshing its working tree; %d paths repaired",
+            store.workspace_id,
+            len(repaired),
+        )
+        report.worktree_repaired.append(store.workspace_id)
 
 
 def _embedder_answers(embedder: Callable[[], Embedder]) -> bool:

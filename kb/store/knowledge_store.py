@@ -720,6 +720,7 @@ class KnowledgeStore:
         if owed.hold is None:
             return
         try:
+            fault_point("refresh_owed")
             self._refresh_worktree(self.repository.head() or "", owed.changes, draft)
         finally:
             owed.release()

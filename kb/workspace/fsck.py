@@ -109,6 +109,17 @@ def stale_worktree_paths(store: KnowledgeStore) -> list[str]:
     return sorted(paths)
 
 
+def repair_lost_refreshes(store: KnowledgeStore) -> list[str] | None:
+    """Repair the working tree of ``store``'s workspace when a writer died owing its refresh
+    (killed between moving the branch and refreshing: ``Repository.lost_refreshes``): every path
+    ``git status`` shows differing from HEAD is brought to HEAD. The periodic sweep calls it for
+    each workspace (design §2.1, §14), so ``git status`` in the workspace — and a person's ``git
+    commit -a`` there, which would revert the lost revision — sees HEAD again without ``kb fsck``.
+    Returns the repo paths repaired, None when no refresh was lost. Raises ConfigurationError (no
+    git CLI), OSError (the index cannot be written)."""
+    return store.repository.repair_lost_refreshes(lambda: stale_worktree_paths(store))
+
+
 def _in_flight(store: KnowledgeStore, line: str) -> bool:
     """True for git's ``bad sha1 file: PATH`` about a file gone since (a temporary file another
     program, or an older kb, was writing into ``objects/`` while git scanned it): not damage."""
@@ -162,10 +173,13 @@ def fsck(store: KnowledgeStore) -> FsckReport:
             report.index_repaired = repo.index_problem()
             if report.index_repaired is not None:
                 repo.rebuild_index()
+            lost = repo.lost_refreshes()  # settled: every marker left is a dead writer's
             stale_paths = [p for p in stale_worktree_paths(store) if p not in overlong]
             if stale_paths:
                 refused = set(repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths]))
                 report.worktree_repaired = ["/" + p for p in stale_paths if p not in refused]
+            for marker in lost:  # repaired above
+                Path(marker).unlink(missing_ok=True)
     from kb.workspace.artifacts import Artifacts
 
     checked_artifacts = Artifacts(store, lambda: "kb").check()
