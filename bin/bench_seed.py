@@ -42,9 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
+from tests.support.named_queries import queries
 
 HERE = Path(__file__).resolve().parents[1]
 SHARED = HERE.parent / "shared"
@@ -61,7 +63,7 @@ class MustNotEmbed:
 
 def create_database(server: str, name: str) -> str:
     with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
+        conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(name)))
     info = psycopg.conninfo.conninfo_to_dict(server)
     info["dbname"] = name
     return psycopg.conninfo.make_conninfo(**info)
@@ -96,12 +98,7 @@ def reference_alignment(kb: KnowledgeBase, ws: int) -> int:
     """Read every adopted document's blob from git and find its chunk texts in order (no Postgres
     writes): the alignment work alone. Returns the documents aligned."""
     with psycopg.connect(kb.database_url) as conn:
-        rows = conn.execute(
-            "SELECT d.content_id, array_agg(c.text ORDER BY c.position, c.id) FROM kb.documents d "
-            "JOIN kb.chunks c ON c.document_id = d.id WHERE d.workspace_id = %s "
-            "GROUP BY d.id, d.content_id",
-            (ws,),
-        ).fetchall()
+        rows = conn.execute(queries["bench_seeded_chunk_texts"], {"workspace_id": ws}).fetchall()
     repo = kb.store(ws).repository
     for content_id, texts in rows:
         text, cursor = repo.blob(content_id).decode(), 0
@@ -148,13 +145,9 @@ def main() -> int:
             import_s.append(t)
             imported = imp.documents_found
             with psycopg.connect(kb.database_url, autocommit=True) as conn:  # spans back to NULL
-                conn.execute(
-                    "UPDATE kb.chunks SET start_char = NULL, end_char = NULL, start_line = NULL, "
-                    "end_line = NULL WHERE workspace_id = %s",
-                    (ws_seed,),
-                )
-                conn.execute("DELETE FROM kb.span_fill_skips")
-                conn.execute("UPDATE kb.span_fill_control SET batch_documents = 500, throttle_ms = 0, paused = false")
+                conn.execute(queries["bench_forget_spans"], {"workspace_id": ws_seed})
+                conn.execute(queries["bench_forget_span_fill_skips"])
+                conn.execute(queries["bench_span_fill_unthrottled"])
             t, fill = timed(lambda: kb.span_fill().run(ws_seed))
             fill_s.append(t)
             filled = fill.documents_filled + fill.documents_stale
@@ -190,7 +183,7 @@ def main() -> int:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             for name in (f"kb_bench_{tag}", f"legacy_bench_{tag}"):
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                conn.execute(sql.SQL(queries["bench_drop_database"]).format(database=sql.Identifier(name)))
         if started:
             stop_embedded(started)
     return 0

@@ -39,10 +39,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+from psycopg import sql
 
 from kb.git.maintenance import loose_object_count
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
+from tests.support.named_queries import queries
 
 WS = 1
 
@@ -71,14 +73,14 @@ def database(workdir: Path) -> tuple[str, callable]:
         server = start_embedded(started, database="postgres")
     name = f"kb_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
+        conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(name)))
     info = psycopg.conninfo.conninfo_to_dict(server)
     info["dbname"] = name
     url = psycopg.conninfo.make_conninfo(**info)
 
     def cleanup() -> None:
         with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.execute(sql.SQL(queries["bench_drop_database"]).format(database=sql.Identifier(name)))
         if started:
             stop_embedded(started)
 

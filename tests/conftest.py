@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from support.database import embedded_server, fresh_database, make_template, run_admin, wal_level, with_database
+from support.named_queries import queries
 
 from kb.db import database
 from kb.knowledge_base import KnowledgeBase
@@ -94,7 +95,7 @@ def listener(database_url: str) -> Iterator[psycopg.Connection]:
     """A connection to the test's database that ran ``LISTEN kb_events`` (design §6); read what
     it received with ``support.events.received_events``."""
     conn = psycopg.connect(database_url, autocommit=True)
-    conn.execute("LISTEN kb_events")
+    conn.execute(queries["listen_events"])
     yield conn
     conn.close()
 

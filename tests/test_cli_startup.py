@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.adapters.cli.main import main
 from kb.db import database
@@ -107,22 +108,20 @@ def test_corrupt_record_or_pid_file_falls_back(tmp_path: Path) -> None:
 def test_schema_check_sends_every_difference_to_the_migration_runner(kb: KnowledgeBase, database_url: str) -> None:
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         assert schema_is_current(conn)
-        conn.execute("DROP PUBLICATION kb_publication")
+        conn.execute(
+            psycopg.sql.SQL(queries["test_drop_publication"]).format(
+                publication=psycopg.sql.Identifier("kb_publication")
+            )
+        )
         conn.commit()
         assert not schema_is_current(conn)
     # Opening kb again repairs it through the full runner.
     KnowledgeBase.open(kb.settings).close()
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         assert schema_is_current(conn)
-        assert (
-            conn.execute("SELECT count(*) AS n FROM pg_publication WHERE pubname = 'kb_publication'").fetchone()["n"]
-            == 1
-        )
+        assert conn.execute(queries["test_count_publications"], {"name": "kb_publication"}).fetchone()["n"] == 1
         # An edited migration: the quick check does not vouch for it, and opening says so.
-        conn.execute(
-            "UPDATE kb.schema_migrations SET checksum = 'edited' WHERE name = "
-            "(SELECT min(name) FROM kb.schema_migrations WHERE name NOT LIKE 'procrastinate/%')"
-        )
+        conn.execute(queries["test_edit_first_migration_checksum"])
         conn.commit()
         assert not schema_is_current(conn)
     with pytest.raises(MigrationError, match="changed after it was applied"):
@@ -146,9 +145,7 @@ def test_schema_check_on_an_empty_database_is_false(pg_server: str) -> None:
 
 def _count_sessions(database_url: str, application: str) -> int:
     with psycopg.connect(database_url) as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
-        ).fetchone()[0]
+        return conn.execute(queries["test_count_application_sessions"], {"application": application}).fetchone()[0]
 
 
 def _sessions(database_url: str, application: str, expected: int | None = None) -> int:
@@ -171,7 +168,7 @@ def test_a_parked_connection_is_the_next_one_only_while_fresh_and_idle(database_
     assert second is not first and not first.closed
     first.close()
 
-    second.execute("SELECT 1")  # a transaction open: not idle, so closed rather than kept
+    second.execute(queries["test_open_a_transaction"])  # a transaction open: not idle, so closed rather than kept
     database.park(second, url)
     assert second.closed and _sessions(database_url, "kb_parked", 0) == 0
 

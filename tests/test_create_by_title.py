@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 from support.commands import git
+from support.named_queries import queries
 
 from kb.errors import DocumentNotFound, InvalidInput, PathExists
 from kb.paths import StorePath, name_key
@@ -58,13 +59,13 @@ HOSTILE = [
 
 def _titles(kb) -> dict[str, str]:
     with psycopg.connect(kb.database_url, row_factory=dict_row) as conn:
-        rows = conn.execute("SELECT path, title FROM kb.documents WHERE workspace_id = %s", (WS,)).fetchall()
+        rows = conn.execute(queries["test_document_titles"], {"workspace_id": WS}).fetchall()
     return {r["path"]: r["title"] for r in rows}
 
 
 def _ids(kb) -> dict[str, int]:
     with psycopg.connect(kb.database_url, row_factory=dict_row) as conn:
-        rows = conn.execute("SELECT path, id FROM kb.documents WHERE workspace_id = %s", (WS,)).fetchall()
+        rows = conn.execute(queries["test_document_ids"], {"workspace_id": WS}).fetchall()
     return {r["path"]: r["id"] for r in rows}
 
 

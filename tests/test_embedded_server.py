@@ -57,8 +57,8 @@ def test_alter_system_port_and_listen_addresses_cannot_lose_the_server(storage_r
     url = start_embedded(pgdata)
     hostile_port = free_port()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"ALTER SYSTEM SET port = {hostile_port}")
-        conn.execute("ALTER SYSTEM SET listen_addresses = '*'")
+        conn.execute(sql.SQL(queries["test_set_server_port"]).format(port=sql.Literal(hostile_port)))
+        conn.execute(queries["test_listen_on_all_addresses"])
     stop_embedded(pgdata)
 
     # A new process, as the next `kb` command would be.
@@ -68,7 +68,7 @@ def test_alter_system_port_and_listen_addresses_cannot_lose_the_server(storage_r
     assert server is not None and server.port == 5432 and server.listen_host == ""
     assert not accepts_tcp(hostile_port)
     with psycopg.connect(out) as conn:
-        assert conn.execute("SELECT current_setting('port')").fetchone()[0] == "5432"
+        assert conn.execute(queries["test_server_port"]).fetchone()[0] == "5432"
     assert "schema:" in run_cli(env, "init").stdout
 
 
@@ -81,8 +81,8 @@ def test_embedded_listen_serves_tcp_clients_and_can_be_turned_off(storage_root: 
     assert f"tcp clients:   {tcp_url} (Zero: ZERO_UPSTREAM_DB={tcp_url} ZERO_APP_PUBLICATIONS=kb_publication)" in init
     assert run_cli(env, "db-url").stdout.strip() == tcp_url
     with psycopg.connect(tcp_url) as conn:  # a TCP client sees kb's schema and the publication
-        assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = 'kb_publication'").fetchone()[0] == 1
-        assert conn.execute("SELECT to_regclass('kb.documents') IS NOT NULL").fetchone()[0]
+        assert conn.execute(queries["test_count_publications"], {"name": "kb_publication"}).fetchone()[0] == 1
+        assert conn.execute(queries["test_kb_schema_present"]).fetchone()[0]
 
     # Unset again: the next command restarts the server on its Unix socket only.
     plain = _embedded_env(storage_root)
@@ -119,10 +119,10 @@ def test_quick_path_recovers_when_the_database_was_dropped(storage_root: Path) -
     assert quick.returncode == 0 and "WHEEL=False" in quick.stderr, quick.stderr  # the recorded check
     server = running_server(pgdata)
     with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
-        conn.execute("DROP DATABASE kb WITH (FORCE)")
+        conn.execute(sql.SQL(queries["test_drop_database_force"]).format(database=sql.Identifier("kb")))
     assert "workspace" not in run_cli(env, "status").stderr  # recreated, schema applied
     with psycopg.connect(server.url("kb")) as conn:
-        assert conn.execute("SELECT to_regclass('kb.documents') IS NOT NULL").fetchone()[0]
+        assert conn.execute(queries["test_kb_schema_present"]).fetchone()[0]
 
 
 @pytest.mark.parametrize(

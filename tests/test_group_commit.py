@@ -93,7 +93,7 @@ def test_holder_records_queued_drafts_as_consecutive_revisions_and_a_colliding_o
     # the holder refreshed its own path; each queued writer refreshes its own when it returns
     assert (repo / "documents" / "lead.md").read_bytes() == b"lead"
     with database.transaction(kb.database_url) as conn:
-        assert conn.execute("SELECT count(*) AS n FROM kb.write_intents").fetchone()["n"] == 0
+        assert conn.execute(queries["test_count_write_intents"]).fetchone()["n"] == 0
 
 
 def test_a_holder_whose_path_a_later_queued_draft_rewrote_checks_out_that_drafts_bytes(kb):
@@ -147,7 +147,7 @@ def test_a_killed_writers_queued_draft_is_never_recorded(kb):
     assert [r.id for r in kb.history(1)] == [tx.revision.id, base]
     assert "/documents/dead.md" not in kb.list_paths(1)
     with database.transaction(kb.database_url) as conn:  # the holder forgot the dead intent
-        assert conn.execute("SELECT count(*) AS n FROM kb.write_intents").fetchone()["n"] == 0
+        assert conn.execute(queries["test_count_write_intents"]).fetchone()["n"] == 0
 
 
 HOLDER = """
@@ -196,12 +196,12 @@ def test_a_writer_that_gives_up_waiting_withdraws_its_draft(kb, settings):
     base = _base(kb)
     impatient = KnowledgeBase.open(settings.model_copy(update={"lock_timeout": 1.0}))
     with database.transaction(kb.database_url) as holder:  # someone holds the write lock
-        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (WRITE_LOCK_NAMESPACE, 1))
+        holder.execute(queries["test_hold_advisory_lock"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": 1})
         with pytest.raises(LockTimeout):
             with impatient.transaction(1, "too late", "t") as tx:
                 tx.write("/documents/late.md", b"late")
         with database.transaction(kb.database_url) as conn:
-            assert conn.execute("SELECT count(*) AS n FROM kb.write_intents").fetchone()["n"] == 0
+            assert conn.execute(queries["test_count_write_intents"]).fetchone()["n"] == 0
     # once the lock is free, the next writer records only its own draft
     with kb.transaction(1, "after", "t") as tx:
         tx.write("/documents/after.md", b"after")

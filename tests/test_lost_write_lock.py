@@ -103,7 +103,7 @@ def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told
     lock = _admin(url)
     admin = _admin(url)
     try:
-        lock.execute("BEGIN")
+        lock.execute(queries["begin_transaction"])
         lock.execute(
             queries["lock_workspace_write_bounded"],
             {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS},
@@ -119,7 +119,7 @@ def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told
                 ),
                 "the intent",
             )
-        lock.execute("COMMIT")  # one writer leads and records both
+        lock.execute(queries["commit_transaction"])  # one writer leads and records both
         for thread in threads:
             thread.join(90)
     finally:

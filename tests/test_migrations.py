@@ -8,36 +8,16 @@ import psycopg
 import pytest
 import sqlglot
 from support.database import run_admin, with_database
+from support.named_queries import queries
 
 from kb.db.migrations import apply_migrations, migration_files
 from kb.db.sql import load_queries, sql_root
 from kb.errors import MigrationError
 
-CATALOG = """
-SELECT 'column' AS kind, table_schema || '.' || table_name || '.' || column_name || ' ' || data_type
-       || ' ' || coalesce(udt_name, '') || ' null=' || is_nullable || ' default=' || coalesce(column_default, '')
-FROM information_schema.columns WHERE table_schema = 'kb'
-UNION ALL
-SELECT 'index', schemaname || '.' || indexname || ' ' || indexdef FROM pg_indexes WHERE schemaname = 'kb'
-UNION ALL
-SELECT 'constraint', conrelid::regclass::text || ' ' || pg_get_constraintdef(oid)
-FROM pg_constraint WHERE connamespace = 'kb'::regnamespace
-UNION ALL
-SELECT 'view', schemaname || '.' || viewname || ' ' || definition FROM pg_views WHERE schemaname = 'kb'
-UNION ALL
-SELECT 'function', p.oid::regprocedure::text || ' ' || pg_get_functiondef(p.oid)
-FROM pg_proc p WHERE p.pronamespace = 'kb'::regnamespace
-UNION ALL
-SELECT 'text search configuration', c.cfgname || ' ' || m.maptokentype || ' ' || m.mapseqno || ' '
-       || m.mapdict::regdictionary::text
-FROM pg_ts_config c JOIN pg_ts_config_map m ON m.mapcfg = c.oid WHERE c.cfgnamespace = 'kb'::regnamespace
-ORDER BY 1, 2
-"""
-
 
 def _catalog(url: str) -> list[tuple[str, str]]:
     with psycopg.connect(url) as conn:
-        return conn.execute(CATALOG).fetchall()
+        return conn.execute(queries["test_schema_catalog"]).fetchall()
 
 
 def test_fresh_schema_equals_all_migrations(pg_server):
@@ -59,7 +39,7 @@ def test_fresh_schema_equals_all_migrations(pg_server):
 def test_ledger_is_idempotent_and_detects_edits(database_url, monkeypatch, tmp_path):
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         assert apply_migrations(conn).applied == []
-        names = [r["name"] for r in conn.execute("SELECT name FROM kb.schema_migrations")]
+        names = [r["name"] for r in conn.execute(queries["applied_migrations"])]
     assert {p.name for p in migration_files()} <= set(names)
     assert any(n.startswith("procrastinate/") for n in names)
 

@@ -17,18 +17,13 @@ from kb.store.projection import event_payload, renamed_folder_candidates
 
 def _docs(url: str, ws: int = 1) -> dict[str, dict]:
     with psycopg.connect(url, row_factory=dict_row) as conn:
-        rows = conn.execute(
-            "SELECT id, path, title, document_type, metadata, content_id FROM kb.documents WHERE workspace_id = %s",
-            (ws,),
-        ).fetchall()
+        rows = conn.execute(queries["test_document_rows"], {"workspace_id": ws}).fetchall()
     return {r["path"]: r for r in rows}
 
 
 def _folders(url: str, ws: int = 1) -> dict[str, dict]:
     with psycopg.connect(url, row_factory=dict_row) as conn:
-        rows = conn.execute(
-            "SELECT id, path, name, parent_path FROM kb.folders WHERE workspace_id = %s", (ws,)
-        ).fetchall()
+        rows = conn.execute(queries["test_folder_rows"], {"workspace_id": ws}).fetchall()
     return {r["path"]: r for r in rows}
 
 
@@ -175,10 +170,7 @@ def test_client_row_first_keeps_type_metadata_and_title(kb, settings):
     url = settings.database_url
     kb.create_workspace(1)
     with psycopg.connect(url) as conn:
-        conn.execute(
-            "INSERT INTO kb.documents (workspace_id, path, title, document_type, metadata) "
-            "VALUES (1, '/documents/Uploads/report.md', 'Q3 report', 'FILE', '{\"source\": \"upload\"}')"
-        )
+        conn.execute(queries["test_insert_uploaded_file_row"])
     with kb.transaction(1) as tx:  # an unrelated revision projected before the file arrives
         tx.write("/documents/other.md", "other\n")
     kb.project(1)
@@ -200,13 +192,6 @@ def test_client_row_first_keeps_type_metadata_and_title(kb, settings):
     assert _docs(url)["/documents/other.md"]["title"] == "other"
 
 
-CHUNKS = """
-SELECT d.path, c.position, c.start_char, c.end_char, c.start_line, c.end_line, c.text_sha256
-FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
-WHERE c.workspace_id = 1 ORDER BY d.path, c.position
-"""
-
-
 def test_wiped_chunks_and_folders_come_back(kb, kb_env, settings, tmp_path):
     notes = tmp_path / "notes"
     for i, folder in enumerate(["Guides", "Guides/Deep", "Reference", "Reference/API/v2"]):
@@ -217,24 +202,21 @@ def test_wiped_chunks_and_folders_come_back(kb, kb_env, settings, tmp_path):
     kb.index(1)
     url = settings.database_url
     with psycopg.connect(url) as conn:
-        conn.execute(
-            "UPDATE kb.documents SET document_type = 'FILE', metadata = '{\"k\": 1}' "
-            "WHERE path = '/documents/Guides/doc 0.md'"
-        )
-        chunks_before = conn.execute(CHUNKS).fetchall()
+        conn.execute(queries["test_make_guide_a_file"])
+        chunks_before = conn.execute(queries["test_chunk_spans_in_path_order"], {"workspace_id": 1}).fetchall()
     docs_before, folders_before = _docs(url), _folders(url)
     assert len(chunks_before) > len(docs_before) and len(folders_before) == 5
 
     with psycopg.connect(url) as conn:
-        conn.execute("DELETE FROM kb.chunks WHERE workspace_id = 1")
-        conn.execute("DELETE FROM kb.folders WHERE workspace_id = 1")
+        conn.execute(queries["test_wipe_workspace_chunks"], {"workspace_id": 1})
+        conn.execute(queries["test_wipe_workspace_folders"], {"workspace_id": 1})
     out = run_cli(kb_env, "rebuild-projection", "--workspace", "1").stdout
     assert "folders 5 created" in out and "0 deleted" in out
     report = kb.reindex(1)
     assert report.documents_indexed == len(docs_before) and report.embeddings_computed == 0
 
     with psycopg.connect(url) as conn:
-        assert conn.execute(CHUNKS).fetchall() == chunks_before
+        assert conn.execute(queries["test_chunk_spans_in_path_order"], {"workspace_id": 1}).fetchall() == chunks_before
     assert _docs(url) == docs_before  # same ids, types, metadata, titles
     assert {p: (f["name"], f["parent_path"]) for p, f in _folders(url).items()} == {
         p: (f["name"], f["parent_path"]) for p, f in folders_before.items()

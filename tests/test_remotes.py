@@ -142,7 +142,9 @@ def _all_text_in_postgres(kb) -> str:
         return "\n".join(
             str(row)
             for schema, table in tables
-            for row in conn.execute(sql.SQL("SELECT t::text FROM {} t").format(sql.Identifier(schema, table)))
+            for row in conn.execute(
+                sql.SQL(queries["test_table_rows_as_text"]).format(table=sql.Identifier(schema, table))
+            )
         )
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 from support.commands import run_cli
+from support.named_queries import queries
 
 from kb.db.database import start_embedded, stop_embedded
 from kb.db.migrations import apply_migrations
@@ -36,10 +38,16 @@ DOCUMENT_COLUMNS = [
 FOLDER_COLUMNS = ["id", "workspace_id", "path", "name", "parent_path", "created_at"]
 
 
+def _rows_by_id(table: str, columns: list[str]) -> sql.Composed:
+    return sql.SQL(queries["test_table_rows_by_id"]).format(
+        columns=sql.SQL(", ").join(map(sql.Identifier, columns)), table=sql.Identifier(*table.split("."))
+    )
+
+
 def _rows(url: str) -> tuple[list[tuple], list[tuple]]:
     with psycopg.connect(url) as conn:
-        documents = conn.execute(f"SELECT {', '.join(DOCUMENT_COLUMNS)} FROM kb.documents ORDER BY id").fetchall()
-        folders = conn.execute(f"SELECT {', '.join(FOLDER_COLUMNS)} FROM kb.folders ORDER BY id").fetchall()
+        documents = conn.execute(_rows_by_id("kb.documents", DOCUMENT_COLUMNS)).fetchall()
+        folders = conn.execute(_rows_by_id("kb.folders", FOLDER_COLUMNS)).fetchall()
     return documents, folders
 
 
@@ -102,7 +110,11 @@ def test_subscriber_converges_to_publisher(kb, settings, tmp_path, subscriber_se
         dbname=publisher["dbname"],
     )
     with psycopg.connect(subscriber_server, autocommit=True) as conn:
-        conn.execute(f"CREATE SUBSCRIPTION kb_test_sub CONNECTION '{source}' PUBLICATION {PUBLICATION}")
+        conn.execute(
+            sql.SQL(queries["test_subscribe"]).format(
+                connection=sql.Literal(source), publication=sql.Identifier(PUBLICATION)
+            )
+        )
     try:
         documents, folders = _wait_until_equal(settings.database_url, subscriber_server)
         assert len(documents) == 5 and len(folders) == 4  # the initial copy
@@ -121,7 +133,7 @@ def test_subscriber_converges_to_publisher(kb, settings, tmp_path, subscriber_se
         assert sorted(row[2] for row in folders) == ["/documents/Guides", "/documents/Guides/Deep", "/documents/Setup"]
     finally:
         with psycopg.connect(subscriber_server, autocommit=True) as conn:
-            conn.execute("DROP SUBSCRIPTION IF EXISTS kb_test_sub")  # drops the publisher's slot too
+            conn.execute(queries["test_unsubscribe"])
 
 
 def test_init_reports_publication(kb_env):
@@ -131,9 +143,9 @@ def test_init_reports_publication(kb_env):
 
 def test_role_without_privilege_is_told_what_to_change(pg_server, database_url):
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"DROP PUBLICATION {PUBLICATION}")
-        conn.execute("DROP ROLE IF EXISTS kb_reader")
-        conn.execute("CREATE ROLE kb_reader LOGIN")
+        conn.execute(sql.SQL(queries["test_drop_publication"]).format(publication=sql.Identifier(PUBLICATION)))
+        conn.execute(sql.SQL(queries["test_drop_role_if_exists"]).format(role=sql.Identifier("kb_reader")))
+        conn.execute(sql.SQL(queries["test_create_login_role"]).format(role=sql.Identifier("kb_reader")))
     try:
         info = psycopg.conninfo.conninfo_to_dict(database_url)
         info["user"] = "kb_reader"
@@ -144,5 +156,4 @@ def test_role_without_privilege_is_told_what_to_change(pg_server, database_url):
         assert "run sql/publication.sql as their owner" in status.describe()
     finally:
         with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute("DROP OWNED BY kb_reader")
-            conn.execute("DROP ROLE kb_reader")
+            conn.execute(sql.SQL(queries["test_drop_owned_and_role"]).format(role=sql.Identifier("kb_reader")))

@@ -428,8 +428,11 @@ def test_hnsw_index_is_built_used_and_dropped_by_workspace_size(kb, monkeypatch)
         plan = "\n".join(
             r["QUERY PLAN"]
             for r in conn.execute(
-                "EXPLAIN "
-                + queries["vector_leg_approximate"].format(workspace_id=1, model=f"'{embedder.model}'", dim=384),
+                queries["test_explain"].format(
+                    statement=queries["vector_leg_approximate"].format(
+                        workspace_id=1, model=f"'{embedder.model}'", dim=384
+                    )
+                ),
                 {"embedding": "[" + ",".join(map(str, vector.tolist())) + "]", "limit": 10},
             )
         )
@@ -735,7 +738,7 @@ def test_lexical_leg_probes_term_statistics_by_key_and_candidates_by_index_whate
         conn.execute(queries["test_planner_without_nested_loops"])
         [[plan]] = (
             conn.execute(
-                psql.SQL("EXPLAIN (FORMAT JSON) ") + lexical_statement(unit),
+                psql.SQL(queries["test_explain_json"]).format(statement=lexical_statement(unit)),
                 _params(1, "", "", "deploys about topic3", 10),
             )
             .fetchall()[0]

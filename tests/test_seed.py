@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from support.commands import git
 from support.legacy import LegacyHashEmbedder, all_pages, drop_legacy, english_pages, make_legacy
+from support.named_queries import queries
 
 from kb.db.locks import index_lock
-from kb.db.sql import queries
 from kb.errors import LegacySourceError, LockTimeout, SeedRefused
 from kb.paths import blob_id, name_key, safe_filename
 
@@ -46,26 +46,12 @@ def legacy_kb(kb):
 
 def legacy_rows(dsn: str, workspace: int) -> dict[int, dict]:
     with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
-        return {
-            r["id"]: r
-            for r in conn.execute(
-                "SELECT id, title, document_type, document_metadata, content, source_markdown, status, created_at "
-                "FROM legacy.documents WHERE workspace_id = %s",
-                (workspace,),
-            )
-        }
+        return {r["id"]: r for r in conn.execute(queries["test_legacy_documents"], {"workspace_id": workspace})}
 
 
 def kb_documents(kb, workspace: int) -> dict[str, dict]:
     with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
-        return {
-            r["path"]: r
-            for r in conn.execute(
-                "SELECT d.*, l.legacy_id FROM kb.documents d LEFT JOIN kb.legacy_documents l ON l.document_id = d.id "
-                "WHERE d.workspace_id = %s",
-                (workspace,),
-            )
-        }
+        return {r["path"]: r for r in conn.execute(queries["test_seeded_documents"], {"workspace_id": workspace})}
 
 
 def expected_rank(by_id, legacy, legacy_id) -> int:
@@ -175,21 +161,16 @@ def test_seed_quirks_parity_identity_and_zero_embedding(legacy_kb, any_legacy):
 
     # chunks adopted: legacy vectors, NULL spans, documents indexed, stamp = seed revision, cache cold
     with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
-        chunks = conn.execute(
-            "SELECT count(*) AS n, count(start_line) AS spanned, count(start_char) AS chars, "
-            "min(embedding_model) AS model FROM kb.chunks WHERE workspace_id = 5"
-        ).fetchone()
+        chunks = conn.execute(queries["test_adopted_chunk_summary"], {"workspace_id": 5}).fetchone()
         assert chunks["n"] == report.chunks_adopted > 0 and chunks["spanned"] == chunks["chars"] == 0
         assert chunks["model"] == "legacy-hash-384"
         # the adopted vectors are the legacy model's: the registered embedder reproduces them, so
         # a query embedded by it lives in the same space (computed here on a copy, not counted)
-        sample = conn.execute(
-            "SELECT text, embedding::text AS e FROM kb.chunks WHERE workspace_id = 5 ORDER BY id LIMIT 3"
-        ).fetchall()
+        sample = conn.execute(queries["test_first_chunk_vectors"], {"workspace_id": 5, "n": 3}).fetchall()
         for row in sample:
             stored = np.array(json.loads(row["e"]), dtype=np.float32)
             assert np.allclose(LegacyHashEmbedder()._vector(row["text"]), stored, atol=2e-6)
-        assert conn.execute("SELECT count(*) AS n FROM kb.embedding_cache").fetchone()["n"] == 0
+        assert conn.execute(queries["test_count_cached_embeddings"]).fetchone()["n"] == 0
         workspace = conn.execute(queries["get_workspace"], {"workspace_id": 5}).fetchone()
         assert workspace["last_indexed_revision"] == report.revision
         assert conn.execute(queries["get_seed"], {"workspace_id": 5}).fetchone()["parity_ok"]
@@ -214,25 +195,14 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_
     assert again.revision is None and again.parity.ok and again.chunks_adopted == 0
     # a changed legacy row converges with one new revision
     with psycopg.connect(dsn) as conn:
-        doc_id = conn.execute(
-            "SELECT id FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
-            "AND source_markdown IS NOT NULL AND document_type = 'NOTE' ORDER BY id LIMIT 1"
-        ).fetchone()[0]
-        original = conn.execute("SELECT source_markdown FROM legacy.documents WHERE id = %s", (doc_id,)).fetchone()[0]
-        conn.execute(
-            "UPDATE legacy.documents SET source_markdown = source_markdown || 'edited\n' WHERE id = %s", (doc_id,)
-        )
+        doc_id = conn.execute(queries["test_legacy_first_ready_note"], {"workspace_id": 3}).fetchone()[0]
+        original = conn.execute(queries["test_legacy_markdown"], {"id": doc_id}).fetchone()[0]
+        conn.execute(queries["test_legacy_append_edit"], {"id": doc_id})
         retitled = conn.execute(
-            "SELECT id, title FROM legacy.documents WHERE workspace_id = 3 AND status = 'ready' "
-            "AND id <> %s AND document_type = 'NOTE' AND folder_id IS NOT NULL "
-            "AND source_markdown <> '' ORDER BY id DESC LIMIT 1",
-            (doc_id,),
+            queries["test_legacy_last_ready_note_in_a_folder"], {"workspace_id": 3, "other_id": doc_id}
         ).fetchone()
-        conn.execute("UPDATE legacy.documents SET title = 'Retitled in legacy' WHERE id = %s", (retitled[0],))
-        empty_folder = conn.execute(
-            "INSERT INTO legacy.folders (workspace_id, name, created_at) "
-            "VALUES (3, 'Empty: folder', now()) RETURNING id"
-        ).fetchone()[0]
+        conn.execute(queries["test_legacy_set_title"], {"title": "Retitled in legacy", "id": retitled[0]})
+        empty_folder = conn.execute(queries["test_legacy_insert_empty_folder"], {"workspace_id": 3}).fetchone()[0]
     before = {d["legacy_id"]: d for d in kb_documents(kb, 6).values()}
     try:
         changed = kb.seed(dsn, 3, 6, yes=True, flip=True)
@@ -257,9 +227,9 @@ def test_reseed_is_idempotent_then_converges_and_flip_guards(legacy_kb, english_
         assert kb.status(6)["workspace"]["migration"]["flipped"] is False
     finally:
         with psycopg.connect(dsn) as conn:
-            conn.execute("UPDATE legacy.documents SET source_markdown = %s WHERE id = %s", (original, doc_id))
-            conn.execute("UPDATE legacy.documents SET title = %s WHERE id = %s", (retitled[1], retitled[0]))
-            conn.execute("DELETE FROM legacy.folders WHERE id = %s", (empty_folder,))
+            conn.execute(queries["test_legacy_set_markdown"], {"source_markdown": original, "id": doc_id})
+            conn.execute(queries["test_legacy_set_title"], {"title": retitled[1], "id": retitled[0]})
+            conn.execute(queries["test_legacy_delete_folder"], {"id": empty_folder})
     assert embedder.texts == []
 
 

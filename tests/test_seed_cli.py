@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from support.commands import git, run_cli
 from support.legacy import LegacyHashEmbedder, all_pages, drop_legacy, make_legacy
+from support.named_queries import queries
 
 from kb.knowledge_base import KnowledgeBase
 
@@ -49,15 +50,12 @@ def test_cli_dry_run_seed_flip_status_spans_and_model_mismatch(kb_env, settings,
 
     # models differ: nothing adopted, the worker re-embeds every document with the active model
     with psycopg.connect(kb.database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM kb.chunks WHERE workspace_id = 4").fetchone()[0] == 0
+        assert conn.execute(queries["test_count_workspace_chunks"], {"workspace_id": 4}).fetchone()[0] == 0
     run_cli(kb_env, "worker", "--until-idle")
     with psycopg.connect(kb.database_url) as conn:
-        states = conn.execute("SELECT status, count(*) FROM kb.documents WHERE workspace_id = 4 GROUP BY 1").fetchall()
+        states = conn.execute(queries["test_document_status_counts"], {"workspace_id": 4}).fetchall()
         assert states == [("indexed", len(lines) - 1 - len(skipped))]
-        assert (
-            conn.execute("SELECT count(*) FROM kb.chunks WHERE workspace_id = 4 AND start_line IS NULL").fetchone()[0]
-            == 0
-        )
+        assert conn.execute(queries["test_count_chunks_without_spans"], {"workspace_id": 4}).fetchone()[0] == 0
     spans = run_cli(kb_env, "spans", "status", "-w", "4").stdout
     assert "span fill:  active" in spans and "0 chunks / 0 documents without spans" in spans
     assert "paused" in run_cli(kb_env, "spans", "pause").stdout
@@ -79,17 +77,10 @@ def test_drift_check_repairs_postgres_only_and_is_capped(kb, corpus_legacy):
     clean = kb.drift_check()
     assert [r.as_dict()["findings"] for r in clean] == [{}]
     with psycopg.connect(kb.database_url) as conn:
-        paths = [
-            r[0]
-            for r in conn.execute("SELECT path FROM kb.documents WHERE workspace_id = 8 ORDER BY id LIMIT 3").fetchall()
-        ]
-        conn.execute("DELETE FROM kb.documents WHERE path = %s", (paths[0],))
-        conn.execute(
-            "UPDATE kb.documents SET content_id = repeat('0', 40), indexed_content_id = repeat('0', 40) "
-            "WHERE path = %s",
-            (paths[1],),
-        )
-        conn.execute("UPDATE kb.documents SET indexed_content_id = repeat('1', 40) WHERE path = %s", (paths[2],))
+        paths = [r[0] for r in conn.execute(queries["test_first_document_paths"], {"workspace_id": 8, "n": 3})]
+        conn.execute(queries["test_delete_document_row"], {"path": paths[0]})
+        conn.execute(queries["test_corrupt_document_content_ids"], {"path": paths[1]})
+        conn.execute(queries["test_corrupt_indexed_content_id"], {"path": paths[2]})
     kb.settings.drift_max_repairs = 1
     capped = kb.drift_check(8)[0]
     assert capped.capped and capped.repaired == 1  # two row findings exceed the cap; one index finding fits
@@ -108,9 +99,4 @@ def test_drift_check_repairs_postgres_only_and_is_capped(kb, corpus_legacy):
     kb.index(8)  # the re-queued documents are re-indexed
     assert [r.as_dict()["findings"] for r in kb.drift_check(8)] == [{}]
     with psycopg.connect(kb.database_url) as conn:
-        assert (
-            conn.execute(
-                "SELECT count(*) FROM kb.documents WHERE workspace_id = 8 AND path = ANY(%s)", (paths,)
-            ).fetchone()[0]
-            == 3
-        )
+        assert conn.execute(queries["test_count_documents_at"], {"workspace_id": 8, "paths": paths}).fetchone()[0] == 3

@@ -75,12 +75,18 @@ def hostile_url(request, pg_server: str, empty_database: str, monkeypatch) -> It
             monkeypatch.setenv("PGOPTIONS", _pgoptions())
             yield empty_database
         elif kind == "ALTER ROLE":
-            admin.execute(psycopg.sql.SQL("DROP ROLE IF EXISTS {}").format(psycopg.sql.Identifier(role)))
-            admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(psycopg.sql.Identifier(role)))
+            admin.execute(
+                psycopg.sql.SQL(queries["test_drop_role_if_exists"]).format(role=psycopg.sql.Identifier(role))
+            )
+            admin.execute(
+                psycopg.sql.SQL(queries["test_create_superuser_role"]).format(role=psycopg.sql.Identifier(role))
+            )
             for name, value in HOSTILE.items():
                 admin.execute(
-                    psycopg.sql.SQL("ALTER ROLE {} SET {} = {}").format(
-                        psycopg.sql.Identifier(role), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                    psycopg.sql.SQL(queries["test_set_role_default"]).format(
+                        role=psycopg.sql.Identifier(role),
+                        setting=psycopg.sql.Identifier(name),
+                        value=psycopg.sql.Literal(value),
                     )
                 )
             info = psycopg.conninfo.conninfo_to_dict(empty_database)
@@ -90,8 +96,10 @@ def hostile_url(request, pg_server: str, empty_database: str, monkeypatch) -> It
             dbname = psycopg.conninfo.conninfo_to_dict(empty_database)["dbname"]
             for name, value in HOSTILE.items():
                 admin.execute(
-                    psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                        psycopg.sql.Identifier(dbname), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                    psycopg.sql.SQL(queries["test_set_database_default"]).format(
+                        database=psycopg.sql.Identifier(dbname),
+                        setting=psycopg.sql.Identifier(name),
+                        value=psycopg.sql.Literal(value),
                     )
                 )
             yield empty_database
@@ -101,7 +109,9 @@ def hostile_url(request, pg_server: str, empty_database: str, monkeypatch) -> It
         if kind == "ALTER ROLE":  # the role owns kb's objects: drop its database first
             run_admin(pg_server, "drop_database", database=psycopg.conninfo.conninfo_to_dict(empty_database)["dbname"])
             with psycopg.connect(pg_server, autocommit=True) as conn:
-                conn.execute(psycopg.sql.SQL("DROP ROLE IF EXISTS {}").format(psycopg.sql.Identifier(role)))
+                conn.execute(
+                    psycopg.sql.SQL(queries["test_drop_role_if_exists"]).format(role=psycopg.sql.Identifier(role))
+                )
 
 
 def _hostile_defaults_are_in_force(url: str) -> None:
@@ -151,8 +161,7 @@ def test_misplaced_job_queue_is_a_clear_error(empty_database: str) -> None:
     """A database set up under someone else's search_path before the fix (Procrastinate's tables in
     schema kb) is named with the fix, not a duplicate-key error."""
     with psycopg.connect(empty_database, autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA kb")
-        conn.execute("SET search_path = kb, public")
+        conn.execute(queries["test_schema_kb_first_on_search_path"])
         conn.execute(jobs.procrastinate.schema.SchemaManager.get_schema())
     with database.connect(empty_database) as conn:
         with pytest.raises(MigrationError, match="Procrastinate's tables are in schema kb, not public"):

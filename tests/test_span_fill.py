@@ -16,6 +16,7 @@ import time
 import psycopg
 import pytest
 from support.legacy import LegacyHashEmbedder, drop_legacy, english_pages, make_legacy
+from support.named_queries import queries
 
 from kb.citations.envelope import document_lines
 from kb.db.database import embedded_bin_dir
@@ -42,14 +43,10 @@ def seeded(kb, english_legacy):
 
 def chunk_rows(kb, path: str) -> list[dict]:
     with psycopg.connect(kb.database_url, row_factory=psycopg.rows.dict_row) as conn:
-        return conn.execute(
-            "SELECT c.* FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id "
-            "WHERE d.workspace_id = 5 AND d.path = %s ORDER BY c.position, c.id",
-            (path,),
-        ).fetchall()
+        return conn.execute(queries["test_chunk_rows_of"], {"workspace_id": 5, "path": path}).fetchall()
 
 
-def scalar(kb, query: str, *params):
+def scalar(kb, query: str, **params):
     with psycopg.connect(kb.database_url) as conn:
         return conn.execute(query, params).fetchone()[0]
 
@@ -116,14 +113,12 @@ def test_span_fill_gives_true_spans_keeps_stale_documents_null_and_search_number
         lines = document_lines(store.read(entry.path))
         assert rows[-1]["end_line"] == len(lines)
     # stale documents are recorded and not retried
-    assert scalar(kb, "SELECT count(*) FROM kb.span_fill_skips WHERE workspace_id = 5") == report.documents_stale
+    assert scalar(kb, queries["test_count_span_fill_skips"], workspace_id=5) == report.documents_stale
     again = kb.span_fill().run()
     assert again.documents_filled == again.documents_stale == 0
     backlog = kb.span_fill().status(5)["backlog"][0]
     assert backlog["documents_stale"] == report.documents_stale
-    assert backlog["chunks_without_spans"] == scalar(
-        kb, "SELECT count(*) FROM kb.chunks c JOIN kb.span_fill_skips k USING (document_id)"
-    )
+    assert backlog["chunks_without_spans"] == scalar(kb, queries["test_count_skipped_chunks"])
 
     # the same search now shows true line numbers equal to the file
     after = kb.search(5, "keyboard shortcuts hotkeys", k=5)
@@ -139,7 +134,7 @@ def test_span_fill_gives_true_spans_keeps_stale_documents_null_and_search_number
 
 def test_pause_with_psql_stops_within_one_batch_and_resume_finishes(seeded):
     kb, *_ = seeded
-    psql(kb.database_url, "UPDATE kb.span_fill_control SET batch_documents = 4, throttle_ms = 150")
+    psql(kb.database_url, queries["test_span_fill_batches_of_4_every_150ms"])
     fill = kb.span_fill()
     seen: list[int] = []
     at_pause: list[int] = []
@@ -147,7 +142,7 @@ def test_pause_with_psql_stops_within_one_batch_and_resume_finishes(seeded):
     def progress(report):
         seen.append(report.batches)
         if report.batches == 3 and not at_pause:
-            psql(kb.database_url, "UPDATE kb.span_fill_control SET paused = true")
+            psql(kb.database_url, queries["test_span_fill_pause"])
             at_pause.append(report.batches)
 
     result: list = []
@@ -163,28 +158,21 @@ def test_pause_with_psql_stops_within_one_batch_and_resume_finishes(seeded):
 
     # batches of 5: the test corpus's English pages leave a dozen or so documents after the pause,
     # enough for a budgeted run that yields and a last one that finishes
-    psql(kb.database_url, "UPDATE kb.span_fill_control SET paused = false, batch_documents = 5, throttle_ms = 0")
+    psql(kb.database_url, queries["test_span_fill_resume_in_batches_of_5"])
     partial = fill.run(max_batches=1)  # a budget spent with work left: the job queues its continuation
     assert partial.yielded and partial.batches == 1 and not partial.paused
     assert fill.status(5)["backlog"][0]["last_run_status"] == "yielded"
     finished = fill.run()
     assert not finished.paused and finished.documents_filled > 0
     assert fill.status(5)["backlog"][0]["last_run_status"] == "finished"
-    assert (
-        scalar(
-            kb,
-            "SELECT count(*) FROM kb.chunks c WHERE c.workspace_id = 5 AND c.start_line IS NULL "
-            "AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips)",
-        )
-        == 0
-    )
+    assert scalar(kb, queries["test_count_fillable_chunks_without_spans"], workspace_id=5) == 0
 
 
 def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
     kb, *_ = seeded
-    psql(kb.database_url, "UPDATE kb.span_fill_control SET batch_documents = 3, throttle_ms = 300")
+    psql(kb.database_url, queries["test_span_fill_batches_of_3_every_300ms"])
     with psycopg.connect(kb.database_url) as conn:
-        conn.execute("DELETE FROM procrastinate_jobs WHERE status = 'todo'")
+        conn.execute(queries["delete_todo_jobs_for_tests"])
     job_id = kb.span_fill().defer()
     assert job_id is not None
     env = {
@@ -201,34 +189,28 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
     )
     try:
         deadline = time.monotonic() + 120
-        while scalar(kb, "SELECT coalesce(max(batches), 0) FROM kb.span_fill_runs") < 3:
+        while scalar(kb, queries["test_span_fill_most_batches"]) < 3:
             assert time.monotonic() < deadline and worker.poll() is None, "the worker never filled 3 batches"
             time.sleep(0.1)
     finally:
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
-    assert scalar(kb, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", job_id) == "doing"
-    left = scalar(kb, "SELECT count(*) FROM kb.chunks WHERE workspace_id = 5 AND start_line IS NULL")
+    assert scalar(kb, queries["test_job_status"], id=job_id) == "doing"
+    left = scalar(kb, queries["test_count_chunks_without_spans"], workspace_id=5)
     assert left > 0
 
-    psql(kb.database_url, "UPDATE kb.span_fill_control SET batch_documents = 50, throttle_ms = 0")
+    psql(kb.database_url, queries["test_span_fill_batches_of_50"])
     worker = subprocess.Popen(
         [sys.executable, "-m", "kb.adapters.cli", "worker"], env=env, stdout=subprocess.DEVNULL, stderr=log
     )
     try:
         deadline = time.monotonic() + 120
-        while (
-            status := scalar(kb, "SELECT status::text FROM procrastinate_jobs WHERE id = %s", job_id)
-        ) != "succeeded":
+        while (status := scalar(kb, queries["test_job_status"], id=job_id)) != "succeeded":
             if time.monotonic() >= deadline or worker.poll() is not None:
                 worker.send_signal(signal.SIGTERM)
                 worker.wait(timeout=60)
                 log.seek(0)
-                jobs = (
-                    psycopg.connect(kb.database_url)
-                    .execute("SELECT id, task_name, status::text, attempts FROM procrastinate_jobs ORDER BY id")
-                    .fetchall()
-                )
+                jobs = psycopg.connect(kb.database_url).execute(queries["test_job_list"]).fetchall()
                 raise AssertionError(
                     f"the stalled span fill never finished: job {job_id} is {status}; jobs {jobs}; "
                     f"worker stderr (last 3000 characters): {log.read().decode()[-3000:]}"
@@ -238,16 +220,6 @@ def test_kill_9_of_a_worker_mid_fill_converges(seeded, kb_env):
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
-    runs = [
-        r[0]
-        for r in psycopg.connect(kb.database_url).execute("SELECT status FROM kb.span_fill_runs ORDER BY id").fetchall()
-    ]
+    runs = [r[0] for r in psycopg.connect(kb.database_url).execute(queries["test_span_fill_run_statuses"]).fetchall()]
     assert runs[0] == "interrupted" and runs[-1] == "finished"
-    assert (
-        scalar(
-            kb,
-            "SELECT count(*) FROM kb.chunks c WHERE c.workspace_id = 5 AND c.start_line IS NULL "
-            "AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips)",
-        )
-        == 0
-    )
+    assert scalar(kb, queries["test_count_fillable_chunks_without_spans"], workspace_id=5) == 0

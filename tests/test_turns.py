@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.commands import git
+from support.named_queries import queries
 
 from kb.errors import (
     DocumentNotFound,
@@ -385,7 +386,7 @@ def test_turn_commit_emits_one_event_per_document_after_projection(workspace, se
 
     workspace.project(WS)
     with psycopg.connect(settings.database_url, autocommit=True) as listener:
-        listener.execute("LISTEN kb_events")
+        listener.execute(queries["listen_events"])
         t = workspace.turn(WS, "events", "agent")
         t.write("/documents/created.md", "new\n")
         t.edit("/documents/a.md", "alpha", "ALPHA")
@@ -394,7 +395,7 @@ def test_turn_commit_emits_one_event_per_document_after_projection(workspace, se
         result = t.commit()
         workspace.project(WS)
         events = [json.loads(n.payload) for n in listener.notifies(timeout=5, stop_after=10)]
-        ids = {row[0] for row in listener.execute("SELECT id FROM kb.documents WHERE workspace_id = %s", (WS,))}
+        ids = {row[1] for row in listener.execute(queries["test_document_ids"], {"workspace_id": WS})}
     by_kind: dict[str, int] = {}
     for event in events:
         assert event["workspace_id"] == WS and event["revision"] == result.revision

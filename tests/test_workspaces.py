@@ -27,21 +27,15 @@ def _rows_of(conn, ws: int) -> dict[str, int]:
     """Rows mentioning the workspace in every kb table with a workspace_id column (so tables later
     features add are covered), plus Procrastinate's jobs of it."""
     conn = conn.cursor(row_factory=psycopg.rows.tuple_row)
-    tables = conn.execute(
-        "SELECT table_name FROM information_schema.columns WHERE table_schema = 'kb' "
-        "AND column_name = 'workspace_id' AND table_name IN "
-        "(SELECT table_name FROM information_schema.tables WHERE table_schema = 'kb' AND table_type = 'BASE TABLE')"
-    ).fetchall()
+    tables = conn.execute(queries["test_tables_with_workspace_id"]).fetchall()
     counts = {}
     for (table,) in tables:
         counts[table] = conn.execute(
-            psycopg.sql.SQL("SELECT count(*) FROM kb.{} WHERE workspace_id = %s").format(psycopg.sql.Identifier(table)),
-            (ws,),
+            psycopg.sql.SQL(queries["test_count_workspace_rows"]).format(table=psycopg.sql.Identifier(table)),
+            {"workspace_id": ws},
         ).fetchone()[0]
-    counts["kb.workspaces"] = conn.execute("SELECT count(*) FROM kb.workspaces WHERE id = %s", (ws,)).fetchone()[0]
-    counts["jobs"] = conn.execute(
-        "SELECT count(*) FROM procrastinate_jobs WHERE args ->> 'workspace_id' = %s", (str(ws),)
-    ).fetchone()[0]
+    counts["kb.workspaces"] = conn.execute(queries["test_count_workspace_row"], {"workspace_id": ws}).fetchone()[0]
+    counts["jobs"] = conn.execute(queries["test_count_workspace_jobs"], {"workspace_id": str(ws)}).fetchone()[0]
     return counts
 
 
@@ -97,14 +91,14 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     turn.write("/documents/draft.md", "draft\n")
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         before = _rows_of(conn, 1)
-        ids = {r["id"] for r in conn.execute("SELECT id FROM kb.documents WHERE workspace_id = 1")}
+        ids = {r["id"] for r in conn.execute(queries["test_document_ids"], {"workspace_id": 1})}
         other_before = _rows_of(conn, 2)
     assert before["chunks"] > 0 and before["documents"] == 4 and before["jobs"] > 0
     with pytest.raises(WorkspaceBusy, match="turn"):
         kb.delete_workspace(1)
     assert kb.store(1).exists()
     listener = psycopg.connect(database_url, autocommit=True)
-    listener.execute("LISTEN kb_events")
+    listener.execute(queries["listen_events"])
     report = kb.delete_workspace(1, force=True)
     events = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=len(ids) + 10)]
     listener.close()
@@ -115,10 +109,7 @@ def test_delete_leaves_nothing_behind_and_subscribers_see_the_rows_go(kb, databa
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
         assert {k: v for k, v in _rows_of(conn, 1).items() if v} == {}
         assert _rows_of(conn, 2) == other_before
-        assert (
-            conn.execute("SELECT count(*) AS n FROM pg_indexes WHERE indexname LIKE 'kb_chunks_hnsw%%'").fetchone()["n"]
-            == 0
-        )
+        assert conn.execute(queries["test_count_vector_indexes"]).fetchone()["n"] == 0
     store = kb.settings.knowledge_store
     assert not (store / "1").exists() and not worktrees_root(store, 1).exists()
     assert not list(store.glob(".deleted-*"))
@@ -138,7 +129,7 @@ def test_a_writer_holding_the_store_cannot_resurrect_a_deleted_workspace(kb, dat
         with store.transaction("late", "w") as tx:
             tx.write("/documents/x.md", "x\n")
     with psycopg.connect(database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM kb.workspaces WHERE id = 3").fetchone()[0] == 0
+        assert conn.execute(queries["test_count_workspace_row"], {"workspace_id": 3}).fetchone()[0] == 0
     assert not (kb.settings.knowledge_store / "3").exists()
 
 

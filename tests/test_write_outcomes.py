@@ -72,7 +72,7 @@ def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | No
     paths = ["/documents/a.md", "/documents/b.md"]
     results: dict = {}
     lock = _admin(url)
-    lock.execute("BEGIN")
+    lock.execute(queries["begin_transaction"])
     lock.execute(
         queries["lock_workspace_write_bounded"],
         {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS},
@@ -86,9 +86,9 @@ def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | No
             thread.start()
             _wait(lambda n=queued: len(_intents(admin)) >= n or None, "the intent")
         row = _admin(url)
-        row.execute("BEGIN")
+        row.execute(queries["begin_transaction"])
         row.execute(queries["test_hold_workspace_row"], {"workspace_id": WS})
-        lock.execute("COMMIT")  # the leader takes the lock, claims both, and waits for the row
+        lock.execute(queries["commit_transaction"])  # the leader takes the lock, claims both, and waits for the row
         leader = _wait(
             lambda: [
                 r["pid"]
@@ -99,7 +99,7 @@ def _leader_records_a_killed_waiter(ws: KnowledgeBase, keys: dict[str, str] | No
         victim = next(i for i in _intents(admin) if i["backend_pid"] != leader)
         admin.execute(queries["test_terminate_backend"], {"pid": victim["backend_pid"]})
         time.sleep(0.2)
-        row.execute("COMMIT")
+        row.execute(queries["commit_transaction"])
         for thread in threads:
             thread.join(60)
         killed = next(p for p in paths if p[1:] in victim["payload"]["staged"])

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 from support.core_flow import write_tree
+from support.named_queries import queries
 from support.network import free_port
 
 from kb.db import database
@@ -52,8 +54,12 @@ def publisher_rows(url: str, columns: dict[str, list[str]]) -> dict[str, list[di
     out = {}
     with psycopg.connect(url, row_factory=dict_row) as conn:
         for table in TABLES:
-            cols = ", ".join(columns[table])
-            rows = conn.execute(f"SELECT {cols} FROM {table} ORDER BY id").fetchall()
+            rows = conn.execute(
+                sql.SQL(queries["test_table_rows_by_id"]).format(
+                    columns=sql.SQL(", ").join(map(sql.Identifier, columns[table])),
+                    table=sql.Identifier(*table.split(".")),
+                )
+            ).fetchall()
             out[table] = [{k: _epoch_ms(v) if hasattr(v, "timestamp") else v for k, v in row.items()} for row in rows]
     return out
 

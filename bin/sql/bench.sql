@@ -1,4 +1,4 @@
--- Named queries of the benchmarks and the search evaluation (bin/; loaded by tests/named_queries.py, design §14). They do not ship with kb.
+-- Named queries of the benchmarks and the search evaluation (bin/; loaded by tests/support/named_queries.py, design §14). They do not ship with kb.
 
 -- name: bench_delete_workspace_chunks
 -- Wipe a workspace's chunk rows (they are disposable, design §1) to time a rebuild from the cache.
@@ -89,3 +89,28 @@ SELECT 1 AS one;
 -- name: bench_forget_embeddings
 -- Empty the embedding cache so the next index run embeds every chunk again (bin/bench_index_pipeline.py).
 DELETE FROM kb.embedding_cache;
+
+-- ---- bin/bench_seed.py, bin/bench_store.py: a throwaway database per run ----
+
+-- name: bench_drop_database
+-- Drop a benchmark's database even with sessions still connected (they are ended).
+DROP DATABASE IF EXISTS {database} WITH (FORCE);
+
+-- name: bench_seeded_chunk_texts
+-- Every document of a workspace with its chunk texts in order (bin/bench_seed.py: the alignment
+-- work alone, without the span fill's writes).
+SELECT d.content_id, array_agg(c.text ORDER BY c.position, c.id) FROM kb.documents d
+JOIN kb.chunks c ON c.document_id = d.id WHERE d.workspace_id = %(workspace_id)s
+GROUP BY d.id, d.content_id;
+
+-- name: bench_forget_spans
+-- A workspace's chunks back to no spans, as seeding adopted them (design §9), for the next fill.
+UPDATE kb.chunks SET start_char = NULL, end_char = NULL, start_line = NULL, end_line = NULL
+WHERE workspace_id = %(workspace_id)s;
+
+-- name: bench_forget_span_fill_skips
+DELETE FROM kb.span_fill_skips;
+
+-- name: bench_span_fill_unthrottled
+-- The span fill in big batches, without its pause between them.
+UPDATE kb.span_fill_control SET batch_documents = 500, throttle_ms = 0, paused = false;

@@ -1,4 +1,4 @@
--- Named queries of the test suite (loaded by tests/named_queries.py). They do not ship with kb.
+-- Named queries of the test suite (loaded by tests/support/named_queries.py). They do not ship with kb.
 
 -- ---- (design §7) reads of the derived index for tests ----------------------------------------
 
@@ -469,3 +469,355 @@ SELECT document_id, kb.document_terms_vector(counted, once)::text AS tsv, tokens
 -- name: test_document_terms_rows
 SELECT document_id, tsv::text AS tsv, tokens FROM kb.document_terms
 WHERE workspace_id = %(workspace_id)s ORDER BY document_id;
+
+-- ---- rows as a test reads them back (tests/test_projection.py, test_zero.py, test_replication.py) ----
+
+-- name: test_table_rows_by_id
+-- The given {columns} of a table, ordered by id (the published columns, as a subscriber holds them).
+SELECT {columns} FROM {table} ORDER BY id;
+
+-- name: test_document_rows
+SELECT id, path, title, document_type, metadata, content_id FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_folder_rows
+SELECT id, path, name, parent_path FROM kb.folders WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_document_titles
+SELECT path, title FROM kb.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_insert_uploaded_file_row
+-- A FILE row written straight into kb.documents, as an upload path outside kb's writers once did
+-- (tests/test_projection.py: the projection must adopt it, not duplicate it).
+INSERT INTO kb.documents (workspace_id, path, title, document_type, metadata)
+VALUES (1, '/documents/Uploads/report.md', 'Q3 report', 'FILE', '{"source": "upload"}');
+
+-- name: test_make_guide_a_file
+-- One imported document turned into a FILE with metadata, which a rebuilt projection must keep.
+UPDATE kb.documents SET document_type = 'FILE', metadata = '{"k": 1}' WHERE path = '/documents/Guides/doc 0.md';
+
+-- name: test_wipe_workspace_chunks
+-- A workspace's chunk rows gone (derived data, design §1: a reindex brings them back).
+DELETE FROM kb.chunks WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_wipe_workspace_folders
+-- A workspace's folder rows gone (a projection rebuild brings them back).
+DELETE FROM kb.folders WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_chunk_spans_in_path_order
+-- Every chunk's span and text digest, by document path and position (what a rebuild must keep).
+SELECT d.path, c.position, c.start_char, c.end_char, c.start_line, c.end_line, c.text_sha256
+FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
+WHERE c.workspace_id = %(workspace_id)s ORDER BY d.path, c.position;
+
+-- ---- (design §10) seeding from a legacy knowledge base (tests/test_seed.py, test_seed_cli.py,
+-- test_span_fill.py, tests/support/legacy_source.py) ----
+
+-- name: test_legacy_insert_folder
+INSERT INTO legacy.folders (workspace_id, parent_id, name, position, created_at)
+VALUES (%(workspace_id)s, %(parent_id)s, %(name)s, %(position)s, %(created_at)s)
+RETURNING id;
+
+-- name: test_legacy_insert_document
+INSERT INTO legacy.documents (workspace_id, folder_id, title, document_type, document_metadata, content,
+                              source_markdown, content_hash, unique_identifier_hash, status, created_by_id,
+                              created_at, updated_at)
+VALUES (%(workspace_id)s, %(folder_id)s, %(title)s, %(document_type)s, %(document_metadata)s, %(content)s,
+        %(source_markdown)s, %(content_hash)s, %(unique_identifier_hash)s, %(status)s, %(created_by_id)s,
+        %(created_at)s, %(updated_at)s)
+RETURNING id;
+
+-- name: test_legacy_insert_chunk
+INSERT INTO legacy.chunks (document_id, position, content, embedding, created_at)
+VALUES (%(document_id)s, %(position)s, %(content)s, %(embedding)s::vector, %(created_at)s);
+
+-- name: test_legacy_add_metadata
+-- Merge keys into a legacy document's metadata (e.g. the virtual_path marker of an older export).
+UPDATE legacy.documents SET document_metadata = document_metadata || %(metadata)s WHERE id = %(document_id)s;
+
+-- name: test_legacy_record_meta
+-- The legacy set's model and chunker, as the legacy system kept them in legacy.meta.
+INSERT INTO legacy.meta VALUES ('embedding_model', %(model)s), ('chunker', 'legacy-paragraph-800')
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: test_legacy_counts
+SELECT (SELECT count(*) FROM legacy.documents WHERE workspace_id = %(workspace_id)s),
+       (SELECT count(*) FROM legacy.folders WHERE workspace_id = %(workspace_id)s),
+       (SELECT count(*) FROM legacy.chunks c JOIN legacy.documents d ON d.id = c.document_id
+        WHERE d.workspace_id = %(workspace_id)s);
+
+-- name: test_legacy_documents
+SELECT id, title, document_type, document_metadata, content, source_markdown, status, created_at
+FROM legacy.documents WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_seeded_documents
+-- A workspace's documents with the legacy id each was seeded from (NULL for kb's own).
+SELECT d.*, l.legacy_id FROM kb.documents d LEFT JOIN kb.legacy_documents l ON l.document_id = d.id
+WHERE d.workspace_id = %(workspace_id)s;
+
+-- name: test_adopted_chunk_summary
+-- What seeding adopted into a workspace: chunk count, how many have spans, and the model.
+SELECT count(*) AS n, count(start_line) AS spanned, count(start_char) AS chars, min(embedding_model) AS model
+FROM kb.chunks WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_first_chunk_vectors
+SELECT text, embedding::text AS e FROM kb.chunks WHERE workspace_id = %(workspace_id)s ORDER BY id LIMIT %(n)s;
+
+-- name: test_count_cached_embeddings
+SELECT count(*) AS n FROM kb.embedding_cache;
+
+-- name: test_legacy_first_ready_note
+-- The first legacy note of a workspace with markdown (the one a reseed test edits).
+SELECT id FROM legacy.documents
+WHERE workspace_id = %(workspace_id)s AND status = 'ready' AND source_markdown IS NOT NULL AND document_type = 'NOTE'
+ORDER BY id LIMIT 1;
+
+-- name: test_legacy_last_ready_note_in_a_folder
+-- The last legacy note in a folder with non-empty markdown, other than %(other_id)s (the one a
+-- reseed test retitles).
+SELECT id, title FROM legacy.documents
+WHERE workspace_id = %(workspace_id)s AND status = 'ready' AND id <> %(other_id)s AND document_type = 'NOTE'
+  AND folder_id IS NOT NULL AND source_markdown <> ''
+ORDER BY id DESC LIMIT 1;
+
+-- name: test_legacy_markdown
+SELECT source_markdown FROM legacy.documents WHERE id = %(id)s;
+
+-- name: test_legacy_append_edit
+-- A legacy note edited after seeding: a line appended.
+UPDATE legacy.documents SET source_markdown = source_markdown || E'edited\n' WHERE id = %(id)s;
+
+-- name: test_legacy_set_markdown
+UPDATE legacy.documents SET source_markdown = %(source_markdown)s WHERE id = %(id)s;
+
+-- name: test_legacy_set_title
+UPDATE legacy.documents SET title = %(title)s WHERE id = %(id)s;
+
+-- name: test_legacy_insert_empty_folder
+-- A legacy folder holding nothing, its name unsafe for a path (seeding keeps it as a .keep file).
+INSERT INTO legacy.folders (workspace_id, name, created_at) VALUES (%(workspace_id)s, 'Empty: folder', now())
+RETURNING id;
+
+-- name: test_legacy_delete_folder
+DELETE FROM legacy.folders WHERE id = %(id)s;
+
+-- name: test_count_workspace_chunks
+SELECT count(*) FROM kb.chunks WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_count_chunks_without_spans
+SELECT count(*) FROM kb.chunks WHERE workspace_id = %(workspace_id)s AND start_line IS NULL;
+
+-- name: test_document_status_counts
+SELECT status, count(*) FROM kb.documents WHERE workspace_id = %(workspace_id)s GROUP BY 1;
+
+-- name: test_first_document_paths
+SELECT path FROM kb.documents WHERE workspace_id = %(workspace_id)s ORDER BY id LIMIT %(n)s;
+
+-- name: test_delete_document_row
+-- A document's row gone while its file stays (drift the check repairs, design §7).
+DELETE FROM kb.documents WHERE path = %(path)s;
+
+-- name: test_corrupt_document_content_ids
+-- A document row whose content ids match no blob (drift the check repairs).
+UPDATE kb.documents SET content_id = repeat('0', 40), indexed_content_id = repeat('0', 40) WHERE path = %(path)s;
+
+-- name: test_corrupt_indexed_content_id
+-- A document row claiming an index of content it does not hold (drift the check repairs).
+UPDATE kb.documents SET indexed_content_id = repeat('1', 40) WHERE path = %(path)s;
+
+-- name: test_count_documents_at
+SELECT count(*) FROM kb.documents WHERE workspace_id = %(workspace_id)s AND path = ANY(%(paths)s);
+
+-- name: test_chunk_rows_of
+SELECT c.* FROM kb.chunks c JOIN kb.documents d ON d.id = c.document_id
+WHERE d.workspace_id = %(workspace_id)s AND d.path = %(path)s
+ORDER BY c.position, c.id;
+
+-- name: test_count_span_fill_skips
+SELECT count(*) FROM kb.span_fill_skips WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_count_skipped_chunks
+-- Chunks of the documents the span fill skipped as stale (they keep no spans).
+SELECT count(*) FROM kb.chunks c JOIN kb.span_fill_skips k USING (document_id);
+
+-- name: test_count_fillable_chunks_without_spans
+-- Chunks of a workspace still without spans, not counting the skipped stale documents' (0 once a fill finished).
+SELECT count(*) FROM kb.chunks c
+WHERE c.workspace_id = %(workspace_id)s AND c.start_line IS NULL
+  AND c.document_id NOT IN (SELECT document_id FROM kb.span_fill_skips);
+
+-- name: test_span_fill_most_batches
+SELECT coalesce(max(batches), 0) FROM kb.span_fill_runs;
+
+-- name: test_span_fill_run_statuses
+SELECT status FROM kb.span_fill_runs ORDER BY id;
+
+-- name: test_job_list
+SELECT id, task_name, status::text, attempts FROM procrastinate_jobs ORDER BY id;
+
+-- The span fill's control row as a DBA sets it with psql (design §9, docs/migration.md); the tests
+-- pass these to the real psql client.
+
+-- name: test_span_fill_batches_of_4_every_150ms
+UPDATE kb.span_fill_control SET batch_documents = 4, throttle_ms = 150;
+
+-- name: test_span_fill_pause
+UPDATE kb.span_fill_control SET paused = true;
+
+-- name: test_span_fill_resume_in_batches_of_5
+UPDATE kb.span_fill_control SET paused = false, batch_documents = 5, throttle_ms = 0;
+
+-- name: test_span_fill_batches_of_3_every_300ms
+UPDATE kb.span_fill_control SET batch_documents = 3, throttle_ms = 300;
+
+-- name: test_span_fill_batches_of_50
+UPDATE kb.span_fill_control SET batch_documents = 50, throttle_ms = 0;
+
+-- ---- (design §3) write outcomes under connection kills (tests/support/outcome_stress.py) ----
+
+-- name: test_terminate_client_backends
+-- Every other client session of this database, one row per session ended.
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend';
+
+-- name: test_terminate_busy_client_backends
+-- The other client sessions of this database inside a transaction, one row per session ended.
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+  AND xact_start IS NOT NULL;
+
+-- ---- roles, publications, subscriptions, server settings (tests/test_session_settings.py,
+-- test_replication.py, test_cli_startup.py, test_embedded_server.py; {identifiers} and {values}
+-- filled with psycopg.sql) ----
+
+-- name: test_drop_role_if_exists
+DROP ROLE IF EXISTS {role};
+
+-- name: test_create_login_role
+CREATE ROLE {role} LOGIN;
+
+-- name: test_create_superuser_role
+CREATE ROLE {role} LOGIN SUPERUSER;
+
+-- name: test_drop_owned_and_role
+-- A role and everything it owns or was granted in this database.
+DROP OWNED BY {role};
+DROP ROLE {role};
+
+-- name: test_set_role_default
+-- A session default a role's every connection starts with (ALTER ROLE … SET, design §13).
+ALTER ROLE {role} SET {setting} = {value};
+
+-- name: test_set_database_default
+-- A session default every connection to a database starts with (ALTER DATABASE … SET, design §13).
+ALTER DATABASE {database} SET {setting} = {value};
+
+-- name: test_schema_kb_first_on_search_path
+-- A database prepared under someone else's search_path: schema kb exists and comes first, so
+-- unqualified names created next land in it (tests/test_session_settings.py).
+CREATE SCHEMA kb;
+SET search_path = kb, public;
+
+-- name: test_subscribe
+-- Subscribe this server to a publication of the server at {connection} (a conninfo literal).
+CREATE SUBSCRIPTION kb_test_sub CONNECTION {connection} PUBLICATION {publication};
+
+-- name: test_unsubscribe
+-- Dropping the subscription drops the publisher's replication slot too.
+DROP SUBSCRIPTION IF EXISTS kb_test_sub;
+
+-- name: test_drop_publication
+DROP PUBLICATION {publication};
+
+-- name: test_count_publications
+SELECT count(*) AS n FROM pg_publication WHERE pubname = %(name)s;
+
+-- name: test_kb_schema_present
+SELECT to_regclass('kb.documents') IS NOT NULL AS present;
+
+-- name: test_edit_first_migration_checksum
+-- The ledger row of kb's first migration as if its file had been edited after it was applied.
+UPDATE kb.schema_migrations SET checksum = 'edited'
+WHERE name = (SELECT min(name) FROM kb.schema_migrations WHERE name NOT LIKE 'procrastinate/%');
+
+-- name: test_count_application_sessions
+SELECT count(*) FROM pg_stat_activity WHERE application_name = %(application)s;
+
+-- name: test_open_a_transaction
+-- Any statement: on a connection outside autocommit it leaves a transaction open.
+SELECT 1 AS one;
+
+-- name: test_set_server_port
+-- The server's port for its next start (ALTER SYSTEM takes no parameters: {port} is a literal).
+ALTER SYSTEM SET port = {port};
+
+-- name: test_listen_on_all_addresses
+-- The server listening on every address from its next start.
+ALTER SYSTEM SET listen_addresses = '*';
+
+-- name: test_server_port
+SELECT current_setting('port') AS port;
+
+-- name: test_drop_database_force
+-- Drop a database even with sessions connected (they are ended).
+DROP DATABASE {database} WITH (FORCE);
+
+-- ---- workspaces and their rows (tests/test_workspaces.py, test_group_commit.py, test_remotes.py,
+-- test_create_by_title.py, test_migrations.py) ----
+
+-- name: test_tables_with_workspace_id
+-- Every base table of schema kb with a workspace_id column (tables later features add included).
+SELECT table_name FROM information_schema.columns
+WHERE table_schema = 'kb' AND column_name = 'workspace_id' AND table_name IN
+      (SELECT table_name FROM information_schema.tables WHERE table_schema = 'kb' AND table_type = 'BASE TABLE');
+
+-- name: test_count_workspace_rows
+-- Rows of one workspace in the kb table {table}.
+SELECT count(*) FROM kb.{table} WHERE workspace_id = %(workspace_id)s;
+
+-- name: test_count_workspace_row
+SELECT count(*) FROM kb.workspaces WHERE id = %(workspace_id)s;
+
+-- name: test_count_workspace_jobs
+SELECT count(*) FROM procrastinate_jobs WHERE args ->> 'workspace_id' = %(workspace_id)s;
+
+-- name: test_count_vector_indexes
+-- kb's per-workspace HNSW indexes (a deleted workspace's must be gone).
+SELECT count(*) AS n FROM pg_indexes WHERE indexname LIKE 'kb_chunks_hnsw%';
+
+-- name: test_count_write_intents
+SELECT count(*) AS n FROM kb.write_intents;
+
+-- name: test_table_rows_as_text
+-- Every row of the table {table}, each as text (tests/test_remotes.py: the credential-leak scan).
+SELECT t::text FROM {table} t;
+
+-- name: test_schema_catalog
+-- kb's schema as comparable text, one row per column, index, constraint, view, function and text
+-- search configuration mapping (tests/test_migrations.py: schema.sql against the migrations applied).
+SELECT 'column' AS kind, table_schema || '.' || table_name || '.' || column_name || ' ' || data_type
+       || ' ' || coalesce(udt_name, '') || ' null=' || is_nullable || ' default=' || coalesce(column_default, '')
+FROM information_schema.columns WHERE table_schema = 'kb'
+UNION ALL
+SELECT 'index', schemaname || '.' || indexname || ' ' || indexdef FROM pg_indexes WHERE schemaname = 'kb'
+UNION ALL
+SELECT 'constraint', conrelid::regclass::text || ' ' || pg_get_constraintdef(oid)
+FROM pg_constraint WHERE connamespace = 'kb'::regnamespace
+UNION ALL
+SELECT 'view', schemaname || '.' || viewname || ' ' || definition FROM pg_views WHERE schemaname = 'kb'
+UNION ALL
+SELECT 'function', p.oid::regprocedure::text || ' ' || pg_get_functiondef(p.oid)
+FROM pg_proc p WHERE p.pronamespace = 'kb'::regnamespace
+UNION ALL
+SELECT 'text search configuration', c.cfgname || ' ' || m.maptokentype || ' ' || m.mapseqno || ' '
+       || m.mapdict::regdictionary::text
+FROM pg_ts_config c JOIN pg_ts_config_map m ON m.mapcfg = c.oid WHERE c.cfgnamespace = 'kb'::regnamespace
+ORDER BY 1, 2;
+
+-- ---- query plans (tests/test_search_ranking.py); no final semicolon: {statement} is a whole
+-- statement, with or without its own ----
+
+-- name: test_explain
+EXPLAIN {statement}
+
+-- name: test_explain_json
+EXPLAIN (FORMAT JSON) {statement}

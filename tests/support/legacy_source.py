@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+from .named_queries import queries
+
 SCHEMA = Path(__file__).with_name("legacy_schema.sql")
 MODEL = "legacy-hash-384"
 DIMENSIONS = 384
@@ -134,9 +136,14 @@ class _Writer:
             name = name.replace(" and ", "/", 1)
             self.quirks["unsafe_folder"].append(name)
         folder_id = self.conn.execute(
-            "INSERT INTO legacy.folders (workspace_id, parent_id, name, position, created_at) "
-            "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-            (self.workspace, parent, name, f"a{len(self.folders):04d}", self.tick()),
+            queries["test_legacy_insert_folder"],
+            {
+                "workspace_id": self.workspace,
+                "parent_id": parent,
+                "name": name,
+                "position": f"a{len(self.folders):04d}",
+                "created_at": self.tick(),
+            },
         ).fetchone()[0]
         self.folders[relative] = folder_id
         return folder_id
@@ -159,33 +166,36 @@ class _Writer:
         created = created_at or self.tick()
         unique_id = f"/documents/{title}.xml" if document_type == "NOTE" else f"{document_type}:{title}"
         document_id = self.conn.execute(
-            "INSERT INTO legacy.documents (workspace_id, folder_id, title, document_type, document_metadata, "
-            "content, source_markdown, content_hash, unique_identifier_hash, status, created_by_id, created_at, "
-            "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (
-                self.workspace,
-                folder_id,
-                title,
-                document_type,
-                json.dumps(metadata or {}),
-                body,
-                body if with_markdown else None,
-                _sha256(f"{self.workspace}:{body}"),
-                _sha256(f"{document_type}:{unique_id}:{self.workspace}"),
-                status,
-                f"user-{self.rng.randint(1, 5)}",
-                created,
-                created,
-            ),
+            queries["test_legacy_insert_document"],
+            {
+                "workspace_id": self.workspace,
+                "folder_id": folder_id,
+                "title": title,
+                "document_type": document_type,
+                "document_metadata": json.dumps(metadata or {}),
+                "content": body,
+                "source_markdown": body if with_markdown else None,
+                "content_hash": _sha256(f"{self.workspace}:{body}"),
+                "unique_identifier_hash": _sha256(f"{document_type}:{unique_id}:{self.workspace}"),
+                "status": status,
+                "created_by_id": f"user-{self.rng.randint(1, 5)}",
+                "created_at": created,
+                "updated_at": created,
+            },
         ).fetchone()[0]
         if status == "ready":
             chunks = legacy_chunks(body if chunked_from is None else chunked_from)
             with self.conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO legacy.chunks (document_id, position, content, embedding, created_at) "
-                    "VALUES (%s, %s, %s, %s::vector, %s)",
+                    queries["test_legacy_insert_chunk"],
                     [
-                        (document_id, i, text, _vector_literal(legacy_hash_vector(text)), created)
+                        {
+                            "document_id": document_id,
+                            "position": i,
+                            "content": text,
+                            "embedding": _vector_literal(legacy_hash_vector(text)),
+                            "created_at": created,
+                        }
                         for i, text in enumerate(chunks)
                     ],
                 )
@@ -227,8 +237,8 @@ class _Writer:
             if kind == "legacy_marker":
                 marker = f"/documents/{title} ({document_id}).xml"
                 self.conn.execute(
-                    "UPDATE legacy.documents SET document_metadata = document_metadata || %s WHERE id = %s",
-                    (json.dumps({"virtual_path": marker}), document_id),
+                    queries["test_legacy_add_metadata"],
+                    {"metadata": json.dumps({"virtual_path": marker}), "document_id": document_id},
                 )
                 self.quirks[kind].append([document_id, marker])
             elif kind == "dup_title":
@@ -272,13 +282,9 @@ def fill_legacy(dsn: str, source: Path, files: list[Path], workspace: int, seed:
     if not files:
         raise ValueError(f"no markdown files to make a legacy knowledge base from under {source}")
     with psycopg.connect(dsn) as conn:
-        if not conn.execute("SELECT to_regclass('legacy.documents') IS NOT NULL").fetchone()[0]:
+        if not conn.execute(queries["legacy_schema_present"]).fetchone()[0]:
             conn.execute(SCHEMA.read_text())
-        conn.execute(
-            "INSERT INTO legacy.meta VALUES ('embedding_model', %s), ('chunker', 'legacy-paragraph-800') "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (MODEL,),
-        )
+        conn.execute(queries["test_legacy_record_meta"], {"model": MODEL})
         writer = _Writer(conn, workspace, seed)
         folders = [path.relative_to(source).parent.as_posix().removeprefix(".") for path in files]
         pages_in = Counter(folders)
@@ -287,13 +293,7 @@ def fill_legacy(dsn: str, source: Path, files: list[Path], workspace: int, seed:
                 i, path.stem, writer.folder(folder), path.read_text(encoding="utf-8"), alone=pages_in[folder] == 1
             )
         writer.rows_every_seed_must_handle()
-        documents, folders, chunks = conn.execute(
-            "SELECT (SELECT count(*) FROM legacy.documents WHERE workspace_id = %(w)s), "
-            "(SELECT count(*) FROM legacy.folders WHERE workspace_id = %(w)s), "
-            "(SELECT count(*) FROM legacy.chunks c JOIN legacy.documents d ON d.id = c.document_id "
-            " WHERE d.workspace_id = %(w)s)",
-            {"w": workspace},
-        ).fetchone()
+        documents, folders, chunks = conn.execute(queries["test_legacy_counts"], {"workspace_id": workspace}).fetchone()
     return {
         "workspace": workspace,
         "documents": documents,

@@ -27,15 +27,14 @@ import psycopg
 from kb.errors import CommitOutcomeUnknown, KbError
 from kb.knowledge_base import KnowledgeBase
 
+from .named_queries import queries  # relative: bin/stress_outcomes.py imports this module as tests.support
+
 TERMINATE = {
-    "all": """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'""",
+    "all": "test_terminate_client_backends",
     # only backends inside a transaction (a write, a lock wait, a settle): a kill while the pool
     # opens a connection sends psycopg_pool into its reconnect backoff (seconds doubling), which
     # stalls every writer of the process without testing anything kb decides
-    "busy": """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
-  AND xact_start IS NOT NULL""",
+    "busy": "test_terminate_busy_client_backends",
 }
 
 
@@ -98,7 +97,7 @@ def stress_outcomes(
             time.sleep(rng.uniform(0.1, 0.6))
             try:
                 with psycopg.connect(kb.database_url, autocommit=True) as conn:
-                    report.counts["kills"] += len(conn.execute(TERMINATE[targets]).fetchall())
+                    report.counts["kills"] += len(conn.execute(queries[TERMINATE[targets]]).fetchall())
             except psycopg.Error:
                 pass
 
