@@ -98,6 +98,8 @@ def build(kb: KnowledgeBase, documents: int, revisions: int, rng: random.Random,
             tx.write(path, f"# Note {i}\n\nbody of note {i}\n" * 4)
     print(f"built revision 1 ({documents} documents) in {time.perf_counter() - start:.1f}s", flush=True)
     start = time.perf_counter()
+    if revisions < 2:
+        loose.append(loose_object_count(kb.settings.knowledge_store / str(WS)))
     for r in range(2, revisions + 1):
         with kb.transaction(WS, f"edit {r}", "bench") as tx:
             for path in rng.sample(paths, 3):
@@ -108,7 +110,7 @@ def build(kb: KnowledgeBase, documents: int, revisions: int, rng: random.Random,
                 new = paths[i].replace("note ", f"moved {r} note ")
                 tx.move(paths[i], new)
                 paths[i] = new
-        if r % 25 == 0:
+        if r % 25 == 0 or r == revisions:  # the last revision too: a short build samples once at least
             loose.append(loose_object_count(kb.settings.knowledge_store / str(WS)))
         if r % 200 == 0:
             print(f"  {r} revisions ({time.perf_counter() - start:.0f}s), {loose[-1]} loose objects", flush=True)
