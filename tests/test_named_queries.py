@@ -21,7 +21,12 @@ and the tests' helpers that pass a name on)."""
 
 
 def _python_files(*folders: str) -> list[Path]:
-    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py") if ".venv" not in p.parts)
+    return sorted(
+        p
+        for folder in folders
+        for p in (ROOT / folder).rglob("*.py")
+        if ".venv" not in p.parts and "node_modules" not in p.parts
+    )
 
 
 def _string_constants(path: Path) -> set[str]:
