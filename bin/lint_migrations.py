@@ -19,6 +19,17 @@ Checks, each a line of output naming the file and what to do:
   TRUNCATE and DELETE without WHERE need a comment ``-- kb:destructive <reason>`` right before the
   statement. The ones recorded before the marker existed are in :data:`DESTRUCTIVE_BEFORE_MARKER`.
 
+* long locks: a statement that holds a lock blocking writes to a table the migration did not create
+  for as long as the table is big — ``CREATE INDEX`` (migrations run in one transaction, so not
+  ``CONCURRENTLY``, which this lint refuses outright), ``ADD COLUMN`` with ``NOT NULL`` and no
+  default, with a volatile default or ``GENERATED`` (a rewrite), ``ALTER COLUMN … SET NOT NULL`` (a scan),
+  ``ADD CONSTRAINT`` of a check or foreign key without ``NOT VALID`` (a scan) or of a unique or
+  primary key (an index build), ``UPDATE`` without ``WHERE`` (every row locked until the
+  migration commits), ``VACUUM FULL`` and ``CLUSTER`` (rewrites) — needs a comment
+  ``-- kb:locks <reason>`` right before it (why the table is small or the pause acceptable; the
+  operator upgrades at a quiet moment, docs/operations.md). The recorded ones are in
+  :data:`LOCKING_BEFORE_MARKER`.
+
 Exit status 0 when clean, 1 with findings. ``--dir`` lints another folder (the tests use it).
 """
 
@@ -83,6 +94,19 @@ DESTRUCTIVE_BEFORE_MARKER = {
 }
 """Recorded migrations with a destructive statement and no marker (applied SQL is never edited)."""
 
+
+LOCKS_MARKER = re.compile(r"kb:locks\s+\S")
+VOLATILE_DEFAULTS = frozenset({"random", "gen_random_uuid", "uuid", "clock_timestamp", "timeofday", "nextval"})
+"""Functions whose value differs per row: a column added with one as its default rewrites the table."""
+REWRITE_TEXT = re.compile(r"^\s*(VACUUM\s+(\(\s*)?FULL\b|CLUSTER\b)", re.I)
+"""Rewrites kept unparsed by sqlglot."""
+LOCKING_BEFORE_MARKER = {
+    "0013_search_latency_indexes.sql": "indexes on kb.chunks built under its lock (the upgrade's pause)",
+    "0014_search_per_language.sql": "kb.lexeme_stats emptied by the same migration before its new column",
+    "0016_chunk_token_lengths.sql": "kb.chunks rewritten for a stored column; its comment gives the pause",
+    "0022_create_nodes.sql": "an index on kb.workspaces, one row per workspace",
+}
+"""Recorded migrations with a long-locking statement and no marker (applied SQL is never edited)."""
 
 UNRECORDED = "not recorded in CHECKSUMS: run python bin/lint_migrations.py --record"
 
@@ -205,6 +229,70 @@ def destructive(statement: exp.Expression) -> str | None:
     return None
 
 
+def _table_name(table: exp.Expression | None) -> str:
+    """``schema.table`` (or ``table``) of a sqlglot Table, lower case; "" when none."""
+    if not isinstance(table, exp.Table):
+        return ""
+    return ".".join(part for part in (table.db, table.name) if part).lower()
+
+
+def created_tables(statements: list[exp.Expression]) -> set[str]:
+    """The tables the migration itself creates (empty when it runs: no lock on them is long)."""
+    return {
+        _table_name(s.this.this if isinstance(s.this, exp.Schema) else s.this)
+        for s in statements
+        if isinstance(s, exp.Create) and (s.args.get("kind") or "").upper() == "TABLE"
+    }
+
+
+def long_locking(statement: exp.Expression, new_tables: set[str]) -> str | None:
+    """What makes ``statement`` hold a write-blocking lock for as long as an existing table is big
+    (e.g. ``"CREATE INDEX on kb.chunks"``), or None. ``new_tables``: tables the same migration
+    creates, exempt."""
+    if isinstance(statement, exp.Command):
+        found = REWRITE_TEXT.match(_statement_text(statement))
+        return " ".join(found.group(1).replace("(", "").split()).upper() if found else None
+    if isinstance(statement, exp.Create) and (statement.args.get("kind") or "").upper() == "INDEX":
+        index = statement.this
+        table = _table_name(index.args.get("table") if isinstance(index, exp.Index) else None)
+        if statement.args.get("concurrently"):
+            return "CREATE INDEX CONCURRENTLY (it cannot run in the migration's transaction)"
+        return None if table in new_tables else f"CREATE INDEX on {table}"
+    if isinstance(statement, exp.Update) and not statement.args.get("where"):
+        table = _table_name(statement.this)
+        return (
+            None if table in new_tables else f"UPDATE of every row of {table} (locks each until the migration commits)"
+        )
+    if not isinstance(statement, exp.Alter) or (statement.args.get("kind") or "").upper() != "TABLE":
+        return None
+    table = _table_name(statement.this)
+    if table in new_tables:
+        return None
+    for action in statement.args.get("actions") or []:
+        if isinstance(action, exp.ColumnDef):
+            kinds = [c.args.get("kind") for c in action.args.get("constraints") or []]
+            default = next((k for k in kinds if isinstance(k, exp.DefaultColumnConstraint)), None)
+            if default is None and any(isinstance(k, exp.NotNullColumnConstraint) for k in kinds):
+                return f"ADD COLUMN … NOT NULL without a default on {table}"
+            calls = [] if default is None else [f.sql_name().lower() for f in default.find_all(exp.Func)]
+            calls += [] if default is None else [a.name.lower() for a in default.find_all(exp.Anonymous)]
+            if VOLATILE_DEFAULTS & set(calls):
+                return f"ADD COLUMN with a volatile default on {table} (rewrites it)"
+            if any(
+                isinstance(k, exp.ComputedColumnConstraint | exp.GeneratedAsIdentityColumnConstraint) for k in kinds
+            ):
+                return f"ADD COLUMN … GENERATED on {table} (rewrites it)"
+        if isinstance(action, exp.AlterColumn) and action.args.get("allow_null") is False:
+            return f"SET NOT NULL on {table} (scans it)"
+        if isinstance(action, exp.AddConstraint):
+            for constraint in action.expressions:
+                if constraint.find(exp.UniqueColumnConstraint, exp.PrimaryKey, exp.PrimaryKeyColumnConstraint):
+                    return f"ADD CONSTRAINT … UNIQUE/PRIMARY KEY on {table} (builds an index)"
+                if not statement.args.get("not_valid") and constraint.find(exp.CheckColumnConstraint, exp.ForeignKey):
+                    return f"ADD CONSTRAINT without NOT VALID on {table} (scans it)"
+    return None
+
+
 def check_statements(path: Path) -> list[Finding]:
     """Parse every statement of one migration; report unparsable and unmarked destructive ones."""
     text = re.sub(r"%\((\w+)\)[sbt]", "NULL", path.read_text())  # psycopg placeholders (text, binary, automatic)
@@ -213,7 +301,22 @@ def check_statements(path: Path) -> list[Finding]:
     except sqlglot.errors.ParseError as exc:
         return [Finding(path.name, f"does not parse as postgres SQL: {str(exc).splitlines()[0]}")]
     findings = []
+    new_tables = created_tables(statements)
     for statement in statements:
+        locking = long_locking(statement, new_tables)
+        if (
+            locking is not None
+            and not any(LOCKS_MARKER.search(c) for c in statement.comments or [])
+            and path.name not in LOCKING_BEFORE_MARKER
+        ):
+            findings.append(
+                Finding(
+                    path.name,
+                    f"{locking} blocks writes to the table for as long as it is big (migrations run in one "
+                    "transaction): put '-- kb:locks <reason>' on the line before the statement (why the "
+                    "table is small or the pause acceptable), or do it outside the migration",
+                )
+            )
         if isinstance(statement, exp.Command):
             head = _statement_text(statement).lstrip()
             if not any(pattern.match(head) for pattern, _ in UNPARSED_ALLOWED):
