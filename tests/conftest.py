@@ -23,6 +23,41 @@ from kb.db import database
 from kb.knowledge_base import KnowledgeBase
 from kb.settings import Settings
 
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _untracked_files() -> set[str] | None:
+    """Files in the repository that git neither tracks nor ignores (None outside a git checkout)."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "-C", str(REPOSITORY), "ls-files", "--others", "--exclude-standard", "-z"],
+        capture_output=True,
+        check=False,
+    )
+    return set(listed.stdout.decode(errors="replace").split("\0")) - {""} if listed.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_LITTER_BEFORE] = _untracked_files()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail a run that left files in the repository: tests write under their temporary folders only.
+    (A process given ``KB_MODEL_CACHE=None`` — ``str()`` of a Settings' unset cache — unpacked the
+    66 MB language model into ``./None/``, and it was committed.)"""
+    before = session.config.stash.get(_LITTER_BEFORE, None)
+    after = _untracked_files()
+    if before is None or after is None or not (left := sorted(after - before)):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"the tests left files in the repository ({len(left)}): " + ", ".join(left[:10]), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_LITTER_BEFORE = pytest.StashKey[set[str] | None]()
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that uses the test server (``pg_server``, directly or through

@@ -21,10 +21,15 @@ from kb.settings import Settings
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 
 
-def test_serve_with_worker_logs_each_job(pg_server, template_url, tmp_path):
+def test_serve_with_worker_logs_each_job(pg_server, template_url, tmp_path, shared_model_cache):
     template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
     with fresh_database(pg_server, template) as url:
-        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
+        settings = Settings(
+            database_url=url,
+            storage_root=tmp_path / "storage",
+            embedding_model="hashing",
+            model_cache=shared_model_cache,
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(
             KB_DATABASE_URL=url,
@@ -52,7 +57,7 @@ _SHORT_POOL_WAIT = {"KB_POOL_TIMEOUT": "5"}  # a lost connection is given up on 
 
 
 @contextlib.contextmanager
-def _relayed_database(pg_server, template_url, tmp_path):
+def _relayed_database(pg_server, template_url, tmp_path, shared_model_cache):
     """A fresh test database reached through a TCP relay the test can close and reopen (an
     outage): yields ``(relay, the database's conninfo dict, Settings for the test's own direct
     connections, the environment of a kb process connecting through the relay)``. Skips on a
@@ -67,7 +72,12 @@ def _relayed_database(pg_server, template_url, tmp_path):
             pytest.skip("the test database listens on a Unix socket; the relay is TCP")
         relay = Relay(info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
         relayed = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(relay.port))
-        settings = Settings(database_url=url, storage_root=tmp_path / "storage", embedding_model="hashing")
+        settings = Settings(
+            database_url=url,
+            storage_root=tmp_path / "storage",
+            embedding_model="hashing",
+            model_cache=shared_model_cache,
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(
             KB_DATABASE_URL=relayed,
@@ -119,7 +129,7 @@ def _index_jobs_done(log) -> int:
     return _jobs_done(log, "index")
 
 
-def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url, tmp_path):
+def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url, tmp_path, shared_model_cache):
     """design §7: Postgres away for a moment (a relay the test closes and reopens) made
     Procrastinate's worker stop for good inside ``kb serve --with-worker`` while ``/ready`` still
     said ``"worker": true``, and the shutdown failed on it. The worker is restarted after a
@@ -127,7 +137,7 @@ def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url,
     address (answered to anybody, design §16), and the server stops cleanly."""
     import httpx
 
-    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+    with _relayed_database(pg_server, template_url, tmp_path, shared_model_cache) as (relay, info, settings, env):
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log) as server, KnowledgeBase.open(settings) as kb:
@@ -157,7 +167,7 @@ def test_the_worker_in_serve_outlives_a_database_outage(pg_server, template_url,
         assert "Application shutdown failed" not in text, text
 
 
-def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path):
+def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path, shared_model_cache):
     """design §7: standalone ``kb worker`` survives a moment without Postgres the same way (it
     stopped, or exited 0 as if asked to): the outage is logged with the restart, later writes
     are indexed, and SIGTERM still stops it cleanly with its summary."""
@@ -165,7 +175,7 @@ def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path)
     import subprocess
     import sys
 
-    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+    with _relayed_database(pg_server, template_url, tmp_path, shared_model_cache) as (relay, info, settings, env):
         log, out = tmp_path / "worker.log", tmp_path / "worker.out"
         with log.open("w") as errors_to, out.open("w") as output_to:
             worker = subprocess.Popen(
@@ -195,11 +205,11 @@ def test_kb_worker_outlives_a_database_outage(pg_server, template_url, tmp_path)
         assert "worker stopped after" in out.read_text(), out.read_text()
 
 
-def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url, tmp_path):
+def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url, tmp_path, shared_model_cache):
     """design §7: SIGTERM while Postgres is still away (the worker just stopped by it) stopped
     the server with ``Application shutdown failed`` (the worker's ConnectorException); it stops
     cleanly in every state of the worker."""
-    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+    with _relayed_database(pg_server, template_url, tmp_path, shared_model_cache) as (relay, info, settings, env):
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log), KnowledgeBase.open(settings) as kb:
@@ -212,14 +222,16 @@ def test_serve_stops_cleanly_while_the_database_is_away(pg_server, template_url,
         assert "Application shutdown complete" in log.read_text(), log.read_text()
 
 
-def test_a_job_the_outage_cut_is_put_back_when_the_worker_restarts(pg_server, template_url, tmp_path):
+def test_a_job_the_outage_cut_is_put_back_when_the_worker_restarts(
+    pg_server, template_url, tmp_path, shared_model_cache
+):
     """design §7: a job running when Postgres went away could not record its end and stayed
     ``doing``; its lock (``projection:N``) then held back every later job of the workspace until
     the maintenance cron's stalled-job retry, minutes later (the worker had only stopped, not
     died). The restarted worker puts back the jobs its own earlier run left ``doing`` at once."""
     from kb.store.projection import PROJECTION_LOCK_NAMESPACE
 
-    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+    with _relayed_database(pg_server, template_url, tmp_path, shared_model_cache) as (relay, info, settings, env):
         log = tmp_path / "serve.log"
         try:
             with running_server(env, log), KnowledgeBase.open(settings) as kb:
@@ -260,7 +272,7 @@ def test_a_job_the_outage_cut_is_put_back_when_the_worker_restarts(pg_server, te
             relay.close()
 
 
-def test_kb_worker_until_idle_tells_an_outage_in_lines(pg_server, template_url, tmp_path):
+def test_kb_worker_until_idle_tells_an_outage_in_lines(pg_server, template_url, tmp_path, shared_model_cache):
     """design §7: ``kb worker --until-idle`` losing Postgres exits non-zero with
     DatabaseUnavailable, and says so in lines: Procrastinate's tracebacks of the lost side tasks
     and of the job whose end could not be recorded were printed (the supervised worker already
@@ -270,7 +282,7 @@ def test_kb_worker_until_idle_tells_an_outage_in_lines(pg_server, template_url, 
 
     from kb.store.projection import PROJECTION_LOCK_NAMESPACE
 
-    with _relayed_database(pg_server, template_url, tmp_path) as (relay, info, settings, env):
+    with _relayed_database(pg_server, template_url, tmp_path, shared_model_cache) as (relay, info, settings, env):
         try:
             with KnowledgeBase.open(settings) as kb, psycopg.connect(settings.database_url) as holder:
                 kb.create_workspace(1)

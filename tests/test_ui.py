@@ -41,12 +41,14 @@ CHROMEDRIVER = shutil.which("chromedriver")
 
 
 @pytest.fixture(scope="module")
-def served(pg_server, template_url, tmp_path_factory):
+def served(pg_server, template_url, tmp_path_factory, shared_model_cache):
     """``(base URL, {revision name: id}, {token name: secret})`` of a running kb serve."""
     root = tmp_path_factory.mktemp("ui")
     template = psycopg.conninfo.conninfo_to_dict(template_url)["dbname"]
     with fresh_database(pg_server, template) as url:
-        settings = Settings(database_url=url, storage_root=root / "storage", embedding_model="hashing")
+        settings = Settings(
+            database_url=url, storage_root=root / "storage", embedding_model="hashing", model_cache=shared_model_cache
+        )
         revisions = make_workspace(settings, root / "notes")
         tokens = {
             "writer": make_token(settings, "ui-writer", "write"),
