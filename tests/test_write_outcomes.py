@@ -379,3 +379,24 @@ def test_a_settle_waits_for_the_keyed_write_in_flight_and_times_out_truthfully(w
         out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     assert ws.write_outcome(WS, "k-proc").id == out.strip()
+
+
+def test_a_key_that_is_not_utf8_is_refused_as_input(ws, kb_env):
+    """design §3: a key is text stored in a commit header and a Postgres row, and the write-key
+    fence hashes its UTF-8 bytes. A key holding a lone surrogate — what Python makes of a non-UTF-8
+    byte in a command-line argument, or a JSON ``"\\ud800"`` — passed ``check_key`` and crashed the
+    fence with UnicodeEncodeError: a traceback from ``kb write-outcome``, an HTTP 500. It is now
+    InvalidInput, as any other bad key is, and nothing is written."""
+    from support.commands import run_cli
+
+    from kb.errors import InvalidInput
+
+    head = ws.store(WS).head()
+    for key in ("\ud800", "order-\udcff"):
+        with pytest.raises(InvalidInput, match="UTF-8"):
+            ws.write_outcome(WS, key)
+        with pytest.raises(InvalidInput, match="UTF-8"), ws.transaction(WS, "bad key", "w", idempotency_key=key) as tx:
+            tx.write("/documents/never.md", "never\n")
+    assert ws.store(WS).head() == head
+    cli = run_cli(kb_env, "write-outcome", "order-\udcff", "--workspace", "1", check=False)  # argv byte 0xff
+    assert "Traceback" not in cli.stderr and "UTF-8" in cli.stderr, cli.stderr
