@@ -351,3 +351,63 @@ def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_en
         assert "MCP client disconnected" in git(repo, "log", "-1", "--format=%B")
         again = _abandoned_chat(base, "third", "read", {"path": "/documents/Plan.md"})
         assert not again["result"]["isError"], again
+
+
+def test_a_chat_called_while_its_idle_close_commits_waits_for_that_commit(workspace, kb, settings) -> None:
+    """design §5, §16: the idle reaper (``McpSessions.close_idle``) forgets a chat, then commits its
+    turn — while the turn's worktree stays locked. A call of the same chat arriving in that window
+    (the client came back after KB_MCP_CHAT_IDLE_SECONDS) made a new chat state whose turn opened
+    the same worktree and failed with TurnBusy ("open in another process"). The call now waits for
+    the close to end and goes on in a fresh turn; both changes land. The reaper's commit is held
+    in flight by the workspace's write lock, taken by the test."""
+    import threading
+
+    from kb.adapters.mcp.server import McpSessions
+    from kb.db import database
+    from kb.db.locks import WRITE_LOCK_NAMESPACE
+    from kb.knowledge_base import KnowledgeBase
+
+    opened: list[KnowledgeBase] = []
+
+    def factory() -> KnowledgeBase:
+        opened.append(KnowledgeBase.open(settings))
+        return opened[-1]
+
+    sessions = McpSessions(kb, AUTHOR, None, kb_factory=factory)
+    first = sessions.get(1, "back-later")
+    with first.lock:
+        first.turn.write("/documents/before.md", "# before\n")
+    results: dict = {}
+    with database.transaction(kb.database_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (WRITE_LOCK_NAMESPACE, 1))
+        reaper = threading.Thread(target=lambda: results.setdefault("closed", sessions.close_idle(0.0)))
+        reaper.start()
+        deadline = time.monotonic() + 30
+        with database.connect(kb.database_url, autocommit=True) as admin:  # the reaper's commit waits
+            while not admin.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone():
+                assert time.monotonic() < deadline, "the reaper's commit never reached the write lock"
+                time.sleep(0.02)
+
+        def come_back() -> None:
+            try:
+                again = sessions.get(1, "back-later")
+                with again.lock:
+                    again.turn.write("/documents/after.md", "# after\n")
+                results["again"] = again
+            except Exception as exc:
+                results["again"] = exc
+
+        caller = threading.Thread(target=come_back)
+        caller.start()
+        caller.join(1.0)  # it waits for the close, whose commit waits for the write lock
+    reaper.join(60)
+    caller.join(60)
+    assert results["closed"] == 1
+    again = results["again"]
+    assert not isinstance(again, Exception), again
+    assert again is not first
+    sessions.close_all()
+    tree = git(settings.knowledge_store / "1", "ls-tree", "-r", "--name-only", "HEAD")
+    assert "documents/before.md" in tree and "documents/after.md" in tree
+    for each in opened:
+        each.close()
