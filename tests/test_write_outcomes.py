@@ -400,3 +400,37 @@ def test_a_key_that_is_not_utf8_is_refused_as_input(ws, kb_env):
     assert ws.store(WS).head() == head
     cli = run_cli(kb_env, "write-outcome", "order-\udcff", "--workspace", "1", check=False)  # argv byte 0xff
     assert "Traceback" not in cli.stderr and "UTF-8" in cli.stderr, cli.stderr
+
+
+@contextlib.contextmanager
+def _read_only(folder):
+    """``folder`` as a read-only file system for the block (a bind mount: a disk the kernel
+    remounted read-only after an error); skips the test where mounting is not permitted."""
+    bind = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True, capture_output=True)
+
+
+def test_a_key_is_settled_on_a_repository_gone_read_only(ws, settings, kb_env):
+    """design §3: a file system that went read-only (ext4's errors=remount-ro) fails a write with
+    OSError, and its caller is told to settle the key with ``kb write-outcome``. That settle only
+    reads git and writes Postgres, and worked on a read-only repository — until the write-key
+    fence made it create its stripe file first: StorageError "the write-key fence cannot be
+    taken", so the one call that settles a key could not. A stripe file that exists is locked
+    through a read-only descriptor; one that does not exist and cannot be made is held by no
+    writer (each writer makes it before its draft), so there is nothing to wait for."""
+    from support.commands import run_cli
+
+    with ws.transaction(WS, "keyed", "w", idempotency_key="ro-1") as tx:
+        tx.write("/documents/ro.md", "ro\n")
+    git_dir = settings.knowledge_store / str(WS) / ".git"
+    with _read_only(git_dir):  # the stripe file of ro-1 exists, the one of ro-2 does not
+        assert ws.write_outcome(WS, "ro-1").id == tx.revision.id
+        assert ws.write_outcome(WS, "ro-2") is None
+        landed = run_cli(kb_env, "write-outcome", "ro-1", "--workspace", "1", check=False)
+        assert tx.revision.id in landed.stdout, landed.stderr

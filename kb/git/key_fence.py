@@ -58,15 +58,34 @@ def stripe_file(git_dir: Path, key: str) -> Path:
     return git_dir / FENCE_FOLDER / f"{stripe:03d}.lock"
 
 
+def _open_stripe(lock_file: Path) -> int | None:
+    """A descriptor of ``lock_file`` to ``flock`` (read-only: ``flock`` needs no more, and a stripe
+    file another user made opens so), created with its folder when missing. None when it is
+    missing and the file system refuses to make it (read-only, or not ours to write): every writer
+    makes its stripe file before its draft, so no write of the key is in flight — a settle on a
+    repository gone read-only answers (design §3). Raises OSError for any other failure."""
+    try:
+        lock_file.parent.mkdir(exist_ok=True)
+        return os.open(lock_file, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+    try:
+        return os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+
+
 @contextlib.contextmanager
 def key_fence(git_dir: Path, key: str, timeout: float) -> Iterator[None]:
     """Hold ``key``'s fence for the block (see the module docstring).
 
     Args: ``git_dir`` the repository's ``.git`` folder; ``key`` the idempotency key as the caller
     gave it; ``timeout`` seconds to wait for another holder. A thread that already holds the
-    stripe goes on at once. Raises KeyFenceTimeout after ``timeout`` seconds, FileNotFoundError
-    when ``git_dir`` does not exist (no repository: nothing to fence), OSError when the lock file
-    cannot be made."""
+    stripe goes on at once, and so does every caller when the stripe file is missing and the file
+    system will not make it (``_open_stripe``). Raises KeyFenceTimeout after ``timeout`` seconds,
+    FileNotFoundError when ``git_dir`` does not exist (no repository: nothing to fence), OSError
+    when the lock file cannot be opened."""
     lock_file = stripe_file(git_dir, key)
     held: set[Path] = _held.__dict__.setdefault("paths", set())
     if lock_file in held:
@@ -79,8 +98,10 @@ def key_fence(git_dir: Path, key: str, timeout: float) -> Iterator[None]:
     try:
         if not git_dir.is_dir():
             raise FileNotFoundError(errno.ENOENT, "no repository", str(git_dir))
-        lock_file.parent.mkdir(exist_ok=True)
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_stripe(lock_file)
+        if fd is None:  # it cannot be made, so no writer holds it: nothing to wait for
+            yield
+            return
         try:
             while True:
                 try:

@@ -424,8 +424,9 @@ class KnowledgeStore:
         node, waits until the block ends. None: nothing to fence (a generated key is never
         retried). Re-entrant in a thread. Raises InvalidInput (a bad key), LockTimeout after
         ``KB_LOCK_TIMEOUT`` seconds when a write of the key stays in flight, StorageError when
-        the fence's lock file cannot be made; a workspace without a repository is not fenced
-        (its write raises WorkspaceNotFound itself)."""
+        the fence's lock file cannot be opened; a workspace without a repository is not fenced
+        (its write raises WorkspaceNotFound itself), nor a key whose lock file is missing on a
+        file system that will not make it (read-only: no writer holds it, so a settle answers)."""
         if idempotency_key is None:
             yield
             return
