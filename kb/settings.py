@@ -103,7 +103,12 @@ class Settings(BaseModel):
     embed_batch_size: int = Field(default=64, description="Chunks per embedder call.")
     lock_backend: Literal["postgres", "redis"] = "postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
-    lock_timeout: float = Field(default=10.0, description="Seconds to wait for a workspace write lock.")
+    lock_timeout: float = Field(
+        default=10.0,
+        ge=0,
+        le=86400,  # a day; inf or 1e10 overflowed the write-key fence's wait (time_t) and Postgres' lock_timeout
+        description="Seconds to wait for a workspace write lock (and a write-key fence, design §3). At most 86400.",
+    )
     lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
     pool_timeout: float | None = Field(
         default=None,

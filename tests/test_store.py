@@ -882,3 +882,22 @@ def test_reverting_the_addition_of_a_document_moved_since_refuses(kb):
     with pytest.raises(PathExists, match="x.md"):
         kb.revert(13, added.id, "t")
     assert tree(kb, 13) == {"/documents/y.md": b"y\n", "/documents/z.md": b"x\n"}
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "1e10", "-1"])
+def test_kb_lock_timeout_past_any_wait_is_a_settings_error(value: str, monkeypatch) -> None:
+    """``KB_LOCK_TIMEOUT`` (design §3, §4) bounds every wait for a workspace lock: the write lock
+    (a Postgres ``lock_timeout``, at most about 24 days) and the write-key fence (a thread lock
+    and an flock poll). ``inf`` or ``1e10`` seconds was taken as a setting and met later: a keyed
+    write or ``kb write-outcome`` crashed with OverflowError ("timestamp out of range for platform
+    time_t"), an unkeyed write failed as "Postgres failed during the write … Retry". It is refused
+    as a setting now, as ``KB_POOL_TIMEOUT`` is; a negative wait is no wait anyone means."""
+    from pydantic import ValidationError
+
+    from kb.settings import Settings
+
+    monkeypatch.setenv("KB_LOCK_TIMEOUT", value)
+    with pytest.raises(ValidationError, match="lock_timeout"):
+        Settings()
+    monkeypatch.setenv("KB_LOCK_TIMEOUT", "86400")  # a day: the longest wait taken
+    assert Settings().lock_timeout == 86400.0
