@@ -411,3 +411,37 @@ def test_a_chat_called_while_its_idle_close_commits_waits_for_that_commit(worksp
     assert "documents/before.md" in tree and "documents/after.md" in tree
     for each in opened:
         each.close()
+
+
+def test_a_chat_that_cannot_be_opened_releases_the_knowledge_base_made_for_it(workspace, kb, settings) -> None:
+    """design §16: kb serve makes each MCP chat a KnowledgeBase of its own (``kb_factory``) and
+    closes it when the chat ends (``kb_release``). A call that named a workspace that does not
+    exist (``/mcp/999``) or a chat id no turn can have made one, failed, and kept it: kb serve's
+    list of KnowledgeBases grew by one per such call for the server's life (2,000 calls: 2,000
+    objects, ~10 MB), whatever the caller's scope. It is released when the chat cannot be made."""
+    from kb.adapters.mcp.server import McpSessions
+    from kb.errors import InvalidTurn, WorkspaceNotFound
+    from kb.knowledge_base import KnowledgeBase
+
+    made: list[KnowledgeBase] = []
+    released: list[KnowledgeBase] = []
+
+    def factory() -> KnowledgeBase:
+        made.append(KnowledgeBase.open(settings))
+        return made[-1]
+
+    def release(each: KnowledgeBase) -> None:
+        released.append(each)
+        each.close()
+
+    sessions = McpSessions(kb, AUTHOR, None, kb_factory=factory, kb_release=release)
+    for attempt in range(3):
+        with pytest.raises(WorkspaceNotFound):
+            sessions.get(999, f"lost-{attempt}")
+        with pytest.raises(InvalidTurn):
+            sessions.get(1, f"no spaces {attempt}")
+    assert len(made) == 6 and released == made
+    sessions.get(1, "fine")  # a chat that opens keeps its KnowledgeBase until it ends
+    assert len(made) == 7 and len(released) == 6
+    sessions.close_all()
+    assert released == made

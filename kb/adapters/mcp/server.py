@@ -242,16 +242,20 @@ class McpSessions:
             # A chat's calls are serialized by its lock; with a factory each chat also has a
             # KnowledgeBase of its own (its own repositories), so chats never share one.
             kb = self.kb_factory() if self.kb_factory else self.kb
-            turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author, committer=self.committer)
-            state = ChatState(
-                workspace_id,
-                chat_id,
-                kb,
-                turn,
-                kb.conversation(workspace_id, chat_id),
-                threading.RLock(),
-                owner=owner,
-            )
+            try:
+                turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author, committer=self.committer)
+                state = ChatState(
+                    workspace_id,
+                    chat_id,
+                    kb,
+                    turn,
+                    kb.conversation(workspace_id, chat_id),
+                    threading.RLock(),
+                    owner=owner,
+                )
+            except BaseException:  # no chat (a missing workspace, a bad chat id): nothing keeps its kb
+                self._release(kb)
+                raise
             self._chats[key] = state
         state.last_used = time.monotonic()
         return state
@@ -304,13 +308,17 @@ class McpSessions:
             self._finish_turn(state)
         finally:
             try:
-                if self.kb_factory is not None and state.kb is not self.kb:
-                    (self.kb_release or (lambda kb: kb.close()))(state.kb)
+                self._release(state.kb)
             finally:
                 with self._lock:
                     closed = self._closing.pop((state.workspace_id, state.chat_id), None)
                 if closed is not None:
                     closed.set()
+
+    def _release(self, kb: KnowledgeBase) -> None:
+        """Close a KnowledgeBase ``kb_factory`` made for a chat (``kb_release``); the shared one stays."""
+        if self.kb_factory is not None and kb is not self.kb:
+            (self.kb_release or (lambda each: each.close()))(kb)
 
     def _finish_turn(self, state: ChatState) -> None:
         """Commit the turn of a chat being closed, unless its token was revoked since (design §16)."""
