@@ -16,7 +16,9 @@ writing the workspace — they all run on its home node, the only node that writ
 holder releases it, and the file never grows. Only writes of the same key wait for each other: a
 key sharing a lock with another key (once one of 256 stripe files) made an unrelated write wait
 for a long one — a ``kb import`` preparing for minutes — and fail with a false LockTimeout. A
-thread that holds a key's fence may take it again (a writer settling its own write)."""
+system without such locks (macOS) flocks one of :data:`STRIPES` stripe files instead, keys of a
+stripe waiting for each other. A thread that holds a key's fence may take it again (a writer
+settling its own write)."""
 
 from __future__ import annotations
 
@@ -34,13 +36,23 @@ from pathlib import Path
 FENCE_FILE = "kb-write-keys.lock"
 """The file whose bytes the keys lock, under the repository's ``.git``."""
 
+STRIPE_FOLDER = "kb-write-keys"
+"""Where a system without open-file-description locks (macOS) keeps the stripe files it flocks
+instead, under the repository's ``.git``: keys sharing one of :data:`STRIPES` wait for each other."""
+
+STRIPES = 256
+"""Stripe files of that fallback."""
+
+BYTE_LOCKS = hasattr(fcntl, "F_OFD_SETLK")
+"""Whether this system has open-file-description byte locks (Linux); else the stripes' ``flock``."""
+
 _POLL_SECONDS = 0.02
 """How often a waiter tries the lock again (a blocking ``F_OFD_SETLKW`` cannot wait with a bound)."""
 
 _FLOCK = struct.Struct("hhqqi")
 """Linux's ``struct flock``: l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock)."""
 
-_held = threading.local()  # .keys: the (lock file, offset) this thread holds
+_held = threading.local()  # .held: the (fence file, key offset or 0 for a stripe) this thread holds
 
 
 class KeyFenceTimeout(Exception):
@@ -65,6 +77,8 @@ def _open_fence(lock_file: Path) -> tuple[int, bool] | None:
     writer makes it before its draft, so no write is in flight — a settle answers (design §3).
     Raises OSError for any other failure."""
     try:
+        if not BYTE_LOCKS:  # the stripes' folder (the fence file's is .git itself, never made here)
+            lock_file.parent.mkdir(exist_ok=True)
         return os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), True
     except OSError as exc:
         if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
@@ -76,16 +90,25 @@ def _open_fence(lock_file: Path) -> tuple[int, bool] | None:
 
 
 def _try_lock(fd: int, offset: int, exclusive: bool) -> bool:
-    """Lock byte ``offset`` of ``fd``'s file for this open file description; False when another
-    holds it (or, for a shared lock, holds it for writing)."""
-    request = _FLOCK.pack(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0)
+    """Lock byte ``offset`` of ``fd``'s file for this open file description (or, without byte
+    locks, the whole stripe file with ``flock``); False when another holds it (or, for a shared
+    lock, holds it for writing)."""
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+        if BYTE_LOCKS:
+            kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0))
+        else:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
             return False
         raise
     return True
+
+
+def _fence_file(git_dir: Path, offset: int) -> Path:
+    """The file ``offset``'s key locks: the one fence file, or (without byte locks) its stripe's."""
+    return git_dir / FENCE_FILE if BYTE_LOCKS else git_dir / STRIPE_FOLDER / f"{offset % STRIPES:03d}.lock"
 
 
 @contextlib.contextmanager
@@ -98,10 +121,11 @@ def key_fence(git_dir: Path, key: str, timeout: float) -> Iterator[None]:
     file system will not make it (``_open_fence``). Raises KeyFenceTimeout after ``timeout``
     seconds, FileNotFoundError when ``git_dir`` does not exist (no repository: nothing to fence),
     OSError when the fence file cannot be opened or locked."""
-    lock_file = git_dir / FENCE_FILE
     offset = key_offset(key)
-    held: set[tuple[Path, int]] = _held.__dict__.setdefault("keys", set())
-    if (lock_file, offset) in held:
+    lock_file = _fence_file(git_dir, offset)
+    mine = (lock_file, offset if BYTE_LOCKS else 0)  # a stripe's flock is the whole file's
+    held: set[tuple[Path, int]] = _held.__dict__.setdefault("held", set())
+    if mine in held:
         yield
         return
     if not git_dir.is_dir():
@@ -117,10 +141,10 @@ def key_fence(git_dir: Path, key: str, timeout: float) -> Iterator[None]:
             if time.monotonic() >= deadline:
                 raise KeyFenceTimeout(timeout)
             time.sleep(_POLL_SECONDS)
-        held.add((lock_file, offset))
+        held.add(mine)
         try:
             yield
         finally:
-            held.discard((lock_file, offset))
+            held.discard(mine)
     finally:
         os.close(fd)  # closing the descriptor releases its lock
