@@ -438,7 +438,7 @@ class KnowledgeStore:
             raise LockTimeout(
                 self.workspace_id,
                 exc.waited,
-                "flock",
+                "file lock",
                 lock="write-key",
                 holder="a write with the same idempotency key is still in flight on this node. Ask again "
                 "(the same call, or write_outcome with the key), or raise KB_LOCK_TIMEOUT",
