@@ -445,3 +445,42 @@ def test_a_chat_that_cannot_be_opened_releases_the_knowledge_base_made_for_it(wo
     assert len(made) == 7 and len(released) == 6
     sessions.close_all()
     assert released == made
+
+
+def test_one_chat_failing_to_close_leaves_the_others_closed_and_callable(workspace, kb, settings) -> None:
+    """design §16: the idle reaper forgets every idle chat at once, then closes them one by one. A
+    close that raised something unforeseen — here the token check (``token_live``, a Postgres
+    query in kb serve) failing for one chat — ended the loop: the chats after it were forgotten
+    but never committed, and a call of one of them waited for a close that never came. Each chat
+    is now closed on its own; a failure is logged and the others are closed and callable."""
+    from kb.adapters.mcp.server import McpSessions
+    from kb.knowledge_base import KnowledgeBase
+
+    opened: list[KnowledgeBase] = []
+
+    def factory() -> KnowledgeBase:
+        opened.append(KnowledgeBase.open(settings))
+        return opened[-1]
+
+    def token_live(token_id: str) -> bool:
+        if token_id == "2":
+            raise RuntimeError("the token check failed")
+        return True
+
+    sessions = McpSessions(kb, AUTHOR, None, kb_factory=factory)
+    sessions.token_live = token_live
+    for n in (1, 2, 3):
+        state = sessions.get(1, f"chat-{n}", str(n))
+        state.token_id = str(n)
+        with state.lock:
+            state.turn.write(f"/documents/chat-{n}.md", f"# {n}\n")
+    assert sessions.close_idle(0.0) == 3
+    tree = git(settings.knowledge_store / "1", "ls-tree", "-r", "--name-only", "HEAD")
+    assert "documents/chat-1.md" in tree and "documents/chat-3.md" in tree, tree
+    for n in (1, 2, 3):  # none is left waiting for a close
+        again = sessions.get(1, f"chat-{n}", str(n))
+        with again.lock:
+            assert again.turn.read(f"/documents/chat-{n}.md") is not None
+    sessions.close_all()
+    for each in opened:
+        each.close()

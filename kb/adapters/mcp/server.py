@@ -276,14 +276,16 @@ class McpSessions:
     def close_idle(self, idle_seconds: float) -> int:
         """Close, as if their clients had ended them (``close_chat``: the turn committed), the
         chats whose last call is more than ``idle_seconds`` ago and that no call holds now.
-        Returns how many were closed."""
+        Returns how many were closed. Each is closed on its own: one failing to close is logged,
+        and the others are still closed (a call of any of them waits for its close only)."""
         cutoff = time.monotonic() - idle_seconds
         idle: list[ChatState] = []
         with self._lock:
             for key, state in list(self._chats.items()):
                 if state.last_used < cutoff and state.lock.acquire(blocking=False):
                     state.lock.release()  # not in a call now; a call arriving later makes a new state
-                    idle.append(self._forget(key))
+                    self._forget(key)
+                    idle.append(state)
         for state in idle:
             log.info(
                 "closing MCP chat %s of workspace %s: idle for over %g s",
@@ -291,8 +293,15 @@ class McpSessions:
                 state.workspace_id,
                 idle_seconds,
             )
-            self._close(state)
+            self._close_logged(state)
         return len(idle)
+
+    def _close_logged(self, state: ChatState) -> None:
+        """``_close``, a failure logged rather than raised: the caller closes other chats after it."""
+        try:
+            self._close(state)
+        except Exception:  # its worktree stays: the chat's next call or the janitor takes it up
+            log.exception("closing MCP chat %s of workspace %s failed", state.chat_id, state.workspace_id)
 
     def _forget(self, key: tuple[int, str]) -> ChatState | None:
         """Drop a chat's state (the caller holds ``_lock``), marking it closing until ``_close`` ends."""
@@ -349,11 +358,14 @@ class McpSessions:
                 state.turn.close()
 
     def close_all(self) -> None:
-        """Commit every open turn (server shutdown)."""
+        """Commit every open turn (server shutdown); one chat failing to close does not stop the others."""
         with self._lock:
             keys = list(self._chats)
-        for workspace_id, chat_id in keys:
-            self.close_chat(workspace_id, chat_id)
+        for key in keys:
+            with self._lock:
+                state = self._forget(key)
+            if state is not None:
+                self._close_logged(state)
 
 
 def build_server(
