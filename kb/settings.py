@@ -121,7 +121,7 @@ class Settings(BaseModel):
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     turn_idle_seconds: float = Field(
         default=900.0,
-        gt=0,
+        ge=1,  # checked every quarter of it: less spun kb serve's loop (design §16)
         le=604800,
         description="Seconds after its last call that kb serve releases an HTTP API turn: its "
         "worktree lock and file are freed, its worktree stays for a later call of the turn id "
@@ -137,7 +137,7 @@ class Settings(BaseModel):
     )
     mcp_chat_idle_seconds: float = Field(
         default=1800.0,
-        gt=0,
+        ge=1,  # checked every quarter of it: less spun kb serve's loop (design §16)
         le=604800,
         description="Seconds after its last call that kb serve closes an MCP conversation as if "
         "its client had ended it: the turn is committed and what it held released (design §5).",

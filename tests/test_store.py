@@ -901,3 +901,20 @@ def test_kb_lock_timeout_past_any_wait_is_a_settings_error(value: str, monkeypat
         Settings()
     monkeypatch.setenv("KB_LOCK_TIMEOUT", "86400")  # a day: the longest wait taken
     assert Settings().lock_timeout == 86400.0
+
+
+@pytest.mark.parametrize("name", ["KB_TURN_IDLE_SECONDS", "KB_MCP_CHAT_IDLE_SECONDS"])
+def test_an_idle_release_shorter_than_a_second_is_a_settings_error(name: str, monkeypatch) -> None:
+    """``kb serve`` looks for idle API turns and MCP chats every quarter of these settings (design
+    §5, §16). ``0.0001`` was taken, and an idle server spun its loop — a thread hop every 25 µs, 1.8
+    s of CPU in 5 s with both set — while no client could use a turn that is released between two
+    of its calls. A second is the shortest idle time taken."""
+    from pydantic import ValidationError
+
+    from kb.settings import Settings
+
+    monkeypatch.setenv(name, "0.0001")
+    with pytest.raises(ValidationError, match=name.removeprefix("KB_").lower()):
+        Settings()
+    monkeypatch.setenv(name, "1")
+    assert getattr(Settings(), name.removeprefix("KB_").lower()) == 1.0
