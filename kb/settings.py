@@ -103,7 +103,12 @@ class Settings(BaseModel):
     embed_batch_size: int = Field(default=64, description="Chunks per embedder call.")
     lock_backend: Literal["postgres", "redis"] = "postgres"
     redis_url: str = "redis://127.0.0.1:6379/0"
-    lock_timeout: float = Field(default=10.0, description="Seconds to wait for a workspace write lock.")
+    lock_timeout: float = Field(
+        default=10.0,
+        ge=0,
+        le=86400,  # a day; inf or 1e10 overflowed the write-key fence's wait (time_t) and Postgres' lock_timeout
+        description="Seconds to wait for a workspace write lock (and a write-key fence, design §3). At most 86400.",
+    )
     lock_ttl: float = Field(default=60.0, description="Seconds a Redis lock lives if its holder dies.")
     pool_timeout: float | None = Field(
         default=None,
@@ -116,7 +121,7 @@ class Settings(BaseModel):
     worktree_ttl: float = Field(default=86400.0, description="Seconds before an idle turn worktree is removed.")
     turn_idle_seconds: float = Field(
         default=900.0,
-        gt=0,
+        ge=1,  # checked every quarter of it: less spun kb serve's loop (design §16)
         le=604800,
         description="Seconds after its last call that kb serve releases an HTTP API turn: its "
         "worktree lock and file are freed, its worktree stays for a later call of the turn id "
@@ -132,7 +137,7 @@ class Settings(BaseModel):
     )
     mcp_chat_idle_seconds: float = Field(
         default=1800.0,
-        gt=0,
+        ge=1,  # checked every quarter of it: less spun kb serve's loop (design §16)
         le=604800,
         description="Seconds after its last call that kb serve closes an MCP conversation as if "
         "its client had ended it: the turn is committed and what it held released (design §5).",

@@ -351,3 +351,136 @@ def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_en
         assert "MCP client disconnected" in git(repo, "log", "-1", "--format=%B")
         again = _abandoned_chat(base, "third", "read", {"path": "/documents/Plan.md"})
         assert not again["result"]["isError"], again
+
+
+def test_a_chat_called_while_its_idle_close_commits_waits_for_that_commit(workspace, kb, settings) -> None:
+    """design §5, §16: the idle reaper (``McpSessions.close_idle``) forgets a chat, then commits its
+    turn — while the turn's worktree stays locked. A call of the same chat arriving in that window
+    (the client came back after KB_MCP_CHAT_IDLE_SECONDS) made a new chat state whose turn opened
+    the same worktree and failed with TurnBusy ("open in another process"). The call now waits for
+    the close to end and goes on in a fresh turn; both changes land. The reaper's commit is held
+    in flight by the workspace's write lock, taken by the test."""
+    import threading
+
+    from kb.adapters.mcp.server import McpSessions
+    from kb.db import database
+    from kb.db.locks import WRITE_LOCK_NAMESPACE
+    from kb.knowledge_base import KnowledgeBase
+
+    opened: list[KnowledgeBase] = []
+
+    def factory() -> KnowledgeBase:
+        opened.append(KnowledgeBase.open(settings))
+        return opened[-1]
+
+    sessions = McpSessions(kb, AUTHOR, None, kb_factory=factory)
+    first = sessions.get(1, "back-later")
+    with first.lock:
+        first.turn.write("/documents/before.md", "# before\n")
+    results: dict = {}
+    with database.transaction(kb.database_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (WRITE_LOCK_NAMESPACE, 1))
+        reaper = threading.Thread(target=lambda: results.setdefault("closed", sessions.close_idle(0.0)))
+        reaper.start()
+        deadline = time.monotonic() + 30
+        with database.connect(kb.database_url, autocommit=True) as admin:  # the reaper's commit waits
+            while not admin.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone():
+                assert time.monotonic() < deadline, "the reaper's commit never reached the write lock"
+                time.sleep(0.02)
+
+        def come_back() -> None:
+            try:
+                again = sessions.get(1, "back-later")
+                with again.lock:
+                    again.turn.write("/documents/after.md", "# after\n")
+                results["again"] = again
+            except Exception as exc:
+                results["again"] = exc
+
+        caller = threading.Thread(target=come_back)
+        caller.start()
+        caller.join(1.0)  # it waits for the close, whose commit waits for the write lock
+    reaper.join(60)
+    caller.join(60)
+    assert results["closed"] == 1
+    again = results["again"]
+    assert not isinstance(again, Exception), again
+    assert again is not first
+    sessions.close_all()
+    tree = git(settings.knowledge_store / "1", "ls-tree", "-r", "--name-only", "HEAD")
+    assert "documents/before.md" in tree and "documents/after.md" in tree
+    for each in opened:
+        each.close()
+
+
+def test_a_chat_that_cannot_be_opened_releases_the_knowledge_base_made_for_it(workspace, kb, settings) -> None:
+    """design §16: kb serve makes each MCP chat a KnowledgeBase of its own (``kb_factory``) and
+    closes it when the chat ends (``kb_release``). A call that named a workspace that does not
+    exist (``/mcp/999``) or a chat id no turn can have made one, failed, and kept it: kb serve's
+    list of KnowledgeBases grew by one per such call for the server's life (2,000 calls: 2,000
+    objects, ~10 MB), whatever the caller's scope. It is released when the chat cannot be made."""
+    from kb.adapters.mcp.server import McpSessions
+    from kb.errors import InvalidTurn, WorkspaceNotFound
+    from kb.knowledge_base import KnowledgeBase
+
+    made: list[KnowledgeBase] = []
+    released: list[KnowledgeBase] = []
+
+    def factory() -> KnowledgeBase:
+        made.append(KnowledgeBase.open(settings))
+        return made[-1]
+
+    def release(each: KnowledgeBase) -> None:
+        released.append(each)
+        each.close()
+
+    sessions = McpSessions(kb, AUTHOR, None, kb_factory=factory, kb_release=release)
+    for attempt in range(3):
+        with pytest.raises(WorkspaceNotFound):
+            sessions.get(999, f"lost-{attempt}")
+        with pytest.raises(InvalidTurn):
+            sessions.get(1, f"no spaces {attempt}")
+    assert len(made) == 6 and released == made
+    sessions.get(1, "fine")  # a chat that opens keeps its KnowledgeBase until it ends
+    assert len(made) == 7 and len(released) == 6
+    sessions.close_all()
+    assert released == made
+
+
+def test_one_chat_failing_to_close_leaves_the_others_closed_and_callable(workspace, kb, settings) -> None:
+    """design §16: the idle reaper forgets every idle chat at once, then closes them one by one. A
+    close that raised something unforeseen — here the token check (``token_live``, a Postgres
+    query in kb serve) failing for one chat — ended the loop: the chats after it were forgotten
+    but never committed, and a call of one of them waited for a close that never came. Each chat
+    is now closed on its own; a failure is logged and the others are closed and callable."""
+    from kb.adapters.mcp.server import McpSessions
+    from kb.knowledge_base import KnowledgeBase
+
+    opened: list[KnowledgeBase] = []
+
+    def factory() -> KnowledgeBase:
+        opened.append(KnowledgeBase.open(settings))
+        return opened[-1]
+
+    def token_live(token_id: str) -> bool:
+        if token_id == "2":
+            raise RuntimeError("the token check failed")
+        return True
+
+    sessions = McpSessions(kb, AUTHOR, None, kb_factory=factory)
+    sessions.token_live = token_live
+    for n in (1, 2, 3):
+        state = sessions.get(1, f"chat-{n}", str(n))
+        state.token_id = str(n)
+        with state.lock:
+            state.turn.write(f"/documents/chat-{n}.md", f"# {n}\n")
+    assert sessions.close_idle(0.0) == 3
+    tree = git(settings.knowledge_store / "1", "ls-tree", "-r", "--name-only", "HEAD")
+    assert "documents/chat-1.md" in tree and "documents/chat-3.md" in tree, tree
+    for n in (1, 2, 3):  # none is left waiting for a close
+        again = sessions.get(1, f"chat-{n}", str(n))
+        with again.lock:
+            assert again.turn.read(f"/documents/chat-{n}.md") is not None
+    sessions.close_all()
+    for each in opened:
+        each.close()

@@ -882,3 +882,39 @@ def test_reverting_the_addition_of_a_document_moved_since_refuses(kb):
     with pytest.raises(PathExists, match="x.md"):
         kb.revert(13, added.id, "t")
     assert tree(kb, 13) == {"/documents/y.md": b"y\n", "/documents/z.md": b"x\n"}
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "1e10", "-1"])
+def test_kb_lock_timeout_past_any_wait_is_a_settings_error(value: str, monkeypatch) -> None:
+    """``KB_LOCK_TIMEOUT`` (design §3, §4) bounds every wait for a workspace lock: the write lock
+    (a Postgres ``lock_timeout``, at most about 24 days) and the write-key fence (a thread lock
+    and an flock poll). ``inf`` or ``1e10`` seconds was taken as a setting and met later: a keyed
+    write or ``kb write-outcome`` crashed with OverflowError ("timestamp out of range for platform
+    time_t"), an unkeyed write failed as "Postgres failed during the write … Retry". It is refused
+    as a setting now, as ``KB_POOL_TIMEOUT`` is; a negative wait is no wait anyone means."""
+    from pydantic import ValidationError
+
+    from kb.settings import Settings
+
+    monkeypatch.setenv("KB_LOCK_TIMEOUT", value)
+    with pytest.raises(ValidationError, match="lock_timeout"):
+        Settings()
+    monkeypatch.setenv("KB_LOCK_TIMEOUT", "86400")  # a day: the longest wait taken
+    assert Settings().lock_timeout == 86400.0
+
+
+@pytest.mark.parametrize("name", ["KB_TURN_IDLE_SECONDS", "KB_MCP_CHAT_IDLE_SECONDS"])
+def test_an_idle_release_shorter_than_a_second_is_a_settings_error(name: str, monkeypatch) -> None:
+    """``kb serve`` looks for idle API turns and MCP chats every quarter of these settings (design
+    §5, §16). ``0.0001`` was taken, and an idle server spun its loop — a thread hop every 25 µs, 1.8
+    s of CPU in 5 s with both set — while no client could use a turn that is released between two
+    of its calls. A second is the shortest idle time taken."""
+    from pydantic import ValidationError
+
+    from kb.settings import Settings
+
+    monkeypatch.setenv(name, "0.0001")
+    with pytest.raises(ValidationError, match=name.removeprefix("KB_").lower()):
+        Settings()
+    monkeypatch.setenv(name, "1")
+    assert getattr(Settings(), name.removeprefix("KB_").lower()) == 1.0

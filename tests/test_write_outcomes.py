@@ -379,3 +379,113 @@ def test_a_settle_waits_for_the_keyed_write_in_flight_and_times_out_truthfully(w
         out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     assert ws.write_outcome(WS, "k-proc").id == out.strip()
+
+
+def test_a_key_that_is_not_utf8_is_refused_as_input(ws, kb_env):
+    """design §3: a key is text stored in a commit header and a Postgres row, and the write-key
+    fence hashes its UTF-8 bytes. A key holding a lone surrogate — what Python makes of a non-UTF-8
+    byte in a command-line argument, or a JSON ``"\\ud800"`` — passed ``check_key`` and crashed the
+    fence with UnicodeEncodeError: a traceback from ``kb write-outcome``, an HTTP 500. It is now
+    InvalidInput, as any other bad key is, and nothing is written."""
+    from support.commands import run_cli
+
+    from kb.errors import InvalidInput
+
+    head = ws.store(WS).head()
+    for key in ("\ud800", "order-\udcff"):
+        with pytest.raises(InvalidInput, match="UTF-8"):
+            ws.write_outcome(WS, key)
+        with pytest.raises(InvalidInput, match="UTF-8"), ws.transaction(WS, "bad key", "w", idempotency_key=key) as tx:
+            tx.write("/documents/never.md", "never\n")
+    assert ws.store(WS).head() == head
+    cli = run_cli(kb_env, "write-outcome", "order-\udcff", "--workspace", "1", check=False)  # argv byte 0xff
+    assert "Traceback" not in cli.stderr and "UTF-8" in cli.stderr, cli.stderr
+
+
+@contextlib.contextmanager
+def _read_only(folder):
+    """``folder`` as a read-only file system for the block (a bind mount: a disk the kernel
+    remounted read-only after an error); skips the test where mounting is not permitted."""
+    bind = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True, capture_output=True)
+
+
+def test_a_key_is_settled_on_a_repository_gone_read_only(ws, settings, kb_env):
+    """design §3: a file system that went read-only (ext4's errors=remount-ro) fails a write with
+    OSError, and its caller is told to settle the key with ``kb write-outcome``. That settle only
+    reads git and writes Postgres, and worked on a read-only repository — until the write-key
+    fence made it create its stripe file first: StorageError "the write-key fence cannot be
+    taken", so the one call that settles a key could not. A fence file that exists is locked
+    through a read-only descriptor (a shared lock: it still waits for a writer of the key); one
+    that does not exist and cannot be made is held by no writer (each writer makes it before its
+    draft), so there is nothing to wait for."""
+    from support.commands import run_cli
+
+    from kb.git.key_fence import FENCE_FILE
+
+    with ws.transaction(WS, "keyed", "w", idempotency_key="ro-1") as tx:
+        tx.write("/documents/ro.md", "ro\n")
+    git_dir = settings.knowledge_store / str(WS) / ".git"
+    for fence_file_there in (True, False):
+        if not fence_file_there:
+            (git_dir / FENCE_FILE).unlink()
+        with _read_only(git_dir):
+            assert ws.write_outcome(WS, "ro-1").id == tx.revision.id
+            assert ws.write_outcome(WS, "ro-2") is None
+            landed = run_cli(kb_env, "write-outcome", "ro-1", "--workspace", "1", check=False)
+            assert tx.revision.id in landed.stdout, landed.stderr
+
+
+def _keys_of_one_stripe() -> tuple[str, str]:
+    """Two keys that fell on one of the write-key fence's 256 stripe files (by their sha-256)."""
+    import hashlib
+
+    seen: dict[int, str] = {}
+    for n in range(10_000):
+        key = f"order-{n}"
+        stripe = int.from_bytes(hashlib.sha256(key.encode()).digest()[:2], "big") % 256
+        if stripe in seen:
+            return seen[stripe], key
+        seen[stripe] = key
+    raise AssertionError("unreachable: 257 keys fill 256 stripes")
+
+
+def test_a_keyed_write_never_waits_for_another_key_in_flight(ws, settings):
+    """design §3: a keyed write holds its key's fence for as long as it prepares — all of ``kb
+    import`` reading its folder, or whatever a ``transaction`` block does. The fence was one of
+    256 stripe files, so an unrelated write whose key shared the stripe (1 in 256) waited for it
+    and failed with LockTimeout after KB_LOCK_TIMEOUT, saying "a write with the same idempotency
+    key is still in flight" — false, and the write lost; a settle of that key could not answer
+    either. A key now waits only for writes of the same key."""
+    first_key, other_key = _keys_of_one_stripe()
+    quick = KnowledgeBase.open(settings.model_copy(update={"lock_timeout": 1.0}))
+    preparing, go = threading.Event(), threading.Event()
+    answers: dict = {}
+
+    def long_write() -> None:
+        with ws.transaction(WS, "a long import", "w", idempotency_key=first_key) as tx:
+            tx.write("/documents/long.md", "long\n")
+            preparing.set()
+            go.wait(60)
+        answers["long"] = tx.revision
+
+    writer = threading.Thread(target=long_write)
+    writer.start()
+    try:
+        assert preparing.wait(30)
+        with quick.transaction(WS, "unrelated", "w", idempotency_key=other_key) as tx:
+            tx.write("/documents/unrelated.md", "unrelated\n")
+        assert tx.revision is not None
+        assert quick.write_outcome(WS, other_key).id == tx.revision.id
+        with pytest.raises(KbError, match="same idempotency key"):  # the same key still waits
+            quick.write_outcome(WS, first_key)
+    finally:
+        go.set()
+        writer.join(60)
+    assert quick.write_outcome(WS, first_key).id == answers["long"].id

@@ -41,7 +41,7 @@ CHUNK_LOCK_NAMESPACE = 7104
 # Lock order of a workspace. A transaction that takes more than one of these takes them in this
 # order (it may skip any):
 #
-#  -1. write-key fence  an flock under .git/kb-write-keys (kb.git.key_fence): a caller-keyed write
+#  -1. write-key fence  a byte lock of .git/kb-write-keys.lock (kb.git.key_fence): a caller-keyed write
 #                       or settle, before the write lock and never taken while holding it
 #   0. write lock       pg_advisory_xact_lock(7101, ws)   locked_transaction / locked_pipeline: store
 #                                                          revisions and their catch-up, the artifact

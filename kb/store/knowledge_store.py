@@ -424,8 +424,9 @@ class KnowledgeStore:
         node, waits until the block ends. None: nothing to fence (a generated key is never
         retried). Re-entrant in a thread. Raises InvalidInput (a bad key), LockTimeout after
         ``KB_LOCK_TIMEOUT`` seconds when a write of the key stays in flight, StorageError when
-        the fence's lock file cannot be made; a workspace without a repository is not fenced
-        (its write raises WorkspaceNotFound itself)."""
+        the fence's lock file cannot be opened; a workspace without a repository is not fenced
+        (its write raises WorkspaceNotFound itself), nor a key whose lock file is missing on a
+        file system that will not make it (read-only: no writer holds it, so a settle answers)."""
         if idempotency_key is None:
             yield
             return
@@ -437,7 +438,7 @@ class KnowledgeStore:
             raise LockTimeout(
                 self.workspace_id,
                 exc.waited,
-                "flock",
+                "file lock",
                 lock="write-key",
                 holder="a write with the same idempotency key is still in flight on this node. Ask again "
                 "(the same call, or write_outcome with the key), or raise KB_LOCK_TIMEOUT",

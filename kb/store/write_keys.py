@@ -38,13 +38,20 @@ def new_key() -> str:
 
 def check_key(key: object) -> str:
     """``key`` when it can be stored as an idempotency key: text, 1 to 200 characters, printable
-    (no line break, NUL or other control character). Raises InvalidInput saying what is wrong."""
+    (no line break, NUL or other control character), with a UTF-8 form (design §3: the fence hashes
+    it, git and Postgres store it). Raises InvalidInput saying what is wrong."""
     if not isinstance(key, str):
         raise InvalidInput(f"an idempotency key must be text, not {type(key).__name__}")
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidInput(f"an idempotency key has 1 to {MAX_KEY_LENGTH} characters, not {len(key)}")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
         raise InvalidInput("an idempotency key cannot hold control characters (line breaks, NUL); use e.g. a UUID")
+    try:  # a lone surrogate (a non-UTF-8 byte of a command line, a JSON "\ud800") has no UTF-8 form
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            "an idempotency key must be UTF-8 text (it holds a byte that is not); use e.g. a UUID"
+        ) from None
     return key
 
 

@@ -205,6 +205,8 @@ class McpSessions:
         self.author = author
         self.committer = committer
         self._chats: dict[tuple[int, str], ChatState] = {}
+        self._closing: dict[tuple[int, str], threading.Event] = {}
+        """Chats forgotten and not yet closed (their turns being committed), each set once closed."""
         self._lock = threading.Lock()
         self.token_live: Callable[[str], bool] | None = None
         """Asks whether an API token (by id) is still live: a chat of a token revoked or expired
@@ -212,23 +214,35 @@ class McpSessions:
 
     def get(self, workspace_id: int, chat_id: str, owner: str | None = None) -> ChatState:
         """The state of one chat (created on first use by ``owner``, an API token's id or None),
-        marked used now. Raises WorkspaceNotFound, InvalidTurn, TooManyChats (``owner`` holds
-        ``chats_per_owner`` open chats already)."""
+        marked used now. A chat being closed (idle, or its client ended it) is waited for: its turn
+        still holds the worktree, which a new turn of the chat would find busy (design §5). Raises
+        WorkspaceNotFound, InvalidTurn, TooManyChats (``owner`` holds ``chats_per_owner`` open chats
+        already)."""
         key = (workspace_id, chat_id)
-        with self._lock:
-            state = self._chats.get(key)
-            if state is None:
-                held = sum(1 for each in self._chats.values() if each.owner == owner)
-                if self.chats_per_owner is not None and held >= self.chats_per_owner:
-                    raise TooManyChats(
-                        f"{'this API token holds' if owner else 'callers without a token hold'} {held} open MCP "
-                        "conversations, the most kb serve keeps (KB_MCP_CHATS_PER_TOKEN); end one (HTTP DELETE "
-                        "of its session: the client's close) or wait until an idle one is closed "
-                        "(KB_MCP_CHAT_IDLE_SECONDS)"
-                    )
-                # A chat's calls are serialized by its lock; with a factory each chat also has a
-                # KnowledgeBase of its own (its own repositories), so chats never share one.
-                kb = self.kb_factory() if self.kb_factory else self.kb
+        while True:
+            with self._lock:
+                closing = self._closing.get(key)
+                if closing is None:
+                    return self._get_locked(key, owner)
+            closing.wait()  # bounded: the close's commit waits at most KB_LOCK_TIMEOUT for its locks
+
+    def _get_locked(self, key: tuple[int, str], owner: str | None) -> ChatState:
+        """``get`` once ``_lock`` is held and the chat is not being closed."""
+        workspace_id, chat_id = key
+        state = self._chats.get(key)
+        if state is None:
+            held = sum(1 for each in self._chats.values() if each.owner == owner)
+            if self.chats_per_owner is not None and held >= self.chats_per_owner:
+                raise TooManyChats(
+                    f"{'this API token holds' if owner else 'callers without a token hold'} {held} open MCP "
+                    "conversations, the most kb serve keeps (KB_MCP_CHATS_PER_TOKEN); end one (HTTP DELETE "
+                    "of its session: the client's close) or wait until an idle one is closed "
+                    "(KB_MCP_CHAT_IDLE_SECONDS)"
+                )
+            # A chat's calls are serialized by its lock; with a factory each chat also has a
+            # KnowledgeBase of its own (its own repositories), so chats never share one.
+            kb = self.kb_factory() if self.kb_factory else self.kb
+            try:
                 turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author, committer=self.committer)
                 state = ChatState(
                     workspace_id,
@@ -239,9 +253,12 @@ class McpSessions:
                     threading.RLock(),
                     owner=owner,
                 )
-                self._chats[key] = state
-            state.last_used = time.monotonic()
-            return state
+            except BaseException:  # no chat (a missing workspace, a bad chat id): nothing keeps its kb
+                self._release(kb)
+                raise
+            self._chats[key] = state
+        state.last_used = time.monotonic()
+        return state
 
     def commit(self, workspace_id: int, chat_id: str, message: str | None = None):
         """Commit one chat's turn (None when it has nothing to record)."""
@@ -252,21 +269,23 @@ class McpSessions:
     def close_chat(self, workspace_id: int, chat_id: str) -> None:
         """The client went away: commit the chat's open turn and forget the chat's state here."""
         with self._lock:
-            state = self._chats.pop((workspace_id, chat_id), None)
+            state = self._forget((workspace_id, chat_id))
         if state is not None:
             self._close(state)
 
     def close_idle(self, idle_seconds: float) -> int:
         """Close, as if their clients had ended them (``close_chat``: the turn committed), the
         chats whose last call is more than ``idle_seconds`` ago and that no call holds now.
-        Returns how many were closed."""
+        Returns how many were closed. Each is closed on its own: one failing to close is logged,
+        and the others are still closed (a call of any of them waits for its close only)."""
         cutoff = time.monotonic() - idle_seconds
         idle: list[ChatState] = []
         with self._lock:
             for key, state in list(self._chats.items()):
                 if state.last_used < cutoff and state.lock.acquire(blocking=False):
                     state.lock.release()  # not in a call now; a call arriving later makes a new state
-                    idle.append(self._chats.pop(key))
+                    self._forget(key)
+                    idle.append(state)
         for state in idle:
             log.info(
                 "closing MCP chat %s of workspace %s: idle for over %g s",
@@ -274,16 +293,41 @@ class McpSessions:
                 state.workspace_id,
                 idle_seconds,
             )
-            self._close(state)
+            self._close_logged(state)
         return len(idle)
 
+    def _close_logged(self, state: ChatState) -> None:
+        """``_close``, a failure logged rather than raised: the caller closes other chats after it."""
+        try:
+            self._close(state)
+        except Exception:  # its worktree stays: the chat's next call or the janitor takes it up
+            log.exception("closing MCP chat %s of workspace %s failed", state.chat_id, state.workspace_id)
+
+    def _forget(self, key: tuple[int, str]) -> ChatState | None:
+        """Drop a chat's state (the caller holds ``_lock``), marking it closing until ``_close`` ends."""
+        state = self._chats.pop(key, None)
+        if state is not None:
+            self._closing[key] = threading.Event()
+        return state
+
     def _close(self, state: ChatState) -> None:
-        """Commit (or, for a revoked token, leave) a forgotten chat's turn, then release its KnowledgeBase."""
+        """Commit (or, for a revoked token, leave) a forgotten chat's turn, then release its
+        KnowledgeBase; a call of the chat waiting in ``get`` then goes on."""
         try:
             self._finish_turn(state)
         finally:
-            if self.kb_factory is not None and state.kb is not self.kb:
-                (self.kb_release or (lambda kb: kb.close()))(state.kb)
+            try:
+                self._release(state.kb)
+            finally:
+                with self._lock:
+                    closed = self._closing.pop((state.workspace_id, state.chat_id), None)
+                if closed is not None:
+                    closed.set()
+
+    def _release(self, kb: KnowledgeBase) -> None:
+        """Close a KnowledgeBase ``kb_factory`` made for a chat (``kb_release``); the shared one stays."""
+        if self.kb_factory is not None and kb is not self.kb:
+            (self.kb_release or (lambda each: each.close()))(kb)
 
     def _finish_turn(self, state: ChatState) -> None:
         """Commit the turn of a chat being closed, unless its token was revoked since (design §16)."""
@@ -314,11 +358,14 @@ class McpSessions:
                 state.turn.close()
 
     def close_all(self) -> None:
-        """Commit every open turn (server shutdown)."""
+        """Commit every open turn (server shutdown); one chat failing to close does not stop the others."""
         with self._lock:
             keys = list(self._chats)
-        for workspace_id, chat_id in keys:
-            self.close_chat(workspace_id, chat_id)
+        for key in keys:
+            with self._lock:
+                state = self._forget(key)
+            if state is not None:
+                self._close_logged(state)
 
 
 def build_server(
