@@ -19,6 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from support.commands import git, run_cli
+from support.named_queries import queries
 from support.network import free_port
 
 AUTHOR = "Ada Lovelace <ada@example.com>"
@@ -379,12 +380,12 @@ def test_a_chat_called_while_its_idle_close_commits_waits_for_that_commit(worksp
         first.turn.write("/documents/before.md", "# before\n")
     results: dict = {}
     with database.transaction(kb.database_url) as holder:
-        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (WRITE_LOCK_NAMESPACE, 1))
+        holder.execute(queries["test_hold_advisory_lock"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": 1})
         reaper = threading.Thread(target=lambda: results.setdefault("closed", sessions.close_idle(0.0)))
         reaper.start()
         deadline = time.monotonic() + 30
         with database.connect(kb.database_url, autocommit=True) as admin:  # the reaper's commit waits
-            while not admin.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone():
+            while not admin.execute(queries["test_advisory_lock_waiters"]).fetchone():
                 assert time.monotonic() < deadline, "the reaper's commit never reached the write lock"
                 time.sleep(0.02)
 

@@ -54,6 +54,10 @@ SELECT count(*) AS n FROM pool_probe;
 
 -- ---- (design §14) Postgres going away under a writer -------------------------------------------
 
+-- name: test_advisory_lock_waiters
+-- Any session waiting for an advisory lock (one row, or none).
+SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted LIMIT 1;
+
 -- name: test_write_lock_holders
 SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND classid = %(namespace)s AND objid = %(workspace_id)s AND granted;
