@@ -331,7 +331,7 @@ def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_en
     KB_MCP_CHAT_IDLE_SECONDS is now closed as if its client had ended it (the turn committed), and
     a token past KB_MCP_CHATS_PER_TOKEN open chats is refused a new one."""
     repo = settings.knowledge_store / "1"
-    env = {**kb_env, "KB_MCP_CHATS_PER_TOKEN": "2", "KB_MCP_CHAT_IDLE_SECONDS": "3"}
+    env = {**kb_env, "KB_MCP_CHATS_PER_TOKEN": "2", "KB_MCP_CHAT_IDLE_SECONDS": "10"}  # past the set-up under load
     with _serving(env) as (base, proc):
         for name in ("gone-1", "gone-2"):
             written = _abandoned_chat(base, name, "write", {"path": f"/documents/{name}.md", "content": f"# {name}\n"})

@@ -193,7 +193,7 @@ def test_an_api_turn_left_idle_is_released_and_its_worktree_kept_for_a_later_com
     turn idle for KB_TURN_IDLE_SECONDS is now released; its worktree stays, and a later call of
     the same turn id takes it up and commits what it held."""
     kb.create_workspace(1)
-    env = {**kb_env, "KB_TURN_IDLE_SECONDS": "2"}
+    env = {**kb_env, "KB_TURN_IDLE_SECONDS": "10"}  # past the set-up under load
     process, url = _start(
         [sys.executable, "-m", "kb.adapters.cli", "serve", "--insecure-no-auth"], env, tmp_path / "serve.log"
     )
