@@ -13,6 +13,10 @@ Two rows, each leg interleaved round by round with its reference, medians report
    and embeds the corpus as in 1, against ``kb worker --until-idle`` indexing a fresh import of it
    (``os.wait4``'s ru_maxrss of each child). Ratio kb ÷ reference (goal ≤ 1.1).
 
+``--fingerprint`` (with ``--compare``) then checks that both trees stored the same index: every
+chunk, vector, tsvector, stamp, document-terms and statistics row of this tree's last run against the
+compared tree's (bin/index_fingerprint.py, md5 per table); the bench exits 1 when any part differs.
+
 ``--compare TREE`` (throughput row, embedded server only) also times another checkout's kb (e.g.
 main) in every round, right after this tree's run and against the same round's reference: a child
 process with ``PYTHONPATH=TREE`` warms up on the same 50 files, imports the corpus into a fresh
@@ -21,7 +25,7 @@ untimed), so both trees meet the same load — on a shared machine, separate run
 apart more than the trees differ.
 
 Usage: python bin/bench_index_pipeline.py [--corpus DIR] [--limit N] [--rounds 3] [--work /tmp/kb-bench-pipeline]
-       [--compare TREE]
+       [--compare TREE [--fingerprint]]
 Postgres: ``KB_DATABASE_URL`` when set, else an embedded server under --work.
 """
 
@@ -38,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bin"))
+
+from index_fingerprint import differences, fingerprint  # noqa: E402
 
 from kb.db import database  # noqa: E402
 from kb.index.chunking import Chunker  # noqa: E402
@@ -151,6 +158,9 @@ def main() -> None:
     parser.add_argument("--legs", default="throughput,memory")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench-pipeline"))
     parser.add_argument("--compare", type=Path, help="another checkout of kb to time in the same rounds")
+    parser.add_argument(
+        "--fingerprint", action="store_true", help="with --compare: check both trees stored the same index"
+    )
     args = parser.parse_args()
     shutil.rmtree(args.work / "storage", ignore_errors=True)
     settings = Settings(storage_root=args.work / "storage", embedding_model="hashing")
@@ -222,6 +232,15 @@ def main() -> None:
                 f" (median of {', '.join(f'{r:.2f}' for r in compared)})",
                 flush=True,
             )
+        if args.fingerprint and compared and admin_url is not None:
+            # the compared tree's last round: workspace 2 of its own database (COMPARE_CHILD)
+            ours = fingerprint(settings.database_url, ws)
+            theirs = fingerprint(admin_url.replace("/kb_bench?", "/kb_pipeline_compare?"), 2)
+            for part in sorted(ours):
+                print(f"  {part:22s} {ours[part][0]:6d} rows  {ours[part][1]}  {theirs.get(part)}")
+            if differences(ours, theirs):
+                sys.exit(f"the trees stored different indexes: {', '.join(differences(ours, theirs))}")
+            print("  fingerprint: this tree stored exactly what the compared tree did", flush=True)
     if "memory" in args.legs:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
         env.update(

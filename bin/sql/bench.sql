@@ -114,3 +114,56 @@ DELETE FROM kb.span_fill_skips;
 -- name: bench_span_fill_unthrottled
 -- The span fill in big batches, without its pause between them.
 UPDATE kb.span_fill_control SET batch_documents = 500, throttle_ms = 0, paused = false;
+
+-- name: bench_index_fingerprint
+-- What an index run of a workspace stored, one md5 per table (bin/index_fingerprint.py): rows keyed
+-- by document path, not by ids or workspace number, so two databases (two kb trees indexing the same
+-- corpus) compare equal exactly when every chunk (text, spans, vector, tsvector, token counts),
+-- document stamp and status, document-terms row, term statistics row and cached vector is the same.
+-- Stamps are compared as the revision's sequence number: two imports of a corpus make the same
+-- blobs but commits of their own.
+WITH w AS (SELECT %(workspace_id)s::integer AS id),
+docs AS (
+    SELECT d.id, d.path, ROW(d.path, d.title, d.document_type, d.status, d.content_id, d.indexed_content_id,
+               d.indexed_path, r.seq, d.index_error, d.index_attempts)::text AS line
+    FROM kb.documents d JOIN w ON d.workspace_id = w.id
+    LEFT JOIN kb.revisions r ON r.workspace_id = d.workspace_id AND r.id = d.indexed_revision
+),
+chunks AS (
+    SELECT ROW(docs.path, c.position, c.text, c.text_sha256, c.start_char, c.end_char, c.start_line, c.end_line,
+               c.token_count, c.embedding_model, c.embedding::text, c.text_config, c.tsv::text, c.tsv_tokens)::text
+               AS line, docs.path, c.position, c.text_sha256, c.embedding_model
+    FROM kb.chunks c JOIN docs ON docs.id = c.document_id
+)
+SELECT 'documents' AS part, count(*) AS rows, md5(string_agg(line, E'\n' ORDER BY path)) AS md5 FROM docs
+UNION ALL
+SELECT 'chunks', count(*), md5(string_agg(line, E'\n' ORDER BY path, position, line)) FROM chunks
+UNION ALL
+SELECT 'document_terms', count(*),
+       md5(string_agg(ROW(docs.path, t.text_config, t.tsv::text, t.tokens)::text, E'\n' ORDER BY docs.path))
+FROM kb.document_terms t JOIN docs ON docs.id = t.document_id
+UNION ALL
+SELECT 'lexeme_stats', count(*), md5(string_agg(ROW(s.text_config, s.lexeme, s.chunk_count)::text, E'\n'
+                                                ORDER BY s.text_config, s.lexeme))
+FROM kb.lexeme_stats s JOIN w ON s.workspace_id = w.id
+UNION ALL
+SELECT 'text_stats', count(*), md5(string_agg(ROW(s.text_config, s.chunk_count, s.token_total)::text, E'\n'
+                                              ORDER BY s.text_config))
+FROM kb.text_stats s JOIN w ON s.workspace_id = w.id
+UNION ALL
+SELECT 'document_lexeme_stats', count(*), md5(string_agg(ROW(s.text_config, s.lexeme, s.document_count)::text,
+                                                         E'\n' ORDER BY s.text_config, s.lexeme))
+FROM kb.document_lexeme_stats s JOIN w ON s.workspace_id = w.id
+UNION ALL
+SELECT 'document_text_stats', count(*),
+       md5(string_agg(ROW(s.text_config, s.document_count, s.token_total)::text, E'\n' ORDER BY s.text_config))
+FROM kb.document_text_stats s JOIN w ON s.workspace_id = w.id
+UNION ALL
+SELECT 'embedding_cache', count(*), md5(string_agg(ROW(e.text_sha256, e.model, e.dim, e.embedding::text)::text,
+                                                   E'\n' ORDER BY e.text_sha256, e.model, e.dim))
+FROM kb.embedding_cache e
+WHERE EXISTS (SELECT FROM chunks c WHERE c.text_sha256 = e.text_sha256 AND c.embedding_model = e.model)
+UNION ALL
+SELECT 'workspace', count(*), md5(string_agg(ROW(r.seq, ws.revision_count, ws.embedder)::text, E'\n'))
+FROM kb.workspaces ws JOIN w ON ws.id = w.id
+LEFT JOIN kb.revisions r ON r.workspace_id = ws.id AND r.id = ws.last_indexed_revision;
