@@ -325,3 +325,28 @@ def test_a_projection_upserts_its_changed_files_in_one_statement(kb):
         after["/documents/z.md"]["title"] == "z"
         and after["/documents/b.md"]["content_id"] == before["/documents/b.md"]["content_id"]
     )
+
+
+def test_a_projections_events_go_out_in_one_statement_in_order(kb, listener, monkeypatch):
+    """A projection sends its events with one ``notify_events`` statement (a 1,500-file import sent
+    1,500 before), and listeners get each of them, in the projection's order, with payloads that
+    need JSON escaping (quotes, non-ASCII) intact."""
+    kb.create_workspace(1)
+    paths = sorted(f'/documents/n{i:02d} "q" Ωμέγα.md' for i in range(30))
+    with kb.transaction(1, "seed") as tx:
+        for path in paths:
+            tx.write(path, f"# n\n\ntext {path}\n")
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(self, query, *args, **kwargs):
+        sent.append(query)
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    result = kb.project(1)
+    monkeypatch.undo()
+    assert sent.count(queries["notify_events"]) == 1 and queries["notify_event"] not in sent
+    received = received_events(listener)
+    assert received == [json.loads(event_payload(e)) for e in result.events]
+    assert [e["path"] for e in received if e["event"] == "document_created"] == paths

@@ -151,6 +151,7 @@ QueryName = Literal[
     "node_heartbeat",
     "node_workspace_ids",
     "notify_event",
+    "notify_events",
     "open_move_window",
     "path_history",
     "pending_blob_purges",

@@ -39,6 +39,7 @@ from kb.errors import RevisionNotFound, WorkspaceNotFound
 from kb.git.repository import Repository
 from kb.paths import unique_identifier_hash
 from kb.store import repository_guard
+from kb.store.history import json_column
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -333,12 +334,17 @@ class _Projection:
             {"event": kind, "workspace_id": self.ws, "revision": self.head, "id": row_id, "path": path}
             for kind, row_id, path in events
         ]
-        if r.events:
-            with self.conn.cursor() as cur:
-                cur.executemany(
-                    queries["notify_event"],
-                    [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in r.events],
-                )
+        notify_events(self.conn, r.events)
+
+
+def notify_events(conn: Connection, events: list[dict]) -> None:
+    """Send ``events`` on ``kb_events`` in ``conn``'s transaction, in their order, by one statement
+    (``notify_events``; nothing when there are none)."""
+    if events:
+        conn.execute(
+            queries["notify_events"],
+            {"channel": EVENTS_CHANNEL, "payloads": json_column([event_payload(e) for e in events])},
+        )
 
 
 def event_payload(event: dict) -> str:

@@ -35,7 +35,7 @@ from kb.db.nodes import storage_id
 from kb.db.sql import queries
 from kb.errors import KbError, WorkspaceBusy, WorkspaceNotFound
 from kb.store.knowledge_store import check_workspace_id
-from kb.store.projection import EVENTS_CHANNEL, PROJECTION_LOCK_NAMESPACE, event_payload
+from kb.store.projection import PROJECTION_LOCK_NAMESPACE, notify_events
 
 if TYPE_CHECKING:
     from kb.settings import Settings
@@ -282,10 +282,7 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
                 "path": None,
             }
         )
-        with conn.cursor() as cur:
-            cur.executemany(
-                queries["notify_event"], [{"channel": EVENTS_CHANNEL, "payload": event_payload(e)} for e in events]
-            )
+        notify_events(conn, events)
         jobs = conn.execute(queries["delete_workspace_jobs"], {"workspace_id": workspace_id}).fetchall()
         conn.execute(queries["delete_workspace"], {"workspace_id": workspace_id})
         for statistics in (

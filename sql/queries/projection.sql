@@ -92,6 +92,13 @@ UPDATE kb.workspaces SET last_projected_revision = %(revision_id)s WHERE id = %(
 -- A change event (design §5, §6); delivered to listeners when the projection's transaction commits.
 SELECT pg_notify(%(channel)s, %(payload)s);
 
+-- name: notify_events
+-- Change events (design §5, §6) in one statement, in the order given (a JSON array of payload
+-- texts, kb.store.history.json_column): a projection of a 1,500-file import sent 1,500 statements,
+-- ~35 ms of an index run's serial start against ~9 ms. Delivered when the transaction commits.
+SELECT count(pg_notify(%(channel)s, e.payload)) AS sent
+FROM json_array_elements_text(%(payloads)s::json) AS e (payload);
+
 -- name: listen_events
 -- Hear the change events (the pages' live updates, design §17).
 LISTEN kb_events;
