@@ -12,6 +12,7 @@ from support.events import received_events
 from support.named_queries import queries
 
 from kb.db import database
+from kb.store.history import json_column
 from kb.store.projection import event_payload, renamed_folder_candidates
 
 
@@ -301,10 +302,10 @@ def test_a_projection_upserts_its_changed_files_in_one_statement(kb):
             {
                 "workspace_id": 1,
                 "revision_id": kb.head(1),
-                "paths": ["/documents/z.md", "/documents/a.md", "/documents/b.md", "/documents/c.md"],
-                "titles": ["z", "a", "b", "c"],
-                "uid_hashes": ["hz", "ha", "hb", "hc"],
-                "content_ids": ["1" * 40, "2" * 40, before["/documents/b.md"]["content_id"], "3" * 40],
+                "paths": json_column(["/documents/z.md", "/documents/a.md", "/documents/b.md", "/documents/c.md"]),
+                "titles": json_column(["z", "a", "b", "c"]),
+                "uid_hashes": json_column(["hz", "ha", "hb", "hc"]),
+                "content_ids": json_column(["1" * 40, "2" * 40, before["/documents/b.md"]["content_id"], "3" * 40]),
             },
         ).fetchall()
         assert [(r["path"], r["inserted"]) for r in rows] == [

@@ -231,10 +231,12 @@ class _Projection:
                     {
                         "workspace_id": self.ws,
                         "revision_id": self.head,
-                        "paths": [path for path, _ in changed],
-                        "titles": [title_from_path(path) for path, _ in changed],
-                        "uid_hashes": [unique_identifier_hash("NOTE", path, self.ws) for path, _ in changed],
-                        "content_ids": [blob for _, blob in changed],
+                        "paths": json_column([path for path, _ in changed]),
+                        "titles": json_column([title_from_path(path) for path, _ in changed]),
+                        "uid_hashes": json_column(
+                            [unique_identifier_hash("NOTE", path, self.ws) for path, _ in changed]
+                        ),
+                        "content_ids": json_column([blob for _, blob in changed]),
                     },
                 )
             }
