@@ -211,3 +211,25 @@ def test_an_api_turn_left_idle_is_released_and_its_worktree_kept_for_a_later_com
         assert kb.read(1, "/documents/left-1.md") == b"# left-1\n"
     finally:
         _stop(process, tmp_path / "serve.log")
+
+
+def test_serve_on_a_port_in_use_says_so_before_announcing_itself(kb_env):
+    """design §13: with the port taken, kb serve printed its "kb serve on …" banner, then uvicorn's
+    own bind error, and exited 3 — and `curl /health` answered from the process that held the port,
+    so the user believed their server ran. It now refuses up front, naming the port and --port."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        refused = subprocess.run(
+            [sys.executable, "-m", "kb.adapters.cli", "serve", "--port", str(port), "--insecure-no-auth"],
+            env=kb_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert refused.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in refused.stderr and "--port" in refused.stderr, refused.stderr
+    assert "kb serve on" not in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -102,6 +103,33 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.StorageError: 507,  # the server's disk or permissions refused: not the caller's input
 }
 """HTTP status per error kind; any other KbError is the caller's input (400)."""
+
+
+def refuse_taken_port(host: str, port: int) -> None:
+    """Raise ConfigurationError when ``host:port`` cannot be bound (another process listens there,
+    or the address is not this machine's), before kb serve announces itself: uvicorn found out only
+    after the start-up banner and the lifespan, printed its own error and exited 3, and a ``curl
+    /health`` then answered from the *other* process (design §13). Binds and closes a socket as
+    uvicorn will (SO_REUSEADDR), so a port in TIME_WAIT is not refused."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        reason = (
+            "is in use (another kb serve?)"
+            if exc.errno == errno.EADDRINUSE
+            else f"cannot be bound ({exc.strerror or exc})"
+        )
+        raise errors.ConfigurationError(
+            f"kb serve cannot listen on {host}:{port}: the address {reason}; stop what listens there or "
+            "pick another port with --port, e.g. kb serve --port 8766"
+        ) from None
 
 
 async def _release_idle_turns(service: Service) -> None:
@@ -707,6 +735,7 @@ def serve(
     from kb.knowledge_base import KnowledgeBase
 
     settings = settings or Settings()
+    refuse_taken_port(host, port)
 
     def tokens_live() -> bool:
         with KnowledgeBase.open(settings) as kb:
