@@ -261,3 +261,34 @@ def test_a_batchs_chunk_rows_hold_their_texts_and_spans_exactly(kb):
         assert row["start_line"] == text.count("\n", 0, row["start_char"]) + 1
     assert [(r["path"], r["position"]) for r in rows] == sorted((r["path"], r["position"]) for r in rows)
     assert sorted(r["id"] for r in rows) == [r["id"] for r in sorted(rows, key=lambda r: (r["path"], r["position"]))]
+
+
+def test_a_run_stops_when_its_workspace_is_deleted_under_it(kb, settings):
+    """`kb workspace delete --force` while a big index run ran: the run went on cutting and
+    embedding every remaining batch (minutes for 25,000 documents, holding the worker other
+    workspaces wait for), each batch's documents settled as gone. After a batch whose every
+    document is gone, the run now checks its workspace and stops with WorkspaceNotFound."""
+    from kb.errors import WorkspaceNotFound
+    from kb.knowledge_base import KnowledgeBase
+
+    write_all(kb, 1, generated_corpus(6 * DOCUMENT_BATCH))
+    kb.use_embedder(CountingEmbedder())
+    deleted: list[object] = []
+    seen: list[int] = []
+
+    def delete_after_the_first_batch(done: int, total: int, report) -> None:
+        seen.append(done)
+        if done and not deleted:  # the writer is idle here: the deletion takes its locks at once
+            other = KnowledgeBase.open(settings)
+            worker = threading.Thread(target=lambda: deleted.append(other.delete_workspace(1, force=True)))
+            worker.start()
+            worker.join(60)
+            other.close()
+
+    from kb.index.indexer import Indexer
+
+    indexer = Indexer(kb.settings, kb.database_url, kb.embedder, kb.chunker, delete_after_the_first_batch)
+    with pytest.raises(WorkspaceNotFound, match="deleted while it was being indexed"):
+        indexer.converge(1)
+    assert deleted and not _writer_threads()
+    assert max(seen) <= 3 * DOCUMENT_BATCH, f"the run went on through the deleted workspace: {seen}"

@@ -489,7 +489,10 @@ class Indexer:
                     if number + 1 < len(batches):
                         rows = writer.submit(self._chunk_rows, writer_conn, batches[number + 1])
                     if pending is not None:
+                        gone = report.documents_gone
                         self._collect(*pending, report, move_cursor=move_cursor)
+                        if report.documents_gone - gone == len(pending[0]):
+                            self._stop_if_deleted(conn, workspace_id)
                     cached, self._cache_writes = self._cache_writes, []
                     embedded = (report.embeddings_computed, report.embeddings_cached)
                     write = writer.submit(
@@ -509,6 +512,16 @@ class Indexer:
             finally:
                 feed.close()
                 self._writer = self._writer_conn = self._cache_writes = None
+
+    def _stop_if_deleted(self, conn, workspace_id: int) -> None:
+        """After a batch whose every document was gone: raise WorkspaceNotFound when the workspace
+        itself was deleted meanwhile (``kb workspace delete --force`` while the run ran), so the run
+        stops instead of cutting and embedding the rest of a workspace that no longer exists (a
+        25,000-document run went on for minutes, holding the worker other workspaces wait for)."""
+        if conn.execute(queries["get_workspace"], {"workspace_id": workspace_id}).fetchone() is None:
+            raise WorkspaceNotFound(
+                f"workspace {workspace_id} was deleted while it was being indexed; the index run stopped"
+            )
 
     def _write_and_checkpoint(
         self, conn, workspace_id, head, batch, prepared, vectors, checkpoint: _Checkpoint, embedded: tuple[int, int]
