@@ -179,3 +179,33 @@ def test_log_of_a_path_with_no_history_says_so(kb, kb_env):
         assert result.stdout == "" and f"no revision changed a document at {path}" in result.stderr
         assert "kb ls" in result.stderr and "no document was ever there" not in result.stderr  # a folder has some
     assert "notes" in run_cli(kb_env, "log", "-w", "3", "/documents/Notes/a.md").stdout
+
+
+def test_settings_typos_and_an_absent_server_are_told_in_one_line(kb, kb_env, tmp_path):
+    """A KB_DATABASE_URL that is not a URL was "unexpected error: ProgrammingError …" over two
+    lines (exit 2); an unreachable KB_SERVER_URL showed urllib's ``<urlopen error [Errno 111] …>``.
+    Both now say what is wrong and what to do, on one line."""
+    typo = run_cli({**kb_env, "KB_DATABASE_URL": "not a url"}, "status", check=False)
+    assert typo.returncode == 1 and "unexpected" not in typo.stderr
+    assert typo.stderr.strip().startswith("kb: error: the database URL is not a Postgres URL")
+    assert "KB_DATABASE_URL" in typo.stderr and len(typo.stderr.strip().splitlines()) == 1, typo.stderr
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    away = run_cli({**kb_env, "KB_SERVER_URL": f"http://127.0.0.1:{port}"}, "search", "x", "-w", "1", check=False)
+    assert away.returncode == 1 and "urlopen" not in away.stderr and "Errno" not in away.stderr, away.stderr
+    assert "did not answer (Connection refused)" in away.stderr, away.stderr
+
+
+def test_moving_a_document_onto_a_folder_says_how_to_move_it_into_it(kb, kb_env):
+    """`kb mv FILE FOLDER` told the user to "remove the folder first" — advice that deletes data.
+    It now says to name the document in full inside the folder."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", "t") as tx:
+        tx.write("/documents/a.md", "a\n")
+        tx.write("/documents/Notes/b.md", "b\n")
+    moved = run_cli(kb_env, "mv", "/documents/a.md", "/documents/Notes", "-w", "1", check=False)
+    assert moved.returncode == 1 and "remove the folder" not in moved.stderr, moved.stderr
+    assert "/documents/Notes/NAME.md" in moved.stderr, moved.stderr

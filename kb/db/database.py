@@ -41,6 +41,7 @@ from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start s
 )
 from kb.db.sql import queries
 from kb.errors import (
+    ConfigurationError,
     DatabaseNotReady,
     DatabaseUnavailable,
     KbError,
@@ -379,6 +380,11 @@ def connect(url: str, *, autocommit: bool = False) -> Connection:
         conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row, **connection_kwargs(url))
     except psycopg.OperationalError as exc:
         raise _unavailable(url, exc) from exc
+    except psycopg.ProgrammingError as exc:  # not a URL or conninfo string at all: a typo in a setting
+        raise ConfigurationError(
+            f"the database URL is not a Postgres URL or connection string ({str(exc).strip()}); check KB_DATABASE_URL, "
+            "e.g. postgresql://user@host:5432/dbname, or unset it to use the embedded server"
+        ) from None
     try:
         if not is_transaction_pooled(url):
             configure_connection(conn)

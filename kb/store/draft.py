@@ -224,8 +224,8 @@ class Draft:
                 )
         if self._is_folder(repo_path):
             raise PathExists(
-                f"cannot place a document at {virtual}: it is a folder holding documents; "
-                "choose another name or remove the folder first"
+                f"cannot place a document at {virtual}: it is a folder holding documents; to put the "
+                f"document in that folder, name it in full ({virtual.rstrip('/')}/NAME.md), or choose another name"
             )
 
     def _check_new(self, repo_path: str, virtual: str, *, names: bool = True) -> None:

@@ -772,9 +772,13 @@ class KnowledgeStore:
             if outcome is None:
                 raise
         except BaseException as exc:
+            # Withdrawn means no holder's *committed* transaction recorded it — not that it did not
+            # land: a holder whose Postgres transaction failed after its ref moved (its claim rolled
+            # back, so the intent was withdrawable) left the revision in git, and a settle's catch-up
+            # records it with this key, maybe before this writer looked at the journal. So the
+            # write is settled by its key (``_settle_outcome``: write lock, catch-up, look-up), never
+            # answered "nothing recorded" from the withdrawal alone (design §3).
             withdrawn = intent_id is not None and self._withdraw_quietly(intent_id)
-            if withdrawn and draft.pending is None and intent_id not in group_commit.read_journal(repo):
-                draft.submitted = False  # withdrawn before any holder recorded it: nothing landed
             if withdrawn or intent_id is None or not isinstance(exc, KbError) or isinstance(exc, _SETTLED_BY_KEY):
                 raise  # (the errors settled by key: the caller asks Postgres, design §3)
             # not withdrawn: a holder claimed the intent when this writer's group failed (its ref

@@ -327,7 +327,7 @@ class Turn:
 
     def _require_file(self, path: str, rp: str) -> None:
         if self._is_folder(rp):
-            raise IsAFolder(f"{path} is a folder, not a document; use ls/rmdir for folders")
+            raise IsAFolder(f"{path} is a folder, not a document; ls lists what it holds")
 
     def _check_parents(self, sp: StorePath) -> None:
         parent = sp.parent

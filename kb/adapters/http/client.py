@@ -39,8 +39,10 @@ class ServerClient:
         except urllib.error.HTTPError as exc:
             raise _error_from(exc) from None
         except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc  # urllib's URLError wraps the socket's error
+            reason = getattr(reason, "strerror", None) or reason
             raise errors.ServerUnavailable(
-                f"kb server at {self.base_url} (KB_SERVER_URL) did not answer: {exc}; start `kb serve` "
+                f"kb server at {self.base_url} (KB_SERVER_URL) did not answer ({reason}); start `kb serve` "
                 "or unset KB_SERVER_URL"
             ) from None
 
