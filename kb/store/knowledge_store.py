@@ -772,13 +772,20 @@ class KnowledgeStore:
             if outcome is None:
                 raise
         except BaseException as exc:
+            withdrawn = intent_id is not None and self._withdraw_quietly(intent_id)
             # Withdrawn means no holder's *committed* transaction recorded it — not that it did not
             # land: a holder whose Postgres transaction failed after its ref moved (its claim rolled
-            # back, so the intent was withdrawable) left the revision in git, and a settle's catch-up
-            # records it with this key, maybe before this writer looked at the journal. So the
-            # write is settled by its key (``_settle_outcome``: write lock, catch-up, look-up), never
-            # answered "nothing recorded" from the withdrawal alone (design §3).
-            withdrawn = intent_id is not None and self._withdraw_quietly(intent_id)
+            # back, so the intent was withdrawable) left the revision in git, with this intent in its
+            # journal until a settle's catch-up records the revision with this key and clears the
+            # journal. So "nothing landed" needs all three: withdrawn, not in the journal, and (read
+            # after it) the key not recorded; otherwise the write is settled by its key (design §3).
+            if (
+                withdrawn
+                and draft.pending is None
+                and intent_id not in group_commit.read_journal(repo)
+                and not self._key_recorded_quietly(draft.idempotency_key)
+            ):
+                draft.submitted = False  # nothing reached git that anyone could record
             if withdrawn or intent_id is None or not isinstance(exc, KbError) or isinstance(exc, _SETTLED_BY_KEY):
                 raise  # (the errors settled by key: the caller asks Postgres, design §3)
             # not withdrawn: a holder claimed the intent when this writer's group failed (its ref
@@ -1175,6 +1182,17 @@ class KnowledgeStore:
         if outcome is None:
             raise failure
         return outcome
+
+    def _key_recorded_quietly(self, key: str | None) -> bool:
+        """Whether Postgres records a revision with ``key`` (one look-up, no lock); True when it
+        cannot be asked — unknown, so the caller settles the write instead of answering "nothing"."""
+        if key is None:
+            return True
+        try:
+            with database.pooled_transaction(self.database_url) as conn:
+                return bool(write_keys.recorded(conn, self.workspace_id, [key]))
+        except (KbError, psycopg.Error, OSError):
+            return True
 
     def _withdraw_quietly(self, intent_id: int) -> bool:
         """Best effort, on the way out of a failed commit: withdraw the queued intent so that no
