@@ -216,3 +216,23 @@ def test_counted_words_a_count():
 
     assert [counted(n, "document") for n in (0, 1, 2)] == ["0 documents", "1 document", "2 documents"]
     assert counted(1, "batch", "batches") == "1 batch" and counted(3, "batch", "batches") == "3 batches"
+
+
+def test_rm_removes_documents_and_folders_in_one_revision_that_revert_undoes(kb, kb_env):
+    """The CLI could not delete a document (only `import --prune` or deleting the workspace):
+    `kb rm PATH...` removes documents and folders in one revision; history keeps them."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", "t") as tx:
+        tx.write("/documents/keep.md", "keep\n")
+        tx.write("/documents/old.md", "old\n")
+        tx.write("/documents/Scratch/a.md", "a\n")
+        tx.write("/documents/Scratch/b.md", "b\n")
+    removed = run_cli(kb_env, "rm", "/documents/old.md", "/documents/Scratch", "-w", "1")
+    revision = re.match(r"revision ([0-9a-f]{40}): removed 3 documents$", removed.stdout.strip())
+    assert revision, removed.stdout
+    assert run_cli(kb_env, "ls", "/documents", "-w", "1").stdout.split() == ["/documents/keep.md"]
+    missing = run_cli(kb_env, "rm", "/documents/nope.md", "/documents/keep.md", "-w", "1", check=False)
+    assert missing.returncode == 1 and "no such document or folder" in missing.stderr
+    assert kb.read(1, "/documents/keep.md") == b"keep\n"  # nothing removed when one path is wrong
+    run_cli(kb_env, "revert", revision.group(1), "-w", "1")
+    assert kb.read(1, "/documents/Scratch/b.md") == b"b\n"

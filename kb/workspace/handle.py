@@ -110,6 +110,16 @@ class Workspace:
             draft.move(source, destination, overwrite=overwrite)
         return draft.revision
 
+    def remove(self, paths: list[str], *, message: str | None = None, author: str | None = None) -> Revision | None:
+        """Remove documents or folders (every document under one) in one revision (``kb rm``);
+        history keeps them: ``kb log``/``kb read -r`` show them, ``kb revert`` brings them back.
+        Returns the revision. Raises DocumentNotFound (a path with nothing there: nothing is
+        removed), InvalidPath."""
+        with self.transaction(message, author) as draft:
+            for path in paths:
+                draft.remove(path)
+        return draft.revision
+
     def revert(
         self, revision: str, author: str | None = None, committer: str | None = None, message: str | None = None
     ) -> Revision | None:

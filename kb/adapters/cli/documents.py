@@ -274,6 +274,25 @@ def move(
     click.echo("nothing moved" if revision is None else f"revision {revision.id}: moved {source} to {destination}")
 
 
+@click.command("rm")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@workspace_option()
+@click.option("--author", help="Author of the revision (default: your user name).")
+@click.option("--message", "-m", help="Revision message (default: 'docs: remove N files').")
+def remove(paths: tuple[str, ...], workspace: int, author: str | None, message: str | None) -> None:
+    """Remove the documents or folders PATH... (a folder: every document under it) in one revision.
+    History keeps them: `kb log` lists the revision and `kb revert REVISION` brings them back.
+
+    Example: kb rm "/documents/Drafts/Old plan.md" /documents/Scratch --workspace 1
+    """
+    revision = session.open_kb().workspace(workspace).remove(list(paths), message=message, author=author)
+    if revision is None:
+        click.echo("nothing removed")
+        return
+    removed = [c.path for c in revision.changes if c.change == "removed"]
+    click.echo(f"revision {revision.id}: removed {counted(len(removed), 'document')}")
+
+
 def _settle_interrupted_import(kb, workspace: int, key: str, existed: bool) -> None:
     """Ctrl-C during ``kb import``: say exactly what happened (design §3) — the import landed (its
     revision), or nothing was recorded — and remove the empty workspace an interrupted first import
@@ -305,4 +324,4 @@ def _settle_interrupted_import(kb, workspace: int, key: str, existed: bool) -> N
     raise SystemExit(130)
 
 
-COMMANDS = [import_, read, ls, new, move, edit]
+COMMANDS = [import_, read, ls, new, move, remove, edit]

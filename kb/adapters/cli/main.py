@@ -21,7 +21,7 @@ from kb.errors import KbError
 
 COMMAND_MODULES = {
     "database": ("init", "db-url", "psql", "db-stop"),
-    "documents": ("import", "read", "ls", "new", "mv", "edit"),
+    "documents": ("import", "read", "ls", "new", "mv", "rm", "edit"),
     "history": ("log", "blame", "revert", "restore", "write-outcome"),
     "search": ("search",),
     "index": ("worker", "index", "rebuild-projection", "reindex", "sweep", "prepare-model"),
