@@ -879,9 +879,12 @@ def test_reverting_the_addition_of_a_document_moved_since_refuses(kb):
     None, "nothing to revert", while the document it added was still there under its new path."""
     added = commit(kb, 13, ("write", "/documents/x.md", b"x\n"), ("write", "/documents/y.md", b"y\n"))
     commit(kb, 13, ("move", "/documents/x.md", "/documents/z.md"))
-    with pytest.raises(PathExists, match="x.md"):
+    with pytest.raises(PathExists, match="x.md") as refused:
         kb.revert(13, added.id, "t")
     assert tree(kb, 13) == {"/documents/y.md": b"y\n", "/documents/z.md": b"x\n"}
+    # the refusal says it was moved, and where — it said "edited or replaced", which it was not
+    assert "/documents/x.md (moved since to /documents/z.md)" in str(refused.value)
+    assert "edited or replaced" not in str(refused.value) and "--workspace 13" in str(refused.value)
 
 
 @pytest.mark.parametrize("value", ["inf", "1e400", "1e10", "-1"])

@@ -1404,12 +1404,14 @@ class KnowledgeStore:
             released = {c.path for c in changes if c.change == "moved" and c.old_path in carried}
             touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried - released
             taken: list[tuple[str, str | None]] = []
+            moved_on: dict[str, str] = {}  # of ``taken``: added by the revision, moved since -> where
             for path in sorted(touched):
                 before, after = repo.lookup(parent_tree, path[1:]), repo.lookup(revision_tree, path[1:])
                 now = draft.content_id(path)
                 if now is None and before is None and after is not None:  # added by it, gone from there since
-                    if recorded and self._moved_on(path, revision):
+                    if recorded and (now_at := self._where_now(path, revision)) is not None:
                         taken.append((path, before))  # moved on since: later work, not to be removed
+                        moved_on[path] = now_at
                     continue
                 if now == before:
                     continue
@@ -1451,19 +1453,17 @@ class KnowledgeStore:
                         draft.write(path, repo.blob(before), allow_keep=True)
                 taken = [t for t in taken if t[0] not in artifacts]
             if taken:
+                moved = [f"{path} (moved since to {moved_on[path]})" for path, _ in taken if path in moved_on]
+                changed = [path for path, _ in taken if path not in moved_on]
+                said = ([f"{', '.join(changed)} changed since it (edited or replaced)"] if changed else []) + (
+                    [f"{', '.join(moved)}"] if moved else []
+                )
                 raise PathExists(
-                    f"cannot revert {revision[:12]}: {', '.join(path for path, _ in taken)} changed since it "
-                    f"({'its document was edited or replaced' if len(taken) == 1 else 'their documents were edited or replaced'}"
-                    "), and reverting would remove or replace that later work; nothing was reverted. Revert the "
-                    "later revisions first (`kb log PATH` lists them), or move or edit the document by hand"
+                    f"cannot revert {revision[:12]}: {'; '.join(said)}, and reverting would remove or replace "
+                    "that later work; nothing was reverted. Revert the later revisions first (`kb log PATH "
+                    f"--workspace {self.workspace_id}` lists them), or move or edit the document by hand"
                 )
         return draft.revision
-
-    def _moved_on(self, path: str, revision: str) -> bool:
-        """True when the document at ``path`` (virtual) in ``revision`` was moved by recorded
-        revisions since and is still somewhere (``current_path``): a revert of its addition
-        would remove later work (design §3)."""
-        return self._where_now(path, revision) is not None
 
     def _where_now(self, path: str, revision: str) -> str | None:
         """The virtual path the document at ``path`` in ``revision`` was moved to by recorded
