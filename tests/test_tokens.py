@@ -97,6 +97,7 @@ def test_kb_token_cli_and_serve_refusing_a_public_address_without_tokens(kb_env,
     secret = created.stdout.strip()
     assert secret.startswith("kb_") and "shown only now" in created.stderr
     assert "no workspace 2 exists yet" in created.stderr  # a typo is told, the token stands
+    assert ": write on workspace 2, " in created.stderr  # one workspace, in the singular
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "a.md").write_text("# A\n")

@@ -32,6 +32,13 @@ def _workspaces(token) -> str:
     return "all" if token.workspace_ids is None else ",".join(str(i) for i in token.workspace_ids)
 
 
+def _workspaces_phrase(token) -> str:
+    """"all workspaces", "workspace 2" or "workspaces 2,3": what a token reaches, in a sentence."""
+    if token.workspace_ids is None:
+        return "all workspaces"
+    return f"workspace{'' if len(token.workspace_ids) == 1 else 's'} {_workspaces(token)}"
+
+
 @click.group()
 def token() -> None:
     """API tokens for kb serve and MCP over HTTP (design §16): every route but /health and /ready
@@ -76,7 +83,7 @@ def create(name: str, scope: str, workspaces: tuple[int, ...], all_workspaces: b
     click.echo(secret)
     expiry = "never expires" if created.expires_at is None else f"expires {_utc(created.expires_at)}"
     click.echo(
-        f"token {created.id} {created.name!r}: {created.scope} on workspaces {_workspaces(created)}, {expiry}. "
+        f"token {created.id} {created.name!r}: {created.scope} on {_workspaces_phrase(created)}, {expiry}. "
         "It is shown only now; send it as 'Authorization: Bearer <token>' (the CLI: KB_TOKEN).",
         err=True,
     )

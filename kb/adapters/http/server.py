@@ -735,13 +735,14 @@ def serve(
     from kb.knowledge_base import KnowledgeBase
 
     settings = settings or Settings()
-    refuse_taken_port(host, port)
 
     def tokens_live() -> bool:
         with KnowledgeBase.open(settings) as kb:
             return kb.tokens().any_live()
 
-    log.warning(start_up_check(host, port, insecure=insecure_no_auth, tokens_live=tokens_live))
+    banner = start_up_check(host, port, insecure=insecure_no_auth, tokens_live=tokens_live)
+    refuse_taken_port(host, port)  # after the access check (what to fix first), before the banner
+    log.warning(banner)
     app = create_app(
         settings,
         with_worker=with_worker,
