@@ -33,7 +33,7 @@ def _workspaces(token) -> str:
 
 
 def _workspaces_phrase(token) -> str:
-    """"all workspaces", "workspace 2" or "workspaces 2,3": what a token reaches, in a sentence."""
+    """What a token reaches, in a sentence: "all workspaces", "workspace 2" or "workspaces 2,3"."""
     if token.workspace_ids is None:
         return "all workspaces"
     return f"workspace{'' if len(token.workspace_ids) == 1 else 's'} {_workspaces(token)}"
