@@ -106,7 +106,13 @@ def _wait_for_the_loss(log) -> None:
     """Wait (120 s) until the worker whose output goes to ``log`` stops for the lost database;
     the failure message carries the log."""
     try:
-        wait_until(lambda: "stopping worker" in log.read_text(), 120, "the worker to lose the database")
+        # Procrastinate's "stopping worker" when its own side task lost the database first; kb's
+        # "worker stopped: … restarting it" alone when kb's pool timed out first (CI met both)
+        wait_until(
+            lambda: "stopping worker" in (text := log.read_text()) or "restarting it in" in text,
+            120,
+            "the worker to lose the database",
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n--- log ---\n{log.read_text()}") from None
 
