@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from mcp.client.stdio import StdioServerParameters
 from support.commands import git, run_cli
 from support.named_queries import queries
 from support.network import free_port
+from support.serving import turn_locks_held
 
 AUTHOR = "Ada Lovelace <ada@example.com>"
 PLAN = "# Plan\n\nline three\nline four about the refund window\nline five\n"
@@ -319,16 +319,6 @@ def _abandoned_chat(base: str, chat: str, tool: str, arguments: dict) -> dict:
         return _rpc_result(reply)
 
 
-def _turn_locks_held(pid: int) -> int:
-    held = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:  # a descriptor the server closes while this looks is gone by the time it is read
-            held += os.readlink(fd).endswith("kb-turn.lock")
-        except FileNotFoundError:
-            continue
-    return held
-
-
 def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_env, settings) -> None:
     """design §16: a client that never ended its session (no HTTP DELETE) left its chat in kb serve
     for the server's life — its turn open, a file descriptor and a worktree lock each — so abandoned
@@ -343,17 +333,17 @@ def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_en
             assert not written["result"]["isError"], written
         refused = _abandoned_chat(base, "third", "read", {"path": "/documents/Plan.md"})
         assert refused["result"]["isError"] and "KB_MCP_CHATS_PER_TOKEN" in refused["result"]["content"][0]["text"]
-        assert _turn_locks_held(proc.pid) == 2
+        assert turn_locks_held(proc.pid) == 2
 
         def committed() -> bool:
             tree = git(repo, "ls-tree", "-r", "--name-only", "HEAD")
             return "documents/gone-1.md" in tree and "documents/gone-2.md" in tree
 
         deadline = time.monotonic() + 60
-        while not (committed() and _turn_locks_held(proc.pid) == 0) and time.monotonic() < deadline:
+        while not (committed() and turn_locks_held(proc.pid) == 0) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert committed(), "the abandoned chats' turns were not committed once idle"
-        assert _turn_locks_held(proc.pid) == 0, "the idle chats' turns still hold their worktree locks"
+        assert turn_locks_held(proc.pid) == 0, "the idle chats' turns still hold their worktree locks"
         assert "MCP client disconnected" in git(repo, "log", "-1", "--format=%B")
         again = _abandoned_chat(base, "third", "read", {"path": "/documents/Plan.md"})
         assert not again["result"]["isError"], again

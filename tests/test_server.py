@@ -4,7 +4,6 @@ SIGTERM while the in-process worker runs a job (the job finishes, nothing is los
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from support import serving
 from support.commands import git, run_cli
 from support.named_queries import queries
 from support.network import free_port
+from support.serving import turn_locks_held
 from support.waiting import wait_until
 
 from kb.db import database
@@ -182,16 +182,6 @@ def test_sigterm_while_the_in_process_worker_runs_a_job_finishes_it(kb, kb_env, 
     assert row["last_indexed_revision"] == kb.head(1)
 
 
-def _turn_locks_held(pid: int) -> int:
-    held = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:  # a descriptor the server closes while this looks is gone by the time it is read
-            held += os.readlink(fd).endswith("kb-turn.lock")
-        except FileNotFoundError:
-            continue
-    return held
-
-
 def test_an_api_turn_left_idle_is_released_and_its_worktree_kept_for_a_later_commit(kb, kb_env, tmp_path):
     """design §5, §16: a client that started a turn and never came back kept it open in kb serve
     for the server's life — its worktree lock and a file descriptor each (100 abandoned turns, 100
@@ -209,8 +199,8 @@ def test_an_api_turn_left_idle_is_released_and_its_worktree_kept_for_a_later_com
                 f"{url}/v1/workspaces/1/turns/{name}/files/documents/{name}.md", "PUT", {"content": f"# {name}\n"}
             )
             assert status == 200
-        assert _turn_locks_held(process.pid) == 2
-        wait_until(lambda: _turn_locks_held(process.pid) == 0, 60, "the idle turns to be released")
+        assert turn_locks_held(process.pid) == 2
+        wait_until(lambda: turn_locks_held(process.pid) == 0, 60, "the idle turns to be released")
         assert (kb.settings.knowledge_store / "1" / ".git" / "worktrees").is_dir()
         status, committed = _call(f"{url}/v1/workspaces/1/turns/left-1/commit", "POST", {"message": "later"})
         assert status == 200 and committed["added"] == ["/documents/left-1.md"], committed

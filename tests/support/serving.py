@@ -71,3 +71,18 @@ def stop_serve(process: subprocess.Popen, log: Path) -> str:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     return log.read_text()
+
+
+def turn_locks_held(pid: int) -> int:
+    """How many turn worktree locks (``kb-turn.lock`` descriptors) process ``pid`` holds open,
+    read from /proc; a descriptor closed while this reads is skipped."""
+    import os
+    from pathlib import Path
+
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:  # a descriptor the server closes while this looks is gone by the time it is read
+            held += os.readlink(fd).endswith("kb-turn.lock")
+        except FileNotFoundError:
+            continue
+    return held
