@@ -13,6 +13,13 @@ Two rows, each leg interleaved round by round with its reference, medians report
    and embeds the corpus as in 1, against ``kb worker --until-idle`` indexing a fresh import of it
    (``os.wait4``'s ru_maxrss of each child). Ratio kb ÷ reference (goal ≤ 1.1).
 
+``--model NAME`` (throughput row) runs both legs with another embedder instead of hashing (e.g.
+``minilm``, through onnxruntime as kb runs it; ``use-m3``): the reference embeds the chunk texts with
+the same embedder object kb builds from ``KB_EMBEDDING_MODEL=NAME`` (``make_embedder``), warmed up
+on the same 50 files, so the ratio says whether kb's pipeline or the embedder sets the pace. A
+model embeds tens of chunks a second here, not thousands: use a small ``--limit`` (200 files:
+~400 chunks).
+
 ``--fingerprint`` (with ``--compare``) then checks that both trees stored the same index: every
 chunk, vector, tsvector, stamp, document-terms and statistics row of this tree's last run against the
 compared tree's (bin/index_fingerprint.py, md5 per table); the bench exits 1 when any part differs.
@@ -25,7 +32,7 @@ untimed), so both trees meet the same load — on a shared machine, separate run
 apart more than the trees differ.
 
 Usage: python bin/bench_index_pipeline.py [--corpus DIR] [--limit N] [--rounds 3] [--work /tmp/kb-bench-pipeline]
-       [--compare TREE [--fingerprint]]
+       [--compare TREE [--fingerprint]] [--model hashing|minilm|use-m3]
 Postgres: ``KB_DATABASE_URL`` when set, else an embedded server under --work.
 """
 
@@ -48,7 +55,7 @@ from index_fingerprint import differences, fingerprint  # noqa: E402
 
 from kb.db import database  # noqa: E402
 from kb.index.chunking import Chunker  # noqa: E402
-from kb.index.embedding import HashingEmbedder  # noqa: E402
+from kb.index.embedding import HashingEmbedder, make_embedder  # noqa: E402
 from kb.knowledge_base import KnowledgeBase  # noqa: E402
 from kb.settings import Settings  # noqa: E402
 from kb.store.indexable import decode_document  # noqa: E402
@@ -117,9 +124,11 @@ def compare_rate(tree: Path, admin_url: str, work: Path, warm: Path, corpus: Pat
     return float(rate), int(chunks)
 
 
-def reference_rate(files: list[Path], settings: Settings) -> tuple[float, int]:
-    """(chunks/s, chunks) of kb's chunker + the hashing embedder alone over ``files``."""
-    chunker, embedder = Chunker(settings.chunk_size), HashingEmbedder(settings.embedding_dim)
+def reference_rate(files: list[Path], settings: Settings, embedder=None) -> tuple[float, int]:
+    """(chunks/s, chunks) of kb's chunker + an embedder alone over ``files`` (``embedder``: the
+    hashing embedder when None)."""
+    chunker = Chunker(settings.chunk_size)
+    embedder = embedder or HashingEmbedder(settings.embedding_dim)
     size = settings.embed_batch_size
     start, chunks, texts = time.perf_counter(), 0, []
     for path in files:
@@ -157,13 +166,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--legs", default="throughput,memory")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kb-bench-pipeline"))
+    parser.add_argument("--model", default="hashing", help="the embedder of both throughput legs (default hashing)")
     parser.add_argument("--compare", type=Path, help="another checkout of kb to time in the same rounds")
     parser.add_argument(
         "--fingerprint", action="store_true", help="with --compare: check both trees stored the same index"
     )
     args = parser.parse_args()
     shutil.rmtree(args.work / "storage", ignore_errors=True)
-    settings = Settings(storage_root=args.work / "storage", embedding_model="hashing")
+    settings = Settings(storage_root=args.work / "storage", embedding_model=args.model)
+    if args.model != "hashing" and ("memory" in args.legs or args.compare):
+        sys.exit("--model other than hashing times the throughput row alone: add --legs throughput, no --compare")
+    embedder = None if args.model == "hashing" else make_embedder(settings)
     admin_url = None
     if settings.database_url is None:
         url = admin_url = database.start_embedded(args.work / "pg", database="kb_bench")
@@ -186,7 +199,7 @@ def main() -> None:
     ws = 0
     if "throughput" in args.legs:
         ours, theirs, compared = [], [], []
-        reference_rate(files[:50], settings)  # warm-up: the chunker's imports and tokenizer
+        reference_rate(files[:50], settings, embedder)  # warm-up: the chunker's imports and tokenizer
         # kb's warm-up likewise, on the same 50 files: its imports and the language classifier's
         # model (loaded once per process, 0.7 s), so both legs are timed warm
         warm = args.work / "warm-corpus"
@@ -199,7 +212,7 @@ def main() -> None:
         fresh_workspace(kb, ws, warm)
         kb.index(ws)
         for number in range(args.rounds):
-            rate, chunks = reference_rate(files, settings)
+            rate, chunks = reference_rate(files, settings, embedder)
             theirs.append(rate)
             # the compared tree runs after this one in even rounds and before it in odd ones, so
             # neither always follows the reference
@@ -220,7 +233,8 @@ def main() -> None:
             print(line, f"load {os.getloadavg()[0]:.1f}", flush=True)
         kb_rate, ref_rate = statistics.median(ours), statistics.median(theirs)
         print(
-            f"indexing, hashing embedder: kb {kb_rate:.0f} chunks/s   chunker+hashing alone {ref_rate:.0f} chunks/s"
+            f"indexing, {args.model} embedder: kb {kb_rate:.0f} chunks/s"
+            f"   chunker+{args.model} alone {ref_rate:.0f} chunks/s"
             f"   kb/reference {kb_rate / ref_rate:.2f} (goal >= 0.7)",
             flush=True,
         )
