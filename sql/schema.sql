@@ -791,18 +791,18 @@ BEGIN
 END;
 $$;
 
--- Counts a workspace's term statistics afresh from its chunks and kb.document_terms rows (what the
--- triggers keep, counted once) and ends their deferral (migration 0029). The caller holds the
--- workspace's chunk lock, so no chunk or document_terms row of it changes meanwhile. Each text
--- configuration's lexemes are counted by ts_stat, one pass in C (migration 0030).
-CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE plpgsql AS $$
+-- Counts a workspace's term statistics afresh (what the triggers keep, counted once) in two
+-- halves that read nothing the other writes, so they can run at once on two connections
+-- (migration 0032): kb.recount_chunk_term_stats from its chunks, kb.recount_document_term_stats
+-- from its kb.document_terms rows. The caller holds the workspace's chunk lock, so no chunk or
+-- document_terms row of it changes meanwhile. Each text configuration's lexemes are counted by
+-- ts_stat, one pass in C (migration 0030).
+CREATE FUNCTION kb.recount_chunk_term_stats(ws integer) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     config text;
 BEGIN
     DELETE FROM kb.lexeme_stats WHERE workspace_id = ws;
     DELETE FROM kb.text_stats WHERE workspace_id = ws;
-    DELETE FROM kb.document_lexeme_stats WHERE workspace_id = ws;
-    DELETE FROM kb.document_text_stats WHERE workspace_id = ws;
     INSERT INTO kb.text_stats (workspace_id, text_config, chunk_count, token_total)
     SELECT ws, coalesce(c.text_config, 'english'), count(*), sum(c.tsv_tokens)
     FROM kb.chunks c WHERE c.workspace_id = ws
@@ -814,6 +814,15 @@ BEGIN
                             ws, 'english', config)) s
         ORDER BY s.word;
     END LOOP;
+END;
+$$;
+
+CREATE FUNCTION kb.recount_document_term_stats(ws integer) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    config text;
+BEGIN
+    DELETE FROM kb.document_lexeme_stats WHERE workspace_id = ws;
+    DELETE FROM kb.document_text_stats WHERE workspace_id = ws;
     INSERT INTO kb.document_text_stats (workspace_id, text_config, document_count, token_total)
     SELECT ws, t.text_config, count(*), sum(t.tokens)
     FROM kb.document_terms t WHERE t.workspace_id = ws
@@ -825,6 +834,15 @@ BEGIN
                             ws, config)) s
         ORDER BY s.word;
     END LOOP;
+END;
+$$;
+
+-- Both halves and the end of the workspace's deferral in one call (migration 0029): the sweep's
+-- recount of a deferral a dead run left.
+CREATE FUNCTION kb.recount_term_stats(ws integer) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM kb.recount_chunk_term_stats(ws);
+    PERFORM kb.recount_document_term_stats(ws);
     DELETE FROM kb.deferred_term_stats WHERE workspace_id = ws;
 END;
 $$;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import pytest
 from support.embedders import CountingEmbedder, StoppingEmbedder, WorkerStopped
 from support.generated_documents import generated_corpus, named_rows, write_all
@@ -88,6 +89,28 @@ def test_a_bulk_run_that_dies_leaves_a_deferral_that_is_repaired(kb, repair):
         assert report.term_stats_recounted == [1]
     else:
         kb.index(1)
+    assert _deferred(kb) == []
+    _statistics_exact(kb, 1)
+
+
+def test_a_recount_whose_document_half_fails_ends_no_deferral(kb):
+    """The end of a bulk run counts the chunk and whole-document statistics at once on two
+    connections (migration 0032). When the document half fails, the run fails with it, the chunk
+    half rolls back and the deferral stays (the triggers still leave the workspace out, so nothing
+    is counted twice); the next run recounts both halves and ends it."""
+    docs = generated_corpus(3 * DOCUMENT_BATCH)
+    write_all(kb, 1, docs)
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_fail_document_stats_inserts"])
+    # a schema that refuses its own statistics is a server-side fault, not one kb translates
+    with pytest.raises(psycopg.errors.RaiseException, match="document statistics refused"):
+        kb.index(1)
+    assert _deferred(kb) == [1]
+    [totals] = named_rows(kb, "test_text_stats_check", workspace_id=1)
+    assert totals["chunks"] > 0 and totals["kept_chunks"] == 0  # the chunk half rolled back too
+    with database.connect(kb.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_allow_document_stats_inserts"])
+    kb.index(1)
     assert _deferred(kb) == []
     _statistics_exact(kb, 1)
 

@@ -614,7 +614,7 @@ class Indexer:
                 # this run's deferral, or one a run that died left (design §7): counted afresh
                 # under the chunk lock, which orders it before the statistics and workspace rows
                 chunk_lock(conn, workspace_id)
-                conn.execute(queries["recount_term_stats"], {"workspace_id": workspace_id})
+                self._recount_term_stats(conn, workspace_id)
                 if not self._deferred_here:
                     self._dead_run_left_deferral()
             self._deferred_here = False
@@ -624,6 +624,27 @@ class Indexer:
             still = conn.execute(queries["documents_still_failed"], {"workspace_id": workspace_id}).fetchone()
         report.documents_still_failed = still["failed"]
         report.failed_attempts = still["attempts"]
+
+    def _recount_term_stats(self, conn, workspace_id: int) -> None:
+        """Count the workspace's term statistics afresh and end their deferral, in ``conn``'s
+        transaction, which holds the workspace's chunk lock (``_finish``). The two halves read
+        nothing the other writes (migration 0032): the document half runs on a second connection
+        of the run, in its own transaction, while this one counts the chunk half, so the serial end
+        of a bulk run takes the longer half, not their sum (design §7). The deferral ends here,
+        after both: when either half fails nothing ends it, and the next run or the sweep counts
+        the workspace again (a document half committed alone is counted afresh then)."""
+        params = {"workspace_id": workspace_id}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-recount") as pool:
+            documents = pool.submit(self._recount_document_terms, workspace_id)
+            conn.execute(queries["recount_chunk_term_stats"], params)
+        documents.result()  # the pool's end waited for it: nothing of it outlives the chunk lock
+        conn.execute(queries["end_term_stats_deferral"], params)
+
+    def _recount_document_terms(self, workspace_id: int) -> None:
+        """The document half of ``_recount_term_stats``, on a connection of its own (opened here,
+        off the thread that holds the chunk lock), committed by itself."""
+        with self._run_connection() as conn:
+            conn.execute(queries["recount_document_term_stats"], {"workspace_id": workspace_id})
 
     # -- one batch of documents ----------------------------------------------------------
     def _prepare(self, repo: Repository, row: dict, read: Callable[[dict], bytes] | None = None) -> _Prepared:

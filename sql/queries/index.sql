@@ -302,6 +302,20 @@ SELECT EXISTS (SELECT 1 FROM kb.deferred_term_stats WHERE workspace_id = %(works
 -- The workspace's term statistics counted afresh, its deferral ended (the caller holds the chunk lock).
 SELECT kb.recount_term_stats(%(workspace_id)s);
 
+-- name: recount_chunk_term_stats
+-- The chunk half of recount_term_stats (kb.text_stats, kb.lexeme_stats), run by the connection that
+-- holds the workspace's chunk lock while another runs the document half (migration 0032).
+SELECT kb.recount_chunk_term_stats(%(workspace_id)s);
+
+-- name: recount_document_term_stats
+-- The document half of recount_term_stats (kb.document_text_stats, kb.document_lexeme_stats), on a
+-- second connection while the chunk lock's holder runs the chunk half (migration 0032).
+SELECT kb.recount_document_term_stats(%(workspace_id)s);
+
+-- name: end_term_stats_deferral
+-- Once both halves are counted: the triggers count the workspace's changes again (migration 0029).
+DELETE FROM kb.deferred_term_stats WHERE workspace_id = %(workspace_id)s;
+
 -- name: deferred_term_stats_workspaces
 -- Workspaces whose term statistics are deferred: a running bulk index run, or one that died (the
 -- sweep recounts those whose index lock is free).

@@ -825,3 +825,18 @@ EXPLAIN {statement}
 
 -- name: test_explain_json
 EXPLAIN (FORMAT JSON) {statement}
+
+-- name: test_fail_document_stats_inserts
+-- Every insert into kb.document_text_stats fails (a real Postgres error): the document half of a
+-- bulk run's recount cannot finish (tests/test_index_term_stats.py).
+CREATE FUNCTION kb.test_refuse_document_stats() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'test: document statistics refused';
+END;
+$$;
+CREATE TRIGGER test_refuse_document_stats BEFORE INSERT ON kb.document_text_stats
+    FOR EACH ROW EXECUTE FUNCTION kb.test_refuse_document_stats();
+
+-- name: test_allow_document_stats_inserts
+DROP TRIGGER test_refuse_document_stats ON kb.document_text_stats;
+DROP FUNCTION kb.test_refuse_document_stats();
