@@ -82,6 +82,32 @@ def test_the_vectorised_walk_counts_the_features_py3langid_counts_in_its_order()
             assert np.array_equal(scores, identifier._raw_score(sample))
 
 
+def test_the_batch_scores_equal_py3langids_bit_for_bit():
+    """The scores computed from one float32 table of the batch's distinct features are
+    py3langid's own (``_raw_score``), not merely close: the detected language cannot differ on a
+    near tie. Texts of six scripts, batched as an index run batches them (64), and one alone."""
+    import py3langid.langid as langid
+
+    from kb.index.langid_batch import _scores, _walker
+    from kb.index.languages import _sample
+
+    identifier = langid._get_identifier()
+    walker = _walker(identifier)
+    assert walker is not None
+    samples = [identifier._encode(_sample(t)) for t in TEXTS + _random_texts(200, seed=5)]
+    compared = 0
+    for batch in [samples[:1], *(samples[start : start + 64] for start in range(0, len(samples), 64))]:
+        for sample, scores in zip(batch, _scores(identifier, walker.visits(batch))):
+            expected = identifier._raw_score(sample) if scores is not None else None
+            assert (scores is None) == (
+                langid.visit_counts(identifier.tk_nextmove, identifier._rowbase, identifier.tk_output, sample) is None
+            )
+            if scores is not None:
+                assert scores.dtype == expected.dtype and np.array_equal(scores, expected)
+                compared += 1
+    assert compared > 150
+
+
 def _classifying_itself(**attributes):
     """An identifier with py3langid's plain settings and ``attributes`` (arrays of its model),
     whose own ``classify`` answers ``"own"``: what the batch path must fall back to."""
