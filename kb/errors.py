@@ -37,6 +37,12 @@ class ConfigurationError(KbError):
     """A setting is missing or invalid (design §13)."""
 
 
+class KnowledgeBaseNotFound(ConfigurationError):
+    """The storage root holds no knowledge base (design §2.1, §13): with the embedded default, no
+    ``postgres/`` folder under ``KB_STORAGE_ROOT`` — a mistyped root, or none made yet. Raised for a
+    command that only reads, before anything is created or started there."""
+
+
 class DatabaseUnavailable(KbError):
     """The configured Postgres server cannot be reached or started."""
 

@@ -98,17 +98,24 @@ class KnowledgeBase:
 
     @classmethod
     def open(
-        cls, settings: Settings | None = None, *, migrate: bool = True, reuse_connection: bool = False
+        cls,
+        settings: Settings | None = None,
+        *,
+        migrate: bool = True,
+        reuse_connection: bool = False,
+        create: bool = True,
     ) -> KnowledgeBase:
         """Open kb from settings (environment ``KB_*`` when None), applying pending migrations.
 
         ``reuse_connection`` (a one-shot command, design §13): the connection that found the
         schema current is kept (``database.park``) for the first connection the caller opens
-        within ``database.PARKED_SECONDS``, instead of being closed.
-        Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError.
+        within ``database.PARKED_SECONDS``, instead of being closed. ``create=False`` (a command
+        that only reads): raise KnowledgeBaseNotFound rather than create and start a new embedded
+        database in a storage root that holds none (design §2.1, §13).
+        Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError, KnowledgeBaseNotFound.
         """
         settings = settings or Settings()
-        kb = cls(settings, database.resolve_database_url(settings))
+        kb = cls(settings, database.resolve_database_url(settings, create=create))
         if migrate:
             kb._ensure_schema(reuse_connection)
         return kb

@@ -37,7 +37,7 @@ def import_(
 
     Example: kb import ~/notes --workspace 1 --prefix Notes
     """
-    kb = session.open_kb()
+    kb = session.open_kb(create=True)  # the README's first command: it starts the knowledge base
     key = uuid.uuid4().hex
     existed = kb.store(workspace).exists()
     try:
@@ -237,7 +237,7 @@ def new(
         )
     if body is None:
         body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    kb = session.open_kb()
+    kb = session.open_kb(create=True)
     if not kb.store(workspace).exists():  # as kb import does: a first document starts a workspace
         kb.create_workspace(workspace)
         click.echo(f"created workspace {workspace}", err=True)
