@@ -236,3 +236,20 @@ def test_rm_removes_documents_and_folders_in_one_revision_that_revert_undoes(kb,
     assert kb.read(1, "/documents/keep.md") == b"keep\n"  # nothing removed when one path is wrong
     run_cli(kb_env, "revert", revision.group(1), "-w", "1")
     assert kb.read(1, "/documents/Scratch/b.md") == b"b\n"
+
+
+def test_search_text_shows_each_hits_fused_score_as_json_does(kb_env, tmp_path):
+    """Search pads to k with weaker matches (no relevance threshold, design §8): each envelope
+    shows its fused score, the one ``--json`` carries, so a reader can tell a strong hit from
+    padding; a full read has no score."""
+    run_cli(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    text = run_cli(kb_env, "search", "zebra", "-w", "1", "-k", "3").stdout
+    hits = json.loads(run_cli(kb_env, "search", "zebra", "-w", "1", "-k", "3", "--json").stdout)
+    assert len(hits) == 3 and all(isinstance(hit["score"], float) for hit in hits)
+    heads = [line for line in text.splitlines() if line.startswith("<document ")]
+    assert len(heads) == 3
+    for head, hit in zip(heads, hits, strict=True):
+        assert f'path="{hit["path"]}"' in head
+        assert head.endswith(f' score="{hit["score"]:.4f}">'), head
+    assert "score=" not in run_cli(kb_env, "read", "/documents/Note 0.md", "-w", "1").stdout
