@@ -177,6 +177,11 @@ class EditMismatch(KbError):
     """``edit``'s ``old`` text is absent from the document, or ambiguous without ``replace_all``."""
 
 
+class EditorFailed(KbError):
+    """The editor ``kb edit`` runs (``$EDITOR``) could not be started or exited with an error: the
+    edit's turn is discarded and nothing is recorded (design §5)."""
+
+
 class DocumentGone(KbError):
     """A writer edited a document that another revision removed after the writer's base: the edit
     is not recorded (it would bring the document back). ``paths`` holds the virtual paths."""

@@ -17,6 +17,7 @@ from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import shown_on_terminal
+from kb.errors import EditorFailed
 
 
 @click.command("import")
@@ -148,9 +149,9 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
         try:
             code = subprocess.call([*shlex.split(command), str(file)])
         except FileNotFoundError:
-            raise click.ClickException(f"editor {command!r} not found; set EDITOR") from None
+            raise EditorFailed(f"editor {command!r} not found; set EDITOR") from None
         if code != 0:
-            raise click.ClickException(f"editor {command!r} exited with status {code}; nothing was recorded")
+            raise EditorFailed(f"editor {command!r} exited with status {code}; nothing was recorded")
 
     result = session.open_kb().edit_document(
         workspace, path, run_editor, author=author, message=message, committer=committer
