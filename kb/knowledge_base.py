@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from kb.legacy.drift import DriftReport
     from kb.legacy.seed import SeedReport
     from kb.legacy.span_fill import SpanFill
-    from kb.store.importer import ImportReport
+    from kb.store.importer import ImportProgress, ImportReport
     from kb.store.listing import Entry
     from kb.turns.open_turns import OpenTurns
     from kb.turns.turn import CommitResult, Turn
@@ -270,11 +270,19 @@ class KnowledgeBase:
         message: str | None = None,
         author: str | None = None,
         idempotency_key: str | None = None,
+        progress: ImportProgress | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
-        ``transaction`` (design §3)."""
+        ``transaction`` (design §3); ``progress(phase, done, total)`` hears the import at work
+        (``kb.store.importer.ImportProgress``)."""
         return self.workspace(workspace_id).import_folder(
-            source, prefix=prefix, prune=prune, message=message, author=author, idempotency_key=idempotency_key
+            source,
+            prefix=prefix,
+            prune=prune,
+            message=message,
+            author=author,
+            idempotency_key=idempotency_key,
+            progress=progress,
         )
 
     # -- derived index (design §6, §7) -----------------------------------------------------
