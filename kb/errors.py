@@ -37,6 +37,12 @@ class ConfigurationError(KbError):
     """A setting is missing or invalid (design §13)."""
 
 
+class KnowledgeBaseNotFound(ConfigurationError):
+    """The storage root holds no knowledge base (design §2.1, §13): with the embedded default, no
+    ``postgres/`` folder under ``KB_STORAGE_ROOT`` — a mistyped root, or none made yet. Raised for a
+    command that only reads, before anything is created or started there."""
+
+
 class DatabaseUnavailable(KbError):
     """The configured Postgres server cannot be reached or started."""
 
@@ -169,6 +175,11 @@ class TurnBusy(KbError):
 
 class EditMismatch(KbError):
     """``edit``'s ``old`` text is absent from the document, or ambiguous without ``replace_all``."""
+
+
+class EditorFailed(KbError):
+    """The editor ``kb edit`` runs (``$EDITOR``) could not be started or exited with an error: the
+    edit's turn is discarded and nothing is recorded (design §5)."""
 
 
 class DocumentGone(KbError):

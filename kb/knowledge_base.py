@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from kb.legacy.drift import DriftReport
     from kb.legacy.seed import SeedReport
     from kb.legacy.span_fill import SpanFill
-    from kb.store.importer import ImportReport
+    from kb.store.importer import ImportProgress, ImportReport
     from kb.store.listing import Entry
     from kb.turns.open_turns import OpenTurns
     from kb.turns.turn import CommitResult, Turn
@@ -98,17 +98,24 @@ class KnowledgeBase:
 
     @classmethod
     def open(
-        cls, settings: Settings | None = None, *, migrate: bool = True, reuse_connection: bool = False
+        cls,
+        settings: Settings | None = None,
+        *,
+        migrate: bool = True,
+        reuse_connection: bool = False,
+        create: bool = True,
     ) -> KnowledgeBase:
         """Open kb from settings (environment ``KB_*`` when None), applying pending migrations.
 
         ``reuse_connection`` (a one-shot command, design §13): the connection that found the
         schema current is kept (``database.park``) for the first connection the caller opens
-        within ``database.PARKED_SECONDS``, instead of being closed.
-        Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError.
+        within ``database.PARKED_SECONDS``, instead of being closed. ``create=False`` (a command
+        that only reads): raise KnowledgeBaseNotFound rather than create and start a new embedded
+        database in a storage root that holds none (design §2.1, §13).
+        Raises DatabaseUnavailable, DatabaseNotReady (no pgvector), MigrationError, KnowledgeBaseNotFound.
         """
         settings = settings or Settings()
-        kb = cls(settings, database.resolve_database_url(settings))
+        kb = cls(settings, database.resolve_database_url(settings, create=create))
         if migrate:
             kb._ensure_schema(reuse_connection)
         return kb
@@ -263,11 +270,19 @@ class KnowledgeBase:
         message: str | None = None,
         author: str | None = None,
         idempotency_key: str | None = None,
+        progress: ImportProgress | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
-        ``transaction`` (design §3)."""
+        ``transaction`` (design §3); ``progress(phase, done, total)`` hears the import at work
+        (``kb.store.importer.ImportProgress``)."""
         return self.workspace(workspace_id).import_folder(
-            source, prefix=prefix, prune=prune, message=message, author=author, idempotency_key=idempotency_key
+            source,
+            prefix=prefix,
+            prune=prune,
+            message=message,
+            author=author,
+            idempotency_key=idempotency_key,
+            progress=progress,
         )
 
     # -- derived index (design §6, §7) -----------------------------------------------------

@@ -209,3 +209,19 @@ def test_moving_a_document_onto_a_folder_says_how_to_move_it_into_it(kb, kb_env)
     moved = run_cli(kb_env, "mv", "/documents/a.md", "/documents/Notes", "-w", "1", check=False)
     assert moved.returncode == 1 and "remove the folder" not in moved.stderr, moved.stderr
     assert "/documents/Notes/NAME.md" in moved.stderr, moved.stderr
+
+
+def test_edit_failures_are_reported_as_every_other_kb_error(kb, kb_env, tmp_path):
+    """An editor that is missing or fails is a kb error like any other (one line, ``kb: error:``),
+    not click's ``Error:``; nothing is recorded."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("a\n")
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+    head = run_cli(kb_env, "log", "--workspace", "1").stdout
+    missing = str(tmp_path / "no-such-editor")
+    for editor, said in [("false", "exited with status 1; nothing was recorded"), (missing, "not found; set EDITOR")]:
+        env = {**kb_env, "EDITOR": editor}
+        line = _one_line_error(run_cli(env, "edit", "/documents/a.md", "--workspace", "1", check=False))
+        assert line.startswith("kb: error: editor ") and said in line, line
+    assert run_cli(kb_env, "log", "--workspace", "1").stdout == head

@@ -236,3 +236,72 @@ def test_rm_removes_documents_and_folders_in_one_revision_that_revert_undoes(kb,
     assert kb.read(1, "/documents/keep.md") == b"keep\n"  # nothing removed when one path is wrong
     run_cli(kb_env, "revert", revision.group(1), "-w", "1")
     assert kb.read(1, "/documents/Scratch/b.md") == b"b\n"
+
+
+def test_search_text_shows_each_hits_fused_score_as_json_does(kb_env, tmp_path):
+    """Search pads to k with weaker matches (no relevance threshold, design §8): each envelope
+    shows its fused score, the one ``--json`` carries, so a reader can tell a strong hit from
+    padding; a full read has no score."""
+    run_cli(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    text = run_cli(kb_env, "search", "zebra", "-w", "1", "-k", "3").stdout
+    hits = json.loads(run_cli(kb_env, "search", "zebra", "-w", "1", "-k", "3", "--json").stdout)
+    assert len(hits) == 3 and all(isinstance(hit["score"], float) for hit in hits)
+    heads = [line for line in text.splitlines() if line.startswith("<document ")]
+    assert len(heads) == 3
+    for head, hit in zip(heads, hits, strict=True):
+        assert f'path="{hit["path"]}"' in head
+        assert head.endswith(f' score="{hit["score"]:.4f}">'), head
+    assert "score=" not in run_cli(kb_env, "read", "/documents/Note 0.md", "-w", "1").stdout
+
+
+def _run_with_stderr_on_a_terminal(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Run the kb CLI with stderr on a pseudo-terminal (stdout a pipe); returns the process and
+    what it wrote to the terminal."""
+    import os
+    import pty
+    import threading
+
+    leader, follower = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the follower closed: EIO
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "kb.adapters.cli", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        os.close(follower)
+    reader.join(timeout=60)
+    os.close(leader)
+    return result, b"".join(chunks).decode()
+
+
+def test_import_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe(kb_env, tmp_path):
+    """A large import (25,000 files, ~9 s) printed nothing until it was done. On a terminal it now
+    keeps a live line on stderr — files found, files read, the revision being recorded — and
+    clears it before the report; a script's stderr stays empty."""
+    result, terminal = _run_with_stderr_on_a_terminal(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    assert result.returncode == 0, terminal
+    assert "revision " in result.stdout and "3 found, 3 added" in result.stdout
+    assert "3 markdown files found" in terminal and "read 3/3 files" in terminal, terminal
+    assert "recording 3 documents as one revision" in terminal, terminal
+    assert terminal.endswith("\r\x1b[K"), repr(terminal)  # the live line is cleared
+    piped = run_cli(kb_env, "import", str(_notes(tmp_path, name="more")), "-w", "2")
+    assert piped.stderr == ""

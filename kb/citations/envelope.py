@@ -1,12 +1,13 @@
 """The read contract's envelope (design §8): one rendering for search excerpts and full reads.
 
-    <document title="Refund policy" path="/documents/Licenses/Refund policy.md" cite="[3]" view="excerpts" revision="9f2c…">
+    <document title="Refund policy" path="/documents/Licenses/Refund policy.md" cite="[3]" view="excerpts" revision="9f2c…" score="0.3333">
         12  ## Annual plans
         13  Annual subscriptions may be refunded within 30 days…
     </document>
 
 Line numbers are the document's true 1-based line numbers at that revision. Excerpts from chunks
-without spans (legacy rows, §9) render un-numbered, and the envelope says ``numbered="false"``.
+without spans (legacy rows, §9) render un-numbered, and the envelope says ``numbered="false"``. A
+search hit carries its fused score (``score``, four decimals; reads have none).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class Envelope:
             attrs["of"] = str(self.total_lines)
         if not self.numbered:
             attrs["numbered"] = "false"
+        if self.score is not None:  # a search hit's fused score: there is no relevance threshold (design §8)
+            attrs["score"] = f"{self.score:.4f}"
         from html import escape  # here: `kb log` and `kb status` import this module, render nothing
 
         head = " ".join(f'{k}="{escape(str(v), quote=True)}"' for k, v in attrs.items())

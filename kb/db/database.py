@@ -45,6 +45,7 @@ from kb.errors import (
     DatabaseNotReady,
     DatabaseUnavailable,
     KbError,
+    KnowledgeBaseNotFound,
     PermissionDenied,
     StatementCanceled,
     WorkspaceNotFound,
@@ -102,10 +103,33 @@ def is_transaction_pooled(url: str) -> bool:
     return url in _transaction_pooled
 
 
-def resolve_database_url(settings: Settings) -> str:
+def require_knowledge_base(settings: Settings) -> None:
+    """Raise KnowledgeBaseNotFound when the embedded default (no ``KB_DATABASE_URL``) finds no
+    knowledge base in the storage root: no ``{storage_root}/postgres`` folder (design §2.1, §13).
+    Creates, starts and deletes nothing: a mistyped ``KB_STORAGE_ROOT`` must not silently become
+    a new, empty knowledge base for a command that only reads. With ``KB_DATABASE_URL`` the
+    knowledge base is that server's, and a missing root is the store's to report (its
+    repositories are missing)."""
+    if settings.database_url:
+        return
+    root = settings.storage_root
+    if (root / "postgres").is_dir():
+        return
+    found = "does not exist" if not root.exists() else "holds no embedded database (no postgres/ folder)"
+    raise KnowledgeBaseNotFound(
+        f"no knowledge base at {root}: the folder {found}. Check KB_STORAGE_ROOT, or create a "
+        "knowledge base there with `kb import FOLDER --workspace 1` or `kb init`"
+    )
+
+
+def resolve_database_url(settings: Settings, *, create: bool = True) -> str:
     """The URL of kb's database: ``KB_DATABASE_URL``, or the embedded server (started if needed,
     listening on TCP too when ``KB_EMBEDDED_LISTEN`` says so). Declares ``KB_DATABASE_POOLER`` for
-    a configured URL. Raises DatabaseUnavailable when the embedded server cannot start."""
+    a configured URL. ``create=False`` (a command that only reads): raise KnowledgeBaseNotFound
+    instead of creating the embedded server in a storage root that has none
+    (``require_knowledge_base``). Raises DatabaseUnavailable when the embedded server cannot start."""
+    if not create:
+        require_knowledge_base(settings)
     if settings.database_url:
         declare_pooler(settings.database_url, settings.database_pooler)
         url = settings.database_url

@@ -243,6 +243,8 @@ def same_storage(home: WorkspaceHome, settings: Settings) -> bool:
         return False
     if home.node == settings.node:
         return True
+    if not settings.storage_root.exists():  # holds no node's storage; asking would create it (design §2.1)
+        return False
     return home.storage_id is not None and home.storage_id == storage_id(settings.storage_root)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,13 @@ SYMLINK = "symbolic link (never followed: it could pull in files from outside th
 NOT_MARKDOWN = "not markdown (only *.md files are imported)"
 NOT_UTF8_NAME = "its name is not valid UTF-8"
 NOT_A_FILE = "not a regular file"
+
+SCANNING, READING, RECORDING = "scanning", "reading", "recording"
+"""The phases an import reports to its ``progress`` callback, in this order."""
+ImportProgress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``: ``SCANNING`` with the markdown files found so far (``total``
+0 until the scan ends, then ``done``), ``READING`` file ``done`` of ``total``, ``RECORDING`` once,
+as the revision is written (``done`` = ``total`` = the files read)."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +89,10 @@ def _shown(parts: tuple[str, ...]) -> str:
     return os.fsencode("/".join(parts)).decode("utf-8", "backslashreplace")
 
 
-def scan(source: Path) -> tuple[list[tuple[str, ...]], list[Skipped]]:
+def scan(source: Path, progress: ImportProgress | None = None) -> tuple[list[tuple[str, ...]], list[Skipped]]:
     """Relative paths (as segment tuples, sorted) of the markdown files under ``source``, and the
-    entries skipped with the reason (sorted by path).
+    entries skipped with the reason (sorted by path). ``progress`` hears ``SCANNING`` after each
+    folder.
 
     Skipped: hidden files and folders (a hidden folder once, not its contents), non-markdown
     files, symbolic links (never followed: a link could pull in files from outside the folder),
@@ -127,6 +136,10 @@ def scan(source: Path) -> tuple[list[tuple[str, ...]], list[Skipped]]:
                 found.append((*rel_root, name))
             else:
                 skipped.append(Skipped(_shown((*rel_root, name)), reason))
+        if progress is not None:
+            progress(SCANNING, len(found), 0)
+    if progress is not None:
+        progress(SCANNING, len(found), len(found))
     return sorted(found), sorted(skipped, key=lambda entry: entry.path)
 
 
@@ -200,11 +213,14 @@ def import_folder(
     message: str | None = None,
     author: str = "kb-import",
     idempotency_key: str | None = None,
+    progress: ImportProgress | None = None,
 ) -> ImportReport:
     """Import ``source`` into the store's workspace as one revision (created if needed).
 
     ``idempotency_key``: the write's key (design §3): an interrupted import is settled with
     ``KnowledgeStore.write_outcome(key)``, and a retry with the key records it at most once.
+    ``progress``: told what the import is doing (``ImportProgress``), so a caller can show a
+    long import at work; it may be called once per file.
     Raises ImportSourceError when ``source`` is not a readable directory; HistoryDiverged when
     Postgres records revisions for the workspace but its repository is missing; LockTimeout etc.
     from the commit. Nothing is written on error.
@@ -217,7 +233,7 @@ def import_folder(
     source = source.resolve()
     prefix_parts = import_prefix(prefix)
     try:
-        relative, skipped = scan(source)
+        relative, skipped = scan(source, progress)
     except OSError as exc:
         raise _unreadable(source, exc) from None
     planned = plan_paths(relative, prefix_parts)
@@ -234,7 +250,7 @@ def import_folder(
     root = "/" + "/".join(("documents", *prefix_parts))
     text = message or f"import {len(relative)} documents from {source.name}"
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
-        for parts, repo_path in planned.items():
+        for read, (parts, repo_path) in enumerate(planned.items(), 1):
             try:
                 data = source.joinpath(*parts).read_bytes()
             except OSError as exc:
@@ -245,6 +261,8 @@ def import_folder(
             if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
                 report.renamed["/".join(parts)] = "/" + repo_path
             draft.write(repo_path, data)
+            if progress is not None:
+                progress(READING, read, len(planned))
         if prune:
             wanted = {"/" + p for p in planned.values()}
             for virtual in existing:
@@ -254,6 +272,8 @@ def import_folder(
                     and not virtual.endswith("/.keep")
                 ):
                     draft.remove(virtual)
+        if progress is not None:  # the commit runs as the block ends: the longest step of a large import
+            progress(RECORDING, len(planned), len(planned))
     report.revision = draft.revision
     if draft.revision is not None:
         for change in draft.revision.changes:

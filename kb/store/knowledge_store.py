@@ -203,6 +203,12 @@ class KnowledgeStore:
                         "created or deleted right now, or damaged); retry, and if it stays so restore that "
                         "folder from a backup"
                     ) from None
+                root = self.settings.storage_root
+                if not root.exists() and self._recorded():  # a mistyped KB_STORAGE_ROOT: an import would not help
+                    raise WorkspaceNotFound(
+                        f"workspace {self.workspace_id} has no repository here: the storage root {root} does "
+                        "not exist, and the repositories live under it. Check KB_STORAGE_ROOT"
+                    ) from None
                 raise WorkspaceNotFound(
                     f"workspace {self.workspace_id} does not exist; create it with "
                     f"`kb import PATH --workspace {self.workspace_id}`"
@@ -227,6 +233,13 @@ class KnowledgeStore:
             f"{', at ' + home.url if home.url else ''}) or run the command on {home.node!r}",
             node=home.node,
         )
+
+    def _recorded(self) -> bool:
+        """Whether Postgres records the workspace (False when it cannot be asked)."""
+        try:
+            return nodes.workspace_home(self.database_url, self.workspace_id) is not None
+        except KbError:
+            return False
 
     def close(self) -> None:
         """Close the repository if open (idempotent); the next use reopens it."""

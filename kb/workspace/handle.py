@@ -18,7 +18,7 @@ from kb.store.authors import default_author
 if TYPE_CHECKING:
     from kb.store.draft import Draft
     from kb.store.history import PathChange, Revision
-    from kb.store.importer import ImportReport
+    from kb.store.importer import ImportProgress, ImportReport
     from kb.store.knowledge_store import KnowledgeStore
     from kb.store.listing import Entry
     from kb.workspace.artifacts import Artifacts
@@ -146,9 +146,10 @@ class Workspace:
         message: str | None = None,
         author: str | None = None,
         idempotency_key: str | None = None,
+        progress: ImportProgress | None = None,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
-        ``transaction``."""
+        ``transaction``; ``progress`` hears the import's phases (``kb.store.importer.ImportProgress``)."""
         from kb.store.importer import import_folder
 
         return import_folder(
@@ -159,6 +160,7 @@ class Workspace:
             message=message,
             author=author or default_author(),
             idempotency_key=idempotency_key,
+            progress=progress,
         )
 
     # -- maintenance and services ----------------------------------------------------------

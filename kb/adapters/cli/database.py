@@ -21,7 +21,7 @@ def init() -> None:
 
     Idempotent. Example: kb init
     """
-    kb = session.open_kb(migrate=False)
+    kb = session.open_kb(migrate=False, create=True)
     settings = kb.settings
     report = kb.migrate()
     click.echo(f"database:      {kb.status()['database']}")
@@ -59,9 +59,10 @@ def db_url() -> None:
     \b
     Example: psql "$(kb db-url)"
     """
-    from kb.db.database import resolve_database_url, tcp_database_url
+    from kb.db.database import require_knowledge_base, resolve_database_url, tcp_database_url
 
     settings = session.settings()
+    require_knowledge_base(settings)  # prints no URL of a server it would have to create (design §2.1)
     click.echo(tcp_database_url(settings) or resolve_database_url(settings))
 
 
@@ -82,7 +83,7 @@ def psql(args: tuple[str, ...]) -> None:
     from kb.adapters.cli.psql_args import psql_arguments
     from kb.db.database import embedded_bin_dir, resolve_database_url
 
-    url = resolve_database_url(session.settings())
+    url = resolve_database_url(session.settings(), create=False)
     binary = embedded_bin_dir() / "psql"
     executable = str(binary) if binary.exists() else shutil.which("psql")
     if executable is None:

@@ -28,7 +28,7 @@ def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
     """
     from kb.jobs.worker import ProgressDisplay, describe_blocked
 
-    kb = session.open_kb()
+    kb = session.open_kb(create=True)  # may run before the first import
     report = kb.run_worker(
         until_idle=until_idle,
         concurrency=concurrency,

@@ -32,7 +32,7 @@ def seed(dsn, legacy_workspace, workspace, yes, flip, unflip, force, out, as_jso
 
     Example: kb seed --from-dsn postgresql://app@db/legacy --legacy-workspace 3 -w 5 --yes --flip
     """
-    kb = session.open_kb()
+    kb = session.open_kb(create=True)  # seeds a new knowledge base from legacy rows
     if unflip:
         if yes or flip:
             raise InvalidInput("--unflip hands authority back on its own; do not combine it with --yes or --flip")

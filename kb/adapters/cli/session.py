@@ -35,11 +35,15 @@ def settings() -> Settings:
     return Settings()
 
 
-def open_kb(*, migrate: bool = True) -> KnowledgeBase:
+def open_kb(*, migrate: bool = True, create: bool = False) -> KnowledgeBase:
     """The KnowledgeBase of the running command, closed when the command ends (design §13).
 
-    ``migrate=False`` (``kb init``) leaves the schema to the caller. Must run inside a click
-    command. Raises DatabaseUnavailable, DatabaseNotReady, MigrationError, ConfigurationError.
+    ``migrate=False`` (``kb init``) leaves the schema to the caller. ``create=True`` for the
+    commands that may start a knowledge base from nothing (``kb init``, ``kb import``, ``kb new``,
+    ``kb worker``, ``kb seed``, ``kb token create``; ``kb serve`` opens its own); every other command refuses a storage root that holds
+    none (KnowledgeBaseNotFound, design §2.1) instead of creating an empty one there. Must run
+    inside a click command. Raises DatabaseUnavailable, DatabaseNotReady, MigrationError,
+    ConfigurationError.
     """
     from kb.knowledge_base import KnowledgeBase
 
@@ -47,7 +51,7 @@ def open_kb(*, migrate: bool = True) -> KnowledgeBase:
     # a quick command's first connection is the one that checked the schema (design §13)
     quick = click.get_current_context().info_name in QUICK_COMMANDS
     try:
-        kb = KnowledgeBase.open(settings(), migrate=migrate, reuse_connection=quick)
+        kb = KnowledgeBase.open(settings(), migrate=migrate, reuse_connection=quick, create=create)
     finally:
         modules_loaded()
     click.get_current_context().call_on_close(kb.close)

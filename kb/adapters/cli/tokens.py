@@ -73,7 +73,7 @@ def create(name: str, scope: str, workspaces: tuple[int, ...], all_workspaces: b
             "name the workspaces the token reaches (--workspace N, repeatable) or pass --all-workspaces",
         )
     lifetime = None if expires is None else parse_lifetime(expires)
-    kb = session.open_kb()
+    kb = session.open_kb(create=True)  # a deployment's first step may be its first token
     created, secret = kb.tokens().create(
         name,
         scope,  # type: ignore[arg-type]

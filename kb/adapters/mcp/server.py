@@ -457,8 +457,9 @@ def build_server(
     @server.tool()
     def search(query: str, ctx: Context, k: int = 5) -> str:
         """Hybrid (semantic + full-text) search of the knowledge base. Returns up to `k` documents as
-        <document …> envelopes: each has a citation handle (cite="[n]") and excerpts whose numbers
-        are the document's true line numbers. Cite what you use as [n], [n:L12] or [n:L12-L14]."""
+        <document …> envelopes: each has a citation handle (cite="[n]"), its relevance (score="…",
+        higher is better; weak matches fill up to `k`) and excerpts whose numbers are the document's
+        true line numbers. Cite what you use as [n], [n:L12] or [n:L12-L14]."""
         state = chat(ctx)
         return call(lambda: "\n".join(e.render() for e in state.conversation.search(query, k=k)) or "no results", state)
 
