@@ -305,3 +305,19 @@ def test_import_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe(kb_env, t
     assert terminal.endswith("\r\x1b[K"), repr(terminal)  # the live line is cleared
     piped = run_cli(kb_env, "import", str(_notes(tmp_path, name="more")), "-w", "2")
     assert piped.stderr == ""
+
+
+def test_status_says_its_document_counts_wait_for_the_projection(kb_env, tmp_path):
+    """`kb status` counts the documents the projection has rows for: while newer revisions wait to
+    be projected it says so next to the counts, instead of "0 pending" beside an index lag."""
+    run_cli(kb_env, "import", str(_notes(tmp_path)), "-w", "1")
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    settled = run_cli(kb_env, "status", "-w", "1")
+    assert "documents:  3 (0 pending" in settled.stdout and "not projected" not in settled.stdout
+    run_cli(kb_env, "new", "Later.md", "-w", "1", "--body", "# Later\n\nwritten after the index\n")
+    waiting = run_cli(kb_env, "status", "-w", "1")
+    line = next(line for line in waiting.stdout.splitlines() if line.startswith("documents:"))
+    assert "documents:  3 " in line
+    assert "revisions after" in line and "not projected yet" in line and "kb worker --until-idle" in line
+    run_cli(kb_env, "worker", "--until-idle", "--quiet")
+    assert "documents:  4 (0 pending" in run_cli(kb_env, "status", "-w", "1").stdout

@@ -61,9 +61,21 @@ def status(workspace: int | None, as_json: bool) -> None:
         click.echo(f"workspace:  {ws['id']}")
         click.echo(f"head:       {ws['head']}")
         click.echo(f"index stamp:{' ' if ws['index_stamp'] else ''}{ws['index_stamp'] or ' (never indexed)'}")
+        # the counts are the projection's rows: revisions it has not reached have none yet
+        unprojected = ws.get("projected") != (ws.get("recorded_head") or ws["head"])
         click.echo(
             f"documents:  {ws['documents']} ({ws['pending']} pending, {ws['failed']} failed, "
             f"{ws['quarantined']} quarantined, {ws['unindexable']} unindexable)"
+            + (
+                (
+                    f"; revisions after {ws['projected'][:12]} are not projected yet"
+                    if ws.get("projected")
+                    else "; no revision is projected yet"
+                )
+                + ", their documents not counted here: `kb worker --until-idle` (or `kb index`) brings them in"
+                if unprojected
+                else ""
+            )
         )
         click.echo(f"chunks:     {ws['chunks']}")
         if ws.get("home_node"):
