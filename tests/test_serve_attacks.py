@@ -61,3 +61,27 @@ def test_a_revert_message_cannot_claim_another_tokens_turn(kb, served):
     repo = kb.settings.knowledge_store / "1"
     assert git(repo, "show", f"{committed.json()['revision']}:documents/Victim.md") == "the victim's work\n"
     assert git(repo, "log", "-1", "--format=%B").rstrip("\n").endswith(f"Turn: t{victim.id}@draft")
+
+
+def test_an_empty_idempotency_key_is_refused_not_shared_by_every_write(kb, served):
+    """``Idempotency-Key:`` sent empty (a client whose variable was unset) behind a token became
+    the key ``t<token id>@``, one for every such commit of the token: the second commit, with other
+    changes, was answered with the first one's revision and its own changes were dropped (design
+    §3). An empty key is refused before anything is written, and the turn is kept for a retry."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60)
+    empty = _as(secret) | {"Idempotency-Key": ""}
+    for turn, name in (("first", "First.md"), ("second", "Second.md")):
+        staged = api.put(
+            f"/v1/workspaces/1/turns/{turn}/files/documents/{name}", json={"content": f"{turn}\n"}, headers=_as(secret)
+        )
+        assert staged.status_code == 200, staged.text
+        head = kb.head(1)
+        refused = api.post(f"/v1/workspaces/1/turns/{turn}/commit", json={}, headers=empty)
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "empty" in refused.json()["message"] and kb.head(1) == head, refused.text
+        kept = api.post(f"/v1/workspaces/1/turns/{turn}/commit", json={}, headers=_as(secret))
+        assert kept.json()["added"] == [f"/documents/{name}"], kept.text
+    # a turn id empty before its '::' is refused too, as it is without a token
+    odd = api.put("/v1/workspaces/1/turns/::sub/files/documents/X.md", json={"content": "x\n"}, headers=_as(secret))
+    assert odd.status_code == 400 and odd.json()["error"] == "InvalidTurn", odd.text
