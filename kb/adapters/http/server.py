@@ -416,14 +416,18 @@ def turn_router(service: Service) -> APIRouter:
         """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed.
         With an ``Idempotency-Key`` header, a retry of a commit that landed records nothing and
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
-        settle one whose outcome is unknown. The committer is the request's token (design §16)."""
-        with service.turns() as kb:
+        settle one whose outcome is unknown. The committer is the request's token (design §16).
+
+        The key's fence is taken before the turns' lock, which every tenant's turn calls share: a
+        commit waiting there behind another's is in flight, and ``writes/{key}`` waits for it
+        rather than answer that it never lands (it answered so, and the commit landed after)."""
+        # a key is private to its token, as the turn is: another token's commit with the same
+        # key records its own changes instead of being answered with this one's (design §3, §16)
+        key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
+        with service.kb().store(workspace_id).key_fence(key), service.turns() as kb:
             open_turn = turn(kb, request, workspace_id, turn_id)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
-            # a key is private to its token, as the turn is: another token's commit with the same
-            # key records its own changes instead of being answered with this one's (design §3, §16)
-            key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
             result = open_turn.commit(body.message, idempotency_key=key)
         return {"revision": None} if result is None else json_form(result)
 
