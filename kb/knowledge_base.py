@@ -151,6 +151,11 @@ class KnowledgeBase:
         the janitor removes one idle past ``KB_WORKTREE_TTL`` (design §5). Returns how many."""
         return 0 if self._open_turns is None else self._open_turns.close_idle(idle_seconds)
 
+    def open_turns(self) -> list[tuple[int, str]]:
+        """``(workspace id, root turn id)`` of the turns this KnowledgeBase holds open (design §5):
+        made by ``turn()`` and not yet committed, aborted or released."""
+        return [] if self._open_turns is None else self._open_turns.open_keys()
+
     def __enter__(self) -> KnowledgeBase:
         return self
 

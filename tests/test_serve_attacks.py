@@ -155,3 +155,41 @@ def test_write_outcome_waits_for_a_keyed_commit_queued_behind_another_tenants(kb
     landed = answers["keyed"].json()["revision"]
     assert answers["settle"].json()["landed"] and answers["settle"].json()["revision"]["id"] == landed, answers
     assert "Traceback" not in output, output
+
+
+def test_one_token_cannot_open_turns_without_end(kb, kb_env, tmp_path):
+    """Each HTTP API turn holds a worktree lock and a file descriptor until committed, aborted or
+    released idle (15 minutes): one write token opened 300 turns in 3 s, 300 descriptors, and
+    went on until the server had none left for any tenant. One token holds at most
+    ``KB_TURNS_PER_TOKEN`` open turns; past it a new one is 429 ``TooManyTurns`` and nothing is
+    made, while its open turns stay usable, ending one makes room, and other tokens are not
+    affected (design §16)."""
+    kb.create_workspace(1)
+    flooder, secret = kb.tokens().create("flooder", "write", [1])
+    other = kb.tokens().create("other", "write", [1])[1]
+    log = tmp_path / "serve.log"
+    process, url = start_serve({**kb_env, "KB_TURNS_PER_TOKEN": "3"}, log)
+    api = httpx.Client(base_url=url, timeout=60)
+
+    def put(turn: str, token: str) -> httpx.Response:
+        return api.put(
+            f"/v1/workspaces/1/turns/{turn}/files/documents/F.md", json={"content": "f\n"}, headers=_as(token)
+        )
+
+    try:
+        for turn in ("t0", "t1", "t2"):
+            assert put(turn, secret).status_code == 200
+        refused = put("t3", secret)
+        assert refused.status_code == 429 and refused.json()["error"] == "TooManyTurns", refused.text
+        assert "KB_TURNS_PER_TOKEN" in refused.json()["message"], refused.text
+        worktrees = kb.settings.knowledge_store / "1" / ".git" / "worktrees"
+        assert not (worktrees / f"t{flooder.id}@t3").exists()  # nothing made for it
+        assert put("t0", secret).status_code == 200  # its open turns stay usable
+        assert put("t0", other).status_code == 200  # another token is not affected
+        committed = api.post("/v1/workspaces/1/turns/t0/commit", json={}, headers=_as(secret))
+        assert committed.status_code == 200 and committed.json()["revision"], committed.text
+        assert put("t3", secret).status_code == 200  # ending one made room
+        assert api.delete("/v1/workspaces/1/turns/t9", headers=_as(secret)).status_code == 200  # ending: never refused
+    finally:
+        output = stop_serve(process, log)
+    assert "Traceback" not in output, output

@@ -94,6 +94,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
     errors.TooManyChats: 429,  # the MCP tools answer it as a tool error; listed for any other route
+    errors.TooManyTurns: 429,
     errors.NodeUnavailable: 503,
     errors.WrongNode: 421,
     errors.PermissionDenied: 503,  # the server's database role, not the caller (design §16)
@@ -347,15 +348,42 @@ def read_router(service: Service) -> APIRouter:
     return router
 
 
+def refuse_another_turn(kb: KnowledgeBase, workspace_id: int, owned: str, token_id: int, most: int) -> None:
+    """Raise TooManyTurns when ``owned`` (a token's turn id, ``owned_by_token``) would open a new
+    turn while the token ``token_id`` holds ``most`` open already (``KB_TURNS_PER_TOKEN``): each
+    holds a worktree lock and a file descriptor until committed, aborted or released idle, and one
+    token opening turns without end ran the server out of descriptors for every tenant (design
+    §16). Its own open turns stay usable. Call it under ``Service.turns()``, which ``kb`` is of.
+    Raises InvalidTurn for a bad id."""
+    from kb.git.worktree import root_turn_id
+
+    key = (workspace_id, root_turn_id(owned))
+    held = kb.open_turns()
+    if key in held:
+        return
+    mine = owned_name("", token_id)
+    count = sum(1 for _, root in held if root.startswith(mine))
+    if count >= most:
+        raise errors.TooManyTurns(
+            f"this API token holds {count} open turns, the most kb serve keeps for one token "
+            "(KB_TURNS_PER_TOKEN); commit or abort one (POST …/turns/ID/commit, DELETE …/turns/ID), "
+            "or wait until an idle one is released (KB_TURN_IDLE_SECONDS)"
+        )
+
+
 def turn_router(service: Service) -> APIRouter:
     """A turn's file operations and commit (design §5); the turn's worktree is private to it."""
     router = APIRouter(
         prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
     )
 
-    def turn(kb, request: Request, workspace_id: int, turn_id: str, author: str | None = None):
-        # a turn id is private to the token that names it (design §16)
-        return kb.turn(workspace_id, owned_by_token(request, turn_id), author)
+    def turn(kb, request: Request, workspace_id: int, turn_id: str, author: str | None = None, ending: bool = False):
+        # a turn id is private to the token that names it (design §16); a commit or abort
+        # (``ending``) leaves no turn open, so a token at its bound may always end one
+        owned = owned_by_token(request, turn_id)
+        if not ending and (token := request_token(request)) is not None:
+            refuse_another_turn(kb, workspace_id, owned, token.id, service.settings.turns_per_token)
+        return kb.turn(workspace_id, owned, author)
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
@@ -425,7 +453,7 @@ def turn_router(service: Service) -> APIRouter:
         # key records its own changes instead of being answered with this one's (design §3, §16)
         key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
         with service.kb().store(workspace_id).key_fence(key), service.turns() as kb:
-            open_turn = turn(kb, request, workspace_id, turn_id)
+            open_turn = turn(kb, request, workspace_id, turn_id, ending=True)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
             result = open_turn.commit(body.message, idempotency_key=key)
@@ -435,7 +463,7 @@ def turn_router(service: Service) -> APIRouter:
     def abort(request: Request, workspace_id: int, turn_id: str) -> dict:
         """Discard the turn and its worktree."""
         with service.turns() as kb:
-            turn(kb, request, workspace_id, turn_id).abort()
+            turn(kb, request, workspace_id, turn_id, ending=True).abort()
         return {"aborted": True}
 
     return router
