@@ -193,3 +193,21 @@ def test_one_token_cannot_open_turns_without_end(kb, kb_env, tmp_path):
     finally:
         output = stop_serve(process, log)
     assert "Traceback" not in output, output
+
+
+def test_a_line_break_in_a_path_is_refused_saying_so(kb, served):
+    """``%0A`` in a document path (or a key) fell outside every route's ``{path:path}``, which
+    does not match a line break: the client got a bare 404 "Not Found" naming no problem, where
+    every other control character gets InvalidPath. It is 400 saying what is wrong; nothing is
+    written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    head = kb.head(1)
+    for refused in (
+        api.put("/v1/workspaces/1/turns/t/files/documents/a%0Ab.md", json={"content": "x\n"}),
+        api.get("/v1/workspaces/1/documents/documents/a%0Ab.md"),
+        api.get("/v1/workspaces/1/writes/key%0Aline"),
+    ):
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "line break" in refused.json()["message"], refused.text
+    assert kb.head(1) == head
