@@ -31,7 +31,7 @@ from kb.store.authors import default_author
 from kb.store.draft import Draft
 from kb.store.history import PathChange, Revision
 from kb.store.homes import adopt_homeless, home_of
-from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
+from kb.store.knowledge_store import KnowledgeStore, check_commit_text, check_workspace_id
 from kb.store.projection import ProjectionResult
 from kb.store.stores import Stores
 from kb.store.titles import recorded_title
@@ -768,8 +768,13 @@ class KnowledgeBase:
         who records it (default: kb itself, ``kb.turns.turn.KB_COMMITTER``; design §5).
 
         Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
-        disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
+        disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound,
+        and InvalidInput for an author or committer no revision can record (a NUL, a line break):
+        the turn keeps the author it opened with, so one taken here made every commit of the turn
+        refuse it while nothing the caller sent later could change it (design §5).
         """
+        author = author or default_author()
+        check_commit_text(None, author, committer)
         store = self.store(workspace_id)
         store.require_exists()
         with self._open_turns_made:
@@ -777,7 +782,7 @@ class KnowledgeBase:
                 from kb.turns.open_turns import OpenTurns
 
                 self._open_turns = OpenTurns()
-        return self._open_turns.turn(store, turn_id, author or default_author(), committer)
+        return self._open_turns.turn(store, turn_id, author, committer)
 
     def sweep_worktrees(self, ttl: float | None = None) -> JanitorReport:
         """Remove abandoned turn worktrees older than ``ttl`` seconds (default

@@ -211,3 +211,22 @@ def test_a_line_break_in_a_path_is_refused_saying_so(kb, served):
         assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
         assert "line break" in refused.json()["message"], refused.text
     assert kb.head(1) == head
+
+
+def test_an_author_no_revision_can_record_is_refused_when_the_turn_opens(kb, served):
+    """``?author=`` with a line break on a turn's first write was taken: the turn keeps the author
+    it opened with, so every commit refused it (InvalidInput) and nothing the client sent later —
+    another write's author, the commit (which takes none) — could change it; its changes could
+    only be aborted or left until the turn was released idle (design §5). It is refused at that
+    write, before anything is made, and the client's next write with a good author works."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    file = "/v1/workspaces/1/turns/a/files/documents/A.md"
+    for bad in ("Ada%0AEvil", "Ada%00"):
+        refused = api.put(f"{file}?author={bad}", json={"content": "a\n"})
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "author" in refused.json()["message"], refused.text
+    assert api.put(f"{file}?author=Ada%20%3Cada%40example.com%3E", json={"content": "a\n"}).status_code == 200
+    committed = api.post("/v1/workspaces/1/turns/a/commit", json={})
+    assert committed.status_code == 200 and committed.json()["added"] == ["/documents/A.md"], committed.text
+    assert git(kb.settings.knowledge_store / "1", "log", "-1", "--format=%an") == "Ada\n"
