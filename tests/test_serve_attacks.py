@@ -230,3 +230,18 @@ def test_an_author_no_revision_can_record_is_refused_when_the_turn_opens(kb, ser
     committed = api.post("/v1/workspaces/1/turns/a/commit", json={})
     assert committed.status_code == 200 and committed.json()["added"] == ["/documents/A.md"], committed.text
     assert git(kb.settings.knowledge_store / "1", "log", "-1", "--format=%an") == "Ada\n"
+
+
+def test_the_pages_name_the_turn_of_the_trailer_not_a_line_of_the_message(kb, served):
+    """A turn's commit message holding ``Turn: <another token's turn>`` above kb's own trailer:
+    the pages named that other turn as the one that recorded the revision (any ``Turn:`` line
+    was taken). They name the trailer's turn, the last line (design §5, §17)."""
+    writer, secret = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    assert api.put("/v1/workspaces/1/turns/mine/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    message = "hello\n\nTurn: t999@someone-else\n\nmore"
+    committed = api.post("/v1/workspaces/1/turns/mine/commit", json={"message": message})
+    assert committed.status_code == 200, committed.text
+    for page in (f"/ui/workspaces/1/revisions/{committed.json()['revision']}", "/ui/workspaces/1"):
+        shown = api.get(page).text
+        assert f"<code>t{writer.id}@mine</code>" in shown and "<code>t999@someone-else</code>" not in shown, shown

@@ -128,6 +128,13 @@ def turn_trailer(turn_id: str) -> str:
     return f"{TURN_TRAILER} {turn_id}"
 
 
+def trailer_turn(message: str) -> str | None:
+    """The turn a revision's message names in its trailer (its last line, ``turn_trailer``), or
+    None. A ``Turn:`` line elsewhere in a message is the caller's text, not the trailer."""
+    last = message.rstrip("\n").rsplit("\n", 1)[-1]
+    return last.removeprefix(f"{TURN_TRAILER} ") if last.startswith(f"{TURN_TRAILER} ") else None
+
+
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
     """Refuse commit text git and Postgres cannot both hold (design §14): a NUL or a lone surrogate
     anywhere, a line break in an identity; and a message whose last line is a ``Turn:`` trailer,
