@@ -245,3 +245,19 @@ def test_the_pages_name_the_turn_of_the_trailer_not_a_line_of_the_message(kb, se
     for page in (f"/ui/workspaces/1/revisions/{committed.json()['revision']}", "/ui/workspaces/1"):
         shown = api.get(page).text
         assert f"<code>t{writer.id}@mine</code>" in shown and "<code>t999@someone-else</code>" not in shown, shown
+
+
+def test_a_json_body_without_its_content_type_is_told_to_send_one(kb, served):
+    """A JSON body sent without ``Content-Type: application/json`` (or as text/plain) is read as
+    bytes; the 422 said only "Input should be a valid dictionary", naming no cause. It says the
+    body was not read as JSON and which header to send; nothing is written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60)
+    file = "/v1/workspaces/1/turns/t/files/documents/A.md"
+    for kind in (None, "text/plain"):
+        headers = _as(secret) | ({} if kind is None else {"Content-Type": kind})
+        refused = api.put(file, content=b'{"content": "a\\n"}', headers=headers)
+        assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "Content-Type: application/json" in refused.json()["message"], refused.text
+    missing = api.get(file, headers=_as(secret))
+    assert missing.status_code == 404, missing.text  # nothing was written in the turn

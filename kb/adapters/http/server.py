@@ -652,6 +652,12 @@ def create_app(
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # a body or parameter of the wrong shape: kb's error form, with pydantic's details
         problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+        kind = request.headers.get("content-type", "")
+        if "json" not in kind.lower() and any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()):
+            # a JSON body sent without its Content-Type is read as plain bytes: say so, not only
+            # "Input should be a valid dictionary", which names no cause
+            said = f"Content-Type {kind.split(';')[0]!r}" if kind else "no Content-Type"
+            problems += f" (the body came with {said}, so it was not read as JSON: send Content-Type: application/json)"
         body = {"error": "InvalidInput", "message": f"the request does not fit the route: {problems}"}
         return JSONResponse({**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422)
 
