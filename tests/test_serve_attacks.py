@@ -261,3 +261,25 @@ def test_a_json_body_without_its_content_type_is_told_to_send_one(kb, served):
         assert "Content-Type: application/json" in refused.json()["message"], refused.text
     missing = api.get(file, headers=_as(secret))
     assert missing.status_code == 404, missing.text  # nothing was written in the turn
+
+
+def test_the_settle_call_answers_for_a_commit_sent_without_a_key(kb, served):
+    """A commit sent without an Idempotency-Key is recorded with a key kb generates, and a 503
+    ``CommitOutcomeUnknown`` names that key and ``GET …/writes/{key}`` to settle it (design §3).
+    The route prefixes the key with the token's id, so for the generated key it looked up one no
+    write had and answered ``landed: false`` — for a write that landed. The route now gives such a
+    commit a key of the token's own (as the 503 names it: without the prefix), which the settle
+    finds. Checked on a commit that landed: the key in its commit object, as the 503 would give
+    it, settles as landed."""
+    token, secret = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    assert api.put("/v1/workspaces/1/turns/t/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    committed = api.post("/v1/workspaces/1/turns/t/commit", json={})
+    assert committed.status_code == 200, committed.text
+    revision = committed.json()["revision"]
+    header = git(kb.settings.knowledge_store / "1", "cat-file", "commit", revision)
+    key = next(line.split(" ", 1)[1] for line in header.splitlines() if line.startswith("kb-write-key "))
+    given = key.removeprefix(f"t{token.id}@")  # what the 503 names (kb serve's error handler)
+    settled = api.get(f"/v1/workspaces/1/writes/{given}")
+    assert settled.status_code == 200 and settled.json()["landed"], (key, settled.text)
+    assert settled.json()["revision"]["id"] == revision

@@ -65,6 +65,7 @@ from kb.adapters.mcp.server import deployment_facts, owned_name
 from kb.db import database
 from kb.db.sql import queries
 from kb.settings import Settings
+from kb.store.write_keys import new_key
 
 if TYPE_CHECKING:
     from kb.index.embedding import Embedder
@@ -450,8 +451,15 @@ def turn_router(service: Service) -> APIRouter:
         commit waiting there behind another's is in flight, and ``writes/{key}`` waits for it
         rather than answer that it never lands (it answered so, and the commit landed after)."""
         # a key is private to its token, as the turn is: another token's commit with the same
-        # key records its own changes instead of being answered with this one's (design §3, §16)
-        key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
+        # key records its own changes instead of being answered with this one's (design §3, §16).
+        # Without one the commit still gets a key of the token's own: a 503 CommitOutcomeUnknown
+        # names it, and writes/{key} finds only the token's keys (one kb generated bare it never found)
+        given = new_key() if idempotency_key is None else idempotency_key
+        key = (
+            owned_by_token(request, given, errors.InvalidInput)
+            if request_token(request) is not None
+            else idempotency_key
+        )
         with service.kb().store(workspace_id).key_fence(key), service.turns() as kb:
             open_turn = turn(kb, request, workspace_id, turn_id, ending=True)
             if (committer := committer_of(request)) is not None:
