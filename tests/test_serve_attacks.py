@@ -283,3 +283,34 @@ def test_the_settle_call_answers_for_a_commit_sent_without_a_key(kb, served):
     settled = api.get(f"/v1/workspaces/1/writes/{given}")
     assert settled.status_code == 200 and settled.json()["landed"], (key, settled.text)
     assert settled.json()["revision"]["id"] == revision
+
+
+def test_an_mcp_commit_is_settled_by_the_key_its_unknown_outcome_names(kb, served):
+    """An MCP ``commit`` was recorded under a bare key kb generated; were its outcome unknown, the
+    tool error names that key, and the one settle call over kb serve (``GET …/writes/{key}``,
+    which prefixes the token's id) could never find it: ``landed: false`` for a write that landed
+    (design §3, §16). The tool now commits under a key of the token's own. Checked on an MCP
+    commit that landed: its key, as the error would name it, settles as landed."""
+    import json
+
+    import anyio
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    token, secret = kb.tokens().create("agent", "write", [1])
+
+    async def commit_over_mcp() -> str:
+        transport = streamable_http_client(f"{served}/mcp/1", http_client=create_mcp_http_client(headers=_as(secret)))
+        async with Client(transport) as client:
+            await client.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
+            done = await client.call_tool("commit", {"message": "by mcp"})
+            assert not done.is_error, done.content
+            return json.loads(done.content[0].text)["revision"]
+
+    revision = anyio.run(commit_over_mcp)
+    header = git(kb.settings.knowledge_store / "1", "cat-file", "commit", revision)
+    key = next(line.split(" ", 1)[1] for line in header.splitlines() if line.startswith("kb-write-key "))
+    given = key.removeprefix(f"t{token.id}@")  # what the tool's error names
+    settled = httpx.get(f"{served}/v1/workspaces/1/writes/{given}", headers=_as(secret), timeout=60)
+    assert settled.status_code == 200 and settled.json()["landed"], (key, settled.text)
+    assert settled.json()["revision"]["id"] == revision
