@@ -54,8 +54,9 @@ def prepare(settings: Settings, corpus: Path) -> dict:
         started = time.perf_counter()
         kb.import_folder(corpus, WS, message="import the tldr pages")
         text = kb.read(WS, EDITED).decode()
-        with kb.transaction(WS, "tar: say what -z does\n\nTurn: bench-agent-1", "agent") as tx:
-            tx.write(EDITED, text.replace("\n", "\n\n- Note: `-z` filters the archive through gzip.\n", 1))
+        agent = kb.turn(WS, "bench-agent-1", author="agent")  # its commit writes the trailer Turn: bench-agent-1
+        agent.write(EDITED, text.replace("\n", "\n\n- Note: `-z` filters the archive through gzip.\n", 1))
+        agent.commit("tar: say what -z does")
         with kb.transaction(WS, "file the zip page under archives", "bob") as tx:
             tx.move(*MOVED)
         kb.run_worker(until_idle=True)

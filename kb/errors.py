@@ -268,6 +268,12 @@ class TooManyChats(KbError):
     (``KB_MCP_CHAT_IDLE_SECONDS``). Nothing was changed."""
 
 
+class TooManyTurns(KbError):
+    """An API token already holds the most open HTTP API turns kb serve keeps for one token
+    (``KB_TURNS_PER_TOKEN``): a new turn is refused until one is committed, aborted or released
+    idle (``KB_TURN_IDLE_SECONDS``). Nothing was changed."""
+
+
 # -- seeding from legacy rows (design §10) ---------------------------------------------
 class LegacySourceError(KbError):
     """The legacy database cannot be read: unreachable, no ``legacy`` schema, or no such workspace."""

@@ -31,7 +31,7 @@ from kb.store.authors import default_author
 from kb.store.draft import Draft
 from kb.store.history import PathChange, Revision
 from kb.store.homes import adopt_homeless, home_of
-from kb.store.knowledge_store import KnowledgeStore, check_workspace_id
+from kb.store.knowledge_store import KnowledgeStore, check_commit_text, check_workspace_id
 from kb.store.projection import ProjectionResult
 from kb.store.stores import Stores
 from kb.store.titles import recorded_title
@@ -157,6 +157,11 @@ class KnowledgeBase:
         committed or deleted — a later ``turn()`` of the same id takes its worktree up again, and
         the janitor removes one idle past ``KB_WORKTREE_TTL`` (design §5). Returns how many."""
         return 0 if self._open_turns is None else self._open_turns.close_idle(idle_seconds)
+
+    def open_turns(self) -> list[tuple[int, str]]:
+        """``(workspace id, root turn id)`` of the turns this KnowledgeBase holds open (design §5):
+        made by ``turn()`` and not yet committed, aborted or released."""
+        return [] if self._open_turns is None else self._open_turns.open_keys()
 
     def __enter__(self) -> KnowledgeBase:
         return self
@@ -778,8 +783,13 @@ class KnowledgeBase:
         who records it (default: kb itself, ``kb.turns.turn.KB_COMMITTER``; design §5).
 
         Sub-agent ids (``root::task:7``) return the root's open Turn object. Nothing touches the
-        disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound.
+        disk until the first file operation. Raises InvalidTurn, InvalidWorkspace, WorkspaceNotFound,
+        and InvalidInput for an author or committer no revision can record (a NUL, a line break):
+        the turn keeps the author it opened with, so one taken here made every commit of the turn
+        refuse it while nothing the caller sent later could change it (design §5).
         """
+        author = author or default_author()
+        check_commit_text(None, author, committer)
         store = self.store(workspace_id)
         store.require_exists()
         with self._open_turns_made:
@@ -787,7 +797,7 @@ class KnowledgeBase:
                 from kb.turns.open_turns import OpenTurns
 
                 self._open_turns = OpenTurns()
-        return self._open_turns.turn(store, turn_id, author or default_author(), committer)
+        return self._open_turns.turn(store, turn_id, author, committer)
 
     def sweep_worktrees(self, ttl: float | None = None) -> JanitorReport:
         """Remove abandoned turn worktrees older than ``ttl`` seconds (default

@@ -127,6 +127,14 @@ class Settings(BaseModel):
         "worktree lock and file are freed, its worktree stays for a later call of the turn id "
         "(design §5).",
     )
+    turns_per_token: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="Open HTTP API turns kb serve keeps for one API token (each holds a worktree "
+        "lock, a file descriptor); a new one past it is refused until one is committed, aborted or "
+        "released idle (design §16).",
+    )
     mcp_chats_per_token: int = Field(
         default=256,
         ge=1,

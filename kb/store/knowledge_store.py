@@ -118,9 +118,29 @@ def _prebuildable(draft: Draft, staged: dict[str, str | None]) -> bool:
     return len(staged) >= PREBUILD_PATHS and not draft.merge_requests() and not draft.titles()
 
 
+TURN_TRAILER = "Turn:"
+"""How a turn's revision ends: the line ``Turn: <turn id>`` (``turn_trailer``), which only the
+store writes, for ``transaction(turn_id=…)`` (design §5)."""
+
+
+def turn_trailer(turn_id: str) -> str:
+    """The last line of the message of a revision a turn records (design §5): ``Turn: <id>``."""
+    return f"{TURN_TRAILER} {turn_id}"
+
+
+def trailer_turn(message: str) -> str | None:
+    """The turn a revision's message names in its trailer (its last line, ``turn_trailer``), or
+    None. A ``Turn:`` line elsewhere in a message is the caller's text, not the trailer."""
+    last = message.rstrip("\n").rsplit("\n", 1)[-1]
+    return last.removeprefix(f"{TURN_TRAILER} ") if last.startswith(f"{TURN_TRAILER} ") else None
+
+
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
     """Refuse commit text git and Postgres cannot both hold (design §14): a NUL or a lone surrogate
-    anywhere, a line break in an identity. Raises InvalidInput naming the field."""
+    anywhere, a line break in an identity; and a message whose last line is a ``Turn:`` trailer,
+    which would claim the revision for that turn: a turn whose commit finds a revision with its
+    trailer after its base takes it as its own, already recorded, and discards its changes
+    (design §5 recovery). Raises InvalidInput naming the field."""
     for field, value, single_line in (
         ("message", message, False),
         ("author", author, True),
@@ -141,6 +161,11 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
             ) from None
         if single_line and ("\n" in value or "\r" in value):
             raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
+    if message is not None and message.rstrip("\n").rsplit("\n", 1)[-1].startswith(TURN_TRAILER):
+        raise InvalidInput(
+            "the message ends in a 'Turn:' line, the trailer kb writes itself on a turn's revision "
+            "(it names the turn that recorded it); end the message with other text"
+        )
 
 
 def summarize(changes: list[PathChange]) -> str:
@@ -398,10 +423,20 @@ class KnowledgeStore:
     # -- writes --------------------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(
-        self, message: str | None, author: str, committer: str | None = None, idempotency_key: str | None = None
+        self,
+        message: str | None,
+        author: str,
+        committer: str | None = None,
+        idempotency_key: str | None = None,
+        *,
+        turn_id: str | None = None,
     ) -> Iterator[Draft]:
         """Yield a Draft; on clean exit record exactly one revision (``draft.revision``), or None
         if the net change is empty. An exception records nothing (design §3).
+
+        ``turn_id``: the turn recording it (``kb.turns.turn``), named by the trailer
+        ``Turn: <turn id>`` appended to ``message`` (design §5); a ``message`` may not end in such
+        a line itself (InvalidInput), so no other write can pass for a turn's.
 
         ``idempotency_key`` (design §3, ``kb.store.write_keys``): when a revision was already
         recorded with this key, nothing is recorded and ``draft.revision`` is that revision, so a
@@ -417,6 +452,8 @@ class KnowledgeStore:
         DatabaseUnavailable, CommitOutcomeUnknown, PathExists.
         """
         check_commit_text(message, author, committer)
+        if turn_id is not None:
+            message = f"{(message or '').rstrip(chr(10))}\n\n{turn_trailer(turn_id)}"
         key = write_keys.new_key() if idempotency_key is None else write_keys.check_key(idempotency_key)
         repo = self.repository
         # a caller's key is fenced from before the draft is read until the write has answered

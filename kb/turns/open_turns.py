@@ -53,6 +53,11 @@ class OpenTurns:
             self._asked[key] = time.monotonic()
         return turn
 
+    def open_keys(self) -> list[tuple[int, str]]:
+        """``(workspace id, root turn id)`` of every open turn."""
+        with self._lock:
+            return list(self._open)
+
     def close_idle(self, idle_seconds: float) -> int:
         """Close the open turns no ``turn()`` call asked for in the last ``idle_seconds``: their
         worktree flocks are released and their worktrees stay, so a later call of the same turn id

@@ -45,7 +45,7 @@ from kb.lines import check_offset, check_window_arguments
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.draft import document_bytes
 from kb.store.history import PathChange
-from kb.store.knowledge_store import KnowledgeStore, summarize
+from kb.store.knowledge_store import KnowledgeStore, summarize, trailer_turn
 from kb.store.listing import KEEP, Entry, folder_entries
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 
@@ -633,10 +633,9 @@ class Turn:
         ref moved, or a commit whose outcome was unknown). Only this worktree can have made one —
         the turn id is locked, and a reused turn starts a fresh worktree at the head after its
         commit. Cost: the revisions since the base."""
-        repo, trailer = self.store.repository, f"Turn: {self.turn_id}"
+        repo = self.store.repository
         for revision in reversed(repo.ancestry(repo.head(), self._worktree.base)):
-            message = repo.commit(revision).message.decode("utf-8", "replace").rstrip("\n")
-            if message.rsplit("\n", 1)[-1] == trailer:
+            if trailer_turn(repo.commit(revision).message.decode("utf-8", "replace")) == self.turn_id:
                 return revision
         return None
 
@@ -795,10 +794,12 @@ class Turn:
                 for p, d in changes.items()
                 if not (d is None and p in moves.values())
             ]
-            text = (message or summarize(planned)).rstrip("\n") + f"\n\nTurn: {self.turn_id}"
+            text = message or summarize(planned)
             gone: list[str] = []
             followed: list[tuple[str, str]] = []
-            with self.store.transaction(text, self.author, self.committer, idempotency_key) as draft:
+            with self.store.transaction(
+                text, self.author, self.committer, idempotency_key, turn_id=self.turn_id
+            ) as draft:
                 recorded_moves = set()
                 for new, origin in moves.items():
                     if draft.exists(origin):

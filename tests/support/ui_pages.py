@@ -21,7 +21,8 @@ NOTES = {
     "Broken.md": "# Broken\n\nPOISON: the model rejects this page.\n",
 }
 EDITED = "# Refunds\n\nAn annual subscription is refunded in full within 60 days.\nMonthly plans are not.\n"
-EDIT_MESSAGE = "refunds: 60 days\n\nTurn: agent-7"
+EDIT_MESSAGE = "refunds: 60 days"
+"""The message of the agent's turn ``agent-7``, whose commit adds the trailer ``Turn: agent-7``."""
 
 
 def make_token(settings: Settings, name: str, scope: str, workspaces: list[int] | None = None) -> str:
@@ -38,8 +39,9 @@ def make_workspace(settings: Settings, folder: Path) -> dict[str, str]:
     kb.use_embedder(PoisonEmbedder())
     kb.import_folder(write_tree(folder, NOTES), WORKSPACE, message="import the notes")
     imported = kb.head(WORKSPACE)
-    with kb.transaction(WORKSPACE, EDIT_MESSAGE, "agent") as tx:
-        tx.write("/documents/Billing/Refunds.md", EDITED)
+    agent = kb.turn(WORKSPACE, "agent-7", author="agent")  # only a turn's commit writes a trailer
+    agent.write("/documents/Billing/Refunds.md", EDITED)
+    agent.commit(EDIT_MESSAGE)
     with kb.transaction(WORKSPACE, "move the install guide", "bob") as tx:
         tx.move("/documents/Guides/Install.md", "/documents/Setup/Install.md")
     report = kb.index(WORKSPACE)

@@ -276,13 +276,21 @@ def owned_by_token(request: Request, name: str, error: type[errors.KbError] = er
     first token's worktree, changes or citation handles (design §16).
 
     Raises ``error`` (InvalidTurn; InvalidChat for a chat) when the prefix leaves no room for the
-    id (its root, before ``::``): the message counts the client's own id, not the key it never gave."""
+    id (its root, before ``::``): the message counts the client's own id, not the key it never gave;
+    and when that root is empty (an ``Idempotency-Key:`` header sent empty): the prefix alone would
+    be a key, the same one for every such write of the token, and a later write would be answered
+    with the first one's revision while its own changes were dropped (design §3)."""
     token = request_token(request)
     if token is None:
         return name
     owned = owned_name(name, token.id)
     room = OWNED_ID_CHARS - (len(owned) - len(name))
     root = name.split("::", 1)[0]
+    if not root:  # the key would be the token's prefix alone, one for every empty id of the token
+        raise error(
+            f"the id {name!r} is empty{' before its ::' if name else ''}: give 1 to {room} characters "
+            "(an idempotency key: one per write, e.g. a UUID; an empty one would name every write sent with it)"
+        )
     if len(root) > room:
         raise error(
             f"the id {root[:40]!r}… has {len(root)} characters; use at most {room} (behind an API token kb "

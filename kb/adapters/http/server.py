@@ -65,6 +65,7 @@ from kb.adapters.mcp.server import deployment_facts, owned_name
 from kb.db import database
 from kb.db.sql import queries
 from kb.settings import Settings
+from kb.store.write_keys import new_key
 
 if TYPE_CHECKING:
     from kb.index.embedding import Embedder
@@ -94,6 +95,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.CommitOutcomeUnknown: 503,
     errors.UnknownChat: 404,
     errors.TooManyChats: 429,  # the MCP tools answer it as a tool error; listed for any other route
+    errors.TooManyTurns: 429,
     errors.NodeUnavailable: 503,
     errors.WrongNode: 421,
     errors.PermissionDenied: 503,  # the server's database role, not the caller (design §16)
@@ -347,15 +349,42 @@ def read_router(service: Service) -> APIRouter:
     return router
 
 
+def refuse_another_turn(kb: KnowledgeBase, workspace_id: int, owned: str, token_id: int, most: int) -> None:
+    """Raise TooManyTurns when ``owned`` (a token's turn id, ``owned_by_token``) would open a new
+    turn while the token ``token_id`` holds ``most`` open already (``KB_TURNS_PER_TOKEN``): each
+    holds a worktree lock and a file descriptor until committed, aborted or released idle, and one
+    token opening turns without end ran the server out of descriptors for every tenant (design
+    §16). Its own open turns stay usable. Call it under ``Service.turns()``, which ``kb`` is of.
+    Raises InvalidTurn for a bad id."""
+    from kb.git.worktree import root_turn_id
+
+    key = (workspace_id, root_turn_id(owned))
+    held = kb.open_turns()
+    if key in held:
+        return
+    mine = owned_name("", token_id)
+    count = sum(1 for _, root in held if root.startswith(mine))
+    if count >= most:
+        raise errors.TooManyTurns(
+            f"this API token holds {count} open turns, the most kb serve keeps for one token "
+            "(KB_TURNS_PER_TOKEN); commit or abort one (POST …/turns/ID/commit, DELETE …/turns/ID), "
+            "or wait until an idle one is released (KB_TURN_IDLE_SECONDS)"
+        )
+
+
 def turn_router(service: Service) -> APIRouter:
     """A turn's file operations and commit (design §5); the turn's worktree is private to it."""
     router = APIRouter(
         prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
     )
 
-    def turn(kb, request: Request, workspace_id: int, turn_id: str, author: str | None = None):
-        # a turn id is private to the token that names it (design §16)
-        return kb.turn(workspace_id, owned_by_token(request, turn_id), author)
+    def turn(kb, request: Request, workspace_id: int, turn_id: str, author: str | None = None, ending: bool = False):
+        # a turn id is private to the token that names it (design §16); a commit or abort
+        # (``ending``) leaves no turn open, so a token at its bound may always end one
+        owned = owned_by_token(request, turn_id)
+        if not ending and (token := request_token(request)) is not None:
+            refuse_another_turn(kb, workspace_id, owned, token.id, service.settings.turns_per_token)
+        return kb.turn(workspace_id, owned, author)
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
@@ -416,14 +445,25 @@ def turn_router(service: Service) -> APIRouter:
         """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed.
         With an ``Idempotency-Key`` header, a retry of a commit that landed records nothing and
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
-        settle one whose outcome is unknown. The committer is the request's token (design §16)."""
-        with service.turns() as kb:
-            open_turn = turn(kb, request, workspace_id, turn_id)
+        settle one whose outcome is unknown. The committer is the request's token (design §16).
+
+        The key's fence is taken before the turns' lock, which every tenant's turn calls share: a
+        commit waiting there behind another's is in flight, and ``writes/{key}`` waits for it
+        rather than answer that it never lands (it answered so, and the commit landed after)."""
+        # a key is private to its token, as the turn is: another token's commit with the same
+        # key records its own changes instead of being answered with this one's (design §3, §16).
+        # Without one the commit still gets a key of the token's own: a 503 CommitOutcomeUnknown
+        # names it, and writes/{key} finds only the token's keys (one kb generated bare it never found)
+        given = new_key() if idempotency_key is None else idempotency_key
+        key = (
+            owned_by_token(request, given, errors.InvalidInput)
+            if request_token(request) is not None
+            else idempotency_key
+        )
+        with service.kb().store(workspace_id).key_fence(key), service.turns() as kb:
+            open_turn = turn(kb, request, workspace_id, turn_id, ending=True)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
-            # a key is private to its token, as the turn is: another token's commit with the same
-            # key records its own changes instead of being answered with this one's (design §3, §16)
-            key = None if idempotency_key is None else owned_by_token(request, idempotency_key, errors.InvalidInput)
             result = open_turn.commit(body.message, idempotency_key=key)
         return {"revision": None} if result is None else json_form(result)
 
@@ -431,7 +471,7 @@ def turn_router(service: Service) -> APIRouter:
     def abort(request: Request, workspace_id: int, turn_id: str) -> dict:
         """Discard the turn and its worktree."""
         with service.turns() as kb:
-            turn(kb, request, workspace_id, turn_id).abort()
+            turn(kb, request, workspace_id, turn_id, ending=True).abort()
         return {"aborted": True}
 
     return router
@@ -620,6 +660,12 @@ def create_app(
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # a body or parameter of the wrong shape: kb's error form, with pydantic's details
         problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+        kind = request.headers.get("content-type", "")
+        if "json" not in kind.lower() and any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()):
+            # a JSON body sent without its Content-Type is read as plain bytes: say so, not only
+            # "Input should be a valid dictionary", which names no cause
+            said = f"Content-Type {kind.split(';')[0]!r}" if kind else "no Content-Type"
+            problems += f" (the body came with {said}, so it was not read as JSON: send Content-Type: application/json)"
         body = {"error": "InvalidInput", "message": f"the request does not fit the route: {problems}"}
         return JSONResponse({**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422)
 

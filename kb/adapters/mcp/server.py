@@ -43,8 +43,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, ListResourcesResult, ListToolsResult, PaginatedRequestParams, Resource
 
 from kb.adapters.json_form import json_form
-from kb.errors import DocumentNotFound, InvalidInput, IsAFolder, KbError, TooManyChats
+from kb.errors import CommitOutcomeUnknown, DocumentNotFound, InvalidInput, IsAFolder, KbError, TooManyChats
 from kb.paths import StorePath
+from kb.store.write_keys import new_key
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -544,7 +545,15 @@ def build_server(
         state = chat(ctx, write=True)
 
         def run() -> dict:
-            result = state.turn.commit(message)
+            # behind a token, a key of the token's own (design §16): an unknown outcome names it,
+            # and kb serve's writes/{key} finds only the token's keys (a bare generated one, never)
+            key = None if state.token_id is None else owned_name(new_key(), state.token_id)
+            try:
+                result = state.turn.commit(message, idempotency_key=key)
+            except CommitOutcomeUnknown as exc:
+                given = quote(exc.idempotency_key.removeprefix(owned_name("", state.token_id)), safe="")
+                settle = f" Through kb serve, with this token: GET /v1/workspaces/{exc.workspace_id}/writes/{given}."
+                raise ToolError(shown_here(str(exc) + (settle if key else ""), state.token_scope)) from exc
             return {"revision": None} if result is None else json_form(result)
 
         return call(run, state)

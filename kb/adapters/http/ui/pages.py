@@ -22,11 +22,11 @@ from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
 from kb.adapters.http.ui.diffs import revision_diffs
 from kb.adapters.http.ui.rendering import render
 from kb.errors import InvalidChat, InvalidInput
+from kb.store.knowledge_store import trailer_turn
 
 if TYPE_CHECKING:
     from kb.adapters.http.server import Service
 
-TURN_TRAILER = re.compile(r"^Turn:\s*(\S+)\s*$", re.MULTILINE)
 LINES = re.compile(r"^(\d+)(?:-(\d+))?$")
 HISTORY_SHOWN = 15
 SEARCH_RESULTS = 10
@@ -66,9 +66,11 @@ def highlight_within(highlight: tuple[int, int] | None, total: int) -> tuple[tup
 
 
 def turn_of(message: str) -> str | None:
-    """The turn id a revision's message names in its ``Turn:`` trailer (design §5), or None."""
-    match = TURN_TRAILER.search(message)
-    return match.group(1) if match else None
+    """The turn id a revision's message names in its ``Turn:`` trailer (design §5), or None: its
+    last line only (``trailer_turn``). Any ``Turn:`` line was taken, so a turn's commit whose
+    message carried ``Turn: <another token's turn>`` above kb's trailer showed that turn as the
+    one that recorded it."""
+    return trailer_turn(message)
 
 
 def excerpt_ranges(lines: list[tuple[int | None, str]]) -> list[tuple[int, int]]:

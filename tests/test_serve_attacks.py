@@ -1,0 +1,316 @@
+"""A hostile tenant and a clumsy client against a real ``kb serve`` (design §3, §5, §16): faults
+found by attacking the server by hand, each kept as the request that found it. Nothing may reach
+another token's work, and no write may be answered with an outcome that is not its own."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from support.commands import git
+from support.named_queries import queries
+from support.serving import start_serve, stop_serve
+from support.waiting import wait_until
+
+pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
+
+
+def _as(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def served(kb, kb_env, tmp_path):
+    """``kb serve`` over workspace 1 (one document); yields its URL and checks its log at the end."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed", author="seed") as tx:
+        tx.write("/documents/Plan.md", "# Plan\n\nzebra\n")
+    log = tmp_path / "serve.log"
+    process, url = start_serve(kb_env, log)
+    try:
+        yield url
+    finally:
+        output = stop_serve(process, log)
+    assert "Traceback" not in output, output
+
+
+def test_a_revert_message_cannot_claim_another_tokens_turn(kb, served):
+    """A revert posted from the pages with a message ending in ``Turn: t<victim>@<turn>`` (the
+    trailer the log shows for every turn's revision) made the victim's next commit of that turn
+    take the attacker's revision for its own (design §5 recovery): answered 200 with a revision
+    that was not its write, and its staged changes discarded. The message is refused; the
+    victim's commit records its own changes."""
+    victim, victim_secret = kb.tokens().create("victim", "write", [1])
+    attacker = kb.tokens().create("attacker", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60)
+    staged = api.put(
+        "/v1/workspaces/1/turns/draft/files/documents/Victim.md",
+        json={"content": "the victim's work\n"},
+        headers=_as(victim_secret),
+    )
+    assert staged.status_code == 200, staged.text
+    seed = kb.head(1)
+    web = httpx.Client(base_url=served, timeout=60, headers=_as(attacker))
+    revert = f"/ui/workspaces/1/revisions/{seed}/revert"
+    csrf = re.search(r'name="csrf" value="([^"]+)"', web.get(revert).text).group(1)
+    forged = web.post(revert, data={"csrf": csrf, "message": f"tidy up\n\nTurn: t{victim.id}@draft"})
+    assert forged.status_code == 400 and "Turn:" in forged.text, forged.text
+    assert kb.head(1) == seed  # nothing recorded
+    committed = api.post("/v1/workspaces/1/turns/draft/commit", json={"message": "mine"}, headers=_as(victim_secret))
+    assert committed.status_code == 200, committed.text
+    assert committed.json()["added"] == ["/documents/Victim.md"], committed.text
+    repo = kb.settings.knowledge_store / "1"
+    assert git(repo, "show", f"{committed.json()['revision']}:documents/Victim.md") == "the victim's work\n"
+    assert git(repo, "log", "-1", "--format=%B").rstrip("\n").endswith(f"Turn: t{victim.id}@draft")
+
+
+def test_an_empty_idempotency_key_is_refused_not_shared_by_every_write(kb, served):
+    """``Idempotency-Key:`` sent empty (a client whose variable was unset) behind a token became
+    the key ``t<token id>@``, one for every such commit of the token: the second commit, with other
+    changes, was answered with the first one's revision and its own changes were dropped (design
+    §3). An empty key is refused before anything is written, and the turn is kept for a retry."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60)
+    empty = _as(secret) | {"Idempotency-Key": ""}
+    for turn, name in (("first", "First.md"), ("second", "Second.md")):
+        staged = api.put(
+            f"/v1/workspaces/1/turns/{turn}/files/documents/{name}", json={"content": f"{turn}\n"}, headers=_as(secret)
+        )
+        assert staged.status_code == 200, staged.text
+        head = kb.head(1)
+        refused = api.post(f"/v1/workspaces/1/turns/{turn}/commit", json={}, headers=empty)
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "empty" in refused.json()["message"] and kb.head(1) == head, refused.text
+        kept = api.post(f"/v1/workspaces/1/turns/{turn}/commit", json={}, headers=_as(secret))
+        assert kept.json()["added"] == [f"/documents/{name}"], kept.text
+    # a turn id empty before its '::' is refused too, as it is without a token
+    odd = api.put("/v1/workspaces/1/turns/::sub/files/documents/X.md", json={"content": "x\n"}, headers=_as(secret))
+    assert odd.status_code == 400 and odd.json()["error"] == "InvalidTurn", odd.text
+
+
+def test_write_outcome_waits_for_a_keyed_commit_queued_behind_another_tenants(kb, kb_env, tmp_path):
+    """A commit with an Idempotency-Key waiting for the server's turns lock — held by another
+    tenant's commit, itself waiting for its workspace's write lock — was not yet fenced, so
+    ``writes/{key}`` answered ``landed: false`` ("its writer being gone, never will") and the
+    commit landed a moment later (design §3). The fence is now held while the commit waits, and
+    the settle answers what the commit did."""
+    import threading
+
+    from kb.db import database
+    from kb.db.locks import WRITE_LOCK_NAMESPACE
+    from kb.git.key_fence import KeyFenceTimeout, key_fence
+
+    for ws in (1, 2):
+        kb.create_workspace(ws)
+    slow_secret = kb.tokens().create("slow", "write", [1])[1]
+    mine, secret = kb.tokens().create("mine", "write", [2])
+    log = tmp_path / "serve.log"
+    process, url = start_serve({**kb_env, "KB_LOCK_TIMEOUT": "120"}, log)
+    api = httpx.Client(base_url=url, timeout=180)
+    answers: dict[str, httpx.Response] = {}
+
+    def post(name: str, path: str, headers: dict[str, str]) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: answers.__setitem__(name, httpx.post(url + path, json={}, headers=headers, timeout=180))
+        )
+        thread.start()
+        return thread
+
+    def fenced() -> bool:
+        try:
+            with key_fence(kb.settings.knowledge_store / "2" / ".git", f"t{mine.id}@mine-1", 0):
+                return False
+        except KeyFenceTimeout:
+            return True
+
+    try:
+        for ws, token, name in ((1, slow_secret, "Slow.md"), (2, secret, "Mine.md")):
+            put = api.put(
+                f"/v1/workspaces/{ws}/turns/t/files/documents/{name}", json={"content": "x\n"}, headers=_as(token)
+            )
+            assert put.status_code == 200, put.text
+        with (
+            database.transaction(kb.database_url) as writer,  # a slow writer of workspace 1 holds its lock
+            database.connect(kb.database_url, autocommit=True) as admin,
+        ):
+            writer.execute(queries["test_hold_advisory_lock"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": 1})
+            slow = post("slow", "/v1/workspaces/1/turns/t/commit", _as(slow_secret))
+            waiting = lambda: admin.execute(queries["test_advisory_lock_waiters"]).fetchone()  # noqa: E731
+            wait_until(waiting, 60, "the slow commit to wait for workspace 1's write lock")
+            keyed = post("keyed", "/v1/workspaces/2/turns/t/commit", _as(secret) | {"Idempotency-Key": "mine-1"})
+            wait_until(fenced, 60, "the keyed commit to hold its key's fence while it waits")
+            settle = threading.Thread(
+                target=lambda: answers.__setitem__(
+                    "settle", api.get("/v1/workspaces/2/writes/mine-1", headers=_as(secret))
+                )
+            )
+            settle.start()
+        # the writer's transaction ended: its lock is released
+        for thread in (slow, keyed, settle):
+            thread.join()
+    finally:
+        output = stop_serve(process, log)
+    assert answers["slow"].status_code == answers["keyed"].status_code == 200, answers
+    landed = answers["keyed"].json()["revision"]
+    assert answers["settle"].json()["landed"] and answers["settle"].json()["revision"]["id"] == landed, answers
+    assert "Traceback" not in output, output
+
+
+def test_one_token_cannot_open_turns_without_end(kb, kb_env, tmp_path):
+    """Each HTTP API turn holds a worktree lock and a file descriptor until committed, aborted or
+    released idle (15 minutes): one write token opened 300 turns in 3 s, 300 descriptors, and
+    went on until the server had none left for any tenant. One token holds at most
+    ``KB_TURNS_PER_TOKEN`` open turns; past it a new one is 429 ``TooManyTurns`` and nothing is
+    made, while its open turns stay usable, ending one makes room, and other tokens are not
+    affected (design §16)."""
+    kb.create_workspace(1)
+    flooder, secret = kb.tokens().create("flooder", "write", [1])
+    other = kb.tokens().create("other", "write", [1])[1]
+    log = tmp_path / "serve.log"
+    process, url = start_serve({**kb_env, "KB_TURNS_PER_TOKEN": "3"}, log)
+    api = httpx.Client(base_url=url, timeout=60)
+
+    def put(turn: str, token: str) -> httpx.Response:
+        return api.put(
+            f"/v1/workspaces/1/turns/{turn}/files/documents/F.md", json={"content": "f\n"}, headers=_as(token)
+        )
+
+    try:
+        for turn in ("t0", "t1", "t2"):
+            assert put(turn, secret).status_code == 200
+        refused = put("t3", secret)
+        assert refused.status_code == 429 and refused.json()["error"] == "TooManyTurns", refused.text
+        assert "KB_TURNS_PER_TOKEN" in refused.json()["message"], refused.text
+        worktrees = kb.settings.knowledge_store / "1" / ".git" / "worktrees"
+        assert not (worktrees / f"t{flooder.id}@t3").exists()  # nothing made for it
+        assert put("t0", secret).status_code == 200  # its open turns stay usable
+        assert put("t0", other).status_code == 200  # another token is not affected
+        committed = api.post("/v1/workspaces/1/turns/t0/commit", json={}, headers=_as(secret))
+        assert committed.status_code == 200 and committed.json()["revision"], committed.text
+        assert put("t3", secret).status_code == 200  # ending one made room
+        assert api.delete("/v1/workspaces/1/turns/t9", headers=_as(secret)).status_code == 200  # ending: never refused
+    finally:
+        output = stop_serve(process, log)
+    assert "Traceback" not in output, output
+
+
+def test_a_line_break_in_a_path_is_refused_saying_so(kb, served):
+    """``%0A`` in a document path (or a key) fell outside every route's ``{path:path}``, which
+    does not match a line break: the client got a bare 404 "Not Found" naming no problem, where
+    every other control character gets InvalidPath. It is 400 saying what is wrong; nothing is
+    written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    head = kb.head(1)
+    for refused in (
+        api.put("/v1/workspaces/1/turns/t/files/documents/a%0Ab.md", json={"content": "x\n"}),
+        api.get("/v1/workspaces/1/documents/documents/a%0Ab.md"),
+        api.get("/v1/workspaces/1/writes/key%0Aline"),
+    ):
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "line break" in refused.json()["message"], refused.text
+    assert kb.head(1) == head
+
+
+def test_an_author_no_revision_can_record_is_refused_when_the_turn_opens(kb, served):
+    """``?author=`` with a line break on a turn's first write was taken: the turn keeps the author
+    it opened with, so every commit refused it (InvalidInput) and nothing the client sent later —
+    another write's author, the commit (which takes none) — could change it; its changes could
+    only be aborted or left until the turn was released idle (design §5). It is refused at that
+    write, before anything is made, and the client's next write with a good author works."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    file = "/v1/workspaces/1/turns/a/files/documents/A.md"
+    for bad in ("Ada%0AEvil", "Ada%00"):
+        refused = api.put(f"{file}?author={bad}", json={"content": "a\n"})
+        assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "author" in refused.json()["message"], refused.text
+    assert api.put(f"{file}?author=Ada%20%3Cada%40example.com%3E", json={"content": "a\n"}).status_code == 200
+    committed = api.post("/v1/workspaces/1/turns/a/commit", json={})
+    assert committed.status_code == 200 and committed.json()["added"] == ["/documents/A.md"], committed.text
+    assert git(kb.settings.knowledge_store / "1", "log", "-1", "--format=%an") == "Ada\n"
+
+
+def test_the_pages_name_the_turn_of_the_trailer_not_a_line_of_the_message(kb, served):
+    """A turn's commit message holding ``Turn: <another token's turn>`` above kb's own trailer:
+    the pages named that other turn as the one that recorded the revision (any ``Turn:`` line
+    was taken). They name the trailer's turn, the last line (design §5, §17)."""
+    writer, secret = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    assert api.put("/v1/workspaces/1/turns/mine/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    message = "hello\n\nTurn: t999@someone-else\n\nmore"
+    committed = api.post("/v1/workspaces/1/turns/mine/commit", json={"message": message})
+    assert committed.status_code == 200, committed.text
+    for page in (f"/ui/workspaces/1/revisions/{committed.json()['revision']}", "/ui/workspaces/1"):
+        shown = api.get(page).text
+        assert f"<code>t{writer.id}@mine</code>" in shown and "<code>t999@someone-else</code>" not in shown, shown
+
+
+def test_a_json_body_without_its_content_type_is_told_to_send_one(kb, served):
+    """A JSON body sent without ``Content-Type: application/json`` (or as text/plain) is read as
+    bytes; the 422 said only "Input should be a valid dictionary", naming no cause. It says the
+    body was not read as JSON and which header to send; nothing is written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60)
+    file = "/v1/workspaces/1/turns/t/files/documents/A.md"
+    for kind in (None, "text/plain"):
+        headers = _as(secret) | ({} if kind is None else {"Content-Type": kind})
+        refused = api.put(file, content=b'{"content": "a\\n"}', headers=headers)
+        assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", refused.text
+        assert "Content-Type: application/json" in refused.json()["message"], refused.text
+    missing = api.get(file, headers=_as(secret))
+    assert missing.status_code == 404, missing.text  # nothing was written in the turn
+
+
+def test_the_settle_call_answers_for_a_commit_sent_without_a_key(kb, served):
+    """A commit sent without an Idempotency-Key is recorded with a key kb generates, and a 503
+    ``CommitOutcomeUnknown`` names that key and ``GET …/writes/{key}`` to settle it (design §3).
+    The route prefixes the key with the token's id, so for the generated key it looked up one no
+    write had and answered ``landed: false`` — for a write that landed. The route now gives such a
+    commit a key of the token's own (as the 503 names it: without the prefix), which the settle
+    finds. Checked on a commit that landed: the key in its commit object, as the 503 would give
+    it, settles as landed."""
+    token, secret = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    assert api.put("/v1/workspaces/1/turns/t/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    committed = api.post("/v1/workspaces/1/turns/t/commit", json={})
+    assert committed.status_code == 200, committed.text
+    revision = committed.json()["revision"]
+    header = git(kb.settings.knowledge_store / "1", "cat-file", "commit", revision)
+    key = next(line.split(" ", 1)[1] for line in header.splitlines() if line.startswith("kb-write-key "))
+    given = key.removeprefix(f"t{token.id}@")  # what the 503 names (kb serve's error handler)
+    settled = api.get(f"/v1/workspaces/1/writes/{given}")
+    assert settled.status_code == 200 and settled.json()["landed"], (key, settled.text)
+    assert settled.json()["revision"]["id"] == revision
+
+
+def test_an_mcp_commit_is_settled_by_the_key_its_unknown_outcome_names(kb, served):
+    """An MCP ``commit`` was recorded under a bare key kb generated; were its outcome unknown, the
+    tool error names that key, and the one settle call over kb serve (``GET …/writes/{key}``,
+    which prefixes the token's id) could never find it: ``landed: false`` for a write that landed
+    (design §3, §16). The tool now commits under a key of the token's own. Checked on an MCP
+    commit that landed: its key, as the error would name it, settles as landed."""
+    import json
+
+    import anyio
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    token, secret = kb.tokens().create("agent", "write", [1])
+
+    async def commit_over_mcp() -> str:
+        transport = streamable_http_client(f"{served}/mcp/1", http_client=create_mcp_http_client(headers=_as(secret)))
+        async with Client(transport) as client:
+            await client.call_tool("write", {"path": "/documents/M.md", "content": "m\n"})
+            done = await client.call_tool("commit", {"message": "by mcp"})
+            assert not done.is_error, done.content
+            return json.loads(done.content[0].text)["revision"]
+
+    revision = anyio.run(commit_over_mcp)
+    header = git(kb.settings.knowledge_store / "1", "cat-file", "commit", revision)
+    key = next(line.split(" ", 1)[1] for line in header.splitlines() if line.startswith("kb-write-key "))
+    given = key.removeprefix(f"t{token.id}@")  # what the tool's error names
+    settled = httpx.get(f"{served}/v1/workspaces/1/writes/{given}", headers=_as(secret), timeout=60)
+    assert settled.status_code == 200 and settled.json()["landed"], (key, settled.text)
+    assert settled.json()["revision"]["id"] == revision
