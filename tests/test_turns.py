@@ -454,3 +454,20 @@ def test_grep_over_many_documents_reads_packed_and_loose_blobs_in_bulk(kb):
     assert [(h.path, h.line_number, h.line) for h in t.grep("needle 0")] == expected
     assert [h.path for h in t.grep("^title 4$", path="/documents/f0")] == ["/documents/f0/d004.md"]
     t.abort()
+
+
+def test_a_grep_whose_backtracking_explodes_stops_at_its_time_bound(workspace, monkeypatch):
+    """design §5, §16: ``(a|aa)+$`` doubles its work with each character of a line of a's; on a
+    40-character line Python's re would run for hours, holding a kb serve thread every tenant
+    shares. The grep stops at GREP_SECONDS with InvalidPattern naming the document and line, and
+    the turn is unharmed: its next grep and its commit work."""
+    from kb.turns import turn as turns
+
+    t = workspace.turn(WS, "redos", "agent")
+    t.write("/documents/evil.md", "# Evil\n\n" + "a" * 40 + "b\n")
+    monkeypatch.setattr(turns, "GREP_SECONDS", 0.5)
+    with pytest.raises(InvalidPattern, match=r"took more than 0.5 s .*evil\.md.*simplify the pattern"):
+        t.grep(r"(a|aa)+$")
+    assert [h.line_number for h in t.grep(r"^a+b$")] == [3]  # re's syntax, matched per line
+    assert [h.path for h in t.grep(r"EVIL", ignore_case=True)] == ["/documents/evil.md"]
+    assert t.commit().revision

@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import re
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +51,11 @@ from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_t
 
 KB_COMMITTER = "kb"
 """The committer a turn records when the caller names none: kb itself (design §5, seed contract C4)."""
+
+GREP_SECONDS = 10.0
+"""Matching time one ``Turn.grep`` call may spend (seconds, all its documents together) before it
+stops with InvalidPattern: a pattern whose backtracking explodes would otherwise hold the thread
+that runs it, in ``kb serve`` a thread every tenant shares (design §5, §16)."""
 
 
 @dataclass(frozen=True)
@@ -474,14 +479,34 @@ class Turn:
             return result
 
     def grep(self, pattern: str, path: str | None = None, *, ignore_case: bool = False) -> list[GrepMatch]:
-        """Lines matching the regular expression ``pattern`` (Python ``re``, matched per line) in
-        every document under ``path`` (a folder or one document; default all). Raises InvalidPattern."""
+        """Lines matching the regular expression ``pattern`` (Python ``re``'s syntax, matched per
+        line) in every document under ``path`` (a folder or one document; default all).
+
+        Matching is bounded (design §5, §16): a pattern whose backtracking explodes on some line —
+        ``(a|aa)+$`` doubles its work with each character — would hold a ``kb serve`` thread for
+        hours, and any read token can send one. The pattern runs on the ``regex`` engine in its
+        ``re``-compatible mode, with at most ``GREP_SECONDS`` of matching per call. Raises
+        InvalidPattern when the pattern does not compile or passes that bound (nothing is changed)."""
+        import regex as engine  # re's syntax, with a time limit re lacks (design §5)
+
         with self._mutex:
-            flags = re.MULTILINE | (re.IGNORECASE if ignore_case else 0)
+            flags = engine.VERSION0 | engine.MULTILINE | (engine.IGNORECASE if ignore_case else 0)
             try:
-                regex = re.compile(pattern, flags)
-            except re.error as exc:
+                compiled = engine.compile(pattern, flags)
+            except (engine.error, ValueError, OverflowError) as exc:
                 raise InvalidPattern(f"grep pattern {pattern!r} does not compile: {exc}") from None
+            deadline = time.monotonic() + GREP_SECONDS
+
+            def found(text: str, where: str) -> bool:
+                try:
+                    return compiled.search(text, timeout=max(deadline - time.monotonic(), 0.001)) is not None
+                except TimeoutError:
+                    raise InvalidPattern(
+                        f"grep pattern {pattern!r} took more than {GREP_SECONDS:g} s to match (stopped in {where}): "
+                        "nested repetition such as (a+)+ or (a|aa)+ can take exponential time on a long line; "
+                        "simplify the pattern"
+                    ) from None
+
             prefilter = "\\A" not in pattern and "\\Z" not in pattern
             sp = StorePath.parse(path or "/documents", allow_root=True)
             rp = sp.repo_path
@@ -502,10 +527,10 @@ class Turn:
                     if not data:
                         continue
                     text = data.decode("utf-8", errors="replace")
-                    if prefilter and regex.search(text) is None:
+                    if prefilter and not found(text, "/" + p):
                         continue
                     for number, line in enumerate(document_lines(text), start=1):
-                        if regex.search(line):
+                        if found(line, f"/{p}, line {number}"):
                             matches.append(GrepMatch("/" + p, number, line))
             return matches
 
