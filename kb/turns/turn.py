@@ -22,7 +22,6 @@ import fnmatch
 import functools
 import stat
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from kb.store.history import PathChange
 from kb.store.knowledge_store import KnowledgeStore, summarize, trailer_turn
 from kb.store.listing import KEEP, Entry, folder_entries
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
+from kb.turns.line_pattern import LinePattern
 
 KB_COMMITTER = "kb"
 """The committer a turn records when the caller names none: kb itself (design §5, seed contract C4)."""
@@ -482,32 +482,12 @@ class Turn:
         """Lines matching the regular expression ``pattern`` (Python ``re``'s syntax, matched per
         line) in every document under ``path`` (a folder or one document; default all).
 
-        Matching is bounded (design §5, §16): a pattern whose backtracking explodes on some line —
-        ``(a|aa)+$`` doubles its work with each character — would hold a ``kb serve`` thread for
-        hours, and any read token can send one. The pattern runs on the ``regex`` engine in its
-        ``re``-compatible mode, with at most ``GREP_SECONDS`` of matching per call. Raises
-        InvalidPattern when the pattern does not compile or passes that bound (nothing is changed)."""
-        import regex as engine  # re's syntax, with a time limit re lacks (design §5)
-
+        Matching is bounded (design §5, §16; ``kb.turns.line_pattern``): at most ``GREP_SECONDS``
+        of it per call, since a pattern whose backtracking explodes would hold a ``kb serve``
+        thread, and the interpreter lock, for hours. Raises InvalidPattern when the pattern does
+        not compile or passes that bound (nothing is changed), DocumentNotFound."""
         with self._mutex:
-            flags = engine.VERSION0 | engine.MULTILINE | (engine.IGNORECASE if ignore_case else 0)
-            try:
-                compiled = engine.compile(pattern, flags)
-            except (engine.error, ValueError, OverflowError) as exc:
-                raise InvalidPattern(f"grep pattern {pattern!r} does not compile: {exc}") from None
-            deadline = time.monotonic() + GREP_SECONDS
-
-            def found(text: str, where: str) -> bool:
-                try:
-                    return compiled.search(text, timeout=max(deadline - time.monotonic(), 0.001)) is not None
-                except TimeoutError:
-                    raise InvalidPattern(
-                        f"grep pattern {pattern!r} took more than {GREP_SECONDS:g} s to match (stopped in {where}): "
-                        "nested repetition such as (a+)+ or (a|aa)+ can take exponential time on a long line; "
-                        "simplify the pattern"
-                    ) from None
-
-            prefilter = "\\A" not in pattern and "\\Z" not in pattern
+            matcher = LinePattern(pattern, ignore_case=ignore_case, seconds=GREP_SECONDS)
             sp = StorePath.parse(path or "/documents", allow_root=True)
             rp = sp.repo_path
             if sp.parts and self._exists(rp):
@@ -527,11 +507,7 @@ class Turn:
                     if not data:
                         continue
                     text = data.decode("utf-8", errors="replace")
-                    if prefilter and not found(text, "/" + p):
-                        continue
-                    for number, line in enumerate(document_lines(text), start=1):
-                        if found(line, f"/{p}, line {number}"):
-                            matches.append(GrepMatch("/" + p, number, line))
+                    matches += [GrepMatch("/" + p, n, line) for n, line in matcher.lines("/" + p, text)]
             return matches
 
     def mkdir(self, path: str) -> bool:
