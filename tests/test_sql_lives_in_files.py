@@ -70,6 +70,7 @@ FILES_OF_SQL_DATA = {
 _PSQL_LINE = "a `kb psql -c` command line as a user types it"
 STATEMENTS_AS_DATA = {
     ("tests/test_cli_errors.py", "SELECT count(*) FROM kb.schema_migrations"): _PSQL_LINE,
+    ("tests/test_cli_storage_root.py", "SELECT 1"): _PSQL_LINE + " that a storage root without kb refuses",
     ("tests/test_new_user.py", "SELECT current_database()"): _PSQL_LINE + " (with -d NAME)",
     ("tests/test_new_user.py", "SELECT count(*) FROM kb.schema_migrations"): _PSQL_LINE,
     ("tests/test_roles.py", "SELECT count(*) FROM kb.job_health"): _PSQL_LINE + ", as kb_operator",
