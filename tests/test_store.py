@@ -921,3 +921,30 @@ def test_an_idle_release_shorter_than_a_second_is_a_settings_error(name: str, mo
         Settings()
     monkeypatch.setenv(name, "1")
     assert getattr(Settings(), name.removeprefix("KB_").lower()) == 1.0
+
+
+def test_fsck_keeps_a_copy_of_what_it_repairs_away_that_no_revision_holds(kb, kb_env):
+    """design §2.1: `kb fsck` brings the working tree to HEAD. A file edited or added there by
+    hand holds content no revision has, and the repair destroyed it while saying "repaired"; now
+    it is copied under .git/kb-set-aside first and fsck says where. A file holding content git
+    has (an older revision's, as a lost refresh leaves it) is repaired without a copy."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "base", "t") as tx:
+        tx.write("/documents/Notes/Index.md", b"# Index\n")
+        tx.write("/documents/Notes/Old.md", b"old\n")
+    with kb.transaction(1, "edit", "t") as tx:
+        tx.write("/documents/Notes/Old.md", b"new\n")
+    repo = kb.settings.knowledge_store / "1"
+    (repo / "documents" / "Notes" / "Index.md").write_bytes(b"# Index\ntampered by hand\n")
+    (repo / "documents" / "Notes" / "stray.md").write_bytes(b"a note written in the working tree\n")
+    (repo / "documents" / "Notes" / "Old.md").write_bytes(b"old\n")  # an older revision's content
+    out = run_cli(kb_env, "fsck", "-w", "1").stdout
+    assert "repaired working tree: 3 paths" in out
+    assert "kept 2 changed files no revision holds" in out and "kb-set-aside" in out
+    [folder] = (repo / ".git" / "kb-set-aside").iterdir()
+    assert str(folder) in out
+    assert (folder / "documents" / "Notes" / "Index.md").read_bytes() == b"# Index\ntampered by hand\n"
+    assert (folder / "documents" / "Notes" / "stray.md").read_bytes() == b"a note written in the working tree\n"
+    assert not (folder / "documents" / "Notes" / "Old.md").exists()
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert "clean" in run_cli(kb_env, "fsck", "-w", "1").stdout

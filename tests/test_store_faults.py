@@ -97,9 +97,15 @@ def test_a_writer_killed_before_its_refresh_leaves_a_working_tree_the_sweep_repa
     # a live writer's owed refresh is not lost: its marker is locked while it writes
     with kb.transaction(1, "another", "t") as tx:
         tx.write("/documents/d.md", b"d")
+    # and a person's hand edit meanwhile, content no revision holds: the repair keeps a copy
+    (repo / "documents" / "b.md").write_bytes(b"b, edited by hand\n")
     swept = run_cli(kb_env, "sweep")
     assert swept.returncode == 0
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    [kept] = (repo / ".git" / "kb-set-aside").glob("*/documents/b.md")
+    assert kept.read_bytes() == b"b, edited by hand\n"
+    assert (repo / "documents" / "b.md").read_bytes() == b"b v2"  # HEAD's, from the killed write
+    assert not list((repo / ".git" / "kb-set-aside").glob("*/documents/moved"))  # kb's own content: git has it
     assert kb.store(1).repository.lost_refreshes() == []
     assert not list((repo / ".git" / "kb-refresh-owed").iterdir())  # every marker gone
     assert (repo / "documents" / "moved" / "a.md").read_bytes() == b"a"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -29,6 +30,8 @@ from kb.git.gitindex import IndexFile, UnsupportedIndex, order_problem
 from kb.git.process_locks import path_lock
 from kb.paths import blob_id
 
+log = logging.getLogger(__name__)
+
 FILE_MODE = 0o100644
 """Git's mode of a regular, non-executable file (the only kind kb writes)."""
 WORKTREE_LOCK = "kb-worktree.lock"
@@ -37,6 +40,9 @@ REFRESH_LOCK = "kb-refresh.lock"
 """The flock writers hold shared while a refresh is owed (``WorktreeRefresh.refresh_pending``)."""
 OWED_FOLDER = "kb-refresh-owed"
 """Under ``.git``: one file per owed refresh, flocked by its writer (``WorktreeRefresh.lost_refreshes``)."""
+SET_ASIDE_FOLDER = "kb-set-aside"
+"""Under ``.git``: copies of working-tree files a repair would have overwritten or removed whose
+content no revision holds (hand edits), one folder per repair (``WorktreeRefresh.set_aside_unrecorded``)."""
 _NEW_MARKER = ".new-"
 """Prefix of a marker not yet flocked and renamed into place (never judged; removed when old)."""
 _NEW_MARKER_AGE = 60.0
@@ -169,6 +175,39 @@ class WorktreeRefresh:
             lost.append(path)
         return sorted(lost)
 
+    def set_aside_unrecorded(self, paths: Iterable[str]) -> tuple[str | None, list[str]]:
+        """Before a repair brings ``paths`` (repo paths) to HEAD: copy each working-tree file among
+        them whose content is no object of the repository (a hand edit, a file added by hand:
+        content no revision holds, which the repair would destroy) to
+        ``.git/kb-set-aside/<UTC time>/<path>``. A file whose blob the repository has (kb's own
+        content, from a refresh that was lost) is left to the repair: git keeps it. Nothing is
+        deleted (design §2.1, §14). Call under ``worktree_lock``. Returns ``(the folder of the
+        copies, the repo paths copied)``, ``(None, [])`` when none was; raises OSError when a copy
+        cannot be written (the caller then repairs nothing)."""
+        root = str(self.path)
+        kept: list[str] = []
+        folder = None
+        for path in paths:
+            source = os.path.join(root, path)
+            try:
+                if not stat.S_ISREG(os.lstat(source).st_mode):
+                    continue
+                with open(source, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                continue  # gone, or unreadable: nothing the repair could take from it
+            if blob_id(data).encode() in self._repo.object_store:
+                continue
+            if folder is None:
+                stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
+                folder = os.path.join(root, ".git", SET_ASIDE_FOLDER, f"{stamp}-{os.getpid()}")
+            target = os.path.join(folder, path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as copy:
+                copy.write(data)
+            kept.append(path)
+        return folder, kept
+
     def repair_lost_refreshes(self, stale_paths: Callable[[], list[str]]) -> list[str] | None:
         """When ``lost_refreshes`` finds any: holding ``worktree_lock``, bring every path
         ``stale_paths()`` lists (where the working tree or index differs from HEAD: ``git
@@ -181,6 +220,15 @@ class WorktreeRefresh:
         with self.worktree_lock():
             head_tree = self.tree_id(self.head())
             paths = stale_paths()
+            folder, kept = self.set_aside_unrecorded(paths)  # a hand edit among them is copied first
+            if kept:
+                log.warning(
+                    "repairing a lost working-tree refresh of %s: %d changed files no revision holds were "
+                    "copied to %s first",
+                    self.path,
+                    len(kept),
+                    folder,
+                )
             refused = set(self.refresh_worktree([(p, self.lookup(head_tree, p)) for p in paths]))
             for marker in lost:
                 with contextlib.suppress(FileNotFoundError):

@@ -59,6 +59,10 @@ class FsckReport:
     stale_locks_removed: list[str] = field(default_factory=list)
     recorded: list[Revision] = field(default_factory=list)
     worktree_repaired: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
+    """Virtual paths of repaired working-tree files whose content no revision held (hand edits),
+    copied to ``set_aside_folder`` before the repair (design §2.1: nothing is deleted)."""
+    set_aside_folder: str | None = None
     index_repaired: str | None = None
     """What git found wrong with ``.git/index`` (then rebuilt from HEAD), None when it was sound."""
     temporary_packs_removed: list[str] = field(default_factory=list)
@@ -176,6 +180,9 @@ def fsck(store: KnowledgeStore) -> FsckReport:
             lost = repo.lost_refreshes()  # settled: every marker left is a dead writer's
             stale_paths = [p for p in stale_worktree_paths(store) if p not in overlong]
             if stale_paths:
+                # a hand edit among them is copied aside first: the repair would destroy it
+                report.set_aside_folder, kept = repo.set_aside_unrecorded(stale_paths)
+                report.set_aside = ["/" + p for p in kept]
                 refused = set(repo.refresh_worktree([(p, repo.lookup(head_tree, p)) for p in stale_paths]))
                 report.worktree_repaired = ["/" + p for p in stale_paths if p not in refused]
             for marker in lost:  # repaired above

@@ -8,6 +8,7 @@ import sys
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
 
 
@@ -147,6 +148,14 @@ def fsck(workspace: int) -> None:
     if report.worktree_repaired:
         click.echo(f"repaired working tree: {len(report.worktree_repaired)} paths")
         for path in report.worktree_repaired[:10]:
+            click.echo(f"    {path}")
+    if report.set_aside:
+        click.echo(
+            f"kept {counted(len(report.set_aside), 'changed file')} no revision holds (edited or added by hand in "
+            f"the working tree) at {report.set_aside_folder} before the repair; to record one, "
+            "`kb import` or `kb new` it (the working tree follows HEAD)"
+        )
+        for path in report.set_aside[:10]:
             click.echo(f"    {path}")
     for pack in report.temporary_packs_removed:
         click.echo(f"removed temporary pack {pack} (a killed import's)")
