@@ -948,3 +948,18 @@ def test_fsck_keeps_a_copy_of_what_it_repairs_away_that_no_revision_holds(kb, kb
     assert not (folder / "documents" / "Notes" / "Old.md").exists()
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
     assert "clean" in run_cli(kb_env, "fsck", "-w", "1").stdout
+
+
+def test_restore_follows_the_document_through_later_moves(kb, kb_env):
+    """design §3: `kb restore PATH --revision R` brings back the document that was at PATH in R.
+    When a later revision moved it, the content goes to where it is now; it re-created the old
+    path beside the moved document, two copies of one document (as `kb revert` never does). A
+    document removed since comes back at PATH."""
+    r1 = commit(kb, 5, ("write", A, b"todo v1"), ("write", B, b"b1"))
+    commit(kb, 5, ("write", A, b"todo v2"))
+    commit(kb, 5, ("move", A, "/documents/Archive/a.md"), ("remove", B))
+    out = run_cli(kb_env, "restore", A, "--revision", r1.id, "--workspace", "5").stdout
+    assert "/documents/Archive/a.md" in out
+    assert tree(kb, 5) == {"/documents/Archive/a.md": b"todo v1"}
+    run_cli(kb_env, "restore", B, "--revision", r1.id, "--workspace", "5")
+    assert tree(kb, 5) == {"/documents/Archive/a.md": b"todo v1", B: b"b1"}

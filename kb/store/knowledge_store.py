@@ -1613,12 +1613,20 @@ class KnowledgeStore:
     ) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new forward revision (design §3).
 
+        The document at ``path`` in ``revision`` is followed through the moves recorded since, as
+        ``revert`` follows them: when it is now elsewhere, its content goes there (it restored a
+        second copy at the old path, beside the moved document); when it was removed, or never
+        moved, it comes back at ``path``.
+
         Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
         DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
         """
         revision = self.repository.resolve(revision)
         data = self.read_as_of(revision, path)
         virtual = StorePath.parse(str(path), allow_keep=True).virtual
+        moved = self.moved_to(virtual, revision)
+        if moved is not None and moved != virtual and moved in self.list_paths():
+            virtual = moved  # the same document, under the path it has now
         text = message or f"restore {virtual} from revision {revision[:12]}"
         with self.transaction(text, author, committer) as draft:
             draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: restore bumps generations
