@@ -72,9 +72,13 @@ def test_reads_refuse_a_storage_root_without_a_knowledge_base_and_import_creates
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "a.md").write_text("# A\n\nrefund policy\n")
-    run_cli(env, "import", str(notes), "--workspace", "1")
+    first = run_cli(env, "import", str(notes), "--workspace", "1")
+    # and says so, with where: a forgotten KB_STORAGE_ROOT otherwise shows only "created workspace"
+    assert f"started a new knowledge base at {storage_root}" in first.stderr, first.stderr
     assert "1" in run_cli(env, "workspaces").stdout
     assert "refund policy" in run_cli(env, "read", "/documents/a.md", "-w", "1").stdout
+    again = run_cli(env, "new", "/documents/b.md", "-w", "1", "--body", "# B\n")
+    assert "new knowledge base" not in again.stderr, again.stderr
 
 
 def test_with_a_configured_database_a_missing_storage_root_is_named_not_the_workspace(kb_env, tmp_path):

@@ -50,10 +50,20 @@ def open_kb(*, migrate: bool = True, create: bool = False) -> KnowledgeBase:
     _say_when_local_despite_server()
     # a quick command's first connection is the one that checked the schema (design §13)
     quick = click.get_current_context().info_name in QUICK_COMMANDS
+    chosen = settings()
+    # the embedded default about to start a knowledge base from nothing: said, with where, since a
+    # forgotten or mistyped KB_STORAGE_ROOT otherwise shows only "created workspace 2" (design §2.1)
+    new = create and not chosen.database_url and not (chosen.storage_root / "postgres").is_dir()
     try:
-        kb = KnowledgeBase.open(settings(), migrate=migrate, reuse_connection=quick, create=create)
+        kb = KnowledgeBase.open(chosen, migrate=migrate, reuse_connection=quick, create=create)
     finally:
         modules_loaded()
+    if new:
+        click.echo(
+            f"kb: started a new knowledge base at {chosen.storage_root} (KB_STORAGE_ROOT; "
+            "`kb workspaces` lists what it holds)",
+            err=True,
+        )
     click.get_current_context().call_on_close(kb.close)
     return kb
 
