@@ -321,3 +321,40 @@ def test_status_says_its_document_counts_wait_for_the_projection(kb_env, tmp_pat
     assert "revisions after" in line and "not projected yet" in line and "kb worker --until-idle" in line
     run_cli(kb_env, "worker", "--until-idle", "--quiet")
     assert "documents:  4 (0 pending" in run_cli(kb_env, "status", "-w", "1").stdout
+
+
+def test_ctrl_c_on_a_worker_until_idle_says_so_at_once_and_ends_with_its_summary(kb_env, tmp_path):
+    """design §7: Ctrl-C on `kb worker --until-idle` while a job runs was silent until the job had
+    finished, then ended in click's bare "Aborted!" (exit 1) without the summary. Now the worker
+    says at once that it is stopping, lets the job in hand finish, prints its summary and exits 130."""
+    import signal
+
+    notes = tmp_path / "many"
+    notes.mkdir()
+    for i in range(1500):
+        (notes / f"n{i:04}.md").write_text(f"# Note {i}\n\n" + "words about refunds and plans. " * 40 + "\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a child must not inherit SIG_IGN
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "kb.adapters.cli", "worker", "--until-idle"],
+            env={**kb_env, "KB_PROGRESS_INTERVAL": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert worker.stderr is not None
+    seen = []
+    for line in worker.stderr:  # the first job has started: Ctrl-C now
+        seen.append(line)
+        if " started" in line:
+            worker.send_signal(signal.SIGINT)
+            break
+    out, err = worker.communicate(timeout=600)
+    err = "".join(seen) + err
+    assert worker.returncode == 130, (out, err)
+    assert "stopping: the jobs in hand finish first" in err and "Aborted" not in err, err
+    assert "worker stopped after" in out and "job(s) run" in out, out
+    assert "interrupted before the queue was idle" in err

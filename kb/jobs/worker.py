@@ -53,6 +53,8 @@ class WorkerReport:
     chunks_from_cache: int = 0
     chunk_rows_reused: int = 0
     wall_seconds: float = 0.0
+    interrupted: bool = False
+    """Stopped by SIGINT/SIGTERM before it was idle (``--until-idle``): the jobs in hand finished."""
     scheduled: list[dict] = field(default_factory=list)
     blocked: list[dict] = field(default_factory=list)
 
@@ -200,6 +202,10 @@ class ProgressDisplay:
                         seconds = time.monotonic() - self._started.get(job_id, time.monotonic())
                         self._print_plain(f"job {job_id} {task}{_ws(workspace_id)} running for {seconds:.0f} s")
 
+    def notice(self, text: str) -> None:
+        """A line said at once and kept (e.g. the worker stopping on a signal)."""
+        self._line(text, permanent=True)
+
     def job_started(self, job_id: int, task: str, workspace_id: int | None) -> None:
         """A job began (shown as the live line / one plain line)."""
         with self._lock:  # the ticker reads these
@@ -328,7 +334,7 @@ def run_worker(
         if until_idle:
             _quiet_side_task_tracebacks()  # an outage is told in lines here too (design §7)
             try:
-                asyncio.run(run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display))
+                asyncio.run(_until_idle_or_signal(kb, report, concurrency, display))
             except errors.KbError:
                 raise
             except Exception as exc:  # procrastinate's or psycopg's: the database went away
@@ -341,6 +347,49 @@ def run_worker(
         if display:
             display.close()
     return report
+
+
+STOPPING_NOTICE = "stopping: the jobs in hand finish first (Ctrl-C again stops at once)"
+"""What a worker says at once when SIGINT/SIGTERM asks it to stop (design §7)."""
+
+
+async def _until_idle_or_signal(
+    kb: KnowledgeBase, report: WorkerReport, concurrency: int, display: ProgressDisplay | None
+) -> None:
+    """``run_worker_async`` until idle, or until SIGINT/SIGTERM: the first signal says so at once
+    (``STOPPING_NOTICE`` on stderr), stops fetching, lets the jobs in hand finish and returns with
+    ``report.interrupted`` (the caller prints the summary); a second has the default effect. A
+    Ctrl-C used to be silent while the job in hand ran on, then end in click's bare "Aborted!"
+    with no summary."""
+    task = asyncio.ensure_future(
+        run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display)
+    )
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+
+    def stop() -> None:
+        for number in installed:
+            loop.remove_signal_handler(number)
+        installed.clear()
+        report.interrupted = True
+        if display is not None:
+            display.notice(STOPPING_NOTICE)
+        else:
+            print(f"kb: {STOPPING_NOTICE}", file=sys.stderr, flush=True)
+        task.cancel()  # graceful: nothing more is fetched, the jobs in hand finish
+
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(number, stop)
+            installed.append(number)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not report.interrupted:
+            raise
+    finally:
+        for number in installed:
+            loop.remove_signal_handler(number)
 
 
 async def _supervised_until_signal(supervisor: WorkerSupervisor) -> None:

@@ -24,7 +24,8 @@ def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
 
     Shows each job's progress on stderr (a live line on a terminal; otherwise a line every
     KB_PROGRESS_INTERVAL seconds, default 5, while a job runs) and a summary at the end.
-    SIGINT/SIGTERM finish the jobs in hand, then stop. Example: kb worker --until-idle
+    SIGINT/SIGTERM finish the jobs in hand, then stop (with --until-idle: the summary, exit 130).
+    Example: kb worker --until-idle
     """
     from kb.jobs.worker import ProgressDisplay, describe_blocked
 
@@ -39,6 +40,9 @@ def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
     click.echo(later if later else "no job is scheduled for later")
     for job in report.blocked:
         click.echo(f"blocked: {describe_blocked(job)}")
+    if report.interrupted:  # a signal stopped it before the queue was idle (design §7)
+        click.echo("interrupted before the queue was idle: run `kb worker --until-idle` again to go on", err=True)
+        sys.exit(130)
     if until_idle:
         failed = sum(j["jobs"] for j in kb.status()["jobs"] if j["status"] == "failed")
         if failed:
