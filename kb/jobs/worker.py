@@ -12,6 +12,7 @@ from outside kb; it is reported as blocked rather than waited for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -27,7 +28,7 @@ from kb.db.sql import queries
 from kb.store.homes import adopt_homeless
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from kb.knowledge_base import KnowledgeBase
 
@@ -353,6 +354,31 @@ STOPPING_NOTICE = "stopping: the jobs in hand finish first (Ctrl-C again stops a
 """What a worker says at once when SIGINT/SIGTERM asks it to stop (design §7)."""
 
 
+@contextlib.contextmanager
+def _first_stop_signal(on_stop: Callable[[], None]) -> Iterator[None]:
+    """While the block runs on the event loop of the main thread, the first SIGINT/SIGTERM calls
+    ``on_stop`` and removes the handlers, so a second one has the default effect (as
+    Procrastinate's own handlers do); elsewhere, nothing is installed."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+
+    def stop() -> None:
+        for number in installed:
+            loop.remove_signal_handler(number)
+        installed.clear()
+        on_stop()
+
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(number, stop)
+            installed.append(number)
+    try:
+        yield
+    finally:
+        for number in installed:
+            loop.remove_signal_handler(number)
+
+
 async def _until_idle_or_signal(
     kb: KnowledgeBase, report: WorkerReport, concurrency: int, display: ProgressDisplay | None
 ) -> None:
@@ -364,13 +390,8 @@ async def _until_idle_or_signal(
     task = asyncio.ensure_future(
         run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display)
     )
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
 
     def stop() -> None:
-        for number in installed:
-            loop.remove_signal_handler(number)
-        installed.clear()
         report.interrupted = True
         if display is not None:
             display.notice(STOPPING_NOTICE)
@@ -378,41 +399,19 @@ async def _until_idle_or_signal(
             print(f"kb: {STOPPING_NOTICE}", file=sys.stderr, flush=True)
         task.cancel()  # graceful: nothing more is fetched, the jobs in hand finish
 
-    if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(number, stop)
-            installed.append(number)
-    try:
-        await task
-    except asyncio.CancelledError:
-        if not report.interrupted:
-            raise
-    finally:
-        for number in installed:
-            loop.remove_signal_handler(number)
+    with _first_stop_signal(stop):
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not report.interrupted:
+                raise
 
 
 async def _supervised_until_signal(supervisor: WorkerSupervisor) -> None:
     """Run ``supervisor`` until SIGINT/SIGTERM (the first stops it gracefully; a second one
     has the default effect, as Procrastinate's own handlers do)."""
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-
-    def stop() -> None:
-        for number in installed:
-            loop.remove_signal_handler(number)
-        installed.clear()
-        supervisor.stop()
-
-    if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(number, stop)
-            installed.append(number)
-    try:
+    with _first_stop_signal(supervisor.stop):
         await supervisor.run()
-    finally:
-        for number in installed:
-            loop.remove_signal_handler(number)
 
 
 def as_worker_error(exc: BaseException) -> errors.KbError:
