@@ -358,3 +358,18 @@ def test_ctrl_c_on_a_worker_until_idle_says_so_at_once_and_ends_with_its_summary
     assert "stopping: the jobs in hand finish first" in err and "Aborted" not in err, err
     assert "worker stopped after" in out and "job(s) run" in out, out
     assert "interrupted before the queue was idle" in err
+
+
+def test_import_prune_names_what_it_removed_and_how_to_bring_one_back(kb_env, tmp_path):
+    """`kb import --prune` removes every document not in the folder, those made inside kb too
+    (`kb new`, the API): it said only "1 removed". Now each is named, with the restore that
+    brings one back."""
+    notes = _notes(tmp_path, count=2)
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    run_cli(kb_env, "new", "Made here", "-w", "1", "--body", "# Made here\n")
+    pruned = run_cli(kb_env, "import", str(notes), "-w", "1", "--prune").stdout
+    assert "1 removed" in pruned and "removed /documents/Made here.md: not in the folder (--prune)" in pruned
+    restore = re.search(r"`(kb restore PATH --revision ([0-9a-f]{12}) --workspace 1)` brings one back", pruned)
+    assert restore, pruned
+    run_cli(kb_env, "restore", "/documents/Made here.md", "--revision", restore.group(2), "-w", "1")
+    assert "# Made here" in run_cli(kb_env, "read", "/documents/Made here.md", "-w", "1").stdout

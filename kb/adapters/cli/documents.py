@@ -74,6 +74,16 @@ def import_(
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
     shown_per_reason = 20
+    if report.removed and report.revision is not None:  # --prune: said by name, and how to undo it
+        gone = [c.path for c in report.revision.changes if c.change == "removed"]
+        for path in gone[:shown_per_reason]:
+            click.echo(f"removed {path}: not in the folder (--prune)")
+        if len(gone) > shown_per_reason:
+            click.echo(f"removed {len(gone) - shown_per_reason} more not in the folder (--prune)")
+        if report.revision.parent_id:
+            click.echo(
+                f"`kb restore PATH --revision {report.revision.parent_id[:12]} --workspace {workspace}` brings one back"
+            )
     by_reason: dict[str, list[str]] = {}
     for entry in report.skipped:
         by_reason.setdefault(entry.reason, []).append(entry.path)

@@ -116,7 +116,9 @@ def restore(path: str, workspace: int, revision: str, message: str | None, autho
     Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
     """
     result = session.open_kb().restore(workspace, path, revision, author=author, message=message)
-    click.echo(f"unchanged: {path} already holds that version" if result is None else _described(result))
+    # the document restored is the one at PATH then, wherever later moves took it (design §3)
+    said = f"unchanged: the document that was {path} then holds that version already"
+    click.echo(said if result is None else _described(result))
 
 
 def _described(revision) -> str:
