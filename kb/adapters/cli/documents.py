@@ -76,8 +76,8 @@ def import_(
     shown_per_reason = 20
     if report.removed and report.revision is not None:  # --prune: said by name, and how to undo it
         gone = [c.path for c in report.revision.changes if c.change == "removed"]
-        for path in gone[:shown_per_reason]:
-            click.echo(f"removed {path}: not in the folder (--prune)")
+        for removed in gone[:shown_per_reason]:
+            click.echo(f"removed {removed}: not in the folder (--prune)")
         if len(gone) > shown_per_reason:
             click.echo(f"removed {len(gone) - shown_per_reason} more not in the folder (--prune)")
         if report.revision.parent_id:
