@@ -1625,7 +1625,8 @@ class KnowledgeStore:
         data = self.read_as_of(revision, path)
         virtual = StorePath.parse(str(path), allow_keep=True).virtual
         moved = self.moved_to(virtual, revision)
-        if moved is not None and moved != virtual and moved in self.list_paths():
+        head_tree = self.repository.tree_id(self.head())
+        if moved is not None and moved != virtual and self.repository.lookup(head_tree, moved[1:]) is not None:
             virtual = moved  # the same document, under the path it has now
         text = message or f"restore {virtual} from revision {revision[:12]}"
         with self.transaction(text, author, committer) as draft:
