@@ -137,10 +137,11 @@ class LockUnavailable(KbError):
 
 
 class WriteLockLost(LockUnavailable):
-    """The write lock was lost while a write held it: the Postgres session holding it ended (an
-    administrator's ``pg_terminate_backend``, a server restart) and another writer moved the
-    branch. Raised inside the store only, before the write is settled by its idempotency key
-    (design §3): callers see the write's revision when it landed, else this error saying so."""
+    """The branch moved while a write held the write lock: a process moved it without the lock
+    (a git command run by hand in the workspace's repository). Raised inside the store only,
+    before the write is settled by its idempotency key (design §3): callers see the write's
+    revision when it landed, else this error saying so. (A holder whose Postgres session ended
+    cannot cause it: its ref update finishes before the next holder reads git's head.)"""
 
 
 class EmbeddingError(KbError):

@@ -10,7 +10,9 @@ through the window that opens.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -67,13 +69,43 @@ def _wait(predicate, what: str, seconds: float = 60.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _group_behind_a_held_lock(url: str, threads: list[threading.Thread], started: list | None = None) -> None:
+    """Hold the write lock while each writer thread starts and queues its intent (in order: the
+    first leads, the others wait for its outcome), then release it and join them. ``started``
+    gets each thread's ident as it starts."""
+    lock = _admin(url)
+    admin = _admin(url)
+    try:
+        lock.execute(queries["begin_transaction"])
+        lock.execute(
+            queries["lock_workspace_write_bounded"],
+            {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS},
+        )
+        for queued, thread in enumerate(threads, start=1):
+            thread.start()
+            if started is not None:
+                started.append(thread.ident)
+            _wait(
+                lambda n=queued: (
+                    len(admin.execute(queries["test_write_intents"], {"workspace_id": WS}).fetchall()) >= n
+                ),
+                "the intent",
+            )
+        lock.execute(queries["commit_transaction"])  # one writer leads and records both
+        for thread in threads:
+            thread.join(90)
+    finally:
+        lock.close()
+        admin.close()
+
+
 def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told_it_landed(ws, monkeypatch):
     """The leader L records its own draft and W's; its session ends just before its ref moves. W
     takes the lock, catches up (nothing yet), then L moves the branch with W's change. W must not
     build on that unrecorded head (W's change would look already there: "nothing changed", None)
     and is told the revision its change landed in."""
     url = ws.database_url
-    state = {"leader": None}
+    state: dict = {"leader": None, "writers": []}
     killed, proceed, advanced = threading.Event(), threading.Event(), threading.Event()
     original_advance, original_catch_up = Repository.advance, KnowledgeStore._catch_up
 
@@ -82,7 +114,8 @@ def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told
             state["leader"] = threading.get_ident()
             killed.set()  # before: the other writer takes the lock as soon as the session ends
             _terminate_lock_holders(url)  # this thread's own session: its lock is gone
-            proceed.wait(30)
+            # the other writer caught up (no fence) or waits at the ref-update fence this holds
+            _wait(lambda: proceed.is_set() or any(_in_stack(t, "_pass_ref_fence") for t in state["writers"]), "W")
             try:
                 return original_advance(self, old, new)
             finally:
@@ -100,31 +133,12 @@ def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told
     monkeypatch.setattr(KnowledgeStore, "_catch_up", catch_up)
     paths, keys = ["/documents/a.md", "/documents/b.md"], {"/documents/a.md": "key-a", "/documents/b.md": "key-b"}
     results: dict = {}
-    lock = _admin(url)
-    admin = _admin(url)
+    threads = [
+        threading.Thread(target=_writer, args=(KnowledgeBase(ws.settings, url), p, results, keys[p])) for p in paths
+    ]
     try:
-        lock.execute(queries["begin_transaction"])
-        lock.execute(
-            queries["lock_workspace_write_bounded"],
-            {"timeout": "30s", "namespace": WRITE_LOCK_NAMESPACE, "workspace_id": WS},
-        )
-        threads = [
-            threading.Thread(target=_writer, args=(KnowledgeBase(ws.settings, url), p, results, keys[p])) for p in paths
-        ]
-        for queued, thread in enumerate(threads, start=1):
-            thread.start()
-            _wait(
-                lambda n=queued: (
-                    len(admin.execute(queries["test_write_intents"], {"workspace_id": WS}).fetchall()) >= n
-                ),
-                "the intent",
-            )
-        lock.execute(queries["commit_transaction"])  # one writer leads and records both
-        for thread in threads:
-            thread.join(90)
+        _group_behind_a_held_lock(url, threads, state["writers"])
     finally:
-        lock.close()
-        admin.close()
         monkeypatch.undo()
         database.close_pools()
     assert killed.is_set() and proceed.is_set(), results
@@ -140,13 +154,13 @@ def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told
     assert "/documents/a.md" in landed or "/documents/b.md" in landed
 
 
-def test_a_writer_that_lost_its_lock_to_another_writer_says_so_and_what_landed(ws, monkeypatch):
-    """The writer's session ends just before its ref moves; another writer takes the lock and
-    moves the branch; the first one's compare-and-swap fails. It says the session holding the lock
-    ended (not "another process writes without the lock") and, settled by its key, that its write
-    did not land."""
+def test_a_writer_whose_session_ends_before_its_ref_update_lands_and_the_next_writer_builds_on_it(ws, monkeypatch):
+    """The writer's session ends between its lock check and its ref update; another writer takes
+    the free lock at once. The other waits at the ref-update fence until the first has moved the
+    branch, catches that revision up and records its own on top (design §3): both writes land,
+    and each writer is told its own revision — the first settles by its key."""
     url = ws.database_url
-    state = {"first": None}
+    state: dict = {"first": None}
     original_advance = Repository.advance
     other: dict = {}
 
@@ -158,25 +172,65 @@ def test_a_writer_that_lost_its_lock_to_another_writer_says_so_and_what_landed(w
                 target=_writer, args=(KnowledgeBase(ws.settings, url), "/documents/x.md", other, "key-x")
             )
             thread.start()
-            thread.join(60)
+            state["other"] = thread
+            _wait(lambda: _in_stack(thread.ident, "_pass_ref_fence"), "the other writer at the fence")
         return original_advance(self, old, new)
 
     monkeypatch.setattr(Repository, "advance", advance)
     # a merged write: committed by its own writer under the lock (not group-committed)
     try:
-        with pytest.raises(KbError) as raised:
+        with ws.transaction(WS, "first", "w", idempotency_key="key-l") as tx:
+            tx.write_merged("/documents/l.md", "l\n", None)
+        first = tx.revision
+        state["other"].join(60)
+    finally:
+        monkeypatch.undo()
+        database.close_pools()
+    second = other["/documents/x.md"]
+    assert not isinstance(second, KbError), second
+    assert first is not None and second is not None
+    history = [r.id for r in ws.history(WS)]
+    assert history[:2] == [second.id, first.id]  # newest first: x on top of l
+    assert ws.write_outcome(WS, "key-l").id == first.id
+    assert ws.read(WS, "/documents/l.md") == b"l\n" and ws.read(WS, "/documents/x.md") == b"/documents/x.md\n"
+
+
+def test_a_branch_moved_without_the_lock_during_a_write_is_told_and_settled(ws, monkeypatch):
+    """A git command run by hand moves the branch while a writer holds the lock, between its
+    check and its ref update. The writer's compare-and-swap fails: WriteLockLost, saying a process
+    moved the branch without the lock, and (settled by its key) that its write did not land."""
+    repo_path = ws.settings.knowledge_store / str(WS)
+    original_advance = Repository.advance
+    moved: list = []
+
+    def advance(self, old, new):
+        if not moved:
+            subprocess.run(
+                ["git", "-C", str(repo_path), "commit", "-q", "--allow-empty", "-m", "by hand"],
+                check=True,
+                env={
+                    **os.environ,
+                    "GIT_AUTHOR_NAME": "h",
+                    "GIT_AUTHOR_EMAIL": "h@x",
+                    "GIT_COMMITTER_NAME": "h",
+                    "GIT_COMMITTER_EMAIL": "h@x",
+                },
+            )
+            moved.append(True)
+        return original_advance(self, old, new)
+
+    monkeypatch.setattr(Repository, "advance", advance)
+    try:
+        with pytest.raises(WriteLockLost) as raised:
             with ws.transaction(WS, "doomed", "w", idempotency_key="key-l") as tx:
                 tx.write_merged("/documents/l.md", "l\n", None)
     finally:
         monkeypatch.undo()
         database.close_pools()
-    assert not isinstance(other["/documents/x.md"], KbError), other
     message = str(raised.value)
-    assert "without the lock. Nothing" not in message
-    assert isinstance(raised.value, WriteLockLost), message
-    assert "session holding the lock ended" in message and "did not land" in message
+    assert "without the lock" in message and "did not land" in message, message
     assert ws.write_outcome(WS, "key-l") is None
-    assert ws.head(WS) == other["/documents/x.md"].id
+    assert [r.message.splitlines()[0] for r in ws.history(WS)][0] == "by hand"  # recorded as it is
 
 
 def test_a_leader_whose_ref_update_fails_tells_the_outcome_another_holder_recorded(kb, monkeypatch):
@@ -217,3 +271,65 @@ def test_a_leader_whose_ref_update_fails_tells_the_outcome_another_holder_record
     assert not isinstance(outcome, KbError), f"landed, but the leader said: {outcome}"
     assert outcome is not None and kb.read(WS, "/documents/leader.md") == b"leader\n"
     other.close()
+
+
+def _in_stack(ident: int | None, function: str) -> bool:
+    """Whether the thread ``ident`` is running ``function`` now (anywhere in its stack)."""
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_settle_in_the_gap_before_a_lockless_leaders_ref_update_tells_the_truth(ws, monkeypatch):
+    """The leader L records its own draft and the follower W's; both sessions end between L's lock
+    check and L's ref update (the connection killer of ``bin/stress_outcomes.py``). W settles its
+    write by its key at once: it takes the free lock, and git has nothing new yet. It must not
+    answer "nothing was recorded" while L may still move the branch with W's change: it waits at
+    the ref-update fence (design §3, ``kb.git.ref_fence``), and answers the revision L landed."""
+    url = ws.database_url
+    state: dict = {"leader": None, "follower": None}
+    killed, caught_up = threading.Event(), threading.Event()
+    original_advance, original_catch_up = Repository.advance, KnowledgeStore._catch_up
+
+    def advance(self, old, new):  # L, after its lock check
+        if state["leader"] is None:
+            state["leader"] = threading.get_ident()
+            with _admin(url) as admin:  # L's session and W's, waiting for L's outcome
+                admin.execute(queries["test_terminate_busy_client_backends"]).fetchall()
+            killed.set()
+            # W has caught up (the fault: it then answers from git as it is now), or waits at the fence
+            _wait(lambda: caught_up.is_set() or _in_stack(state["follower"], "_pass_ref_fence"), "the settle")
+        return original_advance(self, old, new)
+
+    def catch_up(self, conn, workspace):
+        result = original_catch_up(self, conn, workspace)
+        if killed.is_set() and threading.get_ident() != state["leader"]:
+            caught_up.set()
+        return result
+
+    def writer(kb, path, key):
+        if path == "/documents/w.md":
+            state["follower"] = threading.get_ident()
+        _writer(kb, path, results, key)
+
+    monkeypatch.setattr(Repository, "advance", advance)
+    monkeypatch.setattr(KnowledgeStore, "_catch_up", catch_up)
+    paths, keys = ["/documents/l.md", "/documents/w.md"], {"/documents/l.md": "key-l", "/documents/w.md": "key-w"}
+    results: dict = {}
+    # L queues first and leads; W queues behind it and waits for its outcome
+    threads = [threading.Thread(target=writer, args=(KnowledgeBase(ws.settings, url), p, keys[p])) for p in paths]
+    try:
+        _group_behind_a_held_lock(url, threads)
+    finally:
+        monkeypatch.undo()
+        database.close_pools()
+    assert killed.is_set(), results
+    ws.reconcile(WS)  # whatever git has, recorded
+    landed = {c.path: r.id for r in ws.history(WS) for c in r.changes}
+    assert "/documents/w.md" in landed, (landed, results)  # L moved the branch with W's change
+    outcome = results["/documents/w.md"]
+    assert not isinstance(outcome, KbError), f"W's write landed in {landed['/documents/w.md']}, W was told: {outcome}"
+    assert outcome is not None and outcome.id == landed["/documents/w.md"]

@@ -46,6 +46,11 @@ CHUNK_LOCK_NAMESPACE = 7104
 #   0. write lock       pg_advisory_xact_lock(7101, ws)   locked_transaction / locked_pipeline: store
 #                                                          revisions and their catch-up, the artifact
 #                                                          layer, fsck, workspace deletion; first
+#  0a. ref-update fence an flock of .git/kb-ref-update.lock (kb.git.ref_fence): held by a write-lock
+#                       holder across its lock check and ref update only (it waits for nothing
+#                       there); every catch-up under the write lock passes through it before it
+#                       reads git's head. Only write-lock holders take it, so a waiter (holding the
+#                       live lock) waits only for a holder whose session ended (design §3)
 #   1. projection lock  pg_advisory_xact_lock(7103, ws)   kb.projection.project; workspace deletion
 #   2. chunk lock       pg_advisory_xact_lock(7104, ws)   chunk_lock, taken before any row of 3-5 by:
 #        the projection (right after 1), an index run's per-document transaction, the store's

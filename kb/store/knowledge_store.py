@@ -61,6 +61,7 @@ from kb.git.maintenance import (
     estimated_loose_objects,
     pack_workspace,
 )
+from kb.git.ref_fence import RefFenceTimeout, ref_fence
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
 from kb.settings import Settings
@@ -556,6 +557,32 @@ class KnowledgeStore:
                 else group_commit.recorded_revision(conn, repo, self.workspace_id, revision_id)
             )
         return None if recorded is None else _virtual(recorded)
+
+    def _pass_ref_fence(self) -> None:
+        """Under the write lock, before a catch-up reads git's head: wait until no writer is
+        between its lock check and its ref update (``kb.git.ref_fence``, design §3) — one whose
+        lock ended there finishes moving the branch, and the catch-up records it, so a settle
+        never answers "nothing was recorded" for a write about to land and a writer builds on
+        it. Raises LockTimeout when a writer stays there for ``KB_LOCK_TIMEOUT`` seconds (a
+        stopped process), WorkspaceNotFound (no repository), StorageError."""
+        try:
+            with ref_fence(self.repository.path / ".git", self.settings.lock_timeout):
+                pass
+        except RefFenceTimeout as exc:
+            raise LockTimeout(
+                self.workspace_id,
+                exc.waited,
+                "file lock",
+                lock="ref-update",
+                holder="a writer is stopped between its lock check and its ref update on this node. "
+                "Nothing was recorded by this call; retry, or raise KB_LOCK_TIMEOUT",
+            ) from None
+        except FileNotFoundError:
+            raise WorkspaceNotFound(
+                f"workspace {self.workspace_id} has no repository here; nothing can be settled"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"workspace {self.workspace_id}: the ref-update fence cannot be taken: {exc}") from exc
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
@@ -1159,17 +1186,20 @@ class KnowledgeStore:
         The lock is a Postgres session's: when that session ends (``pg_terminate_backend``, a
         server restart) the lock is gone while this process goes on, and another writer may take
         it. So first one round trip on ``conn`` checks that the session — and with it the lock — is
-        still there (psycopg.Error when not: nothing moved; the caller settles by key). A failed
-        compare-and-swap means the branch moved anyway (a writer that lost the lock moved it just
-        after its check, or a process that writes without the lock): WriteLockLost, which the
-        caller settles by key (design §3) — this write's revision is not on the branch, but the
-        other writer may have recorded this very change (a group it led before it lost the lock)."""
-        conn.execute(queries["write_lock_session_alive"]).fetchone()
-        if not self.repository.advance(head, new):
+        still there (psycopg.Error when not: nothing moved; the caller settles by key). The check
+        and the compare-and-swap run inside the ref-update fence (``kb.git.ref_fence``), which
+        every catch-up under the lock passes through first: a session that ends between the two
+        lets this ref update finish before the next holder reads git's head (design §3). So a
+        failed compare-and-swap means a process moved the branch without the lock (a git command
+        run by hand in the repository): WriteLockLost, which the caller settles by key."""
+        with ref_fence(self.repository.path / ".git"):
+            conn.execute(queries["write_lock_session_alive"]).fetchone()
+            moved = self.repository.advance(head, new)
+        if not moved:
             raise WriteLockLost(
-                f"workspace {self.workspace_id}: the branch moved while this writer held the write lock "
-                "(the Postgres session holding the lock ended — terminated by an administrator or a "
-                "server restart — and another writer took it, or a process writes without the lock)"
+                f"workspace {self.workspace_id}: the branch moved while this writer held the write lock: "
+                "a process moved it without the lock (a git command run by hand in the workspace's "
+                "repository); kb records such revisions as they are"
             )
         fault_point("ref_advanced")
         fault_point("before_pg_commit")
@@ -1315,6 +1345,7 @@ class KnowledgeStore:
         copy left here by a move is not the workspace's repository any more, design §15)."""
         if workspace.get("home_node") not in (None, self.settings.node):
             self.refuse_if_homed_elsewhere()
+        self._pass_ref_fence()  # a holder whose lock ended may be moving the branch: let it finish
         repository_guard.check(conn, self.database_url, self.repository, workspace)  # design §3
         if self.repository.head() != workspace["head_revision"]:
             chunk_lock(conn, self.workspace_id)
