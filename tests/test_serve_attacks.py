@@ -89,71 +89,60 @@ def test_an_empty_idempotency_key_is_refused_not_shared_by_every_write(kb, serve
     assert odd.status_code == 400 and odd.json()["error"] == "InvalidTurn", odd.text
 
 
-def test_write_outcome_waits_for_a_keyed_commit_queued_behind_another_tenants(kb, kb_env, tmp_path):
-    """A commit with an Idempotency-Key waiting for the server's turns lock — held by another
-    tenant's commit, itself waiting for its workspace's write lock — was not yet fenced, so
-    ``writes/{key}`` answered ``landed: false`` ("its writer being gone, never will") and the
-    commit landed a moment later (design §3). The fence is now held while the commit waits, and
-    the settle answers what the commit did."""
+def test_a_tenants_turn_goes_on_while_another_tenants_commit_waits_for_its_write_lock(kb, kb_env, tmp_path):
+    """Every turn call of every tenant went through one lock of the server: while tenant A's
+    commit waited for its workspace's write lock (a slow writer, up to ``KB_LOCK_TIMEOUT``), tenant
+    B could not read, write or commit its own turn, and a keyed commit of B queued there was not
+    yet fenced, so ``writes/{key}`` answered ``landed: false`` and the commit landed a moment later.
+    Now only a turn's own calls wait for each other (design §16): B's turn works and commits while
+    A's commit waits, and the settle of B's key answers what the commit did (design §3)."""
     import threading
 
     from kb.db import database
     from kb.db.locks import WRITE_LOCK_NAMESPACE
-    from kb.git.key_fence import KeyFenceTimeout, key_fence
 
     for ws in (1, 2):
         kb.create_workspace(ws)
     slow_secret = kb.tokens().create("slow", "write", [1])[1]
-    mine, secret = kb.tokens().create("mine", "write", [2])
+    secret = kb.tokens().create("mine", "write", [2])[1]
     log = tmp_path / "serve.log"
-    process, url = start_serve({**kb_env, "KB_LOCK_TIMEOUT": "120"}, log)
-    api = httpx.Client(base_url=url, timeout=180)
+    process, url = start_serve({**kb_env, "KB_LOCK_TIMEOUT": "30"}, log)
+    api = httpx.Client(base_url=url, timeout=90)
     answers: dict[str, httpx.Response] = {}
-
-    def post(name: str, path: str, headers: dict[str, str]) -> threading.Thread:
-        thread = threading.Thread(
-            target=lambda: answers.__setitem__(name, httpx.post(url + path, json={}, headers=headers, timeout=180))
-        )
-        thread.start()
-        return thread
-
-    def fenced() -> bool:
-        try:
-            with key_fence(kb.settings.knowledge_store / "2" / ".git", f"t{mine.id}@mine-1", 0):
-                return False
-        except KeyFenceTimeout:
-            return True
-
     try:
-        for ws, token, name in ((1, slow_secret, "Slow.md"), (2, secret, "Mine.md")):
-            put = api.put(
-                f"/v1/workspaces/{ws}/turns/t/files/documents/{name}", json={"content": "x\n"}, headers=_as(token)
-            )
-            assert put.status_code == 200, put.text
+        put = api.put(
+            "/v1/workspaces/1/turns/t/files/documents/Slow.md", json={"content": "x\n"}, headers=_as(slow_secret)
+        )
+        assert put.status_code == 200, put.text
         with (
             database.transaction(kb.database_url) as writer,  # a slow writer of workspace 1 holds its lock
             database.connect(kb.database_url, autocommit=True) as admin,
         ):
             writer.execute(queries["test_hold_advisory_lock"], {"namespace": WRITE_LOCK_NAMESPACE, "workspace_id": 1})
-            slow = post("slow", "/v1/workspaces/1/turns/t/commit", _as(slow_secret))
-            waiting = lambda: admin.execute(queries["test_advisory_lock_waiters"]).fetchone()  # noqa: E731
-            wait_until(waiting, 60, "the slow commit to wait for workspace 1's write lock")
-            keyed = post("keyed", "/v1/workspaces/2/turns/t/commit", _as(secret) | {"Idempotency-Key": "mine-1"})
-            wait_until(fenced, 60, "the keyed commit to hold its key's fence while it waits")
-            settle = threading.Thread(
+            slow = threading.Thread(
                 target=lambda: answers.__setitem__(
-                    "settle", api.get("/v1/workspaces/2/writes/mine-1", headers=_as(secret))
+                    "slow",
+                    httpx.post(url + "/v1/workspaces/1/turns/t/commit", json={}, headers=_as(slow_secret), timeout=90),
                 )
             )
-            settle.start()
-        # the writer's transaction ended: its lock is released
-        for thread in (slow, keyed, settle):
-            thread.join()
+            slow.start()
+            waiting = lambda: admin.execute(queries["test_advisory_lock_waiters"]).fetchone()  # noqa: E731
+            wait_until(waiting, 60, "the slow commit to wait for workspace 1's write lock")
+            mine = "/v1/workspaces/2/turns/u/files/documents/Mine.md"
+            assert api.put(mine, json={"content": "mine\n"}, headers=_as(secret)).status_code == 200
+            assert api.get(mine, headers=_as(secret)).json()["lines"] == [[1, "mine"]]
+            keyed = api.post(
+                "/v1/workspaces/2/turns/u/commit", json={}, headers=_as(secret) | {"Idempotency-Key": "mine-1"}
+            )
+            assert keyed.status_code == 200, keyed.text
+            settle = api.get("/v1/workspaces/2/writes/mine-1", headers=_as(secret)).json()
+            assert settle["landed"] and settle["revision"]["id"] == keyed.json()["revision"], settle
+            assert slow.is_alive() and "slow" not in answers  # A's commit still waits: the lock is held
+        # the writer's transaction ended: its lock is released, and A's commit goes on
+        slow.join(90)
     finally:
         output = stop_serve(process, log)
-    assert answers["slow"].status_code == answers["keyed"].status_code == 200, answers
-    landed = answers["keyed"].json()["revision"]
-    assert answers["settle"].json()["landed"] and answers["settle"].json()["revision"]["id"] == landed, answers
+    assert answers["slow"].status_code == 200, answers["slow"].text
     assert "Traceback" not in output, output
 
 

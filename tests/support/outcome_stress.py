@@ -27,7 +27,8 @@ import psycopg
 from kb.errors import CommitOutcomeUnknown, KbError
 from kb.knowledge_base import KnowledgeBase
 
-from .named_queries import queries  # relative: bin/stress_outcomes.py imports this module as tests.support
+from .named_queries import queries
+from .waiting import run_for  # relative: bin/stress_outcomes.py imports this module as tests.support
 
 TERMINATE = {
     "all": "test_terminate_client_backends",
@@ -103,12 +104,7 @@ def stress_outcomes(
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
     threads.append(threading.Thread(target=killer))
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join(120)
+    run_for(threads, seconds, stop, 120)
     from kb.db import database
 
     database.close_pools()

@@ -16,3 +16,14 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_for(threads: list, seconds: float, stop, join_seconds: float) -> None:
+    """Start ``threads``, let them run for ``seconds``, set the event ``stop`` and join each (at
+    most ``join_seconds`` apiece): how the stress samples run their clients."""
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(join_seconds)

@@ -70,6 +70,7 @@ from kb.store.write_keys import new_key
 if TYPE_CHECKING:
     from kb.index.embedding import Embedder
     from kb.knowledge_base import KnowledgeBase
+    from kb.turns.turn import Turn
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class Service:
         self._local = threading.local()
         self._opened: list[KnowledgeBase] = []
         self._opened_lock = threading.Lock()
-        self._turns_lock = threading.Lock()
+        self._opening_turns = threading.Lock()  # a token's count of open turns, and its next one
         self._turns_kb: KnowledgeBase | None = None
         self.ready = False
         self.ready_error: str | None = None
@@ -250,16 +251,27 @@ class Service:
             kb = self._local.kb = self.new_kb()
         return kb
 
-    @contextlib.contextmanager
-    def turns(self):
-        """The KnowledgeBase holding the open turns, one request at a time."""
-        with self._turns_lock:
-            yield self._turns_kb
+    def turn(self, workspace_id: int, owned: str, token_id: int | None, author: str | None = None) -> Turn:
+        """The open turn ``owned`` (a token's turn id, ``owned_by_token``) of a workspace, from
+        the KnowledgeBase holding the API's turns. Only the check of the token's bound and the
+        turn's lookup are serialized (``refuse_another_turn``, then ``KnowledgeBase.turn``): the
+        call on the turn runs beside every other tenant's, each turn serializing its own calls
+        (a ``Turn`` is thread-safe, design §5) — one lock for every turn call made one tenant's
+        commit waiting for its write lock, or a long grep, stall every other tenant's turns
+        (design §16). ``token_id`` None: no bound (no tokens). Raises TooManyTurns, InvalidTurn,
+        ``KnowledgeBase.turn``'s errors, and HTTPException 503 before the service has started."""
+        kb = self._turns_kb
+        if kb is None:
+            raise HTTPException(503, "starting or stopping")
+        with self._opening_turns:
+            if token_id is not None:
+                refuse_another_turn(kb, workspace_id, owned, token_id, self.settings.turns_per_token)
+            return kb.turn(workspace_id, owned, author)
 
     def close_idle_turns(self) -> int:
-        """Release the API's turns idle for ``KB_TURN_IDLE_SECONDS`` (``KnowledgeBase.close_idle_turns``)."""
-        with self._turns_lock:
-            return 0 if self._turns_kb is None else self._turns_kb.close_idle_turns(self.settings.turn_idle_seconds)
+        """Release the API's turns idle for ``KB_TURN_IDLE_SECONDS`` (``KnowledgeBase.close_idle_turns``:
+        a turn busy in a call is released once that call ends)."""
+        return 0 if self._turns_kb is None else self._turns_kb.close_idle_turns(self.settings.turn_idle_seconds)
 
     def check_database(self) -> None:
         """Raises DatabaseUnavailable when the database does not answer."""
@@ -354,8 +366,9 @@ def refuse_another_turn(kb: KnowledgeBase, workspace_id: int, owned: str, token_
     turn while the token ``token_id`` holds ``most`` open already (``KB_TURNS_PER_TOKEN``): each
     holds a worktree lock and a file descriptor until committed, aborted or released idle, and one
     token opening turns without end ran the server out of descriptors for every tenant (design
-    §16). Its own open turns stay usable. Call it under ``Service.turns()``, which ``kb`` is of.
-    Raises InvalidTurn for a bad id."""
+    §16). Its own open turns stay usable. Call it where no other thread opens a turn meanwhile
+    (``Service.turn``), so that the count and the opening are one step. Raises InvalidTurn for a
+    bad id."""
     from kb.git.worktree import root_turn_id
 
     key = (workspace_id, root_turn_id(owned))
@@ -378,61 +391,48 @@ def turn_router(service: Service) -> APIRouter:
         prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
     )
 
-    def turn(kb, request: Request, workspace_id: int, turn_id: str, author: str | None = None, ending: bool = False):
+    def turn(request: Request, workspace_id: int, turn_id: str, author: str | None = None, ending: bool = False):
         # a turn id is private to the token that names it (design §16); a commit or abort
         # (``ending``) leaves no turn open, so a token at its bound may always end one
         owned = owned_by_token(request, turn_id)
-        if not ending and (token := request_token(request)) is not None:
-            refuse_another_turn(kb, workspace_id, owned, token.id, service.settings.turns_per_token)
-        return kb.turn(workspace_id, owned, author)
+        token = None if ending else request_token(request)
+        return service.turn(workspace_id, owned, None if token is None else token.id, author)
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
         """Entries of a folder in the turn's view."""
-        with service.turns() as kb:
-            return json_form(turn(kb, request, workspace_id, turn_id).ls(path))
+        return json_form(turn(request, workspace_id, turn_id).ls(path))
 
     @router.get("/files/{path:path}")
     def read(
         request: Request, workspace_id: int, turn_id: str, path: str, offset: int = 0, limit: int | None = None
     ) -> dict:
         """A file as the turn sees it (its own writes included)."""
-        with service.turns() as kb:
-            return json_form(turn(kb, request, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
+        return json_form(turn(request, workspace_id, turn_id).read("/" + path.lstrip("/"), offset, limit))
 
     @router.put("/files/{path:path}")
     def write(
         request: Request, workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None
     ) -> dict:
         """Create or replace a file in the turn (nothing is recorded until commit)."""
-        with service.turns() as kb:
-            return json_form(
-                turn(kb, request, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content)
-            )
+        return json_form(turn(request, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
 
     @router.post("/edit/{path:path}")
     def edit(request: Request, workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
         """Replace text in a file of the turn."""
-        with service.turns() as kb:
-            return json_form(
-                turn(kb, request, workspace_id, turn_id).edit(
-                    "/" + path.lstrip("/"), body.old, body.new, body.replace_all
-                )
-            )
+        return json_form(
+            turn(request, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all)
+        )
 
     @router.delete("/files/{path:path}")
     def remove(request: Request, workspace_id: int, turn_id: str, path: str) -> dict:
         """Remove a file in the turn."""
-        with service.turns() as kb:
-            return {"removed": turn(kb, request, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
+        return {"removed": turn(request, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
 
     @router.post("/move")
     def move(request: Request, workspace_id: int, turn_id: str, body: MoveBody) -> dict:
         """Move a file or folder in the turn."""
-        with service.turns() as kb:
-            return {
-                "moved": json_form(turn(kb, request, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))
-            }
+        return {"moved": json_form(turn(request, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
 
     @router.post("/commit")
     def commit(
@@ -447,9 +447,8 @@ def turn_router(service: Service) -> APIRouter:
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
         settle one whose outcome is unknown. The committer is the request's token (design §16).
 
-        The key's fence is taken before the turns' lock, which every tenant's turn calls share: a
-        commit waiting there behind another's is in flight, and ``writes/{key}`` waits for it
-        rather than answer that it never lands (it answered so, and the commit landed after)."""
+        The key's fence is taken first, before the turn is looked up: from then on the commit is
+        in flight, and ``writes/{key}`` waits for it rather than answer that it never lands."""
         # a key is private to its token, as the turn is: another token's commit with the same
         # key records its own changes instead of being answered with this one's (design §3, §16).
         # Without one the commit still gets a key of the token's own: a 503 CommitOutcomeUnknown
@@ -460,8 +459,8 @@ def turn_router(service: Service) -> APIRouter:
             if request_token(request) is not None
             else idempotency_key
         )
-        with service.kb().store(workspace_id).key_fence(key), service.turns() as kb:
-            open_turn = turn(kb, request, workspace_id, turn_id, ending=True)
+        with service.kb().store(workspace_id).key_fence(key):
+            open_turn = turn(request, workspace_id, turn_id, ending=True)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
             result = open_turn.commit(body.message, idempotency_key=key)
@@ -470,8 +469,7 @@ def turn_router(service: Service) -> APIRouter:
     @router.delete("")
     def abort(request: Request, workspace_id: int, turn_id: str) -> dict:
         """Discard the turn and its worktree."""
-        with service.turns() as kb:
-            turn(kb, request, workspace_id, turn_id, ending=True).abort()
+        turn(request, workspace_id, turn_id, ending=True).abort()
         return {"aborted": True}
 
     return router
