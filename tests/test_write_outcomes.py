@@ -489,3 +489,34 @@ def test_a_keyed_write_never_waits_for_another_key_in_flight(ws, settings):
         go.set()
         writer.join(60)
     assert quick.write_outcome(WS, first_key).id == answers["long"].id
+
+
+def test_http_outcome_unknown_names_the_key_as_the_token_gave_it(ws, settings):
+    """Behind a token kb keeps a key as ``t<token id>@KEY``; the 503's message named that stored
+    key, and the settle route — which adds the prefix itself — looked up ``t<id>@t<id>@KEY``, which
+    no write has: "did not land" for a write that may have (design §3, §16). The message, like the
+    structured fields, names the key the client gave."""
+    pytest.importorskip("fastapi", reason="kb serve needs the serve extra")
+    from fastapi import APIRouter, Depends
+    from fastapi.testclient import TestClient
+
+    from kb.adapters.http.auth import require
+    from kb.adapters.http.server import create_app
+
+    token, secret = ws.tokens().create("writer", "write", [WS])
+
+    def failing(service):
+        router = APIRouter(dependencies=[Depends(require("write"))])
+
+        @router.post("/v1/workspaces/{workspace_id}/fail")
+        def fail(workspace_id: int) -> dict:
+            raise CommitOutcomeUnknown(workspace_id, f"t{token.id}@k-1", "server closed the connection")
+
+        return router
+
+    with TestClient(create_app(settings, routers=[failing])) as client:
+        answer = client.post(f"/v1/workspaces/{WS}/fail", headers={"Authorization": f"Bearer {secret}"})
+    body = answer.json()
+    assert answer.status_code == 503 and body["idempotency_key"] == "k-1", body
+    assert f"t{token.id}@" not in body["message"] and "'k-1'" in body["message"], body["message"]
+    assert f"t{token.id}@" not in body["cli_message"], body["cli_message"]

@@ -670,16 +670,21 @@ def create_app(
     @app.exception_handler(errors.KbError)
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
         token = request_token(request)  # where kb keeps its data: for an admin token only (design §16)
-        body: dict[str, object] = {
-            "error": type(exc).__name__,
-            "message": access.shown(str(exc), token),
-            "cli_message": access.shown(exc.cli_message, token),
-        }
-        if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
-            # the key as the client gave it (kb keeps it as t<token id>@KEY, design §16)
+        message, cli_message = str(exc), exc.cli_message
+        if isinstance(exc, errors.CommitOutcomeUnknown):
+            # the key as the client gave it (kb keeps it as t<token id>@KEY, design §16), in the
+            # words too: the settle route prefixes what it is given, so the stored key named
+            # there was looked up as t<id>@t<id>@KEY, which no write has — "did not land"
             given = exc.idempotency_key
             if token is not None and given.startswith(prefix := owned_name("", token.id)):
                 given = given.removeprefix(prefix)
+                message, cli_message = (text.replace(exc.idempotency_key, given) for text in (message, cli_message))
+        body: dict[str, object] = {
+            "error": type(exc).__name__,
+            "message": access.shown(message, token),
+            "cli_message": access.shown(cli_message, token),
+        }
+        if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
             body.update(
                 workspace_id=exc.workspace_id,
                 idempotency_key=given,

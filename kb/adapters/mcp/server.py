@@ -551,9 +551,14 @@ def build_server(
             try:
                 result = state.turn.commit(message, idempotency_key=key)
             except CommitOutcomeUnknown as exc:
-                given = quote(exc.idempotency_key.removeprefix(owned_name("", state.token_id)), safe="")
-                settle = f" Through kb serve, with this token: GET /v1/workspaces/{exc.workspace_id}/writes/{given}."
-                raise ToolError(shown_here(str(exc) + (settle if key else ""), state.token_scope)) from exc
+                given = exc.idempotency_key.removeprefix(owned_name("", state.token_id))
+                settle = (
+                    f" Through kb serve, with this token: GET /v1/workspaces/{exc.workspace_id}/writes/"
+                    f"{quote(given, safe='')}."
+                )
+                # the key as kb serve's settle route takes it (it adds the token's prefix itself)
+                said = str(exc).replace(exc.idempotency_key, given) + settle if key else str(exc)
+                raise ToolError(shown_here(said, state.token_scope)) from exc
             return {"revision": None} if result is None else json_form(result)
 
         return call(run, state)
