@@ -579,6 +579,12 @@ BEGIN
 END;
 $$;
 
+-- ---- (design §8) Arabic with words in Latin letters stemmed as English, as `russian` has them
+-- (migration 0033) ----
+CREATE TEXT SEARCH CONFIGURATION kb.arabic (COPY = pg_catalog.arabic);
+
+ALTER TEXT SEARCH CONFIGURATION kb.arabic ALTER MAPPING FOR asciiword, asciihword, hword_asciipart WITH english_stem;
+
 -- ---- (design §14) group commit (migration 0015) ----
 
 CREATE UNLOGGED TABLE kb.write_intents (

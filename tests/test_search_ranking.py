@@ -534,7 +534,7 @@ def test_a_language_variety_counts_as_its_macrolanguage_for_rows_coverage_and_st
     assert py3langid.classify(MOROCCAN_CLASSIFIED)[0] == "ary"
     assert detect_language(CANTONESE_CLASSIFIED) == "zh"
     assert detect_language(MOROCCAN_CLASSIFIED) == "ar"
-    assert text_config(detect_language(MOROCCAN_CLASSIFIED)) == "arabic"
+    assert text_config(detect_language(MOROCCAN_CLASSIFIED)) == "kb.arabic"
     assert language_share("佢哋喺度等緊你，你快啲嚟啦", frozenset({"zh"})) > 0.99
 
     chinese = HashingEmbedder()
@@ -551,7 +551,30 @@ def test_a_document_the_classifier_calls_a_variety_gets_its_macrolanguages_stemm
     _write_all(kb, 1, {"/documents/ary.md": f"{MOROCCAN_CLASSIFIED}\n"})
     kb.index(1)
     configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
-    assert configs == {"/documents/ary.md": "arabic"}
+    assert configs == {"/documents/ary.md": "kb.arabic"}
+
+
+ARABIC_PAGES = {
+    "/documents/plugins.md": "# الإضافات\n\nيمكنك تثبيت community plugins من الإعدادات ثم تفعيلها في الخزنة.\n",
+    "/documents/values.md": "# الخصائص\n\nتحتوي كل خاصية على قائمة من القيم تُكتب في الملاحظة.\n",
+    "/documents/sync.md": "# المزامنة\n\nتحافظ المزامنة على ملاحظاتك متطابقة بين أجهزتك المختلفة.\n",
+}
+
+
+def test_words_in_latin_letters_on_an_arabic_page_are_stemmed_as_english(kb):
+    """Arabic pages about software name its parts in English. Postgres' ``arabic`` configuration
+    left those words as written (its ``russian`` stems them as English), so the query "plugin"
+    missed a page's "plugins"; Arabic pages are indexed with kb.arabic (migration 0033), ``arabic``
+    with Latin-letter words through the English stemmer. Arabic words keep Arabic's stemmer."""
+    kb.use_embedder(HashingEmbedder())
+    _write_all(kb, 1, ARABIC_PAGES)
+    kb.index(1)
+    configs = {r["path"]: r["text_config"] for r in _rows(kb, "test_chunk_configs", workspace_id=1)}
+    assert set(configs.values()) == {"kb.arabic"}
+    assert _lexical_paths(kb, 1, "كيف أثبت plugin جديدة؟") == ["/documents/plugins.md"]
+    assert _lexical_paths(kb, 1, "Plugins") == ["/documents/plugins.md"]
+    # Arabic words are stemmed as before: "ملاحظات" (notes) meets "ملاحظاتك" (your notes)
+    assert _lexical_paths(kb, 1, "الملاحظات بين الأجهزة")[0] == "/documents/sync.md"
 
 
 def test_a_rare_title_word_beats_a_common_body_word(kb):

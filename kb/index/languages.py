@@ -6,7 +6,7 @@ Postgres text-search configuration, and CJK segmentation.
 - ``language_share(text, languages)``: the probability that ``text`` is in one of ``languages``
   (search uses it to weigh the vector leg by what the embedding model covers).
 - ``text_config(language)``: the Postgres configuration with that language's stemmer and stop
-  words (``german``, ``russian``, ``arabic``, …), ``kb.simple_unaccent`` (``simple`` with accents
+  words (``german``, ``russian``, ``kb.arabic``, …), ``kb.simple_unaccent`` (``simple`` with accents
   folded, migration 0014) for every other language.
 - ``lexical_text(text)``: text as the full-text parser should see it. First in Unicode
   normalization form C: "ü" typed as one character and as "u" + a combining diaeresis (text from
@@ -53,7 +53,7 @@ DETECT_CHARS = 4000
 """Characters of a document given to the language classifier (its start is representative)."""
 
 POSTGRES_CONFIGS = {
-    "ar": "arabic",
+    "ar": "kb.arabic",
     "hy": "armenian",
     "eu": "basque",
     "ca": "catalan",
@@ -84,7 +84,10 @@ POSTGRES_CONFIGS = {
     "tr": "turkish",
     "yi": "yiddish",
 }
-"""ISO 639-1 code → Postgres' built-in text-search configuration (PostgreSQL 15+ ship them all)."""
+"""ISO 639-1 code → Postgres' built-in text-search configuration (PostgreSQL 15+ ship them all),
+but Arabic → ``kb.arabic`` (migration 0033): ``arabic`` with words in Latin letters stemmed as
+English, as Postgres' ``russian`` and ``hindi`` have them (``arabic`` left them as written, so an
+Arabic page's "plugins" missed a query's "plugin"; design §8)."""
 
 FALLBACK_CONFIG = "kb.simple_unaccent"
 
