@@ -192,6 +192,17 @@ class DocumentGone(KbError):
         super().__init__(message)
 
 
+class IdempotencyKeyReused(KbError):
+    """A turn's commit named an idempotency key that another write — with other changes — was
+    recorded with: the key's revision does not hold the turn's changes. Nothing of the turn was
+    recorded and the turn is kept, to commit with a new key (design §3, §5). ``revision`` is the
+    key's revision."""
+
+    def __init__(self, message: str, revision: str) -> None:
+        self.revision = revision
+        super().__init__(message)
+
+
 class FolderNotEmpty(KbError):
     """``rmdir`` of a folder that still holds documents, without ``recursive=True``."""
 

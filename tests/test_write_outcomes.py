@@ -192,9 +192,15 @@ def test_http_commit_with_the_same_idempotency_key_records_once(ws, settings):
         assert client.put(f"{turn}/files/documents/h.md", json={"content": "h\n"}).status_code == 200
         first = client.post(f"{turn}/commit", json={"message": "h"}, headers={"Idempotency-Key": "req-42"})
         assert first.status_code == 200, first.text
-        client.put(f"{turn}/files/documents/h.md", json={"content": "h again\n"})
+        client.put(f"{turn}/files/documents/h.md", json={"content": "h\n"})  # the same change again
         second = client.post(f"{turn}/commit", json={"message": "h"}, headers={"Idempotency-Key": "req-42"})
         assert second.status_code == 200 and second.json()["revision"] == first.json()["revision"]
+        client.put(f"{turn}/files/documents/h.md", json={"content": "h again\n"})  # another change, same key
+        reused = client.post(f"{turn}/commit", json={"message": "h"}, headers={"Idempotency-Key": "req-42"})
+        assert reused.status_code == 409 and reused.json()["error"] == "IdempotencyKeyReused", reused.text
+        kept = client.get(f"{turn}/files/documents/h.md").json()  # nothing recorded, the turn kept
+        assert kept["lines"] == [[1, "h again"]], kept
+        client.delete(turn)
         settled = client.get("/v1/workspaces/1/writes/req-42").json()
         assert settled["landed"] and settled["revision"]["id"] == first.json()["revision"]
         logged = client.get("/v1/workspaces/1/log").json()[0]  # the settled revision is the logged one
@@ -520,3 +526,32 @@ def test_http_outcome_unknown_names_the_key_as_the_token_gave_it(ws, settings):
     assert answer.status_code == 503 and body["idempotency_key"] == "k-1", body
     assert f"t{token.id}@" not in body["message"] and "'k-1'" in body["message"], body["message"]
     assert f"t{token.id}@" not in body["cli_message"], body["cli_message"]
+
+
+def test_a_key_used_again_by_a_turn_with_other_changes_is_refused_and_the_turn_kept(ws):
+    """Turn x commits X.md with key ``same``; turn y commits Y.md with ``same``: y was answered
+    x's revision as its own and its worktree deleted — told it landed, its work gone (design §3,
+    §5). Now y's commit is IdempotencyKeyReused, nothing recorded, the turn kept to commit with a
+    new key; a turn repeating x's very change with the key is answered x's revision."""
+    from kb.errors import IdempotencyKeyReused
+
+    x = ws.turn(WS, "x", "w")
+    x.write("/documents/X.md", "x\n")
+    landed = x.commit("x", idempotency_key="same")
+    y = ws.turn(WS, "y", "w")
+    y.write("/documents/Y.md", "y\n")
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        y.commit("y", idempotency_key="same")
+    assert refused.value.revision == landed.revision and "nothing of the turn was recorded" in str(refused.value)
+    assert ws.head(WS) == landed.revision
+    assert y.read("/documents/Y.md").text == "y"  # kept
+    again = y.commit("y", idempotency_key="new")
+    assert again is not None and again.added == ["/documents/Y.md"]
+    z = ws.turn(WS, "z", "w")
+    z.write("/documents/X.md", "x\n")  # already at head: nothing to record, the key's revision answers
+    assert z.commit("x", idempotency_key="same").revision == landed.revision
+    w = ws.turn(WS, "w", "w")
+    w.write("/documents/X.md", "x, other\n")
+    with pytest.raises(IdempotencyKeyReused):
+        w.commit("x", idempotency_key="same")
+    assert ws.read(WS, "/documents/X.md") == b"x\n"

@@ -34,6 +34,7 @@ from kb.errors import (
     DocumentNotFound,
     EditMismatch,
     FolderNotEmpty,
+    IdempotencyKeyReused,
     InvalidPattern,
     IsAFolder,
     PathExists,
@@ -640,6 +641,28 @@ class Turn:
                 return revision
         return None
 
+    def _answered_by_another_write(self, revision, changes: dict[str, bytes | None]) -> bool:
+        """Whether ``revision`` — what the store answered this turn's keyed commit with — is
+        another write's, recorded earlier with the same key, that does not hold the turn's
+        ``changes`` (design §3: a key names one write). Not when this call recorded it (this
+        turn's trailer, after the worktree's base), nor when it holds the turn's bytes at every
+        changed path (a retry of the same change from another turn). Answering such a key's
+        revision and discarding the worktree deleted the turn's work while saying it landed."""
+        repo = self.store.repository
+        base = self._worktree.base if self._worktree is not None else None
+        # after the base: among the revisions since it (what ``_landed_revision`` walks too)
+        if trailer_turn(revision.message or "") == self.turn_id and revision.id in repo.ancestry(repo.head(), base):
+            return False
+        tree = repo.tree_id(revision.id)
+        for rp, data in changes.items():
+            try:
+                held = repo.lookup(tree, rp)
+            except NotTreeError:
+                held = None
+            if held != (None if data is None else blob_id(data)):
+                return True
+        return False
+
     def _keyed_result(self, idempotency_key: str | None) -> CommitResult | None:
         """What a commit with nothing to record answers (design §3): None, unless
         ``idempotency_key`` already landed — a retry of a commit that landed (this turn's, then
@@ -837,6 +860,14 @@ class Turn:
             if revision is None:
                 self._finish(destroy=True)
                 return None
+            if idempotency_key is not None and self._answered_by_another_write(revision, changes):
+                raise IdempotencyKeyReused(
+                    f"turn {self.turn_id!r}: its idempotency key was already used by another write, recorded as "
+                    f"revision {revision.id}, which does not hold this turn's changes; nothing of the turn was "
+                    "recorded and the turn is kept. Commit it with a new key (a retry of the same change with "
+                    "the same key answers that revision)",
+                    revision.id,
+                )
             repo = self.store.repository
             parent_tree = repo.tree_id(revision.parent_id)
             overwrote, lost_hunks = [], {}

@@ -31,12 +31,12 @@ def send(i):
     try:
         if i % 3 == 0:
             turn = kb.turn(cfg["ws"], f"p{os.getpid()}-{i}", "w")
-            turn.write(path, f"turn {os.getpid()} {i}\n")
+            turn.write(path, f"the write of {key}\n")  # a retry sends the same change
             result = turn.commit("the same write", idempotency_key=key)
             answers.append(["key", None if result is None else result.revision])
         elif i % 3 == 1:
             with kb.transaction(cfg["ws"], "the same write", "w", idempotency_key=key) as tx:
-                tx.write(path, f"tx {os.getpid()} {i}\n")
+                tx.write(path, f"the write of {key}\n")
             answers.append(["key", None if tx.revision is None else tx.revision.id])
         else:
             other = f"other-{os.getpid()}-{i}"

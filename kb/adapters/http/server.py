@@ -85,6 +85,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.TurnBusy: 409,
     errors.EditMismatch: 409,
     errors.DocumentGone: 409,
+    errors.IdempotencyKeyReused: 409,
     errors.HistoryDiverged: 409,
     errors.FolderNotEmpty: 409,
     errors.LockTimeout: 503,
