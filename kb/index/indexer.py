@@ -18,7 +18,8 @@ batch (``Indexer._write_batch``: a few round trips and one commit per batch). Th
 pipeline (``Indexer._run_documents``): a writer thread writes each batch, and checkpoints it, on a
 connection of its own while the run's thread cuts and embeds the next, so Postgres' work on one
 batch overlaps the chunker's and the embedder's on the next and a fast embedder, not Postgres,
-sets the pace. A run's commits do not wait for the WAL flush except its last, which makes them
+sets the pace. A big run also cuts its documents in a cutter process of its own, a batch or two
+ahead (``_Cuts``, kb.index.cutting), which leaves this interpreter the embedding and the rows. A run's commits do not wait for the WAL flush except its last, which makes them
 all durable (``index_session``: a Postgres crash can only lose whole, latest batches, which then
 lag and are indexed again). When that transaction fails, the batch is written again document
 by document, each in its own transaction: a failure marks that document ``failed`` with the error
