@@ -195,3 +195,20 @@ def test_a_worker_killed_by_sigkill_leaves_no_cutter_process(kb, kb_env):
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     wait_until(lambda: _gone(cutter), 30, "the cutter process ended")
+
+
+def test_only_a_big_run_gets_a_cutter_process_by_default(settings):
+    """``auto``: a cutter for ``CUTTER_RUN_DOCUMENTS`` documents or more (this machine has two
+    cores), none below; ``process`` always; ``inline`` never."""
+    from kb.index.indexer import CUTTER_RUN_DOCUMENTS
+
+    def cutter(mode: str, documents: int) -> bool:
+        indexer = Indexer(settings.model_copy(update={"index_cutter": mode}), settings.database_url, None)  # type: ignore[arg-type]
+        made = indexer._cutter_for(documents)
+        if made is not None:
+            made.close()
+        return made is not None
+
+    assert not cutter("auto", CUTTER_RUN_DOCUMENTS - 1) and cutter("auto", CUTTER_RUN_DOCUMENTS)
+    assert cutter("process", 1) and not cutter("inline", 10 * CUTTER_RUN_DOCUMENTS)
+    assert not _cutters()

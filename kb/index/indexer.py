@@ -246,6 +246,13 @@ class _BlobFeed:
             stream.close()  # type: ignore[attr-defined]
 
 
+def _cores() -> int:
+    """The cores this process may run on (all of the machine's where the OS does not say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class _Cuts:
     """The cut documents of a run's batches, in order (``next``). With a cutter process, batches
     go to it up to ``AHEAD`` ahead of the one the run embeds, their bytes read here (``read``) as
@@ -591,9 +598,7 @@ class Indexer:
         of at least ``CUTTER_RUN_DOCUMENTS`` documents on a machine with two cores or more, where
         the child's start (about a second) pays for itself and a core is there for it."""
         mode = self.settings.index_cutter
-        if mode == "inline" or (
-            mode == "auto" and (documents < CUTTER_RUN_DOCUMENTS or len(os.sched_getaffinity(0)) < 2)
-        ):
+        if mode == "inline" or (mode == "auto" and (documents < CUTTER_RUN_DOCUMENTS or _cores() < 2)):
             return None
         return CutterProcess(
             self.settings.chunk_size,
