@@ -181,6 +181,15 @@ class Settings(BaseModel):
         "job; 0: only by the 10-minute maintenance cron).",
     )
     job_retention_hours: int = Field(default=72, description="Hours succeeded jobs are kept.")
+    index_cutter: Literal["auto", "process", "inline"] = Field(
+        default="auto",
+        description=(
+            "Where an index run cuts its documents (chunks, context lines, hashes, languages): "
+            "'process' in a child process of its own, a batch ahead of the embedder, so both use a core; "
+            "'inline' in the run's process; 'auto' a child for runs of 2,048 documents or more on two "
+            "cores or more (starting it costs about a second)."
+        ),
+    )
     fts_config: str = Field(
         default="auto",
         description=(

@@ -18,7 +18,8 @@ batch (``Indexer._write_batch``: a few round trips and one commit per batch). Th
 pipeline (``Indexer._run_documents``): a writer thread writes each batch, and checkpoints it, on a
 connection of its own while the run's thread cuts and embeds the next, so Postgres' work on one
 batch overlaps the chunker's and the embedder's on the next and a fast embedder, not Postgres,
-sets the pace. A run's commits do not wait for the WAL flush except its last, which makes them
+sets the pace. A big run also cuts its documents in a cutter process of its own, a batch or two
+ahead (``_Cuts``, kb.index.cutting), which leaves this interpreter the embedding and the rows. A run's commits do not wait for the WAL flush except its last, which makes them
 all durable (``index_session``: a Postgres crash can only lose whole, latest batches, which then
 lag and are indexed again). When that transaction fails, the batch is written again document
 by document, each in its own transaction: a failure marks that document ``failed`` with the error
@@ -55,9 +56,10 @@ spans.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import hashlib
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,16 +72,16 @@ from kb.db import database, vector_wire
 from kb.db.locks import chunk_lock, index_lock
 from kb.db.sql import queries
 from kb.db.vector_wire import VectorBytes, vectors_bytes
-from kb.errors import UnindexableDocument, WorkspaceNotFound
+from kb.errors import WorkspaceNotFound
 from kb.git.repository import BULK_READ_MIN, Repository
 from kb.index import vector_index
-from kb.index.chunk_context import context_line, embedded_text, heading_paths
-from kb.index.chunking import Chunk, Chunker, LazyChunker
+from kb.index.chunking import Chunker, LazyChunker
+from kb.index.cutting import Cut, CutterProcess, cut_document, document_config, error_text, settle_languages
+from kb.index.cutting import sha256_text as sha256_text
 from kb.index.embedding import Embedder, check_vectors, model_cache
-from kb.index.languages import cache_in, detect_language, detect_languages, lexical_text, lexically_stable, text_config
+from kb.index.languages import cache_in, lexical_text
 from kb.settings import Settings
 from kb.store.history import json_column
-from kb.store.indexable import decode_document  # the rule kb import also reports by
 from kb.store.projection import project
 
 if TYPE_CHECKING:
@@ -89,6 +91,9 @@ log = logging.getLogger(__name__)
 
 DOCUMENT_BATCH = 64
 """Documents cut, embedded and checkpointed together."""
+CUTTER_RUN_DOCUMENTS = 32 * DOCUMENT_BATCH
+"""With ``KB_INDEX_CUTTER=auto``, a run of at least this many documents cuts them in a cutter
+process of its own (``Indexer._cutter_for``, kb.index.cutting)."""
 BULK_RUN_DOCUMENTS = 2 * DOCUMENT_BATCH
 """A run that indexes at least this many lagging documents, and at least half of its workspace's,
 counts the workspace's term statistics once at its end instead of once per batch
@@ -132,32 +137,20 @@ class IndexReport:
         return 1.0 if needed == 0 else self.embeddings_cached / needed
 
 
-def sha256_text(text: str) -> str:
-    """Hex sha256 of a chunk's UTF-8 text (the embedding cache key, design §7)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 @dataclass
-class _Prepared:
-    row: dict
-    chunks: list[Chunk] = field(default_factory=list)
-    contexts: list[str] = field(default_factory=list)
-    embedded: list[str] = field(default_factory=list)
-    hashes: list[str] = field(default_factory=list)
-    text_config: str | None = None
-    """The document's text-search configuration; None until its language is detected."""
-    text: str | None = None
-    """The document's text while its language is still to be detected (``Indexer._detect``)."""
-    existing: list[dict] = field(default_factory=list)
-    lexically_stable: bool = True
-    """False for a document whose text or title is not in Unicode form C: its chunk rows may carry
-    tsvectors of the unnormalized text (indexed before kb.languages normalized), so none is reused."""
-    error: str | None = None
-    unindexable: str | None = None
+class _Prepared(Cut):
+    """A document of a batch: its row, its cut (kb.index.cutting) and its chunk rows (``existing``).
+    ``lexically_stable`` False: its text or title is not in Unicode form C, so its chunk rows may
+    carry tsvectors of the unnormalized text (indexed before kb.languages normalized) and none is
+    reused."""
 
-    @property
-    def writable(self) -> bool:
-        return self.error is None and self.unindexable is None
+    row: dict = field(default_factory=dict)
+    existing: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, row: dict, cut: Cut) -> _Prepared:
+        """``row`` with ``cut``."""
+        return cls(**vars(cut), row=row)
 
 
 UPDATE_COLUMNS = ("id", "position", "start_char", "end_char", "start_line", "end_line")
@@ -219,10 +212,6 @@ class _Checkpoint:
     totals: IndexReport
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 class _BlobFeed:
     """The blobs of a run's documents, in the run's order, read by one ``git cat-file --batch``
     for the whole run (``Repository.blobs``) instead of one dulwich lookup each: a pack probe and
@@ -255,6 +244,94 @@ class _BlobFeed:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             stream.close()  # type: ignore[attr-defined]
+
+
+def _cores() -> int:
+    """The cores this process may run on (all of the machine's where the OS does not say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class _Cuts:
+    """The cut documents of a run's batches, in order (``next``). With a cutter process, batches
+    go to it up to ``AHEAD`` ahead of the one the run embeds, their bytes read here (``read``) as
+    they are handed over, so the child cuts while this process embeds and writes; until the child
+    has started (it imports and loads for about a second) and without one, a batch is cut here
+    when it is asked for. A batch the child fails (it died) is cut here again from the bytes handed
+    over, and so is every later one, so a dead cutter costs time, never a document (design §7)."""
+
+    AHEAD = 2
+
+    def __init__(
+        self, indexer: Indexer, batches: list[list[dict]], read: Callable[[dict], bytes], cutter: CutterProcess | None
+    ) -> None:
+        self._indexer, self._batches, self._read, self._cutter = indexer, batches, read, cutter
+        self._sent: collections.deque[list[tuple[dict, bytes | str]]] = collections.deque()
+        self._next = 0
+        """The next batch not yet taken (cut here, or sent to the child)."""
+
+    def _documents(self, batch: list[dict]) -> list[tuple[dict, bytes | str]]:
+        """``(row, bytes)`` of each of ``batch``'s documents; ``(row, error)`` when its blob cannot
+        be read (that document fails alone)."""
+        documents: list[tuple[dict, bytes | str]] = []
+        for row in batch:
+            try:
+                documents.append((row, self._read(row)))
+            except Exception as exc:
+                documents.append((row, error_text(exc)))
+        return documents
+
+    def _fill(self) -> None:
+        """Hand the started child the batches after those it holds, up to ``AHEAD`` of them."""
+        try:
+            if self._cutter is None or not self._cutter.ready():
+                return
+            while self._next < len(self._batches) and len(self._sent) < self.AHEAD:
+                documents = self._documents(self._batches[self._next])
+                self._next += 1
+                self._sent.append(documents)
+                self._cutter.send([(row.get("title") or "", data) for row, data in documents])
+        except Exception as exc:  # a dead child: what it holds is cut here (next)
+            self._stop_cutter(exc)
+
+    def _stop_cutter(self, exc: BaseException) -> None:
+        log.warning("the index run's cutter process failed (%s); cutting in the run's process", exc)
+        self.close()
+
+    def next(self) -> list[_Prepared]:
+        """The next batch's documents, cut."""
+        self._fill()
+        if self._sent:
+            documents = self._sent.popleft()
+            cuts: list[Cut] | None = None
+            if self._cutter is not None:
+                try:
+                    cuts = self._cutter.receive()
+                except Exception as exc:
+                    self._stop_cutter(exc)
+            if cuts is not None and len(cuts) == len(documents):
+                self._fill()
+                return [_Prepared.of(row, cut) for (row, _), cut in zip(documents, cuts)]
+        else:
+            documents = self._documents(self._batches[self._next])
+            self._next += 1
+        return [
+            self._indexer._cut(row, data) if isinstance(data, bytes) else _Prepared(row=row, error=data)
+            for row, data in documents
+        ]
+
+    def close(self) -> None:
+        """Stop the cutter process, if any (what it holds is cut here when asked for)."""
+        if self._cutter is not None:
+            cutter, self._cutter = self._cutter, None
+            cutter.close()
+
+    def __enter__(self) -> _Cuts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Indexer:
@@ -467,6 +544,7 @@ class Indexer:
         for name in (*_WRITE_COUNTS, "documents_done", "documents_total", "cursor"):
             setattr(checkpoint.totals, name, getattr(report, name))
         with (
+            contextlib.ExitStack() as stack,
             self._run_connection() as writer_conn,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
         ):
@@ -478,6 +556,7 @@ class Indexer:
             self._writer, self._writer_conn, self._cache_writes = writer, writer_conn, []
             feed = _BlobFeed(repo, todo)
             batches = [todo[start : start + DOCUMENT_BATCH] for start in range(0, len(todo), DOCUMENT_BATCH)]
+            cuts = stack.enter_context(_Cuts(self, batches, feed.read, self._cutter_for(len(todo))))
             # a batch's chunk rows are read by the writer thread, queued ahead of the previous
             # batch's write, so they are in hand once this thread has cut the batch: no round trip
             # waits on the thread that sets the pace (design §7); a batch's documents are not the
@@ -485,7 +564,7 @@ class Indexer:
             rows = writer.submit(self._chunk_rows, writer_conn, batches[0])
             try:
                 for number, batch in enumerate(batches):
-                    prepared, vectors = self._stage_batch(conn, repo, batch, report, feed.read, rows)
+                    prepared, vectors = self._stage_batch(conn, cuts.next(), report, rows)
                     if number + 1 < len(batches):
                         rows = writer.submit(self._chunk_rows, writer_conn, batches[number + 1])
                     if pending is not None:
@@ -512,6 +591,21 @@ class Indexer:
             finally:
                 feed.close()
                 self._writer = self._writer_conn = self._cache_writes = None
+
+    def _cutter_for(self, documents: int) -> CutterProcess | None:
+        """A cutter process for a run of ``documents`` documents (kb.index.cutting), or None to cut
+        in this process: ``KB_INDEX_CUTTER`` ``process`` always, ``inline`` never, ``auto`` for a run
+        of at least ``CUTTER_RUN_DOCUMENTS`` documents on a machine with two cores or more, where
+        the child's start (about a second) pays for itself and a core is there for it."""
+        mode = self.settings.index_cutter
+        if mode == "inline" or (mode == "auto" and (documents < CUTTER_RUN_DOCUMENTS or _cores() < 2)):
+            return None
+        return CutterProcess(
+            self.settings.chunk_size,
+            self.settings.max_index_bytes,
+            self.settings.fts_config,
+            model_cache(self.settings),
+        )
 
     def _stop_if_deleted(self, conn, workspace_id: int) -> None:
         """After a batch whose every document was gone: raise WorkspaceNotFound when the workspace
@@ -652,52 +746,26 @@ class Indexer:
         left to detect (``text``): by ``_existing_rows`` when the document has chunk rows, whose
         reuse depends on it, else by the writer when it builds the rows (``_detect``), off the
         thread that cuts and embeds."""
-        prepared = _Prepared(row)
         try:
             data = read(row) if read is not None else repo.blob(row["content_id"])
-            text = decode_document(data, self.settings.max_index_bytes)
-            prepared.chunks = self.chunker.chunk(text)
-            prepared.text = text
-            title = row.get("title") or ""
-            prepared.lexically_stable = lexically_stable(text, title)
-            prepared.contexts = [context_line(title, path) for path in heading_paths(text, prepared.chunks)]
-            prepared.embedded = [embedded_text(ctx, c.text) for ctx, c in zip(prepared.contexts, prepared.chunks)]
-            prepared.hashes = [sha256_text(e) for e in prepared.embedded]
-        except UnindexableDocument as exc:
-            prepared.unindexable = str(exc)
         except Exception as exc:  # one document's failure never stops the others (§7)
-            prepared.error = _error_text(exc)
-        return prepared
+            return _Prepared(row=row, error=error_text(exc))
+        return self._cut(row, data)
+
+    def _cut(self, row: dict, data: bytes) -> _Prepared:
+        """Cut and hash one document's bytes in this process (kb.index.cutting)."""
+        title = row.get("title") or ""
+        return _Prepared.of(row, cut_document(self.chunker, self.settings.max_index_bytes, title, data))
 
     def _detect(self, prepared: list[_Prepared]) -> None:
         """Settle the text-search configurations ``_prepare`` left to the writer, the batch's
-        languages detected together (``detect_languages``); when that fails, document by document,
-        so a failure fails the document alone (design §7)."""
-        pending = [p for p in prepared if p.text is not None and p.writable]
-        if self.settings.fts_config != "auto":
-            for p in pending:
-                p.text_config = self.settings.fts_config
-        elif pending:
-            try:
-                languages = detect_languages([p.text for p in pending if p.text is not None])
-            except Exception:
-                for p in pending:
-                    try:
-                        p.text_config = self.text_config(p.text or "")
-                    except Exception as exc:
-                        p.error = _error_text(exc)
-            else:
-                for p, language in zip(pending, languages):
-                    p.text_config = text_config(language)
-        for p in prepared:
-            p.text = None
+        languages detected together (kb.index.cutting.settle_languages)."""
+        settle_languages(self.settings.fts_config, list(prepared))
 
     def text_config(self, text: str) -> str:
         """The text-search configuration for a document: ``KB_FTS_CONFIG``, or with ``auto`` the
         one of the document's detected language (kb.languages)."""
-        if self.settings.fts_config != "auto":
-            return self.settings.fts_config
-        return text_config(detect_language(text))
+        return document_config(self.settings.fts_config, text)
 
     def _reusable(self, p: _Prepared, chunk_row: dict) -> bool:
         """A chunk row can be kept when its vector is of the active model and its tsv of the
@@ -785,12 +853,12 @@ class Indexer:
                 try:
                     groups.append(([h], self.embedder.embed([texts_by_hash[h]])))
                 except Exception as one_exc:
-                    errors[h] = _error_text(one_exc)
+                    errors[h] = error_text(one_exc)
         for group, vectors in groups:
             try:
                 problems = check_vectors(np.asarray(vectors), len(group), dim)
             except Exception as exc:
-                errors.update({h: _error_text(exc) for h in group})
+                errors.update({h: error_text(exc) for h in group})
                 continue
             for h, packed, problem in zip(group, vectors_bytes(np.asarray(vectors)), problems):
                 if problem is None and packed is not None:
@@ -835,16 +903,15 @@ class Indexer:
                 try:
                     p.text_config = self.text_config(text)
                 except Exception as exc:  # fails this document alone (§7)
-                    p.error = _error_text(exc)
+                    p.error = error_text(exc)
 
     def _stage_batch(
-        self, conn, repo, batch, report: IndexReport, read: Callable[[dict], bytes], rows: Future[dict[int, list[dict]]]
+        self, conn, prepared: list[_Prepared], report: IndexReport, rows: Future[dict[int, list[dict]]]
     ) -> tuple[list[_Prepared], dict[str, VectorBytes]]:
-        """Cut ``batch``'s documents (their bytes from ``read``, in order), give them their chunk
-        rows (``rows``: read by the writer thread while they were cut, ``_run_documents``) and
-        embed what no row or cache entry carries: ``(prepared documents, vectors by hash)``, ready
-        for ``_write_staged`` (a document whose text failed to embed carries its error)."""
-        prepared = [self._prepare(repo, row, read) for row in batch]
+        """Give a batch's cut documents their chunk rows (``rows``: read by the writer thread while
+        they were cut, ``_run_documents``) and embed what no row or cache entry carries:
+        ``(prepared documents, vectors by hash)``, ready for ``_write_staged`` (a document whose
+        text failed to embed carries its error)."""
         self._existing_rows(prepared, rows.result())
         texts: dict[str, str] = {}
         for p in prepared:
@@ -971,7 +1038,7 @@ class Indexer:
                     report.documents_indexed += 1
                     return
             except Exception as exc:  # the document's own transaction rolled back; the rest go on
-                error = _error_text(exc)
+                error = error_text(exc)
         with conn.transaction():
             marked = conn.execute(
                 queries["mark_document_failed"],
