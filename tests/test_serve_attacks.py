@@ -325,3 +325,25 @@ def test_a_turn_of_a_workspace_deleted_by_another_process_is_not_found_and_makes
     assert not repository.exists(), sorted(str(p) for p in repository.rglob("*"))
     kb.create_workspace(1)  # the id is free again
     assert kb.head(1) is None
+
+
+def test_a_turn_open_across_a_workspace_delete_and_re_create_writes_nothing_into_the_new_one(kb, served):
+    """A turn open on ``kb serve`` while another process deletes its workspace (``--force``) and
+    creates one with the same id: the turn's next write answered 200 (into a worktree of a
+    repository that was gone) and its commit then recorded that write into the new workspace — a
+    write accepted while no workspace existed, landing in another one that reuses the id. Every
+    call of the turn now answers WorkspaceNotFound and nothing of it lands (design §5, §16)."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    turn = "/v1/workspaces/1/turns/t"
+    assert api.put(f"{turn}/files/documents/Old.md", json={"content": "old\n"}).status_code == 200
+    kb.delete_workspace(1, force=True)
+    kb.create_workspace(1)
+    written = api.put(f"{turn}/files/documents/Late.md", json={"content": "late\n"})
+    assert written.status_code == 404 and written.json()["error"] == "WorkspaceNotFound", written.text
+    committed = api.post(f"{turn}/commit", json={})
+    assert committed.status_code == 200 and committed.json()["revision"] is None, committed.text
+    assert kb.head(1) is None  # nothing of the old turn in the new workspace
+    again = api.put(f"{turn}/files/documents/New.md", json={"content": "new\n"})  # the id starts afresh
+    assert again.status_code == 200, again.text
+    assert api.post(f"{turn}/commit", json={}).json()["added"] == ["/documents/New.md"]
