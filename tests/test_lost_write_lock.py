@@ -10,6 +10,7 @@ through the window that opens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -333,3 +334,60 @@ def test_a_settle_in_the_gap_before_a_lockless_leaders_ref_update_tells_the_trut
     outcome = results["/documents/w.md"]
     assert not isinstance(outcome, KbError), f"W's write landed in {landed['/documents/w.md']}, W was told: {outcome}"
     assert outcome is not None and outcome.id == landed["/documents/w.md"]
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["group-committed", "committed-alone"])
+def test_a_writer_at_its_ref_update_behind_a_stopped_fence_holder_times_out_and_records_nothing(
+    ws, monkeypatch, merged
+):
+    """A writer W has caught up under the write lock when a writer whose lock ended enters the
+    ref-update fence and is stopped there (SIGSTOP, a debugger: here the fence's flock is held by
+    the test, as that process holds it). W's ref update waited for the fence without a bound,
+    holding the write lock, so W and every writer of the workspace behind it waited for as long as
+    the other stayed stopped (found by the breaker with two real processes). W now gives up after
+    KB_LOCK_TIMEOUT with LockTimeout naming the ref-update lock, and nothing is recorded (design §3)."""
+    from kb.errors import LockTimeout
+    from kb.git.ref_fence import ref_fence
+
+    url = ws.database_url
+    impatient = KnowledgeBase(ws.settings.model_copy(update={"lock_timeout": 1.0}), url)
+    head = ws.head(WS)
+    held = contextlib.ExitStack()
+    original_catch_up = KnowledgeStore._catch_up
+
+    def catch_up(self, conn, workspace):
+        result = original_catch_up(self, conn, workspace)
+        if not held._exit_callbacks:  # W has passed the fence: the stopped writer enters it now
+            held.enter_context(ref_fence(self.repository.path / ".git"))
+        return result
+
+    monkeypatch.setattr(KnowledgeStore, "_catch_up", catch_up)
+    results: dict = {}
+
+    def write() -> None:
+        try:
+            with impatient.transaction(WS, "w", "w", idempotency_key="key-w") as tx:
+                if merged:
+                    tx.write_merged("/documents/w.md", "w\n", None)
+                else:
+                    tx.write("/documents/w.md", "w\n")
+            results["w"] = tx.revision
+        except KbError as exc:
+            results["w"] = exc
+
+    writer = threading.Thread(target=write, daemon=True)
+    try:
+        writer.start()
+        writer.join(60)
+        assert not writer.is_alive(), "the writer still waits at its ref update, holding the write lock"
+    finally:
+        held.close()  # the stopped writer goes on (and its check fails: it moves nothing)
+        writer.join(60)
+        monkeypatch.undo()
+        database.close_pools()
+    assert isinstance(results["w"], LockTimeout) and "ref-update" in str(results["w"]), results
+    assert ws.head(WS) == head
+    assert ws.write_outcome(WS, "key-w") is None  # nothing was recorded, as it said
+    with ws.transaction(WS, "after", "w") as tx:  # the lock was let go
+        tx.write("/documents/after.md", "after\n")
+    assert tx.revision is not None

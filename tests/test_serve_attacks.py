@@ -303,3 +303,47 @@ def test_an_mcp_commit_is_settled_by_the_key_its_unknown_outcome_names(kb, serve
     settled = httpx.get(f"{served}/v1/workspaces/1/writes/{given}", headers=_as(secret), timeout=60)
     assert settled.status_code == 200 and settled.json()["landed"], (key, settled.text)
     assert settled.json()["revision"]["id"] == revision
+
+
+def test_a_turn_of_a_workspace_deleted_by_another_process_is_not_found_and_makes_no_repository(kb, served):
+    """``kb workspace delete`` in another process, then a write to a turn of that workspace on
+    ``kb serve`` (the turn committed before, or a new one): the turn's worktree was opened as if
+    the workspace were there — answered 200 — and its admin folder ``.git/worktrees/<turn>`` was
+    made with its parents, a ``.git`` where the deleted repository was. ``kb workspace create``
+    of that id then failed for good (FileNotFoundError: a ``.git`` that is no repository) and the
+    turn's commit answered 507 "free space or fix permissions". The write is 404 WorkspaceNotFound,
+    nothing is made, and the id can be created again (design §5)."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    assert api.put("/v1/workspaces/1/turns/t/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    assert api.post("/v1/workspaces/1/turns/t/commit", json={}).status_code == 200
+    kb.delete_workspace(1)
+    repository = kb.settings.knowledge_store / "1"
+    for turn in ("t", "fresh"):
+        written = api.put(f"/v1/workspaces/1/turns/{turn}/files/documents/B.md", json={"content": "b\n"})
+        assert written.status_code == 404 and written.json()["error"] == "WorkspaceNotFound", written.text
+    assert not repository.exists(), sorted(str(p) for p in repository.rglob("*"))
+    kb.create_workspace(1)  # the id is free again
+    assert kb.head(1) is None
+
+
+def test_a_turn_open_across_a_workspace_delete_and_re_create_writes_nothing_into_the_new_one(kb, served):
+    """A turn open on ``kb serve`` while another process deletes its workspace (``--force``) and
+    creates one with the same id: the turn's next write answered 200 (into a worktree of a
+    repository that was gone) and its commit then recorded that write into the new workspace — a
+    write accepted while no workspace existed, landing in another one that reuses the id. Every
+    call of the turn now answers WorkspaceNotFound and nothing of it lands (design §5, §16)."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    turn = "/v1/workspaces/1/turns/t"
+    assert api.put(f"{turn}/files/documents/Old.md", json={"content": "old\n"}).status_code == 200
+    kb.delete_workspace(1, force=True)
+    kb.create_workspace(1)
+    written = api.put(f"{turn}/files/documents/Late.md", json={"content": "late\n"})
+    assert written.status_code == 404 and written.json()["error"] == "WorkspaceNotFound", written.text
+    committed = api.post(f"{turn}/commit", json={})
+    assert committed.status_code == 200 and committed.json()["revision"] is None, committed.text
+    assert kb.head(1) is None  # nothing of the old turn in the new workspace
+    again = api.put(f"{turn}/files/documents/New.md", json={"content": "new\n"})  # the id starts afresh
+    assert again.status_code == 200, again.text
+    assert api.post(f"{turn}/commit", json={}).json()["added"] == ["/documents/New.md"]

@@ -172,6 +172,37 @@ def test_calls_racing_a_workspace_deletion_raise_workspace_not_found(kb, monkeyp
         kb.index(1)
 
 
+def test_a_forced_delete_is_not_failed_by_a_turn_writing_its_worktree_meanwhile(kb, monkeypatch):
+    """A forced delete while a turn in another process (kb serve) writes into its worktree: the
+    turn's file landed in the worktree folder while ``shutil.rmtree`` emptied it, and the delete
+    raised a raw OSError (ENOTEMPTY) after Postgres had deleted the workspace — told it failed
+    though it was gone, the artifact files not removed (found by the breaker against a real kb
+    serve). The write is forced between rmtree's steps: the worktrees folder is set aside first
+    and removed there, so a writer writing by path only leaves a folder for the janitor."""
+    import os
+
+    kb.create_workspace(1)
+    kb.turn(1, "t", "w").write("/documents/a.md", "a\n")
+    turn_folder = worktrees_root(kb.settings.knowledge_store, 1) / "t" / "documents"
+    real_rmdir, written = os.rmdir, []
+
+    def rmdir(path, *args, **kwargs):  # the other process's write, once the worktree is being emptied
+        if not written and not (turn_folder / "a.md").exists():
+            turn_folder.mkdir(parents=True, exist_ok=True)
+            (turn_folder / "late.md").write_text("late\n")
+            written.append(True)
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    deleted = kb.delete_workspace(1, force=True)
+    monkeypatch.undo()
+    assert written and deleted.id == 1
+    with pytest.raises(WorkspaceNotFound):
+        kb.head(1)
+    kb.create_workspace(1)
+    assert kb.head(1) is None
+
+
 def test_a_write_to_a_workspace_deleted_meanwhile_is_not_recorded(kb, database_url):
     """The write found the workspace when it began and not when it committed."""
     _fill(kb, 1)

@@ -38,7 +38,7 @@ from pathlib import Path
 from dulwich.index import Index, IndexEntry, index_entry_from_stat
 from dulwich.objects import ObjectID
 
-from kb.errors import InvalidTurn, StorageError, TurnBusy, UnsafeWorktreeEntry
+from kb.errors import InvalidTurn, StorageError, TurnBusy, UnsafeWorktreeEntry, WorkspaceNotFound
 from kb.git.process_locks import path_lock
 from kb.git.repository import FILE_MODE, Repository
 from kb.paths import check_path_length
@@ -73,17 +73,26 @@ def worktrees_root(knowledge_store: Path, workspace_id: int) -> Path:
     return Path(knowledge_store) / ".worktrees" / str(workspace_id)
 
 
-def make_folders(folder: Path) -> None:
+def make_folders(folder: Path, within: Path | None = None) -> None:
     """``mkdir -p folder``, made again when another process removes an emptied parent between the
     parent's creation and the child's (a turn's cleanup, the janitor): FileNotFoundError, or
     FileExistsError from ``exist_ok`` when the folder it found vanished before it checked it.
-    Raises OSError."""
+    ``within``: a folder above ``folder`` that is never made, only the folders below it — a
+    repository's ``.git``, which is gone when another process deleted the workspace (a ``.git``
+    made again there was no repository, and kept the workspace id from being created again).
+    Raises OSError, FileNotFoundError when ``within`` is missing."""
     for attempt in range(1, FOLDER_ATTEMPTS + 1):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            if within is None:
+                folder.mkdir(parents=True, exist_ok=True)
+            else:
+                here = within
+                for part in folder.relative_to(within).parts:
+                    here = here / part
+                    here.mkdir(exist_ok=True)
             return
         except (FileNotFoundError, FileExistsError):
-            if attempt == FOLDER_ATTEMPTS:
+            if attempt == FOLDER_ATTEMPTS or (within is not None and not within.is_dir()):
                 raise
 
 
@@ -118,6 +127,11 @@ class LazyWorktree:
     _lock_fd: int | None = None
 
     @property
+    def git_dir(self) -> Path:
+        """The workspace repository's ``.git``, which holds the admin folder (never made here)."""
+        return self.repository.path / ".git"
+
+    @property
     def admin(self) -> Path:
         """The worktree's admin folder inside the workspace repository."""
         return self.repository.path / ".git" / "worktrees" / self.name
@@ -135,14 +149,21 @@ class LazyWorktree:
         """Lock the worktree, adopting an existing one (recovery) or creating it at ``head``.
 
         Returns True when an existing worktree was adopted. Raises TurnBusy when another process
-        (or another Turn object of this process) holds it open, StorageError when its folders
-        cannot be created.
+        (or another Turn object of this process) holds it open, WorkspaceNotFound when the
+        repository is gone (the workspace deleted by another process), StorageError when its
+        folders cannot be created.
         """
         with folders_lock(self.repository):
             try:
-                make_folders(self.admin)
+                make_folders(self.admin, within=self.git_dir)
                 self._lock()
             except OSError as exc:
+                if not self.git_dir.is_dir():  # deleted meanwhile: nothing made in its place
+                    raise WorkspaceNotFound(
+                        f"turn {self.name!r}: its workspace's repository {self.repository.path} is gone "
+                        "(the workspace was deleted); nothing was written. List the workspaces with "
+                        "kb workspace list"
+                    ) from None
                 raise StorageError(
                     f"cannot create the worktree of turn {self.name!r} at {self.admin}: "
                     f"{exc.strerror or exc}; free space or fix permissions"
@@ -214,7 +235,7 @@ class LazyWorktree:
                 self._lock_fd = fd
                 return
             os.close(fd)
-            make_folders(self.admin)
+            make_folders(self.admin, within=self.git_dir)
 
     def release(self) -> None:
         """Drop the lock, leaving the worktree on disk (for recovery or the janitor)."""

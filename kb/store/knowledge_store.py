@@ -569,20 +569,25 @@ class KnowledgeStore:
             with ref_fence(self.repository.path / ".git", self.settings.lock_timeout):
                 pass
         except RefFenceTimeout as exc:
-            raise LockTimeout(
-                self.workspace_id,
-                exc.waited,
-                "file lock",
-                lock="ref-update",
-                holder="a writer is stopped between its lock check and its ref update on this node. "
-                "Nothing was recorded by this call; retry, or raise KB_LOCK_TIMEOUT",
-            ) from None
+            raise self._ref_fence_timeout(exc, "Nothing was recorded by this call; retry") from None
         except FileNotFoundError:
             raise WorkspaceNotFound(
                 f"workspace {self.workspace_id} has no repository here; nothing can be settled"
             ) from None
         except OSError as exc:
             raise StorageError(f"workspace {self.workspace_id}: the ref-update fence cannot be taken: {exc}") from exc
+
+    def _ref_fence_timeout(self, exc: RefFenceTimeout, outcome: str) -> LockTimeout:
+        """The LockTimeout of a ref-update fence held for the whole wait (``exc``): a writer is
+        stopped inside it. ``outcome``: what the caller's call did, and what to do."""
+        return LockTimeout(
+            self.workspace_id,
+            exc.waited,
+            "file lock",
+            lock="ref-update",
+            holder="a writer is stopped between its lock check and its ref update on this node. "
+            f"{outcome}, or raise KB_LOCK_TIMEOUT",
+        )
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
@@ -1191,8 +1196,15 @@ class KnowledgeStore:
         every catch-up under the lock passes through first: a session that ends between the two
         lets this ref update finish before the next holder reads git's head (design §3). So a
         failed compare-and-swap means a process moved the branch without the lock (a git command
-        run by hand in the repository): WriteLockLost, which the caller settles by key."""
-        with ref_fence(self.repository.path / ".git"):
+        run by hand in the repository): WriteLockLost, which the caller settles by key. The fence
+        is waited for at most ``KB_LOCK_TIMEOUT``: a writer whose lock ended, stopped inside it (a
+        SIGSTOP, a debugger), kept this one waiting — with the write lock, so every writer of the
+        workspace — for as long as it stayed stopped; LockTimeout then, nothing moved."""
+        with contextlib.ExitStack() as fenced:
+            try:  # bounded, as the catch-up's pass through it is (design §3)
+                fenced.enter_context(ref_fence(self.repository.path / ".git", self.settings.lock_timeout))
+            except RefFenceTimeout as exc:
+                raise self._ref_fence_timeout(exc, "Nothing was recorded by this write; retry") from None
             conn.execute(queries["write_lock_session_alive"]).fetchone()
             moved = self.repository.advance(head, new)
         if not moved:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from kb.errors import (
     InvalidPattern,
     IsAFolder,
     PathExists,
+    WorkspaceNotFound,
 )
 from kb.git.merge import LostHunk
 from kb.git.worktree import LazyWorktree, root_turn_id, worktrees_root
@@ -185,6 +187,7 @@ class Turn:
         self._on_close = on_close
         self._on_open = on_open
         self._titles: dict[str, TitledDocument] = {}
+        self._repository_identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the worktree's .git
 
     # -- worktree lifecycle ---------------------------------------------------------------
     @property
@@ -197,11 +200,45 @@ class Turn:
         """The revision the turn's worktree was created at (None before the first operation)."""
         return self._worktree.base if self._worktree else None
 
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Hold the turn's lock for one operation, first checking that the repository its
+        worktree was opened on is still there (``_check_repository``)."""
+        with self._mutex:
+            self._check_repository()
+            yield
+
+    def _check_repository(self) -> None:
+        """Raise WorkspaceNotFound, dropping the worktree, when the workspace's ``.git`` is gone
+        or is another one than the worktree was opened on: another process deleted the workspace
+        (and maybe created one with the same id). The turn went on writing into a worktree of a
+        repository that was gone — answered 200 — and its commit recorded those writes into the
+        new workspace that reuses the id (design §5, §16). One ``stat`` per operation."""
+        if self._worktree is None:
+            return
+        try:
+            st = os.stat(self._worktree.git_dir)
+            same = (st.st_dev, st.st_ino) == self._repository_identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            self._worktree.release()
+            self._worktree = None
+            self._titles = {}
+            if self._on_close:
+                self._on_close(self)
+            raise WorkspaceNotFound(
+                f"turn {self.turn_id!r}: workspace {self.store.workspace_id} was deleted while the turn was "
+                "open; its changes went with it and nothing of them is recorded. Start the turn again"
+            )
+
     def _wt(self) -> LazyWorktree:
         if self._worktree is None:
             repo = self.store.repository
             worktree = LazyWorktree(repo, self.path, self.turn_id)
             worktree.open(repo.head())
+            st = os.stat(worktree.git_dir)  # which repository: a workspace re-created has another
+            self._repository_identity = (st.st_dev, st.st_ino)
             self._worktree = worktree
             if self._on_open:  # a turn reused after commit() is the open turn of its id again
                 self._on_open(self)
@@ -235,7 +272,7 @@ class Turn:
     def materialize_all(self) -> Path:
         """Check out every document into the worktree (for an external tool) and return the worktree
         folder; ``git status`` there then shows the turn's changes. O(workspace)."""
-        with self._mutex:
+        with self._operation():
             worktree = self._wt()
             if not worktree.full:
                 worktree.materialize_all()
@@ -346,7 +383,7 @@ class Turn:
     def ls(self, path: str = "/documents") -> list[Entry]:
         """Children of a folder (``.keep`` hidden), folders first then files, by name; a document
         path returns its own entry. Raises DocumentNotFound when nothing is there."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path, allow_root=True)
             rp = sp.repo_path
             if sp.parts and self._exists(rp):
@@ -386,7 +423,7 @@ class Turn:
         (``offset`` = the line count: no lines).
         """
         check_window_arguments(offset, limit)
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             self._require_file(sp.virtual, sp.repo_path)
             self._touch(sp.repo_path)
@@ -400,7 +437,7 @@ class Turn:
 
     def read_bytes(self, path: str) -> bytes:
         """The exact bytes of a document in this turn; raises DocumentNotFound, IsAFolder."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             self._require_file(sp.virtual, sp.repo_path)
             self._touch(sp.repo_path)
@@ -412,7 +449,7 @@ class Turn:
     def write(self, path: str, text: str | bytes) -> WriteResult:
         """Create or replace a document (parent folders are implied). Raises IsAFolder when ``path``
         is a folder, PathExists when a parent is a document, InvalidPath."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             data = document_bytes(text, sp.virtual)
             self._require_file(sp.virtual, sp.repo_path)
@@ -426,7 +463,7 @@ class Turn:
     def edit(self, path: str, old: str, new: str, replace_all: bool = False) -> EditResult:
         """Replace the exact text ``old`` with ``new``. Raises EditMismatch when ``old`` is empty,
         absent, or occurs more than once without ``replace_all=True``; DocumentNotFound."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             if not old:
                 raise EditMismatch(f"edit {sp.virtual}: old text is empty; give the exact text to replace")
@@ -454,7 +491,7 @@ class Turn:
         TitledDocument whose ``path`` is final after :meth:`commit`. Raises InvalidPath,
         PathExists (``folder`` is a document), TypeError (title not str).
         """
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(folder, allow_root=True)
             if sp.parts and self._exists(sp.repo_path):
                 raise PathExists(f"cannot create in {sp.virtual}: it is a document, not a folder")
@@ -470,7 +507,7 @@ class Turn:
     def glob(self, pattern: str) -> list[str]:
         """Virtual paths of documents matching ``pattern`` (relative to /documents, or starting
         with /documents/; ``*``/``?``/``[...]`` within a name, ``**`` any folders). Sorted."""
-        with self._mutex:
+        with self._operation():
             segments = _glob_segments(pattern)
             result = []
             for p in self._files("documents"):
@@ -487,7 +524,7 @@ class Turn:
         of it per call, since a pattern whose backtracking explodes would hold a ``kb serve``
         thread, and the interpreter lock, for hours. Raises InvalidPattern when the pattern does
         not compile or passes that bound (nothing is changed), DocumentNotFound."""
-        with self._mutex:
+        with self._operation():
             matcher = LinePattern(pattern, ignore_case=ignore_case, seconds=GREP_SECONDS)
             sp = StorePath.parse(path or "/documents", allow_root=True)
             rp = sp.repo_path
@@ -514,7 +551,7 @@ class Turn:
     def mkdir(self, path: str) -> bool:
         """Create a folder (writes ``.keep``, design §1); True when it was created, False when it
         already existed. Raises PathExists when a document has that path."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             if self._exists(sp.repo_path):
                 raise PathExists(f"cannot create folder {sp.virtual}: a document has that path")
@@ -530,7 +567,7 @@ class Turn:
 
         Raises DocumentNotFound (no ``src``), PathExists (``dst`` taken and not ``overwrite``, a
         folder at ``dst``, or a folder moved into itself)."""
-        with self._mutex:
+        with self._operation():
             s, d = StorePath.parse(src), StorePath.parse(dst)
             srp, drp = s.repo_path, d.repo_path
             if srp == drp:
@@ -583,7 +620,7 @@ class Turn:
     def remove(self, path: str, missing_ok: bool = False) -> str | None:
         """Delete a document; returns its virtual path, or None when it was absent and
         ``missing_ok`` (as ``rm -f``). Raises DocumentNotFound (absent, strict), IsAFolder."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             self._require_file(sp.virtual, sp.repo_path)
             if not self._exists(sp.repo_path):
@@ -596,7 +633,7 @@ class Turn:
     def rmdir(self, path: str, recursive: bool = False) -> list[str]:
         """Delete a folder; with ``recursive`` also every document in it. Returns the removed
         documents' virtual paths. Raises DocumentNotFound, FolderNotEmpty."""
-        with self._mutex:
+        with self._operation():
             sp = StorePath.parse(path)
             if self._exists(sp.repo_path):
                 raise DocumentNotFound(f"{sp.virtual} is a document, not a folder; use remove")
@@ -615,7 +652,7 @@ class Turn:
     def forget_untracked(self) -> list[str]:
         """Delete files on disk that no operation of this turn wrote (an editor's swap or backup
         files, say) so the commit does not pick them up; returns their virtual paths."""
-        with self._mutex:
+        with self._operation():
             if self._worktree is None or self._worktree.full:
                 return []
             stray = [p for p in self._worktree.scan_disk() if p not in self._worktree.touched]
@@ -787,7 +824,7 @@ class Turn:
 
     def _commit(self, message: str | None, idempotency_key: str | None) -> CommitResult | None:
         """``commit`` under its key's lock (see there)."""
-        with self._mutex:
+        with self._operation():
             if self._worktree is None:
                 if not self._leftover():
                     self._finish(destroy=False)

@@ -298,14 +298,10 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
     dropped = _drop_vector_indexes(stores.database_url, workspace_id)
     removed = []
     artifact_files = artifact_blobs_path(stores.settings.storage_root, workspace_id)
-    for path in [
-        *([tombstone] if moved else []),
-        worktrees_root(knowledge_store, workspace_id),
-        artifact_files,
-        *leftovers,
-    ]:
+    worktrees = worktrees_root(knowledge_store, workspace_id)
+    for path in [*([tombstone] if moved else []), worktrees, artifact_files, *leftovers]:
         if path.exists():
-            shutil.rmtree(path)
+            shutil.rmtree(_set_aside(path, knowledge_store, workspace_id) if path == worktrees else path)
             removed.append(str(store.path if path == tombstone else path))
     return DeletedWorkspace(
         workspace_id,
@@ -315,6 +311,17 @@ def delete_workspace(stores: Stores, workspace_id: int, *, force: bool = False) 
         removed,
         dropped,
     )
+
+
+def _set_aside(folder: Path, knowledge_store: Path, workspace_id: int) -> Path:
+    """Rename ``folder`` (the workspace's turn worktrees) to a ``.deleted-{id}-*`` tombstone and
+    return it, for ``rmtree`` to remove there: a turn still open in another process (``kb serve``)
+    writes its worktree by path, and a file it made in a folder ``rmtree`` was emptying failed the
+    delete (ENOTEMPTY) after Postgres had deleted the workspace. Its late writes now make a new
+    folder for the janitor; a crash leaves the tombstone to the next delete (design §2.1)."""
+    tombstone = knowledge_store / f".deleted-{workspace_id}-{uuid.uuid4().hex}"
+    folder.rename(tombstone)
+    return tombstone
 
 
 def _drop_vector_indexes(database_url: str, workspace_id: int) -> list[str]:
