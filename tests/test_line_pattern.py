@@ -37,6 +37,10 @@ PATTERNS = [
     r"\Aa",
     r"b\Z",
     "é",
+    "",  # literals (no regular-expression character) run on re itself: the same answers
+    "ab",
+    " a",
+    "xé",
 ]
 
 
@@ -70,3 +74,11 @@ def test_a_pattern_whose_backtracking_explodes_stops_at_the_bound():
 def test_a_pattern_that_does_not_compile_is_invalid():
     with pytest.raises(InvalidPattern, match="does not compile"):
         LinePattern("(", ignore_case=False, seconds=1)
+
+
+def test_a_literal_pattern_keeps_the_time_bound_between_documents():
+    """A literal runs on ``re`` (linear, no timeout per call); its budget is checked after each
+    search, so a grep over many documents still stops at the bound."""
+    matcher = LinePattern("needle", ignore_case=False, seconds=0)
+    with pytest.raises(InvalidPattern, match=r"took more than 0 s .*/documents/hay\.md"):
+        matcher.lines("/documents/hay.md", "hay\n" * 10)

@@ -18,15 +18,25 @@ so every line the pattern matches alone is found; only a lookaround that looks p
 (``a(?!\\s)`` before a line break) can make the search pass a line it would match alone, as the
 whole-document pre-check of the earlier per-line scan did. A pattern with ``\\A`` or ``\\Z`` means
 one line's start or end, so it is matched line by line.
+
+A pattern without any of the characters that make a regular expression more than its letters
+(``LITERAL_SAFE``: no ``. ^ $ * + ? { } [ ] \\ | ( )``) is a literal: its search is linear in the
+text whatever the text holds, so it runs on ``re`` — the same answers, without the timeout's cost
+per call (about half a literal grep over 6,600 pages). The time budget is then checked between
+searches.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from kb.errors import InvalidPattern
 from kb.lines import BOM, document_lines
+
+REGEX_CHARACTERS = frozenset(".^$*+?{}[]\\|()")
+"""Characters that make a pattern more than a literal; a pattern with none of them runs on ``re``."""
 
 
 class LinePattern:
@@ -35,19 +45,28 @@ class LinePattern:
     Raises InvalidPattern when ``pattern`` does not compile."""
 
     def __init__(self, pattern: str, *, ignore_case: bool, seconds: float) -> None:
-        import regex as engine  # re's syntax, with the time limit re lacks
+        self._literal = not REGEX_CHARACTERS.intersection(pattern)
+        if self._literal:  # linear whatever the text: re, without a timeout (see the module)
+            self._compiled: Any = re.compile(pattern, re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
+        else:
+            import regex as engine  # re's syntax, with the time limit re lacks
 
-        flags = engine.VERSION0 | engine.MULTILINE | (engine.IGNORECASE if ignore_case else 0)
-        try:
-            self._compiled: Any = engine.compile(pattern, flags)
-        except (engine.error, ValueError, OverflowError) as exc:
-            raise InvalidPattern(f"grep pattern {pattern!r} does not compile: {exc}") from None
+            flags = engine.VERSION0 | engine.MULTILINE | (engine.IGNORECASE if ignore_case else 0)
+            try:
+                self._compiled = engine.compile(pattern, flags)
+            except (engine.error, ValueError, OverflowError) as exc:
+                raise InvalidPattern(f"grep pattern {pattern!r} does not compile: {exc}") from None
         self.pattern, self.seconds = pattern, seconds
         self._by_line = "\\A" in pattern or "\\Z" in pattern
         self._deadline = time.monotonic() + seconds
 
     def _search(self, text: str, pos: int, where: str):
         try:
+            if self._literal:
+                found = self._compiled.search(text, pos)
+                if time.monotonic() > self._deadline:
+                    raise TimeoutError
+                return found
             return self._compiled.search(text, pos, timeout=max(self._deadline - time.monotonic(), 0.001))
         except TimeoutError:
             raise InvalidPattern(
