@@ -555,3 +555,28 @@ def test_a_key_used_again_by_a_turn_with_other_changes_is_refused_and_the_turn_k
     with pytest.raises(IdempotencyKeyReused):
         w.commit("x", idempotency_key="same")
     assert ws.read(WS, "/documents/X.md") == b"x\n"
+
+
+def test_http_errors_name_turn_ids_as_the_token_gave_them(ws, settings):
+    """Behind a token kb keeps turn ids and keys as ``t<token id>@NAME``; HTTP error messages named
+    those (``turn 't1@t2'``) where the client had sent ``t2`` (a new user's report, design §16).
+    They name what the client sent; an id ending in ``.lock`` is refused saying that rule."""
+    pytest.importorskip("fastapi", reason="kb serve needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    from kb.adapters.http.server import create_app
+
+    token, secret = ws.tokens().create("writer", "write", [WS])
+    auth = {"Authorization": f"Bearer {secret}"}
+    turns = f"/v1/workspaces/{WS}/turns"
+    with TestClient(create_app(settings)) as client:
+        locked = client.put(f"{turns}/a.lock/files/documents/A.md", json={"content": "a\n"}, headers=auth)
+        assert client.put(f"{turns}/x/files/documents/X.md", json={"content": "x\n"}, headers=auth).status_code == 200
+        assert client.post(f"{turns}/x/commit", json={}, headers=auth | {"Idempotency-Key": "k"}).status_code == 200
+        assert client.put(f"{turns}/y/files/documents/Y.md", json={"content": "y\n"}, headers=auth).status_code == 200
+        reused = client.post(f"{turns}/y/commit", json={}, headers=auth | {"Idempotency-Key": "k"})
+    message = locked.json()["message"]
+    assert locked.status_code == 400 and "'a.lock'" in message and "'.lock'" in message, message
+    assert reused.status_code == 409 and "turn 'y'" in reused.json()["message"], reused.text
+    for answer in (locked, reused):
+        assert f"t{token.id}@" not in answer.json()["message"] + answer.json()["cli_message"], answer.text

@@ -63,7 +63,8 @@ def root_turn_id(turn_id: object) -> str:
     if not root or len(root) > 200 or root.startswith(".") or not set(root) <= _NAME_CHARS or root.endswith(".lock"):
         raise InvalidTurn(
             f"turn id {turn_id!r}: the root id {root!r} must be 1-200 characters of letters, digits "
-            "and . _ @ + = : - (not starting with '.'); sub-agents append '::<anything>'"
+            "and . _ @ + = : -, not starting with '.' nor ending in '.lock' (git's lock files); "
+            "sub-agents append '::<anything>'"
         )
     return root
 
@@ -160,9 +161,9 @@ class LazyWorktree:
             except OSError as exc:
                 if not self.git_dir.is_dir():  # deleted meanwhile: nothing made in its place
                     raise WorkspaceNotFound(
-                        f"turn {self.name!r}: its workspace's repository {self.repository.path} is gone "
-                        "(the workspace was deleted); nothing was written. List the workspaces with "
-                        "kb workspace list"
+                        f"turn {self.name!r}: its workspace was deleted (the repository at "
+                        f"{self.repository.path} is gone); nothing was written. `kb workspaces` lists "
+                        "the workspaces there are"
                     ) from None
                 raise StorageError(
                     f"cannot create the worktree of turn {self.name!r} at {self.admin}: "

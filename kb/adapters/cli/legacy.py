@@ -16,7 +16,7 @@ from kb.errors import InvalidInput
 @click.command("seed")
 @click.option("--from-dsn", "dsn", metavar="DSN", help="Postgres URL of the legacy database (schema legacy).")
 @click.option("--legacy-workspace", type=int, help="Workspace id in the legacy tables.")
-@workspace_option(help="kb workspace id.")
+@workspace_option(help="The workspace id in kb.")
 @click.option("--yes", is_flag=True, help="Write the seed revision (default: dry run, nothing written).")
 @click.option("--flip", is_flag=True, help="After parity passed in this run, make kb the authority.")
 @click.option("--unflip", is_flag=True, help="Hand authority back to the legacy system (nothing else).")

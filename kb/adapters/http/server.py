@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -672,14 +673,16 @@ def create_app(
     async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
         token = request_token(request)  # where kb keeps its data: for an admin token only (design §16)
         message, cli_message = str(exc), exc.cli_message
+        if token is not None:
+            # turn ids and keys as the client gave them: kb keeps them as t<token id>@NAME (design
+            # §16), and a stored key named to the settle route, which adds the prefix, was looked
+            # up as t<id>@t<id>@KEY, which no write has — "did not land"
+            own = re.compile(rf"\b{re.escape(owned_name('', token.id))}")
+            message, cli_message = (own.sub("", text) for text in (message, cli_message))
         if isinstance(exc, errors.CommitOutcomeUnknown):
-            # the key as the client gave it (kb keeps it as t<token id>@KEY, design §16), in the
-            # words too: the settle route prefixes what it is given, so the stored key named
-            # there was looked up as t<id>@t<id>@KEY, which no write has — "did not land"
             given = exc.idempotency_key
-            if token is not None and given.startswith(prefix := owned_name("", token.id)):
-                given = given.removeprefix(prefix)
-                message, cli_message = (text.replace(exc.idempotency_key, given) for text in (message, cli_message))
+            if token is not None:
+                given = given.removeprefix(owned_name("", token.id))
         body: dict[str, object] = {
             "error": type(exc).__name__,
             "message": access.shown(message, token),
