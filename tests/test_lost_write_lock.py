@@ -116,7 +116,7 @@ def test_a_follower_whose_change_a_lockless_leader_moved_the_branch_with_is_told
             killed.set()  # before: the other writer takes the lock as soon as the session ends
             _terminate_lock_holders(url)  # this thread's own session: its lock is gone
             # the other writer caught up (no fence) or waits at the ref-update fence this holds
-            _wait(lambda: proceed.is_set() or any(_in_stack(t, "_pass_ref_fence") for t in state["writers"]), "W")
+            _wait(lambda: proceed.is_set() or any(_in_stack(t, "_ref_fenced") for t in state["writers"]), "W")
             try:
                 return original_advance(self, old, new)
             finally:
@@ -174,7 +174,7 @@ def test_a_writer_whose_session_ends_before_its_ref_update_lands_and_the_next_wr
             )
             thread.start()
             state["other"] = thread
-            _wait(lambda: _in_stack(thread.ident, "_pass_ref_fence"), "the other writer at the fence")
+            _wait(lambda: _in_stack(thread.ident, "_ref_fenced"), "the other writer at the fence")
         return original_advance(self, old, new)
 
     monkeypatch.setattr(Repository, "advance", advance)
@@ -302,7 +302,7 @@ def test_a_settle_in_the_gap_before_a_lockless_leaders_ref_update_tells_the_trut
                 admin.execute(queries["test_terminate_busy_client_backends"]).fetchall()
             killed.set()
             # W has caught up (the fault: it then answers from git as it is now), or waits at the fence
-            _wait(lambda: caught_up.is_set() or _in_stack(state["follower"], "_pass_ref_fence"), "the settle")
+            _wait(lambda: caught_up.is_set() or _in_stack(state["follower"], "_ref_fenced"), "the settle")
         return original_advance(self, old, new)
 
     def catch_up(self, conn, workspace):
@@ -358,7 +358,7 @@ def test_a_writer_at_its_ref_update_behind_a_stopped_fence_holder_times_out_and_
     def catch_up(self, conn, workspace):
         result = original_catch_up(self, conn, workspace)
         if not held._exit_callbacks:  # W has passed the fence: the stopped writer enters it now
-            held.enter_context(ref_fence(self.repository.path / ".git"))
+            held.enter_context(ref_fence(self.repository.path / ".git", 60))
         return result
 
     monkeypatch.setattr(KnowledgeStore, "_catch_up", catch_up)

@@ -33,7 +33,7 @@ FENCE_FILE = "kb-ref-update.lock"
 """The file the fence flocks, under the repository's ``.git``."""
 
 _POLL_SECONDS = 0.01
-"""How often a bounded wait tries the fence again."""
+"""How often a waiter tries the fence again (a blocking flock cannot wait with a bound)."""
 
 
 class RefFenceTimeout(Exception):
@@ -46,11 +46,10 @@ class RefFenceTimeout(Exception):
 
 
 @contextlib.contextmanager
-def ref_fence(git_dir: Path, timeout: float | None = None) -> Iterator[None]:
+def ref_fence(git_dir: Path, timeout: float) -> Iterator[None]:
     """Hold the ref-update fence of the repository whose ``.git`` is ``git_dir`` for the block.
 
-    ``timeout``: seconds to wait at most (RefFenceTimeout after it), None to wait as long as it
-    takes. On a file system that will not open the file for writing (gone read-only) it is
+    ``timeout``: seconds to wait at most (RefFenceTimeout after it). On a file system that will not open the file for writing (gone read-only) it is
     locked through a read-only descriptor; when it is missing there and cannot be made, no
     writer can hold it (each made it before its ref update, and none can move a ref there), so
     the block runs unfenced. Raises FileNotFoundError when ``git_dir`` is missing (no
@@ -69,19 +68,16 @@ def ref_fence(git_dir: Path, timeout: float | None = None) -> Iterator[None]:
             yield  # never made, and cannot be: nobody is inside it
             return
     try:
-        if timeout is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        else:
-            started = time.monotonic()
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    waited = time.monotonic() - started
-                    if waited >= timeout:
-                        raise RefFenceTimeout(round(waited, 3)) from None
-                    time.sleep(_POLL_SECONDS)
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if waited >= timeout:
+                    raise RefFenceTimeout(round(waited, 3)) from None
+                time.sleep(_POLL_SECONDS)
         yield
     finally:
         os.close(fd)  # releases the flock

@@ -132,6 +132,13 @@ class LazyWorktree:
         """The workspace repository's ``.git``, which holds the admin folder (never made here)."""
         return self.repository.path / ".git"
 
+    def repository_identity(self) -> tuple[int, int]:
+        """``(st_dev, st_ino)`` of the repository's ``.git``: which repository this is — a
+        workspace deleted and created again with the same id has another. Raises
+        FileNotFoundError when it is gone."""
+        st = os.stat(self.git_dir)
+        return st.st_dev, st.st_ino
+
     @property
     def admin(self) -> Path:
         """The worktree's admin folder inside the workspace repository."""

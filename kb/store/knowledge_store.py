@@ -558,36 +558,34 @@ class KnowledgeStore:
             )
         return None if recorded is None else _virtual(recorded)
 
-    def _pass_ref_fence(self) -> None:
-        """Under the write lock, before a catch-up reads git's head: wait until no writer is
-        between its lock check and its ref update (``kb.git.ref_fence``, design §3) — one whose
-        lock ended there finishes moving the branch, and the catch-up records it, so a settle
-        never answers "nothing was recorded" for a write about to land and a writer builds on
-        it. Raises LockTimeout when a writer stays there for ``KB_LOCK_TIMEOUT`` seconds (a
-        stopped process), WorkspaceNotFound (no repository), StorageError."""
-        try:
-            with ref_fence(self.repository.path / ".git", self.settings.lock_timeout):
-                pass
-        except RefFenceTimeout as exc:
-            raise self._ref_fence_timeout(exc, "Nothing was recorded by this call; retry") from None
-        except FileNotFoundError:
-            raise WorkspaceNotFound(
-                f"workspace {self.workspace_id} has no repository here; nothing can be settled"
-            ) from None
-        except OSError as exc:
-            raise StorageError(f"workspace {self.workspace_id}: the ref-update fence cannot be taken: {exc}") from exc
-
-    def _ref_fence_timeout(self, exc: RefFenceTimeout, outcome: str) -> LockTimeout:
-        """The LockTimeout of a ref-update fence held for the whole wait (``exc``): a writer is
-        stopped inside it. ``outcome``: what the caller's call did, and what to do."""
-        return LockTimeout(
-            self.workspace_id,
-            exc.waited,
-            "file lock",
-            lock="ref-update",
-            holder="a writer is stopped between its lock check and its ref update on this node. "
-            f"{outcome}, or raise KB_LOCK_TIMEOUT",
-        )
+    @contextlib.contextmanager
+    def _ref_fenced(self, outcome: str) -> Iterator[None]:
+        """Hold the ref-update fence (``kb.git.ref_fence``, design §3) for the block, waiting at
+        most ``KB_LOCK_TIMEOUT``: a writer whose lock ended, stopped inside it (SIGSTOP, a
+        debugger), would otherwise keep this one — holding the write lock, so every writer of the
+        workspace — waiting for as long as it stays stopped. ``outcome``: what the caller's call
+        did when the wait runs out, and what to do. Raises LockTimeout then (naming the
+        ref-update lock), WorkspaceNotFound (no repository), StorageError; the block's own errors
+        pass through."""
+        with contextlib.ExitStack() as fenced:
+            try:
+                fenced.enter_context(ref_fence(self.repository.path / ".git", self.settings.lock_timeout))
+            except RefFenceTimeout as exc:
+                raise LockTimeout(
+                    self.workspace_id,
+                    exc.waited,
+                    "file lock",
+                    lock="ref-update",
+                    holder="a writer is stopped between its lock check and its ref update on this node. "
+                    f"{outcome}, or raise KB_LOCK_TIMEOUT",
+                ) from None
+            except FileNotFoundError:
+                raise WorkspaceNotFound(f"workspace {self.workspace_id} has no repository here") from None
+            except OSError as exc:
+                raise StorageError(
+                    f"workspace {self.workspace_id}: the ref-update fence cannot be taken: {exc}"
+                ) from exc
+            yield
 
     def _stage(self, draft: Draft) -> dict[str, str | None]:
         """Write the draft's new bytes as blobs (idempotent, unlocked); ``{repo path: blob or None}``."""
@@ -1200,11 +1198,7 @@ class KnowledgeStore:
         is waited for at most ``KB_LOCK_TIMEOUT``: a writer whose lock ended, stopped inside it (a
         SIGSTOP, a debugger), kept this one waiting — with the write lock, so every writer of the
         workspace — for as long as it stayed stopped; LockTimeout then, nothing moved."""
-        with contextlib.ExitStack() as fenced:
-            try:  # bounded, as the catch-up's pass through it is (design §3)
-                fenced.enter_context(ref_fence(self.repository.path / ".git", self.settings.lock_timeout))
-            except RefFenceTimeout as exc:
-                raise self._ref_fence_timeout(exc, "Nothing was recorded by this write; retry") from None
+        with self._ref_fenced("Nothing was recorded by this write; retry"):
             conn.execute(queries["write_lock_session_alive"]).fetchone()
             moved = self.repository.advance(head, new)
         if not moved:
@@ -1357,7 +1351,8 @@ class KnowledgeStore:
         copy left here by a move is not the workspace's repository any more, design §15)."""
         if workspace.get("home_node") not in (None, self.settings.node):
             self.refuse_if_homed_elsewhere()
-        self._pass_ref_fence()  # a holder whose lock ended may be moving the branch: let it finish
+        with self._ref_fenced("Nothing was recorded by this call; retry"):
+            pass  # a holder whose lock ended may be moving the branch: let it finish first
         repository_guard.check(conn, self.database_url, self.repository, workspace)  # design §3
         if self.repository.head() != workspace["head_revision"]:
             chunk_lock(conn, self.workspace_id)

@@ -20,7 +20,7 @@ whole-document pre-check of the earlier per-line scan did. A pattern with ``\\A`
 one line's start or end, so it is matched line by line.
 
 A pattern without any of the characters that make a regular expression more than its letters
-(``LITERAL_SAFE``: no ``. ^ $ * + ? { } [ ] \\ | ( )``) is a literal: its search is linear in the
+(``REGEX_CHARACTERS``: no ``. ^ $ * + ? { } [ ] \\ | ( )``) is a literal: its search is linear in the
 text whatever the text holds, so it runs on ``re`` — the same answers, without the timeout's cost
 per call (about half a literal grep over 6,600 pages). The time budget is then checked between
 searches.

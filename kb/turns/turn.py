@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -217,16 +216,12 @@ class Turn:
         if self._worktree is None:
             return
         try:
-            st = os.stat(self._worktree.git_dir)
-            same = (st.st_dev, st.st_ino) == self._repository_identity
+            same = self._worktree.repository_identity() == self._repository_identity
         except FileNotFoundError:
             same = False
         if not same:
-            self._worktree.release()
-            self._worktree = None
             self._titles = {}
-            if self._on_close:
-                self._on_close(self)
+            self._finish(destroy=False)  # released: the worktree's folder is the janitor's
             raise WorkspaceNotFound(
                 f"turn {self.turn_id!r}: workspace {self.store.workspace_id} was deleted while the turn was "
                 "open; its changes went with it and nothing of them is recorded. Start the turn again"
@@ -237,8 +232,7 @@ class Turn:
             repo = self.store.repository
             worktree = LazyWorktree(repo, self.path, self.turn_id)
             worktree.open(repo.head())
-            st = os.stat(worktree.git_dir)  # which repository: a workspace re-created has another
-            self._repository_identity = (st.st_dev, st.st_ino)
+            self._repository_identity = worktree.repository_identity()  # a workspace re-created has another
             self._worktree = worktree
             if self._on_open:  # a turn reused after commit() is the open turn of its id again
                 self._on_open(self)

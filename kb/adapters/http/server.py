@@ -679,16 +679,14 @@ def create_app(
             # up as t<id>@t<id>@KEY, which no write has — "did not land"
             own = re.compile(rf"\b{re.escape(owned_name('', token.id))}")
             message, cli_message = (own.sub("", text) for text in (message, cli_message))
-        if isinstance(exc, errors.CommitOutcomeUnknown):
-            given = exc.idempotency_key
-            if token is not None:
-                given = given.removeprefix(owned_name("", token.id))
         body: dict[str, object] = {
             "error": type(exc).__name__,
             "message": access.shown(message, token),
             "cli_message": access.shown(cli_message, token),
         }
         if isinstance(exc, errors.CommitOutcomeUnknown):  # design §3: the one call that settles it
+            prefix = "" if token is None else owned_name("", token.id)
+            given = exc.idempotency_key.removeprefix(prefix)
             body.update(
                 workspace_id=exc.workspace_id,
                 idempotency_key=given,
