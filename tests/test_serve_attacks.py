@@ -252,6 +252,41 @@ def test_a_json_body_without_its_content_type_is_told_to_send_one(kb, served):
     assert missing.status_code == 404, missing.text  # nothing was written in the turn
 
 
+def test_a_body_that_is_not_json_is_told_where_it_breaks(kb, served):
+    """A body sent as JSON that does not parse (a missing comma) was answered 422 with "body.12:
+    JSON decode error" and an ``input`` of ``{}`` in its details: the client was shown an empty
+    object it never sent and no reason. The 422 gives the decoder's reason, the offset and the
+    text around it; nothing is written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    file = "/v1/workspaces/1/turns/t/files/documents/A.md"
+    refused = api.put(file, content=b'{"content": "a\\n" "more": 1}')
+    assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", refused.text
+    message = refused.json()["message"]
+    assert "not valid JSON" in message and "delimiter" in message and '"more"' in message, message
+    assert all(detail.get("input") != {} for detail in refused.json()["detail"]), refused.text
+    assert api.get(file).status_code == 404  # nothing was written in the turn
+
+
+def test_a_turn_opened_without_an_author_records_its_token_as_author(kb, served):
+    """A turn's revision made with a token and no ``?author=`` recorded the server's OS user as its
+    author ("root" on a container): a person who wrote none of it. Like an edit made on the pages,
+    it records the token as author and committer; ``?author=`` still names someone else."""
+    token, secret = kb.tokens().create("agent-7", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    repo = kb.settings.knowledge_store / "1"
+    for turn, query, expected in (
+        ("plain", "", f"agent-7 <kb-token-{token.id}>"),
+        ("named", "?author=Ada%20%3Cada%40example.com%3E", "Ada <ada@example.com>"),
+    ):
+        written = api.put(f"/v1/workspaces/1/turns/{turn}/files/documents/{turn}.md{query}", json={"content": "x\n"})
+        assert written.status_code == 200, written.text
+        committed = api.post(f"/v1/workspaces/1/turns/{turn}/commit", json={})
+        assert committed.status_code == 200, committed.text
+        shown = git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>", committed.json()["revision"])
+        assert shown == f"{expected}|agent-7 <kb-token-{token.id}>\n", shown
+
+
 def test_the_settle_call_answers_for_a_commit_sent_without_a_key(kb, served):
     """A commit sent without an Idempotency-Key is recorded with a key kb generates, and a 503
     ``CommitOutcomeUnknown`` names that key and ``GET …/writes/{key}`` to settle it (design §3).

@@ -397,8 +397,12 @@ def turn_router(service: Service) -> APIRouter:
         # a turn id is private to the token that names it (design §16); a commit or abort
         # (``ending``) leaves no turn open, so a token at its bound may always end one
         owned = owned_by_token(request, turn_id)
-        token = None if ending else request_token(request)
-        return service.turn(workspace_id, owned, None if token is None else token.id, author)
+        token = request_token(request)
+        # a turn opened without ``?author=`` is the token's work, as a page's edit is (design
+        # §16): the server's OS user wrote none of it
+        author = author or (None if token is None else token.committer)
+        counted = None if ending or token is None else token.id
+        return service.turn(workspace_id, owned, counted, author)
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
@@ -546,6 +550,8 @@ def _validation_details(problems: Sequence[Any]) -> list[dict]:
     422 into a 500), cut to 200 characters."""
     details = []
     for problem in problems:
+        if problem.get("type") == "json_invalid":  # FastAPI gives ``{}`` as its input: the body is in ``body``
+            problem = {key: value for key, value in problem.items() if key != "input"}
         value = problem.get("input")
         if isinstance(value, bytes | bytearray):
             value = bytes(value[:200]).decode("utf-8", errors="replace")
@@ -556,6 +562,22 @@ def _validation_details(problems: Sequence[Any]) -> list[dict]:
             | ({"input": value[:200] if isinstance(value, str) else value} if "input" in problem else {})
         )
     return details
+
+
+def _problem_text(problem: dict[str, Any], body: Any) -> str:
+    """One validation problem as the 422's message says it: ``location: what is wrong``. A body that
+    is not JSON (``json_invalid``, at a character offset) is named with the decoder's reason and
+    the text around the offset, not pydantic's bare "JSON decode error"."""
+    where = ".".join(str(p) for p in problem.get("loc", ()))
+    if problem.get("type") != "json_invalid":
+        return f"{where}: {problem.get('msg')}"
+    reason = (problem.get("ctx") or {}).get("error") or "not valid JSON"
+    offset = problem.get("loc", (None, None))[1:2]
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes | bytearray) else body
+    if isinstance(text, str) and offset and isinstance(offset[0], int):
+        at = offset[0]
+        return f"body: not valid JSON ({reason} at character {at}: {text[max(0, at - 20) : at + 20]!r})"
+    return f"body: not valid JSON ({reason})"
 
 
 def create_app(
@@ -659,7 +681,7 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # a body or parameter of the wrong shape: kb's error form, with pydantic's details
-        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+        problems = "; ".join(_problem_text(e, exc.body) for e in exc.errors())
         kind = request.headers.get("content-type", "")
         if "json" not in kind.lower() and any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()):
             # a JSON body sent without its Content-Type is read as plain bytes: say so, not only
