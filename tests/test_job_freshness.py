@@ -18,7 +18,7 @@ from kb.db import database
 from kb.jobs import tasks as jobs
 from kb.jobs.sweep import defer_failed_retry
 from kb.knowledge_base import KnowledgeBase
-from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.store.job_deferral import DEFER_WHEN_DUE_TASK, INDEX_TASK, PROJECTION_TASK, defer_job
 
 
 def _jobs(kb: KnowledgeBase) -> list[dict]:

@@ -21,7 +21,7 @@ from support.waiting import wait_until
 from kb import KnowledgeBase, Settings
 from kb.db import database
 from kb.jobs.routing import placement
-from kb.store.knowledge_store import INDEX_TASK
+from kb.store.job_deferral import INDEX_TASK
 
 pytest.importorskip("fastapi", reason="kb serve needs the serve extra (pip install -e '.[serve]')")
 

@@ -767,17 +767,17 @@ def _edit_after_the_revert_began(monkeypatch, kb, ws, *ops):
     """Interleave a real writer between the revert's draft snapshot and its commit: the revert's
     ``_move_back`` runs inside its draft, so a commit made there lands on the head after the
     revert read the document and before it records."""
-    from kb.store.knowledge_store import KnowledgeStore
+    from kb.store import reverts
 
-    original = KnowledgeStore._move_back
+    original = reverts._move_back
 
-    def then_another_writer(self, *args, **kwargs):
-        carried = original(self, *args, **kwargs)
-        monkeypatch.setattr(KnowledgeStore, "_move_back", original)
+    def then_another_writer(store, *args, **kwargs):
+        carried = original(store, *args, **kwargs)
+        monkeypatch.setattr(reverts, "_move_back", original)
         commit(kb, ws, *ops, message="a writer meanwhile")
         return carried
 
-    monkeypatch.setattr(KnowledgeStore, "_move_back", then_another_writer)
+    monkeypatch.setattr(reverts, "_move_back", then_another_writer)
 
 
 def test_a_revert_keeps_an_edit_that_lands_while_it_runs(kb, monkeypatch):

@@ -9,7 +9,7 @@ other side file) are consolidated into one (``Repository.pack_loose_objects``,
 ``Repository.consolidate_packs``).
 
 Besides that cron, a writer defers ``kb.pack_repository`` for its workspace every
-``KB_PACK_EVERY_REVISIONS`` revisions (``kb.store.knowledge_store.defer_packing``), which calls
+``KB_PACK_EVERY_REVISIONS`` revisions (``kb.store.job_deferral.defer_packing``), which calls
 :func:`pack_workspace`: a busy workspace never gathers more loose objects than that many revisions
 write (git's own ``gc --auto`` threshold idea, counted in revisions so the writer pays nothing to
 check it). Should those jobs not run (no worker, or one busy with a long index run), the writer

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from kb.db import database, nodes
 from kb.db.sql import queries
 from kb.store.homes import home_of
-from kb.store.knowledge_store import defer_job
+from kb.store.job_deferral import defer_job
 
 if TYPE_CHECKING:
     from kb.store.stores import Stores

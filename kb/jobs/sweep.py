@@ -20,7 +20,8 @@ from kb.db.sql import queries
 from kb.errors import ConfigurationError, HistoryDiverged, StorageError, WorkspaceMoving, WorkspaceNotFound
 from kb.store.authors import default_author
 from kb.store.homes import adopt_homeless, own_workspace_ids
-from kb.store.knowledge_store import INDEX_TASK, PROJECTION_TASK, KnowledgeStore, defer_job
+from kb.store.job_deferral import INDEX_TASK, PROJECTION_TASK, defer_job
+from kb.store.knowledge_store import KnowledgeStore
 from kb.workspace.fsck import repair_lost_refreshes
 
 VECTOR_INDEX_TASK = "kb.maintain_vector_index"

@@ -54,7 +54,7 @@ from kb.db.sql import queries
 from kb.errors import WorkspaceNotFound
 from kb.jobs.routing import placement
 from kb.jobs.sweep import VECTOR_INDEX_TASK, defer_failed_retry
-from kb.store.knowledge_store import DEFER_WHEN_DUE_TASK, INDEX_TASK, PACK_TASK, PROJECTION_TASK, defer_job
+from kb.store.job_deferral import DEFER_WHEN_DUE_TASK, INDEX_TASK, PACK_TASK, PROJECTION_TASK, defer_job
 
 if TYPE_CHECKING:
     from kb.knowledge_base import KnowledgeBase
@@ -326,7 +326,7 @@ def maintain_repositories(context: procrastinate.JobContext, timestamp: int) -> 
 @app.task(name=PACK_TASK, queue="maintenance", pass_context=True)
 def pack_repository(context: procrastinate.JobContext, workspace_id: int) -> dict:
     """Pack one workspace's loose objects, deferred by its writers every ``KB_PACK_EVERY_REVISIONS``
-    revisions (``kb.store.knowledge_store.defer_packing``, design §14). Returns ``{"packed": n}``;
+    revisions (``kb.store.job_deferral.defer_packing``, design §14). Returns ``{"packed": n}``;
     on a node that is not the workspace's home (design §15) the job is handed to that node instead."""
     from kb.git.maintenance import pack_workspace
 

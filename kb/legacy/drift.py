@@ -97,7 +97,7 @@ def compare(tree: dict[str, str], rows: list[dict]) -> list[dict]:
 def drift_check(stores: Stores, workspace_id: int | None = None) -> list[DriftReport]:
     """Check every flipped workspace (or ``workspace_id``, flipped or not, if it was seeded) and
     repair within the cap; returns one DriftReport per workspace (see the module docstring)."""
-    from kb.store.knowledge_store import INDEX_TASK, defer_job
+    from kb.store.job_deferral import INDEX_TASK, defer_job
 
     cap = max(0, stores.settings.drift_max_repairs)
     with database.transaction(stores.database_url) as conn:

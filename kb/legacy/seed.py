@@ -45,7 +45,7 @@ from kb.errors import LegacySourceError, LockTimeout, SeedRefused
 from kb.index.chunk_context import context_line
 from kb.index.languages import detect_language, lexical_text, text_config
 from kb.paths import NameRegistry, name_key, safe_filename, safe_folder_segment, unique_identifier_hash
-from kb.store.knowledge_store import INDEX_TASK, defer_job
+from kb.store.job_deferral import INDEX_TASK, defer_job
 from kb.store.projection import PATH_KEYED_TYPES
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The store (design §3): transactions applied in call order, one revision per clean exit, reads,
-revert/restore, and catching Postgres up with git.
+revert/restore (``kb.store.reverts``), and catching Postgres up with git.
 
 ``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.git.repository``). A commit
 connects to Postgres first (unreachable → nothing is written: fail closed), writes the draft's blobs
@@ -19,10 +19,7 @@ outcome, all in one Postgres transaction and one ref update.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import posixpath
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -38,7 +35,6 @@ from kb.db.sql import queries
 from kb.errors import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
-    DocumentGone,
     DocumentNotFound,
     HistoryDiverged,
     InvalidInput,
@@ -65,16 +61,14 @@ from kb.git.ref_fence import RefFenceTimeout, ref_fence
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
 from kb.settings import Settings
-from kb.store import artifact_rows, group_commit, repository_guard, write_keys
+from kb.store import artifact_rows, group_commit, repository_guard, reverts, write_keys
 from kb.store.commit_checks import check_case_collisions
 from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.history import (
     PathChange,
     Revision,
     changes_from_git,
-    current_path,
     forget_changes,
-    json_column,
     moved_away_to,
     read_history,
     record_changes_ahead,
@@ -82,6 +76,7 @@ from kb.store.history import (
     record_revisions,
 )
 from kb.store.history import moved_to as history_moved_to
+from kb.store.job_deferral import defer_convergence, defer_packing
 from kb.store.listing import Entry, list_tree, not_a_document
 from kb.store.moved_edits import follow_moved_edits
 from kb.store.titles import record_titles, rename_taken
@@ -93,7 +88,7 @@ if TYPE_CHECKING:
     from kb.git.merge import MergedBlob
     from kb.git.worktree_refresh import PendingRefresh
 
-__all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "defer_convergence", "summarize"]
+__all__ = ["Draft", "KnowledgeStore", "PathChange", "Revision", "check_workspace_id", "summarize"]
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +97,7 @@ _SETTLED_BY_KEY = (DatabaseUnavailable, LockUnavailable, CommitOutcomeUnknown)
 the outcome is unknown), design §3; any other KbError of a queued write is settled where it
 is raised (``_commit_queued``)."""
 
-PROJECTION_TASK = "kb.project_changes"
-INDEX_TASK = "kb.index_changes"
 PREBUILD_PATHS = 256
-
-REVERT_ATTEMPTS = 3
-"""``revert``'s attempts when a document it merges back is removed while it runs (design §3)."""
 """Staged paths from which a writer checks and builds its revision's tree before the write lock
 (``KnowledgeStore._prebuild``): below it, building twice when the head moves meanwhile costs more
 than the lock time it saves."""
@@ -1419,227 +1409,8 @@ class KnowledgeStore:
     def revert(
         self, revision: str, author: str, committer: str | None = None, message: str | None = None
     ) -> Revision | None:
-        """Record a new forward revision that puts every path ``revision`` touched back to its state
-        in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
-        document is still where the revision put it (found by its recorded moves, never by its
-        bytes: another of one content may stand there), or — edited or moved on since by recorded
-        revisions (``kb.store.history.current_path``) — from where it is now, with the edits it
-        got since: it is one document, never restored as a copy beside itself nor stripped of its
-        later edits. An edit of a document moved on since is undone where it is now, by the same
-        merge. Returns None when there is nothing to undo.
-
-        A path changed since by later revisions keeps that later work: a document the revision
-        edited and others edited since gets the revision's edit undone by a three-way merge (base:
-        the document as the revision left it; where the later edits overlap the revision's, the
-        revert's lines win and theirs stay in history); one removed since stays removed; where the
-        undo would remove or replace later work (a document the revision added and others changed
-        or moved since, or one written later where the revision removed one) nothing is reverted —
-        but an artifact's later revisions are its own generations and go with the revision that
-        saved it (design §11). A revision that moved and edited a document gets both undone (the
-        edit by the same merge). Work landing while the revert runs counts as later work: the
-        merges are made with the head the revert records on, and a removal or restore stands only
-        if the path still holds what the revert saw (``Draft.expect_unchanged``); a document
-        removed meanwhile stays removed (the revert tries again on a fresh snapshot).
-
-        Raises RevisionNotFound (unknown id, or not in this workspace's history), PathExists when a
-        path to restore is now a folder holding documents, when a document the revision moved
-        has moved on and its old path now holds another document (nothing is reverted: which one
-        belongs there is the caller's call), or when the undo would remove or replace later work
-        (above), LockTimeout.
-        """
-        repo = self.repository
-        revision = repo.resolve(revision)
-        target = repo.commit(revision)
-        with database.transaction(self.database_url) as conn:
-            recorded = conn.execute(
-                queries["revision_exists"], {"workspace_id": self.workspace_id, "revision_id": revision}
-            ).fetchone()
-        if recorded is None and revision not in repo.ancestry(repo.head()):
-            raise RevisionNotFound(f"revision {revision} is not in workspace {self.workspace_id}'s history")
-        parent_tree = repo.tree_id(target.parents[0].decode()) if target.parents else None
-        changes = self.list_changes(revision)
-        first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
-        text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
-        for attempt in range(REVERT_ATTEMPTS):
-            try:
-                return self._revert_once(revision, changes, parent_tree, text, author, committer, recorded is not None)
-            except DocumentGone:
-                # a document it puts back was removed while it ran (nothing recorded): removed
-                # since, it is left removed — the next attempt's snapshot has it so
-                if attempt == REVERT_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _revert_once(
-        self,
-        revision: str,
-        changes: list[PathChange],
-        parent_tree: bytes | None,
-        text: str,
-        author: str,
-        committer: str | None,
-        recorded: bool,
-    ) -> Revision | None:
-        """One attempt of ``revert`` on a fresh draft (see there); raises as ``revert``, and
-        DocumentGone when a document it merges back was removed while it ran."""
-        repo = self.repository
-        revision_tree = repo.tree_id(revision)
-        with self.transaction(text, author, committer) as draft:
-            draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
-            carried = self._move_back(draft, changes, revision, recorded, parent_tree)
-            # where a moved document went back from, the revision's destination is no longer its
-            # document's: what stands there now came later and stays
-            released = {c.path for c in changes if c.change == "moved" and c.old_path in carried}
-            touched = {p for c in changes for p in (c.path, c.old_path, c.new_path) if p} - carried - released
-            taken: list[tuple[str, str | None]] = []
-            moved_on: dict[str, str] = {}  # of ``taken``: added by the revision, moved since -> where
-            for path in sorted(touched):
-                before, after = repo.lookup(parent_tree, path[1:]), repo.lookup(revision_tree, path[1:])
-                now = draft.content_id(path)
-                if now is None and before is None and after is not None:  # added by it, gone from there since
-                    if recorded and (now_at := self._where_now(path, revision)) is not None:
-                        taken.append((path, before))  # moved on since: later work, not to be removed
-                        moved_on[path] = now_at
-                    continue
-                if now == before:
-                    continue
-                if now is None and after is not None:
-                    # moved on since by recorded revisions (``current_path``): the revision's edit
-                    # is undone where the document is now, with its later edits kept (the merge)
-                    moved_to = self._where_now(path, revision) if recorded and before is not None else None
-                    if moved_to is not None and moved_to not in touched and draft.exists(moved_to):
-                        draft.write_merged(moved_to, repo.blob(before), after, allow_keep=True)
-                    continue  # else removed since: a later revision's decision, left as it is
-                if before is not None and after is not None:
-                    # as the revision left it, or edited since: undo the revision's edit only —
-                    # merged (base: as the revision left it) with the head the revert records on,
-                    # so an edit landing while the revert runs survives too (design §5)
-                    draft.write_merged(path, repo.blob(before), after, allow_keep=True)
-                elif now == after:  # as the revision left it: put back what was there before
-                    if before is None:
-                        draft.remove(path)
-                    else:
-                        draft.write(path, repo.blob(before), allow_keep=True)
-                    # only if it is still so when the revert records: never removes or replaces
-                    # work landing meanwhile (PathExists, nothing recorded)
-                    draft.expect_unchanged(path, after, allow_keep=True)
-                else:  # a document the revision added was changed since, or one was written where it removed one
-                    taken.append((path, before))
-            if taken:  # an artifact's later revisions are its own generations (design §11): undone with it
-                with database.transaction(self.database_url) as conn:
-                    artifacts = {
-                        row["path"]
-                        for row in conn.execute(
-                            queries["artifact_documents_at"],
-                            {"workspace_id": self.workspace_id, "paths": json_column([path for path, _ in taken])},
-                        )
-                    }
-                for path, before in [t for t in taken if t[0] in artifacts]:
-                    if before is None:
-                        draft.remove(path)
-                    else:
-                        draft.write(path, repo.blob(before), allow_keep=True)
-                taken = [t for t in taken if t[0] not in artifacts]
-            if taken:
-                moved = [f"{path} (moved since to {moved_on[path]})" for path, _ in taken if path in moved_on]
-                changed = [path for path, _ in taken if path not in moved_on]
-                said = ([f"{', '.join(changed)} changed since it (edited or replaced)"] if changed else []) + (
-                    [f"{', '.join(moved)}"] if moved else []
-                )
-                raise PathExists(
-                    f"cannot revert {revision[:12]}: {'; '.join(said)}, and reverting would remove or replace "
-                    "that later work; nothing was reverted. Revert the later revisions first (`kb log PATH "
-                    f"--workspace {self.workspace_id}` lists them), or move or edit the document by hand"
-                )
-        return draft.revision
-
-    def _where_now(self, path: str, revision: str) -> str | None:
-        """The virtual path the document at ``path`` in ``revision`` was moved to by recorded
-        revisions since (``current_path``), or None when it was not moved on, or is gone."""
-        with database.transaction(self.database_url) as conn:
-            found = current_path(conn, self.workspace_id, repo_path_of(path, allow_keep=True), revision)
-        return None if found is None or "/" + found == path else "/" + found
-
-    def _move_back(
-        self, draft: Draft, changes: list[PathChange], revision: str, recorded: bool, parent_tree: bytes | None
-    ) -> set[str]:
-        """Undo ``revision``'s recorded moves in ``draft`` as moves (``revert``, design §3); returns
-        the old paths the moved documents went back to (the path-wise restore leaves them alone).
-
-        Each moved document is found by the moves recorded since (``current_path``), never by its
-        bytes: another document of one content may stand where the revision put it. It goes back
-        with the edits it got since. Its old path must be free, hold what the revision wrote there
-        (move-then-write), or hold a document that itself goes back elsewhere in this revert (a
-        chain: x moved out, y moved into x's place); all the moves are made at once, through a
-        temporary path where one's destination is another's source. A document untouched since
-        whose old path is taken is left to the path-wise restore; one edited or moved on since is
-        refused (PathExists, nothing reverted): restoring its old path from the parent would leave
-        a second copy of it, or drop its edits."""
-        written = {c.path: c.content_id for c in changes}
-        carried: set[str] = set()
-        plan: list[tuple[str, PathChange, bool]] = []  # (where it is now, the change, untouched since)
-        with contextlib.ExitStack() as reading:
-            history = None  # one connection reads where every moved document is now
-            for change in changes:
-                if change.change != "moved" or change.old_path is None:
-                    continue
-                if recorded:
-                    if history is None:
-                        history = reading.enter_context(database.transaction(self.database_url))
-                    found = current_path(
-                        history, self.workspace_id, repo_path_of(change.path, allow_keep=True), revision
-                    )
-                    now = None if found is None else "/" + found
-                else:  # not recorded (git alone has it): where it was put, if its bytes are there
-                    now = change.path if draft.content_id(change.path) == change.content_id else None
-                if now is None or not draft.exists(now):
-                    continue  # removed or replaced since: the path-wise restore
-                if now == change.old_path:
-                    carried.add(now)  # back where it was already, edits and all
-                    continue
-                untouched = now == change.path and draft.content_id(now) == change.content_id
-                plan.append((now, change, untouched))
-
-        def free(change: PathChange, leaving: set[str]) -> bool:
-            held = draft.content_id(change.old_path)
-            return held is None or change.old_path in leaving or held == written.get(change.old_path)
-
-        while True:  # drop the untouched ones whose old path stays taken, until none is dropped
-            leaving = {now for now, _, _ in plan}
-            kept = [entry for entry in plan if not entry[2] or free(entry[1], leaving)]
-            if len(kept) == len(plan):
-                break
-            plan = kept
-        for now, change, _ in plan:
-            if not free(change, leaving):
-                raise PathExists(
-                    f"revision {revision[:12]} moved {change.old_path} to {change.path}; that document is "
-                    f"at {now} now, and {change.old_path} holds another document: nothing was reverted. "
-                    f"Move or remove one of them, then revert again (or restore what you need with "
-                    f"`kb restore`)"
-                )
-        sources = {now for now, _, _ in plan}
-        chained = any(change.old_path in sources for _, change, _ in plan)  # a chain or a cycle
-        hops = []
-        for number, (now, change, _) in enumerate(plan):
-            if chained:  # every document first to a temporary path of its own, then to its old path
-                base, extension = posixpath.splitext(now)
-                temporary = f"{base}.kb-revert-{number}-{secrets.token_hex(4)}{extension}"
-                draft.move(now, temporary)
-                hops.append((temporary, change.old_path))
-            else:
-                hops.append((now, change.old_path))
-        for source, target in hops:
-            draft.move(source, target, overwrite=True)
-            carried.add(target)
-        repo = self.repository
-        for _, change, _ in plan:  # a revision that moved and edited a document: its edit undone too
-            before = repo.lookup(parent_tree, change.old_path[1:])
-            if before is not None and change.content_id is not None and before != change.content_id:
-                # merged with the head the revert records on (base: as the revision left it), so
-                # the edits it got since stay (design §5)
-                draft.write_merged(change.old_path, repo.blob(before), change.content_id, allow_keep=True)
-        return carried
+        """Record a new forward revision undoing ``revision`` (design §3): ``kb.store.reverts.revert``."""
+        return reverts.revert(self, revision, author, committer, message)
 
     def restore(
         self,
@@ -1649,28 +1420,8 @@ class KnowledgeStore:
         committer: str | None = None,
         message: str | None = None,
     ) -> Revision | None:
-        """Bring one document back as it was at ``revision``, as a new forward revision (design §3).
-
-        The document at ``path`` in ``revision`` is followed through the moves recorded since, as
-        ``revert`` follows them: when it is now elsewhere, its content goes there (it restored a
-        second copy at the old path, beside the moved document); when it was removed, or never
-        moved, it comes back at ``path``.
-
-        Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
-        DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
-        """
-        revision = self.repository.resolve(revision)
-        data = self.read_as_of(revision, path)
-        virtual = StorePath.parse(str(path), allow_keep=True).virtual
-        moved = self.moved_to(virtual, revision)
-        head_tree = self.repository.tree_id(self.head())
-        if moved is not None and moved != virtual and self.repository.lookup(head_tree, moved[1:]) is not None:
-            virtual = moved  # the same document, under the path it has now
-        text = message or f"restore {virtual} from revision {revision[:12]}"
-        with self.transaction(text, author, committer) as draft:
-            draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: restore bumps generations
-            draft.write(virtual, data, allow_keep=True)
-        return draft.revision
+        """Bring one document back as it was at ``revision`` (design §3): ``kb.store.reverts.restore``."""
+        return reverts.restore(self, path, revision, author, committer, message)
 
 
 SETTLE_ATTEMPTS = 4
@@ -1775,91 +1526,3 @@ def write_failure(workspace_id: int, exc: BaseException) -> KbError:
         f"workspace {workspace_id}: Postgres failed during the write ({reason}); "
         "nothing was recorded. Retry when the server is back."
     )
-
-
-def defer_convergence(conn: Connection, workspace_id: int) -> None:
-    """Defer the projection and index jobs for a workspace in ``conn``'s transaction (design §3, §7),
-    and the push job when the workspace has a git remote (design §13, ``kb.workspace.remotes``).
-
-    Both jobs converge to HEAD, so a waiting job with the same queueing lock already covers this.
-    """
-    conn.execute(
-        queries["defer_convergence_jobs"],
-        {  # as defer_job for both, in one statement
-            "projection_task": PROJECTION_TASK,
-            "projection_lock": job_lock("projection", workspace_id),
-            "projection_queueing_lock": f"projection:{workspace_id}",
-            "index_task": INDEX_TASK,
-            "index_lock": job_lock("index", workspace_id),
-            "index_queueing_lock": f"index:{workspace_id}",
-            "args": json.dumps({"workspace_id": workspace_id}),
-            "workspace_id": workspace_id,
-        },
-    )
-    conn.execute(queries["defer_push_if_remote"], {"workspace_id": workspace_id})  # design §13, if any
-
-
-DEFER_WHEN_DUE_TASK = "kb.defer_when_due"
-PACK_TASK = "kb.pack_repository"
-
-
-def defer_packing(conn: Connection, workspace_id: int, seqs: list[int], every: int) -> int | None:
-    """Defer ``kb.pack_repository`` for the workspace in ``conn``'s transaction when one of the
-    revisions ``seqs`` (their 1-based numbers) is a multiple of ``every`` (``KB_PACK_EVERY_REVISIONS``;
-    0: never): loose objects stay bounded by what ``every`` revisions write (design §14,
-    ``kb.git.maintenance``). One waiting job covers the next (queueing lock ``pack:{ws}``); two never
-    run at once (lock ``pack:{ws}``). Returns the job id, or None when none was deferred."""
-    if every <= 0 or not any(seq % every == 0 for seq in seqs):
-        return None
-    lock = f"pack:{workspace_id}"
-    return defer_job(conn, "maintenance", PACK_TASK, workspace_id, queueing_lock=lock, lock=lock)
-
-
-def job_lock(queue: str, workspace_id: int) -> str:
-    """The Procrastinate lock a due job of ``queue`` runs under: ``"projection:{ws}"`` or
-    ``"index:{ws}"``. Projection and indexing never share a lock, so projection never waits for an
-    index run or an index retry (design §7); each job also takes its own advisory lock (design §4)."""
-    return f"{'projection' if queue == 'projection' else 'index'}:{workspace_id}"
-
-
-def defer_job(
-    conn,
-    queue: str,
-    task: str,
-    workspace_id: int,
-    *,
-    queueing_lock: str | None = None,
-    delay_seconds: float = 0,
-    lock: str | None = None,
-) -> int | None:
-    """Defer ``task(workspace_id=…)`` on ``queue`` in ``conn``'s transaction; returns the job id,
-    or None when a waiting job with the same queueing lock covers it (default ``"{queue}:{ws}"``;
-    ``"{queue}-delayed:{ws}"`` for a delayed one, so a job scheduled later never covers a due one).
-
-    A due job runs under ``lock``, by default ``job_lock(queue, ws)`` (serialized per workspace and
-    concern, design §7).
-    ``delay_seconds > 0`` schedules it for later *without any lock*: Procrastinate's fetch treats
-    a waiting job as holding its lock even before its ``scheduled_at``, so a delayed job carrying
-    the lock would hold back every due job of the workspace (design §7). The delayed job is a
-    ``kb.defer_when_due`` that, once due, defers the real job with its lock (coalesced with one
-    already waiting).
-    """
-    if delay_seconds > 0:
-        args = {"workspace_id": workspace_id, "task": task, "queue": queue}
-        lock, task = None, DEFER_WHEN_DUE_TASK
-        queueing_lock = queueing_lock or f"{queue}-delayed:{workspace_id}"
-    else:
-        args, lock = {"workspace_id": workspace_id}, lock or job_lock(queue, workspace_id)
-    row = conn.execute(
-        queries["defer_job"],
-        {
-            "queue": queue,
-            "task": task,
-            "lock": lock,
-            "queueing_lock": queueing_lock or f"{queue}:{workspace_id}",
-            "args": json.dumps(args),
-            "delay_seconds": delay_seconds,
-            "workspace_id": workspace_id,
-        },
-    ).fetchone()
-    return row["id"] if row else None

@@ -44,7 +44,8 @@ from kb.db.sql import queries
 from kb.errors import InvalidInput, KbError, MoveFailed, WorkspaceBusy, WorkspaceNotFound
 from kb.faults import fault_point
 from kb.store import homes
-from kb.store.knowledge_store import check_workspace_id, defer_convergence
+from kb.store.job_deferral import defer_convergence
+from kb.store.knowledge_store import check_workspace_id
 from kb.workspace import repository_copy
 from kb.workspace.repository_copy import ReceivedCopy
 
