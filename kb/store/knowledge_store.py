@@ -1,5 +1,5 @@
 """The store (design §3): transactions applied in call order, one revision per clean exit, reads,
-revert/restore (``kb.store.reverts``), and catching Postgres up with git.
+and catching Postgres up with git.
 
 ``KnowledgeStore`` is the porcelain over one workspace's repository (``kb.git.repository``). A commit
 connects to Postgres first (unreachable → nothing is written: fail closed), writes the draft's blobs
@@ -61,7 +61,7 @@ from kb.git.ref_fence import RefFenceTimeout, ref_fence
 from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
 from kb.settings import Settings
-from kb.store import artifact_rows, group_commit, repository_guard, reverts, write_keys
+from kb.store import artifact_rows, group_commit, repository_guard, write_keys
 from kb.store.commit_checks import check_case_collisions
 from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.history import (
@@ -1405,23 +1405,6 @@ class KnowledgeStore:
             return []
         with locked_transaction(self.database_url, self.workspace_id, self.settings) as (conn, _):
             return self.catch_up(conn)
-
-    def revert(
-        self, revision: str, author: str, committer: str | None = None, message: str | None = None
-    ) -> Revision | None:
-        """Record a new forward revision undoing ``revision`` (design §3): ``kb.store.reverts.revert``."""
-        return reverts.revert(self, revision, author, committer, message)
-
-    def restore(
-        self,
-        path: str | StorePath,
-        revision: str,
-        author: str,
-        committer: str | None = None,
-        message: str | None = None,
-    ) -> Revision | None:
-        """Bring one document back as it was at ``revision`` (design §3): ``kb.store.reverts.restore``."""
-        return reverts.restore(self, path, revision, author, committer, message)
 
 
 SETTLE_ATTEMPTS = 4

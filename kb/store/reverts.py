@@ -2,10 +2,10 @@
 ``restore`` of one document.
 
 Both record through the store's transactions (``KnowledgeStore.transaction``), so they take the
-write lock, are group-committed and settle their outcome like every write. A revert follows the
+write lock and settle their outcome like every write (alone: a revert's draft is never grouped). A revert follows the
 moves recorded since the revision (``kb.store.history.current_path``): a moved document is one
 document, undone where it is now with the edits it got since, never restored as a copy beside
-itself. ``KnowledgeStore.revert`` and ``KnowledgeStore.restore`` are the entry points.
+itself. ``Workspace.revert`` and ``Workspace.restore`` (``kb.workspace.handle``) call them.
 """
 
 from __future__ import annotations

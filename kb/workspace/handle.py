@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kb.store import reverts
 from kb.store.authors import default_author
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class Workspace:
         self, revision: str, author: str | None = None, committer: str | None = None, message: str | None = None
     ) -> Revision | None:
         """Record a forward revision undoing ``revision``; None when nothing to undo (design §3)."""
-        return self.store.revert(revision, author or default_author(), committer, message)
+        return reverts.revert(self.store, revision, author or default_author(), committer, message)
 
     def restore(
         self,
@@ -135,7 +136,7 @@ class Workspace:
         message: str | None = None,
     ) -> Revision | None:
         """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
-        return self.store.restore(path, revision, author or default_author(), committer, message)
+        return reverts.restore(self.store, path, revision, author or default_author(), committer, message)
 
     def import_folder(
         self,
