@@ -131,6 +131,9 @@ def test_reads_history_follows_moves(kb):
     assert [r.id for r in kb.history(4)] == [r4.id, r3.id, r2.id, r1.id]
     follow = git(repo_of(kb, 4), "log", "--follow", "--format=%H", "--", C[1:]).split()
     assert follow == [r.id for r in kb.history(4, C)]
+    # the workspace's log carries each change's blob as the path's log does (it gave None)
+    assert {(c.path, c.content_id) for c in kb.history(4)[2].changes} == {(A, blob_id(b"v2")), (B, blob_id(b"b"))}
+    assert [c.content_id for c in kb.history(4)[0].changes] == [c.content_id for c in kb.history(4, C)[0].changes]
     with pytest.raises(RevisionNotFound):
         kb.read_as_of(4, "0" * 40, A)
 

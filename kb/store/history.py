@@ -312,8 +312,10 @@ def read_history(conn: Connection, workspace_id: int, path: str | None, limit: i
             _revision(
                 r,
                 tuple(
-                    PathChange(p, k, None, o, n).virtual()
-                    for p, k, o, n in zip(r["paths"], r["kinds"], r["old_paths"], r["new_paths"])
+                    PathChange(p, k, c, o, n).virtual()
+                    for p, k, c, o, n in zip(
+                        r["paths"], r["kinds"], r["content_ids"], r["old_paths"], r["new_paths"], strict=True
+                    )
                 ),
             )
             for r in rows

@@ -73,7 +73,8 @@ SELECT r.id, r.seq, r.parent_id, r.author, r.committer, r.message, r.committed_a
        coalesce(array_agg(c.path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS paths,
        coalesce(array_agg(c.change ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS kinds,
        coalesce(array_agg(c.old_path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS old_paths,
-       coalesce(array_agg(c.new_path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS new_paths
+       coalesce(array_agg(c.new_path ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS new_paths,
+       coalesce(array_agg(c.content_id ORDER BY c.path) FILTER (WHERE c.path IS NOT NULL), '{}') AS content_ids
 FROM kb.revisions r
 LEFT JOIN kb.path_changes c ON c.workspace_id = r.workspace_id AND c.revision_id = r.id
 WHERE r.workspace_id = %(workspace_id)s
