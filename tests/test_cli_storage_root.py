@@ -104,3 +104,29 @@ def test_with_a_configured_database_a_missing_storage_root_is_named_not_the_work
     result = run_cli({**env, "KB_NODE": "elsewhere"}, "log", "-w", "1", check=False)
     assert result.returncode == 1 and "is homed on node" in result.stderr, result.stderr
     assert not typo.exists()
+
+
+@pytest.mark.postgres  # kb init starts its own embedded Postgres
+def test_with_a_server_url_a_write_never_starts_a_private_knowledge_base(storage_root, tmp_path):
+    """KB_SERVER_URL set on a machine holding no knowledge base: ``kb new`` started a new embedded
+    Postgres under the storage root, created the workspace there and exited 0 with a note — the
+    user's document landed where nobody who uses the server sees it. The commands that would start
+    one are refused (exit 1, one line naming KB_SERVER_URL, the storage root and what to do) and
+    create nothing; ``kb init``, asked for by name, still creates one."""
+    env = {**_embedded_env(storage_root), "KB_SERVER_URL": "http://127.0.0.1:9", "KB_TOKEN": "kb_x"}
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# A\n")
+    for command in (
+        ["new", "Meeting notes", "-w", "2", "--body", "hello"],
+        ["import", str(notes), "-w", "2"],
+        ["token", "create", "--name", "someone", "--scope", "read", "--all-workspaces"],
+    ):
+        result = run_cli(env, *command, check=False)
+        assert result.returncode == 1 and not result.stdout, (command, result.stdout, result.stderr)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("kb: error: "), (command, result.stderr)
+        assert "KB_SERVER_URL" in lines[0] and str(storage_root) in lines[0] and "nothing was written" in lines[0]
+        assert not storage_root.exists(), command  # no embedded server was started
+    created = run_cli(env, "init")
+    assert "Traceback" not in created.stderr and (storage_root / "postgres").is_dir(), created.stderr

@@ -47,13 +47,15 @@ def open_kb(*, migrate: bool = True, create: bool = False) -> KnowledgeBase:
     """
     from kb.knowledge_base import KnowledgeBase
 
-    _say_when_local_despite_server()
     # a quick command's first connection is the one that checked the schema (design §13)
     quick = click.get_current_context().info_name in QUICK_COMMANDS
     chosen = settings()
     # the embedded default about to start a knowledge base from nothing: said, with where, since a
     # forgotten or mistyped KB_STORAGE_ROOT otherwise shows only "created workspace 2" (design §2.1)
     new = create and not chosen.database_url and not (chosen.storage_root / "postgres").is_dir()
+    if new:
+        _refuse_a_new_local_base_beside_a_server(chosen)
+    _say_when_local_despite_server()
     try:
         kb = KnowledgeBase.open(chosen, migrate=migrate, reuse_connection=quick, create=create)
     finally:
@@ -91,6 +93,28 @@ def _say_when_local_despite_server() -> None:
         f"note: {what} on this machine's database and storage, not through KB_SERVER_URL "
         f"(only {', '.join(SERVER_COMMANDS)} ask kb serve)",
         err=True,
+    )
+
+
+def _refuse_a_new_local_base_beside_a_server(chosen: Settings) -> None:
+    """With KB_SERVER_URL set, a command that would start a knowledge base from nothing on this
+    machine (``kb new``, ``kb import``, ``kb seed``, ``kb token create``) is refused with
+    KnowledgeBaseNotFound: the user pointed the CLI at a server, and a write landing in a private
+    new embedded Postgres that nobody else sees, answered with success and a note, was lost work
+    for them (design §13). ``kb init`` (asked for by name) and kb's own processes still create."""
+    from kb.errors import KnowledgeBaseNotFound
+
+    if not (os.environ.get("KB_SERVER_URL") or os.environ.get("kb_server_url")):  # noqa: SIM112
+        return
+    context = click.get_current_context(silent=True)
+    if context is None or context.info_name in PROCESS_COMMANDS or context.info_name == "init":
+        return
+    name = context.command_path.removeprefix(context.find_root().info_name or "").strip() or "this command"
+    raise KnowledgeBaseNotFound(
+        f"KB_SERVER_URL is set, but `kb {name}` works on this machine's database and storage, and "
+        f"{chosen.storage_root} holds no knowledge base (KB_STORAGE_ROOT): nothing was written. Write "
+        "through the server (its turn API, docs/turns.md, or its MCP endpoint), or unset KB_SERVER_URL "
+        "to start a knowledge base on this machine (`kb init`)"
     )
 
 
