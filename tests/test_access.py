@@ -467,7 +467,11 @@ def _mcp(server: str, reader: str, writer: str, writer_id: int, repo, kb_tokens)
                 await other.call_tool("search", {"query": "zebra"})
 
     anyio.run(run)
-    assert git(repo, "log", "-1", "--format=%s|%cn <%ce>") == f"by mcp|writer <kb-token-{writer_id}>\n"
+    # the chat's token is its author too (kb serve started without --author): it recorded the
+    # server's OS user, as if a person on the server had written what every agent wrote
+    assert git(repo, "log", "-1", "--format=%s|%an <%ae>|%cn <%ce>") == (
+        f"by mcp|writer <kb-token-{writer_id}>|writer <kb-token-{writer_id}>\n"
+    )
     _mcp_sessions_belong_to_their_token(server, writer, [other_writer, reader])
     _mcp_session_end_commits_the_chat_the_tools_used(server, writer, repo)
     assert httpx.post(f"{server}/mcp/2", json={}, headers=_as(reader), timeout=30).status_code == 404

@@ -266,6 +266,22 @@ def test_a_body_that_is_not_json_is_told_where_it_breaks(kb, served):
     assert "not valid JSON" in message and "delimiter" in message and '"more"' in message, message
     assert all(detail.get("input") != {} for detail in refused.json()["detail"]), refused.text
     assert api.get(file).status_code == 404  # nothing was written in the turn
+    # a body of the wrong shape shows what was sent as JSON, not as a Python repr ({'text': 5})
+    shaped = api.put(file, content=b'{"text": 5}')
+    assert shaped.status_code == 422 and '{"text": 5}' in [d.get("input") for d in shaped.json()["detail"]], shaped.text
+
+
+def test_a_commit_without_a_body_records_the_turn_with_a_summary(kb, served):
+    """``POST …/commit`` with no body at all was refused (422 blaming a missing Content-Type),
+    though the message is optional everywhere else and ``{}`` worked. It commits, with kb's summary
+    as the message."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    assert api.put("/v1/workspaces/1/turns/t/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    committed = api.post("/v1/workspaces/1/turns/t/commit")
+    assert committed.status_code == 200 and committed.json()["added"] == ["/documents/A.md"], committed.text
+    message = git(kb.settings.knowledge_store / "1", "log", "-1", "--format=%s", committed.json()["revision"])
+    assert message.startswith("docs: add 1 file"), message  # kb's summary (kb.store.knowledge_store.summarize)
 
 
 def test_a_turn_opened_without_an_author_records_its_token_as_author(kb, served):

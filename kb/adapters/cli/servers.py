@@ -30,7 +30,7 @@ from kb.errors import ConfigurationError
     type=click.IntRange(min=1),
     help="Jobs the in-process worker runs at once.",
 )
-@click.option("--author", help='Whom MCP turns record as author, "Name <mail>" (default: your user name).')
+@click.option("--author", help='Whom MCP turns record as author, "Name <mail>" (default: the API token of each chat).')
 @click.option(
     "--insecure-no-auth",
     is_flag=True,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import re
 import threading
@@ -444,11 +445,12 @@ def turn_router(service: Service) -> APIRouter:
     def commit(
         workspace_id: int,
         turn_id: str,
-        body: CommitBody,
         request: Request,
+        body: CommitBody | None = None,
         idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
     ) -> dict:
         """Record the turn's changes as one revision; ``{"revision": null}`` when nothing changed.
+        The body (``{"message": …}``) may be left out, as the message may: a summary is written.
         With an ``Idempotency-Key`` header, a retry of a commit that landed records nothing and
         answers that commit's revision (design §3); a 503 ``CommitOutcomeUnknown`` says how to
         settle one whose outcome is unknown. The committer is the request's token (design §16).
@@ -469,7 +471,7 @@ def turn_router(service: Service) -> APIRouter:
             open_turn = turn(request, workspace_id, turn_id, ending=True)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
-            result = open_turn.commit(body.message, idempotency_key=key)
+            result = open_turn.commit(None if body is None else body.message, idempotency_key=key)
         return {"revision": None} if result is None else json_form(result)
 
     @router.delete("")
@@ -556,7 +558,7 @@ def _validation_details(problems: Sequence[Any]) -> list[dict]:
         if isinstance(value, bytes | bytearray):
             value = bytes(value[:200]).decode("utf-8", errors="replace")
         elif not isinstance(value, str | int | float | bool | type(None)):
-            value = repr(value)[:200]
+            value = json.dumps(value, default=repr, ensure_ascii=False)[:200]  # as the client sent it: JSON
         details.append(
             {"type": problem.get("type"), "loc": [str(p) for p in problem.get("loc", ())], "msg": problem.get("msg")}
             | ({"input": value[:200] if isinstance(value, str) else value} if "input" in problem else {})
@@ -576,7 +578,7 @@ def _problem_text(problem: dict[str, Any], body: Any) -> str:
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes | bytearray) else body
     if isinstance(text, str) and offset and isinstance(offset[0], int):
         at = offset[0]
-        return f"body: not valid JSON ({reason} at character {at}: {text[max(0, at - 20) : at + 20]!r})"
+        return f"body: not valid JSON ({reason}; character {at}, in {text[max(0, at - 20) : at + 20]!r})"
     return f"body: not valid JSON ({reason})"
 
 
@@ -600,7 +602,8 @@ def create_app(
 
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
-    taking the Service. ``mcp_author`` is whom MCP turns record as author (default: the OS user);
+    taking the Service. ``mcp_author`` is whom MCP turns record as author (default: the chat's API token, as for
+    the HTTP API's turns; without tokens the OS user);
     the MCP endpoint (design §5) is served at ``/mcp/<workspace>``. ``node_url``: the URL this node
     advertises to the others (default ``KB_NODE_URL``); requests for workspaces homed on another
     node are forwarded there (design §15, ``kb.adapters.http.forwarding``). Start-up raises what ``KnowledgeBase.open`` raises
@@ -618,14 +621,13 @@ def create_app(
         node = contextlib.AsyncExitStack()  # registered with its URL and heartbeating (design §15)
         await node.enter_async_context(forwarding.serving_node(kb, node_url or settings.node_url))
         from kb.adapters.mcp.server import http_app
-        from kb.knowledge_base import default_author
 
         def token_live(token_id: str) -> bool:  # a revoked or expired token's staged MCP changes are not recorded
             return token_id.isdigit() and service.kb().tokens().is_live(int(token_id))
 
         mcp_app, mcp_lifespan = http_app(
             await asyncio.to_thread(service.new_kb),
-            author=mcp_author or default_author(),
+            author=mcp_author,  # None: each chat's token is its author (McpSessions.get, design §16)
             kb_factory=service.new_kb,
             kb_release=service.release_kb,
             token_live=token_live,

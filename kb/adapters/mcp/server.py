@@ -45,6 +45,7 @@ from mcp_types import INTERNAL_ERROR, ListResourcesResult, ListToolsResult, Pagi
 from kb.adapters.json_form import json_form
 from kb.errors import CommitOutcomeUnknown, DocumentNotFound, InvalidInput, IsAFolder, KbError, TooManyChats
 from kb.paths import StorePath
+from kb.store.authors import default_author
 from kb.store.write_keys import new_key
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ class McpSessions:
     def __init__(
         self,
         kb: KnowledgeBase,
-        author: str,
+        author: str | None,
         committer: str | None,
         kb_factory: Callable[[], KnowledgeBase] | None = None,
         kb_release: Callable[[KnowledgeBase], None] | None = None,
@@ -213,9 +214,12 @@ class McpSessions:
         """Asks whether an API token (by id) is still live: a chat of a token revoked or expired
         since is not committed when it closes (``kb serve`` sets it; design §16)."""
 
-    def get(self, workspace_id: int, chat_id: str, owner: str | None = None) -> ChatState:
-        """The state of one chat (created on first use by ``owner``, an API token's id or None),
-        marked used now. A chat being closed (idle, or its client ended it) is waited for: its turn
+    def get(
+        self, workspace_id: int, chat_id: str, owner: str | None = None, owner_name: str | None = None
+    ) -> ChatState:
+        """The state of one chat (created on first use by ``owner``, an API token's id or None,
+        whose turn records ``owner_name`` — the token's ``NAME <kb-token-ID>`` — as author when the
+        sessions have no author of their own; else the OS user), marked used now. A chat being closed (idle, or its client ended it) is waited for: its turn
         still holds the worktree, which a new turn of the chat would find busy (design §5). Raises
         WorkspaceNotFound, InvalidTurn, TooManyChats (``owner`` holds ``chats_per_owner`` open chats
         already)."""
@@ -224,10 +228,10 @@ class McpSessions:
             with self._lock:
                 closing = self._closing.get(key)
                 if closing is None:
-                    return self._get_locked(key, owner)
+                    return self._get_locked(key, owner, owner_name)
             closing.wait()  # bounded: the close's commit waits at most KB_LOCK_TIMEOUT for its locks
 
-    def _get_locked(self, key: tuple[int, str], owner: str | None) -> ChatState:
+    def _get_locked(self, key: tuple[int, str], owner: str | None, owner_name: str | None = None) -> ChatState:
         """``get`` once ``_lock`` is held and the chat is not being closed."""
         workspace_id, chat_id = key
         state = self._chats.get(key)
@@ -244,7 +248,10 @@ class McpSessions:
             # KnowledgeBase of its own (its own repositories), so chats never share one.
             kb = self.kb_factory() if self.kb_factory else self.kb
             try:
-                turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=self.author, committer=self.committer)
+                # the author: the one kb serve was started with (--author), else the token the
+                # chat is the work of, as for a turn of the HTTP API (design §16), else the OS user
+                author = self.author or owner_name or default_author()
+                turn = kb.turn(workspace_id, turn_id_for_chat(chat_id), author=author, committer=self.committer)
                 state = ChatState(
                     workspace_id,
                     chat_id,
@@ -373,7 +380,7 @@ def build_server(
     kb: KnowledgeBase,
     *,
     workspace_id: int | None,
-    author: str,
+    author: str | None,
     committer: str | None = None,
     chat_id: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
@@ -384,7 +391,8 @@ def build_server(
     """An MCP server exposing kb's tools for one workspace (stdio) or for the workspace each HTTP
     request names (``workspace_id=None``; ``kb serve`` sets the ``x-kb-workspace`` header).
 
-    Args: ``kb`` an open KnowledgeBase; ``author`` whose changes the turns record ("Name <mail>");
+    Args: ``kb`` an open KnowledgeBase; ``author`` whose changes the turns record ("Name <mail>";
+    None: over HTTP the token each chat is the work of, ``McpSessions.get``, else the OS user);
     ``committer`` who records the revisions (None: kb's own identity, ``kb.turns.turn.KB_COMMITTER``);
     ``chat_id`` the conversation of a stdio server (None: a fresh id; ignored over HTTP);
     ``shown`` (an error message, the token's scope or None → the text that caller may read): kb
@@ -438,7 +446,7 @@ def build_server(
                 ws = int(raw)
             given = headers.get(CHAT_HEADER) or headers.get(SESSION_HEADER) or default_chat
             owner = headers.get(TOKEN_ID_HEADER)
-            state = sessions.get(ws, owned_name(given, owner), owner or None)
+            state = sessions.get(ws, owned_name(given, owner), owner or None, headers.get(TOKEN_COMMITTER_HEADER))
         except KbError as exc:
             raise ToolError(shown_here(str(exc), scope)) from exc
         state.token_id, state.token_scope = headers.get(TOKEN_ID_HEADER) or None, scope
@@ -719,7 +727,7 @@ class WorkspaceRouting:
 def http_app(
     kb: KnowledgeBase,
     *,
-    author: str,
+    author: str | None,
     committer: str | None = None,
     kb_factory: Callable[[], KnowledgeBase] | None = None,
     kb_release: Callable[[KnowledgeBase], None] | None = None,
