@@ -373,3 +373,28 @@ def test_import_prune_names_what_it_removed_and_how_to_bring_one_back(kb_env, tm
     assert restore, pruned
     run_cli(kb_env, "restore", "/documents/Made here.md", "--revision", restore.group(2), "-w", "1")
     assert "# Made here" in run_cli(kb_env, "read", "/documents/Made here.md", "-w", "1").stdout
+
+
+def test_worker_progress_moves_while_a_batch_embeds_before_any_document_is_stored():
+    """A first index run embeds a whole batch of documents before it stores one: for minutes the
+    worker printed "0/22 documents, 0 chunks stored, 0.0 chunks/s, embedded 640 (1.9/s)" with no
+    ETA, which read as stuck. The line says how many of the texts in hand are embedded, and an ETA
+    of the batch by the embedder's pace (design §7)."""
+    import io
+
+    from kb.index.indexer import IndexReport
+    from kb.jobs.worker import ProgressDisplay
+
+    stream = io.StringIO()
+    display = ProgressDisplay(stream=stream, live=False, every=3600)
+    try:
+        display.job_started(7, "kb.index_changes", 1)
+        report = IndexReport(workspace_id=1, documents_total=22, embeddings_due=743, embeddings_computed=640)
+        line = display._progress_text(1, "index", 0, 22, report)
+        assert "0/22 documents, 0 chunks stored" in line and "embedded 640 of 743 (" in line, line
+        assert re.search(r"ETA of this batch \d+m\d\ds$", line), line
+        report.embeddings_computed, report.documents_done, report.chunks_written = 743, 11, 400
+        line = display._progress_text(1, "index", 11, 22, report)  # a batch stored: the run's ETA
+        assert "embedded 743 (" in line and re.search(r", ETA \d+m\d\ds$", line), line
+    finally:
+        display.close()

@@ -105,7 +105,9 @@ class IndexReport:
     """Counts of one run (``kind``: index_changes | reindex). ``documents_gone``: documents a
     projection deleted after the run read them (settled: neither indexed nor failed);
     ``documents_superseded``: documents moved or changed after the run read them (not written;
-    the next run indexes what they hold then)."""
+    the next run indexes what they hold then). ``embeddings_due``: texts the run has found missing
+    from the cache so far, to embed (``embeddings_computed`` of them done): within a batch of
+    documents, the progress the embedder makes before any of them is stored."""
 
     workspace_id: int
     kind: str = "index_changes"
@@ -124,6 +126,7 @@ class IndexReport:
     chunks_reused: int = 0
     embeddings_computed: int = 0
     embeddings_cached: int = 0
+    embeddings_due: int = 0
     documents_done: int = 0
     cursor: int | None = None
     skipped_locked: bool = False
@@ -814,6 +817,7 @@ class Indexer:
                 found[r["text_sha256"]] = r["embedding"]
         report.embeddings_cached += len(found)
         missing = [h for h in texts_by_hash if h not in found]
+        report.embeddings_due += len(missing)
         size = max(1, self.settings.embed_batch_size)
         fresh: list[tuple[str, VectorBytes]] = []
         try:

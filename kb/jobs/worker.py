@@ -132,6 +132,11 @@ def live_workers(database_url: str, seconds: float) -> int:
         return conn.execute(queries["live_workers"], {"seconds": seconds}).fetchone()["workers"]
 
 
+def _duration(seconds: float) -> str:
+    """``2m05s`` for 125.3 seconds (a progress line's ETA)."""
+    return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
 class ProgressDisplay:
     """Per-job progress of a worker: a live line (rich) on a terminal, plain lines otherwise.
 
@@ -224,16 +229,21 @@ class ProgressDisplay:
         chunks = report.chunks_written + report.chunks_reused
         embedded = report.embeddings_computed
         eta = ""
+        due = getattr(report, "embeddings_due", 0)
         if 0 < done < total:
-            left = elapsed / done * (total - done)
-            eta = f", ETA {int(left) // 60}m{int(left) % 60:02d}s"
+            eta = f", ETA {_duration(elapsed / done * (total - done))}"
+        elif done == 0 and 0 < embedded < due:
+            # no batch of documents stored yet (a first run embeds a batch's every chunk before it
+            # stores one): the ETA of the texts in hand, by the embedder's pace so far
+            eta = f", ETA of this batch {_duration((due - embedded) / (embedded / elapsed))}"
         unchanged = f" ({report.chunks_reused} unchanged)" if report.chunks_reused else ""
         remaining = f", {total - done} documents left" if done < total else ""
         # "stored": chunk rows written or kept; "embedded" runs ahead of it within a batch
         stored = f"{chunks} chunk{'' if chunks == 1 else 's'} stored"
         return (
             f"{kind} ws {workspace_id}: {done}/{total} documents, {stored}{unchanged}, "
-            f"{chunks / elapsed:.1f} chunks/s, embedded {embedded} ({embedded / elapsed:.1f}/s)"
+            f"{chunks / elapsed:.1f} chunks/s, embedded {embedded}{f' of {due}' if due > embedded else ''}"
+            f" ({embedded / elapsed:.1f}/s)"
             f"{remaining}{eta}"
         )
 
