@@ -139,7 +139,8 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, r
     """A second write token of the same workspace that names the first one's turn or chat id gets
     a turn or chat of its own: it cannot commit, read or abort the first one's changes, nor see
     its citation handles."""
-    other = kb.tokens().create("other-writer", "write", [1])[1]
+    other_token, other = kb.tokens().create("other-writer", "write", [1])
+    other_id = other_token.id
     api = httpx.Client(base_url=server, timeout=60)
     draft = "/v1/workspaces/1/turns/shared/files/documents/Draft.md"
     assert api.put(draft, json={"content": "first writer's draft\n"}, headers=_as(writer)).status_code == 200
@@ -193,6 +194,10 @@ def _turns_and_chats_are_private_to_their_token(kb, server, writer, writer_id, r
     for chat in ("c", f"t{writer_id}@c"):
         theirs = api.get(page, params={"chat": chat, "c": "[1:L1]"}, headers=_as(other))
         assert theirs.status_code == 404 and "At its revision" not in theirs.text, (chat, theirs.text)
+        # it says why, in the visitor's own ids: it named the key kb keeps (t<id>@c) and a `kb cite
+        # list` of it, which looks at the command line's chats and finds none of the token's
+        assert "private to the token that made it" in theirs.text and "kb cite list" not in theirs.text, theirs.text
+        assert f"t{other_id}@" not in theirs.text, theirs.text
 
 
 def test_a_caller_is_not_told_where_the_database_is_when_it_does_not_answer(kb, kb_env, tmp_path):

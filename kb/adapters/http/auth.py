@@ -25,6 +25,7 @@ Three parts, so no route can be forgotten:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -267,6 +268,16 @@ def committer_of(request: Request) -> str | None:
 OWNED_ID_CHARS = 200
 """The most characters of a turn's root id (``kb.git.worktree.root_turn_id``) and of a chat id
 (``kb.citations.registry.MAX_CHAT_ID_CHARS``), the token's prefix included."""
+
+
+def as_the_token_names_it(text: str, token: Token | None) -> str:
+    """``text`` (an error's message) with turn, chat and key ids as ``token``'s client gave them:
+    kb keeps them as ``t<token id>@NAME`` (``owned_by_token``), a prefix the client never sent and
+    cannot use — a message naming ``t2@support-42`` sent the reader to look up a chat no command
+    of theirs finds (design §16). ``text`` unchanged without a token."""
+    if token is None:
+        return text
+    return re.sub(rf"\b{re.escape(owned_name('', token.id))}", "", text)
 
 
 def owned_by_token(request: Request, name: str, error: type[errors.KbError] = errors.InvalidTurn) -> str:

@@ -35,7 +35,6 @@ import contextlib
 import errno
 import json
 import logging
-import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,6 +52,7 @@ from kb.adapters.http.auth import (
     Access,
     Authentication,
     McpGate,
+    as_the_token_names_it,
     committer_of,
     owned_by_token,
     request_token,
@@ -701,8 +701,7 @@ def create_app(
             # turn ids and keys as the client gave them: kb keeps them as t<token id>@NAME (design
             # §16), and a stored key named to the settle route, which adds the prefix, was looked
             # up as t<id>@t<id>@KEY, which no write has — "did not land"
-            own = re.compile(rf"\b{re.escape(owned_name('', token.id))}")
-            message, cli_message = (own.sub("", text) for text in (message, cli_message))
+            message, cli_message = (as_the_token_names_it(text, token) for text in (message, cli_message))
         body: dict[str, object] = {
             "error": type(exc).__name__,
             "message": access.shown(message, token),

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kb import errors
-from kb.adapters.http.auth import request_token
+from kb.adapters.http.auth import as_the_token_names_it, request_token
 from kb.adapters.http.ui.access import PageRefused
 from kb.adapters.http.ui.actions import action_router
 from kb.adapters.http.ui.events import event_router
@@ -48,7 +48,8 @@ def _page_route(status_for: Callable[[errors.KbError], int]) -> type[APIRoute]:
                     return await handler(request)
                 except errors.KbError as exc:
                     status = exc.status if isinstance(exc, PageRefused) else status_for(exc)
-                    message = request.app.state.access.shown(str(exc), request_token(request))  # design §16
+                    token = request_token(request)  # ids as the visitor's token names them (design §16)
+                    message = request.app.state.access.shown(as_the_token_names_it(str(exc), token), token)
                     return render(
                         request, "error.html", status, title="Not possible", kind=type(exc).__name__, message=message
                     )

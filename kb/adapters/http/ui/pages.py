@@ -17,11 +17,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.routing import APIRoute
 from starlette.responses import HTMLResponse
 
-from kb.adapters.http.auth import owned_by_token
+from kb.adapters.http.auth import owned_by_token, request_token
 from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
 from kb.adapters.http.ui.diffs import revision_diffs
 from kb.adapters.http.ui.rendering import render
-from kb.errors import InvalidChat, InvalidInput
+from kb.errors import InvalidChat, InvalidInput, UnknownChat, UnknownHandle
 from kb.store.knowledge_store import trailer_turn
 
 if TYPE_CHECKING:
@@ -203,9 +203,21 @@ def page_router(service: Service, route_class: type[APIRoute] = APIRoute) -> API
         resolution = envelope = None
         if chat and c:
             kb = service.kb()
-            resolution = kb.conversation(workspace_id, owned_by_token(request, chat, InvalidChat)).resolve(
-                c, follow=True
-            )
+            try:
+                resolution = kb.conversation(workspace_id, owned_by_token(request, chat, InvalidChat)).resolve(
+                    c, follow=True
+                )
+            except (UnknownChat, UnknownHandle) as exc:
+                if request_token(request) is None:
+                    raise
+                # the message's `kb cite list` looks at the CLI's chats, never this token's: it
+                # sent the visitor to a chat the page cannot open (design §16)
+                raise type(exc)(
+                    f"the chat {chat!r} of the token you signed in with has no handle for {c}: a chat is "
+                    "private to the token that made it, so a chat made with the kb command or another "
+                    "token does not open here. Open a citation of a chat this token made (its searches "
+                    f"and reads through the API with chat={chat}); nothing was changed"
+                ) from exc
             envelope = kb.read_document(workspace_id, resolution.handle.path, resolution.handle.revision)
         cited = {n for n, _ in resolution.lines} if resolution is not None and resolution.level == "lines" else set()
         return render(
