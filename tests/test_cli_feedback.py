@@ -375,6 +375,26 @@ def test_import_prune_names_what_it_removed_and_how_to_bring_one_back(kb_env, tm
     assert "# Made here" in run_cli(kb_env, "read", "/documents/Made here.md", "-w", "1").stdout
 
 
+def test_import_says_which_names_and_which_prefix_the_path_law_changed(kb_env, tmp_path):
+    """``--prefix a:b`` imported into /documents/a_b without a word, and the renames' one example
+    was a name only brought to its composed form (NFD ``Résumé.md`` → NFC), which reads as no
+    change. The folder imported into is said when the prefix changed, and the examples show the
+    renames a reader can see first, a composed-only one marked as such (design §2.2)."""
+    notes = tmp_path / "odd"
+    notes.mkdir()
+    (notes / "Re\u0301sume\u0301.md").write_text("# R\n")
+    (notes / "a:b.md").write_text("# A\n")
+    out = run_cli(kb_env, "import", str(notes), "-w", "1", "--prefix", "x:y").stdout
+    assert "into /documents/x_y (--prefix 'x:y' made safe for every OS" in out, out
+    said = re.search(r"2 names were made safe for every OS \((.*)\); see", out)
+    assert said, out
+    first, second = said.group(1).split(", ", 1)
+    assert first == "a:b.md -> /documents/x_y/a_b.md", out
+    assert second.endswith("(the same letters, composed: NFC)"), out
+    plain = run_cli(kb_env, "import", str(notes), "-w", "2", "--prefix", "/documents/Notes").stdout
+    assert "made safe for every OS; see" not in plain and "into /documents" not in plain, plain
+
+
 def test_worker_progress_moves_while_a_batch_embeds_before_any_document_is_stored():
     """A first index run embeds a whole batch of documents before it stores one: for minutes the
     worker printed "0/22 documents, 0 chunks stored, 0.0 chunks/s, embedded 640 (1.9/s)" with no

@@ -26,7 +26,7 @@ from kb.store.knowledge_store import KnowledgeStore
 
 HIDDEN = "hidden (its name starts with '.')"
 SYMLINK = "symbolic link (never followed: it could pull in files from outside the folder)"
-NOT_MARKDOWN = "not markdown (only *.md files are imported)"
+NOT_MARKDOWN = "not markdown (only files named *.md, in any case, are imported)"
 NOT_UTF8_NAME = "its name is not valid UTF-8"
 NOT_A_FILE = "not a regular file"
 
@@ -58,7 +58,10 @@ class ImportReport:
 
     ``skipped`` names every entry not imported and why (``skipped_other``/``skipped_hidden`` count
     them); ``unindexable`` maps each imported document the index will not take (stored in git all
-    the same, search never finds it) to the reason.
+    the same, search never finds it) to the reason. ``renamed``: source path → the document's path
+    where the path law changed a name; ``folder``: the folder imported into (``/documents/…``, the
+    prefix as the path law made it: ``--prefix a:b`` imports into ``/documents/a_b``), and
+    ``folder_renamed`` True when that differs from the prefix given.
     """
 
     workspace_id: int
@@ -74,6 +77,8 @@ class ImportReport:
     renamed: dict[str, str] = field(default_factory=dict)
     skipped: list[Skipped] = field(default_factory=list)
     unindexable: dict[str, str] = field(default_factory=dict)
+    folder: str = "/documents"
+    folder_renamed: bool = False
 
 
 def _utf8(name: str) -> bool:
@@ -190,6 +195,11 @@ def import_prefix(prefix: str | None) -> tuple[str, ...]:
     """Folder segments under ``documents/`` for ``--prefix``: ``Notes/2026``, ``/Notes`` and
     ``/documents/Notes`` all name ``documents/Notes...``; each segment passes through the path
     law (design §2.2). Raises InvalidInput for ``.``/``..`` segments rather than guessing."""
+    return tuple(safe_folder_segment(p) for p in _prefix_segments(prefix))
+
+
+def _prefix_segments(prefix: str | None) -> list[str]:
+    """``import_prefix``'s segments as given, before the path law (``.``/``..`` refused)."""
     text = (prefix or "").strip().strip("/")
     if text == "documents":
         text = ""
@@ -201,7 +211,7 @@ def import_prefix(prefix: str | None) -> tuple[str, ...]:
             f"prefix={prefix!r} contains '.' or '..'; name a folder under /documents",
             cli=f"--prefix {prefix!r} contains '.' or '..'; name a folder under /documents",
         )
-    return tuple(safe_folder_segment(p) for p in parts)
+    return parts
 
 
 def import_folder(
@@ -243,11 +253,12 @@ def import_folder(
     if created:
         store.create()
     hidden = sum(1 for entry in skipped if entry.hidden)
-    report = ImportReport(
-        store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden, skipped=skipped
-    )
-    existing = store.list_paths() if store.head() else {}
     root = "/" + "/".join(("documents", *prefix_parts))
+    report = ImportReport(
+        store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden, skipped=skipped, folder=root
+    )
+    report.folder_renamed = tuple(_prefix_segments(prefix)) != prefix_parts
+    existing = store.list_paths() if store.head() else {}
     text = message or f"import {len(relative)} documents from {source.name}"
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
         for read, (parts, repo_path) in enumerate(planned.items(), 1):

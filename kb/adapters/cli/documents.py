@@ -31,7 +31,7 @@ from kb.errors import EditorFailed
 def import_(
     path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None
 ) -> None:
-    """Import every *.md under PATH into a workspace as one revision.
+    """Import every *.md (.MD too) under PATH into a workspace as one revision.
 
     Hidden files and folders, other files and symbolic links are skipped; each is named with the
     reason. A document kb stores but cannot index (not UTF-8, NUL bytes, over KB_MAX_INDEX_BYTES)
@@ -64,6 +64,8 @@ def import_(
             progress.clear()
     if report.created_workspace:
         click.echo(f"created workspace {workspace}")
+    if report.folder_renamed:  # the path law changed the prefix: said, not silent
+        click.echo(f"into {report.folder} (--prefix {prefix!r} made safe for every OS; see docs/storage-and-paths.md)")
     if report.revision is None:
         click.echo(f"no changes: {counted(report.documents_found, 'document')} already up to date")
     else:
@@ -113,11 +115,26 @@ def import_(
             )
     if report.renamed:
         count = len(report.renamed)
+        examples = ", ".join(f"{old} -> {new}" for old, new in _shown_renames(report.renamed, 3))
         click.echo(
             f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
-            f"(e.g. {next(iter(report.renamed))} -> {next(iter(report.renamed.values()))}); "
-            "see docs/storage-and-paths.md"
+            f"({'e.g. ' if count > 3 else ''}{examples}); see docs/storage-and-paths.md"
         )
+
+
+def _shown_renames(renamed: dict[str, str], most: int) -> list[tuple[str, str]]:
+    """Up to ``most`` of an import's renames to show, those a reader can see first: a name only
+    brought to Unicode's composed form (NFC) looks the same before and after (design §2.2)."""
+    import unicodedata
+
+    def looks_same(old: str, new: str) -> bool:
+        return new.endswith("/" + unicodedata.normalize("NFC", old).rsplit("/", 1)[-1])
+
+    ordered = sorted(renamed.items(), key=lambda pair: looks_same(*pair))
+    return [
+        (old, f"{new} (the same letters, composed: NFC)" if looks_same(old, new) else new)
+        for old, new in ordered[:most]
+    ]
 
 
 class _ImportLine:
