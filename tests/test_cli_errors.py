@@ -225,3 +225,9 @@ def test_edit_failures_are_reported_as_every_other_kb_error(kb, kb_env, tmp_path
         line = _one_line_error(run_cli(env, "edit", "/documents/a.md", "--workspace", "1", check=False))
         assert line.startswith("kb: error: editor ") and said in line, line
     assert run_cli(kb_env, "log", "--workspace", "1").stdout == head
+    # a folder: the command that lists it, as `kb read` names it ("ls lists what it holds" named none)
+    (notes / "Notes").mkdir()
+    (notes / "Notes" / "b.md").write_text("b\n")
+    run_cli(kb_env, "import", str(notes), "--workspace", "1")
+    line = _one_line_error(run_cli(kb_env, "edit", "/documents/Notes", "--workspace", "1", check=False))
+    assert "`kb ls /documents/Notes --workspace 1` lists what it holds" in line, line

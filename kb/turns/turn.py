@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import shlex
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -364,7 +365,11 @@ class Turn:
 
     def _require_file(self, path: str, rp: str) -> None:
         if self._is_folder(rp):
-            raise IsAFolder(f"{path} is a folder, not a document; ls lists what it holds")
+            raise IsAFolder(
+                f"{path} is a folder, not a document; the turn's ls({path!r}) lists what it holds",
+                cli=f"{path} is a folder, not a document; `kb ls {shlex.quote(path)} --workspace "
+                f"{self.store.workspace_id}` lists what it holds",
+            )
 
     def _check_parents(self, sp: StorePath) -> None:
         parent = sp.parent
