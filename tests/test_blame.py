@@ -57,15 +57,19 @@ def test_kb_blame_prints_each_lines_revision_and_json(kb, kb_env):
     with kb.transaction(1, "first", "ann") as tx:
         tx.write("/documents/a.md", "one\n\nthree\n")
     first = tx.revision
-    with kb.transaction(1, "second", "Bob the reviewer, long name") as tx:
+    with kb.transaction(1, "second", "Zoë Bob-Reviewer-Smith <zoe@example.com>") as tx:
         tx.write("/documents/a.md", "one\n\nTHREE\n")
     second = tx.revision
     printed = run_cli(kb_env, "blame", "/documents/a.md", "-w", "1").stdout.splitlines()
     assert [line.split()[0] for line in printed] == [first.id[:10], first.id[:10], second.id[:10]]
-    assert printed[1].endswith("2)") and printed[2].endswith("3) THREE") and "Bob the reviewer" in printed[2]
+    assert printed[1].endswith("2)") and printed[2].endswith("3) THREE"), printed
+    # the author's whole name, without the mail, as git blame shows it (it was cut to 16 characters,
+    # "Zoë Bob-Reviewer-Smith <zoe@example" at best), in one column: every line's date starts alike
+    assert " Zoë Bob-Reviewer-Smith " in printed[2] and "<" not in printed[2] and " ann " in printed[0], printed
+    assert len({line.index(" 20") for line in printed}) == 1, printed
     as_json = json.loads(run_cli(kb_env, "blame", "/documents/a.md", "-w", "1", "--json").stdout)
     assert as_json == kb.blame(1, "/documents/a.md").as_json() and as_json["complete"] is True
-    assert as_json["lines"][2]["revision"]["author"].startswith("Bob the reviewer")
+    assert as_json["lines"][2]["revision"]["author"] == "Zoë Bob-Reviewer-Smith <zoe@example.com>"
     missing = run_cli(kb_env, "blame", "/documents/nope.md", "-w", "1", check=False)
     assert missing.returncode == 1 and "no document at '/documents/nope.md'" in missing.stderr
     assert "Traceback" not in missing.stderr

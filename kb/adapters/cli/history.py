@@ -46,6 +46,16 @@ def log(path: str | None, workspace: int, limit: int) -> None:
             click.echo(f"    … and {len(paths) - 10} more")
 
 
+BLAME_NAME_CHARS = 24
+"""The widest author column ``kb blame`` prints (longer names are cut)."""
+
+
+def _author_name(author: str) -> str:
+    """``Zoë`` of ``Zoë <zoe@example.com>``; the whole text when it holds no ``<mail>``."""
+    name, bracket, _ = author.partition(" <")
+    return name.strip() if bracket and name.strip() else author
+
+
 @click.command()
 @click.argument("path")
 @workspace_option()
@@ -62,15 +72,21 @@ def blame(path: str, workspace: int, as_json: bool) -> None:
         click.echo(json.dumps(found.as_json(), ensure_ascii=False, indent=2))
         return
     width = len(str(len(found.lines)))
+    # the author's name without the mail, as git blame shows it, in a column as wide as the
+    # longest name shown (at most BLAME_NAME_CHARS): "Zoë <zoe@example.com>" was cut to "Zoë <zoe@example"
+    names = {line.revision.author: _author_name(line.revision.author) for line in found.lines if line.revision}
+    column = min(max((len(name) for name in names.values()), default=0), BLAME_NAME_CHARS)
     for line in found.lines:
         origin = line.revision
         if origin is None:  # HEAD's text not recorded yet (a revision Postgres has not seen)
-            click.echo(shown_on_terminal(f"{'(not recorded yet)':<39} {line.number:>{width}}) {line.text}".rstrip()))
+            blank = "(not recorded yet)"
+            click.echo(shown_on_terminal(f"{blank:<{column + 22}} {line.number:>{width}}) {line.text}".rstrip()))
             continue
         when = origin.committed_at.date().isoformat() if origin.committed_at else ""
+        name = names[origin.author][:column]
         click.echo(
             shown_on_terminal(
-                f"{origin.id[:10]} {origin.author[:16]:<16} {when:<10} {line.number:>{width}}) {line.text}".rstrip()
+                f"{origin.id[:10]} {name:<{column}} {when:<10} {line.number:>{width}}) {line.text}".rstrip()
             )
         )
     if not found.complete:
