@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kb.db.query_names import QueryName
 from kb.errors import ConfigurationError
+from kb.extras import reinstall_command
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -37,7 +38,7 @@ def sql_root() -> Path:
     checkout = _PACKAGE.parent / "sql"
     if (checkout / "schema.sql").exists():
         return checkout
-    raise ConfigurationError("kb's SQL files are missing; reinstall kb (pip install -e .)")
+    raise ConfigurationError(f"kb's SQL files are missing; reinstall kb ({reinstall_command()})")
 
 
 def migrations_dir() -> Path:

