@@ -36,6 +36,11 @@ PATTERNS = [
     r"x*",
     r"\Aa",
     r"b\Z",
+    r"a(?!\s)",  # lookarounds see past a line's end in a whole document: each line alone instead
+    r"a(?=\s|$)",
+    r"(?<!\s)b",
+    r"(?<=b)a",
+    r"a(?!$)",
     "é",
     "",  # literals (no regular-expression character) run on re itself: the same answers
     "ab",

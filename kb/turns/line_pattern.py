@@ -13,11 +13,12 @@ A line matches when the pattern matches it alone (``kb.lines.document_lines``: w
 a line 10× slower than ``re`` over a 6,600-page grep, so a document is searched whole instead (as
 it is, or its lines joined by ``\\n`` when it has a ``\\r`` or a BOM), from the start of a line to
 its next match; the line holding that match is then checked alone, and the search goes on from the
-next line — one call for a document without a match, two for each matching line. A match that runs past its line's end leaves the next line to be searched from its start,
-so every line the pattern matches alone is found; only a lookaround that looks past a line's end
-(``a(?!\\s)`` before a line break) can make the search pass a line it would match alone, as the
-whole-document pre-check of the earlier per-line scan did. A pattern with ``\\A`` or ``\\Z`` means
-one line's start or end, so it is matched line by line.
+next line — one call for a document without a match, two for each matching line. A match that
+runs past its line's end leaves the next line to be searched from its start, so every line the
+pattern matches alone is found. What a whole document would answer otherwise than its lines alone
+is matched line by line instead (``LOOKS_PAST_A_LINE``): ``\\A`` and ``\\Z`` mean one line's start
+or end, and a lookaround looks past a line's end (``(?<!\\s)b`` fails on the ``b`` after a line
+break in a document, though the line ``b`` alone matches).
 
 A pattern without any of the characters that make a regular expression more than its letters
 (``REGEX_CHARACTERS``: no ``. ^ $ * + ? { } [ ] \\ | ( )``) is a literal: its search is linear in the
@@ -37,6 +38,10 @@ from kb.lines import BOM, document_lines
 
 REGEX_CHARACTERS = frozenset(".^$*+?{}[]\\|()")
 """Characters that make a pattern more than a literal; a pattern with none of them runs on ``re``."""
+LOOKS_PAST_A_LINE = ("\\A", "\\Z", "(?=", "(?!", "(?<=", "(?<!")
+"""Pattern text whose answer in a whole document can differ from its answer on each line alone
+(anchors of the string, lookarounds): such a pattern is matched line by line. An escaped ``\\(?=``
+holds one too and only costs the slower scan."""
 
 
 class LinePattern:
@@ -57,7 +62,7 @@ class LinePattern:
             except (engine.error, ValueError, OverflowError) as exc:
                 raise InvalidPattern(f"grep pattern {pattern!r} does not compile: {exc}") from None
         self.pattern, self.seconds = pattern, seconds
-        self._by_line = "\\A" in pattern or "\\Z" in pattern
+        self._by_line = any(part in pattern for part in LOOKS_PAST_A_LINE)
         self._deadline = time.monotonic() + seconds
 
     def _search(self, text: str, pos: int, where: str):
