@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from kb.legacy.span_fill import SpanFill
     from kb.store.importer import ImportProgress, ImportReport
     from kb.store.listing import Entry
-    from kb.turns.open_turns import OpenTurns
+    from kb.turns.open_turns import Admission, OpenTurns
     from kb.turns.turn import CommitResult, Turn
     from kb.workspace.artifacts import Artifacts
     from kb.workspace.blame import Blame
@@ -162,6 +162,20 @@ class KnowledgeBase:
         """``(workspace id, root turn id)`` of the turns this KnowledgeBase holds open (design §5):
         made by ``turn()`` and not yet committed, aborted or released."""
         return [] if self._open_turns is None else self._open_turns.open_keys()
+
+    def admit_turns(self, admission: Admission) -> None:
+        """Have ``admission(key, open_keys)`` decide, for each turn of this KnowledgeBase about to
+        become open — a new one, or one reused after its commit or idle release — whether it may,
+        under the lock that makes it open: it raises (a KbError, which the turn's call raises;
+        nothing is opened) or returns. ``key`` and ``open_keys`` are ``(workspace id, root turn
+        id)`` as ``open_turns()`` gives them. A commit or abort is never refused. ``kb serve``
+        bounds each token's open turns with it (design §16)."""
+        with self._open_turns_made:
+            if self._open_turns is None:
+                from kb.turns.open_turns import OpenTurns
+
+                self._open_turns = OpenTurns()
+            self._open_turns.admission = admission
 
     def __enter__(self) -> KnowledgeBase:
         return self

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import threading
 
-from kb.errors import TurnBusy
+import pytest
+
+from kb.errors import TooManyTurns, TurnBusy
 from kb.knowledge_base import KnowledgeBase
 
 WS = 1
@@ -71,3 +73,70 @@ def test_sub_agent_threads_committing_never_see_turn_busy(kb):
     assert not busy and not errors
     kb.turn(WS, "shared").commit("rest")
     assert commits
+
+
+def _at_most(most: int):
+    """An admission (``KnowledgeBase.admit_turns``) bounding the open turns at ``most``, and the
+    keys it was asked about."""
+    asked = []
+
+    def admit(key, open_keys):
+        asked.append(key)
+        if len(open_keys) >= most:
+            raise TooManyTurns(f"{len(open_keys)} open")
+
+    return admit, asked
+
+
+def test_a_turn_reused_after_its_commit_is_counted_again_when_it_reopens(kb):
+    # the race the bound missed: a request looked turn x up while it was open (no count needed),
+    # another request committed x and a third opened y in x's place; the first request's write
+    # then reopened x past the bound. The bound is checked where a turn becomes open.
+    kb.create_workspace(WS)
+    admit, asked = _at_most(1)
+    kb.admit_turns(admit)
+    x = kb.turn(WS, "x")
+    x.write("/documents/x.md", "x\n")
+    assert kb.open_turns() == [(WS, "x")]
+    x.commit("x")
+    y = kb.turn(WS, "y")
+    y.write("/documents/y.md", "y\n")  # admitted: x is not open any more
+    with pytest.raises(TooManyTurns):
+        x.write("/documents/x2.md", "x2\n")  # the handle held from before reopens: refused
+    assert kb.open_turns() == [(WS, "y")]
+    assert y.commit("y") is not None  # a commit is never refused
+    x.write("/documents/x2.md", "x2\n")  # y is committed: x may open again
+    assert sorted(x.commit("x2").added) == ["/documents/x2.md"]
+    assert asked.count((WS, "x")) == 3 and asked.count((WS, "y")) == 1
+
+
+def test_a_commit_or_abort_is_never_refused_by_the_bound(kb):
+    kb.create_workspace(WS)
+    admit, _ = _at_most(1)
+    kb.admit_turns(admit)
+    x = kb.turn(WS, "x")
+    x.write("/documents/x.md", "x\n")
+    x.close()  # released idle: its worktree stays to be committed
+    kb.turn(WS, "y").write("/documents/y.md", "y\n")  # the one open turn the bound allows
+    with pytest.raises(TooManyTurns):
+        kb.turn(WS, "z").write("/documents/z.md", "z\n")
+    assert sorted(x.commit("x").added) == ["/documents/x.md"]  # reopened to commit: not refused
+    z = kb.turn(WS, "z")
+    with pytest.raises(TooManyTurns):
+        z.write("/documents/z.md", "z\n")
+    z.abort()  # nothing to abort, and never refused
+    kb.turn(WS, "y").abort()
+    kb.turn(WS, "z").write("/documents/z.md", "z\n")
+    assert kb.open_turns() == [(WS, "z")]
+
+
+def test_a_turn_that_could_not_open_its_worktree_is_not_counted_open(kb, settings):
+    kb.create_workspace(WS)
+    other = KnowledgeBase.open(settings)
+    try:
+        other.turn(WS, "x").write("/documents/x.md", "x\n")  # another process's holder of x
+        with pytest.raises(TurnBusy):
+            kb.turn(WS, "x").write("/documents/x.md", "mine\n")
+        assert kb.open_turns() == []  # it counts against no bound
+    finally:
+        other.close()

@@ -5,13 +5,21 @@ A committed or closed turn leaves the set of *open* turns (whose worktree flocks
 releases) but stays the one object handed out for its id while any caller still holds it: a
 sub-agent's old handle and a new ``kb.turn()`` call are the same Turn, so one process never holds
 a turn id twice (which made its own sub-agents see TurnBusy), and a handle reused after commit
-registers itself as open again."""
+registers itself as open again.
+
+A turn becomes open when it opens its worktree: at its first operation, or its first after a
+commit, abort or idle release. An ``admission`` (``KnowledgeBase.admit_turns``) may refuse that,
+under the lock that makes it open, so that a bound on open turns (``kb serve``'s per token, design
+§16) holds however many threads race: checked only when a turn was looked up, a turn reused after
+another thread committed it became open again past the count. A commit or abort is never
+refused."""
 
 from __future__ import annotations
 
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,11 +27,17 @@ if TYPE_CHECKING:
     from kb.turns.turn import Turn
 
 
+Admission = Callable[[tuple[int, str], list[tuple[int, str]]], None]
+"""``admit(key, open_keys)``: raises (a KbError) to refuse that the turn of ``key`` (workspace id,
+root turn id) become open while ``open_keys`` are; returns to let it."""
+
+
 class OpenTurns:
     """``{(workspace id, root turn id): Turn}`` of the turns of one KnowledgeBase: the open ones
     held strongly, every one handed out held weakly (alive while some caller holds it)."""
 
     def __init__(self) -> None:
+        self.admission: Admission | None = None
         self._open: dict[tuple[int, str], Turn] = {}
         self._handed_out: weakref.WeakValueDictionary[tuple[int, str], Turn] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
@@ -32,7 +46,7 @@ class OpenTurns:
     def turn(self, store: KnowledgeStore, turn_id: str, author: str, committer: str | None) -> Turn:
         """The Turn of ``turn_id``'s root in ``store``'s workspace: the open one, else the one a
         caller still holds (a turn reused after commit), else a new one (nothing touches the disk
-        until its first file operation). Raises InvalidTurn."""
+        until its first file operation, where it becomes open, ``_hold``). Raises InvalidTurn."""
         from kb.git.worktree import root_turn_id  # imported by the first turn: one-shot commands open none
         from kb.turns.turn import Turn
 
@@ -46,10 +60,9 @@ class OpenTurns:
                     author,
                     committer=committer,
                     on_close=lambda t: self._forget(key, t),
-                    on_open=lambda t: self._hold(key, t),
+                    on_open=lambda t, ending: self._hold(key, t, ending),
                 )
-                self._open[key] = turn
-                self._handed_out[key] = turn
+                self._handed_out[key] = turn  # open (``_hold``) at its first operation
             self._asked[key] = time.monotonic()
         return turn
 
@@ -83,8 +96,12 @@ class OpenTurns:
             if self._open.get(key) is turn:
                 del self._open[key]
 
-    def _hold(self, key: tuple[int, str], turn: Turn) -> None:
+    def _hold(self, key: tuple[int, str], turn: Turn, ending: bool) -> None:
+        """``turn`` is about to open its worktree: it is the open turn of ``key`` (again), if the
+        admission lets it — asked when it is not open yet and not ``ending`` (a commit or abort)."""
         with self._lock:
+            if self._open.get(key) is not turn and not ending and self.admission is not None:
+                self.admission(key, [k for k in self._open if k != key])
             self._open[key] = turn
             self._handed_out[key] = turn
 

@@ -174,7 +174,7 @@ class Turn:
         turn_id: str,
         author: str,
         on_close: Callable[[Turn], None] | None = None,
-        on_open: Callable[[Turn], None] | None = None,
+        on_open: Callable[[Turn, bool], None] | None = None,
         committer: str | None = None,
     ) -> None:
         self.turn_id = root_turn_id(turn_id)
@@ -228,15 +228,25 @@ class Turn:
                 "open; its changes went with it and nothing of them is recorded. Start the turn again"
             )
 
-    def _wt(self) -> LazyWorktree:
+    def _wt(self, ending: bool = False) -> LazyWorktree:
+        """The turn's worktree, opened (and flocked) at the first operation, or again after a
+        commit, abort or idle release. ``on_open`` is told first, so that a turn reused after its
+        commit is the open turn of its id again and a bound on open turns (``kb serve``'s per
+        token, design §16) can refuse it before any lock is taken; ``ending``: for a commit or an
+        abort, which a bound never refuses. Raises what ``on_open`` and opening raise."""
         if self._worktree is None:
+            if self._on_open:
+                self._on_open(self, ending)
             repo = self.store.repository
             worktree = LazyWorktree(repo, self.path, self.turn_id)
-            worktree.open(repo.head())
+            try:
+                worktree.open(repo.head())
+            except BaseException:
+                if self._on_close:  # not open after all: it counts against no bound
+                    self._on_close(self)
+                raise
             self._repository_identity = worktree.repository_identity()  # a workspace re-created has another
             self._worktree = worktree
-            if self._on_open:  # a turn reused after commit() is the open turn of its id again
-                self._on_open(self)
             self._base_tree = repo.tree_id(worktree.base)
             for rp, title in worktree.titles.items():  # a crashed turn's documents keep their titles
                 self._titles.setdefault(rp, TitledDocument(title, "/" + rp))
@@ -255,7 +265,7 @@ class Turn:
         """Discard the turn: delete its worktree (also one a crashed process left behind)."""
         with self._mutex:
             if self._worktree is None and self._leftover():
-                self._wt()
+                self._wt(ending=True)
             self._finish(destroy=True)
 
     def close(self) -> None:
@@ -828,7 +838,7 @@ class Turn:
                 if not self._leftover():
                     self._finish(destroy=False)
                     return self._keyed_result(idempotency_key)
-                self._wt()
+                self._wt(ending=True)
             worktree = self._worktree
             changes = self._changes()
             if not changes:

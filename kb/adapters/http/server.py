@@ -35,6 +35,7 @@ import contextlib
 import errno
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -209,7 +210,6 @@ class Service:
         self._local = threading.local()
         self._opened: list[KnowledgeBase] = []
         self._opened_lock = threading.Lock()
-        self._opening_turns = threading.Lock()  # a token's count of open turns, and its next one
         self._turns_kb: KnowledgeBase | None = None
         self.ready = False
         self.ready_error: str | None = None
@@ -224,6 +224,8 @@ class Service:
         self._embedder = first.embedder
         self._shared = first  # its default embedder and per-workspace models serve every thread
         self._turns_kb = self.new_kb()
+        if not self.access.insecure:  # each token's open turns are bounded (design §16)
+            self._turns_kb.admit_turns(self._admit_turn)
         self.ready = True
         return first
 
@@ -254,22 +256,27 @@ class Service:
             kb = self._local.kb = self.new_kb()
         return kb
 
-    def turn(self, workspace_id: int, owned: str, token_id: int | None, author: str | None = None) -> Turn:
-        """The open turn ``owned`` (a token's turn id, ``owned_by_token``) of a workspace, from
-        the KnowledgeBase holding the API's turns. Only the check of the token's bound and the
-        turn's lookup are serialized (``refuse_another_turn``, then ``KnowledgeBase.turn``): the
-        call on the turn runs beside every other tenant's, each turn serializing its own calls
-        (a ``Turn`` is thread-safe, design §5) — one lock for every turn call made one tenant's
-        commit waiting for its write lock, or a long grep, stall every other tenant's turns
-        (design §16). ``token_id`` None: no bound (no tokens). Raises TooManyTurns, InvalidTurn,
-        ``KnowledgeBase.turn``'s errors, and HTTPException 503 before the service has started."""
+    def turn(self, workspace_id: int, owned: str, author: str | None = None) -> Turn:
+        """The turn ``owned`` (a token's turn id, ``owned_by_token``) of a workspace, from the
+        KnowledgeBase holding the API's turns. Its token's bound on open turns is checked where a
+        turn becomes open (``_admit_turn``, under the lock that opens it), so the call on the turn
+        runs beside every other tenant's, each turn serializing its own calls (a ``Turn`` is
+        thread-safe, design §5) — one lock for every turn call made one tenant's commit waiting
+        for its write lock, or a long grep, stall every other tenant's turns (design §16). Raises
+        InvalidTurn, ``KnowledgeBase.turn``'s errors, TooManyTurns (here for a new turn, from the
+        turn's next operation for one reused after its commit), and HTTPException 503 before the
+        service has started."""
         kb = self._turns_kb
         if kb is None:
             raise HTTPException(503, "starting or stopping")
-        with self._opening_turns:
-            if token_id is not None:
-                refuse_another_turn(kb, workspace_id, owned, token_id, self.settings.turns_per_token)
-            return kb.turn(workspace_id, owned, author)
+        return kb.turn(workspace_id, owned, author)
+
+    def _admit_turn(self, key: tuple[int, str], open_keys: list[tuple[int, str]]) -> None:
+        """``KnowledgeBase.admit_turns``' admission: ``refuse_another_turn`` for the token whose
+        turn ``key`` is (its root turn id is ``t<token id>@…``, ``owned_name``)."""
+        token = TOKEN_OF_TURN.match(key[1])
+        if token is not None:
+            refuse_another_turn(open_keys, int(token.group(1)), self.settings.turns_per_token)
 
     def close_idle_turns(self) -> int:
         """Release the API's turns idle for ``KB_TURN_IDLE_SECONDS`` (``KnowledgeBase.close_idle_turns``:
@@ -364,22 +371,19 @@ def read_router(service: Service) -> APIRouter:
     return router
 
 
-def refuse_another_turn(kb: KnowledgeBase, workspace_id: int, owned: str, token_id: int, most: int) -> None:
-    """Raise TooManyTurns when ``owned`` (a token's turn id, ``owned_by_token``) would open a new
-    turn while the token ``token_id`` holds ``most`` open already (``KB_TURNS_PER_TOKEN``): each
-    holds a worktree lock and a file descriptor until committed, aborted or released idle, and one
-    token opening turns without end ran the server out of descriptors for every tenant (design
-    §16). Its own open turns stay usable. Call it where no other thread opens a turn meanwhile
-    (``Service.turn``), so that the count and the opening are one step. Raises InvalidTurn for a
-    bad id."""
-    from kb.git.worktree import root_turn_id
+TOKEN_OF_TURN = re.compile(r"t(\d+)@")
+"""The token id an API turn's root id starts with (``owned_name``)."""
 
-    key = (workspace_id, root_turn_id(owned))
-    held = kb.open_turns()
-    if key in held:
-        return
+
+def refuse_another_turn(open_keys: list[tuple[int, str]], token_id: int, most: int) -> None:
+    """Raise TooManyTurns when the token ``token_id`` holds ``most`` of ``open_keys`` (``(workspace
+    id, root turn id)`` of the open turns but the one asking) already (``KB_TURNS_PER_TOKEN``):
+    each holds a worktree lock and a file descriptor until committed, aborted or released idle,
+    and one token opening turns without end ran the server out of descriptors for every tenant
+    (design §16). Its own open turns stay usable; a commit or abort is never refused
+    (``KnowledgeBase.admit_turns``)."""
     mine = owned_name("", token_id)
-    count = sum(1 for _, root in held if root.startswith(mine))
+    count = sum(1 for _, root in open_keys if root.startswith(mine))
     if count >= most:
         raise errors.TooManyTurns(
             f"this API token holds {count} open turns, the most kb serve keeps for one token "
@@ -394,16 +398,15 @@ def turn_router(service: Service) -> APIRouter:
         prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
     )
 
-    def turn(request: Request, workspace_id: int, turn_id: str, author: str | None = None, ending: bool = False):
-        # a turn id is private to the token that names it (design §16); a commit or abort
-        # (``ending``) leaves no turn open, so a token at its bound may always end one
+    def turn(request: Request, workspace_id: int, turn_id: str, author: str | None = None):
+        # a turn id is private to the token that names it (design §16); a token at its bound of
+        # open turns may always commit or abort one (``Service.turn``)
         owned = owned_by_token(request, turn_id)
         token = request_token(request)
         # a turn opened without ``?author=`` is the token's work, as a page's edit is (design
         # §16): the server's OS user wrote none of it
         author = author or (None if token is None else token.committer)
-        counted = None if ending or token is None else token.id
-        return service.turn(workspace_id, owned, counted, author)
+        return service.turn(workspace_id, owned, author)
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
@@ -468,7 +471,7 @@ def turn_router(service: Service) -> APIRouter:
             else idempotency_key
         )
         with service.kb().store(workspace_id).key_fence(key):
-            open_turn = turn(request, workspace_id, turn_id, ending=True)
+            open_turn = turn(request, workspace_id, turn_id)
             if (committer := committer_of(request)) is not None:
                 open_turn.committer = committer  # the author stays whom the turn acts for
             result = open_turn.commit(None if body is None else body.message, idempotency_key=key)
@@ -477,7 +480,7 @@ def turn_router(service: Service) -> APIRouter:
     @router.delete("")
     def abort(request: Request, workspace_id: int, turn_id: str) -> dict:
         """Discard the turn and its worktree."""
-        turn(request, workspace_id, turn_id, ending=True).abort()
+        turn(request, workspace_id, turn_id).abort()
         return {"aborted": True}
 
     return router
