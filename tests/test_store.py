@@ -966,3 +966,27 @@ def test_restore_follows_the_document_through_later_moves(kb, kb_env):
     assert tree(kb, 5) == {"/documents/Archive/a.md": b"todo v1"}
     run_cli(kb_env, "restore", B, "--revision", r1.id, "--workspace", "5")
     assert tree(kb, 5) == {"/documents/Archive/a.md": b"todo v1", B: b"b1"}
+
+
+def test_a_message_of_only_whitespace_is_no_message_and_each_writer_writes_its_own(kb, tmp_path):
+    """(design §3) git refuses a blank message as empty: a transaction, a turn's commit, an import,
+    a revert and a restore given one write what they write when given none."""
+    blank = " \n\t \n"
+    first = commit(kb, 6, ("write", A, b"a1"), message=blank)
+    assert first.message.startswith("docs: add 1 file"), first.message
+    turn = kb.turn(6, "blank-message")
+    turn.write("/documents/t.md", "in a turn\n")
+    landed = turn.commit(blank)
+    assert kb.history(6, limit=1)[0].message.startswith("docs: add 1 file"), landed
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "n.md").write_text("# n\n")
+    kb.import_folder(folder, 6, prefix="imported", message=blank)
+    assert kb.history(6, limit=1)[0].message.startswith("import 1 documents from notes")
+    kb.revert(6, first.id, message="  ")
+    assert kb.history(6, limit=1)[0].message.startswith('Revert "docs: add 1 file')
+    kb.restore(6, A, first.id, message="\n")
+    assert kb.history(6, limit=1)[0].message.startswith(f"restore {A} from revision")
+    for revision in kb.history(6, limit=10):
+        assert revision.message.strip(), revision
+    git(repo_of(kb, 6), "fsck", "--strict")

@@ -22,7 +22,7 @@ from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError
 from kb.paths import NameRegistry, check_path_length, safe_filename, safe_folder_segment
 from kb.store.history import Revision
 from kb.store.indexable import unindexable_reason
-from kb.store.knowledge_store import KnowledgeStore
+from kb.store.knowledge_store import KnowledgeStore, stated_message
 
 HIDDEN = "hidden (its name starts with '.')"
 SYMLINK = "symbolic link (never followed: it could pull in files from outside the folder)"
@@ -259,7 +259,7 @@ def import_folder(
     )
     report.folder_renamed = tuple(_prefix_segments(prefix)) != prefix_parts
     existing = store.list_paths() if store.head() else {}
-    text = message or f"import {len(relative)} documents from {source.name}"
+    text = stated_message(message) or f"import {len(relative)} documents from {source.name}"
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
         for read, (parts, repo_path) in enumerate(planned.items(), 1):
             try:

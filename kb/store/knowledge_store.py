@@ -159,6 +159,17 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
         )
 
 
+def stated_message(message: str | None) -> str | None:
+    """The caller's commit message, or None when it holds nothing but whitespace (design §3): git
+    refuses such a message as empty, and a revision whose message is blank says nothing in
+    ``kb log``; the writer's own default (a summary of the change, an import's or a revert's line)
+    is written instead, as when no message was given. Anything but text is returned as is for
+    ``check_commit_text`` to refuse."""
+    if isinstance(message, str) and not message.strip():
+        return None
+    return message
+
+
 def summarize(changes: list[PathChange]) -> str:
     """Deterministic commit message for a change set, e.g. ``docs: add 2 files, remove 1`` (design §3)."""
     counts: dict[str, int] = {}
@@ -443,6 +454,7 @@ class KnowledgeStore:
         DatabaseUnavailable, CommitOutcomeUnknown, PathExists.
         """
         check_commit_text(message, author, committer)
+        message = stated_message(message)
         if turn_id is not None:
             message = f"{(message or '').rstrip(chr(10))}\n\n{turn_trailer(turn_id)}"
         key = write_keys.new_key() if idempotency_key is None else write_keys.check_key(idempotency_key)
@@ -1096,7 +1108,7 @@ class KnowledgeStore:
                     new_path=new,
                 )
         ordered = tuple(sorted(changes.values(), key=lambda c: c.path))
-        text = message or summarize(list(ordered))
+        text = stated_message(message) or summarize(list(ordered))
         commit = repo.make_commit(
             shape.tree if shape.tree is not None else repo.build_tree(shape.head_tree, list(effective.items())),
             head,

@@ -22,6 +22,7 @@ from kb.paths import StorePath
 from kb.store import artifact_rows
 from kb.store.draft import Draft, repo_path_of
 from kb.store.history import PathChange, Revision, current_path, json_column
+from kb.store.knowledge_store import stated_message
 
 if TYPE_CHECKING:
     from kb.store.knowledge_store import KnowledgeStore
@@ -73,7 +74,7 @@ def revert(
     parent_tree = repo.tree_id(target.parents[0].decode()) if target.parents else None
     changes = store.list_changes(revision)
     first_line = target.message.decode("utf-8", errors="replace").splitlines()[0] if target.message else ""
-    text = message or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
+    text = stated_message(message) or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
     for attempt in range(REVERT_ATTEMPTS):
         try:
             return _revert_once(store, revision, changes, parent_tree, text, author, committer, recorded is not None)
@@ -287,7 +288,7 @@ def restore(
     head_tree = store.repository.tree_id(store.head())
     if moved is not None and moved != virtual and store.repository.lookup(head_tree, moved[1:]) is not None:
         virtual = moved  # the same document, under the path it has now
-    text = message or f"restore {virtual} from revision {revision[:12]}"
+    text = stated_message(message) or f"restore {virtual} from revision {revision[:12]}"
     with store.transaction(text, author, committer) as draft:
         draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: restore bumps generations
         draft.write(virtual, data, allow_keep=True)

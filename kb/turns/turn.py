@@ -47,7 +47,7 @@ from kb.lines import check_offset, check_window_arguments
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.draft import document_bytes
 from kb.store.history import PathChange
-from kb.store.knowledge_store import KnowledgeStore, summarize, trailer_turn
+from kb.store.knowledge_store import KnowledgeStore, stated_message, summarize, trailer_turn
 from kb.store.listing import KEEP, Entry, folder_entries
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 from kb.turns.line_pattern import LinePattern
@@ -864,7 +864,7 @@ class Turn:
                 for p, d in changes.items()
                 if not (d is None and p in moves.values())
             ]
-            text = message or summarize(planned)
+            text = stated_message(message) or summarize(planned)
             gone: list[str] = []
             followed: list[tuple[str, str]] = []
             with self.store.transaction(
