@@ -209,6 +209,15 @@ def test_subagents_share_the_root_turn(workspace):
         workspace.turn(WS, "")
 
 
+def test_a_turn_id_with_letters_outside_ascii_is_refused_saying_which_letters_are_allowed():
+    """(design §5) the message named "letters" and refused é, a letter: it says ASCII letters."""
+    from kb.git.worktree import root_turn_id
+
+    assert root_turn_id("agent-7::task:é") == "agent-7"
+    with pytest.raises(InvalidTurn, match=r"ASCII letters \(a-z, A-Z\)"):
+        root_turn_id("café")
+
+
 def test_path_safety(workspace, tmp_path):
     t = workspace.turn(WS, "safe", "agent")
     outside = tmp_path / "outside.txt"

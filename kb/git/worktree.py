@@ -62,8 +62,8 @@ def root_turn_id(turn_id: object) -> str:
     root = turn_id.split("::", 1)[0]
     if not root or len(root) > 200 or root.startswith(".") or not set(root) <= _NAME_CHARS or root.endswith(".lock"):
         raise InvalidTurn(
-            f"turn id {turn_id!r}: the root id {root!r} must be 1-200 characters of letters, digits "
-            "and . _ @ + = : -, not starting with '.' nor ending in '.lock' (git's lock files); "
+            f"turn id {turn_id!r}: the root id {root!r} must be 1-200 characters of ASCII letters "
+            "(a-z, A-Z), digits and . _ @ + = : -, not starting with '.' nor ending in '.lock' (git's lock files); "
             "sub-agents append '::<anything>'"
         )
     return root
