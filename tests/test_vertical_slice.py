@@ -76,6 +76,23 @@ def test_reimport_unchanged_records_nothing_and_prune(kb, tmp_path, settings):
     assert len(git(repo, "log", "--format=%H").split()) == 2
 
 
+def test_reimport_with_prune_after_a_rename_by_case_only_takes_the_new_names(kb, tmp_path, settings):
+    """(design §2.2) Foo.md → foo.md and Guides/ → guides/ in the folder: `kb import --prune` was
+    refused ("differs only in case … from the existing 'Foo.md'") though the import removes it."""
+    notes = tmp_path / "notes"
+    (notes / "Guides").mkdir(parents=True)
+    (notes / "Guides" / "setup.md").write_text("# Setup\n")
+    (notes / "Foo.md").write_text("# Foo\n")
+    kb.import_folder(notes, 4)
+    (notes / "Foo.md").rename(notes / "foo.md")
+    (notes / "Guides").rename(notes / "guides")
+    report = kb.import_folder(notes, 4, prune=True)
+    assert (report.added, report.removed) == (2, 2)
+    assert sorted(kb.list_paths(4)) == ["/documents/foo.md", "/documents/guides/setup.md"]
+    assert kb.read(4, "/documents/foo.md") == b"# Foo\n"
+    git(settings.knowledge_store / "4", "fsck", "--strict")
+
+
 def test_import_applies_path_law_and_prefix(kb, tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()

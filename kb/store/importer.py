@@ -261,6 +261,17 @@ def import_folder(
     existing = store.list_paths() if store.head() else {}
     text = stated_message(message) or f"import {len(relative)} documents from {source.name}"
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
+        # pruned first: a document renamed in the folder only by case (Foo.md → foo.md) then takes
+        # the name its old self leaves, which the draft refuses while the old name stands (§2.2)
+        if prune:
+            wanted = {"/" + p for p in planned.values()}
+            for virtual in existing:
+                if (
+                    (virtual == root or virtual.startswith(root + "/"))
+                    and virtual not in wanted
+                    and not virtual.endswith("/.keep")
+                ):
+                    draft.remove(virtual)
         for read, (parts, repo_path) in enumerate(planned.items(), 1):
             try:
                 data = source.joinpath(*parts).read_bytes()
@@ -274,15 +285,6 @@ def import_folder(
             draft.write(repo_path, data)
             if progress is not None:
                 progress(READING, read, len(planned))
-        if prune:
-            wanted = {"/" + p for p in planned.values()}
-            for virtual in existing:
-                if (
-                    (virtual == root or virtual.startswith(root + "/"))
-                    and virtual not in wanted
-                    and not virtual.endswith("/.keep")
-                ):
-                    draft.remove(virtual)
         if progress is not None:  # the commit runs as the block ends: the longest step of a large import
             progress(RECORDING, len(planned), len(planned))
     report.revision = draft.revision
