@@ -50,6 +50,11 @@ _FORBIDDEN = frozenset('\\/:*?"<>|')
 _BACKSLASH = "backslash is not a separator and not allowed in names; use '/'"
 _SPACES = re.compile(" {2,}")
 _SURROGATES = re.compile("[\ud800-\udfff]")
+BIDI_CONTROLS = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+"""Bidirectional embeddings, overrides and isolates (U+202A–202E, U+2066–2069): a name holding one
+shows on screen other than its characters run (``report\u202egnp.exe`` reads ``reportexe.png``),
+in a terminal, a review page or a diff, so no new name may hold one (design §2.1, §2.3). The marks
+``\u200e``/``\u200f`` and the zero-width (non-)joiners stay: right-to-left text and Persian need them."""
 _SEPARATORS = "\x1c\x1d\x1e\x1f"  # str.isspace() says yes, Unicode White_Space says no: removed
 # Windows device names (design §2.2), plus the superscript-digit ports and console devices Windows
 # also reserves. Compared on the ASCII-uppercased stem before the first dot, sans trailing spaces.
@@ -60,7 +65,7 @@ _DEVICES = frozenset(
 
 
 def _clean(text: str) -> str:
-    """NFC; whitespace (tab, newline, NEL, NBSP…) → space; other control chars dropped; forbidden
+    """NFC; whitespace (tab, newline, NEL, NBSP…) → space; other control chars and BIDI_CONTROLS dropped; forbidden
     chars → ``_``; NFC again (a dropped control char may have split a base from its combining
     mark); collapse spaces; strip; strip trailing dots/spaces; leading ``.`` → ``_.``."""
     out = []
@@ -70,7 +75,7 @@ def _clean(text: str) -> str:
             out.append(" ")
         elif ch in _FORBIDDEN:
             out.append("_")
-        elif unicodedata.category(ch) != "Cc":
+        elif unicodedata.category(ch) != "Cc" and ch not in BIDI_CONTROLS:
             out.append(ch)
     cleaned = _SPACES.sub(" ", unicodedata.normalize("NFC", "".join(out))).strip(" ").rstrip(". ")
     return "_" + cleaned if cleaned.startswith(".") else cleaned
@@ -424,7 +429,16 @@ def describe_name(name: str) -> str:
 def check_new_segment(segment: str, path: object) -> None:
     """Raise InvalidPath (for ``path``) when ``segment`` may not be *created*: a Windows device
     name (``NUL``, ``lpt9.txt``, ``CON .md`` — judged like Windows on the stem before the first
-    dot) or a name ending in a dot or a space (Windows strips those, so two names would meet)."""
+    dot), a name ending in a dot or a space (Windows strips those, so two names would meet), or a
+    name holding one of BIDI_CONTROLS (it would show as another name)."""
+    bidi = BIDI_CONTROLS.intersection(segment)
+    if bidi:
+        marks = ", ".join(f"U+{ord(c):04X}" for c in sorted(bidi))
+        raise InvalidPath(
+            path,
+            f"name {describe_name(segment)} holds a bidirectional control character ({marks}), which "
+            "shows the name on screen other than it is; remove it",
+        )
     if segment.endswith((".", " ")):
         raise InvalidPath(
             path, f"name {describe_name(segment)} ends in a dot or space, which Windows drops; choose a name without it"

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from kb.errors import InvalidPath, InvalidWorkspace, KbError
 from kb.paths import (
+    BIDI_CONTROLS,
     MAX_SEGMENT_BYTES,
     NameRegistry,
     StorePath,
     author_path,
     blob_id,
+    check_new_segment,
     name_key,
     safe_filename,
     safe_folder_segment,
@@ -90,6 +92,13 @@ FILENAME_CASES = [
     ("x" * 251 + " y" * 10, "x" * 251 + ".md"),  # cut leaves a trailing space: stripped
     ("é" * 200, "é" * 126 + ".md"),
     ("Licenses & payment", "Licenses & payment.md"),
+    ("report\u202egnp.exe", "reportgnp.exe.md"),  # a right-to-left override would show reportexe.png
+    ("a\u2066b\u2069c\u202a", "abc.md"),  # isolates and embeddings too
+    ("\u0645\u200f\u0627", "\u0645\u200f\u0627.md"),  # the right-to-left mark stays
+    (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645.md",
+    ),  # Persian's ZWNJ stays
 ]
 
 
@@ -389,6 +398,8 @@ def _check_safe(name: str) -> None:
     assert not name.startswith(".") and not name.endswith((".", " ")) and name == name.strip()
     assert "  " not in name and not set(name) & set('\\/:*?"<>|')
     assert not any(unicodedata.category(c) == "Cc" for c in name)
+    assert not BIDI_CONTROLS.intersection(name)
+    check_new_segment(name, name)
     StorePath((name,))  # every safe name is a valid path segment
 
 
@@ -489,3 +500,12 @@ def test_a_parent_segment_gets_no_suggestion() -> None:
     with pytest.raises(InvalidPath) as refused:
         StorePath.parse("../etc/passwd")
     assert "did you mean" not in str(refused.value) and "must be under /documents" in str(refused.value)
+
+
+@pytest.mark.parametrize("mark", sorted(BIDI_CONTROLS))
+def test_a_new_name_with_a_bidirectional_control_is_refused_and_an_existing_one_parses(mark: str) -> None:
+    """(design §2.3) a right-to-left override shows ``report\u202egnp.exe`` as ``reportexe.png``."""
+    name = f"report{mark}gnp.exe.md"
+    with pytest.raises(InvalidPath, match=f"bidirectional control character \\(U\\+{ord(mark):04X}\\)"):
+        check_new_segment(name, "/documents/" + name)
+    assert StorePath.parse("/documents/" + name).name == name  # an existing document stays addressable

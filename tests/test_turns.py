@@ -218,6 +218,26 @@ def test_a_turn_id_with_letters_outside_ascii_is_refused_saying_which_letters_ar
         root_turn_id("café")
 
 
+def test_a_new_name_with_a_bidirectional_override_is_refused_in_a_turn_and_by_the_store(workspace, kb):
+    """(design §2.3) ``report\u202egnp.exe.md`` shows as ``reportexe.png`` … in a review page: a turn's
+    write, move and mkdir, and a store transaction, refuse to create it; nothing lands."""
+    spoof = "/documents/report\u202egnp.exe.md"
+    t = workspace.turn(WS, "bidi", "agent")
+    t.write("/documents/plain.md", "plain\n")
+    for attempt in (
+        lambda: t.write(spoof, "x\n"),
+        lambda: t.move("/documents/plain.md", spoof),
+        lambda: t.write("/documents/a\u2066b/c.md", "x\n"),
+    ):
+        with pytest.raises(InvalidPath, match="bidirectional control"):
+            attempt()
+    assert t.commit().added == ["/documents/plain.md"]
+    with pytest.raises(InvalidPath, match="bidirectional control"), kb.transaction(WS, "m", "a") as tx:
+        tx.write(spoof, b"x")
+    paths = kb.list_paths(WS)
+    assert "/documents/plain.md" in paths and not any("\u202e" in p or "\u2066" in p for p in paths)
+
+
 def test_path_safety(workspace, tmp_path):
     t = workspace.turn(WS, "safe", "agent")
     outside = tmp_path / "outside.txt"
