@@ -17,7 +17,7 @@ import click
 from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
-from kb.adapters.cli.terminal import shown_on_terminal
+from kb.adapters.cli.terminal import shown, shown_on_terminal
 from kb.errors import EditorFailed
 
 
@@ -79,7 +79,7 @@ def import_(
     if report.removed and report.revision is not None:  # --prune: said by name, and how to undo it
         gone = [c.path for c in report.revision.changes if c.change == "removed"]
         for removed in gone[:shown_per_reason]:
-            click.echo(f"removed {removed}: not in the folder (--prune)")
+            click.echo(f"removed {shown(removed)}: not in the folder (--prune)")
         if len(gone) > shown_per_reason:
             click.echo(f"removed {len(gone) - shown_per_reason} more not in the folder (--prune)")
         if report.revision.parent_id:
@@ -91,7 +91,7 @@ def import_(
         by_reason.setdefault(entry.reason, []).append(entry.path)
     for reason, paths in by_reason.items():
         for skipped in paths[:shown_per_reason]:
-            click.echo(f"skipped {skipped}: {reason}")
+            click.echo(f"skipped {shown(skipped)}: {shown(reason)}")
         if len(paths) > shown_per_reason:
             click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
     if report.unindexable:
@@ -101,7 +101,7 @@ def import_(
             "Fix the file and import again to index it:"
         )
         for unindexable, reason in report.unindexable.items():
-            click.echo(f"  {unindexable}: {reason}")
+            click.echo(f"  {shown(unindexable)}: {shown(reason)}")
     if report.revision is not None:
         from kb.jobs.worker import live_workers
 
@@ -115,7 +115,7 @@ def import_(
             )
     if report.renamed:
         count = len(report.renamed)
-        examples = ", ".join(f"{old} -> {new}" for old, new in _shown_renames(report.renamed, 3))
+        examples = ", ".join(f"{shown(old)} -> {shown(new)}" for old, new in _shown_renames(report.renamed, 3))
         click.echo(
             f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
             f"({'e.g. ' if count > 3 else ''}{examples}); see docs/storage-and-paths.md"
@@ -184,6 +184,9 @@ def read(
     path: str, workspace: int, revision: str | None, as_json: bool, chat: str | None, offset: int, limit: int | None
 ) -> None:
     """Print one document's envelope: every line, or a window of lines with their true numbers.
+
+    On a terminal, control characters in the text (escape sequences) are shown escaped (\\x1b);
+    into a pipe or a file the text is written as stored.
 
     Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb read
     "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
@@ -269,7 +272,7 @@ def ls(folder: str, workspace: int, revision: str | None, as_json: bool) -> None
         click.echo(json.dumps(json_form(entries), ensure_ascii=False, indent=2))
         return
     for entry in entries:
-        click.echo(entry.path + ("/" if entry.kind == "folder" else ""))
+        click.echo(shown(entry.path) + ("/" if entry.kind == "folder" else ""))
 
 
 @click.command("new")

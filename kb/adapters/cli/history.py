@@ -8,7 +8,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
-from kb.adapters.cli.terminal import shown_on_terminal
+from kb.adapters.cli.terminal import shown, shown_on_terminal
 
 
 @click.command()
@@ -36,12 +36,12 @@ def log(path: str | None, workspace: int, limit: int) -> None:
         )
     for revision in revisions:
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
-        click.echo(f"{revision.id}  {revision.author}  {when}")
-        click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
+        click.echo(f"{revision.id}  {shown(revision.author)}  {when}")
+        click.echo(f"    {shown(revision.message.splitlines()[0]) if revision.message else ''}")
         sources = {c.old_path for c in revision.changes if c.change == "moved"}
         paths = [_describe(c) for c in revision.changes if not (c.change == "moved_away" and c.path in sources)]
         for changed in paths[:10]:
-            click.echo(f"    {changed}")
+            click.echo(f"    {shown(changed)}")
         if len(paths) > 10:
             click.echo(f"    … and {len(paths) - 10} more")
 
