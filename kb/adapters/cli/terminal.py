@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import sys
+import unicodedata
 
 UNSAFE = "\\x00-\\x1f\\x7f-\\x9f\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069"
 """Characters a terminal acts on or that reorder the text shown around them."""
@@ -43,3 +44,23 @@ def shown_on_terminal(text: str) -> str:
     if not sys.stdout.isatty():
         return text
     return shown(text, lines=True)
+
+
+def display_width(text: str) -> int:
+    """Columns ``text`` takes on a terminal: a wide (East Asian W/F) character two, a combining
+    mark none, any other one."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def fitted(text: str, columns: int) -> str:
+    """``text`` cut to ``columns`` terminal columns, its last one ``…`` when it was cut."""
+    if display_width(text) <= columns:
+        return text
+    kept, used = [], 0
+    for c in text:
+        width = display_width(c)
+        if used + width > columns - 1:
+            break
+        kept.append(c)
+        used += width
+    return "".join(kept) + "…" if columns > 0 else ""
