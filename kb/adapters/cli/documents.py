@@ -64,8 +64,8 @@ def import_(
             progress.clear()
     if report.created_workspace:
         click.echo(f"created workspace {workspace}")
-    if report.folder_renamed:  # the path law changed the prefix: said, not silent
-        click.echo(f"into {report.folder} (--prefix {prefix!r} made safe for every OS; see docs/storage-and-paths.md)")
+    if report.folder_renamed and prefix is not None:  # the path law changed the prefix: said, not silent
+        click.echo(_prefix_renamed(prefix, report.folder, workspace))
     if report.revision is None:
         click.echo(f"no changes: {counted(report.documents_found, 'document')} already up to date")
     else:
@@ -120,6 +120,31 @@ def import_(
             f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
             f"({'e.g. ' if count > 3 else ''}{examples}); see docs/storage-and-paths.md"
         )
+
+
+def _prefix_renamed(prefix: str, folder: str, workspace: int) -> str:
+    """What ``kb import`` says when the path law (design §2) stored ``--prefix`` under another
+    spelling: what was wrong with it, where the documents went, and the path to write from now on.
+    A prefix in Unicode NFD looks the same as its NFC form on a terminal, so its decomposed
+    characters are named (``e + U+0301``)."""
+    import unicodedata
+
+    reasons = []
+    composed = unicodedata.normalize("NFC", prefix)
+    if composed != prefix:
+        marks = sorted({c for c in unicodedata.normalize("NFD", prefix) if unicodedata.combining(c)})
+        named = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '?')}" for c in marks[:3])
+        reasons.append(
+            f"it is in Unicode NFD: its accents are separate combining characters ({named}), "
+            "as macOS file names and some keyboards give them; names are stored composed (NFC)"
+        )
+    if composed.strip("/") != folder.removeprefix("/documents").strip("/"):
+        reasons.append("it holds characters some OS forbid in names (or a trailing dot or space); they were replaced")
+    return (
+        f"into {shown(folder)}: --prefix {ascii(prefix)} was changed because {'; and '.join(reasons)} "
+        f"(docs/storage-and-paths.md). Write the stored spelling from now on, e.g. "
+        f'kb ls "{shown(folder)}" -w {workspace}'
+    )
 
 
 def _shown_renames(renamed: dict[str, str], most: int) -> list[tuple[str, str]]:
