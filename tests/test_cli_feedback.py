@@ -385,7 +385,7 @@ def test_import_says_which_names_and_which_prefix_the_path_law_changed(kb_env, t
     (notes / "Re\u0301sume\u0301.md").write_text("# R\n")
     (notes / "a:b.md").write_text("# A\n")
     out = run_cli(kb_env, "import", str(notes), "-w", "1", "--prefix", "x:y").stdout
-    assert "into /documents/x_y (--prefix 'x:y' made safe for every OS" in out, out
+    assert "into /documents/x_y: --prefix 'x:y' was changed because it holds characters some OS forbid" in out, out
     said = re.search(r"2 names were made safe for every OS \((.*)\); see", out)
     assert said, out
     first, second = said.group(1).split(", ", 1)

@@ -68,6 +68,122 @@ def test_lines_are_the_lines_re_matches_one_by_one(pattern, text, ignore_case):
     assert matcher.lines("/documents/t.md", text) == one_by_one(pattern, text, ignore_case)
 
 
+FRAGMENTS = [
+    "a",
+    "b",
+    "é",
+    ".",
+    "^",
+    "$",
+    "|",
+    "(",
+    ")",
+    "+",
+    "*",
+    "?",
+    r"\s",
+    r"\S",
+    r"\w",
+    r"\W",
+    r"\d",
+    r"\b",
+    r"\B",
+    r"[^\w]",
+    r"[\sa]",
+    r"[^\sb]",
+    "{e<=1}",  # fuzzy matching in regex, literal text in re
+    "{1,2}",
+    "{,2}",
+    "{ 1}",
+    "[[:alpha:]]",  # a POSIX class in regex, a set and a ']' in re
+    "(?-i:a)",  # scoped flags turning a flag off
+    "(?i:A)",
+    "(?-m:^a)",
+    "(?-m:b$)",
+    "(?-s:.)",
+    "(?s:.)",
+    "(?a:\\w)",
+    "(?>a+)",
+    "a++",
+    "(?P<g>a)(?P=g)",
+    "(a)?(?(1)b|x)",
+    r"\p{L}",  # regex-only syntax: refused as re refuses it
+    "(?V1)",
+    r"\L<words>",
+    "(?|a|b)",
+    "(?r)a",
+    r"\K",
+    r"\N{LATIN SMALL LETTER E WITH ACUTE}",
+]
+TEXT = [
+    "a",
+    "b",
+    "A",
+    "é",
+    "e\u0301",
+    " ",
+    "\n",
+    "\r\n",
+    "\x1c",
+    "\u00a0",
+    "{",
+    "}",
+    "e",
+    "<",
+    "=",
+    "1",
+    "²",
+    "٣",
+    ":",
+    "]",
+    "_",
+    "İ",
+    "i",
+]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=5).map("".join),
+    st.lists(st.sampled_from(TEXT), max_size=30).map("".join),
+    st.booleans(),
+)
+def test_grep_follows_re_on_what_re_and_regex_read_differently(pattern, text, ignore_case):
+    """Whatever the pattern, grep answers as re does: re's errors are InvalidPattern (regex-only
+    syntax included), and re's literals, classes and scoped flags keep re's meaning."""
+    try:
+        expected = one_by_one(pattern, text, ignore_case)
+    except re.error:
+        with pytest.raises(InvalidPattern, match="does not compile"):
+            LinePattern(pattern, ignore_case=ignore_case, seconds=60)
+        return
+    assert LinePattern(pattern, ignore_case=ignore_case, seconds=60).lines("/documents/t.md", text) == expected
+
+
+@pytest.mark.parametrize("depth", [200, 5000])
+def test_deeply_nested_groups_are_refused_or_matched_not_a_crash(depth):
+    """A pattern nested thousands deep made re's parser (and regex's compiler) recurse past
+    Python's limit: a RecursionError escaped grep. It is an InvalidPattern; a nesting re accepts
+    matches as re does."""
+    pattern = "(" * depth + "a" + ")" * depth
+    try:
+        expected = one_by_one(pattern, "a\nb", False)
+    except RecursionError:
+        with pytest.raises(InvalidPattern, match="too deeply nested"):
+            LinePattern(pattern, ignore_case=False, seconds=60)
+        return
+    assert LinePattern(pattern, ignore_case=False, seconds=60).lines("/documents/t.md", "a\nb") == expected
+
+
+def test_counted_repeats_too_large_to_spell_out_are_refused():
+    """regex writes a counted repeat out item by item when it compiles: a{1000000000} exhausted
+    the memory of the process (kb serve with it). Past MAX_EXPANSION items the pattern is refused."""
+    for pattern in ("a{1000000000}", "(?:a{1000}){1000}", "(?:(?:x{100}){100}){100}"):
+        with pytest.raises(InvalidPattern, match="counted repeats"):
+            LinePattern(pattern, ignore_case=False, seconds=60)
+    assert LinePattern("x{2,1000}", ignore_case=False, seconds=60).lines("/d/t.md", "xx\nx") == [(1, "xx")]
+
+
 def test_a_pattern_whose_backtracking_explodes_stops_at_the_bound():
     """(a|aa)+$ on a line of 40 a's and a b: re would run for hours; the bound stops it with an
     error naming the document and what to do."""
@@ -79,6 +195,8 @@ def test_a_pattern_whose_backtracking_explodes_stops_at_the_bound():
 def test_a_pattern_that_does_not_compile_is_invalid():
     with pytest.raises(InvalidPattern, match="does not compile"):
         LinePattern("(", ignore_case=False, seconds=1)
+    with pytest.raises(InvalidPattern, match=r"bad escape \\p.*Python re's syntax"):
+        LinePattern(r"\p{L}", ignore_case=False, seconds=1)  # regex would read a Unicode property
 
 
 def test_a_literal_pattern_keeps_the_time_bound_between_documents():

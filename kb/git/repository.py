@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -77,11 +78,25 @@ class TreeChange:
 
 
 def format_identity(who: str) -> bytes:
-    """``Name <email>`` bytes for a commit; a bare name gets an empty email (``Name <>``)."""
-    who = " ".join(who.replace("\n", " ").split()) or "kb"
-    if who.endswith(">") and "<" in who:
-        return who.encode()
-    return f"{who.replace('<', '').replace('>', '')} <>".encode()
+    """``Name <email>`` bytes for a commit, in the form ``git fsck --strict`` accepts (design §3).
+
+    ``who`` is ``Name <email>`` (the email is what the last ``<…>`` at its end holds) or a bare
+    name, which gets an empty email (``Name <>``). As git's own ident code does, the name loses
+    ``<``, ``>`` and control characters and its whitespace runs become one space; the email loses
+    those and all whitespace. An empty name becomes the email's local part, else ``kb``. So
+    ``A <a> <b>`` is ``A a <b>``, never a second ``<…>`` that git reads as the date."""
+    name, email = who, ""
+    stripped = who.rstrip()
+    if stripped.endswith(">") and "<" in stripped:
+        name, _, email = stripped[:-1].rpartition("<")
+    name = " ".join(_IDENT_CRUD.sub(" ", name).split())
+    email = "".join(_IDENT_CRUD.sub("", email).split())
+    name = name or " ".join(_IDENT_CRUD.sub(" ", email.partition("@")[0]).split()) or "kb"
+    return f"{name} <{email}>".encode()
+
+
+_IDENT_CRUD = re.compile(r"[<>\x00-\x1f\x7f]")
+"""Characters an identity's name or email cannot hold in a commit (git's ident drops them too)."""
 
 
 PACK_CLOSE_ATTEMPTS = 8

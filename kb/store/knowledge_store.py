@@ -62,6 +62,7 @@ from kb.git.repository import Repository
 from kb.paths import StorePath, check_workspace_id
 from kb.settings import Settings
 from kb.store import artifact_rows, group_commit, repository_guard, write_keys
+from kb.store.authors import git_identity
 from kb.store.commit_checks import check_case_collisions
 from kb.store.draft import BlobRef, Draft, repo_path_of
 from kb.store.history import (
@@ -666,6 +667,8 @@ class KnowledgeStore:
         """
         if draft.is_empty():
             return None
+        # git's form of each identity, recorded alike in the commit and in Postgres
+        author, committer = git_identity(author), git_identity(committer)
         if draft.idempotency_key is None:
             draft.idempotency_key = write_keys.new_key()
         fault_point("draft_ready")

@@ -3,10 +3,19 @@
 A turn's ``grep`` takes a regular expression from its caller — in ``kb serve``, from any read
 token. Python's ``re`` cannot be stopped: a pattern whose backtracking explodes (``(a|aa)+$``
 doubles its work with each character of a line of a's) holds the interpreter lock for hours, and
-with it every thread of the server. So the pattern runs on the ``regex`` engine in its
-``re``-compatible mode (``VERSION0``: ``re``'s syntax and answers), which takes a timeout: one
-:class:`LinePattern` may spend at most ``seconds`` matching, all its documents together, then
-raises InvalidPattern.
+with it every thread of the server. So the pattern runs on the ``regex`` engine, which takes a
+timeout: one :class:`LinePattern` may spend at most ``seconds`` matching, all its documents
+together, then raises InvalidPattern.
+
+The contract is ``re``'s syntax and answers, which ``regex`` — even in its ``re``-compatible mode
+(``VERSION0``) — does not keep: it accepts what ``re`` refuses (``\\p{L}``, ``(?V1)``, ``\\L<name>``),
+reads as syntax what ``re`` reads as literal text (``a{e<=1}`` is fuzzy matching there,
+``[[:alpha:]]`` a POSIX class), and its ``\\s``, ``\\w``, ``\\d`` and ``\\b`` follow Unicode's
+properties where ``re`` follows ``str.isspace``/``isalnum``/``isdecimal``. So the pattern is
+compiled by ``re`` first (its error is the InvalidPattern, a RecursionError of a pattern nested too
+deep too), and ``re``'s parse tree is written back for ``regex`` with every literal escaped and
+every category spelled as ``re`` means it (:class:`_Translation`); a scoped flag is kept in the
+group that sets or clears it.
 
 A line matches when the pattern matches it alone (``kb.lines.document_lines``: without its
 ``\\r`` or the first line's BOM). The engine's per-call cost with a timeout (~2.6 µs) made one call
@@ -16,8 +25,9 @@ its next match; the line holding that match is then checked alone, and the searc
 next line — one call for a document without a match, two for each matching line. A match that
 runs past its line's end leaves the next line to be searched from its start, so every line the
 pattern matches alone is found. What a whole document would answer otherwise than its lines alone
-is matched line by line instead (``LOOKS_PAST_A_LINE``): ``\\A`` and ``\\Z`` mean one line's start
-or end, and a lookaround looks past a line's end (``(?<!\\s)b`` fails on the ``b`` after a line
+is matched line by line instead (read from the parse tree): ``\\A`` and ``\\Z`` mean one line's
+start or end, so do ``^`` and ``$`` where a scoped ``(?-m:...)`` clears MULTILINE, and a lookaround
+looks past a line's end (``(?<!\\s)b`` fails on the ``b`` after a line
 break in a document, though the line ``b`` alone matches).
 
 A pattern without any of the characters that make a regular expression more than its letters
@@ -29,40 +39,238 @@ searches.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
+import sys
 import time
 from typing import Any
 
 from kb.errors import InvalidPattern
 from kb.lines import BOM, document_lines
 
+sre: Any = importlib.import_module("re._constants")  # the parse tree re builds (3.11+), translated below
+sre_parse: Any = importlib.import_module("re._parser")
+
 REGEX_CHARACTERS = frozenset(".^$*+?{}[]\\|()")
 """Characters that make a pattern more than a literal; a pattern with none of them runs on ``re``."""
-LOOKS_PAST_A_LINE = ("\\A", "\\Z", "(?=", "(?!", "(?<=", "(?<!")
-"""Pattern text whose answer in a whole document can differ from its answer on each line alone
-(anchors of the string, lookarounds): such a pattern is matched line by line. An escaped ``\\(?=``
-holds one too and only costs the slower scan."""
+MAX_EXPANSION = 200_000
+"""The most pattern items a grep pattern may stand for once its counted repeats are spelled out:
+``regex`` writes ``a{1000}`` out as a thousand items when it compiles it, so ``(?:a{1000}){1000}``
+took 0.4 s and ``a{1000000000}`` exhausted the memory of the process (``kb serve`` with it)."""
+
+_FLAG_I, _FLAG_M, _FLAG_S, _FLAG_A = (
+    sre.SRE_FLAG_IGNORECASE,
+    sre.SRE_FLAG_MULTILINE,
+    sre.SRE_FLAG_DOTALL,
+    sre.SRE_FLAG_ASCII,
+)
+
+
+def _ranges(codes) -> str:
+    """The code points ``codes`` (sorted), as the inside of a character class (``\\U`` escapes)."""
+    parts: list[str] = []
+    start = previous = None
+    for code in [*codes, None]:
+        if code is not None and previous is not None and code == previous + 1:
+            previous = code
+            continue
+        if start is not None:
+            parts.append(_char(start) + (f"-{_char(previous)}" if previous != start else ""))
+        start = previous = code
+    return "".join(parts)
+
+
+_RE_CATEGORIES = {  # re's categories for str (sre: Py_UNICODE_ISDECIMAL, ISSPACE, ISALNUM or _)
+    "DIGIT": (str.isdecimal, lambda c: "0" <= c <= "9"),
+    "SPACE": (str.isspace, lambda c: c in " \t\n\r\f\v"),
+    "WORD": (lambda c: c.isalnum() or c == "_", lambda c: c.isascii() and (c.isalnum() or c == "_")),
+}
+
+
+@functools.cache
+def _category(category, ascii_only: bool) -> str:
+    """A ``regex`` expression for one character of one of re's categories (``\\d \\D \\s \\S \\w
+    \\W``) as re defines it for ``str``. ``regex``'s own classes follow Unicode's properties (and a
+    later Unicode) instead: its ``\\s`` skips ``\\x1c``-``\\x1f``, its ``\\w`` takes combining marks
+    and leaves ``²``, and answered other lines. Its class is used with the code points where the
+    two differ added or looked ahead for (computed once: about a second)."""
+    name = str(category).removeprefix("CATEGORY_")
+    negated = name.startswith("NOT_")
+    name = name.removeprefix("NOT_")
+    unicode_test, ascii_test = _RE_CATEGORIES[name]
+    if ascii_only:
+        body = _ranges(c for c in range(128) if ascii_test(chr(c)))
+        return f"[^{body}]" if negated else f"[{body}]"
+    import regex
+
+    everything = "".join(map(chr, range(sys.maxunicode + 1)))
+    theirs = set(regex.findall("\\" + name[0].lower(), everything, flags=regex.VERSION0))
+    ours = {c for c in everything if unicode_test(c)}
+    extra, missing = _ranges(sorted(map(ord, ours - theirs))), _ranges(sorted(map(ord, theirs - ours)))
+    if negated:  # everything but ours: regex's complement, less our extras, with its extras
+        upper = name[0].upper()
+        own = f"[\\{upper}{missing}]"
+        return f"(?:(?![{extra}]){own})" if extra else own
+    own = f"[\\{name[0].lower()}{extra}]"
+    return f"(?:(?![{missing}]){own})" if missing else own
+
+
+def _char(code: int) -> str:
+    return f"\\U{code:08x}"
+
+
+class _Translation:
+    """re's parse tree of a pattern written back in ``regex``'s syntax, every literal escaped and
+    every class spelled out, so the two engines read the same pattern (see the module)."""
+
+    def __init__(self) -> None:
+        self.by_line = False  # an anchor of the string or a lookaround: matched line by line
+        self.size = 0
+
+    def items(self, items, flags: int, scale: int) -> str:
+        return "".join(self.item(op, av, flags, scale) for op, av in items)
+
+    def item(self, op, av, flags: int, scale: int) -> str:
+        self.size += scale
+        if self.size > MAX_EXPANSION:
+            raise InvalidPattern(
+                f"its counted repeats stand for more than {MAX_EXPANSION:,} pattern items once spelled out "
+                "(kb's grep engine writes them out when it compiles); use smaller counts such as {1,100}"
+            )
+        if op is sre.LITERAL:
+            return _char(av)
+        if op is sre.NOT_LITERAL:
+            return f"[^{_char(av)}]"
+        if op is sre.ANY:
+            return "[\\x00-\\U0010ffff]" if flags & _FLAG_S else "[^\\n]"
+        if op is sre.IN:
+            return self.charset(av, flags)
+        if op is sre.BRANCH:
+            return "(?:" + "|".join(self.items(branch, flags, scale) for branch in av[1]) + ")"
+        if op is sre.SUBPATTERN:
+            group, add, remove, body = av
+            inner_flags = (flags | add) & ~remove
+            inner = self.items(body, inner_flags, scale)
+            on = "".join(f for bit, f in ((_FLAG_I, "i"), (_FLAG_A, "a")) if add & bit)
+            off = "".join(f for bit, f in ((_FLAG_I, "i"), (_FLAG_A, "a")) if remove & bit)
+            if group is not None:  # one level of nesting per group: regex's compiler recurses on each
+                inner = f"({inner})"
+            return (
+                f"(?{on}{'-' + off if off else ''}:{inner})"
+                if on or off
+                else inner
+                if group is not None
+                else f"(?:{inner})"
+            )
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            low, high, body = av
+            inner = self.items(body, flags, scale * max(low, 1 if high is sre.MAXREPEAT else high, 1))
+            count = f"{{{low},{'' if high is sre.MAXREPEAT else high}}}"
+            return f"(?:{inner}){count}" + {sre.MAX_REPEAT: "", sre.MIN_REPEAT: "?"}.get(op, "+")
+        if op is sre.ATOMIC_GROUP:
+            return f"(?>{self.items(av, flags, scale)})"
+        if op is sre.GROUPREF:
+            return f"(?:\\g<{av}>)"
+        if op is sre.GROUPREF_EXISTS:
+            group, yes, no = av
+            otherwise = "|" + self.items(no, flags, scale) if no else ""
+            return f"(?({group}){self.items(yes, flags, scale)}{otherwise})"
+        if op in (sre.ASSERT, sre.ASSERT_NOT):
+            self.by_line = True  # a lookaround sees past a line's end in a whole document
+            direction, body = av
+            kind = ("=" if op is sre.ASSERT else "!") if direction > 0 else ("<=" if op is sre.ASSERT else "<!")
+            return f"(?{kind}{self.items(body, flags, scale)})"
+        if op is sre.AT:
+            return self.at(av, flags)
+        raise InvalidPattern(f"kb's grep cannot run its {op} part")  # a node re adds in a later version
+
+    def at(self, where, flags: int) -> str:
+        word = f"(?-i:{_category(sre.CATEGORY_WORD, bool(flags & _FLAG_A))})"
+        if where is sre.AT_BOUNDARY:
+            return f"(?:(?<={word})(?!{word})|(?<!{word})(?={word}))"
+        if where is sre.AT_NON_BOUNDARY:  # re's \\B never matches in an empty string
+            return f"(?!\\A\\Z)(?:(?<={word})(?={word})|(?<!{word})(?!{word}))"
+        multiline = bool(flags & _FLAG_M)
+        if where in (sre.AT_BEGINNING_STRING, sre.AT_END_STRING) or not multiline:
+            self.by_line = True  # the string's start or end: a line's when the line is alone
+        if where is sre.AT_BEGINNING:
+            return "^" if multiline else "\\A"
+        if where is sre.AT_END:
+            return "$" if multiline else "(?=\\n?\\Z)"
+        return "\\A" if where is sre.AT_BEGINNING_STRING else "\\Z"
+
+    def charset(self, items, flags: int) -> str:
+        negated = bool(items) and items[0][0] is sre.NEGATE
+        plain, categories = [], []
+        for op, av in items[1:] if negated else items:
+            if op is sre.LITERAL:
+                plain.append(_char(av))
+            elif op is sre.RANGE:
+                plain.append(f"{_char(av[0])}-{_char(av[1])}")
+            elif op is sre.CATEGORY:  # re does not case-fold a category's characters
+                categories.append(f"(?-i:{_category(av, bool(flags & _FLAG_A))})")
+            else:
+                raise InvalidPattern(f"kb's grep cannot run its {op} part")
+        caret = "^" if negated else ""
+        if not categories:
+            return f"[{caret}{''.join(plain)}]"
+        union = "|".join(([f"[{''.join(plain)}]"] if plain else []) + categories)
+        return f"(?:(?!{union})[\\x00-\\U0010ffff])" if negated else f"(?:{union})"
+
+
+def _translated(pattern: str, flags: int) -> tuple[str, int, bool]:
+    """``pattern`` as re reads it (with re's ``flags``), written for ``regex``; the flags of the
+    whole pattern (``re``'s, its own ``(?i)`` included); whether it must be matched line by line.
+    Raises InvalidPattern where re refuses it."""
+    try:
+        re.compile(pattern, flags)  # re's verdict first: grep's contract is re's syntax
+        tree = sre_parse.parse(pattern, flags)
+        translation = _Translation()
+        written = translation.items(tree, tree.state.flags, 1)
+    except re.error as exc:
+        raise InvalidPattern(
+            f"grep pattern {pattern!r} does not compile: {exc} (grep takes Python re's syntax; "
+            "escape a character meant literally with \\)"
+        ) from None
+    except (RecursionError, OverflowError, ValueError, MemoryError) as exc:
+        raise InvalidPattern(
+            f"grep pattern {pattern!r} does not compile: too deeply nested or too large ({type(exc).__name__}); "
+            "simplify the pattern"
+        ) from None
+    except InvalidPattern as exc:
+        raise InvalidPattern(f"grep pattern {pattern!r} is refused: {exc}") from None
+    return written, tree.state.flags, translation.by_line
 
 
 class LinePattern:
     """A compiled grep pattern with its time budget (``seconds`` of matching from creation).
 
-    Raises InvalidPattern when ``pattern`` does not compile."""
+    Raises InvalidPattern when ``pattern`` does not compile with Python's ``re`` (the syntax grep
+    takes), is nested too deep or spells out too large a pattern."""
 
     def __init__(self, pattern: str, *, ignore_case: bool, seconds: float) -> None:
         self._literal = not REGEX_CHARACTERS.intersection(pattern)
+        re_flags = re.MULTILINE | (re.IGNORECASE if ignore_case else 0)
+        self._by_line = False
         if self._literal:  # linear whatever the text: re, without a timeout (see the module)
-            self._compiled: Any = re.compile(pattern, re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
+            self._compiled: Any = re.compile(pattern, re_flags)
         else:
-            import regex as engine  # re's syntax, with the time limit re lacks
+            import regex as engine  # the time limit re lacks
 
-            flags = engine.VERSION0 | engine.MULTILINE | (engine.IGNORECASE if ignore_case else 0)
+            written, whole, self._by_line = _translated(pattern, re_flags)
+            flags = engine.VERSION0 | engine.MULTILINE
+            flags |= (engine.IGNORECASE if whole & re.IGNORECASE else 0) | (engine.ASCII if whole & re.ASCII else 0)
             try:
-                self._compiled = engine.compile(pattern, flags)
-            except (engine.error, ValueError, OverflowError) as exc:
+                self._compiled = engine.compile(written, flags)
+            except RecursionError:
+                raise InvalidPattern(
+                    f"grep pattern {pattern!r} does not compile: too deeply nested for kb's grep engine; "
+                    "simplify the pattern"
+                ) from None
+            except (engine.error, ValueError, OverflowError, MemoryError) as exc:
                 raise InvalidPattern(f"grep pattern {pattern!r} does not compile: {exc}") from None
         self.pattern, self.seconds = pattern, seconds
-        self._by_line = any(part in pattern for part in LOOKS_PAST_A_LINE)
         self._deadline = time.monotonic() + seconds
 
     def _search(self, text: str, pos: int, where: str):

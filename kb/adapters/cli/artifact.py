@@ -13,6 +13,7 @@ import click
 from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown, shown_on_terminal
 
 file_option = click.option(
     "--file",
@@ -51,12 +52,14 @@ def _markdown(source: str) -> bytes:
 
 
 def _describe(artifact) -> None:
-    click.echo(f"artifact {artifact.id}: {artifact.path}")
-    click.echo(f"  title: {artifact.title}   format: {artifact.format}   generation: {artifact.generation}")
+    click.echo(f"artifact {artifact.id}: {shown(artifact.path)}")
+    click.echo(
+        f"  title: {shown(artifact.title)}   format: {shown(artifact.format)}   generation: {artifact.generation}"
+    )
     if artifact.revision:
         click.echo(f"  revision: {artifact.revision}")
     for f in artifact.files:
-        click.echo(f"  file {f.role}: {f.size} bytes, sha256 {f.sha256}")
+        click.echo(f"  file {shown(f.role)}: {f.size} bytes, sha256 {f.sha256}")
 
 
 @click.group()
@@ -150,6 +153,8 @@ def show(artifact_id: int, role: str | None, show_markdown: bool, output: Path |
     if output:
         output.write_bytes(data)
         click.echo(f"wrote {len(data)} bytes to {output}")
+    elif sys.stdout.isatty():  # the artifact's own bytes: as they are into a pipe, escaped on a terminal
+        click.echo(shown_on_terminal(data.decode("utf-8", errors="replace")), nl=False)
     else:
         sys.stdout.buffer.write(data)
 
@@ -162,7 +167,9 @@ def list_(workspace: int) -> None:
     Example: kb artifact list -w 1
     """
     for a in _artifacts(workspace).list():
-        click.echo(f"{a.id}\tgeneration {a.generation}\t{a.format}\t{counted(len(a.files), 'file')}\t{a.path}")
+        click.echo(
+            f"{a.id}\tgeneration {a.generation}\t{shown(a.format)}\t{counted(len(a.files), 'file')}\t{shown(a.path)}"
+        )
 
 
 @artifact.command()

@@ -11,6 +11,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown, shown_on_terminal
 
 chat_option = click.option(
     "--chat", "-c", "chat", required=True, help="The conversation's id (any text up to 200 characters)."
@@ -140,7 +141,7 @@ def resolve(citation: str, chat: str, workspace: int, follow: bool, as_json: boo
     if as_json:
         _echo_json(resolution.as_json())
     else:
-        click.echo(resolution.render())
+        click.echo(shown_on_terminal(resolution.render()))  # the document's lines, as kb read shows them
 
 
 @cite.command("list")
@@ -158,7 +159,9 @@ def list_(chat: str, workspace: int, as_json: bool) -> None:
     elif not handles:
         click.echo(f"chat {chat!r} has no handles")
     for h in [] if as_json else handles:
-        click.echo(f"[{h.n}]\t{'numbered' if h.numbered else 'un-numbered'}\t{h.revision[:12]}\t{h.path}\t{h.title}")
+        click.echo(
+            f"[{h.n}]\t{'numbered' if h.numbered else 'un-numbered'}\t{h.revision[:12]}\t{shown(h.path)}\t{shown(h.title)}"
+        )
 
 
 @cite.command()

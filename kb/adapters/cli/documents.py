@@ -17,7 +17,7 @@ import click
 from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
-from kb.adapters.cli.terminal import shown_on_terminal
+from kb.adapters.cli.terminal import shown, shown_on_terminal
 from kb.errors import EditorFailed
 
 
@@ -64,8 +64,8 @@ def import_(
             progress.clear()
     if report.created_workspace:
         click.echo(f"created workspace {workspace}")
-    if report.folder_renamed:  # the path law changed the prefix: said, not silent
-        click.echo(f"into {report.folder} (--prefix {prefix!r} made safe for every OS; see docs/storage-and-paths.md)")
+    if report.folder_renamed and prefix is not None:  # the path law changed the prefix: said, not silent
+        click.echo(_prefix_renamed(prefix, report.folder, workspace))
     if report.revision is None:
         click.echo(f"no changes: {counted(report.documents_found, 'document')} already up to date")
     else:
@@ -79,7 +79,7 @@ def import_(
     if report.removed and report.revision is not None:  # --prune: said by name, and how to undo it
         gone = [c.path for c in report.revision.changes if c.change == "removed"]
         for removed in gone[:shown_per_reason]:
-            click.echo(f"removed {removed}: not in the folder (--prune)")
+            click.echo(f"removed {shown(removed)}: not in the folder (--prune)")
         if len(gone) > shown_per_reason:
             click.echo(f"removed {len(gone) - shown_per_reason} more not in the folder (--prune)")
         if report.revision.parent_id:
@@ -91,7 +91,7 @@ def import_(
         by_reason.setdefault(entry.reason, []).append(entry.path)
     for reason, paths in by_reason.items():
         for skipped in paths[:shown_per_reason]:
-            click.echo(f"skipped {skipped}: {reason}")
+            click.echo(f"skipped {shown(skipped)}: {shown(reason)}")
         if len(paths) > shown_per_reason:
             click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
     if report.unindexable:
@@ -101,7 +101,7 @@ def import_(
             "Fix the file and import again to index it:"
         )
         for unindexable, reason in report.unindexable.items():
-            click.echo(f"  {unindexable}: {reason}")
+            click.echo(f"  {shown(unindexable)}: {shown(reason)}")
     if report.revision is not None:
         from kb.jobs.worker import live_workers
 
@@ -115,11 +115,36 @@ def import_(
             )
     if report.renamed:
         count = len(report.renamed)
-        examples = ", ".join(f"{old} -> {new}" for old, new in _shown_renames(report.renamed, 3))
+        examples = ", ".join(f"{shown(old)} -> {shown(new)}" for old, new in _shown_renames(report.renamed, 3))
         click.echo(
             f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
             f"({'e.g. ' if count > 3 else ''}{examples}); see docs/storage-and-paths.md"
         )
+
+
+def _prefix_renamed(prefix: str, folder: str, workspace: int) -> str:
+    """What ``kb import`` says when the path law (design §2) stored ``--prefix`` under another
+    spelling: what was wrong with it, where the documents went, and the path to write from now on.
+    A prefix in Unicode NFD looks the same as its NFC form on a terminal, so its decomposed
+    characters are named (``e + U+0301``)."""
+    import unicodedata
+
+    reasons = []
+    composed = unicodedata.normalize("NFC", prefix)
+    if composed != prefix:
+        marks = sorted({c for c in unicodedata.normalize("NFD", prefix) if unicodedata.combining(c)})
+        named = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '?')}" for c in marks[:3])
+        reasons.append(
+            f"it is in Unicode NFD: its accents are separate combining characters ({named}), "
+            "as macOS file names and some keyboards give them; names are stored composed (NFC)"
+        )
+    if composed.strip("/") != folder.removeprefix("/documents").strip("/"):
+        reasons.append("it holds characters some OS forbid in names (or a trailing dot or space); they were replaced")
+    return (
+        f"into {shown(folder)}: --prefix {ascii(prefix)} was changed because {'; and '.join(reasons)} "
+        f"(docs/storage-and-paths.md). Write the stored spelling from now on, e.g. "
+        f'kb ls "{shown(folder)}" -w {workspace}'
+    )
 
 
 def _shown_renames(renamed: dict[str, str], most: int) -> list[tuple[str, str]]:
@@ -184,6 +209,9 @@ def read(
     path: str, workspace: int, revision: str | None, as_json: bool, chat: str | None, offset: int, limit: int | None
 ) -> None:
     """Print one document's envelope: every line, or a window of lines with their true numbers.
+
+    On a terminal, control characters in the text (escape sequences) are shown escaped (\\x1b);
+    into a pipe or a file the text is written as stored.
 
     Asks the running `kb serve` when KB_SERVER_URL is set (without --chat). Example: kb read
     "/documents/Notes/Todo.md" --workspace 1 --chat c1 --offset 10 --limit 20
@@ -269,7 +297,7 @@ def ls(folder: str, workspace: int, revision: str | None, as_json: bool) -> None
         click.echo(json.dumps(json_form(entries), ensure_ascii=False, indent=2))
         return
     for entry in entries:
-        click.echo(entry.path + ("/" if entry.kind == "folder" else ""))
+        click.echo(shown(entry.path) + ("/" if entry.kind == "folder" else ""))
 
 
 @click.command("new")

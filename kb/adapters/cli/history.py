@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
-from kb.adapters.cli.terminal import shown_on_terminal
+from kb.adapters.cli.terminal import fitted, shown
 
 
 @click.command()
@@ -36,12 +38,12 @@ def log(path: str | None, workspace: int, limit: int) -> None:
         )
     for revision in revisions:
         when = revision.committed_at.isoformat(timespec="seconds") if revision.committed_at else ""
-        click.echo(f"{revision.id}  {revision.author}  {when}")
-        click.echo(f"    {revision.message.splitlines()[0] if revision.message else ''}")
+        click.echo(f"{revision.id}  {shown(revision.author)}  {when}")
+        click.echo(f"    {shown(revision.message.splitlines()[0]) if revision.message else ''}")
         sources = {c.old_path for c in revision.changes if c.change == "moved"}
         paths = [_describe(c) for c in revision.changes if not (c.change == "moved_away" and c.path in sources)]
         for changed in paths[:10]:
-            click.echo(f"    {changed}")
+            click.echo(f"    {shown(changed)}")
         if len(paths) > 10:
             click.echo(f"    … and {len(paths) - 10} more")
 
@@ -65,6 +67,10 @@ def blame(path: str, workspace: int, as_json: bool) -> None:
     following its recorded moves — what `git blame` answers, from kb's history (design §17).
     Asks the running `kb serve` when KB_SERVER_URL is set.
 
+    On a terminal each line is cut to its width (a cut line ends with …); into a pipe or a file
+    lines are whole. Control characters in the text are shown escaped (\\x1b), tabs as spaces,
+    either way: --json gives the exact text.
+
     Example: kb blame "/documents/Notes/Todo.md" --workspace 1
     """
     found = (session.server() or session.open_kb()).blame(workspace, path)
@@ -74,21 +80,18 @@ def blame(path: str, workspace: int, as_json: bool) -> None:
     width = len(str(len(found.lines)))
     # the author's name without the mail, as git blame shows it, in a column as wide as the
     # longest name shown (at most BLAME_NAME_CHARS): "Zoë <zoe@example.com>" was cut to "Zoë <zoe@example"
-    names = {line.revision.author: _author_name(line.revision.author) for line in found.lines if line.revision}
+    names = {line.revision.author: shown(_author_name(line.revision.author)) for line in found.lines if line.revision}
     column = min(max((len(name) for name in names.values()), default=0), BLAME_NAME_CHARS)
+    columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     for line in found.lines:
         origin = line.revision
         if origin is None:  # HEAD's text not recorded yet (a revision Postgres has not seen)
-            blank = "(not recorded yet)"
-            click.echo(shown_on_terminal(f"{blank:<{column + 22}} {line.number:>{width}}) {line.text}".rstrip()))
-            continue
-        when = origin.committed_at.date().isoformat() if origin.committed_at else ""
-        name = names[origin.author][:column]
-        click.echo(
-            shown_on_terminal(
-                f"{origin.id[:10]} {name:<{column}} {when:<10} {line.number:>{width}}) {line.text}".rstrip()
-            )
-        )
+            prefix = f"{'(not recorded yet)':<{column + 22}} {line.number:>{width}}) "
+        else:
+            when = origin.committed_at.date().isoformat() if origin.committed_at else ""
+            prefix = f"{origin.id[:10]} {names[origin.author][:column]:<{column}} {when:<10} {line.number:>{width}}) "
+        text = (prefix + shown(line.text.expandtabs(8))).rstrip()
+        click.echo(text if columns is None else fitted(text, columns))
     if not found.complete:
         click.echo(
             "note: the history was read back as far as the oldest revision shown; its lines may be older",

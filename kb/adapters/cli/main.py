@@ -17,6 +17,7 @@ import sys
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.terminal import shown
 from kb.errors import KbError
 
 COMMAND_MODULES = {
@@ -67,7 +68,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except KbError as exc:
-            click.echo(f"kb: error: {exc.cli_message}", err=True)  # the CLI's spelling of what to pass
+            click.echo(
+                f"kb: error: {shown(exc.cli_message, lines=True)}", err=True
+            )  # the CLI's spelling of what to pass
             sys.exit(1)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
@@ -85,7 +88,10 @@ class _Group(click.Group):
                 sys.exit(1)
             if os.environ.get("KB_DEBUG"):
                 raise
-            click.echo(f"kb: unexpected error: {type(exc).__name__}: {exc} (KB_DEBUG=1 shows a traceback)", err=True)
+            click.echo(
+                f"kb: unexpected error: {type(exc).__name__}: {shown(str(exc), lines=True)} (KB_DEBUG=1 shows a traceback)",
+                err=True,
+            )
             sys.exit(2)
         finally:
             gc.enable()  # paused by session.pause_gc_while_loading for a quick command

@@ -8,6 +8,7 @@ import json
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.terminal import shown
 
 
 @click.group("nodes", invoke_without_command=True)
@@ -50,8 +51,8 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         mark = "*" if n.name == here else " "
         state = "up" if n.is_up(stale) else "down"
         click.echo(
-            f"{mark} {n.name:<{width}}  {state:<5}  {_age(n.heartbeat_age):>10}  {n.workspaces:>10}  "
-            f"{n.url or '-'}  {n.storage_root}"
+            f"{mark} {shown(n.name):<{width}}  {state:<5}  {_age(n.heartbeat_age):>10}  {n.workspaces:>10}  "
+            f"{shown(n.url or '-')}  {shown(str(n.storage_root))}"
         )
     click.echo(f"(down: no heartbeat for {stale:g} s, KB_NODE_STALE_SECONDS)")
 

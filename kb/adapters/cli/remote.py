@@ -9,6 +9,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown
 
 
 def _remote(workspace: int):
@@ -25,7 +26,7 @@ def _describe(status) -> None:
     )
     click.echo(f"head:     {status.head or '(empty workspace)'}{' (remote is behind)' if status.behind else ''}")
     if status.last_push_error:
-        click.echo(f"error:    {status.last_push_error} ({status.push_failures} failed attempts)")
+        click.echo(f"error:    {shown(status.last_push_error)} ({status.push_failures} failed attempts)")
 
 
 @click.group()

@@ -10,6 +10,7 @@ import click
 from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
 from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.terminal import shown
 
 
 def _age(waited) -> str:
@@ -82,7 +83,7 @@ def status(workspace: int | None, as_json: bool) -> None:
         if ws.get("home_node"):
             click.echo(f"home node:  {ws['home_node']} (`kb nodes` shows whether it is up)")
         for problem in ws["problems"]:
-            click.echo(f"  {problem['status']}: {problem['path']}: {problem['index_error']}")
+            click.echo(f"  {problem['status']}: {shown(problem['path'])}: {shown(str(problem['index_error']))}")
         migration = ws.get("migration")  # seeded from a legacy knowledge base
         if migration:
             click.echo(
@@ -102,12 +103,12 @@ def status(workspace: int | None, as_json: bool) -> None:
         remote = ws.get("remote")
         if remote:
             click.echo(
-                f"remote:     {remote['url']} ({remote['branch']}): pushed "
+                f"remote:     {shown(remote['url'])} ({shown(remote['branch'])}): pushed "
                 f"{remote['last_pushed_revision'] or 'nothing yet'}"
                 f"{' (behind HEAD)' if remote['behind'] else ''}"
             )
             if remote["last_push_error"]:
-                click.echo(f"  last push error: {remote['last_push_error']}")
+                click.echo(f"  last push error: {shown(remote['last_push_error'])}")
     for lag in info.get("index_lag", []):
         behind = lag["revisions_behind"]
         click.echo(

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.terminal import shown
 from kb.errors import InvalidInput
 from kb.paths import MAX_WORKSPACE_ID
 
@@ -115,7 +116,7 @@ def list_tokens(revoked: bool, as_json: bool) -> None:
             else (f"expires {_utc(each.expires_at)}" if each.expires_at else "no expiry")
         )
         click.echo(
-            f"{each.id:>5}  {each.name:<24} {each.scope:<6} workspaces {_workspaces(each):<12} "
+            f"{each.id:>5}  {shown(each.name):<24} {each.scope:<6} workspaces {_workspaces(each):<12} "
             f"created {_utc(each.created_at)}  {state}"
         )
 
