@@ -990,3 +990,24 @@ def test_a_message_of_only_whitespace_is_no_message_and_each_writer_writes_its_o
     for revision in kb.history(6, limit=10):
         assert revision.message.strip(), revision
     git(repo_of(kb, 6), "fsck", "--strict")
+
+
+def test_an_identity_past_the_bound_is_refused_before_anything_is_written(kb):
+    """(design §3) a 60,000-character author was recorded in the commit, the history row and every
+    log line; author and committer are at most MAX_IDENTITY_CHARS."""
+    from kb.errors import InvalidInput
+    from kb.store.knowledge_store import MAX_IDENTITY_CHARS
+
+    commit(kb, 7, ("write", A, b"a1"))
+    head = kb.head(7)
+    for author, committer in (("x" * 60_000, None), ("tester", "y" * (MAX_IDENTITY_CHARS + 1))):
+        with pytest.raises(InvalidInput, match="characters long; an identity is at most 1,024"):
+            with kb.transaction(7, "m", author, committer) as tx:
+                tx.write(B, b"b")
+    with pytest.raises(InvalidInput, match="an identity is at most"):
+        kb.turn(7, "long-author", author="z" * 60_000)  # refused as the turn is asked for
+    assert kb.head(7) == head
+    fitting = commit(kb, 7, ("write", B, b"b"))
+    with kb.transaction(7, "m", "n" * MAX_IDENTITY_CHARS) as tx:
+        tx.write(A, b"a2")
+    assert tx.revision is not None and fitting is not None

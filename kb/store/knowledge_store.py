@@ -132,7 +132,8 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
     anywhere, a line break in an identity; and a message whose last line is a ``Turn:`` trailer,
     which would claim the revision for that turn: a turn whose commit finds a revision with its
     trailer after its base takes it as its own, already recorded, and discards its changes
-    (design §5 recovery). Raises InvalidInput naming the field."""
+    (design §5 recovery); an identity longer than MAX_IDENTITY_CHARS. Raises InvalidInput naming
+    the field."""
     for field, value, single_line in (
         ("message", message, False),
         ("author", author, True),
@@ -153,6 +154,11 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
             ) from None
         if single_line and ("\n" in value or "\r" in value):
             raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
+        if single_line and len(value) > MAX_IDENTITY_CHARS:
+            raise InvalidInput(
+                f"the {field} is {len(value):,} characters long; an identity is at most "
+                f"{MAX_IDENTITY_CHARS:,} ('Name <email>')"
+            )
     if message is not None and message.rstrip("\n").rsplit("\n", 1)[-1].startswith(TURN_TRAILER):
         raise InvalidInput(
             "the message ends in a 'Turn:' line, the trailer kb writes itself on a turn's revision "
@@ -195,6 +201,9 @@ def _worktree_changes(changes: Iterator[PathChange] | list[PathChange]) -> dict[
 
 
 MAX_HISTORY_LIMIT = 2**31 - 1
+MAX_IDENTITY_CHARS = 1024
+"""The longest author or committer a revision records (design §3): every commit, history row and
+log line carries it, so a caller's 60,000-character name would weigh on all of them."""
 """The largest history limit: a Postgres ``integer`` (a larger one failed inside Postgres)."""
 
 
