@@ -35,13 +35,53 @@ MODEL_FINGERPRINT = "2e5413ca69d6fd46d48d685d91df48fb"
 ``bin/verify_langid_dfa.py`` prints it."""
 
 
+PIECE = 1 << 20
+"""Bytes of the DFA's tables ``fingerprint`` reads at a time."""
+
+
 def fingerprint(identifier: Any) -> str:
     """sha256 (first 32 hex digits) of a py3langid identifier's DFA: its transitions, row table
-    and outputs."""
-    digest = hashlib.sha256(memoryview(identifier.tk_nextmove).cast("B"))
-    digest.update(memoryview(identifier.tk_row).cast("B"))
+    and outputs. Read ``PIECE`` bytes at a time; where a table is a read-only map of a file (the
+    model cache, kb.index.languages) the pages of each piece are given back once it is read
+    (``_release``), so the 39 MB transition table does not stay resident in every process that
+    checks it (only the few pages the walk reaches do)."""
+    digest = hashlib.sha256()
+    for table in (identifier.tk_nextmove, identifier.tk_row):
+        _digest_in_pieces(digest, table)
     digest.update(np.asarray(identifier.tk_output, dtype=np.int64).tobytes())
     return digest.hexdigest()[:32]
+
+
+def _digest_in_pieces(digest: Any, table: Any) -> None:
+    """Feed ``table``'s bytes to ``digest`` ``PIECE`` bytes at a time, releasing each piece's
+    pages of a mapped table once read."""
+    view = memoryview(table).cast("B")
+    for start in range(0, len(view), PIECE):
+        digest.update(view[start : start + PIECE])
+        _release(table, start, min(start + PIECE, len(view)))
+
+
+def _release(table: Any, start: int, stop: int) -> None:
+    """Give back the pages holding bytes ``start``..``stop`` of ``table`` when it is (a view of) a
+    read-only ``numpy.memmap``: ``madvise(MADV_DONTNEED)`` drops them from this process's resident
+    set; the file's pages stay in the page cache, and a later read maps them again. The partial page
+    at each end is left to its neighbour's release (the last piece's runs to the map's end). Does
+    nothing for memory that is not such a map, or where madvise is missing."""
+    import mmap
+
+    owner = memoryview(table).obj
+    mapping = getattr(owner, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if not isinstance(owner, np.ndarray) or owner.flags.writeable or not isinstance(mapping, mmap.mmap):
+        return
+    if advice is None or mapping.closed:
+        return
+    base = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
+    offset = owner.ctypes.data - base
+    low = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
+    high = len(mapping) if stop >= owner.nbytes else (offset + stop) // mmap.PAGESIZE * mmap.PAGESIZE
+    if high > low:
+        mapping.madvise(advice, low, high - low)
 
 
 class _Walker:
@@ -51,8 +91,11 @@ class _Walker:
     def __init__(self, identifier: Any) -> None:
         dtypes = {2: np.uint16, 4: np.uint32, 8: np.uint64}
         self.nextmove = np.frombuffer(identifier.tk_nextmove, dtype=dtypes[identifier.tk_nextmove.itemsize])
+        # the model cache's maps (kb.index.languages) as they are: int64 rows, int32 outputs
         self.rowbase = np.asarray(identifier._rowbase, dtype=np.intp)
-        self.output = np.asarray(identifier.tk_output, dtype=np.intp)
+        self.output = np.asarray(identifier.tk_output)
+        if self.output.dtype.kind not in "iu":
+            raise TypeError(f"the DFA's outputs are {self.output.dtype}, not integers")
         self.features = int(identifier.nb_ptc.shape[0])
 
     def visits(self, samples: list[bytes]) -> list[tuple[np.ndarray, np.ndarray] | None]:
