@@ -221,3 +221,31 @@ def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(t
     finally:
         languages._model.cache_clear()
         languages._classifier.cache_clear()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_a_batch_classified_leaves_none_of_the_mapped_model_resident(tmp_path, monkeypatch):
+    """One document's walk and scores reach pages all over the two big tables (36 MB, the kernel
+    mapping whole folios of the page cache), and every process that classified an index run's
+    documents kept them resident on top of its own memory. ``classify_many`` gives them back once a
+    batch is classified; the next batch reads them again, with the same answers."""
+    from kb.index import languages
+
+    monkeypatch.setattr(languages, "_cache_root", None)
+    languages._model.cache_clear()
+    languages._classifier.cache_clear()
+    try:
+        languages.cache_in(tmp_path)
+        languages._identifier()
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()
+        languages._identifier()  # a later process's, mapped from the cache
+        (folder,) = tmp_path.glob("py3langid-*")
+        texts = TEXTS + _random_texts(100, seed=3)
+        expected = [languages.detect_language(t) for t in texts]
+        for _ in range(2):
+            assert languages.detect_languages(texts) == expected
+            assert _resident_kb(folder / "nextmove.npy") == 0 and _resident_kb(folder / "ptc.npy") == 0
+    finally:
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()
