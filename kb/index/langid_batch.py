@@ -200,7 +200,8 @@ def _classify_together(identifier: Any, samples: list[str]) -> list[str]:
 
     encoded = [identifier._encode(sample) for sample in samples]
     visits = walker.visits(encoded)
-    _release(identifier.tk_nextmove)  # the walk's pages, before the scores read the other table's
+    with contextlib.suppress(TypeError, ValueError, OSError):  # not a map: nothing to give back
+        _release(identifier.tk_nextmove)  # the walk's pages, before the scores read the other table's
     languages = []
     for sample, scores in zip(samples, _scores(identifier, visits)):
         if scores is None:  # no feature at all: py3langid's own floor scores
