@@ -3,6 +3,8 @@ a later process maps it instead of unpacking py3langid's compressed file, and an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kb.index import languages
@@ -39,7 +41,9 @@ def test_the_unpacked_model_is_kept_in_the_cache_and_read_back_with_the_same_ans
     languages.cache_in(tmp_path)
     first = [languages._probabilities().rank(text) for text in TEXTS]
     (folder,) = tmp_path.glob("py3langid-*")
-    assert {p.name for p in folder.iterdir()} == {f"{name}.npy" for name in languages._MODEL_ARRAYS} | {"classes.json"}
+    assert {p.name for p in folder.iterdir()} == {
+        f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE)
+    } | {"classes.json"}
     assert not list(tmp_path.glob(".tmp-*"))  # written into place at once
 
     fresh_model()  # a later process: the arrays come from the cache's files
@@ -131,3 +135,90 @@ def test_the_cached_model_is_as_open_as_the_cache_folder(tmp_path, fresh_model):
     languages.detect_language("a sentence in English, to load the model")
     (kept,) = [p for p in cache.rglob("*") if p.is_dir() and p.name.startswith("py3langid")]
     assert kept.stat().st_mode & 0o777 == 0o755
+
+
+def _mapped_file(array) -> Path | None:
+    """The file ``array`` (an ndarray or a memoryview of one) is a read-only map of, else None."""
+    import numpy as np
+
+    owner = array.obj if isinstance(array, memoryview) else array
+    if isinstance(array, memoryview) and not array.readonly:
+        return None
+    while isinstance(owner, np.ndarray) and not isinstance(owner, np.memmap):
+        owner = owner.base
+    if not isinstance(owner, np.memmap) or owner.flags.writeable or owner.filename is None:
+        return None
+    return Path(owner.filename)
+
+
+def _model_files(identifier) -> dict[str, Path | None]:
+    return {
+        "ptc": _mapped_file(identifier.nb_ptc),
+        "pc": _mapped_file(identifier.nb_pc),
+        "nextmove": _mapped_file(identifier.tk_nextmove),
+        "nextmove_row": _mapped_file(identifier.tk_row),
+        "out_feat": _mapped_file(identifier.tk_output),
+        "rowbase": _mapped_file(identifier._rowbase),
+    }
+
+
+def test_every_process_classifies_with_read_only_maps_of_the_cache_files(tmp_path, fresh_model):
+    """The process that unpacked the model into the cache kept its own unpacked copy (68 MB of
+    private memory, and 4 MB lists for the tokenizer's rows and outputs in each classifier): an
+    index run's process and its cutter process each held one. Now the first process too maps the
+    files it wrote, and both classifiers use the one mapped row table."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    languages.cache_in(tmp_path)
+    for process in ("the first, which unpacks", "a later one"):
+        fresh_model()
+        identifiers = (languages._identifier(), languages._probabilities())
+        (folder,) = tmp_path.glob("py3langid-*")
+        for identifier in identifiers:
+            assert _model_files(identifier) == {
+                name: folder / f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE)
+            }, process
+        assert identifiers[0]._rowbase.obj is identifiers[1]._rowbase.obj  # one table for both
+    packed = LanguageIdentifier.from_model_file(MODEL_FILE)
+    assert list(identifiers[0]._rowbase) == packed._rowbase
+    for text in TEXTS:
+        assert languages._identifier().classify(text) == packed.classify(text)
+
+
+def test_without_a_writable_cache_each_process_maps_a_copy_of_its_own(tmp_path, fresh_model):
+    """A cache that cannot be written (here its folder's parent is a file: refused even to root)
+    made the process unpack the model into its memory; it still answers, from a temporary unpacking
+    of its own that it maps and removes at once."""
+    import tempfile
+
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    blocked = tmp_path / "a file"
+    blocked.write_text("not a folder")
+    before = set(Path(tempfile.gettempdir()).glob("kb-py3langid-*"))
+    languages.cache_in(blocked / "models")
+    identifier = languages._identifier()
+    files = _model_files(identifier)
+    assert all(path is not None and path.name.endswith(".npy") for path in files.values()), files
+    assert not any(path.exists() for path in files.values() if path is not None)  # removed, still mapped
+    assert set(Path(tempfile.gettempdir()).glob("kb-py3langid-*")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["a file"]
+    packed = LanguageIdentifier.from_model_file(MODEL_FILE)
+    for text in TEXTS:
+        assert identifier.classify(text) == packed.classify(text)
+    assert languages.detect_languages(list(TEXTS)) == [languages.detect_language(text) for text in TEXTS]
+
+
+def test_a_cache_of_the_earlier_layout_is_unpacked_again_with_the_row_table(tmp_path, fresh_model):
+    """A cache written before the row table was kept (no ``rowbase.npy``) is replaced whole."""
+    languages.cache_in(tmp_path)
+    expected = languages._identifier().classify("refund invoice")
+    (folder,) = tmp_path.glob("py3langid-*")
+    (folder / f"{languages._ROWBASE}.npy").unlink()
+    assert languages._read_unpacked(folder) is None
+
+    fresh_model()
+    languages.cache_in(tmp_path)
+    assert languages._identifier().classify("refund invoice") == expected
+    assert languages._read_unpacked(folder) is not None
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,3 +175,77 @@ def test_a_py3langid_whose_internals_changed_under_the_same_model_is_classified_
         nb_ptc=identifier.nb_ptc,
     )
     assert langid_batch.classify_many(renamed, ["the text", "der Text"]) == ["own", "own"]
+
+
+def _resident_kb(path: Path) -> int | None:
+    """kB of the maps of ``path`` resident in this process (/proc/self/smaps); None when this
+    process does not map it."""
+    resident, inside, mapped = 0, False, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split(maxsplit=1)[0]
+        if not first.endswith(":"):  # a mapping's header: address range, ..., path
+            inside = line.endswith(" " + str(path))
+            mapped = mapped or inside
+        elif inside and first == "Rss:":
+            resident += int(line.split()[1])
+    return resident if mapped else None
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(tmp_path, monkeypatch):
+    """Checking the model's fingerprint read the 39 MB transition table whole: with the table a map
+    of the model cache's file, every page of it stayed resident in every process that checked it
+    (the index run's and its cutter's). Read a piece at a time, the pages of each piece are given
+    back, and the walker built on the maps copies neither the table nor the row table."""
+    from kb.index import langid_batch, languages
+
+    monkeypatch.setattr(languages, "_cache_root", None)
+    languages._model.cache_clear()
+    languages._classifier.cache_clear()
+    try:
+        languages.cache_in(tmp_path)
+        languages._identifier()  # the model unpacked into the cache
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()
+        identifier = languages._identifier()  # a later process's, mapped from it
+        (folder,) = tmp_path.glob("py3langid-*")
+        table = folder / "nextmove.npy"
+        assert table.stat().st_size > 30 * 2**20
+        assert _resident_kb(table) is not None  # mapped
+        assert fingerprint(identifier) == MODEL_FINGERPRINT
+        assert _resident_kb(table) <= 2 * langid_batch.PIECE // 1024
+        walker = langid_batch._Walker(identifier)
+        assert np.shares_memory(walker.nextmove, np.asarray(identifier.tk_nextmove))
+        assert np.shares_memory(walker.rowbase, np.asarray(identifier._rowbase))
+        assert languages.detect_languages(TEXTS) == [languages.detect_language(t) for t in TEXTS]
+    finally:
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_a_batch_classified_leaves_none_of_the_mapped_model_resident(tmp_path, monkeypatch):
+    """One document's walk and scores reach pages all over the two big tables (36 MB, the kernel
+    mapping whole folios of the page cache), and every process that classified an index run's
+    documents kept them resident on top of its own memory. ``classify_many`` gives them back once a
+    batch is classified; the next batch reads them again, with the same answers."""
+    from kb.index import languages
+
+    monkeypatch.setattr(languages, "_cache_root", None)
+    languages._model.cache_clear()
+    languages._classifier.cache_clear()
+    try:
+        languages.cache_in(tmp_path)
+        languages._identifier()
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()
+        languages._identifier()  # a later process's, mapped from the cache
+        (folder,) = tmp_path.glob("py3langid-*")
+        texts = TEXTS + _random_texts(100, seed=3)
+        expected = [languages.detect_language(t) for t in texts]
+        for _ in range(2):
+            assert languages.detect_languages(texts) == expected
+            assert _resident_kb(folder / "nextmove.npy") == 0 and _resident_kb(folder / "ptc.npy") == 0
+    finally:
+        languages._model.cache_clear()
+        languages._classifier.cache_clear()

@@ -351,3 +351,55 @@ def test_a_projections_events_go_out_in_one_statement_in_order(kb, listener, mon
     received = received_events(listener)
     assert received == [json.loads(event_payload(e)) for e in result.events]
     assert [e["path"] for e in received if e["event"] == "document_created"] == paths
+
+
+def test_a_revision_over_the_statement_limit_lands_whole_in_statements_of_the_limit(kb, listener, monkeypatch):
+    """A revision of tens of thousands of paths was upserted and announced by one statement each,
+    whose parameter lists (every path, title, hash and payload) the process built whole. Now every
+    statement carries at most ``STATEMENT_ROWS`` rows; a revision of twice the limit and one more
+    lands whole: every row, with its content, in the files' order (ids ascending), every event sent
+    in order, and a second revision changing all of them updates every row in place."""
+    from kb.store import projection
+
+    count = 2 * projection.STATEMENT_ROWS + 1
+    paths = sorted(f"/documents/d{i // 100:02d}/n{i:05d}.md" for i in range(count))
+    kb.create_workspace(1)
+    with kb.transaction(1, "seed") as tx:
+        for path in paths:
+            tx.write(path, f"# n\n\ntext of {path}\n")
+    sizes: dict[str, list[int]] = {"upsert_documents": [], "notify_events": []}
+    execute = psycopg.Connection.execute
+
+    def counted(self, query, params=None, *args, **kwargs):
+        for name, sizes_of in sizes.items():
+            if query == queries[name]:
+                column = params["paths" if name == "upsert_documents" else "payloads"]
+                sizes_of.append(len(json.loads(column)))
+        return execute(self, query, params, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    result = kb.project(1)
+    monkeypatch.undo()
+    limit = projection.STATEMENT_ROWS
+    assert sizes["upsert_documents"] == [limit, limit, 1]
+    events = len(result.events)
+    assert sizes["notify_events"] == [limit] * (events // limit) + [events % limit]
+    docs = _docs(kb.database_url)
+    assert sorted(docs) == paths and len(result.created) == count
+    repo = kb.store(1).repository
+    head = repo.tree_id(kb.head(1))
+    assert all(docs[p]["content_id"] == repo.lookup(head, p[1:]) for p in paths)
+    assert [docs[p]["id"] for p in paths] == sorted(docs[p]["id"] for p in paths)
+    received = received_events(listener)
+    assert received == [json.loads(event_payload(e)) for e in result.events]
+    assert [e["path"] for e in received if e["event"] == "document_created"] == paths
+
+    with kb.transaction(1, "all changed") as tx:
+        for path in paths:
+            tx.write(path, f"# n\n\nnew text of {path}\n")
+    again = kb.project(1)
+    changed = _docs(kb.database_url)
+    assert {p: changed[p]["id"] for p in paths} == {p: docs[p]["id"] for p in paths}
+    assert sorted(again.updated) == sorted(docs[p]["id"] for p in paths) and not again.created
+    assert all(changed[p]["content_id"] != docs[p]["content_id"] for p in paths)
+    assert [e["path"] for e in received_events(listener) if e["event"] == "document_updated"] == paths

@@ -20,6 +20,7 @@ py3langid itself, one by one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from typing import Any
@@ -35,13 +36,73 @@ MODEL_FINGERPRINT = "2e5413ca69d6fd46d48d685d91df48fb"
 ``bin/verify_langid_dfa.py`` prints it."""
 
 
+PIECE = 1 << 20
+"""Bytes of the DFA's tables ``fingerprint`` reads at a time."""
+
+
 def fingerprint(identifier: Any) -> str:
     """sha256 (first 32 hex digits) of a py3langid identifier's DFA: its transitions, row table
-    and outputs."""
-    digest = hashlib.sha256(memoryview(identifier.tk_nextmove).cast("B"))
-    digest.update(memoryview(identifier.tk_row).cast("B"))
+    and outputs. Read ``PIECE`` bytes at a time; where a table is a read-only map of a file (the
+    model cache, kb.index.languages) the pages of each piece are given back once it is read
+    (``_release``), so the 39 MB transition table does not stay resident in every process that
+    checks it (only the few pages the walk reaches do)."""
+    digest = hashlib.sha256()
+    for table in (identifier.tk_nextmove, identifier.tk_row):
+        _digest_in_pieces(digest, table)
     digest.update(np.asarray(identifier.tk_output, dtype=np.int64).tobytes())
     return digest.hexdigest()[:32]
+
+
+def _digest_in_pieces(digest: Any, table: Any) -> None:
+    """Feed ``table``'s bytes to ``digest`` ``PIECE`` bytes at a time, releasing each piece's
+    pages of a mapped table once read."""
+    view = memoryview(table).cast("B")
+    for start in range(0, len(view), PIECE):
+        digest.update(view[start : start + PIECE])
+        _release(table, start, min(start + PIECE, len(view)))
+
+
+def _release(table: Any, start: int = 0, stop: int | None = None) -> None:
+    """Give back the pages holding bytes ``start``..``stop`` (default: all) of ``table`` when it is
+    (a view of) a read-only ``numpy.memmap``: ``madvise(MADV_DONTNEED)`` drops them from this
+    process's resident set; the file's pages stay in the page cache, and a later read maps them
+    again (a minor fault, no disk read). The partial page at each end is left to its neighbour's
+    release (the last piece's runs to the map's end). Does nothing for memory that is not such a
+    map, or where madvise is missing."""
+    import mmap
+
+    owner: Any = memoryview(table).obj
+    while isinstance(owner, np.ndarray) and not isinstance(owner, np.memmap):
+        owner = owner.base
+    mapping = getattr(owner, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if not isinstance(owner, np.memmap) or owner.flags.writeable or not isinstance(mapping, mmap.mmap):
+        return
+    if advice is None or mapping.closed:
+        return
+    stop = owner.nbytes if stop is None else stop
+    base = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
+    offset = owner.ctypes.data - base
+    low = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
+    high = len(mapping) if stop >= owner.nbytes else (offset + stop) // mmap.PAGESIZE * mmap.PAGESIZE
+    if high > low:
+        mapping.madvise(advice, low, high - low)
+
+
+def release_pages(identifier: Any) -> None:
+    """Give back the pages of ``identifier``'s two big tables (the 28 MB naive-Bayes table and the
+    39 MB transition table) when they are maps of the model cache (kb.index.languages), once a
+    batch is classified. Even one document's walk and scores reach pages all over both (the
+    kernel maps the whole folio of the page cache a read page belongs to): 36 MB resident, kept
+    for good in every process that classifies an index run's documents — the run's process among
+    them, which classifies the batches it cuts before its cutter process is up — on top of its own
+    memory. Released (the transition table's as soon as the walk is done, ``_classify_together``),
+    a process holds one table's pages at a time and only while it classifies; reading them again
+    costs minor faults from the page cache, not disk reads (design §7)."""
+    for table in (getattr(identifier, "nb_ptc", None), getattr(identifier, "tk_nextmove", None)):
+        if table is not None:
+            with contextlib.suppress(TypeError, ValueError, OSError):
+                _release(table)
 
 
 class _Walker:
@@ -51,8 +112,11 @@ class _Walker:
     def __init__(self, identifier: Any) -> None:
         dtypes = {2: np.uint16, 4: np.uint32, 8: np.uint64}
         self.nextmove = np.frombuffer(identifier.tk_nextmove, dtype=dtypes[identifier.tk_nextmove.itemsize])
+        # the model cache's maps (kb.index.languages) as they are: int64 rows, int32 outputs
         self.rowbase = np.asarray(identifier._rowbase, dtype=np.intp)
-        self.output = np.asarray(identifier.tk_output, dtype=np.intp)
+        self.output = np.asarray(identifier.tk_output)
+        if self.output.dtype.kind not in "iu":
+            raise TypeError(f"the DFA's outputs are {self.output.dtype}, not integers")
         self.features = int(identifier.nb_ptc.shape[0])
 
     def visits(self, samples: list[bytes]) -> list[tuple[np.ndarray, np.ndarray] | None]:
@@ -113,13 +177,16 @@ def _walker(identifier: Any) -> _Walker | None:
 
 def classify_many(identifier: Any, samples: list[str]) -> list[str]:
     """``identifier.classify(sample)[0]`` for each of ``samples``, computed together (the
-    verified model's DFA walk in numpy; any other model: py3langid's own, one by one)."""
+    verified model's DFA walk in numpy; any other model: py3langid's own, one by one). The
+    pages of the mapped model it read are given back afterwards (``release_pages``)."""
     try:
         return _classify_together(identifier, samples)
     except (AttributeError, ImportError, TypeError, ValueError):
         # another py3langid's internals (the model's fingerprint matched, its code changed):
         # its own classification, one by one
         return [identifier.classify(sample)[0] for sample in samples]
+    finally:
+        release_pages(identifier)
 
 
 def _classify_together(identifier: Any, samples: list[str]) -> list[str]:
@@ -132,8 +199,11 @@ def _classify_together(identifier: Any, samples: list[str]) -> list[str]:
     from py3langid.langid import RAW_FLOOR
 
     encoded = [identifier._encode(sample) for sample in samples]
+    visits = walker.visits(encoded)
+    with contextlib.suppress(TypeError, ValueError, OSError):  # not a map: nothing to give back
+        _release(identifier.tk_nextmove)  # the walk's pages, before the scores read the other table's
     languages = []
-    for sample, scores in zip(samples, _scores(identifier, walker.visits(encoded))):
+    for sample, scores in zip(samples, _scores(identifier, visits)):
         if scores is None:  # no feature at all: py3langid's own floor scores
             languages.append(identifier.classify(sample)[0])
             continue

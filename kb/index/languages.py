@@ -28,7 +28,10 @@ Postgres text-search configuration, and CJK segmentation.
   a cold ``kb search`` with MiniLM, whose vector leg asks ``language_share``. ``cache_in(folder)``
   (the model cache, ``KB_MODEL_CACHE``) makes the first load keep it there unpacked, one ``.npy``
   file per array; later processes map those files (about 20 ms) and get the same arrays, hence the
-  same answers (design §7, §14).
+  same answers (design §7, §14). The first process too unpacks into the files (an array at a time)
+  and maps them, and so does a process without a writable cache (into a folder of its own): the
+  arrays are read-only maps in every process, pages of the file cache shared by an index run's
+  processes, never a private copy of 68 MB in each.
 - ``lexically_stable(*texts)``: whether ``lexical_text`` leaves the texts' words as an earlier kb
   (before normalization) indexed them, i.e. they are already in form C; the indexer re-derives the
   chunks of a document that is not, so a reindex brings such pages to the normalized form. Chunk
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import re
@@ -100,6 +104,11 @@ _MARKUP = re.compile(r"```.*?```|`[^`]*`|\[\[[^\]]*\]\]|\]\([^)]*\)|<[^>]+>|http
 _LOADED = threading.Lock()
 _cache_root: Path | None = None
 _MODEL_ARRAYS = ("ptc", "pc", "nextmove", "nextmove_row", "out_feat")
+_ROWBASE = "rowbase"
+"""The derived table py3langid's tokenizer indexes its transitions by (``nextmove_row`` << 8, int64),
+kept beside the model's arrays so that it too is mapped rather than a list in every process."""
+PIECE = 1 << 20
+"""Bytes copied at a time while the model is unpacked: what the unpacking process holds of it."""
 
 
 def cache_in(folder: Path) -> None:
@@ -122,19 +131,23 @@ def _model_folder(root: Path) -> Path:
 
 
 def _read_unpacked(folder: Path) -> tuple | None:
-    """The model's arrays mapped from ``folder`` as ``LanguageIdentifier`` takes them, or None
-    when the folder is missing or inconsistent (then the compressed model is loaded)."""
+    """The model's arrays mapped read-only from ``folder`` as ``LanguageIdentifier`` takes them,
+    and its row table (``_ROWBASE``): ``(ptc, pc, classes, nextmove, output, row, rowbase)``; None
+    when the folder is missing or inconsistent (then the compressed model is unpacked)."""
     import numpy as np
 
     try:
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _MODEL_ARRAYS}
+        arrays = {
+            name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+            for name in (*_MODEL_ARRAYS, _ROWBASE)
+        }
         classes = json.loads((folder / "classes.json").read_text())
     except (OSError, ValueError, EOFError):  # missing, or a file cut short
         return None
-    ptc, pc, nextmove, row, out = (arrays[name] for name in _MODEL_ARRAYS)
+    ptc, pc, nextmove, row, out, rowbase = (arrays[name] for name in (*_MODEL_ARRAYS, _ROWBASE))
     # Whole files of the wrong kind or size (another writer's layout, a damaged header) would make
     # every classification raise, not fall back: their kinds, shapes and the indexes the tokenizer
-    # follows into the other arrays are checked (the two small ones scanned, about 0.1 ms).
+    # follows into the other arrays are checked (the small ones scanned, about 1 ms).
     if not (
         isinstance(classes, list)
         and all(isinstance(name, str) for name in classes)
@@ -144,22 +157,64 @@ def _read_unpacked(folder: Path) -> tuple | None:
         and {nextmove.dtype.kind, row.dtype.kind, out.dtype.kind} <= {"i", "u"}
         and ptc.shape[1] == len(classes) == pc.shape[0]
         and nextmove.size % 256 == 0
-        and row.shape == out.shape
+        and row.shape == out.shape == rowbase.shape
         and row.size > 0
         and row.min() >= 0
         and row.max() < nextmove.size // 256
         and out.max() < ptc.shape[0]
+        and rowbase.dtype == np.int64
+        and np.array_equal(rowbase, row.astype(np.int64) << 8)
     ):
         return None
-    # memoryviews index to Python ints like the array('H'/'I') py3langid builds
-    return np.asarray(ptc), np.asarray(pc), classes, memoryview(nextmove), out.tolist(), memoryview(row)
+    # memoryviews index to Python ints like the array('H'/'I') and lists py3langid builds
+    return (
+        np.asarray(ptc),  # plain arrays still on the map (read-only), without memmap's per-call overhead
+        np.asarray(pc),
+        classes,
+        memoryview(nextmove),
+        memoryview(out),
+        memoryview(row),
+        memoryview(rowbase),
+    )
 
 
-def _write_unpacked(folder: Path, identifier) -> None:
-    """Write ``identifier``'s arrays into ``folder`` at once: a temporary folder renamed into
-    place, so a reader sees all the files or none; a concurrent writer's folder wins."""
+def _unpack_into(folder: Path) -> None:
+    """Unpack py3langid's compressed model into ``folder`` (an existing, empty folder): one
+    ``.npy`` file per array, ``classes.json`` and the row table (``_ROWBASE``). The model is an
+    LZMA-compressed npz whose members are ``.npy`` files stored as they are: it is decompressed
+    into a temporary file there, and each member copied out ``PIECE`` bytes at a time, so this
+    process never holds the model (py3langid's own loader held every array, 120 MB at its peak).
+    Raises OSError (no room, a read-only folder) or ValueError (another layout of the model)."""
+    import lzma
+    import zipfile
+
     import numpy as np
+    from py3langid.langid import MODEL_DIR, MODEL_FILE
 
+    try:
+        with tempfile.TemporaryFile(dir=folder, suffix=".npz") as npz:
+            with lzma.open(MODEL_DIR / MODEL_FILE) as packed:
+                shutil.copyfileobj(packed, npz, PIECE)
+            npz.seek(0)
+            with zipfile.ZipFile(npz) as archive:
+                for name in _MODEL_ARRAYS:
+                    with archive.open(f"{name}.npy") as source, open(folder / f"{name}.npy", "wb") as target:
+                        shutil.copyfileobj(source, target, PIECE)
+                classes = np.load(io.BytesIO(archive.read("classes.npy")), allow_pickle=False).tolist()
+    except (lzma.LZMAError, zipfile.BadZipFile, KeyError) as exc:
+        raise ValueError(f"py3langid's model has another layout: {exc}") from exc
+    row = np.load(folder / "nextmove_row.npy", mmap_mode="r", allow_pickle=False)
+    np.save(folder / f"{_ROWBASE}.npy", row.astype(np.int64) << 8)
+    (folder / "classes.json").write_text(json.dumps(classes))
+    for path in folder.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _write_unpacked(folder: Path) -> None:
+    """Unpack the model into ``folder`` at once (``_unpack_into``): a temporary folder renamed into
+    place, so a reader sees all the files or none; a concurrent writer's folder wins. Nothing when
+    the cache cannot be written (read-only, no room)."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-py3langid-"))
@@ -169,30 +224,19 @@ def _write_unpacked(folder: Path, identifier) -> None:
     except OSError:
         return  # a read-only cache: every process unpacks the model
     try:
-        arrays = {
-            "ptc": np.asarray(identifier.nb_ptc),
-            "pc": np.asarray(identifier.nb_pc),
-            "nextmove": np.frombuffer(identifier.tk_nextmove, dtype=np.dtype(identifier.tk_nextmove.typecode)),
-            "nextmove_row": np.frombuffer(identifier.tk_row, dtype=np.dtype(identifier.tk_row.typecode)),
-            "out_feat": np.asarray(identifier.tk_output, dtype=np.int32),
-        }
-        for name, array in arrays.items():
-            with open(temporary / f"{name}.npy", "wb") as handle:
-                np.save(handle, array)
-                handle.flush()
-                os.fsync(handle.fileno())
-        (temporary / "classes.json").write_text(json.dumps(list(identifier.nb_classes)))
+        _unpack_into(temporary)
         try:
             os.rename(temporary, folder)
         except OSError:
             if _read_unpacked(folder) is not None:  # another process wrote it meanwhile
                 raise
-            # a damaged folder (a disk fault): moved aside whole, so no reader sees it half deleted
+            # a damaged folder (a disk fault) or an earlier layout (without the row table): moved
+            # aside whole, so no reader sees it half deleted (a reader mapping its files keeps them)
             stale = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".stale-py3langid-"))
             os.rename(folder, stale / "model")
             shutil.rmtree(stale, ignore_errors=True)
             os.rename(temporary, folder)
-    except OSError:
+    except (OSError, ValueError):
         shutil.rmtree(temporary, ignore_errors=True)  # another process's folder, or no room: a cache only
         return
     # Temporary folders of writers killed mid-write (68 MB each) were never removed. With the model
@@ -201,20 +245,47 @@ def _write_unpacked(folder: Path, identifier) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+def _unpacked_privately() -> tuple | None:
+    """The model unpacked into a temporary folder of this process's own and mapped from there
+    (``_read_unpacked``); the folder is removed at once (the maps keep its files until the process
+    ends). None when no temporary folder can be written."""
+    try:
+        private = Path(tempfile.mkdtemp(prefix="kb-py3langid-"))
+    except OSError:
+        return None
+    try:
+        _unpack_into(private)
+        return _read_unpacked(private)
+    except (OSError, ValueError):
+        return None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
 @functools.cache
 def _model() -> tuple:
-    """The classifier's arrays (``LanguageIdentifier``'s constructor arguments), loaded once per
-    process: mapped from the model cache when ``cache_in`` named one holding them, else unpacked
-    from py3langid's compressed file (and written to the cache for the next process)."""
+    """The classifier's arrays (``LanguageIdentifier``'s constructor arguments) and its row table,
+    loaded once per process, as ``_read_unpacked`` gives them: read-only maps of the model
+    cache's files when ``cache_in`` named one (the first process unpacks the model into it, then
+    maps it like the others), else of a temporary unpacking of this process's own. Only when
+    neither can be written are they py3langid's own, unpacked in memory (row table None).
+    Each process holding its own unpacked copy cost 68 MB of private memory a process (an index
+    run's and its cutter's); mapped, they share the pages of one copy, and the pages a process no
+    longer reads can be given back (design §7)."""
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     folder = _model_folder(_cache_root) if _cache_root is not None else None
-    found = _read_unpacked(folder) if folder is not None else None
+    if folder is not None:
+        found = _read_unpacked(folder)
+        if found is None:
+            _write_unpacked(folder)
+            found = _read_unpacked(folder)
+        if found is not None:
+            return found
+    found = _unpacked_privately()  # no cache, or a read-only one
     if found is not None:
         return found
     identifier = LanguageIdentifier.from_model_file(MODEL_FILE)
-    if folder is not None:
-        _write_unpacked(folder, identifier)
     return (
         identifier.nb_ptc,
         identifier.nb_pc,
@@ -222,7 +293,20 @@ def _model() -> tuple:
         identifier.tk_nextmove,
         identifier.tk_output,
         identifier.tk_row,
+        None,
     )
+
+
+def _share_rowbase(identifier, rowbase) -> None:
+    """Give ``identifier`` the mapped row table in place of the list its constructor derived
+    (``_rowbase``: 105,000 Python ints, 4 MB a classifier), once they are checked equal."""
+    import numpy as np
+
+    own = getattr(identifier, "_rowbase", None)
+    if own is None or len(own) != len(rowbase):
+        return  # another py3langid: its own table stays
+    if np.array_equal(np.fromiter(own, dtype=np.int64, count=len(own)), np.asarray(rowbase)):
+        identifier._rowbase = rowbase
 
 
 @functools.cache
@@ -232,8 +316,11 @@ def _classifier(norm_probs: bool):
     from py3langid.langid import LanguageIdentifier
 
     with _LOADED:  # one load for every thread
-        ptc, pc, classes, nextmove, output, row = _model()
-    return LanguageIdentifier(ptc, pc, classes, nextmove, output, norm_probs=norm_probs, tk_row=row)
+        ptc, pc, classes, nextmove, output, row, rowbase = _model()
+    identifier = LanguageIdentifier(ptc, pc, classes, nextmove, output, norm_probs=norm_probs, tk_row=row)
+    if rowbase is not None:
+        _share_rowbase(identifier, rowbase)
+    return identifier
 
 
 def _identifier():

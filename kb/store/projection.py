@@ -51,6 +51,12 @@ EVENTS_CHANNEL = "kb_events"
 MAX_PAYLOAD_BYTES = 8000
 PATH_KEYED_TYPES = ("NOTE", "ARTIFACT")
 """Document types whose ``unique_identifier_hash`` is keyed by the virtual path (design §2.4)."""
+STATEMENT_ROWS = 1000
+"""Most rows one ``upsert_documents`` or ``notify_events`` statement carries: a revision with tens
+of thousands of paths is sent in several statements (in order, in the same transaction, so the
+rows and events are those of one statement), and neither this process nor the server builds one
+parameter list of them all (design §6, §7). 1,000 rows keep a statement's round trip small
+beside its work (a 1,500-file import: two statements instead of one)."""
 
 
 @dataclass
@@ -223,7 +229,9 @@ class _Projection:
             for path, blob in documents.items()
             if path not in self.rows or self.rows[path]["content_id"] != blob
         ]
-        if changed:  # one statement for them all (design §6): a first import upserts thousands
+        # a statement for up to STATEMENT_ROWS of them (design §6): a first import upserts thousands
+        for start in range(0, len(changed), STATEMENT_ROWS):
+            part = changed[start : start + STATEMENT_ROWS]
             upserted = {
                 row["path"]: row
                 for row in self.conn.execute(
@@ -231,16 +239,14 @@ class _Projection:
                     {
                         "workspace_id": self.ws,
                         "revision_id": self.head,
-                        "paths": json_column([path for path, _ in changed]),
-                        "titles": json_column([title_from_path(path) for path, _ in changed]),
-                        "uid_hashes": json_column(
-                            [unique_identifier_hash("NOTE", path, self.ws) for path, _ in changed]
-                        ),
-                        "content_ids": json_column([blob for _, blob in changed]),
+                        "paths": json_column([path for path, _ in part]),
+                        "titles": json_column([title_from_path(path) for path, _ in part]),
+                        "uid_hashes": json_column([unique_identifier_hash("NOTE", path, self.ws) for path, _ in part]),
+                        "content_ids": json_column([blob for _, blob in part]),
                     },
                 )
             }
-            for path, _ in changed:  # in the files' order, as the rows were written
+            for path, _ in part:  # in the files' order, as the rows were written
                 if (row := upserted.get(path)) is not None:
                     (self.result.created if row["inserted"] else self.result.updated).append(row["id"])
                     self.rows[path] = row
@@ -340,13 +346,11 @@ class _Projection:
 
 
 def notify_events(conn: Connection, events: list[dict]) -> None:
-    """Send ``events`` on ``kb_events`` in ``conn``'s transaction, in their order, by one statement
-    (``notify_events``; nothing when there are none)."""
-    if events:
-        conn.execute(
-            queries["notify_events"],
-            {"channel": EVENTS_CHANNEL, "payloads": json_column([event_payload(e) for e in events])},
-        )
+    """Send ``events`` on ``kb_events`` in ``conn``'s transaction, in their order, by a statement
+    (``notify_events``) for each ``STATEMENT_ROWS`` of them (nothing when there are none)."""
+    for start in range(0, len(events), STATEMENT_ROWS):
+        payloads = [event_payload(e) for e in events[start : start + STATEMENT_ROWS]]
+        conn.execute(queries["notify_events"], {"channel": EVENTS_CHANNEL, "payloads": json_column(payloads)})
 
 
 def event_payload(event: dict) -> str:

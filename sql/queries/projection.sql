@@ -34,9 +34,9 @@ RETURNING id;
 -- name: upsert_documents
 -- A new file becomes a NOTE titled from its file name; an existing row keeps its type, metadata
 -- and title (they are Postgres' own, design §1). A content change resets the index state. One
--- statement for all the run's changed files (parallel columns, one element per file, paths
--- distinct), taken in their order: new rows get their ids in that order and existing rows are
--- locked in it. The columns are JSON arrays (kb.store.history.json_column): psycopg dumps a list
+-- statement for up to kb.store.projection.STATEMENT_ROWS of the run's changed files (parallel
+-- columns, one element per file, paths distinct), taken in their order: new rows get their ids in
+-- that order and existing rows are locked in it. The columns are JSON arrays (kb.store.history.json_column): psycopg dumps a list
 -- into an array value by value in Python, ~8 ms of a 1,500-file projection, the serial start of a
 -- first index run, against ~1 ms.
 INSERT INTO kb.documents (workspace_id, path, title, document_type, unique_identifier_hash,
@@ -97,8 +97,9 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 
 -- name: notify_events
 -- Change events (design §5, §6) in one statement, in the order given (a JSON array of payload
--- texts, kb.store.history.json_column): a projection of a 1,500-file import sent 1,500 statements,
--- ~35 ms of an index run's serial start against ~9 ms. Delivered when the transaction commits.
+-- texts, kb.store.history.json_column), up to kb.store.projection.STATEMENT_ROWS of them: a
+-- projection of a 1,500-file import sent 1,500 statements, ~35 ms of an index run's serial start
+-- against ~9 ms. Delivered when the transaction commits.
 SELECT count(pg_notify(%(channel)s, e.payload)) AS sent
 FROM json_array_elements_text(%(payloads)s::json) AS e (payload);
 
