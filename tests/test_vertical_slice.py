@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support.commands import git, run_cli
 from support.corpus import corpus_path, markdown_files
 
 from kb.citations.envelope import document_lines
+from kb.errors import PathExists
 
 
 def test_import_index_search_the_test_corpus(kb, kb_env, settings):
@@ -77,8 +79,9 @@ def test_reimport_unchanged_records_nothing_and_prune(kb, tmp_path, settings):
 
 
 def test_reimport_with_prune_after_a_rename_by_case_only_takes_the_new_names(kb, tmp_path, settings):
-    """(design §2.2) Foo.md → foo.md and Guides/ → guides/ in the folder: `kb import --prune` was
-    refused ("differs only in case … from the existing 'Foo.md'") though the import removes it."""
+    """(design §2.2, §3) Foo.md → foo.md and Guides/ → guides/ in the folder: `kb import --prune` was
+    refused ("differs only in case … from the existing 'Foo.md'") though the import removes it; a
+    file renamed with its bytes kept is recorded as moved, so its history follows it."""
     notes = tmp_path / "notes"
     (notes / "Guides").mkdir(parents=True)
     (notes / "Guides" / "setup.md").write_text("# Setup\n")
@@ -86,10 +89,29 @@ def test_reimport_with_prune_after_a_rename_by_case_only_takes_the_new_names(kb,
     kb.import_folder(notes, 4)
     (notes / "Foo.md").rename(notes / "foo.md")
     (notes / "Guides").rename(notes / "guides")
+    with pytest.raises(PathExists, match="differs only in case.*`kb import --prune` takes the new name"):
+        kb.import_folder(notes, 4)  # without --prune the old name stays: the message says what to do
     report = kb.import_folder(notes, 4, prune=True)
-    assert (report.added, report.removed) == (2, 2)
-    assert sorted(kb.list_paths(4)) == ["/documents/foo.md", "/documents/guides/setup.md"]
+    assert (report.added, report.modified, report.moved, report.removed) == (0, 0, 2, 0), report
+    (notes / "Other.md").write_text("# Other\n")
+    kb.import_folder(notes, 4)
+    (notes / "Other.md").rename(notes / "guides" / "Elsewhere.md")  # moved in the folder, bytes kept
+    (notes / "guides" / "setup.md").write_text("# Setup\nedited too\n")
+    report = kb.import_folder(notes, 4, prune=True)
+    assert (report.added, report.modified, report.moved, report.removed) == (0, 1, 1, 0), report
+    moved = {c.old_path: c.path for c in report.revision.changes if c.change == "moved"}
+    assert moved == {"/documents/Other.md": "/documents/guides/Elsewhere.md"}
+    assert sorted(kb.list_paths(4)) == [
+        "/documents/foo.md",
+        "/documents/guides/Elsewhere.md",
+        "/documents/guides/setup.md",
+    ]
     assert kb.read(4, "/documents/foo.md") == b"# Foo\n"
+    assert len(kb.history(4, "/documents/foo.md")) == 2  # its history follows it past the rename
+    (notes / "foo.md").rename(notes / "bar.md")
+    (notes / "bar.md").write_text("# Foo\nedited as renamed\n")
+    report = kb.import_folder(notes, 4, prune=True)
+    assert (report.added, report.moved, report.removed) == (1, 0, 1)  # other bytes: no move to claim
     git(settings.knowledge_store / "4", "fsck", "--strict")
 
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError
-from kb.paths import NameRegistry, check_path_length, safe_filename, safe_folder_segment
+from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError, PathExists
+from kb.paths import NameRegistry, blob_id, check_path_length, safe_filename, safe_folder_segment
 from kb.store.history import Revision
 from kb.store.indexable import unindexable_reason
 from kb.store.knowledge_store import KnowledgeStore, stated_message
@@ -73,6 +73,7 @@ class ImportReport:
     added: int = 0
     modified: int = 0
     removed: int = 0
+    moved: int = 0
     unchanged: int = 0
     renamed: dict[str, str] = field(default_factory=dict)
     skipped: list[Skipped] = field(default_factory=list)
@@ -214,6 +215,34 @@ def _prefix_segments(prefix: str | None) -> list[str]:
     return parts
 
 
+def _renames(
+    source: Path, planned: dict[tuple[str, ...], str], existing: dict[str, str], pruned: list[str]
+) -> dict[str, str]:
+    """``{new virtual path: pruned virtual path}`` for the documents ``--prune`` would remove whose
+    exact bytes the folder holds at a path the workspace lacks: a file renamed (or moved) in the
+    folder. Recorded as moves, their history and document id follow them (design §3) instead of
+    ending at a removal beside an unrelated addition. Bytes met at several paths pair in path
+    order. Only the new paths are read here (to hash them); nothing when nothing is pruned."""
+    if not pruned:
+        return {}
+    by_content: dict[str, list[str]] = {}
+    for virtual in sorted(pruned):
+        by_content.setdefault(existing[virtual], []).append(virtual)
+    moves: dict[str, str] = {}
+    for parts, repo_path in sorted(planned.items(), key=lambda item: item[1]):
+        virtual = "/" + repo_path
+        if virtual in existing:
+            continue
+        try:
+            content = blob_id(source.joinpath(*parts).read_bytes())
+        except OSError as exc:
+            raise _unreadable(source, exc) from None
+        candidates = by_content.get(content)
+        if candidates:
+            moves[virtual] = candidates.pop(0)
+    return moves
+
+
 def import_folder(
     store: KnowledgeStore,
     source: Path,
@@ -260,19 +289,32 @@ def import_folder(
     report.folder_renamed = tuple(_prefix_segments(prefix)) != prefix_parts
     existing = store.list_paths() if store.head() else {}
     text = stated_message(message) or f"import {len(relative)} documents from {source.name}"
+    pruned: list[str] = []
+    if prune:
+        wanted = {"/" + p for p in planned.values()}
+        pruned = [
+            virtual
+            for virtual in existing
+            if (virtual == root or virtual.startswith(root + "/"))
+            and virtual not in wanted
+            and not virtual.endswith("/.keep")
+        ]
+    moves = _renames(source, planned, existing, pruned)
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
         # pruned first: a document renamed in the folder only by case (Foo.md → foo.md) then takes
-        # the name its old self leaves, which the draft refuses while the old name stands (§2.2)
-        if prune:
-            wanted = {"/" + p for p in planned.values()}
-            for virtual in existing:
-                if (
-                    (virtual == root or virtual.startswith(root + "/"))
-                    and virtual not in wanted
-                    and not virtual.endswith("/.keep")
-                ):
-                    draft.remove(virtual)
+        # the name its old self leaves, which the draft refuses while the old name stands (§2.2);
+        # one renamed with its bytes unchanged is moved, so its history and id follow it (§3)
+        for new_path, old_path in moves.items():
+            draft.move(old_path, new_path)
+        for virtual in pruned:
+            if virtual not in moves.values():
+                draft.remove(virtual)
         for read, (parts, repo_path) in enumerate(planned.items(), 1):
+            if "/" + repo_path in moves:  # moved there with these very bytes
+                report.moved += 1
+                if progress is not None:
+                    progress(READING, read, len(planned))
+                continue
             try:
                 data = source.joinpath(*parts).read_bytes()
             except OSError as exc:
@@ -282,7 +324,15 @@ def import_folder(
                 report.unindexable["/" + repo_path] = reason
             if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
                 report.renamed["/".join(parts)] = "/" + repo_path
-            draft.write(repo_path, data)
+            try:
+                draft.write(repo_path, data)
+            except PathExists as exc:
+                if prune:
+                    raise
+                raise PathExists(
+                    f"{exc}; when the folder renamed it, `kb import --prune` takes the new name and "
+                    "removes the old one (a file whose bytes are unchanged is recorded as moved)"
+                ) from None
             if progress is not None:
                 progress(READING, read, len(planned))
         if progress is not None:  # the commit runs as the block ends: the longest step of a large import
@@ -296,5 +346,5 @@ def import_folder(
                 report.modified += 1
             elif change.change == "removed":
                 report.removed += 1
-    report.unchanged = len(relative) - report.added - report.modified
+    report.unchanged = len(relative) - report.added - report.modified - report.moved
     return report

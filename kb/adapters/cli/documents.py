@@ -72,10 +72,16 @@ def import_(
         click.echo(f"revision {report.revision.id}")
     click.echo(
         f"documents: {report.documents_found} found, {report.added} added, {report.modified} modified, "
-        f"{report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
+        f"{report.moved} moved, {report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
     shown_per_reason = 20
+    if report.moved and report.revision is not None:  # --prune found a file's bytes at a new path
+        renamed = [c for c in report.revision.changes if c.change == "moved" and c.old_path]
+        for change in renamed[:shown_per_reason]:
+            click.echo(f"moved {shown(change.old_path)} → {shown(change.path)}: renamed in the folder (--prune)")
+        if len(renamed) > shown_per_reason:
+            click.echo(f"moved {len(renamed) - shown_per_reason} more renamed in the folder (--prune)")
     if report.removed and report.revision is not None:  # --prune: said by name, and how to undo it
         gone = [c.path for c in report.revision.changes if c.change == "removed"]
         for removed in gone[:shown_per_reason]:
