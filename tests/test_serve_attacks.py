@@ -398,3 +398,77 @@ def test_a_turn_open_across_a_workspace_delete_and_re_create_writes_nothing_into
     again = api.put(f"{turn}/files/documents/New.md", json={"content": "new\n"})  # the id starts afresh
     assert again.status_code == 200, again.text
     assert api.post(f"{turn}/commit", json={}).json()["added"] == ["/documents/New.md"]
+
+
+def test_json_bodies_the_parser_cannot_take_are_422_saying_why(kb, served):
+    """Bodies sent as JSON that Python's parser cannot take were answered 400 "There was an error
+    parsing the body" (FastAPI's catch-all, naming no cause) or 500: bytes that are not UTF-8,
+    arrays nested thousands deep (RecursionError), an integer literal past Python's int-string
+    conversion limit (ValueError), and the literals NaN, Infinity and -Infinity, which JSON does
+    not have, and ``1e400``, which it made an infinity (taken as is, or refused with a 422 that
+    failed to render them: 500). Each is 422 InvalidInput with the cause and where it is; nothing
+    is written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    file = "/v1/workspaces/1/turns/t/files/documents/A.md"
+    for raw, cause in (
+        (b'{"content": "\xff"}', "UTF-8"),
+        (b'{"content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "deep"),
+        (b'{"content": "a", "n": ' + b"9" * 5000 + b"}", "digits"),
+        (b'{"content": NaN}', "NaN"),
+        (b'{"content": "a", "n": Infinity}', "Infinity"),
+        (b'{"content": "a", "n": -Infinity}', "-Infinity"),
+        (b'{"content": "a", "n": 1e400}', "out of range"),  # Python made it an infinity
+    ):
+        refused = api.put(file, content=raw)
+        assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", (cause, refused.text)
+        assert cause in refused.json()["message"], (cause, refused.text)
+    for route in ("/v1/workspaces/1/turns/t/commit", "/v1/workspaces/1/chats/c/normalize"):
+        refused = api.post(route, content=b'{"text": "a", "drop_unknown": NaN}')
+        assert refused.status_code == 422 and "NaN" in refused.json()["message"], refused.text
+    assert api.get(file).status_code == 404  # nothing was written in the turn
+
+
+def test_a_route_reading_a_body_without_strict_json_is_refused_at_start():
+    """Every route taking a body reads it with ``parse_body`` (its router's ``route_class`` is
+    ``JsonRoute``): ``create_app`` refuses a router that forgot it, as it refuses one without a
+    token check, rather than serve a route where a body Python's parser cannot take is a 400 or 500."""
+    from fastapi import APIRouter, Depends
+
+    from kb.adapters.http.auth import require
+    from kb.adapters.http.server import create_app
+    from kb.errors import ConfigurationError
+    from kb.settings import Settings
+
+    def lenient(service):
+        router = APIRouter(dependencies=[Depends(require("write"))])
+
+        @router.put("/v1/workspaces/{workspace_id}/lenient")
+        def put(workspace_id: int, body: dict) -> dict:
+            return {}
+
+        return router
+
+    with pytest.raises(ConfigurationError, match="PUT /v1/workspaces/{workspace_id}/lenient.*JsonRoute"):
+        create_app(Settings(), routers=[lenient])
+
+
+def test_parse_body_says_what_is_wrong_and_where():
+    """``parse_body``'s refusals name the cause and the offset of the literal (outside strings)."""
+    import json
+
+    from kb.adapters.http.json_bodies import parse_body
+
+    assert parse_body(b'{"a": "NaN 1e400", "b": [1, 2.5, -3]}') == {"a": "NaN 1e400", "b": [1, 2.5, -3]}
+    assert parse_body('\ufeff{"a": 1}'.encode()) == {"a": 1}  # a UTF-8 byte order mark, as json.loads took it
+    for raw, reason, at in (
+        (b'{"a": "NaN", "b": NaN}', "NaN is not JSON", 18),
+        (b'{"a": "x\\" -Infinity", "b": -Infinity}', "-Infinity is not JSON", 28),
+        (b'{"a": 2e308}', "out of range", 6),
+        (b'{"a": -' + b"1" * 4301 + b"}", "4301 digits", 6),
+        (b'{"a": "\xc3("}', "not UTF-8: byte 7 (0xc3)", 7),
+        (b"[" * 50_000, "nested too deep", 0),
+    ):
+        with pytest.raises(json.JSONDecodeError) as refused:
+            parse_body(raw)
+        assert reason in refused.value.msg and refused.value.pos == at, (raw[:30], refused.value)

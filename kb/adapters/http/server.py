@@ -60,6 +60,7 @@ from kb.adapters.http.auth import (
     require,
     unguarded_routes,
 )
+from kb.adapters.http.json_bodies import JsonRoute, routes_reading_bodies_leniently
 from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
@@ -298,7 +299,7 @@ class Service:
 
 def read_router(service: Service) -> APIRouter:
     """Search, read, log and status: the CLI's read commands (``KB_SERVER_URL``)."""
-    router = APIRouter(prefix="/v1", tags=["read"])
+    router = APIRouter(prefix="/v1", tags=["read"], route_class=JsonRoute)
     readable = [Depends(require("read"))]
 
     @router.get("/status", dependencies=[Depends(require("read", workspace_from="query"))])
@@ -395,7 +396,10 @@ def refuse_another_turn(open_keys: list[tuple[int, str]], token_id: int, most: i
 def turn_router(service: Service) -> APIRouter:
     """A turn's file operations and commit (design §5); the turn's worktree is private to it."""
     router = APIRouter(
-        prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
+        prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}",
+        tags=["turns"],
+        dependencies=[Depends(require("write"))],
+        route_class=JsonRoute,
     )
 
     def turn(request: Request, workspace_id: int, turn_id: str, author: str | None = None):
@@ -493,6 +497,7 @@ def citation_router(service: Service) -> APIRouter:
         prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}",
         tags=["citations"],
         dependencies=[Depends(require("read"))],
+        route_class=JsonRoute,
     )
 
     def chat_of(request: Request, workspace_id: int, chat_id: str):
@@ -600,8 +605,10 @@ def create_app(
 
     Every route but ``/health`` and ``/ready`` needs a live API token with the route's scope
     (design §16, ``kb.adapters.http.auth``) unless ``insecure_no_auth``; extra ``routers`` must
-    then declare ``Depends(require(scope))`` on each route (ConfigurationError otherwise).
-    Bodies over ``KB_MAX_REQUEST_BYTES`` are 413 (``kb.adapters.http.limits``).
+    then declare ``Depends(require(scope))`` on each route (ConfigurationError otherwise), and a
+    route taking a body must be a ``JsonRoute`` (``kb.adapters.http.json_bodies``: a body Python's
+    parser cannot take is 422 naming why). Bodies over ``KB_MAX_REQUEST_BYTES`` are 413
+    (``kb.adapters.http.limits``).
 
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
@@ -764,6 +771,11 @@ def create_app(
         raise errors.ConfigurationError(
             f"routes without a token check (design §16): {', '.join(missing)}; add "
             "dependencies=[Depends(kb.adapters.http.auth.require(scope))]"
+        )
+    if lenient := routes_reading_bodies_leniently(app):  # a body Python's parser cannot take would be a 400 or 500
+        raise errors.ConfigurationError(
+            f"routes reading a JSON body without kb's strict parsing: {', '.join(lenient)}; give their "
+            "router route_class=kb.adapters.http.json_bodies.JsonRoute"
         )
     app.add_middleware(
         forwarding.NodeForwarding,

@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from kb import errors
 from kb.adapters.http.auth import as_the_token_names_it, request_token
+from kb.adapters.http.json_bodies import JsonRoute
 from kb.adapters.http.ui.access import PageRefused
 from kb.adapters.http.ui.actions import action_router
 from kb.adapters.http.ui.events import event_router
@@ -39,7 +40,7 @@ def _page_route(status_for: Callable[[errors.KbError], int]) -> type[APIRoute]:
     """A route class rendering a KbError as an error page (with the status the JSON API gives it)
     instead of the API's JSON body."""
 
-    class PageRoute(APIRoute):
+    class PageRoute(JsonRoute):  # a page's JSON body (none yet) is read strictly as the API's
         def get_route_handler(self):
             handler = super().get_route_handler()
 
