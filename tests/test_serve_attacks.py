@@ -472,3 +472,27 @@ def test_parse_body_says_what_is_wrong_and_where():
         with pytest.raises(json.JSONDecodeError) as refused:
             parse_body(raw)
         assert reason in refused.value.msg and refused.value.pos == at, (raw[:30], refused.value)
+
+
+def test_a_route_without_a_token_check_is_refused_at_start():
+    """``create_app`` refuses a router whose routes declare no ``require(scope)``. The check read
+    ``app.routes``, where FastAPI keeps an included router as one entry: it saw ``/health`` and
+    ``/ready`` only and passed every router, guarded or not."""
+    from fastapi import APIRouter
+
+    from kb.adapters.http.json_bodies import JsonRoute
+    from kb.adapters.http.server import create_app
+    from kb.errors import ConfigurationError
+    from kb.settings import Settings
+
+    def open_door(service):
+        router = APIRouter(route_class=JsonRoute)
+
+        @router.get("/v1/workspaces/{workspace_id}/open")
+        def get(workspace_id: int) -> dict:
+            return {}
+
+        return router
+
+    with pytest.raises(ConfigurationError, match="GET /v1/workspaces/{workspace_id}/open"):
+        create_app(Settings(), routers=[open_door])

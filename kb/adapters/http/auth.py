@@ -406,14 +406,12 @@ def _mcp_principal(token: Token):
 
 
 def unguarded_routes(app) -> list[str]:
-    """The API routes of ``app`` (but :data:`PUBLIC_PATHS`) that declare no :func:`require`
-    dependency: ``create_app`` refuses to build an app with one."""
-    from fastapi.routing import APIRoute
+    """The API routes of ``app`` (but :data:`PUBLIC_PATHS`), those of included routers too, that
+    declare no :func:`require` dependency: ``create_app`` refuses to build an app with one."""
+    from kb.adapters.http.routes import api_routes
 
-    missing = []
-    for route in app.routes:
-        if not isinstance(route, APIRoute) or route.path in PUBLIC_PATHS:
-            continue
-        if not any(hasattr(d.call, "kb_scope") for d in route.dependant.dependencies):
-            missing.append(f"{','.join(sorted(route.methods))} {route.path}")
-    return missing
+    return [
+        f"{','.join(sorted(methods))} {path}"
+        for path, methods, route in api_routes(app)
+        if path not in PUBLIC_PATHS and not any(hasattr(d.call, "kb_scope") for d in route.dependant.dependencies)
+    ]
