@@ -496,3 +496,24 @@ def test_a_route_without_a_token_check_is_refused_at_start():
 
     with pytest.raises(ConfigurationError, match="GET /v1/workspaces/{workspace_id}/open"):
         create_app(Settings(), routers=[open_door])
+
+
+def test_a_body_of_the_wrong_shape_holding_a_lone_surrogate_is_422(kb, served):
+    """A JSON body whose strings hold a lone surrogate (``"\\ud800"``, which no UTF-8 text can carry)
+    and of the wrong shape was answered 500: the 422 quoting the input failed to encode as UTF-8.
+    It is 422, the surrogate shown escaped as it was sent."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    for method, route, raw in (
+        ("PUT", "/v1/workspaces/1/turns/t/files/documents/A.md", b'{"text": "\\ud800"}'),
+        ("PUT", "/v1/workspaces/1/turns/t/files/documents/A.md", b'{"content": ["\\udfff x"]}'),
+        ("POST", "/v1/workspaces/1/turns/t/move", b'{"src": "\\ud800"}'),
+        ("POST", "/v1/workspaces/1/chats/c/normalize", b'{"text": 5, "\\ud800": 1}'),
+    ):
+        refused = api.request(method, route, content=raw)
+        assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", (route, refused.text)
+    # the right shape: kb's own error about the path is rendered too
+    moved = api.post(
+        "/v1/workspaces/1/turns/t/move", content=b'{"src": "/documents/\\ud800.md", "dst": "/documents/b.md"}'
+    )
+    assert moved.status_code in (400, 404) and moved.json()["error"], moved.text

@@ -180,10 +180,10 @@ def error_response(
 ):
     """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app;
     ``shown`` rewrites the messages for the caller (``Access.shown``)."""
-    from starlette.responses import JSONResponse
+    from kb.adapters.http.json_bodies import SafeJSONResponse
 
     body = {"error": type(exc).__name__, "message": shown(str(exc)), "cli_message": shown(exc.cli_message)}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return SafeJSONResponse(body, status_code=status, headers=headers)
 
 
 def _header(scope, name: bytes) -> str | None:

@@ -14,7 +14,8 @@ rendered (JSON cannot carry the value back), a 500.
 :func:`parse_body`, which raises ``json.JSONDecodeError`` (the decoder's own kind, with a reason
 and an offset) for each of these, so FastAPI answers them as it answers any body that is not
 JSON. ``create_app`` refuses a route taking a body that is not a ``JsonRoute``
-(:func:`routes_reading_bodies_leniently`).
+(:func:`routes_reading_bodies_leniently`). :class:`SafeJSONResponse` renders an error quoting
+what a body held.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from fastapi.routing import APIRoute
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)', re.DOTALL)
 """A JSON string (skipped) or a number or non-JSON constant literal outside strings (group 1)."""
@@ -130,3 +131,17 @@ def routes_reading_bodies_leniently(app) -> list[str]:
         for path, methods, route in api_routes(app)
         if route.body_field is not None and not isinstance(route, JsonRoute)
     ]
+
+
+class SafeJSONResponse(JSONResponse):
+    """kb serve's JSON error response: a ``JSONResponse`` whose rendering cannot fail on the text
+    it quotes. A body's ``"\\ud800"`` escape gives Python a lone surrogate, which UTF-8 cannot
+    carry: a 422 quoting that input (or an error message quoting it) failed to encode, a 500. Such
+    a response is written with ``\\u`` escapes instead (ASCII JSON, the same value)."""
+
+    def render(self, content: Any) -> bytes:
+        """``content`` as UTF-8 JSON, or as ASCII JSON when it holds a lone surrogate."""
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")

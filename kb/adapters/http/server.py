@@ -60,7 +60,7 @@ from kb.adapters.http.auth import (
     require,
     unguarded_routes,
 )
-from kb.adapters.http.json_bodies import JsonRoute, routes_reading_bodies_leniently
+from kb.adapters.http.json_bodies import JsonRoute, SafeJSONResponse, routes_reading_bodies_leniently
 from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
@@ -685,13 +685,13 @@ def create_app(
     app.state.access = access
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
         # no such route or method, not ready: kb's error form too (``detail`` kept for older clients)
         body = {"error": f"HTTP{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
-        return JSONResponse(body, exc.status_code, headers=exc.headers)
+        return SafeJSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
         # a body or parameter of the wrong shape: kb's error form, with pydantic's details
         problems = "; ".join(_problem_text(e, exc.body) for e in exc.errors())
         kind = request.headers.get("content-type", "")
@@ -701,10 +701,12 @@ def create_app(
             said = f"Content-Type {kind.split(';')[0]!r}" if kind else "no Content-Type"
             problems += f" (the body came with {said}, so it was not read as JSON: send Content-Type: application/json)"
         body = {"error": "InvalidInput", "message": f"the request does not fit the route: {problems}"}
-        return JSONResponse({**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422)
+        return SafeJSONResponse(
+            {**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422
+        )
 
     @app.exception_handler(errors.KbError)
-    async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
+    async def kb_error(request: Request, exc: errors.KbError) -> SafeJSONResponse:
         token = request_token(request)  # where kb keeps its data: for an admin token only (design §16)
         message, cli_message = str(exc), exc.cli_message
         if token is not None:
@@ -726,11 +728,11 @@ def create_app(
                 revision=exc.revision,
                 settle={"method": "GET", "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(given, safe='')}"},
             )
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+            return SafeJSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         if isinstance(exc, errors.WorkspaceMoving):  # design §15: retry after the move
             body.update(workspace_id=exc.workspace_id, target_node=exc.target_node, retry_after=exc.retry_after)
-            return JSONResponse(body, status_code=503, headers={"Retry-After": str(exc.retry_after)})
-        return JSONResponse(body, status_code=status_for(exc))
+            return SafeJSONResponse(body, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+        return SafeJSONResponse(body, status_code=status_for(exc))
 
     @app.get("/health", tags=["operations"])
     def health() -> dict:
