@@ -517,3 +517,18 @@ def test_a_body_of_the_wrong_shape_holding_a_lone_surrogate_is_422(kb, served):
         "/v1/workspaces/1/turns/t/move", content=b'{"src": "/documents/\\ud800.md", "dst": "/documents/b.md"}'
     )
     assert moved.status_code in (400, 404) and moved.json()["error"], moved.text
+
+
+def test_normalizing_text_with_a_lone_surrogate_is_refused_saying_so(kb, served):
+    """``POST …/chats/{chat}/normalize`` with text holding a lone surrogate (``"\\ud800"``, no UTF-8
+    text can carry one) was rewritten and its answer, echoing the text, failed to encode: a 500.
+    It is refused as InvalidInput naming the character and where it is."""
+    secret = kb.tokens().create("reader", "read", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    shown = api.get("/v1/workspaces/1/chats/c/documents/documents/Plan.md")
+    assert shown.status_code == 200, shown.text
+    refused = api.post("/v1/workspaces/1/chats/c/normalize", content=b'{"text": "see [1:L1] \\ud800 and [1]"}')
+    assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+    assert "lone surrogate" in refused.json()["message"] and "U+D800" in refused.json()["message"], refused.text
+    kept = api.post("/v1/workspaces/1/chats/c/normalize", json={"text": "see [1:L1] \u00e9"})
+    assert kept.status_code == 200 and kept.json()["text"] == "see [1:L1] \u00e9", kept.text
