@@ -532,3 +532,40 @@ def test_normalizing_text_with_a_lone_surrogate_is_refused_saying_so(kb, served)
     assert "lone surrogate" in refused.json()["message"] and "U+D800" in refused.json()["message"], refused.text
     kept = api.post("/v1/workspaces/1/chats/c/normalize", json={"text": "see [1:L1] \u00e9"})
     assert kept.status_code == 200 and kept.json()["text"] == "see [1:L1] \u00e9", kept.text
+
+
+def test_the_first_write_names_the_turns_author_though_a_read_opened_the_turn(kb, served):
+    """``?author=`` on a turn's first write was ignored when an ``ls`` or ``read`` of the same turn
+    came first: that request opened the turn with the token as author, and the turn kept it, so
+    the revision recorded the token, not the person the client named (design §5, §16). The first
+    writing request names the author; a later one naming another is refused (409, saying whom the
+    turn acts for), one naming none or the same goes on; after the commit the next write names
+    the author again."""
+    token, secret = kb.tokens().create("agent-7", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    repo = kb.settings.knowledge_store / "1"
+    turn = "/v1/workspaces/1/turns/t"
+    ada, bob = "Ada%20%3Cada%40example.com%3E", "Bob%20%3Cbob%40example.com%3E"
+    assert api.get(f"{turn}/files").status_code == 200
+    assert api.get(f"{turn}/files/documents/Plan.md").status_code == 200
+    assert api.put(f"{turn}/files/documents/A.md?author={ada}", json={"content": "a\n"}).status_code == 200
+    refused = api.put(f"{turn}/files/documents/B.md?author={bob}", json={"content": "b\n"})
+    assert refused.status_code == 409 and refused.json()["error"] == "AuthorConflict", refused.text
+    assert "Ada <ada@example.com>" in refused.json()["message"], refused.text
+    for same in (f"?author={ada}", ""):
+        assert api.put(f"{turn}/files/documents/C.md{same}", json={"content": "c\n"}).status_code == 200
+    committed = api.post(f"{turn}/commit", json={})
+    assert committed.json()["added"] == ["/documents/A.md", "/documents/C.md"], committed.text
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "Ada <ada@example.com>\n"
+    # the turn's next revision: named afresh by its first write, after a read again
+    assert api.get(f"{turn}/files").status_code == 200
+    assert api.post(f"{turn}/edit/documents/A.md?author={bob}", json={"old": "a", "new": "b"}).status_code == 200
+    assert api.post(f"{turn}/commit", json={}).status_code == 200
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "Bob <bob@example.com>\n"
+    # a turn whose first write named nobody acts for the token
+    assert api.get(f"{turn}/files").status_code == 200
+    assert api.delete(f"{turn}/files/documents/C.md").status_code == 200
+    refused = api.put(f"{turn}/files/documents/D.md?author={ada}", json={"content": "d\n"})
+    assert refused.status_code == 409 and f"kb-token-{token.id}" in refused.json()["message"], refused.text
+    assert api.post(f"{turn}/commit", json={}).status_code == 200
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == f"agent-7 <kb-token-{token.id}>\n"

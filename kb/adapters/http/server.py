@@ -88,6 +88,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.PathExists: 409,
     errors.TurnBusy: 409,
     errors.EditMismatch: 409,
+    errors.AuthorConflict: 409,
     errors.DocumentGone: 409,
     errors.IdempotencyKeyReused: 409,
     errors.HistoryDiverged: 409,
@@ -259,7 +260,9 @@ class Service:
 
     def turn(self, workspace_id: int, owned: str, author: str | None = None) -> Turn:
         """The turn ``owned`` (a token's turn id, ``owned_by_token``) of a workspace, from the
-        KnowledgeBase holding the API's turns. Its token's bound on open turns is checked where a
+        KnowledgeBase holding the API's turns, made for ``author`` (the token; None: the OS user)
+        when new; a writing request names the author of its next revision with
+        ``Turn.acting_for``, under that turn's own lock (design §5). Its token's bound on open turns is checked where a
         turn becomes open (``_admit_turn``, under the lock that opens it), so the call on the turn
         runs beside every other tenant's, each turn serializing its own calls (a ``Turn`` is
         thread-safe, design §5) — one lock for every turn call made one tenant's commit waiting
@@ -402,15 +405,24 @@ def turn_router(service: Service) -> APIRouter:
         route_class=JsonRoute,
     )
 
-    def turn(request: Request, workspace_id: int, turn_id: str, author: str | None = None):
+    def turn(request: Request, workspace_id: int, turn_id: str) -> Turn:
         # a turn id is private to the token that names it (design §16); a token at its bound of
-        # open turns may always commit or abort one (``Service.turn``)
+        # open turns may always commit or abort one (``Service.turn``). A turn is made for the
+        # token, as a page's edit is (design §16): the server's OS user wrote none of it
         owned = owned_by_token(request, turn_id)
         token = request_token(request)
-        # a turn opened without ``?author=`` is the token's work, as a page's edit is (design
-        # §16): the server's OS user wrote none of it
-        author = author or (None if token is None else token.committer)
-        return service.turn(workspace_id, owned, author)
+        return service.turn(workspace_id, owned, None if token is None else token.committer)
+
+    def writing(request: Request, workspace_id: int, turn_id: str, author: str | None):
+        # the first writing request since the turn began or last committed names its author
+        # (``?author=``, else the token): a read may have opened the turn, and names nobody
+        return turn(request, workspace_id, turn_id).acting_for(author)
+
+    author_query = Query(
+        None,
+        description="Whom the turn's next revision records as author (default: the token). Named by the "
+        "first writing request since the turn began or last committed; another author after it is 409.",
+    )
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
@@ -426,27 +438,43 @@ def turn_router(service: Service) -> APIRouter:
 
     @router.put("/files/{path:path}")
     def write(
-        request: Request, workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None
+        request: Request,
+        workspace_id: int,
+        turn_id: str,
+        path: str,
+        body: WriteBody,
+        author: str | None = author_query,
     ) -> dict:
         """Create or replace a file in the turn (nothing is recorded until commit)."""
-        return json_form(turn(request, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return json_form(open_turn.write("/" + path.lstrip("/"), body.content))
 
     @router.post("/edit/{path:path}")
-    def edit(request: Request, workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
+    def edit(
+        request: Request,
+        workspace_id: int,
+        turn_id: str,
+        path: str,
+        body: EditBody,
+        author: str | None = author_query,
+    ) -> dict:
         """Replace text in a file of the turn."""
-        return json_form(
-            turn(request, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all)
-        )
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return json_form(open_turn.edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all))
 
     @router.delete("/files/{path:path}")
-    def remove(request: Request, workspace_id: int, turn_id: str, path: str) -> dict:
+    def remove(request: Request, workspace_id: int, turn_id: str, path: str, author: str | None = author_query) -> dict:
         """Remove a file in the turn."""
-        return {"removed": turn(request, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return {"removed": open_turn.remove("/" + path.lstrip("/"))}
 
     @router.post("/move")
-    def move(request: Request, workspace_id: int, turn_id: str, body: MoveBody) -> dict:
+    def move(
+        request: Request, workspace_id: int, turn_id: str, body: MoveBody, author: str | None = author_query
+    ) -> dict:
         """Move a file or folder in the turn."""
-        return {"moved": json_form(turn(request, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return {"moved": json_form(open_turn.move(body.src, body.dst, body.overwrite))}
 
     @router.post("/commit")
     def commit(
