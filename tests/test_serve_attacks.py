@@ -211,7 +211,7 @@ def test_an_author_no_revision_can_record_is_refused_when_the_turn_opens(kb, ser
     secret = kb.tokens().create("writer", "write", [1])[1]
     api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
     file = "/v1/workspaces/1/turns/a/files/documents/A.md"
-    for bad in ("Ada%0AEvil", "Ada%00"):
+    for bad in ("Ada%0AEvil", "Ada%00", "%0AAda", "Ada%09Lovelace", "Ada%1B%5B2J"):  # any control character
         refused = api.put(f"{file}?author={bad}", json={"content": "a\n"})
         assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
         assert "author" in refused.json()["message"], refused.text
@@ -569,3 +569,33 @@ def test_the_first_write_names_the_turns_author_though_a_read_opened_the_turn(kb
     assert refused.status_code == 409 and f"kb-token-{token.id}" in refused.json()["message"], refused.text
     assert api.post(f"{turn}/commit", json={}).status_code == 200
     assert git(repo, "log", "-1", "--format=%an <%ae>") == f"agent-7 <kb-token-{token.id}>\n"
+
+
+@pytest.mark.parametrize(
+    "author", ["\nAda <ada@example.com>", "Ada <ada@example.com>\r", "Ada\tLovelace", "Ada\x1b[2J"]
+)
+def test_kb_serve_and_kb_mcp_refuse_an_author_with_a_control_character_at_start(kb, kb_env, author):
+    """``kb serve --author`` and ``kb mcp --author`` with a line break (a leading one too) or
+    another control character started, and every MCP turn then failed at its first call (or, for
+    a tab or an escape, recorded it): no revision can record such an author, and nothing the client
+    sends can change it. Both refuse it at start-up, saying why, before they listen or open kb."""
+    import socket
+    import subprocess
+    import sys
+
+    kb.create_workspace(1)
+    with socket.socket() as taken:  # were the author taken, kb serve would stop at the port instead
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args in (("serve", "--port", port), ("mcp", "--workspace", "1")):
+            refused = subprocess.run(
+                [sys.executable, "-m", "kb.adapters.cli", *args, "--author", author],
+                env=kb_env,
+                input="",
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert refused.returncode == 2, (args, refused.returncode, refused.stderr)
+            assert "--author" in refused.stderr and "control character" in refused.stderr, refused.stderr

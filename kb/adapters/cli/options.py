@@ -24,5 +24,26 @@ def workspace_option(
     )
 
 
-author_option = click.option("--author", help="Author of the revision (default: your user name).")
+def checked_author(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for ``--author`` (or ``--committer``): refuses, as the command starts, an
+    identity no revision can record — a control character (a line break, even a leading one, a
+    tab, an escape), a NUL, a lone surrogate (``kb.store.knowledge_store.check_commit_text``) —
+    with click's usage error (exit 2) naming the option. A long-running command (``kb serve``,
+    ``kb mcp``) started with one and failed every turn it recorded, later, for a reason nobody could
+    fix from the client (design §5, §13)."""
+    if value is None:
+        return None
+    from kb.errors import InvalidInput
+    from kb.store.knowledge_store import check_commit_text
+
+    try:
+        check_commit_text(None, value, None)
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
+
+
+author_option = click.option(
+    "--author", callback=checked_author, help="Author of the revision (default: your user name)."
+)
 """``--author``: whom a revision records as its author (design §3)."""
