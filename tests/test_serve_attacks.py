@@ -599,3 +599,25 @@ def test_kb_serve_and_kb_mcp_refuse_an_author_with_a_control_character_at_start(
             )
             assert refused.returncode == 2, (args, refused.returncode, refused.stderr)
             assert "--author" in refused.stderr and "control character" in refused.stderr, refused.stderr
+
+
+def test_an_error_shows_the_tokens_ids_as_given_and_any_other_text_as_it_is(kb, served):
+    """The server strips the ``t<token id>@`` prefix kb keeps turn, chat and key ids under from the
+    ids an error names (the client never sent it). It stripped it from the whole message: a
+    document path or the client's own text holding ``t12@`` was shown without it — a path that is
+    not the one the client sent. Only the ids the request named lose the prefix."""
+    token, secret = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    mine = f"t{token.id}@"
+    turn = "/v1/workspaces/1/turns/t"
+    assert api.put(f"{turn}/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    missing = api.get(f"{turn}/files/documents/{mine}notes.md")
+    assert missing.status_code == 404 and f"/documents/{mine}notes.md" in missing.json()["message"], missing.text
+    quoted = api.put(f"{turn}/files/documents/A.md?author={mine}t%09", json={"content": "a\n"})  # its own text
+    assert quoted.status_code == 400 and f"'{mine}t\\t'" in quoted.json()["message"], quoted.text
+    # the ids the request named are shown as the client gave them
+    other = api.put(f"{turn}/files/documents/B.md?author=Bob%20%3Cb%40x%3E", json={"content": "b\n"})
+    assert other.status_code == 409 and "turn 't' acts for" in other.json()["message"], other.text
+    chat = api.post("/v1/workspaces/1/chats/c/normalize", json={"text": "[1]"})
+    assert chat.status_code == 404 and "chat 'c' has" in chat.json()["message"], chat.text
+    assert "--chat c " in chat.json()["message"] and mine not in chat.json()["message"], chat.text

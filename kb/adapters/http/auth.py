@@ -26,7 +26,7 @@ Three parts, so no route can be forgotten:
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Request  # at run time: FastAPI reads the dependency's annotation
@@ -270,14 +270,43 @@ OWNED_ID_CHARS = 200
 (``kb.citations.registry.MAX_CHAT_ID_CHARS``), the token's prefix included."""
 
 
-def as_the_token_names_it(text: str, token: Token | None) -> str:
-    """``text`` (an error's message) with turn, chat and key ids as ``token``'s client gave them:
-    kb keeps them as ``t<token id>@NAME`` (``owned_by_token``), a prefix the client never sent and
-    cannot use — a message naming ``t2@support-42`` sent the reader to look up a chat no command
-    of theirs finds (design §16). ``text`` unchanged without a token."""
+ID_PARAMETERS = ("turn_id", "chat_id", "key", "chat")
+"""The path and query parameters naming a turn, chat or idempotency key (``owned_by_token``)."""
+
+
+def named_ids(request: Request) -> list[str]:
+    """The turn, chat and key ids ``request``'s client gave (:data:`ID_PARAMETERS` of its path and
+    query, its ``Idempotency-Key`` header), as the client spelled them."""
+    given = [request.path_params.get(name) or request.query_params.get(name) for name in ID_PARAMETERS]
+    given.append(request.headers.get("idempotency-key"))
+    return [name for name in given if name]
+
+
+def as_the_token_names_it(text: str, token: Token | None, ids: Iterable[str]) -> str:
+    """``text`` (an error's message) with the turn, chat and key ids ``ids`` (as the client gave
+    them, ``named_ids``; a sub-agent turn id's root too) shown so: kb keeps them as ``t<token
+    id>@NAME`` (``owned_by_token``), a prefix the client never sent and cannot use — a message
+    naming ``t2@support-42`` sent the reader to look up a chat no command of theirs finds (design
+    §16). Only where a message names an id, whole in quotes (``'t2@x'``) or after ``--chat `` or
+    ``write-outcome `` (the commands it tells to run): the prefix was stripped from every
+    ``t2@`` of the message, so a document path or the client's own text holding one was shown
+    as another than they sent. ``text`` unchanged without a token."""
     if token is None:
         return text
-    return re.sub(rf"\b{re.escape(owned_name('', token.id))}", "", text)
+    names = {part for name in ids for part in (name, name.split("::", 1)[0]) if part}
+    if not names:
+        return text
+    prefix = re.escape(owned_name("", token.id))
+    alternatives = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+    quoted = rf"(?P<q>['\"]){prefix}(?P<id>{alternatives})(?P=q)"
+    commanded = rf"(?P<c>--chat |write-outcome ){prefix}(?P<cid>{alternatives})(?=[\s`]|$)"
+
+    def given(found: re.Match) -> str:
+        if found.group("q"):
+            return found.group("q") + found.group("id") + found.group("q")
+        return found.group("c") + found.group("cid")
+
+    return re.sub(f"{quoted}|{commanded}", given, text)
 
 
 def owned_by_token(request: Request, name: str, error: type[errors.KbError] = errors.InvalidTurn) -> str:

@@ -55,6 +55,7 @@ from kb.adapters.http.auth import (
     McpGate,
     as_the_token_names_it,
     committer_of,
+    named_ids,
     owned_by_token,
     request_token,
     require,
@@ -741,7 +742,10 @@ def create_app(
             # turn ids and keys as the client gave them: kb keeps them as t<token id>@NAME (design
             # §16), and a stored key named to the settle route, which adds the prefix, was looked
             # up as t<id>@t<id>@KEY, which no write has — "did not land"
-            message, cli_message = (as_the_token_names_it(text, token) for text in (message, cli_message))
+            ids = named_ids(request)
+            if isinstance(exc, errors.CommitOutcomeUnknown):  # a key kb generated for the commit
+                ids.append(exc.idempotency_key.removeprefix(owned_name("", token.id)))
+            message, cli_message = (as_the_token_names_it(text, token, ids) for text in (message, cli_message))
         body: dict[str, object] = {
             "error": type(exc).__name__,
             "message": access.shown(message, token),
