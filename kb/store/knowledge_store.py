@@ -127,29 +127,9 @@ def trailer_turn(message: str) -> str | None:
     return last.removeprefix(f"{TURN_TRAILER} ") if last.startswith(f"{TURN_TRAILER} ") else None
 
 
-_CONTROL_NAMES = {"\n": ", a line break", "\r": ", a carriage return", "\t": ", a tab", "\x1b": ", an escape"}
-
-
-def check_identity(field: str, value: str) -> None:
-    """Refuse an author or committer (``field`` names which) holding a control character — a line
-    break anywhere (a leading one too), a tab, an escape, any of Unicode's Cc: git records an
-    identity on one line of a commit's header, and one holding an escape rewrites the terminal of
-    whoever reads the log (design §14). Raises InvalidInput naming the character and where."""
-    import unicodedata
-
-    for at, character in enumerate(value):
-        if unicodedata.category(character) == "Cc":
-            what = _CONTROL_NAMES.get(character, "")
-            raise InvalidInput(
-                f"the {field} {value!r} holds a control character (U+{ord(character):04X}{what}) at character "
-                f"{at + 1}; no revision can record it: give one line of text, e.g. "
-                '"Ada Lovelace <ada@example.com>"'
-            )
-
-
 def check_commit_text(message: str | None, author: str, committer: str | None) -> None:
     """Refuse commit text git and Postgres cannot both hold (design §14): a NUL or a lone surrogate
-    anywhere, a line break or another control character in an identity (``check_identity``); and a message whose last line is a ``Turn:`` trailer,
+    anywhere, a line break in an identity; and a message whose last line is a ``Turn:`` trailer,
     which would claim the revision for that turn: a turn whose commit finds a revision with its
     trailer after its base takes it as its own, already recorded, and discards its changes
     (design §5 recovery); an identity longer than MAX_IDENTITY_CHARS. Raises InvalidInput naming
@@ -172,8 +152,8 @@ def check_commit_text(message: str | None, author: str, committer: str | None) -
                 f"the {field} {value!r} is not valid Unicode text (character {exc.start + 1} is "
                 "half of a surrogate pair, e.g. from bytes that were not UTF-8); pass UTF-8 text"
             ) from None
-        if single_line:
-            check_identity(field, value)
+        if single_line and ("\n" in value or "\r" in value):
+            raise InvalidInput(f"the {field} {value!r} spans several lines; use one line")
         if single_line and len(value) > MAX_IDENTITY_CHARS:
             raise InvalidInput(
                 f"the {field} is {len(value):,} characters long; an identity is at most "
