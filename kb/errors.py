@@ -174,6 +174,11 @@ class TurnBusy(KbError):
     """Another process holds the same turn open (its worktree is locked); retry when it is done."""
 
 
+class AuthorConflict(KbError):
+    """A request names another author than the one an earlier writing request of the same turn
+    named for its next revision (design §5): commit or abort the turn first, or use another turn."""
+
+
 class EditMismatch(KbError):
     """``edit``'s ``old`` text is absent from the document, or ambiguous without ``replace_all``."""
 

@@ -566,7 +566,7 @@ def _bad_input_writes_nothing(kb, server):
     not_json = api.put(
         f"{turn}/files/documents/B.md", content=b'{"content": "\xff"}', headers={"Content-Type": "application/json"}
     )
-    assert not_json.status_code == 400 and not_json.json()["error"]  # a body that is not UTF-8 JSON
+    assert not_json.status_code == 422 and "not UTF-8" in not_json.json()["message"]  # was a bare 400
     # a body that is not JSON at all (markdown sent as is, a bare word, binary): 422, never a 500
     for url, raw, kind in (
         (f"{turn}/files/documents/Raw.md", b"# Raw\n\nmarkdown sent as is\n", "text/markdown"),

@@ -140,3 +140,10 @@ def test_parse_citation_refuses_anything_else(written):
 def test_normalize_refuses_non_text():
     with pytest.raises(InvalidInput):
         normalize(b"[1]", HANDLES.get)
+
+
+def test_normalize_refuses_a_lone_surrogate_naming_it():
+    """A lone surrogate (a JSON ``"\\udfff"``) has no UTF-8 form: the text was rewritten and its
+    answer could be neither sent nor written back (kb serve: a 500). It is InvalidInput."""
+    with pytest.raises(InvalidInput, match=r"lone surrogate \(U\+DFFF at character 8\)"):
+        normalize("see [1] \udfff", HANDLES.get)

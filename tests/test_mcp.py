@@ -302,9 +302,12 @@ def _rpc_result(response: httpx.Response) -> dict:
     return json.loads(data)
 
 
-def _abandoned_chat(base: str, chat: str, tool: str, arguments: dict) -> dict:
-    """A client that opens an MCP session, calls one tool and goes away without ending it (no
-    HTTP DELETE: a killed or careless client). Returns the tool call's JSON-RPC reply."""
+@contextlib.contextmanager
+def _chat_session(base: str, chat: str):
+    """An MCP session of chat ``chat`` over streamable HTTP, never ended (no HTTP DELETE: a killed
+    or careless client). Yields ``call(tool, arguments)`` returning the tool call's JSON-RPC reply;
+    ``arguments`` may be the raw JSON bytes of the arguments object (escapes a client can send
+    that Python's encoder would not)."""
     url = f"{base}/mcp/1?chat={chat}"
     with httpx.Client(timeout=30) as client:
         hello = client.post(url, headers=MCP_ACCEPT, json={
@@ -313,10 +316,21 @@ def _abandoned_chat(base: str, chat: str, tool: str, arguments: dict) -> dict:
         })  # fmt: skip
         headers = {**MCP_ACCEPT, "mcp-session-id": hello.headers["mcp-session-id"]}
         client.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-        reply = client.post(url, headers=headers, json={
-            "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": arguments},
-        })  # fmt: skip
-        return _rpc_result(reply)
+        ids = iter(range(2, 1000))
+
+        def call(tool: str, arguments: dict | bytes) -> dict:
+            raw = arguments if isinstance(arguments, bytes) else json.dumps(arguments).encode()
+            body = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}'
+            return _rpc_result(client.post(url, headers=headers, content=body % (next(ids), tool.encode(), raw)))
+
+        yield call
+
+
+def _abandoned_chat(base: str, chat: str, tool: str, arguments: dict) -> dict:
+    """A client that opens an MCP session, calls one tool and goes away without ending it (no
+    HTTP DELETE: a killed or careless client). Returns the tool call's JSON-RPC reply."""
+    with _chat_session(base, chat) as call:
+        return call(tool, arguments)
 
 
 def test_streamable_http_bounds_open_chats_and_closes_idle_ones(workspace, kb_env, settings) -> None:
@@ -480,3 +494,24 @@ def test_one_chat_failing_to_close_leaves_the_others_closed_and_callable(workspa
     sessions.close_all()
     for each in opened:
         each.close()
+
+
+def test_normalizing_text_with_a_lone_surrogate_is_refused_and_the_chat_goes_on(served) -> None:
+    """``normalize_citations`` with text holding a lone surrogate (``"\\ud800"`` in the call's
+    JSON; no UTF-8 text can carry one): refused, never a crash — by the MCP SDK's parser (a JSON-RPC
+    parse error, as it is now) or by the tool (``normalizer.check_text``, for a parser that takes
+    it) — and the chat goes on."""
+    with _chat_session(served, "surrogate") as call:
+        shown = call("read", {"path": "/documents/Plan.md"})
+        assert not shown["result"]["isError"], shown
+        refused = call("normalize_citations", b'{"text": "see [1:L1] \\ud800"}')
+        if "error" in refused:
+            assert refused["error"]["code"] == -32700 and "escape" in refused["error"]["message"], refused
+        else:
+            assert refused["result"]["isError"] and "lone surrogate" in _text_of(refused), refused
+        kept = call("normalize_citations", {"text": "see [1:L1]"})
+        assert not kept["result"]["isError"] and "[1:L1]" in _text_of(kept), kept
+
+
+def _text_of(reply: dict) -> str:
+    return "".join(part.get("text", "") for part in reply["result"]["content"])

@@ -211,7 +211,7 @@ def test_an_author_no_revision_can_record_is_refused_when_the_turn_opens(kb, ser
     secret = kb.tokens().create("writer", "write", [1])[1]
     api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
     file = "/v1/workspaces/1/turns/a/files/documents/A.md"
-    for bad in ("Ada%0AEvil", "Ada%00"):
+    for bad in ("Ada%0AEvil", "Ada%00", "%0AAda"):
         refused = api.put(f"{file}?author={bad}", json={"content": "a\n"})
         assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
         assert "author" in refused.json()["message"], refused.text
@@ -398,3 +398,226 @@ def test_a_turn_open_across_a_workspace_delete_and_re_create_writes_nothing_into
     again = api.put(f"{turn}/files/documents/New.md", json={"content": "new\n"})  # the id starts afresh
     assert again.status_code == 200, again.text
     assert api.post(f"{turn}/commit", json={}).json()["added"] == ["/documents/New.md"]
+
+
+def test_json_bodies_the_parser_cannot_take_are_422_saying_why(kb, served):
+    """Bodies sent as JSON that Python's parser cannot take were answered 400 "There was an error
+    parsing the body" (FastAPI's catch-all, naming no cause) or 500: bytes that are not UTF-8,
+    arrays nested thousands deep (RecursionError), an integer literal past Python's int-string
+    conversion limit (ValueError), and the literals NaN, Infinity and -Infinity, which JSON does
+    not have, and ``1e400``, which it made an infinity (taken as is, or refused with a 422 that
+    failed to render them: 500). Each is 422 InvalidInput with the cause and where it is; nothing
+    is written."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    file = "/v1/workspaces/1/turns/t/files/documents/A.md"
+    for raw, cause in (
+        (b'{"content": "\xff"}', "UTF-8"),
+        (b'{"content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "deep"),
+        (b'{"content": "a", "n": ' + b"9" * 5000 + b"}", "digits"),
+        (b'{"content": NaN}', "NaN"),
+        (b'{"content": "a", "n": Infinity}', "Infinity"),
+        (b'{"content": "a", "n": -Infinity}', "-Infinity"),
+        (b'{"content": "a", "n": 1e400}', "out of range"),  # Python made it an infinity
+    ):
+        refused = api.put(file, content=raw)
+        assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", (cause, refused.text)
+        assert cause in refused.json()["message"], (cause, refused.text)
+    for route in ("/v1/workspaces/1/turns/t/commit", "/v1/workspaces/1/chats/c/normalize"):
+        refused = api.post(route, content=b'{"text": "a", "drop_unknown": NaN}')
+        assert refused.status_code == 422 and "NaN" in refused.json()["message"], refused.text
+    assert api.get(file).status_code == 404  # nothing was written in the turn
+
+
+def test_a_route_reading_a_body_without_strict_json_is_refused_at_start():
+    """Every route taking a body reads it with ``parse_body`` (its router's ``route_class`` is
+    ``JsonRoute``): ``create_app`` refuses a router that forgot it, as it refuses one without a
+    token check, rather than serve a route where a body Python's parser cannot take is a 400 or 500."""
+    from fastapi import APIRouter, Depends
+
+    from kb.adapters.http.auth import require
+    from kb.adapters.http.server import create_app
+    from kb.errors import ConfigurationError
+    from kb.settings import Settings
+
+    def lenient(service):
+        router = APIRouter(dependencies=[Depends(require("write"))])
+
+        @router.put("/v1/workspaces/{workspace_id}/lenient")
+        def put(workspace_id: int, body: dict) -> dict:
+            return {}
+
+        return router
+
+    with pytest.raises(ConfigurationError, match="PUT /v1/workspaces/{workspace_id}/lenient.*JsonRoute"):
+        create_app(Settings(), routers=[lenient])
+
+
+def test_parse_body_says_what_is_wrong_and_where():
+    """``parse_body``'s refusals name the cause and the offset of the literal (outside strings)."""
+    import json
+
+    from kb.adapters.http.json_bodies import parse_body
+
+    assert parse_body(b'{"a": "NaN 1e400", "b": [1, 2.5, -3]}') == {"a": "NaN 1e400", "b": [1, 2.5, -3]}
+    assert parse_body('\ufeff{"a": 1}'.encode()) == {"a": 1}  # a UTF-8 byte order mark, as json.loads took it
+    for raw, reason, at in (
+        (b'{"a": "NaN", "b": NaN}', "NaN is not JSON", 18),
+        (b'{"a": "x\\" -Infinity", "b": -Infinity}', "-Infinity is not JSON", 28),
+        (b'{"a": 2e308}', "out of range", 6),
+        (b'{"a": -' + b"1" * 4301 + b"}", "4301 digits", 6),
+        (b'{"a": "\xc3("}', "not UTF-8: byte 7 (0xc3)", 7),
+        (b"[" * 50_000, "nested too deep", 0),
+    ):
+        with pytest.raises(json.JSONDecodeError) as refused:
+            parse_body(raw)
+        assert reason in refused.value.msg and refused.value.pos == at, (raw[:30], refused.value)
+
+
+def test_a_route_without_a_token_check_is_refused_at_start():
+    """``create_app`` refuses a router whose routes declare no ``require(scope)``. The check read
+    ``app.routes``, where FastAPI keeps an included router as one entry: it saw ``/health`` and
+    ``/ready`` only and passed every router, guarded or not."""
+    from fastapi import APIRouter
+
+    from kb.adapters.http.json_bodies import JsonRoute
+    from kb.adapters.http.server import create_app
+    from kb.errors import ConfigurationError
+    from kb.settings import Settings
+
+    def open_door(service):
+        router = APIRouter(route_class=JsonRoute)
+
+        @router.get("/v1/workspaces/{workspace_id}/open")
+        def get(workspace_id: int) -> dict:
+            return {}
+
+        return router
+
+    with pytest.raises(ConfigurationError, match="GET /v1/workspaces/{workspace_id}/open"):
+        create_app(Settings(), routers=[open_door])
+
+
+def test_a_body_of_the_wrong_shape_holding_a_lone_surrogate_is_422(kb, served):
+    """A JSON body whose strings hold a lone surrogate (``"\\ud800"``, which no UTF-8 text can carry)
+    and of the wrong shape was answered 500: the 422 quoting the input failed to encode as UTF-8.
+    It is 422, the surrogate shown escaped as it was sent."""
+    secret = kb.tokens().create("writer", "write", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    for method, route, raw in (
+        ("PUT", "/v1/workspaces/1/turns/t/files/documents/A.md", b'{"text": "\\ud800"}'),
+        ("PUT", "/v1/workspaces/1/turns/t/files/documents/A.md", b'{"content": ["\\udfff x"]}'),
+        ("POST", "/v1/workspaces/1/turns/t/move", b'{"src": "\\ud800"}'),
+        ("POST", "/v1/workspaces/1/chats/c/normalize", b'{"text": 5, "\\ud800": 1}'),
+    ):
+        refused = api.request(method, route, content=raw)
+        assert refused.status_code == 422 and refused.json()["error"] == "InvalidInput", (route, refused.text)
+    # the right shape: kb's own error about the path is rendered too
+    moved = api.post(
+        "/v1/workspaces/1/turns/t/move", content=b'{"src": "/documents/\\ud800.md", "dst": "/documents/b.md"}'
+    )
+    assert moved.status_code in (400, 404) and moved.json()["error"], moved.text
+
+
+def test_normalizing_text_with_a_lone_surrogate_is_refused_saying_so(kb, served):
+    """``POST …/chats/{chat}/normalize`` with text holding a lone surrogate (``"\\ud800"``, no UTF-8
+    text can carry one) was rewritten and its answer, echoing the text, failed to encode: a 500.
+    It is refused as InvalidInput naming the character and where it is."""
+    secret = kb.tokens().create("reader", "read", [1])[1]
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret) | {"Content-Type": "application/json"})
+    shown = api.get("/v1/workspaces/1/chats/c/documents/documents/Plan.md")
+    assert shown.status_code == 200, shown.text
+    refused = api.post("/v1/workspaces/1/chats/c/normalize", content=b'{"text": "see [1:L1] \\ud800 and [1]"}')
+    assert refused.status_code == 400 and refused.json()["error"] == "InvalidInput", refused.text
+    assert "lone surrogate" in refused.json()["message"] and "U+D800" in refused.json()["message"], refused.text
+    kept = api.post("/v1/workspaces/1/chats/c/normalize", json={"text": "see [1:L1] \u00e9"})
+    assert kept.status_code == 200 and kept.json()["text"] == "see [1:L1] \u00e9", kept.text
+
+
+def test_the_first_write_names_the_turns_author_though_a_read_opened_the_turn(kb, served):
+    """``?author=`` on a turn's first write was ignored when an ``ls`` or ``read`` of the same turn
+    came first: that request opened the turn with the token as author, and the turn kept it, so
+    the revision recorded the token, not the person the client named (design §5, §16). The first
+    writing request names the author; a later one naming another is refused (409, saying whom the
+    turn acts for), one naming none or the same goes on; after the commit the next write names
+    the author again."""
+    token, secret = kb.tokens().create("agent-7", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    repo = kb.settings.knowledge_store / "1"
+    turn = "/v1/workspaces/1/turns/t"
+    ada, bob = "Ada%20%3Cada%40example.com%3E", "Bob%20%3Cbob%40example.com%3E"
+    assert api.get(f"{turn}/files").status_code == 200
+    assert api.get(f"{turn}/files/documents/Plan.md").status_code == 200
+    assert api.put(f"{turn}/files/documents/A.md?author={ada}", json={"content": "a\n"}).status_code == 200
+    refused = api.put(f"{turn}/files/documents/B.md?author={bob}", json={"content": "b\n"})
+    assert refused.status_code == 409 and refused.json()["error"] == "AuthorConflict", refused.text
+    assert "Ada <ada@example.com>" in refused.json()["message"], refused.text
+    for same in (f"?author={ada}", ""):
+        assert api.put(f"{turn}/files/documents/C.md{same}", json={"content": "c\n"}).status_code == 200
+    committed = api.post(f"{turn}/commit", json={})
+    assert committed.json()["added"] == ["/documents/A.md", "/documents/C.md"], committed.text
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "Ada <ada@example.com>\n"
+    # the turn's next revision: named afresh by its first write, after a read again
+    assert api.get(f"{turn}/files").status_code == 200
+    assert api.post(f"{turn}/edit/documents/A.md?author={bob}", json={"old": "a", "new": "b"}).status_code == 200
+    assert api.post(f"{turn}/commit", json={}).status_code == 200
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "Bob <bob@example.com>\n"
+    # a turn whose first write named nobody acts for the token
+    assert api.get(f"{turn}/files").status_code == 200
+    assert api.delete(f"{turn}/files/documents/C.md").status_code == 200
+    refused = api.put(f"{turn}/files/documents/D.md?author={ada}", json={"content": "d\n"})
+    assert refused.status_code == 409 and f"kb-token-{token.id}" in refused.json()["message"], refused.text
+    assert api.post(f"{turn}/commit", json={}).status_code == 200
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == f"agent-7 <kb-token-{token.id}>\n"
+
+
+@pytest.mark.parametrize(
+    "author", ["\nAda <ada@example.com>", "Ada <ada@example.com>\r", "Ada\tLovelace", "Ada\x1b[2J"]
+)
+def test_kb_serve_and_kb_mcp_refuse_an_author_with_a_control_character_at_start(kb, kb_env, author):
+    """``kb serve --author`` and ``kb mcp --author`` with a line break (a leading one too) or
+    another control character started, and every MCP turn then failed at its first call (or, for
+    a tab or an escape, recorded it): no revision can record such an author, and nothing the client
+    sends can change it. Both refuse it at start-up, saying why, before they listen or open kb."""
+    import socket
+    import subprocess
+    import sys
+
+    kb.create_workspace(1)
+    with socket.socket() as taken:  # were the author taken, kb serve would stop at the port instead
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args in (("serve", "--port", port), ("mcp", "--workspace", "1")):
+            refused = subprocess.run(
+                [sys.executable, "-m", "kb.adapters.cli", *args, "--author", author],
+                env=kb_env,
+                input="",
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert refused.returncode == 2, (args, refused.returncode, refused.stderr)
+            assert "--author" in refused.stderr and "control character" in refused.stderr, refused.stderr
+
+
+def test_an_error_shows_the_tokens_ids_as_given_and_any_other_text_as_it_is(kb, served):
+    """The server strips the ``t<token id>@`` prefix kb keeps turn, chat and key ids under from the
+    ids an error names (the client never sent it). It stripped it from the whole message: a
+    document path or the client's own text holding ``t12@`` was shown without it — a path that is
+    not the one the client sent. Only the ids the request named lose the prefix."""
+    token, secret = kb.tokens().create("writer", "write", [1])
+    api = httpx.Client(base_url=served, timeout=60, headers=_as(secret))
+    mine = f"t{token.id}@"
+    turn = "/v1/workspaces/1/turns/t"
+    assert api.put(f"{turn}/files/documents/A.md", json={"content": "a\n"}).status_code == 200
+    missing = api.get(f"{turn}/files/documents/{mine}notes.md")
+    assert missing.status_code == 404 and f"/documents/{mine}notes.md" in missing.json()["message"], missing.text
+    quoted = api.put(f"{turn}/files/documents/A.md?author={mine}t%0A", json={"content": "a\n"})  # its own text
+    assert quoted.status_code == 400 and f"'{mine}t\\n'" in quoted.json()["message"], quoted.text
+    # the ids the request named are shown as the client gave them
+    other = api.put(f"{turn}/files/documents/B.md?author=Bob%20%3Cb%40x%3E", json={"content": "b\n"})
+    assert other.status_code == 409 and "turn 't' acts for" in other.json()["message"], other.text
+    chat = api.post("/v1/workspaces/1/chats/c/normalize", json={"text": "[1]"})
+    assert chat.status_code == 404 and "chat 'c' has" in chat.json()["message"], chat.text
+    assert "--chat c " in chat.json()["message"] and mine not in chat.json()["message"], chat.text

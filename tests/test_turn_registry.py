@@ -140,3 +140,56 @@ def test_a_turn_that_could_not_open_its_worktree_is_not_counted_open(kb, setting
         assert kb.open_turns() == []  # it counts against no bound
     finally:
         other.close()
+
+
+def test_two_first_writes_name_one_author_and_other_turns_are_not_held_up(kb):
+    """``Turn.acting_for`` names a turn's author under that turn's own lock: of two first writes
+    racing with different authors exactly one names it and the other is AuthorConflict; while one
+    turn's writing request holds its lock, another turn of the same KnowledgeBase reads, writes and
+    commits (the naming serializes one turn, never the server's turns, design §5, §16)."""
+    from kb.errors import AuthorConflict
+
+    kb.create_workspace(WS)
+    shared = kb.turn(WS, "shared", "Made <made@example.com>")
+    outcomes: dict[str, str] = {}
+    start = threading.Barrier(2)
+
+    def first_write(author: str) -> None:
+        start.wait()
+        try:
+            with shared.acting_for(author) as turn:
+                turn.write(f"/documents/{author.split()[0]}.md", "x\n")
+            outcomes[author] = "named"
+        except AuthorConflict:
+            outcomes[author] = "refused"
+
+    threads = [threading.Thread(target=first_write, args=(a,)) for a in ("Ada <a@x>", "Bob <b@x>")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes.values()) == ["named", "refused"], outcomes
+    named = next(a for a, outcome in outcomes.items() if outcome == "named")
+    assert shared.author == named
+    # one turn's writing request in progress holds up no other turn
+    inside, release = threading.Event(), threading.Event()
+
+    def held_open() -> None:
+        with shared.acting_for(None):
+            inside.set()
+            release.wait()
+
+    holder = threading.Thread(target=held_open)
+    holder.start()
+    try:
+        assert inside.wait(60)
+        other = kb.turn(WS, "other")
+        with other.acting_for("Cy <c@x>") as turn:
+            turn.write("/documents/Other.md", "o\n")
+        assert other.read("/documents/Other.md").lines == [(1, "o")]
+        assert other.commit("other").added == ["/documents/Other.md"]
+    finally:
+        release.set()
+        holder.join()
+    assert shared.commit("shared") is not None
+    assert shared.author == "Made <made@example.com>"  # recorded: the next write names it again

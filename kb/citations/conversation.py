@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 from kb.citations import registry
 from kb.citations.envelope import Envelope
 from kb.citations.follow import LineMapping, follow_history
-from kb.citations.normalizer import Citation, HandleInfo, NormalizedText, normalize, parse_citation
+from kb.citations.normalizer import Citation, HandleInfo, NormalizedText, check_text, normalize, parse_citation
 from kb.citations.registry import Handle, Showing
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import DocumentNotFound, InvalidCitation, InvalidInput, IsAFolder, UnknownChat, UnknownHandle
+from kb.errors import DocumentNotFound, InvalidCitation, IsAFolder, UnknownChat, UnknownHandle
 from kb.lines import document_lines
 from kb.paths import StorePath
 
@@ -228,12 +228,12 @@ class Conversation:
         :mod:`kb.citations.normalizer`, design §8).
 
         Handles the chat does not have are reported in ``unknown`` and kept as written, unless
-        ``drop_unknown``. Raises InvalidInput for non-text, UnknownChat when the chat has no
+        ``drop_unknown``. Raises InvalidInput for non-text or text with a lone surrogate
+        (``normalizer.check_text``), UnknownChat when the chat has no
         handles at all (a mistyped, forgotten or expired chat: normalizing against it would treat
         every citation as unknown), leaving the text untouched.
         """
-        if not isinstance(text, str):
-            raise InvalidInput(f"the text to normalize must be a string, not {type(text).__name__}")
+        check_text(text)  # before any lookup: a text no answer can carry is the caller's to fix
         known = {h.n: h for h in self.handles()}
         if not known:
             raise UnknownChat(

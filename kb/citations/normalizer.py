@@ -220,18 +220,32 @@ def _strip_trailing_blanks(out: list[str]) -> None:
         out[-1] = out[-1].rstrip(" \t")
 
 
+def check_text(text: object) -> None:
+    """Raise InvalidInput (kb.errors) unless ``text`` is a string with a UTF-8 form: a lone
+    surrogate (a JSON ``"\\ud800"`` escape, bytes that were not UTF-8 read with surrogateescape) has
+    none, so the normalized text could be neither answered nor written back (design §8)."""
+    from kb.errors import InvalidInput
+
+    if not isinstance(text, str):
+        raise InvalidInput(f"the text to normalize must be a string, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"the text to normalize holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
+            "half of a UTF-16 pair that no UTF-8 text can carry; send valid Unicode"
+        ) from None
+
+
 def normalize(text: str, lookup: Callable[[int], HandleInfo | None], *, drop_unknown: bool = False) -> NormalizedText:
     """Rewrite the citations of ``text`` canonically (rules in the module docstring, design §8).
 
     ``lookup(n)`` returns the HandleInfo of handle ``n``, or None when the conversation has no
     such handle. An unknown handle is listed in ``unknown`` and kept as written (``[9]`` stays
     ``[9]``), so no text is lost; with ``drop_unknown`` it is removed instead. Raises InvalidInput
-    (kb.errors) when ``text`` is not a string.
+    (kb.errors) when ``text`` is not text (``check_text``).
     """
-    if not isinstance(text, str):
-        from kb.errors import InvalidInput
-
-        raise InvalidInput(f"the text to normalize must be a string, not {type(text).__name__}")
+    check_text(text)
     result = NormalizedText(text="")
     out: list[str] = []
     pos = 0

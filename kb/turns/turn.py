@@ -31,6 +31,7 @@ from dulwich.errors import NotTreeError
 
 from kb.citations.envelope import document_lines
 from kb.errors import (
+    AuthorConflict,
     DocumentGone,
     DocumentNotFound,
     EditMismatch,
@@ -47,7 +48,7 @@ from kb.lines import check_offset, check_window_arguments
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.draft import document_bytes
 from kb.store.history import PathChange
-from kb.store.knowledge_store import KnowledgeStore, stated_message, summarize, trailer_turn
+from kb.store.knowledge_store import KnowledgeStore, check_commit_text, stated_message, summarize, trailer_turn
 from kb.store.listing import KEEP, Entry, folder_entries
 from kb.store.titles import TitledDocument, choose_name, folder_and_name, name_taken_since
 from kb.turns.line_pattern import LinePattern
@@ -180,6 +181,8 @@ class Turn:
         self.turn_id = root_turn_id(turn_id)
         self.store = store
         self.author = author
+        self._made_for = author  # the author again once a revision is recorded (``acting_for``)
+        self._author_named = False  # a writing request named ``author`` for the next revision
         self.committer = committer or KB_COMMITTER
         self.path: Path = worktrees_root(store.settings.knowledge_store, store.workspace_id) / self.turn_id
         self._worktree: LazyWorktree | None = None
@@ -252,7 +255,39 @@ class Turn:
                 self._titles.setdefault(rp, TitledDocument(title, "/" + rp))
         return self._worktree
 
-    def _finish(self, destroy: bool) -> None:
+    @contextlib.contextmanager
+    def acting_for(self, author: str | None) -> Iterator[Turn]:
+        """Hold the turn for one writing request acting for ``author`` (None: whoever the turn
+        acts for, by default the author it was made with), naming it the author of the turn's next
+        revision if no writing request has named one since the turn was made or last committed or
+        aborted (design §5). A read opens a turn as well, names nobody, and so cannot decide the
+        author: the turn a ``kb serve`` client listed first kept the token as author and ignored
+        the ``?author=`` of its first write. Holds the turn's own lock for the request, so two
+        first writes cannot both name one (other turns are not held up); a request that fails
+        names nobody. Raises InvalidInput for an author no revision can record (a line break, a
+        NUL), AuthorConflict when an earlier writing request named another."""
+        if author is not None:
+            check_commit_text(None, author, None)
+        with self._mutex:
+            if self._author_named:
+                if author is not None and author != self.author:
+                    raise AuthorConflict(
+                        f"turn {self.turn_id!r} acts for {self.author!r}, named by its first write since it began "
+                        f"or last committed; this request names {author!r}. Commit or abort the turn first, "
+                        "or write as that author in another turn"
+                    )
+                yield self
+                return
+            self.author, self._author_named = author or self._made_for, True
+            try:
+                yield self
+            except BaseException:
+                self.author, self._author_named = self._made_for, False  # it wrote nothing: it named nobody
+                raise
+
+    def _finish(self, destroy: bool, keep_author: bool = False) -> None:
+        if not keep_author:  # recorded or dropped: the next writing request names the author again
+            self.author, self._author_named = self._made_for, False
         if destroy:
             self._titles = {}
         if self._worktree is not None:
@@ -272,7 +307,7 @@ class Turn:
         """Release the turn without committing or deleting; its worktree stays for a later
         ``commit()`` of the same turn id or for the janitor."""
         with self._mutex:
-            self._finish(destroy=False)
+            self._finish(destroy=False, keep_author=True)  # its changes are still to be recorded
 
     def materialize_all(self) -> Path:
         """Check out every document into the worktree (for an external tool) and return the worktree

@@ -15,7 +15,7 @@ import sys
 import click
 
 from kb.adapters.cli import session
-from kb.adapters.cli.options import workspace_option
+from kb.adapters.cli.options import checked_author, workspace_option
 from kb.errors import ConfigurationError
 from kb.extras import install_command
 
@@ -31,7 +31,11 @@ from kb.extras import install_command
     type=click.IntRange(min=1),
     help="Jobs the in-process worker runs at once.",
 )
-@click.option("--author", help='Whom MCP turns record as author, "Name <mail>" (default: the API token of each chat).')
+@click.option(
+    "--author",
+    callback=checked_author,
+    help='Whom MCP turns record as author, "Name <mail>" (default: the API token of each chat).',
+)
 @click.option(
     "--insecure-no-auth",
     is_flag=True,
@@ -68,7 +72,9 @@ def serve(
 
 @click.command("mcp")
 @workspace_option()
-@click.option("--author", help='Whose changes the turns record, "Name <mail>" (default: your user name).')
+@click.option(
+    "--author", callback=checked_author, help='Whose changes the turns record, "Name <mail>" (default: your user name).'
+)
 @click.option(
     "--chat",
     "chat_id",

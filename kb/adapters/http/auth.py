@@ -26,7 +26,7 @@ Three parts, so no route can be forgotten:
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Request  # at run time: FastAPI reads the dependency's annotation
@@ -180,10 +180,10 @@ def error_response(
 ):
     """kb serve's JSON error response (``{"error", "message", "cli_message"}``) as an ASGI app;
     ``shown`` rewrites the messages for the caller (``Access.shown``)."""
-    from starlette.responses import JSONResponse
+    from kb.adapters.http.json_bodies import SafeJSONResponse
 
     body = {"error": type(exc).__name__, "message": shown(str(exc)), "cli_message": shown(exc.cli_message)}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return SafeJSONResponse(body, status_code=status, headers=headers)
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -270,14 +270,43 @@ OWNED_ID_CHARS = 200
 (``kb.citations.registry.MAX_CHAT_ID_CHARS``), the token's prefix included."""
 
 
-def as_the_token_names_it(text: str, token: Token | None) -> str:
-    """``text`` (an error's message) with turn, chat and key ids as ``token``'s client gave them:
-    kb keeps them as ``t<token id>@NAME`` (``owned_by_token``), a prefix the client never sent and
-    cannot use — a message naming ``t2@support-42`` sent the reader to look up a chat no command
-    of theirs finds (design §16). ``text`` unchanged without a token."""
+ID_PARAMETERS = ("turn_id", "chat_id", "key", "chat")
+"""The path and query parameters naming a turn, chat or idempotency key (``owned_by_token``)."""
+
+
+def named_ids(request: Request) -> list[str]:
+    """The turn, chat and key ids ``request``'s client gave (:data:`ID_PARAMETERS` of its path and
+    query, its ``Idempotency-Key`` header), as the client spelled them."""
+    given = [request.path_params.get(name) or request.query_params.get(name) for name in ID_PARAMETERS]
+    given.append(request.headers.get("idempotency-key"))
+    return [name for name in given if name]
+
+
+def as_the_token_names_it(text: str, token: Token | None, ids: Iterable[str]) -> str:
+    """``text`` (an error's message) with the turn, chat and key ids ``ids`` (as the client gave
+    them, ``named_ids``; a sub-agent turn id's root too) shown so: kb keeps them as ``t<token
+    id>@NAME`` (``owned_by_token``), a prefix the client never sent and cannot use — a message
+    naming ``t2@support-42`` sent the reader to look up a chat no command of theirs finds (design
+    §16). Only where a message names an id, whole in quotes (``'t2@x'``) or after ``--chat `` or
+    ``write-outcome `` (the commands it tells to run): the prefix was stripped from every
+    ``t2@`` of the message, so a document path or the client's own text holding one was shown
+    as another than they sent. ``text`` unchanged without a token."""
     if token is None:
         return text
-    return re.sub(rf"\b{re.escape(owned_name('', token.id))}", "", text)
+    names = {part for name in ids for part in (name, name.split("::", 1)[0]) if part}
+    if not names:
+        return text
+    prefix = re.escape(owned_name("", token.id))
+    alternatives = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+    quoted = rf"(?P<q>['\"]){prefix}(?P<id>{alternatives})(?P=q)"
+    commanded = rf"(?P<c>--chat |write-outcome ){prefix}(?P<cid>{alternatives})(?=[\s`]|$)"
+
+    def given(found: re.Match) -> str:
+        if found.group("q"):
+            return found.group("q") + found.group("id") + found.group("q")
+        return found.group("c") + found.group("cid")
+
+    return re.sub(f"{quoted}|{commanded}", given, text)
 
 
 def owned_by_token(request: Request, name: str, error: type[errors.KbError] = errors.InvalidTurn) -> str:
@@ -406,14 +435,12 @@ def _mcp_principal(token: Token):
 
 
 def unguarded_routes(app) -> list[str]:
-    """The API routes of ``app`` (but :data:`PUBLIC_PATHS`) that declare no :func:`require`
-    dependency: ``create_app`` refuses to build an app with one."""
-    from fastapi.routing import APIRoute
+    """The API routes of ``app`` (but :data:`PUBLIC_PATHS`), those of included routers too, that
+    declare no :func:`require` dependency: ``create_app`` refuses to build an app with one."""
+    from kb.adapters.http.routes import api_routes
 
-    missing = []
-    for route in app.routes:
-        if not isinstance(route, APIRoute) or route.path in PUBLIC_PATHS:
-            continue
-        if not any(hasattr(d.call, "kb_scope") for d in route.dependant.dependencies):
-            missing.append(f"{','.join(sorted(route.methods))} {route.path}")
-    return missing
+    return [
+        f"{','.join(sorted(methods))} {path}"
+        for path, methods, route in api_routes(app)
+        if path not in PUBLIC_PATHS and not any(hasattr(d.call, "kb_scope") for d in route.dependant.dependencies)
+    ]

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from kb.adapters.http.auth import request_token, require
+from kb.adapters.http.json_bodies import JsonRoute
 
 if TYPE_CHECKING:
     from kb.adapters.http.server import Service
@@ -51,6 +52,7 @@ def moves_router(service: Service) -> APIRouter:
         prefix="/v1/internal/workspaces/{workspace_id}/moves/{move_id}",
         tags=["moves"],
         dependencies=[Depends(require("admin"))],
+        route_class=JsonRoute,
     )
 
     @router.get("/archive")

@@ -55,11 +55,13 @@ from kb.adapters.http.auth import (
     McpGate,
     as_the_token_names_it,
     committer_of,
+    named_ids,
     owned_by_token,
     request_token,
     require,
     unguarded_routes,
 )
+from kb.adapters.http.json_bodies import JsonRoute, SafeJSONResponse, routes_reading_bodies_leniently
 from kb.adapters.http.limits import RequestLimits
 from kb.adapters.http.openapi_docs import serve_docs_offline
 from kb.adapters.http.ui import mount_ui
@@ -87,6 +89,7 @@ ERROR_STATUS: dict[type[errors.KbError], int] = {
     errors.PathExists: 409,
     errors.TurnBusy: 409,
     errors.EditMismatch: 409,
+    errors.AuthorConflict: 409,
     errors.DocumentGone: 409,
     errors.IdempotencyKeyReused: 409,
     errors.HistoryDiverged: 409,
@@ -258,7 +261,9 @@ class Service:
 
     def turn(self, workspace_id: int, owned: str, author: str | None = None) -> Turn:
         """The turn ``owned`` (a token's turn id, ``owned_by_token``) of a workspace, from the
-        KnowledgeBase holding the API's turns. Its token's bound on open turns is checked where a
+        KnowledgeBase holding the API's turns, made for ``author`` (the token; None: the OS user)
+        when new; a writing request names the author of its next revision with
+        ``Turn.acting_for``, under that turn's own lock (design §5). Its token's bound on open turns is checked where a
         turn becomes open (``_admit_turn``, under the lock that opens it), so the call on the turn
         runs beside every other tenant's, each turn serializing its own calls (a ``Turn`` is
         thread-safe, design §5) — one lock for every turn call made one tenant's commit waiting
@@ -298,7 +303,7 @@ class Service:
 
 def read_router(service: Service) -> APIRouter:
     """Search, read, log and status: the CLI's read commands (``KB_SERVER_URL``)."""
-    router = APIRouter(prefix="/v1", tags=["read"])
+    router = APIRouter(prefix="/v1", tags=["read"], route_class=JsonRoute)
     readable = [Depends(require("read"))]
 
     @router.get("/status", dependencies=[Depends(require("read", workspace_from="query"))])
@@ -395,18 +400,30 @@ def refuse_another_turn(open_keys: list[tuple[int, str]], token_id: int, most: i
 def turn_router(service: Service) -> APIRouter:
     """A turn's file operations and commit (design §5); the turn's worktree is private to it."""
     router = APIRouter(
-        prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}", tags=["turns"], dependencies=[Depends(require("write"))]
+        prefix="/v1/workspaces/{workspace_id}/turns/{turn_id}",
+        tags=["turns"],
+        dependencies=[Depends(require("write"))],
+        route_class=JsonRoute,
     )
 
-    def turn(request: Request, workspace_id: int, turn_id: str, author: str | None = None):
+    def turn(request: Request, workspace_id: int, turn_id: str) -> Turn:
         # a turn id is private to the token that names it (design §16); a token at its bound of
-        # open turns may always commit or abort one (``Service.turn``)
+        # open turns may always commit or abort one (``Service.turn``). A turn is made for the
+        # token, as a page's edit is (design §16): the server's OS user wrote none of it
         owned = owned_by_token(request, turn_id)
         token = request_token(request)
-        # a turn opened without ``?author=`` is the token's work, as a page's edit is (design
-        # §16): the server's OS user wrote none of it
-        author = author or (None if token is None else token.committer)
-        return service.turn(workspace_id, owned, author)
+        return service.turn(workspace_id, owned, None if token is None else token.committer)
+
+    def writing(request: Request, workspace_id: int, turn_id: str, author: str | None):
+        # the first writing request since the turn began or last committed names its author
+        # (``?author=``, else the token): a read may have opened the turn, and names nobody
+        return turn(request, workspace_id, turn_id).acting_for(author)
+
+    author_query = Query(
+        None,
+        description="Whom the turn's next revision records as author (default: the token). Named by the "
+        "first writing request since the turn began or last committed; another author after it is 409.",
+    )
 
     @router.get("/files")
     def ls(request: Request, workspace_id: int, turn_id: str, path: str = "/documents") -> list[dict]:
@@ -422,27 +439,43 @@ def turn_router(service: Service) -> APIRouter:
 
     @router.put("/files/{path:path}")
     def write(
-        request: Request, workspace_id: int, turn_id: str, path: str, body: WriteBody, author: str | None = None
+        request: Request,
+        workspace_id: int,
+        turn_id: str,
+        path: str,
+        body: WriteBody,
+        author: str | None = author_query,
     ) -> dict:
         """Create or replace a file in the turn (nothing is recorded until commit)."""
-        return json_form(turn(request, workspace_id, turn_id, author).write("/" + path.lstrip("/"), body.content))
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return json_form(open_turn.write("/" + path.lstrip("/"), body.content))
 
     @router.post("/edit/{path:path}")
-    def edit(request: Request, workspace_id: int, turn_id: str, path: str, body: EditBody) -> dict:
+    def edit(
+        request: Request,
+        workspace_id: int,
+        turn_id: str,
+        path: str,
+        body: EditBody,
+        author: str | None = author_query,
+    ) -> dict:
         """Replace text in a file of the turn."""
-        return json_form(
-            turn(request, workspace_id, turn_id).edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all)
-        )
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return json_form(open_turn.edit("/" + path.lstrip("/"), body.old, body.new, body.replace_all))
 
     @router.delete("/files/{path:path}")
-    def remove(request: Request, workspace_id: int, turn_id: str, path: str) -> dict:
+    def remove(request: Request, workspace_id: int, turn_id: str, path: str, author: str | None = author_query) -> dict:
         """Remove a file in the turn."""
-        return {"removed": turn(request, workspace_id, turn_id).remove("/" + path.lstrip("/"))}
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return {"removed": open_turn.remove("/" + path.lstrip("/"))}
 
     @router.post("/move")
-    def move(request: Request, workspace_id: int, turn_id: str, body: MoveBody) -> dict:
+    def move(
+        request: Request, workspace_id: int, turn_id: str, body: MoveBody, author: str | None = author_query
+    ) -> dict:
         """Move a file or folder in the turn."""
-        return {"moved": json_form(turn(request, workspace_id, turn_id).move(body.src, body.dst, body.overwrite))}
+        with writing(request, workspace_id, turn_id, author) as open_turn:
+            return {"moved": json_form(open_turn.move(body.src, body.dst, body.overwrite))}
 
     @router.post("/commit")
     def commit(
@@ -493,6 +526,7 @@ def citation_router(service: Service) -> APIRouter:
         prefix="/v1/workspaces/{workspace_id}/chats/{chat_id}",
         tags=["citations"],
         dependencies=[Depends(require("read"))],
+        route_class=JsonRoute,
     )
 
     def chat_of(request: Request, workspace_id: int, chat_id: str):
@@ -600,8 +634,10 @@ def create_app(
 
     Every route but ``/health`` and ``/ready`` needs a live API token with the route's scope
     (design §16, ``kb.adapters.http.auth``) unless ``insecure_no_auth``; extra ``routers`` must
-    then declare ``Depends(require(scope))`` on each route (ConfigurationError otherwise).
-    Bodies over ``KB_MAX_REQUEST_BYTES`` are 413 (``kb.adapters.http.limits``).
+    then declare ``Depends(require(scope))`` on each route (ConfigurationError otherwise), and a
+    route taking a body must be a ``JsonRoute`` (``kb.adapters.http.json_bodies``: a body Python's
+    parser cannot take is 422 naming why). Bodies over ``KB_MAX_REQUEST_BYTES`` are 413
+    (``kb.adapters.http.limits``).
 
     ``with_worker`` runs the Procrastinate worker in the same event loop (``concurrency`` jobs at
     once). ``embedder`` replaces the configured one (tests). ``routers``: extra router factories
@@ -678,13 +714,13 @@ def create_app(
     app.state.access = access
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
         # no such route or method, not ready: kb's error form too (``detail`` kept for older clients)
         body = {"error": f"HTTP{exc.status_code}", "message": str(exc.detail), "detail": exc.detail}
-        return JSONResponse(body, exc.status_code, headers=exc.headers)
+        return SafeJSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
         # a body or parameter of the wrong shape: kb's error form, with pydantic's details
         problems = "; ".join(_problem_text(e, exc.body) for e in exc.errors())
         kind = request.headers.get("content-type", "")
@@ -694,17 +730,22 @@ def create_app(
             said = f"Content-Type {kind.split(';')[0]!r}" if kind else "no Content-Type"
             problems += f" (the body came with {said}, so it was not read as JSON: send Content-Type: application/json)"
         body = {"error": "InvalidInput", "message": f"the request does not fit the route: {problems}"}
-        return JSONResponse({**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422)
+        return SafeJSONResponse(
+            {**body, "cli_message": body["message"], "detail": _validation_details(exc.errors())}, 422
+        )
 
     @app.exception_handler(errors.KbError)
-    async def kb_error(request: Request, exc: errors.KbError) -> JSONResponse:
+    async def kb_error(request: Request, exc: errors.KbError) -> SafeJSONResponse:
         token = request_token(request)  # where kb keeps its data: for an admin token only (design §16)
         message, cli_message = str(exc), exc.cli_message
         if token is not None:
             # turn ids and keys as the client gave them: kb keeps them as t<token id>@NAME (design
             # §16), and a stored key named to the settle route, which adds the prefix, was looked
             # up as t<id>@t<id>@KEY, which no write has — "did not land"
-            message, cli_message = (as_the_token_names_it(text, token) for text in (message, cli_message))
+            ids = named_ids(request)
+            if isinstance(exc, errors.CommitOutcomeUnknown):  # a key kb generated for the commit
+                ids.append(exc.idempotency_key.removeprefix(owned_name("", token.id)))
+            message, cli_message = (as_the_token_names_it(text, token, ids) for text in (message, cli_message))
         body: dict[str, object] = {
             "error": type(exc).__name__,
             "message": access.shown(message, token),
@@ -719,11 +760,11 @@ def create_app(
                 revision=exc.revision,
                 settle={"method": "GET", "path": f"/v1/workspaces/{exc.workspace_id}/writes/{quote(given, safe='')}"},
             )
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+            return SafeJSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         if isinstance(exc, errors.WorkspaceMoving):  # design §15: retry after the move
             body.update(workspace_id=exc.workspace_id, target_node=exc.target_node, retry_after=exc.retry_after)
-            return JSONResponse(body, status_code=503, headers={"Retry-After": str(exc.retry_after)})
-        return JSONResponse(body, status_code=status_for(exc))
+            return SafeJSONResponse(body, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+        return SafeJSONResponse(body, status_code=status_for(exc))
 
     @app.get("/health", tags=["operations"])
     def health() -> dict:
@@ -764,6 +805,11 @@ def create_app(
         raise errors.ConfigurationError(
             f"routes without a token check (design §16): {', '.join(missing)}; add "
             "dependencies=[Depends(kb.adapters.http.auth.require(scope))]"
+        )
+    if lenient := routes_reading_bodies_leniently(app):  # a body Python's parser cannot take would be a 400 or 500
+        raise errors.ConfigurationError(
+            f"routes reading a JSON body without kb's strict parsing: {', '.join(lenient)}; give their "
+            "router route_class=kb.adapters.http.json_bodies.JsonRoute"
         )
     app.add_middleware(
         forwarding.NodeForwarding,

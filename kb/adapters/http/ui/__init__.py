@@ -23,7 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kb import errors
-from kb.adapters.http.auth import as_the_token_names_it, request_token
+from kb.adapters.http.auth import as_the_token_names_it, named_ids, request_token
+from kb.adapters.http.json_bodies import JsonRoute
 from kb.adapters.http.ui.access import PageRefused
 from kb.adapters.http.ui.actions import action_router
 from kb.adapters.http.ui.events import event_router
@@ -39,7 +40,7 @@ def _page_route(status_for: Callable[[errors.KbError], int]) -> type[APIRoute]:
     """A route class rendering a KbError as an error page (with the status the JSON API gives it)
     instead of the API's JSON body."""
 
-    class PageRoute(APIRoute):
+    class PageRoute(JsonRoute):  # a page's JSON body (none yet) is read strictly as the API's
         def get_route_handler(self):
             handler = super().get_route_handler()
 
@@ -49,7 +50,9 @@ def _page_route(status_for: Callable[[errors.KbError], int]) -> type[APIRoute]:
                 except errors.KbError as exc:
                     status = exc.status if isinstance(exc, PageRefused) else status_for(exc)
                     token = request_token(request)  # ids as the visitor's token names them (design §16)
-                    message = request.app.state.access.shown(as_the_token_names_it(str(exc), token), token)
+                    message = request.app.state.access.shown(
+                        as_the_token_names_it(str(exc), token, named_ids(request)), token
+                    )
                     return render(
                         request, "error.html", status, title="Not possible", kind=type(exc).__name__, message=message
                     )
