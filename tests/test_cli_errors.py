@@ -76,6 +76,8 @@ def test_messages_say_what_to_type_instead(kb, kb_env, tmp_path):
     run_cli(kb_env, "import", str(notes), "--workspace", "1")
     result = run_cli(kb_env, "search", "-rf flag", "--workspace", "1", check=False)
     assert result.returncode == 2 and 'goes after "--": kb search -w 1 -- "-rf flag"' in result.stderr
+    typo = run_cli(kb_env, "search", "faq", "--workspce", "1", check=False)  # no query hint for a typo
+    assert typo.returncode == 2 and "Did you mean '--workspace'?" in typo.stderr and "goes after" not in typo.stderr
     line = _one_line_error(run_cli(kb_env, "read", "faq.md", "--workspace", "1", check=False))
     assert "did you mean '/documents/faq.md'?" in line
     line = _one_line_error(

@@ -13,12 +13,15 @@ from kb.adapters.cli.terminal import shown_on_terminal
 
 class _QueryCommand(click.Command):
     """A command taking a free-text query: an unknown option (a query starting with "-" read as
-    options) gets the hint to put the query after "--"."""
+    options) gets the hint to put the query after "--"; one close to a real option is a typo, told
+    only click's "Did you mean"."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
+            if exc.possibilities:  # a mistyped option (--workspce): click's "Did you mean" is the help
+                raise
             hint = f'; a query that starts with "-" goes after "--": kb {self.name} -w 1 -- "-rf flag"'
             raise click.NoSuchOption(
                 exc.option_name, exc.message.rstrip(".") + hint, exc.possibilities, exc.ctx
