@@ -205,3 +205,14 @@ def test_a_literal_pattern_keeps_the_time_bound_between_documents():
     matcher = LinePattern("needle", ignore_case=False, seconds=0)
     with pytest.raises(InvalidPattern, match=r"took more than 0 s .*/documents/hay\.md"):
         matcher.lines("/documents/hay.md", "hay\n" * 10)
+
+
+def test_a_refused_pattern_is_quoted_as_typed_and_a_bad_escape_says_re_has_none():
+    """A new user's ``\\p{L}`` was shown as '\\\\p{L}' with the advice to escape a literal."""
+    with pytest.raises(InvalidPattern) as refused:
+        LinePattern("\\p{L}+", ignore_case=False, seconds=1)
+    assert "grep pattern '\\p{L}+' does not compile: bad escape \\p" in str(refused.value)
+    assert "no \\p{…} classes" in str(refused.value)
+    with pytest.raises(InvalidPattern, match="escape a character meant literally") as refused:
+        LinePattern("(a\n", ignore_case=False, seconds=1)
+    assert "'(a\\n'" in str(refused.value)  # a line break is shown escaped

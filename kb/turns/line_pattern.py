@@ -219,6 +219,12 @@ class _Translation:
         return f"(?:(?!{union})[\\x00-\\U0010ffff])" if negated else f"(?:{union})"
 
 
+def _quoted(pattern: str) -> str:
+    """``pattern`` in quotes as the caller typed it (``'\\bfoo'`` shows one backslash), or its
+    ``repr`` when it holds a character a message should not show raw (a control, a line break)."""
+    return f"'{pattern}'" if pattern.isprintable() else repr(pattern)
+
+
 def _translated(pattern: str, flags: int) -> tuple[str, int, bool]:
     """``pattern`` as re reads it (with re's ``flags``), written for ``regex``; the flags of the
     whole pattern (``re``'s, its own ``(?i)`` included); whether it must be matched line by line.
@@ -229,9 +235,15 @@ def _translated(pattern: str, flags: int) -> tuple[str, int, bool]:
         translation = _Translation()
         written = translation.items(tree, tree.state.flags, 1)
     except re.error as exc:
+        escape = str(exc).startswith("bad escape")
         raise InvalidPattern(
-            f"grep pattern {pattern!r} does not compile: {exc} (grep takes Python re's syntax; "
-            "escape a character meant literally with \\)"
+            f"grep pattern {_quoted(pattern)} does not compile: {exc} (grep takes Python re's syntax"
+            + (
+                ", which has no such escape: no \\p{…} classes; a letter is [^\\W\\d_], a digit \\d"
+                if escape
+                else "; escape a character meant literally with \\"
+            )
+            + ")"
         ) from None
     except (RecursionError, OverflowError, ValueError, MemoryError) as exc:
         raise InvalidPattern(
