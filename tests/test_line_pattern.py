@@ -205,3 +205,42 @@ def test_a_literal_pattern_keeps_the_time_bound_between_documents():
     matcher = LinePattern("needle", ignore_case=False, seconds=0)
     with pytest.raises(InvalidPattern, match=r"took more than 0 s .*/documents/hay\.md"):
         matcher.lines("/documents/hay.md", "hay\n" * 10)
+
+
+CASED = ["s", "S", "\u017f", "k", "K", "\u212a", "i", "I", "\u0130", "\u0131", "\u03c3", "\u03c2", "\u03a3"]
+CASED += ["\u00df", "\u1e9e", "\u01c4", "\u01c5", "\u01c6", "\ufb00", "\u0390", "\u1fd3", "\u00e9", "\u00c9", "b", "1"]
+CASE_FRAGMENTS = ["[a-z]", "[^a-z]", "[A-Z]", "[k-s]", "[^b]", "[\\w\u03c3]", "[^\\W\u0131]", "(?a:", "(?-i:", ")"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(st.sampled_from(CASED + CASE_FRAGMENTS + ["(?i)", "(?ai)", "(?i:"]), min_size=1, max_size=4).map("".join),
+    st.lists(st.sampled_from(CASED + ["\n", " "]), max_size=12).map("".join),
+    st.booleans(),
+)
+def test_ignoring_case_matches_as_re_lowercases(pattern, text, ignore_case):
+    """re ignores case by lowercasing (plus its extra cases, only ASCII letters under (?a)); regex
+    by Unicode's case folding and without regard to (?a): (?i)İ found no I, (?i)[^a-z] found ı,
+    (?ai)ς found σ and (?i)ß no ẞ. Grep answers as re does, line by line. (The reference matches
+    at each position: re.search itself misses (?i)(?a:\\W) on ǅ, a prefix check of CPython's.)"""
+    try:
+        compiled = re.compile(pattern, re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
+    except re.error:
+        return
+    lines = document_lines(text)
+    expected = [
+        (n, line) for n, line in enumerate(lines, 1) if any(compiled.match(line, at) for at in range(len(line) + 1))
+    ]
+    assert LinePattern(pattern, ignore_case=ignore_case, seconds=60).lines("/documents/t.md", text) == expected
+
+
+@pytest.mark.parametrize("pattern", ["\u0130", "[a-z]", "[^a-z]", "(?a:\u03c2)", "\u00df", "(?i:[\\w\u03c3])"])
+def test_every_case_variant_re_matches_and_no_other(pattern):
+    """Each character case concerns, tried alone against a pattern ignoring case: grep's lines
+    are re's (İ matches i and I in re; [^a-z] does not match ı, K or ſ)."""
+    from kb.turns.line_pattern import _case_relevant
+
+    text = "\n".join(map(chr, _case_relevant()))
+    assert LinePattern(pattern, ignore_case=True, seconds=60).lines("/documents/t.md", text) == one_by_one(
+        pattern, text, True
+    )
