@@ -244,3 +244,14 @@ def test_every_case_variant_re_matches_and_no_other(pattern):
     assert LinePattern(pattern, ignore_case=True, seconds=60).lines("/documents/t.md", text) == one_by_one(
         pattern, text, True
     )
+
+
+@pytest.mark.parametrize("pattern", [r"(?>(x|\n)*)$", r"(x|\n)*+$", r"(?>\s*)b", r"[^b]++c"])
+def test_an_atomic_group_does_not_hide_a_line_behind_the_next(pattern):
+    """An atomic group or possessive repeat that takes a line break in the whole document keeps
+    it: the line's own match (stopping at its end) is never tried, and a line the pattern matches
+    alone was missed ((?>(x|\\n)*)$ on 'a\\na': line 1 matches alone)."""
+    for text in ("a\na", "a\nbb", " \n b", "a\nc\n", "\u00c9\r\n\u00c9\u03a3"):
+        assert LinePattern(pattern, ignore_case=False, seconds=60).lines("/d/t.md", text) == one_by_one(
+            pattern, text, False
+        )

@@ -26,9 +26,10 @@ next line — one call for a document without a match, two for each matching lin
 runs past its line's end leaves the next line to be searched from its start, so every line the
 pattern matches alone is found. What a whole document would answer otherwise than its lines alone
 is matched line by line instead (read from the parse tree): ``\\A`` and ``\\Z`` mean one line's
-start or end, so do ``^`` and ``$`` where a scoped ``(?-m:...)`` clears MULTILINE, and a lookaround
+start or end, so do ``^`` and ``$`` where a scoped ``(?-m:...)`` clears MULTILINE, a lookaround
 looks past a line's end (``(?<!\\s)b`` fails on the ``b`` after a line
-break in a document, though the line ``b`` alone matches).
+break in a document, though the line ``b`` alone matches), and an atomic group or possessive
+repeat keeps a line break it took (``(?>(x|\\n)*)$`` never tries the end of ``a`` in ``a\\na``).
 
 A pattern without any of the characters that make a regular expression more than its letters
 (``REGEX_CHARACTERS``: no ``. ^ $ * + ? { } [ ] \\ | ( )``) is a literal: its search is linear in the
@@ -205,6 +206,8 @@ class _Translation:
             inner = self.items(body, inner_flags, scale)
             # a scoped (?i) or (?a) is in ``inner_flags``, read where it matters (literals, classes)
             return f"({inner})" if group is not None else f"(?:{inner})"
+        if op in (sre.ATOMIC_GROUP, sre.POSSESSIVE_REPEAT):
+            self.by_line = True  # what it takes past a line's end in a document it never gives back
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
             low, high, body = av
             inner = self.items(body, flags, scale * max(low, 1 if high is sre.MAXREPEAT else high, 1))
