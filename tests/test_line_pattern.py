@@ -255,3 +255,14 @@ def test_an_atomic_group_does_not_hide_a_line_behind_the_next(pattern):
         assert LinePattern(pattern, ignore_case=False, seconds=60).lines("/d/t.md", text) == one_by_one(
             pattern, text, False
         )
+
+
+def test_repeated_classes_are_bounded_by_what_they_spell_out():
+    """A class is one pattern item, but regex holds a copy of it for each repeat and re's \\w is
+    written as thousands of characters: \\w{199000} took 10 GB, (?:\\b){20000} 4 GB, and
+    (?i)(?:[a-z]{1000}){199} crashed the process in regex. Past MAX_SPELLED characters of
+    classes spelled out the pattern is refused; a class repeated a thousand times still runs."""
+    for pattern in (r"\w{5000}", r"(?:\b){1000}", r"(?i)(?:[a-z]{1000}){199}", r"(?:(?:\W){100}){50}"):
+        with pytest.raises(InvalidPattern, match="spell out more than"):
+            LinePattern(pattern, ignore_case=False, seconds=60)
+    assert LinePattern(r"\w{2,1000}", ignore_case=True, seconds=60).lines("/d/t.md", "ab\n.") == [(1, "ab")]

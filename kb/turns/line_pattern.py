@@ -60,6 +60,13 @@ MAX_EXPANSION = 200_000
 ``regex`` writes ``a{1000}`` out as a thousand items when it compiles it, so ``(?:a{1000}){1000}``
 took 0.4 s and ``a{1000000000}`` exhausted the memory of the process (``kb serve`` with it)."""
 
+MAX_SPELLED = 10_000_000
+"""The most characters of ``regex`` text the leaves of a grep pattern (its literals, classes and
+anchors as written for ``regex``) may stand for once its counted repeats are spelled out: ``regex``
+holds a copy of a class for each repeat, and ``\\w`` (9,000 characters written as re means it) took
+10 GB as ``\\w{199000}``, ``(?:\\b){20000}`` 4 GB. At most about 60 MB."""
+_LEAVES = frozenset((sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN, sre.AT, sre.GROUPREF))
+
 _FLAG_I, _FLAG_M, _FLAG_S, _FLAG_A = (
     sre.SRE_FLAG_IGNORECASE,
     sre.SRE_FLAG_MULTILINE,
@@ -156,6 +163,11 @@ def _folded(op, av, flags: int, with_case: str) -> str:
     unicode = 0 if flags & _FLAG_A else sre.SRE_FLAG_UNICODE  # a str pattern's default, as re.compile sets it
     matches = compiler.compile(node, flags | unicode).fullmatch
     relevant = _case_relevant()
+    if op is sre.IN:  # a class without cased characters (\\w, [\\d_]): re matches it with case
+        with_case_matches = compiler.compile(node, (flags & ~_FLAG_I) | unicode).fullmatch
+        if all(bool(matches(chr(code))) == bool(with_case_matches(chr(code))) for code in relevant):
+            _FOLDED[key] = with_case
+            return with_case
     matched = _ranges([code for code in relevant if matches(chr(code))])
     if op is sre.LITERAL:  # a character case concerns matches only such characters
         written = f"[{matched}]" if av in relevant else _char(av)
@@ -176,9 +188,21 @@ class _Translation:
     def __init__(self) -> None:
         self.by_line = False  # an anchor of the string or a lookaround: matched line by line
         self.size = 0
+        self.spelled = 0  # characters of the leaves' text, each times its repeat count
 
     def items(self, items, flags: int, scale: int) -> str:
-        return "".join(self.item(op, av, flags, scale) for op, av in items)
+        parts = []
+        for op, av in items:
+            parts.append(self.item(op, av, flags, scale))
+            if op in _LEAVES:  # counted here, not in item: one Python frame per level of nesting
+                self.spelled += scale * len(parts[-1])
+                if self.spelled > MAX_SPELLED:
+                    raise InvalidPattern(
+                        f"its counted repeats spell out more than {MAX_SPELLED:,} characters of classes for "
+                        "kb's grep engine (\\w is a class of thousands of characters, \\b two of them, each "
+                        "one repeated count times); use smaller counts such as {1,100}"
+                    )
+        return "".join(parts)
 
     def item(self, op, av, flags: int, scale: int) -> str:
         self.size += scale
