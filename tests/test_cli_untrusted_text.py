@@ -42,3 +42,17 @@ def test_shown_escapes_every_control_and_bidi_character():
     assert shown("a\x1b[2Jb\x07\x9b\u202e\t\n") == "a\\x1b[2Jb\\x07\\x9b\\u202e\\x09\\x0a"
     assert shown("a\tb\nc\x1b", lines=True) == "a\tb\nc\\x1b"
     assert shown("Zoë — ok") == "Zoë — ok"
+
+
+def test_revert_and_restore_escape_the_paths_they_report(kb, kb_env):
+    """kb revert and kb restore wrote the paths of the revision they recorded raw: a name may hold
+    a right-to-left or Arabic letter mark (U+200F, U+061C; Persian needs them), which the CLI
+    escapes everywhere else (kb ls, kb log) since it reorders what a terminal shows."""
+    kb.create_workspace(1)
+    with kb.transaction(1, "add", "a") as tx:
+        tx.write("/documents/r\u200fl\u061c.md", "# R\n\nbody\n")
+    revision = kb.history(1, None, 1)[0].id
+    reverted = run_cli(kb_env, "revert", revision, "-w", "1").stdout
+    assert "\u200f" not in reverted and "\u061c" not in reverted and "r\\u200fl\\u061c.md" in reverted
+    restored = run_cli(kb_env, "restore", "/documents/r\u200fl\u061c.md", "-r", revision, "-w", "1").stdout
+    assert "\u200f" not in restored and "r\\u200fl\\u061c.md" in restored

@@ -43,7 +43,7 @@ def test_the_unpacked_model_is_kept_in_the_cache_and_read_back_with_the_same_ans
     (folder,) = tmp_path.glob("py3langid-*")
     assert {p.name for p in folder.iterdir()} == {
         f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE)
-    } | {"classes.json"}
+    } | {"classes.json", languages._DIGEST}
     assert not list(tmp_path.glob(".tmp-*"))  # written into place at once
 
     fresh_model()  # a later process: the arrays come from the cache's files
@@ -222,3 +222,26 @@ def test_a_cache_of_the_earlier_layout_is_unpacked_again_with_the_row_table(tmp_
     assert languages._identifier().classify("refund invoice") == expected
     assert languages._read_unpacked(folder) is not None
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+
+
+def test_a_cache_file_whose_bytes_changed_is_not_used(tmp_path, fresh_model):
+    """A file of the right size and layout whose bytes changed (a disk fault, another program
+    writing it) was mapped as it was: transitions past the table's end made every classification
+    in every later process raise a raw IndexError, py3langid's own fallback too. Its digest no
+    longer matches the one written with it: the model is unpacked again."""
+    import numpy as np
+
+    languages.cache_in(tmp_path)
+    expected = [languages._identifier().classify(text) for text in TEXTS]
+    (folder,) = tmp_path.glob("py3langid-*")
+    nextmove = np.load(folder / "nextmove.npy", mmap_mode="r+")
+    nextmove[:] = nextmove.max() + 5000
+    nextmove.flush()
+    del nextmove
+    assert languages._read_unpacked(folder) is None
+
+    fresh_model()
+    languages.cache_in(tmp_path)
+    assert [languages._identifier().classify(text) for text in TEXTS] == expected
+    assert languages.detect_languages(list(TEXTS)) == [languages.detect_language(text) for text in TEXTS]
+    assert languages._read_unpacked(folder) is not None  # and kept whole again

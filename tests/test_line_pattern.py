@@ -216,3 +216,64 @@ def test_a_refused_pattern_is_quoted_as_typed_and_a_bad_escape_says_re_has_none(
     with pytest.raises(InvalidPattern, match="escape a character meant literally") as refused:
         LinePattern("(a\n", ignore_case=False, seconds=1)
     assert "'(a\\n'" in str(refused.value)  # a line break is shown escaped
+
+
+CASED = ["s", "S", "\u017f", "k", "K", "\u212a", "i", "I", "\u0130", "\u0131", "\u03c3", "\u03c2", "\u03a3"]
+CASED += ["\u00df", "\u1e9e", "\u01c4", "\u01c5", "\u01c6", "\ufb00", "\u0390", "\u1fd3", "\u00e9", "\u00c9", "b", "1"]
+CASE_FRAGMENTS = ["[a-z]", "[^a-z]", "[A-Z]", "[k-s]", "[^b]", "[\\w\u03c3]", "[^\\W\u0131]", "(?a:", "(?-i:", ")"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(st.sampled_from(CASED + CASE_FRAGMENTS + ["(?i)", "(?ai)", "(?i:"]), min_size=1, max_size=4).map("".join),
+    st.lists(st.sampled_from(CASED + ["\n", " "]), max_size=12).map("".join),
+    st.booleans(),
+)
+def test_ignoring_case_matches_as_re_lowercases(pattern, text, ignore_case):
+    """re ignores case by lowercasing (plus its extra cases, only ASCII letters under (?a)); regex
+    by Unicode's case folding and without regard to (?a): (?i)İ found no I, (?i)[^a-z] found ı,
+    (?ai)ς found σ and (?i)ß no ẞ. Grep answers as re does, line by line. (The reference matches
+    at each position: re.search itself misses (?i)(?a:\\W) on ǅ, a prefix check of CPython's.)"""
+    try:
+        compiled = re.compile(pattern, re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
+    except re.error:
+        return
+    lines = document_lines(text)
+    expected = [
+        (n, line) for n, line in enumerate(lines, 1) if any(compiled.match(line, at) for at in range(len(line) + 1))
+    ]
+    assert LinePattern(pattern, ignore_case=ignore_case, seconds=60).lines("/documents/t.md", text) == expected
+
+
+@pytest.mark.parametrize("pattern", ["\u0130", "[a-z]", "[^a-z]", "(?a:\u03c2)", "\u00df", "(?i:[\\w\u03c3])"])
+def test_every_case_variant_re_matches_and_no_other(pattern):
+    """Each character case concerns, tried alone against a pattern ignoring case: grep's lines
+    are re's (İ matches i and I in re; [^a-z] does not match ı, K or ſ)."""
+    from kb.turns.line_pattern import _case_relevant
+
+    text = "\n".join(map(chr, _case_relevant()))
+    assert LinePattern(pattern, ignore_case=True, seconds=60).lines("/documents/t.md", text) == one_by_one(
+        pattern, text, True
+    )
+
+
+@pytest.mark.parametrize("pattern", [r"(?>(x|\n)*)$", r"(x|\n)*+$", r"(?>\s*)b", r"[^b]++c"])
+def test_an_atomic_group_does_not_hide_a_line_behind_the_next(pattern):
+    """An atomic group or possessive repeat that takes a line break in the whole document keeps
+    it: the line's own match (stopping at its end) is never tried, and a line the pattern matches
+    alone was missed ((?>(x|\\n)*)$ on 'a\\na': line 1 matches alone)."""
+    for text in ("a\na", "a\nbb", " \n b", "a\nc\n", "\u00c9\r\n\u00c9\u03a3"):
+        assert LinePattern(pattern, ignore_case=False, seconds=60).lines("/d/t.md", text) == one_by_one(
+            pattern, text, False
+        )
+
+
+def test_repeated_classes_are_bounded_by_what_they_spell_out():
+    """A class is one pattern item, but regex holds a copy of it for each repeat and re's \\w is
+    written as thousands of characters: \\w{199000} took 10 GB, (?:\\b){20000} 4 GB, and
+    (?i)(?:[a-z]{1000}){199} crashed the process in regex. Past MAX_SPELLED characters of
+    classes spelled out the pattern is refused; a class repeated a thousand times still runs."""
+    for pattern in (r"\w{5000}", r"(?:\b){1000}", r"(?i)(?:[a-z]{1000}){199}", r"(?:(?:\W){100}){50}"):
+        with pytest.raises(InvalidPattern, match="spell out more than"):
+            LinePattern(pattern, ignore_case=False, seconds=60)
+    assert LinePattern(r"\w{2,1000}", ignore_case=True, seconds=60).lines("/d/t.md", "ab\n.") == [(1, "ab")]

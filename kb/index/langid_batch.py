@@ -53,6 +53,16 @@ def fingerprint(identifier: Any) -> str:
     return digest.hexdigest()[:32]
 
 
+def digest_tables(tables: Any) -> str:
+    """sha256 (hex) of the bytes of each of ``tables`` (C-contiguous arrays or buffers) in turn,
+    read ``PIECE`` bytes at a time; a read-only map's pages are given back as each piece is read
+    (``_release``), so checking a mapped model leaves none of it resident (design §7)."""
+    digest = hashlib.sha256()
+    for table in tables:
+        _digest_in_pieces(digest, table)
+    return digest.hexdigest()
+
+
 def _digest_in_pieces(digest: Any, table: Any) -> None:
     """Feed ``table``'s bytes to ``digest`` ``PIECE`` bytes at a time, releasing each piece's
     pages of a mapped table once read."""

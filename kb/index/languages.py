@@ -107,6 +107,9 @@ _MODEL_ARRAYS = ("ptc", "pc", "nextmove", "nextmove_row", "out_feat")
 _ROWBASE = "rowbase"
 """The derived table py3langid's tokenizer indexes its transitions by (``nextmove_row`` << 8, int64),
 kept beside the model's arrays so that it too is mapped rather than a list in every process."""
+_DIGEST = "sha256.txt"
+"""The digest of the unpacked arrays' bytes (``langid_batch.digest_tables``), written with them and
+checked by every process that maps them."""
 PIECE = 1 << 20
 """Bytes copied at a time while the model is unpacked: what the unpacking process holds of it."""
 
@@ -166,6 +169,18 @@ def _read_unpacked(folder: Path) -> tuple | None:
         and np.array_equal(rowbase, row.astype(np.int64) << 8)
     ):
         return None
+    # Files of the right layout whose bytes changed (a disk fault, another program) were used as
+    # they were: a transition to a state past the table's end made every classification raise
+    # IndexError, in py3langid's own fallback too, and changed scores answered other languages.
+    # Their digest is checked against the one written with them (the maps' pages given back as read).
+    from kb.index.langid_batch import digest_tables
+
+    try:
+        recorded = (folder / _DIGEST).read_text().strip()
+    except (OSError, ValueError):
+        return None
+    if digest_tables(arrays[name] for name in (*_MODEL_ARRAYS, _ROWBASE)) != recorded:
+        return None
     # memoryviews index to Python ints like the array('H'/'I') and lists py3langid builds
     return (
         np.asarray(ptc),  # plain arrays still on the map (read-only), without memmap's per-call overhead
@@ -206,6 +221,11 @@ def _unpack_into(folder: Path) -> None:
     row = np.load(folder / "nextmove_row.npy", mmap_mode="r", allow_pickle=False)
     np.save(folder / f"{_ROWBASE}.npy", row.astype(np.int64) << 8)
     (folder / "classes.json").write_text(json.dumps(classes))
+    from kb.index.langid_batch import digest_tables
+
+    tables = [np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in (*_MODEL_ARRAYS, _ROWBASE)]
+    (folder / _DIGEST).write_text(digest_tables(tables) + "\n")  # last: a folder without it is not read
+    del tables
     for path in folder.iterdir():
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())

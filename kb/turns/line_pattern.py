@@ -14,8 +14,8 @@ reads as syntax what ``re`` reads as literal text (``a{e<=1}`` is fuzzy matching
 properties where ``re`` follows ``str.isspace``/``isalnum``/``isdecimal``. So the pattern is
 compiled by ``re`` first (its error is the InvalidPattern, a RecursionError of a pattern nested too
 deep too), and ``re``'s parse tree is written back for ``regex`` with every literal escaped and
-every category spelled as ``re`` means it (:class:`_Translation`); a scoped flag is kept in the
-group that sets or clears it.
+every category spelled as ``re`` means it (:class:`_Translation`); ignoring case is re's too, not
+regex's (:func:`_folded`), under the flags in force where each literal or class stands.
 
 A line matches when the pattern matches it alone (``kb.lines.document_lines``: without its
 ``\\r`` or the first line's BOM). The engine's per-call cost with a timeout (~2.6 µs) made one call
@@ -26,9 +26,10 @@ next line — one call for a document without a match, two for each matching lin
 runs past its line's end leaves the next line to be searched from its start, so every line the
 pattern matches alone is found. What a whole document would answer otherwise than its lines alone
 is matched line by line instead (read from the parse tree): ``\\A`` and ``\\Z`` mean one line's
-start or end, so do ``^`` and ``$`` where a scoped ``(?-m:...)`` clears MULTILINE, and a lookaround
+start or end, so do ``^`` and ``$`` where a scoped ``(?-m:...)`` clears MULTILINE, a lookaround
 looks past a line's end (``(?<!\\s)b`` fails on the ``b`` after a line
-break in a document, though the line ``b`` alone matches).
+break in a document, though the line ``b`` alone matches), and an atomic group or possessive
+repeat keeps a line break it took (``(?>(x|\\n)*)$`` never tries the end of ``a`` in ``a\\na``).
 
 A pattern without any of the characters that make a regular expression more than its letters
 (``REGEX_CHARACTERS``: no ``. ^ $ * + ? { } [ ] \\ | ( )``) is a literal: its search is linear in the
@@ -58,6 +59,13 @@ MAX_EXPANSION = 200_000
 """The most pattern items a grep pattern may stand for once its counted repeats are spelled out:
 ``regex`` writes ``a{1000}`` out as a thousand items when it compiles it, so ``(?:a{1000}){1000}``
 took 0.4 s and ``a{1000000000}`` exhausted the memory of the process (``kb serve`` with it)."""
+
+MAX_SPELLED = 10_000_000
+"""The most characters of ``regex`` text the leaves of a grep pattern (its literals, classes and
+anchors as written for ``regex``) may stand for once its counted repeats are spelled out: ``regex``
+holds a copy of a class for each repeat, and ``\\w`` (9,000 characters written as re means it) took
+10 GB as ``\\w{199000}``, ``(?:\\b){20000}`` 4 GB. At most about 60 MB."""
+_LEAVES = frozenset((sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN, sre.AT, sre.GROUPREF))
 
 _FLAG_I, _FLAG_M, _FLAG_S, _FLAG_A = (
     sre.SRE_FLAG_IGNORECASE,
@@ -116,6 +124,59 @@ def _category(category, ascii_only: bool) -> str:
     return f"(?:(?![{missing}]){own})" if missing else own
 
 
+@functools.cache
+def _case_relevant() -> tuple[int, ...]:
+    """The code points re's case-insensitive matching may treat otherwise than their own: those
+    whose lowercase (``_sre.unicode_tolower``, re's) differs, those lowercases, and the extra cases
+    re adds (``re._casefix``). Any other character matches a literal or class ignoring case exactly
+    when it matches it with case (computed once: about a tenth of a second)."""
+    lower = importlib.import_module("_sre").unicode_tolower  # re's own lowercasing
+    casefix: Any = importlib.import_module("re._casefix")
+    relevant: set[int] = set()
+    for code in range(sys.maxunicode + 1):
+        if (lowered := lower(code)) != code:
+            relevant.update((code, lowered))
+    for code, others in casefix._EXTRA_CASES.items():
+        relevant.add(code)
+        relevant.update(others)
+    return tuple(sorted(relevant))
+
+
+_FOLDED: dict[tuple[Any, str, int], str] = {}
+
+
+def _folded(op, av, flags: int, with_case: str) -> str:
+    """A ``regex`` expression for one literal, excluded literal or class of re's tree (``op``,
+    ``av``) matched ignoring case as re matches it (``flags``: IGNORECASE, maybe ASCII).
+
+    ``regex`` ignores case by Unicode's simple case folding, ``re`` by lowercasing
+    (``_sre.unicode_tolower``, plus ``re._casefix``'s extra cases; only ASCII letters under
+    ``(?a)``, which ``regex`` ignores): ``(?i)İ`` matched no ``I``, ``(?ai)ς`` matched ``σ``,
+    ``(?i)[^a-z]`` matched ``ı``. So the answer is re's own: the node compiled by re alone and
+    tried on every character case can concern (:func:`_case_relevant`); any other character
+    matches as it does with case (``with_case``, the class's translation)."""
+    key = (op, repr(av), flags)
+    if key in _FOLDED:
+        return _FOLDED[key]
+    compiler: Any = importlib.import_module("re._compiler")
+    node = sre_parse.SubPattern(sre_parse.State(), [(op, av)])
+    unicode = 0 if flags & _FLAG_A else sre.SRE_FLAG_UNICODE  # a str pattern's default, as re.compile sets it
+    matches = compiler.compile(node, flags | unicode).fullmatch
+    relevant = _case_relevant()
+    if op is sre.IN:  # a class without cased characters (\\w, [\\d_]): re matches it with case
+        with_case_matches = compiler.compile(node, (flags & ~_FLAG_I) | unicode).fullmatch
+        if all(bool(matches(chr(code))) == bool(with_case_matches(chr(code))) for code in relevant):
+            _FOLDED[key] = with_case
+            return with_case
+    matched = _ranges([code for code in relevant if matches(chr(code))])
+    if op is sre.LITERAL:  # a character case concerns matches only such characters
+        written = f"[{matched}]" if av in relevant else _char(av)
+    else:
+        written = f"(?:(?![{_ranges(relevant)}]){with_case}" + (f"|[{matched}])" if matched else ")")
+    _FOLDED[key] = written
+    return written
+
+
 def _char(code: int) -> str:
     return f"\\U{code:08x}"
 
@@ -127,9 +188,21 @@ class _Translation:
     def __init__(self) -> None:
         self.by_line = False  # an anchor of the string or a lookaround: matched line by line
         self.size = 0
+        self.spelled = 0  # characters of the leaves' text, each times its repeat count
 
     def items(self, items, flags: int, scale: int) -> str:
-        return "".join(self.item(op, av, flags, scale) for op, av in items)
+        parts = []
+        for op, av in items:
+            parts.append(self.item(op, av, flags, scale))
+            if op in _LEAVES:  # counted here, not in item: one Python frame per level of nesting
+                self.spelled += scale * len(parts[-1])
+                if self.spelled > MAX_SPELLED:
+                    raise InvalidPattern(
+                        f"its counted repeats spell out more than {MAX_SPELLED:,} characters of classes for "
+                        "kb's grep engine (\\w is a class of thousands of characters, \\b two of them, each "
+                        "one repeated count times); use smaller counts such as {1,100}"
+                    )
+        return "".join(parts)
 
     def item(self, op, av, flags: int, scale: int) -> str:
         self.size += scale
@@ -138,6 +211,9 @@ class _Translation:
                 f"its counted repeats stand for more than {MAX_EXPANSION:,} pattern items once spelled out "
                 "(kb's grep engine writes them out when it compiles); use smaller counts such as {1,100}"
             )
+        if op in (sre.LITERAL, sre.NOT_LITERAL, sre.IN) and flags & _FLAG_I:
+            with_case = self.charset(av, flags) if op is sre.IN else f"[^{_char(av)}]"
+            return _folded(op, av, flags & (_FLAG_I | _FLAG_A), with_case)
         if op is sre.LITERAL:
             return _char(av)
         if op is sre.NOT_LITERAL:
@@ -152,17 +228,10 @@ class _Translation:
             group, add, remove, body = av
             inner_flags = (flags | add) & ~remove
             inner = self.items(body, inner_flags, scale)
-            on = "".join(f for bit, f in ((_FLAG_I, "i"), (_FLAG_A, "a")) if add & bit)
-            off = "".join(f for bit, f in ((_FLAG_I, "i"), (_FLAG_A, "a")) if remove & bit)
-            if group is not None:  # one level of nesting per group: regex's compiler recurses on each
-                inner = f"({inner})"
-            return (
-                f"(?{on}{'-' + off if off else ''}:{inner})"
-                if on or off
-                else inner
-                if group is not None
-                else f"(?:{inner})"
-            )
+            # a scoped (?i) or (?a) is in ``inner_flags``, read where it matters (literals, classes)
+            return f"({inner})" if group is not None else f"(?:{inner})"
+        if op in (sre.ATOMIC_GROUP, sre.POSSESSIVE_REPEAT):
+            self.by_line = True  # what it takes past a line's end in a document it never gives back
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
             low, high, body = av
             inner = self.items(body, flags, scale * max(low, 1 if high is sre.MAXREPEAT else high, 1))
@@ -170,8 +239,8 @@ class _Translation:
             return f"(?:{inner}){count}" + {sre.MAX_REPEAT: "", sre.MIN_REPEAT: "?"}.get(op, "+")
         if op is sre.ATOMIC_GROUP:
             return f"(?>{self.items(av, flags, scale)})"
-        if op is sre.GROUPREF:
-            return f"(?:\\g<{av}>)"
+        if op is sre.GROUPREF:  # regex folds case (simple folding) where re lowers: see _folded
+            return f"(?i:\\g<{av}>)" if flags & _FLAG_I else f"(?:\\g<{av}>)"
         if op is sre.GROUPREF_EXISTS:
             group, yes, no = av
             otherwise = "|" + self.items(no, flags, scale) if no else ""
@@ -186,7 +255,7 @@ class _Translation:
         raise InvalidPattern(f"kb's grep cannot run its {op} part")  # a node re adds in a later version
 
     def at(self, where, flags: int) -> str:
-        word = f"(?-i:{_category(sre.CATEGORY_WORD, bool(flags & _FLAG_A))})"
+        word = _category(sre.CATEGORY_WORD, bool(flags & _FLAG_A))
         if where is sre.AT_BOUNDARY:
             return f"(?:(?<={word})(?!{word})|(?<!{word})(?={word}))"
         if where is sre.AT_NON_BOUNDARY:  # re's \\B never matches in an empty string
@@ -208,8 +277,8 @@ class _Translation:
                 plain.append(_char(av))
             elif op is sre.RANGE:
                 plain.append(f"{_char(av[0])}-{_char(av[1])}")
-            elif op is sre.CATEGORY:  # re does not case-fold a category's characters
-                categories.append(f"(?-i:{_category(av, bool(flags & _FLAG_A))})")
+            elif op is sre.CATEGORY:
+                categories.append(_category(av, bool(flags & _FLAG_A)))
             else:
                 raise InvalidPattern(f"kb's grep cannot run its {op} part")
         caret = "^" if negated else ""
@@ -271,8 +340,7 @@ class LinePattern:
             import regex as engine  # the time limit re lacks
 
             written, whole, self._by_line = _translated(pattern, re_flags)
-            flags = engine.VERSION0 | engine.MULTILINE
-            flags |= (engine.IGNORECASE if whole & re.IGNORECASE else 0) | (engine.ASCII if whole & re.ASCII else 0)
+            flags = engine.VERSION0 | engine.MULTILINE  # case and ASCII are in the translation (_folded)
             try:
                 self._compiled = engine.compile(written, flags)
             except RecursionError:

@@ -141,14 +141,15 @@ def restore(path: str, workspace: int, revision: str, message: str | None, autho
 
 
 def _described(revision) -> str:
-    """``revision <id>: created …; updated …; removed …; moved … to …`` for a recorded Revision."""
+    """``revision <id>: created …; updated …; removed …; moved … to …`` for a recorded Revision,
+    its paths escaped (``shown``: a name may hold U+200F, which reorders a terminal's line)."""
     verbs = {"added": "created", "modified": "updated", "removed": "removed"}
     parts: dict[str, list[str]] = {}
     for change in revision.changes:
         if change.change in verbs:
-            parts.setdefault(verbs[change.change], []).append(change.path)
+            parts.setdefault(verbs[change.change], []).append(shown(change.path))
         elif change.change == "moved":
-            parts.setdefault("moved", []).append(f"{change.old_path} to {change.path}")
+            parts.setdefault("moved", []).append(f"{shown(change.old_path)} to {shown(change.path)}")
     return f"revision {revision.id}" + (
         ": " + "; ".join(f"{verb} {', '.join(paths)}" for verb, paths in parts.items()) if parts else ""
     )
