@@ -63,8 +63,8 @@ def apply_model(model: dict, operation) -> type[Exception] | None:
         if dst.startswith(path + "/"):
             return PathExists
         pairs = [(p, dst + p[len(path) :]) for p in inside]
-        if not overwrite and any(new in model and new not in inside for _, new in pairs):
-            return PathExists
+        if not overwrite and any(p.startswith(dst + "/") for p in model):
+            return PathExists  # a folder never merges into an existing one without overwrite (design §3)
         values = {old: model.pop(old) for old, _ in pairs}
         for old, new in pairs:
             model[new] = values[old]
