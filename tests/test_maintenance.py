@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import time
 
 import psycopg
-from support.commands import git
+from support.commands import git, missing_objects
 from support.named_queries import queries
 
 from kb.git import maintenance
 from kb.git.maintenance import PACK_BACKSTOP_LOOSE, loose_object_count, maintain_workspaces
-from kb.git.repository import PENDING_PACK_MARK, keep_pending_pack
+from kb.git.repository import PENDING_PACK_MARK
 from kb.knowledge_base import KnowledgeBase
 
 WS = 1
@@ -71,8 +73,9 @@ def pack_jobs(kb) -> list[str]:
 def test_a_writer_packs_itself_when_no_worker_ran_the_packing_jobs(kb, monkeypatch):
     """design §2.1: with no worker to run kb.pack_repository, the writer of every
     PACK_BACKSTOP_EVERY-th revision packs once the loose objects pass PACK_BACKSTOP_LOOSE (a few
-    hundred): only the loose objects, and the small packs beyond MAX_SMALL_PACKS combined into one,
-    never a pending write's kept pack; every object stays readable and git fsck clean."""
+    hundred): only the loose objects, and the small packs beyond MAX_SMALL_PACKS combined into one
+    that stays kept while any of them was (a write's pending pack); every object stays readable and
+    git fsck clean."""
     monkeypatch.setattr(maintenance, "MAX_SMALL_PACKS", 2)  # combine after 3 small packs, not 9
     kb.create_workspace(WS)
     repo = kb.store(WS).path
@@ -90,7 +93,9 @@ def test_a_writer_packs_itself_when_no_worker_ran_the_packing_jobs(kb, monkeypat
     assert max(loose) < 700, loose  # 256 + PACK_BACKSTOP_EVERY revisions' worth + the estimate's error
     assert min(loose[10:]) < PACK_BACKSTOP_LOOSE  # it packed, again and again
     packs = {p.stem for p in (repo / ".git/objects/pack").glob("*.pack")}
-    assert kept <= packs and len(packs) <= 1 + maintenance.MAX_SMALL_PACKS + 2  # small packs were combined
+    assert len(packs) <= 1 + maintenance.MAX_SMALL_PACKS + 2  # small packs were combined
+    # each pack (the import's folded into a combined one) kept pending: no ref may reach its objects yet
+    assert {p.stem for p in (repo / ".git/objects/pack").glob("*.keep")} == packs
     for r in range(60):
         assert kb.read(WS, f"/documents/r{r}/39.md") == f"revision {r} document 39\n".encode()
     assert kb.read(WS, "/documents/import/299.md") == b"imported 299\n"
@@ -220,32 +225,78 @@ def test_combining_small_packs_keeps_every_object_of_packs_with_deltas(kb):
         assert kb.read_as_of(WS, revision.id, "/documents/long.md") == (body + f"version {r}\n").encode()
 
 
-def test_consolidating_packs_leaves_a_kept_pack_kept(kb):
-    """design §14: maintenance's consolidation (more than MAX_PACKS packs) combines the plain packs
-    only; a pack marked ``.keep`` (a write's pending pack, whose objects no ref may reach yet) stays
-    as it is, so ``git repack -a -d`` or ``git gc`` still cannot drop its objects. dulwich's
-    ``repack`` folded it into an unmarked pack."""
+def test_consolidating_packs_keeps_pending_packs_kept_and_leaves_gits_own_alone(kb):
+    """design §14: maintenance's consolidation (more than MAX_PACKS packs) combines kb's packs, the
+    plain ones and those kb marked pending (a write's, or a packer's of loose objects, whose objects
+    no ref may reach yet): the combined pack stays kept until the newest of their marks is released,
+    so ``git repack -a -d`` or ``git gc`` still cannot drop those objects (dulwich's ``repack``
+    folded a kept pack into an unmarked one). A pack kept by git's own ``.keep`` is left as it is."""
     kb.create_workspace(WS)
     repo = kb.store(WS).path
     pack_dir = repo / ".git/objects/pack"
-    for r in range(4):  # four packs of kb's own
+    for r in range(4):  # four packs of kb's own, each marked pending by the packer
         with kb.transaction(WS, f"r{r}", "w") as tx:
             tx.write(f"/documents/r{r}.md", f"round {r}\n")
         assert maintenance.pack_workspace(repo, backstop=True)
-    kept = sorted(pack_dir.glob("*.pack"))[0]
-    keep_pending_pack(kept.with_suffix(""))
+    marks = sorted(pack_dir.glob("*.keep"))
+    assert len(marks) == 4 and all(mark.read_bytes() == PENDING_PACK_MARK for mark in marks)
+    gits = marks[0].with_suffix(".pack")
+    marks[0].write_bytes(b"")  # as `git index-pack --keep` leaves it: git's own
+    gits_objects = int(git(repo, "verify-pack", "-s", str(gits.with_suffix(".idx"))).split("non delta: ")[1].split()[0])
+    now = time.time()
+    for age, mark in zip((300, 100, 200), marks[1:]):  # the newest mark is 100 s old
+        os.utime(mark, (now - age, now - age))
     store = kb.store(WS).repository
-    kept_objects = int(git(repo, "verify-pack", "-s", str(kept.with_suffix(".idx"))).split("non delta: ")[1].split()[0])
-    with kb.transaction(WS, "loose", "w") as tx:
-        tx.write("/documents/loose.md", "loose\n")
-    packed, packs = store.pack_loose_objects(max_packs=1)
-    assert packs == 2 and packed > kept_objects  # the kept pack, and one for all the rest
-    assert kept.exists() and kept.with_suffix(".keep").read_bytes() == PENDING_PACK_MARK
-    assert len(list(pack_dir.glob("*.pack"))) == 2 and loose_object_count(repo) == 0
+    assert store.consolidate_packs() > 0
+    packs = sorted(pack_dir.glob("*.pack"))
+    assert len(packs) == 2 and gits in packs and gits.with_suffix(".keep").read_bytes() == b""
+    (new,) = [pack for pack in packs if pack != gits]
+    mark = new.with_suffix(".keep")  # dated as the newest of the folded packs' marks
+    assert mark.read_bytes() == PENDING_PACK_MARK and abs(mark.stat().st_mtime - (now - 100)) < 1
+    assert len(list(pack_dir.glob("*.keep"))) == 2  # the folded packs' marks went with them
+    git(repo, "repack", "-a", "-d", "-q")  # what a user's git gc does: the kept packs stay
     git(repo, "fsck", "--strict")
     for r in range(4):
         assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
-    assert kb.read(WS, "/documents/loose.md") == b"loose\n"
+    assert gits.exists() and gits_objects > 0
+
+
+def test_objects_packed_before_their_ref_moves_survive_a_users_git_repack(kb):
+    """design §14: a loose object may belong to a write whose ref has not moved yet (its blobs and
+    trees are stored first). ``git repack -a -d`` leaves such an object alone while it is loose,
+    but drops it from a plain pack: kb's packers put it in one, and a user's repack right after
+    lost the blobs of a revision that then landed (``git fsck``: "broken link", "missing blob"; the
+    stress run of threads under repacks). The packers' packs — the writer's backstop, the deferred
+    job's, combined small packs, a consolidation — stay kept until maintenance releases them."""
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "w") as tx:
+        tx.write("/documents/seed.md", "seed\n")
+    repo = kb.store(WS).path
+    repository = kb.store(WS).repository
+    pending = []
+    for packer in ("backstop", "job", "combine", "consolidate"):
+        pending += repository.add_blobs(
+            [f"{packer}: a write's blob {i}, its ref not moved yet\n".encode() for i in range(3)]
+        )
+        if packer == "backstop":
+            assert maintenance.pack_workspace(repo, backstop=True) >= 3
+        elif packer == "job":
+            assert maintenance.pack_workspace(repo) >= 3
+        elif packer == "combine":
+            assert maintenance.pack_workspace(repo, backstop=True) >= 3
+            assert repository.combine_small_packs(1) >= len(pending)
+        else:
+            assert maintenance.pack_workspace(repo) >= 3
+            assert repository.consolidate_packs() >= len(pending)
+        assert loose_object_count(repo) == 0
+        git(repo, "repack", "-a", "-d", "-q")
+        assert missing_objects(repo, pending) == []
+    assert kb.read(WS, "/documents/seed.md") == b"seed\n"
+    git(repo, "fsck", "--strict")
+    assert repository.release_pending_packs(older_than=0) >= 1  # as maintenance does after an hour
+    git(repo, "repack", "-a", "-d", "-q")  # by then no write needs them: garbage, dropped
+    assert missing_objects(repo, pending) == pending
+    assert kb.read(WS, "/documents/seed.md") == b"seed\n"
 
 
 def test_a_writes_pack_is_kept_from_the_moment_it_appears(kb):

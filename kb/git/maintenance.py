@@ -4,9 +4,9 @@ kb writes a revision's few objects loose (a pack per small commit would pile up 
 a busy workspace gathers tens of thousands of loose objects and every git tool — and kb's own
 reads — slow down. The periodic task ``kb.maintain_repositories`` (``kb.jobs.tasks``) calls
 :func:`maintain_workspaces`: every workspace repository with at least ``LOOSE_OBJECTS_TO_PACK``
-loose objects has them put into one pack, and once packs pile up the plain ones (no ``.keep`` or
-other side file) are consolidated into one (``Repository.pack_loose_objects``,
-``Repository.consolidate_packs``).
+loose objects has them put into one pack, and once packs pile up kb's own (plain, or kept by kb's
+pending mark alone; never one with git's ``.keep`` or another side file) are consolidated into one
+(``Repository.pack_loose_objects``, ``Repository.consolidate_packs``).
 
 Besides that cron, a writer defers ``kb.pack_repository`` for its workspace every
 ``KB_PACK_EVERY_REVISIONS`` revisions (``kb.store.job_deferral.defer_packing``), which calls
@@ -21,7 +21,10 @@ all packs, O(all objects), is left to maintenance.
 
 It needs no write lock: objects are immutable, a loose object is deleted only after the pack
 holding it is complete, and readers re-scan the packs on a miss, so concurrent writers and readers
-are never disturbed. Two packers of one repository (the cron and a workspace's job, or two
+are never disturbed. Every pack written here is kept pending (``keep_pending_pack``) until
+maintenance releases it an hour later: a loose object may belong to a write whose ref has not moved
+yet, and a user's ``git repack -a -d`` drops such an object from a plain pack (it leaves it alone
+while it is loose). Two packers of one repository (the cron and a workspace's job, or two
 workers, writers' backstops) never overlap: each holds ``.git/kb-pack.lock`` (an flock) and one
 that finds it held leaves the work to its holder; ``kb fsck`` holds it (waiting for a packer at
 work) while ``git fsck`` scans the objects, which must not vanish under it.

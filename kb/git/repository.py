@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
@@ -209,6 +210,27 @@ PENDING_PACK_SECONDS = 3600.0
 """How long a pending pack stays kept: far longer than any write takes to move its ref."""
 
 
+def _pending_mark_time(pack) -> float | None:
+    """The mtime of ``pack``'s ``.keep`` when it is kb's pending mark (PENDING_PACK_MARK) and the
+    pack has no other side file; None otherwise (a plain pack, git's ``.keep``, a ``.bitmap``)."""
+    keep = pack._basename + ".keep"
+    try:
+        with open(keep, "rb") as mark:
+            if mark.read(len(PENDING_PACK_MARK) + 1) != PENDING_PACK_MARK:
+                return None
+            mtime = os.fstat(mark.fileno()).st_mtime
+    except OSError:
+        return None
+    others = (suffix for suffix in PACK_SIDE_FILES if suffix != ".keep")
+    return None if any(os.path.exists(pack._basename + suffix) for suffix in others) else mtime
+
+
+def _pack_basename(pack_dir: Path, digests) -> Path:
+    """The basename dulwich gives a pack of the objects ``digests`` (binary ids): ``pack-`` and the
+    SHA-1 of their sorted ids, known before the pack is written."""
+    return pack_dir / ("pack-" + hashlib.sha1(b"".join(sorted(digests))).hexdigest())
+
+
 def keep_pending_pack(basename: Path) -> bool:
     """Mark the pack ``{basename}.pack`` kept (``{basename}.keep``, as git's receive-pack does)
     until its objects are reachable: a concurrent ``git repack -a -d`` (or ``git gc``) drops
@@ -224,6 +246,22 @@ def keep_pending_pack(basename: Path) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def _mark_pending_since(basename: Path, since: float) -> Path | None:
+    """Mark the pack ``{basename}.pack`` pending (:func:`keep_pending_pack`), the mark dated
+    ``since`` (its release comes PENDING_PACK_SECONDS after that); a pending mark already there
+    (the same objects, packed before) is dated ``since`` if that is later. Returns the mark this
+    call made, or None. Raises OSError."""
+    if keep_pending_pack(basename):
+        mark = basename.with_name(basename.name + ".keep")
+        os.utime(mark, (since, since))
+        return mark
+    mark = basename.with_name(basename.name + ".keep")
+    with contextlib.suppress(OSError):
+        if mark.read_bytes() == PENDING_PACK_MARK and mark.stat().st_mtime < since:
+            os.utime(mark, (since, since))
+    return None
 
 
 class Repository(WorktreeRefresh):
@@ -744,8 +782,7 @@ class Repository(WorktreeRefresh):
         # Marked kept before it appears (dulwich names a pack by the SHA-1 of its objects' sorted
         # ids): maintenance, which holds no write lock, never sees it plain, so never folds it
         # into an unmarked pack while no ref reaches its objects (design §14).
-        names = sorted({obj.sha().digest() for obj in objects})
-        expected = pack_dir / ("pack-" + hashlib.sha1(b"".join(names)).hexdigest())
+        expected = _pack_basename(pack_dir, {obj.sha().digest() for obj in objects})
         marked = keep_pending_pack(expected)
         try:
             pack = store.add_objects([(obj, None) for obj in objects])
@@ -1141,16 +1178,18 @@ class Repository(WorktreeRefresh):
 
     def pack_loose_objects(self, max_packs: int | None = 32, small_packs: int | None = None) -> tuple[int, int]:
         """Maintenance (design §14): put the loose objects into one pack (cost O(loose objects))
-        and, once more than ``max_packs`` packs pile up, consolidate the plain packs into one
-        (:meth:`consolidate_packs`, cost O(their objects)); with ``max_packs=None`` never that, but
-        once more than ``small_packs``
-        packs of fewer than SMALL_PACK_OBJECTS objects pile up, combine just those
-        (:meth:`combine_small_packs`). Safe beside concurrent writers and readers: objects are
-        only added to a pack before their loose copy or old pack is removed, and readers re-scan
-        the packs on a miss. Returns ``(objects packed, packs after)``."""
+        and, once more than ``max_packs`` packs pile up, consolidate kb's packs into one
+        (:meth:`consolidate_packs`, cost O(their objects)); otherwise, once more than
+        ``small_packs`` of kb's packs hold fewer than SMALL_PACK_OBJECTS objects, combine just those
+        (:meth:`combine_small_packs`; ``None``: never). The new pack is kept pending
+        (:func:`keep_pending_pack`): a loose object may belong to a write whose ref has not moved
+        yet, which ``git repack -a -d`` leaves alone while it is loose but drops from a plain pack.
+        Safe beside concurrent writers and readers: objects are only added to a pack before their
+        loose copy or old pack is removed, and readers re-scan the packs on a miss. Returns
+        ``(objects packed, packs after)``. Raises OSError."""
         store = self._repo.object_store
         loose = [obj for obj in map(store._get_loose_object, list(store._iter_loose_objects())) if obj is not None]
-        self._write_pack([full_unpacked_object(obj) for obj in loose])
+        self._write_pack([full_unpacked_object(obj) for obj in loose], pending_since=time.time())
         for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
             store.delete_loose_object(obj.id)
         packed = len(loose)
@@ -1160,15 +1199,21 @@ class Repository(WorktreeRefresh):
             self.combine_small_packs(small_packs)
         return packed, len(store.packs)
 
-    def _write_pack(self, records: list[UnpackedObject]):
+    def _write_pack(self, records: list[UnpackedObject], pending_since: float | None = None):
         """Write ``records`` (whole objects, no deltas) as one new pack and its index; returns the
         Pack (None for no records). dulwich's ``add_objects`` writes the pack, then reads it all back
         to index it; the offsets and checksums ``write_pack_data`` returns are that index: half the
         cost of the backstop's packing (design §14). The pack is complete (renamed into place, its
-        ``.idx`` written) before the caller removes the loose copies or old packs. Raises OSError."""
+        ``.idx`` written) before the caller removes the loose copies or old packs. ``pending_since``
+        (a time): the pack is marked pending (:func:`keep_pending_pack`) before it appears, the
+        mark dated then, so its release comes PENDING_PACK_SECONDS after that. Raises OSError."""
         if not records:
             return None
         store = self._repo.object_store
+        marked: Path | None = None
+        if pending_since is not None:
+            expected = _pack_basename(Path(store.pack_dir), {record.sha() for record in records})
+            marked = _mark_pending_since(expected, pending_since)
         fd, path = tempfile.mkstemp(dir=store.pack_dir, prefix="tmp_pack_", suffix=".pack")
         handle = os.fdopen(fd, "w+b")
         try:
@@ -1183,43 +1228,61 @@ class Repository(WorktreeRefresh):
             index: list[tuple[RawObjectID, int, int | None]] = [
                 (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
             ]
-            return store._complete_pack(handle, path, index, set())
+            pack = store._complete_pack(handle, path, index, set())
         except BaseException:
             handle.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            if marked is not None:
+                marked.unlink(missing_ok=True)
             raise
+        if pending_since is not None and Path(pack._basename) != expected:  # named otherwise (never so far)
+            _mark_pending_since(Path(pack._basename), pending_since)
+            if marked is not None:
+                marked.unlink(missing_ok=True)
+        return pack
 
-    def combine_small_packs(self, more_than: int) -> int:
-        """When more than ``more_than`` packs hold fewer than SMALL_PACK_OBJECTS objects each,
-        write their objects into one new pack, then remove them (cost O(their objects), not
-        O(all objects) as a full consolidation). Packs with any file beside ``.pack``/``.idx``
-        (a ``.keep`` — a write's pending pack, or git's —, git's ``.rev``, ``.bitmap``,
-        ``.mtimes``, ``.promisor``) are left as they are. Returns the objects combined (0: none)."""
+    def _own_packs(self) -> list[tuple[Any, float | None]]:
+        """kb's packs as ``(pack, pending mark's mtime or None)``: the plain ones and those kept by
+        kb's pending mark alone; packs with git's ``.keep`` or any other side file are left out."""
         store = self._repo.object_store
         store._update_pack_cache()
-        small = [pack for pack in store.packs if len(pack) < SMALL_PACK_OBJECTS and _plain_pack(pack)]
+        own: list[tuple[Any, float | None]] = []
+        for pack in store.packs:
+            if _plain_pack(pack):
+                own.append((pack, None))
+            elif (since := _pending_mark_time(pack)) is not None:
+                own.append((pack, since))
+        return own
+
+    def combine_small_packs(self, more_than: int) -> int:
+        """When more than ``more_than`` of kb's packs (:meth:`_own_packs`) hold fewer than
+        SMALL_PACK_OBJECTS objects each, write their objects into one new pack, then remove them
+        (cost O(their objects), not O(all objects) as a full consolidation). Packs with git's
+        ``.keep``, ``.rev``, ``.bitmap``, ``.mtimes`` or ``.promisor`` are left as they are.
+        Returns the objects combined (0: none). Raises OSError."""
+        small = [(pack, since) for pack, since in self._own_packs() if len(pack) < SMALL_PACK_OBJECTS]
         if len(small) <= more_than:
             return 0
         return self._combine_packs(small)
 
     def consolidate_packs(self) -> int:
-        """Write the objects of every plain pack (only ``.pack`` and ``.idx``) into one new pack,
-        then remove them (cost O(their objects)). Packs with a side file (PACK_SIDE_FILES) are left
-        as they are: a ``.keep`` protects a write's pending pack, whose objects no ref reaches yet,
-        from ``git repack -a -d`` and ``git gc`` (:func:`keep_pending_pack`); folded into an
-        unmarked pack they would lose that (dulwich's ``repack`` folds every pack). Returns the
-        objects combined (0: fewer than two plain packs). Raises OSError."""
-        store = self._repo.object_store
-        store._update_pack_cache()
-        plain = [pack for pack in store.packs if _plain_pack(pack)]
-        return self._combine_packs(plain) if len(plain) > 1 else 0
+        """Write the objects of every pack of kb's (:meth:`_own_packs`) into one new pack, then
+        remove them (cost O(their objects)). Packs with a side file other than kb's pending mark
+        are left as they are (a ``.keep`` of git's, a ``.bitmap``). Returns the objects combined
+        (0: fewer than two such packs). Raises OSError."""
+        own = self._own_packs()
+        return self._combine_packs(own) if len(own) > 1 else 0
 
-    def _combine_packs(self, packs: list) -> int:
-        """Write the objects of ``packs`` into one new pack, then remove them; the objects combined."""
+    def _combine_packs(self, packs: list[tuple[Any, float | None]]) -> int:
+        """Write the objects of ``packs`` (``(pack, pending mark's mtime or None)``) into one new
+        pack, then remove them; the objects combined. Where any of them is pending (a write's pack,
+        whose objects no ref may reach yet), the new pack is kept pending from the newest of their
+        marks' times (:meth:`_write_pack`): dulwich's ``repack`` folded such a pack into an
+        unmarked one, where ``git repack -a -d`` and ``git gc`` could drop its objects."""
         store = self._repo.object_store
         objects: dict[bytes, UnpackedObject] = {}
-        for pack in packs:
+        for pack, _ in packs:
             entries = list(pack.data.iter_unpacked())
             if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
                 entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
@@ -1227,8 +1290,11 @@ class Repository(WorktreeRefresh):
                 objects[entry.sha()] = UnpackedObject(
                     entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
                 )
-        combined = self._write_pack(list(objects.values()))
-        for pack in packs:  # the new pack is complete (its .idx written): the old ones may go
+        marks = [since for _, since in packs if since is not None]
+        combined = self._write_pack(list(objects.values()), pending_since=max(marks) if marks else None)
+        for pack, since in packs:  # the new pack is complete (its .idx written): the old ones may go
             if combined is None or pack.name() != combined.name():
                 store._remove_pack(pack)
+                if since is not None:  # its pending mark with it, once the pack is gone
+                    Path(pack._basename + ".keep").unlink(missing_ok=True)
         return len(objects)

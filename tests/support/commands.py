@@ -22,3 +22,15 @@ def run_cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.C
 def git(repo: Path, *args: str) -> str:
     """Run the real git CLI in ``repo``; returns stdout (raises CalledProcessError on failure)."""
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def missing_objects(repo: Path, ids: list[str]) -> list[str]:
+    """The object ids among ``ids`` the real git CLI cannot find in ``repo`` (``cat-file --batch-check``)."""
+    checked = subprocess.run(
+        ["git", "-C", str(repo), "cat-file", "--batch-check"],
+        input="\n".join(ids) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line.split()[0] for line in checked.splitlines() if line.endswith(" missing")]
