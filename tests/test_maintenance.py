@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import time
 
 import psycopg
@@ -329,3 +330,112 @@ def test_a_writes_pack_is_kept_from_the_moment_it_appears(kb):
     in_kept = {line.split()[0] for idx in kept for line in git(repo, "verify-pack", "-v", str(idx)).splitlines()}
     assert set(ids) <= in_kept  # every blob of the write in a kept pack
     git(repo, "fsck", "--strict")
+
+
+def test_packing_beside_a_users_git_repack_taking_the_same_objects_loses_nothing_and_raises_nothing(kb, monkeypatch):
+    """design §2.1, §14: a user's ``git repack -d`` may remove the loose objects kb's packer has just
+    packed (``prune-packed``: those a pack holds) before the packer removes them, and may replace the
+    plain packs the packer listed to combine before it reads them. Both raised out of the packer
+    (FileNotFoundError, PackFileDisappeared), which the writer's backstop logged as a failure beside
+    every repack; the objects are in a pack either way, so the packer goes on (or leaves the
+    combining to that repack), and nothing is lost."""
+    kb.create_workspace(WS)
+    for r in range(3):
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+    repo = kb.store(WS).path
+    repository = kb.store(WS).repository
+    write_pack = repository._write_pack
+
+    def packed_then_git_prunes(records, **kwargs):
+        pack = write_pack(records, **kwargs)
+        git(repo, "prune-packed")  # as a user's `git repack -d` ends: loose objects a pack holds go
+        return pack
+
+    monkeypatch.setattr(repository, "_write_pack", packed_then_git_prunes)
+    packed, _ = repository.pack_loose_objects(None)
+    assert packed > 0 and loose_object_count(repo) == 0
+    monkeypatch.undo()
+
+    for r in range(3, 6):  # three more small packs, plain (as an hour after their marks)
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo, backstop=True)
+    repository.release_pending_packs(older_than=0)
+    own_packs = repository._own_packs
+
+    def listed_then_git_repacks():
+        listed = own_packs()
+        git(repo, "repack", "-a", "-d", "-q")  # replaces every plain pack the packer listed
+        return listed
+
+    monkeypatch.setattr(repository, "_own_packs", listed_then_git_repacks)
+    assert repository.combine_small_packs(1) == 0  # that repack combined them
+    monkeypatch.undo()
+    git(repo, "fsck", "--strict")
+    for r in range(6):
+        assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
+
+
+def test_a_pack_a_users_git_repack_removed_after_the_packer_listed_it_does_not_fail_the_packing(kb):
+    """design §14: dulwich compares a new pack with every pack the store has listed, reading each
+    index; one a user's ``git repack -a -d`` removed since the listing raised PackFileDisappeared
+    and the packing failed (the writer's backstop logged it beside almost every repack). The
+    packer forgets the vanished pack and writes once more; nothing is lost."""
+    from kb.git.repository import Repository
+
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "r0", "w") as tx:
+        tx.write("/documents/r0.md", "round 0\n")
+    repo = kb.store(WS).path
+    git(repo, "repack", "-a", "-d", "-q")
+    repository = Repository.open(repo)  # a packer of its own: its store lists that pack, unread
+    try:
+        store = repository._repo.object_store
+        assert len(store.packs) == 1
+        other = subprocess.run(
+            ["git", "-C", str(repo), "hash-object", "-w", "--stdin"],
+            input="reached by another ref\n",
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        git(repo, "update-ref", "refs/kb-test/other", other)
+        git(repo, "repack", "-a", "-d", "-q")  # the listed pack is replaced by one with `other` too
+        blob = repository.add_blob(b"a write's blob, its ref not moved yet\n")
+        packed, _ = repository.pack_loose_objects(None)
+        assert packed == 1 and loose_object_count(repo) == 0
+    finally:
+        repository.close()
+    assert missing_objects(repo, [blob, other]) == []
+    git(repo, "fsck", "--strict")
+    assert kb.read(WS, "/documents/r0.md") == b"round 0\n"
+
+
+def test_packing_while_a_users_git_repack_empties_the_object_folders_it_listed(kb, monkeypatch):
+    """design §14: a user's ``git repack -d`` removes the ``objects/xx`` folders it empties; one the
+    packer had listed and then opened raised FileNotFoundError out of the packing (seen beside
+    ``git gc`` in the big-folder stress). The packer passes over a vanished folder: its objects
+    are in a pack."""
+    kb.create_workspace(WS)
+    for r in range(3):
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+    repo = kb.store(WS).path
+    repository = kb.store(WS).repository
+    objects, listdir, fired = str(repo / ".git" / "objects"), os.listdir, []
+
+    def listed_then_git_repacks(path="."):
+        names = listdir(path)
+        if os.fspath(path).rstrip("/") == objects and not fired:
+            fired.append(path)
+            git(repo, "repack", "-d", "-q")  # packs the loose objects, removes the emptied folders
+        return names
+
+    monkeypatch.setattr(os, "listdir", listed_then_git_repacks)
+    repository.pack_loose_objects(None)
+    monkeypatch.undo()
+    assert fired and loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    for r in range(3):
+        assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()

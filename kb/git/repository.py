@@ -34,8 +34,19 @@ from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.object_store import PACK_MODE, DiskObjectStore, tree_lookup_path
-from dulwich.objects import ZERO_SHA, Blob, Commit, RawObjectID, ShaFile, Tree, _decompress, object_header
-from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object, write_pack_data
+from dulwich.objects import (
+    ZERO_SHA,
+    Blob,
+    Commit,
+    ObjectID,
+    RawObjectID,
+    ShaFile,
+    Tree,
+    _decompress,
+    object_header,
+    valid_hexsha,
+)
+from dulwich.pack import DELTA_TYPES, PackFileDisappeared, UnpackedObject, full_unpacked_object, write_pack_data
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
@@ -197,6 +208,10 @@ folder (``git prune-packed``) between the folder's creation and the object's wri
 SMALL_PACK_OBJECTS = 4096
 """Packs below this many objects are the small ones ``Repository.combine_small_packs`` combines."""
 PACK_SIDE_FILES = (".keep", ".rev", ".bitmap", ".mtimes", ".promisor")
+
+
+PACK_GONE = (PackFileDisappeared, FileNotFoundError)
+"""What reading a listed pack raises when a user's ``git repack`` removed it since the listing."""
 
 
 def _plain_pack(pack) -> bool:
@@ -1188,16 +1203,33 @@ class Repository(WorktreeRefresh):
         loose copy or old pack is removed, and readers re-scan the packs on a miss. Returns
         ``(objects packed, packs after)``. Raises OSError."""
         store = self._repo.object_store
-        loose = [obj for obj in map(store._get_loose_object, list(store._iter_loose_objects())) if obj is not None]
+        loose = [obj for obj in map(store._get_loose_object, self._loose_ids()) if obj is not None]
         self._write_pack([full_unpacked_object(obj) for obj in loose], pending_since=time.time())
         for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
-            store.delete_loose_object(obj.id)
+            with contextlib.suppress(FileNotFoundError):  # a user's git repack (prune-packed) took it first
+                store.delete_loose_object(obj.id)
         packed = len(loose)
         if max_packs is not None and len(store.packs) > max_packs:
             packed += self.consolidate_packs()
         elif small_packs is not None:
             self.combine_small_packs(small_packs)
         return packed, len(store.packs)
+
+    def _loose_ids(self) -> list[ObjectID]:
+        """The ids of the loose objects (``objects/xx/…``), as dulwich lists them, but a folder a
+        user's ``git prune-packed`` removes meanwhile is passed over (dulwich raised
+        FileNotFoundError): its objects are in a pack."""
+        root = self._repo.object_store.path
+        ids: list[ObjectID] = []
+        for base in os.listdir(root):
+            if len(base) != 2:
+                continue
+            try:
+                names = os.listdir(os.path.join(root, base))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            ids.extend(ObjectID(sha) for sha in (os.fsencode(base + rest) for rest in names) if valid_hexsha(sha))
+        return ids
 
     def _write_pack(self, records: list[UnpackedObject], pending_since: float | None = None):
         """Write ``records`` (whole objects, no deltas) as one new pack and its index; returns the
@@ -1214,6 +1246,28 @@ class Repository(WorktreeRefresh):
         if pending_since is not None:
             expected = _pack_basename(Path(store.pack_dir), {record.sha() for record in records})
             marked = _mark_pending_since(expected, pending_since)
+        try:
+            try:
+                pack = self._pack_file(records)
+            except PACK_GONE:  # dulwich read a listed pack a user's git repack has removed since
+                store._update_pack_cache()  # forget it, and write once more
+                pack = self._pack_file(records)
+        except BaseException:
+            if marked is not None:
+                marked.unlink(missing_ok=True)
+            raise
+        if pending_since is not None and Path(pack._basename) != expected:  # named otherwise (never so far)
+            _mark_pending_since(Path(pack._basename), pending_since)
+            if marked is not None:
+                marked.unlink(missing_ok=True)
+        return pack
+
+    def _pack_file(self, records: list[UnpackedObject]):
+        """Write ``records`` to a temporary pack, then let dulwich index it and move it into place
+        (``_complete_pack``, which first compares it with every pack it lists, reading their
+        indexes); returns the Pack. The temporary file is removed on any failure. Raises OSError,
+        PackFileDisappeared."""
+        store = self._repo.object_store
         fd, path = tempfile.mkstemp(dir=store.pack_dir, prefix="tmp_pack_", suffix=".pack")
         handle = os.fdopen(fd, "w+b")
         try:
@@ -1228,19 +1282,12 @@ class Repository(WorktreeRefresh):
             index: list[tuple[RawObjectID, int, int | None]] = [
                 (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
             ]
-            pack = store._complete_pack(handle, path, index, set())
+            return store._complete_pack(handle, path, index, set())
         except BaseException:
             handle.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            if marked is not None:
-                marked.unlink(missing_ok=True)
             raise
-        if pending_since is not None and Path(pack._basename) != expected:  # named otherwise (never so far)
-            _mark_pending_since(Path(pack._basename), pending_since)
-            if marked is not None:
-                marked.unlink(missing_ok=True)
-        return pack
 
     def _own_packs(self) -> list[tuple[Any, float | None]]:
         """kb's packs as ``(pack, pending mark's mtime or None)``: the plain ones and those kept by
@@ -1261,7 +1308,10 @@ class Repository(WorktreeRefresh):
         (cost O(their objects), not O(all objects) as a full consolidation). Packs with git's
         ``.keep``, ``.rev``, ``.bitmap``, ``.mtimes`` or ``.promisor`` are left as they are.
         Returns the objects combined (0: none). Raises OSError."""
-        small = [(pack, since) for pack, since in self._own_packs() if len(pack) < SMALL_PACK_OBJECTS]
+        try:
+            small = [(pack, since) for pack, since in self._own_packs() if len(pack) < SMALL_PACK_OBJECTS]
+        except PACK_GONE:  # a user's git repack replaced a listed pack: it is combining them itself
+            return 0
         if len(small) <= more_than:
             return 0
         return self._combine_packs(small)
@@ -1282,19 +1332,26 @@ class Repository(WorktreeRefresh):
         unmarked one, where ``git repack -a -d`` and ``git gc`` could drop its objects."""
         store = self._repo.object_store
         objects: dict[bytes, UnpackedObject] = {}
-        for pack, _ in packs:
-            entries = list(pack.data.iter_unpacked())
-            if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
-                entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
-            for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
-                objects[entry.sha()] = UnpackedObject(
-                    entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
-                )
+        try:
+            for pack, _ in packs:
+                entries = list(pack.data.iter_unpacked())
+                if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
+                    entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
+                for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
+                    objects[entry.sha()] = UnpackedObject(
+                        entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
+                    )
+        except PACK_GONE:
+            # a user's git repack replaced a plain pack since the listing: nothing written or removed
+            # yet, and that repack has done the combining; the next packer looks again
+            store._update_pack_cache()
+            return 0
         marks = [since for _, since in packs if since is not None]
         combined = self._write_pack(list(objects.values()), pending_since=max(marks) if marks else None)
         for pack, since in packs:  # the new pack is complete (its .idx written): the old ones may go
             if combined is None or pack.name() != combined.name():
-                store._remove_pack(pack)
+                with contextlib.suppress(FileNotFoundError):  # a user's git repack removed it first
+                    store._remove_pack(pack)
                 if since is not None:  # its pending mark with it, once the pack is gone
                     Path(pack._basename + ".keep").unlink(missing_ok=True)
         return len(objects)
