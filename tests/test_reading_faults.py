@@ -52,6 +52,37 @@ def test_a_missing_tree_object_is_damage_not_a_raw_key_error(kb, settings):
         fresh.close()
 
 
+def test_a_missing_blob_or_head_commit_is_damage_not_no_such_document(kb, settings, kb_env):
+    """A document's blob, or the head commit itself, gone from the repository (what `git gc
+    --prune=now` or `git prune` beside a writer does: it removes what a write has stored but not
+    yet made reachable) read as "no document at … in revision …; kb ls lists what is there" —
+    while `kb ls` listed it — and as "revision … is not in this workspace's history" while `kb
+    log` showed it as the newest. Both are StorageError naming the object, the cause and `kb fsck`."""
+    _write(kb, 9, {"/documents/a.md": "a\n", "/documents/b.md": "b\n"})
+    repo = kb.store(9).path
+    blob = git(repo, "rev-parse", "HEAD:documents/a.md").strip()
+    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    fresh = KnowledgeBase.open(settings)  # no object cached from the writes
+    try:
+        with pytest.raises(StorageError, match=f"object {blob} is missing .*git gc --prune=now.* run `kb fsck`"):
+            fresh.read(9, "/documents/a.md")
+        assert [e.name for e in fresh.ls(9)] == ["a.md", "b.md"] and fresh.read(9, "/documents/b.md") == b"b\n"
+    finally:
+        fresh.close()
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/a.md", "--workspace", "9", check=False))
+    assert f"object {blob} is missing" in line and "no document" not in line
+    head = git(repo, "rev-parse", "HEAD").strip()
+    (repo / ".git" / "objects" / head[:2] / head[2:]).unlink()
+    fresh = KnowledgeBase.open(settings)
+    try:
+        with pytest.raises(StorageError, match=f"object {head} is missing"):
+            fresh.read(9, "/documents/b.md")
+    finally:
+        fresh.close()
+    line = _one_line_error(run_cli(kb_env, "read", "/documents/b.md", "--workspace", "9", check=False))
+    assert f"object {head} is missing" in line and "not in this workspace's history" not in line
+
+
 def test_a_long_lived_knowledge_base_sees_a_workspace_deleted_elsewhere(kb, kb_env):
     """A KnowledgeBase that had opened a workspace listed it as empty and read "no document …
     in revision (empty)" after another process deleted it; it raises WorkspaceNotFound, and finds

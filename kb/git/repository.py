@@ -417,7 +417,9 @@ class Repository(WorktreeRefresh):
             )
         return StorageError(
             f"object {sha.decode(errors='replace')} is missing from {self.path} though a revision refers to it; "
-            "the repository is damaged: run `kb fsck`, then restore the workspace from a backup or its remote"
+            "the repository is damaged (`git gc --prune=now` or `git prune` beside a writer removes what a "
+            "write has stored but not yet made reachable): run `kb fsck`, then restore the workspace from a "
+            "backup or its remote"
         )
 
     def _damaged(self, sha: bytes, exc: BaseException) -> StorageError:
@@ -567,6 +569,12 @@ class Repository(WorktreeRefresh):
         try:
             obj = self._tree_object(revision.encode())  # parsed objects are cached (immutable)
         except (KeyError, ValueError, AssertionError):
+            try:
+                damaged = revision == self.head()  # the branch points at it: damage, not an unknown id
+            except KbError:
+                damaged = False
+            if damaged:
+                raise self._missing(revision.encode()) from None
             raise RevisionNotFound(f"revision {revision!r} is not in this workspace's history") from None
         if not isinstance(obj, Commit):
             raise RevisionNotFound(f"{revision!r} is not a revision (commit) id")
@@ -703,11 +711,15 @@ class Repository(WorktreeRefresh):
             raise self._missing(str(exc.args[0]).encode()) from None
 
     def read(self, revision: str | None, path: str) -> bytes:
-        """Bytes of ``path`` at ``revision``; raises DocumentNotFound."""
+        """Bytes of ``path`` at ``revision``; raises DocumentNotFound (no document there),
+        StorageError (the revision lists it but its blob is missing: damage, design §14)."""
         blob_id = self.lookup(self.tree_id(revision), path)
         if blob_id is None:
             raise DocumentNotFound(f"no document at {path!r} in revision {revision or '(empty)'}")
-        return self.blob(blob_id)
+        try:
+            return self._read_object(blob_id.encode()).as_raw_string()
+        except KeyError:
+            raise self._missing(blob_id.encode()) from None
 
     def walk(self, tree_id: bytes | None, prefix: str = "") -> Iterator[tuple[str, str]]:
         """``(path, blob_id)`` for every file in ``tree_id`` (under ``prefix``), in tree order."""
