@@ -771,8 +771,12 @@ class Repository(WorktreeRefresh):
 
     def _add_objects(self, objects: Sequence) -> None:
         """Store objects: loose when few (a pack per small commit would pile up thousands of
-        packs and slow every lookup), one pack for a large batch (an import)."""
+        packs and slow every lookup), one pack for a large batch (an import). Each object once: a
+        batch may repeat one (two documents of the same text), and dulwich names a pack by its ids
+        repeats included, so the pack would appear under another name than the one marked pending
+        beforehand (and hold the repeat twice, which ``git verify-pack`` calls bad)."""
         store = self._repo.object_store
+        objects = list({obj.id: obj for obj in objects}.values())
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
                 self._add_loose(obj)
