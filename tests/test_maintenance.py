@@ -12,7 +12,7 @@ from support.named_queries import queries
 
 from kb.git import maintenance
 from kb.git.maintenance import PACK_BACKSTOP_LOOSE, loose_object_count, maintain_workspaces
-from kb.git.repository import PENDING_PACK_MARK
+from kb.git.repository import PENDING_PACK_MARK, Repository
 from kb.knowledge_base import KnowledgeBase
 
 WS = 1
@@ -360,3 +360,45 @@ def test_a_writes_pack_of_repeated_blobs_is_kept_from_the_moment_it_appears(kb):
     assert len(marks) == 1 and marks[0].with_suffix(".pack").exists()
     git(repo, "verify-pack", str(marks[0].with_suffix(".idx")))
     git(repo, "fsck", "--strict")
+
+
+def test_packing_goes_on_when_git_removes_what_it_would_remove(kb, monkeypatch):
+    """design §2.1: a user's ``git repack -d`` or ``git gc`` beside kb's packer removes what the
+    packer is about to remove itself: ``git prune-packed`` deletes the loose copies of objects
+    once kb's new pack holds them, and ``git repack -a -d`` deletes a plain pack (git's own, or
+    one whose mark maintenance released) kb was about to combine. Either made the packer raise
+    midway (FileNotFoundError, dulwich's PackFileDisappeared): the maintenance cron stopped there
+    for every later workspace and never consolidated, so kept packs piled up (124 packs after
+    300 revisions of three writers beside repeated ``git repack -a -d`` and ``git gc``). What is
+    gone already is skipped; every object stays readable."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(3):  # plain packs: the marks released, as an hour later
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+        assert kb.store(WS).repository.release_pending_packs(older_than=0) == 1
+    with kb.transaction(WS, "loose", "w") as tx:
+        tx.write("/documents/loose.md", "loose\n")
+    write_pack, own_packs = Repository._write_pack, Repository._own_packs
+
+    def prune_packed_meanwhile(self, *args, **kwargs):  # the new pack is in place: git prunes now
+        pack = write_pack(self, *args, **kwargs)
+        git(repo, "prune-packed")
+        return pack
+
+    def repack_meanwhile(self):  # the plain packs listed: git replaces them now
+        own = own_packs(self)
+        git(repo, "repack", "-a", "-d", "-q")
+        return own
+
+    monkeypatch.setattr(Repository, "_write_pack", prune_packed_meanwhile)
+    monkeypatch.setattr(Repository, "_own_packs", repack_meanwhile)
+    monkeypatch.setattr(maintenance, "MAX_PACKS", 1)  # consolidate now
+    assert maintenance.pack_workspace(repo) > 0
+    assert loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    for name in ("r0", "r1", "r2", "loose"):
+        assert kb.read(WS, f"/documents/{name}.md") in (b"loose\n", f"round {name[1:]}\n".encode())
+    marks = list((repo / ".git/objects/pack").glob("*.keep"))
+    assert marks and all(mark.with_suffix(".pack").exists() for mark in marks)

@@ -34,8 +34,18 @@ from dulwich.config import ConfigFile
 from dulwich.diff_tree import tree_changes
 from dulwich.errors import ChecksumMismatch, NotGitRepository, NotTreeError, ObjectFormatException
 from dulwich.object_store import PACK_MODE, DiskObjectStore, tree_lookup_path
-from dulwich.objects import ZERO_SHA, Blob, Commit, RawObjectID, ShaFile, Tree, _decompress, object_header
-from dulwich.pack import DELTA_TYPES, UnpackedObject, full_unpacked_object, write_pack_data
+from dulwich.objects import (
+    ZERO_SHA,
+    Blob,
+    Commit,
+    RawObjectID,
+    ShaFile,
+    Tree,
+    _decompress,
+    object_header,
+    valid_hexsha,
+)
+from dulwich.pack import DELTA_TYPES, PackFileDisappeared, UnpackedObject, full_unpacked_object, write_pack_data
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
@@ -223,6 +233,29 @@ def _pending_mark_time(pack) -> float | None:
         return None
     others = (suffix for suffix in PACK_SIDE_FILES if suffix != ".keep")
     return None if any(os.path.exists(pack._basename + suffix) for suffix in others) else mtime
+
+
+def _loose_ids(store) -> list:
+    """The ids of the loose objects in ``store`` (dulwich's ``_iter_loose_objects``), past the
+    ``objects/xx/`` folders a concurrent ``git prune-packed`` empties and removes meanwhile."""
+    ids = []
+    for base in os.listdir(store.path):
+        if len(base) != 2:
+            continue
+        try:
+            names = os.listdir(os.path.join(store.path, base))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        ids += [sha for sha in (os.fsencode(base + rest) for rest in names) if valid_hexsha(sha)]
+    return ids
+
+
+def _pack_size(pack) -> int:
+    """The objects in ``pack``; 0 for one gone meanwhile (a concurrent ``git repack -a -d``)."""
+    try:
+        return len(pack)
+    except (PackFileDisappeared, FileNotFoundError):
+        return 0
 
 
 def _pack_basename(pack_dir: Path, digests) -> Path:
@@ -789,6 +822,7 @@ class Repository(WorktreeRefresh):
         expected = _pack_basename(pack_dir, {obj.sha().digest() for obj in objects})
         marked = keep_pending_pack(expected)
         try:
+            store._update_pack_cache()  # forget packs gone meanwhile (see _write_pack)
             pack = store.add_objects([(obj, None) for obj in objects])
             if pack is not None and Path(pack._basename) != expected:  # named otherwise: mark it now
                 keep_pending_pack(Path(pack._basename))
@@ -1192,10 +1226,11 @@ class Repository(WorktreeRefresh):
         loose copy or old pack is removed, and readers re-scan the packs on a miss. Returns
         ``(objects packed, packs after)``. Raises OSError."""
         store = self._repo.object_store
-        loose = [obj for obj in map(store._get_loose_object, list(store._iter_loose_objects())) if obj is not None]
+        loose = [obj for obj in map(store._get_loose_object, _loose_ids(store)) if obj is not None]
         self._write_pack([full_unpacked_object(obj) for obj in loose], pending_since=time.time())
         for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
-            store.delete_loose_object(obj.id)
+            with contextlib.suppress(FileNotFoundError):  # a concurrent git prune-packed took it first
+                store.delete_loose_object(obj.id)
         packed = len(loose)
         if max_packs is not None and len(store.packs) > max_packs:
             packed += self.consolidate_packs()
@@ -1232,7 +1267,18 @@ class Repository(WorktreeRefresh):
             index: list[tuple[RawObjectID, int, int | None]] = [
                 (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
             ]
-            pack = store._complete_pack(handle, path, index, set())
+            # dulwich's _complete_pack looks among the packs it has cached for one of the same name:
+            # forget those gone meanwhile (a concurrent ``git repack``), which it cannot name
+            # (PackFileDisappeared) or would return in place of the new pack
+            for attempt in range(1, PACK_CLOSE_ATTEMPTS + 1):
+                store._update_pack_cache()
+                try:
+                    pack = store._complete_pack(handle, path, index, set())
+                    break
+                except PackFileDisappeared:  # one went between the re-scan and the look: again
+                    if attempt == PACK_CLOSE_ATTEMPTS:  # (the new pack is not in place yet)
+                        raise
+                    handle = open(path, "r+b")  # closed by _complete_pack
         except BaseException:
             handle.close()
             with contextlib.suppress(OSError):
@@ -1265,7 +1311,7 @@ class Repository(WorktreeRefresh):
         (cost O(their objects), not O(all objects) as a full consolidation). Packs with git's
         ``.keep``, ``.rev``, ``.bitmap``, ``.mtimes`` or ``.promisor`` are left as they are.
         Returns the objects combined (0: none). Raises OSError."""
-        small = [(pack, since) for pack, since in self._own_packs() if len(pack) < SMALL_PACK_OBJECTS]
+        small = [(pack, since) for pack, since in self._own_packs() if _pack_size(pack) < SMALL_PACK_OBJECTS]
         if len(small) <= more_than:
             return 0
         return self._combine_packs(small)
@@ -1283,22 +1329,32 @@ class Repository(WorktreeRefresh):
         pack, then remove them; the objects combined. Where any of them is pending (a write's pack,
         whose objects no ref may reach yet), the new pack is kept pending from the newest of their
         marks' times (:meth:`_write_pack`): dulwich's ``repack`` folded such a pack into an
-        unmarked one, where ``git repack -a -d`` and ``git gc`` could drop its objects."""
+        unmarked one, where ``git repack -a -d`` and ``git gc`` could drop its objects.
+        A pack gone before it is read (a plain one a concurrent ``git repack -a -d`` replaced) is
+        left out; one gone before its removal is skipped there."""
         store = self._repo.object_store
         objects: dict[bytes, UnpackedObject] = {}
-        for pack, _ in packs:
-            entries = list(pack.data.iter_unpacked())
-            if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
-                entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
+        read: list[tuple[Any, float | None]] = []
+        for pack, since in packs:
+            try:
+                entries = list(pack.data.iter_unpacked())
+                if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
+                    entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
+            except (PackFileDisappeared, FileNotFoundError):
+                continue  # its objects are in git's new pack (or were garbage, dropped)
+            read.append((pack, since))
             for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
                 objects[entry.sha()] = UnpackedObject(
                     entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
                 )
-        marks = [since for _, since in packs if since is not None]
+        marks = [since for _, since in read if since is not None]
         combined = self._write_pack(list(objects.values()), pending_since=max(marks) if marks else None)
-        for pack, since in packs:  # the new pack is complete (its .idx written): the old ones may go
-            if combined is None or pack.name() != combined.name():
-                store._remove_pack(pack)
+        if combined is None:
+            return 0
+        for pack, since in read:  # the new pack is complete (its .idx written): the old ones may go
+            if pack._basename != combined._basename:  # not the name(): an index git removed cannot give it
+                with contextlib.suppress(FileNotFoundError):  # git's repack removed it meanwhile
+                    store._remove_pack(pack)
                 if since is not None:  # its pending mark with it, once the pack is gone
                     Path(pack._basename + ".keep").unlink(missing_ok=True)
         return len(objects)
