@@ -402,3 +402,23 @@ def test_packing_goes_on_when_git_removes_what_it_would_remove(kb, monkeypatch):
         assert kb.read(WS, f"/documents/{name}.md") in (b"loose\n", f"round {name[1:]}\n".encode())
     marks = list((repo / ".git/objects/pack").glob("*.keep"))
     assert marks and all(mark.with_suffix(".pack").exists() for mark in marks)
+
+
+def test_combining_packs_clears_gits_multi_pack_index_as_git_repack_does(kb):
+    """design §2.1: a user's ``git multi-pack-index write`` (``git maintenance``'s incremental
+    repack, ``git repack --write-midx``) indexes the packs there; kb's consolidation then removed
+    packs it names, and ``git fsck`` failed on every later run ("failed to load pack entry", kb
+    fsck with it) though every object was there: ``git gc`` did not mend it. kb clears the index
+    before it removes a pack, as git's repack does; git works without one."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(3):
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+    git(repo, "multi-pack-index", "write")
+    assert kb.store(WS).repository.consolidate_packs() > 0
+    git(repo, "fsck", "--strict")
+    assert not (repo / ".git/objects/pack/multi-pack-index").exists()
+    for r in range(3):
+        assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()

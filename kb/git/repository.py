@@ -250,6 +250,20 @@ def _loose_ids(store) -> list:
     return ids
 
 
+def _clear_multi_pack_index(pack_dir: Path) -> None:
+    """Remove git's multi-pack-index of the packs in ``pack_dir`` (``git multi-pack-index write``,
+    ``git maintenance``'s incremental repack) with its ``.bitmap`` and ``.rev``, as ``git repack``
+    does before it removes a pack the index names: left naming a removed pack, it fails every
+    ``git fsck``. git and dulwich read the packs without one."""
+    for path in [
+        pack_dir / "multi-pack-index",
+        *pack_dir.glob("multi-pack-index-*.bitmap"),
+        *pack_dir.glob("multi-pack-index-*.rev"),
+    ]:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(pack_dir / "multi-pack-index.d", ignore_errors=True)  # newer git's incremental chain
+
+
 def _pack_size(pack) -> int:
     """The objects in ``pack``; 0 for one gone meanwhile (a concurrent ``git repack -a -d``)."""
     try:
@@ -1351,6 +1365,8 @@ class Repository(WorktreeRefresh):
         combined = self._write_pack(list(objects.values()), pending_since=max(marks) if marks else None)
         if combined is None:
             return 0
+        if any(pack._basename != combined._basename for pack, _ in read):
+            _clear_multi_pack_index(Path(store.pack_dir))
         for pack, since in read:  # the new pack is complete (its .idx written): the old ones may go
             if pack._basename != combined._basename:  # not the name(): an index git removed cannot give it
                 with contextlib.suppress(FileNotFoundError):  # git's repack removed it meanwhile
