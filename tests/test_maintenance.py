@@ -422,3 +422,32 @@ def test_combining_packs_clears_gits_multi_pack_index_as_git_repack_does(kb):
     assert not (repo / ".git/objects/pack/multi-pack-index").exists()
     for r in range(3):
         assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
+
+
+def test_a_writes_pack_lands_when_git_repack_removes_a_pack_the_writer_knew(kb):
+    """design §2.1: dulwich, putting a write's pack in place, looks among the packs it knows for
+    one of the same objects; a pack a user's concurrent ``git repack -a -d`` removed meanwhile
+    cannot tell its name (PackFileDisappeared) and the write failed (imports failed so beside a
+    loop of ``git repack -a -d`` and ``git gc``). The write looks again."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    repository = kb.store(WS).repository
+    store = repository._repo.object_store
+    for r in range(2):  # packs this writer has not looked into, plain as an hour later
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+        assert repository.release_pending_packs(older_than=0) == 1
+    rescan = store._update_pack_cache
+
+    def repack_after_the_rescan():  # the writer knows the packs now; git replaces them
+        store._update_pack_cache = rescan  # once
+        found = rescan()
+        git(repo, "repack", "-a", "-d", "-q")
+        return found
+
+    store._update_pack_cache = repack_after_the_rescan
+    ids = repository.add_blobs([f"imported {i}\n".encode() for i in range(300)])
+    assert store._update_pack_cache is rescan and missing_objects(repo, ids) == []
+    assert len(list((repo / ".git/objects/pack").glob("*.keep"))) == 1
+    git(repo, "fsck", "--strict")

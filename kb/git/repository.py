@@ -836,8 +836,17 @@ class Repository(WorktreeRefresh):
         expected = _pack_basename(pack_dir, {obj.sha().digest() for obj in objects})
         marked = keep_pending_pack(expected)
         try:
-            store._update_pack_cache()  # forget packs gone meanwhile (see _write_pack)
-            pack = store.add_objects([(obj, None) for obj in objects])
+            for attempt in range(1, PACK_CLOSE_ATTEMPTS + 1):
+                store._update_pack_cache()  # forget packs gone meanwhile (see _write_pack)
+                try:
+                    pack = store.add_objects([(obj, None) for obj in objects])
+                    break
+                except PackFileDisappeared:  # one went between the re-scan and dulwich's look
+                    for leftover in set(pack_dir.glob("tmp*.pack")) - before:  # not in place yet
+                        with contextlib.suppress(OSError):
+                            leftover.unlink()
+                    if attempt == PACK_CLOSE_ATTEMPTS:
+                        raise
             if pack is not None and Path(pack._basename) != expected:  # named otherwise: mark it now
                 keep_pending_pack(Path(pack._basename))
                 if marked:
