@@ -451,3 +451,33 @@ def test_a_writes_pack_lands_when_git_repack_removes_a_pack_the_writer_knew(kb):
     assert store._update_pack_cache is rescan and missing_objects(repo, ids) == []
     assert len(list((repo / ".git/objects/pack").glob("*.keep"))) == 1
     git(repo, "fsck", "--strict")
+
+
+def test_a_packers_pack_lands_when_git_repack_removes_a_pack_it_knew(kb):
+    """design §2.1: as a write's pack (above), a packer's: dulwich's look among the packs it has
+    cached for one of the same objects met a pack a concurrent ``git repack -a -d`` had removed
+    (PackFileDisappeared) and the packer gave up. It looks again; the loose objects are packed."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(2):  # plain packs, as an hour later
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+        assert kb.store(WS).repository.release_pending_packs(older_than=0) == 1
+    with kb.transaction(WS, "loose", "w") as tx:
+        tx.write("/documents/loose.md", "loose\n")
+    with Repository.open(repo) as packer:
+        store = packer._repo.object_store
+        rescan = store._update_pack_cache
+
+        def repack_after_the_rescan():  # the packer knows the packs now; git replaces them
+            store._update_pack_cache = rescan  # once
+            found = rescan()
+            git(repo, "repack", "-a", "-d", "-q")
+            return found
+
+        store._update_pack_cache = repack_after_the_rescan
+        packed, _ = packer.pack_loose_objects(None)
+    assert packed > 0 and loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    assert kb.read(WS, "/documents/loose.md") == b"loose\n"
