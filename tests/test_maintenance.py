@@ -13,7 +13,7 @@ from support.named_queries import queries
 
 from kb.git import maintenance
 from kb.git.maintenance import PACK_BACKSTOP_LOOSE, loose_object_count, maintain_workspaces
-from kb.git.repository import PENDING_PACK_MARK
+from kb.git.repository import PENDING_PACK_MARK, Repository
 from kb.knowledge_base import KnowledgeBase
 
 WS = 1
@@ -370,7 +370,7 @@ def test_packing_beside_a_users_git_repack_taking_the_same_objects_loses_nothing
         return listed
 
     monkeypatch.setattr(repository, "_own_packs", listed_then_git_repacks)
-    assert repository.combine_small_packs(1) == 0  # that repack combined them
+    repository.combine_small_packs(1)  # raises nothing: what it can still read it combines, the rest git did
     monkeypatch.undo()
     git(repo, "fsck", "--strict")
     for r in range(6):
@@ -382,7 +382,6 @@ def test_a_pack_a_users_git_repack_removed_after_the_packer_listed_it_does_not_f
     index; one a user's ``git repack -a -d`` removed since the listing raised PackFileDisappeared
     and the packing failed (the writer's backstop logged it beside almost every repack). The
     packer forgets the vanished pack and writes once more; nothing is lost."""
-    from kb.git.repository import Repository
 
     kb.create_workspace(WS)
     with kb.transaction(WS, "r0", "w") as tx:
@@ -439,3 +438,156 @@ def test_packing_while_a_users_git_repack_empties_the_object_folders_it_listed(k
     git(repo, "fsck", "--strict")
     for r in range(3):
         assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
+
+
+def test_a_writes_pack_of_repeated_blobs_is_kept_from_the_moment_it_appears(kb):
+    """design §2.1: a write's batch may hold the same blob twice (two documents of the same text in
+    one import, identical new folders' trees). dulwich names a pack by the SHA-1 of the ids it
+    holds, repeats included, so the mark made beforehand under the name of the distinct ids missed
+    it: the pack appeared plain and was marked only afterwards, and a ``git repack -a -d`` at that
+    moment dropped every blob of the write (its pack also held the repeat twice, which ``git
+    verify-pack`` calls bad). The batch is written once per object."""
+    kb.create_workspace(WS)
+    with kb.transaction(WS, "seed", "w") as tx:
+        tx.write("/documents/seed.md", "seed\n")
+    repo = kb.store(WS).path
+    repository = kb.store(WS).repository
+    store = repository._repo.object_store
+    complete = store._complete_pack
+
+    def users_repack_meanwhile(*args, **kwargs):  # the write's pack is in place: a user repacks now
+        pack = complete(*args, **kwargs)
+        git(repo, "repack", "-a", "-d", "-q")
+        return pack
+
+    store._complete_pack = users_repack_meanwhile
+    bodies = [f"imported {i}\n".encode() for i in range(300)] + [b"the same text\n"] * 2
+    ids = repository.add_blobs(bodies)
+    assert len(ids) == len(bodies) and ids[-1] == ids[-2]
+    assert missing_objects(repo, ids) == []
+    marks = list((repo / ".git/objects/pack").glob("*.keep"))
+    assert len(marks) == 1 and marks[0].with_suffix(".pack").exists()
+    git(repo, "verify-pack", str(marks[0].with_suffix(".idx")))
+    git(repo, "fsck", "--strict")
+
+
+def test_packing_goes_on_when_git_removes_what_it_would_remove(kb, monkeypatch):
+    """design §2.1: a user's ``git repack -d`` or ``git gc`` beside kb's packer removes what the
+    packer is about to remove itself: ``git prune-packed`` deletes the loose copies of objects
+    once kb's new pack holds them, and ``git repack -a -d`` deletes a plain pack (git's own, or
+    one whose mark maintenance released) kb was about to combine. Either made the packer raise
+    midway (FileNotFoundError, dulwich's PackFileDisappeared): the maintenance cron stopped there
+    for every later workspace and never consolidated, so kept packs piled up (124 packs after
+    300 revisions of three writers beside repeated ``git repack -a -d`` and ``git gc``). What is
+    gone already is skipped; every object stays readable."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(3):  # plain packs: the marks released, as an hour later
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+        assert kb.store(WS).repository.release_pending_packs(older_than=0) == 1
+    with kb.transaction(WS, "loose", "w") as tx:
+        tx.write("/documents/loose.md", "loose\n")
+    write_pack, own_packs = Repository._write_pack, Repository._own_packs
+
+    def prune_packed_meanwhile(self, *args, **kwargs):  # the new pack is in place: git prunes now
+        pack = write_pack(self, *args, **kwargs)
+        git(repo, "prune-packed")
+        return pack
+
+    def repack_meanwhile(self):  # the plain packs listed: git replaces them now
+        own = own_packs(self)
+        git(repo, "repack", "-a", "-d", "-q")
+        return own
+
+    monkeypatch.setattr(Repository, "_write_pack", prune_packed_meanwhile)
+    monkeypatch.setattr(Repository, "_own_packs", repack_meanwhile)
+    monkeypatch.setattr(maintenance, "MAX_PACKS", 1)  # consolidate now
+    assert maintenance.pack_workspace(repo) > 0
+    assert loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    for name in ("r0", "r1", "r2", "loose"):
+        assert kb.read(WS, f"/documents/{name}.md") in (b"loose\n", f"round {name[1:]}\n".encode())
+    marks = list((repo / ".git/objects/pack").glob("*.keep"))
+    assert marks and all(mark.with_suffix(".pack").exists() for mark in marks)
+
+
+def test_combining_packs_clears_gits_multi_pack_index_as_git_repack_does(kb):
+    """design §2.1: a user's ``git multi-pack-index write`` (``git maintenance``'s incremental
+    repack, ``git repack --write-midx``) indexes the packs there; kb's consolidation then removed
+    packs it names, and ``git fsck`` failed on every later run ("failed to load pack entry", kb
+    fsck with it) though every object was there: ``git gc`` did not mend it. kb clears the index
+    before it removes a pack, as git's repack does; git works without one."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    for r in range(3):
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+    git(repo, "multi-pack-index", "write")
+    assert kb.store(WS).repository.consolidate_packs() > 0
+    git(repo, "fsck", "--strict")
+    assert not (repo / ".git/objects/pack/multi-pack-index").exists()
+    for r in range(3):
+        assert kb.read(WS, f"/documents/r{r}.md") == f"round {r}\n".encode()
+
+
+def test_a_writes_pack_lands_when_git_repack_removes_a_pack_the_writer_knew(kb):
+    """design §2.1: dulwich, putting a write's pack in place, looks among the packs it knows for
+    one of the same objects; a pack a user's concurrent ``git repack -a -d`` removed meanwhile
+    cannot tell its name (PackFileDisappeared) and the write failed (imports failed so beside a
+    loop of ``git repack -a -d`` and ``git gc``). The write looks again."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    repository = kb.store(WS).repository
+    store = repository._repo.object_store
+    _two_plain_packs(kb, repo)  # packs this writer has not looked into
+    rescan = store._update_pack_cache
+
+    def repack_after_the_rescan():  # the writer knows the packs now; git replaces them
+        store._update_pack_cache = rescan  # once
+        found = rescan()
+        git(repo, "repack", "-a", "-d", "-q")
+        return found
+
+    store._update_pack_cache = repack_after_the_rescan
+    ids = repository.add_blobs([f"imported {i}\n".encode() for i in range(300)])
+    assert store._update_pack_cache is rescan and missing_objects(repo, ids) == []
+    assert len(list((repo / ".git/objects/pack").glob("*.keep"))) == 1
+    git(repo, "fsck", "--strict")
+
+
+def test_a_packers_pack_lands_when_git_repack_removes_a_pack_it_knew(kb):
+    """design §2.1: as a write's pack (above), a packer's: dulwich's look among the packs it has
+    cached for one of the same objects met a pack a concurrent ``git repack -a -d`` had removed
+    (PackFileDisappeared) and the packer gave up. It looks again; the loose objects are packed."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    _two_plain_packs(kb, repo)
+    with kb.transaction(WS, "loose", "w") as tx:
+        tx.write("/documents/loose.md", "loose\n")
+    with Repository.open(repo) as packer:
+        store = packer._repo.object_store
+        rescan = store._update_pack_cache
+
+        def repack_after_the_rescan():  # the packer knows the packs now; git replaces them
+            store._update_pack_cache = rescan  # once
+            found = rescan()
+            git(repo, "repack", "-a", "-d", "-q")
+            return found
+
+        store._update_pack_cache = repack_after_the_rescan
+        packed, _ = packer.pack_loose_objects(None)
+    assert packed > 0 and loose_object_count(repo) == 0
+    git(repo, "fsck", "--strict")
+    assert kb.read(WS, "/documents/loose.md") == b"loose\n"
+
+
+def _two_plain_packs(kb, repo) -> None:
+    """Two revisions, each packed by kb's packer and its mark released (plain, as an hour later)."""
+    for r in range(2):
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+        assert maintenance.pack_workspace(repo)
+        assert kb.store(WS).repository.release_pending_packs(older_than=0) == 1

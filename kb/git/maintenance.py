@@ -73,17 +73,15 @@ class MaintenanceReport:
 
 
 def loose_object_count(repository_path: Path) -> int:
-    """Number of loose objects under ``{repository}/.git/objects/??/``."""
+    """Number of loose objects under ``{repository}/.git/objects/??/`` (a folder a concurrent
+    ``git prune-packed`` removes meanwhile holds none)."""
     objects = Path(repository_path) / ".git" / "objects"
-    return (
-        sum(
-            sum(1 for entry in folder.iterdir() if len(entry.name) == 38)
-            for folder in objects.iterdir()
-            if len(folder.name) == 2 and folder.is_dir()
-        )
-        if objects.is_dir()
-        else 0
-    )
+    count = 0
+    for folder in objects.iterdir() if objects.is_dir() else []:
+        if len(folder.name) == 2:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                count += sum(1 for name in os.listdir(folder) if len(name) == 38)
+    return count
 
 
 @contextlib.contextmanager

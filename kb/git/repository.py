@@ -38,7 +38,6 @@ from dulwich.objects import (
     ZERO_SHA,
     Blob,
     Commit,
-    ObjectID,
     RawObjectID,
     ShaFile,
     Tree,
@@ -210,10 +209,6 @@ SMALL_PACK_OBJECTS = 4096
 PACK_SIDE_FILES = (".keep", ".rev", ".bitmap", ".mtimes", ".promisor")
 
 
-PACK_GONE = (PackFileDisappeared, FileNotFoundError)
-"""What reading a listed pack raises when a user's ``git repack`` removed it since the listing."""
-
-
 def _plain_pack(pack) -> bool:
     """Whether ``pack`` has only its ``.pack`` and ``.idx`` (no ``PACK_SIDE_FILES``)."""
     return not any(os.path.exists(pack._basename + suffix) for suffix in PACK_SIDE_FILES)
@@ -238,6 +233,43 @@ def _pending_mark_time(pack) -> float | None:
         return None
     others = (suffix for suffix in PACK_SIDE_FILES if suffix != ".keep")
     return None if any(os.path.exists(pack._basename + suffix) for suffix in others) else mtime
+
+
+def _loose_ids(store) -> list:
+    """The ids of the loose objects in ``store`` (dulwich's ``_iter_loose_objects``), past the
+    ``objects/xx/`` folders a concurrent ``git prune-packed`` empties and removes meanwhile."""
+    ids = []
+    for base in os.listdir(store.path):
+        if len(base) != 2:
+            continue
+        try:
+            names = os.listdir(os.path.join(store.path, base))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        ids += [sha for sha in (os.fsencode(base + rest) for rest in names) if valid_hexsha(sha)]
+    return ids
+
+
+def _clear_multi_pack_index(pack_dir: Path) -> None:
+    """Remove git's multi-pack-index of the packs in ``pack_dir`` (``git multi-pack-index write``,
+    ``git maintenance``'s incremental repack) with its ``.bitmap`` and ``.rev``, as ``git repack``
+    does before it removes a pack the index names: left naming a removed pack, it fails every
+    ``git fsck``. git and dulwich read the packs without one."""
+    for path in [
+        pack_dir / "multi-pack-index",
+        *pack_dir.glob("multi-pack-index-*.bitmap"),
+        *pack_dir.glob("multi-pack-index-*.rev"),
+    ]:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(pack_dir / "multi-pack-index.d", ignore_errors=True)  # newer git's incremental chain
+
+
+def _pack_size(pack) -> int:
+    """The objects in ``pack``; 0 for one gone meanwhile (a concurrent ``git repack -a -d``)."""
+    try:
+        return len(pack)
+    except (PackFileDisappeared, FileNotFoundError):
+        return 0
 
 
 def _pack_basename(pack_dir: Path, digests) -> Path:
@@ -798,8 +830,12 @@ class Repository(WorktreeRefresh):
 
     def _add_objects(self, objects: Sequence) -> None:
         """Store objects: loose when few (a pack per small commit would pile up thousands of
-        packs and slow every lookup), one pack for a large batch (an import)."""
+        packs and slow every lookup), one pack for a large batch (an import). Each object once: a
+        batch may repeat one (two documents of the same text), and dulwich names a pack by its ids
+        repeats included, so the pack would appear under another name than the one marked pending
+        beforehand (and hold the repeat twice, which ``git verify-pack`` calls bad)."""
         store = self._repo.object_store
+        objects = list({obj.id: obj for obj in objects}.values())
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
                 self._add_loose(obj)
@@ -812,7 +848,17 @@ class Repository(WorktreeRefresh):
         expected = _pack_basename(pack_dir, {obj.sha().digest() for obj in objects})
         marked = keep_pending_pack(expected)
         try:
-            pack = store.add_objects([(obj, None) for obj in objects])
+            for attempt in range(1, PACK_CLOSE_ATTEMPTS + 1):
+                store._update_pack_cache()  # forget packs gone meanwhile (see _write_pack)
+                try:
+                    pack = store.add_objects([(obj, None) for obj in objects])
+                    break
+                except PackFileDisappeared:  # one went between the re-scan and dulwich's look
+                    for leftover in set(pack_dir.glob("tmp*.pack")) - before:  # not in place yet
+                        with contextlib.suppress(OSError):
+                            leftover.unlink()
+                    if attempt == PACK_CLOSE_ATTEMPTS:
+                        raise
             if pack is not None and Path(pack._basename) != expected:  # named otherwise: mark it now
                 keep_pending_pack(Path(pack._basename))
                 if marked:
@@ -1215,10 +1261,10 @@ class Repository(WorktreeRefresh):
         loose copy or old pack is removed, and readers re-scan the packs on a miss. Returns
         ``(objects packed, packs after)``. Raises OSError."""
         store = self._repo.object_store
-        loose = [obj for obj in map(store._get_loose_object, self._loose_ids()) if obj is not None]
+        loose = [obj for obj in map(store._get_loose_object, _loose_ids(store)) if obj is not None]
         self._write_pack([full_unpacked_object(obj) for obj in loose], pending_since=time.time())
         for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
-            with contextlib.suppress(FileNotFoundError):  # a user's git repack (prune-packed) took it first
+            with contextlib.suppress(FileNotFoundError):  # a concurrent git prune-packed took it first
                 store.delete_loose_object(obj.id)
         packed = len(loose)
         if max_packs is not None and len(store.packs) > max_packs:
@@ -1226,22 +1272,6 @@ class Repository(WorktreeRefresh):
         elif small_packs is not None:
             self.combine_small_packs(small_packs)
         return packed, len(store.packs)
-
-    def _loose_ids(self) -> list[ObjectID]:
-        """The ids of the loose objects (``objects/xx/…``), as dulwich lists them, but a folder a
-        user's ``git prune-packed`` removes meanwhile is passed over (dulwich raised
-        FileNotFoundError): its objects are in a pack."""
-        root = self._repo.object_store.path
-        ids: list[ObjectID] = []
-        for base in os.listdir(root):
-            if len(base) != 2:
-                continue
-            try:
-                names = os.listdir(os.path.join(root, base))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            ids.extend(ObjectID(sha) for sha in (os.fsencode(base + rest) for rest in names) if valid_hexsha(sha))
-        return ids
 
     def _write_pack(self, records: list[UnpackedObject], pending_since: float | None = None):
         """Write ``records`` (whole objects, no deltas) as one new pack and its index; returns the
@@ -1259,11 +1289,7 @@ class Repository(WorktreeRefresh):
             expected = _pack_basename(Path(store.pack_dir), {record.sha() for record in records})
             marked = _mark_pending_since(expected, pending_since)
         try:
-            try:
-                pack = self._pack_file(records)
-            except PACK_GONE:  # dulwich read a listed pack a user's git repack has removed since
-                store._update_pack_cache()  # forget it, and write once more
-                pack = self._pack_file(records)
+            pack = self._pack_file(records)
         except BaseException:
             if marked is not None:
                 marked.unlink(missing_ok=True)
@@ -1294,7 +1320,19 @@ class Repository(WorktreeRefresh):
             index: list[tuple[RawObjectID, int, int | None]] = [
                 (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
             ]
-            return store._complete_pack(handle, path, index, set())
+            # dulwich's _complete_pack looks among the packs it has cached for one of the same name:
+            # forget those gone meanwhile (a concurrent ``git repack``), which it cannot name
+            # (PackFileDisappeared) or would return in place of the new pack
+            for attempt in range(1, PACK_CLOSE_ATTEMPTS + 1):
+                store._update_pack_cache()
+                try:
+                    pack = store._complete_pack(handle, path, index, set())
+                    break
+                except PackFileDisappeared:  # one went between the re-scan and the look: again
+                    if attempt == PACK_CLOSE_ATTEMPTS:  # (the new pack is not in place yet)
+                        raise
+                    handle = open(path, "r+b")  # closed by _complete_pack
+            return pack
         except BaseException:
             handle.close()
             with contextlib.suppress(OSError):
@@ -1320,10 +1358,7 @@ class Repository(WorktreeRefresh):
         (cost O(their objects), not O(all objects) as a full consolidation). Packs with git's
         ``.keep``, ``.rev``, ``.bitmap``, ``.mtimes`` or ``.promisor`` are left as they are.
         Returns the objects combined (0: none). Raises OSError."""
-        try:
-            small = [(pack, since) for pack, since in self._own_packs() if len(pack) < SMALL_PACK_OBJECTS]
-        except PACK_GONE:  # a user's git repack replaced a listed pack: it is combining them itself
-            return 0
+        small = [(pack, since) for pack, since in self._own_packs() if _pack_size(pack) < SMALL_PACK_OBJECTS]
         if len(small) <= more_than:
             return 0
         return self._combine_packs(small)
@@ -1341,28 +1376,33 @@ class Repository(WorktreeRefresh):
         pack, then remove them; the objects combined. Where any of them is pending (a write's pack,
         whose objects no ref may reach yet), the new pack is kept pending from the newest of their
         marks' times (:meth:`_write_pack`): dulwich's ``repack`` folded such a pack into an
-        unmarked one, where ``git repack -a -d`` and ``git gc`` could drop its objects."""
+        unmarked one, where ``git repack -a -d`` and ``git gc`` could drop its objects.
+        A pack gone before it is read (a plain one a concurrent ``git repack -a -d`` replaced) is
+        left out; one gone before its removal is skipped there."""
         store = self._repo.object_store
         objects: dict[bytes, UnpackedObject] = {}
-        try:
-            for pack, _ in packs:
+        read: list[tuple[Any, float | None]] = []
+        for pack, since in packs:
+            try:
                 entries = list(pack.data.iter_unpacked())
                 if any(entry.pack_type_num in DELTA_TYPES for entry in entries):  # not kb's: resolve deltas
                     entries = [full_unpacked_object(obj) for obj in pack.iterobjects()]
-                for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
-                    objects[entry.sha()] = UnpackedObject(
-                        entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
-                    )
-        except PACK_GONE:
-            # a user's git repack replaced a plain pack since the listing: nothing written or removed
-            # yet, and that repack has done the combining; the next packer looks again
-            store._update_pack_cache()
-            return 0
-        marks = [since for _, since in packs if since is not None]
+            except (PackFileDisappeared, FileNotFoundError):
+                continue  # its objects are in git's new pack (or were garbage, dropped)
+            read.append((pack, since))
+            for entry in entries:  # the objects' bytes as stored, not parsed into objects and back
+                objects[entry.sha()] = UnpackedObject(
+                    entry.obj_type_num, decomp_chunks=entry.decomp_chunks, sha=entry.sha()
+                )
+        marks = [since for _, since in read if since is not None]
         combined = self._write_pack(list(objects.values()), pending_since=max(marks) if marks else None)
-        for pack, since in packs:  # the new pack is complete (its .idx written): the old ones may go
-            if combined is None or pack.name() != combined.name():
-                with contextlib.suppress(FileNotFoundError):  # a user's git repack removed it first
+        if combined is None:
+            return 0
+        if any(pack._basename != combined._basename for pack, _ in read):
+            _clear_multi_pack_index(Path(store.pack_dir))
+        for pack, since in read:  # the new pack is complete (its .idx written): the old ones may go
+            if pack._basename != combined._basename:  # not the name(): an index git removed cannot give it
+                with contextlib.suppress(FileNotFoundError):  # git's repack removed it meanwhile
                     store._remove_pack(pack)
                 if since is not None:  # its pending mark with it, once the pack is gone
                     Path(pack._basename + ".keep").unlink(missing_ok=True)
