@@ -138,7 +138,8 @@ def test_a_stopped_run_keeps_every_vector_it_embedded_in_the_cache(kb):
 def test_a_run_reads_its_documents_in_bulk_and_a_missing_blob_fails_its_document_alone(kb, monkeypatch):
     """A run of at least BULK_READ_MIN documents reads their bytes through one ``git cat-file``
     stream, not one object-store lookup each; a document whose blob is missing from the repository
-    stops the stream there, fails alone (as a lookup failed it), and the rest are read one by one."""
+    stops the stream there, fails alone as damage (StorageError naming the blob, as the stream and a
+    lookup both say), and the rest are read one by one."""
     from kb.git.repository import BULK_READ_MIN, Repository
 
     docs = generated_corpus(BULK_READ_MIN + 10)
@@ -160,7 +161,7 @@ def test_a_run_reads_its_documents_in_bulk_and_a_missing_blob_fails_its_document
     loose.unlink()
     report = kb.index(2)
     assert report.documents_failed == 1 and list(report.failures) == [gone["path"]]
-    assert "DocumentNotFound" in report.failures[gone["path"]]
+    assert f"StorageError: object {gone['content_id']} is missing" in report.failures[gone["path"]]
     assert report.documents_indexed == len(docs) - 1
     assert looked_up == [d["content_id"] for d in documents[20:]]
 

@@ -543,15 +543,7 @@ def test_a_writes_pack_lands_when_git_repack_removes_a_pack_the_writer_knew(kb):
     repository = kb.store(WS).repository
     store = repository._repo.object_store
     _two_plain_packs(kb, repo)  # packs this writer has not looked into
-    rescan = store._update_pack_cache
-
-    def repack_after_the_rescan():  # the writer knows the packs now; git replaces them
-        store._update_pack_cache = rescan  # once
-        found = rescan()
-        git(repo, "repack", "-a", "-d", "-q")
-        return found
-
-    store._update_pack_cache = repack_after_the_rescan
+    rescan = _git_repacks_after_the_next_rescan(store, repo)  # the writer knows the packs then
     ids = repository.add_blobs([f"imported {i}\n".encode() for i in range(300)])
     assert store._update_pack_cache is rescan and missing_objects(repo, ids) == []
     assert len(list((repo / ".git/objects/pack").glob("*.keep"))) == 1
@@ -569,15 +561,7 @@ def test_a_packers_pack_lands_when_git_repack_removes_a_pack_it_knew(kb):
         tx.write("/documents/loose.md", "loose\n")
     with Repository.open(repo) as packer:
         store = packer._repo.object_store
-        rescan = store._update_pack_cache
-
-        def repack_after_the_rescan():  # the packer knows the packs now; git replaces them
-            store._update_pack_cache = rescan  # once
-            found = rescan()
-            git(repo, "repack", "-a", "-d", "-q")
-            return found
-
-        store._update_pack_cache = repack_after_the_rescan
+        _git_repacks_after_the_next_rescan(store, repo)  # the packer knows the packs then
         packed, _ = packer.pack_loose_objects(None)
     assert packed > 0 and loose_object_count(repo) == 0
     git(repo, "fsck", "--strict")
@@ -591,3 +575,18 @@ def _two_plain_packs(kb, repo) -> None:
             tx.write(f"/documents/r{r}.md", f"round {r}\n")
         assert maintenance.pack_workspace(repo)
         assert kb.store(WS).repository.release_pending_packs(older_than=0) == 1
+
+
+def _git_repacks_after_the_next_rescan(store, repo):
+    """Make ``store``'s next pack re-scan (once) be followed by a real ``git repack -a -d``, which
+    replaces the packs it has just listed; returns the store's own re-scan."""
+    rescan = store._update_pack_cache
+
+    def repack_after_the_rescan():
+        store._update_pack_cache = rescan  # once
+        found = rescan()
+        git(repo, "repack", "-a", "-d", "-q")
+        return found
+
+    store._update_pack_cache = repack_after_the_rescan
+    return rescan

@@ -21,6 +21,13 @@ def _write(kb, ws: int, files: dict[str, str], message: str = "write") -> str:
     return tx.revision.id
 
 
+def _remove_object(repo, name: str) -> str:
+    """Delete the loose object git names ``name`` (``rev-parse``) from ``repo``; returns its id."""
+    sha = git(repo, "rev-parse", name).strip()
+    (repo / ".git" / "objects" / sha[:2] / sha[2:]).unlink()
+    return sha
+
+
 def _one_line_error(result) -> str:
     assert result.returncode == 1 and result.stdout == "", result
     lines = result.stderr.strip().splitlines()
@@ -34,8 +41,7 @@ def test_a_missing_tree_object_is_damage_not_a_raw_key_error(kb, settings):
     naming `kb fsck`, however the path is spelled."""
     _write(kb, 8, {"/documents/Notes/Todo.md": "a\n", "/documents/Other/b.md": "b\n"})
     repo = kb.store(8).path
-    tree = git(repo, "rev-parse", "HEAD:documents/Notes").strip()
-    (repo / ".git" / "objects" / tree[:2] / tree[2:]).unlink()
+    tree = _remove_object(repo, "HEAD:documents/Notes")
     fresh = KnowledgeBase.open(settings)  # no object cached from the writes
     try:
         for read in (
@@ -60,8 +66,7 @@ def test_a_missing_blob_or_head_commit_is_damage_not_no_such_document(kb, settin
     log` showed it as the newest. Both are StorageError naming the object, the cause and `kb fsck`."""
     _write(kb, 9, {"/documents/a.md": "a\n", "/documents/b.md": "b\n"})
     repo = kb.store(9).path
-    blob = git(repo, "rev-parse", "HEAD:documents/a.md").strip()
-    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    blob = _remove_object(repo, "HEAD:documents/a.md")
     fresh = KnowledgeBase.open(settings)  # no object cached from the writes
     try:
         with pytest.raises(StorageError, match=f"object {blob} is missing .*git gc --prune=now.* run `kb fsck`"):
@@ -71,8 +76,7 @@ def test_a_missing_blob_or_head_commit_is_damage_not_no_such_document(kb, settin
         fresh.close()
     line = _one_line_error(run_cli(kb_env, "read", "/documents/a.md", "--workspace", "9", check=False))
     assert f"object {blob} is missing" in line and "no document" not in line
-    head = git(repo, "rev-parse", "HEAD").strip()
-    (repo / ".git" / "objects" / head[:2] / head[2:]).unlink()
+    head = _remove_object(repo, "HEAD")
     fresh = KnowledgeBase.open(settings)
     try:
         with pytest.raises(StorageError, match=f"object {head} is missing"):

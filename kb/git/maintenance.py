@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kb.git.repository import Repository
+from kb.git.repository import Repository, loose_object_ids
 
 LOOSE_OBJECTS_TO_PACK = 512
 """Loose objects in a repository from which maintenance packs them."""
@@ -73,15 +73,8 @@ class MaintenanceReport:
 
 
 def loose_object_count(repository_path: Path) -> int:
-    """Number of loose objects under ``{repository}/.git/objects/??/`` (a folder a concurrent
-    ``git prune-packed`` removes meanwhile holds none)."""
-    objects = Path(repository_path) / ".git" / "objects"
-    count = 0
-    for folder in objects.iterdir() if objects.is_dir() else []:
-        if len(folder.name) == 2:
-            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                count += sum(1 for name in os.listdir(folder) if len(name) == 38)
-    return count
+    """Number of loose objects under ``{repository}/.git/objects/??/`` (``loose_object_ids``)."""
+    return len(loose_object_ids(Path(repository_path) / ".git" / "objects"))
 
 
 @contextlib.contextmanager

@@ -235,15 +235,20 @@ def _pending_mark_time(pack) -> float | None:
     return None if any(os.path.exists(pack._basename + suffix) for suffix in others) else mtime
 
 
-def _loose_ids(store) -> list:
-    """The ids of the loose objects in ``store`` (dulwich's ``_iter_loose_objects``), past the
-    ``objects/xx/`` folders a concurrent ``git prune-packed`` empties and removes meanwhile."""
+def loose_object_ids(objects_dir: str | os.PathLike) -> list[bytes]:
+    """The hex ids of the loose objects under ``objects_dir`` (a repository's ``.git/objects``; as
+    dulwich's ``_iter_loose_objects``), past the ``objects/xx/`` folders a concurrent ``git
+    prune-packed`` empties and removes meanwhile; empty when ``objects_dir`` does not exist."""
+    try:
+        folders = os.listdir(objects_dir)
+    except FileNotFoundError:
+        return []
     ids = []
-    for base in os.listdir(store.path):
+    for base in folders:
         if len(base) != 2:
             continue
         try:
-            names = os.listdir(os.path.join(store.path, base))
+            names = os.listdir(os.path.join(objects_dir, base))
         except (FileNotFoundError, NotADirectoryError):
             continue
         ids += [sha for sha in (os.fsencode(base + rest) for rest in names) if valid_hexsha(sha)]
@@ -300,11 +305,10 @@ def _mark_pending_since(basename: Path, since: float) -> Path | None:
     ``since`` (its release comes PENDING_PACK_SECONDS after that); a pending mark already there
     (the same objects, packed before) is dated ``since`` if that is later. Returns the mark this
     call made, or None. Raises OSError."""
+    mark = basename.with_name(basename.name + ".keep")
     if keep_pending_pack(basename):
-        mark = basename.with_name(basename.name + ".keep")
         os.utime(mark, (since, since))
         return mark
-    mark = basename.with_name(basename.name + ".keep")
     with contextlib.suppress(OSError):
         if mark.read_bytes() == PENDING_PACK_MARK and mark.stat().st_mtime < since:
             os.utime(mark, (since, since))
@@ -721,11 +725,12 @@ class Repository(WorktreeRefresh):
         return entries
 
     def blob(self, blob_id: str) -> bytes:
-        """The bytes of a blob; raises DocumentNotFound for an unknown id."""
+        """The bytes of a blob a tree, a history row or a citation handle refers to; raises
+        StorageError when it is missing (damage, design §14: ``_missing``)."""
         try:
             return self._read_object(blob_id.encode()).as_raw_string()
         except KeyError:
-            raise DocumentNotFound(f"blob {blob_id} is missing from the object store") from None
+            raise self._missing(blob_id.encode()) from None
 
     def blobs(self, blob_ids: Sequence[str]) -> Generator[tuple[str, bytes], None, None]:
         """``(blob id, bytes)`` for each of ``blob_ids``, in order: a whole-tree scan's reads in bulk
@@ -748,10 +753,7 @@ class Repository(WorktreeRefresh):
         blob_id = self.lookup(self.tree_id(revision), path)
         if blob_id is None:
             raise DocumentNotFound(f"no document at {path!r} in revision {revision or '(empty)'}")
-        try:
-            return self._read_object(blob_id.encode()).as_raw_string()
-        except KeyError:
-            raise self._missing(blob_id.encode()) from None
+        return self.blob(blob_id)
 
     def walk(self, tree_id: bytes | None, prefix: str = "") -> Iterator[tuple[str, str]]:
         """``(path, blob_id)`` for every file in ``tree_id`` (under ``prefix``), in tree order."""
@@ -1261,7 +1263,7 @@ class Repository(WorktreeRefresh):
         loose copy or old pack is removed, and readers re-scan the packs on a miss. Returns
         ``(objects packed, packs after)``. Raises OSError."""
         store = self._repo.object_store
-        loose = [obj for obj in map(store._get_loose_object, _loose_ids(store)) if obj is not None]
+        loose = [obj for obj in map(store._get_loose_object, loose_object_ids(store.path)) if obj is not None]
         self._write_pack([full_unpacked_object(obj) for obj in loose], pending_since=time.time())
         for obj in loose:  # packed: the loose copies may go (as dulwich's pack_loose_objects)
             with contextlib.suppress(FileNotFoundError):  # a concurrent git prune-packed took it first
