@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import psycopg
+import pytest
+from dulwich.objects import Blob
 from support.commands import git, missing_objects
 from support.named_queries import queries
 
@@ -566,6 +570,48 @@ def test_a_packers_pack_lands_when_git_repack_removes_a_pack_it_knew(kb):
     assert packed > 0 and loose_object_count(repo) == 0
     git(repo, "fsck", "--strict")
     assert kb.read(WS, "/documents/loose.md") == b"loose\n"
+
+
+class _DiskFullMidPack(list):
+    """A blob's raw chunks whose reading, as its pack is written, finds the disk full: right
+    after another process began a temporary pack of its own in the same folder."""
+
+    def __init__(self, chunks, pack_dir: Path):
+        super().__init__(chunks)
+        self.pack_dir = pack_dir
+
+    def __iter__(self):
+        (self.pack_dir / "tmpanotherwriter.pack").write_bytes(b"PACK, being written by another process")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class _BlobOnAFullDisk(Blob):
+    """A blob whose bytes, once ``pack_dir`` is set, are written to a full disk (above)."""
+
+    pack_dir: Path | None = None
+
+    def as_raw_chunks(self):
+        chunks = super().as_raw_chunks()
+        return chunks if self.pack_dir is None else _DiskFullMidPack(chunks, self.pack_dir)
+
+
+def test_a_write_failing_mid_pack_removes_its_own_temporary_pack_and_no_one_elses(kb):
+    """design §2.1: a large write whose pack fails half-written (the disk full) removes the
+    temporary pack it began, and only that one: it removed every ``tmp*.pack`` that had appeared
+    since it started, another process's pack in the making included, whose write then failed."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    pack_dir = repo / ".git/objects/pack"
+    blobs = [Blob.from_string(f"imported {i}\n".encode()) for i in range(299)]
+    last = _BlobOnAFullDisk.from_string(b"the last one\n")
+    assert last.id  # its id known before the write, as a write's are
+    last.pack_dir = pack_dir
+    blobs.append(last)
+    with pytest.raises(OSError, match="No space left"):
+        kb.store(WS).repository._add_objects(blobs)
+    left = sorted(path.name for path in pack_dir.iterdir())
+    assert left == ["tmpanotherwriter.pack"], left  # no half pack, mark or temporary file of the write
+    assert missing_objects(repo, [blob.id.decode() for blob in blobs[:5]]) == [blob.id.decode() for blob in blobs[:5]]
 
 
 def _two_plain_packs(kb, repo) -> None:

@@ -836,45 +836,22 @@ class Repository(WorktreeRefresh):
         batch may repeat one (two documents of the same text), and dulwich names a pack by its ids
         repeats included, so the pack would appear under another name than the one marked pending
         beforehand (and hold the repeat twice, which ``git verify-pack`` calls bad)."""
-        store = self._repo.object_store
         objects = list({obj.id: obj for obj in objects}.values())
         if len(objects) < LOOSE_LIMIT:
             for obj in objects:
                 self._add_loose(obj)
             return
-        pack_dir = Path(store.pack_dir)
-        before = set(pack_dir.glob("tmp*.pack"))
-        # Marked kept before it appears (dulwich names a pack by the SHA-1 of its objects' sorted
-        # ids): maintenance, which holds no write lock, never sees it plain, so never folds it
-        # into an unmarked pack while no ref reaches its objects (design §14).
-        expected = _pack_basename(pack_dir, {obj.sha().digest() for obj in objects})
-        marked = keep_pending_pack(expected)
+        # Marked kept before it appears, dated now (dulwich names a pack by the SHA-1 of its
+        # objects' sorted ids): maintenance, which holds no write lock, never sees it plain, so
+        # never folds it into an unmarked pack while no ref reaches its objects (design §14).
+        # The temporary pack is this call's own file, removed on any failure (another process's,
+        # being written beside it, is never touched).
         try:
-            for attempt in range(1, PACK_CLOSE_ATTEMPTS + 1):
-                store._update_pack_cache()  # forget packs gone meanwhile (see _write_pack)
-                try:
-                    pack = store.add_objects([(obj, None) for obj in objects])
-                    break
-                except PackFileDisappeared:  # one went between the re-scan and dulwich's look
-                    for leftover in set(pack_dir.glob("tmp*.pack")) - before:  # not in place yet
-                        with contextlib.suppress(OSError):
-                            leftover.unlink()
-                    if attempt == PACK_CLOSE_ATTEMPTS:
-                        raise
-            if pack is not None and Path(pack._basename) != expected:  # named otherwise: mark it now
-                keep_pending_pack(Path(pack._basename))
-                if marked:
-                    expected.with_name(expected.name + ".keep").unlink(missing_ok=True)
-        except BaseException as exc:
-            if marked:
-                expected.with_name(expected.name + ".keep").unlink(missing_ok=True)
-            # Interrupted mid-pack (Ctrl-C): remove the temporary pack this call began (never
-            # completed: it has no .idx), and report the interrupt, not dulwich's BufferError
-            # ("cannot close exported pointers exist") from closing the half-written file.
-            for leftover in set(pack_dir.glob("tmp*.pack")) - before:
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
-            if isinstance(exc, BufferError) and isinstance(exc.__context__, KeyboardInterrupt):
+            self._write_pack([full_unpacked_object(obj) for obj in objects], pending_since=time.time())
+        except BufferError as exc:
+            # Interrupted mid-pack (Ctrl-C): report the interrupt, not the BufferError ("cannot
+            # close exported pointers exist") of closing a file a mapping still used.
+            if isinstance(exc.__context__, KeyboardInterrupt):
                 raise exc.__context__ from None
             raise
 
