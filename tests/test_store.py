@@ -399,6 +399,23 @@ def test_redis_lock_backend(kb, redis_settings):
     assert kb.head(9) == head and kb.list_paths(9) == {A: blob_id(b"a")}
 
 
+def test_a_write_waits_for_gits_ref_lock_held_a_moment(kb):
+    """``git gc``'s pack-refs, or any git command updating the branch, holds
+    ``refs/heads/main.lock`` for a moment; a write meeting it waits, as git's commands wait for
+    each other (design §2.1), and lands instead of failing "the branch ref is locked"."""
+    commit(kb, 10, ("write", A, b"a"))
+    ref_lock = repo_of(kb, 10) / ".git" / "refs" / "heads" / "main.lock"
+    ref_lock.write_bytes(b"held by a git command")
+    released = threading.Timer(0.2, ref_lock.unlink)
+    released.start()
+    try:
+        assert commit(kb, 10, ("write", B, b"b")).seq == 2
+    finally:
+        released.join()
+    assert kb.read(10, B) == b"b" and not ref_lock.exists()
+    assert_git_clean(kb, 10)
+
+
 def test_cli_fsck_unknown_workspace(kb_env):
     out = run_cli(kb_env, "fsck", "--workspace", "99", check=False)
     assert out.returncode == 1 and "does not exist" in out.stderr
@@ -590,13 +607,15 @@ def test_a_keyed_folder_move_sent_twice_at_once_lands_once_and_both_get_it(kb, m
     retry while the first is still at work) build the same commit when they start on the same head
     in the same second, and so the same path-change rows ahead of the lock. The second must get the
     revision the first recorded, not a unique-key failure reported as "nothing was recorded"."""
+    import time
     import types
 
     from kb.git import repository
     from kb.store import knowledge_store
 
     monkeypatch.setattr(knowledge_store, "PREBUILD_PATHS", 4)
-    monkeypatch.setattr(repository, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))  # one second
+    frozen = types.SimpleNamespace(time=lambda: 1_800_000_000.0, monotonic=time.monotonic, sleep=time.sleep)
+    monkeypatch.setattr(repository, "time", frozen)  # one second of commit times
     kb.create_workspace(33)
     with kb.transaction(33, "folder", "tester") as tx:
         for i in range(6):

@@ -64,6 +64,11 @@ FOLDER_CACHE_SIZE = 64
 """(tree, folder path) pairs whose folder tree ``Repository.lookup`` remembers."""
 STALE_LOCK_SECONDS = 30.0
 """Age after which a git lock file found under the workspace write lock is a killed writer's."""
+REF_LOCK_WAIT_SECONDS = 1.0
+"""How long a ref update waits for git's lock file on the branch ref before it gives up (design
+§2.1): git's own commands wait for each other the same way (``core.filesRefLockTimeout``, 100 ms
+by default), and ``git gc``'s ``pack-refs`` holds the lock for a moment while it prunes the loose
+ref; a git command that holds it longer, or a killed writer's leftover, still fails the write."""
 BULK_READ_MIN = 48
 """Blobs from which ``Repository.blobs`` reads through one ``git cat-file --batch`` rather than one
 dulwich lookup each (starting git costs about as much as this many lookups)."""
@@ -1113,19 +1118,12 @@ class Repository(WorktreeRefresh):
     def advance(self, old: str | None, new: str) -> bool:
         """Compare-and-swap the branch ref from ``old`` to ``new``; False if it moved meanwhile.
 
-        Raises KbError when git's ref lock file is held (a git command run by hand, or a killed
-        writer's leftover younger than STALE_LOCK_SECONDS).
+        Raises KbError when git's ref lock file stays held for ``REF_LOCK_WAIT_SECONDS`` (a git
+        command run by hand, or a killed writer's leftover younger than STALE_LOCK_SECONDS).
         """
         ref = self._ref_path
         lock = ref + ".lock"
-        try:  # git's protocol: create the lock exclusively, check, write, fsync, rename over the ref
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            raise KbError(
-                f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists): a git command "
-                f"is running there, or a killed writer left it (removed automatically after "
-                f"{STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was recorded; retry."
-            ) from None
+        fd = self._lock_ref(lock)
         try:
             if self.head() != old:
                 os.close(fd)
@@ -1143,6 +1141,30 @@ class Repository(WorktreeRefresh):
             raise
         self._log_ref(old, new)
         return True
+
+    def _lock_ref(self, lock: str) -> int:
+        """Create git's lock file ``lock`` on the branch ref (git's protocol: exclusively, then
+        check, write, fsync, rename over the ref) and return its descriptor. A lock another
+        process holds is waited for up to ``REF_LOCK_WAIT_SECONDS``, backing off from 1 ms to
+        50 ms between tries, as git's commands wait for each other.
+
+        Raises KbError (nothing written) when it is still held then."""
+        deadline = time.monotonic() + REF_LOCK_WAIT_SECONDS
+        pause = 0.001
+        while True:
+            try:
+                return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                if time.monotonic() >= deadline:
+                    break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        raise KbError(
+            f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists, still after "
+            f"{REF_LOCK_WAIT_SECONDS:g}s): a git command is running there, or a killed writer left it "
+            f"(removed automatically after {STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was "
+            "recorded; retry."
+        )
 
     def _log_ref(self, old: str | None, new: str) -> None:
         """Append the ref update to the branch's reflog, as git does (no fsync, as git)."""
