@@ -16,7 +16,7 @@ from support.named_queries import queries
 from support.waiting import wait_until
 
 from kb.db import database
-from kb.index.chunking import Chunker
+from kb.index.chunking import Chunker, LazyChunker
 from kb.index.cutting import CutterProcess, cut_document, settle_languages
 from kb.index.embedding import model_cache
 from kb.index.indexer import DOCUMENT_BATCH, Indexer, _Cuts
@@ -133,6 +133,29 @@ def test_a_dead_cutter_costs_no_document(kb, settings):
     assert [(p.row["id"], p.hashes) for p in cut] == [(p.row["id"], p.hashes) for p in inline]
     assert all(p.writable and p.hashes for p in cut)
     assert _gone(cutter) and not _cutters()
+
+
+def test_a_run_waiting_for_its_cutter_cuts_here_when_the_child_dies_before_it_starts(kb, settings):
+    """A run whose process has no chunker built waits for its child to start instead of cutting
+    here meanwhile (design §7); a child killed before it says it is ready makes the run cut every
+    batch in its own process, as a run without a cutter cuts them."""
+    write_all(kb, 1, generated_corpus(2 * DOCUMENT_BATCH))
+    kb.project(1)
+    rows = named_rows(kb, "test_documents_in_id_order", workspace_id=1)
+    batches = [rows[i : i + DOCUMENT_BATCH] for i in range(0, len(rows), DOCUMENT_BATCH)]
+    repo = kb.store(1).repository
+    indexer = Indexer(settings, kb.database_url, kb.embedder, LazyChunker(settings.chunk_size))
+    cutter = CutterProcess(settings.chunk_size, settings.max_index_bytes, settings.fts_config, model_cache(settings))
+    pid = cutter.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with _Cuts(indexer, batches, lambda row: repo.blob(row["content_id"]), cutter) as cuts:
+        cut = [p for _ in batches for p in cuts.next()]
+    with _Cuts(indexer, batches, lambda row: repo.blob(row["content_id"]), None) as cuts:
+        inline = [p for _ in batches for p in cuts.next()]
+    assert [(p.row["id"], p.hashes) for p in cut] == [(p.row["id"], p.hashes) for p in inline]
+    assert len(cut) == len(rows) and all(p.writable and p.hashes for p in cut)
+    assert _gone(pid) and not _cutters()
 
 
 def test_a_run_stores_the_same_index_with_and_without_a_cutter_process(settings):

@@ -96,3 +96,20 @@ def test_with_minilm_configured_only_embedding_loads_the_model(indexed, minilm_c
         "onnxruntime",
         "tokenizers",
     ]
+
+
+def test_a_fresh_worker_leaves_the_cutting_to_its_cutter_process(kb_env, tmp_path):
+    """design §7: a worker whose index run has a cutter process waits for the child to start
+    rather than cut the first batches itself: it never loads chonkie, the tokenizer or the
+    language model, which the child holds (a second copy of them in the worker was ~40 MB of its
+    peak with the tldr corpus, bin/bench_index_pipeline.py). The documents are indexed all the same."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "Todo.md").write_text("# Todo\n\nrefund the annual plan\n")
+    (notes / "Rückgabe.md").write_text("# Rückgabe\n\nDie Rückgabe ist innerhalb von dreißig Tagen möglich.\n")
+    run_cli(kb_env, "import", str(notes), "-w", "1")
+    cutting = {**kb_env, "KB_INDEX_CUTTER": "process"}
+    cutter_loads = ("chonkie", "tokenizers", "py3langid")
+    assert _heavy_imports(cutting, "worker", "--until-idle", "--quiet", heavy=cutter_loads) == []
+    assert "/documents/Todo.md" in run_cli(kb_env, "search", "refund", "-w", "1").stdout
+    assert "/documents/Rückgabe.md" in run_cli(kb_env, "search", "Rückgabe", "-w", "1").stdout

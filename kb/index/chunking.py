@@ -354,6 +354,11 @@ class LazyChunker:
         self.chunk_size = chunk_size
         self._chunker: Chunker | None = None
 
+    @property
+    def built(self) -> bool:
+        """Whether the chunker was built (chonkie and the tokenizer loaded in this process)."""
+        return self._chunker is not None
+
     def __getattr__(self, name: str):
         if name.startswith("__") or name == "_chunker":
             raise AttributeError(name)

@@ -153,7 +153,7 @@ class CutterProcess:
     this module's needs (not the parent's main module, nor a copy of its threads and
     connections). Batches go in with ``send`` (written by a thread of their own, so a full pipe
     never blocks the run) and their cuts come out in the same order (``receive``); ``ready``
-    says, without waiting, whether the child has started. ``close`` (or the ``with`` block's
+    says whether the child has started (waiting for it up to a time given, if any). ``close`` (or the ``with`` block's
     end) ends its stdin — or kills it when batches are still in hand — and waits for it, so no
     process outlives the run. A child that dies makes ``receive`` raise (EOFError, OSError):
     the run cuts in its own process from then on."""
@@ -182,13 +182,14 @@ class CutterProcess:
         """The child's process id (None once closed)."""
         return None if self._process is None else self._process.pid
 
-    def ready(self) -> bool:
-        """Whether the child has started (said ``READY``); does not wait."""
+    def ready(self, wait: float = 0.0) -> bool:
+        """Whether the child has started (said ``READY``), waiting up to ``wait`` seconds for it
+        (none by default)."""
         if self._started or self._process is None:
             return self._started
         stdout = self._process.stdout
         assert stdout is not None
-        if not select.select([stdout], [], [], 0)[0]:
+        if not select.select([stdout], [], [], wait)[0]:
             return False
         if pickle.load(stdout) != READY:
             raise OSError("the cutter process did not start")

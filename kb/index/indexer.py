@@ -259,12 +259,20 @@ def _cores() -> int:
 class _Cuts:
     """The cut documents of a run's batches, in order (``next``). With a cutter process, batches
     go to it up to ``AHEAD`` ahead of the one the run embeds, their bytes read here (``read``) as
-    they are handed over, so the child cuts while this process embeds and writes; until the child
-    has started (it imports and loads for about a second) and without one, a batch is cut here
-    when it is asked for. A batch the child fails (it died) is cut here again from the bytes handed
-    over, and so is every later one, so a dead cutter costs time, never a document (design §7)."""
+    they are handed over, so the child cuts while this process embeds and writes; without one, a
+    batch is cut here when it is asked for. Until the child has started (it imports and loads for
+    about a second) batches are cut here only when this process has its chunker built already (a
+    warm process: ``kb.index`` after another run); a process that has not (a fresh worker) waits
+    for the child, up to ``START_SECONDS``: building the chunker here takes about as long as the
+    child takes to start, and would hold a second copy of chonkie, the tokenizer and the language
+    model's pages in this process for the rest of its life (design §7). A batch the child fails (it
+    died, or never started) is cut here again from the bytes handed over, and so is every later one,
+    so a dead cutter costs time, never a document (design §7)."""
 
     AHEAD = 2
+    START_SECONDS = 60.0
+    """How long a run whose process has no chunker built waits for its child to start before it
+    cuts in its own process after all."""
 
     def __init__(
         self, indexer: Indexer, batches: list[list[dict]], read: Callable[[dict], bytes], cutter: CutterProcess | None
@@ -273,6 +281,9 @@ class _Cuts:
         self._sent: collections.deque[list[tuple[dict, bytes | str]]] = collections.deque()
         self._next = 0
         """The next batch not yet taken (cut here, or sent to the child)."""
+        self._await_child = cutter is not None and not getattr(indexer.chunker, "built", True)
+        """Whether to wait for the child to start rather than cut here meanwhile (a LazyChunker
+        not built yet; a Chunker is built)."""
 
     def _documents(self, batch: list[dict]) -> list[tuple[dict, bytes | str]]:
         """``(row, bytes)`` of each of ``batch``'s documents; ``(row, error)`` when its blob cannot
@@ -288,7 +299,11 @@ class _Cuts:
     def _fill(self) -> None:
         """Hand the started child the batches after those it holds, up to ``AHEAD`` of them."""
         try:
-            if self._cutter is None or not self._cutter.ready():
+            if self._cutter is None:
+                return
+            if not self._cutter.ready(self.START_SECONDS if self._await_child else 0.0):
+                if self._await_child:  # it never started: cut here (a dead child: receive says so)
+                    self._await_child = False
                 return
             while self._next < len(self._batches) and len(self._sent) < self.AHEAD:
                 documents = self._documents(self._batches[self._next])
