@@ -6,6 +6,7 @@ import errno
 import multiprocessing
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -636,3 +637,33 @@ def _git_repacks_after_the_next_rescan(store, repo):
 
     store._update_pack_cache = repack_after_the_rescan
     return rescan
+
+
+_WRITE_ON_A_FULL_DISK = """
+import resource, signal, sys
+from kb.git.repository import Repository
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+with Repository.open(sys.argv[1]) as repository:
+    blobs = [f"imported {i}\\n".encode() for i in range(300)]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+    try:
+        repository.add_blobs(blobs)
+    except OSError as exc:
+        print("refused", exc.errno)
+"""
+
+
+def test_a_write_refused_by_a_full_disk_leaves_no_pending_mark_behind(kb):
+    """design §14: a large write whose pending mark cannot be written in full (the disk full, a
+    file size limit) removes the mark it began. It left it empty or half written, which is no
+    mark of kb's (release_pending_packs never removed it) but a ``.keep`` as git's: one more for
+    every refused write, kept for ever, and keeping the pack the same import makes on its retry."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITE_ON_A_FULL_DISK, str(repo)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == f"refused {errno.EFBIG}", done.stdout + done.stderr
+    left = sorted(path.name for path in (repo / ".git/objects/pack").iterdir())
+    assert left == [], left  # no mark, half pack or temporary file of the write
+    git(repo, "fsck", "--strict")

@@ -295,13 +295,20 @@ def keep_pending_pack(basename: Path) -> bool:
     (design §14). Maintenance removes the mark after PENDING_PACK_SECONDS
     (:meth:`Repository.release_pending_packs`). A ``.keep`` already there (git's, or another
     write's of the same objects) is left as it is. Returns whether this call made the mark.
-    Raises OSError."""
+    A mark this call began but could not write in full (a full disk) is removed: left empty or
+    half written it is no mark of kb's, which release_pending_packs never removes, but a
+    ``.keep`` as git's, kept for ever. Raises OSError."""
     keep = basename.with_name(basename.name + ".keep")
     try:
-        with keep.open("xb") as mark:
-            mark.write(PENDING_PACK_MARK)
+        mark = keep.open("xb")
     except FileExistsError:
         return False
+    try:
+        with mark:
+            mark.write(PENDING_PACK_MARK)
+    except BaseException:
+        keep.unlink(missing_ok=True)  # this call's own file (it made it: no one else could)
+        raise
     return True
 
 
@@ -312,7 +319,11 @@ def _mark_pending_since(basename: Path, since: float) -> Path | None:
     call made, or None. Raises OSError."""
     mark = basename.with_name(basename.name + ".keep")
     if keep_pending_pack(basename):
-        os.utime(mark, (since, since))
+        try:
+            os.utime(mark, (since, since))
+        except BaseException:
+            mark.unlink(missing_ok=True)
+            raise
         return mark
     with contextlib.suppress(OSError):
         if mark.read_bytes() == PENDING_PACK_MARK and mark.stat().st_mtime < since:
