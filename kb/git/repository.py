@@ -1134,28 +1134,35 @@ class Repository(WorktreeRefresh):
         """
         ref = self._ref_path
         lock = ref + ".lock"
-        fd = self._lock_ref(lock)
+        fd, held = self._lock_ref(lock)
         try:
-            if self.head() != old:
-                os.close(fd)
+            try:
+                moved = self.head() == old
+                if moved:
+                    os.write(fd, new.encode() + b"\n")
+                    os.fsync(fd)  # durable before Postgres commits the revision (design §3)
+            finally:
+                os.close(fd)  # once: a second close could end another thread's file given its number
+            if not moved:
                 os.unlink(lock)
                 return False
-            os.write(fd, new.encode() + b"\n")
-            os.fsync(fd)  # durable before Postgres commits the revision (design §3)
-            os.close(fd)
             os.replace(lock, ref)
+            fault_point("ref_renamed")
         except BaseException:
+            # Only the lock file this call made: once renamed into place, the lock is free, and
+            # a git command waiting for it (or a writer of kb's) may hold a lock file of its own
+            # there already, which removing would let two ref updates run at once.
             with contextlib.suppress(OSError):
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(lock)
+                if os.path.samestat(os.stat(lock), held):
+                    os.unlink(lock)
             raise
         self._log_ref(old, new)
         return True
 
-    def _lock_ref(self, lock: str) -> int:
+    def _lock_ref(self, lock: str) -> tuple[int, os.stat_result]:
         """Create git's lock file ``lock`` on the branch ref (git's protocol: exclusively, then
-        check, write, fsync, rename over the ref) and return its descriptor. A lock another
+        check, write, fsync, rename over the ref) and return its descriptor and its stat (which
+        tells it from another process's lock file of that name later). A lock another
         process holds is waited for up to ``REF_LOCK_WAIT_SECONDS``, backing off from 1 ms to
         50 ms between tries, as git's commands wait for each other.
 
@@ -1164,7 +1171,8 @@ class Repository(WorktreeRefresh):
         pause = 0.001
         while True:
             try:
-                return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                return fd, os.fstat(fd)
             except FileExistsError:
                 if time.monotonic() >= deadline:
                     break
