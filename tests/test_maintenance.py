@@ -644,8 +644,9 @@ import resource, signal, sys
 from kb.git.repository import Repository
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
 with Repository.open(sys.argv[1]) as repository:
-    blobs = [f"imported {i}\\n".encode() for i in range(300)]
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+    blobs = [f"{i}".encode() for i in range(300)]  # tiny: the pack (3.5 kB) is smaller than its index (9.5 kB)
+    limit = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     try:
         repository.add_blobs(blobs)
     except OSError as exc:
@@ -660,10 +661,29 @@ def test_a_write_refused_by_a_full_disk_leaves_no_pending_mark_behind(kb):
     every refused write, kept for ever, and keeping the pack the same import makes on its retry."""
     kb.create_workspace(WS)
     repo = kb.store(WS).path
-    done = subprocess.run(
-        [sys.executable, "-c", _WRITE_ON_A_FULL_DISK, str(repo)], capture_output=True, text=True, timeout=120
-    )
-    assert done.stdout.strip() == f"refused {errno.EFBIG}", done.stdout + done.stderr
+    _write_on_a_full_disk(repo, 16)  # the mark's 62 bytes do not fit
     left = sorted(path.name for path in (repo / ".git/objects/pack").iterdir())
     assert left == [], left  # no mark, half pack or temporary file of the write
     git(repo, "fsck", "--strict")
+
+
+def _write_on_a_full_disk(repo: Path, room: int) -> None:
+    """Store 300 tiny blobs in ``repo`` (one pack) in a process that can write ``room`` bytes to
+    a file; asserts the write was refused (EFBIG, as ENOSPC on a full disk)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITE_ON_A_FULL_DISK, str(repo), str(room)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == f"refused {errno.EFBIG}", done.stdout + done.stderr
+
+
+def test_a_write_whose_pack_index_finds_the_disk_full_removes_the_pack_it_moved_into_place(kb):
+    """design §2.1: dulwich moves a new pack into place before it writes its index, as git does.
+    A large write whose index then found the disk full (here: room for the pack, not its index)
+    left the whole pack there without an index (``git count-objects`` garbage, which ``git
+    fsck`` warns of) until a ``kb fsck``; now it removes it as it removes its temporary pack."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    _write_on_a_full_disk(repo, 6000)
+    left = sorted(path.name for path in (repo / ".git/objects/pack").iterdir())
+    assert left == [], left  # no pack without index, mark or temporary file of the write
+    assert "garbage: 0" in git(repo, "count-objects", "-v")

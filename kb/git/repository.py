@@ -1323,11 +1323,14 @@ class Repository(WorktreeRefresh):
     def _pack_file(self, records: list[UnpackedObject]):
         """Write ``records`` to a temporary pack, then let dulwich index it and move it into place
         (``_complete_pack``, which first compares it with every pack it lists, reading their
-        indexes); returns the Pack. The temporary file is removed on any failure. Raises OSError,
-        PackFileDisappeared."""
+        indexes); returns the Pack. The temporary file is removed on any failure, also once moved
+        into place when its index could not be written (dulwich moves the pack first, as git
+        does: a full disk left a pack without index). Raises OSError, PackFileDisappeared."""
         store = self._repo.object_store
         fd, path = tempfile.mkstemp(dir=store.pack_dir, prefix="tmp_pack_", suffix=".pack")
         handle = os.fdopen(fd, "w+b")
+        own = os.fstat(fd)
+        placed: str | None = None
         try:
             os.chmod(path, PACK_MODE)
             entries, _ = write_pack_data(
@@ -1340,6 +1343,7 @@ class Repository(WorktreeRefresh):
             index: list[tuple[RawObjectID, int, int | None]] = [
                 (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
             ]
+            placed = str(_pack_basename(Path(store.pack_dir), entries)) + ".pack"  # where it goes
             # dulwich's _complete_pack looks among the packs it has cached for one of the same name:
             # forget those gone meanwhile (a concurrent ``git repack``), which it cannot name
             # (PackFileDisappeared) or would return in place of the new pack
@@ -1357,6 +1361,10 @@ class Repository(WorktreeRefresh):
             handle.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            if placed is not None:  # moved into place, its index never written: this call's file still
+                with contextlib.suppress(OSError):
+                    if not os.path.exists(placed[: -len(".pack")] + ".idx") and os.path.samestat(os.stat(placed), own):
+                        os.unlink(placed)
             raise
 
     def _own_packs(self) -> list[tuple[Any, float | None]]:
