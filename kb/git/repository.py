@@ -1311,7 +1311,11 @@ class Repository(WorktreeRefresh):
         try:
             pack = self._pack_file(records)
         except BaseException:
-            if marked is not None:
+            # The mark is the pack's, not this call's: another write of the same objects (an
+            # import run twice at once) found it there, made none, and may have put its pack in
+            # place meanwhile, its revision not recorded yet. It stays while such a pack is there
+            # (released PENDING_PACK_SECONDS on, as any).
+            if marked is not None and not os.path.exists(f"{expected}.idx"):
                 marked.unlink(missing_ok=True)
             raise
         if pending_since is not None and Path(pack._basename) != expected:  # named otherwise (never so far)
