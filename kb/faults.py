@@ -8,6 +8,8 @@ Points of the store commit (``kb.store.KnowledgeStore.commit_draft``), in order:
 
 * ``draft_ready`` — the draft is complete and keyed; nothing is staged, queued or locked yet;
 * ``objects_written`` — tree and commit objects are in the object store, the ref is not moved;
+* ``ref_renamed`` — inside ``Repository.advance``: its lock file was just renamed over the branch
+  ref, so the ref points at the new revision and the lock is free for others;
 * ``ref_advanced`` — the branch ref points at the new revision, the working tree is not refreshed
   and Postgres has not committed the revision rows;
 * ``before_pg_commit`` — the last step before Postgres commits (the working tree is refreshed only

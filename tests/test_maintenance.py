@@ -6,6 +6,7 @@ import errno
 import multiprocessing
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -581,6 +582,10 @@ class _DiskFullMidPack(list):
         self.pack_dir = pack_dir
 
     def __iter__(self):
+        self.readings = getattr(self, "readings", 0) + 1
+        if self.readings == 1:  # dulwich's first reading, its length, before the pack is begun
+            return super().__iter__()
+        assert any(self.pack_dir.glob("tmp_pack_*")), "read before the pack was begun"
         (self.pack_dir / "tmpanotherwriter.pack").write_bytes(b"PACK, being written by another process")
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -636,3 +641,107 @@ def _git_repacks_after_the_next_rescan(store, repo):
 
     store._update_pack_cache = repack_after_the_rescan
     return rescan
+
+
+_WRITE_ON_A_FULL_DISK = """
+import resource, signal, sys
+from kb.git.repository import Repository
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+with Repository.open(sys.argv[1]) as repository:
+    blobs = [f"{i}".encode() for i in range(300)]  # tiny: the pack (3.5 kB) is smaller than its index (9.5 kB)
+    limit = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    try:
+        repository.add_blobs(blobs)
+    except OSError as exc:
+        print("refused", exc.errno)
+"""
+
+
+def test_a_write_refused_by_a_full_disk_leaves_no_pending_mark_behind(kb):
+    """design §14: a large write whose pending mark cannot be written in full (the disk full, a
+    file size limit) removes the mark it began. It left it empty or half written, which is no
+    mark of kb's (release_pending_packs never removed it) but a ``.keep`` as git's: one more for
+    every refused write, kept for ever, and keeping the pack the same import makes on its retry."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    _write_on_a_full_disk(repo, 16)  # the mark's 62 bytes do not fit
+    left = sorted(path.name for path in (repo / ".git/objects/pack").iterdir())
+    assert left == [], left  # no mark, half pack or temporary file of the write
+    git(repo, "fsck", "--strict")
+
+
+def _write_on_a_full_disk(repo: Path, room: int) -> None:
+    """Store 300 tiny blobs in ``repo`` (one pack) in a process that can write ``room`` bytes to
+    a file; asserts the write was refused (EFBIG, as ENOSPC on a full disk)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITE_ON_A_FULL_DISK, str(repo), str(room)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == f"refused {errno.EFBIG}", done.stdout + done.stderr
+
+
+def test_a_write_whose_pack_index_finds_the_disk_full_removes_the_pack_it_moved_into_place(kb):
+    """design §2.1: dulwich moves a new pack into place before it writes its index, as git does.
+    A large write whose index then found the disk full (here: room for the pack, not its index)
+    left the whole pack there without an index (``git count-objects`` garbage, which ``git
+    fsck`` warns of) until a ``kb fsck``; now it removes it as it removes its temporary pack."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    _write_on_a_full_disk(repo, 6000)
+    left = sorted(path.name for path in (repo / ".git/objects/pack").iterdir())
+    assert left == [], left  # no pack without index, mark or temporary file of the write
+    assert "garbage: 0" in git(repo, "count-objects", "-v")
+
+
+class _SameBatchBesideIt(list):
+    """A blob's raw chunks whose first reading, as its pack is written, lets another writer store
+    the same batch in full (its own pack, under the same name) and then finds the disk full."""
+
+    def __init__(self, chunks, other_write):
+        super().__init__(chunks)
+        self.other_write = other_write
+
+    def __iter__(self):
+        self.readings = getattr(self, "readings", 0) + 1
+        if self.readings == 1:  # dulwich's first reading, its length, before the write begins
+            return super().__iter__()
+        self.other_write()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class _BlobWrittenTwiceAtOnce(Blob):
+    """A blob whose first packing, once ``other_write`` is set, runs another write beside it."""
+
+    other_write = None
+
+    def as_raw_chunks(self):
+        chunks = super().as_raw_chunks()
+        return chunks if self.other_write is None else _SameBatchBesideIt(chunks, self.other_write)
+
+
+def test_a_failed_write_leaves_the_pending_mark_of_the_same_batch_another_writer_packed(kb):
+    """design §14: two writes of the same batch (one import run twice at once) share one pending
+    mark: the pack's name is its objects', and the second writer finds the first's mark there and
+    makes none. When the first then failed (the disk full) it removed the mark, and the second's
+    pack — complete, its revision not recorded yet — was plain: a ``git repack -a -d`` then drops
+    its objects and the revision lands without them. The mark is left while that pack is there
+    (released an hour on, as any)."""
+    kb.create_workspace(WS)
+    repo = kb.store(WS).path
+    blobs = [Blob.from_string(f"imported {i}\n".encode()) for i in range(299)]
+    last = _BlobWrittenTwiceAtOnce.from_string(b"the last one\n")
+    assert last.id
+    blobs.append(last)
+    with Repository.open(repo) as second:
+
+        def other_write():
+            last.other_write = None  # the second writer packs the blob's bytes as they are
+            second._add_objects(blobs)
+
+        last.other_write = other_write
+        with pytest.raises(OSError, match="No space left"):
+            kb.store(WS).repository._add_objects(blobs)
+    packs = sorted(path.name for path in (repo / ".git/objects/pack").iterdir())
+    assert [name.rsplit(".", 1)[1] for name in packs] == ["idx", "keep", "pack"], packs  # the second's, marked
+    git(repo, "repack", "-a", "-d", "-q")  # the second's revision not recorded yet: its objects unreachable
+    assert missing_objects(repo, [last.id.decode()]) == []

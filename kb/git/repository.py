@@ -295,13 +295,20 @@ def keep_pending_pack(basename: Path) -> bool:
     (design §14). Maintenance removes the mark after PENDING_PACK_SECONDS
     (:meth:`Repository.release_pending_packs`). A ``.keep`` already there (git's, or another
     write's of the same objects) is left as it is. Returns whether this call made the mark.
-    Raises OSError."""
+    A mark this call began but could not write in full (a full disk) is removed: left empty or
+    half written it is no mark of kb's, which release_pending_packs never removes, but a
+    ``.keep`` as git's, kept for ever. Raises OSError."""
     keep = basename.with_name(basename.name + ".keep")
     try:
-        with keep.open("xb") as mark:
-            mark.write(PENDING_PACK_MARK)
+        mark = keep.open("xb")
     except FileExistsError:
         return False
+    try:
+        with mark:
+            mark.write(PENDING_PACK_MARK)
+    except BaseException:
+        keep.unlink(missing_ok=True)  # this call's own file (it made it: no one else could)
+        raise
     return True
 
 
@@ -312,7 +319,11 @@ def _mark_pending_since(basename: Path, since: float) -> Path | None:
     call made, or None. Raises OSError."""
     mark = basename.with_name(basename.name + ".keep")
     if keep_pending_pack(basename):
-        os.utime(mark, (since, since))
+        try:
+            os.utime(mark, (since, since))
+        except BaseException:
+            mark.unlink(missing_ok=True)
+            raise
         return mark
     with contextlib.suppress(OSError):
         if mark.read_bytes() == PENDING_PACK_MARK and mark.stat().st_mtime < since:
@@ -1123,28 +1134,35 @@ class Repository(WorktreeRefresh):
         """
         ref = self._ref_path
         lock = ref + ".lock"
-        fd = self._lock_ref(lock)
+        fd, held = self._lock_ref(lock)
         try:
-            if self.head() != old:
-                os.close(fd)
+            try:
+                moved = self.head() == old
+                if moved:
+                    os.write(fd, new.encode() + b"\n")
+                    os.fsync(fd)  # durable before Postgres commits the revision (design §3)
+            finally:
+                os.close(fd)  # once: a second close could end another thread's file given its number
+            if not moved:
                 os.unlink(lock)
                 return False
-            os.write(fd, new.encode() + b"\n")
-            os.fsync(fd)  # durable before Postgres commits the revision (design §3)
-            os.close(fd)
             os.replace(lock, ref)
+            fault_point("ref_renamed")
         except BaseException:
+            # Only the lock file this call made: once renamed into place, the lock is free, and
+            # a git command waiting for it (or a writer of kb's) may hold a lock file of its own
+            # there already, which removing would let two ref updates run at once.
             with contextlib.suppress(OSError):
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(lock)
+                if os.path.samestat(os.stat(lock), held):
+                    os.unlink(lock)
             raise
         self._log_ref(old, new)
         return True
 
-    def _lock_ref(self, lock: str) -> int:
+    def _lock_ref(self, lock: str) -> tuple[int, os.stat_result]:
         """Create git's lock file ``lock`` on the branch ref (git's protocol: exclusively, then
-        check, write, fsync, rename over the ref) and return its descriptor. A lock another
+        check, write, fsync, rename over the ref) and return its descriptor and its stat (which
+        tells it from another process's lock file of that name later). A lock another
         process holds is waited for up to ``REF_LOCK_WAIT_SECONDS``, backing off from 1 ms to
         50 ms between tries, as git's commands wait for each other.
 
@@ -1153,7 +1171,8 @@ class Repository(WorktreeRefresh):
         pause = 0.001
         while True:
             try:
-                return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                return fd, os.fstat(fd)
             except FileExistsError:
                 if time.monotonic() >= deadline:
                     break
@@ -1292,7 +1311,11 @@ class Repository(WorktreeRefresh):
         try:
             pack = self._pack_file(records)
         except BaseException:
-            if marked is not None:
+            # The mark is the pack's, not this call's: another write of the same objects (an
+            # import run twice at once) found it there, made none, and may have put its pack in
+            # place meanwhile, its revision not recorded yet. It stays while such a pack is there
+            # (released PENDING_PACK_SECONDS on, as any).
+            if marked is not None and not os.path.exists(f"{expected}.idx"):
                 marked.unlink(missing_ok=True)
             raise
         if pending_since is not None and Path(pack._basename) != expected:  # named otherwise (never so far)
@@ -1304,11 +1327,14 @@ class Repository(WorktreeRefresh):
     def _pack_file(self, records: list[UnpackedObject]):
         """Write ``records`` to a temporary pack, then let dulwich index it and move it into place
         (``_complete_pack``, which first compares it with every pack it lists, reading their
-        indexes); returns the Pack. The temporary file is removed on any failure. Raises OSError,
-        PackFileDisappeared."""
+        indexes); returns the Pack. The temporary file is removed on any failure, also once moved
+        into place when its index could not be written (dulwich moves the pack first, as git
+        does: a full disk left a pack without index). Raises OSError, PackFileDisappeared."""
         store = self._repo.object_store
         fd, path = tempfile.mkstemp(dir=store.pack_dir, prefix="tmp_pack_", suffix=".pack")
         handle = os.fdopen(fd, "w+b")
+        own = os.fstat(fd)
+        placed: str | None = None
         try:
             os.chmod(path, PACK_MODE)
             entries, _ = write_pack_data(
@@ -1321,6 +1347,7 @@ class Repository(WorktreeRefresh):
             index: list[tuple[RawObjectID, int, int | None]] = [
                 (RawObjectID(k), at, crc) for k, (at, crc) in entries.items()
             ]
+            placed = str(_pack_basename(Path(store.pack_dir), entries)) + ".pack"  # where it goes
             # dulwich's _complete_pack looks among the packs it has cached for one of the same name:
             # forget those gone meanwhile (a concurrent ``git repack``), which it cannot name
             # (PackFileDisappeared) or would return in place of the new pack
@@ -1338,6 +1365,10 @@ class Repository(WorktreeRefresh):
             handle.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            if placed is not None:  # moved into place, its index never written: this call's file still
+                with contextlib.suppress(OSError):
+                    if not os.path.exists(placed[: -len(".pack")] + ".idx") and os.path.samestat(os.stat(placed), own):
+                        os.unlink(placed)
             raise
 
     def _own_packs(self) -> list[tuple[Any, float | None]]:
