@@ -161,3 +161,18 @@ def test_the_expiry_task_runs_in_a_real_worker(kb):
         jobs.expire_citations.defer(timestamp=0)
     kb.run_worker(until_idle=True)
     assert kb.conversation(1, "old").handles() == []
+
+
+def test_an_envelope_shows_a_path_as_it_is_but_what_would_end_its_attribute():
+    """design §8: a path's apostrophe was shown as ``&#x27;`` (``Procédure d&#x27;escalade.md``),
+    which copied from a search into ``kb read`` named no document. Only what would end or
+    confuse a double-quoted attribute (``"``, ``&``, ``<``, ``>``) is escaped."""
+    from html import unescape
+
+    from kb.citations.envelope import Envelope
+
+    path = '/documents/Procédure d\'escalade & <co> "v2".md'
+    head = Envelope(path, "Procédure d'escalade", "abc", "full", [(1, "x")]).render().splitlines()[0]
+    assert 'path="/documents/Procédure d\'escalade &amp; &lt;co&gt; &quot;v2&quot;.md"' in head
+    assert 'title="Procédure d\'escalade"' in head
+    assert unescape(head.split('path="')[1].split('"')[0]) == path

@@ -82,9 +82,7 @@ class Envelope:
             attrs["numbered"] = "false"
         if self.score is not None:  # a search hit's fused score: there is no relevance threshold (design §8)
             attrs["score"] = f"{self.score:.4f}"
-        from html import escape  # here: `kb log` and `kb status` import this module, render nothing
-
-        head = " ".join(f'{k}="{escape(str(v), quote=True)}"' for k, v in attrs.items())
+        head = " ".join(f'{k}="{attribute_value(str(v))}"' for k, v in attrs.items())
         body: list[str] = []
         previous: int | None = None
         for number, text in self.lines:
@@ -109,6 +107,14 @@ class Envelope:
             "score": self.score,
             **({} if self.total_lines is None else {"total_lines": self.total_lines}),
         }
+
+
+def attribute_value(value: str) -> str:
+    """``value`` as the text of a double-quoted envelope attribute: ``&``, ``<``, ``>`` and ``"``
+    escaped as character references, nothing else. An apostrophe stays as it is (it needs no
+    escape there): a path such as ``/documents/Procédure d'escalade.md`` reads as the path, and
+    copied from a search into ``kb read`` it names the document (design §8)."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
 def excerpt_lines(lines: list[str], spans: list[tuple[int, int]]) -> list[tuple[int, str]]:

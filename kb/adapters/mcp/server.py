@@ -43,6 +43,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, ListResourcesResult, ListToolsResult, PaginatedRequestParams, Resource
 
 from kb.adapters.json_form import json_form
+from kb.citations.envelope import attribute_value
 from kb.errors import CommitOutcomeUnknown, DocumentNotFound, InvalidInput, IsAFolder, KbError, TooManyChats
 from kb.paths import StorePath
 from kb.store.authors import default_author
@@ -491,7 +492,8 @@ def build_server(
             window = state.turn.read(path, offset=offset, limit=limit)
             body = "\n".join(f"{n:>6}  {line}" for n, line in window.lines)
             return (
-                f'<document path="{window.path}" view="uncommitted" lines="{window.total_lines}">\n{body}\n</document>'
+                f'<document path="{attribute_value(window.path)}" view="uncommitted" lines="{window.total_lines}">'
+                f"\n{body}\n</document>"
             )
 
         return call(run, state)
