@@ -987,6 +987,22 @@ def test_restore_follows_the_document_through_later_moves(kb, kb_env):
     assert tree(kb, 5) == {"/documents/Archive/a.md": b"todo v1", B: b"b1"}
 
 
+def test_restore_takes_a_documents_path_now_with_a_revision_before_its_moves(kb, kb_env):
+    """design §3: `kb restore PATH --revision R` with the path a document has *now* and a revision
+    before moves took it there brings back its version in R (found at the path it had then), as
+    `kb log PATH` and `kb blame` follow it; it said "no document at PATH in revision R". A path
+    that held nothing in R, and that no recorded move leads back from, still says so."""
+    r1 = commit(kb, 7, ("write", A, b"policy v1"))
+    commit(kb, 7, ("move", A, "/documents/Policies/a.md"))
+    commit(kb, 7, ("write", "/documents/Policies/a.md", b"policy v2"))
+    commit(kb, 7, ("move", "/documents/Policies/a.md", "/documents/Archive/a.md"))
+    out = run_cli(kb_env, "restore", "/documents/Archive/a.md", "--revision", r1.id, "--workspace", "7").stdout
+    assert "/documents/Archive/a.md" in out
+    assert tree(kb, 7) == {"/documents/Archive/a.md": b"policy v1"}
+    failed = run_cli(kb_env, "restore", "/documents/nothing.md", "--revision", r1.id, "--workspace", "7", check=False)
+    assert failed.returncode == 1 and "no document at" in failed.stderr, failed.stderr
+
+
 def test_a_message_of_only_whitespace_is_no_message_and_each_writer_writes_its_own(kb, tmp_path):
     """(design §3) git refuses a blank message as empty: a transaction, a turn's commit, an import,
     a revert and a restore given one write what they write when given none."""

@@ -379,6 +379,25 @@ def moved_to(conn: Connection, workspace_id: int, path: str, since_revision: str
     return last if moves else None
 
 
+def path_in_revision(conn: Connection, workspace_id: int, path: str, revision_id: str) -> str | None:
+    """The repo path that the document at repo path ``path`` now had in ``revision_id``: its
+    history (:func:`read_history`, which goes on below a move at the old path) walked back
+    through the moves recorded after that revision (design §3). ``path`` itself when none moved
+    it since; None when ``revision_id`` is not recorded. ``kb restore`` takes a document's path
+    now with an older revision (``log`` and ``blame`` follow moves the same way)."""
+    seq = _revision_seq(conn, workspace_id, revision_id)
+    if seq is None:
+        return None
+    current = path
+    for revision in read_history(conn, workspace_id, path, 2**31 - 1):  # newest first, down to it
+        if revision.seq <= seq:
+            break
+        change = revision.changes[0]
+        if change.change == "moved" and change.old_path:
+            current = change.old_path.removeprefix("/")
+    return current
+
+
 def current_path(conn: Connection, workspace_id: int, path: str, since_revision: str) -> str | None:
     """Where the document at repo path ``path`` in ``since_revision`` is now by the revisions
     recorded after it: ``path`` itself when they only edited it there, where a chain of recorded

@@ -77,6 +77,7 @@ from kb.store.history import (
     record_revisions,
 )
 from kb.store.history import moved_to as history_moved_to
+from kb.store.history import path_in_revision as history_path_in_revision
 from kb.store.job_deferral import defer_convergence, defer_packing
 from kb.store.listing import Entry, list_tree, not_a_document
 from kb.store.moved_edits import follow_moved_edits
@@ -417,6 +418,15 @@ class KnowledgeStore:
         repo_path = repo_path_of(path, allow_keep=True)
         with database.transaction(self.database_url) as conn:
             found = history_moved_to(conn, self.workspace_id, repo_path, since_revision)
+        return None if found is None else "/" + found
+
+    def path_in_revision(self, path: str | StorePath, revision: str) -> str | None:
+        """The virtual path the document now at ``path`` had in ``revision``, following the moves
+        recorded since back (design §3): ``path`` itself when none moved it; None when
+        ``revision`` is not recorded. Raises InvalidPath."""
+        repo_path = repo_path_of(path, allow_keep=True)
+        with database.transaction(self.database_url) as conn:
+            found = history_path_in_revision(conn, self.workspace_id, repo_path, revision)
         return None if found is None else "/" + found
 
     def history(self, path: str | StorePath | None = None, limit: int = 50) -> list[Revision]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import DocumentGone, PathExists, RevisionNotFound
+from kb.errors import DocumentGone, DocumentNotFound, PathExists, RevisionNotFound
 from kb.paths import StorePath
 from kb.store import artifact_rows
 from kb.store.draft import Draft, repo_path_of
@@ -276,14 +276,24 @@ def restore(
     The document at ``path`` in ``revision`` is followed through the moves recorded since, as
     ``revert`` follows them: when it is now elsewhere, its content goes there (it restored a
     second copy at the old path, beside the moved document); when it was removed, or never
-    moved, it comes back at ``path``.
+    moved, it comes back at ``path``. A ``path`` with no document in ``revision`` is taken as
+    where a document is now: followed back through the moves recorded since, its version in
+    ``revision`` (at the path it had then) comes back at ``path``.
 
     Returns None when HEAD already holds those bytes there. Raises RevisionNotFound,
     DocumentNotFound (no document at ``path`` in ``revision``), InvalidPath, PathExists.
     """
     revision = store.repository.resolve(revision)
-    data = store.read_as_of(revision, path)
     virtual = StorePath.parse(str(path), allow_keep=True).virtual
+    try:
+        data = store.read_as_of(revision, path)
+    except DocumentNotFound:
+        # ``path`` may be where the document is now, moved there since: its version then, at
+        # the path it had, comes back here (as ``log`` and ``blame`` follow it)
+        earlier = store.path_in_revision(virtual, revision)
+        if earlier is None or earlier == virtual:
+            raise
+        data = store.read_as_of(revision, earlier)
     moved = store.moved_to(virtual, revision)
     head_tree = store.repository.tree_id(store.head())
     if moved is not None and moved != virtual and store.repository.lookup(head_tree, moved[1:]) is not None:

@@ -132,6 +132,9 @@ def revert(revision: str, workspace: int, message: str | None, author: str | Non
 def restore(path: str, workspace: int, revision: str, message: str | None, author: str | None) -> None:
     """Bring one document back as it was at a revision, as a new revision.
 
+    PATH is the document's path at that revision, or where it is now when moves took it there
+    since (as kb log PATH follows it).
+
     Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
     """
     result = session.open_kb().restore(workspace, path, revision, author=author, message=message)
