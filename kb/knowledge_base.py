@@ -290,10 +290,12 @@ class KnowledgeBase:
         author: str | None = None,
         idempotency_key: str | None = None,
         progress: ImportProgress | None = None,
+        dry_run: bool = False,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
         ``transaction`` (design §3); ``progress(phase, done, total)`` hears the import at work
-        (``kb.store.importer.ImportProgress``)."""
+        (``kb.store.importer.ImportProgress``); ``dry_run``: record nothing, the report says what
+        the import would do (``kb import --dry-run``)."""
         return self.workspace(workspace_id).import_folder(
             source,
             prefix=prefix,
@@ -302,6 +304,7 @@ class KnowledgeBase:
             author=author,
             idempotency_key=idempotency_key,
             progress=progress,
+            dry_run=dry_run,
         )
 
     # -- derived index (design §6, §7) -----------------------------------------------------

@@ -80,6 +80,12 @@ class ImportReport:
     unindexable: dict[str, str] = field(default_factory=dict)
     folder: str = "/documents"
     folder_renamed: bool = False
+    dry_run: bool = False
+    """True for a preview (``dry_run``): the counts say what an import would record, nothing was."""
+    moves: dict[str, str] = field(default_factory=dict)
+    """A preview's moves: ``{old virtual path: new}`` for the files ``prune`` finds renamed."""
+    removals: list[str] = field(default_factory=list)
+    """A preview's removals: the virtual paths ``prune`` would remove."""
 
 
 def _utf8(name: str) -> bool:
@@ -253,8 +259,13 @@ def import_folder(
     author: str = "kb-import",
     idempotency_key: str | None = None,
     progress: ImportProgress | None = None,
+    dry_run: bool = False,
 ) -> ImportReport:
     """Import ``source`` into the store's workspace as one revision (created if needed).
+
+    ``dry_run``: record nothing and create no workspace; the report says what the import would
+    do (its counts, ``moves`` and ``removals``; ``revision`` None), so a ``prune``, which removes
+    documents, can be looked at first.
 
     ``idempotency_key``: the write's key (design §3): an interrupted import is settled with
     ``KnowledgeStore.write_outcome(key)``, and a retry with the key records it at most once.
@@ -279,7 +290,7 @@ def import_folder(
     for repo_path in planned.values():  # the whole import is refused before anything is created
         check_path_length(repo_path, "/" + repo_path)
     created = not store.exists()
-    if created:
+    if created and not dry_run:
         store.create()
     hidden = sum(1 for entry in skipped if entry.hidden)
     root = "/" + "/".join(("documents", *prefix_parts))
@@ -287,7 +298,7 @@ def import_folder(
         store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden, skipped=skipped, folder=root
     )
     report.folder_renamed = tuple(_prefix_segments(prefix)) != prefix_parts
-    existing = store.list_paths() if store.head() else {}
+    existing = store.list_paths() if not created and store.head() else {}
     text = stated_message(message) or f"import {len(relative)} documents from {source.name}"
     pruned: list[str] = []
     if prune:
@@ -300,6 +311,8 @@ def import_folder(
             and not virtual.endswith("/.keep")
         ]
     moves = _renames(source, planned, existing, pruned)
+    if dry_run:
+        return _preview(report, source, planned, existing, pruned, moves, prefix_parts, store.settings.max_index_bytes)
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
         # pruned first: a document renamed in the folder only by case (Foo.md → foo.md) then takes
         # the name its old self leaves, which the draft refuses while the old name stands (§2.2);
@@ -347,4 +360,43 @@ def import_folder(
             elif change.change == "removed":
                 report.removed += 1
     report.unchanged = len(relative) - report.added - report.modified - report.moved
+    return report
+
+
+def _preview(
+    report: ImportReport,
+    source: Path,
+    planned: dict[tuple[str, ...], str],
+    existing: dict[str, str],
+    pruned: list[str],
+    moves: dict[str, str],
+    prefix_parts: tuple[str, ...],
+    max_index_bytes: int,
+) -> ImportReport:
+    """``report`` filled with what an import of ``planned`` would record over ``existing``
+    (``{virtual path: blob id}`` at HEAD): each file read and hashed, compared with the document
+    at its path; ``pruned`` less the moves' sources removed. Records nothing."""
+    report.dry_run = True
+    report.moves = {old: new for new, old in moves.items()}
+    report.removals = sorted(virtual for virtual in pruned if virtual not in moves.values())
+    report.removed = len(report.removals)
+    for parts, repo_path in planned.items():
+        virtual = "/" + repo_path
+        if virtual in moves:
+            report.moved += 1
+            continue
+        try:
+            data = source.joinpath(*parts).read_bytes()
+        except OSError as exc:
+            raise _unreadable(source, exc) from None
+        reason = unindexable_reason(data, max_index_bytes)
+        if reason is not None:
+            report.unindexable[virtual] = reason
+        if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
+            report.renamed["/".join(parts)] = virtual
+        if virtual not in existing:
+            report.added += 1
+        elif existing[virtual] != blob_id(data):
+            report.modified += 1
+    report.unchanged = len(planned) - report.added - report.modified - report.moved
     return report

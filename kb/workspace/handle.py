@@ -148,9 +148,11 @@ class Workspace:
         author: str | None = None,
         idempotency_key: str | None = None,
         progress: ImportProgress | None = None,
+        dry_run: bool = False,
     ) -> ImportReport:
         """Import a folder of markdown as one revision (``kb import``); ``idempotency_key`` as in
-        ``transaction``; ``progress`` hears the import's phases (``kb.store.importer.ImportProgress``)."""
+        ``transaction``; ``progress`` hears the import's phases (``kb.store.importer.ImportProgress``);
+        ``dry_run``: record nothing, the report says what the import would do."""
         from kb.store.importer import import_folder
 
         return import_folder(
@@ -162,6 +164,7 @@ class Workspace:
             author=author or default_author(),
             idempotency_key=idempotency_key,
             progress=progress,
+            dry_run=dry_run,
         )
 
     # -- maintenance and services ----------------------------------------------------------

@@ -26,21 +26,32 @@ from kb.errors import EditorFailed
 @workspace_option()
 @click.option("--prefix", help="Folder under /documents to import into.")
 @click.option("--prune", is_flag=True, help="Also remove documents under the prefix that PATH no longer has.")
+@click.option("--dry-run", is_flag=True, help="Record nothing: say what the import would add, modify, move and remove.")
 @click.option("--message", "-m", help="Revision message (default: a summary).")
 @click.option("--author", help="Author of the revision (default: your user name).")
 def import_(
-    path: Path, workspace: int, prefix: str | None, prune: bool, message: str | None, author: str | None
+    path: Path,
+    workspace: int,
+    prefix: str | None,
+    prune: bool,
+    dry_run: bool,
+    message: str | None,
+    author: str | None,
 ) -> None:
     """Import every *.md (.MD too) under PATH into a workspace as one revision.
 
     Hidden files and folders, other files and symbolic links are skipped; each is named with the
     reason. A document kb stores but cannot index (not UTF-8, NUL bytes, over KB_MAX_INDEX_BYTES)
     is named too: it stays readable in git, and search does not find it. On a terminal, a live line
-    on stderr shows the files found and read and the revision being recorded.
+    on stderr shows the files found and read and the revision being recorded. --dry-run shows
+    first what an import (with --prune: which removals) would record.
 
-    Example: kb import ~/notes --workspace 1 --prefix Notes
+    Example: kb import ~/notes --workspace 1 --prefix Notes --prune --dry-run
     """
     kb = session.open_kb(create=True)  # the README's first command: it starts the knowledge base
+    if dry_run:
+        _preview_import(kb.import_folder(path, workspace, prefix=prefix, prune=prune, dry_run=True), workspace)
+        return
     key = uuid.uuid4().hex
     existed = kb.store(workspace).exists()
     progress = _ImportLine() if sys.stderr.isatty() else None  # a script's capture gets the report only
@@ -403,6 +414,36 @@ def remove(paths: tuple[str, ...], workspace: int, author: str | None, message: 
         return
     removed = [c.path for c in revision.changes if c.change == "removed"]
     click.echo(f"revision {revision.id}: removed {counted(len(removed), 'document')}")
+
+
+def _preview_import(report, workspace: int) -> None:
+    """What ``kb import --dry-run`` prints: the counts and paths an import would record."""
+    shown_per_reason = 20
+    click.echo(f"dry run: nothing recorded in workspace {workspace}; the import would record:")
+    click.echo(
+        f"documents: {report.documents_found} found, {report.added} to add, {report.modified} to modify, "
+        f"{report.moved} to move, {report.removed} to remove, {report.unchanged} unchanged; skipped "
+        f"{report.skipped_other} other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
+    )
+    moves = list(report.moves.items())
+    for old, new in moves[:shown_per_reason]:
+        click.echo(f"would move {shown(old)} → {shown(new)}: renamed in the folder (--prune)")
+    if len(moves) > shown_per_reason:
+        click.echo(f"would move {len(moves) - shown_per_reason} more renamed in the folder (--prune)")
+    for removed in report.removals[:shown_per_reason]:
+        click.echo(f"would remove {shown(removed)}: not in the folder (--prune)")
+    if len(report.removals) > shown_per_reason:
+        click.echo(f"would remove {len(report.removals) - shown_per_reason} more not in the folder (--prune)")
+    by_reason: dict[str, list[str]] = {}
+    for entry in report.skipped:
+        by_reason.setdefault(entry.reason, []).append(entry.path)
+    for reason, paths in by_reason.items():
+        for skipped in paths[:shown_per_reason]:
+            click.echo(f"skipped {shown(skipped)}: {shown(reason)}")
+        if len(paths) > shown_per_reason:
+            click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
+    for unindexable, reason in report.unindexable.items():
+        click.echo(f"would store but not index {shown(unindexable)}: {shown(reason)}")
 
 
 def _settle_interrupted_import(kb, workspace: int, key: str, existed: bool) -> None:
