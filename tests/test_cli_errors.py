@@ -263,3 +263,27 @@ def test_log_of_a_path_with_no_history_suggests_commands_in_its_workspace(kb, kb
     said = run_cli(kb_env, "log", "/documents/Team/Nope.md", "-w", "2").stderr
     assert "`kb ls /documents/Team/Nope.md --workspace 2` lists them" in said, said
     assert "`kb log --workspace 2` alone shows every revision" in said, said
+
+
+def test_a_document_under_a_document_is_refused_with_virtual_paths(kb, kb_env):
+    """`kb new /documents/Team/Onboarding.md x` said "cannot place documents/Team/Onboarding.md/x.md":
+    the repository's spelling of the path, which no command takes. Messages show /documents/…"""
+    kb.create_workspace(2)
+    with kb.transaction(2, "seed", "t") as tx:
+        tx.write("/documents/Team/Onboarding.md", "a\n")
+    line = _one_line_error(run_cli(kb_env, "new", "/documents/Team/Onboarding.md", "x", "-w", "2", check=False))
+    assert line.startswith("kb: error: cannot place /documents/Team/Onboarding.md/x.md: "), line
+    assert "/documents/Team/Onboarding.md is a document, not a folder" in line, line
+
+
+def test_removing_the_root_says_it_cannot_be_removed(kb, kb_env):
+    """`kb rm /documents` said "the /documents root is a folder, not a document" — yet rm takes
+    folders. It says the root itself cannot be removed and how to remove what it holds; nothing is."""
+    kb.create_workspace(2)
+    with kb.transaction(2, "seed", "t") as tx:
+        tx.write("/documents/Team/a.md", "a\n")
+    for root in ("/documents", "/documents/"):
+        line = _one_line_error(run_cli(kb_env, "rm", root, "-w", "2", check=False))
+        assert "not a document" not in line and "the /documents root cannot be removed" in line, line
+        assert "`kb ls /documents --workspace 2` lists them" in line, line
+    assert [e.path for e in kb.ls(2, "/documents/Team")] == ["/documents/Team/a.md"]
