@@ -27,6 +27,11 @@ from kb.errors import InvalidInput, OffsetOutOfRange
 BOM = "\ufeff"
 
 
+def line_span(start: int, end: int, dash: str = "-") -> str:
+    """``line 10`` for a one-line span, ``lines 10-12`` for more (``dash`` joins the two)."""
+    return f"line {start}" if start == end else f"lines {start}{dash}{end}"
+
+
 def decode_text(data: bytes | str) -> str:
     """``data`` as text (UTF-8, undecodable bytes → U+FFFD); text is returned unchanged."""
     return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data

@@ -89,3 +89,23 @@ def test_normalize_help_is_truthful_and_in_place_rewrites_the_file(kb_env, tmp_p
         timeout=120,
     )
     assert piped.returncode == 1 and piped.stderr.startswith("kb: error: --in-place needs a FILE to rewrite")
+
+
+def test_a_one_line_span_is_said_as_one_line(kb_env, tmp_path):
+    """`kb cite resolve --follow` printed "lines 6-6" for a one-line span: it says "line 6". A
+    citation past the end says "names line 9" and suggests a normalize carrying chat and workspace."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "Refund policy.md").write_text(POLICY)
+    run_cli(kb_env, "import", str(notes), "--workspace", "2")
+    run_cli(kb_env, "read", "/documents/Refund policy.md", "-w", "2", "--chat", "c1")
+    (notes / "Refund policy.md").write_text(
+        "# Refund policy\n\nUpdated 2026.\nAsk billing.\n" + POLICY.split("\n", 2)[2]
+    )
+    run_cli(kb_env, "import", str(notes), "--workspace", "2")
+    resolved = run_cli(kb_env, "cite", "resolve", "[1:L4]", "--chat", "c1", "-w", "2", "--follow").stdout
+    assert "now: unchanged — /documents/Refund policy.md" in resolved and resolved.count(" line 6\n") == 1, resolved
+    assert "lines 6-6" not in resolved
+    past = run_cli(kb_env, "cite", "resolve", "[1:L9]", "--chat", "c1", "-w", "2", check=False)
+    assert past.returncode == 1 and "names line 9 but /documents/Refund policy.md has 5 lines" in past.stderr
+    assert "(`kb cite normalize FILE --chat c1 --workspace 2`)" in past.stderr, past.stderr

@@ -233,3 +233,57 @@ def test_edit_failures_are_reported_as_every_other_kb_error(kb, kb_env, tmp_path
     run_cli(kb_env, "import", str(notes), "--workspace", "1")
     line = _one_line_error(run_cli(kb_env, "edit", "/documents/Notes", "--workspace", "1", check=False))
     assert "`kb ls /documents/Notes --workspace 1` lists what it holds" in line, line
+
+
+def test_log_says_when_more_revisions_exist_than_it_shows(kb, kb_env):
+    """`kb log -w 2` stopped at its default of 20 revisions without a word: after 40 writes a new
+    user thought 20 were lost. When the limit cuts the listing a note on stderr says so and gives
+    the command showing them all (-n 0); `kb log PATH` the same. Nothing is said when all fit."""
+    kb.create_workspace(2)
+    for i in range(4):
+        with kb.transaction(2, f"write {i}", "t") as tx:
+            tx.write("/documents/Team/Plan.md", f"{i}\n")
+    for path in ((), ("/documents/Team/Plan.md",)):
+        cut = run_cli(kb_env, "log", *path, "-w", "2", "-n", "3")
+        assert cut.stdout.count("write ") == 3 and "write 0" not in cut.stdout
+        wanted = f"`kb log {path[0] + ' ' if path else ''}--workspace 2 -n 0` shows them all"
+        assert cut.stderr.startswith("note: more revisions exist than the 3 shown") and wanted in cut.stderr
+        assert len(cut.stderr.splitlines()) == 1, cut.stderr
+        every = run_cli(kb_env, "log", *path, "-w", "2", "-n", "0")
+        assert every.stdout.count("write ") == 4 and every.stderr == ""
+        assert run_cli(kb_env, "log", *path, "-w", "2", "-n", "4").stderr == ""  # exactly the limit: all shown
+
+
+def test_log_of_a_path_with_no_history_suggests_commands_in_its_workspace(kb, kb_env):
+    """`kb log /documents/Team/Nope.md -w 2` suggested `kb ls …` without --workspace, which fails
+    (or lists workspace 1's): the commands it suggests carry the workspace given."""
+    kb.create_workspace(2)
+    with kb.transaction(2, "notes", "t") as tx:
+        tx.write("/documents/Team/a.md", "a\n")
+    said = run_cli(kb_env, "log", "/documents/Team/Nope.md", "-w", "2").stderr
+    assert "`kb ls /documents/Team/Nope.md --workspace 2` lists them" in said, said
+    assert "`kb log --workspace 2` alone shows every revision" in said, said
+
+
+def test_a_document_under_a_document_is_refused_with_virtual_paths(kb, kb_env):
+    """`kb new /documents/Team/Onboarding.md x` said "cannot place documents/Team/Onboarding.md/x.md":
+    the repository's spelling of the path, which no command takes. Messages show /documents/…"""
+    kb.create_workspace(2)
+    with kb.transaction(2, "seed", "t") as tx:
+        tx.write("/documents/Team/Onboarding.md", "a\n")
+    line = _one_line_error(run_cli(kb_env, "new", "/documents/Team/Onboarding.md", "x", "-w", "2", check=False))
+    assert line.startswith("kb: error: cannot place /documents/Team/Onboarding.md/x.md: "), line
+    assert "/documents/Team/Onboarding.md is a document, not a folder" in line, line
+
+
+def test_removing_the_root_says_it_cannot_be_removed(kb, kb_env):
+    """`kb rm /documents` said "the /documents root is a folder, not a document" — yet rm takes
+    folders. It says the root itself cannot be removed and how to remove what it holds; nothing is."""
+    kb.create_workspace(2)
+    with kb.transaction(2, "seed", "t") as tx:
+        tx.write("/documents/Team/a.md", "a\n")
+    for root in ("/documents", "/documents/"):
+        line = _one_line_error(run_cli(kb_env, "rm", root, "-w", "2", check=False))
+        assert "not a document" not in line and "the /documents root cannot be removed" in line, line
+        assert "`kb ls /documents --workspace 2` lists them" in line, line
+    assert [e.path for e in kb.ls(2, "/documents/Team")] == ["/documents/Team/a.md"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kb.index.chunking import Chunker
-from kb.lines import document_lines, line_count, line_starts
+from kb.lines import document_lines, line_count, line_span, line_starts
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,15 @@ def test_kept_lines_are_equal_blocks_in_order_and_find_few_edits_among_many_alik
     kept_new = {j + n for _, j, size in kept_lines(alike, edited) for n in range(size)}
     assert len(kept_new) == 199_998 and 0 not in kept_new and 100_000 not in kept_new
     assert kept_lines(alike, ["="] * 200_000) == []
+
+
+def test_a_one_line_span_is_said_as_one_line():
+    """ "lines 10-10" was printed for one line (``kb cite resolve --follow``, the document page's
+    notes): one line is "line 10", the page's capitalised note agreeing with it."""
+    from kb.adapters.http.ui.pages import highlight_within
+
+    assert (line_span(10, 10), line_span(10, 12), line_span(3, 5, "–")) == ("line 10", "lines 10-12", "lines 3–5")
+    assert highlight_within((9, 9), 4) == (None, "Line 9 is past the end: the document has 4 lines here.")
+    assert highlight_within((8, 9), 4) == (None, "Lines 8–9 are past the end: the document has 4 lines here.")
+    assert highlight_within((4, 9), 4) == ((4, 4), "The document ends at line 4: line 4 is shown.")
+    assert highlight_within((2, 9), 4) == ((2, 4), "The document ends at line 4: lines 2–4 are shown.")

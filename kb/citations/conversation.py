@@ -23,7 +23,7 @@ from kb.citations.registry import Handle, Showing
 from kb.db import database
 from kb.db.sql import queries
 from kb.errors import DocumentNotFound, InvalidCitation, IsAFolder, UnknownChat, UnknownHandle
-from kb.lines import document_lines
+from kb.lines import document_lines, line_span
 from kb.paths import StorePath
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class Resolution:
                 )
                 out.append(f"now: {where}")
             else:
-                out.append(f"now: {f.status} — {f.path} @ {(f.revision or '')[:12]} lines {f.start}-{f.end}")
+                out.append(f"now: {f.status} — {f.path} @ {(f.revision or '')[:12]} {line_span(f.start, f.end)}")
                 out += [f"{n:>6}  {t}" for n, t in f.lines]
         return "\n".join(out)
 
@@ -292,9 +292,11 @@ class Conversation:
             return resolved if not follow else self._with_follow(resolved, lines, 1, len(lines), head, path, blobs)
         start, end = citation.start, citation.end if citation.end is not None else citation.start
         if start < 1 or end > len(lines) or end < start:
+            has = f"{len(lines)} line{'' if len(lines) == 1 else 's'}"
             raise InvalidCitation(
-                f"{citation} names lines {start}-{end} but {handle.path} has {len(lines)} lines at "
-                f"{handle.revision[:12]}; normalize the answer first (kb cite normalize)"
+                f"{citation} names {line_span(start, end)} but {handle.path} has {has} at "
+                f"{handle.revision[:12]}; normalize the answer first "
+                f"(`kb cite normalize FILE --chat {self.chat_id} --workspace {self.workspace_id}`)"
             )
         resolved = Resolution(citation, handle, "lines", False, numbered[start - 1 : end])
         return resolved if not follow else self._with_follow(resolved, lines, start, end, head, path, blobs)

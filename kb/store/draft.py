@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from kb.errors import DocumentNotFound, InvalidInput, PathExists, WrongThread
+from kb.errors import DocumentNotFound, InvalidInput, InvalidPath, PathExists, WrongThread
 from kb.paths import StorePath, blob_id, check_new_segment, check_path_length, describe_name, name_key
 from kb.store.titles import TitledDocument, check_title, choose_name, folder_and_name
 
@@ -48,6 +48,18 @@ def repo_path_of(path: str | StorePath, *, allow_keep: bool = False) -> str:
     if isinstance(path, StorePath):
         return path.repo_path
     return StorePath.parse(path, allow_keep=allow_keep).repo_path
+
+
+def check_removable(path: str | StorePath, workspace_id: int | None = None) -> None:
+    """Raise InvalidPath when ``path`` is the /documents root: a removal takes documents and
+    folders, never the root itself (design §2.3). ``workspace_id`` names the workspace in the
+    ``kb ls`` the message suggests."""
+    parts = path.parts if isinstance(path, StorePath) else StorePath.parse(path, allow_root=True, allow_keep=True).parts
+    if not parts:
+        listing = "" if workspace_id is None else f" (`kb ls /documents --workspace {workspace_id}` lists them)"
+        raise InvalidPath(
+            path, f"the /documents root cannot be removed, only what it holds: name its folders or documents{listing}"
+        )
 
 
 def document_bytes(data: object, path: str) -> bytes:
@@ -293,10 +305,11 @@ class Draft:
         documents or lies under a path that is a document.
         """
         repo_path = repo_path_of(path, allow_keep=allow_keep)
-        data = document_bytes(data, str(path))
+        virtual = virtual_of(repo_path)  # what messages show: write_titled passes a repo path
+        data = document_bytes(data, virtual)
         if self._current(repo_path) is None:
-            self._check_new(repo_path, str(path))
-        self._check_placeable(repo_path, str(path))
+            self._check_new(repo_path, virtual)
+        self._check_placeable(repo_path, virtual)
         origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, data, origin)
 
@@ -306,7 +319,7 @@ class Draft:
         ``Repository.add_blobs``): a writer of many documents (the legacy seed, design §10) streams
         them into the object store and keeps only ids in memory. Raises as :meth:`write`."""
         repo_path = repo_path_of(path, allow_keep=allow_keep)
-        self._check_placeable(repo_path, str(path))
+        self._check_placeable(repo_path, virtual_of(repo_path))
         origin = self.origin_of(repo_path) if self._current(repo_path) is not None else None
         self._set(repo_path, BlobRef(blob), origin)
 
@@ -346,6 +359,7 @@ class Draft:
         Raises DocumentNotFound when neither exists as of the calls so far, unless ``missing_ok``
         (then nothing happens, as ``rm -f`` / ``Path.unlink(missing_ok=True)``).
         """
+        check_removable(path)
         repo_path = repo_path_of(path, allow_keep=True)
         targets = [repo_path] if self._current(repo_path) is not None else self._files_under(repo_path)
         if not targets:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from kb.store import reverts
 from kb.store.authors import default_author
+from kb.store.draft import check_removable
 
 if TYPE_CHECKING:
     from kb.store.draft import Draft
@@ -115,7 +116,9 @@ class Workspace:
         """Remove documents or folders (every document under one) in one revision (``kb rm``);
         history keeps them: ``kb log``/``kb read -r`` show them, ``kb revert`` brings them back.
         Returns the revision. Raises DocumentNotFound (a path with nothing there: nothing is
-        removed), InvalidPath."""
+        removed), InvalidPath (the /documents root among them)."""
+        for path in paths:
+            check_removable(path, self.id)
         with self.transaction(message, author) as draft:
             for path in paths:
                 draft.remove(path)

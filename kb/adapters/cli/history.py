@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 
@@ -11,6 +12,9 @@ import click
 from kb.adapters.cli import session
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import fitted, shown
+
+ALL_REVISIONS = 2**31 - 1
+"""The most revisions ``kb log`` asks for (the store's MAX_HISTORY_LIMIT): what ``-n 0`` asks."""
 
 
 @click.command()
@@ -21,19 +25,27 @@ from kb.adapters.cli.terminal import fitted, shown
     "-n",
     default=20,
     show_default=True,
-    type=click.IntRange(min=1, max=2**31 - 1),
-    help="Most revisions to show, newest first.",
+    type=click.IntRange(min=0, max=ALL_REVISIONS),
+    help="Most revisions to show, newest first (0: all of them).",
 )
 def log(path: str | None, workspace: int, limit: int) -> None:
-    """Revisions newest first (id, author, date, message, paths changed).
+    """Revisions newest first (id, author, date, message, paths changed). When more revisions
+    than --limit exist, a note on stderr says so and how to see them.
 
     Asks the running `kb serve` when KB_SERVER_URL is set. Example: kb log --workspace 1 "/documents/Notes/Todo.md"
     """
-    revisions = (session.server() or session.open_kb()).history(workspace, path, limit)
+    shown_at_most = limit or ALL_REVISIONS
+    # one more than shown, to know whether the listing was cut (it is said, never silent)
+    asked = shown_at_most + 1 if shown_at_most < ALL_REVISIONS else shown_at_most
+    revisions = (session.server() or session.open_kb()).history(workspace, path, asked)
+    cut = len(revisions) > shown_at_most
+    revisions = revisions[:shown_at_most]
+    quoted = "" if path is None else f" {shlex.quote(path)}"
     if not revisions and path is not None:
         click.echo(
             f"note: no revision changed a document at {path} (if it is a folder, each of its documents "
-            f"has its own log: `kb ls {path}` lists them; `kb log` alone shows every revision)",
+            f"has its own log: `kb ls{quoted} --workspace {workspace}` lists them; "
+            f"`kb log --workspace {workspace}` alone shows every revision)",
             err=True,
         )
     for revision in revisions:
@@ -46,6 +58,12 @@ def log(path: str | None, workspace: int, limit: int) -> None:
             click.echo(f"    {shown(changed)}")
         if len(paths) > 10:
             click.echo(f"    … and {len(paths) - 10} more")
+    if cut:
+        click.echo(
+            f"note: more revisions exist than the {shown_at_most} shown: "
+            f"`kb log{quoted} --workspace {workspace} -n 0` shows them all (-n N the newest N)",
+            err=True,
+        )
 
 
 BLAME_NAME_CHARS = 24

@@ -22,6 +22,7 @@ from kb.adapters.http.ui.access import ANY_WORKSPACE, authorize, page_gate
 from kb.adapters.http.ui.diffs import revision_diffs
 from kb.adapters.http.ui.rendering import render
 from kb.errors import InvalidChat, InvalidInput, UnknownChat, UnknownHandle
+from kb.lines import line_span
 from kb.store.knowledge_store import trailer_turn
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ def parse_lines(lines: str | None) -> tuple[int, int] | None:
     return start, int(match.group(2) or start)
 
 
+def _span_is(start: int, end: int) -> str:
+    """``line 7 is`` or ``lines 3–5 are``: a one-line span is one line."""
+    return line_span(start, end, "–") + (" is" if start == end else " are")
+
+
 def highlight_within(highlight: tuple[int, int] | None, total: int) -> tuple[tuple[int, int] | None, str | None]:
     """The lines ``highlight`` asks for, cut to a document of ``total`` lines, and what the page
     says when it had to cut: ``((start, end) or None, note or None)``. A range past the last line
@@ -59,9 +65,9 @@ def highlight_within(highlight: tuple[int, int] | None, total: int) -> tuple[tup
     if start > end:
         return None, f"Lines {start}–{end} name no line: the first must not come after the last."
     if start > total:
-        return None, f"Lines {start}–{end} are past the end: the document has {total} lines here."
+        return None, f"{_span_is(start, end).capitalize()} past the end: the document has {total} lines here."
     if end > total:
-        return (start, total), f"The document ends at line {total}: lines {start}–{total} are shown."
+        return (start, total), f"The document ends at line {total}: {_span_is(start, total)} shown."
     return (start, end), None
 
 
