@@ -40,7 +40,7 @@ def log(path: str | None, workspace: int, limit: int) -> None:
     revisions = (session.server() or session.open_kb()).history(workspace, path, asked)
     cut = len(revisions) > shown_at_most
     revisions = revisions[:shown_at_most]
-    quoted = "" if path is None else f" {shlex.quote(path)}"
+    quoted = "" if path is None else f" {shown(shlex.quote(path))}"  # a name's control characters escaped
     if not revisions and path is not None:
         click.echo(
             f"note: no revision changed a document at {path} (if it is a folder, each of its documents "
