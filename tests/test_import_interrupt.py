@@ -130,3 +130,29 @@ def test_ctrl_c_as_the_ref_is_renamed_leaves_a_git_commands_ref_lock_alone(kb, k
     assert ref_lock.read_bytes() == b"held by a git command\n"  # the git command's, left to it
     ref_lock.unlink()
     git(repo, "fsck", "--strict")
+
+
+def test_ctrl_c_during_another_write_says_it_may_have_landed_and_how_to_see(kb_env, tmp_path):
+    """design §3: Ctrl-C in a command recording a revision (here `kb mv`, once its ref moved)
+    printed click's bare "Aborted!" and exited 1, saying nothing of the write. It exits 130 saying
+    the revision may have landed and the command that shows whether it did; a command that
+    records nothing, interrupted, says only that."""
+    run_cli(kb_env, "import", str(_source(tmp_path)), "--workspace", "2")
+    moved = run_cli(
+        {**kb_env, "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
+        "mv",
+        "/documents/n0.md",
+        "/documents/archive/n0.md",
+        "--workspace",
+        "2",
+        check=False,
+    )
+    assert moved.returncode == 130, moved.stderr
+    assert "Aborted!" not in moved.stderr and "Traceback" not in moved.stderr, moved.stderr
+    assert "`kb mv` was recording may or may not have landed" in moved.stderr, moved.stderr
+    assert "`kb sweep` records it if it landed" in moved.stderr, moved.stderr
+    assert "`kb log -n 3 --workspace 2` shows it" in moved.stderr, moved.stderr
+    assert "/documents/archive/n0.md" not in run_cli(kb_env, "log", "-n", "3", "--workspace", "2").stdout
+    run_cli(kb_env, "sweep")  # as the message says
+    log = run_cli(kb_env, "log", "-n", "3", "--workspace", "2").stdout
+    assert "/documents/archive/n0.md" in log  # it had landed: git held it, and the sweep recorded it

@@ -65,6 +65,7 @@ class _Group(click.Group):
         return super().list_commands(ctx)
 
     def invoke(self, ctx):
+        given = list(ctx.args)  # the command's own arguments, before it parses them (for _interrupted)
         try:
             return super().invoke(ctx)
         except KbError as exc:
@@ -72,7 +73,12 @@ class _Group(click.Group):
                 f"kb: error: {shown(exc.cli_message, lines=True)}", err=True
             )  # the CLI's spelling of what to pass
             sys.exit(1)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            # Ctrl-C: exit 130 as a shell expects, saying what is known of a write in flight
+            # (design §3: a revision lands whole or not at all), not click's bare "Aborted!"
+            click.echo(_interrupted(ctx.invoked_subcommand, given), err=True)
+            sys.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BrokenPipeError:
             # The reader went away (`kb log | head`): stop quietly, as other Unix tools do, with
@@ -95,6 +101,30 @@ class _Group(click.Group):
             sys.exit(2)
         finally:
             gc.enable()  # paused by session.pause_gc_while_loading for a quick command
+
+
+REVISION_COMMANDS = frozenset({"new", "mv", "rm", "edit", "revert", "restore", "import"})
+"""Commands that record a revision: a Ctrl-C may come before or after it landed."""
+
+
+def _interrupted(command: str | None, args: list[str]) -> str:
+    """What ``command`` (given ``args``) interrupted by Ctrl-C says: for one recording a
+    revision, that it may have landed and how to see whether it did (``kb import`` settles its
+    own write by key first); for any other, only that it was interrupted."""
+    if command not in REVISION_COMMANDS:
+        return "kb: interrupted"
+    workspace = "N"
+    for i, arg in enumerate(args):
+        if arg in ("--workspace", "-w") and i + 1 < len(args):
+            workspace = args[i + 1]
+        elif arg.startswith("--workspace="):
+            workspace = arg.split("=", 1)[1]
+    workspace = shown(workspace)
+    return (
+        f"kb: interrupted: the revision `kb {command}` was recording may or may not have landed (a revision "
+        f"lands whole or not at all; git may hold it before Postgres records it): `kb sweep` records it "
+        f"if it landed (as the worker's sweep does within a minute), then `kb log -n 3 --workspace {workspace}` shows it"
+    )
 
 
 @click.group(cls=_Group, context_settings={"max_content_width": 120})
