@@ -144,3 +144,39 @@ def test_import_into_a_known_workspace_whose_repository_is_missing_creates_nothi
     assert result.returncode != 0
     assert "repository" in result.stderr and "missing" in result.stderr and "backup" in result.stderr
     assert not path.exists()
+
+
+def test_a_branch_moved_off_a_recorded_revision_by_hand_is_told_as_such_and_the_told_repair_works(kb, kb_env):
+    """design §3: a `git reset` and `git commit` by hand in the workspace's repository (or a
+    `git commit` racing a kb write, which git's own ref check can miss beside `git pack-refs`)
+    leave the recorded head off the branch though the repository still holds it. kb refused, rightly,
+    but said the repository "was restored from an older backup or replaced by a stale copy" and
+    offered only deleting rows. It now says what happened and the rebase that repairs it."""
+    kb.create_workspace(WS)
+    for name in ("a", "b"):
+        with kb.transaction(WS, name, "t") as tx:
+            tx.write(f"/documents/{name}.md", f"{name}\n")
+    recorded = kb.store(WS).head()
+    path = kb.store(WS).path
+    git = ["git", "-C", str(path), "-c", "user.name=Hand", "-c", "user.email=hand@example.com"]
+    subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)
+    (path / "documents" / "c.md").write_text("c by hand\n")
+    subprocess.run([*git, "add", "documents/c.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "by hand"], check=True)
+    with pytest.raises(HistoryDiverged) as refused:
+        with kb.transaction(WS, "next", "t") as tx:
+            tx.write("/documents/d.md", "d\n")
+    message = str(refused.value)
+    assert "moved the branch off it" in message and "older backup" not in message, message
+    assert f"rebase {recorded}" in message, message
+    subprocess.run([*git, "rebase", "-q", recorded], check=True)  # the repair the message gives
+    run_cli(kb_env, "fsck", "--workspace", str(WS))
+    with kb.transaction(WS, "next", "t") as tx:
+        tx.write("/documents/d.md", "d\n")
+    assert [r.message.splitlines()[0] for r in kb.history(WS)] == ["next", "by hand", "b", "a"]
+    assert {p: kb.read(WS, p) for p in kb.list_paths(WS)} == {
+        "/documents/a.md": b"a\n",
+        "/documents/b.md": b"b\n",
+        "/documents/c.md": b"c by hand\n",
+        "/documents/d.md": b"d\n",
+    }

@@ -25,12 +25,13 @@ next check passes and clears the mark.
 from __future__ import annotations
 
 import logging
+import shlex
 import uuid
 from typing import TYPE_CHECKING
 
 from kb.db import database
 from kb.db.sql import queries
-from kb.errors import HistoryDiverged
+from kb.errors import HistoryDiverged, KbError
 
 if TYPE_CHECKING:
     from kb.db.database import Connection
@@ -86,6 +87,8 @@ def check(conn: Connection, database_url: str | None, repo: Repository, row: dic
         )
     elif (missing := _missing_revision(repo, row)) is not None:
         what, revision = missing
+        if _holds(repo, revision):  # moved off it, not restored from before it
+            raise HistoryDiverged(_branch_moved_by_hand(ws, repo, what, revision, database_url))
         reason = (
             f"workspace {ws}: the repository at {repo.path} lacks the {what} {revision} that "
             f"Postgres recorded (HEAD is {repo.head()}): it was restored from an older backup or "
@@ -130,3 +133,36 @@ def mark(database_url: str, workspace_id: int, reason: str) -> None:
         _update(None, database_url, "mark_workspace_diverged", {"workspace_id": workspace_id, "reason": reason})
     except Exception as exc:  # the refusal stands even when the mark cannot be written
         log.warning("workspace %s: could not mark it diverged (%s)", workspace_id, exc)
+
+
+def _holds(repo: Repository, revision: str) -> bool:
+    """Whether ``repo`` still holds the commit ``revision`` (whatever its branch points at)."""
+    try:
+        repo.commit(revision)
+    except KbError:
+        return False
+    return True
+
+
+def _branch_moved_by_hand(ws: int, repo: Repository, what: str, revision: str, database_url: str | None) -> str:
+    """The HistoryDiverged message (the workspace marked, as any divergence) for a repository
+    whose branch no longer leads to the ``what`` ``revision`` Postgres recorded though the
+    repository still holds it: a git command run in the repository moved the branch off it (a
+    ``git reset``, ``git commit --amend``, a ``git commit`` that raced a kb write, which git's
+    own ref check can miss beside ``git pack-refs``), not a restore from an older backup. A
+    rebase onto it puts the commits made by hand after it, which kb then records (git ahead of
+    Postgres is fine, design §3)."""
+    reason = (
+        f"workspace {ws}: the branch of the repository at {repo.path} no longer leads to the {what} "
+        f"{revision} that Postgres recorded (HEAD is {repo.head()}), though the repository still holds it: "
+        "a git command run in the repository moved the branch off it (a `git reset`, `git commit --amend`, "
+        "or a `git commit` that raced a kb write)"
+    )
+    if database_url is not None:
+        mark(database_url, ws, reason)
+    folder = shlex.quote(str(repo.path))
+    return (
+        f"{reason}. Nothing was changed and nothing is deleted while it stays so. Put the commits made by "
+        f"hand after it: `git -C {folder} rebase {revision}` (`git -C {folder} reflog` shows what moved "
+        f"the branch), then `kb fsck --workspace {ws}` records them."
+    )
