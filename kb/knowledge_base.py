@@ -552,9 +552,11 @@ class KnowledgeBase:
         author: str | None = None,
         committer: str | None = None,
         message: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Revision | None:
-        """Record a forward revision undoing ``revision`` (design §3); None when nothing to undo."""
-        return self.workspace(workspace_id).revert(revision, author, committer, message)
+        """Record a forward revision undoing ``revision`` (design §3); None when nothing to undo.
+        ``idempotency_key`` as in ``transaction``."""
+        return self.workspace(workspace_id).revert(revision, author, committer, message, idempotency_key)
 
     def restore(
         self,
@@ -564,9 +566,11 @@ class KnowledgeBase:
         author: str | None = None,
         committer: str | None = None,
         message: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Revision | None:
-        """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
-        return self.workspace(workspace_id).restore(path, revision, author, committer, message)
+        """Bring one document back as it was at ``revision``, as a new revision (design §3).
+        ``idempotency_key`` as in ``transaction``."""
+        return self.workspace(workspace_id).restore(path, revision, author, committer, message, idempotency_key)
 
     def reconcile(self, workspace_id: int) -> list[Revision]:
         """Record revisions git has and Postgres lacks, deferring their jobs (design §3; the sweep)."""

@@ -132,27 +132,47 @@ def test_ctrl_c_as_the_ref_is_renamed_leaves_a_git_commands_ref_lock_alone(kb, k
     git(repo, "fsck", "--strict")
 
 
-def test_ctrl_c_during_another_write_says_it_may_have_landed_and_how_to_see(kb_env, tmp_path):
-    """design §3: Ctrl-C in a command recording a revision (here `kb mv`, once its ref moved)
-    printed click's bare "Aborted!" and exited 1, saying nothing of the write. It exits 130 saying
-    the revision may have landed and the command that shows whether it did; a command that
-    records nothing, interrupted, says only that."""
+def test_ctrl_c_during_another_write_says_what_became_of_it(kb_env, tmp_path):
+    """design §3: Ctrl-C in a command recording a revision (here `kb mv` and `kb rm`) printed
+    click's bare "Aborted!" and exited 1, saying nothing of a write git may already hold. Each
+    such command gives its write a key and, interrupted, settles it: it had landed (its revision,
+    which `kb log` then shows), or nothing was recorded; exit 130 either way."""
     run_cli(kb_env, "import", str(_source(tmp_path)), "--workspace", "2")
+    after_the_ref_moved = {**kb_env, "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"}
     moved = run_cli(
-        {**kb_env, "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
-        "mv",
-        "/documents/n0.md",
-        "/documents/archive/n0.md",
+        after_the_ref_moved, "mv", "/documents/n0.md", "/documents/archive/n0.md", "--workspace", "2", check=False
+    )
+    assert moved.returncode == 130, moved.stderr
+    assert "Aborted!" not in moved.stderr and "Traceback" not in moved.stderr, moved.stderr
+    assert "kb: interrupted, but `kb mv` had already landed: revision " in moved.stderr, moved.stderr
+    landed = moved.stderr.split("revision ")[1].split()[0]
+    log = run_cli(kb_env, "log", "-n", "1", "--workspace", "2").stdout
+    assert log.startswith(landed) and "/documents/archive/n0.md" in log, log
+    before_anything = {**kb_env, "KB_FAULT_POINT": "draft_ready", "KB_FAULT_SIGNAL": "INT"}
+    removed = run_cli(before_anything, "rm", "/documents/n1.md", "--workspace", "2", check=False)
+    assert removed.returncode == 130, removed.stderr
+    assert "kb: interrupted: `kb rm` recorded nothing in workspace 2" in removed.stderr, removed.stderr
+    assert "/documents/n1.md" in run_cli(kb_env, "ls", "/documents", "--workspace", "2").stdout
+
+
+def test_ctrl_c_during_kb_edit_says_its_revision_may_have_landed_and_how_to_see(kb_env, tmp_path):
+    """design §3: `kb edit` (a turn's commit, no key of the CLI's) interrupted once its ref moved
+    exits 130 saying the revision may have landed and how to see whether it did, not "Aborted!"."""
+    run_cli(kb_env, "import", str(_source(tmp_path)), "--workspace", "2")
+    editor = tmp_path / "editor.sh"
+    editor.write_text('#!/bin/sh\necho "edited" >> "$1"\n')
+    editor.chmod(0o755)
+    edited = run_cli(
+        {**kb_env, "EDITOR": str(editor), "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
+        "edit",
+        "/documents/n2.md",
         "--workspace",
         "2",
         check=False,
     )
-    assert moved.returncode == 130, moved.stderr
-    assert "Aborted!" not in moved.stderr and "Traceback" not in moved.stderr, moved.stderr
-    assert "`kb mv` was recording may or may not have landed" in moved.stderr, moved.stderr
-    assert "`kb sweep` records it if it landed" in moved.stderr, moved.stderr
-    assert "`kb log -n 3 --workspace 2` shows it" in moved.stderr, moved.stderr
-    assert "/documents/archive/n0.md" not in run_cli(kb_env, "log", "-n", "3", "--workspace", "2").stdout
+    assert edited.returncode == 130, edited.stderr
+    assert "Aborted!" not in edited.stderr and "Traceback" not in edited.stderr, edited.stderr
+    assert "`kb edit` was recording may or may not have landed" in edited.stderr, edited.stderr
+    assert "`kb sweep` records it if it landed" in edited.stderr, edited.stderr
     run_cli(kb_env, "sweep")  # as the message says
-    log = run_cli(kb_env, "log", "-n", "3", "--workspace", "2").stdout
-    assert "/documents/archive/n0.md" in log  # it had landed: git held it, and the sweep recorded it
+    assert "     4  edited\n" in run_cli(kb_env, "read", "/documents/n2.md", "--workspace", "2").stdout

@@ -32,7 +32,12 @@ REVERT_ATTEMPTS = 3
 
 
 def revert(
-    store: KnowledgeStore, revision: str, author: str, committer: str | None = None, message: str | None = None
+    store: KnowledgeStore,
+    revision: str,
+    author: str,
+    committer: str | None = None,
+    message: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Revision | None:
     """Record a new forward revision that puts every path ``revision`` touched back to its state
     in ``revision``'s parent (design §3). A recorded move is undone as a move when the moved
@@ -77,7 +82,9 @@ def revert(
     text = stated_message(message) or f'Revert "{first_line}"\n\nThis reverts revision {revision}.'
     for attempt in range(REVERT_ATTEMPTS):
         try:
-            return _revert_once(store, revision, changes, parent_tree, text, author, committer, recorded is not None)
+            return _revert_once(
+                store, revision, changes, parent_tree, text, author, committer, recorded is not None, idempotency_key
+            )
         except DocumentGone:
             # a document it puts back was removed while it ran (nothing recorded): removed
             # since, it is left removed — the next attempt's snapshot has it so
@@ -95,12 +102,13 @@ def _revert_once(
     author: str,
     committer: str | None,
     recorded: bool,
+    idempotency_key: str | None = None,
 ) -> Revision | None:
     """One attempt of ``revert`` on a fresh draft (see there); raises as ``revert``, and
     DocumentGone when a document it merges back was removed while it ran."""
     repo = store.repository
     revision_tree = repo.tree_id(revision)
-    with store.transaction(text, author, committer) as draft:
+    with store.transaction(text, author, committer, idempotency_key) as draft:
         draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: revert bumps generations
         carried = _move_back(store, draft, changes, revision, recorded, parent_tree)
         # where a moved document went back from, the revision's destination is no longer its
@@ -270,8 +278,10 @@ def restore(
     author: str,
     committer: str | None = None,
     message: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Revision | None:
     """Bring one document back as it was at ``revision``, as a new forward revision (design §3).
+    ``idempotency_key`` as in ``KnowledgeStore.transaction`` (also for :func:`revert`).
 
     The document at ``path`` in ``revision`` is followed through the moves recorded since, as
     ``revert`` follows them: when it is now elsewhere, its content goes there (it restored a
@@ -299,7 +309,7 @@ def restore(
     if moved is not None and moved != virtual and store.repository.lookup(head_tree, moved[1:]) is not None:
         virtual = moved  # the same document, under the path it has now
     text = stated_message(message) or f"restore {virtual} from revision {revision[:12]}"
-    with store.transaction(text, author, committer) as draft:
+    with store.transaction(text, author, committer, idempotency_key) as draft:
         draft.artifact_access = artifact_rows.ACCESS_BUMP  # design §11: restore bumps generations
         draft.write(virtual, data, allow_keep=True)
     return draft.revision

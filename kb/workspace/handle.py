@@ -105,30 +105,45 @@ class Workspace:
         overwrite: bool = False,
         message: str | None = None,
         author: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Revision | None:
         """Move a document or folder in one revision; history follows it (``kb mv``). Returns the
-        revision (None: nothing moved). Raises DocumentNotFound, PathExists, InvalidPath."""
-        with self.transaction(message, author) as draft:
+        revision (None: nothing moved); ``idempotency_key`` as in :meth:`transaction`. Raises
+        DocumentNotFound, PathExists, InvalidPath."""
+        with self.transaction(message, author, idempotency_key=idempotency_key) as draft:
             draft.move(source, destination, overwrite=overwrite)
         return draft.revision
 
-    def remove(self, paths: list[str], *, message: str | None = None, author: str | None = None) -> Revision | None:
+    def remove(
+        self,
+        paths: list[str],
+        *,
+        message: str | None = None,
+        author: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Revision | None:
         """Remove documents or folders (every document under one) in one revision (``kb rm``);
         history keeps them: ``kb log``/``kb read -r`` show them, ``kb revert`` brings them back.
-        Returns the revision. Raises DocumentNotFound (a path with nothing there: nothing is
+        Returns the revision; ``idempotency_key`` as in :meth:`transaction`. Raises DocumentNotFound (a path with nothing there: nothing is
         removed), InvalidPath (the /documents root among them)."""
         for path in paths:
             check_removable(path, self.id)
-        with self.transaction(message, author) as draft:
+        with self.transaction(message, author, idempotency_key=idempotency_key) as draft:
             for path in paths:
                 draft.remove(path)
         return draft.revision
 
     def revert(
-        self, revision: str, author: str | None = None, committer: str | None = None, message: str | None = None
+        self,
+        revision: str,
+        author: str | None = None,
+        committer: str | None = None,
+        message: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Revision | None:
-        """Record a forward revision undoing ``revision``; None when nothing to undo (design §3)."""
-        return reverts.revert(self.store, revision, author or default_author(), committer, message)
+        """Record a forward revision undoing ``revision``; None when nothing to undo (design §3).
+        ``idempotency_key`` as in :meth:`transaction`."""
+        return reverts.revert(self.store, revision, author or default_author(), committer, message, idempotency_key)
 
     def restore(
         self,
@@ -137,9 +152,13 @@ class Workspace:
         author: str | None = None,
         committer: str | None = None,
         message: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Revision | None:
-        """Bring one document back as it was at ``revision``, as a new revision (design §3)."""
-        return reverts.restore(self.store, path, revision, author or default_author(), committer, message)
+        """Bring one document back as it was at ``revision``, as a new revision (design §3).
+        ``idempotency_key`` as in :meth:`transaction`."""
+        return reverts.restore(
+            self.store, path, revision, author or default_author(), committer, message, idempotency_key
+        )
 
     def import_folder(
         self,

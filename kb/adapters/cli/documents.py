@@ -16,6 +16,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
+from kb.adapters.cli.interrupts import settled
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import shown, shown_on_terminal
 from kb.errors import EditorFailed
@@ -364,8 +365,12 @@ def new(
     if not kb.store(workspace).exists():  # as kb import does: a first document starts a workspace
         kb.create_workspace(workspace)
         click.echo(f"created workspace {workspace}", err=True)
-    with kb.transaction(workspace, message, author, committer) as tx:
-        document = tx.create(folder, title, body)
+
+    def create(key: str):
+        with kb.transaction(workspace, message, author, committer, idempotency_key=key) as tx:
+            return tx, tx.create(folder, title, body)
+
+    tx, document = settled(kb, workspace, "kb new", create)
     click.echo(document.path)  # alone on stdout: scripts take the path (kb read "$(kb new …)")
     if tx.revision is not None:
         click.echo(f"revision {tx.revision.id}", err=True)
@@ -389,10 +394,14 @@ def move(
 
     Example: kb mv "/documents/Old name.md" "/documents/Archive/New name.md" --workspace 1
     """
-    revision = (
-        session.open_kb()
-        .workspace(workspace)
-        .move(source, destination, overwrite=overwrite, message=message, author=author)
+    kb = session.open_kb()
+    revision = settled(
+        kb,
+        workspace,
+        "kb mv",
+        lambda key: kb.workspace(workspace).move(
+            source, destination, overwrite=overwrite, message=message, author=author, idempotency_key=key
+        ),
     )
     click.echo("nothing moved" if revision is None else f"revision {revision.id}: moved {source} to {destination}")
 
@@ -408,7 +417,13 @@ def remove(paths: tuple[str, ...], workspace: int, author: str | None, message: 
 
     Example: kb rm "/documents/Drafts/Old plan.md" /documents/Scratch --workspace 1
     """
-    revision = session.open_kb().workspace(workspace).remove(list(paths), message=message, author=author)
+    kb = session.open_kb()
+    revision = settled(
+        kb,
+        workspace,
+        "kb rm",
+        lambda key: kb.workspace(workspace).remove(list(paths), message=message, author=author, idempotency_key=key),
+    )
     if revision is None:
         click.echo("nothing removed")
         return

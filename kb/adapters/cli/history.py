@@ -10,6 +10,7 @@ import sys
 import click
 
 from kb.adapters.cli import session
+from kb.adapters.cli.interrupts import settled
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import fitted, shown
 
@@ -137,7 +138,13 @@ def revert(revision: str, workspace: int, message: str | None, author: str | Non
 
     Example: kb revert 9f2c41d0e6b1a3c5d7e9f1a2b4c6d8e0f1a3b5c7 --workspace 1
     """
-    result = session.open_kb().revert(workspace, revision, author=author, message=message)
+    kb = session.open_kb()
+    result = settled(
+        kb,
+        workspace,
+        "kb revert",
+        lambda key: kb.revert(workspace, revision, author=author, message=message, idempotency_key=key),
+    )
     click.echo("nothing to revert: the workspace already matches" if result is None else _described(result))
 
 
@@ -155,7 +162,13 @@ def restore(path: str, workspace: int, revision: str, message: str | None, autho
 
     Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
     """
-    result = session.open_kb().restore(workspace, path, revision, author=author, message=message)
+    kb = session.open_kb()
+    result = settled(
+        kb,
+        workspace,
+        "kb restore",
+        lambda key: kb.restore(workspace, path, revision, author=author, message=message, idempotency_key=key),
+    )
     # the document restored is the one at PATH then, wherever later moves took it (design §3)
     said = f"unchanged: the document that was {path} then holds that version already"
     click.echo(said if result is None else _described(result))

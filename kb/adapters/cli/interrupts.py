@@ -1,0 +1,50 @@
+"""Ctrl-C during a CLI write (design §3): the command says what became of its revision.
+
+A writing command gives its write an idempotency key and runs it through :func:`settled`; a
+``KeyboardInterrupt`` then asks ``write_outcome`` with that key (a second Ctrl-C is ignored while
+it asks, a few seconds at most) and says exactly one of: the revision had already landed (its
+id), nothing was recorded, or — Postgres cannot be asked — that it is unknown, with the
+``kb write-outcome`` command that settles it. Every such end exits 130, as a shell expects of an
+interrupted command. (``kb import`` settles the same way, and also removes the empty workspace
+an interrupted first import made.)
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
+
+from kb.errors import KbError, WorkspaceNotFound
+
+T = TypeVar("T")
+
+
+def settled(kb, workspace: int, command: str, write: Callable[[str], T]) -> T:
+    """Run ``write(key)`` — a write recording at most one revision of ``workspace`` with the
+    idempotency key it is given — and return what it returns. On Ctrl-C, settle it by that key
+    and exit 130 saying what became of it (``command``, e.g. ``"kb mv"``, names it)."""
+    key = uuid.uuid4().hex
+    try:
+        return write(key)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            revision = kb.write_outcome(workspace, key)
+        except WorkspaceNotFound:
+            revision = None
+        except KbError as exc:
+            click.echo(
+                f"kb: interrupted; whether `{command}` was recorded is unknown ({exc}). Run "
+                f"`kb write-outcome {key} --workspace {workspace}` to find out before trying again.",
+                err=True,
+            )
+            raise SystemExit(130) from None
+        if revision is not None:
+            click.echo(f"kb: interrupted, but `{command}` had already landed: revision {revision.id}", err=True)
+        else:
+            click.echo(f"kb: interrupted: `{command}` recorded nothing in workspace {workspace}", err=True)
+        raise SystemExit(130) from None
