@@ -272,6 +272,6 @@ def test_a_command_loads_its_own_module_and_help_or_a_misspelling_all() -> None:
 
     assert loaded("log", "--help")[1] == ["history", "main", "options", "session", "terminal"]
     shown, modules = loaded("--help")
-    assert "  workspaces " in shown and "  log " in shown and "  token " in shown and len(modules) == 19
+    assert "  workspaces " in shown and "  log " in shown and "  token " in shown and len(modules) == 20
     shown, modules = loaded("stauts")
-    assert "Did you mean 'status'?" in shown and len(modules) == 19
+    assert "Did you mean 'status'?" in shown and len(modules) == 20

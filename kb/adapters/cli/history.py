@@ -10,7 +10,6 @@ import sys
 import click
 
 from kb.adapters.cli import session
-from kb.adapters.cli.interrupts import settled
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import fitted, shown
 
@@ -138,6 +137,8 @@ def revert(revision: str, workspace: int, message: str | None, author: str | Non
 
     Example: kb revert 9f2c41d0e6b1a3c5d7e9f1a2b4c6d8e0f1a3b5c7 --workspace 1
     """
+    from kb.adapters.cli.interrupts import settled  # here: kb log and blame never need it
+
     kb = session.open_kb()
     result = settled(
         kb,
@@ -162,6 +163,8 @@ def restore(path: str, workspace: int, revision: str, message: str | None, autho
 
     Example: kb restore "/documents/Notes/Todo.md" --revision 9f2c41d0 --workspace 1
     """
+    from kb.adapters.cli.interrupts import settled  # here: kb log and blame never need it
+
     kb = session.open_kb()
     result = settled(
         kb,
