@@ -47,3 +47,27 @@ def test_a_dry_run_of_a_first_import_creates_no_workspace(kb_env, tmp_path):
     assert not (tmp_path / "storage" / "knowledge_store" / "4").exists()
     missing = run_cli(kb_env, "ls", "-w", "4", check=False)
     assert missing.returncode == 1 and "does not exist" in missing.stderr, missing.stderr
+
+
+def test_a_dry_run_refuses_what_the_import_would_refuse(kb_env, tmp_path):
+    """A dry run stages the import as the import does: a file renamed only by case without
+    --prune (the draft refuses the second spelling, design §2.2) and an ARTIFACT document --prune
+    would remove (design §11) fail the dry run with the import's own error, not '1 to add'."""
+    notes = _notes(tmp_path)
+    run_cli(kb_env, "import", str(notes), "--workspace", "5")
+    (notes / "keep.md").rename(notes / "Keep.md")
+    real = run_cli(kb_env, "import", str(notes), "--workspace", "5", check=False)
+    dry = run_cli(kb_env, "import", str(notes), "--workspace", "5", "--dry-run", check=False)
+    assert real.returncode == 1 and "differs only in case" in real.stderr, real.stderr
+    assert dry.returncode == 1 and dry.stderr == real.stderr, (dry.stdout, dry.stderr)
+    report = tmp_path / "report.md"
+    report.write_text("# Report\n")
+    run_cli(kb_env, "artifact", "save", str(report), "--title", "Report", "-w", "5")
+    pruning = ("import", str(notes), "--workspace", "5", "--prune")
+    real = run_cli(kb_env, *pruning, check=False)
+    dry = run_cli(kb_env, *pruning, "--dry-run", check=False)
+    assert real.returncode == 1 and "is an ARTIFACT" in real.stderr, real.stderr
+    assert dry.returncode == 1 and "/documents/Artifacts/Report.md is an ARTIFACT" in dry.stderr, (
+        dry.stdout,
+        dry.stderr,
+    )

@@ -1003,6 +1003,20 @@ def test_restore_takes_a_documents_path_now_with_a_revision_before_its_moves(kb,
     assert failed.returncode == 1 and "no document at" in failed.stderr, failed.stderr
 
 
+def test_restore_does_not_take_a_document_created_since_for_one_that_left_its_path(kb, kb_env):
+    """design §3: a document moved from a path, then removed, and another created at that path:
+    `kb restore PATH --revision R` (R before the move) replaced the new document's text with the
+    old one's, following the path's history across the removal as if they were one document. The
+    document now at PATH did not exist in R, so the restore says there was none there."""
+    r1 = commit(kb, 9, ("write", A, b"old document"))
+    commit(kb, 9, ("move", A, B))
+    commit(kb, 9, ("remove", B))
+    commit(kb, 9, ("write", B, b"another document"))
+    failed = run_cli(kb_env, "restore", B, "--revision", r1.id, "--workspace", "9", check=False)
+    assert failed.returncode == 1 and "no document at" in failed.stderr, (failed.stdout, failed.stderr)
+    assert tree(kb, 9) == {B: b"another document"}
+
+
 def test_a_message_of_only_whitespace_is_no_message_and_each_writer_writes_its_own(kb, tmp_path):
     """(design §3) git refuses a blank message as empty: a transaction, a turn's commit, an import,
     a revert and a restore given one write what they write when given none."""

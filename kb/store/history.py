@@ -383,7 +383,8 @@ def path_in_revision(conn: Connection, workspace_id: int, path: str, revision_id
     """The repo path that the document at repo path ``path`` now had in ``revision_id``: its
     history (:func:`read_history`, which goes on below a move at the old path) walked back
     through the moves recorded after that revision (design §3). ``path`` itself when none moved
-    it since; None when ``revision_id`` is not recorded. ``kb restore`` takes a document's path
+    it since; None when ``revision_id`` is not recorded or the document now there was created
+    after it (added since, e.g. at a path another one left). ``kb restore`` takes a document's path
     now with an older revision (``log`` and ``blame`` follow moves the same way)."""
     seq = _revision_seq(conn, workspace_id, revision_id)
     if seq is None:
@@ -393,6 +394,10 @@ def path_in_revision(conn: Connection, workspace_id: int, path: str, revision_id
         if revision.seq <= seq:
             break
         change = revision.changes[0]
+        if change.change in ("added", "removed"):
+            # the document there now was created since (a path reused after a removal): it had
+            # no path in ``revision``, whatever stood there before it is another document
+            return None
         if change.change == "moved" and change.old_path:
             current = change.old_path.removeprefix("/")
     return current

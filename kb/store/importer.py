@@ -18,8 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kb.db import database
 from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError, PathExists
 from kb.paths import NameRegistry, blob_id, check_path_length, safe_filename, safe_folder_segment
+from kb.store import artifact_rows
+from kb.store.draft import BlobRef, Draft
 from kb.store.history import Revision
 from kb.store.indexable import unindexable_reason
 from kb.store.knowledge_store import KnowledgeStore, stated_message
@@ -312,42 +315,9 @@ def import_folder(
         ]
     moves = _renames(source, planned, existing, pruned)
     if dry_run:
-        return _preview(report, source, planned, existing, pruned, moves, prefix_parts, store.settings.max_index_bytes)
+        return _preview(store, report, source, planned, existing, pruned, moves, prefix_parts, prune)
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
-        # pruned first: a document renamed in the folder only by case (Foo.md → foo.md) then takes
-        # the name its old self leaves, which the draft refuses while the old name stands (§2.2);
-        # one renamed with its bytes unchanged is moved, so its history and id follow it (§3)
-        for new_path, old_path in moves.items():
-            draft.move(old_path, new_path)
-        for virtual in pruned:
-            if virtual not in moves.values():
-                draft.remove(virtual)
-        for read, (parts, repo_path) in enumerate(planned.items(), 1):
-            if "/" + repo_path in moves:  # moved there with these very bytes
-                report.moved += 1
-                if progress is not None:
-                    progress(READING, read, len(planned))
-                continue
-            try:
-                data = source.joinpath(*parts).read_bytes()
-            except OSError as exc:
-                raise _unreadable(source, exc) from None
-            reason = unindexable_reason(data, store.settings.max_index_bytes)
-            if reason is not None:
-                report.unindexable["/" + repo_path] = reason
-            if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
-                report.renamed["/".join(parts)] = "/" + repo_path
-            try:
-                draft.write(repo_path, data)
-            except PathExists as exc:
-                if prune:
-                    raise
-                raise PathExists(
-                    f"{exc}; when the folder renamed it, `kb import --prune` takes the new name and "
-                    "removes the old one (a file whose bytes are unchanged is recorded as moved)"
-                ) from None
-            if progress is not None:
-                progress(READING, read, len(planned))
+        _stage(draft, report, source, planned, pruned, moves, prefix_parts, prune, store, progress)
         if progress is not None:  # the commit runs as the block ends: the longest step of a large import
             progress(RECORDING, len(planned), len(planned))
     report.revision = draft.revision
@@ -363,7 +333,61 @@ def import_folder(
     return report
 
 
+def _stage(
+    draft: Draft,
+    report: ImportReport,
+    source: Path,
+    planned: dict[tuple[str, ...], str],
+    pruned: list[str],
+    moves: dict[str, str],
+    prefix_parts: tuple[str, ...],
+    prune: bool,
+    store: KnowledgeStore,
+    progress: ImportProgress | None,
+) -> None:
+    """Put the import in ``draft``: ``moves``, then ``pruned`` less the moves' sources removed,
+    then every planned file written; ``report`` hears the moves, renamed names and unindexable
+    files. The real import and its dry run (``_preview``) stage alike, so a preview refuses what
+    the import would (a name differing only in case, a document where a folder is, design §2.2).
+    Raises PathExists, ImportSourceError, InvalidPath."""
+    # pruned first: a document renamed in the folder only by case (Foo.md → foo.md) then takes
+    # the name its old self leaves, which the draft refuses while the old name stands (§2.2);
+    # one renamed with its bytes unchanged is moved, so its history and id follow it (§3)
+    for new_path, old_path in moves.items():
+        draft.move(old_path, new_path)
+    for virtual in pruned:
+        if virtual not in moves.values():
+            draft.remove(virtual)
+    for read, (parts, repo_path) in enumerate(planned.items(), 1):
+        if "/" + repo_path in moves:  # moved there with these very bytes
+            report.moved += 1
+            if progress is not None:
+                progress(READING, read, len(planned))
+            continue
+        try:
+            data = source.joinpath(*parts).read_bytes()
+        except OSError as exc:
+            raise _unreadable(source, exc) from None
+        reason = unindexable_reason(data, store.settings.max_index_bytes)
+        if reason is not None:
+            report.unindexable["/" + repo_path] = reason
+        if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
+            report.renamed["/".join(parts)] = "/" + repo_path
+        try:
+            draft.write(repo_path, data)
+        except PathExists as exc:
+            if prune:
+                raise
+            raise PathExists(
+                f"{exc}; when the folder renamed it, `kb import --prune` takes the new name and "
+                "removes the old one (a file whose bytes are unchanged is recorded as moved)"
+            ) from None
+        if progress is not None:
+            progress(READING, read, len(planned))
+
+
 def _preview(
+    store: KnowledgeStore,
     report: ImportReport,
     source: Path,
     planned: dict[tuple[str, ...], str],
@@ -371,32 +395,47 @@ def _preview(
     pruned: list[str],
     moves: dict[str, str],
     prefix_parts: tuple[str, ...],
-    max_index_bytes: int,
+    prune: bool,
 ) -> ImportReport:
     """``report`` filled with what an import of ``planned`` would record over ``existing``
-    (``{virtual path: blob id}`` at HEAD): each file read and hashed, compared with the document
-    at its path; ``pruned`` less the moves' sources removed. Records nothing."""
+    (``{virtual path: blob id}`` at HEAD), staged as the import stages it (``_stage``) in a draft
+    that is never committed: the same refusals (PathExists; ArtifactReadOnly for an ARTIFACT
+    document it would change, design §11), the same counts. Records nothing."""
     report.dry_run = True
     report.moves = {old: new for new, old in moves.items()}
     report.removals = sorted(virtual for virtual in pruned if virtual not in moves.values())
-    report.removed = len(report.removals)
-    for parts, repo_path in planned.items():
-        virtual = "/" + repo_path
-        if virtual in moves:
-            report.moved += 1
-            continue
-        try:
-            data = source.joinpath(*parts).read_bytes()
-        except OSError as exc:
-            raise _unreadable(source, exc) from None
-        reason = unindexable_reason(data, max_index_bytes)
-        if reason is not None:
-            report.unindexable[virtual] = reason
-        if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
-            report.renamed["/".join(parts)] = virtual
-        if virtual not in existing:
-            report.added += 1
-        elif existing[virtual] != blob_id(data):
-            report.modified += 1
+    head = store.head() if not report.created_workspace else None
+    repository = store.repository if head else None
+    draft = Draft(repository, repository.tree_id(head)) if repository is not None else None
+    if draft is None:  # a first import: every file is added, nothing to collide with
+        for parts, repo_path in planned.items():
+            try:
+                data = source.joinpath(*parts).read_bytes()
+            except OSError as exc:
+                raise _unreadable(source, exc) from None
+            reason = unindexable_reason(data, store.settings.max_index_bytes)
+            if reason is not None:
+                report.unindexable["/" + repo_path] = reason
+            if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
+                report.renamed["/".join(parts)] = "/" + repo_path
+        report.added = len(planned)
+        return report
+    _stage(draft, report, source, planned, pruned, moves, prefix_parts, prune, store, None)
+    effective: dict[str, str | None] = {}
+    for repo_path, value in draft.changes().items():
+        before = existing.get("/" + repo_path)
+        after = None if value is None else value.id if isinstance(value, BlobRef) else blob_id(value)
+        if after != before:
+            effective[repo_path] = after
+            if "/" + repo_path in moves or "/" + repo_path in moves.values():  # counted as moved
+                continue
+            if after is None:
+                report.removed += 1
+            elif before is None:
+                report.added += 1
+            else:
+                report.modified += 1
+    with database.transaction(store.database_url) as conn:  # as the commit would refuse them
+        artifact_rows.guard(conn, store.workspace_id, effective, artifact_rows.ACCESS_REFUSE)
     report.unchanged = len(planned) - report.added - report.modified - report.moved
     return report
