@@ -151,7 +151,9 @@ def test_ctrl_c_during_another_write_says_what_became_of_it(kb_env, tmp_path):
     before_anything = {**kb_env, "KB_FAULT_POINT": "draft_ready", "KB_FAULT_SIGNAL": "INT"}
     removed = run_cli(before_anything, "rm", "/documents/n1.md", "--workspace", "2", check=False)
     assert removed.returncode == 130, removed.stderr
-    assert "kb: interrupted: `kb rm` recorded nothing in workspace 2" in removed.stderr, removed.stderr
+    assert "kb: interrupted: `kb rm` did not land: nothing was recorded in workspace 2" in removed.stderr, (
+        removed.stderr
+    )
     assert "/documents/n1.md" in run_cli(kb_env, "ls", "/documents", "--workspace", "2").stdout
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.counts import counted
-from kb.adapters.cli.interrupts import settled
+from kb.adapters.cli.interrupts import settle, settled
 from kb.adapters.cli.options import workspace_option
 from kb.adapters.cli.terminal import shown, shown_on_terminal
 from kb.errors import EditorFailed
@@ -70,7 +69,7 @@ def import_(
     except KeyboardInterrupt:
         if progress is not None:
             progress.clear()
-        _settle_interrupted_import(kb, workspace, key, existed)
+        settle(kb, workspace, key, "the import", lambda: _remove_empty_workspace(kb, workspace, existed))
     finally:
         if progress is not None:
             progress.clear()
@@ -87,31 +86,23 @@ def import_(
         f"{report.moved} moved, {report.removed} removed, {report.unchanged} unchanged; skipped {report.skipped_other} "
         f"other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
-    shown_per_reason = 20
     if report.moved and report.revision is not None:  # --prune found a file's bytes at a new path
         renamed = [c for c in report.revision.changes if c.change == "moved" and c.old_path]
-        for change in renamed[:shown_per_reason]:
-            click.echo(f"moved {shown(change.old_path)} → {shown(change.path)}: renamed in the folder (--prune)")
-        if len(renamed) > shown_per_reason:
-            click.echo(f"moved {len(renamed) - shown_per_reason} more renamed in the folder (--prune)")
+        _echo_listed(
+            [f"moved {shown(c.old_path)} → {shown(c.path)}: renamed in the folder (--prune)" for c in renamed],
+            "moved {} more renamed in the folder (--prune)",
+        )
     if report.removed and report.revision is not None:  # --prune: said by name, and how to undo it
         gone = [c.path for c in report.revision.changes if c.change == "removed"]
-        for removed in gone[:shown_per_reason]:
-            click.echo(f"removed {shown(removed)}: not in the folder (--prune)")
-        if len(gone) > shown_per_reason:
-            click.echo(f"removed {len(gone) - shown_per_reason} more not in the folder (--prune)")
+        _echo_listed(
+            [f"removed {shown(removed)}: not in the folder (--prune)" for removed in gone],
+            "removed {} more not in the folder (--prune)",
+        )
         if report.revision.parent_id:
             click.echo(
                 f"`kb restore PATH --revision {report.revision.parent_id[:12]} --workspace {workspace}` brings one back"
             )
-    by_reason: dict[str, list[str]] = {}
-    for entry in report.skipped:
-        by_reason.setdefault(entry.reason, []).append(entry.path)
-    for reason, paths in by_reason.items():
-        for skipped in paths[:shown_per_reason]:
-            click.echo(f"skipped {shown(skipped)}: {shown(reason)}")
-        if len(paths) > shown_per_reason:
-            click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
+    _echo_skipped(report)
     if report.unindexable:
         click.echo(
             f"stored but not indexed ({len(report.unindexable)}): kept in git (`kb read`, `kb log` and "
@@ -431,65 +422,66 @@ def remove(paths: tuple[str, ...], workspace: int, author: str | None, message: 
     click.echo(f"revision {revision.id}: removed {counted(len(removed), 'document')}")
 
 
+SHOWN_PER_REASON = 20
+"""Paths an import's report names one by one for each reason (moved, removed, skipped); the rest
+are counted."""
+
+
+def _echo_listed(lines: list[str], more: str) -> None:
+    """Echo the first SHOWN_PER_REASON of ``lines``, then ``more`` formatted with how many are left."""
+    for line in lines[:SHOWN_PER_REASON]:
+        click.echo(line)
+    if len(lines) > SHOWN_PER_REASON:
+        click.echo(more.format(len(lines) - SHOWN_PER_REASON))
+
+
+def _echo_skipped(report) -> None:
+    """The entries an import skipped, by reason (``report.skipped``)."""
+    by_reason: dict[str, list[str]] = {}
+    for entry in report.skipped:
+        by_reason.setdefault(entry.reason, []).append(entry.path)
+    for reason, paths in by_reason.items():
+        _echo_listed(
+            [f"skipped {shown(skipped)}: {shown(reason)}" for skipped in paths],
+            "skipped {} more: " + reason.replace("{", "{{").replace("}", "}}"),
+        )
+
+
 def _preview_import(report, workspace: int) -> None:
     """What ``kb import --dry-run`` prints: the counts and paths an import would record."""
-    shown_per_reason = 20
     click.echo(f"dry run: nothing recorded in workspace {workspace}; the import would record:")
     click.echo(
         f"documents: {report.documents_found} found, {report.added} to add, {report.modified} to modify, "
         f"{report.moved} to move, {report.removed} to remove, {report.unchanged} unchanged; skipped "
         f"{report.skipped_other} other (non-markdown, links, non-UTF-8 names) and {report.skipped_hidden} hidden"
     )
-    moves = list(report.moves.items())
-    for old, new in moves[:shown_per_reason]:
-        click.echo(f"would move {shown(old)} → {shown(new)}: renamed in the folder (--prune)")
-    if len(moves) > shown_per_reason:
-        click.echo(f"would move {len(moves) - shown_per_reason} more renamed in the folder (--prune)")
-    for removed in report.removals[:shown_per_reason]:
-        click.echo(f"would remove {shown(removed)}: not in the folder (--prune)")
-    if len(report.removals) > shown_per_reason:
-        click.echo(f"would remove {len(report.removals) - shown_per_reason} more not in the folder (--prune)")
-    by_reason: dict[str, list[str]] = {}
-    for entry in report.skipped:
-        by_reason.setdefault(entry.reason, []).append(entry.path)
-    for reason, paths in by_reason.items():
-        for skipped in paths[:shown_per_reason]:
-            click.echo(f"skipped {shown(skipped)}: {shown(reason)}")
-        if len(paths) > shown_per_reason:
-            click.echo(f"skipped {len(paths) - shown_per_reason} more: {reason}")
+    _echo_listed(
+        [
+            f"would move {shown(old)} → {shown(new)}: renamed in the folder (--prune)"
+            for old, new in report.moves.items()
+        ],
+        "would move {} more renamed in the folder (--prune)",
+    )
+    _echo_listed(
+        [f"would remove {shown(removed)}: not in the folder (--prune)" for removed in report.removals],
+        "would remove {} more not in the folder (--prune)",
+    )
+    _echo_skipped(report)
     for unindexable, reason in report.unindexable.items():
         click.echo(f"would store but not index {shown(unindexable)}: {shown(reason)}")
 
 
-def _settle_interrupted_import(kb, workspace: int, key: str, existed: bool) -> None:
-    """Ctrl-C during ``kb import``: say exactly what happened (design §3) — the import landed (its
-    revision), or nothing was recorded — and remove the empty workspace an interrupted first import
-    made. Further Ctrl-C is ignored while it settles (a few seconds at most). Exits 130."""
-    from kb.errors import KbError, WorkspaceNotFound
+def _remove_empty_workspace(kb, workspace: int, existed: bool) -> None:
+    """After an interrupted import that recorded nothing: a first import made ``workspace``,
+    which holds nothing now; leave no empty workspace behind."""
+    from kb.errors import KbError
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        revision = kb.write_outcome(workspace, key)
-    except WorkspaceNotFound:
-        revision = None
-    except KbError as exc:
-        click.echo(
-            f"kb: interrupted; whether the import was recorded is unknown ({exc}). Run "
-            f"`kb write-outcome {key} --workspace {workspace}` to find out before importing again.",
-            err=True,
-        )
-        raise SystemExit(130) from None
-    if revision is not None:
-        click.echo(f"kb: interrupted, but the import had already landed: revision {revision.id}", err=True)
-        raise SystemExit(130)
     store = kb.store(workspace)
     if not existed and store.exists() and store.head() is None:
-        try:  # the first import made this workspace and recorded nothing: leave no empty workspace
+        try:
             kb.delete_workspace(workspace, force=True)
         except KbError as exc:
             click.echo(f"kb: could not remove the empty workspace {workspace} ({exc})", err=True)
-    click.echo(f"kb: interrupted: nothing was recorded in workspace {workspace}", err=True)
-    raise SystemExit(130)
 
 
 COMMANDS = [import_, read, ls, new, move, remove, edit]

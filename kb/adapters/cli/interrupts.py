@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 
@@ -26,25 +26,35 @@ T = TypeVar("T")
 def settled(kb, workspace: int, command: str, write: Callable[[str], T]) -> T:
     """Run ``write(key)`` — a write recording at most one revision of ``workspace`` with the
     idempotency key it is given — and return what it returns. On Ctrl-C, settle it by that key
-    and exit 130 saying what became of it (``command``, e.g. ``"kb mv"``, names it)."""
+    (:func:`settle`) and exit 130 saying what became of it (``command``, e.g. ``"kb mv"``, names it)."""
     key = uuid.uuid4().hex
     try:
         return write(key)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            revision = kb.write_outcome(workspace, key)
-        except WorkspaceNotFound:
-            revision = None
-        except KbError as exc:
-            click.echo(
-                f"kb: interrupted; whether `{command}` was recorded is unknown ({exc}). Run "
-                f"`kb write-outcome {key} --workspace {workspace}` to find out before trying again.",
-                err=True,
-            )
-            raise SystemExit(130) from None
-        if revision is not None:
-            click.echo(f"kb: interrupted, but `{command}` had already landed: revision {revision.id}", err=True)
-        else:
-            click.echo(f"kb: interrupted: `{command}` recorded nothing in workspace {workspace}", err=True)
+        settle(kb, workspace, key, f"`{command}`")
+
+
+def settle(kb, workspace: int, key: str, what: str, recorded_nothing: Callable[[], None] | None = None) -> NoReturn:
+    """After a Ctrl-C, ask ``write_outcome`` for ``key`` (further Ctrl-C ignored meanwhile) and
+    exit 130 saying what became of the write (``what``: ``"the import"``, ``"`kb mv`"``): landed
+    (its revision), nothing recorded (``recorded_nothing`` runs first, e.g. to remove the empty
+    workspace a first import made), or unknown with the ``kb write-outcome`` that settles it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        revision = kb.write_outcome(workspace, key)
+    except WorkspaceNotFound:
+        revision = None
+    except KbError as exc:
+        click.echo(
+            f"kb: interrupted; whether {what} was recorded is unknown ({exc}). Run "
+            f"`kb write-outcome {key} --workspace {workspace}` to find out before trying again.",
+            err=True,
+        )
         raise SystemExit(130) from None
+    if revision is not None:
+        click.echo(f"kb: interrupted, but {what} had already landed: revision {revision.id}", err=True)
+        raise SystemExit(130) from None
+    if recorded_nothing is not None:
+        recorded_nothing()
+    click.echo(f"kb: interrupted: {what} did not land: nothing was recorded in workspace {workspace}", err=True)
+    raise SystemExit(130) from None
