@@ -333,6 +333,29 @@ def import_folder(
     return report
 
 
+def _read_document(
+    source: Path,
+    parts: tuple[str, ...],
+    repo_path: str,
+    prefix_parts: tuple[str, ...],
+    report: ImportReport,
+    max_index_bytes: int,
+) -> bytes:
+    """The bytes of the planned file ``parts`` under ``source`` (to be the document at
+    ``repo_path``), telling ``report`` when the index will not take them (``unindexable``) or the
+    path law renamed the file (``renamed``). Raises ImportSourceError when it cannot be read."""
+    try:
+        data = source.joinpath(*parts).read_bytes()
+    except OSError as exc:
+        raise _unreadable(source, exc) from None
+    reason = unindexable_reason(data, max_index_bytes)
+    if reason is not None:
+        report.unindexable["/" + repo_path] = reason
+    if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
+        report.renamed["/".join(parts)] = "/" + repo_path
+    return data
+
+
 def _stage(
     draft: Draft,
     report: ImportReport,
@@ -364,15 +387,7 @@ def _stage(
             if progress is not None:
                 progress(READING, read, len(planned))
             continue
-        try:
-            data = source.joinpath(*parts).read_bytes()
-        except OSError as exc:
-            raise _unreadable(source, exc) from None
-        reason = unindexable_reason(data, store.settings.max_index_bytes)
-        if reason is not None:
-            report.unindexable["/" + repo_path] = reason
-        if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
-            report.renamed["/".join(parts)] = "/" + repo_path
+        data = _read_document(source, parts, repo_path, prefix_parts, report, store.settings.max_index_bytes)
         try:
             draft.write(repo_path, data)
         except PathExists as exc:
@@ -409,15 +424,7 @@ def _preview(
     draft = Draft(repository, repository.tree_id(head)) if repository is not None else None
     if draft is None:  # a first import: every file is added, nothing to collide with
         for parts, repo_path in planned.items():
-            try:
-                data = source.joinpath(*parts).read_bytes()
-            except OSError as exc:
-                raise _unreadable(source, exc) from None
-            reason = unindexable_reason(data, store.settings.max_index_bytes)
-            if reason is not None:
-                report.unindexable["/" + repo_path] = reason
-            if "/".join(parts) != repo_path.split("/", 1 + len(prefix_parts))[-1]:
-                report.renamed["/".join(parts)] = "/" + repo_path
+            _read_document(source, parts, repo_path, prefix_parts, report, store.settings.max_index_bytes)
         report.added = len(planned)
         return report
     _stage(draft, report, source, planned, pruned, moves, prefix_parts, prune, store, None)
