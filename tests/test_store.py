@@ -607,15 +607,13 @@ def test_a_keyed_folder_move_sent_twice_at_once_lands_once_and_both_get_it(kb, m
     retry while the first is still at work) build the same commit when they start on the same head
     in the same second, and so the same path-change rows ahead of the lock. The second must get the
     revision the first recorded, not a unique-key failure reported as "nothing was recorded"."""
-    import time
     import types
 
     from kb.git import repository
     from kb.store import knowledge_store
 
     monkeypatch.setattr(knowledge_store, "PREBUILD_PATHS", 4)
-    frozen = types.SimpleNamespace(time=lambda: 1_800_000_000.0, monotonic=time.monotonic, sleep=time.sleep)
-    monkeypatch.setattr(repository, "time", frozen)  # one second of commit times
+    monkeypatch.setattr(repository, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))  # one second
     kb.create_workspace(33)
     with kb.transaction(33, "folder", "tester") as tx:
         for i in range(6):

@@ -20,10 +20,10 @@ import hashlib
 import itertools
 import os
 import struct
-import time
 from pathlib import Path
 
 from kb.git.byte_diff import repeated_run
+from kb.git.lock_files import create_lock_file
 from kb.git.process_locks import path_lock
 
 _HEADER = struct.Struct(">4sLL")
@@ -286,15 +286,7 @@ class IndexFile:
     def _write(self) -> None:
         body = _HEADER.pack(b"DIRC", self.version, len(self.entries)) + b"".join(self.entries)
         lock = self.path.with_name(self.path.name + ".lock")
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        while True:  # a person's `git status` may hold index.lock for a moment
-            try:
-                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                break
-            except FileExistsError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.01)
+        fd = create_lock_file(lock, LOCK_WAIT_SECONDS)  # a person's `git status` may hold it a moment
         try:
             for part in (body, hashlib.sha1(body).digest()):  # not joined: the body is ~100 bytes per entry
                 view = memoryview(part)

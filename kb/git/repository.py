@@ -54,6 +54,7 @@ from kb.faults import fault_point
 from kb.git import loose_zlib
 from kb.git.blob_batch import MissingObject, read_blobs
 from kb.git.gitindex import IndexFile
+from kb.git.lock_files import create_lock_file
 from kb.git.tree_layout import DIR_MODE_PREFIXES, LayoutCache, apply_changes, derive
 from kb.git.worktree_refresh import FILE_MODE, WorktreeRefresh
 from kb.paths import name_key
@@ -1163,27 +1164,20 @@ class Repository(WorktreeRefresh):
         """Create git's lock file ``lock`` on the branch ref (git's protocol: exclusively, then
         check, write, fsync, rename over the ref) and return its descriptor and its stat (which
         tells it from another process's lock file of that name later). A lock another
-        process holds is waited for up to ``REF_LOCK_WAIT_SECONDS``, backing off from 1 ms to
-        50 ms between tries, as git's commands wait for each other.
+        process holds is waited for up to ``REF_LOCK_WAIT_SECONDS`` (``create_lock_file``), as
+        git's commands wait for each other.
 
         Raises KbError (nothing written) when it is still held then."""
-        deadline = time.monotonic() + REF_LOCK_WAIT_SECONDS
-        pause = 0.001
-        while True:
-            try:
-                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                return fd, os.fstat(fd)
-            except FileExistsError:
-                if time.monotonic() >= deadline:
-                    break
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
-        raise KbError(
-            f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists, still after "
-            f"{REF_LOCK_WAIT_SECONDS:g}s): a git command is running there, or a killed writer left it "
-            f"(removed automatically after {STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was "
-            "recorded; retry."
-        )
+        try:
+            fd = create_lock_file(lock, REF_LOCK_WAIT_SECONDS)
+        except FileExistsError:
+            raise KbError(
+                f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists, still after "
+                f"{REF_LOCK_WAIT_SECONDS:g}s): a git command is running there, or a killed writer left it "
+                f"(removed automatically after {STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was "
+                "recorded; retry."
+            ) from None
+        return fd, os.fstat(fd)
 
     def _log_ref(self, old: str | None, new: str) -> None:
         """Append the ref update to the branch's reflog, as git does (no fsync, as git)."""
