@@ -344,10 +344,7 @@ def test_packing_beside_a_users_git_repack_taking_the_same_objects_loses_nothing
     (FileNotFoundError, PackFileDisappeared), which the writer's backstop logged as a failure beside
     every repack; the objects are in a pack either way, so the packer goes on (or leaves the
     combining to that repack), and nothing is lost."""
-    kb.create_workspace(WS)
-    for r in range(3):
-        with kb.transaction(WS, f"r{r}", "w") as tx:
-            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+    _three_rounds(kb)
     repo = kb.store(WS).path
     repository = kb.store(WS).repository
     write_pack = repository._write_pack
@@ -421,10 +418,7 @@ def test_packing_while_a_users_git_repack_empties_the_object_folders_it_listed(k
     packer had listed and then opened raised FileNotFoundError out of the packing (seen beside
     ``git gc`` in the big-folder stress). The packer passes over a vanished folder: its objects
     are in a pack."""
-    kb.create_workspace(WS)
-    for r in range(3):
-        with kb.transaction(WS, f"r{r}", "w") as tx:
-            tx.write(f"/documents/r{r}.md", f"round {r}\n")
+    _three_rounds(kb)
     repo = kb.store(WS).path
     repository = kb.store(WS).repository
     objects, listdir, fired = str(repo / ".git" / "objects"), os.listdir, []
@@ -617,6 +611,14 @@ def test_a_write_failing_mid_pack_removes_its_own_temporary_pack_and_no_one_else
     left = sorted(path.name for path in pack_dir.iterdir())
     assert left == ["tmpanotherwriter.pack"], left  # no half pack, mark or temporary file of the write
     assert missing_objects(repo, [blob.id.decode() for blob in blobs[:5]]) == [blob.id.decode() for blob in blobs[:5]]
+
+
+def _three_rounds(kb) -> None:
+    """Workspace WS with three revisions, each writing ``/documents/r{n}.md`` ("round n")."""
+    kb.create_workspace(WS)
+    for r in range(3):
+        with kb.transaction(WS, f"r{r}", "w") as tx:
+            tx.write(f"/documents/r{r}.md", f"round {r}\n")
 
 
 def _two_plain_packs(kb, repo) -> None:
