@@ -115,6 +115,7 @@ QueryName = Literal[
     "interrupt_span_fill_runs",
     "job_counts",
     "job_health",
+    "last_changes_of_paths",
     "latest_recorded_title",
     "legacy_chunks",
     "legacy_document_bodies",

@@ -425,6 +425,21 @@ def moved_away_to(conn: Connection, workspace_id: int, path: str) -> str | None:
     return current_path_after(conn, workspace_id, rows[-1]["new_path"], rows[-1]["seq"])
 
 
+def moved_away(conn: Connection, workspace_id: int, paths: list[str]) -> dict[str, str]:
+    """:func:`moved_away_to` for many repo paths at once: ``{path: where its document is now}`` for
+    each of ``paths`` whose last recorded change is a move that took its document away, to a path
+    it still holds (chains of moves followed; a document removed since is left out). One query for
+    all of ``paths``, then a walk per moved one (design §3; ``kb import`` follows kb's moves)."""
+    rows = conn.execute(queries["last_changes_of_paths"], {"workspace_id": workspace_id, "paths": paths}).fetchall()
+    found: dict[str, str] = {}
+    for row in rows:
+        if row["new_path"]:
+            now = current_path_after(conn, workspace_id, row["new_path"], row["seq"])
+            if now is not None:
+                found[row["path"]] = now
+    return found
+
+
 def current_path_after(conn: Connection, workspace_id: int, path: str, seq: int) -> str | None:
     """``current_path`` from the revision numbered ``seq`` (its place in the workspace's history)."""
     last, _moves, there = _follow_moves(conn, workspace_id, path, seq)

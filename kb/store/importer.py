@@ -7,7 +7,9 @@ Hidden files and folders (``.obsidian/``, ``.trash/``) are skipped, and so are o
 report names each skipped entry with the reason, and each imported document the index will not
 take (``kb.store.indexable``: not UTF-8, NUL bytes, too large), which is stored all the same.
 Unchanged content records nothing; ``prune`` also removes documents under the prefix that the
-folder no longer has.
+folder no longer has. A file whose document kb moved since an earlier import (``kb mv``) updates
+that document where it is now, not a second copy at the old path (design §3: identity follows a
+move), unless the folder holds a file of its own at the new path.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class ImportReport:
     """A preview's moves: ``{old virtual path: new}`` for the files ``prune`` finds renamed."""
     removals: list[str] = field(default_factory=list)
     """A preview's removals: the virtual paths ``prune`` would remove."""
+    followed: dict[str, str] = field(default_factory=dict)
+    """``{virtual path the folder's file maps to: the document's path now}`` for the files whose
+    document kb moved since (``kb mv``): the file updates the document where it lives now instead
+    of adding a copy at its old path (design §3: identity follows a move)."""
 
 
 def _utf8(name: str) -> bool:
@@ -303,9 +309,11 @@ def import_folder(
     report.folder_renamed = tuple(_prefix_segments(prefix)) != prefix_parts
     existing = store.list_paths() if not created and store.head() else {}
     text = stated_message(message) or f"import {len(relative)} documents from {source.name}"
+    followed = _followed_moves(store, planned, existing)
+    report.followed = followed
     pruned: list[str] = []
     if prune:
-        wanted = {"/" + p for p in planned.values()}
+        wanted = {"/" + p for p in planned.values()} | set(followed.values())
         pruned = [
             virtual
             for virtual in existing
@@ -313,7 +321,7 @@ def import_folder(
             and virtual not in wanted
             and not virtual.endswith("/.keep")
         ]
-    moves = _renames(source, planned, existing, pruned)
+    moves = _renames(source, {parts: p for parts, p in planned.items() if "/" + p not in followed}, existing, pruned)
     if dry_run:
         return _preview(store, report, source, planned, existing, pruned, moves, prefix_parts, prune)
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
@@ -331,6 +339,23 @@ def import_folder(
                 report.removed += 1
     report.unchanged = len(relative) - report.added - report.modified - report.moved
     return report
+
+
+def _followed_moves(
+    store: KnowledgeStore, planned: dict[tuple[str, ...], str], existing: dict[str, str]
+) -> dict[str, str]:
+    """``{virtual path: the document's path now}`` for the planned paths the workspace lacks
+    because kb moved their document away since (a ``kb mv`` after an earlier import), where it
+    still is and the folder holds no file of its own there: importing the folder again updates
+    that document instead of adding a second copy at the old path (design §3)."""
+    if not existing:
+        return {}
+    wanted = {"/" + p for p in planned.values()}
+    followed: dict[str, str] = {}
+    for old, now in sorted(store.moved_away(sorted(v for v in wanted if v not in existing)).items()):
+        if now in existing and now not in wanted and now not in followed.values():
+            followed[old] = now
+    return followed
 
 
 def _read_document(
@@ -388,6 +413,11 @@ def _stage(
                 progress(READING, read, len(planned))
             continue
         data = _read_document(source, parts, repo_path, prefix_parts, report, store.settings.max_index_bytes)
+        now = report.followed.get("/" + repo_path)
+        if now is not None:  # kb moved its document since: update it there (design §3)
+            if "/" + repo_path in report.unindexable:
+                report.unindexable[now] = report.unindexable.pop("/" + repo_path)
+            repo_path = now.removeprefix("/")
         try:
             draft.write(repo_path, data)
         except PathExists as exc:

@@ -70,6 +70,7 @@ from kb.store.history import (
     Revision,
     changes_from_git,
     forget_changes,
+    moved_away,
     moved_away_to,
     read_history,
     record_changes_ahead,
@@ -381,6 +382,16 @@ class KnowledgeStore:
         """``{virtual path: content id}`` of every document at HEAD (or ``revision``)."""
         tree = self.repository.tree_id(self.repository.resolve(revision) if revision else self.head())
         return {"/" + p: blob for p, blob in self.repository.walk(tree, "documents")}
+
+    def moved_away(self, paths: list[str]) -> dict[str, str]:
+        """``{virtual path: virtual path its document has now}`` for each of ``paths`` (virtual,
+        ``/documents/…``) whose document recorded moves took elsewhere, where it still is; paths
+        nothing moved away are left out (design §3: identity follows a move)."""
+        if not paths:
+            return {}
+        with database.transaction(self.database_url) as conn:
+            found = moved_away(conn, self.workspace_id, [p.removeprefix("/") for p in paths])
+        return {"/" + old: "/" + new for old, new in found.items()}
 
     def list_changes(self, revision: str) -> list[PathChange]:
         """Changes of ``revision`` against its parent (virtual paths, sorted), with the moves the

@@ -70,6 +70,13 @@ WHERE workspace_id = %(workspace_id)s AND path = %(path)s AND content_id = %(con
 ORDER BY seq DESC
 LIMIT 1;
 
+-- name: last_changes_of_paths
+-- The newest recorded change at each of %(paths)s (repo paths) that has one; new_path set: a
+-- move took the document there away last (the walk goes on from there).
+SELECT DISTINCT ON (path) path, seq, new_path FROM kb.path_changes
+WHERE workspace_id = %(workspace_id)s AND path = ANY(%(paths)s)
+ORDER BY path, seq DESC;
+
 -- name: document_changes_after
 -- Recorded changes of the document at %(path)s (a repo path) after seq %(after_seq)s, oldest
 -- first; a row with new_path set is where it moved away (the walk continues there).

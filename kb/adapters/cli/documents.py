@@ -102,6 +102,7 @@ def import_(
             click.echo(
                 f"`kb restore PATH --revision {report.revision.parent_id[:12]} --workspace {workspace}` brings one back"
             )
+    _echo_followed(report, "imported")
     _echo_skipped(report)
     if report.unindexable:
         click.echo(
@@ -435,6 +436,18 @@ def _echo_listed(lines: list[str], more: str) -> None:
         click.echo(more.format(len(lines) - SHOWN_PER_REASON))
 
 
+def _echo_followed(report, verb: str) -> None:
+    """The folder's files whose document kb moved since (``report.followed``): each went to the
+    document where it lives now, not to a copy at its old path (design §3)."""
+    _echo_listed(
+        [
+            f"{verb} {shown(old)} at {shown(now)}: kb moved that document there since"
+            for old, now in report.followed.items()
+        ],
+        verb + " {} more where kb moved their documents since",
+    )
+
+
 def _echo_skipped(report) -> None:
     """The entries an import skipped, by reason (``report.skipped``)."""
     by_reason: dict[str, list[str]] = {}
@@ -466,6 +479,7 @@ def _preview_import(report, workspace: int) -> None:
         [f"would remove {shown(removed)}: not in the folder (--prune)" for removed in report.removals],
         "would remove {} more not in the folder (--prune)",
     )
+    _echo_followed(report, "would import")
     _echo_skipped(report)
     for unindexable, reason in report.unindexable.items():
         click.echo(f"would store but not index {shown(unindexable)}: {shown(reason)}")
