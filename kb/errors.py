@@ -33,6 +33,14 @@ class KbError(Exception):
         return self._cli_message if self._cli_message is not None else str(self)
 
 
+def kb_command(command: str, repository: object) -> str:
+    """``command`` quoted as a kb command line for a message about the git repository at
+    ``repository`` (a path): with ``--workspace N`` when that is a workspace's repository, whose
+    folder is named by its id (design §2), so the command can be pasted as it stands."""
+    name = str(repository).rstrip("/").rsplit("/", 1)[-1]
+    return f"`kb {command} --workspace {name}`" if name.isdigit() else f"`kb {command}`"
+
+
 class ConfigurationError(KbError):
     """A setting is missing or invalid (design §13)."""
 

@@ -50,7 +50,7 @@ def test_a_missing_tree_object_is_damage_not_a_raw_key_error(kb, settings):
             lambda: fresh.read(8, "/documents/notes/todo.md"),
             lambda: fresh.ls(8, "/documents/Notes/x"),
         ):
-            with pytest.raises(StorageError, match=f"object {tree} is missing .* run `kb fsck`"):
+            with pytest.raises(StorageError, match=f"object {tree} is missing .* run `kb fsck --workspace 8`"):
                 read()
         assert [e.name for e in fresh.ls(8)] == ["Notes", "Other"]  # the rest still reads
         assert fresh.read(8, "/documents/Other/b.md") == b"b\n"
@@ -69,7 +69,9 @@ def test_a_missing_blob_or_head_commit_is_damage_not_no_such_document(kb, settin
     blob = _remove_object(repo, "HEAD:documents/a.md")
     fresh = KnowledgeBase.open(settings)  # no object cached from the writes
     try:
-        with pytest.raises(StorageError, match=f"object {blob} is missing .*git gc --prune=now.* run `kb fsck`"):
+        with pytest.raises(
+            StorageError, match=f"object {blob} is missing .*git gc --prune=now.* run `kb fsck --workspace 9`"
+        ):
             fresh.read(9, "/documents/a.md")
         assert [e.name for e in fresh.ls(9)] == ["a.md", "b.md"] and fresh.read(9, "/documents/b.md") == b"b\n"
     finally:

@@ -164,6 +164,10 @@ def test_an_unknown_revision_is_not_told_to_use_more_digits(kb):
     with pytest.raises(RevisionNotFound) as missing:
         kb.revert(WS, "deadbeef")
     assert "no revision 'deadbeef' in this workspace" in str(missing.value) and "digits" not in str(missing.value)
+    # the command it names can be pasted as it stands: it names the workspace
+    assert f"`kb log --workspace {WS}` lists its revisions" in str(missing.value), missing.value
+    with pytest.raises(RevisionNotFound, match=rf"use the id `kb log --workspace {WS}` prints"):
+        kb.revert(WS, "not-a-revision")
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1.5, True, None, float("nan"), float("inf"), 2**63])

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Generator, Sequence
 from pathlib import Path
 
-from kb.errors import ConfigurationError, StorageError
+from kb.errors import ConfigurationError, StorageError, kb_command
 
 GIT_ENV = {"LC_ALL": "C", "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"}
 """The environment of kb's git commands (no user or system config changes what they read)."""
@@ -106,5 +106,6 @@ def _failure(process: subprocess.Popen, repository: Path, answer: bytes) -> str:
     reason = (stderr.splitlines() or [f"answered {answer[:80]!r}"])[0]
     return (
         f"git cannot read the objects of {repository} ({reason}); "
-        "run `kb fsck` to check the repository, then restore it from a backup or its remote if it is damaged"
+        f"run {kb_command('fsck', repository)} to check the repository, then restore it from a backup or its "
+        "remote if it is damaged"
     )

@@ -49,7 +49,15 @@ from dulwich.pack import DELTA_TYPES, PackFileDisappeared, UnpackedObject, full_
 from dulwich.reflog import format_reflog_line
 from dulwich.repo import Repo
 
-from kb.errors import DocumentNotFound, KbError, MalformedRevision, RevisionNotFound, StorageError, WorkspaceNotFound
+from kb.errors import (
+    DocumentNotFound,
+    KbError,
+    MalformedRevision,
+    RevisionNotFound,
+    StorageError,
+    WorkspaceNotFound,
+    kb_command,
+)
 from kb.faults import fault_point
 from kb.git import loose_zlib
 from kb.git.blob_batch import MissingObject, read_blobs
@@ -471,8 +479,8 @@ class Repository(WorktreeRefresh):
         return StorageError(
             f"object {sha.decode(errors='replace')} is missing from {self.path} though a revision refers to it; "
             "the repository is damaged (`git gc --prune=now` or `git prune` beside a writer removes what a "
-            "write has stored but not yet made reachable): run `kb fsck`, then restore the workspace from a "
-            "backup or its remote"
+            f"write has stored but not yet made reachable): run {kb_command('fsck', self.path)}, then restore the "
+            "workspace from a backup or its remote"
         )
 
     def _damaged(self, sha: bytes, exc: BaseException) -> StorageError:
@@ -480,8 +488,8 @@ class Repository(WorktreeRefresh):
         reason = (str(exc).strip().splitlines() or [""])[0][:160] or type(exc).__name__
         return StorageError(
             f"object {sha.decode(errors='replace')} in {self.path} cannot be read ({type(exc).__name__}: {reason}); "
-            "the repository is damaged or the disk failed: run `kb fsck`, then restore the workspace "
-            "from a backup or its remote"
+            f"the repository is damaged or the disk failed: run {kb_command('fsck', self.path)}, then restore "
+            "the workspace from a backup or its remote"
         )
 
     def _remember(self, obj) -> None:
@@ -603,17 +611,20 @@ class Repository(WorktreeRefresh):
             return text
         if len(text) < 4 or len(text) > 40 or any(c not in "0123456789abcdef" for c in text):
             raise MalformedRevision(
-                f"{revision!r} is not a revision id; use the id `kb log` prints (or 4+ of its first hex digits)"
+                f"{revision!r} is not a revision id; use the id {kb_command('log', self.path)} prints "
+                "(or 4+ of its first hex digits)"
             )
         found = {sha.decode() for sha in self._repo.object_store.iter_prefix(text.encode())}
         commits = [sha for sha in found if isinstance(self._repo.object_store[sha.encode()], Commit)]
         if len(commits) > 1:
             raise RevisionNotFound(
                 f"revision {revision!r} is ambiguous ({len(commits)} revisions start with it); "
-                "use more digits of the id `kb log` prints"
+                f"use more digits of the id {kb_command('log', self.path)} prints"
             )
         if not commits:
-            raise RevisionNotFound(f"no revision {revision!r} in this workspace; `kb log` lists its revisions")
+            raise RevisionNotFound(
+                f"no revision {revision!r} in this workspace; {kb_command('log', self.path)} lists its revisions"
+            )
         return commits[0]
 
     def commit(self, revision: str) -> Commit:
@@ -1174,7 +1185,8 @@ class Repository(WorktreeRefresh):
             raise KbError(
                 f"the branch ref of {self.path} is locked ({BRANCH.decode()}.lock exists, still after "
                 f"{REF_LOCK_WAIT_SECONDS:g}s): a git command is running there, or a killed writer left it "
-                f"(removed automatically after {STALE_LOCK_SECONDS:g}s, or now by `kb fsck`). Nothing was "
+                f"(removed automatically after {STALE_LOCK_SECONDS:g}s, or now by {kb_command('fsck', self.path)}). "
+                "Nothing was "
                 "recorded; retry."
             ) from None
         return fd, os.fstat(fd)

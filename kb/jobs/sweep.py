@@ -183,7 +183,10 @@ def _repair_lost_refreshes(store: KnowledgeStore, report: SweepReport) -> None:
         repaired = repair_lost_refreshes(store)
     except (OSError, ConfigurationError) as exc:
         log.warning(
-            "sweep: workspace %s: working tree not repaired (%s); `kb fsck` repairs it", store.workspace_id, exc
+            "sweep: workspace %s: working tree not repaired (%s); `kb fsck --workspace %s` repairs it",
+            store.workspace_id,
+            exc,
+            store.workspace_id,
         )
         return
     if repaired is not None:
