@@ -843,9 +843,12 @@ class KnowledgeBase:
         author: str | None = None,
         message: str | None = None,
         committer: str | None = None,
+        idempotency_key: str | None = None,
     ) -> CommitResult | None:
         """Edit one document as a person would (``kb edit``): materialize it in a fresh turn, call
         ``editor(file_path)`` (which edits the file in place), and commit when the bytes changed.
+        ``idempotency_key``: the commit's key (design §3), so an interrupted save is settled with
+        ``write_outcome(workspace_id, key)``.
 
         ``committer`` defaults to kb itself (design §5). A missing document starts empty (saving
         creates it); a document changed meanwhile by someone else is three-way merged (design §5). Returns the CommitResult, or None when
@@ -861,6 +864,7 @@ class KnowledgeBase:
             path,
             editor,
             message,
+            idempotency_key,
         )
 
     # -- seeding from legacy rows, span fill, drift check (design §9, §10) ----------

@@ -157,24 +157,39 @@ def test_ctrl_c_during_another_write_says_what_became_of_it(kb_env, tmp_path):
     assert "/documents/n1.md" in run_cli(kb_env, "ls", "/documents", "--workspace", "2").stdout
 
 
-def test_ctrl_c_during_kb_edit_says_its_revision_may_have_landed_and_how_to_see(kb_env, tmp_path):
-    """design §3: `kb edit` (a turn's commit, no key of the CLI's) interrupted once its ref moved
-    exits 130 saying the revision may have landed and how to see whether it did, not "Aborted!"."""
+def test_ctrl_c_during_kb_edit_says_whether_its_revision_landed(kb_env, tmp_path):
+    """design §3: `kb edit` interrupted once its ref moved said only that the revision "may or
+    may not have landed"; its save now carries a key, and the command settles it: the revision
+    landed (its id, which `kb log` shows), or nothing was recorded."""
     run_cli(kb_env, "import", str(_source(tmp_path)), "--workspace", "2")
     editor = tmp_path / "editor.sh"
     editor.write_text('#!/bin/sh\necho "edited" >> "$1"\n')
     editor.chmod(0o755)
-    edited = run_cli(
-        {**kb_env, "EDITOR": str(editor), "KB_FAULT_POINT": "before_pg_commit", "KB_FAULT_SIGNAL": "INT"},
-        "edit",
-        "/documents/n2.md",
-        "--workspace",
-        "2",
-        check=False,
-    )
+    env = {**kb_env, "EDITOR": str(editor), "KB_FAULT_SIGNAL": "INT"}
+    edited = run_cli({**env, "KB_FAULT_POINT": "before_pg_commit"}, "edit", "/documents/n2.md", "-w", "2", check=False)
     assert edited.returncode == 130, edited.stderr
     assert "Aborted!" not in edited.stderr and "Traceback" not in edited.stderr, edited.stderr
-    assert "`kb edit` was recording may or may not have landed" in edited.stderr, edited.stderr
-    assert "`kb sweep` records it if it landed" in edited.stderr, edited.stderr
-    run_cli(kb_env, "sweep")  # as the message says
+    assert "kb: interrupted, but `kb edit` had already landed: revision " in edited.stderr, edited.stderr
+    landed = edited.stderr.split("revision ")[1].split()[0]
+    assert run_cli(kb_env, "log", "-n", "1", "--workspace", "2").stdout.startswith(landed)
     assert "     4  edited\n" in run_cli(kb_env, "read", "/documents/n2.md", "--workspace", "2").stdout
+    refused = run_cli({**env, "KB_FAULT_POINT": "draft_ready"}, "edit", "/documents/n1.md", "-w", "2", check=False)
+    assert refused.returncode == 130, refused.stderr
+    assert "kb: interrupted: `kb edit` did not land: nothing was recorded in workspace 2" in refused.stderr
+    assert "edited" not in run_cli(kb_env, "read", "/documents/n1.md", "--workspace", "2").stdout
+
+
+def test_a_ctrl_c_typed_in_the_editor_is_the_editors_not_the_end_of_kb_edit(kb_env, tmp_path):
+    """design §5: the editor `kb edit` runs has the terminal, and a Ctrl-C typed there (vi leaves
+    a command with it) reaches kb too: kb killed the editor and dropped the edit, exit 130. kb
+    now leaves SIGINT and SIGQUIT to the editor while it runs, and the save is recorded."""
+    run_cli(kb_env, "import", str(_source(tmp_path)), "--workspace", "2")
+    editor = tmp_path / "editor.sh"  # as vi under a Ctrl-C: it handles the signal and goes on
+    editor.write_text(
+        '#!/bin/sh\ntrap "" INT QUIT\nkill -INT $PPID\nkill -QUIT $PPID\nsleep 0.5\necho "kept" >> "$1"\n'
+    )
+    editor.chmod(0o755)
+    edited = run_cli({**kb_env, "EDITOR": str(editor)}, "edit", "/documents/n0.md", "-w", "2", check=False)
+    assert edited.returncode == 0, edited.stderr
+    assert "updated /documents/n0.md" in edited.stdout, edited.stdout
+    assert "     4  kept\n" in run_cli(kb_env, "read", "/documents/n0.md", "--workspace", "2").stdout

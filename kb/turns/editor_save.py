@@ -24,10 +24,12 @@ def edit_document(
     path: str,
     editor: Callable[[Path], None],
     message: str | None = None,
+    idempotency_key: str | None = None,
 ) -> CommitResult | None:
     """Materialize ``path`` in a fresh turn (``open_turn(turn_id)`` opens one for the editing
     person), call ``editor(file_path)`` (which edits the file in place), and commit when the bytes
-    changed (design §5).
+    changed (design §5), with ``idempotency_key`` when given (design §3: a save interrupted
+    mid-commit is settled by it, ``KnowledgeStore.write_outcome``).
 
     A missing document starts empty (saving creates it); a document changed meanwhile is merged
     three-way. Returns the CommitResult, or None when nothing changed (the turn is discarded).
@@ -61,4 +63,4 @@ def edit_document(
     except BaseException:
         turn.abort()
         raise
-    return turn.commit(message or f"Edit {target.virtual}")
+    return turn.commit(message or f"Edit {target.virtual}", idempotency_key)

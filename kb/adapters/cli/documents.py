@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -261,15 +262,29 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
     command = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
 
     def run_editor(file: Path) -> None:
+        # The editor has the terminal: a Ctrl-C or Ctrl-\ typed there (vi's way out of a
+        # command, nano's cursor position) reaches kb too, which killed the editor and dropped
+        # the edit. kb ignores both until the editor exits, as git does; a handler, not SIG_IGN,
+        # so the editor starts with the default dispositions (exec resets handlers).
+        ignored = {number: signal.signal(number, _editor_has_the_terminal) for number in EDITOR_SIGNALS}
         try:
             code = subprocess.call([*shlex.split(command), str(file)])
         except FileNotFoundError:
             raise EditorFailed(f"editor {command!r} not found; set EDITOR") from None
+        finally:
+            for number, previous in ignored.items():
+                signal.signal(number, previous)
         if code != 0:
             raise EditorFailed(f"editor {command!r} exited with status {code}; nothing was recorded")
 
-    result = session.open_kb().edit_document(
-        workspace, path, run_editor, author=author, message=message, committer=committer
+    kb = session.open_kb()
+    result = settled(
+        kb,
+        workspace,
+        "kb edit",
+        lambda key: kb.edit_document(
+            workspace, path, run_editor, author=author, message=message, committer=committer, idempotency_key=key
+        ),
     )
     if result is None:
         click.echo("no changes; nothing recorded")
@@ -287,6 +302,14 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
                 f"note: {overwritten} was changed by someone else meanwhile; your save replaced "
                 + (f"their lines at {where} (still in history)" if hunks else "it")
             )
+
+
+EDITOR_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+"""The terminal's signals kb leaves to the editor ``kb edit`` runs, for as long as it runs."""
+
+
+def _editor_has_the_terminal(signum, frame) -> None:
+    """SIGINT/SIGQUIT while ``kb edit``'s editor runs: the editor's to handle, not kb's."""
 
 
 @click.command("ls")

@@ -104,9 +104,9 @@ class _Group(click.Group):
 
 
 REVISION_COMMANDS = frozenset({"new", "mv", "rm", "edit", "revert", "restore", "import"})
-"""Commands that record a revision: a Ctrl-C may come before or after it landed. Most settle
-their write by its key themselves (``kb.adapters.cli.interrupts``); ``kb edit`` (a turn's commit)
-and a Ctrl-C before a command's write began end here."""
+"""Commands that record a revision: a Ctrl-C may come before or after it landed. Each settles
+its write by its key itself (``kb.adapters.cli.interrupts``); a Ctrl-C before a command's write
+began ends here."""
 
 
 def _interrupted(command: str | None, args: list[str]) -> str:
