@@ -51,8 +51,8 @@ def test_a_dry_run_of_a_first_import_creates_no_workspace(kb_env, tmp_path):
 
 def test_a_dry_run_refuses_what_the_import_would_refuse(kb_env, tmp_path):
     """A dry run stages the import as the import does: a file renamed only by case without
-    --prune (the draft refuses the second spelling, design §2.2) and an ARTIFACT document --prune
-    would remove (design §11) fail the dry run with the import's own error, not '1 to add'."""
+    --prune (the draft refuses the second spelling, design §2.2) and a file written over an
+    ARTIFACT document (design §11) fail the dry run with the import's own error, not '1 to add'."""
     notes = _notes(tmp_path)
     run_cli(kb_env, "import", str(notes), "--workspace", "5")
     (notes / "keep.md").rename(notes / "Keep.md")
@@ -60,14 +60,39 @@ def test_a_dry_run_refuses_what_the_import_would_refuse(kb_env, tmp_path):
     dry = run_cli(kb_env, "import", str(notes), "--workspace", "5", "--dry-run", check=False)
     assert real.returncode == 1 and "differs only in case" in real.stderr, real.stderr
     assert dry.returncode == 1 and dry.stderr == real.stderr, (dry.stdout, dry.stderr)
+    (notes / "Keep.md").rename(notes / "keep.md")
     report = tmp_path / "report.md"
     report.write_text("# Report\n")
     run_cli(kb_env, "artifact", "save", str(report), "--title", "Report", "-w", "5")
-    pruning = ("import", str(notes), "--workspace", "5", "--prune")
-    real = run_cli(kb_env, *pruning, check=False)
-    dry = run_cli(kb_env, *pruning, "--dry-run", check=False)
+    (notes / "Artifacts").mkdir()
+    (notes / "Artifacts" / "Report.md").write_text("# Report, edited in the folder\n")
+    importing = ("import", str(notes), "--workspace", "5")
+    real = run_cli(kb_env, *importing, check=False)
+    dry = run_cli(kb_env, *importing, "--dry-run", check=False)
     assert real.returncode == 1 and "is an ARTIFACT" in real.stderr, real.stderr
     assert dry.returncode == 1 and "/documents/Artifacts/Report.md is an ARTIFACT" in dry.stderr, (
         dry.stdout,
         dry.stderr,
     )
+
+
+def test_prune_leaves_the_artifacts_an_application_saved_and_says_so(kb_env, tmp_path):
+    """design §11: ``--prune`` refused the whole import when the workspace held an ARTIFACT
+    document the folder lacks — which is every artifact (an application saves them, no folder
+    has them), so a workspace with one could never be pruned. Prune now leaves artifacts, names
+    each it kept, and removes the rest."""
+    notes = _notes(tmp_path)
+    run_cli(kb_env, "import", str(notes), "--workspace", "9")
+    report = tmp_path / "report.md"
+    report.write_text("# Report\n")
+    run_cli(kb_env, "artifact", "save", str(report), "--title", "Report", "-w", "9")
+    (notes / "gone.md").unlink()
+    pruning = ("import", str(notes), "--workspace", "9", "--prune")
+    dry = run_cli(kb_env, *pruning, "--dry-run").stdout
+    assert "1 to remove" in dry and "would remove /documents/gone.md" in dry, dry
+    assert "kept /documents/Artifacts/Report.md: an ARTIFACT (id " in dry, dry
+    done = run_cli(kb_env, *pruning).stdout
+    assert "1 removed" in done and "kept /documents/Artifacts/Report.md: an ARTIFACT" in done, done
+    assert "`kb artifact delete " in done, done
+    assert "Report" in run_cli(kb_env, "read", "/documents/Artifacts/Report.md", "-w", "9").stdout
+    assert "gone.md" not in run_cli(kb_env, "ls", "/documents", "-w", "9").stdout

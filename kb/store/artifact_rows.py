@@ -90,6 +90,16 @@ def _virtual(repo_path: str) -> str:
     return repo_path if repo_path.startswith("/") else "/" + repo_path
 
 
+def artifacts_at(conn: Connection, workspace_id: int, paths: Iterable[str]) -> dict[str, int]:
+    """``{virtual path: document id}`` of the ARTIFACT documents among ``paths`` (virtual or repo
+    paths): what only the artifact layer may change (design §11)."""
+    rows = conn.execute(
+        queries["artifact_documents_at"],
+        {"workspace_id": workspace_id, "paths": json_column([_virtual(p) for p in paths])},
+    ).fetchall()
+    return {row["path"]: row["id"] for row in rows}
+
+
 def guard(
     conn: Connection,
     workspace_id: int,

@@ -7,7 +7,7 @@ Hidden files and folders (``.obsidian/``, ``.trash/``) are skipped, and so are o
 report names each skipped entry with the reason, and each imported document the index will not
 take (``kb.store.indexable``: not UTF-8, NUL bytes, too large), which is stored all the same.
 Unchanged content records nothing; ``prune`` also removes documents under the prefix that the
-folder no longer has. A file whose document kb moved since an earlier import (``kb mv``) updates
+folder no longer has, but for the ARTIFACT documents an application saved there (design §11). A file whose document kb moved since an earlier import (``kb mv``) updates
 that document where it is now, not a second copy at the old path (design §3: identity follows a
 move), unless the folder holds a file of its own at the new path.
 """
@@ -91,6 +91,10 @@ class ImportReport:
     """A preview's moves: ``{old virtual path: new}`` for the files ``prune`` finds renamed."""
     removals: list[str] = field(default_factory=list)
     """A preview's removals: the virtual paths ``prune`` would remove."""
+    kept_artifacts: dict[str, int] = field(default_factory=dict)
+    """``{virtual path: document id}`` of the ARTIFACT documents under the prefix that the folder
+    lacks: ``prune`` leaves them (an application saved them; only the artifact layer removes one,
+    design §11)."""
     followed: dict[str, str] = field(default_factory=dict)
     """``{virtual path the folder's file maps to: the document's path now}`` for the files whose
     document kb moved since (``kb mv``): the file updates the document where it lives now instead
@@ -321,6 +325,10 @@ def import_folder(
             and virtual not in wanted
             and not virtual.endswith("/.keep")
         ]
+        if pruned:  # an application's artifacts were never the folder's: prune leaves them (§11)
+            with database.transaction(store.database_url) as conn:
+                report.kept_artifacts = artifact_rows.artifacts_at(conn, store.workspace_id, pruned)
+            pruned = [virtual for virtual in pruned if virtual not in report.kept_artifacts]
     moves = _renames(source, {parts: p for parts, p in planned.items() if "/" + p not in followed}, existing, pruned)
     if dry_run:
         return _preview(store, report, source, planned, existing, pruned, moves, prefix_parts, prune)

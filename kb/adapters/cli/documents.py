@@ -104,6 +104,7 @@ def import_(
                 f"`kb restore PATH --revision {report.revision.parent_id[:12]} --workspace {workspace}` brings one back"
             )
     _echo_followed(report, "imported")
+    _echo_kept_artifacts(report, workspace)
     _echo_skipped(report)
     if report.unindexable:
         click.echo(
@@ -471,6 +472,18 @@ def _echo_followed(report, verb: str) -> None:
     )
 
 
+def _echo_kept_artifacts(report, workspace: int) -> None:
+    """The ARTIFACT documents ``--prune`` left although the folder lacks them (design §11)."""
+    _echo_listed(
+        [
+            f"kept {shown(path)}: an ARTIFACT (id {document_id}), which --prune leaves; "
+            f"`kb artifact delete {document_id} -w {workspace}` removes it"
+            for path, document_id in report.kept_artifacts.items()
+        ],
+        "kept {} more ARTIFACT documents, which --prune leaves",
+    )
+
+
 def _echo_skipped(report) -> None:
     """The entries an import skipped, by reason (``report.skipped``)."""
     by_reason: dict[str, list[str]] = {}
@@ -503,6 +516,7 @@ def _preview_import(report, workspace: int) -> None:
         "would remove {} more not in the folder (--prune)",
     )
     _echo_followed(report, "would import")
+    _echo_kept_artifacts(report, workspace)
     _echo_skipped(report)
     for unindexable, reason in report.unindexable.items():
         click.echo(f"would store but not index {shown(unindexable)}: {shown(reason)}")
