@@ -30,8 +30,9 @@ GOLDEN = [
     ("See [1:L8-L40].", "See [1:L8-L10].", ["[1:L8-L10]"], [], []),
     ("See [1:L0].", "See [1:L1].", ["[1:L1]"], [], []),
     ("See [1:L0-L2].", "See [1:L1-L2].", ["[1:L1-L2]"], [], []),
-    ("See [1:L11].", "See [1:L10].", ["[1:L10]"], [], []),
-    ("See [3:L25-L30].", "See [3:L20].", ["[3:L20]"], [], []),
+    ("See [1:L11].", "See [1].", ["[1]"], [], []),  # beyond the last line: no line of it, not line 10
+    ("See [3:L25-L30].", "See [3].", ["[3]"], [], []),
+    ("See [3:L30-L12].", "See [3:L12-L20].", ["[3:L12-L20]"], [], []),
     ("See [2:L2-L3].", "See [2].", ["[2]"], [], ["[2]"]),
     ("See [2].", "See [2].", ["[2]"], [], []),
     ("See [1, 2:L1, 3:L1].", "See [1][2][3:L1].", ["[1]", "[2]", "[3:L1]"], [], ["[2]"]),
@@ -112,8 +113,20 @@ def test_normalizing_normalized_text_changes_nothing():
 
 
 def test_adjusted_reports_clamped_and_swapped_ranges():
-    result = normalize("[1:L5-L3] [3:L25-L30] [1:L2]", HANDLES.get)
-    assert [(raw, str(c)) for raw, c in result.adjusted] == [("[1:L5-L3]", "[1:L3-L5]"), ("[3:L25-L30]", "[3:L20]")]
+    result = normalize("[1:L5-L3] [3:L18-L30] [1:L2]", HANDLES.get)
+    assert [(raw, str(c)) for raw, c in result.adjusted] == [("[1:L5-L3]", "[1:L3-L5]"), ("[3:L18-L30]", "[3:L18-L20]")]
+    assert not result.beyond
+
+
+def test_a_range_wholly_past_the_end_cites_the_document_not_its_last_line():
+    """design §8: [2:L500] of a 21-line document was clamped to [2:L21], an unrelated line, said
+    only on stderr; a range that names no line of the document cites the whole document and is
+    reported apart from the clamped ones."""
+    result = normalize("see [3:L500] and [3:L21-L40] and [3:L20-L40]", HANDLES.get)
+    assert result.text == "see [3] and [3] and [3:L20]"
+    assert [(raw, str(c)) for raw, c in result.beyond] == [("[3:L500]", "[3]"), ("[3:L21-L40]", "[3]")]
+    assert [(raw, str(c)) for raw, c in result.adjusted] == [("[3:L20-L40]", "[3:L20]")]
+    assert result.as_json()["beyond"] == [["[3:L500]", "[3]"], ["[3:L21-L40]", "[3]"]]
 
 
 @pytest.mark.parametrize(

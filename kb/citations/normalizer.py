@@ -13,7 +13,9 @@ around ``:``, ``,`` and the dash)::
 Rules:
 
 - a line range is clamped to the document's length at the handle's revision and a reversed range
-  swapped (``adjusted`` reports both);
+  swapped (``adjusted`` reports both); a range that starts beyond the document's last line names
+  no line of it, so it is not clamped onto an unrelated last line: it cites the whole document,
+  reported in ``beyond``;
 - the line qualifier is stripped where the handle was rendered un-numbered (``degraded``), and
   where the document has no lines;
 - an unknown handle is dropped from the text and reported (``unknown``); a bracket left with no
@@ -81,7 +83,9 @@ class NormalizedText:
     ``text``: the answer with canonical citations; ``citations``: every citation left in ``text``,
     in order; ``unknown``: the handle numbers dropped; ``degraded``: citations whose line qualifier
     was stripped because the handle was rendered un-numbered (or its document is empty);
-    ``adjusted``: ``(as written, as normalized)`` for clamped or swapped ranges.
+    ``adjusted``: ``(as written, as normalized)`` for clamped or swapped ranges; ``beyond``:
+    ``(as written, as normalized)`` for ranges wholly past the document's end, cited as the whole
+    document.
     """
 
     text: str
@@ -89,15 +93,17 @@ class NormalizedText:
     unknown: list[int] = field(default_factory=list)
     degraded: list[Citation] = field(default_factory=list)
     adjusted: list[tuple[str, Citation]] = field(default_factory=list)
+    beyond: list[tuple[str, Citation]] = field(default_factory=list)
 
     def as_json(self) -> dict:
-        """``{text, citations: ["[3:L4-L6]", ...], unknown, degraded, adjusted}``."""
+        """``{text, citations: ["[3:L4-L6]", ...], unknown, degraded, adjusted, beyond}``."""
         return {
             "text": self.text,
             "citations": [str(c) for c in self.citations],
             "unknown": self.unknown,
             "degraded": [str(c) for c in self.degraded],
             "adjusted": [[raw, str(c)] for raw, c in self.adjusted],
+            "beyond": [[raw, str(c)] for raw, c in self.beyond],
         }
 
 
@@ -281,6 +287,8 @@ def normalize(text: str, lookup: Callable[[int], HandleInfo | None], *, drop_unk
             if start is not None:
                 if not info.numbered or info.line_count == 0:
                     result.degraded.append(citation)
+                elif min(start, end) > info.line_count:  # names no line of it: the whole document
+                    result.beyond.append((f"[{raw}]", citation))
                 else:
                     lo, hi = sorted((start, end))
                     lo = min(max(lo, 1), info.line_count)

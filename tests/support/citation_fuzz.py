@@ -236,8 +236,8 @@ def random_answer(rng: random.Random) -> AnswerCase:
                     c = Citation(handle)
                     degraded += 1
                 else:
-                    a, b = sorted((lo, hi))
-                    c = Citation(handle, min(a, info.line_count), min(b, info.line_count))
+                    a, b = sorted((lo, hi))  # a range starting past the end cites the whole document
+                    c = Citation(handle) if a > info.line_count else Citation(handle, a, min(b, info.line_count))
                 if c not in kept:
                     kept.append(c)
             canon_groups.append(kept)

@@ -88,6 +88,12 @@ def normalize(source, chat: str, workspace: int, as_json: bool, in_place: bool, 
             + ", ".join(f"{raw} → {citation}" for raw, citation in result.adjusted),
             err=True,
         )
+    if result.beyond:
+        click.echo(
+            "kb: beyond the document's last line, cited as the whole document: "
+            + ", ".join(f"{raw} → {citation}" for raw, citation in result.beyond),
+            err=True,
+        )
     if result.degraded:
         click.echo(f"kb: shown un-numbered, cited as whole documents: {', '.join(map(str, result.degraded))}", err=True)
 
