@@ -88,6 +88,24 @@ def test_an_expired_token_is_refused(kb):
     with pytest.raises(TokenRefused):
         tokens.verify(secret)
     assert not tokens.any_live()
+    listed = [t for t in tokens.list() if t.name == "brief"]  # listed, and said to be expired
+    assert listed[0].expired() and listed[0].as_json()["live"] is False
+
+
+def test_kb_token_list_says_a_token_past_its_lifetime_is_expired(kb_env, settings):
+    """design §16: `kb token list` showed an expired token as "expires <past time>", as if live,
+    while the 401 told people to use it to see the live ones."""
+    run_cli(kb_env, "token", "create", "--name", "brief", "--scope", "read", "--all-workspaces", "--expires", "1m")
+    run_cli(kb_env, "token", "create", "--name", "lasting", "--scope", "read", "--all-workspaces", "--expires", "30d")
+    with database.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(queries["test_expire_token"], {"name": "brief"})
+    lines = run_cli(kb_env, "token", "list").stdout.splitlines()
+    assert "EXPIRED" in next(line for line in lines if "brief" in line), lines
+    assert " expires " in next(line for line in lines if "lasting" in line), lines
+    listed = {
+        t["name"]: t["live"] for t in map(json.loads, run_cli(kb_env, "token", "list", "--json").stdout.splitlines())
+    }
+    assert listed == {"brief": False, "lasting": True}
 
 
 def test_kb_token_cli_and_serve_refusing_a_public_address_without_tokens(kb_env, tmp_path):

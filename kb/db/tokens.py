@@ -23,7 +23,7 @@ import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from kb.db import database
@@ -114,8 +114,14 @@ class Token:
                 f"(create a token with --scope {scope})"
             )
 
+    def expired(self, now: datetime | None = None) -> bool:
+        """True when the token's lifetime ended by ``now`` (default: this moment, UTC): refused
+        as a revoked one is (design §16)."""
+        return self.expires_at is not None and self.expires_at <= (now or datetime.now(UTC))
+
     def as_json(self) -> dict:
-        """The token's fields as JSON values (ISO times, ``workspaces``: a list or ``"all"``)."""
+        """The token's fields as JSON values (ISO times, ``workspaces``: a list or ``"all"``;
+        ``live``: neither revoked nor expired now)."""
         return {
             "id": self.id,
             "name": self.name,
@@ -124,6 +130,7 @@ class Token:
             "created_at": self.created_at.isoformat(),
             "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
             "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
+            "live": self.revoked_at is None and not self.expired(),
         }
 
 

@@ -840,3 +840,8 @@ CREATE TRIGGER test_refuse_document_stats BEFORE INSERT ON kb.document_text_stat
 -- name: test_allow_document_stats_inserts
 DROP TRIGGER test_refuse_document_stats ON kb.document_text_stats;
 DROP FUNCTION kb.test_refuse_document_stats();
+
+-- name: test_expire_token
+-- Ends the lifetime of the live token named %(name)s a minute ago (a token list's expired row).
+UPDATE kb.api_tokens SET expires_at = now() - interval '1 minute'
+WHERE name = %(name)s AND revoked_at IS NULL;

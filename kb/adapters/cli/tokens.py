@@ -102,7 +102,8 @@ def create(name: str, scope: str, workspaces: tuple[int, ...], all_workspaces: b
 @click.option("--revoked", is_flag=True, help="Also the revoked tokens.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def list_tokens(revoked: bool, as_json: bool) -> None:
-    """The tokens (never their secrets): id, name, scope, workspaces, created, expires, revoked.
+    """The tokens (never their secrets): id, name, scope, workspaces, created, and when each
+    expires — EXPIRED for one past its lifetime, refused like a revoked one — or was revoked.
 
     Example: kb token list --revoked
     """
@@ -110,11 +111,12 @@ def list_tokens(revoked: bool, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(each.as_json()))
             continue
-        state = (
-            f"revoked {_utc(each.revoked_at)}"
-            if each.revoked_at
-            else (f"expires {_utc(each.expires_at)}" if each.expires_at else "no expiry")
-        )
+        if each.revoked_at:
+            state = f"revoked {_utc(each.revoked_at)}"
+        elif each.expires_at is None:
+            state = "no expiry"
+        else:  # an expired token is refused as a revoked one is: said, not shown as live
+            state = f"{'EXPIRED' if each.expired() else 'expires'} {_utc(each.expires_at)}"
         click.echo(
             f"{each.id:>5}  {shown(each.name):<24} {each.scope:<6} workspaces {_workspaces(each):<12} "
             f"created {_utc(each.created_at)}  {state}"
