@@ -193,3 +193,34 @@ def test_a_ctrl_c_typed_in_the_editor_is_the_editors_not_the_end_of_kb_edit(kb_e
     assert edited.returncode == 0, edited.stderr
     assert "updated /documents/n0.md" in edited.stdout, edited.stdout
     assert "     4  kept\n" in run_cli(kb_env, "read", "/documents/n0.md", "--workspace", "2").stdout
+
+
+def test_ctrl_c_before_a_write_began_says_no_revision_was_recorded(kb_env, tmp_path):
+    """design §3: a Ctrl-C that came before a writing command's keyed write began (here `kb new`
+    creating its first workspace) said the revision "may or may not have landed", pointing at a
+    `kb log` of a workspace that might not exist; nothing can have been recorded then, and it says so."""
+    interrupted = run_cli(
+        {**kb_env, "KB_FAULT_POINT": "repository_init", "KB_FAULT_SIGNAL": "INT"},
+        "new",
+        "Plans",
+        "--body",
+        "x",
+        "-w",
+        "4",
+        check=False,
+    )
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert "kb: interrupted before `kb new` began to write: no revision was recorded" in interrupted.stderr
+    assert "may or may not" not in interrupted.stderr, interrupted.stderr
+
+
+def test_ctrl_c_after_a_write_returned_says_it_finished():
+    from kb.adapters.cli import interrupts
+    from kb.adapters.cli.main import _interrupted
+
+    try:
+        interrupts.mark(interrupts.RECORDED)
+        said = _interrupted("mv", ["/documents/a.md", "/documents/b.md", "-w", "2"])
+    finally:
+        interrupts.mark(interrupts.NOT_BEGUN)
+    assert said.startswith("kb: interrupted after `kb mv` finished writing") and "--workspace 2" in said, said

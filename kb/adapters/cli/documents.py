@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from kb.adapters.cli import session
+from kb.adapters.cli import interrupts, session
 from kb.adapters.cli.counts import counted
 from kb.adapters.cli.interrupts import settle, settled
 from kb.adapters.cli.options import workspace_option
@@ -56,6 +56,7 @@ def import_(
     key = uuid.uuid4().hex
     existed = kb.store(workspace).exists()
     progress = _ImportLine() if sys.stderr.isatty() else None  # a script's capture gets the report only
+    interrupts.mark(interrupts.WRITING)
     try:
         report = kb.import_folder(
             path,
@@ -74,6 +75,7 @@ def import_(
     finally:
         if progress is not None:
             progress.clear()
+    interrupts.mark(interrupts.RECORDED)
     if report.created_workspace:
         click.echo(f"created workspace {workspace}")
     if report.folder_renamed and prefix is not None:  # the path law changed the prefix: said, not silent

@@ -22,16 +22,35 @@ from kb.errors import KbError, WorkspaceNotFound
 
 T = TypeVar("T")
 
+NOT_BEGUN, WRITING, RECORDED = "not begun", "writing", "recorded"
+"""Where this process's keyed write stands (:func:`write_state`)."""
+_state = [NOT_BEGUN]
+
+
+def write_state() -> str:
+    """Where the command's keyed write stands: NOT_BEGUN (no revision can have been recorded),
+    WRITING (Ctrl-C now is settled by key, :func:`settle`) or RECORDED (it returned: it landed
+    or had nothing to record). The CLI's generic Ctrl-C handler says what it can from this."""
+    return _state[0]
+
+
+def mark(state: str) -> None:
+    """Set :func:`write_state` (``kb import`` settles by hand, so it marks by hand)."""
+    _state[0] = state
+
 
 def settled(kb, workspace: int, command: str, write: Callable[[str], T]) -> T:
     """Run ``write(key)`` — a write recording at most one revision of ``workspace`` with the
     idempotency key it is given — and return what it returns. On Ctrl-C, settle it by that key
     (:func:`settle`) and exit 130 saying what became of it (``command``, e.g. ``"kb mv"``, names it)."""
     key = uuid.uuid4().hex
+    mark(WRITING)
     try:
-        return write(key)
+        result = write(key)
     except KeyboardInterrupt:
         settle(kb, workspace, key, f"`{command}`")
+    mark(RECORDED)
+    return result
 
 
 def settle(kb, workspace: int, key: str, what: str, recorded_nothing: Callable[[], None] | None = None) -> NoReturn:

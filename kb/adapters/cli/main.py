@@ -105,14 +105,15 @@ class _Group(click.Group):
 
 REVISION_COMMANDS = frozenset({"new", "mv", "rm", "edit", "revert", "restore", "import"})
 """Commands that record a revision: a Ctrl-C may come before or after it landed. Each settles
-its write by its key itself (``kb.adapters.cli.interrupts``); a Ctrl-C before a command's write
-began ends here."""
+its write by its key itself (``kb.adapters.cli.interrupts``); a Ctrl-C before its write began or
+after it returned ends here, and is told which (``interrupts.write_state``)."""
 
 
 def _interrupted(command: str | None, args: list[str]) -> str:
-    """What ``command`` (given ``args``) interrupted by Ctrl-C says: for one recording a
-    revision, that it may have landed and how to see whether it did (``kb import`` settles its
-    own write by key first); for any other, only that it was interrupted."""
+    """What ``command`` (given ``args``) interrupted by Ctrl-C outside its keyed write says: for
+    one recording a revision, that none was recorded (interrupted before its write began), that
+    its write finished (after it), or — never expected, the write settles itself — that it may
+    have landed and how to see whether it did; for any other, only that it was interrupted."""
     if command not in REVISION_COMMANDS:
         return "kb: interrupted"
     workspace = "N"
@@ -122,6 +123,16 @@ def _interrupted(command: str | None, args: list[str]) -> str:
         elif arg.startswith("--workspace="):
             workspace = arg.split("=", 1)[1]
     workspace = shown(workspace)
+    from kb.adapters.cli import interrupts
+
+    state = interrupts.write_state()
+    if state == interrupts.NOT_BEGUN:
+        return f"kb: interrupted before `kb {command}` began to write: no revision was recorded"
+    if state == interrupts.RECORDED:
+        return (
+            f"kb: interrupted after `kb {command}` finished writing (what it recorded landed whole): "
+            f"`kb log -n 3 --workspace {workspace}` shows it"
+        )
     return (
         f"kb: interrupted: the revision `kb {command}` was recording may or may not have landed (a revision "
         f"lands whole or not at all; git may hold it before Postgres records it): `kb sweep` records it "
