@@ -35,6 +35,7 @@ def test_a_dry_run_says_what_an_import_with_prune_would_do_and_records_nothing(k
     assert "4 found, 1 to add, 1 to modify, 1 to move, 1 to remove, 1 unchanged" in said, said
     assert "would move /documents/Team/old.md → /documents/Team/new.md" in said, said
     assert "would remove /documents/Team/gone.md: not in the folder (--prune)" in said, said
+    assert "would add /documents/Team/added.md" in said and "would modify /documents/Team/edit.md" in said, said
     assert git(repo, "rev-parse", "HEAD").strip() == head  # nothing recorded
     assert "gone.md" in run_cli(kb_env, "ls", "/documents/Team", "-w", "3").stdout
     done = run_cli(kb_env, "import", str(notes), "--workspace", "3", "--prefix", "Team", "--prune").stdout
@@ -42,8 +43,12 @@ def test_a_dry_run_says_what_an_import_with_prune_would_do_and_records_nothing(k
 
 
 def test_a_dry_run_of_a_first_import_creates_no_workspace(kb_env, tmp_path):
-    said = run_cli(kb_env, "import", str(_notes(tmp_path)), "--workspace", "4", "--dry-run").stdout
-    assert "4 found, 4 to add" in said, said
+    notes = _notes(tmp_path)
+    (notes / "CON.md").write_text("# A name Windows reserves\n")
+    said = run_cli(kb_env, "import", str(notes), "--workspace", "4", "--dry-run").stdout
+    assert "5 found, 5 to add" in said and "would add /documents/keep.md" in said, said
+    # the names the path law would change, said before anything is recorded (as the import says them)
+    assert "1 name would be made safe for every OS (CON.md -> /documents/CON_.md)" in said, said
     assert not (tmp_path / "storage" / "knowledge_store" / "4").exists()
     missing = run_cli(kb_env, "ls", "-w", "4", check=False)
     assert missing.returncode == 1 and "does not exist" in missing.stderr, missing.stderr

@@ -28,7 +28,7 @@ def test_an_import_after_kb_mv_updates_the_moved_document_not_a_copy_at_its_old_
     notes = _imported(kb_env, tmp_path, "6")
     said = run_cli(kb_env, "import", str(notes), "--workspace", "6", "--prefix", "Team").stdout
     assert "no changes: 2 documents already up to date" in said, said
-    assert "imported /documents/Team/a.md at /documents/Archive/a.md: kb moved that document there since" in said
+    assert "1 file unchanged where kb moved its document" in said and "imported /" not in said, said
     (notes / "a.md").write_text("# A\n\nsecond\n")
     for flags in ([], ["--prune"]):  # --prune keeps the moved document: its file is in the folder
         preview = run_cli(kb_env, "import", str(notes), "-w", "6", "--prefix", "Team", "--dry-run", *flags).stdout
@@ -36,6 +36,7 @@ def test_an_import_after_kb_mv_updates_the_moved_document_not_a_copy_at_its_old_
         assert "would import /documents/Team/a.md at /documents/Archive/a.md" in preview, preview
     said = run_cli(kb_env, "import", str(notes), "--workspace", "6", "--prefix", "Team", "--prune").stdout
     assert "0 added, 1 modified, 0 moved, 0 removed, 1 unchanged" in said, said
+    assert "imported /documents/Team/a.md at /documents/Archive/a.md: kb moved that document there since" in said
     listed = _documents(kb_env, "6")
     assert "Team/a.md" not in listed and "Archive/a.md" in listed, listed
     assert "second" in run_cli(kb_env, "read", "/documents/Archive/a.md", "-w", "6").stdout

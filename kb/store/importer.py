@@ -91,6 +91,10 @@ class ImportReport:
     """A preview's moves: ``{old virtual path: new}`` for the files ``prune`` finds renamed."""
     removals: list[str] = field(default_factory=list)
     """A preview's removals: the virtual paths ``prune`` would remove."""
+    additions: list[str] = field(default_factory=list)
+    """A preview's additions: the virtual paths the import would add (sorted)."""
+    modifications: list[str] = field(default_factory=list)
+    """A preview's modifications: the virtual paths whose documents the import would change (sorted)."""
     kept_artifacts: dict[str, int] = field(default_factory=dict)
     """``{virtual path: document id}`` of the ARTIFACT documents under the prefix that the folder
     lacks: ``prune`` leaves them (an application saved them; only the artifact layer removes one,
@@ -464,6 +468,7 @@ def _preview(
         for parts, repo_path in planned.items():
             _read_document(source, parts, repo_path, prefix_parts, report, store.settings.max_index_bytes)
         report.added = len(planned)
+        report.additions = sorted("/" + repo_path for repo_path in planned.values())
         return report
     _stage(draft, report, source, planned, pruned, moves, prefix_parts, prune, store, None)
     effective: dict[str, str | None] = {}
@@ -478,9 +483,13 @@ def _preview(
                 report.removed += 1
             elif before is None:
                 report.added += 1
+                report.additions.append("/" + repo_path)
             else:
                 report.modified += 1
+                report.modifications.append("/" + repo_path)
     with database.transaction(store.database_url) as conn:  # as the commit would refuse them
         artifact_rows.guard(conn, store.workspace_id, effective, artifact_rows.ACCESS_REFUSE)
+    report.additions.sort()
+    report.modifications.sort()
     report.unchanged = len(planned) - report.added - report.modified - report.moved
     return report

@@ -105,7 +105,8 @@ def import_(
             click.echo(
                 f"`kb restore PATH --revision {report.revision.parent_id[:12]} --workspace {workspace}` brings one back"
             )
-    _echo_followed(report, "imported")
+    changed = {c.path for c in report.revision.changes} if report.revision is not None else set()
+    _echo_followed(report, "imported", changed)
     _echo_kept_artifacts(report, workspace)
     _echo_skipped(report)
     if report.unindexable:
@@ -127,11 +128,17 @@ def import_(
                 f"not indexed yet: run `kb worker --until-idle` (or keep `kb worker` or "
                 f"`kb serve --with-worker` running), then `kb search QUERY -w {workspace}`"
             )
+    _echo_renamed(report, preview=False)
+
+
+def _echo_renamed(report, *, preview: bool) -> None:
+    """The names the path law changed (``report.renamed``), a few as examples (design §2.2)."""
     if report.renamed:
         count = len(report.renamed)
+        verb = "would be" if preview else "was" if count == 1 else "were"
         examples = ", ".join(f"{shown(old)} -> {shown(new)}" for old, new in _shown_renames(report.renamed, 3))
         click.echo(
-            f"{count} {'name was' if count == 1 else 'names were'} made safe for every OS "
+            f"{count} {'name' if count == 1 else 'names'} {verb} made safe for every OS "
             f"({'e.g. ' if count > 3 else ''}{examples}); see docs/storage-and-paths.md"
         )
 
@@ -462,16 +469,20 @@ def _echo_listed(lines: list[str], more: str) -> None:
         click.echo(more.format(len(lines) - SHOWN_PER_REASON))
 
 
-def _echo_followed(report, verb: str) -> None:
+def _echo_followed(report, verb: str, changed: set[str] | None = None) -> None:
     """The folder's files whose document kb moved since (``report.followed``): each went to the
-    document where it lives now, not to a copy at its old path (design §3)."""
+    document where it lives now, not to a copy at its old path (design §3). ``changed``: the
+    paths the revision changed — the others are counted, not listed (nothing happened to them)."""
+    followed = report.followed if changed is None else {o: n for o, n in report.followed.items() if n in changed}
     _echo_listed(
-        [
-            f"{verb} {shown(old)} at {shown(now)}: kb moved that document there since"
-            for old, now in report.followed.items()
-        ],
+        [f"{verb} {shown(old)} at {shown(now)}: kb moved that document there since" for old, now in followed.items()],
         verb + " {} more where kb moved their documents since",
     )
+    if len(followed) < len(report.followed):
+        same = len(report.followed) - len(followed)
+        click.echo(
+            f"{counted(same, 'file')} unchanged where kb moved {'its document' if same == 1 else 'their documents'}"
+        )
 
 
 def _echo_kept_artifacts(report, workspace: int) -> None:
@@ -517,11 +528,14 @@ def _preview_import(report, workspace: int) -> None:
         [f"would remove {shown(removed)}: not in the folder (--prune)" for removed in report.removals],
         "would remove {} more not in the folder (--prune)",
     )
+    _echo_listed([f"would add {shown(added)}" for added in report.additions], "would add {} more")
+    _echo_listed([f"would modify {shown(changed)}" for changed in report.modifications], "would modify {} more")
     _echo_followed(report, "would import")
     _echo_kept_artifacts(report, workspace)
     _echo_skipped(report)
     for unindexable, reason in report.unindexable.items():
         click.echo(f"would store but not index {shown(unindexable)}: {shown(reason)}")
+    _echo_renamed(report, preview=True)
 
 
 def _remove_empty_workspace(kb, workspace: int, existed: bool) -> None:
