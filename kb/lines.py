@@ -97,9 +97,14 @@ def check_offset(path: str, offset: int, total_lines: int) -> None:
     ``offset == total_lines`` is the end of the document (an empty window), as a pager's last
     page; a negative offset is the caller's own check."""
     if offset > total_lines:
+        last = (
+            "it has no lines to show (use offset 0)"
+            if total_lines == 0
+            else f"offset {total_lines - 1} shows its last line (an offset counts the lines skipped)"
+        )
         raise OffsetOutOfRange(
             f"offset {offset} is past the end of {path}: it has {total_lines} "
-            f"line{'' if total_lines == 1 else 's'}; use an offset ≤ {total_lines} (the lines to skip)"
+            f"line{'' if total_lines == 1 else 's'}; {last}"
         )
 
 

@@ -149,7 +149,7 @@ def test_read_offset_past_the_end_is_an_error_naming_the_line_count(kb, kb_env, 
     _alpha_and_sub(tmp_path, kb_env)
     expected = (
         "kb: error: offset 10 is past the end of /documents/Alpha.md: it has 4 lines; "
-        "use an offset ≤ 4 (the lines to skip)"
+        "offset 3 shows its last line (an offset counts the lines skipped)"
     )
     for chat in ([], ["--chat", "c1"]):
         result = run_cli(kb_env, "read", "/documents/Alpha.md", "-w", "1", "--offset", "10", *chat, check=False)

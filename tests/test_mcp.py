@@ -124,7 +124,8 @@ def test_stdio_read_past_the_end_and_ls_agree_with_the_cli(workspace, kb, kb_env
     ``conv.read`` give, for a committed document and for one written in the turn alike; the ls
     tool lists what ``kb ls --json`` lists."""
     committed_message = (
-        "offset 9 is past the end of /documents/Plan.md: it has 5 lines; use an offset ≤ 5 (the lines to skip)"
+        "offset 9 is past the end of /documents/Plan.md: it has 5 lines; "
+        "offset 4 shows its last line (an offset counts the lines skipped)"
     )
 
     async def session() -> dict:

@@ -145,6 +145,10 @@ def test_cli_workspaces_and_delete(kb, kb_env):
     assert "deleted workspace 4: 3 documents" in done.stdout
     missing = run_cli(kb_env, "workspace", "delete", "4", "--yes", check=False)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+    # without --yes it said "pass --yes to confirm" for a workspace that was not there
+    unconfirmed = run_cli(kb_env, "workspace", "delete", "77", check=False)
+    assert unconfirmed.returncode == 1 and "workspace 77 does not exist" in unconfirmed.stderr, unconfirmed.stderr
+    assert "--yes" not in unconfirmed.stderr
 
 
 def test_calls_racing_a_workspace_deletion_raise_workspace_not_found(kb, monkeypatch):

@@ -54,9 +54,15 @@ def delete(workspace_id: int, yes: bool, force: bool) -> None:
 
     Example: kb workspace delete 7 --yes
     """
+    kb = session.open_kb()
     if not yes:
+        from kb.errors import WorkspaceNotFound
+
+        known = {summary.id for summary in kb.list_workspaces()}
+        if workspace_id not in known and not kb.store(workspace_id).exists():  # said before asking to confirm
+            raise WorkspaceNotFound(f"workspace {workspace_id} does not exist; `kb workspaces` lists them")
         raise click.UsageError(f"deleting workspace {workspace_id} cannot be undone; pass --yes to confirm")
-    report = session.open_kb().delete_workspace(workspace_id, force=force)
+    report = kb.delete_workspace(workspace_id, force=force)
     click.echo(
         f"deleted workspace {report.id}: {counted(report.documents, 'document')}, {counted(report.folders, 'folder')}, "
         f"{counted(report.jobs, 'job')}; removed {counted(len(report.removed_paths), 'folder')} from disk"
