@@ -144,6 +144,11 @@ def test_pages_without_javascript(served):
         assert foreign.status_code == 403
         with httpx.Client(base_url=url, timeout=60, cookies={"kb_token": reader}) as read_only:
             assert read_only.get(ws).status_code == 200  # a read token reads
+            # no Operator link for a token of some workspaces only: the operator's view is every
+            # workspace's, and answered it 403 (the link was shown all the same)
+            assert 'href="/ui/operator"' not in read_only.get(ws).text
+            assert read_only.get("/ui/operator").status_code == 403
+            assert 'href="/ui/operator"' in web.get(ws).text  # a token of every workspace has it
             # no Revert button for a read token (a button a 403 would answer), but the page says why
             assert "Revert this revision" not in read_only.get(f"{ws}/revisions/{revisions['move']}").text
             confirm = read_only.get(revert).text
