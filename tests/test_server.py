@@ -4,6 +4,7 @@ SIGTERM while the in-process worker runs a job (the job finishes, nothing is los
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -129,6 +130,12 @@ def test_search_read_log_and_a_turn_through_http_and_the_cli(kb, kb_env, tmp_pat
         assert call(f"{chat}/resolve?citation=%5B9%5D")[0] == 404
         missing = call(f"{url}/v1/workspaces/1/documents/documents/Nope.md")
         assert missing[0] == 404 and missing[1]["error"] == "DocumentNotFound"
+        # a URL leaving out documents/ is told the URL that names the document, not the path
+        # (which, taken as told, gave a URL without documents/ twice: refused again)
+        short = call(f"{url}/v1/workspaces/1/documents/Plans/Refunds.md")
+        assert short[0] == 400 and short[1]["error"] == "InvalidPath", short
+        assert "/v1/workspaces/1/documents/documents/Plans/Refunds.md" in json.dumps(short[1]), short
+        assert call(f"{url}/v1/workspaces/1/blame/Plans/Refunds.md")[0] == 400
         # a window of the committed document, as a turn's read and `kb read --offset/--limit` cut it
         status, window = call(f"{url}/v1/workspaces/1/documents/documents/Plans/Refunds.md?offset=2&limit=1")
         assert status == 200 and window["view"] == "window" and window["total_lines"] == 3, window

@@ -301,6 +301,21 @@ class Service:
             self._opened.clear()
 
 
+def document_path(workspace_id: int, route: str, path: str) -> str:
+    """The virtual path of a ``/v1/workspaces/{workspace_id}/{route}/{path}`` URL: ``path`` is the
+    document's whole path, ``documents/`` included. Raises InvalidPath for one that leaves it out,
+    naming the URL that would name the document (the path law's own "did you mean" names the
+    path, which this URL then takes with ``documents/`` twice, design §2.3)."""
+    virtual = "/" + path.lstrip("/")
+    if virtual != "/documents" and not virtual.startswith("/documents/"):
+        raise errors.InvalidPath(
+            virtual,
+            "a URL names a document by its whole path, documents/ included: "
+            f"/v1/workspaces/{workspace_id}/{route}/documents{quote(virtual)}",
+        )
+    return virtual
+
+
 def read_router(service: Service) -> APIRouter:
     """Search, read, log and status: the CLI's read commands (``KB_SERVER_URL``)."""
     router = APIRouter(prefix="/v1", tags=["read"], route_class=JsonRoute)
@@ -346,14 +361,14 @@ def read_router(service: Service) -> APIRouter:
         """One document's envelope at HEAD or ``revision`` (``kb read``): the full view, or lines
         ``offset+1 … offset+limit`` with their true numbers (``view="window"``, ``total_lines``)
         as ``kb read --offset/--limit`` and a turn's file read take them."""
-        envelope = service.kb().read_document(workspace_id, "/" + path.lstrip("/"), revision)
+        envelope = service.kb().read_document(workspace_id, document_path(workspace_id, "documents", path), revision)
         return envelope.window(offset, limit).as_json()
 
     @router.get("/workspaces/{workspace_id}/blame/{path:path}", dependencies=readable)
     def blame(workspace_id: int, path: str) -> dict:
         """Each line of a document at HEAD with the revision that last changed it, following its
         recorded moves (``kb blame``, design §17)."""
-        return service.kb().blame(workspace_id, "/" + path.lstrip("/")).as_json()
+        return service.kb().blame(workspace_id, document_path(workspace_id, "blame", path)).as_json()
 
     @router.get("/workspaces/{workspace_id}/writes/{key:path}", dependencies=readable)
     def write_outcome(request: Request, workspace_id: int, key: str) -> dict:
