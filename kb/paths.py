@@ -430,7 +430,16 @@ def check_new_segment(segment: str, path: object) -> None:
     """Raise InvalidPath (for ``path``) when ``segment`` may not be *created*: a Windows device
     name (``NUL``, ``lpt9.txt``, ``CON .md`` — judged like Windows on the stem before the first
     dot), a name ending in a dot or a space (Windows strips those, so two names would meet), or a
-    name holding one of BIDI_CONTROLS (it would show as another name)."""
+    name holding one of BIDI_CONTROLS (it would show as another name), or one holding a character
+    Windows forbids in names (``: * ? " < > |``; the importer's path law turns them into ``_``)."""
+    forbidden = _FORBIDDEN.intersection(segment)
+    if forbidden:
+        shown = " ".join(sorted(forbidden))
+        raise InvalidPath(
+            path,
+            f"name {describe_name(segment)} holds {shown}, which Windows forbids in file names; choose another "
+            f"(for example {describe_name(safe_filename(segment) if segment.lower().endswith(_EXT) else safe_folder_segment(segment))})",
+        )
     bidi = BIDI_CONTROLS.intersection(segment)
     if bidi:
         marks = ", ".join(f"U+{ord(c):04X}" for c in sorted(bidi))

@@ -509,3 +509,15 @@ def test_a_new_name_with_a_bidirectional_control_is_refused_and_an_existing_one_
     with pytest.raises(InvalidPath, match=f"bidirectional control character \\(U\\+{ord(mark):04X}\\)"):
         check_new_segment(name, "/documents/" + name)
     assert StorePath.parse("/documents/" + name).name == name  # an existing document stays addressable
+
+
+@pytest.mark.parametrize("name", ["a:b.md", "star*.md", "lt<>.md", "q?.md", 'say "hi".md', "pipe|.md", "Team: notes"])
+def test_a_new_name_windows_forbids_is_refused_as_a_device_name_is(name):
+    """design §2.3: a path a write creates must fit every file system kb's users check out on.
+    Windows device names were refused at the API while `a:b.md`, `star*.md` and `q?.md` — which
+    Windows cannot hold either — were written; the importer turns the same characters into `_`.
+    The refusal names a safe name to use instead."""
+    with pytest.raises(InvalidPath, match="which Windows forbids in file names; choose another") as refused:
+        check_new_segment(name, "/documents/" + name)
+    suggested = refused.value.reason.rsplit("(for example ", 1)[1].strip("')")
+    check_new_segment(suggested, suggested)  # the name it suggests is one it takes
