@@ -365,9 +365,11 @@ def _followed_moves(
     for virtual in wanted:
         claimed.setdefault(_path_key(virtual), set()).add(virtual)
     followed: dict[str, str] = {}
+    taken: set[str] = set()  # followed.values() as a set: a folder kb moved may hold thousands
     for old, now in sorted(store.moved_away(sorted(v for v in wanted if v not in existing)).items()):
-        if now in existing and claimed.get(_path_key(now), set()) <= {old} and now not in followed.values():
+        if now in existing and claimed.get(_path_key(now), set()) <= {old} and now not in taken:
             followed[old] = now
+            taken.add(now)
     return followed
 
 
