@@ -222,11 +222,25 @@ def test_edit_failures_are_reported_as_every_other_kb_error(kb, kb_env, tmp_path
     run_cli(kb_env, "import", str(notes), "--workspace", "1")
     head = run_cli(kb_env, "log", "--workspace", "1").stdout
     missing = str(tmp_path / "no-such-editor")
-    for editor, said in [("false", "exited with status 1; nothing was recorded"), (missing, "not found; set EDITOR")]:
+    unrunnable = tmp_path / "not-executable.sh"
+    unrunnable.write_text("#!/bin/sh\n")
+    for editor, said in [
+        ("false", "exited with status 1; nothing was recorded"),
+        (missing, "not found; set EDITOR"),
+        # these ended in "kb: unexpected error: PermissionError" / "ValueError"
+        (str(unrunnable), "cannot be run (Permission denied); set EDITOR"),
+        (str(tmp_path), "cannot be run (Permission denied); set EDITOR"),
+        ('nano "a.md', "cannot be read as a command (No closing quotation); fix EDITOR"),
+        # it said "exited with status -15"
+        ("sh -c 'kill -TERM $$'", "was ended by SIGTERM; nothing was recorded"),
+    ]:
         env = {**kb_env, "EDITOR": editor}
         line = _one_line_error(run_cli(env, "edit", "/documents/a.md", "--workspace", "1", check=False))
         assert line.startswith("kb: error: editor ") and said in line, line
     assert run_cli(kb_env, "log", "--workspace", "1").stdout == head
+    # a blank EDITOR is unset (VISUAL is used): split, it named no program and kb ran the document
+    blank = run_cli({**kb_env, "EDITOR": "  ", "VISUAL": "true"}, "edit", "/documents/a.md", "-w", "1", check=False)
+    assert blank.returncode == 0 and "no changes; nothing recorded" in blank.stdout, blank.stderr
     # a folder: the command that lists it, as `kb read` names it ("ls lists what it holds" named none)
     (notes / "Notes").mkdir()
     (notes / "Notes" / "b.md").write_text("b\n")

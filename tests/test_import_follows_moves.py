@@ -58,3 +58,28 @@ def test_a_document_moved_then_removed_in_kb_is_imported_again_at_its_folder_pat
     said = run_cli(kb_env, "import", str(notes), "--workspace", "8", "--prefix", "Team").stdout
     assert "1 added" in said and "kb moved" not in said, said
     assert "Team/a.md" in _documents(kb_env, "8")
+
+
+def test_a_folder_file_differing_only_in_case_from_the_moved_documents_path_is_its_own(kb_env, tmp_path):
+    """kb moved a.md to C.md and the folder has a c.md: that is the folder's file at C.md (the path
+    law's names, design §2.2), so a.md is not followed there and --prune takes the folder as it is
+    (C.md moved back to a.md by its bytes, c.md updating nothing of a.md's)."""
+    notes = _imported(kb_env, tmp_path, "9")
+    run_cli(kb_env, "mv", "/documents/Archive/a.md", "/documents/Team/C.md", "-w", "9")
+    (notes / "c.md").write_text("# c of the folder\n")
+    preview = run_cli(kb_env, "import", str(notes), "-w", "9", "--prefix", "Team", "--prune", "--dry-run").stdout
+    assert "kb moved" not in preview, preview
+    said = run_cli(kb_env, "import", str(notes), "-w", "9", "--prefix", "Team", "--prune").stdout
+    assert "kb moved" not in said, said
+    assert "first" in run_cli(kb_env, "read", "/documents/Team/a.md", "-w", "9").stdout
+    assert "c of the folder" in run_cli(kb_env, "read", "/documents/Team/c.md", "-w", "9").stdout
+
+
+def test_an_import_after_a_case_only_kb_mv_updates_the_document_at_its_new_case(kb_env, tmp_path):
+    notes = _imported(kb_env, tmp_path, "10")
+    run_cli(kb_env, "mv", "/documents/Archive/a.md", "/documents/Team/A.md", "-w", "10")
+    (notes / "a.md").write_text("# A\n\nsecond\n")
+    said = run_cli(kb_env, "import", str(notes), "-w", "10", "--prefix", "Team", "--prune").stdout
+    assert "0 added, 1 modified, 0 moved, 0 removed, 1 unchanged" in said, said
+    assert "imported /documents/Team/a.md at /documents/Team/A.md" in said, said
+    assert "second" in run_cli(kb_env, "read", "/documents/Team/A.md", "-w", "10").stdout

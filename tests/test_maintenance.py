@@ -126,6 +126,8 @@ def test_a_packing_failure_of_any_kind_is_logged_never_the_writes_outcome(kb, ca
             heads.append(kb.head(WS))
     assert len(set(heads)) == 40  # every write landed, and its caller was told so
     assert "packing loose objects failed" in caplog.text
+    # the command it names runs as it stands (kb fsck requires --workspace; `kb fsck` alone failed)
+    assert f"`kb fsck --workspace {WS}` checks" in caplog.text, caplog.text
     broken.unlink()
     assert kb.read(WS, "/documents/r39/39.md") == b"revision 39 document 39\n"
     git(repo, "fsck", "--strict")

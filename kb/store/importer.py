@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kb.db import database
 from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError, PathExists
-from kb.paths import NameRegistry, blob_id, check_path_length, safe_filename, safe_folder_segment
+from kb.paths import NameRegistry, blob_id, check_path_length, name_key, safe_filename, safe_folder_segment
 from kb.store import artifact_rows
 from kb.store.draft import BlobRef, Draft
 from kb.store.history import Revision
@@ -359,15 +359,28 @@ def _followed_moves(
     """``{virtual path: the document's path now}`` for the planned paths the workspace lacks
     because kb moved their document away since (a ``kb mv`` after an earlier import), where it
     still is and the folder holds no file of its own there: importing the folder again updates
-    that document instead of adding a second copy at the old path (design §3)."""
+    that document instead of adding a second copy at the old path (design §3). "Its own" is by
+    the path law's names (design §2.2): a folder file ``c.md`` is the one at ``C.md``, unless
+    ``C.md`` is where kb moved that very file (a case-only ``kb mv``)."""
     if not existing:
         return {}
     wanted = {"/" + p for p in planned.values()}
+    claimed: dict[str, set[str]] = {}  # each name key → the folder's files there
+    for virtual in wanted:
+        claimed.setdefault(_path_key(virtual), set()).add(virtual)
     followed: dict[str, str] = {}
+    taken: set[str] = set()  # followed.values() as a set: a folder kb moved may hold thousands
     for old, now in sorted(store.moved_away(sorted(v for v in wanted if v not in existing)).items()):
-        if now in existing and now not in wanted and now not in followed.values():
+        if now in existing and claimed.get(_path_key(now), set()) <= {old} and now not in taken:
             followed[old] = now
+            taken.add(now)
     return followed
+
+
+def _path_key(virtual: str) -> str:
+    """``virtual`` with each segment by its ``name_key``: two paths that differ only in case or
+    Unicode normalization share it, as the path law makes them one name (design §2.2)."""
+    return "/".join(name_key(segment) for segment in virtual.split("/"))
 
 
 def _read_document(

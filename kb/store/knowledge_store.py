@@ -746,10 +746,11 @@ class KnowledgeStore:
             # concurrent `git repack` removed, a damaged loose object): the revision has landed,
             # so it is logged for maintenance and `kb fsck`, never the write's outcome
             log.warning(
-                "workspace %s: packing loose objects failed (%s: %s); maintenance retries, `kb fsck` checks",
+                "workspace %s: packing loose objects failed (%s: %s); maintenance retries, `kb fsck --workspace %s` checks",
                 self.workspace_id,
                 type(exc).__name__,
                 exc,
+                self.workspace_id,
             )
 
     def _commit_alone(
@@ -1262,18 +1263,20 @@ class KnowledgeStore:
             )
             if refused:
                 log.warning(
-                    "workspace %s: %d paths of %s not checked out (%s…); `kb fsck` lists them",
+                    "workspace %s: %d paths of %s not checked out (%s…); `kb fsck --workspace %s` lists them",
                     self.workspace_id,
                     len(refused),
                     revision_id,
                     refused[0][:80],
+                    self.workspace_id,
                 )
         except (OSError, KbError) as exc:
             log.warning(
-                "workspace %s: working tree not refreshed after %s (%s); `kb fsck` repairs it",
+                "workspace %s: working tree not refreshed after %s (%s); `kb fsck --workspace %s` repairs it",
                 self.workspace_id,
                 revision_id,
                 exc,
+                self.workspace_id,
             )
 
     def _withdraw(self, intent_id: int, key: str) -> dict | None:
@@ -1399,9 +1402,10 @@ class KnowledgeStore:
                 self.repository.refresh_worktree(_worktree_changes([c for r in missing for c in r.changes]).items())
             except OSError as exc:
                 log.warning(
-                    "workspace %s: working tree not refreshed while catching up (%s); `kb fsck` repairs it",
+                    "workspace %s: working tree not refreshed while catching up (%s); `kb fsck --workspace %s` repairs it",
                     self.workspace_id,
                     exc,
+                    self.workspace_id,
                 )
         return [
             Revision(

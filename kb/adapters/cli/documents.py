@@ -269,21 +269,30 @@ def edit(path: str, workspace: int, author: str | None, message: str | None, com
     """
     import shlex
 
-    command = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
+    # a blank EDITOR is unset (as git takes it): split, it named no program and kb ran the document
+    command = (os.environ.get("EDITOR") or "").strip() or (os.environ.get("VISUAL") or "").strip() or "vi"
 
     def run_editor(file: Path) -> None:
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:  # an unbalanced quote
+            raise EditorFailed(f"editor {command!r} cannot be read as a command ({exc}); fix EDITOR") from None
         # The editor has the terminal: a Ctrl-C or Ctrl-\ typed there (vi's way out of a
         # command, nano's cursor position) reaches kb too, which killed the editor and dropped
         # the edit. kb ignores both until the editor exits, as git does; a handler, not SIG_IGN,
         # so the editor starts with the default dispositions (exec resets handlers).
         ignored = {number: signal.signal(number, _editor_has_the_terminal) for number in EDITOR_SIGNALS}
         try:
-            code = subprocess.call([*shlex.split(command), str(file)])
+            code = subprocess.call([*argv, str(file)])
         except FileNotFoundError:
             raise EditorFailed(f"editor {command!r} not found; set EDITOR") from None
+        except OSError as exc:  # not executable, a folder
+            raise EditorFailed(f"editor {command!r} cannot be run ({exc.strerror}); set EDITOR") from None
         finally:
             for number, previous in ignored.items():
                 signal.signal(number, previous)
+        if code < 0:  # ended by a signal: a Ctrl-C typed in an editor that does not handle it
+            raise EditorFailed(f"editor {command!r} was ended by {signal.Signals(-code).name}; nothing was recorded")
         if code != 0:
             raise EditorFailed(f"editor {command!r} exited with status {code}; nothing was recorded")
 
