@@ -308,6 +308,18 @@ class Settings(BaseModel):
         """``{storage_root}/knowledge_store`` — one git repository per workspace (design §2.1)."""
         return self.storage_root / "knowledge_store"
 
+    @property
+    def worker_heartbeat_seconds(self) -> float:
+        """How often a worker records its heartbeat in ``procrastinate_workers`` (design §7): a
+        quarter of ``KB_STALLED_JOB_SECONDS``, at most 5 s, so a killed worker is noticed soon."""
+        return min(self.stalled_job_seconds / 4, 5.0)
+
+    @property
+    def worker_alive_seconds(self) -> float:
+        """A worker whose last heartbeat is older than this (three beats missed) is not counted as
+        running (``kb workspaces``, ``kb import``; design §7): it was killed or lost its host."""
+        return 3 * self.worker_heartbeat_seconds
+
 
 def settings_error(exc: ValidationError) -> str:
     """One line naming each refused ``KB_*`` variable and why (for the CLI's error output)."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.commands import run_cli
 from support.generated_documents import generated_corpus, named_rows, write_all
 from support.named_queries import queries
 from support.waiting import wait_until
@@ -104,10 +105,12 @@ def test_kill_9_mid_reindex_is_retried_and_resumes_to_the_same_index(kb, kb_env)
     assert len(_comparable(kb, 1)) == len({(p, pos) for p, pos, *_ in _comparable(kb, 1)})
 
 
-def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_converges(kb, kb_env):
+def test_stalled_job_covered_by_a_waiting_one_is_aborted_and_the_waiting_one_converges(kb, kb_env):
     """A killed worker's job cannot go back to todo while an identical job (same queueing lock)
-    waits; the stalled one is failed so it stops holding the workspace lock, and the waiting job
-    converges the index (found by an adversarial test: the workspace stayed unindexed forever)."""
+    waits; the stalled one must stop holding the workspace lock, and the waiting job converges
+    the index (found by an adversarial test: the workspace stayed unindexed forever). It was
+    marked failed, and stayed so: `kb status` showed "index@…/failed=1" beside an index with no
+    failed document, a failure nobody could act on. It is recorded aborted (design §7)."""
     env = _kill_a_worker_mid_reindex(kb, kb_env, 120, 16)
     stalled = _job(kb, "kb.reindex")
     assert stalled["status"] == "doing"
@@ -131,6 +134,9 @@ def test_stalled_job_covered_by_a_waiting_one_is_failed_and_the_waiting_one_conv
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
     by_id = {j["id"]: j for j in named_rows(kb, "test_jobs")}
-    assert by_id[stalled["id"]]["status"] == "failed"
+    assert by_id[stalled["id"]]["status"] == "aborted"
+    assert not [j for j in by_id.values() if j["status"] == "failed"], by_id
     lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["stamp"] == kb.head(1) and lag["documents_pending"] == 0 and lag["documents_failed"] == 0
+    status = run_cli(env, "status", "-w", "1").stdout
+    assert "failed=" not in status and ", 0 failed," in status, status

@@ -406,7 +406,8 @@ def test_no_repository_has_nothing_to_wait_for():
 def test_lag_a_worker_is_working_on_says_so(kb):
     """`kb workspaces` told a user to run `kb worker --until-idle` while a worker was already
     running the workspace's job (new-user walkthrough); now it says a worker is on it. The job
-    is fetched as a worker fetches it, with Procrastinate's own function."""
+    is fetched as a worker fetches it, with Procrastinate's own functions: a registered worker
+    whose heartbeat is fresh (a killed worker's job is not running: test_worker_stop)."""
     from kb.db import database
 
     _fill(kb, 1)
@@ -414,7 +415,9 @@ def test_lag_a_worker_is_working_on_says_so(kb):
     assert waiting.describe_lag().endswith("(`kb worker --until-idle` does it)") and waiting.jobs_running == 0
     with database.connect(kb.database_url, autocommit=True) as conn:
         assert (
-            conn.execute(queries["test_fetch_job"], {"queues": [f"projection@{kb.settings.node}"]}).fetchone()["id"]
+            conn.execute(
+                queries["test_fetch_job_as_worker"], {"queues": [f"projection@{kb.settings.node}"]}
+            ).fetchone()["id"]
             is not None
         )
     running = {s.id: s for s in kb.list_workspaces()}[1]

@@ -31,6 +31,7 @@ QueryName = Literal[
     "commit_transaction",
     "configure_session",
     "copy_adopt_staging",
+    "covering_job",
     "create_adopt_staging",
     "create_database",
     "create_ledger",

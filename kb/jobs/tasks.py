@@ -27,7 +27,8 @@ cron is a setting, so that importing this module reads no settings):
   failed documents (``kb.sweep``).
 - ``kb.retry_stalled_jobs`` (``KB_MAINTENANCE_CRON``): jobs left ``doing`` by a worker that stopped sending
   heartbeats for ``KB_STALLED_JOB_SECONDS`` (killed, OOM, lost host) go back to ``todo``
-  (Procrastinate's ``get_stalled_jobs`` / ``retry_job``). Workers heartbeat 4× within that time.
+  (Procrastinate's ``get_stalled_jobs`` / ``retry_job``). Workers heartbeat every
+  ``Settings.worker_heartbeat_seconds`` (5 s, or a quarter of that time when less).
 - ``kb.remove_old_jobs`` (hourly): succeeded jobs finished more than ``KB_JOB_RETENTION_HOURS``
   ago are deleted (failed ones are kept for the operator), and so are index run rows as old
   (each workspace's latest is kept).
@@ -108,10 +109,47 @@ def _kb(context: procrastinate.JobContext) -> KnowledgeBase:
 
 
 def _progress_for(context: procrastinate.JobContext, kind: str, workspace_id: int):
+    """The progress callback of an index run: it forwards to the worker's sink, if any, and is the
+    run's checkpoint for stopping now (a second Ctrl-C, design §7): once the worker asks the job
+    to abort, it raises JobAborted, the run ends as a killed one would (the batches written stay,
+    the next run converges the rest) and the job goes back to the queue (``STOPPED_RETRY``)."""
     sink = context.additional_context.get("progress")
-    if sink is None:
-        return None
-    return lambda done, total, report: sink(kind, workspace_id, done, total, report)
+
+    def progress(done: int, total: int, report) -> None:
+        if context.should_abort():
+            raise procrastinate.exceptions.JobAborted(f"{kind} of workspace {workspace_id} stopped at {done}/{total}")
+        if sink is not None:
+            sink(kind, workspace_id, done, total, report)
+
+    return progress
+
+
+class PutBack(procrastinate.exceptions.JobAborted):
+    """A job the worker stopped now (a second Ctrl-C or SIGTERM): it goes back to the queue at
+    once (``STOPPED_RETRY``); kb's jobs converge, so running it again is safe (design §7)."""
+
+
+class StoppedCovered(procrastinate.exceptions.JobAborted):
+    """A job the worker stopped now while a waiting job with its queueing lock does its work: it
+    is recorded ``aborted`` (it cannot go back to ``todo`` beside that job)."""
+
+
+class _PutBackWhenStopped(procrastinate.BaseRetryStrategy):
+    """Every kb task's retry strategy: a job stopped now (``PutBack``) is retried at once, any
+    other failure as ``then`` says (none by default: the sweep re-defers lagging work)."""
+
+    def __init__(self, then: procrastinate.BaseRetryStrategy | None = None) -> None:
+        self.then = then
+
+    def get_retry_decision(self, *, exception: BaseException, job) -> procrastinate.RetryDecision | None:
+        if isinstance(exception, PutBack):
+            return procrastinate.RetryDecision(retry_in={"seconds": 0})
+        if isinstance(exception, procrastinate.exceptions.JobAborted) or self.then is None:
+            return None
+        return self.then.get_retry_decision(exception=exception, job=job)
+
+
+STOPPED_RETRY = _PutBackWhenStopped()
 
 
 def worker_listens(kb: KnowledgeBase) -> bool:
@@ -243,9 +281,9 @@ async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) 
 async def retry_stalled(manager, seconds: float, own_job_id: int | None = None) -> list[int]:
     """Put back to ``todo`` the jobs of workers silent for ``seconds``; returns their ids.
 
-    A stalled job whose queueing lock a waiting job already holds is marked failed instead: kb's
-    jobs converge to HEAD, so the waiting job does its work, and the stalled one must stop holding
-    the lock (``projection:N`` / ``index:N``) the waiting job needs.
+    A stalled job whose queueing lock a waiting job already holds is recorded ``aborted`` instead:
+    kb's jobs converge to HEAD, so the waiting job does its work, and the stalled one must stop
+    holding the lock (``projection:N`` / ``index:N``) the waiting job needs.
     """
     stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=seconds)
     return await _put_back(manager, [job for job in stalled if job.id != own_job_id], "stalled")
@@ -265,16 +303,22 @@ async def put_back_jobs_of(manager, worker_ids: Iterable[int], stalled_seconds: 
 
 
 async def _put_back(manager, jobs: list, why: str) -> list[int]:
-    """Retry each of ``jobs`` now, or mark it failed when a waiting job already holds its
-    queueing lock (that job converges to HEAD and does its work); returns their ids."""
+    """Retry each of ``jobs`` now, or record it ``aborted`` when a waiting job already holds its
+    queueing lock (that job converges to HEAD and does its work: nothing is left for anybody to
+    act on, so it is not ``failed``, design §7); returns their ids."""
     retried = []
     for job in jobs:
         try:
             log.warning("retrying %s job %s (%s %s)", why, job.id, job.task_name, job.task_kwargs)
             await manager.retry_job(job)
         except procrastinate.exceptions.UniqueViolation:
-            log.warning("%s job %s is covered by a waiting job (%s); marking it failed", why, job.id, job.queueing_lock)
-            await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=False)
+            log.warning(
+                "%s job %s is covered by a waiting job (%s), which does its work; recording it aborted",
+                why,
+                job.id,
+                job.queueing_lock,
+            )
+            await manager.finish_job(job, status=procrastinate.jobs.Status.ABORTED, delete_job=False)
         retried.append(job.id)
     return retried
 
@@ -372,7 +416,7 @@ def drift_check(context: procrastinate.JobContext, timestamp: int) -> list[dict]
 
 
 # -- push to a git remote (design §13) ------------------------------------------------------
-PUSH_RETRY = procrastinate.RetryStrategy(max_attempts=8, exponential_wait=2)
+PUSH_RETRY = _PutBackWhenStopped(procrastinate.RetryStrategy(max_attempts=8, exponential_wait=2))
 """A failed push is retried after 2, 4, 8 … 256 s; then the sweep re-defers it (30 s doubling, ≤ 1 h)."""
 
 
@@ -517,3 +561,8 @@ def periodic_tasks() -> list[procrastinate.tasks.Task]:
         {t.name: t for t in (sweep, retry_stalled_jobs, span_fill, drift_check, sweep_worktrees, maintain_repositories)}
     )
     return [tasks[name] for name in sorted(tasks)]
+
+
+for _task in app.tasks.values():  # every kb task's, unless it has its own (PUSH_RETRY wraps it)
+    if _task.name.startswith("kb.") and _task.retry_strategy is None:
+        _task.retry_strategy = STOPPED_RETRY

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -256,18 +257,29 @@ class ProgressDisplay:
             self._progress_text(workspace_id, kind, done, total, report), permanent=done >= total and not self.live_mode
         )
 
-    def job_finished(self, job_id: int, task: str, workspace_id: int | None, ok: bool, detail: str) -> None:
-        """A job ended; one permanent line with its outcome and time."""
+    def _ended(self, job_id: int, workspace_id: int | None) -> float:
+        """Forget a job that ended; returns how long it ran."""
         with self._lock:
             seconds = time.monotonic() - self._started.pop(job_id, time.monotonic())
             self._jobs.pop(job_id, None)
             if workspace_id is not None:
                 self._latest.pop(workspace_id, None)
+        return seconds
+
+    def job_finished(self, job_id: int, task: str, workspace_id: int | None, ok: bool, detail: str) -> None:
+        """A job ended; one permanent line with its outcome and time."""
+        seconds = self._ended(job_id, workspace_id)
         outcome = "done" if ok else "FAILED"
         self._line(
             f"job {job_id} {task}{_ws(workspace_id)} {outcome} in {seconds:.1f} s{': ' + detail if detail else ''}",
             permanent=True,
         )
+
+    def job_stopped(self, job_id: int, task: str, workspace_id: int | None, outcome: str) -> None:
+        """A job stopped now by a second Ctrl-C (``StopNow``); one permanent line saying where its
+        work went (``outcome``)."""
+        seconds = self._ended(job_id, workspace_id)
+        self._line(f"job {job_id} {task}{_ws(workspace_id)} stopped after {seconds:.1f} s: {outcome}", permanent=True)
 
     def close(self) -> None:
         """Stop the live line or the periodic lines (idempotent)."""
@@ -294,20 +306,89 @@ def _detail(result: object) -> str:
     return ""
 
 
-def job_middleware(report: WorkerReport, display: ProgressDisplay | None, worker_ids: set[int] | None = None):
+class StopNow:
+    """What a second SIGINT/SIGTERM does to a worker (design §7): the Procrastinate workers that ran
+    jobs here (``job_middleware`` adds them) are asked to abort their jobs in hand for a shutdown;
+    an index run stops at its next checkpoint (after an embedder call or a batch, ``PutBack``) and
+    goes back to the queue, a job a waiting job covers is recorded ``aborted``."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.workers: weakref.WeakSet = weakref.WeakSet()
+        self.requested = False
+
+    def __call__(self) -> None:
+        from procrastinate.job_context import AbortReason
+
+        self.requested = True
+        for worker in list(self.workers):
+            # Procrastinate's own shutdown abort (what its ``shutdown_graceful_timeout`` does once
+            # the timeout is over), asked for now; private API of the pinned Procrastinate 3.10
+            for task, context in list(worker._running_jobs.items()):
+                worker._abort_job(task, context, AbortReason.SHUTDOWN)
+
+
+def _stopped_now(context, exc: BaseException) -> bool:
+    """Whether ``exc`` ended a job because its worker is stopping now (``StopNow``)."""
+    import procrastinate.exceptions
+    from procrastinate.job_context import AbortReason
+
+    aborted = isinstance(exc, procrastinate.exceptions.JobAborted | asyncio.CancelledError)
+    return aborted and context.abort_reason() == AbortReason.SHUTDOWN
+
+
+async def _covering_job(context) -> int | None:
+    """The waiting job that does the work of ``context``'s job (same queueing lock), if any."""
+    job = context.job
+    if job.queueing_lock is None:
+        return None
+
+    def find() -> int | None:
+        with database.connect(context.additional_context["kb"].database_url, autocommit=True) as conn:
+            row = conn.execute(queries["covering_job"], {"queueing_lock": job.queueing_lock, "job_id": job.id})
+            found = row.fetchone()
+        return found["id"] if found else None
+
+    return await asyncio.to_thread(find)
+
+
+def job_middleware(
+    report: WorkerReport,
+    display: ProgressDisplay | None,
+    worker_ids: set[int] | None = None,
+    stop_now: StopNow | None = None,
+):
     """A Procrastinate worker middleware counting every job into ``report`` and showing it, and
-    adding the id of the Procrastinate worker that runs it to ``worker_ids`` (when given)."""
+    adding the id of the Procrastinate worker that runs it to ``worker_ids`` and the worker to
+    ``stop_now`` (when given). A job stopped now (``StopNow``) is not a failure: it ends in
+    ``PutBack`` (retried at once) or, when a waiting job covers it, ``StoppedCovered``."""
+    from kb.jobs.tasks import PutBack, StoppedCovered
 
     async def middleware(call_next, context, worker):
         job = context.job
         if worker_ids is not None and worker.worker_id is not None:
             worker_ids.add(worker.worker_id)
+        if stop_now is not None:
+            stop_now.workers.add(worker)
         workspace_id = job.task_kwargs.get("workspace_id")
         if display:
             display.job_started(job.id, job.task_name, workspace_id)
         try:
             result = await call_next()
         except BaseException as exc:
+            if _stopped_now(context, exc):
+                covering = await _covering_job(context)
+                outcome = (
+                    f"job {covering}, waiting, does its work"
+                    if covering
+                    else "put back to the queue for the next worker"
+                )
+                if display:
+                    display.job_stopped(job.id, job.task_name, workspace_id, outcome)
+                else:
+                    log.warning("job %s %s%s stopped now: %s", job.id, job.task_name, _ws(workspace_id), outcome)
+                raise (StoppedCovered if covering else PutBack)(outcome) from exc
             report.jobs_run += 1
             report.jobs_failed += 1
             if display:
@@ -360,27 +441,63 @@ def run_worker(
     return report
 
 
-STOPPING_NOTICE = "stopping: the jobs in hand finish first (Ctrl-C again stops at once)"
+STOPPING_NOTICE = (
+    "stopping: the jobs in hand finish first (Ctrl-C again stops them now and puts them back in the queue)"
+)
 """What a worker says at once when SIGINT/SIGTERM asks it to stop (design §7)."""
+
+STOPPING_NOW_NOTICE = (
+    "stopping now: the jobs in hand go back to the queue at their next checkpoint "
+    "(Ctrl-C again quits at once, leaving them to the stalled-job check)"
+)
+"""What a worker says at once on a second SIGINT/SIGTERM (``StopNow``, design §7)."""
+
+QUIT_NOTICE = (
+    "quitting at once: a job still in hand stays `doing` until a live worker's stalled-job check "
+    "puts it back (KB_STALLED_JOB_SECONDS after this worker's last heartbeat)"
+)
+"""What a worker says on a third SIGINT/SIGTERM, just before it exits with 130."""
+
+
+def _say(display: ProgressDisplay | None, text: str) -> None:
+    """A notice on stderr at once: through the display when there is one (its live line stays
+    whole), else as a ``kb:`` line."""
+    if display is not None:
+        display.notice(text)
+    else:
+        print(f"kb: {text}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
-def _first_stop_signal(on_stop: Callable[[], None]) -> Iterator[None]:
-    """While the block runs on the event loop of the main thread, the first SIGINT/SIGTERM calls
-    ``on_stop`` and removes the handlers, so a second one has the default effect (as
-    Procrastinate's own handlers do); elsewhere, nothing is installed."""
+def _stop_signals(
+    display: ProgressDisplay | None, stop: Callable[[], None], stop_now: Callable[[], None]
+) -> Iterator[None]:
+    """While the block runs on the event loop of the main thread, SIGINT/SIGTERM stop the worker in
+    three steps, each said at once (design §7): the first calls ``stop`` (nothing more is fetched,
+    the jobs in hand finish), the second ``stop_now`` (they go back to the queue at their next
+    checkpoint), the third exits with 130 at once. Elsewhere, nothing is installed. A second Ctrl-C
+    used to raise KeyboardInterrupt inside the event loop: asyncio cancelled the job's task while
+    its thread ran on, the job stayed ``doing`` and the exit printed tracebacks."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
+    signals = 0
 
-    def stop() -> None:
-        for number in installed:
-            loop.remove_signal_handler(number)
-        installed.clear()
-        on_stop()
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            _say(display, STOPPING_NOTICE)
+            stop()
+        elif signals == 2:
+            _say(display, STOPPING_NOW_NOTICE)
+            stop_now()
+        else:
+            _say(display, QUIT_NOTICE)
+            os._exit(130)
 
     if threading.current_thread() is threading.main_thread():
         for number in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(number, stop)
+            loop.add_signal_handler(number, on_signal)
             installed.append(number)
     try:
         yield
@@ -392,24 +509,20 @@ def _first_stop_signal(on_stop: Callable[[], None]) -> Iterator[None]:
 async def _until_idle_or_signal(
     kb: KnowledgeBase, report: WorkerReport, concurrency: int, display: ProgressDisplay | None
 ) -> None:
-    """``run_worker_async`` until idle, or until SIGINT/SIGTERM: the first signal says so at once
-    (``STOPPING_NOTICE`` on stderr), stops fetching, lets the jobs in hand finish and returns with
-    ``report.interrupted`` (the caller prints the summary); a second has the default effect. A
-    Ctrl-C used to be silent while the job in hand ran on, then end in click's bare "Aborted!"
-    with no summary."""
+    """``run_worker_async`` until idle, or until SIGINT/SIGTERM (``_stop_signals``): the first
+    stops fetching, lets the jobs in hand finish and returns with ``report.interrupted`` (the
+    caller prints the summary). A Ctrl-C used to be silent while the job in hand ran on, then end
+    in click's bare "Aborted!" with no summary."""
+    stop_now = StopNow()
     task = asyncio.ensure_future(
-        run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display)
+        run_worker_async(kb, report, until_idle=True, concurrency=concurrency, display=display, stop_now=stop_now)
     )
 
     def stop() -> None:
         report.interrupted = True
-        if display is not None:
-            display.notice(STOPPING_NOTICE)
-        else:
-            print(f"kb: {STOPPING_NOTICE}", file=sys.stderr, flush=True)
         task.cancel()  # graceful: nothing more is fetched, the jobs in hand finish
 
-    with _first_stop_signal(stop):
+    with _stop_signals(display, stop, stop_now):
         try:
             await task
         except asyncio.CancelledError:
@@ -418,9 +531,9 @@ async def _until_idle_or_signal(
 
 
 async def _supervised_until_signal(supervisor: WorkerSupervisor) -> None:
-    """Run ``supervisor`` until SIGINT/SIGTERM (the first stops it gracefully; a second one
-    has the default effect, as Procrastinate's own handlers do)."""
-    with _first_stop_signal(supervisor.stop):
+    """Run ``supervisor`` until SIGINT/SIGTERM (``_stop_signals``: the first stops it gracefully,
+    the second puts the jobs in hand back, the third exits at once)."""
+    with _stop_signals(supervisor.display, supervisor.stop, supervisor.stop_now):
         await supervisor.run()
 
 
@@ -520,6 +633,8 @@ class WorkerSupervisor:
         self._wake: asyncio.Event | None = None
         self._attempt: asyncio.Task | None = None
         self._workers: set[int] = set()  # Procrastinate workers of its runs that held jobs
+        self.stop_now = StopNow()
+        """Call after ``stop`` to put the jobs in hand back at their next checkpoint (design §7)."""
 
     def stop(self) -> None:
         """Stop: the running worker fetches nothing more and finishes the jobs in hand; a backoff
@@ -551,6 +666,7 @@ class WorkerSupervisor:
                         display=self.display,
                         on_running=self._running,
                         earlier_workers=self._workers,
+                        stop_now=self.stop_now,
                     )
                 )
                 try:
@@ -611,6 +727,7 @@ async def run_worker_async(
     install_signal_handlers: bool = False,
     on_running: Callable[[], None] | None = None,
     earlier_workers: set[int] | None = None,
+    stop_now: StopNow | None = None,
 ) -> None:
     """The worker loop of ``run_worker`` on the running event loop, filling ``report`` (also when
     ``kb serve --with-worker`` runs it beside the HTTP API, through ``WorkerSupervisor``).
@@ -619,7 +736,8 @@ async def run_worker_async(
     first fetch. ``earlier_workers``: ids of Procrastinate workers of this process's earlier runs
     (``WorkerSupervisor``'s): the jobs they left ``doing`` — an outage cut the run before it
     recorded their end, and their locks hold back the workspace's later jobs — are put back first
-    and their ids dropped; this run's worker is added once it runs a job (design §7). Raises what
+    and their ids dropped; this run's worker is added once it runs a job (design §7). ``stop_now``
+    learns the Procrastinate workers that run jobs, to stop them now when asked. Raises what
     loses the database (DatabaseUnavailable, Procrastinate's ConnectorException); returns without
     error when Procrastinate stops on its own."""
     from kb.jobs import tasks as jobs
@@ -650,9 +768,9 @@ async def run_worker_async(
                         listen_notify=listens,
                         fetch_job_polling_interval=5.0 if listens else jobs.POLL_SECONDS,
                         install_signal_handlers=install_signal_handlers,
-                        update_heartbeat_interval=stalled / 4,
+                        update_heartbeat_interval=kb.settings.worker_heartbeat_seconds,
                         stalled_worker_timeout=stalled,
-                        worker_middleware=[job_middleware(report, display, earlier_workers)],
+                        worker_middleware=[job_middleware(report, display, earlier_workers, stop_now)],
                         additional_context=context,
                     )
                     if not until_idle:

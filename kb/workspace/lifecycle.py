@@ -157,7 +157,9 @@ def list_workspaces(stores: Stores) -> list[WorkspaceSummary]:
     workspace whose repository cannot be read is listed as ``damaged`` with the reason; the
     others are listed all the same."""
     with database.transaction(stores.database_url) as conn:
-        rows = conn.execute(queries["workspace_summaries"]).fetchall()
+        rows = conn.execute(
+            queries["workspace_summaries"], {"alive_seconds": stores.settings.worker_alive_seconds}
+        ).fetchall()
     summaries, heads = [], {}
     for row in rows:
         store = stores.store(row["id"])

@@ -82,6 +82,14 @@ GROUP BY j.queue_name
 ORDER BY j.queue_name;
 
 -- name: live_workers
--- Workers that sent a heartbeat within the last %(seconds)s seconds (`kb import` says one will index).
+-- Workers that sent a heartbeat within the last %(seconds)s seconds (`kb import` says one will index);
+-- the row of a killed worker stays until a worker starting prunes it, with its heartbeat ageing.
 SELECT count(*) AS workers FROM procrastinate_workers
 WHERE last_heartbeat > now() - make_interval(secs => %(seconds)s::float8);
+
+-- name: covering_job
+-- A waiting job with the queueing lock of job %(job_id)s, if any: it does that job's work (kb's jobs
+-- converge, design §7), so the job cannot go back to todo (the queueing lock is unique among them).
+SELECT id FROM procrastinate_jobs
+WHERE queueing_lock = %(queueing_lock)s AND status = 'todo' AND id <> %(job_id)s
+ORDER BY id LIMIT 1;

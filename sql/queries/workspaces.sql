@@ -3,8 +3,9 @@
 -- name: workspace_summaries
 -- One row per workspace with its document count and index state (from the kb.index_lag view),
 -- how many recorded revisions the projection has not reached (their documents have no rows yet,
--- so documents_pending cannot count them), and how many of its projection and index jobs a worker
--- is running; its home node and that node's storage id (a workspace homed on another node's storage
+-- so documents_pending cannot count them), and how many of its projection and index jobs a live
+-- worker is running (its heartbeat under %(alive_seconds)s s old: a killed worker's job is not
+-- running, design §7); its home node and that node's storage id (a workspace homed on another node's storage
 -- is listed from Postgres alone).
 SELECT l.workspace_id AS id, w.home_node, n.storage_id AS home_storage_id, l.head, l.stamp, l.projected, l.revisions_behind,
        CASE WHEN l.projected IS NULL THEN w.revision_count
@@ -12,8 +13,10 @@ SELECT l.workspace_id AS id, w.home_node, n.storage_id AS home_storage_id, l.hea
             ELSE w.revision_count - p.seq END AS revisions_unprojected, l.documents, l.documents_pending,
        l.documents_failed, l.documents_quarantined, l.documents_unindexable,
        (SELECT count(*) FROM procrastinate_jobs j
+        JOIN procrastinate_workers AS pw ON pw.id = j.worker_id
         WHERE j.status = 'doing' AND split_part(j.queue_name, '@', 1) IN ('projection', 'index')  -- any node's
-          AND (j.args ->> 'workspace_id')::int = l.workspace_id) AS jobs_running
+          AND (j.args ->> 'workspace_id')::int = l.workspace_id
+          AND pw.last_heartbeat > now() - make_interval(secs => %(alive_seconds)s::float8)) AS jobs_running
 FROM kb.index_lag AS l
 JOIN kb.workspaces AS w ON w.id = l.workspace_id
 LEFT JOIN kb.nodes AS n ON n.name = w.home_node

@@ -164,6 +164,11 @@ UPDATE procrastinate_jobs SET status = 'doing' WHERE id = %(id)s;
 -- name: test_fetch_job
 SELECT id FROM procrastinate_fetch_job_v2(%(queues)s::varchar[], NULL);
 
+-- name: test_fetch_job_as_worker
+-- Fetch a job as a worker does: registered (a fresh heartbeat), then Procrastinate's fetch.
+SELECT id FROM procrastinate_fetch_job_v2(%(queues)s::varchar[],
+                                          (SELECT worker_id FROM procrastinate_register_worker_v1()));
+
 -- name: test_fail_documents
 UPDATE kb.documents SET status = 'failed', index_attempts = 2, index_error = 'test: embedder down'
 WHERE workspace_id = %(workspace_id)s;
@@ -845,3 +850,10 @@ DROP FUNCTION kb.test_refuse_document_stats();
 -- Ends the lifetime of the live token named %(name)s a minute ago (a token list's expired row).
 UPDATE kb.api_tokens SET expires_at = now() - interval '1 minute'
 WHERE name = %(name)s AND revoked_at IS NULL;
+
+-- name: test_job_heartbeat_age
+-- Seconds since the last heartbeat of the worker running job %(job_id)s (NULL: no worker row).
+SELECT j.id, j.status::text AS status, j.worker_id,
+       extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age
+FROM procrastinate_jobs AS j LEFT JOIN procrastinate_workers AS w ON w.id = j.worker_id
+WHERE j.id = %(job_id)s;

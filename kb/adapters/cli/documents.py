@@ -120,7 +120,7 @@ def import_(
     if report.revision is not None:
         from kb.jobs.worker import live_workers
 
-        workers = live_workers(kb.database_url, kb.settings.stalled_job_seconds)
+        workers = live_workers(kb.database_url, kb.settings.worker_alive_seconds)
         if workers:
             click.echo(f"{workers} kb worker(s) running will index it; `kb status -w {workspace}` shows progress")
         else:

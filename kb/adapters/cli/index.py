@@ -24,7 +24,8 @@ def worker(until_idle: bool, concurrency: int, quiet: bool) -> None:
 
     Shows each job's progress on stderr (a live line on a terminal; otherwise a line every
     KB_PROGRESS_INTERVAL seconds, default 5, while a job runs) and a summary at the end.
-    SIGINT/SIGTERM finish the jobs in hand, then stop (with --until-idle: the summary, exit 130).
+    SIGINT/SIGTERM finish the jobs in hand, then stop (with --until-idle: the summary, exit 130); a
+    second one puts them back in the queue at their next checkpoint and stops.
     Example: kb worker --until-idle
     """
     from kb.jobs.worker import ProgressDisplay, describe_blocked

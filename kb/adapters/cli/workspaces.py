@@ -127,7 +127,7 @@ def set_model(workspace_id: int, model: str) -> None:
     if job is None:
         click.echo(f"workspace {workspace_id}: already uses {model}, or a waiting switch covers it")
         return
-    workers = live_workers(kb.database_url, kb.settings.stalled_job_seconds)
+    workers = live_workers(kb.database_url, kb.settings.worker_alive_seconds)
     then = (
         f"{workers} kb worker(s) running will re-embed it"  # counted as `kb import` counts them
         if workers
