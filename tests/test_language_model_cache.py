@@ -42,7 +42,7 @@ def test_the_unpacked_model_is_kept_in_the_cache_and_read_back_with_the_same_ans
     first = [languages._probabilities().rank(text) for text in TEXTS]
     (folder,) = tmp_path.glob("py3langid-*")
     assert {p.name for p in folder.iterdir()} == {
-        f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE)
+        f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE, *languages._WALK_ARRAYS)
     } | {"classes.json", languages._DIGEST}
     assert not list(tmp_path.glob(".tmp-*"))  # written into place at once
 

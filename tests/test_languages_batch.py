@@ -196,7 +196,7 @@ def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(t
     """Checking the model's fingerprint read the 39 MB transition table whole: with the table a map
     of the model cache's file, every page of it stayed resident in every process that checked it
     (the index run's and its cutter's). Read a piece at a time, the pages of each piece are given
-    back, and the walker built on the maps copies neither the table nor the row table."""
+    back, and the walker built on the cache's walk tables copies none of them."""
     from kb.index import langid_batch, languages
 
     monkeypatch.setattr(languages, "_cache_root", None)
@@ -214,9 +214,11 @@ def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(t
         assert _resident_kb(table) is not None  # mapped
         assert fingerprint(identifier) == MODEL_FINGERPRINT
         assert _resident_kb(table) <= 2 * langid_batch.PIECE // 1024
-        walker = langid_batch._Walker(identifier)
-        assert np.shares_memory(walker.nextmove, np.asarray(identifier.tk_nextmove))
-        assert np.shares_memory(walker.rowbase, np.asarray(identifier._rowbase))
+        tables = languages._model()[-1]
+        walker = langid_batch._walker(identifier, tables)
+        assert walker is not None
+        assert np.shares_memory(walker.base, np.asarray(tables.base))
+        assert np.shares_memory(walker.check, np.asarray(tables.check))
         assert languages.detect_languages(TEXTS) == [languages.detect_language(t) for t in TEXTS]
     finally:
         languages._model.cache_clear()
