@@ -327,26 +327,31 @@ def test_the_walk_tables_made_from_py3langids_model_are_the_verified_ones():
     assert tables.check[0] == -1 and tables.output[0] == identifier.tk_output[0]
 
 
-def test_rows_read_from_the_tables_file_are_the_tables_rows(cached_model, tmp_path):
-    """``RowFile`` reads the rows a batch wants, near ones in one read: the same rows as indexing
-    the mapped table, at its ends and across read boundaries; a file cut short since it was checked
-    is refused (ValueError: the batch is classified by py3langid itself), not read as zeros."""
+@pytest.mark.parametrize("preadv", [True, False], ids=["preadv", "pread"])
+def test_rows_read_from_the_tables_file_are_the_tables_rows(cached_model, tmp_path, monkeypatch, preadv):
+    """``RowFile`` reads the rows a batch wants a piece of the table at a time: the same rows as
+    indexing the mapped table, at its ends and across pieces (with ``os.preadv``, and with
+    ``os.pread`` where there is none); a file cut short since it was checked is refused
+    (ValueError: the batch is classified by py3langid itself), not read as zeros."""
+    import os
     import shutil
 
-    from kb.index.langid_batch import ROW_GAP, RowFile
+    from kb.index.langid_batch import PIECE, RowFile
 
+    if not preadv:
+        monkeypatch.delattr(os, "preadv", raising=False)
     identifier, tables, folder = cached_model
     table = np.asarray(identifier.nb_ptc)
     rows = tables.rows
     assert rows is not None
     last = table.shape[0] - 1
-    near = ROW_GAP // (table.shape[1] * table.dtype.itemsize)
+    edge = PIECE // (table.shape[1] * table.dtype.itemsize)  # the first row starting in the second piece
     rng = np.random.default_rng(5)
     for wanted in (
         [0],
         [last],
         [0, 1, 2, last - 1, last],
-        [10, 10 + near, 10 + near + 1, 10 + 3 * near + 2],
+        [edge - 1, edge, edge + 1, 3 * edge - 1, 3 * edge],
         np.unique(rng.integers(0, last + 1, 3000)).tolist(),
     ):
         indexes = np.array(wanted, dtype=np.intp)

@@ -45,9 +45,6 @@ MODEL_FINGERPRINT = "2e5413ca69d6fd46d48d685d91df48fb"
 WALK_FINGERPRINT = "06025e98fd941a7fa985e405630f72fd"
 """sha256 (first 32 hex digits) of the verified model's double array (``walk_tables``,
 ``WalkTables.fingerprint``), as ``bin/verify_langid_dfa.py`` prints it."""
-ROW_GAP = 4096
-"""Bytes between two wanted rows of a table read from its file (``RowFile``) below which both are
-read at once rather than in two reads."""
 
 
 PIECE = 1 << 20
@@ -131,7 +128,7 @@ def release_pages(identifier: Any) -> None:
 @dataclasses.dataclass(frozen=True, eq=False)
 class RowFile:
     """A C-ordered 2-D table of a model's file (the naive-Bayes table of the model cache,
-    kb.index.languages) whose rows are read from the open file (``os.pread``) rather than from a
+    kb.index.languages) whose rows are read from the open file (``os.preadv``) rather than from a
     map of it: the rows one batch's features pick lie all over the 28 MB table, and each row read
     through a map made the whole page-cache folio around it resident, ~15 MB a batch (design §7)."""
 
@@ -143,20 +140,32 @@ class RowFile:
     dtype: np.dtype
 
     def rows(self, indexes: np.ndarray) -> np.ndarray:
-        """The table's rows at ``indexes`` (ascending, distinct), as ``table[indexes]`` gives them:
-        rows less than ``ROW_GAP`` bytes apart are read in one piece. Raises ValueError when the
-        file holds fewer bytes than the table (cut short since it was checked)."""
+        """The table's rows at ``indexes`` (ascending, distinct), as ``table[indexes]`` gives them.
+        The wanted rows of each ``PIECE`` of the table are read at once, from the first to the last,
+        into one buffer (a read a row cost 20 ms a batch of 64 pages, a fresh buffer a read 17 ms;
+        this way ~4 ms, as gathering them from the map). Raises ValueError when the file holds
+        fewer bytes than the table (cut short since it was checked)."""
         width = self.shape[1] * self.dtype.itemsize
         found = np.empty((indexes.size, self.shape[1]), dtype=self.dtype)
-        cuts = np.flatnonzero(np.diff(indexes) * width > width + ROW_GAP) + 1
-        for first, last in zip([0, *cuts.tolist()], [*cuts.tolist(), indexes.size]):
+        buffer = memoryview(bytearray(PIECE + width))
+        cuts = (np.flatnonzero(np.diff(indexes * width // PIECE)) + 1).tolist()
+        for first, last in zip([0, *cuts], [*cuts, indexes.size]):
             low, high = int(indexes[first]), int(indexes[last - 1]) + 1
-            piece = os.pread(self.handle.fileno(), (high - low) * width, self.offset + low * width)
-            if len(piece) != (high - low) * width:
+            size = (high - low) * width
+            if _read_at(self.handle.fileno(), buffer[:size], self.offset + low * width) != size:
                 raise ValueError("the model's table file is shorter than its table: unpack the model again")
-            block = np.frombuffer(piece, dtype=self.dtype).reshape(high - low, self.shape[1])
+            block = np.frombuffer(buffer[:size], dtype=self.dtype).reshape(high - low, self.shape[1])
             found[first:last] = block[indexes[first:last] - low]
         return found
+
+
+def _read_at(descriptor: int, into: memoryview, offset: int) -> int:
+    """Read ``len(into)`` bytes of the file at ``offset`` into ``into``; the count read."""
+    if hasattr(os, "preadv"):
+        return os.preadv(descriptor, [into], offset)
+    piece = os.pread(descriptor, len(into), offset)
+    into[: len(piece)] = piece
+    return len(piece)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
