@@ -48,7 +48,8 @@ WALK_FINGERPRINT = "06025e98fd941a7fa985e405630f72fd"
 
 
 PIECE = 1 << 20
-"""Bytes of the DFA's tables ``fingerprint`` reads at a time."""
+"""Bytes of the model's tables read at a time: by ``fingerprint`` and ``digest_tables``, by
+``walk_tables`` (of the transition table) and by ``RowFile`` (of the naive-Bayes table)."""
 
 
 def fingerprint(identifier: Any) -> str:
