@@ -42,7 +42,7 @@ def test_the_unpacked_model_is_kept_in_the_cache_and_read_back_with_the_same_ans
     first = [languages._probabilities().rank(text) for text in TEXTS]
     (folder,) = tmp_path.glob("py3langid-*")
     assert {p.name for p in folder.iterdir()} == {
-        f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE)
+        f"{name}.npy" for name in (*languages._MODEL_ARRAYS, languages._ROWBASE, *languages._WALK_ARRAYS)
     } | {"classes.json", languages._DIGEST}
     assert not list(tmp_path.glob(".tmp-*"))  # written into place at once
 
@@ -81,6 +81,12 @@ def test_a_damaged_cache_is_not_used_and_is_written_again(tmp_path, fresh_model)
         pytest.param(lambda np, load: {"nextmove": load("nextmove")[: 256 * 10]}, id="fewer tokenizer states"),
         pytest.param(
             lambda np, load: {name: load(name).reshape(-1, 1) for name in ("out_feat", "nextmove_row")}, id="2-d rows"
+        ),
+        pytest.param(lambda np, load: {"walk_base": load("walk_base").astype(np.int64)}, id="a wider walk table"),
+        pytest.param(lambda np, load: {"walk_check": load("walk_check")[:-10]}, id="walk tables of two lengths"),
+        pytest.param(
+            lambda np, load: {"walk_output": np.full_like(load("walk_output"), load("ptc").shape[0])},
+            id="walk outputs past the features",
         ),
     ],
 )
@@ -209,12 +215,14 @@ def test_without_a_writable_cache_each_process_maps_a_copy_of_its_own(tmp_path, 
     assert languages.detect_languages(list(TEXTS)) == [languages.detect_language(text) for text in TEXTS]
 
 
-def test_a_cache_of_the_earlier_layout_is_unpacked_again_with_the_row_table(tmp_path, fresh_model):
-    """A cache written before the row table was kept (no ``rowbase.npy``) is replaced whole."""
+@pytest.mark.parametrize("missing", [languages._ROWBASE, *languages._WALK_ARRAYS])
+def test_a_cache_of_an_earlier_layout_is_unpacked_again_whole(tmp_path, fresh_model, missing):
+    """A cache written before the row table was kept (no ``rowbase.npy``), or the walk's double
+    array (no ``walk_*.npy``), is replaced whole."""
     languages.cache_in(tmp_path)
     expected = languages._identifier().classify("refund invoice")
     (folder,) = tmp_path.glob("py3langid-*")
-    (folder / f"{languages._ROWBASE}.npy").unlink()
+    (folder / f"{missing}.npy").unlink()
     assert languages._read_unpacked(folder) is None
 
     fresh_model()

@@ -191,13 +191,12 @@ def _resident_kb(path: Path) -> int | None:
     return resident if mapped else None
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
-def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(tmp_path, monkeypatch):
-    """Checking the model's fingerprint read the 39 MB transition table whole: with the table a map
-    of the model cache's file, every page of it stayed resident in every process that checked it
-    (the index run's and its cutter's). Read a piece at a time, the pages of each piece are given
-    back, and the walker built on the maps copies neither the table nor the row table."""
-    from kb.index import langid_batch, languages
+@pytest.fixture
+def cached_model(tmp_path, monkeypatch):
+    """The model as a later process of an index run sees it: unpacked into a model cache
+    (``tmp_path``) by an earlier one, mapped from there. Yields ``(identifier, tables, folder)``:
+    kb's identifier, the cache's walk tables (``langid_batch.WalkTables``) and the model's folder."""
+    from kb.index import languages
 
     monkeypatch.setattr(languages, "_cache_root", None)
     languages._model.cache_clear()
@@ -209,43 +208,160 @@ def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(t
         languages._classifier.cache_clear()
         identifier = languages._identifier()  # a later process's, mapped from it
         (folder,) = tmp_path.glob("py3langid-*")
-        table = folder / "nextmove.npy"
-        assert table.stat().st_size > 30 * 2**20
-        assert _resident_kb(table) is not None  # mapped
-        assert fingerprint(identifier) == MODEL_FINGERPRINT
-        assert _resident_kb(table) <= 2 * langid_batch.PIECE // 1024
-        walker = langid_batch._Walker(identifier)
-        assert np.shares_memory(walker.nextmove, np.asarray(identifier.tk_nextmove))
-        assert np.shares_memory(walker.rowbase, np.asarray(identifier._rowbase))
-        assert languages.detect_languages(TEXTS) == [languages.detect_language(t) for t in TEXTS]
+        yield identifier, languages._model()[-1], folder
     finally:
         languages._model.cache_clear()
         languages._classifier.cache_clear()
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
-def test_a_batch_classified_leaves_none_of_the_mapped_model_resident(tmp_path, monkeypatch):
+def test_the_fingerprint_leaves_little_of_the_mapped_transition_table_resident(cached_model):
+    """Checking the model's fingerprint read the 39 MB transition table whole: with the table a map
+    of the model cache's file, every page of it stayed resident in every process that checked it
+    (the index run's and its cutter's). Read a piece at a time, the pages of each piece are given
+    back, and the walker built on the cache's walk tables copies none of them."""
+    from kb.index import langid_batch, languages
+
+    identifier, tables, folder = cached_model
+    table = folder / "nextmove.npy"
+    assert table.stat().st_size > 30 * 2**20
+    assert _resident_kb(table) is not None  # mapped
+    assert fingerprint(identifier) == MODEL_FINGERPRINT
+    assert _resident_kb(table) <= 2 * langid_batch.PIECE // 1024
+    walker = langid_batch._walker(identifier, tables)
+    assert walker is not None
+    assert np.shares_memory(walker.base, np.asarray(tables.base))
+    assert np.shares_memory(walker.check, np.asarray(tables.check))
+    assert languages.detect_languages(TEXTS) == [languages.detect_language(t) for t in TEXTS]
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_a_batch_classified_leaves_none_of_the_mapped_model_resident(cached_model):
     """One document's walk and scores reach pages all over the two big tables (36 MB, the kernel
     mapping whole folios of the page cache), and every process that classified an index run's
     documents kept them resident on top of its own memory. ``classify_many`` gives them back once a
     batch is classified; the next batch reads them again, with the same answers."""
     from kb.index import languages
 
-    monkeypatch.setattr(languages, "_cache_root", None)
-    languages._model.cache_clear()
-    languages._classifier.cache_clear()
-    try:
-        languages.cache_in(tmp_path)
-        languages._identifier()
-        languages._model.cache_clear()
-        languages._classifier.cache_clear()
-        languages._identifier()  # a later process's, mapped from the cache
-        (folder,) = tmp_path.glob("py3langid-*")
-        texts = TEXTS + _random_texts(100, seed=3)
-        expected = [languages.detect_language(t) for t in texts]
-        for _ in range(2):
-            assert languages.detect_languages(texts) == expected
-            assert _resident_kb(folder / "nextmove.npy") == 0 and _resident_kb(folder / "ptc.npy") == 0
-    finally:
-        languages._model.cache_clear()
-        languages._classifier.cache_clear()
+    _identifier, _tables, folder = cached_model
+    texts = TEXTS + _random_texts(100, seed=3)
+    expected = [languages.detect_language(t) for t in texts]
+    for _ in range(2):
+        assert languages.detect_languages(texts) == expected
+        assert _resident_kb(folder / "nextmove.npy") == 0 and _resident_kb(folder / "ptc.npy") == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_classifying_a_batch_maps_no_page_of_the_two_big_tables(cached_model, monkeypatch):
+    """A batch's walk visited ~3,000 rows all over the 39 MB transition table and its scores
+    ~2,500 rows of the 28 MB naive-Bayes table: the kernel maps the whole page-cache folio a read
+    page belongs to, so while a batch was classified the cutter held ~21 MB, then ~15 MB of them
+    (its peak, 1.28× the chunker and embedder alone). The walk now follows the cache's double array
+    (1.4 MB) and the scores read their rows from the table's file: at every point where pages are
+    given back, none of either table's is resident."""
+    from kb.index import langid_batch, languages
+
+    _identifier, _tables, folder = cached_model
+    # all with features: a text without any ("a") is scored by py3langid itself, whose own walk
+    # reads the transition table (its pages given back afterwards)
+    texts = [t for t in TEXTS if t != "a"] + _random_texts(200, seed=17)
+    languages.detect_languages(texts[:5])  # the walker built, its tables' fingerprint checked
+    seen: list[tuple[int | None, int | None]] = []
+    release = langid_batch._release
+
+    def observed(table, start=0, stop=None):
+        seen.append((_resident_kb(folder / "nextmove.npy"), _resident_kb(folder / "ptc.npy")))
+        release(table, start, stop)
+
+    monkeypatch.setattr(langid_batch, "_release", observed)
+    for start in range(0, len(texts), 64):
+        languages.detect_languages(texts[start : start + 64])
+    assert seen and all(resident == (0, 0) for resident in seen), seen
+
+
+def test_the_walk_over_the_caches_tables_answers_what_py3langid_itself_answers(cached_model):
+    """The double array the cache keeps (states renumbered, edges only) and the rows read from the
+    naive-Bayes table's file give py3langid's own feature counts, in its order, its scores bit for
+    bit and its languages — py3langid's as it unpacks and walks its model itself."""
+    import py3langid
+    import py3langid.langid as langid
+
+    from kb.index import langid_batch
+    from kb.index.languages import _sample
+
+    identifier, tables, _folder = cached_model
+    assert tables.rows is not None and tables.fingerprint() == langid_batch.WALK_FINGERPRINT
+    own = langid._get_identifier()
+    texts = [_sample(t) for t in TEXTS + _random_texts(300, seed=13)]
+    walker = langid_batch._walker(identifier, tables)
+    assert walker is not None
+    samples = [own._encode(t) for t in texts]
+    compared = 0
+    for start in range(0, len(samples), 64):
+        batch = samples[start : start + 64]
+        visits = walker.visits(batch)
+        for sample, answer, scores in zip(batch, visits, langid_batch._scores(identifier, visits, tables.rows)):
+            expected = langid.visit_counts(own.tk_nextmove, own._rowbase, own.tk_output, sample)
+            assert (answer is None) == (expected is None) == (scores is None)
+            if answer is not None:
+                assert list(expected.items()) == list(zip(answer[0].tolist(), answer[1].astype(int).tolist()))
+                assert np.array_equal(scores, own._raw_score(sample))
+                compared += 1
+    assert compared > 250
+    assert langid_batch.classify_many(identifier, texts, tables) == [py3langid.classify(t)[0] for t in texts]
+
+
+def test_the_walk_tables_made_from_py3langids_model_are_the_verified_ones():
+    """Made again from py3langid's own model (as every model cache makes them), the double array
+    is byte for byte the one ``bin/verify_langid_dfa.py`` checked against the DFA: every state has
+    one slot, and the start state's is 0."""
+    import py3langid.langid as langid
+
+    from kb.index import langid_batch
+
+    identifier = langid._get_identifier()
+    tables = langid_batch.walk_tables(identifier.tk_nextmove, identifier._rowbase, identifier.tk_output)
+    assert tables.fingerprint() == langid_batch.WALK_FINGERPRINT
+    used = np.flatnonzero(tables.check >= 0)
+    assert used.size + 1 == len(identifier._rowbase)  # every state but the start state is a child once
+    assert tables.check[0] == -1 and tables.output[0] == identifier.tk_output[0]
+
+
+@pytest.mark.parametrize("preadv", [True, False], ids=["preadv", "pread"])
+def test_rows_read_from_the_tables_file_are_the_tables_rows(cached_model, tmp_path, monkeypatch, preadv):
+    """``RowFile`` reads the rows a batch wants a piece of the table at a time: the same rows as
+    indexing the mapped table, at its ends and across pieces (with ``os.preadv``, and with
+    ``os.pread`` where there is none); a file cut short since it was checked is refused
+    (ValueError: the batch is classified by py3langid itself), not read as zeros."""
+    import os
+    import shutil
+
+    from kb.index.langid_batch import PIECE, RowFile
+
+    if not preadv:
+        monkeypatch.delattr(os, "preadv", raising=False)
+    identifier, tables, folder = cached_model
+    table = np.asarray(identifier.nb_ptc)
+    rows = tables.rows
+    assert rows is not None
+    last = table.shape[0] - 1
+    edge = PIECE // (table.shape[1] * table.dtype.itemsize)  # the first row starting in the second piece
+    rng = np.random.default_rng(5)
+    for wanted in (
+        [0],
+        [last],
+        [0, 1, 2, last - 1, last],
+        [edge - 1, edge, edge + 1, 3 * edge - 1, 3 * edge],
+        np.unique(rng.integers(0, last + 1, 3000)).tolist(),
+    ):
+        indexes = np.array(wanted, dtype=np.intp)
+        assert np.array_equal(rows.rows(indexes), table[indexes])
+    copy = tmp_path / "ptc-copy.npy"
+    shutil.copyfile(folder / "ptc.npy", copy)
+    with open(copy, "rb") as handle:
+        short = RowFile(handle, rows.offset, rows.shape, rows.dtype)
+        with open(copy, "r+b") as writer:
+            writer.truncate(copy.stat().st_size - 1000)
+        assert np.array_equal(short.rows(np.array([0, 5])), table[[0, 5]])
+        with pytest.raises(ValueError, match="shorter"):
+            short.rows(np.array([3, last]))

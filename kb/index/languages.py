@@ -52,6 +52,7 @@ import tempfile
 import threading
 import unicodedata
 from pathlib import Path
+from typing import BinaryIO
 
 DETECT_CHARS = 4000
 """Characters of a document given to the language classifier (its start is representative)."""
@@ -107,6 +108,10 @@ _MODEL_ARRAYS = ("ptc", "pc", "nextmove", "nextmove_row", "out_feat")
 _ROWBASE = "rowbase"
 """The derived table py3langid's tokenizer indexes its transitions by (``nextmove_row`` << 8, int64),
 kept beside the model's arrays so that it too is mapped rather than a list in every process."""
+_WALK_ARRAYS = ("walk_base", "walk_check", "walk_output")
+"""The double array of the DFA's trie the batch classification walks (``langid_batch.walk_tables``,
+made once from the model's arrays), kept beside them: its pages, not the 39 MB transition table's,
+are what classifying a batch maps (design §7)."""
 _DIGEST = "sha256.txt"
 """The digest of the unpacked arrays' bytes (``langid_batch.digest_tables``), written with them and
 checked by every process that maps them."""
@@ -133,21 +138,53 @@ def _model_folder(root: Path) -> Path:
     return root / f"py3langid-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def _map_npy(handle: BinaryIO):
+    """The array of the ``.npy`` file open as ``handle``, mapped read-only from that very file
+    (``numpy.load`` maps a path, which another process may replace between two opens). Raises
+    ValueError (EOFError) for a header it cannot read or an array of Python objects."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(handle)
+    readers = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f"an .npy file of version {version}")
+    shape, fortran, dtype = readers[version](handle)
+    if dtype.hasobject:
+        raise ValueError("an .npy file of Python objects")
+    return np.memmap(handle, dtype=dtype, mode="r", offset=handle.tell(), shape=shape, order="F" if fortran else "C")
+
+
 def _read_unpacked(folder: Path) -> tuple | None:
     """The model's arrays mapped read-only from ``folder`` as ``LanguageIdentifier`` takes them,
-    and its row table (``_ROWBASE``): ``(ptc, pc, classes, nextmove, output, row, rowbase)``; None
-    when the folder is missing or inconsistent (then the compressed model is unpacked)."""
+    its row table (``_ROWBASE``) and the walk's tables (``_WALK_ARRAYS``, with the naive-Bayes
+    table's file kept open to read its rows from: ``langid_batch.WalkTables``): ``(ptc, pc,
+    classes, nextmove, output, row, rowbase, tables)``; None when the folder is missing or
+    inconsistent (then the compressed model is unpacked)."""
+    handles: dict[str, BinaryIO] = {}
+    try:
+        for name in (*_MODEL_ARRAYS, _ROWBASE, *_WALK_ARRAYS):
+            handles[name] = open(folder / f"{name}.npy", "rb")  # ptc's stays open (below)
+        arrays = {name: _map_npy(handle) for name, handle in handles.items()}
+        classes = json.loads((folder / "classes.json").read_text())
+        found = _checked(folder, arrays, classes, handles["ptc"])
+    except (OSError, ValueError, EOFError):  # missing, or a file cut short
+        found = None
+    for name, handle in handles.items():
+        if name != "ptc" or found is None:
+            handle.close()  # the maps stay
+    return found
+
+
+def _checked(folder: Path, arrays: dict, classes: object, ptc_file: BinaryIO) -> tuple | None:
+    """``_read_unpacked``'s answer from the mapped ``arrays`` when they and ``classes`` are
+    consistent and their digest is the one written with them, else None."""
     import numpy as np
 
-    try:
-        arrays = {
-            name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-            for name in (*_MODEL_ARRAYS, _ROWBASE)
-        }
-        classes = json.loads((folder / "classes.json").read_text())
-    except (OSError, ValueError, EOFError):  # missing, or a file cut short
-        return None
+    from kb.index.langid_batch import RowFile, WalkTables, digest_tables
+
     ptc, pc, nextmove, row, out, rowbase = (arrays[name] for name in (*_MODEL_ARRAYS, _ROWBASE))
+    base, check, states = (arrays[name] for name in _WALK_ARRAYS)
     # Whole files of the wrong kind or size (another writer's layout, a damaged header) would make
     # every classification raise, not fall back: their kinds, shapes and the indexes the tokenizer
     # follows into the other arrays are checked (the small ones scanned, about 1 ms).
@@ -167,20 +204,23 @@ def _read_unpacked(folder: Path) -> tuple | None:
         and out.max() < ptc.shape[0]
         and rowbase.dtype == np.int64
         and np.array_equal(rowbase, row.astype(np.int64) << 8)
+        and base.dtype == check.dtype == states.dtype == np.int32
+        and base.ndim == 1
+        and base.shape == check.shape == states.shape
+        and base.size > 256
+        and states.max() < ptc.shape[0]
+        and ptc.flags.c_contiguous
     ):
         return None
     # Files of the right layout whose bytes changed (a disk fault, another program) were used as
     # they were: a transition to a state past the table's end made every classification raise
     # IndexError, in py3langid's own fallback too, and changed scores answered other languages.
     # Their digest is checked against the one written with them (the maps' pages given back as read).
-    from kb.index.langid_batch import digest_tables
-
-    try:
-        recorded = (folder / _DIGEST).read_text().strip()
-    except (OSError, ValueError):
+    recorded = (folder / _DIGEST).read_text().strip()
+    if digest_tables(arrays[name] for name in (*_MODEL_ARRAYS, _ROWBASE, *_WALK_ARRAYS)) != recorded:
         return None
-    if digest_tables(arrays[name] for name in (*_MODEL_ARRAYS, _ROWBASE)) != recorded:
-        return None
+    # the naive-Bayes table's rows a batch's scores take are read from its file, not its map
+    rows = RowFile(ptc_file, int(ptc.offset), (int(ptc.shape[0]), int(ptc.shape[1])), ptc.dtype)
     # memoryviews index to Python ints like the array('H'/'I') and lists py3langid builds
     return (
         np.asarray(ptc),  # plain arrays still on the map (read-only), without memmap's per-call overhead
@@ -190,6 +230,7 @@ def _read_unpacked(folder: Path) -> tuple | None:
         memoryview(out),
         memoryview(row),
         memoryview(rowbase),
+        WalkTables(np.asarray(base), np.asarray(check), np.asarray(states), rows),
     )
 
 
@@ -221,9 +262,18 @@ def _unpack_into(folder: Path) -> None:
     row = np.load(folder / "nextmove_row.npy", mmap_mode="r", allow_pickle=False)
     np.save(folder / f"{_ROWBASE}.npy", row.astype(np.int64) << 8)
     (folder / "classes.json").write_text(json.dumps(classes))
-    from kb.index.langid_batch import digest_tables
+    from kb.index.langid_batch import digest_tables, walk_tables
 
-    tables = [np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in (*_MODEL_ARRAYS, _ROWBASE)]
+    nextmove, rowbase, output = (
+        np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        for name in ("nextmove", _ROWBASE, "out_feat")
+    )
+    walk = walk_tables(nextmove, rowbase, output)  # raises ValueError for another kind of model
+    for name, array in zip(_WALK_ARRAYS, (walk.base, walk.check, walk.output)):
+        np.save(folder / f"{name}.npy", array)
+    del nextmove, rowbase, output, walk
+    names = (*_MODEL_ARRAYS, _ROWBASE, *_WALK_ARRAYS)
+    tables = [np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in names]
     (folder / _DIGEST).write_text(digest_tables(tables) + "\n")  # last: a folder without it is not read
     del tables
     for path in folder.iterdir():
@@ -314,6 +364,7 @@ def _model() -> tuple:
         identifier.tk_output,
         identifier.tk_row,
         None,
+        None,
     )
 
 
@@ -336,7 +387,7 @@ def _classifier(norm_probs: bool):
     from py3langid.langid import LanguageIdentifier
 
     with _LOADED:  # one load for every thread
-        ptc, pc, classes, nextmove, output, row, rowbase = _model()
+        ptc, pc, classes, nextmove, output, row, rowbase, _tables = _model()
     identifier = LanguageIdentifier(ptc, pc, classes, nextmove, output, norm_probs=norm_probs, tk_row=row)
     if rowbase is not None:
         _share_rowbase(identifier, rowbase)
@@ -398,7 +449,10 @@ def detect_languages(texts: list[str]) -> list[str]:
 
     samples = [_sample(text) for text in texts]
     lettered = [i for i, sample in enumerate(samples) if any(ch.isalpha() for ch in sample)]
-    found = classify_many(_identifier(), [samples[i] for i in lettered])
+    identifier = _identifier()
+    with _LOADED:
+        tables = _model()[-1]
+    found = classify_many(identifier, [samples[i] for i in lettered], tables)
     languages = ["und"] * len(texts)
     for i, language in zip(lettered, found):
         languages[i] = iso_639_1(language)
