@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import threading
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
+from kb.db import application_name
 from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
     EMBEDDED_DATABASE,
     embedded_bin_dir,
@@ -198,8 +200,25 @@ async def configure_async_connection(conn: psycopg.AsyncConnection) -> None:
 
 def connection_kwargs(url: str) -> dict[str, Any]:
     """Extra psycopg connect arguments for ``url``: no server-side prepared statements behind a
-    transaction-mode pooler (they would live on a server connection other clients get)."""
-    return {"prepare_threshold": None} if is_transaction_pooled(url) else {}
+    transaction-mode pooler (they would live on a server connection other clients get), and this
+    process's ``application_name`` (``kb.db.application_name``, e.g. ``kb serve pid 4242``: what
+    ``kb db-stop`` names, design §13) unless the URL or ``PGAPPNAME`` gives one."""
+    kwargs: dict[str, Any] = {"prepare_threshold": None} if is_transaction_pooled(url) else {}
+    if not _names_application(url):
+        kwargs["application_name"] = application_name()
+    return kwargs
+
+
+@functools.lru_cache(maxsize=64)
+def _names_application(url: str) -> bool:
+    """Whether connections to ``url`` already get an ``application_name`` (the URL's own, or
+    ``PGAPPNAME``): a DBA's choice stands. A URL that does not parse: True (connect reports it)."""
+    if os.environ.get("PGAPPNAME"):
+        return True
+    try:
+        return "application_name" in psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return True
 
 
 def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:

@@ -840,3 +840,7 @@ CREATE TRIGGER test_refuse_document_stats BEFORE INSERT ON kb.document_text_stat
 -- name: test_allow_document_stats_inserts
 DROP TRIGGER test_refuse_document_stats ON kb.document_text_stats;
 DROP FUNCTION kb.test_refuse_document_stats();
+
+-- name: test_terminate_application
+-- End every session of one kb process, named by its application_name ("kb import pid N").
+SELECT count(pg_terminate_backend(pid)) AS terminated FROM pg_stat_activity WHERE application_name = %(name)s;
