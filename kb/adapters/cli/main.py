@@ -23,7 +23,7 @@ from kb.db import name_process
 from kb.errors import KbError
 
 COMMAND_MODULES = {
-    "database": ("init", "db-url", "psql", "db-stop"),
+    "database": ("init", "db-url", "psql", "db-stop", "db-start"),
     "documents": ("import", "read", "ls", "new", "mv", "rm", "edit"),
     "history": ("log", "blame", "revert", "restore", "write-outcome"),
     "search": ("search",),
