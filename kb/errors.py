@@ -55,6 +55,11 @@ class DatabaseUnavailable(KbError):
     """The configured Postgres server cannot be reached or started."""
 
 
+class DatabaseInUse(KbError):
+    """The embedded Postgres is not stopped while other processes are connected to it (``kb
+    db-stop``, design §13): they would lose their connections. ``--force`` stops it anyway."""
+
+
 class WorkerFailed(KbError):
     """The worker's loop ended with an error that is not the database's (design §7): ``kb serve
     --with-worker`` and ``kb worker`` restart it after a backoff."""

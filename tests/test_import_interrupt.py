@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from support.commands import git, run_cli
+from support.commands import git, halted_cli, run_cli
 from support.named_queries import queries
 
 from kb.db import database
@@ -90,11 +88,6 @@ def test_fsck_removes_a_stale_temporary_pack(kb, kb_env, tmp_path):
     assert not pack.exists()
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def test_ctrl_c_as_the_ref_is_renamed_leaves_a_git_commands_ref_lock_alone(kb, kb_env, settings, tmp_path):
     """design §2.1: Ctrl-C arriving just after an import's ref update renamed its lock file over
     the branch ref (the ``ref_renamed`` point, the process stopped there) finds the lock free
@@ -103,28 +96,13 @@ def test_ctrl_c_as_the_ref_is_renamed_leaves_a_git_commands_ref_lock_alone(kb, k
     beside the git command and one of the two ref updates was lost. Now it leaves a lock file it
     did not make as it is."""
     kb.create_workspace(1)
-    importer = subprocess.Popen(
-        [sys.executable, "-m", "kb.adapters.cli", "import", str(_source(tmp_path)), "--workspace", "1"],
-        env={**kb_env, "KB_FAULT_POINT": "ref_renamed", "KB_FAULT_SIGNAL": "STOP"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while importer.poll() is None and not _stopped(importer.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert importer.poll() is None and _stopped(importer.pid), importer.communicate()
+    with halted_cli(kb_env, "ref_renamed", "import", str(_source(tmp_path)), "--workspace", "1") as importer:
         repo = settings.knowledge_store / "1"
         ref_lock = repo / ".git" / "refs" / "heads" / "main.lock"
         ref_lock.write_bytes(b"held by a git command\n")  # the git command's lock, taken in the gap
         importer.send_signal(signal.SIGINT)  # Ctrl-C, handled once the process runs again
         importer.send_signal(signal.SIGCONT)
         _, stderr = importer.communicate(timeout=300)
-    finally:
-        if importer.poll() is None:
-            importer.kill()
-            importer.wait()
     assert importer.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert ref_lock.read_bytes() == b"held by a git command\n"  # the git command's, left to it

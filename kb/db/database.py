@@ -20,24 +20,30 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import logging
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
+from kb.db import application_name
 from kb.db.embedded_server import (  # noqa: F401  (re-exported: callers start servers through here)
     EMBEDDED_DATABASE,
     embedded_bin_dir,
     forget_verified,
     parse_listen,
+    postmaster_alive,
     running_server,
     start_embedded,
     stop_embedded,
+    stopped_on_purpose,
 )
 from kb.db.sql import queries
 from kb.errors import (
@@ -54,6 +60,8 @@ from kb.settings import Settings
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
+
+log = logging.getLogger(__name__)
 
 Connection: TypeAlias = "psycopg.Connection[DictRow]"
 """Every connection kb opens (``connect``, the pools) returns rows as dicts (``dict_row``)."""
@@ -136,7 +144,7 @@ def resolve_database_url(settings: Settings, *, create: bool = True) -> str:
         if settings.direct_database_url:
             declare_pooler(settings.direct_database_url, "none")
     else:
-        url = start_embedded(settings.storage_root / "postgres", listen=parse_listen(settings.embedded_listen))
+        url = _start_embedded(settings.storage_root / "postgres", parse_listen(settings.embedded_listen))
     if settings.pool_timeout is not None:
         for declared in filter(None, (url, settings.direct_database_url)):
             declare_pool_timeout(declared, settings.pool_timeout)
@@ -149,7 +157,82 @@ def recheck_embedded(settings: Settings) -> str:
     Raises DatabaseUnavailable when the server cannot start."""
     pgdata = settings.storage_root / "postgres"
     forget_verified(pgdata)
-    return start_embedded(pgdata, listen=parse_listen(settings.embedded_listen))
+    return _start_embedded(pgdata, parse_listen(settings.embedded_listen))
+
+
+_embedded: dict[str, tuple[Path, tuple[str, int] | None]] = {}
+"""The URLs of embedded servers this process started or found running, with their data directory
+and TCP address (``_start_embedded``): the ones ``_ensure_embedded`` watches."""
+_embedded_lock = threading.Lock()
+_start_failed: dict[Path, tuple[float, DatabaseUnavailable]] = {}
+RESTART_BACKOFF = 10.0
+"""Seconds a process waits after a failed restart of its embedded server before it tries again;
+meanwhile callers get that failure at once instead of another start attempt each."""
+
+
+def _start_embedded(pgdata: Path, listen: tuple[str, int] | None) -> str:
+    """``start_embedded`` for this process (design §13). The first start in a process is a
+    command's own (``kb serve``, ``kb status``…) and starts even a server ``kb db-stop`` stopped;
+    a later one (a new thread's KnowledgeBase in ``kb serve``, the supervised worker's restart)
+    does not: it raises DatabaseUnavailable saying so (``_refuse_when_stopped``)."""
+    pgdata = Path(pgdata).expanduser().resolve()
+    if any(known == pgdata for known, _ in _embedded.values()) and not postmaster_alive(pgdata):
+        _refuse_when_stopped(pgdata)
+    url = start_embedded(pgdata, listen=listen)
+    with _embedded_lock:
+        _embedded[url] = (pgdata, listen)
+    return url
+
+
+def _refuse_when_stopped(pgdata: Path) -> None:
+    """Raise DatabaseUnavailable when the embedded server in ``pgdata`` was stopped on purpose
+    (``kb db-stop``) and not started since; return otherwise."""
+    at = stopped_on_purpose(pgdata)
+    if at is not None:
+        raise DatabaseUnavailable(
+            f"the embedded Postgres under {pgdata.parent} is not running: `kb db-stop` stopped it "
+            f"({at}). `kb db-start` (or any kb command) starts it again"
+        )
+
+
+def _ensure_embedded(url: str) -> None:
+    """Before a connection to an embedded server this process started (``_embedded``): when its
+    postmaster is gone, raise DatabaseUnavailable at once if ``kb db-stop`` stopped it, else (it
+    was killed or crashed) start it again — a long-running ``kb serve`` or ``kb worker`` heals
+    itself, as any kb command would have started it. Without this, each pooled connection waited
+    ``KB_POOL_TIMEOUT`` (30 s) for a server nobody would start, and was told to check
+    KB_DATABASE_URL (design §13). Costs a read of ``postmaster.pid`` and a signal-0 when up."""
+    entry = _embedded.get(url)
+    if entry is None or postmaster_alive(entry[0]):
+        return
+    pgdata, listen = entry
+    _refuse_when_stopped(pgdata)
+    with _embedded_lock:
+        if postmaster_alive(pgdata):  # another thread started it meanwhile
+            return
+        failed = _start_failed.get(pgdata)
+        if failed is not None and time.monotonic() - failed[0] < RESTART_BACKOFF:
+            raise failed[1]
+        try:
+            start_embedded(pgdata, listen=listen)
+        except DatabaseUnavailable as exc:
+            _start_failed[pgdata] = (time.monotonic(), exc)
+            raise
+        _start_failed.pop(pgdata, None)
+    log.warning("the embedded Postgres under %s had stopped (not by kb db-stop): started it again", pgdata.parent)
+
+
+def connected_clients(pgdata: Path) -> list[tuple[str, int]] | None:
+    """Who else is connected to the embedded server in ``pgdata``: ``(application_name,
+    connections)`` per client, kb's processes as ``kb <command> pid N`` (``kb.db.application_name``),
+    replication senders (Zero) too; None when no server runs there. Raises DatabaseUnavailable when
+    it runs but does not answer."""
+    server = running_server(Path(pgdata).expanduser().resolve())
+    if server is None:
+        return None
+    with connect(server.url("postgres"), autocommit=True) as conn:
+        rows = conn.execute(queries["connected_clients"]).fetchall()
+    return [(row["client"], row["connections"]) for row in rows]
 
 
 def session_database_url(settings: Settings, database_url: str) -> str:
@@ -198,12 +281,36 @@ async def configure_async_connection(conn: psycopg.AsyncConnection) -> None:
 
 def connection_kwargs(url: str) -> dict[str, Any]:
     """Extra psycopg connect arguments for ``url``: no server-side prepared statements behind a
-    transaction-mode pooler (they would live on a server connection other clients get)."""
-    return {"prepare_threshold": None} if is_transaction_pooled(url) else {}
+    transaction-mode pooler (they would live on a server connection other clients get), and this
+    process's ``application_name`` (``kb.db.application_name``, e.g. ``kb serve pid 4242``: what
+    ``kb db-stop`` names, design §13) unless the URL or ``PGAPPNAME`` gives one."""
+    kwargs: dict[str, Any] = {"prepare_threshold": None} if is_transaction_pooled(url) else {}
+    if not _names_application(url):
+        kwargs["application_name"] = application_name()
+    return kwargs
+
+
+@functools.lru_cache(maxsize=64)
+def _names_application(url: str) -> bool:
+    """Whether connections to ``url`` already get an ``application_name`` (the URL's own, or
+    ``PGAPPNAME``): a DBA's choice stands. A URL that does not parse: True (connect reports it)."""
+    if os.environ.get("PGAPPNAME"):
+        return True
+    try:
+        return "application_name" in psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return True
 
 
 def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    embedded = _embedded.get(url)
+    if embedded is not None:  # kb's own server: KB_DATABASE_URL is not set, nothing to check there
+        pgdata = embedded[0]
+        return DatabaseUnavailable(
+            f"cannot connect to the embedded Postgres under {pgdata.parent}: {reason}. "
+            f"Its log is {pgdata / 'log'}; `kb db-start` starts it if it is not running"
+        )
     return DatabaseUnavailable(
         f"cannot connect to Postgres at {redact(url)}: {reason}. "
         "Check KB_DATABASE_URL, or unset it to use the embedded server."
@@ -400,6 +507,7 @@ def connect(url: str, *, autocommit: bool = False) -> Connection:
     parked = _take_parked(url, autocommit)
     if parked is not None:
         return parked
+    _ensure_embedded(url)
     try:
         conn = KbConnection.connect(url, autocommit=autocommit, row_factory=dict_row, **connection_kwargs(url))
     except psycopg.OperationalError as exc:
@@ -524,6 +632,7 @@ def pooled_connection(url: str, *, autocommit: bool = False) -> Iterator[Connect
     from psycopg_pool import PoolClosed, PoolTimeout
 
     broken = False
+    _ensure_embedded(url)
     connections = pool(url, autocommit=autocommit)
     try:
         with connections.connection() as conn:

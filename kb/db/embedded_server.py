@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 import urllib.parse
 import warnings
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ conflicts with another server: the socket lives in the server's private director
 START_TIMEOUT = 60
 VERIFIED_MARKER = "kb_verified.json"
 """File in the data directory recording the running server kb last fully checked (design §13)."""
+STOPPED_MARKER = "kb_stopped.json"
+"""File in the data directory saying the server was stopped on purpose (``stop_embedded``, ``kb
+db-stop``) and when; the next start removes it. A long-running process does not start such a
+server again by itself (``kb.db.database``, design §13); one that went away without it (killed,
+crashed) it does."""
 
 SHARED_BUFFERS_SHARE = 8
 """A new embedded server's shared_buffers is 1/8 of the memory the machine (or its cgroup)
@@ -204,6 +210,8 @@ def start_embedded(pgdata: Path, database: str = EMBEDDED_DATABASE, listen: tupl
                 with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                     conn.execute(sql.SQL(queries["create_database"]).format(database=sql.Identifier(database)))
         _record_verified(pgdata, database, listen)
+        with contextlib.suppress(OSError):
+            (pgdata / STOPPED_MARKER).unlink()  # running again: no longer stopped on purpose
         return server.url(database)
     except (OSError, psycopg.Error, Exception) as exc:  # the wheel raises bare subprocess errors
         if isinstance(exc, DatabaseUnavailable):
@@ -324,11 +332,52 @@ def _repair_handle_list(ep, pgdata: Path) -> None:
 
 
 def stop_embedded(pgdata: Path) -> bool:
-    """Stop the embedded server in ``pgdata``; returns False when none was running."""
+    """Stop the embedded server in ``pgdata`` (Postgres' fast shutdown: connected sessions are
+    ended) and record that it was stopped on purpose (``STOPPED_MARKER``); returns False when none
+    was running."""
     ep = _embedded_module()
     pgdata = Path(pgdata).expanduser().resolve()
     if running_server(pgdata) is None:
         return False
     _repair_handle_list(ep, pgdata)
+    marker = pgdata / STOPPED_MARKER
+    with contextlib.suppress(OSError):  # best effort: without it a serving process restarts the server
+        marker.write_text(json.dumps({"at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "pid": os.getpid()}))
     _pg_stop(ep, pgdata, _system_user(ep, pgdata))
     return True
+
+
+_postmaster_pids: dict[Path, tuple[int, int, int]] = {}
+"""``postmaster.pid`` path → (inode, mtime, pid) last read there (``postmaster_alive``)."""
+
+
+def postmaster_alive(pgdata: Path) -> bool:
+    """Whether a postmaster runs in ``pgdata`` (starting, ready or stopping), by its
+    ``postmaster.pid`` and the OS, with no connection and no import of the wheel: a stat and a
+    signal 0 while the file is the one last read, which every connection of a long-running process
+    pays (``kb.db.database``). A server stopped cleanly has removed the file; a killed one left
+    it, with a dead pid."""
+    path = Path(pgdata) / "postmaster.pid"
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return False
+    known = _postmaster_pids.get(path)
+    if known is None or known[:2] != (stat.st_ino, stat.st_mtime_ns):
+        fields = _postmaster_fields(Path(pgdata))
+        try:
+            known = (stat.st_ino, stat.st_mtime_ns, int(fields[0]) if fields else 0)
+        except ValueError:
+            return False
+        _postmaster_pids[path] = known
+    return known[2] > 0 and _alive(known[2])
+
+
+def stopped_on_purpose(pgdata: Path) -> str | None:
+    """When the server in ``pgdata`` was stopped by ``stop_embedded`` (``kb db-stop``) and not
+    started since, the time it was (``"2025-01-31 12:00:00 UTC"``); otherwise None."""
+    try:
+        marker = json.loads((Path(pgdata) / STOPPED_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return str(marker.get("at", "an unknown time")) if isinstance(marker, dict) else "an unknown time"

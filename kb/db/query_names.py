@@ -30,6 +30,7 @@ QueryName = Literal[
     "close_move_window",
     "commit_transaction",
     "configure_session",
+    "connected_clients",
     "copy_adopt_staging",
     "covering_job",
     "create_adopt_staging",

@@ -168,10 +168,16 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
     def __init__(self, url: str, timeout: float) -> None:
         self._kb_url = url
         # ``timeout``: how long a job's statement waits for a pooled connection (KB_POOL_TIMEOUT)
+        # kwargs: kb's connection arguments (application_name; no prepared statements behind a pooler)
         if database.is_transaction_pooled(url):
             super().__init__(conninfo=url, kwargs=database.connection_kwargs(url), timeout=timeout)
         else:
-            super().__init__(conninfo=url, configure=database.configure_async_connection, timeout=timeout)
+            super().__init__(
+                conninfo=url,
+                kwargs=database.connection_kwargs(url),
+                configure=database.configure_async_connection,
+                timeout=timeout,
+            )
 
     def get_sync_connector(self) -> procrastinate.connector.BaseConnector:
         if (
@@ -180,7 +186,9 @@ class _ConfiguredConnector(procrastinate.PsycopgConnector):
             and not database.is_transaction_pooled(self._kb_url)
         ):
             self._sync_connector = procrastinate.SyncPsycopgConnector(
-                conninfo=self._kb_url, configure=database.configure_connection
+                conninfo=self._kb_url,
+                kwargs=database.connection_kwargs(self._kb_url),
+                configure=database.configure_connection,
             )
         return super().get_sync_connector()
 

@@ -24,3 +24,11 @@ SELECT default_version FROM pg_available_extensions WHERE name = 'vector';
 -- name: database_answers
 -- The readiness probe of kb serve (/ready): the database answers a statement.
 SELECT 1 AS answers;
+
+-- name: connected_clients
+-- Who else is connected to the server (kb db-stop, design §13): client sessions and replication
+-- senders (Zero), by application_name (kb's processes name themselves "kb <command> pid N").
+SELECT coalesce(nullif(application_name, ''), 'unnamed client') AS client, count(*) AS connections
+FROM pg_stat_activity
+WHERE backend_type IN ('client backend', 'walsender') AND pid <> pg_backend_pid()
+GROUP BY 1 ORDER BY 1;

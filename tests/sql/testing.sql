@@ -857,3 +857,7 @@ SELECT j.id, j.status::text AS status, j.worker_id,
        extract(epoch FROM now() - w.last_heartbeat)::float8 AS heartbeat_age
 FROM procrastinate_jobs AS j LEFT JOIN procrastinate_workers AS w ON w.id = j.worker_id
 WHERE j.id = %(job_id)s;
+
+-- name: test_terminate_application
+-- End every session of one kb process, named by its application_name ("kb import pid N").
+SELECT count(pg_terminate_backend(pid)) AS terminated FROM pg_stat_activity WHERE application_name = %(name)s;

@@ -1,4 +1,4 @@
-"""``kb init``, ``kb db-url``, ``kb psql``, ``kb db-stop``: kb's database itself (design §12, §13)."""
+"""``kb init``, ``kb db-url``, ``kb psql``, ``kb db-stop``, ``kb db-start``: kb's database itself (design §12, §13)."""
 
 from __future__ import annotations
 
@@ -92,19 +92,66 @@ def psql(args: tuple[str, ...]) -> None:
 
 
 @click.command("db-stop")
-def db_stop() -> None:
+@click.option(
+    "--force", is_flag=True, help="Stop it even while other processes are connected (they lose their connections)."
+)
+def db_stop(force: bool) -> None:
     """Stop the embedded Postgres server (no-op with KB_DATABASE_URL).
+
+    Refused while other processes are connected (kb serve, kb worker, psql…), naming them: they
+    would lose their connections. A kb serve or kb worker then running does not start it again by
+    itself; `kb db-start`, or any other kb command, does.
 
     Example: kb db-stop
     """
-    from kb.db.database import stop_embedded
+    from kb.db.database import connected_clients, stop_embedded
+    from kb.errors import DatabaseInUse
 
     settings = session.settings()
     if settings.database_url:
         click.echo("KB_DATABASE_URL is set; kb does not manage that server")
         return
-    stopped = stop_embedded(settings.storage_root / "postgres")
-    click.echo("embedded Postgres stopped" if stopped else "embedded Postgres was not running")
+    pgdata = settings.storage_root / "postgres"
+    clients = connected_clients(pgdata)
+    if clients is None:
+        click.echo("embedded Postgres was not running")
+        return
+    if clients and not force:
+        raise DatabaseInUse(
+            f"the embedded Postgres under {settings.storage_root} is in use: {_describe(clients)}. Stop "
+            "those first, or pass --force to stop it anyway (they lose their connections)"
+        )
+    stopped = stop_embedded(pgdata)
+    if not stopped:
+        click.echo("embedded Postgres was not running")
+    elif clients:
+        click.echo(f"embedded Postgres stopped; cut off {_describe(clients)}")
+    else:
+        click.echo("embedded Postgres stopped")
 
 
-COMMANDS = [init, db_url, psql, db_stop]
+def _describe(clients: list[tuple[str, int]]) -> str:
+    """``kb serve pid 4242 (3 connections), psql (1 connection)``."""
+    return ", ".join(f"{name} ({count} connection{'s' if count != 1 else ''})" for name, count in clients)
+
+
+@click.command("db-start")
+def db_start() -> None:
+    """Start the embedded Postgres server, e.g. after kb db-stop (no-op with KB_DATABASE_URL).
+
+    Any other kb command starts it too; this one does nothing else.
+
+    Example: kb db-start
+    """
+    from kb.db.database import require_knowledge_base, resolve_database_url
+
+    settings = session.settings()
+    if settings.database_url:
+        click.echo("KB_DATABASE_URL is set; kb does not manage that server")
+        return
+    require_knowledge_base(settings)  # starts no server in a storage root that holds none (design §2.1)
+    resolve_database_url(settings)
+    click.echo(f"embedded Postgres running under {settings.storage_root}")
+
+
+COMMANDS = [init, db_url, psql, db_stop, db_start]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import logging
 import os
 import sys
 
@@ -18,10 +19,11 @@ import click
 
 from kb.adapters.cli import session
 from kb.adapters.cli.terminal import shown
+from kb.db import name_process
 from kb.errors import KbError
 
 COMMAND_MODULES = {
-    "database": ("init", "db-url", "psql", "db-stop"),
+    "database": ("init", "db-url", "psql", "db-stop", "db-start"),
     "documents": ("import", "read", "ls", "new", "mv", "rm", "edit"),
     "history": ("log", "blame", "revert", "restore", "write-outcome"),
     "search": ("search",),
@@ -151,6 +153,12 @@ def main(ctx: click.Context) -> None:
     Example: kb import ~/notes --workspace 1 && kb worker --until-idle && kb search "refunds" -w 1
     """
     session.pause_gc_while_loading(ctx.invoked_subcommand)
+    name_process(f"kb {ctx.invoked_subcommand}")  # who is connected, for kb db-stop (design §13)
+    # psycopg's and psycopg_pool's warnings about connections they discard (a Ctrl-C in
+    # mid-statement, a session ended under the command) are their bookkeeping, not the command's
+    # outcome, which kb reports itself: with no handler of their own Python printed them on stderr.
+    # A server (kb serve, kb mcp), which configures logging, still logs them.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 
 if __name__ == "__main__":

@@ -786,9 +786,10 @@ def create_app(
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/ready", tags=["operations"])
-    def ready() -> dict:
-        """Readiness: the embedder is loaded and the database answers (503 otherwise). ``worker``:
+    @app.get("/ready", tags=["operations"], response_model=None)
+    def ready() -> dict | SafeJSONResponse:
+        """Readiness: the embedder is loaded and the database answers (503 otherwise, with kb's
+        error form: ``DatabaseUnavailable`` when the database does not answer). ``worker``:
         false without ``--with-worker``, else the in-process worker's state (``"starting"``,
         ``"running"``, ``"restarting"`` after a failure, design §7) with ``worker_error`` (type,
         message without deployment facts, when) and ``worker_restarts`` once it failed."""
@@ -797,7 +798,9 @@ def create_app(
         try:
             service.check_database()
         except errors.KbError as exc:  # anybody may ask: where the database is stays untold (design §16)
-            raise HTTPException(503, access.shown(str(exc), None)) from exc
+            message = access.shown(str(exc), None)
+            body = {"error": type(exc).__name__, "message": message, "cli_message": message}
+            return SafeJSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         supervisor = getattr(app.state, "worker", None)
         if supervisor is None:
             return {"status": "ready", "worker": False}
