@@ -37,6 +37,7 @@ __all__ = [
     "name_key",
     "safe_filename",
     "safe_folder_segment",
+    "suffixed_from",
     "unique_identifier_hash",
     "unique_name",
 ]
@@ -209,6 +210,23 @@ class NameRegistry:
         chosen = self.free(name)
         self._keys.add(name_key(chosen))
         return chosen
+
+
+_SUFFIXED = re.compile(r"(?P<stem>.*) \((?P<n>[1-9][0-9]*)\)$")
+
+
+def suffixed_from(name: str) -> str | None:
+    """The collision key of the name ``name`` is a collision variant of: ``Notes (3).md`` →
+    ``name_key("Notes.md")``, ``Plans (2)`` → ``name_key("Plans")``; None when ``name`` carries no
+    `` (n)`` suffix with n ≥ 2 (design §2.2). A stem :class:`NameRegistry` shortened to fit 255
+    bytes is not traced back."""
+    if ")" not in name:
+        return None
+    stem, ext = _split_ext(name)
+    found = _SUFFIXED.fullmatch(stem)
+    if found is None or int(found["n"]) < 2:
+        return None
+    return name_key(found["stem"] + ext)
 
 
 def unique_name(name: str, taken: Iterable[str] | NameRegistry) -> str:

@@ -23,6 +23,7 @@ from kb.paths import (
     name_key,
     safe_filename,
     safe_folder_segment,
+    suffixed_from,
     unique_identifier_hash,
     unique_name,
 )
@@ -521,3 +522,11 @@ def test_a_new_name_windows_forbids_is_refused_as_a_device_name_is(name):
         check_new_segment(name, "/documents/" + name)
     suggested = refused.value.reason.rsplit("(for example ", 1)[1].strip("')")
     check_new_segment(suggested, suggested)  # the name it suggests is one it takes
+
+
+def test_suffixed_from_names_the_name_a_collision_suffix_came_from():
+    assert suffixed_from("Notes (3).md") == name_key("notes.md")
+    assert suffixed_from("Plans (2)") == name_key("Plans")
+    assert suffixed_from("a_b (2).MD") == name_key("a_b.md")
+    for plain in ("Notes.md", "Notes (1).md", "Notes (02).md", "Notes(2).md", "(2).md"):
+        assert suffixed_from(plain) is None, plain

@@ -2,7 +2,8 @@
 
 Every ``*.md`` under the folder (recursively) becomes ``documents/[PREFIX/]<relative path>`` with
 each segment passed through the path law; folder and file names that collide case- or
-NFC-insensitively get `` (2)``, `` (3)`` … in sorted source order, so the result is deterministic.
+NFC-insensitively get `` (2)``, `` (3)`` …, and each keeps the name an earlier import gave it
+(``kb.store.import_names``: design §3, identity).
 Hidden files and folders (``.obsidian/``, ``.trash/``) are skipped, and so are other files; the
 report names each skipped entry with the reason, and each imported document the index will not
 take (``kb.store.indexable``: not UTF-8, NUL bytes, too large), which is stored all the same.
@@ -22,10 +23,11 @@ from pathlib import Path
 
 from kb.db import database
 from kb.errors import ImportSourceError, InvalidInput, InvalidPath, KbError, PathExists
-from kb.paths import NameRegistry, blob_id, check_path_length, name_key, safe_filename, safe_folder_segment
+from kb.paths import blob_id, check_path_length, name_key, safe_folder_segment
 from kb.store import artifact_rows
 from kb.store.draft import BlobRef, Draft
 from kb.store.history import Revision
+from kb.store.import_names import Content, plan_paths
 from kb.store.indexable import unindexable_reason
 from kb.store.knowledge_store import KnowledgeStore, stated_message
 
@@ -193,28 +195,6 @@ def _unreadable(source: Path, exc: OSError) -> KbError:
     )
 
 
-def plan_paths(relative: list[tuple[str, ...]], prefix: tuple[str, ...]) -> dict[tuple[str, ...], str]:
-    """Map each source relative path to its repo path ``documents/...`` under the path law.
-
-    Folder and file names share one namespace per folder; collisions are resolved in order.
-    """
-    registries: dict[tuple[str, ...], NameRegistry] = {}
-    folders: dict[tuple[str, ...], tuple[str, ...]] = {(): prefix}
-    planned: dict[tuple[str, ...], str] = {}
-    for parts in relative:
-        for depth in range(1, len(parts)):
-            source_folder = parts[:depth]
-            if source_folder not in folders:
-                parent = folders[source_folder[:-1]]
-                safe = safe_folder_segment(parts[depth - 1])
-                folders[source_folder] = (*parent, registries.setdefault(parent, NameRegistry()).claim(safe))
-        parent = folders[parts[:-1]]
-        name = safe_filename(parts[-1])
-        final = registries.setdefault(parent, NameRegistry()).claim(name)
-        planned[parts] = "/".join(("documents", *parent, final))
-    return planned
-
-
 def import_prefix(prefix: str | None) -> tuple[str, ...]:
     """Folder segments under ``documents/`` for ``--prefix``: ``Notes/2026``, ``/Notes`` and
     ``/documents/Notes`` all name ``documents/Notes...``; each segment passes through the path
@@ -239,7 +219,7 @@ def _prefix_segments(prefix: str | None) -> list[str]:
 
 
 def _renames(
-    source: Path, planned: dict[tuple[str, ...], str], existing: dict[str, str], pruned: list[str]
+    content: Content, planned: dict[tuple[str, ...], str], existing: dict[str, str], pruned: list[str]
 ) -> dict[str, str]:
     """``{new virtual path: pruned virtual path}`` for the documents ``--prune`` would remove whose
     exact bytes the folder holds at a path the workspace lacks: a file renamed (or moved) in the
@@ -256,11 +236,7 @@ def _renames(
         virtual = "/" + repo_path
         if virtual in existing:
             continue
-        try:
-            content = blob_id(source.joinpath(*parts).read_bytes())
-        except OSError as exc:
-            raise _unreadable(source, exc) from None
-        candidates = by_content.get(content)
+        candidates = by_content.get(content(parts))
         if candidates:
             moves[virtual] = candidates.pop(0)
     return moves
@@ -303,10 +279,12 @@ def import_folder(
         relative, skipped = scan(source, progress)
     except OSError as exc:
         raise _unreadable(source, exc) from None
-    planned = plan_paths(relative, prefix_parts)
+    created = not store.exists()
+    existing = store.list_paths() if not created and store.head() else {}
+    content = _hashes(source)
+    planned = plan_paths(relative, prefix_parts, existing, content)  # names kept import after import
     for repo_path in planned.values():  # the whole import is refused before anything is created
         check_path_length(repo_path, "/" + repo_path)
-    created = not store.exists()
     if created and not dry_run:
         store.create()
     hidden = sum(1 for entry in skipped if entry.hidden)
@@ -315,7 +293,6 @@ def import_folder(
         store.workspace_id, created, None, len(relative), len(skipped) - hidden, hidden, skipped=skipped, folder=root
     )
     report.folder_renamed = tuple(_prefix_segments(prefix)) != prefix_parts
-    existing = store.list_paths() if not created and store.head() else {}
     text = stated_message(message) or f"import {len(relative)} documents from {source.name}"
     followed = _followed_moves(store, planned, existing)
     report.followed = followed
@@ -333,7 +310,7 @@ def import_folder(
             with database.transaction(store.database_url) as conn:
                 report.kept_artifacts = artifact_rows.artifacts_at(conn, store.workspace_id, pruned)
             pruned = [virtual for virtual in pruned if virtual not in report.kept_artifacts]
-    moves = _renames(source, {parts: p for parts, p in planned.items() if "/" + p not in followed}, existing, pruned)
+    moves = _renames(content, {parts: p for parts, p in planned.items() if "/" + p not in followed}, existing, pruned)
     if dry_run:
         return _preview(store, report, source, planned, existing, pruned, moves, prefix_parts, prune)
     with store.transaction(text, author, idempotency_key=idempotency_key) as draft:
@@ -351,6 +328,22 @@ def import_folder(
                 report.removed += 1
     report.unchanged = len(relative) - report.added - report.modified - report.moved
     return report
+
+
+def _hashes(source: Path) -> Content:
+    """``content(parts)``: the blob id of the file ``parts`` under ``source``, read once. Raises
+    ImportSourceError when it cannot be read."""
+    known: dict[tuple[str, ...], str] = {}
+
+    def content(parts: tuple[str, ...]) -> str:
+        if parts not in known:
+            try:
+                known[parts] = blob_id(source.joinpath(*parts).read_bytes())
+            except OSError as exc:
+                raise _unreadable(source, exc) from None
+        return known[parts]
+
+    return content
 
 
 def _followed_moves(
