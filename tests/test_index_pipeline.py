@@ -6,7 +6,6 @@ committed, outlives no write, and the next run converges."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from support.embedders import CountingEmbedder, StoppingEmbedder, WorkerStopped
@@ -14,7 +13,7 @@ from support.generated_documents import generated_corpus, named_rows, write_all
 from support.named_queries import queries
 
 from kb.db import database
-from kb.index.indexer import DOCUMENT_BATCH, WRITES_IN_FLIGHT, Indexer, sha256_text
+from kb.index.indexer import DOCUMENT_BATCH, Indexer, sha256_text
 
 
 def _documents(kb, ws: int = 1) -> list[dict]:
@@ -223,8 +222,8 @@ def test_a_batch_stamps_its_documents_in_one_statement_as_one_by_one(kb):
 
 
 def test_a_batchs_chunk_rows_are_read_by_the_writer_while_the_run_cuts_it(kb, monkeypatch):
-    """Each batch's chunk rows are read on the writer thread, queued two batches ahead, not on the
-    thread that cuts and embeds; every batch still gets its own documents' rows,
+    """Each batch's chunk rows are read on the writer thread, queued ahead of the previous batch's
+    write, not on the thread that cuts and embeds; every batch still gets its own documents' rows,
     so a reindex of an indexed workspace reuses every row, batch after batch."""
     docs = generated_corpus(2 * DOCUMENT_BATCH + 5)
     write_all(kb, 1, docs)
@@ -294,60 +293,3 @@ def test_a_run_stops_when_its_workspace_is_deleted_under_it(kb, settings):
         indexer.converge(1)
     assert deleted and not _writer_threads()
     assert max(seen) <= 3 * DOCUMENT_BATCH, f"the run went on through the deleted workspace: {seen}"
-
-
-def test_a_run_embeds_the_next_batches_while_a_slow_write_goes_on(kb, monkeypatch):
-    """Up to WRITES_IN_FLIGHT batches are in the writer's hands (design §7): while the first batch's
-    write is slow, the run cuts and embeds the third before it waits for that write, and the index
-    is the one an unhurried run writes."""
-    docs = generated_corpus(4 * DOCUMENT_BATCH)
-    write_all(kb, 1, docs)
-    events: list[tuple[str, int]] = []
-    stage, write = Indexer._stage_batch, Indexer._write_and_checkpoint
-
-    def staged(self, *args, **kwargs):
-        events.append(("staged", sum(1 for e in events if e[0] == "staged")))
-        return stage(self, *args, **kwargs)
-
-    def written(self, *args, **kwargs):
-        number = sum(1 for e in events if e[0] == "written")
-        if number == 0:
-            time.sleep(1.0)
-        counts = write(self, *args, **kwargs)
-        events.append(("written", number))
-        return counts
-
-    monkeypatch.setattr(Indexer, "_stage_batch", staged)
-    monkeypatch.setattr(Indexer, "_write_and_checkpoint", written)
-    report = kb.index(1)
-    assert report.documents_indexed == len(docs) and WRITES_IN_FLIGHT == 2
-    assert events.index(("staged", 2)) < events.index(("written", 0))
-    assert [n for kind, n in events if kind == "written"] == [0, 1, 2, 3]
-    assert not _writer_threads()
-
-
-def test_a_text_the_previous_batch_embedded_is_not_embedded_again_while_its_cache_write_waits(kb, monkeypatch):
-    """A batch looks its texts up in the cache while the writer may not yet have cached the
-    previous batch's vectors (design §7): a text that batch embedded is taken from it, not embedded
-    a second time, and counts as cached."""
-    twin_text = "the very same paragraph, word for word, in two documents of two batches\n"
-    docs = dict(generated_corpus(2 * DOCUMENT_BATCH - 2))
-    twins = ["/documents/A/Twin.md", "/documents/Z/Twin.md"]  # one title and text, first and last
-    write_all(kb, 1, {twins[0]: twin_text, **docs, twins[1]: twin_text})
-    kb.project(1)
-    positions = [i for i, row in enumerate(_documents(kb)) if row["path"] in twins]
-    assert [p // DOCUMENT_BATCH for p in positions] == [0, 1]  # one in each batch
-    cache = Indexer._cache
-
-    def slow_cache(conn, model, dim, fresh):
-        time.sleep(0.5)  # the writer caches the first batch's vectors after the second looks them up
-        cache(conn, model, dim, fresh)
-
-    monkeypatch.setattr(Indexer, "_cache", staticmethod(slow_cache))
-    embedder = kb.use_embedder(CountingEmbedder())
-    report = kb.index(1)
-    assert report.documents_indexed == len(docs) + 2
-    assert len(embedder.texts) == len(set(embedder.texts)) == report.embeddings_computed
-    assert report.embeddings_cached >= 1
-    twin_chunks = [r for r in named_rows(kb, "test_chunk_set", workspace_id=1) if r["path"] in twins]
-    assert len({r["path"] for r in twin_chunks}) == 2

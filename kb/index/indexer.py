@@ -18,8 +18,7 @@ batch (``Indexer._write_batch``: a few round trips and one commit per batch). Th
 pipeline (``Indexer._run_documents``): a writer thread writes each batch, and checkpoints it, on a
 connection of its own while the run's thread cuts and embeds the next, so Postgres' work on one
 batch overlaps the chunker's and the embedder's on the next and a fast embedder, not Postgres,
-sets the pace; up to ``WRITES_IN_FLIGHT`` batches wait for the writer before the run waits for
-it. A big run also cuts its documents in a cutter process of its own, up to three batches
+sets the pace. A big run also cuts its documents in a cutter process of its own, a batch or two
 ahead (``_Cuts``, kb.index.cutting), which leaves this interpreter the embedding and the rows. A run's commits do not wait for the WAL flush except its last, which makes them
 all durable (``index_session``: a Postgres crash can only lose whole, latest batches, which then
 lag and are indexed again). When that transaction fails, the batch is written again document
@@ -95,9 +94,6 @@ DOCUMENT_BATCH = 64
 CUTTER_RUN_DOCUMENTS = 32 * DOCUMENT_BATCH
 """With ``KB_INDEX_CUTTER=auto``, a run of at least this many documents cuts them in a cutter
 process of its own (``Indexer._cutter_for``, kb.index.cutting)."""
-WRITES_IN_FLIGHT = 2
-"""Batches an index run hands its writer thread before it waits for the oldest one's write
-(``Indexer._run_documents``)."""
 BULK_RUN_DOCUMENTS = 2 * DOCUMENT_BATCH
 """A run that indexes at least this many lagging documents, and at least half of its workspace's,
 counts the workspace's term statistics once at its end instead of once per batch
@@ -273,7 +269,7 @@ class _Cuts:
     died, or never started) is cut here again from the bytes handed over, and so is every later one,
     so a dead cutter costs time, never a document (design §7)."""
 
-    AHEAD = 3
+    AHEAD = 2
     START_SECONDS = 60.0
     """How long a run whose process has no chunker built waits for its child to start before it
     cuts in its own process after all."""
@@ -389,10 +385,6 @@ class Indexer:
         self._cache_writes: list[Future[None]] | None = None
         """While a run writes through its writer thread (``_run_documents``): the embedding-cache
         writes handed to it, which the run waits for with the batch they belong to."""
-        self._carried: dict[str, VectorBytes] = {}
-        """While a run writes through its writer thread: the vectors the previous batch embedded,
-        whose cache write the writer may not have made yet when this batch looks its texts up
-        (``_embed``)."""
 
     # -- the two runs ------------------------------------------------------------------------
     def converge(self, workspace_id: int) -> IndexReport:
@@ -556,9 +548,9 @@ class Indexer:
     def _run_documents(self, conn, repo, workspace_id, head, todo, report, run, *, move_cursor: bool) -> None:
         """Index ``todo`` batch by batch, recording progress (and the resume cursor) in ``run``.
 
-        Pipelined (design §7): while a writer thread writes batches on a connection of its own and
-        checkpoints each in ``run``, this thread cuts and embeds the next, waiting for the oldest
-        write only when ``WRITES_IN_FLIGHT`` are handed over, so at most three batches are in hand. A checkpoint follows its batch's commit, so a killed run resumes at or
+        Pipelined (design §7): while a writer thread writes one batch on a connection of its own
+        and then checkpoints it in ``run``, this thread cuts and embeds the next, so at most two
+        batches are in hand. A checkpoint follows its batch's commit, so a killed run resumes at or
         before the first batch not written. The writer is drained before the run goes on, whether
         the loop ends well or not, so no write outlives the run (nor its index lock)."""
         if not todo:
@@ -574,35 +566,29 @@ class Indexer:
             self._run_connection() as writer_conn,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-writer") as writer,
         ):
+            pending: tuple[list[dict], Future[IndexReport], list[Future[None]]] | None = None
             # each batch's fresh vectors are cached (one statement) by the writer thread too, ahead of
             # the batch's write (one thread: in order), so this thread never waits for Postgres
             # to store them; a stopped run still stores what was handed over (the executor
             # finishes its queue before the block ends)
-            self._writer, self._writer_conn, self._cache_writes, self._carried = writer, writer_conn, [], {}
+            self._writer, self._writer_conn, self._cache_writes = writer, writer_conn, []
             feed = _BlobFeed(repo, todo)
             batches = [todo[start : start + DOCUMENT_BATCH] for start in range(0, len(todo), DOCUMENT_BATCH)]
             cuts = stack.enter_context(_Cuts(self, batches, feed.read, self._cutter_for(len(todo))))
-            # a batch's chunk rows are read by the writer thread, queued two batches ahead (before
-            # the write of the batch before it), so they are in hand once this thread has cut the
-            # batch: no round trip waits on the thread that sets the pace (design §7); a batch's
-            # documents are no other batch's, so no write in between changes these rows
-            rows = {n: writer.submit(self._chunk_rows, writer_conn, batches[n]) for n in range(min(2, len(batches)))}
-            in_flight: collections.deque[tuple[list[dict], Future[IndexReport], list[Future[None]]]] = (
-                collections.deque()
-            )
+            # a batch's chunk rows are read by the writer thread, queued ahead of the previous
+            # batch's write, so they are in hand once this thread has cut the batch: no round trip
+            # waits on the thread that sets the pace (design §7); a batch's documents are not the
+            # previous batch's, so its write changes none of these rows
+            rows = writer.submit(self._chunk_rows, writer_conn, batches[0])
             try:
                 for number, batch in enumerate(batches):
-                    prepared, vectors = self._stage_batch(conn, cuts.next(), report, rows.pop(number))
-                    if number + 2 < len(batches):
-                        rows[number + 2] = writer.submit(self._chunk_rows, writer_conn, batches[number + 2])
-                    # up to WRITES_IN_FLIGHT batches in the writer's hands: a write that takes
-                    # longer than a batch's cut and embedding (a busy Postgres, a loaded machine)
-                    # does not stop this thread at once
-                    while len(in_flight) >= WRITES_IN_FLIGHT:
+                    prepared, vectors = self._stage_batch(conn, cuts.next(), report, rows)
+                    if number + 1 < len(batches):
+                        rows = writer.submit(self._chunk_rows, writer_conn, batches[number + 1])
+                    if pending is not None:
                         gone = report.documents_gone
-                        done = in_flight.popleft()
-                        self._collect(*done, report, move_cursor=move_cursor)
-                        if report.documents_gone - gone == len(done[0]):
+                        self._collect(*pending, report, move_cursor=move_cursor)
+                        if report.documents_gone - gone == len(pending[0]):
                             self._stop_if_deleted(conn, workspace_id)
                     cached, self._cache_writes = self._cache_writes, []
                     embedded = (report.embeddings_computed, report.embeddings_cached)
@@ -617,13 +603,12 @@ class Indexer:
                         checkpoint,
                         embedded,
                     )
-                    in_flight.append((batch, write, cached))
-                while in_flight:
-                    self._collect(*in_flight.popleft(), report, move_cursor=move_cursor)
+                    pending = (batch, write, cached)
+                if pending is not None:
+                    self._collect(*pending, report, move_cursor=move_cursor)
             finally:
                 feed.close()
                 self._writer = self._writer_conn = self._cache_writes = None
-                self._carried = {}
 
     def _cutter_for(self, documents: int) -> CutterProcess | None:
         """A cutter process for a run of ``documents`` documents (kb.index.cutting), or None to cut
@@ -845,9 +830,6 @@ class Indexer:
                 queries["cached_embeddings"], {"model": model, "dim": dim, "hashes": list(texts_by_hash)}
             ):
                 found[r["text_sha256"]] = r["embedding"]
-        # in a run, a text the previous batch embedded is as good as cached: its cache write is
-        # queued on the writer, ahead of this batch's, and may not have been made yet
-        found.update((h, self._carried[h]) for h in texts_by_hash if h not in found and h in self._carried)
         report.embeddings_cached += len(found)
         missing = [h for h in texts_by_hash if h not in found]
         report.embeddings_due += len(missing)
@@ -863,10 +845,8 @@ class Indexer:
             # in a run the writer thread caches the call's vectors, in one statement queued ahead of
             # their batch's write (one thread: in order), so this thread never waits for Postgres to
             # store them; what was paid for is handed over even when an embedder call stops the run
-            if self._cache_writes is not None:
-                self._carried = dict(fresh)
-                if fresh:
-                    self._cache_writes.append(self._writer.submit(self._cache, self._writer_conn, model, dim, fresh))
+            if fresh and self._cache_writes is not None:
+                self._cache_writes.append(self._writer.submit(self._cache, self._writer_conn, model, dim, fresh))
         return found, errors
 
     def _embed_batch(
