@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +22,7 @@ from support.waiting import wait_until
 
 from kb.db import database
 from kb.db.database import running_server, stop_embedded
-from kb.db.embedded_server import postmaster_alive
+from kb.db.embedded_server import postmaster_alive, stopped_on_purpose
 
 
 def test_psycopg_warnings_stay_off_a_commands_stderr(kb, kb_env, settings, tmp_path):
@@ -104,3 +105,35 @@ def test_db_stop_under_kb_serve(storage_root: Path, tmp_path: Path) -> None:
     finally:
         output = stop_serve(serve, log)
     assert "Traceback" not in output, output
+
+
+def test_a_killed_postmaster_awaiting_its_reaper_counts_as_gone(tmp_path: Path) -> None:
+    """A killed postmaster stays a zombie until its new parent reaps it: a container's init may do
+    that late, kb serve running as PID 1 never. Signal 0 still reaches a zombie, so kb serve took
+    the server for running: each request waited KB_POOL_TIMEOUT (30 s) for a 503 and nobody
+    started the server again."""
+    exited = subprocess.Popen(["true"])  # not waited for: a zombie once it exits
+    try:
+        wait_until(lambda: Path(f"/proc/{exited.pid}/stat").read_text().split(") ")[1][0] == "Z", 30, "a zombie")
+        (tmp_path / "postmaster.pid").write_text(
+            f"{exited.pid}\n{tmp_path}\n1700000000\n5432\n{tmp_path}\n\n  1 2\nready   \n"
+        )
+        assert not postmaster_alive(tmp_path)
+    finally:
+        exited.wait()
+
+
+@pytest.mark.postgres  # starts its own embedded Postgres
+def test_a_stop_marker_outlived_by_its_server_does_not_hold_off_a_restart(storage_root: Path) -> None:
+    """A `kb db-stop` killed after it recorded the stop but before the server stopped (or whose
+    stop failed) left kb_stopped.json beside a running server, and the quick start path never
+    removes it. When that server later crashed, kb serve refused to start it again, telling of a
+    `kb db-stop` that had not stopped anything. Only a clean stop removes postmaster.pid."""
+    pgdata = storage_root / "postgres"
+    database.start_embedded(pgdata)
+    (pgdata / "kb_stopped.json").write_text('{"at": "2026-01-01 00:00:00 UTC", "pid": 1}')  # the killed db-stop's
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    os.kill(postmaster, signal.SIGKILL)  # a crash
+    wait_until(lambda: not postmaster_alive(pgdata), 60, "the postmaster to go")
+    assert stopped_on_purpose(pgdata) is None
+    wait_until(lambda: running_server(pgdata) is None, 60, "the killed postmaster to be reaped")

@@ -277,7 +277,19 @@ def _alive(pid: int) -> bool:
         return True
     except OSError:
         return False
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (Linux ``/proc``): signal 0 still reaches
+    such a process. A killed postmaster is one until its new parent reaps it, which a container's
+    init may do late or, when it is kb serve itself (PID 1 without an init), never: it must count
+    as gone, or the server is never started again (design §13)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (macOS), or it was just reaped
+        return False
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "Z"
 
 
 def forget_verified(pgdata: Path) -> None:
@@ -375,7 +387,12 @@ def postmaster_alive(pgdata: Path) -> bool:
 
 def stopped_on_purpose(pgdata: Path) -> str | None:
     """When the server in ``pgdata`` was stopped by ``stop_embedded`` (``kb db-stop``) and not
-    started since, the time it was (``"2025-01-31 12:00:00 UTC"``); otherwise None."""
+    started since, the time it was (``"2025-01-31 12:00:00 UTC"``); otherwise None. A stop leaves
+    no ``postmaster.pid`` (Postgres removes it on a clean shutdown); one that is there belongs to a
+    server running or killed since the marker was written (a ``kb db-stop`` killed before it
+    stopped the server, a stop that failed), so the marker no longer says why it is down."""
+    if (Path(pgdata) / "postmaster.pid").exists():
+        return None
     try:
         marker = json.loads((Path(pgdata) / STOPPED_MARKER).read_text())
     except (OSError, ValueError):
