@@ -169,12 +169,12 @@ def test_hints_a_shell_can_take_back(kb):
     with pytest.raises(DocumentNotFound, match=r"no revision yet: `kb import FOLDER --workspace 2`"):
         kb.read(2, "/documents/x.md")
     nfd = unicodedata.normalize("NFD", "/documents/Résumé.md")
-    _write(kb, 1, {'/documents/It\'s "quoted".md': "q\n", "/documents/Notes/a.md": "a\n", nfd: "r\n"})
+    _write(kb, 1, {"/documents/It's $HOME & co.md": "q\n", "/documents/Notes/a.md": "a\n", nfd: "r\n"})
     with kb.transaction(1, "empty folder", "alice") as tx:
         tx.write("/documents/Empty/.keep", b"", allow_keep=True)
     with pytest.raises(DocumentNotFound) as caught:
-        kb.read(1, '/documents/it\'s "QUOTED".md')
-    assert str(caught.value).endswith("""did you mean '/documents/It'"'"'s "quoted".md'?""")
+        kb.read(1, "/documents/it's $home & CO.md")
+    assert str(caught.value).endswith("""did you mean '/documents/It'"'"'s $HOME & co.md'?""")
     with pytest.raises(DocumentNotFound) as caught:
         kb.read(1, "/documents/Empty/.KEEP")
     assert "did you mean" not in str(caught.value) and "kb ls /documents/Empty --workspace 1" in str(caught.value)
