@@ -94,12 +94,14 @@ def test_ctrl_c_twice_on_a_worker_says_so_at_once_and_puts_its_job_back(kb, kb_e
     running on to its end, and the job left `doing` with no worker. Now the first says at once
     that the jobs in hand finish first, the second stops the index run at its next checkpoint and
     puts the job back in the queue; the next worker converges the workspace."""
-    run_cli(kb_env, "import", str(_many_notes(tmp_path, 1500)), "-w", "1")
+    notes = 5000  # an index run of several seconds even against a fast Postgres: Ctrl-C lands in it
+    run_cli(kb_env, "import", str(_many_notes(tmp_path, notes)), "-w", "1")
     worker = _Terminal(kb_env, "worker")
     try:
-        started = worker.read_until(r"job (\d+) kb\.index_changes \(workspace 1\) started", 120)
-        assert started, worker.text
-        job_id = int(started.group(1))
+        # the run's live progress line says it is under way (its transient "started" line may be
+        # redrawn over before it is read)
+        assert worker.read_until(rf"index ws 1: [1-9]\d*/{notes} documents", 120), worker.text
+        job_id = next(j["id"] for j in named_rows(kb, "test_jobs") if j["task_name"] == "kb.index_changes")
         worker.type(b"\x03")
         said = worker.read_until(r"stopping: the jobs in hand finish first|kb\.index_changes \(workspace 1\) done", 120)
         assert said and said.group(0).startswith("stopping:"), worker.text  # before the job's end
@@ -119,7 +121,7 @@ def test_ctrl_c_twice_on_a_worker_says_so_at_once_and_puts_its_job_back(kb, kb_e
     job = next(j for j in named_rows(kb, "test_jobs") if j["id"] == job_id)
     assert job["status"] == "todo" and job["attempts"] == 1, job  # back in the queue, for the next worker
     run = named_rows(kb, "test_index_runs", workspace_id=1)[-1]
-    assert run["documents_done"] < 1500, run  # stopped in the middle, not run to its end
+    assert run["documents_done"] < notes, run  # stopped in the middle, not run to its end
     run_cli(kb_env, "worker", "--until-idle", "--quiet")
     lag = named_rows(kb, "test_index_lag", workspace_id=1)[0]
     assert lag["stamp"] == kb.head(1) and lag["documents_pending"] == 0, lag
